@@ -1,0 +1,70 @@
+"""kit's command line: thin Click commands over the library.
+
+:func:`main` is the one edge where errors become messages: a
+:class:`~kit.errors.KitError` or a Click usage error prints ``kit: FIELD:
+MESSAGE`` (plus a ``hint:`` line) on stderr and exits with its code (2 for
+bad usage); nothing else is caught, so a bug still shows its traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from kit import __version__
+from kit.errors import KitError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="kit")
+@click.option("-v", "--verbose", is_flag=True, help="Log every external command kit runs.")
+def cli(verbose: bool) -> None:
+    """Launch multi-node PyTorch Lightning jobs on Slurm.
+
+    \b
+    Start a local cluster and run a 2-node job on it:
+      kit cluster up --nodes 2
+      kit launch --local --nodes 2 --wait -- python -m kit.train --max-steps 50
+    """
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
+                        format="kit: %(name)s: %(message)s")
+
+
+def _register() -> None:
+    from kit.cli import cluster, launch
+    cli.add_command(launch.launch)
+    cli.add_command(cluster.cluster)
+
+
+_register()
+
+
+def _usage_error(e: click.UsageError) -> KitError:
+    field = None
+    message = e.format_message()
+    param = getattr(e, "param", None)
+    if param is not None and isinstance(e, click.BadParameter):
+        field = (param.opts[0] if getattr(param, "opts", None) else param.name)
+        message = e.message
+    ctx = e.ctx
+    command = ctx.command_path if ctx else "kit"
+    return KitError(message.rstrip("."), field=field, hint=f"see `{command} --help`")
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        rv = cli.main(args=argv, prog_name="kit", standalone_mode=False)
+    except KitError as e:
+        click.echo(e.format(), err=True)
+        sys.exit(e.exit_code)
+    except click.UsageError as e:
+        click.echo(_usage_error(e).format(), err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("kit: aborted", err=True)
+        sys.exit(130)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    sys.exit(rv if isinstance(rv, int) else 0)

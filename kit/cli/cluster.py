@@ -1,0 +1,73 @@
+"""`kit cluster`: the local Slurm cluster."""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+import click
+
+from kit.cluster import LocalCluster
+
+
+def _progress(msg: str) -> None:
+    click.echo(f"kit: {msg}", err=True)
+
+
+@click.group()
+def cluster() -> None:
+    """Run a multi-node Slurm cluster on this machine (the embedded default).
+
+    State lives under $KIT_HOME/cluster (default ~/.local/state/kit/cluster).
+    """
+
+
+@cluster.command()
+@click.option("--nodes", type=int, default=2, show_default=True, help="Number of slurmd nodes.")
+@click.option("--cpus-per-node", type=int, default=None, help="CPUs each node offers [default: this machine's].")
+@click.option("--gpus-per-node", type=int, default=0, show_default=True, help="Count-only GPUs (GRES) per node.")
+def up(nodes: int, cpus_per_node: int | None, gpus_per_node: int) -> None:
+    """Start slurmctld and NODES slurmd daemons (idempotent; repairs stale state)."""
+    c = LocalCluster()
+    t0 = time.monotonic()
+    st, started = c.up(nodes=nodes, cpus_per_node=cpus_per_node, gpus_per_node=gpus_per_node,
+                       progress=_progress)
+    what = "started" if started else "already running"
+    click.echo(f"local cluster {what}: {st.nodes} node(s) x {st.cpus_per_node} CPUs"
+               + (f" x {st.gpus_per_node} GPUs" if st.gpus_per_node else "")
+               + (f" in {time.monotonic() - t0:.1f} s" if started else ""))
+    click.echo(f"export SLURM_CONF={shlex.quote(str(c.conf))}")
+
+
+@cluster.command()
+def status() -> int:
+    """Show the daemons and node states; exit 1 when the cluster is not running."""
+    c = LocalCluster()
+    rows = c.status()
+    if not rows:
+        click.echo(f"local cluster: not running (no state under {c.root})")
+        return 1
+    running = c.running()
+    click.echo(f"local cluster: {'running' if running else 'degraded'} ({c.root})")
+    for d in rows:
+        pid = str(d.pid) if d.pid else "-"
+        state = d.state or ("up" if d.alive else "dead")
+        click.echo(f"  {d.name:<10} pid {pid:<8} port {d.port:<6} {state}")
+    return 0 if running else 1
+
+
+@cluster.command()
+def env() -> None:
+    """Print the export line that points Slurm's commands at the local cluster."""
+    c = LocalCluster()
+    click.echo(f"export SLURM_CONF={shlex.quote(str(c.conf))}")
+
+
+@cluster.command()
+def down() -> None:
+    """Cancel the cluster's jobs and stop exactly the daemons `up` started."""
+    c = LocalCluster()
+    if c.down(progress=_progress):
+        click.echo("local cluster stopped")
+    else:
+        click.echo("local cluster: not running")

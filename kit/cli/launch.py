@@ -1,0 +1,117 @@
+"""`kit launch`: write a job directory and submit it with sbatch."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import click
+
+from kit import launch as lib
+from kit import slurm
+from kit.core import spec as specs
+
+
+def _int(name: str, help: str):
+    return click.option(name, type=int, default=None, help=help)
+
+
+def _str(name: str, help: str, metavar: str = "TEXT"):
+    return click.option(name, default=None, metavar=metavar, help=help)
+
+
+@click.command(context_settings={"allow_interspersed_args": False})
+@click.option("-f", "--job-file", type=click.Path(dir_okay=False), default=None,
+              help="TOML job file; options given here override its values.")
+@_int("--nodes", "Number of nodes [default: 1].")
+@_int("--gpus-per-node", "GPUs per node [default: 0].")
+@_int("--ntasks-per-node", "Tasks (ranks) per node [default: GPUs per node, at least 1].")
+@_int("--cpus-per-task", "CPUs per task.")
+@_str("--mem", "Memory per node, e.g. 64G (Slurm --mem).", "SIZE")
+@_str("--time", "Time limit: minutes, HH:MM:SS or D-HH:MM:SS.", "LIMIT")
+@_str("--partition", "Slurm partition.", "NAME")
+@_str("--account", "Slurm account.", "NAME")
+@_str("--job-name", "Job name [default: kit].", "NAME")
+@_str("--output-dir", "Where job directories go [default: ./kit-jobs].", "DIR")
+@click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE",
+              help="A variable for every task (repeatable).")
+@click.option("--debug/--no-debug", default=None,
+              help="set -x, NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, CUDA_LAUNCH_BLOCKING=1.")
+@click.option("--sbatch-arg", "sbatch_args", multiple=True, metavar="OPTION",
+              help="Pass an option to sbatch as is, e.g. --sbatch-arg=--constraint=a100 (repeatable).")
+@click.option("--sidecar", "sidecars", multiple=True, metavar="COMMAND",
+              help="A bash command local rank 0 runs beside the training on each node (repeatable).")
+@_str("--signal", "Warning signal sent before the time limit [default: USR1].", "SIG")
+@_int("--signal-lead", "Seconds before the time limit to send it [default: 90].")
+@_int("--max-restarts", "How often the job may requeue itself after the warning [default: 3].")
+@_int("--heartbeat", "Seconds between heartbeat lines in the batch log; 0: none [default: 60].")
+@_str("--port-range", "Where MASTER_PORT is looked for [default: 29500-30499].", "LOW-HIGH")
+@_str("--master-interface", "Take MASTER_ADDR from this network interface.", "IFACE")
+@_int("--step-wait", "Seconds the other ranks may run on after one exits (srun --wait) [default: 60].")
+@click.option("--local", "where", flag_value="local", default=None,
+              help="Submit to kit's local cluster (the default when no site Slurm is configured).")
+@click.option("--site", "where", flag_value="site", help="Submit to the site's Slurm.")
+@click.option("--dry-run", is_flag=True, help="Write the job directory and print the sbatch line; submit nothing.")
+@click.option("--wait", "wait_", is_flag=True, help="Block until the job ends; exit with its exit code.")
+@click.option("--json", "as_json", is_flag=True, help="Print {job_id, job_dir, sbatch_argv} as JSON.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def launch(job_file, env_items, sbatch_args, sidecars, where, dry_run, wait_, as_json, command, **fields):
+    """Submit COMMAND as a multi-node job: kit launch [OPTIONS] -- COMMAND...
+
+    Writes a job directory (prelaunch.sh, launcher.sh, job.json, sbatch.json),
+    submits prelaunch.sh with sbatch and prints the job id and directory.
+
+    \b
+    Example:
+      kit launch --nodes 2 --time 30 -- python -m kit.train --max-steps 100
+    """
+    base, origins = (specs.load_job_file(job_file) if job_file else (specs.JobSpec(), specs.Origins()))
+    given = specs.JobSpec(**{k.replace("-", "_"): v for k, v in fields.items()})
+    if env_items:
+        env = {}
+        for item in env_items:
+            try:
+                key, value = specs.parse_env_item(item)
+            except specs.KitError as e:
+                raise e.with_field("--env")
+            env[key] = value
+        given.env = env
+    if sbatch_args:
+        given.sbatch_args = list(sbatch_args)
+    if sidecars:
+        given.sidecars = list(sidecars)
+    if command:
+        given.command = list(command)
+    spec, origins = specs.merge(base, given, origins)
+    job = specs.resolve(spec, origins)
+    for warning in job.warnings:
+        click.echo(f"kit: warning: {warning}", err=True)
+
+    target = None
+    if not dry_run:
+        target, note = lib.select_target(where)
+        if note:
+            click.echo(f"kit: {note}", err=True)
+        if job.spec.partition:
+            slurm.check_partition(target, job.spec.partition, origins.label("partition"))
+    prepared = lib.prepare(job)
+    if dry_run:
+        if as_json:
+            click.echo(json.dumps(prepared.as_json()))
+        else:
+            click.echo(shlex.join(prepared.sbatch_argv))
+            click.echo(f"job dir: {prepared.job_dir}")
+        return 0
+    lib.submit(prepared, target)
+    if as_json:
+        click.echo(json.dumps(prepared.as_json()))
+    else:
+        click.echo(f"Submitted job {prepared.job_id}")
+        click.echo(f"job dir: {prepared.job_dir}")
+    if not wait_:
+        return 0
+    end = slurm.wait(target, prepared.job_id,
+                     on_state=lambda s: click.echo(f"kit: job {prepared.job_id}: {s}", err=True))
+    restarts = f" after {end.restarts} restart(s)" if end.restarts else ""
+    click.echo(f"kit: job {prepared.job_id} ended {end.state}{restarts}, exit code {end.exit_code}", err=True)
+    return end.exit_code

@@ -1,0 +1,358 @@
+"""kit's local Slurm cluster: one slurmctld and N slurmd daemons on this machine.
+
+Debian's slurm-wlm runs several slurmd on one host with ``slurmd -N NAME``:
+each NodeName (node1, node2, ...) gets NodeHostname = this host and a port of
+its own. GPUs are count-only GRES, so ``--gpus-per-node`` requests schedule.
+Everything lives under ``$KIT_HOME/cluster``; ``up`` is idempotent and
+repairs stale state, ``down`` stops exactly the daemons ``up`` started (by pid).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from kit.errors import KitError
+from kit.runner import run
+from kit.slurm import Target
+
+PARTITION = "local"
+REQUIRED = ("slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "squeue", "scancel")
+INSTALL_HINT = "install Debian's Slurm: apt-get install -y slurm-wlm"
+
+
+def kit_home() -> Path:
+    """``$KIT_HOME``, else ``$XDG_STATE_HOME/kit``, else ``~/.local/state/kit``."""
+    if os.environ.get("KIT_HOME"):
+        return Path(os.environ["KIT_HOME"]).expanduser()
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "kit"
+
+
+@dataclass
+class ClusterState:
+    nodes: int
+    cpus_per_node: int
+    gpus_per_node: int
+    memory_mb: int
+    hostname: str
+    ctld_port: int
+    node_ports: list[int]
+    pids: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class DaemonStatus:
+    name: str
+    pid: int | None
+    port: int
+    alive: bool
+    state: str = ""
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct ports that bind right now (the kernel picks them)."""
+    socks, ports = [], []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def _alive(pid: int | None, comm: str) -> bool:
+    """True if ``pid`` runs and is the program ``comm`` (not a recycled pid)."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    name = stat[stat.index("(") + 1: stat.rindex(")")]
+    state = stat[stat.rindex(")") + 2:][:1]
+    return name == comm and state != "Z"
+
+
+def stop_pids(pids: dict[int, str], timeout: float = 10.0) -> None:
+    """TERM each live pid, wait up to ``timeout`` seconds, then KILL what is left."""
+    live = {p: c for p, c in pids.items() if _alive(p, c)}
+    for pid in live:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while live and time.monotonic() < deadline:
+        live = {p: c for p, c in live.items() if _alive(p, c)}
+        time.sleep(0.05)
+    for pid in live:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class LocalCluster:
+    def __init__(self, home: Path | None = None):
+        self.home = home or kit_home()
+        self.root = self.home / "cluster"
+        self.conf = self.root / "slurm.conf"
+        self.state_file = self.root / "cluster.json"
+
+    # ------------------------------------------------------------ state
+    @property
+    def target(self) -> Target:
+        return Target(conf=str(self.conf), name="local")
+
+    def state(self) -> ClusterState | None:
+        try:
+            return ClusterState(**json.loads(self.state_file.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def _daemons(self, st: ClusterState) -> list[tuple[str, str, int]]:
+        """(name, comm, port) of every daemon of ``st``."""
+        return [("slurmctld", "slurmctld", st.ctld_port)] + [
+            (f"node{i}", "slurmd", port) for i, port in enumerate(st.node_ports, 1)]
+
+    def running(self) -> bool:
+        st = self.state()
+        return bool(st) and all(_alive(st.pids.get(n), c) for n, c, _ in self._daemons(st))
+
+    def status(self) -> list[DaemonStatus]:
+        st = self.state()
+        if st is None:
+            return []
+        node_states = {}
+        if self.running():
+            out = self.target.run(["sinfo", "--noheader", "--Node", "--format=%N %T"], check=False).stdout
+            node_states = dict(line.split(None, 1) for line in out.splitlines() if " " in line)
+        return [DaemonStatus(name, st.pids.get(name), port, _alive(st.pids.get(name), comm),
+                             node_states.get(name, "").strip())
+                for name, comm, port in self._daemons(st)]
+
+    @contextmanager
+    def _lock(self):
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+
+    # ------------------------------------------------------------ up
+    def up(self, nodes: int = 2, cpus_per_node: int | None = None, gpus_per_node: int = 0,
+           timeout: float = 30.0, progress=lambda msg: None) -> tuple[ClusterState, bool]:
+        """Start the cluster (or find it running). Returns (state, started_now)."""
+        if nodes < 1:
+            raise KitError(f"must be at least 1, got {nodes}", field="--nodes")
+        if gpus_per_node < 0:
+            raise KitError(f"must be at least 0, got {gpus_per_node}", field="--gpus-per-node")
+        cpus = cpus_per_node or os.cpu_count() or 1
+        if cpus < 1:
+            raise KitError(f"must be at least 1, got {cpus}", field="--cpus-per-node")
+        for tool in REQUIRED:
+            if shutil.which(tool) is None:
+                raise KitError(f"{tool} not found", field="cluster", hint=INSTALL_HINT, exit_code=1)
+        with self._lock():
+            st = self.state()
+            if st and self.running():
+                if (st.nodes, st.cpus_per_node, st.gpus_per_node) == (nodes, cpus, gpus_per_node):
+                    return st, False
+                raise KitError(
+                    f"already running with {st.nodes} node(s), {st.cpus_per_node} CPUs and "
+                    f"{st.gpus_per_node} GPUs per node", field="cluster",
+                    hint="run `kit cluster down` first to change its shape")
+            if st:
+                progress("repairing stale state from an earlier run")
+                self._stop(st)
+            self._clean()
+            st = self._start(nodes, cpus, gpus_per_node, timeout, progress)
+            return st, True
+
+    def _clean(self) -> None:
+        for sub in ("state", "spool", "run"):
+            shutil.rmtree(self.root / sub, ignore_errors=True)
+        for path in (self.state_file,):
+            path.unlink(missing_ok=True)
+
+    def _write_config(self, st: ClusterState) -> None:
+        user = _user()
+        r = self.root
+        lines = [
+            "# Written by `kit cluster up`: a Slurm cluster of several slurmd on one host.",
+            "ClusterName=kit",
+            f"SlurmctldHost={st.hostname}(127.0.0.1)",
+            f"SlurmctldPort={st.ctld_port}",
+            "AuthType=auth/none",
+            "CredType=cred/none",
+            f"SlurmUser={user}",
+            f"SlurmdUser={user}",
+            f"StateSaveLocation={r}/state",
+            f"SlurmdSpoolDir={r}/spool/%n",
+            f"SlurmctldPidFile={r}/run/slurmctld.pid",
+            f"SlurmdPidFile={r}/run/slurmd-%n.pid",
+            f"SlurmctldLogFile={r}/log/slurmctld.log",
+            f"SlurmdLogFile={r}/log/slurmd-%n.log",
+            f"PlugStackConfig={r}/plugstack.conf",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "MpiDefault=none",
+            "ReturnToService=2",
+            "SlurmdParameters=config_overrides",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "KillWait=5",
+            "MinJobAge=300",
+            "InactiveLimit=0",
+            "SlurmdTimeout=60",
+            "GresTypes=gpu",
+        ]
+        gres = f" Gres=gpu:{st.gpus_per_node}" if st.gpus_per_node else ""
+        for i, port in enumerate(st.node_ports, 1):
+            lines.append(f"NodeName=node{i} NodeHostname={st.hostname} NodeAddr=127.0.0.1 Port={port} "
+                         f"CPUs={st.cpus_per_node} RealMemory={st.memory_mb}{gres} State=UNKNOWN")
+        lines.append(f"PartitionName={PARTITION} Nodes=node[1-{st.nodes}] Default=YES MaxTime=INFINITE State=UP")
+        (r / "log").mkdir(parents=True, exist_ok=True)
+        (r / "run").mkdir(parents=True, exist_ok=True)
+        (r / "state").mkdir(parents=True, exist_ok=True)
+        for i in range(1, st.nodes + 1):
+            (r / "spool" / f"node{i}").mkdir(parents=True, exist_ok=True)
+        plug = r / "plugstack.conf"
+        if not plug.exists():
+            plug.write_text("# SPANK plugins of kit's local cluster\n")
+        gres_lines = [f"NodeName=node[1-{st.nodes}] Name=gpu Count={st.gpus_per_node}"] if st.gpus_per_node else []
+        (r / "gres.conf").write_text("\n".join(["# count-only GPUs", *gres_lines]) + "\n")
+        tmp = self.conf.with_suffix(".tmp")
+        tmp.write_text("\n".join(lines) + "\n")
+        tmp.rename(self.conf)
+
+    def _start(self, nodes: int, cpus: int, gpus: int, timeout: float, progress) -> ClusterState:
+        ports = _free_ports(nodes + 1)
+        st = ClusterState(nodes=nodes, cpus_per_node=cpus, gpus_per_node=gpus,
+                          memory_mb=_memory_mb(), hostname=socket.gethostname().split(".")[0],
+                          ctld_port=ports[0], node_ports=ports[1:])
+        self._write_config(st)
+        env = {"SLURM_CONF": str(self.conf)}
+        # Record the state before starting anything, so `down` can always find it.
+        self._save(st)
+        try:
+            progress(f"starting slurmctld on port {st.ctld_port}")
+            run(["slurmctld", "-c", "-f", str(self.conf)], env=env, what="slurmctld",
+                hint=f"see {self.root}/log/slurmctld.log")
+            st.pids["slurmctld"] = self._read_pid(self.root / "run" / "slurmctld.pid", "slurmctld")
+            self._save(st)
+            for i in range(1, nodes + 1):
+                name = f"node{i}"
+                progress(f"starting slurmd {name} on port {st.node_ports[i - 1]}")
+                run(["slurmd", "-N", name, "-f", str(self.conf)], env=env, what="slurmd",
+                    hint=f"see {self.root}/log/slurmd-{name}.log")
+                st.pids[name] = self._read_pid(self.root / "run" / f"slurmd-{name}.pid", name)
+                self._save(st)
+            self._wait_idle(st, timeout)
+        except BaseException:
+            self._stop(st)
+            raise
+        return st
+
+    def _save(self, st: ClusterState) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(st), indent=2) + "\n")
+        tmp.rename(self.state_file)
+
+    def _read_pid(self, path: Path, name: str, timeout: float = 10.0) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                return int(path.read_text().strip())
+            except (OSError, ValueError):
+                time.sleep(0.02)
+        raise KitError(f"{name} did not start (no pid file {path})", field="cluster", exit_code=1,
+                       detail=self._log_tail(name))
+
+    def _log_tail(self, name: str) -> str:
+        log = self.root / "log" / ("slurmctld.log" if name == "slurmctld" else f"slurmd-{name}.log")
+        try:
+            return "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        except OSError:
+            return ""
+
+    def _wait_idle(self, st: ClusterState, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        out = ""
+        while time.monotonic() < deadline:
+            for name, comm, _ in self._daemons(st):
+                if not _alive(st.pids.get(name), comm):
+                    raise KitError(f"{name} exited while starting", field="cluster", exit_code=1,
+                                   detail=self._log_tail(name))
+            proc = self.target.run(["sinfo", "--noheader", "--Node", "--format=%N %T"], check=False)
+            out = proc.stdout
+            states = [line.split()[-1] for line in out.splitlines() if line.strip()]
+            if len(states) == st.nodes and all(s.rstrip("*") == "idle" for s in states):
+                return
+            time.sleep(0.1)
+        raise KitError(f"nodes not idle after {timeout:g} s", field="cluster", exit_code=1,
+                       detail=out + "\n" + self._log_tail("slurmctld"))
+
+    # ------------------------------------------------------------ down
+    def down(self, progress=lambda msg: None) -> bool:
+        """Cancel the cluster's jobs, stop its daemons. False if nothing was running."""
+        with self._lock():
+            st = self.state()
+            if st is None:
+                return False
+            self._stop(st, progress)
+            self._clean()
+            return True
+
+    def _stop(self, st: ClusterState, progress=lambda msg: None) -> None:
+        ctld_alive = _alive(st.pids.get("slurmctld"), "slurmctld")
+        if ctld_alive:
+            jobs = self.target.run(["squeue", "--noheader", "--format=%i"], check=False).stdout.split()
+            if jobs:
+                progress(f"cancelling {len(jobs)} job(s)")
+                self.target.run(["scancel", *jobs], check=False)
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline:
+                    active = self.target.run(["squeue", "--noheader", "--format=%i",
+                                              "--states=RUNNING,COMPLETING,PENDING,CONFIGURING"],
+                                             check=False).stdout.split()
+                    if not active:
+                        break
+                    time.sleep(0.2)
+        daemons = {st.pids[n]: c for n, c, _ in self._daemons(st) if st.pids.get(n)}
+        if daemons:
+            progress("stopping " + ", ".join(n for n, _, _ in self._daemons(st) if st.pids.get(n)))
+        # slurmd first, so slurmctld does not mark nodes down mid-way.
+        stop_pids({p: c for p, c in daemons.items() if c == "slurmd"})
+        stop_pids({p: c for p, c in daemons.items() if c == "slurmctld"})
+
+
+def _user() -> str:
+    import pwd
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def _memory_mb() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return max(int(line.split()[1]) // 1024, 1)
+    except OSError:
+        pass
+    return 1024

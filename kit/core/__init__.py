@@ -1,0 +1,1 @@
+"""Scheduler-neutral core: the job spec, its validation, and bash quoting."""

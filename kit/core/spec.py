@@ -1,0 +1,405 @@
+"""The job spec: what a user asks for, validated before anything is written.
+
+A :class:`JobSpec` comes from a TOML job file and command-line options (the
+command line wins). ``None`` means "not given". :func:`resolve` validates it
+and fills defaults; every problem is a :class:`~kit.errors.KitError` whose
+field is spelled the way the user gave it (``--nodes`` or ``job.toml: nodes``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import signal as _signal
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from kit.errors import KitError
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover
+    import tomli as tomllib  # type: ignore[no-redef]
+
+
+@dataclass
+class JobSpec:
+    """Everything that describes one job. ``None``: not given (a default applies)."""
+
+    command: list[str] | None = None
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    ntasks_per_node: int | None = None
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    time: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    job_name: str | None = None
+    output_dir: str | None = None
+    env: dict[str, str] | None = None
+    debug: bool | None = None
+    sbatch_args: list[str] | None = None
+    sidecars: list[str] | None = None
+    # Preemption plan: warning signal to the batch shell SIGNAL_LEAD seconds
+    # before the time limit; the job requeues itself at most MAX_RESTARTS times.
+    signal: str | None = None
+    signal_lead: int | None = None
+    max_restarts: int | None = None
+    heartbeat: int | None = None
+    port_range: str | None = None
+    master_interface: str | None = None
+    step_wait: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+FIELD_NAMES = tuple(f.name for f in fields(JobSpec))
+
+DEFAULTS: dict[str, Any] = {
+    "nodes": 1,
+    "gpus_per_node": 0,
+    "job_name": "kit",
+    "output_dir": "kit-jobs",
+    "env": {},
+    "debug": False,
+    "sbatch_args": [],
+    "sidecars": [],
+    "signal": "USR1",
+    "signal_lead": 90,
+    "max_restarts": 3,
+    "heartbeat": 60,
+    "port_range": "29500-30499",
+    "step_wait": 60,
+}
+
+# Variables the launcher owns: a user value would be overwritten or would
+# break the rank mapping, so --env refuses them.
+RESERVED_ENV = frozenset({
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+})
+# sbatch options kit sets itself from its own fields.
+OWNED_SBATCH = {
+    "--nodes": "--nodes", "-N": "--nodes", "--ntasks-per-node": "--ntasks-per-node",
+    "--gpus-per-node": "--gpus-per-node", "--cpus-per-task": "--cpus-per-task", "-c": "--cpus-per-task",
+    "--mem": "--mem", "--time": "--time", "-t": "--time", "--partition": "--partition",
+    "-p": "--partition", "--account": "--account", "-A": "--account", "--job-name": "--job-name",
+    "-J": "--job-name", "--output": "--output-dir", "-o": "--output-dir", "--error": "--output-dir",
+    "-e": "--output-dir", "--signal": "--signal", "--requeue": "--max-restarts",
+    "--no-requeue": "--max-restarts", "--open-mode": "(kit appends to logs)", "--parsable": "--json",
+    "--wait": "--wait", "-W": "--wait", "--ntasks": "--ntasks-per-node", "-n": "--ntasks-per-node",
+}
+WARNING_SIGNALS = ("USR1", "USR2")  # TERM and INT already mean "stop now"
+
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_MEM = re.compile(r"([0-9]+)([KMGT]?)\Z", re.IGNORECASE)
+_PORT_RANGE = re.compile(r"([0-9]+)-([0-9]+)\Z")
+
+
+class Origins(dict):
+    """Maps a field name to the label the user knows it by."""
+
+    def label(self, name: str) -> str:
+        return self.get(name) or "--" + name.replace("_", "-")
+
+
+def cli_label(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+# ---------------------------------------------------------------- parsing
+def parse_mem(value: str) -> str:
+    """Slurm --mem: a whole number with an optional K/M/G/T suffix (default MB)."""
+    m = _MEM.match(value.strip())
+    if not m or int(m.group(1)) == 0:
+        raise KitError(f"not a memory size: {value!r}",
+                       hint="use a whole number with an optional unit K, M, G or T, e.g. 64G or 16000 (MB)")
+    return m.group(1) + m.group(2).upper()
+
+
+def parse_time(value: str) -> int:
+    """Slurm --time formats to seconds: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
+    text = value.strip()
+    hint = "use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, e.g. 30 or 2:00:00 or 1-12:00:00"
+    if not re.fullmatch(r"[0-9]+(-[0-9]+)?(:[0-9]+){0,2}", text):
+        raise KitError(f"not a time limit: {value!r}", hint=hint)
+    days = 0
+    if "-" in text:
+        d, text = text.split("-", 1)
+        days = int(d)
+        parts = [int(p) for p in text.split(":")]
+        parts += [0] * (3 - len(parts))
+        h, m, s = parts
+    else:
+        parts = [int(p) for p in text.split(":")]
+        if len(parts) == 1:
+            h, m, s = 0, parts[0], 0
+        elif len(parts) == 2:
+            h, m, s = 0, parts[0], parts[1]
+        else:
+            h, m, s = parts
+    if (m >= 60 and (days or len(parts) == 3)) or s >= 60 or (days and h >= 24):
+        raise KitError(f"not a time limit: {value!r} (a field is out of range)", hint=hint)
+    total = ((days * 24 + h) * 60 + m) * 60 + s
+    if total == 0:
+        raise KitError(f"time limit must be more than zero, got {value!r}", hint=hint)
+    return total
+
+
+def parse_port_range(value: str) -> tuple[int, int]:
+    m = _PORT_RANGE.match(value.strip())
+    if not m or not (1024 <= int(m.group(1)) <= int(m.group(2)) <= 65535):
+        raise KitError(f"not a port range: {value!r}", hint="use LOW-HIGH within 1024-65535, e.g. 29500-30499")
+    return int(m.group(1)), int(m.group(2))
+
+
+def parse_env_item(item: str) -> tuple[str, str]:
+    """``KEY=VALUE`` from --env."""
+    if "=" not in item:
+        raise KitError(f"expected KEY=VALUE, got {item!r}", hint=f"write --env {item}=VALUE")
+    key, value = item.split("=", 1)
+    return key, value
+
+
+def parse_signal(value: str) -> str:
+    name = value.strip().upper()
+    name = name[3:] if name.startswith("SIG") else name
+    if name not in WARNING_SIGNALS:
+        raise KitError(f"not a warning signal: {value!r}", hint="choose one of " + ", ".join(WARNING_SIGNALS))
+    return name
+
+
+# ---------------------------------------------------------------- job files
+def load_job_file(path: str | Path) -> tuple[JobSpec, Origins]:
+    """Read a TOML job file: top-level keys are JobSpec fields (dashes or underscores)."""
+    p = Path(path)
+    label = str(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise KitError(f"no such job file: {path}", field="--job-file",
+                       hint="give the path of a TOML job file (see README: job files)") from None
+    except OSError as e:
+        raise KitError(f"cannot read {path}: {e.strerror}", field="--job-file") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise KitError(f"not valid TOML: {e}", field=label,
+                       hint="fix the file; TOML strings need quotes, e.g. time = \"1:00:00\"") from None
+    spec = JobSpec()
+    origins = Origins()
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name not in FIELD_NAMES:
+            raise KitError(f"unknown key {key!r}", field=label,
+                           hint="valid keys: " + ", ".join(n.replace("_", "-") for n in FIELD_NAMES))
+        setattr(spec, name, _coerce_file_value(name, value, f"{label}: {key}"))
+        origins[name] = f"{label}: {key}"
+    return spec, origins
+
+
+_INT_FIELDS = {"nodes", "gpus_per_node", "ntasks_per_node", "cpus_per_task", "signal_lead",
+               "max_restarts", "heartbeat", "step_wait"}
+_STR_FIELDS = {"mem", "time", "partition", "account", "job_name", "output_dir", "signal",
+               "port_range", "master_interface"}
+_LIST_FIELDS = {"command", "sbatch_args", "sidecars"}
+
+
+def _coerce_file_value(name: str, value: Any, label: str) -> Any:
+    def bad(kind: str, example: str) -> KitError:
+        return KitError(f"expected {kind}, got {type(value).__name__} {value!r}", field=label,
+                        hint=f"write it as {example}")
+    if name in _INT_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad("a whole number", f"{name.replace('_', '-')} = 2")
+        return value
+    if name in _STR_FIELDS:
+        if name == "mem" and isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if name == "time" and isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if not isinstance(value, str):
+            raise bad("a string", f'{name.replace("_", "-")} = "..."')
+        return value
+    if name == "debug":
+        if not isinstance(value, bool):
+            raise bad("true or false", "debug = true")
+        return value
+    if name in _LIST_FIELDS:
+        if name == "command" and isinstance(value, str):
+            raise bad("a list of strings", 'command = ["python", "train.py"]')
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise bad("a list of strings", f'{name.replace("_", "-")} = ["..."]')
+        return list(value)
+    if name == "env":
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise bad("a table of strings", 'env = { KEY = "value" }')
+        return dict(value)
+    raise AssertionError(name)  # pragma: no cover
+
+
+def merge(base: JobSpec, override: JobSpec, base_origins: Origins) -> tuple[JobSpec, Origins]:
+    """``override``'s given fields win; ``env`` tables are merged key by key."""
+    out = dataclasses.replace(base)
+    origins = Origins(base_origins)
+    for name in FIELD_NAMES:
+        value = getattr(override, name)
+        if value is None:
+            continue
+        if name == "env" and base.env:
+            value = {**base.env, **value}
+        setattr(out, name, value)
+        origins[name] = cli_label(name)
+    return out, origins
+
+
+# ---------------------------------------------------------------- resolving
+@dataclass(frozen=True)
+class ResolvedJob:
+    """A validated spec with every default filled in."""
+
+    spec: JobSpec
+    time_seconds: int | None
+    port_low: int
+    port_high: int
+    warnings: tuple[str, ...] = field(default=())
+
+
+def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None = None) -> ResolvedJob:
+    """Validate ``spec`` and fill in defaults. Raises KitError naming the field."""
+    origins = origins or Origins()
+    s = dataclasses.replace(spec)
+    for name, default in DEFAULTS.items():
+        if getattr(s, name) is None:
+            setattr(s, name, default() if callable(default) else _copy(default))
+    warnings: list[str] = []
+
+    def err(name: str, message: str, hint: str | None = None) -> KitError:
+        return KitError(message, field=origins.label(name), hint=hint)
+
+    def at_least(name: str, low: int) -> None:
+        value = getattr(s, name)
+        if value is not None and value < low:
+            raise err(name, f"must be at least {low}, got {value}")
+
+    if not s.command:
+        raise KitError("no command to run", field="command",
+                       hint="put the command after --, e.g. kit launch --nodes 2 -- python -m kit.train")
+    at_least("nodes", 1)
+    at_least("gpus_per_node", 0)
+    if s.ntasks_per_node is None:
+        s.ntasks_per_node = max(s.gpus_per_node, 1)
+    at_least("ntasks_per_node", 1)
+    at_least("cpus_per_task", 1)
+    at_least("signal_lead", 1)
+    at_least("max_restarts", 0)
+    at_least("heartbeat", 0)
+    at_least("step_wait", 1)
+    if s.gpus_per_node and s.ntasks_per_node not in (1, s.gpus_per_node):
+        raise err("ntasks_per_node",
+                  f"{s.ntasks_per_node} tasks per node do not match {s.gpus_per_node} GPUs per node",
+                  hint=f"use --ntasks-per-node {s.gpus_per_node} (one rank per GPU) or 1 "
+                       "(a per-node launcher such as torchrun that starts its own ranks)")
+    _check_devices_in_command(s, origins)
+    try:
+        if s.mem is not None:
+            s.mem = parse_mem(s.mem)
+    except KitError as e:
+        raise e.with_field(origins.label("mem"))
+    time_seconds = None
+    try:
+        if s.time is not None:
+            time_seconds = parse_time(s.time)
+    except KitError as e:
+        raise e.with_field(origins.label("time"))
+    try:
+        s.signal = parse_signal(s.signal)
+    except KitError as e:
+        raise e.with_field(origins.label("signal"))
+    try:
+        low, high = parse_port_range(s.port_range)
+    except KitError as e:
+        raise e.with_field(origins.label("port_range"))
+    if time_seconds is not None and s.signal_lead >= time_seconds:
+        raise err("signal_lead", f"the warning comes {s.signal_lead} s before a time limit of {time_seconds} s",
+                  hint=f"use a --signal-lead below {time_seconds} or a longer --time")
+    for key, value in s.env.items():
+        if not _ENV_KEY.match(key):
+            raise KitError(f"not a variable name: {key!r}", field=origins.label("env"),
+                           hint="names are letters, digits and _, not starting with a digit")
+        if key in RESERVED_ENV:
+            raise KitError(f"{key} is set by the launcher from Slurm's variables", field=origins.label("env"),
+                           hint="leave it out; kit maps SLURM_PROCID etc. to " + ", ".join(sorted(RESERVED_ENV)))
+        if key.startswith(("KIT_", "SLURM_")):
+            raise KitError(f"{key}: names starting with KIT_ or SLURM_ are reserved", field=origins.label("env"))
+    for name in ("job_name", "partition", "account", "output_dir", "master_interface"):
+        value = getattr(s, name)
+        if value is not None and value == "":
+            raise err(name, "must not be empty")
+    _check_no_nul(s, origins)
+    for arg in s.sbatch_args:
+        opt = arg.split("=", 1)[0]
+        if not opt.startswith("-"):
+            raise KitError(f"{arg!r} is not an option", field=origins.label("sbatch_args"),
+                           hint="pass options as --sbatch-arg=--constraint=a100 (the command goes after --)")
+        if opt in OWNED_SBATCH:
+            raise KitError(f"{opt} is set by kit", field=origins.label("sbatch_args"),
+                           hint=f"use kit's {OWNED_SBATCH[opt]} instead")
+    out_dir = Path(s.output_dir).expanduser()
+    if not out_dir.is_absolute():
+        out_dir = (cwd or Path.cwd()) / out_dir
+    s.output_dir = str(out_dir)
+    if s.time is None and any(n in origins for n in ("signal", "signal_lead", "max_restarts")):
+        warnings.append("no --time given: the preemption warning only fires if the partition has a time limit")
+    return ResolvedJob(spec=s, time_seconds=time_seconds, port_low=low, port_high=high,
+                       warnings=tuple(warnings))
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, (list, dict)):
+        return type(value)(value)
+    return value
+
+
+def _check_devices_in_command(s: JobSpec, origins: Origins) -> None:
+    """Lightning hangs at "Initializing distributed" when devices != tasks per node."""
+    cmd = s.command or []
+    for i, arg in enumerate(cmd):
+        for flag in ("--devices", "--trainer.devices"):
+            value = None
+            if arg == flag and i + 1 < len(cmd):
+                value = cmd[i + 1]
+            elif arg.startswith(flag + "="):
+                value = arg.split("=", 1)[1]
+            if value is not None and value.isdigit() and int(value) != s.ntasks_per_node:
+                raise KitError(f"the command asks for {flag} {value} but each node runs "
+                               f"{s.ntasks_per_node} task(s)", field=origins.label("command"),
+                               hint=f"use --ntasks-per-node {value}, or {flag} {s.ntasks_per_node}: "
+                                    "Lightning hangs at 'Initializing distributed' when they differ")
+
+
+def _check_no_nul(s: JobSpec, origins: Origins) -> None:
+    def check(name: str, value: str) -> None:
+        if "\0" in value:
+            raise KitError("contains a NUL byte, which cannot reach a process", field=origins.label(name))
+    for name in FIELD_NAMES:
+        value = getattr(s, name)
+        if isinstance(value, str):
+            check(name, value)
+        elif isinstance(value, list):
+            for v in value:
+                check(name, v)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                check(name, k)
+                check(name, v)
+
+
+def signal_number(name: str) -> int:
+    return int(getattr(_signal, "SIG" + name))
+
+
+__all__ = ["JobSpec", "ResolvedJob", "Origins", "load_job_file", "merge", "resolve", "parse_mem",
+           "parse_time", "parse_env_item", "parse_port_range", "signal_number"]

@@ -1,0 +1,39 @@
+"""The node's sidecars: what local rank 0 starts beside the training.
+
+One table. Each entry is a name, a program that must be on PATH for it to
+start (None: always), and the bash command that runs it; the command sees
+``KIT_NODE_LOG_PREFIX`` (``<job>/logs/<node>.r<restart>``) and the job's
+variables. The launcher starts each in its own process group and stops it
+when the task ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    name: str
+    command: str
+    requires: str | None = None
+
+
+BUILTIN: tuple[Sidecar, ...] = (
+    # GPU utilisation log, the role of the seeds' `nvidia-smi dmon` .gutil files.
+    Sidecar("gpu-dmon", 'exec nvidia-smi dmon --delay 15 --select pumt --options DT '
+                        '--filename "${KIT_NODE_LOG_PREFIX}.gutil"', requires="nvidia-smi"),
+)
+
+
+def for_job(user_hooks: list[str]) -> list[Sidecar]:
+    """The built-in sidecars plus the job's own ``--sidecar`` commands."""
+    return list(BUILTIN) + [Sidecar(f"hook{i}", cmd) for i, cmd in enumerate(user_hooks, 1)]
+
+
+def as_words(sidecars: list[Sidecar]) -> list[str]:
+    """Three words per sidecar, as the launcher's KIT_SIDECARS array holds them."""
+    words: list[str] = []
+    for s in sidecars:
+        words += [s.name, s.requires or "", s.command]
+    return words

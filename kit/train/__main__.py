@@ -1,0 +1,3 @@
+from kit.train.main import main
+
+raise SystemExit(main())

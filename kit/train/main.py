@@ -1,0 +1,176 @@
+"""``python -m kit.train``: see :mod:`kit.train`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+from lightning.pytorch.strategies import DDPStrategy
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def log(msg: str) -> None:
+    print(f"kit.train[rank {os.environ.get('RANK', '0')}]: {msg}", flush=True)
+
+
+class Regression(L.LightningModule):
+    """An MLP fitting a fixed random linear map plus a nonlinearity, on data it generates."""
+
+    def __init__(self, features: int = 32, hidden: int = 64, lr: float = 1e-2):
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(features, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+        self.first_loss: float | None = None
+        self.last_loss: float | None = None
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        value = float(loss.detach())
+        if self.first_loss is None:
+            self.first_loss = value
+        self.last_loss = value
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+
+
+def make_data(samples: int, features: int, seed: int = 0) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, features, generator=g)
+    w = torch.randn(features, 1, generator=g)
+    y = torch.tanh(x @ w / features ** 0.5) + 0.05 * torch.randn(samples, 1, generator=g)
+    return TensorDataset(x, y)
+
+
+class Preemption(Callback):
+    """On the warning signal, all ranks agree at a step boundary to checkpoint and stop."""
+
+    def __init__(self, signum: int, ckpt_path: Path):
+        self.signum = signum
+        self.ckpt_path = ckpt_path
+        self.requested = False
+        self.preempted = False
+
+    def setup(self, trainer, pl_module, stage):
+        signal.signal(self.signum, self._handler)
+
+    def _handler(self, signum, frame):
+        self.requested = True
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        # One tiny all-reduce per step: ranks see the signal at different steps.
+        if trainer.strategy.reduce_boolean_decision(self.requested, all=False):
+            self.preempted = True
+            trainer.save_checkpoint(self.ckpt_path)
+            log(f"warning signal: saved {self.ckpt_path.name} at step {trainer.global_step}, stopping")
+            trainer.should_stop = True
+
+
+class StepDelay(Callback):
+    """Slows each step down (for trying out preemption on a tiny model)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def on_train_batch_end(self, *args):
+        time.sleep(self.seconds)
+
+
+class Progress(Callback):
+    def __init__(self, every: int):
+        self.every = every
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if trainer.global_rank == 0 and (step == 1 or step % self.every == 0):
+            log(f"step={step} loss={pl_module.last_loss:.5f}")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m kit.train", description=__doc__)
+    p.add_argument("--max-steps", type=int, default=100)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--samples", type=int, default=8192)
+    p.add_argument("--features", type=int, default=32)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--precision", default="32-true",
+                   help="Lightning precision: 32-true, bf16-mixed, 16-mixed (GPU), ...")
+    p.add_argument("--gradient-clip-val", type=float, default=None)
+    p.add_argument("--accumulate-grad-batches", type=int, default=1)
+    p.add_argument("--checkpoint-every", type=int, default=50, help="Save last.ckpt every N steps (0: never).")
+    p.add_argument("--checkpoint-dir", default=None, help="[default: $KIT_JOB_DIR/checkpoints]")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--step-delay", type=float, default=0.0, help="Sleep this long after each step (testing).")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if world % per_node:
+        sys.exit(f"kit.train: WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={per_node}")
+    num_nodes = world // per_node
+    gpu = torch.cuda.is_available()
+    job_dir = Path(os.environ.get("KIT_JOB_DIR", "."))
+    ckpt_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else job_dir / "checkpoints"
+    last = ckpt_dir / "last.ckpt"
+    log(f"rank={os.environ.get('RANK', '0')} world_size={world} local_rank={os.environ.get('LOCAL_RANK', '0')} "
+        f"node_rank={os.environ.get('NODE_RANK', '0')} nodes={num_nodes} devices={per_node} "
+        f"backend={'nccl' if gpu else 'gloo'}")
+
+    L.seed_everything(args.seed, workers=True, verbose=False)
+    sig = getattr(signal, "SIG" + os.environ.get("KIT_WARNING_SIGNAL", "USR1"))
+    preemption = Preemption(sig, last)
+    callbacks = [preemption, Progress(args.log_every)]
+    if args.checkpoint_every:
+        callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.checkpoint_every,
+                                         save_last=True, save_top_k=0))
+    if args.step_delay:
+        callbacks.append(StepDelay(args.step_delay))
+    plugins = []
+    if SLURMEnvironment.detect():
+        # kit requeues from the batch script; Lightning's own requeue would race it.
+        plugins.append(SLURMEnvironment(auto_requeue=False))
+    trainer = L.Trainer(
+        accelerator="gpu" if gpu else "cpu", devices=per_node, num_nodes=num_nodes,
+        strategy=DDPStrategy(process_group_backend="nccl" if gpu else "gloo") if world > 1 else "auto",
+        plugins=plugins, precision=args.precision, max_steps=args.max_steps,
+        gradient_clip_val=args.gradient_clip_val, accumulate_grad_batches=args.accumulate_grad_batches,
+        callbacks=callbacks, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=bool(args.checkpoint_every), default_root_dir=str(job_dir),
+        max_epochs=-1,
+    )
+    model = Regression(args.features, args.hidden, args.lr)
+    data = DataLoader(make_data(args.samples, args.features, args.seed), batch_size=args.batch_size,
+                      shuffle=True)
+    resume = str(last) if last.exists() else None
+    if resume:
+        step = torch.load(resume, map_location="cpu", weights_only=False).get("global_step", "?")
+        log(f"resuming from {last} at step {step}")
+    trainer.fit(model, data, ckpt_path=resume)
+    step = trainer.global_step
+    if trainer.global_rank == 0:
+        log(f"done at step={step} first_loss={model.first_loss:.5f} last_loss={model.last_loss:.5f}")
+    if preemption.preempted:
+        return 0
+    if step >= args.max_steps and trainer.global_rank == 0 and os.environ.get("KIT_FINISHED_FILE"):
+        Path(os.environ["KIT_FINISHED_FILE"]).touch()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Templates of the scripts kit generates (installed as the package kit.templates)."""

@@ -1,0 +1,93 @@
+# ---- kit's shared bash functions (launch/lib.sh, pasted into both scripts) ----
+kit::log() {
+  printf '[kit %s %s] %s\n' "$(date +%Y-%m-%dT%H:%M:%S%z)" "${KIT_WHO:-?}" "$*" >&2
+}
+
+kit::die() {
+  kit::log "error: $*"
+  exit 2
+}
+
+kit::truthy() {
+  local -r value="${1,,}"
+  case "${value}" in
+    1 | y | yes | t | true | on) return 0 ;;
+    *) return 1 ;;
+  esac
+}
+
+# kit::spawn NAME CMD...: start CMD in the background in its own process
+# group (so teardown reaches its children too) and record its pid.
+KIT_BG_PIDS=()
+KIT_BG_NAMES=()
+kit::spawn() {
+  local -r name="$1"
+  shift
+  if command -v setsid >/dev/null 2>&1; then
+    setsid "$@" </dev/null &
+  else
+    "$@" </dev/null &
+  fi
+  KIT_BG_PIDS+=("$!")
+  KIT_BG_NAMES+=("${name}")
+}
+
+# kit::running PID: true while PID exists and is not a zombie.
+kit::running() {
+  local stat
+  { read -r stat </proc/"$1"/stat; } 2>/dev/null || return 1
+  stat="${stat##*) }"
+  [[ "${stat:0:1}" != Z ]]
+}
+
+# kit::stop PID...: TERM each process (its group if it leads one), wait up
+# to KIT_STOP_TIMEOUT seconds for all of them, KILL what is left, reap.
+kit::stop() {
+  local pid alive tries
+  local -r timeout_ticks=$(( ${KIT_STOP_TIMEOUT:-5} * 20 ))
+  (( $# > 0 )) || return 0
+  for pid in "$@"; do
+    kill -TERM -- "-${pid}" 2>/dev/null || kill -TERM "${pid}" 2>/dev/null || true
+  done
+  for (( tries = 0; tries < timeout_ticks; tries++ )); do
+    alive=0
+    for pid in "$@"; do
+      if kit::running "${pid}"; then
+        alive=1
+        break
+      fi
+    done
+    (( alive )) || break
+    sleep 0.05
+  done
+  for pid in "$@"; do
+    kill -KILL -- "-${pid}" 2>/dev/null || kill -KILL "${pid}" 2>/dev/null || true
+  done
+  for pid in "$@"; do
+    wait "${pid}" 2>/dev/null || true
+  done
+}
+
+kit::stop_background() {
+  (( ${#KIT_BG_PIDS[@]} > 0 )) || return 0
+  kit::stop "${KIT_BG_PIDS[@]}"
+  KIT_BG_PIDS=()
+  KIT_BG_NAMES=()
+}
+
+# kit::wait_for PID: wait until PID exits, even when trapped signals
+# interrupt `wait`; the exit status lands in KIT_RC.
+KIT_RC=0
+KIT_INTERRUPTED=0
+kit::wait_for() {
+  local -r pid="$1"
+  while :; do
+    KIT_INTERRUPTED=0
+    if wait "${pid}"; then KIT_RC=0; else KIT_RC=$?; fi
+    # A trapped signal ends `wait` early with 128+n; the child's own
+    # status is still there for the next `wait`.
+    (( KIT_INTERRUPTED && KIT_RC > 128 )) && continue
+    return 0
+  done
+}
+# ---- end of launch/lib.sh ----
