@@ -66,7 +66,7 @@ kit::forward() {
 }
 trap kit::cleanup EXIT
 trap 'kit::forward TERM' TERM
-# A command started in the background ignores INT, so INT becomes TERM.
+# INT becomes TERM: a command started in the background ignores INT.
 trap 'kit::forward TERM' INT
 trap 'kit::forward "${KIT_WARNING_SIGNAL:-USR1}"' "${KIT_WARNING_SIGNAL:-USR1}"
 
@@ -83,9 +83,16 @@ if (( LOCAL_RANK == 0 )); then
 fi
 
 if (( KIT_STOPPING )); then exit 143; fi
-exec {KIT_LOG_FD}> >(exec tee -a "${KIT_RANK_LOG}")
+# Slurm signals the task's whole process group: the rank log's writer ignores
+# those signals (it ends when the command's output closes), and the command
+# runs in a group of its own, so each signal reaches it once, from kit::forward.
+exec {KIT_LOG_FD}> >(trap '' INT TERM HUP USR1 USR2; exec tee -a "${KIT_RANK_LOG}")
 KIT_TEE_PID=$!
-"${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&- &
+if command -v setsid >/dev/null 2>&1; then
+  setsid "${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&- &
+else
+  "${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&- &
+fi
 KIT_TRAIN_PID=$!
 exec {KIT_LOG_FD}>&-
 kit::wait_for "${KIT_TRAIN_PID}"
