@@ -183,7 +183,7 @@ class LocalCluster:
             return st, True
 
     def _clean(self) -> None:
-        for sub in ("state", "spool", "run"):
+        for sub in ("state", "spool", "run", "dev"):
             shutil.rmtree(self.root / sub, ignore_errors=True)
         for path in (self.state_file,):
             path.unlink(missing_ok=True)
@@ -235,8 +235,18 @@ class LocalCluster:
         plug = r / "plugstack.conf"
         if not plug.exists():
             plug.write_text("# SPANK plugins of kit's local cluster\n")
-        gres_lines = [f"NodeName=node[1-{st.nodes}] Name=gpu Count={st.gpus_per_node}"] if st.gpus_per_node else []
-        (r / "gres.conf").write_text("\n".join(["# count-only GPUs", *gres_lines]) + "\n")
+        # Slurm 22.05 drops GPUs without File=: each node gets placeholder
+        # files (never opened: TaskPlugin=task/none constrains no devices).
+        gres_lines = []
+        if st.gpus_per_node:
+            for i in range(1, st.nodes + 1):
+                dev = r / "dev" / f"node{i}"
+                dev.mkdir(parents=True, exist_ok=True)
+                for g in range(st.gpus_per_node):
+                    (dev / f"gpu{g}").touch()
+                files = f"{dev}/gpu[0-{st.gpus_per_node - 1}]" if st.gpus_per_node > 1 else f"{dev}/gpu0"
+                gres_lines.append(f"NodeName=node{i} Name=gpu File={files}")
+        (r / "gres.conf").write_text("\n".join(["# GPUs of kit's local cluster: counts only", *gres_lines]) + "\n")
         tmp = self.conf.with_suffix(".tmp")
         tmp.write_text("\n".join(lines) + "\n")
         tmp.rename(self.conf)

@@ -1,0 +1,122 @@
+"""Shared fixtures: one real local Slurm cluster per test session.
+
+The cluster lives under a temporary KIT_HOME, so tests never touch a
+cluster the developer runs. A test that needs a missing tool fails with the
+command that installs it; nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kit import slurm
+from kit.cluster import LocalCluster
+
+REPO = Path(__file__).resolve().parent.parent
+INSTALL = {
+    "slurmctld": "apt-get install -y slurm-wlm",
+    "shellcheck": "apt-get install -y shellcheck",
+}
+
+
+def require(tool: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        pytest.fail(f"{tool} is not installed: {INSTALL.get(tool, 'install it')} (or run .ci/run)",
+                    pytrace=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def kit_home(tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("kit-home")
+    os.environ["KIT_HOME"] = str(home)
+    return home
+
+
+@pytest.fixture(scope="session")
+def cluster(kit_home) -> LocalCluster:
+    """A 2-node cluster (4 CPUs, 2 count-only GPUs per node) for the whole session."""
+    require("slurmctld")
+    c = LocalCluster(kit_home)
+    c.up(nodes=2, cpus_per_node=4, gpus_per_node=2)
+    yield c
+    c.down()
+
+
+@pytest.fixture
+def target(cluster) -> slurm.Target:
+    return cluster.target
+
+
+def kit(*args: str, env: dict | None = None, cwd=None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the real `kit` command line in a subprocess."""
+    full = dict(os.environ)
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True,
+                          env=full, cwd=cwd, timeout=timeout)
+
+
+def submit(tmp_path: Path, *args: str, command: list[str], timeout: float = 300) -> dict:
+    """`kit launch --local --json ...`; returns {job_id, job_dir, sbatch_argv}."""
+    proc = kit("launch", "--local", "--json", "--output-dir", str(tmp_path / "jobs"), *args, "--",
+               *command, cwd=tmp_path, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def job_processes(job_dir: str | Path) -> list[tuple[int, str]]:
+    """Live processes that belong to a job: its KIT_JOB_DIR in their environment
+    or the job directory in their command line."""
+    needle_env = f"KIT_JOB_DIR={job_dir}".encode()
+    needle_cmd = str(job_dir).encode()
+    found = []
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+            if stat[stat.rindex(b")") + 2:][:1] == b"Z":
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if needle_env in environ or needle_cmd in cmdline:
+            found.append((int(entry), cmdline.replace(b"\0", b" ").decode(errors="replace")))
+    return found
+
+
+def wait_no_processes(job_dir, timeout: float) -> list[tuple[int, str]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = job_processes(job_dir)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def wait_for(predicate, timeout: float, poll: float = 0.2, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def read_logs(job_dir: str | Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in sorted(Path(job_dir, "logs").glob("slurm-*.out")))

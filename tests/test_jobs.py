@@ -1,0 +1,155 @@
+"""Real jobs on the real local cluster: done-means 1, 2, 3 and 5 of the launch issue."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import REPO, job_processes, kit, read_logs, submit, wait_for, wait_no_processes
+
+from kit import slurm
+
+TRAIN = [sys.executable, "-m", "kit.train"]
+
+
+def rank_log(job_dir, rank: int, restart: int = 0) -> str:
+    path = Path(job_dir, "logs", f"rank-{rank}.r{restart}.log")
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def test_two_node_reference_training_completes(cluster, tmp_path):
+    proc = kit("launch", "--local", "--nodes", "2", "--wait", "--output-dir", str(tmp_path / "jobs"),
+               "--", *TRAIN, "--max-steps", "40", "--log-every", "10", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    job_id = re.search(r"^Submitted job (\d+)$", proc.stdout, re.M).group(1)
+    job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
+    assert f"kit: job {job_id} ended COMPLETED, exit code 0" in proc.stderr
+    ranks = set()
+    for rank in (0, 1):
+        m = re.search(r"rank=(\d) world_size=(\d)", rank_log(job_dir, rank))
+        assert m, rank_log(job_dir, rank)
+        ranks.add(int(m.group(1)))
+        assert m.group(2) == "2"
+    assert ranks == {0, 1}
+    m = re.search(r"done at step=40 first_loss=([0-9.]+) last_loss=([0-9.]+)", rank_log(job_dir, 0))
+    assert m, rank_log(job_dir, 0)
+    assert float(m.group(2)) < float(m.group(1))
+    # The merged view carries every rank's lines, prefixed with the rank.
+    merged = read_logs(job_dir)
+    assert re.search(r"^0: kit.train\[rank 0\]: rank=0 world_size=2", merged, re.M)
+    assert re.search(r"^1: kit.train\[rank 1\]: rank=1 world_size=2", merged, re.M)
+    assert (Path(job_dir) / "FINISHED").exists()
+    assert (Path(job_dir) / "checkpoints").is_dir()
+    assert wait_no_processes(job_dir, 5) == []
+
+
+def test_user_lightning_script_in_job_named_bash(cluster, tmp_path):
+    """Lightning skips Slurm detection for jobs named bash; ranks must still be real."""
+    proc = kit("launch", "--local", "--nodes", "2", "--job-name", "bash", "--wait",
+               "--output-dir", str(tmp_path / "jobs"), "--", sys.executable,
+               str(REPO / "tests" / "user_lightning_script.py"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
+    found = sorted(re.findall(r"user-script global_rank=(\d) world_size=(\d)", read_logs(job_dir)))
+    assert found == [("0", "2"), ("1", "2")], read_logs(job_dir)
+
+
+def test_failing_command_fails_the_job_and_leaves_nothing(cluster, tmp_path):
+    proc = kit("launch", "--local", "--nodes", "2", "--heartbeat", "1", "--wait",
+               "--sidecar", "echo sidecar-started; exec sleep 300",
+               "--output-dir", str(tmp_path / "jobs"), "--", "bash", "-c", "sleep 3; exit 3", cwd=tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    job_id = re.search(r"^Submitted job (\d+)$", proc.stdout, re.M).group(1)
+    job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
+    assert f"kit: job {job_id} ended FAILED, exit code 3" in proc.stderr
+    info = slurm.job_info(cluster.target, job_id)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "3:0"
+    logs = read_logs(job_dir)
+    assert "prelaunch] heartbeat" in logs
+    sidecar_logs = sorted(Path(job_dir, "logs").glob("*.hook1.log"))
+    assert [p.name for p in sidecar_logs] == ["node1.r0.hook1.log", "node2.r0.hook1.log"]
+    assert all("sidecar-started" in p.read_text() for p in sidecar_logs)
+    assert wait_no_processes(job_dir, 5) == []
+    assert not (Path(job_dir) / "FINISHED").exists()
+
+
+def test_scancel_mid_run_stops_everything_within_5s(cluster, tmp_path):
+    job = submit(tmp_path, "--nodes", "2", "--heartbeat", "1", "--sidecar", "exec sleep 300",
+                 command=[*TRAIN, "--max-steps", "100000", "--step-delay", "0.05", "--log-every", "5"])
+    job_dir = job["job_dir"]
+    wait_for(lambda: "step=5 " in rank_log(job_dir, 0), 60, what="training to run")
+    before = job_processes(job_dir)
+    assert any("kit.train" in cmd for _, cmd in before) and any("sleep 300" in cmd for _, cmd in before)
+    t0 = time.monotonic()
+    subprocess.run(["scancel", job["job_id"]], env={**os.environ, **cluster.target.env}, check=True)
+    left = wait_no_processes(job_dir, 5)
+    elapsed = time.monotonic() - t0
+    assert left == [], f"still running {elapsed:.1f} s after scancel: {left}"
+    end = slurm.wait(cluster.target, job["job_id"], timeout=30)
+    assert end.state == "CANCELLED"
+
+
+def test_two_jobs_on_one_node_get_different_ports(cluster, tmp_path):
+    args = ["--nodes", "1", "--ntasks-per-node", "2", "--sbatch-arg=--nodelist=node1"]
+    cmd = [*TRAIN, "--max-steps", "60", "--step-delay", "0.05"]
+    a = submit(tmp_path, *args, command=cmd)
+    b = submit(tmp_path, *args, command=cmd)
+    ends = [slurm.wait(cluster.target, j["job_id"], timeout=180) for j in (a, b)]
+    assert [e.state for e in ends] == ["COMPLETED", "COMPLETED"], [read_logs(j["job_dir"]) for j in (a, b)]
+    ports = []
+    for j in (a, b):
+        m = re.search(r"MASTER_ADDR=(\S+) MASTER_PORT=(\d+)", read_logs(j["job_dir"]))
+        ports.append(int(m.group(2)))
+        assert 29500 <= ports[-1] <= 30499
+        assert "done at step=60" in rank_log(j["job_dir"], 0)
+    assert ports[0] != ports[1]
+    # They really shared the node at the same time.
+    a_info, b_info = ends[0].info, ends[1].info
+    assert a_info["NodeList"] == b_info["NodeList"] == "node1"
+    assert a_info["StartTime"] <= b_info["EndTime"] and b_info["StartTime"] <= a_info["EndTime"]
+
+
+def test_killing_one_rank_ends_the_whole_job(cluster, tmp_path):
+    job = submit(tmp_path, "--nodes", "2", "--step-wait", "10", "--sidecar", "exec sleep 300",
+                 command=[*TRAIN, "--max-steps", "100000", "--step-delay", "0.05", "--log-every", "5"])
+    job_dir = job["job_dir"]
+    wait_for(lambda: "step=5 " in rank_log(job_dir, 0), 60, what="training to run")
+
+    def rank1_trainer():
+        for pid, cmd in job_processes(job_dir):
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if "kit.train" in cmd and b"RANK=1" in environ:
+                return pid
+        return None
+
+    pid = wait_for(rank1_trainer, 10, what="rank 1's trainer")
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    end = slurm.wait(cluster.target, job["job_id"], poll=0.2, timeout=10 + 15)
+    elapsed = time.monotonic() - t0
+    assert end.state == "FAILED" and end.exit_code != 0
+    assert elapsed < 10, f"job took {elapsed:.1f} s to end after a rank died"
+    assert wait_no_processes(job_dir, 5) == []
+
+
+def test_prelaunch_runs_inside_salloc(cluster, tmp_path):
+    """Interactive use: the same job directory run by hand inside an allocation."""
+    proc = kit("launch", "--dry-run", "--nodes", "2", "--output-dir", str(tmp_path / "jobs"), "--",
+               sys.executable, "-c", "import os; print('salloc-rank', os.environ['RANK'], os.environ['WORLD_SIZE'],"
+               " os.environ['MASTER_PORT'])", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
+    run = subprocess.run(["salloc", "--nodes=2", "--ntasks-per-node=1", "bash", f"{job_dir}/prelaunch.sh"],
+                         env={**os.environ, **cluster.target.env}, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    found = sorted(re.findall(r"salloc-rank (\d) (\d) (\d+)", run.stdout))
+    assert [(r, w) for r, w, _ in found] == [("0", "2"), ("1", "2")], run.stdout + run.stderr
+    assert "heartbeat" not in run.stdout + run.stderr
