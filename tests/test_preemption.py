@@ -1,0 +1,98 @@
+"""The preemption plan, on real time limits (done-means 4).
+
+Three 1-minute jobs run side by side, each told to expect the warning 45 s
+before its limit: one that resumes after a requeue, one with no retry
+budget, and one whose work is already finished when the warning comes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import read_logs, submit, wait_for, wait_no_processes
+
+from kit import slurm
+
+TRAIN = [sys.executable, "-m", "kit.train", "--checkpoint-every", "0", "--log-every", "10"]
+WARN = ["--time", "1", "--signal-lead", "45", "--heartbeat", "5"]
+
+
+@pytest.fixture(scope="module")
+def jobs(cluster, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("preempt")
+    slow = [*TRAIN, "--max-steps", "100000", "--step-delay", "0.1"]
+    return {
+        "resume": submit(tmp, "--nodes", "2", "--max-restarts", "3", *WARN, command=slow),
+        "budget": submit(tmp, "--nodes", "1", "--max-restarts", "0", *WARN, command=slow),
+        "finished": submit(tmp, "--nodes", "1", "--max-restarts", "3", *WARN,
+                           command=["bash", "-c", f"{sys.executable} -m kit.train --max-steps 5 && exec sleep 300"]),
+    }
+
+
+def scontrol(cluster, *args):
+    return subprocess.run(["scontrol", *args], env={**os.environ, **cluster.target.env},
+                          capture_output=True, text=True, check=True)
+
+
+def test_warning_checkpoints_requeues_and_resumes_from_the_saved_step(cluster, jobs):
+    job = jobs["resume"]
+    job_id, job_dir = job["job_id"], Path(job["job_dir"])
+
+    def requeued():
+        info = slurm.job_info(cluster.target, job_id)
+        return info if info["Restarts"] == "1" and info["JobState"] == "PENDING" else None
+
+    wait_for(requeued, 120, poll=0.5, what="the job to requeue itself")
+    first = (job_dir / "logs" / "rank-0.r0.log").read_text()
+    saved = re.search(r"warning signal: saved last.ckpt at step (\d+), stopping", first)
+    assert saved, first
+    saved_step = int(saved.group(1))
+    assert saved_step > 0
+    assert (job_dir / "checkpoints" / "last.ckpt").exists()
+    assert "requeueing (restart 1 of 3)" in read_logs(job_dir)
+    # Slurm holds a requeued job (BeginTime) for a while; let it start now.
+    scontrol(cluster, "update", f"JobId={job_id}", "StartTime=now")
+
+    def resumed_and_stepping():
+        text = (job_dir / "logs" / "rank-0.r1.log")
+        text = text.read_text() if text.exists() else ""
+        m = re.search(r"resuming from .*last.ckpt at step (\d+)", text)
+        steps = [int(s) for s in re.findall(r"step=(\d+) loss", text)]
+        return (m, steps) if m and steps else None
+
+    m, steps = wait_for(resumed_and_stepping, 90, what="the second run to resume")
+    assert int(m.group(1)) == saved_step
+    assert min(steps) > saved_step, f"second run logged steps {steps} after resuming at {saved_step}"
+    # The first run's logs are still there, untouched by the second.
+    assert (job_dir / "logs" / "rank-0.r0.log").read_text() == first
+    merged = read_logs(job_dir)
+    assert "run 0: 2 node(s)" in merged and "run 1: 2 node(s)" in merged
+    subprocess.run(["scancel", job_id], env={**os.environ, **cluster.target.env}, check=True)
+    slurm.wait(cluster.target, job_id, timeout=30)
+    assert wait_no_processes(job_dir, 5) == []
+
+
+def test_retry_budget_is_honoured(cluster, jobs):
+    job = jobs["budget"]
+    end = slurm.wait(cluster.target, job["job_id"], timeout=150)
+    logs = read_logs(job["job_dir"])
+    assert end.restarts == 0
+    assert "retry budget spent (0 restarts), not requeueing" in logs
+    assert re.search(r"saved last.ckpt at step \d+", logs)
+    # Stopped before its work was done: not reported as a success.
+    assert (end.state, end.exit_code) == ("FAILED", 75)
+
+
+def test_finished_job_is_never_requeued(cluster, jobs):
+    job = jobs["finished"]
+    end = slurm.wait(cluster.target, job["job_id"], timeout=150)
+    logs = read_logs(job["job_dir"])
+    assert end.restarts == 0, logs
+    assert "got SIGUSR1" in logs
+    assert "the work is finished" in logs and "requeueing" not in logs
+    assert (Path(job["job_dir"]) / "FINISHED").exists()
