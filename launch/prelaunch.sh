@@ -123,8 +123,11 @@ else
   export DEBUG=0
 fi
 
-# The job's own variables (--env).
+# The job's own variables (--env); their values are literal by design.
+# shellcheck disable=SC2016
+{
 {{ env_exports }}
+}
 
 if [[ -e "${KIT_FINISHED_FILE}" ]]; then
   kit::log "${KIT_FINISHED_FILE} exists: the work is done, not running it again"

@@ -110,7 +110,7 @@ def launch(job_file, env_items, sbatch_args, sidecars, where, dry_run, wait_, as
         click.echo(f"job dir: {prepared.job_dir}")
     if not wait_:
         return 0
-    end = slurm.wait(target, prepared.job_id,
+    end = slurm.wait(target, prepared.job_id, poll=0.5,
                      on_state=lambda s: click.echo(f"kit: job {prepared.job_id}: {s}", err=True))
     restarts = f" after {end.restarts} restart(s)" if end.restarts else ""
     click.echo(f"kit: job {prepared.job_id} ended {end.state}{restarts}, exit code {end.exit_code}", err=True)

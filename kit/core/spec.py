@@ -347,6 +347,9 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
         if opt in OWNED_SBATCH:
             raise KitError(f"{opt} is set by kit", field=origins.label("sbatch_args"),
                            hint=f"use kit's {OWNED_SBATCH[opt]} instead")
+    if "\\" in s.output_dir:
+        raise err("output_dir", f"{s.output_dir!r} contains a backslash, which sbatch's --output cannot express",
+                  hint="choose a directory without backslashes")
     out_dir = Path(s.output_dir).expanduser()
     if not out_dir.is_absolute():
         out_dir = (cwd or Path.cwd()) / out_dir

@@ -55,7 +55,7 @@ def render_scripts(job: ResolvedJob, job_dir: Path) -> dict[str, str]:
         "srun_args": bash.array(slurm.srun_args(job)),
         "signal": bash.quote(s.signal),
         "debug": "1" if s.debug else "0",
-        "env_exports": bash.exports(s.env) or "# (none)",
+        "env_exports": bash.exports(s.env) or ":  # none given",
         "master_setup": master_setup,
     })
     launcher = bash.render(bash.template("launcher.sh"), {

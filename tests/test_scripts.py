@@ -1,0 +1,132 @@
+"""What kit generates: golden files, bash -n, shellcheck, and quoting proven on
+arbitrary strings (done-means 6)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import require, submit
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kit import launch, slurm
+from kit.core import spec as specs
+
+GOLDEN = Path(__file__).parent / "golden"
+ACCEPT = "KIT_ACCEPT_GOLDEN=1 python -m pytest tests/test_scripts.py"
+GOLDEN_DIR = Path("/jobs/golden-job")
+
+
+def golden_job() -> specs.ResolvedJob:
+    spec = specs.JobSpec(command=["python", "train.py", "--lr", "3e-4", "it's"], nodes=2, gpus_per_node=8,
+                         cpus_per_task=12, mem="256G", time="4:00:00", partition="gpu", account="ml",
+                         job_name="golden", output_dir="/jobs", env={"HF_HOME": "/data/hf cache", "A": "$x"},
+                         sbatch_args=["--constraint=h100"], sidecars=["echo sidecar on $(hostname)"])
+    return specs.resolve(spec)
+
+
+def generated() -> dict[str, str]:
+    job = golden_job()
+    files = launch.render_scripts(job, GOLDEN_DIR)
+    files["sbatch.json"] = json.dumps(slurm.sbatch_argv(job, GOLDEN_DIR), indent=2) + "\n"
+    return files
+
+
+@pytest.mark.parametrize("name", ["prelaunch.sh", "launcher.sh", "sbatch.json"])
+def test_golden(name):
+    text = generated()[name]
+    path = GOLDEN / name
+    if os.environ.get("KIT_ACCEPT_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}; create it with: {ACCEPT}"
+    assert text == path.read_text(), f"{name} changed; if that is intended, accept it with: {ACCEPT}"
+
+
+@pytest.mark.parametrize("name", ["prelaunch.sh", "launcher.sh"])
+def test_bash_n_and_shellcheck(name, tmp_path):
+    require("shellcheck")
+    path = tmp_path / name
+    path.write_text(generated()[name])
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    proc = subprocess.run(["shellcheck", "--severity=style", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout == "", proc.stdout
+
+
+def test_dry_run_job_dir_is_complete_and_sbatch_argv_recorded(tmp_path):
+    job = specs.resolve(specs.JobSpec(command=["true"], output_dir=str(tmp_path)))
+    prepared = launch.prepare(job)
+    names = sorted(p.name for p in prepared.job_dir.iterdir())
+    assert names == ["job.json", "launcher.sh", "logs", "prelaunch.sh", "sbatch.json"]
+    assert json.loads((prepared.job_dir / "sbatch.json").read_text()) == prepared.sbatch_argv
+    assert json.loads((prepared.job_dir / "job.json").read_text())["command"] == ["true"]
+    assert os.access(prepared.job_dir / "launcher.sh", os.X_OK)
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+# Strings that would run something if they were ever expanded, plus arbitrary text.
+PAYLOADS = ["$(touch {canary})", "`touch {canary}`", "'; touch {canary}; '", "\"; touch {canary}; \"",
+            "$HOME", "${HOME}", "\\", "\n", "a b", "*", "~", "!!", "$'\\x41'", "%j %x", "é—😀", ""]
+text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=24)
+
+
+def value_strategy(canary: Path):
+    return st.one_of(text, st.sampled_from([p.replace("{canary}", str(canary)) for p in PAYLOADS]))
+
+
+DUMP = ("import json, os, sys; json.dump({'argv': sys.argv[1:], 'value': os.environ.get('USER_VALUE'), "
+        "'job_name': os.environ.get('SLURM_JOB_NAME'), 'job_dir': os.environ.get('KIT_JOB_DIR')}, "
+        "open(os.environ['KIT_JOB_DIR'] + '/seen-' + os.environ['RANK'] + '.json', 'w'))")
+
+
+def run_launcher_directly(job_dir: Path) -> subprocess.CompletedProcess:
+    """The launcher as one task would run it, with Slurm's task variables set."""
+    env = {**os.environ, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1",
+           "SLURM_NTASKS_PER_NODE": "1", "SLURM_NODEID": "0", "SLURM_JOB_ID": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29500", "KIT_JOB_DIR": str(job_dir), "KIT_LOG_DIR": str(job_dir / "logs"),
+           "USER_VALUE": "from-test"}
+    return subprocess.run(["bash", str(job_dir / "launcher.sh")], env=env, capture_output=True, text=True,
+                          timeout=30)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_command_arguments_reach_the_command_byte_for_byte(tmp_path, data):
+    canary = tmp_path / "CANARY"
+    args = data.draw(st.lists(value_strategy(canary), max_size=5))
+    job = specs.resolve(specs.JobSpec(command=[sys.executable, "-c", DUMP, *args], output_dir=str(tmp_path)))
+    prepared = launch.prepare(job)
+    proc = run_launcher_directly(prepared.job_dir)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads((prepared.job_dir / "seen-0.json").read_text())
+    assert seen["argv"] == args
+    assert not canary.exists()
+
+
+@pytest.mark.cluster
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_every_user_field_reaches_a_real_job_byte_for_byte(cluster, tmp_path, data):
+    """Through sbatch, prelaunch, srun and the launcher on the real cluster."""
+    canary = tmp_path / "CANARY"
+    values = value_strategy(canary)
+    args = data.draw(st.lists(values, max_size=4), label="args")
+    env_value = data.draw(values, label="env value")
+    job_name = data.draw(values.filter(lambda s: s != ""), label="job name")
+    # A backslash cannot appear in sbatch's --output (kit refuses it; see test_cli).
+    dir_part = data.draw(values.filter(lambda s: "/" not in s and "\\" not in s), label="output dir part")
+    out = tmp_path / ("d-" + dir_part)
+    proc = subprocess.run([sys.executable, "-m", "kit", "launch", "--local", "--wait", "--json",
+                           "--job-name", job_name, "--env", f"USER_VALUE={env_value}", "--output-dir", str(out),
+                           "--", sys.executable, "-c", DUMP, *args],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    job_dir = json.loads(proc.stdout)["job_dir"]
+    seen = json.loads(Path(job_dir, "seen-0.json").read_text())
+    assert seen == {"argv": args, "value": env_value, "job_name": job_name, "job_dir": job_dir}
+    assert Path(job_dir).parent == out
+    assert not canary.exists()
