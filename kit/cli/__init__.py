@@ -17,7 +17,7 @@ from kit import __version__
 from kit.errors import KitError
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(name="kit", context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kit")
 @click.option("-v", "--verbose", is_flag=True, help="Log every external command kit runs.")
 def cli(verbose: bool) -> None:

@@ -102,11 +102,15 @@ class Origins(dict):
     """Maps a field name to the label the user knows it by."""
 
     def label(self, name: str) -> str:
-        return self.get(name) or "--" + name.replace("_", "-")
+        return self.get(name) or cli_label(name)
+
+
+_OPTION_NAMES = {"sbatch_args": "--sbatch-arg", "sidecars": "--sidecar", "command": "command"}
 
 
 def cli_label(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    """How the command line spells a field: ``--gpus-per-node``, ``--sbatch-arg``."""
+    return _OPTION_NAMES.get(name) or "--" + name.replace("_", "-")
 
 
 # ---------------------------------------------------------------- parsing

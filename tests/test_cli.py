@@ -1,0 +1,155 @@
+"""The command line: help everywhere, exact messages and exit codes for bad input,
+and nothing written or submitted when input is bad (done-means 7)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import click
+import pytest
+from click.testing import CliRunner
+from conftest import kit
+
+from kit import __version__
+from kit.cli import cli
+
+
+def walk(command: click.Command, path=()):
+    yield path, command
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from walk(sub, (*path, name))
+
+
+def test_every_command_has_help_text():
+    runner = CliRunner()
+    for path, command in walk(cli):
+        assert command.help, f"kit {' '.join(path)} has no help text"
+        result = runner.invoke(cli, [*path, "--help"], prog_name="kit")
+        assert result.exit_code == 0, result.output
+        assert result.output.startswith(f"Usage: kit {' '.join(path)}".rstrip())
+        for param in command.params:
+            if isinstance(param, click.Option) and not param.hidden:
+                assert param.help, f"kit {' '.join(path)} {param.opts[0]} has no help text"
+
+
+def test_version():
+    result = CliRunner().invoke(cli, ["--version"])
+    assert result.output == f"kit, version {__version__}\n"
+
+
+def test_dry_run_imports_neither_torch_nor_lightning(tmp_path):
+    code = ("import sys; from kit.cli import main\n"
+            "try:\n main(['launch', '--dry-run', '--output-dir', sys.argv[1], '--', 'python', '-m', 'kit.train'])\n"
+            "except SystemExit as e:\n assert e.code == 0, e.code\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'lightning', 'pytorch_lightning'))\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, capture_output=True)
+
+
+def test_dry_run_prints_the_sbatch_line_and_writes_the_scripts(tmp_path):
+    proc = kit("launch", "--dry-run", "--nodes", "2", "--time", "30", "--output-dir", str(tmp_path), "--",
+               "python", "train.py", "--max-steps", "100")
+    assert proc.returncode == 0, proc.stderr
+    line, jobdir_line = proc.stdout.splitlines()
+    job_dir = jobdir_line.removeprefix("job dir: ")
+    assert line == (f"sbatch --parsable --job-name=kit --nodes=2 --ntasks-per-node=1 --open-mode=append "
+                    f"--output={job_dir}/logs/slurm-%j.out --signal=B:USR1@90 --time=30 --requeue "
+                    f"{job_dir}/prelaunch.sh")
+    assert proc.stderr == ""
+
+
+BAD = [
+    (["--nodes", "0"], "kit: --nodes: must be at least 1, got 0"),
+    (["--nodes", "-3"], "kit: --nodes: must be at least 1, got -3"),
+    (["--nodes", "two"], "kit: --nodes: 'two' is not a valid integer"),
+    (["--mem", "12X"], "kit: --mem: not a memory size: '12X'"),
+    (["--mem", "-5G"], "kit: --mem: not a memory size: '-5G'"),
+    (["--time", "1:99:00"], "kit: --time: not a time limit: '1:99:00' (a field is out of range)"),
+    (["--time", "soon"], "kit: --time: not a time limit: 'soon'"),
+    (["--env", "FOO"], "kit: --env: expected KEY=VALUE, got 'FOO'"),
+    (["--env", "1X=2"], "kit: --env: not a variable name: '1X'"),
+    (["--env", "WORLD_SIZE=3"], "kit: --env: WORLD_SIZE is set by the launcher from Slurm's variables"),
+    (["--job-file", "/nonexistent/job.toml"], "kit: --job-file: no such job file: /nonexistent/job.toml"),
+    (["--gpus-per-node", "8", "--ntasks-per-node", "3"],
+     "kit: --ntasks-per-node: 3 tasks per node do not match 8 GPUs per node"),
+    (["--sbatch-arg=--nodes=3"], "kit: --sbatch-arg: --nodes is set by kit"),
+    (["--signal", "KILL"], "kit: --signal: not a warning signal: 'KILL'"),
+    (["--time", "1", "--signal-lead", "90"], "kit: --signal-lead: the warning comes 90 s before a time limit of 60 s"),
+    (["--output-dir", "/tmp/a\\b"], "kit: --output-dir: '/tmp/a\\\\b' contains a backslash, which sbatch's --output cannot express"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_is_one_clear_message_and_exit_2(tmp_path, args, message):
+    out = tmp_path / "jobs"
+    proc = kit("launch", "--dry-run", "--output-dir", str(out), *args, "--", "true")
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    assert lines[0] == message
+    assert len(lines) <= 2 and all(line.startswith("hint: ") for line in lines[1:])
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert not out.exists()
+
+
+def test_command_missing_after_double_dash(tmp_path):
+    proc = kit("launch", "--dry-run", "--nodes", "2", "--output-dir", str(tmp_path / "jobs"), "--")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "kit: command: no command to run",
+        "hint: put the command after --, e.g. kit launch --nodes 2 -- python -m kit.train"]
+    assert not (tmp_path / "jobs").exists()
+
+
+@pytest.mark.parametrize("text,message", [
+    ("nodes = 2\nbogus = 1\n", "kit: {f}: unknown key 'bogus'"),
+    ("nodes = \"2\"\n", "kit: {f}: nodes: expected a whole number, got str '2'"),
+    ("nodes = 2\ntime = 1:00\n", "kit: {f}: not valid TOML: Expected newline or end of document after a "
+                                 "statement (at line 2, column 9)"),
+    ("command = \"python train.py\"\n", "kit: {f}: command: expected a list of strings, got str 'python train.py'"),
+    ("nodes = 0\ncommand = [\"true\"]\n", "kit: {f}: nodes: must be at least 1, got 0"),
+])
+def test_bad_job_file(tmp_path, text, message):
+    job_file = tmp_path / "job.toml"
+    job_file.write_text(text)
+    proc = kit("launch", "--dry-run", "--job-file", str(job_file), "--output-dir", str(tmp_path / "jobs"))
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0] == message.format(f=job_file)
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_job_file_values_and_command_line_overrides(tmp_path):
+    job_file = tmp_path / "job.toml"
+    job_file.write_text('nodes = 4\ntime = "2:00:00"\njob-name = "from-file"\n'
+                        'command = ["python", "-m", "kit.train"]\nenv = { A = "1", B = "2" }\n')
+    proc = kit("launch", "--dry-run", "--json", "-f", str(job_file), "--nodes", "2", "--env", "B=3",
+               "--output-dir", str(tmp_path / "jobs"))
+    assert proc.returncode == 0, proc.stderr
+    import json
+    out = json.loads(proc.stdout)
+    assert out["job_id"] is None
+    argv = out["sbatch_argv"]
+    assert "--nodes=2" in argv and "--time=2:00:00" in argv and "--job-name=from-file" in argv
+    spec = json.loads(open(out["job_dir"] + "/job.json").read())
+    assert spec["env"] == {"A": "1", "B": "3"} and spec["command"] == ["python", "-m", "kit.train"]
+
+
+def test_unknown_partition_submits_nothing(cluster, target, tmp_path):
+    before = subprocess.run(["squeue", "--noheader", "--states=all"], env={**target.env}, capture_output=True,
+                            text=True).stdout
+    proc = kit("launch", "--local", "--partition", "nope", "--output-dir", str(tmp_path / "jobs"), "--", "true")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == ["kit: --partition: unknown partition 'nope'", "hint: partitions here: local"]
+    after = subprocess.run(["squeue", "--noheader", "--states=all"], env={**target.env}, capture_output=True,
+                           text=True).stdout
+    assert after == before
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_local_without_a_cluster_says_how_to_start_one(tmp_path):
+    proc = kit("launch", "--local", "--output-dir", str(tmp_path / "jobs"), "--", "true",
+               env={"KIT_HOME": str(tmp_path / "empty-home")})
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == ["kit: --local: the local cluster is not running",
+                                        "hint: start it with: kit cluster up --nodes 2"]
