@@ -1,0 +1,102 @@
+"""`kit cluster` lifecycle on a second, throw-away cluster (its own KIT_HOME)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+
+import pytest
+from conftest import kit, require, wait_for
+
+from kit.cluster import LocalCluster, _alive
+
+
+@pytest.fixture
+def home(tmp_path):
+    require("slurmctld")
+    home = tmp_path / "home"
+    yield home
+    LocalCluster(home).down()
+
+
+def test_up_status_env_down(home, cluster):
+    env = {"KIT_HOME": str(home)}
+    conf = home / "cluster" / "slurm.conf"
+    proc = kit("cluster", "status", env=env)
+    assert proc.returncode == 1 and proc.stdout.startswith("local cluster: not running")
+
+    proc = kit("cluster", "up", "--nodes", "2", "--cpus-per-node", "2", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert re.match(r"local cluster started: 2 node\(s\) x 2 CPUs in [0-9.]+ s\n", proc.stdout)
+    assert proc.stdout.splitlines()[1] == f"export SLURM_CONF={conf}"
+    pids = json.loads((home / "cluster" / "cluster.json").read_text())["pids"]
+
+    again = kit("cluster", "up", "--nodes", "2", "--cpus-per-node", "2", env=env)
+    assert again.returncode == 0
+    assert again.stdout.splitlines()[0] == "local cluster already running: 2 node(s) x 2 CPUs"
+    assert json.loads((home / "cluster" / "cluster.json").read_text())["pids"] == pids
+
+    other = kit("cluster", "up", "--nodes", "3", env=env)
+    assert other.returncode == 2
+    assert other.stderr.splitlines()[0] == "kit: cluster: already running with 2 node(s), 2 CPUs and 0 GPUs per node"
+
+    status = kit("cluster", "status", env=env)
+    assert status.returncode == 0
+    lines = status.stdout.splitlines()
+    assert lines[0] == f"local cluster: running ({home / 'cluster'})"
+    assert [line.split()[0] for line in lines[1:]] == ["slurmctld", "node1", "node2"]
+    assert lines[2].split()[-1] == "idle"
+
+    assert kit("cluster", "env", env=env).stdout == f"export SLURM_CONF={conf}\n"
+    run = subprocess.run(["srun", "-N2", "-l", "hostname"], env={**os.environ, "SLURM_CONF": str(conf)},
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and len(run.stdout.splitlines()) == 2
+
+    session_pids = dict(cluster.state().pids)
+    down = kit("cluster", "down", env=env)
+    assert down.returncode == 0 and down.stdout == "local cluster stopped\n"
+    for name, pid in pids.items():
+        assert not _alive(pid, "slurmctld" if name == "slurmctld" else "slurmd")
+    # Exactly its own daemons: the session's cluster still runs.
+    assert cluster.running() and cluster.state().pids == session_pids
+    assert kit("cluster", "down", env=env).stdout == "local cluster: not running\n"
+
+
+def test_up_repairs_stale_state(home, cluster):
+    c = LocalCluster(home)
+    st, started = c.up(nodes=2, cpus_per_node=2)
+    assert started
+    # A crash: every daemon killed hard, pid files, spool and state left behind.
+    for pid in st.pids.values():
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not any(_alive(p, n) for p, n in ((st.pids["slurmctld"], "slurmctld"),
+                                                         (st.pids["node1"], "slurmd"))), 10)
+    assert not c.running()
+    assert (home / "cluster" / "cluster.json").exists()
+    st2, started = c.up(nodes=2, cpus_per_node=2)
+    assert started and c.running()
+    assert set(st2.pids.values()).isdisjoint(st.pids.values())
+
+    # One slurmd dead: up restarts the cluster instead of reporting it running.
+    os.kill(st2.pids["node2"], signal.SIGKILL)
+    wait_for(lambda: not _alive(st2.pids["node2"], "slurmd"), 10)
+    st3, started = c.up(nodes=2, cpus_per_node=2)
+    assert started and c.running()
+    assert not _alive(st2.pids["slurmctld"], "slurmctld")
+    assert cluster.running()
+
+
+def test_down_cancels_running_jobs(home, cluster, tmp_path):
+    c = LocalCluster(home)
+    c.up(nodes=1, cpus_per_node=1)
+    env = {**os.environ, **c.target.env}
+    job = subprocess.run(["sbatch", "--parsable", "--wrap", "sleep 317", f"--output={tmp_path}/out"], env=env,
+                         capture_output=True, text=True, check=True).stdout.strip()
+    wait_for(lambda: "R" in subprocess.run(["squeue", "-h", "-j", job, "-o", "%t"], env=env,
+                                           capture_output=True, text=True).stdout, 20)
+    assert c.down()
+    left = subprocess.run(["pgrep", "-f", "sleep 317"], capture_output=True, text=True).stdout.split()
+    assert left == []

@@ -1,0 +1,63 @@
+"""The job spec's pure pieces: parsing and validation, on literals."""
+
+from __future__ import annotations
+
+import pytest
+
+from kit.core import spec as specs
+from kit.errors import KitError
+
+
+@pytest.mark.parametrize("text,seconds", [
+    ("30", 1800), ("1:30", 90), ("2:00:00", 7200), ("1-0", 86400), ("1-12", 129600),
+    ("1-12:30", 131400), ("1-12:30:15", 131415), ("90", 5400),
+])
+def test_parse_time(text, seconds):
+    assert specs.parse_time(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "0", "abc", "1:2:3:4", "1-25", "1:60", "-1", "1h", "0:00:00"])
+def test_parse_time_rejects(text):
+    with pytest.raises(KitError):
+        specs.parse_time(text)
+
+
+@pytest.mark.parametrize("text,norm", [("64G", "64G"), ("16000", "16000"), ("512m", "512M"), ("1T", "1T")])
+def test_parse_mem(text, norm):
+    assert specs.parse_mem(text) == norm
+
+
+@pytest.mark.parametrize("text", ["", "0", "0G", "1.5G", "G", "12X", "-1G"])
+def test_parse_mem_rejects(text):
+    with pytest.raises(KitError):
+        specs.parse_mem(text)
+
+
+def test_defaults():
+    job = specs.resolve(specs.JobSpec(command=["true"]), cwd=None)
+    s = job.spec
+    assert (s.nodes, s.gpus_per_node, s.ntasks_per_node, s.signal, s.signal_lead, s.max_restarts) == \
+        (1, 0, 1, "USR1", 90, 3)
+    assert (job.port_low, job.port_high) == (29500, 30499)
+
+
+def test_tasks_default_to_gpus():
+    assert specs.resolve(specs.JobSpec(command=["x"], gpus_per_node=4)).spec.ntasks_per_node == 4
+    # One per-node launcher (torchrun) is allowed too.
+    assert specs.resolve(specs.JobSpec(command=["x"], gpus_per_node=4, ntasks_per_node=1)).spec.ntasks_per_node == 1
+
+
+def test_devices_in_command_must_match_tasks_per_node():
+    with pytest.raises(KitError) as e:
+        specs.resolve(specs.JobSpec(command=["python", "train.py", "--devices", "4"], ntasks_per_node=2))
+    assert e.value.field == "command"
+    assert "--devices 4" in e.value.message
+    specs.resolve(specs.JobSpec(command=["python", "train.py", "--trainer.devices=2"], ntasks_per_node=2))
+
+
+def test_merge_command_line_wins_and_env_merges():
+    base = specs.JobSpec(nodes=4, env={"A": "1", "B": "2"})
+    origins = specs.Origins(nodes="job.toml: nodes", env="job.toml: env")
+    merged, o = specs.merge(base, specs.JobSpec(nodes=2, env={"B": "3"}), origins)
+    assert merged.nodes == 2 and merged.env == {"A": "1", "B": "3"}
+    assert o.label("nodes") == "--nodes" and o.label("time") == "--time"
