@@ -1,0 +1,98 @@
+"""Launch-path benchmark: prints ratios measured side by side in one run.
+
+    python bench/bench_launch.py [--runs N]
+
+1. `kit launch --dry-run` wall time against `python -c pass` (target < 0.3 s).
+2. launcher overhead: from a task's start (bash launcher.sh) to the training
+   command's first instruction (target < 0.2 s).
+3. teardown: from the training command's exit to the last sidecar gone
+   (target < 1 s).
+4. `kit cluster up` of 2 nodes on a fresh KIT_HOME (target: well under 10 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kit import launch
+from kit.cluster import LocalCluster
+from kit.core import spec as specs
+
+
+def timed(argv, env=None) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    return time.perf_counter() - t0
+
+
+def task_env(job_dir: Path) -> dict:
+    """What srun gives one task, plus what prelaunch exports."""
+    return {**os.environ, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1",
+            "SLURM_NTASKS_PER_NODE": "1", "SLURM_NODEID": "0", "SLURM_JOB_ID": "1", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500", "KIT_JOB_DIR": str(job_dir), "KIT_LOG_DIR": str(job_dir / "logs")}
+
+
+def launcher_run(tmp: Path, i: int) -> tuple[float, float]:
+    """One launcher run; returns (start->command, command exit->last sidecar gone)."""
+    pidfile = tmp / f"sidecar-{i}.pid"
+    job = specs.resolve(specs.JobSpec(
+        command=["date", "+%s.%N"], output_dir=str(tmp / "jobs"),
+        sidecars=[f"echo $$ > {pidfile}; exec sleep 300"]))
+    job_dir = launch.prepare(job).job_dir
+    env = task_env(job_dir)
+    t_start = time.time()
+    subprocess.run(["bash", str(job_dir / "launcher.sh")], env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sidecar = int(pidfile.read_text())
+    while os.path.exists(f"/proc/{sidecar}"):
+        time.sleep(0.001)
+    t_gone = time.time()
+    t_cmd = float((job_dir / "logs" / "rank-0.r0.log").read_text().split()[0])
+    return t_cmd - t_start, t_gone - t_cmd
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=10)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        py, dry = [], []
+        for _ in range(args.runs):  # interleaved, so both see the same machine load
+            py.append(timed([sys.executable, "-c", "pass"]))
+            dry.append(timed([sys.executable, "-m", "kit", "launch", "--dry-run", "--output-dir",
+                              str(tmp / "dry"), "--nodes", "2", "--", "python", "-m", "kit.train"]))
+        overhead, teardown = zip(*(launcher_run(tmp, i) for i in range(args.runs)))
+
+        home = tmp / "home"
+        cluster = LocalCluster(home)
+        t0 = time.perf_counter()
+        cluster.up(nodes=2, cpus_per_node=2)
+        up = time.perf_counter() - t0
+        cluster.down()
+
+    med = statistics.median
+    p_max = max
+    print(f"runs per measurement: {args.runs}")
+    print(f"{'measurement':<44}{'median':>10}{'max':>10}{'target':>10}")
+    print(f"{'python -c pass':<44}{med(py):>9.3f}s{p_max(py):>9.3f}s{'':>10}")
+    print(f"{'kit launch --dry-run':<44}{med(dry):>9.3f}s{p_max(dry):>9.3f}s{'< 0.300s':>10}")
+    print(f"{'  ratio dry-run / python -c pass':<44}{med(dry) / med(py):>9.2f}x")
+    print(f"{'launcher: task start -> command exec':<44}{med(overhead):>9.3f}s{p_max(overhead):>9.3f}s"
+          f"{'< 0.200s':>10}")
+    print(f"{'launcher: command exit -> last sidecar gone':<44}{med(teardown):>9.3f}s{p_max(teardown):>9.3f}s"
+          f"{'< 1.000s':>10}")
+    print(f"{'kit cluster up (2 nodes, fresh)':<44}{up:>9.3f}s{'':>10}{'< 10.00s':>10}")
+    ok = med(dry) < 0.3 and med(overhead) < 0.2 and med(teardown) < 1.0 and up < 10
+    print("targets met" if ok else "TARGETS MISSED")
+
+
+if __name__ == "__main__":
+    main()
