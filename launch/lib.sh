@@ -75,6 +75,37 @@ kit::stop_background() {
   KIT_BG_NAMES=()
 }
 
+# The main process (the srun step, or the command) and the EXIT trap that
+# tears everything down. KIT_DRAIN_PIDS end by themselves once the main
+# process has (the rank log's writer); they get a moment before being stopped.
+KIT_MAIN_PID=
+KIT_DRAIN_PIDS=()
+kit::cleanup() {
+  local -r rc=$?
+  local pid tries
+  trap - EXIT
+  if [[ -n "${KIT_MAIN_PID}" ]] && kit::running "${KIT_MAIN_PID}"; then
+    kit::stop "${KIT_MAIN_PID}"
+  fi
+  kit::stop_background
+  for pid in "${KIT_DRAIN_PIDS[@]}"; do
+    for (( tries = 0; tries < 20; tries++ )); do
+      kit::running "${pid}" || break
+      sleep 0.05
+    done
+    kit::stop "${pid}"
+  done
+  exit "${rc}"
+}
+
+# kit::forward SIG: pass a signal on to the main process.
+kit::forward() {
+  KIT_INTERRUPTED=1
+  if [[ -n "${KIT_MAIN_PID}" ]]; then
+    kill -s "$1" "${KIT_MAIN_PID}" 2>/dev/null || true
+  fi
+}
+
 # kit::wait_for PID: wait until PID exits, even when trapped signals
 # interrupt `wait`; the exit status lands in KIT_RC.
 KIT_RC=0

@@ -134,29 +134,24 @@ if [[ -e "${KIT_FINISHED_FILE}" ]]; then
   exit 0
 fi
 
-KIT_SRUN_PID=
 KIT_WARNED=0
-kit::cleanup() {
-  local -r rc=$?
-  trap - EXIT
-  if [[ -n "${KIT_SRUN_PID}" ]] && kit::running "${KIT_SRUN_PID}"; then
-    kit::stop "${KIT_SRUN_PID}"
-  fi
-  kit::stop_background
-  exit "${rc}"
-}
 kit::on_signal() {
-  local -r sig="$1"
-  KIT_INTERRUPTED=1
-  if [[ "${sig}" == "${KIT_WARNING_SIGNAL}" ]]; then
+  if [[ "$1" == "${KIT_WARNING_SIGNAL}" ]]; then
     KIT_WARNED=1
-    kit::log "got SIG${sig}: the time limit is near; passing it to the job step"
+    kit::log "got SIG$1: the time limit is near; passing it to the job step"
   else
-    kit::log "got SIG${sig}: stopping the job step"
+    kit::log "got SIG$1: stopping the job step"
   fi
-  if [[ -n "${KIT_SRUN_PID}" ]]; then
-    kill -s "${sig}" "${KIT_SRUN_PID}" 2>/dev/null || true
-  fi
+  kit::forward "$1"
+}
+
+# kit::first_failure: the exit code of the rank whose command failed first in
+# this run (srun itself reports the highest code, often that of a rank it
+# stopped because another one failed).
+kit::first_failure() {
+  local -a files=("${KIT_LOG_DIR}/exit.r${KIT_RESTART}.rank-"*)
+  [[ -e "${files[0]}" ]] || return 1
+  sort -n "${files[@]}" | awk 'NR == 1 { print $3 }'
 }
 trap kit::cleanup EXIT
 trap 'kit::on_signal TERM' TERM
@@ -186,10 +181,14 @@ fi
 
 kit::log "job ${SLURM_JOB_ID} run ${KIT_RESTART}: ${SLURM_JOB_NUM_NODES:-?} node(s), MASTER_ADDR=${MASTER_ADDR} MASTER_PORT=${MASTER_PORT}"
 srun "${KIT_SRUN_ARGS[@]}" "${KIT_JOB_DIR}/launcher.sh" &
-KIT_SRUN_PID=$!
-kit::wait_for "${KIT_SRUN_PID}"
-KIT_SRUN_PID=
+KIT_MAIN_PID=$!
+kit::wait_for "${KIT_MAIN_PID}"
+KIT_MAIN_PID=
 rc="${KIT_RC}"
+if (( rc != 0 )) && KIT_FIRST_RC="$(kit::first_failure)" && [[ "${KIT_FIRST_RC}" != "${rc}" ]]; then
+  kit::log "srun exited ${rc}; the first rank to fail exited ${KIT_FIRST_RC}"
+  rc="${KIT_FIRST_RC}"
+fi
 if [[ -n "${KIT_PORT_LOCK_FD}" ]]; then exec {KIT_PORT_LOCK_FD}<&-; fi
 
 if [[ -e "${KIT_FINISHED_FILE}" ]]; then

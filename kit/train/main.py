@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -16,6 +15,8 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+from kit.train import preempt
 
 
 def log(msg: str) -> None:
@@ -56,21 +57,13 @@ def make_data(samples: int, features: int, seed: int = 0) -> TensorDataset:
 class Preemption(Callback):
     """On the warning signal, all ranks agree at a step boundary to checkpoint and stop."""
 
-    def __init__(self, signum: int, ckpt_path: Path):
-        self.signum = signum
+    def __init__(self, ckpt_path: Path):
         self.ckpt_path = ckpt_path
-        self.requested = False
         self.preempted = False
-
-    def setup(self, trainer, pl_module, stage):
-        signal.signal(self.signum, self._handler)
-
-    def _handler(self, signum, frame):
-        self.requested = True
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         # One tiny all-reduce per step: ranks see the signal at different steps.
-        if trainer.strategy.reduce_boolean_decision(self.requested, all=False):
+        if trainer.strategy.reduce_boolean_decision(preempt.requested(), all=False):
             self.preempted = True
             trainer.save_checkpoint(self.ckpt_path)
             log(f"warning signal: saved {self.ckpt_path.name} at step {trainer.global_step}, stopping")
@@ -133,8 +126,8 @@ def main(argv=None) -> int:
         f"backend={'nccl' if gpu else 'gloo'}")
 
     L.seed_everything(args.seed, workers=True, verbose=False)
-    sig = getattr(signal, "SIG" + os.environ.get("KIT_WARNING_SIGNAL", "USR1"))
-    preemption = Preemption(sig, last)
+    preempt.install()
+    preemption = Preemption(last)
     callbacks = [preemption, Progress(args.log_every)]
     if args.checkpoint_every:
         callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.checkpoint_every,

@@ -86,6 +86,37 @@ kit::stop_background() {
   KIT_BG_NAMES=()
 }
 
+# The main process (the srun step, or the command) and the EXIT trap that
+# tears everything down. KIT_DRAIN_PIDS end by themselves once the main
+# process has (the rank log's writer); they get a moment before being stopped.
+KIT_MAIN_PID=
+KIT_DRAIN_PIDS=()
+kit::cleanup() {
+  local -r rc=$?
+  local pid tries
+  trap - EXIT
+  if [[ -n "${KIT_MAIN_PID}" ]] && kit::running "${KIT_MAIN_PID}"; then
+    kit::stop "${KIT_MAIN_PID}"
+  fi
+  kit::stop_background
+  for pid in "${KIT_DRAIN_PIDS[@]}"; do
+    for (( tries = 0; tries < 20; tries++ )); do
+      kit::running "${pid}" || break
+      sleep 0.05
+    done
+    kit::stop "${pid}"
+  done
+  exit "${rc}"
+}
+
+# kit::forward SIG: pass a signal on to the main process.
+kit::forward() {
+  KIT_INTERRUPTED=1
+  if [[ -n "${KIT_MAIN_PID}" ]]; then
+    kill -s "$1" "${KIT_MAIN_PID}" 2>/dev/null || true
+  fi
+}
+
 # kit::wait_for PID: wait until PID exits, even when trapped signals
 # interrupt `wait`; the exit status lands in KIT_RC.
 KIT_RC=0
@@ -133,39 +164,40 @@ KIT_NODE="${SLURMD_NODENAME:-$(hostname)}"
 export KIT_NODE_LOG_PREFIX="${KIT_LOG_DIR}/${KIT_NODE}.r${KIT_RESTART:-0}"
 readonly KIT_RANK_LOG="${KIT_LOG_DIR}/rank-${RANK}.r${KIT_RESTART:-0}.log"
 
-KIT_TRAIN_PID=
-KIT_TEE_PID=
 KIT_STOPPING=0
-kit::cleanup() {
-  local -r rc=$?
-  local tries
-  trap - EXIT
-  if [[ -n "${KIT_TRAIN_PID}" ]] && kit::running "${KIT_TRAIN_PID}"; then
-    kit::stop "${KIT_TRAIN_PID}"
-  fi
-  kit::stop_background
-  if [[ -n "${KIT_TEE_PID}" ]]; then
-    # The rank log's writer ends by itself once the command's output closes.
-    for (( tries = 0; tries < 20; tries++ )); do
-      kit::running "${KIT_TEE_PID}" || break
-      sleep 0.05
-    done
-    kit::stop "${KIT_TEE_PID}"
-  fi
-  exit "${rc}"
+# kit::deliver SIG PID: send the warning once PID catches it (a trainer
+# installs its handler only after its imports, and the default action of
+# USR1 is to die), or after KIT_SIGNAL_GRACE seconds if it never does.
+kit::deliver() {
+  local -r sig="$1" pid="$2"
+  local -r bit=$(( $(kill -l "${sig}") - 1 ))
+  local caught tries
+  for (( tries = 0; tries < ${KIT_SIGNAL_GRACE:-30} * 10; tries++ )); do
+    caught="$(awk '$1 == "SigCgt:" { print $2 }' /proc/"${pid}"/status 2>/dev/null)" || return 0
+    [[ -n "${caught}" ]] || return 0
+    if (( (16#${caught} >> bit) & 1 )); then break; fi
+    sleep 0.1
+  done
+  kill -s "${sig}" "${pid}" 2>/dev/null || true
 }
-kit::forward() {
+KIT_WARNING_PENDING=0
+kit::on_signal() {
   KIT_INTERRUPTED=1
-  if [[ "$1" != "${KIT_WARNING_SIGNAL:-USR1}" ]]; then KIT_STOPPING=1; fi
-  if [[ -n "${KIT_TRAIN_PID}" ]]; then
-    kill -s "$1" "${KIT_TRAIN_PID}" 2>/dev/null || true
+  if [[ "$1" != "${KIT_WARNING_SIGNAL:-USR1}" ]]; then
+    KIT_STOPPING=1
+    kit::forward "$1"
+  elif [[ -n "${KIT_MAIN_PID}" ]]; then
+    kit::deliver "$1" "${KIT_MAIN_PID}" &
+    KIT_BG_PIDS+=("$!")
+  else
+    KIT_WARNING_PENDING=1
   fi
 }
 trap kit::cleanup EXIT
-trap 'kit::forward TERM' TERM
+trap 'kit::on_signal TERM' TERM
 # INT becomes TERM: a command started in the background ignores INT.
-trap 'kit::forward TERM' INT
-trap 'kit::forward "${KIT_WARNING_SIGNAL:-USR1}"' "${KIT_WARNING_SIGNAL:-USR1}"
+trap 'kit::on_signal TERM' INT
+trap 'kit::on_signal "${KIT_WARNING_SIGNAL:-USR1}"' "${KIT_WARNING_SIGNAL:-USR1}"
 
 if (( LOCAL_RANK == 0 )); then
   for (( i = 0; i < ${#KIT_SIDECARS[@]}; i += 3 )); do
@@ -182,16 +214,21 @@ fi
 if (( KIT_STOPPING )); then exit 143; fi
 # Slurm signals the task's whole process group: the rank log's writer ignores
 # those signals (it ends when the command's output closes), and the command
-# runs in a group of its own, so each signal reaches it once, from kit::forward.
+# runs in a group of its own, so each signal reaches it once, from this script.
 exec {KIT_LOG_FD}> >(trap '' INT TERM HUP USR1 USR2; exec tee -a "${KIT_RANK_LOG}")
-KIT_TEE_PID=$!
+KIT_DRAIN_PIDS+=("$!")
 if command -v setsid >/dev/null 2>&1; then
   setsid "${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&- &
 else
   "${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&- &
 fi
-KIT_TRAIN_PID=$!
+KIT_MAIN_PID=$!
 exec {KIT_LOG_FD}>&-
-kit::wait_for "${KIT_TRAIN_PID}"
-KIT_TRAIN_PID=
+if (( KIT_WARNING_PENDING )); then kit::on_signal "${KIT_WARNING_SIGNAL:-USR1}"; fi
+kit::wait_for "${KIT_MAIN_PID}"
+KIT_MAIN_PID=
+if (( KIT_RC != 0 && ! KIT_STOPPING )); then
+  # This rank failed by itself (not stopped by kit): prelaunch reports the first such code.
+  printf '%s %s %s\n' "$(date +%s%N)" "${RANK}" "${KIT_RC}" >"${KIT_LOG_DIR}/exit.r${KIT_RESTART:-0}.rank-${RANK}"
+fi
 exit "${KIT_RC}"
