@@ -24,7 +24,8 @@ def rank_log(job_dir, rank: int, restart: int = 0) -> str:
 
 def test_two_node_reference_training_completes(cluster, tmp_path):
     proc = kit("launch", "--local", "--nodes", "2", "--wait", "--output-dir", str(tmp_path / "jobs"),
-               "--", *TRAIN, "--max-steps", "40", "--log-every", "10", cwd=tmp_path)
+               "--", *TRAIN, "--max-steps", "40", "--log-every", "10", "--precision", "bf16-mixed",
+               "--gradient-clip-val", "1.0", "--accumulate-grad-batches", "2", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     job_id = re.search(r"^Submitted job (\d+)$", proc.stdout, re.M).group(1)
     job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
@@ -154,3 +155,20 @@ def test_prelaunch_runs_inside_salloc(cluster, tmp_path):
     found = sorted(re.findall(r"salloc-rank (\d) (\d) (\d+)", run.stdout))
     assert [(r, w) for r, w, _ in found] == [("0", "2"), ("1", "2")], run.stdout + run.stderr
     assert "heartbeat" not in run.stdout + run.stderr
+
+
+def test_debug_toggles_reach_every_rank(cluster, tmp_path):
+    show = "import os; print('debug-env', *(os.environ.get(k) for k in " \
+           "('DEBUG', 'NCCL_DEBUG', 'TORCH_DISTRIBUTED_DEBUG', 'CUDA_LAUNCH_BLOCKING', 'PYTHONFAULTHANDLER')))"
+    proc = kit("launch", "--local", "--nodes", "2", "--debug", "--wait", "--output-dir", str(tmp_path / "jobs"),
+               "--", sys.executable, "-c", show, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
+    logs = read_logs(job_dir)
+    assert sorted(re.findall(r"^(\d): debug-env (.*)$", logs, re.M)) == [
+        ("0", "1 INFO DETAIL 1 1"), ("1", "1 INFO DETAIL 1 1")]
+    assert "+ srun " in logs  # set -x in prelaunch
+    plain = kit("launch", "--local", "--wait", "--output-dir", str(tmp_path / "jobs"), "--",
+                sys.executable, "-c", show, cwd=tmp_path)
+    job_dir = re.search(r"^job dir: (.+)$", plain.stdout, re.M).group(1)
+    assert re.search(r"^0: debug-env 0 None None None 1$", read_logs(job_dir), re.M)
