@@ -19,12 +19,13 @@ log = logging.getLogger("kit.runner")
 
 def run(argv: Sequence[str], *, env: Mapping[str, str] | None = None, check: bool = True,
         timeout: float | None = 60, what: str | None = None, hint: str | None = None,
-        cwd: str | None = None) -> subprocess.CompletedProcess:
+        cwd: str | None = None, stream: bool = False, exit_code: int = 1) -> subprocess.CompletedProcess:
     """Run ``argv``; return the completed process (text output captured).
 
-    With ``check``, a non-zero exit becomes a :class:`KitError` that carries
-    the command's output. ``env`` entries are added to this process's
-    environment.
+    With ``check``, a non-zero exit becomes a :class:`KitError` (with
+    ``exit_code``) that carries the command's output. ``env`` entries are
+    added to this process's environment. With ``stream`` the output goes to
+    this process's stderr as it comes (progress bars) instead of being captured.
     """
     argv = [str(a) for a in argv]
     log.debug("run: %s", shlex.join(argv))
@@ -33,9 +34,9 @@ def run(argv: Sequence[str], *, env: Mapping[str, str] | None = None, check: boo
         full_env = dict(os.environ)
         full_env.update(env)
     try:
+        out = None if stream else subprocess.PIPE
         proc = subprocess.run(argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              timeout=timeout)
+                              stdout=2 if stream else out, stderr=out, text=True, timeout=timeout)
     except FileNotFoundError:
         raise KitError(f"{argv[0]}: command not found", field=what,
                        hint=hint or f"install {argv[0]} or put it on PATH", exit_code=1) from None
@@ -43,7 +44,15 @@ def run(argv: Sequence[str], *, env: Mapping[str, str] | None = None, check: boo
         raise KitError(f"{shlex.join(argv)} did not finish within {timeout:g} s", field=what,
                        hint=hint, exit_code=1) from None
     if check and proc.returncode != 0:
-        output = (proc.stdout + proc.stderr).strip()
+        output = ((proc.stdout or "") + (proc.stderr or "")).strip()
         raise KitError(f"{argv[0]} failed (exit {proc.returncode}): {shlex.join(argv[1:])}",
-                       field=what, detail=output or None, hint=hint, exit_code=1)
+                       field=what, detail=tail(output) or None, hint=hint, exit_code=exit_code)
     return proc
+
+
+def tail(text: str, lines: int = 30) -> str:
+    """The last ``lines`` lines of ``text`` (what a failure shows)."""
+    parts = text.splitlines()
+    if len(parts) <= lines:
+        return text
+    return "\n".join([f"... ({len(parts) - lines} earlier lines)", *parts[-lines:]])

@@ -33,8 +33,10 @@ def cli(verbose: bool) -> None:
 
 
 def _register() -> None:
-    from kit.cli import cluster, launch
+    from kit.cli import build, cluster, launch
     cli.add_command(launch.launch)
+    cli.add_command(build.build)
+    cli.add_command(build.inspect)
     cli.add_command(cluster.cluster)
 
 
