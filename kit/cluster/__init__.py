@@ -47,6 +47,7 @@ class ClusterState:
     ctld_port: int
     node_ports: list[int]
     pids: dict[str, int] = field(default_factory=dict)
+    containers: str | None = None  # "pyxis", "kit-pyxis" (the stand-in), or None
 
 
 @dataclass
@@ -232,9 +233,10 @@ class LocalCluster:
         (r / "state").mkdir(parents=True, exist_ok=True)
         for i in range(1, st.nodes + 1):
             (r / "spool" / f"node{i}").mkdir(parents=True, exist_ok=True)
-        plug = r / "plugstack.conf"
-        if not plug.exists():
-            plug.write_text("# SPANK plugins of kit's local cluster\n")
+        plug_lines = ["# SPANK plugins of kit's local cluster"]
+        if st.containers:
+            plug_lines.append(f"required {self._container_plugin(st)}")
+        (r / "plugstack.conf").write_text("\n".join(plug_lines) + "\n")
         # Slurm 22.05 drops GPUs without File=: each node gets placeholder
         # files (never opened: TaskPlugin=task/none constrains no devices).
         gres_lines = []
@@ -256,6 +258,7 @@ class LocalCluster:
         st = ClusterState(nodes=nodes, cpus_per_node=cpus, gpus_per_node=gpus,
                           memory_mb=_memory_mb(), hostname=socket.gethostname().split(".")[0],
                           ctld_port=ports[0], node_ports=ports[1:])
+        st.containers = self._prepare_containers(progress)
         self._write_config(st)
         env = {"SLURM_CONF": str(self.conf)}
         # Record the state before starting anything, so `down` can always find it.
@@ -278,6 +281,27 @@ class LocalCluster:
             self._stop(st)
             raise
         return st
+
+    # ------------------------------------------------------------ containers
+    def _prepare_containers(self, progress) -> str | None:
+        """Real pyxis when it and enroot are installed, else kit's stand-in, built now."""
+        if pyxis_plugin() and shutil.which("enroot"):
+            progress(f"container jobs: pyxis ({pyxis_plugin()})")
+            return "pyxis"
+        cc = shutil.which("gcc") or shutil.which("cc")
+        if cc is None or not Path("/usr/include/slurm/spank.h").exists():
+            progress("container jobs disabled: building kit's pyxis stand-in needs gcc and "
+                     "libslurm-dev (apt-get install -y gcc libslurm-dev)")
+            return None
+        out = self.root / "spank_kit_pyxis.so"
+        src = Path(__file__).parent / "spank" / "kit_pyxis.c"
+        run([cc, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(out), str(src)], what="cluster",
+            hint="the stand-in SPANK plugin did not compile")
+        progress("container jobs: kit's pyxis stand-in (no pyxis/enroot here)")
+        return "kit-pyxis"
+
+    def _container_plugin(self, st: ClusterState) -> str:
+        return pyxis_plugin() if st.containers == "pyxis" else str(self.root / "spank_kit_pyxis.so")
 
     def _save(self, st: ClusterState) -> None:
         tmp = self.state_file.with_suffix(".tmp")
@@ -350,6 +374,18 @@ class LocalCluster:
         # slurmd first, so slurmctld does not mark nodes down mid-way.
         stop_pids({p: c for p, c in daemons.items() if c == "slurmd"})
         stop_pids({p: c for p, c in daemons.items() if c == "slurmctld"})
+
+
+PYXIS_PATHS = ("/usr/local/lib/slurm/spank_pyxis.so", "/usr/lib/x86_64-linux-gnu/slurm/spank_pyxis.so",
+               "/usr/lib64/slurm/spank_pyxis.so", "/usr/lib/slurm/spank_pyxis.so")
+
+
+def pyxis_plugin() -> str | None:
+    """Path of an installed pyxis (KIT_PYXIS_PLUGIN, or the usual places)."""
+    for path in (os.environ.get("KIT_PYXIS_PLUGIN"), *PYXIS_PATHS):
+        if path and os.path.exists(path):
+            return path
+    return None
 
 
 def _user() -> str:

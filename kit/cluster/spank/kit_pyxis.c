@@ -1,0 +1,310 @@
+/*
+ * kit_pyxis: a small pyxis-compatible SPANK plugin for kit's local cluster.
+ *
+ * It accepts pyxis' --container-* options with pyxis' syntax and gives the
+ * subset kit uses pyxis' semantics: the task runs chrooted in the squashfs
+ * image (mounted read-only, writable with --container-writable), with
+ * /proc, /sys, /dev and the --container-mounts binds; the image's
+ * /etc/environment overrides the task's variables except those named in
+ * --container-env; --container-workdir must exist in the image.
+ *
+ * Everything happens in the task's own mount namespace, so nothing is left
+ * mounted when the task ends. A stand-in for machines without pyxis and
+ * enroot: nothing kit generates depends on it. Differences from pyxis are
+ * listed in containers/README.md.
+ *
+ * Built by `kit cluster up` against Debian's libslurm-dev headers.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <slurm/spank.h>
+
+SPANK_PLUGIN(kit_pyxis, 1);
+
+#define TAG "kit-pyxis"
+
+static char *opt_image, *opt_mounts, *opt_workdir, *opt_env, *opt_name;
+static int opt_writable, opt_mount_home, opt_remap_root;
+
+static int set_str(char **dst, const char *val)
+{
+	free(*dst);
+	*dst = val ? strdup(val) : NULL;
+	return 0;
+}
+
+static int cb_image(int v, const char *a, int r) { (void)v; (void)r; return set_str(&opt_image, a); }
+static int cb_mounts(int v, const char *a, int r) { (void)v; (void)r; return set_str(&opt_mounts, a); }
+static int cb_workdir(int v, const char *a, int r) { (void)v; (void)r; return set_str(&opt_workdir, a); }
+static int cb_env(int v, const char *a, int r) { (void)v; (void)r; return set_str(&opt_env, a); }
+static int cb_name(int v, const char *a, int r) { (void)v; (void)r; return set_str(&opt_name, a); }
+static int cb_flag(int v, const char *a, int r)
+{
+	(void)a; (void)r;
+	switch (v) {
+	case 1: opt_writable = 1; break;
+	case 2: opt_writable = 0; break;
+	case 3: opt_mount_home = 1; break;
+	case 4: opt_mount_home = 0; break;
+	case 5: opt_remap_root = 1; break;
+	case 6: opt_remap_root = 0; break;
+	}
+	return 0;
+}
+
+struct spank_option spank_options[] = {
+	{ "container-image", "[USER@][REGISTRY#]IMAGE[:TAG]|PATH", "[kit-pyxis] squashfs image to run the task in", 1, 0, cb_image },
+	{ "container-mounts", "SRC:DST[:FLAGS][,SRC:DST...]", "[kit-pyxis] bind mounts, comma separated", 1, 0, cb_mounts },
+	{ "container-workdir", "PATH", "[kit-pyxis] working directory inside the container (must exist)", 1, 0, cb_workdir },
+	{ "container-env", "NAME[,NAME...]", "[kit-pyxis] variables whose task values win over the image's", 1, 0, cb_env },
+	{ "container-name", "NAME", "[kit-pyxis] accepted; the container is not kept between steps", 1, 0, cb_name },
+	{ "container-writable", NULL, "[kit-pyxis] make the root filesystem writable (changes are discarded)", 0, 1, cb_flag },
+	{ "container-readonly", NULL, "[kit-pyxis] read-only root filesystem (default)", 0, 2, cb_flag },
+	{ "container-mount-home", NULL, "[kit-pyxis] bind the user's home directory", 0, 3, cb_flag },
+	{ "no-container-mount-home", NULL, "[kit-pyxis] do not bind the home directory (default)", 0, 4, cb_flag },
+	{ "container-remap-root", NULL, "[kit-pyxis] accepted; tasks already run as root here", 0, 5, cb_flag },
+	{ "no-container-remap-root", NULL, "[kit-pyxis] accepted", 0, 6, cb_flag },
+	SPANK_OPTIONS_TABLE_END
+};
+
+static int mkdir_p(const char *path, mode_t mode)
+{
+	char buf[4096];
+	size_t len = strlen(path);
+	if (len >= sizeof(buf))
+		return -1;
+	memcpy(buf, path, len + 1);
+	for (char *p = buf + 1; *p; p++) {
+		if (*p == '/') {
+			*p = '\0';
+			if (mkdir(buf, mode) < 0 && errno != EEXIST)
+				return -1;
+			*p = '/';
+		}
+	}
+	if (mkdir(buf, mode) < 0 && errno != EEXIST)
+		return -1;
+	return 0;
+}
+
+/* Create DST (inside the new root) as a directory or an empty file, like SRC. */
+static int make_target(const char *dst, int is_dir)
+{
+	if (is_dir)
+		return mkdir_p(dst, 0755);
+	char parent[4096];
+	snprintf(parent, sizeof(parent), "%s", dst);
+	char *slash = strrchr(parent, '/');
+	if (slash && slash != parent) {
+		*slash = '\0';
+		if (mkdir_p(parent, 0755) < 0)
+			return -1;
+	}
+	int fd = open(dst, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return -1;
+	close(fd);
+	return 0;
+}
+
+static int run_mount(const char *image, const char *dir)
+{
+	pid_t pid = fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		int null = open("/dev/null", O_WRONLY);
+		if (null >= 0)
+			dup2(null, 1);
+		execl("/bin/mount", "mount", "-t", "squashfs", "-o", "loop,ro", image, dir, (char *)NULL);
+		_exit(127);
+	}
+	int status;
+	if (waitpid(pid, &status, 0) < 0)
+		return -1;
+	return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+static int bind_mount(const char *root, const char *src, const char *dst, int readonly)
+{
+	char target[4096];
+	struct stat st;
+	if (stat(src, &st) < 0) {
+		slurm_error(TAG ": --container-mounts: source does not exist: %s", src);
+		return -1;
+	}
+	snprintf(target, sizeof(target), "%s%s", root, dst);
+	if (make_target(target, S_ISDIR(st.st_mode)) < 0) {
+		slurm_error(TAG ": cannot create mount point %s: %m", dst);
+		return -1;
+	}
+	if (mount(src, target, NULL, MS_BIND | MS_REC, NULL) < 0) {
+		slurm_error(TAG ": bind %s:%s: %m", src, dst);
+		return -1;
+	}
+	if (readonly && mount(NULL, target, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) < 0) {
+		slurm_error(TAG ": read-only %s: %m", dst);
+		return -1;
+	}
+	return 0;
+}
+
+/* SRC:DST[:FLAGS] entries, comma separated; FLAGS joined with '+'. */
+static int user_mounts(const char *root)
+{
+	if (!opt_mounts || !*opt_mounts)
+		return 0;
+	char *all = strdup(opt_mounts), *save = NULL;
+	int rc = 0;
+	for (char *entry = strtok_r(all, ",", &save); entry && rc == 0; entry = strtok_r(NULL, ",", &save)) {
+		char *src = entry, *dst = strchr(entry, ':'), *flags = NULL;
+		if (dst) {
+			*dst++ = '\0';
+			flags = strchr(dst, ':');
+			if (flags)
+				*flags++ = '\0';
+		} else {
+			dst = src;
+		}
+		int ro = 0;
+		if (flags) {
+			char *fsave = NULL;
+			for (char *f = strtok_r(flags, "+", &fsave); f; f = strtok_r(NULL, "+", &fsave))
+				if (strcmp(f, "ro") == 0)
+					ro = 1;
+		}
+		if (strcmp(src, "tmpfs") == 0) {
+			char target[4096];
+			snprintf(target, sizeof(target), "%s%s", root, dst);
+			if (mkdir_p(target, 0755) < 0 || mount("tmpfs", target, "tmpfs", 0, NULL) < 0) {
+				slurm_error(TAG ": tmpfs %s: %m", dst);
+				rc = -1;
+			}
+			continue;
+		}
+		rc = bind_mount(root, src, dst, ro);
+	}
+	free(all);
+	return rc;
+}
+
+static int kept(const char *name)
+{
+	if (!opt_env)
+		return 0;
+	size_t n = strlen(name);
+	for (const char *p = opt_env; *p;) {
+		const char *end = strchr(p, ',');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+		if (len == n && strncmp(p, name, n) == 0)
+			return 1;
+		if (!end)
+			break;
+		p = end + 1;
+	}
+	return 0;
+}
+
+/* The image's /etc/environment wins over the task's values, but for --container-env names. */
+static int apply_environment(spank_t sp, const char *root)
+{
+	char path[4096], line[65536];
+	snprintf(path, sizeof(path), "%s/etc/environment", root);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f)) {
+		line[strcspn(line, "\n")] = '\0';
+		char *eq = strchr(line, '=');
+		if (!eq || line[0] == '#')
+			continue;
+		*eq = '\0';
+		if (!kept(line))
+			spank_setenv(sp, line, eq + 1, 1);
+	}
+	fclose(f);
+	return 0;
+}
+
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	(void)ac; (void)av;
+	if (!opt_image)
+		return 0;
+	const char *base = "/tmp/kit-pyxis";
+	char image_dir[256], upper[256], work[256], root[256], opts[1024];
+
+	if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) {
+		slurm_error(TAG ": cannot make a mount namespace: %m");
+		return -1;
+	}
+	if (mkdir_p(base, 0755) < 0 || mount("tmpfs", base, "tmpfs", 0, "mode=0755") < 0) {
+		slurm_error(TAG ": cannot mount a tmpfs on %s: %m", base);
+		return -1;
+	}
+	snprintf(image_dir, sizeof(image_dir), "%s/image", base);
+	snprintf(upper, sizeof(upper), "%s/upper", base);
+	snprintf(work, sizeof(work), "%s/work", base);
+	snprintf(root, sizeof(root), "%s/root", base);
+	mkdir_p(image_dir, 0755);
+	mkdir_p(upper, 0755);
+	mkdir_p(work, 0755);
+	mkdir_p(root, 0755);
+	if (run_mount(opt_image, image_dir) < 0) {
+		slurm_error(TAG ": --container-image: cannot mount %s as squashfs", opt_image);
+		return -1;
+	}
+	snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s", image_dir, upper, work);
+	if (mount("overlay", root, "overlay", 0, opts) < 0) {
+		slurm_error(TAG ": overlay on %s: %m", root);
+		return -1;
+	}
+
+	char target[4096];
+	snprintf(target, sizeof(target), "%s/proc", root);
+	mkdir_p(target, 0555);
+	if (mount("proc", target, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
+		slurm_error(TAG ": proc: %m");
+		return -1;
+	}
+	if (bind_mount(root, "/dev", "/dev", 0) < 0 || bind_mount(root, "/sys", "/sys", 0) < 0)
+		return -1;
+	if (access("/etc/hosts", R_OK) == 0)
+		bind_mount(root, "/etc/hosts", "/etc/hosts", 1);
+	if (access("/etc/resolv.conf", R_OK) == 0)
+		bind_mount(root, "/etc/resolv.conf", "/etc/resolv.conf", 1);
+	if (opt_mount_home) {
+		char home[4096];
+		if (spank_getenv(sp, "HOME", home, sizeof(home)) == ESPANK_SUCCESS && bind_mount(root, home, home, 0) < 0)
+			return -1;
+	}
+	if (user_mounts(root) < 0)
+		return -1;
+	apply_environment(sp, root);
+	if (!opt_writable && mount(NULL, root, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) < 0) {
+		slurm_error(TAG ": read-only root: %m");
+		return -1;
+	}
+	if (chdir(root) < 0 || chroot(".") < 0) {
+		slurm_error(TAG ": chroot %s: %m", root);
+		return -1;
+	}
+	const char *wd = opt_workdir && *opt_workdir ? opt_workdir : "/";
+	if (chdir(wd) < 0) {
+		slurm_error(TAG ": --container-workdir: %s does not exist in the container", wd);
+		return -1;
+	}
+	spank_setenv(sp, "PWD", wd, 1);
+	return 0;
+}
