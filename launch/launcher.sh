@@ -24,6 +24,10 @@ case "${SLURM_JOB_NAME-}" in
   bash | interactive) export TORCHELASTIC_RUN_ID="${TORCHELASTIC_RUN_ID:-kit-${SLURM_JOB_ID}}" ;;
 esac
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}"
+# In a container, kit's runtime lives at /opt/kit (built in, or mounted by kit launch).
+if [[ "${KIT_CONTAINER:-0}" == 1 && -d /opt/kit/python && ":${PYTHONPATH-}:" != *:/opt/kit/python:* ]]; then
+  export PYTHONPATH="/opt/kit/python${PYTHONPATH:+:${PYTHONPATH}}"
+fi
 export PYTHONUNBUFFERED="${PYTHONUNBUFFERED:-1}"
 if kit::truthy "${DEBUG:-0}"; then set -x; fi
 

@@ -19,6 +19,10 @@ readonly KIT_PORT_LOW={{ port_low }}
 readonly KIT_PORT_HIGH={{ port_high }}
 readonly KIT_MASTER_IFACE={{ master_interface }}
 readonly KIT_SRUN_ARGS=( {{ srun_args }} )
+# With an image: the variables whose job values must win over the image's
+# (pyxis --container-env); the flag lists those that are set when srun starts.
+readonly KIT_CONTAINER_ENV=( {{ container_env }} )
+export KIT_CONTAINER={{ container }}
 export KIT_WARNING_SIGNAL={{ signal }}
 export KIT_JOB_DIR
 export KIT_FINISHED_FILE="${KIT_JOB_DIR}/FINISHED"
@@ -179,8 +183,16 @@ if (( KIT_BATCH && KIT_HEARTBEAT_SECONDS > 0 )); then
     heartbeat "${KIT_HEARTBEAT_SECONDS}"
 fi
 
+KIT_STEP_ARGS=("${KIT_SRUN_ARGS[@]}")
+if (( ${#KIT_CONTAINER_ENV[@]} > 0 )); then
+  KIT_SET_NAMES=()
+  for name in "${KIT_CONTAINER_ENV[@]}"; do
+    if [[ -v "${name}" ]]; then KIT_SET_NAMES+=("${name}"); fi
+  done
+  KIT_STEP_ARGS+=("--container-env=$(IFS=,; printf '%s' "${KIT_SET_NAMES[*]}")")
+fi
 kit::log "job ${SLURM_JOB_ID} run ${KIT_RESTART}: ${SLURM_JOB_NUM_NODES:-?} node(s), MASTER_ADDR=${MASTER_ADDR} MASTER_PORT=${MASTER_PORT}"
-srun "${KIT_SRUN_ARGS[@]}" "${KIT_JOB_DIR}/launcher.sh" &
+srun "${KIT_STEP_ARGS[@]}" "${KIT_JOB_DIR}/launcher.sh" &
 KIT_MAIN_PID=$!
 kit::wait_for "${KIT_MAIN_PID}"
 KIT_MAIN_PID=

@@ -52,8 +52,10 @@ def test_dry_run_prints_the_sbatch_line_and_writes_the_scripts(tmp_path):
     proc = kit("launch", "--dry-run", "--nodes", "2", "--time", "30", "--output-dir", str(tmp_path), "--",
                "python", "train.py", "--max-steps", "100")
     assert proc.returncode == 0, proc.stderr
-    line, jobdir_line = proc.stdout.splitlines()
+    line, srun_line, jobdir_line = proc.stdout.splitlines()
     job_dir = jobdir_line.removeprefix("job dir: ")
+    assert srun_line == (f"srun --kill-on-bad-exit=1 --wait=60 --mpi=none --label --nodes=2 --ntasks-per-node=1 "
+                         f"{job_dir}/launcher.sh")
     assert line == (f"sbatch --parsable --job-name=kit --nodes=2 --ntasks-per-node=1 --open-mode=append "
                     f"--output={job_dir}/logs/slurm-%j.out --signal=B:USR1@90 --time=30 --requeue "
                     f"{job_dir}/prelaunch.sh")
@@ -136,12 +138,12 @@ def test_job_file_values_and_command_line_overrides(tmp_path):
 
 
 def test_unknown_partition_submits_nothing(cluster, target, tmp_path):
-    before = subprocess.run(["squeue", "--noheader", "--states=all"], env={**target.env}, capture_output=True,
+    before = subprocess.run(["squeue", "--noheader", "--states=all", "--format=%i"], env={**target.env}, capture_output=True,
                             text=True).stdout
     proc = kit("launch", "--local", "--partition", "nope", "--output-dir", str(tmp_path / "jobs"), "--", "true")
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == ["kit: --partition: unknown partition 'nope'", "hint: partitions here: local"]
-    after = subprocess.run(["squeue", "--noheader", "--states=all"], env={**target.env}, capture_output=True,
+    after = subprocess.run(["squeue", "--noheader", "--states=all", "--format=%i"], env={**target.env}, capture_output=True,
                            text=True).stdout
     assert after == before
     assert not (tmp_path / "jobs").exists()

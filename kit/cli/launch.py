@@ -48,6 +48,19 @@ def _str(name: str, help: str, metavar: str = "TEXT"):
 @_str("--port-range", "Where MASTER_PORT is looked for [default: 29500-30499].", "LOW-HIGH")
 @_str("--master-interface", "Take MASTER_ADDR from this network interface.", "IFACE")
 @_int("--step-wait", "Seconds the other ranks may run on after one exits (srun --wait) [default: 60].")
+@_str("--image", "Run every task in this container image: a .sqsh path or docker://... (pyxis).", "IMAGE")
+@click.option("--mount", "mounts", multiple=True, metavar="SRC:DST[:FLAGS]",
+              help="Bind SRC (absolute, on the nodes) at DST in the container; flags like ro, joined with + (repeatable).")
+@_str("--container-workdir", "Working directory in the container [default: the image's].", "PATH")
+@click.option("--container-env", "container_env", multiple=True, metavar="NAME[,NAME...]",
+              help="More variables whose job values win over the image's (kit's own are always listed).")
+@_str("--container-name", "Name under which pyxis keeps the container on the node.", "NAME")
+@click.option("--container-writable", is_flag=True, default=None, help="Writable root filesystem in the container.")
+@click.option("--container-mount-home/--no-container-mount-home", default=None,
+              help="Bind the home directory into the container [default: no].")
+@click.option("--container-remap-root", is_flag=True, default=None, help="Be root inside the container (pyxis).")
+@click.option("--no-mount-check", "mount_check", flag_value=False, default=None,
+              help="Do not check that mount sources exist on this host (node-local paths).")
 @click.option("--local", "where", flag_value="local", default=None,
               help="Submit to kit's local cluster (the default when no site Slurm is configured).")
 @click.option("--site", "where", flag_value="site", help="Submit to the site's Slurm.")
@@ -55,7 +68,8 @@ def _str(name: str, help: str, metavar: str = "TEXT"):
 @click.option("--wait", "wait_", is_flag=True, help="Block until the job ends; exit with its exit code.")
 @click.option("--json", "as_json", is_flag=True, help="Print {job_id, job_dir, sbatch_argv} as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def launch(job_file, env_items, sbatch_args, sidecars, where, dry_run, wait_, as_json, command, **fields):
+def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, where, dry_run, wait_, as_json,
+           command, **fields):
     """Submit COMMAND as a multi-node job: kit launch [OPTIONS] -- COMMAND...
 
     Writes a job directory (prelaunch.sh, launcher.sh, job.json, sbatch.json),
@@ -80,6 +94,10 @@ def launch(job_file, env_items, sbatch_args, sidecars, where, dry_run, wait_, as
         given.sbatch_args = list(sbatch_args)
     if sidecars:
         given.sidecars = list(sidecars)
+    if mounts:
+        given.mounts = list(mounts)
+    if container_env:
+        given.container_env = [n for item in container_env for n in item.split(",") if n]
     if command:
         given.command = list(command)
     spec, origins = specs.merge(base, given, origins)
@@ -100,6 +118,7 @@ def launch(job_file, env_items, sbatch_args, sidecars, where, dry_run, wait_, as
             click.echo(json.dumps(prepared.as_json()))
         else:
             click.echo(shlex.join(prepared.sbatch_argv))
+            click.echo(shlex.join(prepared.srun_argv))
             click.echo(f"job dir: {prepared.job_dir}")
         return 0
     lib.submit(prepared, target)

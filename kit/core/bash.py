@@ -17,8 +17,16 @@ _SLOT = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
 
 
 def quote(value: object) -> str:
-    """One bash word whose value is exactly ``str(value)``."""
-    return shlex.quote(str(value))
+    """One bash word whose value is exactly ``str(value)``.
+
+    Words with a comma are quoted too, though bash would not need it, so a
+    comma inside an array element does not read as a separator (shellcheck SC2054).
+    """
+    text = str(value)
+    quoted = shlex.quote(text)
+    if quoted == text and "," in text:
+        return f"'{text}'"
+    return quoted
 
 
 def array(values: Iterable[object]) -> str:

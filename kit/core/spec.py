@@ -51,6 +51,16 @@ class JobSpec:
     port_range: str | None = None
     master_interface: str | None = None
     step_wait: int | None = None
+    # Containers (pyxis): the flags go on the srun step.
+    image: str | None = None
+    mounts: list[str] | None = None
+    container_workdir: str | None = None
+    container_env: list[str] | None = None
+    container_name: str | None = None
+    container_writable: bool | None = None
+    container_mount_home: bool | None = None
+    container_remap_root: bool | None = None
+    mount_check: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
@@ -73,6 +83,12 @@ DEFAULTS: dict[str, Any] = {
     "heartbeat": 60,
     "port_range": "29500-30499",
     "step_wait": 60,
+    "mounts": [],
+    "container_env": [],
+    "container_writable": False,
+    "container_mount_home": False,
+    "container_remap_root": False,
+    "mount_check": True,
 }
 
 # Variables the launcher owns: a user value would be overwritten or would
@@ -105,7 +121,8 @@ class Origins(dict):
         return self.get(name) or cli_label(name)
 
 
-_OPTION_NAMES = {"sbatch_args": "--sbatch-arg", "sidecars": "--sidecar", "command": "command"}
+_OPTION_NAMES = {"sbatch_args": "--sbatch-arg", "sidecars": "--sidecar", "command": "command", "mounts": "--mount",
+                 "mount_check": "--no-mount-check"}
 
 
 def cli_label(name: str) -> str:
@@ -207,8 +224,9 @@ def load_job_file(path: str | Path) -> tuple[JobSpec, Origins]:
 _INT_FIELDS = {"nodes", "gpus_per_node", "ntasks_per_node", "cpus_per_task", "signal_lead",
                "max_restarts", "heartbeat", "step_wait"}
 _STR_FIELDS = {"mem", "time", "partition", "account", "job_name", "output_dir", "signal",
-               "port_range", "master_interface"}
-_LIST_FIELDS = {"command", "sbatch_args", "sidecars"}
+               "port_range", "master_interface", "image", "container_workdir", "container_name"}
+_LIST_FIELDS = {"command", "sbatch_args", "sidecars", "mounts", "container_env"}
+_BOOL_FIELDS = {"debug", "container_writable", "container_mount_home", "container_remap_root", "mount_check"}
 
 
 def _coerce_file_value(name: str, value: Any, label: str) -> Any:
@@ -227,9 +245,9 @@ def _coerce_file_value(name: str, value: Any, label: str) -> Any:
         if not isinstance(value, str):
             raise bad("a string", f'{name.replace("_", "-")} = "..."')
         return value
-    if name == "debug":
+    if name in _BOOL_FIELDS:
         if not isinstance(value, bool):
-            raise bad("true or false", "debug = true")
+            raise bad("true or false", f"{name.replace('_', '-')} = true")
         return value
     if name in _LIST_FIELDS:
         if name == "command" and isinstance(value, str):
@@ -269,6 +287,7 @@ class ResolvedJob:
     port_low: int
     port_high: int
     warnings: tuple[str, ...] = field(default=())
+    mounts: tuple = field(default=())  # parsed kit.slurm.pyxis.Mount values
 
 
 def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None = None) -> ResolvedJob:
@@ -358,10 +377,39 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
     if not out_dir.is_absolute():
         out_dir = (cwd or Path.cwd()) / out_dir
     s.output_dir = str(out_dir)
+    mounts = _resolve_container(s, origins, warnings)
     if s.time is None and any(n in origins for n in ("signal", "signal_lead", "max_restarts")):
         warnings.append("no --time given: the preemption warning only fires if the partition has a time limit")
     return ResolvedJob(spec=s, time_seconds=time_seconds, port_low=low, port_high=high,
-                       warnings=tuple(warnings))
+                       warnings=tuple(warnings), mounts=tuple(mounts))
+
+
+def _resolve_container(s: JobSpec, origins: Origins, warnings: list[str]) -> list:
+    from kit.slurm import pyxis
+
+    given = [n for n in ("container_workdir", "container_name") if getattr(s, n)]
+    given += [n for n in ("mounts", "container_env") if getattr(s, n)]
+    given += [n for n in ("container_writable", "container_mount_home", "container_remap_root") if getattr(s, n)]
+    if not s.image:
+        if given:
+            warnings.append(", ".join(origins.label(n) for n in given) + " have no effect without --image")
+        return []
+    try:
+        s.image = pyxis.check_image(s.image, origins.label("image"))
+    except KitError as e:
+        raise e.with_field(origins.label("image"))
+    mounts = [pyxis.parse_mount(m, origins.label("mounts"), check_source=s.mount_check) for m in s.mounts]
+    if s.container_workdir is not None and not s.container_workdir.startswith("/"):
+        raise KitError(f"must be an absolute path, got {s.container_workdir!r}",
+                       field=origins.label("container_workdir"))
+    for name in s.container_env:
+        if not _ENV_KEY.match(name):
+            raise KitError(f"not a variable name: {name!r}", field=origins.label("container_env"))
+    if s.container_name is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", s.container_name):
+        raise KitError(f"not a container name: {s.container_name!r}", field=origins.label("container_name"),
+                       hint="letters, digits, '.', '_' and '-'")
+    pyxis.parse_mount(f"{s.output_dir}:{s.output_dir}", origins.label("output_dir"), check_source=False)
+    return mounts
 
 
 def _copy(value: Any) -> Any:

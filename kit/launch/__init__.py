@@ -21,6 +21,7 @@ from kit.core import bash
 from kit.core.spec import ResolvedJob
 from kit.errors import KitError
 from kit.launch import sidecars
+from kit.slurm import pyxis
 
 
 @dataclass
@@ -28,15 +29,67 @@ class PreparedJob:
     job: ResolvedJob
     job_dir: Path
     sbatch_argv: list[str]
+    srun_argv: list[str]  # the step prelaunch.sh runs (--container-env as if every candidate were set)
     job_id: str | None = None
 
     def as_json(self) -> dict:
-        return {"job_id": self.job_id, "job_dir": str(self.job_dir), "sbatch_argv": self.sbatch_argv}
+        return {"job_id": self.job_id, "job_dir": str(self.job_dir), "sbatch_argv": self.sbatch_argv,
+                "srun_argv": self.srun_argv}
 
 
-def render_scripts(job: ResolvedJob, job_dir: Path) -> dict[str, str]:
+@dataclass(frozen=True)
+class Step:
+    """The srun step: its options and the --container-env candidates."""
+
+    srun_args: list[str]
+    container_env: list[str]
+
+    def argv(self, job_dir: Path) -> list[str]:
+        extra = [f"--container-env={','.join(self.container_env)}"] if self.container_env else []
+        return ["srun", *self.srun_args, *extra, str(job_dir / "launcher.sh")]
+
+
+def step(job: ResolvedJob, job_dir: Path) -> Step:
+    flags, names = container_setup(job, job_dir)
+    return Step(slurm.srun_args(job, flags), names)
+
+
+def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[str]]:
+    """(srun container flags, --container-env candidates) for a job with an image."""
+    s = job.spec
+    if not s.image:
+        return [], []
+    mounts = [pyxis.Mount(str(job_dir), str(job_dir)), *job.mounts]
+    workdir = s.container_workdir
+    if not s.image.startswith("docker://"):
+        from kit import build
+        from kit.build import runtime
+
+        image = Path(s.image)
+        found = build.image_has(image, ["bin/bash", "usr/bin/bash", "usr/bin/tee", "bin/tee", "opt/kit/VERSION"])
+        missing = [tool for tool in ("bash", "tee") if not found & {f"bin/{tool}", f"usr/bin/{tool}"}]
+        if missing:
+            raise KitError(f"{image} has no {' or '.join(missing)}, which launcher.sh needs inside the container",
+                           field="--image", hint="add them to the image (e.g. a recipe step: run = \"apt-get "
+                                                 "install -y bash coreutils\")")
+        if "opt/kit/VERSION" not in found:
+            # Not built by kit: the job mounts kit's runtime instead of needing a rebuild.
+            bundle = runtime.bundle()
+            mounts.append(pyxis.Mount(str(bundle), runtime.IMAGE_PREFIX, ("ro",)))
+        if workdir is None:
+            meta = build.image_metadata(image) or {}
+            workdir = (meta.get("config") or {}).get("workdir") or None
+    flags = pyxis.srun_flags(image=s.image, mounts=mounts, workdir=workdir, name=s.container_name,
+                             writable=s.container_writable, mount_home=s.container_mount_home,
+                             remap_root=s.container_remap_root)
+    names = sorted(set(pyxis.JOB_VARIABLES) | set(s.env) | set(s.container_env))
+    return flags, names
+
+
+def render_scripts(job: ResolvedJob, job_dir: Path, the_step: Step | None = None) -> dict[str, str]:
     """The text of prelaunch.sh and launcher.sh for ``job`` living in ``job_dir``."""
     s = job.spec
+    the_step = the_step or step(job, job_dir)
     lib = bash.template("lib.sh").rstrip("\n")
     given = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name in s.env]
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in s.env]
@@ -52,7 +105,9 @@ def render_scripts(job: ResolvedJob, job_dir: Path) -> dict[str, str]:
         "port_low": str(job.port_low),
         "port_high": str(job.port_high),
         "master_interface": bash.quote(s.master_interface or ""),
-        "srun_args": bash.array(slurm.srun_args(job)),
+        "srun_args": bash.array(the_step.srun_args),
+        "container": "1" if s.image else "0",
+        "container_env": bash.array(the_step.container_env),
         "signal": bash.quote(s.signal),
         "debug": "1" if s.debug else "0",
         "env_exports": bash.exports(s.env) or ":  # none given",
@@ -83,10 +138,11 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
         raise KitError(f"cannot create {out_dir}: {e.strerror}", field="--output-dir") from None
     final = job_dir or _new_job_dir(out_dir, job.spec.job_name)
     argv = slurm.sbatch_argv(job, final)
+    the_step = step(job, final)
     tmp = final.with_name(f".{final.name}.tmp")
     try:
         (tmp / "logs").mkdir(parents=True)
-        for name, text in render_scripts(job, final).items():
+        for name, text in render_scripts(job, final, the_step).items():
             path = tmp / name
             path.write_text(text, encoding="utf-8")
             path.chmod(0o755)
@@ -96,7 +152,7 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return PreparedJob(job=job, job_dir=final, sbatch_argv=argv)
+    return PreparedJob(job=job, job_dir=final, sbatch_argv=argv, srun_argv=the_step.argv(final))
 
 
 def submit(prepared: PreparedJob, target: slurm.Target) -> PreparedJob:

@@ -80,8 +80,8 @@ def sbatch_argv(job: ResolvedJob, job_dir: Path) -> list[str]:
     return argv
 
 
-def srun_args(job: ResolvedJob) -> list[str]:
-    """The options of the one srun step prelaunch.sh runs (the container flags join here)."""
+def srun_args(job: ResolvedJob, container_flags: list[str] = ()) -> list[str]:
+    """The options of the one srun step prelaunch.sh runs, container flags included."""
     s = job.spec
     args = [
         "--kill-on-bad-exit=1",
@@ -96,7 +96,7 @@ def srun_args(job: ResolvedJob) -> list[str]:
         args.append(f"--cpus-per-task={s.cpus_per_task}")
     if s.gpus_per_node:
         args.append(f"--gpus-per-node={s.gpus_per_node}")
-    return args
+    return args + list(container_flags)
 
 
 def rank_exports() -> str:

@@ -142,6 +142,10 @@ readonly KIT_PORT_LOW=29500
 readonly KIT_PORT_HIGH=30499
 readonly KIT_MASTER_IFACE=''
 readonly KIT_SRUN_ARGS=( --kill-on-bad-exit=1 --wait=60 --mpi=none --label --nodes=2 --ntasks-per-node=8 --cpus-per-task=12 --gpus-per-node=8 )
+# With an image: the variables whose job values must win over the image's
+# (pyxis --container-env); the flag lists those that are set when srun starts.
+readonly KIT_CONTAINER_ENV=(  )
+export KIT_CONTAINER=0
 export KIT_WARNING_SIGNAL=USR1
 export KIT_JOB_DIR
 export KIT_FINISHED_FILE="${KIT_JOB_DIR}/FINISHED"
@@ -303,8 +307,16 @@ if (( KIT_BATCH && KIT_HEARTBEAT_SECONDS > 0 )); then
     heartbeat "${KIT_HEARTBEAT_SECONDS}"
 fi
 
+KIT_STEP_ARGS=("${KIT_SRUN_ARGS[@]}")
+if (( ${#KIT_CONTAINER_ENV[@]} > 0 )); then
+  KIT_SET_NAMES=()
+  for name in "${KIT_CONTAINER_ENV[@]}"; do
+    if [[ -v "${name}" ]]; then KIT_SET_NAMES+=("${name}"); fi
+  done
+  KIT_STEP_ARGS+=("--container-env=$(IFS=,; printf '%s' "${KIT_SET_NAMES[*]}")")
+fi
 kit::log "job ${SLURM_JOB_ID} run ${KIT_RESTART}: ${SLURM_JOB_NUM_NODES:-?} node(s), MASTER_ADDR=${MASTER_ADDR} MASTER_PORT=${MASTER_PORT}"
-srun "${KIT_SRUN_ARGS[@]}" "${KIT_JOB_DIR}/launcher.sh" &
+srun "${KIT_STEP_ARGS[@]}" "${KIT_JOB_DIR}/launcher.sh" &
 KIT_MAIN_PID=$!
 kit::wait_for "${KIT_MAIN_PID}"
 KIT_MAIN_PID=

@@ -280,6 +280,13 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	}
 	if (bind_mount(root, "/dev", "/dev", 0) < 0 || bind_mount(root, "/sys", "/sys", 0) < 0)
 		return -1;
+	for (const char **t = (const char *[]){ "/tmp", "/run", NULL }; *t; t++) {
+		snprintf(target, sizeof(target), "%s%s", root, *t);
+		if (mkdir_p(target, 01777) < 0 || mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") < 0) {
+			slurm_error(TAG ": tmpfs on %s: %m", *t);
+			return -1;
+		}
+	}
 	if (access("/etc/hosts", R_OK) == 0)
 		bind_mount(root, "/etc/hosts", "/etc/hosts", 1);
 	if (access("/etc/resolv.conf", R_OK) == 0)

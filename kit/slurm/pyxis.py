@@ -1,0 +1,122 @@
+"""What kit knows about pyxis: its srun flags, the mount syntax, the env rule.
+
+Facts (pyxis 0.24 + enroot 4.1) this module encodes:
+- the flags go on the srun step, not on sbatch (sbatch --container-image runs
+  the batch script itself in the container, on the first node only);
+- inside the container the image's variables overwrite the task's, except
+  the names given to --container-env: every variable kit sets is listed;
+- --container-mounts given twice keeps only the last: all mounts are joined
+  into one flag; SRC[:DST[:FLAGS]], flags joined with '+', no escape for ','
+  or ':', and paths with spaces fail; unknown flags are silently accepted by
+  pyxis, so kit checks them; a missing SRC fails only at task start, so kit
+  checks it on the submitting host.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from kit.errors import KitError
+
+# Mount options kit lets through (enroot's bind-mount options).
+MOUNT_FLAGS = ("ro", "rw", "private", "rprivate", "slave", "rslave", "shared", "rshared", "rbind",
+               "nosuid", "nodev", "noexec")
+SPECIAL_SOURCES = ("tmpfs", "umount")
+REGISTRY_REF = re.compile(r"docker://(([^@/#]+)@)?(([^#]+)#)?([a-z0-9/._-]+)(:([A-Za-z0-9._:-]+))?\Z")
+
+# Variables prelaunch.sh sets for the step (kept in sync with the template by a test).
+JOB_VARIABLES = (
+    "KIT_CONTAINER", "KIT_FINISHED_FILE", "KIT_JOB_DIR", "KIT_LOG_DIR", "KIT_RESTART", "KIT_WARNING_SIGNAL",
+    "MASTER_ADDR", "MASTER_PORT", "DEBUG", "PYTHONFAULTHANDLER", "NCCL_DEBUG", "TORCH_DISTRIBUTED_DEBUG",
+    "CUDA_LAUNCH_BLOCKING",
+)
+
+
+@dataclass(frozen=True)
+class Mount:
+    src: str
+    dst: str
+    flags: tuple[str, ...] = ()
+
+    def render(self) -> str:
+        return ":".join([self.src, self.dst] + (["+".join(self.flags)] if self.flags else []))
+
+
+def _no_separators(path: str, what: str, label: str) -> None:
+    for ch, name in ((",", "a comma"), (":", "a colon"), (" ", "a space")):
+        if ch in path:
+            raise KitError(f"{what} contains {name}: {path!r}", field=label,
+                           hint="pyxis has no escape for ',' or ':' and fails on spaces: use a path without them "
+                                "(a symlink to it works)")
+    if any(c in path for c in "\t\n\r"):
+        raise KitError(f"{what} contains a control character: {path!r}", field=label)
+
+
+def parse_mount(text: str, label: str = "--mount", check_source: bool = True) -> Mount:
+    """``SRC:DST[:FLAGS]`` as kit accepts it (stricter than pyxis)."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
+        raise KitError(f"expected SRC:DST[:FLAGS], got {text!r}", field=label,
+                       hint="e.g. --mount /data/imagenet:/data:ro")
+    src, dst = parts[0], parts[1]
+    flags = tuple(f for f in parts[2].split("+") if f) if len(parts) == 3 else ()
+    if src not in SPECIAL_SOURCES:
+        if not src.startswith("/"):
+            raise KitError(f"mount source must be an absolute path: {src!r}", field=label,
+                           hint=f"write it from the root, e.g. {os.path.abspath(src)}")
+        _no_separators(src, "mount source", label)
+    if not dst.startswith("/"):
+        raise KitError(f"mount destination must be an absolute path: {dst!r}", field=label)
+    _no_separators(dst, "mount destination", label)
+    for flag in flags:
+        if flag not in MOUNT_FLAGS:
+            raise KitError(f"unknown mount flag {flag!r} in {text!r}", field=label,
+                           hint="known flags: " + ", ".join(MOUNT_FLAGS) + " (join several with +)")
+    if "ro" in flags and "rw" in flags:
+        raise KitError(f"both ro and rw in {text!r}", field=label)
+    if check_source and src not in SPECIAL_SOURCES and not os.path.exists(src):
+        raise KitError(f"source does not exist: {src}", field=label,
+                       hint="kit checks sources on this host; a node-local path must exist here too "
+                            "(or pass --no-mount-check)")
+    return Mount(src, dst, flags)
+
+
+def check_image(image: str, label: str = "--image") -> str:
+    """A registry reference, or an absolute path of a squashfs file (returned absolute)."""
+    if image.startswith("docker://") or "://" in image:
+        if not REGISTRY_REF.match(image):
+            raise KitError(f"not an image reference: {image!r}", field=label,
+                           hint="write docker://[USER@][REGISTRY#]IMAGE[:TAG] or the path of a .sqsh")
+        return image
+    path = Path(image).expanduser()
+    if not path.is_absolute():
+        path = Path.cwd() / path
+    _no_separators(str(path), "image path", label)
+    if not path.is_file():
+        raise KitError(f"no such image: {path}", field=label, hint="build one with: kit build RECIPE -o IMAGE.sqsh")
+    with open(path, "rb") as f:
+        if f.read(4) != b"hsqs":
+            raise KitError(f"not a squashfs image: {path}", field=label,
+                           hint="pyxis runs squashfs files (kit build makes them) or docker:// references")
+    return str(path)
+
+
+def srun_flags(*, image: str, mounts: list[Mount], workdir: str | None, name: str | None,
+               writable: bool, mount_home: bool, remap_root: bool) -> list[str]:
+    """The container flags of the step; --container-env is added at run time by prelaunch."""
+    flags = [f"--container-image={image}"]
+    if mounts:
+        flags.append("--container-mounts=" + ",".join(m.render() for m in mounts))
+    if workdir:
+        flags.append(f"--container-workdir={workdir}")
+    if name:
+        flags.append(f"--container-name={name}")
+    if writable:
+        flags.append("--container-writable")
+    flags.append("--container-mount-home" if mount_home else "--no-container-mount-home")
+    if remap_root:
+        flags.append("--container-remap-root")
+    return flags
