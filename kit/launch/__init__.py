@@ -132,13 +132,13 @@ def _new_job_dir(out_dir: Path, job_name: str) -> Path:
 def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
     """Write the job directory (all or nothing) and return what to submit."""
     out_dir = Path(job.spec.output_dir)
+    final = job_dir or _new_job_dir(out_dir, job.spec.job_name)
+    argv = slurm.sbatch_argv(job, final)
+    the_step = step(job, final)  # checks the image: before anything is written
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise KitError(f"cannot create {out_dir}: {e.strerror}", field="--output-dir") from None
-    final = job_dir or _new_job_dir(out_dir, job.spec.job_name)
-    argv = slurm.sbatch_argv(job, final)
-    the_step = step(job, final)
     tmp = final.with_name(f".{final.name}.tmp")
     try:
         (tmp / "logs").mkdir(parents=True)

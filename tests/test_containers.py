@@ -1,0 +1,144 @@
+"""Container jobs on the local cluster (issue 3, done-means 1 and 4): the
+shipped CPU recipe built on a locally made Debian base, run as a 2-node
+Lightning DDP job through the pyxis flags kit puts on the srun step."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, kit, read_logs, require, wait_no_processes
+
+from kit import slurm
+
+
+@pytest.fixture(scope="session")
+def debian_base() -> Path:
+    """containers/bases/debian-bookworm, made with debootstrap when missing (~45 s)."""
+    require("debootstrap")
+    base = REPO / "containers" / "bases" / "debian-bookworm"
+    subprocess.run(["bash", str(REPO / "containers" / "bases" / "debian-bookworm.sh"), str(base)], check=True,
+                   capture_output=True, timeout=900)
+    return base
+
+
+@pytest.fixture(scope="session")
+def cpu_image(debian_base, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("images") / "cpu-lightning.sqsh"
+    proc = kit("build", str(REPO / "containers" / "cpu-lightning.toml"), "-o", str(out),
+               "--base", f"rootfs={debian_base}", timeout=1200)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def small_image(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("small")
+    (d / "root" / "usr" / "bin").mkdir(parents=True)
+    out = d / "small.sqsh"
+    subprocess.run(["mksquashfs", str(d / "root"), str(out), "-quiet", "-no-progress"], check=True)
+    return out
+
+
+def loops_and_mounts() -> tuple[str, list[str]]:
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    mounts = [line for line in Path("/proc/mounts").read_text().splitlines() if "kit-pyxis" in line]
+    return loops, mounts
+
+
+def test_two_node_lightning_job_runs_inside_the_image(cluster, cpu_image, tmp_path):
+    assert cluster.state().containers in ("kit-pyxis", "pyxis")
+    host = tmp_path / "host-data"
+    host.mkdir()
+    (host / "from-host.txt").write_text("host file\n")
+    loops_before, mounts_before = loops_and_mounts()
+    probe = ('echo "rank=$RANK marker=$(cat /.kit/image.json | head -c 1) pwd=$(pwd) '
+             'pu=$PYTHONUNBUFFERED ma=$MASTER_ADDR mp=$MASTER_PORT host=$(cat /data/from-host.txt)" '
+             '> "/data/probe-$RANK.txt"; '
+             'exec python3 -m kit.train --max-steps 30 --checkpoint-every 10 --checkpoint-dir /data/ckpt')
+    proc = kit("launch", "--local", "--nodes", "2", "--wait", "--image", str(cpu_image),
+               "--mount", f"{host}:/data", "--env", "PYTHONUNBUFFERED=from-the-job",
+               "--output-dir", str(tmp_path / "jobs"), "--", "bash", "-c", probe, cwd=tmp_path, timeout=600)
+    job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
+    assert proc.returncode == 0, proc.stderr + read_logs(job_dir)
+    assert not Path("/.kit/image.json").exists()  # the marker exists only in the image
+    for rank in (0, 1):
+        line = (host / f"probe-{rank}.txt").read_text()
+        assert f"rank={rank} marker={{" in line          # /.kit/image.json was readable: inside the image
+        assert "pwd=/workspace " in line                   # the image's workdir
+        assert "pu=from-the-job " in line                  # the job's value beat the image's ENV (=1)
+        assert re.search(r"ma=\S+ mp=\d+ host=host file", line)
+    logs = read_logs(job_dir)
+    assert re.search(r"rank=0 world_size=2", logs) and re.search(r"rank=1 world_size=2", logs)
+    assert "done at step=30" in logs
+    assert (host / "ckpt" / "last.ckpt").stat().st_size > 0  # written through the mount
+    assert wait_no_processes(job_dir, 5) == []
+    assert loops_and_mounts() == (loops_before, mounts_before)
+
+
+def test_an_image_without_bash_is_refused_before_submitting(small_image, tmp_path):
+    proc = kit("launch", "--dry-run", "--image", str(small_image), "--output-dir", str(tmp_path / "jobs"),
+               "--", "true")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0] == (
+        f"kit: --image: {small_image} has no bash or tee, which launcher.sh needs inside the container")
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_container_workdir_must_exist(cluster, cpu_image, tmp_path):
+    proc = kit("launch", "--local", "--wait", "--image", str(cpu_image), "--container-workdir", "/not/there",
+               "--output-dir", str(tmp_path / "jobs"), "--", "true", cwd=tmp_path, timeout=120)
+    job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
+    assert proc.returncode != 0
+    assert "--container-workdir: /not/there does not exist in the container" in read_logs(job_dir)
+
+
+BAD_LAUNCH = [
+    (["--mount", "relative/data:/data"], "kit: --mount: mount source must be an absolute path: 'relative/data'"),
+    (["--mount", "/nonexistent/data:/data"], "kit: --mount: source does not exist: /nonexistent/data"),
+    (["--mount", "/tmp/a,b:/data"], "kit: --mount: mount source contains a comma: '/tmp/a,b'"),
+    (["--mount", "/tmp:/data:ro+bogus"], "kit: --mount: unknown mount flag 'bogus' in '/tmp:/data:ro+bogus'"),
+    (["--mount", "/tmp:data"], "kit: --mount: mount destination must be an absolute path: 'data'"),
+    (["--container-workdir", "rel"], "kit: --container-workdir: must be an absolute path, got 'rel'"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_LAUNCH, ids=[" ".join(a) for a, _ in BAD_LAUNCH])
+def test_bad_container_input(small_image, tmp_path, args, message):
+    proc = kit("launch", "--dry-run", "--image", str(small_image), "--output-dir", str(tmp_path / "jobs"), *args,
+               "--", "true")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0] == message
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_image_must_be_squashfs(tmp_path):
+    not_sqsh = tmp_path / "image.sqsh"
+    not_sqsh.write_text("not an image")
+    proc = kit("launch", "--dry-run", "--image", str(not_sqsh), "--output-dir", str(tmp_path / "jobs"), "--", "true")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0] == f"kit: --image: not a squashfs image: {not_sqsh}"
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_container_flags_in_the_dry_run(cpu_image, tmp_path):
+    proc = kit("launch", "--dry-run", "--json", "--image", str(cpu_image), "--mount", "/tmp:/scratch:ro",
+               "--mount", "tmpfs:/fast", "--container-env", "MY_VAR", "--env", "OTHER=1",
+               "--output-dir", str(tmp_path / "jobs"), "--", "python", "train.py")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    job_dir = out["job_dir"]
+    assert not any(a.startswith("--container") for a in out["sbatch_argv"])
+    srun = out["srun_argv"]
+    mounts = [a for a in srun if a.startswith("--container-mounts=")]
+    assert mounts == [f"--container-mounts={job_dir}:{job_dir},/tmp:/scratch:ro,tmpfs:/fast"]
+    assert f"--container-image={cpu_image}" in srun and "--container-workdir=/workspace" in srun
+    env = [a for a in srun if a.startswith("--container-env=")][0].split("=", 1)[1].split(",")
+    assert {"MASTER_ADDR", "MASTER_PORT", "KIT_JOB_DIR", "MY_VAR", "OTHER", "DEBUG"} <= set(env)
+    assert srun[-1] == f"{job_dir}/launcher.sh"
