@@ -1,0 +1,70 @@
+"""Build benchmark: `kit build` against plain mksquashfs on the same root filesystem.
+
+    python bench/bench_build.py [--rootfs DIR] [--runs N]
+
+Default root filesystem: containers/bases/debian-bookworm (made by
+containers/bases/debian-bookworm.sh). Both sides pack with enroot's options
+(-comp lzo -noD, -all-root) on all cores; runs are interleaved so both see
+the same machine load. Targets: ratio <= 1.10; no-op rebuild < 1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def timed(argv, env=None) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rootfs", default=str(REPO / "containers" / "bases" / "debian-bookworm"))
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    rootfs = Path(args.rootfs)
+    if not rootfs.is_dir():
+        sys.exit(f"no root filesystem at {rootfs}: run containers/bases/debian-bookworm.sh first")
+    size = int(subprocess.run(["du", "-sb", str(rootfs)], capture_output=True, text=True).stdout.split()[0])
+    with tempfile.TemporaryDirectory(dir=REPO) as d:
+        tmp = Path(d)
+        recipe = tmp / "bench.toml"
+        recipe.write_text(f'[base]\nrootfs = "{rootfs}"\n[[steps]]\nenv = {{ BENCH = "1" }}\n')
+        env = {**os.environ, "KIT_HOME": str(tmp / "home")}
+        plain, kit = [], []
+        for i in range(args.runs):
+            plain.append(timed(["mksquashfs", str(rootfs), str(tmp / f"plain{i}.sqsh"), "-noappend", "-all-root",
+                                "-mkfs-time", "0", "-all-time", "0", "-processors", str(os.cpu_count()),
+                                "-comp", "lzo", "-noD", "-no-progress", "-quiet"]))
+            kit.append(timed([sys.executable, "-m", "kit", "build", "--no-cache", str(recipe), "-o",
+                              str(tmp / f"kit{i}.sqsh")], env=env))
+        subprocess.run([sys.executable, "-m", "kit", "build", str(recipe), "-o", str(tmp / "noop.sqsh")],
+                       check=True, env=env, capture_output=True)
+        noop = [timed([sys.executable, "-m", "kit", "build", str(recipe), "-o", str(tmp / "noop.sqsh")], env=env)
+                for _ in range(args.runs)]
+        image_size = (tmp / "kit0.sqsh").stat().st_size
+    med = statistics.median
+    print(f"root filesystem: {rootfs} ({size / 2**20:.0f} MiB), runs: {args.runs}, cores: {os.cpu_count()}")
+    print(f"{'measurement':<40}{'median':>10}{'max':>10}{'target':>12}")
+    print(f"{'mksquashfs -comp lzo -noD (plain)':<40}{med(plain):>9.2f}s{max(plain):>9.2f}s")
+    print(f"{'kit build (same options, no cache)':<40}{med(kit):>9.2f}s{max(kit):>9.2f}s")
+    print(f"{'  ratio kit / plain':<40}{med(kit) / med(plain):>9.2f}x{'':>10}{'<= 1.10x':>12}")
+    print(f"{'kit build, nothing changed (no-op)':<40}{med(noop):>9.3f}s{max(noop):>9.3f}s{'< 1 s':>12}")
+    print(f"image size: {image_size / 2**20:.0f} MiB")
+    ok = med(kit) / med(plain) <= 1.10 and med(noop) < 1.0
+    print("targets met" if ok else "TARGETS MISSED")
+
+
+if __name__ == "__main__":
+    main()
