@@ -107,7 +107,7 @@ def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, wh
 
     target = None
     if not dry_run:
-        target, note = lib.select_target(where)
+        target, note = lib.select_target(where, needs_containers=bool(job.spec.image))
         if note:
             click.echo(f"kit: {note}", err=True)
         if job.spec.partition:

@@ -170,7 +170,7 @@ def submit(prepared: PreparedJob, target: slurm.Target) -> PreparedJob:
 SITE_CONFS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf/slurm.conf")
 
 
-def select_target(where: str | None) -> tuple[slurm.Target, str | None]:
+def select_target(where: str | None, needs_containers: bool = False) -> tuple[slurm.Target, str | None]:
     """Which Slurm to submit to: ``"local"``, ``"site"`` or None (decide).
 
     Undecided, the site's Slurm wins when one is configured (``SLURM_CONF`` or
@@ -180,15 +180,23 @@ def select_target(where: str | None) -> tuple[slurm.Target, str | None]:
     from kit.cluster import LocalCluster
 
     local = LocalCluster()
+
+    def local_target() -> slurm.Target:
+        state = local.state()
+        if needs_containers and state is not None and not state.containers:
+            raise KitError("the local cluster was started without container support", field="--image",
+                           hint="install gcc and libslurm-dev, then: kit cluster down && kit cluster up")
+        return local.target
+
     if where == "local":
         if not local.running():
             raise KitError("the local cluster is not running", field="--local",
                            hint="start it with: kit cluster up --nodes 2")
-        return local.target, None
+        return local_target(), None
     site_conf = os.environ.get("SLURM_CONF") or next((p for p in SITE_CONFS if os.path.exists(p)), None)
     if where == "site" or site_conf:
         return slurm.Target(conf=None, name="site"), None
     if local.running():
-        return local.target, f"no site Slurm configured: using the local cluster ({local.conf})"
+        return local_target(), f"no site Slurm configured: using the local cluster ({local.conf})"
     raise KitError("no Slurm to submit to: no site slurm.conf and no local cluster",
                    hint="start one with `kit cluster up`, or use --dry-run to only write the scripts")
