@@ -33,11 +33,12 @@ def cli(verbose: bool) -> None:
 
 
 def _register() -> None:
-    from kit.cli import build, cluster, launch
+    from kit.cli import build, cluster, exporter, launch
     cli.add_command(launch.launch)
     cli.add_command(build.build)
     cli.add_command(build.inspect)
     cli.add_command(cluster.cluster)
+    cli.add_command(exporter.exporter)
 
 
 _register()

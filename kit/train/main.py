@@ -83,10 +83,12 @@ class StepDelay(Callback):
 class Progress(Callback):
     def __init__(self, every: int):
         self.every = every
+        self.last = -1
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
-        if trainer.global_rank == 0 and (step == 1 or step % self.every == 0):
+        if trainer.global_rank == 0 and step != self.last and (step == 1 or step % self.every == 0):
+            self.last = step
             log(f"step={step} loss={pl_module.last_loss:.5f}")
 
 
@@ -129,6 +131,9 @@ def main(argv=None) -> int:
     preempt.install()
     preemption = Preemption(last)
     callbacks = [preemption, Progress(args.log_every)]
+    if os.environ.get("KIT_METRICS_DIR"):
+        from kit.train.metrics import MetricsCallback
+        callbacks.append(MetricsCallback())
     if args.checkpoint_every:
         callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.checkpoint_every,
                                          save_last=True, save_top_k=0))
@@ -158,10 +163,12 @@ def main(argv=None) -> int:
     step = trainer.global_step
     if trainer.global_rank == 0:
         log(f"done at step={step} first_loss={model.first_loss:.5f} last_loss={model.last_loss:.5f}")
-    if preemption.preempted:
-        return 0
-    if step >= args.max_steps and trainer.global_rank == 0 and os.environ.get("KIT_FINISHED_FILE"):
+    if not preemption.preempted and step >= args.max_steps and trainer.global_rank == 0 \
+            and os.environ.get("KIT_FINISHED_FILE"):
         Path(os.environ["KIT_FINISHED_FILE"]).touch()
+    # Leaving with the process group up lets gloo's threads die unjoined at exit (SIGABRT).
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     return 0
 
 

@@ -1,0 +1,80 @@
+"""``python -m kit.monitor`` (also ``kit exporter``): run the exporter.
+
+Argparse, not Click: it runs inside job containers, which carry kit's runtime
+but not necessarily Click.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="kit exporter", description="Serve GPU (NVML), node (psutil) and training "
+                                "metrics to Prometheus, and advertise them through a file_sd target file.")
+    p.add_argument("--bind", default="0.0.0.0", help="Address to listen on [0.0.0.0].")
+    p.add_argument("--port", default="9400-9499", help="Port, or LOW-HIGH: the first free one is used [9400-9499].")
+    p.add_argument("--interval", type=float, default=1.0, help="Seconds between polls of NVML/psutil/training [1].")
+    p.add_argument("--targets-dir", default=os.environ.get("KIT_PROMETHEUS_TARGETS") or None,
+                   help="Write a file_sd target file here (and remove it on exit) [$KIT_PROMETHEUS_TARGETS].")
+    p.add_argument("--advertise", default=None, help="Host to put in the target file [this node's address].")
+    p.add_argument("--training-dir", default=os.environ.get("KIT_METRICS_DIR") or None,
+                   help="Where the ranks' training metric files are [$KIT_METRICS_DIR].")
+    p.add_argument("--log", default=None, help="Append one JSON line per poll to this file.")
+    p.add_argument("--label", action="append", default=[], metavar="NAME=VALUE", help="Extra target label.")
+    p.add_argument("--hostname-label", default="Hostname", help="GPU label carrying the host name ('' for none).")
+    p.add_argument("--no-gpu", action="store_true", help="No NVML collector.")
+    p.add_argument("--no-node", action="store_true", help="No node collector (a node_exporter already runs).")
+    p.add_argument("--exit-with-parent", action="store_true", help="Exit when the parent process is gone.")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="kit exporter: %(message)s")
+    from kit.monitor.exporter import RESERVED_LABELS, Exporter
+    from kit.monitor.gpu import GpuSource
+    from kit.monitor.node import NodeSource
+    from kit.monitor.training import TrainingSource
+
+    low, _, high = args.port.partition("-")
+    try:
+        port, port_max = int(low), int(high or low)
+    except ValueError:
+        print(f"kit: --port: not a port or LOW-HIGH range: {args.port!r}", file=sys.stderr)
+        return 2
+    labels = {}
+    for item in args.label:
+        name, sep, value = item.partition("=")
+        if not sep or name in RESERVED_LABELS:
+            print(f"kit: --label: expected NAME=VALUE with NAME not job or instance, got {item!r}", file=sys.stderr)
+            return 2
+        labels[name] = value
+    node = os.environ.get("SLURMD_NODENAME") or None
+    import socket
+    sources = []
+    if not args.no_gpu:
+        sources.append(GpuSource(hostname=socket.gethostname(), hostname_label=args.hostname_label))
+    if not args.no_node:
+        sources.append(NodeSource())
+    sources.append(TrainingSource(Path(args.training_dir) if args.training_dir else None))
+    exporter = Exporter(sources, interval=args.interval, bind=args.bind, port=port, port_max=port_max,
+                        targets_dir=Path(args.targets_dir) if args.targets_dir else None, labels=labels,
+                        log_path=Path(args.log) if args.log else None, node=node, advertise=args.advertise)
+    try:
+        exporter.start()
+    except OSError as e:
+        print(f"kit: --port: {e}", file=sys.stderr)
+        return 2
+    print(f"kit exporter: serving on {args.bind}:{exporter.port}"
+          + (f", target file {exporter.target_file}" if exporter.target_file else ""), file=sys.stderr, flush=True)
+    exporter.serve_forever(parent=os.getppid() if args.exit_with_parent else None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""The exporter process: poll the sources, serve /metrics, advertise itself to Prometheus.
+
+- A background thread polls every source each ``interval`` seconds; scrapes
+  serve the cached results, so a slow NVML call never stalls a scrape.
+- One collector renders the cache and, per source, ``kit_exporter_collector_success``
+  and ``kit_exporter_collector_duration_seconds``; it never raises into a scrape.
+- It binds the first free port of a range and writes a Prometheus
+  ``file_sd_configs`` target file (temp name, then rename) carrying the job's
+  identity as target labels; the file is removed on exit.
+- Each poll appends a line to a JSONL metrics log, for analysis without Prometheus.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Iterable
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import Metric
+
+from kit.monitor.families import SourceResult, Spec, Sample, families
+
+log = logging.getLogger("kit.exporter")
+
+SUCCESS = Spec("kit_exporter_collector_success", "gauge", "Whether the collector's last poll succeeded.")
+DURATION = Spec("kit_exporter_collector_duration_seconds", "gauge", "How long the collector's last poll took.")
+# Slurm's variables -> target labels (job identity goes on the target, not on every sample).
+JOB_LABELS: tuple[tuple[str, str], ...] = (
+    ("slurm_job_id", "SLURM_JOB_ID"), ("slurm_job_name", "SLURM_JOB_NAME"), ("slurm_user", "SLURM_JOB_USER"),
+    ("slurm_account", "SLURM_JOB_ACCOUNT"), ("slurm_partition", "SLURM_JOB_PARTITION"),
+    ("slurm_cluster", "SLURM_CLUSTER_NAME"),
+)
+RESERVED_LABELS = ("job", "instance")
+# What the JSONL log keeps of each poll (enough for `kit report`).
+LOGGED = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_POWER_USAGE",
+          "DCGM_FI_DEV_GPU_TEMP", "training_step", "training_loss", "training_samples_total",
+          "training_tokens_total", "node_load1", "node_memory_MemAvailable_bytes")
+
+
+class Poller:
+    def __init__(self, sources: list, interval: float = 1.0, log_path: Path | None = None, node: str = ""):
+        self.sources = sources
+        self.interval = interval
+        self.log_path = log_path
+        self.node = node
+        self.results: dict[str, SourceResult] = {s.name: SourceResult() for s in sources}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll_once(self) -> None:
+        for source in self.sources:
+            try:
+                result = source.poll()
+            except Exception as e:  # a source that raises is a down source, never a dead exporter
+                result = SourceResult([], False, 0.0, f"{type(e).__name__}: {e}")
+            self.results[source.name] = result
+        if self.log_path is not None:
+            self._append_log()
+
+    def _append_log(self) -> None:
+        record = {"time": round(time.time(), 3), "node": self.node,
+                  "up": {name: r.success for name, r in self.results.items()}, "samples": []}
+        for r in self.results.values():
+            for s in r.samples:
+                if s.spec.name in LOGGED:
+                    record["samples"].append([s.spec.name, s.labels, s.value])
+        try:
+            with open(self.log_path, "a") as f:
+                f.write(json.dumps(record, separators=(",", ":")) + "\n")
+        except OSError as e:
+            log.warning("metrics log %s: %s", self.log_path, e)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.poll_once()
+
+    def start(self) -> None:
+        self.poll_once()
+        self._thread = threading.Thread(target=self._run, name="kit-poller", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+        for source in self.sources:
+            close = getattr(source, "close", None)
+            if close:
+                close()
+
+
+class CachedCollector:
+    """Serves the poller's cache; never raises into a scrape."""
+
+    def __init__(self, poller: Poller):
+        self.poller = poller
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            results = dict(self.poller.results)
+            samples: list[Sample] = []
+            for name, r in sorted(results.items()):
+                samples += r.samples
+                samples.append(Sample(SUCCESS, {"collector": name}, float(r.success)))
+                samples.append(Sample(DURATION, {"collector": name}, r.duration))
+            yield from families(samples)
+        except Exception:  # pragma: no cover - a bug here must not break the scrape
+            log.exception("collect failed")
+
+    def describe(self):
+        return []
+
+
+def target_labels(env: dict, node: str, extra: dict) -> dict:
+    labels = {label: env[var] for label, var in JOB_LABELS if env.get(var)}
+    if "slurm_user" not in labels and env.get("USER"):
+        labels["slurm_user"] = env["USER"]
+    labels["node"] = node
+    labels.update(extra)
+    for bad in RESERVED_LABELS:
+        labels.pop(bad, None)
+    return labels
+
+
+def advertise_address(bind: str) -> str:
+    if bind not in ("", "0.0.0.0", "::"):
+        return bind
+    try:
+        for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
+            addr = info[4][0]
+            if not addr.startswith("127."):
+                return addr
+    except OSError:
+        pass
+    return "127.0.0.1"
+
+
+class Exporter:
+    def __init__(self, sources: list, *, interval: float = 1.0, bind: str = "0.0.0.0", port: int = 9400,
+                 port_max: int | None = None, targets_dir: Path | None = None, labels: dict | None = None,
+                 log_path: Path | None = None, node: str | None = None, advertise: str | None = None,
+                 env: dict | None = None):
+        self.node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        self.poller = Poller(sources, interval, log_path, self.node)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(CachedCollector(self.poller))
+        self.bind = bind
+        self.ports = range(port, (port_max if port_max is not None else port) + 1)
+        self.targets_dir = targets_dir
+        self.labels = target_labels(env if env is not None else dict(os.environ), self.node, labels or {})
+        self.advertise = advertise
+        self.port: int | None = None
+        self.target_file: Path | None = None
+        self._server = None
+
+    def start(self) -> None:
+        self.poller.start()
+        for port in self.ports:
+            try:
+                self._server, _ = start_http_server(port, addr=self.bind, registry=self.registry)
+            except OSError:
+                continue  # busy: the next one
+            self.port = port
+            break
+        if self.port is None:
+            self.poller.stop()
+            raise OSError(f"no free port in {self.ports.start}-{self.ports.stop - 1} on {self.bind}")
+        if self.targets_dir is not None:
+            self._write_target()
+
+    def _write_target(self) -> None:
+        self.targets_dir.mkdir(parents=True, exist_ok=True)
+        host = self.advertise or advertise_address(self.bind)
+        job = self.labels.get("slurm_job_id", "nojob")
+        name = f"kit-{job}-{self.node}-{self.port}.json"
+        tmp = self.targets_dir / f".{name}.tmp"
+        tmp.write_text(json.dumps([{"targets": [f"{host}:{self.port}"], "labels": self.labels}], indent=1) + "\n")
+        os.replace(tmp, self.targets_dir / name)
+        self.target_file = self.targets_dir / name
+
+    def stop(self) -> None:
+        if self.target_file is not None:
+            try:
+                self.target_file.unlink()
+            except FileNotFoundError:
+                pass
+            self.target_file = None
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        self.poller.stop()
+
+    def serve_forever(self, parent: int | None = None) -> None:
+        """Run until TERM/INT, or until ``parent`` is gone (the training ended)."""
+        done = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda *a: done.set())
+        try:
+            while not done.wait(1.0):
+                if parent and os.getppid() != parent:
+                    break
+        finally:
+            self.stop()

@@ -1,0 +1,52 @@
+"""Samples and the one place they become prometheus-client metric families."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from prometheus_client.core import Metric
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A metric: its exposed name, Prometheus type and help text."""
+
+    name: str
+    type: str  # gauge, counter, unknown (rendered "untyped")
+    help: str
+
+
+@dataclass
+class Sample:
+    spec: Spec
+    labels: dict
+    value: float
+
+
+@dataclass
+class SourceResult:
+    """What one poll of a source gave: its samples, whether it worked, how long it took."""
+
+    samples: list[Sample] = field(default_factory=list)
+    success: bool = False
+    duration: float = 0.0
+    error: str = ""
+
+
+def families(samples: Iterable[Sample]) -> list[Metric]:
+    """Group samples into families, keeping names exactly as given.
+
+    Sample names are written exactly as given, so dcgm-exporter's names
+    (``DCGM_FI_DEV_...``) stay as they are; counters (whose names end in
+    ``_total``) get their family named without it, as the text format wants.
+    """
+    out: dict[str, Metric] = {}
+    for s in samples:
+        fam = out.get(s.spec.name)
+        if fam is None:
+            # A counter family is named without its _total; the text format adds it back.
+            family_name = s.spec.name[:-len("_total")] if s.spec.type == "counter" else s.spec.name
+            fam = out[s.spec.name] = Metric(family_name, s.spec.help, s.spec.type)
+        fam.add_sample(s.spec.name, {k: str(v) for k, v in s.labels.items()}, float(s.value))
+    return list(out.values())

@@ -1,0 +1,203 @@
+"""GPU metrics through NVML, with dcgm-exporter's names, units and labels.
+
+The data source is the ``pynvml`` module (package ``nvidia-ml-py``), passed in
+so tests can hand it a fake. Inside a job's cgroup NVML sees only the job's
+GPUs: series are labelled by UUID and take ``gpu``/``device`` from the minor
+number, so they line up with a host-level dcgm-exporter.
+
+Failure modes are part of the design: no library or no driver makes the
+collector report itself down (and retry); an error on one GPU or one field
+drops just those values; a driver that goes away mid-run is noticed at the
+next poll, and the collector starts over.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from kit.monitor.families import Sample, SourceResult, Spec
+
+MIB = 1024 * 1024
+
+# dcgm-exporter's names and units. Those it types as counters keep their exact
+# names; they are exposed untyped, since a counter must end in _total.
+FIELDS: tuple[tuple[Spec, Callable[[Any, Any], float]], ...] = (
+    (Spec("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
+     lambda n, h: n.nvmlDeviceGetUtilizationRates(h).gpu),
+    (Spec("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %)."),
+     lambda n, h: n.nvmlDeviceGetUtilizationRates(h).memory),
+    (Spec("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
+     lambda n, h: n.nvmlDeviceGetMemoryInfo(h).used / MIB),
+    (Spec("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
+     lambda n, h: n.nvmlDeviceGetMemoryInfo(h).free / MIB),
+    (Spec("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
+     lambda n, h: n.nvmlDeviceGetPowerUsage(h) / 1000.0),
+    (Spec("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
+     lambda n, h: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
+    (Spec("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
+     lambda n, h: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)),
+    (Spec("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz)."),
+     lambda n, h: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM)),
+    (Spec("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge", "Current clock throttle reasons (bitmask of NVML reasons)."),
+     lambda n, h: _reasons(n, h)),
+    (Spec("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "unknown", "Total number of single-bit volatile ECC errors."),
+     lambda n, h: n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC)),
+    (Spec("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "unknown", "Total number of double-bit volatile ECC errors."),
+     lambda n, h: n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC)),
+    (Spec("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "unknown", "Number of remapped rows for correctable errors."),
+     lambda n, h: n.nvmlDeviceGetRemappedRows(h)[0]),
+    (Spec("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "unknown", "Number of remapped rows for uncorrectable errors."),
+     lambda n, h: n.nvmlDeviceGetRemappedRows(h)[1]),
+    (Spec("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed."),
+     lambda n, h: float(bool(n.nvmlDeviceGetRemappedRows(h)[3]))),
+)
+
+# NVML clock event (throttle) reasons, one gauge per reason.
+THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
+    (0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"), (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"), (0x20, "sw_thermal_slowdown"), (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"), (0x100, "display_clock_setting"),
+)
+THROTTLE = Spec("gpu_clock_throttle_active", "gauge", "1 while the GPU's clocks are held down for this reason.")
+XID_LAST = Spec("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.")
+XID_COUNT = Spec("gpu_xid_errors_total", "counter", "XID errors seen since the exporter started.")
+XID_TIME = Spec("gpu_xid_last_timestamp_seconds", "gauge", "When the last XID error was seen (Unix time).")
+
+
+def _reasons(n, h) -> int:
+    get = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or n.nvmlDeviceGetCurrentClocksThrottleReasons
+    return int(get(h))
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass
+class Device:
+    handle: Any
+    labels: dict
+
+
+class GpuSource:
+    """Polls NVML. ``nvml`` is the pynvml module or a stand-in with its API (None: import pynvml)."""
+
+    name = "gpu"
+
+    def __init__(self, nvml=None, hostname: str = "", hostname_label: str = "Hostname", events: bool = True):
+        self._nvml = nvml
+        self.hostname = hostname
+        self.hostname_label = hostname_label
+        self.devices: list[Device] | None = None
+        self._xid: dict[str, tuple[int, int, float]] = {}  # uuid -> (last xid, count, time)
+        self._lock = threading.Lock()
+        self._events = events
+        self._event_thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @property
+    def nvml(self):
+        if self._nvml is None:
+            import pynvml  # nvidia-ml-py
+            self._nvml = pynvml
+        return self._nvml
+
+    def _init(self) -> None:
+        n = self.nvml
+        n.nvmlInit()
+        devices = []
+        for i in range(n.nvmlDeviceGetCount()):
+            try:
+                h = n.nvmlDeviceGetHandleByIndex(i)
+                minor = n.nvmlDeviceGetMinorNumber(h)
+                labels = {"gpu": str(minor), "UUID": _text(n.nvmlDeviceGetUUID(h)),
+                          "pci_bus_id": _text(n.nvmlDeviceGetPciInfo(h).busId), "device": f"nvidia{minor}",
+                          "modelName": _text(n.nvmlDeviceGetName(h))}
+                if self.hostname_label:
+                    labels[self.hostname_label] = self.hostname
+                devices.append(Device(h, labels))
+            except Exception:  # one GPU that cannot be read does not hide the others
+                continue
+        self.devices = devices
+        if self._events and self._event_thread is None:
+            self._event_thread = threading.Thread(target=self._watch_xids, name="kit-xid", daemon=True)
+            self._event_thread.start()
+
+    def reset(self) -> None:
+        self.devices = None
+        try:
+            self.nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self.reset()
+
+    def poll(self) -> SourceResult:
+        t0 = time.perf_counter()
+        try:
+            if self.devices is None:
+                self._init()
+            # A driver that went away fails here, for the whole source.
+            self.nvml.nvmlDeviceGetCount()
+            samples = []
+            for dev in self.devices:
+                samples += self._device_samples(dev)
+            return SourceResult(samples, True, time.perf_counter() - t0)
+        except Exception as e:  # no library, no driver, driver gone: down, retried next poll
+            self.reset()
+            return SourceResult([], False, time.perf_counter() - t0, f"{type(e).__name__}: {e}")
+
+    def _device_samples(self, dev: Device) -> list[Sample]:
+        n = self.nvml
+        out = []
+        reasons = None
+        for spec, read in FIELDS:
+            try:
+                value = read(n, dev.handle)
+            except Exception:  # not supported on this GPU, or a per-GPU error
+                continue
+            out.append(Sample(spec, dev.labels, value))
+            if spec.name == "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS":
+                reasons = int(value)
+        if reasons is not None:
+            for bit, reason in THROTTLE_REASONS:
+                out.append(Sample(THROTTLE, {**dev.labels, "reason": reason}, float(bool(reasons & bit))))
+        with self._lock:
+            last, count, when = self._xid.get(dev.labels["UUID"], (0, 0, 0.0))
+        out.append(Sample(XID_LAST, dev.labels, last))
+        out.append(Sample(XID_COUNT, dev.labels, count))
+        if when:
+            out.append(Sample(XID_TIME, dev.labels, when))
+        return out
+
+    def _watch_xids(self) -> None:
+        """NVML's event API, in its own thread: XID errors as they happen."""
+        n = self.nvml
+        try:
+            event_set = n.nvmlEventSetCreate()
+            by_handle = {}
+            for dev in self.devices or []:
+                try:
+                    n.nvmlDeviceRegisterEvents(dev.handle, n.nvmlEventTypeXidCriticalError, event_set)
+                    by_handle[id(dev.handle)] = dev
+                except Exception:  # the GPU does not support events
+                    continue
+        except Exception:
+            return
+        while not self._stop.is_set():
+            try:
+                event = n.nvmlEventSetWait_v2(event_set, 500)
+            except Exception as e:
+                if "Timeout" in type(e).__name__ or "TIMEOUT" in str(e).upper():
+                    continue
+                time.sleep(0.5)
+                continue
+            uuid = _text(n.nvmlDeviceGetUUID(event.device))
+            with self._lock:
+                _, count, _ = self._xid.get(uuid, (0, 0, 0.0))
+                self._xid[uuid] = (int(event.eventData), count + 1, time.time())

@@ -1,0 +1,70 @@
+"""Training metrics, handed over by the Lightning callback in atomically written files.
+
+Each rank writes ``<dir>/rank-<R>.json`` (a temporary name, then a rename)
+from :class:`kit.train.metrics.MetricsCallback`; the exporter on the node reads
+the files of its node's ranks. No multiprocess mode, no extra collective.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from kit.monitor.families import Sample, SourceResult, Spec
+
+FIELDS: tuple[tuple[str, Spec], ...] = (
+    ("step", Spec("training_step", "gauge", "The optimizer step the rank has reached.")),
+    ("loss", Spec("training_loss", "gauge", "The training loss of the last step.")),
+    ("samples_total", Spec("training_samples_total", "counter", "Samples the rank has trained on.")),
+    ("tokens_total", Spec("training_tokens_total", "counter", "Tokens the rank has trained on (models with tokens).")),
+    ("step_duration_seconds", Spec("training_step_duration_seconds", "gauge", "Wall time of the last step.")),
+    ("last_step_timestamp_seconds",
+     Spec("training_last_step_timestamp_seconds", "gauge", "When the last step ended (Unix time).")),
+    ("learning_rate", Spec("training_learning_rate", "gauge", "The learning rate of the first parameter group.")),
+)
+
+
+def parse(text: str) -> dict:
+    """One rank file's fields (unknown keys ignored, bad values dropped)."""
+    data = json.loads(text)
+    out = {"rank": str(data.get("rank", "?"))}
+    for key, _ in FIELDS:
+        value = data.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = float(value)
+    return out
+
+
+def write(directory: Path, rank: int, values: dict) -> None:
+    """Atomically (re)write one rank's file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".rank-{rank}.json.tmp"
+    tmp.write_text(json.dumps({"rank": rank, **values}))
+    os.replace(tmp, directory / f"rank-{rank}.json")
+
+
+class TrainingSource:
+    name = "training"
+
+    def __init__(self, directory: Path | None):
+        self.directory = directory
+
+    def poll(self) -> SourceResult:
+        t0 = time.perf_counter()
+        if self.directory is None:
+            return SourceResult([], True, 0.0)
+        out = []
+        try:
+            files = sorted(self.directory.glob("rank-*.json")) if self.directory.is_dir() else []
+            for path in files:
+                try:
+                    values = parse(path.read_text())
+                except (OSError, ValueError):
+                    continue  # being replaced, or torn: the next poll reads it
+                labels = {"rank": values["rank"]}
+                out += [Sample(spec, labels, values[key]) for key, spec in FIELDS if key in values]
+            return SourceResult(out, True, time.perf_counter() - t0)
+        except OSError as e:
+            return SourceResult([], False, time.perf_counter() - t0, str(e))

@@ -1,0 +1,55 @@
+"""The Lightning callback that hands training metrics to kit's exporter.
+
+Local values only (no collective): each rank writes its own file in
+``$KIT_METRICS_DIR`` at most every ``interval`` seconds, atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Callback
+
+from kit.monitor import training
+
+
+class MetricsCallback(Callback):
+    def __init__(self, directory: str | None = None, interval: float = 1.0, tokens_per_sample: int | None = None):
+        d = directory or os.environ.get("KIT_METRICS_DIR")
+        self.directory = Path(d) if d else None
+        self.interval = interval
+        self.tokens_per_sample = tokens_per_sample
+        self.samples = 0
+        self._t_start = None
+        self._last_write = 0.0
+        self.values: dict = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._t_start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        now = time.time()
+        x = batch[0] if isinstance(batch, (list, tuple)) else batch
+        n = int(getattr(x, "shape", [len(x)])[0])
+        self.samples += n
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self.values = {
+            "step": trainer.global_step,
+            "loss": float(loss.detach()) if hasattr(loss, "detach") else float(loss),
+            "samples_total": self.samples,
+            "step_duration_seconds": time.perf_counter() - (self._t_start or time.perf_counter()),
+            "last_step_timestamp_seconds": now,
+        }
+        if self.tokens_per_sample:
+            self.values["tokens_total"] = self.samples * self.tokens_per_sample
+        if trainer.optimizers:
+            self.values["learning_rate"] = float(trainer.optimizers[0].param_groups[0]["lr"])
+        if self.directory is not None and now - self._last_write >= self.interval:
+            training.write(self.directory, trainer.global_rank, self.values)
+            self._last_write = now
+
+    def on_train_end(self, trainer, pl_module):
+        if self.directory is not None and self.values:
+            training.write(self.directory, trainer.global_rank, self.values)
