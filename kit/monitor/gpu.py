@@ -164,15 +164,17 @@ class GpuSource:
             out.append(Sample(spec, dev.labels, value))
             if spec.name == "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS":
                 reasons = int(value)
+        # kit's own GPU metrics follow Prometheus naming: no camelCase modelName label.
+        own = {k: v for k, v in dev.labels.items() if k != "modelName"}
         if reasons is not None:
             for bit, reason in THROTTLE_REASONS:
-                out.append(Sample(THROTTLE, {**dev.labels, "reason": reason}, float(bool(reasons & bit))))
+                out.append(Sample(THROTTLE, {**own, "reason": reason}, float(bool(reasons & bit))))
         with self._lock:
             last, count, when = self._xid.get(dev.labels["UUID"], (0, 0, 0.0))
         out.append(Sample(XID_LAST, dev.labels, last))
-        out.append(Sample(XID_COUNT, dev.labels, count))
+        out.append(Sample(XID_COUNT, own, count))
         if when:
-            out.append(Sample(XID_TIME, dev.labels, when))
+            out.append(Sample(XID_TIME, own, when))
         return out
 
     def _watch_xids(self) -> None:

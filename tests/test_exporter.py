@@ -1,0 +1,217 @@
+"""The exporter (issue 4, done-means 2-4): GPU collector on a fake NVML with 8 GPUs
+(and on real NVML when a GPU is present), promtool, ports and target files."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import require, wait_for
+from fake_nvml import FakeNVML
+
+from kit.monitor import training
+from kit.monitor.exporter import Exporter
+from kit.monitor.gpu import FIELDS, GpuSource
+from kit.monitor.node import NodeSource
+from kit.monitor.training import TrainingSource
+
+
+def real_nvml_available() -> bool:
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        ok = pynvml.nvmlDeviceGetCount() > 0
+        pynvml.nvmlShutdown()
+        return ok
+    except Exception:
+        return False
+
+
+# The same collector test runs against real NVML wherever a GPU is present.
+BACKENDS = ["fake"] + (["real"] if real_nvml_available() else [])
+
+
+def by_name(result) -> dict:
+    out: dict = {}
+    for s in result.samples:
+        out.setdefault(s.spec.name, []).append(s)
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_collector_names_labels_values(backend):
+    nvml = FakeNVML() if backend == "fake" else None
+    source = GpuSource(nvml, hostname="node7", events=False)
+    result = source.poll()
+    assert result.success, result.error
+    names = by_name(result)
+    for spec, _ in FIELDS[:9]:
+        assert spec.name in names, spec.name
+    util = names["DCGM_FI_DEV_GPU_UTIL"]
+    if backend == "real":
+        assert all(s.labels["UUID"].startswith("GPU-") for s in util)
+        return
+    assert len(util) == 8
+    s3 = [s for s in util if s.labels["gpu"] == "3"][0]
+    assert s3.labels == {"gpu": "3", "UUID": "GPU-00000003-fake", "pci_bus_id": "00000000:13:00.0",
+                         "device": "nvidia3", "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "node7"}
+    assert s3.value == 30
+    value = {(n, s.labels["gpu"]): s.value for n, ss in names.items() for s in ss if "reason" not in s.labels}
+    assert value[("DCGM_FI_DEV_FB_USED", "2")] == 3 * 1024            # MiB
+    assert value[("DCGM_FI_DEV_FB_FREE", "2")] == 77 * 1024
+    assert value[("DCGM_FI_DEV_POWER_USAGE", "4")] == 104.0            # W
+    assert value[("DCGM_FI_DEV_GPU_TEMP", "5")] == 45
+    assert value[("DCGM_FI_DEV_SM_CLOCK", "0")] == 1980 and value[("DCGM_FI_DEV_MEM_CLOCK", "0")] == 2619
+    assert value[("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "6")] == 6
+    assert ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "7") not in value          # not supported on GPU 7: just absent
+    assert value[("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "5")] == 5
+    throttle = {(s.labels["gpu"], s.labels["reason"]): s.value for s in names["gpu_clock_throttle_active"]}
+    assert throttle[("3", "sw_power_cap")] == 1 and throttle[("3", "gpu_idle")] == 0
+    assert throttle[("0", "gpu_idle")] == 1
+    assert "modelName" not in names["gpu_clock_throttle_active"][0].labels
+
+
+def test_gpu_collector_survives_per_gpu_errors_missing_library_and_driver_loss():
+    nvml = FakeNVML()
+    nvml.broken = {"GPU-00000002-fake": {"util", "power"}, "GPU-00000006-fake": {"minor"}}
+    source = GpuSource(nvml, events=False)
+    result = source.poll()
+    assert result.success
+    names = by_name(result)
+    gpus_with_util = sorted(s.labels["gpu"] for s in names["DCGM_FI_DEV_GPU_UTIL"])
+    assert gpus_with_util == ["0", "1", "3", "4", "5", "7"]            # 2 broken field, 6 unreadable handle
+    assert "2" in {s.labels["gpu"] for s in names["DCGM_FI_DEV_GPU_TEMP"]}
+
+    nvml.driver_gone = True                                             # mid-run
+    gone = source.poll()
+    assert not gone.success and gone.samples == [] and "DriverNotLoaded" in gone.error
+    nvml.driver_gone = False
+    back = source.poll()
+    assert back.success and len(by_name(back)["DCGM_FI_DEV_GPU_UTIL"]) == 6
+
+    missing = FakeNVML()
+    missing.missing = True
+    down = GpuSource(missing, events=False).poll()
+    assert not down.success and down.samples == [] and "LibraryNotFound" in down.error
+
+
+def test_xid_events_are_counted_with_their_time():
+    nvml = FakeNVML()
+    source = GpuSource(nvml)
+    assert source.poll().success
+    t0 = time.time()
+    nvml.xid(5, 79)
+    nvml.xid(5, 48)
+
+    def seen():
+        names = by_name(source.poll())
+        last = {s.labels["gpu"]: s.value for s in names["DCGM_FI_DEV_XID_ERRORS"]}
+        count = {s.labels["gpu"]: s.value for s in names["gpu_xid_errors_total"]}
+        when = {s.labels["gpu"]: s.value for s in names.get("gpu_xid_last_timestamp_seconds", [])}
+        return (last, count, when) if count["5"] == 2 else None
+
+    last, count, when = wait_for(seen, 5, what="the XID events")
+    assert last["5"] == 48 and last["4"] == 0 and count["4"] == 0
+    assert when["5"] >= t0 and "4" not in when
+    source.close()
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def make_exporter(tmp_path: Path, nvml=None, **kw) -> Exporter:
+    train_dir = tmp_path / "train"
+    training.write(train_dir, 0, {"step": 12, "loss": 0.25, "samples_total": 768, "step_duration_seconds": 0.05,
+                                  "last_step_timestamp_seconds": 1.7e9, "learning_rate": 0.01})
+    sources = [GpuSource(nvml or FakeNVML(), hostname="vm"), NodeSource(), TrainingSource(train_dir)]
+    env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_JOB_USER": "alice",
+           "SLURM_JOB_PARTITION": "gpu", "SLURM_CLUSTER_NAME": "kit"}
+    return Exporter(sources, interval=0.2, bind="127.0.0.1", env=env, node="node1", **kw)
+
+
+# Findings promtool makes on names kit must keep for compatibility: node_exporter's
+# camelCase memory names and dcgm-exporter's modelName label. Nothing else may appear.
+COMPAT_FINDINGS = {
+    "node_memory_MemAvailable_bytes metric names should be written in 'snake_case' not 'camelCase'",
+    "node_memory_MemTotal_bytes metric names should be written in 'snake_case' not 'camelCase'",
+} | {f"{spec.name} label names should be written in 'snake_case' not 'camelCase'" for spec, _ in FIELDS} \
+  | {"DCGM_FI_DEV_XID_ERRORS label names should be written in 'snake_case' not 'camelCase'"}
+
+
+def test_promtool_check_metrics(tmp_path):
+    require("promtool")
+    exporter = make_exporter(tmp_path, port=19461, port_max=19470)
+    exporter.start()
+    try:
+        text = scrape(exporter.port)
+    finally:
+        exporter.stop()
+    proc = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    findings = {line.strip() for line in (proc.stdout + proc.stderr).splitlines() if line.strip()}
+    assert findings <= COMPAT_FINDINGS, sorted(findings - COMPAT_FINDINGS)
+    own = [line for line in text.splitlines() if line.startswith(("# TYPE gpu_", "# TYPE training_", "# TYPE kit_"))]
+    assert own and not any(f.split()[0] in {o.split()[2] for o in own} for f in findings)
+    assert 'training_loss{rank="0"} 0.25' in text and 'training_samples_total{rank="0"} 768.0' in text
+    assert 'kit_exporter_collector_success{collector="gpu"} 1.0' in text
+    assert "_total_total" not in text and 'job="' not in text and 'instance="' not in text
+
+
+def test_busy_port_moves_to_the_next_and_the_target_file_says_so(tmp_path):
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 19481))
+    busy.listen()
+    targets = tmp_path / "targets"
+    exporter = make_exporter(tmp_path, port=19481, port_max=19490, targets_dir=targets)
+    try:
+        exporter.start()
+        assert exporter.port == 19482
+        (target,) = targets.glob("*.json")
+        assert not list(targets.glob(".*"))
+        doc = json.loads(target.read_text())
+        assert doc == [{"targets": ["127.0.0.1:19482"], "labels": {
+            "slurm_job_id": "4242", "slurm_job_name": "train", "slurm_user": "alice", "slurm_partition": "gpu",
+            "slurm_cluster": "kit", "node": "node1"}}]
+        assert "DCGM_FI_DEV_GPU_UTIL" in scrape(19482)
+    finally:
+        exporter.stop()
+        busy.close()
+    assert list(targets.iterdir()) == []
+    s = socket.socket()
+    s.bind(("127.0.0.1", 19482))  # the port is free again
+    s.close()
+
+
+def test_scrapes_never_call_nvml(tmp_path):
+    """Scrapes serve the poller's cache: a slow driver call cannot stall one."""
+    import threading
+
+    nvml = FakeNVML()
+    callers = []
+    real = nvml.nvmlDeviceGetUtilizationRates
+
+    def recording(h):
+        callers.append(threading.current_thread().name)
+        return real(h)
+
+    nvml.nvmlDeviceGetUtilizationRates = recording
+    exporter = make_exporter(tmp_path, nvml=nvml, port=19491, port_max=19499)
+    exporter.start()
+    try:
+        texts = [scrape(exporter.port) for _ in range(5)]
+    finally:
+        exporter.stop()
+    assert all("DCGM_FI_DEV_GPU_UTIL" in t for t in texts)
+    assert callers and set(callers) <= {"MainThread", "kit-poller"}, set(callers)
+
+
+def test_training_file_parsing_on_literals():
+    assert training.parse('{"rank": 3, "step": 10, "loss": 0.5, "junk": "x", "lr": "no"}') == \
+        {"rank": "3", "step": 10.0, "loss": 0.5}
+    assert training.parse('{"rank": 0, "samples_total": true}') == {"rank": "0"}
