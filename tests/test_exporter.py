@@ -184,6 +184,7 @@ def test_busy_port_moves_to_the_next_and_the_target_file_says_so(tmp_path):
         busy.close()
     assert list(targets.iterdir()) == []
     s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds it
     s.bind(("127.0.0.1", 19482))  # the port is free again
     s.close()
 
