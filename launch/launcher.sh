@@ -38,6 +38,8 @@ readonly KIT_COMMAND=( {{ command }} )
 readonly KIT_SIDECARS=( {{ sidecars }} )
 KIT_NODE="${SLURMD_NODENAME:-$(hostname)}"
 export KIT_NODE_LOG_PREFIX="${KIT_LOG_DIR}/${KIT_NODE}.r${KIT_RESTART:-0}"
+# Where the ranks of this node leave training metrics for the node's exporter.
+export KIT_METRICS_DIR="${KIT_JOB_DIR}/metrics/${KIT_NODE}"
 readonly KIT_RANK_LOG="${KIT_LOG_DIR}/rank-${RANK}.r${KIT_RESTART:-0}.log"
 
 KIT_STOPPING=0
@@ -79,6 +81,7 @@ if (( LOCAL_RANK == 0 )); then
   for (( i = 0; i < ${#KIT_SIDECARS[@]}; i += 3 )); do
     name="${KIT_SIDECARS[i]}"
     needs="${KIT_SIDECARS[i + 1]}"
+    if [[ "${needs}" == '${KIT_PYTHON:-python3}' ]]; then needs="${KIT_PYTHON:-python3}"; fi
     if [[ -n "${needs}" ]] && ! command -v "${needs}" >/dev/null 2>&1; then
       kit::log "sidecar ${name}: ${needs} not found, not started"
       continue

@@ -23,6 +23,9 @@ readonly KIT_SRUN_ARGS=( {{ srun_args }} )
 # (pyxis --container-env); the flag lists those that are set when srun starts.
 readonly KIT_CONTAINER_ENV=( {{ container_env }} )
 export KIT_CONTAINER={{ container }}
+# The exporter sidecar: its port range, where Prometheus finds targets, the host's Python.
+export KIT_EXPORTER_PORTS={{ exporter_ports }}
+{{ metrics_exports }}
 export KIT_WARNING_SIGNAL={{ signal }}
 export KIT_JOB_DIR
 export KIT_FINISHED_FILE="${KIT_JOB_DIR}/FINISHED"

@@ -24,6 +24,11 @@ REPO = Path(__file__).resolve().parent.parent
 INSTALL = {
     "slurmctld": "apt-get install -y slurm-wlm",
     "shellcheck": "apt-get install -y shellcheck",
+    "prometheus": "apt-get install -y prometheus",
+    "promtool": "apt-get install -y prometheus",
+    "debootstrap": "apt-get install -y debootstrap",
+    "umoci": "apt-get install -y umoci",
+    "skopeo": "apt-get install -y skopeo",
 }
 
 
@@ -44,10 +49,11 @@ def kit_home(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def cluster(kit_home) -> LocalCluster:
-    """A 2-node cluster (4 CPUs, 2 count-only GPUs per node) for the whole session."""
+    """A 2-node cluster (4 CPUs, 2 count-only GPUs per node) with Prometheus, for the whole session."""
     require("slurmctld")
     c = LocalCluster(kit_home)
-    c.up(nodes=2, cpus_per_node=4, gpus_per_node=2)
+    require("prometheus")
+    c.up(nodes=2, cpus_per_node=4, gpus_per_node=2, prometheus=True)
     yield c
     c.down()
 

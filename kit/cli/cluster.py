@@ -26,17 +26,20 @@ def cluster() -> None:
 @click.option("--nodes", type=int, default=2, show_default=True, help="Number of slurmd nodes.")
 @click.option("--cpus-per-node", type=int, default=None, help="CPUs each node offers [default: this machine's].")
 @click.option("--gpus-per-node", type=int, default=0, show_default=True, help="Count-only GPUs (GRES) per node.")
-def up(nodes: int, cpus_per_node: int | None, gpus_per_node: int) -> None:
+@click.option("--prometheus", is_flag=True, help="Also run Prometheus on loopback, discovering job exporters.")
+def up(nodes: int, cpus_per_node: int | None, gpus_per_node: int, prometheus: bool) -> None:
     """Start slurmctld and NODES slurmd daemons (idempotent; repairs stale state)."""
     c = LocalCluster()
     t0 = time.monotonic()
     st, started = c.up(nodes=nodes, cpus_per_node=cpus_per_node, gpus_per_node=gpus_per_node,
-                       progress=_progress)
+                       progress=_progress, prometheus=prometheus)
     what = "started" if started else "already running"
     click.echo(f"local cluster {what}: {st.nodes} node(s) x {st.cpus_per_node} CPUs"
                + (f" x {st.gpus_per_node} GPUs" if st.gpus_per_node else "")
                + (f" in {time.monotonic() - t0:.1f} s" if started else ""))
     click.echo(f"export SLURM_CONF={shlex.quote(str(c.conf))}")
+    if st.prometheus_port:
+        click.echo(f"prometheus: http://127.0.0.1:{st.prometheus_port}")
 
 
 @cluster.command()

@@ -61,6 +61,11 @@ def _str(name: str, help: str, metavar: str = "TEXT"):
 @click.option("--container-remap-root", is_flag=True, default=None, help="Be root inside the container (pyxis).")
 @click.option("--no-mount-check", "mount_check", flag_value=False, default=None,
               help="Do not check that mount sources exist on this host (node-local paths).")
+@click.option("--no-exporter", "exporter", flag_value=False, default=None,
+              help="No Prometheus exporter sidecar on the nodes.")
+@_str("--exporter-ports", "Ports the exporter may take, first free one [default: 9400-9499].", "LOW-HIGH")
+@_str("--prometheus-targets", "Directory Prometheus watches (file_sd) [default: the local cluster's, when it "
+      "runs Prometheus].", "DIR")
 @click.option("--local", "where", flag_value="local", default=None,
               help="Submit to kit's local cluster (the default when no site Slurm is configured).")
 @click.option("--site", "where", flag_value="site", help="Submit to the site's Slurm.")
@@ -108,6 +113,8 @@ def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, wh
     target = None
     if not dry_run:
         target, note = lib.select_target(where, needs_containers=bool(job.spec.image))
+        if job.spec.prometheus_targets is None and job.spec.exporter and target.name == "local":
+            job.spec.prometheus_targets = lib.local_prometheus_targets()
         if note:
             click.echo(f"kit: {note}", err=True)
         if job.spec.partition:

@@ -48,6 +48,7 @@ class ClusterState:
     node_ports: list[int]
     pids: dict[str, int] = field(default_factory=dict)
     containers: str | None = None  # "pyxis", "kit-pyxis" (the stand-in), or None
+    prometheus_port: int | None = None
 
 
 @dataclass
@@ -127,8 +128,17 @@ class LocalCluster:
 
     def _daemons(self, st: ClusterState) -> list[tuple[str, str, int]]:
         """(name, comm, port) of every daemon of ``st``."""
+        prom = [("prometheus", "prometheus", st.prometheus_port)] if st.prometheus_port else []
         return [("slurmctld", "slurmctld", st.ctld_port)] + [
-            (f"node{i}", "slurmd", port) for i, port in enumerate(st.node_ports, 1)]
+            (f"node{i}", "slurmd", port) for i, port in enumerate(st.node_ports, 1)] + prom
+
+    @property
+    def prometheus_targets(self) -> Path:
+        return self.root / "prometheus" / "targets"
+
+    def prometheus_url(self) -> str | None:
+        st = self.state()
+        return f"http://127.0.0.1:{st.prometheus_port}" if st and st.prometheus_port else None
 
     def running(self) -> bool:
         st = self.state()
@@ -155,7 +165,7 @@ class LocalCluster:
 
     # ------------------------------------------------------------ up
     def up(self, nodes: int = 2, cpus_per_node: int | None = None, gpus_per_node: int = 0,
-           timeout: float = 30.0, progress=lambda msg: None) -> tuple[ClusterState, bool]:
+           timeout: float = 30.0, progress=lambda msg: None, prometheus: bool = False) -> tuple[ClusterState, bool]:
         """Start the cluster (or find it running). Returns (state, started_now)."""
         if nodes < 1:
             raise KitError(f"must be at least 1, got {nodes}", field="--nodes")
@@ -168,9 +178,15 @@ class LocalCluster:
             if shutil.which(tool) is None:
                 raise KitError(f"{tool} not found", field="cluster", hint=INSTALL_HINT, exit_code=1)
         with self._lock():
+            if prometheus and shutil.which("prometheus") is None:
+                raise KitError("prometheus not found", field="--prometheus", exit_code=1,
+                               hint="install Debian's Prometheus: apt-get install -y prometheus")
             st = self.state()
             if st and self.running():
                 if (st.nodes, st.cpus_per_node, st.gpus_per_node) == (nodes, cpus, gpus_per_node):
+                    if prometheus and not st.prometheus_port:
+                        self._start_prometheus(st, timeout, progress)
+                        self._save(st)
                     return st, False
                 raise KitError(
                     f"already running with {st.nodes} node(s), {st.cpus_per_node} CPUs and "
@@ -181,10 +197,17 @@ class LocalCluster:
                 self._stop(st)
             self._clean()
             st = self._start(nodes, cpus, gpus_per_node, timeout, progress)
+            if prometheus:
+                try:
+                    self._start_prometheus(st, timeout, progress)
+                except BaseException:
+                    self._stop(st)
+                    raise
+                self._save(st)
             return st, True
 
     def _clean(self) -> None:
-        for sub in ("state", "spool", "run", "dev"):
+        for sub in ("state", "spool", "run", "dev", "prometheus"):
             shutil.rmtree(self.root / sub, ignore_errors=True)
         for path in (self.state_file,):
             path.unlink(missing_ok=True)
@@ -282,6 +305,43 @@ class LocalCluster:
             raise
         return st
 
+    # ------------------------------------------------------------ prometheus
+    def _start_prometheus(self, st: ClusterState, timeout: float, progress) -> None:
+        """A real Prometheus on loopback that discovers job exporters through file_sd."""
+        import subprocess
+        import urllib.request
+
+        d = self.root / "prometheus"
+        self.prometheus_targets.mkdir(parents=True, exist_ok=True)
+        (d / "data").mkdir(parents=True, exist_ok=True)
+        (d / "prometheus.yml").write_text(
+            "# Written by `kit cluster up --prometheus` (the site template is monitoring/prometheus.yml).\n"
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            "scrape_configs:\n  - job_name: kit\n    file_sd_configs:\n"
+            f"      - files: ['{self.prometheus_targets}/*.json']\n        refresh_interval: 5s\n")
+        port = _free_ports(1)[0]
+        progress(f"starting prometheus on 127.0.0.1:{port}")
+        with open(self.root / "log" / "prometheus.log", "ab") as logf:
+            proc = subprocess.Popen(
+                ["prometheus", f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=7d"],
+                stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)
+        st.pids["prometheus"] = proc.pid
+        st.prometheus_port = port
+        self._save(st)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise KitError("prometheus exited while starting", field="--prometheus", exit_code=1,
+                               detail=(self.root / "log" / "prometheus.log").read_text(errors="replace")[-2000:])
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        raise KitError(f"prometheus not ready after {timeout:g} s", field="--prometheus", exit_code=1)
+
     # ------------------------------------------------------------ containers
     def _prepare_containers(self, progress) -> str | None:
         """Real pyxis when it and enroot are installed, else kit's stand-in, built now."""
@@ -374,6 +434,7 @@ class LocalCluster:
         # slurmd first, so slurmctld does not mark nodes down mid-way.
         stop_pids({p: c for p, c in daemons.items() if c == "slurmd"})
         stop_pids({p: c for p, c in daemons.items() if c == "slurmctld"})
+        stop_pids({p: c for p, c in daemons.items() if c == "prometheus"})
 
 
 PYXIS_PATHS = ("/usr/local/lib/slurm/spank_pyxis.so", "/usr/lib/x86_64-linux-gnu/slurm/spank_pyxis.so",

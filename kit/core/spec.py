@@ -61,6 +61,10 @@ class JobSpec:
     container_mount_home: bool | None = None
     container_remap_root: bool | None = None
     mount_check: bool | None = None
+    # Metrics: the exporter sidecar on local rank 0 of every node.
+    exporter: bool | None = None
+    exporter_ports: str | None = None
+    prometheus_targets: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
@@ -89,6 +93,8 @@ DEFAULTS: dict[str, Any] = {
     "container_mount_home": False,
     "container_remap_root": False,
     "mount_check": True,
+    "exporter": True,
+    "exporter_ports": "9400-9499",
 }
 
 # Variables the launcher owns: a user value would be overwritten or would
@@ -122,7 +128,7 @@ class Origins(dict):
 
 
 _OPTION_NAMES = {"sbatch_args": "--sbatch-arg", "sidecars": "--sidecar", "command": "command", "mounts": "--mount",
-                 "mount_check": "--no-mount-check"}
+                 "mount_check": "--no-mount-check", "exporter": "--no-exporter"}
 
 
 def cli_label(name: str) -> str:
@@ -224,9 +230,11 @@ def load_job_file(path: str | Path) -> tuple[JobSpec, Origins]:
 _INT_FIELDS = {"nodes", "gpus_per_node", "ntasks_per_node", "cpus_per_task", "signal_lead",
                "max_restarts", "heartbeat", "step_wait"}
 _STR_FIELDS = {"mem", "time", "partition", "account", "job_name", "output_dir", "signal",
-               "port_range", "master_interface", "image", "container_workdir", "container_name"}
+               "port_range", "master_interface", "image", "container_workdir", "container_name",
+               "exporter_ports", "prometheus_targets"}
 _LIST_FIELDS = {"command", "sbatch_args", "sidecars", "mounts", "container_env"}
-_BOOL_FIELDS = {"debug", "container_writable", "container_mount_home", "container_remap_root", "mount_check"}
+_BOOL_FIELDS = {"debug", "container_writable", "container_mount_home", "container_remap_root", "mount_check",
+                "exporter"}
 
 
 def _coerce_file_value(name: str, value: Any, label: str) -> Any:
@@ -345,6 +353,13 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
         low, high = parse_port_range(s.port_range)
     except KitError as e:
         raise e.with_field(origins.label("port_range"))
+    try:
+        parse_port_range(s.exporter_ports)
+    except KitError as e:
+        raise e.with_field(origins.label("exporter_ports"))
+    if s.prometheus_targets is not None:
+        targets = Path(s.prometheus_targets).expanduser()
+        s.prometheus_targets = str(targets if targets.is_absolute() else (cwd or Path.cwd()) / targets)
     if time_seconds is not None and s.signal_lead >= time_seconds:
         raise err("signal_lead", f"the warning comes {s.signal_lead} s before a time limit of {time_seconds} s",
                   hint=f"use a --signal-lead below {time_seconds} or a longer --time")

@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,9 @@ def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[st
     if not s.image:
         return [], []
     mounts = [pyxis.Mount(str(job_dir), str(job_dir)), *job.mounts]
+    if s.prometheus_targets and s.exporter:
+        Path(s.prometheus_targets).mkdir(parents=True, exist_ok=True)
+        mounts.append(pyxis.Mount(s.prometheus_targets, s.prometheus_targets))
     workdir = s.container_workdir
     if not s.image.startswith("docker://"):
         from kit import build
@@ -112,15 +116,28 @@ def render_scripts(job: ResolvedJob, job_dir: Path, the_step: Step | None = None
         "debug": "1" if s.debug else "0",
         "env_exports": bash.exports(s.env) or ":  # none given",
         "master_setup": master_setup,
+        "exporter_ports": bash.quote(s.exporter_ports),
+        "metrics_exports": _metrics_exports(job),
     })
     launcher = bash.render(bash.template("launcher.sh"), {
         "kit_version": __version__,
         "lib": lib,
         "rank_exports": slurm.rank_exports(),
         "command": bash.array(s.command),
-        "sidecars": bash.array(sidecars.as_words(sidecars.for_job(s.sidecars))),
+        "sidecars": bash.array(sidecars.as_words(sidecars.for_job(s.sidecars, exporter=s.exporter))),
     })
     return {"prelaunch.sh": prelaunch, "launcher.sh": launcher}
+
+
+def _metrics_exports(job: ResolvedJob) -> str:
+    s = job.spec
+    lines = []
+    if s.prometheus_targets:
+        lines.append(f"export KIT_PROMETHEUS_TARGETS={bash.quote(s.prometheus_targets)}")
+    if not s.image:
+        # Outside a container the exporter runs on the Python that has kit (this one).
+        lines.append(f"export KIT_PYTHON={bash.quote(sys.executable)}")
+    return "\n".join(lines) or ":  # no metrics settings"
 
 
 def _new_job_dir(out_dir: Path, job_name: str) -> Path:
@@ -165,6 +182,14 @@ def submit(prepared: PreparedJob, target: slurm.Target) -> PreparedJob:
     prepared.job_id = job_id
     (prepared.job_dir / "job_id").write_text(job_id + "\n")
     return prepared
+
+
+def local_prometheus_targets() -> str | None:
+    """The local cluster's file_sd directory, when it runs Prometheus."""
+    from kit.cluster import LocalCluster
+
+    c = LocalCluster()
+    return str(c.prometheus_targets) if c.prometheus_url() else None
 
 
 SITE_CONFS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf/slurm.conf")

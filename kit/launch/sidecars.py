@@ -19,6 +19,11 @@ class Sidecar:
     requires: str | None = None
 
 
+# The Prometheus exporter: GPU, node and training metrics, a file_sd target
+# file when $KIT_PROMETHEUS_TARGETS is set, and a JSONL log next to the others.
+EXPORTER = Sidecar("exporter", 'exec "${KIT_PYTHON:-python3}" -m kit.monitor --port "${KIT_EXPORTER_PORTS}" '
+                               '--log "${KIT_NODE_LOG_PREFIX}.metrics.jsonl" --exit-with-parent',
+                   requires="${KIT_PYTHON:-python3}")
 BUILTIN: tuple[Sidecar, ...] = (
     # GPU utilisation log, the role of the seeds' `nvidia-smi dmon` .gutil files.
     Sidecar("gpu-dmon", 'exec nvidia-smi dmon --delay 15 --select pumt --options DT '
@@ -26,9 +31,10 @@ BUILTIN: tuple[Sidecar, ...] = (
 )
 
 
-def for_job(user_hooks: list[str]) -> list[Sidecar]:
-    """The built-in sidecars plus the job's own ``--sidecar`` commands."""
-    return list(BUILTIN) + [Sidecar(f"hook{i}", cmd) for i, cmd in enumerate(user_hooks, 1)]
+def for_job(user_hooks: list[str], exporter: bool = True) -> list[Sidecar]:
+    """The built-in sidecars (and the exporter) plus the job's own ``--sidecar`` commands."""
+    return list(BUILTIN) + ([EXPORTER] if exporter else []) + \
+        [Sidecar(f"hook{i}", cmd) for i, cmd in enumerate(user_hooks, 1)]
 
 
 def as_words(sidecars: list[Sidecar]) -> list[str]:

@@ -29,7 +29,8 @@ REGISTRY_REF = re.compile(r"docker://(([^@/#]+)@)?(([^#]+)#)?([a-z0-9/._-]+)(:([
 
 # Variables prelaunch.sh sets for the step (kept in sync with the template by a test).
 JOB_VARIABLES = (
-    "KIT_CONTAINER", "KIT_FINISHED_FILE", "KIT_JOB_DIR", "KIT_LOG_DIR", "KIT_RESTART", "KIT_WARNING_SIGNAL",
+    "KIT_CONTAINER", "KIT_EXPORTER_PORTS", "KIT_FINISHED_FILE", "KIT_JOB_DIR", "KIT_LOG_DIR",
+    "KIT_PROMETHEUS_TARGETS", "KIT_RESTART", "KIT_WARNING_SIGNAL",
     "MASTER_ADDR", "MASTER_PORT", "DEBUG", "PYTHONFAULTHANDLER", "NCCL_DEBUG", "TORCH_DISTRIBUTED_DEBUG",
     "CUDA_LAUNCH_BLOCKING",
 )
