@@ -81,7 +81,6 @@ if (( LOCAL_RANK == 0 )); then
   for (( i = 0; i < ${#KIT_SIDECARS[@]}; i += 3 )); do
     name="${KIT_SIDECARS[i]}"
     needs="${KIT_SIDECARS[i + 1]}"
-    if [[ "${needs}" == '${KIT_PYTHON:-python3}' ]]; then needs="${KIT_PYTHON:-python3}"; fi
     if [[ -n "${needs}" ]] && ! command -v "${needs}" >/dev/null 2>&1; then
       kit::log "sidecar ${name}: ${needs} not found, not started"
       continue

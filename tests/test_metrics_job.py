@@ -1,0 +1,80 @@
+"""Metrics of real jobs (issue 4, done-means 1 and 4): a real Prometheus finds both
+nodes' exporters through file_sd during a 2-node job; nothing is left afterwards;
+killing an exporter never stops the training."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from conftest import job_processes, read_logs, submit, wait_for, wait_no_processes
+
+from kit import slurm
+
+TRAIN = [sys.executable, "-m", "kit.train"]
+
+
+def query(cluster, promql: str) -> list:
+    url = cluster.prometheus_url() + "/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.load(r)["data"]["result"]
+
+
+def exporters(job_dir) -> list[int]:
+    return [pid for pid, cmd in job_processes(job_dir) if "kit.monitor" in cmd]
+
+
+def test_prometheus_discovers_both_exporters_during_a_two_node_job(cluster, tmp_path):
+    job = submit(tmp_path, "--nodes", "2",
+                 command=[*TRAIN, "--max-steps", "400", "--step-delay", "0.05", "--log-every", "50"])
+    job_id, job_dir = job["job_id"], job["job_dir"]
+    targets_dir = cluster.prometheus_targets
+
+    def target_files():
+        return sorted(targets_dir.glob(f"kit-{job_id}-*.json"))
+
+    files = wait_for(lambda: len(target_files()) == 2 and target_files(), 60, what="both target files")
+    ports = []
+    for f in files:
+        (entry,) = json.loads(f.read_text())
+        assert entry["labels"]["slurm_job_id"] == job_id and "job" not in entry["labels"]
+        ports.append(int(entry["targets"][0].rsplit(":", 1)[1]))
+    sel = f'{{slurm_job_id="{job_id}"}}'
+    node_series = wait_for(lambda: (r := query(cluster, f"node_load1{sel}")) and len(r) == 2 and r, 60,
+                           what="node series of both nodes in Prometheus")
+    assert sorted(s["metric"]["node"] for s in node_series) == ["node1", "node2"]
+    training = wait_for(lambda: (r := query(cluster, f"training_step{sel}")) and len(r) == 2 and r, 60,
+                        what="training series of both ranks in Prometheus")
+    assert sorted(s["metric"]["rank"] for s in training) == ["0", "1"]
+    assert all(s["metric"]["slurm_job_name"] == "kit" and s["metric"]["job"] == "kit" for s in training)
+    gpu_up = query(cluster, f'kit_exporter_collector_success{{collector="gpu",slurm_job_id="{job_id}"}}')
+    assert [s["value"][1] for s in gpu_up] == ["0", "0"]  # no GPU here: the GPU collector says it is down
+
+    end = slurm.wait(cluster.target, job_id, timeout=180)
+    assert end.state == "COMPLETED", read_logs(job_dir)
+    assert wait_for(lambda: not target_files(), 10, what="target files to go") is True
+    assert wait_no_processes(job_dir, 5) == []
+    for port in ports:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("0.0.0.0", port))
+        s.close()
+    logs = sorted(Path(job_dir, "logs").glob("*.metrics.jsonl"))
+    assert [p.name for p in logs] == ["node1.r0.metrics.jsonl", "node2.r0.metrics.jsonl"]
+
+
+def test_killing_the_exporter_leaves_the_training_running(cluster, tmp_path):
+    job = submit(tmp_path, "--nodes", "2", command=[*TRAIN, "--max-steps", "150", "--step-delay", "0.05"])
+    job_dir = job["job_dir"]
+    pids = wait_for(lambda: len(exporters(job_dir)) == 2 and exporters(job_dir), 60, what="both exporters")
+    os.kill(pids[0], signal.SIGKILL)
+    end = slurm.wait(cluster.target, job["job_id"], timeout=180)
+    assert (end.state, end.exit_code) == ("COMPLETED", 0), read_logs(job_dir)
+    assert "done at step=150" in read_logs(job_dir)
+    assert wait_no_processes(job_dir, 5) == []
