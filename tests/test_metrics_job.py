@@ -67,6 +67,41 @@ def test_prometheus_discovers_both_exporters_during_a_two_node_job(cluster, tmp_
         s.close()
     logs = sorted(Path(job_dir, "logs").glob("*.metrics.jsonl"))
     assert [p.name for p in logs] == ["node1.r0.metrics.jsonl", "node2.r0.metrics.jsonl"]
+    check_report(cluster, job_dir, logs)
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def check_report(cluster, job_dir: str, logs: list[Path]) -> None:
+    """done-means 5: kit report writes a PNG and a summary whose numbers match the logs."""
+    from conftest import kit
+
+    out = Path(job_dir) / "from-logs.png"
+    proc = kit("report", job_dir, "-o", str(out), "--prometheus", "http://127.0.0.1:1")
+    assert proc.returncode == 0, proc.stderr
+    assert png_size(out) == (800, 880) and out.stat().st_size > 20_000
+    summary = json.loads(out.with_suffix(".json").read_text())
+    # The same numbers, computed here from the JSONL logs.
+    times, counters = [], {}
+    for path in logs:
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            times.append(rec["time"])
+            for name, labels, value in rec["samples"]:
+                if name == "training_samples_total":
+                    counters.setdefault((rec["node"], labels["rank"]), []).append(value)
+    samples = sum(v[-1] - v[0] for v in counters.values())
+    assert summary["source"] == "metrics logs (Prometheus unreachable)"
+    assert summary["samples"] == samples > 0
+    assert abs(summary["duration_seconds"] - (max(times) - min(times))) < 1e-6
+    assert f"samples: {samples:.0f} (" in proc.stdout and "GPUs: no GPU samples" in proc.stdout
+    live = kit("report", job_dir, "-o", str(Path(job_dir) / "from-prometheus.png"))
+    assert live.returncode == 0, live.stderr
+    assert f"(data: Prometheus {cluster.prometheus_url()})" in live.stdout
 
 
 def test_killing_the_exporter_leaves_the_training_running(cluster, tmp_path):

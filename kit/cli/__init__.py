@@ -33,12 +33,13 @@ def cli(verbose: bool) -> None:
 
 
 def _register() -> None:
-    from kit.cli import build, cluster, exporter, launch
+    from kit.cli import build, cluster, exporter, launch, report
     cli.add_command(launch.launch)
     cli.add_command(build.build)
     cli.add_command(build.inspect)
     cli.add_command(cluster.cluster)
     cli.add_command(exporter.exporter)
+    cli.add_command(report.report)
 
 
 _register()

@@ -1,0 +1,169 @@
+"""`kit report`: a job's GPU and training picture as a PNG and a short summary.
+
+Data comes from Prometheus when it is reachable (the local cluster's, or
+``--prometheus URL``), and from the per-node JSONL metrics logs in the job
+directory otherwise, so a job can be analysed with no Prometheus at all.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+import urllib.request
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from kit.errors import KitError
+
+IDLE_UTIL = 5.0  # % under which a GPU counts as idle
+# series key -> list of (time, value); key = (metric, node, gpu-or-rank)
+Series = dict
+
+
+@dataclass
+class GpuSummary:
+    node: str
+    gpu: str
+    mean_util: float
+    peak_util: float
+    idle_seconds: float
+    mean_power_w: float | None
+    peak_memory_mib: float | None
+
+
+@dataclass
+class Summary:
+    job: str
+    source: str
+    duration_seconds: float
+    samples: float
+    samples_per_second: float
+    gpus: list[GpuSummary] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"job {self.job} (data: {self.source})",
+               f"duration: {self.duration_seconds:.1f} s",
+               f"samples: {self.samples:.0f} ({self.samples_per_second:.1f} samples/s)"]
+        if not self.gpus:
+            out.append("GPUs: no GPU samples (no NVML on the nodes)")
+        for g in self.gpus:
+            power = f", mean power {g.mean_power_w:.0f} W" if g.mean_power_w is not None else ""
+            out.append(f"{g.node} gpu{g.gpu}: mean util {g.mean_util:.1f}%, peak {g.peak_util:.0f}%, "
+                       f"idle {g.idle_seconds:.0f} s{power}")
+        return out
+
+
+def load_logs(job_dir: Path) -> Series:
+    series: Series = defaultdict(list)
+    files = sorted((job_dir / "logs").glob("*.metrics.jsonl"))
+    if not files:
+        raise KitError(f"no metrics logs in {job_dir / 'logs'}", field="JOB",
+                       hint="the job ran without the exporter (--no-exporter), or has not started")
+    for path in files:
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a torn last line
+            for name, labels, value in rec.get("samples", []):
+                key = (name, rec.get("node", "?"), labels.get("gpu") or labels.get("rank") or "")
+                series[key].append((rec["time"], float(value)))
+    return series
+
+
+def load_prometheus(url: str, job: str, start: float, end: float, step: float = 1.0) -> Series:
+    series: Series = defaultdict(list)
+    for metric in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE",
+                   "training_samples_total"):
+        q = urllib.parse.urlencode({"query": f'{metric}{{slurm_job_id="{job}"}}', "start": start, "end": end,
+                                    "step": step})
+        with urllib.request.urlopen(f"{url}/api/v1/query_range?{q}", timeout=10) as r:
+            data = json.load(r)["data"]["result"]
+        for s in data:
+            m = s["metric"]
+            key = (metric, m.get("node", "?"), m.get("gpu") or m.get("rank") or "")
+            series[key] = [(float(t), float(v)) for t, v in s["values"]]
+    return series
+
+
+def summarize(series: Series, job: str, source: str) -> Summary:
+    times = [t for points in series.values() for t, _ in points]
+    duration = (max(times) - min(times)) if times else 0.0
+    samples = 0.0
+    for (name, _, _), points in series.items():
+        if name == "training_samples_total":
+            # a counter: sum the increases (it restarts from 0 after a requeue)
+            samples += sum(max(b - a, 0.0) if b >= a else b for (_, a), (_, b) in zip(points, points[1:]))
+    gpus = []
+    for (name, node, gpu), points in sorted(series.items()):
+        if name != "DCGM_FI_DEV_GPU_UTIL" or not points:
+            continue
+        values = [v for _, v in points]
+        idle = sum(t2 - t1 for (t1, v), (t2, _) in zip(points, points[1:]) if v < IDLE_UTIL)
+        power = [v for _, v in series.get(("DCGM_FI_DEV_POWER_USAGE", node, gpu), [])]
+        mem = [v for _, v in series.get(("DCGM_FI_DEV_FB_USED", node, gpu), [])]
+        gpus.append(GpuSummary(node, gpu, sum(values) / len(values), max(values), idle,
+                               sum(power) / len(power) if power else None, max(mem) if mem else None))
+    return Summary(job, source, duration, samples, samples / duration if duration else 0.0, gpus)
+
+
+def plot(series: Series, summary: Summary, out: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t0 = min((t for pts in series.values() for t, _ in pts), default=0.0)
+    fig, axes = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
+    panels = (("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (%)"), ("DCGM_FI_DEV_FB_USED", "GPU memory used (MiB)"),
+              ("DCGM_FI_DEV_POWER_USAGE", "GPU power (W)"))
+    for ax, (metric, title) in zip(axes, panels):
+        drawn = False
+        for (name, node, gpu), pts in sorted(series.items()):
+            if name == metric and pts:
+                ax.plot([t - t0 for t, _ in pts], [v for _, v in pts], label=f"{node} gpu{gpu}")
+                drawn = True
+        ax.set_title(title)
+        if drawn:
+            ax.legend(fontsize="small", ncol=4)
+        else:
+            ax.text(0.5, 0.5, "no GPU samples", ha="center", va="center", transform=ax.transAxes)
+    ax = axes[3]
+    per_node: dict = defaultdict(list)
+    for (name, node, rank), pts in sorted(series.items()):
+        if name == "training_samples_total" and len(pts) > 1:
+            xs = [(a[0] + b[0]) / 2 - t0 for a, b in zip(pts, pts[1:])]
+            ys = [(b[1] - a[1]) / (b[0] - a[0]) if b[0] > a[0] and b[1] >= a[1] else 0.0 for a, b in zip(pts, pts[1:])]
+            ax.plot(xs, ys, label=f"rank {rank} ({node})")
+            per_node[node].append(ys)
+    ax.set_title(f"Training throughput (samples/s) — {summary.samples_per_second:.1f}/s overall")
+    ax.set_xlabel("seconds since the first sample")
+    if per_node:
+        ax.legend(fontsize="small")
+    fig.suptitle(f"kit job {summary.job}")
+    fig.tight_layout()
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+
+
+def report(job_dir: Path, job: str, out: Path, prometheus: str | None = None) -> Summary:
+    series = None
+    source = "metrics logs"
+    if prometheus:
+        logs = load_logs(job_dir)  # the logs give the job's time range
+        times = [t for pts in logs.values() for t, _ in pts]
+        try:
+            series = load_prometheus(prometheus, job, min(times), max(times))
+            source = f"Prometheus {prometheus}"
+        except OSError:
+            series = None
+        if series is not None and not any(series.values()):
+            series = None
+        if series is None:
+            series, source = logs, "metrics logs (Prometheus unreachable)"
+    if series is None:
+        series = load_logs(job_dir)
+    summary = summarize(series, job, source)
+    plot(series, summary, out)
+    (out.with_suffix(".json")).write_text(json.dumps(asdict(summary), indent=2) + "\n")
+    return summary
