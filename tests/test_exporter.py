@@ -96,8 +96,12 @@ def test_gpu_collector_survives_per_gpu_errors_missing_library_and_driver_loss()
 
     missing = FakeNVML()
     missing.missing = True
-    down = GpuSource(missing, events=False).poll()
+    absent = GpuSource(missing, events=False)
+    down = absent.poll()
     assert not down.success and down.samples == [] and "LibraryNotFound" in down.error
+    for _ in range(5):  # a source that never worked is retried after a pause, not on every poll
+        assert not absent.poll().success
+    assert missing.init_calls == 1
 
 
 def test_xid_events_are_counted_with_their_time():

@@ -97,6 +97,9 @@ class GpuSource:
         self._events = events
         self._event_thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._retry_at = 0.0
+        self._last_error = ""
+        self._was_up: bool | None = None  # after a success, the first failure retries at once
 
     @property
     def nvml(self):
@@ -137,8 +140,12 @@ class GpuSource:
         self._stop.set()
         self.reset()
 
+    RETRY_SECONDS = 30.0  # how long a down source waits before trying NVML again
+
     def poll(self) -> SourceResult:
         t0 = time.perf_counter()
+        if self.devices is None and time.monotonic() < self._retry_at:
+            return SourceResult([], False, 0.0, self._last_error)
         try:
             if self.devices is None:
                 self._init()
@@ -147,10 +154,14 @@ class GpuSource:
             samples = []
             for dev in self.devices:
                 samples += self._device_samples(dev)
+            self._was_up = True
             return SourceResult(samples, True, time.perf_counter() - t0)
-        except Exception as e:  # no library, no driver, driver gone: down, retried next poll
+        except Exception as e:  # no library, no driver, driver gone: down, retried after a pause
             self.reset()
-            return SourceResult([], False, time.perf_counter() - t0, f"{type(e).__name__}: {e}")
+            self._last_error = f"{type(e).__name__}: {e}"
+            self._retry_at = time.monotonic() + (self.RETRY_SECONDS if self._was_up is False else 0.0)
+            self._was_up = False
+            return SourceResult([], False, time.perf_counter() - t0, self._last_error)
 
     def _device_samples(self, dev: Device) -> list[Sample]:
         n = self.nvml

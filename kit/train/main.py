@@ -84,8 +84,17 @@ class Progress(Callback):
     def __init__(self, every: int):
         self.every = every
         self.last = -1
+        self.samples = 0
+        self.t_first: float | None = None
+        self.t_last: float | None = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        now = time.perf_counter()
+        if self.t_first is None:
+            self.t_first = now  # throughput counts from the end of the first batch
+        else:
+            self.samples += len(batch[0])
+        self.t_last = now
         step = trainer.global_step
         if trainer.global_rank == 0 and step != self.last and (step == 1 or step % self.every == 0):
             self.last = step
@@ -130,7 +139,8 @@ def main(argv=None) -> int:
     L.seed_everything(args.seed, workers=True, verbose=False)
     preempt.install()
     preemption = Preemption(last)
-    callbacks = [preemption, Progress(args.log_every)]
+    progress = Progress(args.log_every)
+    callbacks = [preemption, progress]
     if os.environ.get("KIT_METRICS_DIR"):
         from kit.train.metrics import MetricsCallback
         callbacks.append(MetricsCallback())
@@ -163,6 +173,9 @@ def main(argv=None) -> int:
     step = trainer.global_step
     if trainer.global_rank == 0:
         log(f"done at step={step} first_loss={model.first_loss:.5f} last_loss={model.last_loss:.5f}")
+        if progress.t_first is not None and progress.t_last > progress.t_first:
+            rate = progress.samples / (progress.t_last - progress.t_first)
+            log(f"throughput: {rate:.1f} samples/s per rank over {progress.t_last - progress.t_first:.2f} s")
     if not preemption.preempted and step >= args.max_steps and trainer.global_rank == 0 \
             and os.environ.get("KIT_FINISHED_FILE"):
         Path(os.environ["KIT_FINISHED_FILE"]).touch()
