@@ -159,7 +159,7 @@ class GpuSource:
         except Exception as e:  # no library, no driver, driver gone: down, retried after a pause
             self.reset()
             self._last_error = f"{type(e).__name__}: {e}"
-            self._retry_at = time.monotonic() + (self.RETRY_SECONDS if self._was_up is False else 0.0)
+            self._retry_at = time.monotonic() + (0.0 if self._was_up else self.RETRY_SECONDS)
             self._was_up = False
             return SourceResult([], False, time.perf_counter() - t0, self._last_error)
 
