@@ -13,9 +13,17 @@ import sys
 from pathlib import Path
 
 
+class _Formatter(argparse.HelpFormatter):
+    """Help that starts "Usage:", like every other kit command."""
+
+    def add_usage(self, usage, actions, groups, prefix=None):
+        return super().add_usage(usage, actions, groups, prefix="Usage: " if prefix is None else prefix)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="kit exporter", description="Serve GPU (NVML), node (psutil) and training "
-                                "metrics to Prometheus, and advertise them through a file_sd target file.")
+    p = argparse.ArgumentParser(prog="kit exporter", formatter_class=_Formatter,
+                                description="Serve GPU (NVML), node (psutil) and training metrics to "
+                                            "Prometheus, and advertise them through a file_sd target file.")
     p.add_argument("--bind", default="0.0.0.0", help="Address to listen on [0.0.0.0].")
     p.add_argument("--port", default="9400-9499", help="Port, or LOW-HIGH: the first free one is used [9400-9499].")
     p.add_argument("--interval", type=float, default=1.0, help="Seconds between polls of NVML/psutil/training [1].")
