@@ -31,8 +31,12 @@ def golden_job() -> specs.ResolvedJob:
 
 
 def generated() -> dict[str, str]:
+    from unittest import mock
+
     job = golden_job()
-    files = launch.render_scripts(job, GOLDEN_DIR)
+    # prelaunch names the host's Python (for the exporter outside containers): pin it.
+    with mock.patch.object(sys, "executable", "/usr/bin/python3"):
+        files = launch.render_scripts(job, GOLDEN_DIR)
     files["sbatch.json"] = json.dumps(slurm.sbatch_argv(job, GOLDEN_DIR), indent=2) + "\n"
     return files
 

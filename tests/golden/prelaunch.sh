@@ -148,7 +148,7 @@ readonly KIT_CONTAINER_ENV=(  )
 export KIT_CONTAINER=0
 # The exporter sidecar: its port range, where Prometheus finds targets, the host's Python.
 export KIT_EXPORTER_PORTS=9400-9499
-export KIT_PYTHON=/root/.pyenv/versions/3.11.7/bin/python
+export KIT_PYTHON=/usr/bin/python3
 export KIT_WARNING_SIGNAL=USR1
 export KIT_JOB_DIR
 export KIT_FINISHED_FILE="${KIT_JOB_DIR}/FINISHED"
