@@ -134,3 +134,19 @@ def test_every_user_field_reaches_a_real_job_byte_for_byte(cluster, tmp_path, da
     assert seen == {"argv": args, "value": env_value, "job_name": job_name, "job_dir": job_dir}
     assert Path(job_dir).parent == out
     assert not canary.exists()
+
+
+def test_every_variable_prelaunch_exports_is_kept_by_container_env():
+    """Inside a container the image's variables win except for --container-env names:
+    every variable prelaunch.sh exports must be in that list (KIT_PYTHON is host-only)."""
+    from kit.slurm import pyxis
+
+    text = (Path(__file__).parent.parent / "launch" / "prelaunch.sh").read_text()
+    exported = set()
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("export "):
+            exported |= {word.split("=")[0] for word in line[len("export "):].split() if word[:1].isupper()}
+    exported |= {"KIT_PROMETHEUS_TARGETS"}  # from {{ metrics_exports }}
+    assert exported <= set(pyxis.JOB_VARIABLES), sorted(exported - set(pyxis.JOB_VARIABLES))
+    assert "MASTER_ADDR" in exported and "KIT_JOB_DIR" in exported
