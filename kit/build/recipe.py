@@ -37,6 +37,16 @@ try:
 except ModuleNotFoundError:  # pragma: no cover
     import tomli as tomllib  # type: ignore[no-redef]
 
+# mksquashfs options per --compression choice.
+COMPRESSION = {
+    "enroot": ["-comp", "lzo", "-noD"],  # enroot's default ENROOT_SQUASH_OPTIONS
+    "lzo": ["-comp", "lzo"],
+    "lz4": ["-comp", "lz4"],
+    "zstd": ["-comp", "zstd"],
+    "gzip": ["-comp", "gzip"],
+    "xz": ["-comp", "xz"],
+    "none": ["-noI", "-noD", "-noF", "-noX"],
+}
 BASE_KINDS = ("rootfs", "tarball", "oci", "docker-archive", "squashfs", "image")
 STEP_KINDS = ("copy", "env", "workdir", "run", "pip", "kit")
 TOP_KEYS = ("description", "base", "steps", "entrypoint", "cmd", "labels", "volumes")

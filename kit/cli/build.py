@@ -9,20 +9,21 @@ from pathlib import Path
 
 import click
 
-from kit import build as lib
-from kit.build import recipe as recipes
+from kit.build import recipe as recipes  # light: the build library is imported by the commands
 
 
 @click.command()
 @click.argument("recipe", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Where the .sqsh goes.")
 @click.option("--compression", default="enroot", show_default=True,
-              type=click.Choice(sorted(lib.COMPRESSION)), help="enroot: -comp lzo -noD, as `enroot import`.")
+              type=click.Choice(sorted(recipes.COMPRESSION)), help="enroot: -comp lzo -noD, as `enroot import`.")
 @click.option("--base", "base", default=None, metavar="KIND=PATH",
               help="Use this base instead of the recipe's (KIND: " + ", ".join(recipes.BASE_KINDS) + ").")
 @click.option("--no-cache", is_flag=True, help="Build even when the cache has this image.")
 def build(recipe, output, compression, base, no_cache):
     """Build RECIPE (a TOML file under containers/) into a squashfs image."""
+    from kit.build import image as lib
+
     r = recipes.load(recipe, base_override=base)
     t0 = time.monotonic()
     result = lib.build(r, Path(output), compression=compression, use_cache=not no_cache,
@@ -37,6 +38,8 @@ def build(recipe, output, compression, base, no_cache):
 @click.option("--json", "as_json", is_flag=True, help="Print the details as JSON.")
 def inspect(image, as_json):
     """Show an image's size, compression, environment, workdir, entrypoint and provenance."""
+    from kit.build import image as lib
+
     info = lib.inspect(Path(image))
     if as_json:
         d = asdict(info)

@@ -66,7 +66,7 @@ def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[st
         mounts.append(pyxis.Mount(s.prometheus_targets, s.prometheus_targets))
     workdir = s.container_workdir
     if not s.image.startswith("docker://"):
-        from kit import build
+        from kit.build import image as build
         from kit.build import runtime
 
         image = Path(s.image)
