@@ -163,7 +163,7 @@ readonly KIT_COMMAND=( python train.py --lr 3e-4 'it'"'"'s' )
 # Sidecars, three words each: name, a program that must exist ('' for none),
 # and the bash command that runs it. Local rank 0 starts them, one per node.
 # shellcheck disable=SC2016  # each command is expanded by its own bash
-readonly KIT_SIDECARS=( gpu-dmon nvidia-smi 'exec nvidia-smi dmon --delay 15 --select pumt --options DT --filename "${KIT_NODE_LOG_PREFIX}.gutil"' exporter '' 'exec "${KIT_PYTHON:-python3}" -m kit.monitor --port "${KIT_EXPORTER_PORTS}" --log "${KIT_NODE_LOG_PREFIX}.metrics.jsonl" --exit-with-parent' hook1 '' 'echo sidecar on $(hostname)' )
+readonly KIT_SIDECARS=( gpu-dmon nvidia-smi 'exec nvidia-smi dmon --delay 15 --select pumt --options DT --filename "${KIT_NODE_LOG_PREFIX}.gutil"' exporter '' 'exec nice -n 19 "${KIT_PYTHON:-python3}" -m kit.monitor --port "${KIT_EXPORTER_PORTS}" --log "${KIT_NODE_LOG_PREFIX}.metrics.jsonl" --exit-with-parent' hook1 '' 'echo sidecar on $(hostname)' )
 KIT_NODE="${SLURMD_NODENAME:-$(hostname)}"
 export KIT_NODE_LOG_PREFIX="${KIT_LOG_DIR}/${KIT_NODE}.r${KIT_RESTART:-0}"
 # Where the ranks of this node leave training metrics for the node's exporter.
