@@ -60,6 +60,7 @@ kit::deliver() {
 }
 KIT_WARNING_PENDING=0
 kit::on_signal() {
+  KIT_INTERRUPTED=1
   if [[ "$1" != "${KIT_WARNING_SIGNAL:-USR1}" ]]; then
     KIT_STOPPING=1
     kit::forward "$1"

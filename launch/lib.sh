@@ -100,28 +100,24 @@ kit::cleanup() {
 
 # kit::forward SIG: pass a signal on to the main process.
 kit::forward() {
+  KIT_INTERRUPTED=1
   if [[ -n "${KIT_MAIN_PID}" ]]; then
     kill -s "$1" "${KIT_MAIN_PID}" 2>/dev/null || true
   fi
 }
 
 # kit::wait_for PID: wait until PID exits, even when trapped signals
-# interrupt `wait`; the exit status lands in KIT_RC. An interrupted `wait`
-# returns early (128+n, and -1 in some bash 5.2 races): while the process is
-# still there (running or not yet reaped) it is waited for again, and a
-# negative status is retried once (bash keeps a reaped child's status).
+# interrupt `wait`; the exit status lands in KIT_RC. A trap sets
+# KIT_INTERRUPTED; an interrupted `wait` returns 128+n (or -1 in some bash 5.2
+# races) and is asked again: the child's own status is still there for it.
 KIT_RC=0
+KIT_INTERRUPTED=0
 kit::wait_for() {
   local -r pid="$1"
-  local retried=0
   while :; do
+    KIT_INTERRUPTED=0
     if wait "${pid}"; then KIT_RC=0; else KIT_RC=$?; fi
-    if kill -0 "${pid}" 2>/dev/null; then continue; fi
-    if (( KIT_RC < 0 && ! retried )); then
-      retried=1
-      continue
-    fi
-    if (( KIT_RC < 0 || KIT_RC > 255 )); then KIT_RC=255; fi
+    if (( KIT_RC < 0 || (KIT_INTERRUPTED && KIT_RC > 128) )); then continue; fi
     return 0
   done
 }

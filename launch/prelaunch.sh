@@ -143,6 +143,7 @@ fi
 
 KIT_WARNED=0
 kit::on_signal() {
+  KIT_INTERRUPTED=1
   if [[ "$1" == "${KIT_WARNING_SIGNAL}" ]]; then
     KIT_WARNED=1
     kit::log "got SIG$1: the time limit is near; passing it to the job step"

@@ -119,7 +119,9 @@ kit::forward() {
 }
 
 # kit::wait_for PID: wait until PID exits, even when trapped signals
-# interrupt `wait`; the exit status lands in KIT_RC.
+# interrupt `wait`; the exit status lands in KIT_RC. A trap sets
+# KIT_INTERRUPTED; an interrupted `wait` returns 128+n (or -1 in some bash 5.2
+# races) and is asked again: the child's own status is still there for it.
 KIT_RC=0
 KIT_INTERRUPTED=0
 kit::wait_for() {
@@ -127,9 +129,7 @@ kit::wait_for() {
   while :; do
     KIT_INTERRUPTED=0
     if wait "${pid}"; then KIT_RC=0; else KIT_RC=$?; fi
-    # A trapped signal ends `wait` early with 128+n; the child's own
-    # status is still there for the next `wait`.
-    (( KIT_INTERRUPTED && KIT_RC > 128 )) && continue
+    if (( KIT_RC < 0 || (KIT_INTERRUPTED && KIT_RC > 128) )); then continue; fi
     return 0
   done
 }
@@ -267,6 +267,7 @@ fi
 
 KIT_WARNED=0
 kit::on_signal() {
+  KIT_INTERRUPTED=1
   if [[ "$1" == "${KIT_WARNING_SIGNAL}" ]]; then
     KIT_WARNED=1
     kit::log "got SIG$1: the time limit is near; passing it to the job step"
