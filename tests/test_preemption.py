@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,12 @@ def test_warning_checkpoints_requeues_and_resumes_from_the_saved_step(cluster, j
     assert saved_step > 0
     assert (job_dir / "checkpoints" / "last.ckpt").exists()
     assert "requeueing (restart 1 of 3)" in read_logs(job_dir)
-    # Slurm holds a requeued job (BeginTime) for a while; let it start now.
+    # Slurm holds a requeued job (BeginTime) for ~3 minutes. Release it sooner, but
+    # only once the first run is gone and a second has passed: slurmd rejects a
+    # credential issued in the same second as the previous run's revocation
+    # ("Job credential revoked") and the job would fail.
+    assert wait_no_processes(job_dir, 30) == []
+    time.sleep(2)
     scontrol(cluster, "update", f"JobId={job_id}", "StartTime=now")
 
     def resumed():
@@ -68,7 +74,7 @@ def test_warning_checkpoints_requeues_and_resumes_from_the_saved_step(cluster, j
         later = [int(s) for s in re.findall(r"step=(\d+) loss|saved last.ckpt at step (\d+)", text) for s in s if s]
         return (m, later) if m and later else None
 
-    m, later = wait_for(resumed, 90, what="the second run to resume and step")
+    m, later = wait_for(resumed, 120, what="the second run to resume and step")
     assert int(m.group(1)) == saved_step
     assert min(later) > saved_step, f"second run reached steps {later} after resuming at {saved_step}"
     # The first run's logs are still there, untouched by the second.
