@@ -128,12 +128,12 @@ def throughput_bench(jobs: int) -> tuple[list[float], list[float]]:
 
     home = Path(tempfile.mkdtemp(prefix="kit-bench-"))
     env = {**os.environ, "KIT_HOME": str(home)}
-    cluster = LocalCluster(home / "")
+    cluster = LocalCluster(home)
     os.environ["KIT_HOME"] = str(home)
     cluster.up(nodes=2, cpus_per_node=2, prometheus=True)
     with_exp, without = [], []
     try:
-        for i in range(jobs):
+        for _ in range(jobs):
             for exporter, bucket in ((True, with_exp), (False, without)):
                 args = [sys.executable, "-m", "kit", "launch", "--local", "--nodes", "2", "--wait", "--json",
                         "--output-dir", str(home / "jobs")] + ([] if exporter else ["--no-exporter"]) + \

@@ -22,14 +22,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import kit
-from kit.build import enroot, runtime, unpack
+from kit.build import enroot, is_squashfs, runtime, unpack
 from kit.build.recipe import COMPRESSION, Recipe
 from kit.cluster import kit_home
 from kit.errors import KitError
 from kit.runner import run, tail
 
 METADATA = ".kit/image.json"
-SQUASHFS_MAGIC = b"hsqs"
 
 
 @dataclass
@@ -72,14 +71,6 @@ def digest(recipe: Recipe, compression: str) -> str:
 
 
 # ---------------------------------------------------------------- image files
-def is_squashfs(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == SQUASHFS_MAGIC
-    except OSError:
-        return False
-
-
 def read_file(image: Path, inner: str) -> str | None:
     """One file's text from inside a squashfs image (None if absent)."""
     proc = run(["unsquashfs", "-cat", str(image), inner], check=False, timeout=120)

@@ -92,7 +92,7 @@ def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, wh
             try:
                 key, value = specs.parse_env_item(item)
             except specs.KitError as e:
-                raise e.with_field("--env")
+                raise e.with_field("--env") from None
             env[key] = value
         given.env = env
     if sbatch_args:

@@ -13,7 +13,7 @@ import re
 import signal as _signal
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from kit.errors import KitError
 
@@ -334,36 +334,26 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
                   hint=f"use --ntasks-per-node {s.gpus_per_node} (one rank per GPU) or 1 "
                        "(a per-node launcher such as torchrun that starts its own ranks)")
     _check_devices_in_command(s, origins)
-    try:
-        if s.mem is not None:
-            s.mem = parse_mem(s.mem)
-    except KitError as e:
-        raise e.with_field(origins.label("mem"))
-    time_seconds = None
-    try:
-        if s.time is not None:
-            time_seconds = parse_time(s.time)
-    except KitError as e:
-        raise e.with_field(origins.label("time"))
-    try:
-        s.signal = parse_signal(s.signal)
-    except KitError as e:
-        raise e.with_field(origins.label("signal"))
-    try:
-        low, high = parse_port_range(s.port_range)
-    except KitError as e:
-        raise e.with_field(origins.label("port_range"))
-    try:
-        parse_port_range(s.exporter_ports)
-    except KitError as e:
-        raise e.with_field(origins.label("exporter_ports"))
+    def parsed(name: str, parse):
+        """``parse`` the field's value; its error names the field as the user spelled it."""
+        try:
+            return parse(getattr(s, name))
+        except KitError as e:
+            raise e.with_field(origins.label(name)) from None
+
+    if s.mem is not None:
+        s.mem = parsed("mem", parse_mem)
+    time_seconds = parsed("time", parse_time) if s.time is not None else None
+    s.signal = parsed("signal", parse_signal)
+    low, high = parsed("port_range", parse_port_range)
+    parsed("exporter_ports", parse_port_range)
     if s.prometheus_targets is not None:
         targets = Path(s.prometheus_targets).expanduser()
         s.prometheus_targets = str(targets if targets.is_absolute() else (cwd or Path.cwd()) / targets)
     if time_seconds is not None and s.signal_lead >= time_seconds:
         raise err("signal_lead", f"the warning comes {s.signal_lead} s before a time limit of {time_seconds} s",
                   hint=f"use a --signal-lead below {time_seconds} or a longer --time")
-    for key, value in s.env.items():
+    for key in s.env:
         if not _ENV_KEY.match(key):
             raise KitError(f"not a variable name: {key!r}", field=origins.label("env"),
                            hint="names are letters, digits and _, not starting with a digit")
@@ -409,10 +399,7 @@ def _resolve_container(s: JobSpec, origins: Origins, warnings: list[str]) -> lis
         if given:
             warnings.append(", ".join(origins.label(n) for n in given) + " have no effect without --image")
         return []
-    try:
-        s.image = pyxis.check_image(s.image, origins.label("image"))
-    except KitError as e:
-        raise e.with_field(origins.label("image"))
+    s.image = pyxis.check_image(s.image, origins.label("image"))
     mounts = [pyxis.parse_mount(m, origins.label("mounts"), check_source=s.mount_check) for m in s.mounts]
     if s.container_workdir is not None and not s.container_workdir.startswith("/"):
         raise KitError(f"must be an absolute path, got {s.container_workdir!r}",

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from kit.build import is_squashfs
 from kit.errors import KitError
 
 # Mount options kit lets through (enroot's bind-mount options).
@@ -98,10 +99,9 @@ def check_image(image: str, label: str = "--image") -> str:
     _no_separators(str(path), "image path", label)
     if not path.is_file():
         raise KitError(f"no such image: {path}", field=label, hint="build one with: kit build RECIPE -o IMAGE.sqsh")
-    with open(path, "rb") as f:
-        if f.read(4) != b"hsqs":
-            raise KitError(f"not a squashfs image: {path}", field=label,
-                           hint="pyxis runs squashfs files (kit build makes them) or docker:// references")
+    if not is_squashfs(path):
+        raise KitError(f"not a squashfs image: {path}", field=label,
+                       hint="pyxis runs squashfs files (kit build makes them) or docker:// references")
     return str(path)
 
 
