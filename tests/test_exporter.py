@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -14,7 +16,7 @@ import pytest
 from conftest import require, wait_for
 from fake_nvml import FakeNVML
 
-from kit.monitor import training
+from kit.monitor import naming, training
 from kit.monitor.exporter import Exporter
 from kit.monitor.gpu import FIELDS, GpuSource
 from kit.monitor.node import NodeSource
@@ -140,16 +142,14 @@ def make_exporter(tmp_path: Path, nvml=None, **kw) -> Exporter:
     return Exporter(sources, interval=0.2, bind="127.0.0.1", env=env, node="node1", **kw)
 
 
-# Findings promtool makes on names kit must keep for compatibility: node_exporter's
-# camelCase memory names and dcgm-exporter's modelName label. Nothing else may appear.
-COMPAT_FINDINGS = {
-    "node_memory_MemAvailable_bytes metric names should be written in 'snake_case' not 'camelCase'",
-    "node_memory_MemTotal_bytes metric names should be written in 'snake_case' not 'camelCase'",
-} | {f"{spec.name} label names should be written in 'snake_case' not 'camelCase'" for spec, _ in FIELDS} \
-  | {"DCGM_FI_DEV_XID_ERRORS label names should be written in 'snake_case' not 'camelCase'"}
+def promtool_findings(text: str) -> set[str]:
+    proc = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    findings = {line.strip() for line in (proc.stdout + proc.stderr).splitlines() if line.strip()}
+    assert (proc.returncode == 0) == (not findings), (proc.returncode, findings)
+    return findings
 
 
-def test_promtool_check_metrics(tmp_path):
+def test_promtool_check_metrics_reports_nothing(tmp_path):
     require("promtool")
     exporter = make_exporter(tmp_path, port=19461, port_max=19470)
     exporter.start()
@@ -157,14 +157,31 @@ def test_promtool_check_metrics(tmp_path):
         text = scrape(exporter.port)
     finally:
         exporter.stop()
-    proc = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
-    findings = {line.strip() for line in (proc.stdout + proc.stderr).splitlines() if line.strip()}
-    assert findings <= COMPAT_FINDINGS, sorted(findings - COMPAT_FINDINGS)
-    own = [line for line in text.splitlines() if line.startswith(("# TYPE gpu_", "# TYPE training_", "# TYPE kit_"))]
-    assert own and not any(f.split()[0] in {o.split()[2] for o in own} for f in findings)
+    assert promtool_findings(text) == set()
+    # Every source is in it: 8 fake GPUs, the node, the training files.
+    assert text.count("DCGM_FI_DEV_GPU_UTIL{") == 8 and 'model_name="NVIDIA H100 80GB HBM3"' in text
+    assert "node_memory_mem_available_bytes " in text and "node_cpu_seconds_total{" in text
     assert 'training_loss{rank="0"} 0.25' in text and 'training_samples_total{rank="0"} 768.0' in text
     assert 'kit_exporter_collector_success{collector="gpu"} 1.0' in text
     assert "_total_total" not in text and 'job="' not in text and 'instance="' not in text
+
+
+def test_compat_naming_serves_node_exporter_and_dcgm_spelling(tmp_path):
+    """--naming compat: the drop-in names, and promtool's camelCase findings on
+    exactly those names (the reason they are not the default)."""
+    require("promtool")
+    exporter = make_exporter(tmp_path, port=19471, port_max=19480, naming="compat")
+    exporter.start()
+    try:
+        text = scrape(exporter.port)
+    finally:
+        exporter.stop()
+    assert "node_memory_MemAvailable_bytes " in text and 'modelName="NVIDIA H100 80GB HBM3"' in text
+    assert "node_memory_mem_available_bytes" not in text and "model_name" not in text
+    expected = {f"{name} metric names should be written in 'snake_case' not 'camelCase'" for name in naming.METRICS}
+    expected |= {f"{spec.name} label names should be written in 'snake_case' not 'camelCase'" for spec, _ in FIELDS}
+    expected |= {"DCGM_FI_DEV_XID_ERRORS label names should be written in 'snake_case' not 'camelCase'"}
+    assert promtool_findings(text) == expected
 
 
 def test_busy_port_moves_to_the_next_and_the_target_file_says_so(tmp_path):
@@ -220,3 +237,14 @@ def test_training_file_parsing_on_literals():
     assert training.parse('{"rank": 3, "step": 10, "loss": 0.5, "junk": "x", "lr": "no"}') == \
         {"rank": "3", "step": 10.0, "loss": 0.5}
     assert training.parse('{"rank": 0, "samples_total": true}') == {"rank": "0"}
+
+
+@pytest.mark.parametrize("argv, env, message", [
+    (["--naming", "dcgm"], {}, "argument --naming: invalid choice: 'dcgm'"),
+    ([], {"KIT_EXPORTER_NAMING": "dcgm"}, "kit: --naming: expected one of prometheus, compat, got 'dcgm'"),
+    (["--port", "94x0"], {}, "kit: --port: not a port or LOW-HIGH range: '94x0'"),
+])
+def test_bad_exporter_arguments_are_one_clean_message(argv, env, message):
+    proc = subprocess.run([sys.executable, "-m", "kit.monitor", *argv], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **env})
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

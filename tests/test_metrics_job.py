@@ -49,6 +49,11 @@ def test_prometheus_discovers_both_exporters_during_a_two_node_job(cluster, tmp_
     node_series = wait_for(lambda: (r := query(cluster, f"node_load1{sel}")) and len(r) == 2 and r, 60,
                            what="node series of both nodes in Prometheus")
     assert sorted(s["metric"]["node"] for s in node_series) == ["node1", "node2"]
+    # Served as node_memory_mem_available_bytes (promtool-clean), stored under
+    # node_exporter's name by the scrape config's metric_relabel_configs.
+    memory = query(cluster, f"node_memory_MemAvailable_bytes{sel}")
+    assert sorted(s["metric"]["node"] for s in memory) == ["node1", "node2"]
+    assert query(cluster, f"node_memory_mem_available_bytes{sel}") == []
     training = wait_for(lambda: (r := query(cluster, f"training_step{sel}")) and len(r) == 2 and r, 60,
                         what="training series of both ranks in Prometheus")
     assert sorted(s["metric"]["rank"] for s in training) == ["0", "1"]

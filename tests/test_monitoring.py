@@ -9,9 +9,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import yaml
 from conftest import REPO, require
 
-from kit.monitor import exporter, gpu, node, training
+from kit.monitor import exporter, gpu, naming, node, training
 
 MON = REPO / "monitoring"
 
@@ -25,6 +26,9 @@ def test_prometheus_config_is_valid(tmp_path):
     config.write_text((MON / "prometheus.yml").read_text().replace("/shared/prometheus/kit-targets", str(targets)))
     proc = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # The site config stores the drop-in spelling exactly as the local cluster's does.
+    (job,) = yaml.safe_load(config.read_text())["scrape_configs"]
+    assert job["metric_relabel_configs"] == naming.relabel_configs()
 
 
 def test_alert_rules_pass_promtool_check_rules():

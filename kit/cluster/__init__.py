@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kit.errors import KitError
+from kit.monitor.naming import relabel_yaml
 from kit.runner import run
 from kit.slurm import Target
 
@@ -318,7 +319,8 @@ class LocalCluster:
             "# Written by `kit cluster up --prometheus` (the site template is monitoring/prometheus.yml).\n"
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
             "scrape_configs:\n  - job_name: kit\n    file_sd_configs:\n"
-            f"      - files: ['{self.prometheus_targets}/*.json']\n        refresh_interval: 5s\n")
+            f"      - files: ['{self.prometheus_targets}/*.json']\n        refresh_interval: 5s\n"
+            "    metric_relabel_configs:\n" + relabel_yaml(6))
         port = _free_ports(1)[0]
         progress(f"starting prometheus on 127.0.0.1:{port}")
         with open(self.root / "log" / "prometheus.log", "ab") as logf:

@@ -12,6 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+from kit.monitor.naming import NAMINGS
+
 
 class _Formatter(argparse.HelpFormatter):
     """Help that starts "Usage:", like every other kit command."""
@@ -35,6 +37,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log", default=None, help="Append one JSON line per poll to this file.")
     p.add_argument("--label", action="append", default=[], metavar="NAME=VALUE", help="Extra target label.")
     p.add_argument("--hostname-label", default="Hostname", help="GPU label carrying the host name ('' for none).")
+    p.add_argument("--naming", choices=NAMINGS, default=os.environ.get("KIT_EXPORTER_NAMING") or "prometheus",
+                   help="prometheus: snake_case names that promtool passes (kit's scrape config stores them as "
+                        "node_exporter/dcgm-exporter spell them); compat: serve node_exporter's and dcgm-exporter's "
+                        "own camelCase names [$KIT_EXPORTER_NAMING or prometheus].")
     p.add_argument("--no-gpu", action="store_true", help="No NVML collector.")
     p.add_argument("--no-node", action="store_true", help="No node collector (a node_exporter already runs).")
     p.add_argument("--exit-with-parent", action="store_true", help="Exit when the parent process is gone.")
@@ -55,6 +61,9 @@ def main(argv=None) -> int:
     except ValueError:
         print(f"kit: --port: not a port or LOW-HIGH range: {args.port!r}", file=sys.stderr)
         return 2
+    if args.naming not in NAMINGS:  # from $KIT_EXPORTER_NAMING, which argparse does not check
+        print(f"kit: --naming: expected one of {', '.join(NAMINGS)}, got {args.naming!r}", file=sys.stderr)
+        return 2
     labels = {}
     for item in args.label:
         name, sep, value = item.partition("=")
@@ -72,7 +81,8 @@ def main(argv=None) -> int:
     sources.append(TrainingSource(Path(args.training_dir) if args.training_dir else None))
     exporter = Exporter(sources, interval=args.interval, bind=args.bind, port=port, port_max=port_max,
                         targets_dir=Path(args.targets_dir) if args.targets_dir else None, labels=labels,
-                        log_path=Path(args.log) if args.log else None, node=node, advertise=args.advertise)
+                        log_path=Path(args.log) if args.log else None, node=node, advertise=args.advertise,
+                        naming=args.naming)
     try:
         exporter.start()
     except OSError as e:

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import Metric
 
 from kit.monitor.families import SourceResult, Spec, Sample, families
+from kit.monitor.naming import Naming
 
 log = logging.getLogger("kit.exporter")
 
@@ -99,8 +100,9 @@ class Poller:
 class CachedCollector:
     """Serves the poller's cache; never raises into a scrape."""
 
-    def __init__(self, poller: Poller):
+    def __init__(self, poller: Poller, naming: Naming | None = None):
         self.poller = poller
+        self.naming = naming or Naming()
 
     def collect(self) -> Iterable[Metric]:
         try:
@@ -110,7 +112,7 @@ class CachedCollector:
                 samples += r.samples
                 samples.append(Sample(SUCCESS, {"collector": name}, float(r.success)))
                 samples.append(Sample(DURATION, {"collector": name}, r.duration))
-            yield from families(samples)
+            yield from families(samples, self.naming.metrics, self.naming.labels)
         except Exception:  # pragma: no cover - a bug here must not break the scrape
             log.exception("collect failed")
 
@@ -146,11 +148,11 @@ class Exporter:
     def __init__(self, sources: list, *, interval: float = 1.0, bind: str = "0.0.0.0", port: int = 9400,
                  port_max: int | None = None, targets_dir: Path | None = None, labels: dict | None = None,
                  log_path: Path | None = None, node: str | None = None, advertise: str | None = None,
-                 env: dict | None = None):
+                 env: dict | None = None, naming: str = "prometheus"):
         self.node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         self.poller = Poller(sources, interval, log_path, self.node)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(CachedCollector(self.poller))
+        self.registry.register(CachedCollector(self.poller, Naming(naming)))
         self.bind = bind
         self.ports = range(port, (port_max if port_max is not None else port) + 1)
         self.targets_dir = targets_dir

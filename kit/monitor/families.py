@@ -34,19 +34,24 @@ class SourceResult:
     error: str = ""
 
 
-def families(samples: Iterable[Sample]) -> list[Metric]:
-    """Group samples into families, keeping names exactly as given.
+def families(samples: Iterable[Sample], names: dict | None = None, labels: dict | None = None) -> list[Metric]:
+    """Group samples into families, renaming metrics and label names by
+    ``names``/``labels`` (see kit.monitor.naming) and keeping every other name
+    exactly as given.
 
-    Sample names are written exactly as given, so dcgm-exporter's names
-    (``DCGM_FI_DEV_...``) stay as they are; counters (whose names end in
-    ``_total``) get their family named without it, as the text format wants.
+    So dcgm-exporter's names (``DCGM_FI_DEV_...``) stay as they are; counters
+    (whose names end in ``_total``) get their family named without it, as the
+    text format wants.
     """
+    names, labels = names or {}, labels or {}
     out: dict[str, Metric] = {}
     for s in samples:
         fam = out.get(s.spec.name)
         if fam is None:
+            name = names.get(s.spec.name, s.spec.name)
             # A counter family is named without its _total; the text format adds it back.
-            family_name = s.spec.name[:-len("_total")] if s.spec.type == "counter" else s.spec.name
+            family_name = name[:-len("_total")] if s.spec.type == "counter" else name
             fam = out[s.spec.name] = Metric(family_name, s.spec.help, s.spec.type)
-        fam.add_sample(s.spec.name, {k: str(v) for k, v in s.labels.items()}, float(s.value))
+        fam.add_sample(names.get(s.spec.name, s.spec.name), {labels.get(k, k): str(v) for k, v in s.labels.items()},
+                       float(s.value))
     return list(out.values())
