@@ -4,12 +4,22 @@
    GPUs (tests/fake_nvml.py), next to Debian's prometheus-node-exporter scraped
    the same way;
 2. the exporter's RSS and its CPU share at a 1 s scrape interval (polling included);
-3. a 2-node local job's training throughput with the exporter scraped every
-   second by a real Prometheus, against the same job without the exporter.
+3. a 2-node local job's training throughput with its exporters scraped every
+   second by a real Prometheus, against the same job with them stopped.
 
-    python bench/bench_exporter.py [--scrapes 300] [--jobs 2]
+    python bench/bench_exporter.py [--scrapes 300] [--windows 48] [--seconds 4]
 
-Targets: p99 < 10 ms, RSS < 40 MB, < 1 % of one core at 1 s, throughput ratio >= 0.99.
+How 3 is measured: separate jobs on this 2-core VM differ by 10-20 % run to run,
+far more than the 1 % to be shown. So one long job runs, and its exporters are
+alternately running and stopped (SIGSTOP: no CPU at all) in windows ordered
+A B B A; each block of four gives a ratio in which a drift of the machine
+cancels, and the blocks give a 95 % confidence interval. The same comparison
+between windows in the same state shows the noise floor. The exporters' and
+Prometheus's CPU time, read from /proc, gives a bound that needs no statistics:
+the job cannot lose more wall time than they ran.
+
+Targets: p99 < 10 ms, RSS < 40 MB, < 1 % of one core at 1 s, throughput ratio >= 0.99
+(its whole confidence interval, on the GPU-shaped job).
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -123,7 +134,42 @@ def scrape_bench(scrapes: int) -> tuple[dict, dict | None]:
     return kit, node
 
 
-def throughput_bench(jobs: int) -> tuple[list[float], list[float]]:
+def exporter_pids(job_dir: str) -> list[int]:
+    """The job's exporter processes (the launcher's sidecar on each node)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"kit.monitor" in cmdline and f"KIT_JOB_DIR={job_dir}".encode() in environ:
+            found.append(int(entry))
+    return found
+
+
+def progress(job_dir: str, after: float = 0.0, timeout: float = 10.0) -> tuple[int, float]:
+    """Rank 0's samples so far and the wall time of the step that reached them,
+    from the file kit's Lightning callback rewrites every second; waits for a
+    step taken after ``after``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for f in Path(job_dir, "metrics").glob("*/rank-0.json"):
+            try:
+                values = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+            if values["last_step_timestamp_seconds"] > after:
+                return values["samples_total"], values["last_step_timestamp_seconds"]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no training progress in {job_dir} after {after}")
+        time.sleep(0.05)
+
+
+def throughput_bench(windows: int, seconds: float, train_args: list[str]) -> dict:
+    """One long 2-node job whose exporters are alternately running (scraped every
+    second by Prometheus) and stopped (SIGSTOP: no CPU at all), in windows ordered
+    A B B A so that a drift of the machine cancels within each block of four."""
     from kit.cluster import LocalCluster
 
     home = Path(tempfile.mkdtemp(prefix="kit-bench-"))
@@ -131,27 +177,83 @@ def throughput_bench(jobs: int) -> tuple[list[float], list[float]]:
     cluster = LocalCluster(home)
     os.environ["KIT_HOME"] = str(home)
     cluster.up(nodes=2, cpus_per_node=2, prometheus=True)
-    with_exp, without = [], []
+    rates: list[tuple[bool, float]] = []
+    cpu = {True: [0.0, 0.0, 0.0], False: [0.0, 0.0, 0.0]}  # state -> [exporters, prometheus, wall]
+    pids: list[int] = []
     try:
-        for _ in range(jobs):
-            for exporter, bucket in ((True, with_exp), (False, without)):
-                args = [sys.executable, "-m", "kit", "launch", "--local", "--nodes", "2", "--wait", "--json",
-                        "--output-dir", str(home / "jobs")] + ([] if exporter else ["--no-exporter"]) + \
-                       ["--", sys.executable, "-m", "kit.train", "--max-steps", "800", "--checkpoint-every", "0"]
-                out = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
-                job_dir = json.loads(out.stdout)["job_dir"]
-                log = Path(job_dir, "logs", "rank-0.r0.log").read_text()
-                bucket.append(float(re.search(r"throughput: ([0-9.]+) samples/s", log).group(1)))
+        out = subprocess.run([sys.executable, "-m", "kit", "launch", "--local", "--nodes", "2", "--json",
+                              "--output-dir", str(home / "jobs"), "--", sys.executable, "-m", "kit.train",
+                              "--max-steps", "100000000", "--checkpoint-every", "0", *train_args],
+                             env=env, capture_output=True, text=True, check=True)
+        job = json.loads(out.stdout)
+        job_dir = job["job_dir"]
+        progress(job_dir, timeout=120)
+        pids = exporter_pids(job_dir)
+        if len(pids) != 2:
+            raise SystemExit(f"expected 2 exporters, found {len(pids)}")
+        prometheus = cluster.state().pids["prometheus"]
+        time.sleep(10)  # warm-up: Prometheus has found both targets
+        for i in range(windows):
+            running = i % 4 in (0, 3)
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT if running else signal.SIGSTOP)
+            switched = time.time()
+            exp0, prom0 = sum(cpu_seconds(p) for p in pids), cpu_seconds(prometheus)
+            s0, t0 = progress(job_dir, after=switched + 0.1)  # a step taken in this state
+            time.sleep(max(0.0, switched + seconds - time.time()))
+            s1, t1 = progress(job_dir)
+            acc = cpu[running]
+            acc[0] += sum(cpu_seconds(p) for p in pids) - exp0
+            acc[1] += cpu_seconds(prometheus) - prom0
+            acc[2] += time.time() - switched
+            rates.append((running, (s1 - s0) / (t1 - t0)))
+            print(f"  window {i + 1:>3}/{windows}  exporter {'running' if running else 'stopped'}  "
+                  f"{rates[-1][1]:9.1f} samples/s", flush=True)
     finally:
-        cluster.down()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        cluster.down()  # cancels the job and waits for it
         shutil.rmtree(home, ignore_errors=True)
-    return with_exp, without
+    # Per block of four (A B B A): (A + A) / (B + B).
+    blocks = [rates[i:i + 4] for i in range(0, len(rates) - 3, 4)]
+    ratios = [(b[0][1] + b[3][1]) / (b[1][1] + b[2][1]) for b in blocks]
+    # The same comparison between windows in the same state (B B, and A A across blocks): the noise floor.
+    same = [b[2][1] / b[1][1] for b in blocks] + [blocks[k + 1][0][1] / blocks[k][3][1] for k in range(len(blocks) - 1)]
+    return {"ratios": ratios, "same": same, "with": [r for on, r in rates if on],
+            "without": [r for on, r in rates if not on],
+            "exporter_cpu_per_s": cpu[True][0] / cpu[True][2],
+            # What scraping them costs Prometheus (here on the job's cores; on a site, on its own machine).
+            "prometheus_cpu_per_s": cpu[True][1] / cpu[True][2] - cpu[False][1] / cpu[False][2]}
+
+
+def mean_ci(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95 % confidence interval."""
+    m = statistics.fmean(values)
+    if len(values) < 2:
+        return m, float("inf")
+    return m, 1.96 * statistics.stdev(values) / len(values) ** 0.5
+
+
+# Job shapes: (title, trainer arguments, whether the throughput target is judged on it).
+SHAPES = (
+    # A GPU job's ranks mostly wait for the device: the reference model's CPU step (~5 ms here)
+    # followed by 10 ms of waiting, as for kernels, leaves the node's cores partly idle.
+    ("GPU-shaped: each step waits 10 ms, as for its kernels", ["--step-delay", "0.01"], True),
+    # The worst case, for information: two ranks keep both cores of this machine busy, so every
+    # ms the exporter runs is taken from them (this VM's window-to-window noise is ~20 % here).
+    ("CPU-bound: the ranks keep every core busy (worst case, not a target)", [], False),
+)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scrapes", type=int, default=300)
-    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--windows", type=int, default=48, help="Windows (a multiple of 4: A B B A blocks).")
+    ap.add_argument("--seconds", type=float, default=4.0, help="Length of one window.")
+    ap.add_argument("--train-args", default="", help="More arguments for python -m kit.train, in both shapes.")
     args = ap.parse_args()
     kit, node = scrape_bench(args.scrapes)
     ms = 1000
@@ -169,15 +271,31 @@ def main() -> None:
     row("RSS (MB)                       target < 40", "rss", 1, "{:.1f}")
     share = (kit["idle_cpu_per_s"] + kit["cpu_per_scrape"]) * 100
     print(f"{'kit exporter at a 1 s scrape interval':<46}{share:>27.2f}%  of one core (target < 1 %)")
-    with_exp, without = throughput_bench(args.jobs)
-    ratio = statistics.median(with_exp) / statistics.median(without)
-    print(f"{'2-node job, samples/s per rank, with exporter':<46}{statistics.median(with_exp):>28.1f}  "
-          f"{with_exp}")
-    print(f"{'2-node job, samples/s per rank, without':<46}{statistics.median(without):>28.1f}  {without}")
-    print(f"{'  throughput ratio (target >= 0.99)':<46}{ratio:>28.3f}")
-    ok = kit["p99"] < 0.010 and kit["rss"] < 40 and share < 1.0 and ratio >= 0.99
-    print("targets met" if ok else "TARGETS MISSED")
-
+    ok = kit["p99"] < 0.010 and kit["rss"] < 40 and share < 1.0
+    for title, train_args, judged in SHAPES:
+        print(f"\n2-node job, {title}")
+        job = throughput_bench(args.windows, args.seconds, train_args + args.train_args.split())
+        ratio, ci = mean_ci(job["ratios"])
+        same, same_ci = mean_ci(job["same"])
+        noise = statistics.pstdev([x - 1 for x in job["same"]]) if len(job["same"]) > 1 else float("nan")
+        print(f"{'  samples/s per rank, exporter running':<50}{statistics.median(job['with']):>12.1f}"
+              f"  (median of {len(job['with'])} windows of {args.seconds:g} s)")
+        print(f"{'  samples/s per rank, exporter stopped':<50}{statistics.median(job['without']):>12.1f}"
+              f"  (median of {len(job['without'])} windows)")
+        target = "  (target >= 0.99)" if judged else ""
+        print(f"{'  throughput ratio running/stopped':<50}{ratio:>12.4f}  +- {ci:.4f} (95 %, "
+              f"{len(job['ratios'])} ABBA blocks){target}")
+        print(f"{'  same-state windows compared the same way':<50}{same:>12.4f}  +- {same_ci:.4f} "
+              f"(window-to-window noise {noise * 100:.1f} %)")
+        # Every ms the exporters (and Prometheus, scraping them) run on the job's cores can stall a rank,
+        # and so the whole job, by at most that ms: an upper bound on the loss, measured to the tick.
+        print(f"{'  CPU of both exporters while running (ms/s)':<50}{job['exporter_cpu_per_s'] * 1000:>12.2f}")
+        print(f"{'  + Prometheus scraping them, same cores (ms/s)':<50}{job['prometheus_cpu_per_s'] * 1000:>12.2f}")
+        bound = 1 - job["exporter_cpu_per_s"] - max(job["prometheus_cpu_per_s"], 0.0)
+        print(f"{'  throughput ratio at worst (each ms a stall)':<50}{bound:>12.4f}")
+        if judged:
+            ok = ok and ratio - ci >= 0.99  # the whole confidence interval clears the target
+    print("\ntargets met" if ok else "\nTARGETS MISSED")
 
 if __name__ == "__main__":
     main()

@@ -12,6 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import require, wait_for
 from fake_nvml import FakeNVML
@@ -19,7 +20,7 @@ from fake_nvml import FakeNVML
 from kit.monitor import naming, training
 from kit.monitor.exporter import Exporter
 from kit.monitor.gpu import FIELDS, GpuSource
-from kit.monitor.node import NodeSource
+from kit.monitor.node import DISK_EXCLUDE, NodeSource
 from kit.monitor.training import TrainingSource
 
 
@@ -248,3 +249,21 @@ def test_bad_exporter_arguments_are_one_clean_message(argv, env, message):
     proc = subprocess.run([sys.executable, "-m", "kit.monitor", *argv], capture_output=True, text=True, timeout=60,
                           env={**os.environ, **env})
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_node_source_reads_this_machine_like_node_exporter():
+    result = NodeSource().poll()
+    assert result.success, result.error
+    by_name: dict = {}
+    for s in result.samples:
+        by_name.setdefault(s.spec.name, []).append(s)
+    assert len(by_name["node_cpu_seconds_total"]) >= os.cpu_count() * 4
+    assert 0 < by_name["node_memory_MemAvailable_bytes"][0].value <= by_name["node_memory_MemTotal_bytes"][0].value
+    # Whole disks only, as node_exporter's default device-exclude: no partitions, loop or RAM devices.
+    disks = {s.labels["device"] for s in by_name.get("node_disk_read_bytes_total", [])}
+    assert disks == {d for d in psutil.disk_io_counters(perdisk=True) or {} if not DISK_EXCLUDE.match(d)}
+    for name in ("loop0", "sda1", "nvme0n1p2", "zram0", "vda3"):
+        assert DISK_EXCLUDE.match(name)
+    for name in ("sda", "nvme0n1", "vda", "md0", "dm-0"):
+        assert not DISK_EXCLUDE.match(name)
+    assert "lo" in {s.labels["device"] for s in by_name["node_network_receive_bytes_total"]}

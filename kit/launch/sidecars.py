@@ -21,7 +21,8 @@ class Sidecar:
 
 # The Prometheus exporter: GPU, node and training metrics, a file_sd target
 # file when $KIT_PROMETHEUS_TARGETS is set, and a JSONL log next to the others.
-# It runs at nice 19: it watches the training and must yield to it.
+# It watches the training and must yield to it: nice 19 from the start, then
+# SCHED_IDLE (it sets that itself before its imports; see --sched-idle).
 EXPORTER = Sidecar("exporter", 'exec nice -n 19 "${KIT_PYTHON:-python3}" -m kit.monitor --port "${KIT_EXPORTER_PORTS}" '
                                '--log "${KIT_NODE_LOG_PREFIX}.metrics.jsonl" --exit-with-parent')
 BUILTIN: tuple[Sidecar, ...] = (

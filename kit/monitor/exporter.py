@@ -2,8 +2,9 @@
 
 - A background thread polls every source each ``interval`` seconds; scrapes
   serve the cached results, so a slow NVML call never stalls a scrape.
-- One collector renders the cache and, per source, ``kit_exporter_collector_success``
-  and ``kit_exporter_collector_duration_seconds``; it never raises into a scrape.
+- One collector per source renders its cached results, and one more renders, per
+  source, ``kit_exporter_collector_success`` and
+  ``kit_exporter_collector_duration_seconds``; none of them raises into a scrape.
 - It binds the first free port of a range and writes a Prometheus
   ``file_sd_configs`` target file (temp name, then rename) carrying the job's
   identity as target labels; the file is removed on exit.
@@ -98,26 +99,38 @@ class Poller:
 
 
 class CachedCollector:
-    """Serves the poller's cache; never raises into a scrape."""
+    """One source's metrics, from the poller's cache; never raises into a scrape."""
 
-    def __init__(self, poller: Poller, naming: Naming | None = None):
+    def __init__(self, poller: Poller, source: str, naming: Naming | None = None):
         self.poller = poller
+        self.source = source
         self.naming = naming or Naming()
+
+    def samples(self) -> list[Sample]:
+        return self.poller.results[self.source].samples
 
     def collect(self) -> Iterable[Metric]:
         try:
-            results = dict(self.poller.results)
-            samples: list[Sample] = []
-            for name, r in sorted(results.items()):
-                samples += r.samples
-                samples.append(Sample(SUCCESS, {"collector": name}, float(r.success)))
-                samples.append(Sample(DURATION, {"collector": name}, r.duration))
-            yield from families(samples, self.naming.metrics, self.naming.labels)
+            yield from families(self.samples(), self.naming.metrics, self.naming.labels)
         except Exception:  # pragma: no cover - a bug here must not break the scrape
-            log.exception("collect failed")
+            log.exception("collect %s failed", self.source)
 
     def describe(self):
         return []
+
+
+class StatusCollector(CachedCollector):
+    """Every source's own success and the duration of its last poll."""
+
+    def __init__(self, poller: Poller):
+        super().__init__(poller, "status")
+
+    def samples(self) -> list[Sample]:
+        out: list[Sample] = []
+        for name, r in sorted(self.poller.results.items()):
+            out += [Sample(SUCCESS, {"collector": name}, float(r.success)),
+                    Sample(DURATION, {"collector": name}, r.duration)]
+        return out
 
 
 def target_labels(env: dict, node: str, extra: dict) -> dict:
@@ -152,7 +165,9 @@ class Exporter:
         self.node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         self.poller = Poller(sources, interval, log_path, self.node)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(CachedCollector(self.poller, Naming(naming)))
+        for source in sources:  # one collector per source, and one for their status
+            self.registry.register(CachedCollector(self.poller, source.name, Naming(naming)))
+        self.registry.register(StatusCollector(self.poller))
         self.bind = bind
         self.ports = range(port, (port_max if port_max is not None else port) + 1)
         self.targets_dir = targets_dir

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 
 from kit.monitor.families import Sample, SourceResult, Spec
@@ -16,6 +17,8 @@ DISK_R = Spec("node_disk_read_bytes_total", "counter", "The total number of byte
 DISK_W = Spec("node_disk_written_bytes_total", "counter", "The total number of bytes written successfully.")
 LOADS = (Spec("node_load1", "gauge", "1m load average."), Spec("node_load5", "gauge", "5m load average."),
          Spec("node_load15", "gauge", "15m load average."))
+# node_exporter's default --collector.diskstats.device-exclude: no partitions, loop or RAM devices.
+DISK_EXCLUDE = re.compile(r"^(z?ram|loop|fd|(h|s|v|xv)d[a-z]|nvme\d+n\d+p)\d+$")
 CPU_MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
@@ -46,6 +49,8 @@ class NodeSource:
             for dev, c in sorted((ps.net_io_counters(pernic=True) or {}).items()):
                 out += [Sample(NET_RX, {"device": dev}, c.bytes_recv), Sample(NET_TX, {"device": dev}, c.bytes_sent)]
             for dev, c in sorted((ps.disk_io_counters(perdisk=True) or {}).items()):
+                if DISK_EXCLUDE.match(dev):
+                    continue
                 out += [Sample(DISK_R, {"device": dev}, c.read_bytes), Sample(DISK_W, {"device": dev}, c.write_bytes)]
             for spec, value in zip(LOADS, os.getloadavg()):
                 out.append(Sample(spec, {}, value))
