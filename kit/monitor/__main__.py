@@ -43,21 +43,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "own camelCase names [$KIT_EXPORTER_NAMING or prometheus].")
     p.add_argument("--no-gpu", action="store_true", help="No NVML collector.")
     p.add_argument("--no-node", action="store_true", help="No node collector (a node_exporter already runs).")
-    p.add_argument("--sched-idle", action=argparse.BooleanOptionalAction, default=True,
-                   help="Run under Linux's SCHED_IDLE policy: the CPU only when the training leaves it idle, "
-                        "and never preempting it [on].")
     p.add_argument("--exit-with-parent", action="store_true", help="Exit when the parent process is gone.")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    # Before the heavy imports, so they too yield to the training.
-    if args.sched_idle and hasattr(os, "SCHED_IDLE"):
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # every thread started from here on
-        except OSError as e:
-            print(f"kit exporter: SCHED_IDLE not available ({e}); running at normal scheduling", file=sys.stderr)
     logging.basicConfig(level=logging.WARNING, format="kit exporter: %(message)s")
     from kit.monitor.exporter import RESERVED_LABELS, Exporter
     from kit.monitor.gpu import GpuSource
