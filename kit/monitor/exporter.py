@@ -165,8 +165,9 @@ class Exporter:
         self.node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         self.poller = Poller(sources, interval, log_path, self.node)
         self.registry = CollectorRegistry(auto_describe=False)
+        spelling = Naming(naming)
         for source in sources:  # one collector per source, and one for their status
-            self.registry.register(CachedCollector(self.poller, source.name, Naming(naming)))
+            self.registry.register(CachedCollector(self.poller, source.name, spelling))
         self.registry.register(StatusCollector(self.poller))
         self.bind = bind
         self.ports = range(port, (port_max if port_max is not None else port) + 1)

@@ -46,12 +46,11 @@ def families(samples: Iterable[Sample], names: dict | None = None, labels: dict 
     names, labels = names or {}, labels or {}
     out: dict[str, Metric] = {}
     for s in samples:
-        fam = out.get(s.spec.name)
+        name = names.get(s.spec.name, s.spec.name)
+        fam = out.get(name)
         if fam is None:
-            name = names.get(s.spec.name, s.spec.name)
             # A counter family is named without its _total; the text format adds it back.
             family_name = name[:-len("_total")] if s.spec.type == "counter" else name
-            fam = out[s.spec.name] = Metric(family_name, s.spec.help, s.spec.type)
-        fam.add_sample(names.get(s.spec.name, s.spec.name), {labels.get(k, k): str(v) for k, v in s.labels.items()},
-                       float(s.value))
+            fam = out[name] = Metric(family_name, s.spec.help, s.spec.type)
+        fam.add_sample(name, {labels.get(k, k): str(v) for k, v in s.labels.items()}, float(s.value))
     return list(out.values())

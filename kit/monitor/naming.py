@@ -31,7 +31,6 @@ class Naming:
     def __init__(self, naming: str = "prometheus"):
         if naming not in NAMINGS:
             raise ValueError(f"naming must be one of {', '.join(NAMINGS)}, not {naming!r}")
-        self.name = naming
         self.metrics = METRICS if naming == "prometheus" else {}
         self.labels = LABELS if naming == "prometheus" else {}
 
