@@ -32,6 +32,19 @@ kit::spawn() {
   KIT_BG_NAMES+=("${name}")
 }
 
+# kit::nap SECONDS: sleep in a way a TERM trap interrupts at once (the
+# background helpers below die on TERM without leaving a sleep behind).
+kit::nap() {
+  sleep "$1" &
+  wait "$!" || true
+}
+
+# kit::helper_traps: for a helper run as `func &`: TERM ends it and its nap.
+kit::helper_traps() {
+  trap 'kill "$!" 2>/dev/null; exit 0' TERM
+  trap - INT EXIT
+}
+
 # kit::running PID: true while PID exists and is not a zombie.
 kit::running() {
   local stat

@@ -47,6 +47,9 @@ def _str(name: str, help: str, metavar: str = "TEXT"):
 @_int("--heartbeat", "Seconds between heartbeat lines in the batch log; 0: none [default: 60].")
 @_str("--port-range", "Where MASTER_PORT is looked for [default: 29500-30499].", "LOW-HIGH")
 @_str("--master-interface", "Take MASTER_ADDR from this network interface.", "IFACE")
+@_int("--hang-timeout", "Stop and requeue the run when a rank reports no progress for this many seconds; "
+     "0: off [default: 900].")
+@_int("--first-progress-timeout", "The same before a rank's first progress in a run [default: 3600].")
 @_int("--step-wait", "Seconds the other ranks may run on after one exits (srun --wait) [default: 60].")
 @_str("--image", "Run every task in this container image: a .sqsh path or docker://... (pyxis).", "IMAGE")
 @click.option("--mount", "mounts", multiple=True, metavar="SRC:DST[:FLAGS]",

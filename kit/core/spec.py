@@ -51,6 +51,11 @@ class JobSpec:
     port_range: str | None = None
     master_interface: str | None = None
     step_wait: int | None = None
+    # Hang detection: a rank whose progress file ($KIT_PROGRESS_FILE) has not
+    # been touched for HANG_TIMEOUT seconds (FIRST_PROGRESS_TIMEOUT before its
+    # first touch in a run) stops the step; 0 turns it off.
+    hang_timeout: int | None = None
+    first_progress_timeout: int | None = None
     # Containers (pyxis): the flags go on the srun step.
     image: str | None = None
     mounts: list[str] | None = None
@@ -87,6 +92,8 @@ DEFAULTS: dict[str, Any] = {
     "heartbeat": 60,
     "port_range": "29500-30499",
     "step_wait": 60,
+    "hang_timeout": 900,
+    "first_progress_timeout": 3600,
     "mounts": [],
     "container_env": [],
     "container_writable": False,
@@ -228,7 +235,7 @@ def load_job_file(path: str | Path) -> tuple[JobSpec, Origins]:
 
 
 _INT_FIELDS = {"nodes", "gpus_per_node", "ntasks_per_node", "cpus_per_task", "signal_lead",
-               "max_restarts", "heartbeat", "step_wait"}
+               "max_restarts", "heartbeat", "step_wait", "hang_timeout", "first_progress_timeout"}
 _STR_FIELDS = {"mem", "time", "partition", "account", "job_name", "output_dir", "signal",
                "port_range", "master_interface", "image", "container_workdir", "container_name",
                "exporter_ports", "prometheus_targets"}
@@ -328,6 +335,8 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
     at_least("max_restarts", 0)
     at_least("heartbeat", 0)
     at_least("step_wait", 1)
+    at_least("hang_timeout", 0)
+    at_least("first_progress_timeout", 0)
     if s.gpus_per_node and s.ntasks_per_node not in (1, s.gpus_per_node):
         raise err("ntasks_per_node",
                   f"{s.ntasks_per_node} tasks per node do not match {s.gpus_per_node} GPUs per node",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kit import __version__, slurm
-from kit.core import bash
+from kit.core import bash, outcome
 from kit.core.spec import ResolvedJob
 from kit.errors import KitError
 from kit.launch import sidecars
@@ -105,6 +105,10 @@ def render_scripts(job: ResolvedJob, job_dir: Path, the_step: Step | None = None
         "lib": lib,
         "job_dir": bash.quote(job_dir),
         "max_restarts": str(s.max_restarts),
+        "world_size": str(s.nodes * s.ntasks_per_node),
+        "exit_codes": "\n".join(f"readonly KIT_EXIT_{name}={code}" for name, code in outcome.PRELAUNCH_CODES.items()),
+        "hang_timeout": str(s.hang_timeout),
+        "first_progress_timeout": str(s.first_progress_timeout),
         "heartbeat": str(s.heartbeat),
         "port_low": str(job.port_low),
         "port_high": str(job.port_high),

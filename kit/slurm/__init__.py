@@ -85,6 +85,9 @@ def srun_args(job: ResolvedJob, container_flags: list[str] = ()) -> list[str]:
     s = job.spec
     args = [
         "--kill-on-bad-exit=1",
+        # The step carries prelaunch's environment whatever the site sets
+        # (SBATCH_EXPORT=NONE leaves SLURM_EXPORT_ENV=NONE in the job).
+        "--export=ALL",
         f"--wait={s.step_wait}",
         "--mpi=none",
         "--label",

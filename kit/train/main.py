@@ -57,8 +57,9 @@ def make_data(samples: int, features: int, seed: int = 0) -> TensorDataset:
 class Preemption(Callback):
     """On the warning signal, all ranks agree at a step boundary to checkpoint and stop."""
 
-    def __init__(self, ckpt_path: Path):
+    def __init__(self, ckpt_path: Path, progress):
         self.ckpt_path = ckpt_path
+        self.progress = progress
         self.preempted = False
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -66,6 +67,7 @@ class Preemption(Callback):
         if trainer.strategy.reduce_boolean_decision(preempt.requested(), all=False):
             self.preempted = True
             trainer.save_checkpoint(self.ckpt_path)
+            self.progress.flush(trainer)
             log(f"warning signal: saved {self.ckpt_path.name} at step {trainer.global_step}, stopping")
             trainer.should_stop = True
 
@@ -138,11 +140,13 @@ def main(argv=None) -> int:
 
     L.seed_everything(args.seed, workers=True, verbose=False)
     preempt.install()
-    preemption = Preemption(last)
+    from kit.train.metrics import MetricsCallback, ProgressCallback
+
+    reporter = ProgressCallback()
+    preemption = Preemption(last, reporter)
     progress = Progress(args.log_every)
-    callbacks = [preemption, progress]
+    callbacks = [preemption, progress, reporter]
     if os.environ.get("KIT_METRICS_DIR"):
-        from kit.train.metrics import MetricsCallback
         callbacks.append(MetricsCallback())
     if args.checkpoint_every:
         callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.checkpoint_every,

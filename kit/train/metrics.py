@@ -13,6 +13,43 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Callback
 
 from kit.monitor import training
+from kit.train import progress
+
+
+class ProgressCallback(Callback):
+    """Reports each step to kit's hang watchdog, and each saved checkpoint's step.
+
+    Lightning calls ``on_save_checkpoint`` on every rank before the file is
+    written: the rank says it is saving; at the next batch (or the end) the
+    save is done and rank 0 records the checkpoint step.
+    """
+
+    def __init__(self):
+        self._saving: int | None = None
+
+    def _saved(self, trainer) -> None:
+        if self._saving is not None and trainer.global_rank == 0:
+            progress.checkpoint_saved(self._saving)
+        self._saving = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._saved(trainer)
+        progress.step(trainer.global_step)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        progress.step(trainer.global_step)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        self._saving = trainer.global_step
+        progress.checkpointing(trainer.global_step)
+
+    def on_train_end(self, trainer, pl_module):
+        self._saved(trainer)
+
+    def flush(self, trainer) -> None:
+        """Call after an explicit ``trainer.save_checkpoint``."""
+        self._saved(trainer)
+        progress.step(trainer.global_step)
 
 
 class MetricsCallback(Callback):

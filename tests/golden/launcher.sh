@@ -43,6 +43,19 @@ kit::spawn() {
   KIT_BG_NAMES+=("${name}")
 }
 
+# kit::nap SECONDS: sleep in a way a TERM trap interrupts at once (the
+# background helpers below die on TERM without leaving a sleep behind).
+kit::nap() {
+  sleep "$1" &
+  wait "$!" || true
+}
+
+# kit::helper_traps: for a helper run as `func &`: TERM ends it and its nap.
+kit::helper_traps() {
+  trap 'kill "$!" 2>/dev/null; exit 0' TERM
+  trap - INT EXIT
+}
+
 # kit::running PID: true while PID exists and is not a zombie.
 kit::running() {
   local stat
@@ -169,6 +182,67 @@ export KIT_NODE_LOG_PREFIX="${KIT_LOG_DIR}/${KIT_NODE}.r${KIT_RESTART:-0}"
 # Where the ranks of this node leave training metrics for the node's exporter.
 export KIT_METRICS_DIR="${KIT_JOB_DIR}/metrics/${KIT_NODE}"
 readonly KIT_RANK_LOG="${KIT_LOG_DIR}/rank-${RANK}.r${KIT_RESTART:-0}.log"
+# The command touches this file as it makes progress (see kit::answer_hang).
+export KIT_PROGRESS_FILE="${KIT_PROGRESS_DIR:?is not set: launcher.sh runs in the step that prelaunch.sh starts}/rank-${RANK}"
+
+# kit::descendants PID: PID and every process below it.
+kit::descendants() {
+  local pid
+  local -a queue=("$1") children
+  while (( ${#queue[@]} > 0 )); do
+    pid="${queue[0]}"
+    queue=("${queue[@]:1}")
+    printf '%s\n' "${pid}"
+    read -r -a children < <(cat /proc/"${pid}"/task/*/children 2>/dev/null; echo) || true
+    queue+=("${children[@]}")
+  done
+}
+
+# kit::dump_stacks PID: what every process of the command is doing: its
+# state and kernel wait channel, then Python stacks through py-spy (which
+# reads a process without its cooperation), or kernel stacks without it.
+kit::dump_stacks() {
+  local pid exe spy progress=""
+  local -a pids
+  mapfile -t pids < <(kit::descendants "$1")
+  { read -r progress <"${KIT_PROGRESS_FILE}"; } 2>/dev/null || true
+  printf 'rank=%s node=%s time=%s\nprogress=%s\n' "${RANK}" "${KIT_NODE}" "$(date +%Y-%m-%dT%H:%M:%S%z)" "${progress}"
+  for pid in "${pids[@]}"; do
+    printf 'process %s state %s wchan=%s: %s\n' "${pid}" \
+      "$(awk '$1 == "State:" { $1 = ""; sub(/^ /, ""); print }' /proc/"${pid}"/status 2>/dev/null)" \
+      "$(cat /proc/"${pid}"/wchan 2>/dev/null)" "$(tr '\0' ' ' </proc/"${pid}"/cmdline 2>/dev/null | head -c 400)"
+  done
+  spy="${KIT_PY_SPY:-$(command -v py-spy || true)}"
+  if [[ -z "${spy}" ]]; then
+    printf 'stacks: py-spy not found (pip install py-spy where the command runs): kernel stacks only\n'
+  fi
+  for pid in "${pids[@]}"; do
+    exe="$(readlink /proc/"${pid}"/exe 2>/dev/null)" || continue
+    if [[ -n "${spy}" && "${exe##*/}" == python* ]]; then
+      printf '\n--- py-spy dump --pid %s\n' "${pid}"
+      timeout 20 "${spy}" dump --nonblocking --pid "${pid}" 2>&1 || printf '(py-spy failed: exit %s)\n' "$?"
+    elif [[ -z "${spy}" ]]; then
+      printf '\n--- /proc/%s/stack\n' "${pid}"
+      cat /proc/"${pid}"/stack 2>&1 || true
+    fi
+  done
+}
+
+# kit::answer_hang: in the background while the command runs. When the
+# progress watchdog (prelaunch) asks, write this rank's stacks, wait for the
+# watchdog to name the suspect, then stop the command (briefly: it is stuck).
+kit::answer_hang() {
+  local tries
+  kit::helper_traps
+  until [[ -e "${KIT_HANG_DIR}/request" ]]; do kit::nap 1; done
+  kit::dump_stacks "${KIT_MAIN_PID}" >"${KIT_HANG_DIR}/.rank-${RANK}.txt" 2>&1 || true
+  mv -f "${KIT_HANG_DIR}/.rank-${RANK}.txt" "${KIT_HANG_DIR}/rank-${RANK}.txt"
+  for (( tries = 0; tries < 300; tries++ )); do
+    [[ ! -e "${KIT_HANG_DIR}/stop" ]] || break
+    kit::nap 0.1
+  done
+  KIT_STOP_TIMEOUT=2 kit::stop "${KIT_MAIN_PID}"
+}
 
 KIT_STOPPING=0
 # kit::deliver SIG PID: send the warning once PID catches it (a trainer
@@ -230,9 +304,23 @@ else
 fi
 KIT_MAIN_PID=$!
 exec {KIT_LOG_FD}>&-
+printf '%s %s\n' "${KIT_NODE}" "${KIT_MAIN_PID}" >"${KIT_PROGRESS_DIR}/task-${RANK}"
+if (( ${KIT_HANG_TIMEOUT:-0} > 0 )); then
+  kit::answer_hang &
+  KIT_BG_PIDS+=("$!")
+  KIT_BG_NAMES+=(hang-answer)
+fi
 if (( KIT_WARNING_PENDING )); then kit::on_signal "${KIT_WARNING_SIGNAL:-USR1}"; fi
 kit::wait_for "${KIT_MAIN_PID}"
 KIT_MAIN_PID=
+if [[ -e "${KIT_HANG_DIR}/stop" ]]; then
+  kit::log "the command was stopped by the hang watchdog (exit ${KIT_RC})"
+  KIT_STOPPING=1
+elif (( KIT_STOPPING && KIT_RC == 0 )); then
+  # Stopped before it finished (Lightning exits 0 on SIGTERM): never a success.
+  kit::log "the command exited 0 after a stop signal: exiting 143"
+  KIT_RC=143
+fi
 if (( KIT_RC != 0 && ! KIT_STOPPING )); then
   # This rank failed by itself (not stopped by kit): prelaunch reports the first such code.
   printf '%s %s %s\n' "$(date +%s%N)" "${RANK}" "${KIT_RC}" >"${KIT_LOG_DIR}/exit.r${KIT_RESTART:-0}.rank-${RANK}"

@@ -44,6 +44,19 @@ kit::spawn() {
   KIT_BG_NAMES+=("${name}")
 }
 
+# kit::nap SECONDS: sleep in a way a TERM trap interrupts at once (the
+# background helpers below die on TERM without leaving a sleep behind).
+kit::nap() {
+  sleep "$1" &
+  wait "$!" || true
+}
+
+# kit::helper_traps: for a helper run as `func &`: TERM ends it and its nap.
+kit::helper_traps() {
+  trap 'kill "$!" 2>/dev/null; exit 0' TERM
+  trap - INT EXIT
+}
+
 # kit::running PID: true while PID exists and is not a zombie.
 kit::running() {
   local stat
@@ -137,11 +150,16 @@ kit::wait_for() {
 
 readonly KIT_JOB_DIR=/jobs/golden-job
 readonly KIT_MAX_RESTARTS=3
+readonly KIT_WORLD_SIZE=16
+# Exit codes prelaunch decides itself (kit.core.outcome; the README's table).
+readonly KIT_EXIT_BUDGET_SPENT=75
+readonly KIT_EXIT_NO_PROGRESS=76
+readonly KIT_EXIT_HUNG=77
 readonly KIT_HEARTBEAT_SECONDS=60
 readonly KIT_PORT_LOW=29500
 readonly KIT_PORT_HIGH=30499
 readonly KIT_MASTER_IFACE=''
-readonly KIT_SRUN_ARGS=( --kill-on-bad-exit=1 --wait=60 --mpi=none --label --nodes=2 --ntasks-per-node=8 --cpus-per-task=12 --gpus-per-node=8 )
+readonly KIT_SRUN_ARGS=( --kill-on-bad-exit=1 --export=ALL --wait=60 --mpi=none --label --nodes=2 --ntasks-per-node=8 --cpus-per-task=12 --gpus-per-node=8 )
 # With an image: the variables whose job values must win over the image's
 # (pyxis --container-env); the flag lists those that are set when srun starts.
 readonly KIT_CONTAINER_ENV=(  )
@@ -154,6 +172,12 @@ export KIT_JOB_DIR
 export KIT_FINISHED_FILE="${KIT_JOB_DIR}/FINISHED"
 export KIT_LOG_DIR="${KIT_JOB_DIR}/logs"
 export KIT_RESTART="${SLURM_RESTART_COUNT:-0}"
+export KIT_CHECKPOINT_STEP_FILE="${KIT_JOB_DIR}/checkpoint_step"
+# Hang detection: each rank's progress file lives in KIT_PROGRESS_DIR.
+export KIT_HANG_TIMEOUT=900
+export KIT_FIRST_PROGRESS_TIMEOUT=3600
+export KIT_PROGRESS_DIR="${KIT_JOB_DIR}/progress/r${KIT_RESTART}"
+export KIT_HANG_DIR="${KIT_JOB_DIR}/hang/r${KIT_RESTART}"
 KIT_WHO=prelaunch
 
 # kit::master_addr: this node's address for the rendezvous, never a Slurm
@@ -264,17 +288,98 @@ if [[ -e "${KIT_FINISHED_FILE}" ]]; then
   kit::log "${KIT_FINISHED_FILE} exists: the work is done, not running it again"
   exit 0
 fi
+# Slurm requeues by itself too (node failure, scontrol requeue, preemption):
+# the budget counts every run, whoever requeued it.
+if (( KIT_RESTART > KIT_MAX_RESTARTS )); then
+  kit::log "run ${KIT_RESTART}: requeued more often than --max-restarts ${KIT_MAX_RESTARTS}; retry budget spent, not running"
+  exit "${KIT_EXIT_BUDGET_SPENT}"
+fi
+KIT_START_STEP="$(kit::checkpoint_step)"
+KIT_RUN_ADVANCED=true
+KIT_END_CODE=
 
+# What reached the job, remembered for the rest of the script: a stop
+# (TERM/INT: cancel, requeue, preemption, time limit) or the warning signal.
+# Either one means the work is not known to be finished.
 KIT_WARNED=0
+KIT_STOPPED=0
 kit::on_signal() {
   KIT_INTERRUPTED=1
   if [[ "$1" == "${KIT_WARNING_SIGNAL}" ]]; then
     KIT_WARNED=1
     kit::log "got SIG$1: the time limit is near; passing it to the job step"
   else
-    kit::log "got SIG$1: stopping the job step"
+    KIT_STOPPED=1
+    kit::log "got SIG$1: stopping the job step (cancelled, requeued, preempted or at the time limit)"
   fi
   kit::forward "$1"
+}
+
+# kit::checkpoint_step: the step of the newest checkpoint, as the command
+# reports it in KIT_CHECKPOINT_STEP_FILE; -1 when it reports none.
+kit::checkpoint_step() {
+  local step=""
+  if [[ -r "${KIT_CHECKPOINT_STEP_FILE}" ]]; then
+    read -r step <"${KIT_CHECKPOINT_STEP_FILE}" || true
+  fi
+  if [[ "${step}" =~ ^[0-9]{1,18}$ ]]; then printf '%s\n' "$(( 10#${step} ))"; else printf '%s\n' -1; fi
+}
+
+# kit::record_run END RC: one line per run in runs.jsonl (how it ended, the
+# checkpoint step it ended at, and whether that advanced during the run).
+kit::record_run() {
+  local -r end="$1" rc="$2"
+  local -r step="$(kit::checkpoint_step)"
+  local advanced=false
+  if (( step > KIT_START_STEP )); then advanced=true; fi
+  printf '{"run": %d, "end": "%s", "exit_code": %d, "checkpoint_step": %d, "advanced": %s, "time": %d}\n' \
+    "${KIT_RESTART}" "${end}" "${rc}" "${step}" "${advanced}" "$(date +%s)" >>"${KIT_JOB_DIR}/runs.jsonl"
+  KIT_RUN_ADVANCED="${advanced}"
+}
+
+# kit::stalled: true when this run and the one recorded before it both ended
+# without the checkpoint step advancing (only for commands that report one).
+kit::stalled() {
+  local previous
+  [[ "${KIT_RUN_ADVANCED}" == false && -e "${KIT_CHECKPOINT_STEP_FILE}" ]] || return 1
+  previous="$(tail -n 2 "${KIT_JOB_DIR}/runs.jsonl" | head -n 1)"
+  [[ "$(wc -l <"${KIT_JOB_DIR}/runs.jsonl")" -ge 2 && "${previous}" == *'"advanced": false'* ]]
+}
+
+# kit::requeue WHY [NODE]: requeue the job within the retry budget, with NODE
+# (a suspect) left out of the next run where the partition has nodes to
+# spare. Returns 1 when the budget is spent or the requeue failed.
+kit::requeue() {
+  local -r why="$1" suspect="${2-}"
+  local excluded total
+  if kit::stalled; then
+    kit::log "${why}; the checkpoint step did not advance in this run or the one before (still $(kit::checkpoint_step)): not requeueing again"
+    KIT_END_CODE="${KIT_EXIT_NO_PROGRESS}"
+    return 1
+  fi
+  if (( KIT_RESTART >= KIT_MAX_RESTARTS )); then
+    kit::log "${why}; retry budget spent (${KIT_MAX_RESTARTS} restarts), not requeueing"
+    return 1
+  fi
+  kit::log "${why}; requeueing (restart $(( KIT_RESTART + 1 )) of ${KIT_MAX_RESTARTS})"
+  kit::stop_background
+  if ! scontrol requeue "${SLURM_JOB_ID}"; then
+    kit::log "scontrol requeue failed"
+    return 1
+  fi
+  if [[ -n "${suspect}" ]]; then
+    excluded="$(scontrol show job "${SLURM_JOB_ID}" 2>/dev/null | sed -n 's/.*ExcNodeList=\([^ ]*\).*/\1/p' | head -n 1)"
+    [[ "${excluded}" == "(null)" ]] && excluded=""
+    excluded="${excluded:+${excluded},}${suspect}"
+    total="$(sinfo --noheader --partition="${SLURM_JOB_PARTITION-}" --format=%D 2>/dev/null | awk '{ n += $1 } END { print n + 0 }')"
+    if (( total - $(scontrol show hostnames "${excluded}" | wc -l) >= ${SLURM_JOB_NUM_NODES:-1} )) \
+      && scontrol update JobId="${SLURM_JOB_ID}" ExcNodeList="${excluded}"; then
+      kit::log "the next run leaves out ${excluded}"
+    else
+      kit::log "the next run may use ${suspect} again: the partition has no node to spare"
+    fi
+  fi
+  exit 0
 }
 
 # kit::first_failure: the exit code of the rank whose command failed first in
@@ -285,6 +390,88 @@ kit::first_failure() {
   [[ -e "${files[0]}" ]] || return 1
   sort -n "${files[@]}" | awk 'NR == 1 { print $3 }'
 }
+# kit::watch_progress STEP_PID: the hang watchdog, in the background while the
+# step runs. Each rank's command touches its KIT_PROGRESS_FILE as it makes
+# progress; once any rank of this job has ever done so, a rank whose file is
+# older than KIT_HANG_TIMEOUT (or that has not touched it KIT_FIRST_PROGRESS_TIMEOUT
+# after the step started) stops the run. A file whose first line starts with
+# "checkpoint" is saving: that time does not count. The watchdog asks every
+# rank for its stacks (the launchers answer), names the suspect, then lets the
+# launchers stop their commands.
+kit::watch_progress() {
+  local -r step_pid="$1" start_us="${EPOCHREALTIME/./}"
+  local -r hang_us=$(( KIT_HANG_TIMEOUT * 1000000 )) first_us=$(( KIT_FIRST_PROGRESS_TIMEOUT * 1000000 ))
+  local armed=0 now name stamp sec frac rank last limit line suspect="" suspect_last=0 tries
+  local -A touched=()
+  kit::helper_traps
+  if [[ -e "${KIT_JOB_DIR}/progress/seen" ]]; then armed=1; fi
+  while [[ -z "${suspect}" ]]; do
+    kit::nap 1
+    kit::running "${step_pid}" || return 0
+    touched=()
+    while read -r name stamp; do
+      sec="${stamp%.*}" frac="${stamp#*.}000000"
+      touched["${name#rank-}"]=$(( sec * 1000000 + 10#${frac:0:6} ))
+    done < <(find "${KIT_PROGRESS_DIR}" -maxdepth 1 -name 'rank-*' -printf '%f %T@\n' 2>/dev/null)
+    if (( ! armed )); then
+      (( ${#touched[@]} > 0 )) || continue
+      armed=1
+      : >"${KIT_JOB_DIR}/progress/seen"
+    fi
+    now="${EPOCHREALTIME/./}"
+    for (( rank = 0; rank < KIT_WORLD_SIZE; rank++ )); do
+      if [[ -n "${touched[${rank}]-}" ]]; then
+        last="${touched[${rank}]}" limit="${hang_us}"
+      else
+        last="${start_us}" limit="${first_us}"
+      fi
+      (( now - last > limit )) || continue
+      line=""
+      { read -r line <"${KIT_PROGRESS_DIR}/rank-${rank}"; } 2>/dev/null || true
+      [[ "${line}" != checkpoint* ]] || continue
+      if [[ -z "${suspect}" ]] || (( last < suspect_last )); then suspect="${rank}" suspect_last="${last}"; fi
+    done
+  done
+  mkdir -p "${KIT_HANG_DIR}"
+  printf 'rank=%s\n' "${suspect}" >"${KIT_HANG_DIR}/request"
+  kit::log "rank ${suspect} made no progress for $(( (now - suspect_last) / 1000000 )) s: collecting every rank's stacks"
+  for (( tries = 0; tries < 150; tries++ )); do
+    [[ "$(find "${KIT_HANG_DIR}" -maxdepth 1 -name 'rank-*.txt' | wc -l)" -lt "${KIT_WORLD_SIZE}" ]] || break
+    kit::nap 0.1
+  done
+  kit::hang_report "${suspect}" "$(( (now - suspect_last) / 1000000 ))"
+  : >"${KIT_HANG_DIR}/stop"
+  # The launchers stop their commands now; should the step outlive that, end it.
+  for (( tries = 0; tries < 30; tries++ )); do
+    kit::running "${step_pid}" || return 0
+    kit::nap 1
+  done
+  kit::log "the job step did not end after the hang: killing it"
+  squeue --steps --noheader --format=%i --jobs="${SLURM_JOB_ID}" 2>/dev/null | while read -r name; do
+    case "${name}" in *.batch | *.extern) ;; *) scancel --signal=KILL "${name}" || true ;; esac
+  done
+}
+
+# kit::hang_report RANK SECONDS: name the suspect in KIT_HANG_DIR/report. A
+# rank whose process is stopped (T) or stuck in the kernel (D) is the likelier
+# culprit than the rank that merely reported last: the others wait on it.
+kit::hang_report() {
+  local rank="$1" why="made no progress for $2 s" node="" dump last=""
+  dump="$(grep -l -E '^process [0-9]+ state [TtD] ' "${KIT_HANG_DIR}"/rank-*.txt 2>/dev/null | head -n 1)" || true
+  if [[ -n "${dump}" ]]; then
+    rank="${dump##*/rank-}" rank="${rank%.txt}"
+    why="its process is $(grep -m1 -o -E '^process [0-9]+ state [TtD] \([a-z ]+\)' "${dump}" | sed 's/^process [0-9]* state //')"
+  fi
+  { read -r node _ <"${KIT_PROGRESS_DIR}/task-${rank}"; } 2>/dev/null || node=""
+  { read -r last <"${KIT_PROGRESS_DIR}/rank-${rank}"; } 2>/dev/null || true
+  {
+    printf 'rank=%s\nnode=%s\n' "${rank}" "${node}"
+    printf 'summary=rank %s on %s %s (last progress: %s)\n' "${rank}" "${node:-?}" "${why}" "${last:-none}"
+  } >"${KIT_HANG_DIR}/.report"
+  mv -f "${KIT_HANG_DIR}/.report" "${KIT_HANG_DIR}/report"
+  kit::log "hang: $(sed -n 's/^summary=//p' "${KIT_HANG_DIR}/report"); stopping the job step"
+}
+
 trap kit::cleanup EXIT
 trap 'kit::on_signal TERM' TERM
 trap 'kit::on_signal INT' INT
@@ -319,9 +506,19 @@ if (( ${#KIT_CONTAINER_ENV[@]} > 0 )); then
   done
   KIT_STEP_ARGS+=("--container-env=$(IFS=,; printf '%s' "${KIT_SET_NAMES[*]}")")
 fi
+if (( KIT_STOPPED )); then
+  kit::log "stopped before the job step started"
+  exit 143
+fi
+mkdir -p "${KIT_PROGRESS_DIR}"
 kit::log "job ${SLURM_JOB_ID} run ${KIT_RESTART}: ${SLURM_JOB_NUM_NODES:-?} node(s), MASTER_ADDR=${MASTER_ADDR} MASTER_PORT=${MASTER_PORT}"
 srun "${KIT_STEP_ARGS[@]}" "${KIT_JOB_DIR}/launcher.sh" &
 KIT_MAIN_PID=$!
+if (( KIT_HANG_TIMEOUT > 0 )); then
+  kit::watch_progress "${KIT_MAIN_PID}" &
+  KIT_BG_PIDS+=("$!")
+  KIT_BG_NAMES+=(progress-watch)
+fi
 kit::wait_for "${KIT_MAIN_PID}"
 KIT_MAIN_PID=
 rc="${KIT_RC}"
@@ -331,25 +528,32 @@ if (( rc != 0 )) && KIT_FIRST_RC="$(kit::first_failure)" && [[ "${KIT_FIRST_RC}"
 fi
 if [[ -n "${KIT_PORT_LOCK_FD}" ]]; then exec {KIT_PORT_LOCK_FD}<&-; fi
 
-if [[ -e "${KIT_FINISHED_FILE}" ]]; then
+if [[ -e "${KIT_HANG_DIR}/report" ]]; then
+  KIT_SUSPECT_NODE="$(sed -n 's/^node=//p' "${KIT_HANG_DIR}/report")"
+  kit::record_run hang "${rc}"
+  kit::log "the step ended after a hang: every rank's stacks are in ${KIT_HANG_DIR}"
+  if ! kit::requeue "the step was stopped because a rank made no progress" "${KIT_SUSPECT_NODE}"; then
+    exit "${KIT_END_CODE:-${KIT_EXIT_HUNG}}"
+  fi
+elif [[ -e "${KIT_FINISHED_FILE}" ]]; then
+  kit::record_run finished "${rc}"
   kit::log "step ended with exit ${rc}; the work is finished"
 elif (( KIT_WARNED )); then
-  if (( KIT_RESTART < KIT_MAX_RESTARTS )); then
-    kit::log "step ended with exit ${rc} after the warning; requeueing (restart $(( KIT_RESTART + 1 )) of ${KIT_MAX_RESTARTS})"
-    kit::stop_background
-    if scontrol requeue "${SLURM_JOB_ID}"; then
-      exit 0
-    fi
-    kit::log "scontrol requeue failed"
-  else
-    kit::log "step ended with exit ${rc} after the warning; retry budget spent (${KIT_MAX_RESTARTS} restarts), not requeueing"
+  kit::record_run warned "${rc}"
+  if ! kit::requeue "step ended with exit ${rc} after the warning"; then
+    # Stopped before the work was done: never report success.
+    if [[ -n "${KIT_END_CODE}" ]]; then rc="${KIT_END_CODE}"; elif (( rc == 0 )); then rc="${KIT_EXIT_BUDGET_SPENT}"; fi
   fi
-  # Stopped before the work was done: never report success.
-  if (( rc == 0 )); then rc=75; fi
+elif (( KIT_STOPPED )); then
+  kit::record_run stopped "${rc}"
+  kit::log "step ended with exit ${rc} after a stop signal; the work is not finished"
+  if (( rc == 0 )); then rc=143; fi
 elif (( rc == 0 )); then
   : >"${KIT_FINISHED_FILE}"
+  kit::record_run finished 0
   kit::log "step ended with exit 0; the work is finished"
 else
+  kit::record_run failed "${rc}"
   kit::log "step ended with exit ${rc}"
 fi
 exit "${rc}"
