@@ -23,17 +23,24 @@ def cluster() -> None:
 
 
 @cluster.command()
-@click.option("--nodes", type=int, default=2, show_default=True, help="Number of slurmd nodes.")
-@click.option("--cpus-per-node", type=int, default=None, help="CPUs each node offers [default: this machine's].")
-@click.option("--gpus-per-node", type=int, default=0, show_default=True, help="Count-only GPUs (GRES) per node.")
+@click.option("--nodes", type=int, default=None, help="Number of slurmd nodes [default: as running, else 2].")
+@click.option("--cpus-per-node", type=int, default=None,
+              help="CPUs each node offers [default: as running, else this machine's].")
+@click.option("--gpus-per-node", type=int, default=None,
+              help="Count-only GPUs (GRES) per node [default: as running, else 0].")
 @click.option("--prometheus", is_flag=True, help="Also run Prometheus on loopback, discovering job exporters.")
-def up(nodes: int, cpus_per_node: int | None, gpus_per_node: int, prometheus: bool) -> None:
-    """Start slurmctld and NODES slurmd daemons (idempotent; repairs stale state)."""
+def up(nodes: int | None, cpus_per_node: int | None, gpus_per_node: int | None, prometheus: bool) -> None:
+    """Start slurmctld and NODES slurmd daemons.
+
+    Idempotent. On a cluster where some daemons died, starts only those
+    again: the controller keeps its jobs and job ids, running jobs go on.
+    """
     c = LocalCluster()
+    rows_before = c.state() is not None
     t0 = time.monotonic()
     st, started = c.up(nodes=nodes, cpus_per_node=cpus_per_node, gpus_per_node=gpus_per_node,
                        progress=_progress, prometheus=prometheus)
-    what = "started" if started else "already running"
+    what = ("started" if not rows_before else "repaired") if started else "already running"
     click.echo(f"local cluster {what}: {st.nodes} node(s) x {st.cpus_per_node} CPUs"
                + (f" x {st.gpus_per_node} GPUs" if st.gpus_per_node else "")
                + (f" in {time.monotonic() - t0:.1f} s" if started else ""))
@@ -67,10 +74,15 @@ def env() -> None:
 
 
 @cluster.command()
-def down() -> None:
-    """Cancel the cluster's jobs and stop exactly the daemons `up` started."""
+@click.option("--force", is_flag=True, help="Cancel the jobs that are still pending or running.")
+def down(force: bool) -> None:
+    """Stop the cluster: its daemons and every process of its jobs.
+
+    Refuses while jobs are active unless --force (they are then cancelled).
+    Job ids go on where they stopped at the next `up`.
+    """
     c = LocalCluster()
-    if c.down(progress=_progress):
+    if c.down(progress=_progress, force=force):
         click.echo("local cluster stopped")
     else:
         click.echo("local cluster: not running")

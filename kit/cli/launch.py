@@ -139,8 +139,15 @@ def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, wh
         click.echo(f"job dir: {prepared.job_dir}")
     if not wait_:
         return 0
-    end = slurm.wait(target, prepared.job_id, poll=0.5,
-                     on_state=lambda s: click.echo(f"kit: job {prepared.job_id}: {s}", err=True))
-    restarts = f" after {end.restarts} restart(s)" if end.restarts else ""
-    click.echo(f"kit: job {prepared.job_id} ended {end.state}{restarts}, exit code {end.exit_code}", err=True)
-    return end.exit_code
+    return wait_and_report(target, prepared.job_id, prepared.job_dir)
+
+
+def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
+    """--wait: follow the job to its end; exit with kit's code for that end."""
+    def say(msg: str) -> None:
+        click.echo(f"kit: job {job_id}: {msg}", err=True)
+
+    end = slurm.wait(target, job_id, poll=0.5, on_state=lambda st: say(st.state), on_outage=say)
+    result = slurm.job_outcome(end, job_dir)
+    click.echo(f"kit: job {job_id} {result.describe()}", err=True)
+    return result.exit_code

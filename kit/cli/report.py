@@ -27,6 +27,10 @@ def report(job, output, prometheus, output_dir):
         if not matches:
             raise KitError(f"no job directory for job {job} under {output_dir}", field="JOB",
                            hint="give the job directory itself, or --output-dir where it lives")
+        if len(matches) > 1:
+            raise KitError(f"job id {job} names {len(matches)} job directories under {output_dir}", field="JOB",
+                           detail="\n".join(str(m) for m in sorted(matches)),
+                           hint="give the job directory itself")
         job_dir = matches[0]
     job_id = (job_dir / "job_id").read_text().strip() if (job_dir / "job_id").exists() else job_dir.name
     prometheus = prometheus or LocalCluster().prometheus_url()

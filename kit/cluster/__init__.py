@@ -165,16 +165,15 @@ class LocalCluster:
             yield
 
     # ------------------------------------------------------------ up
-    def up(self, nodes: int = 2, cpus_per_node: int | None = None, gpus_per_node: int = 0,
+    def up(self, nodes: int | None = None, cpus_per_node: int | None = None, gpus_per_node: int | None = None,
            timeout: float = 30.0, progress=lambda msg: None, prometheus: bool = False) -> tuple[ClusterState, bool]:
-        """Start the cluster (or find it running). Returns (state, started_now)."""
-        if nodes < 1:
-            raise KitError(f"must be at least 1, got {nodes}", field="--nodes")
-        if gpus_per_node < 0:
-            raise KitError(f"must be at least 0, got {gpus_per_node}", field="--gpus-per-node")
-        cpus = cpus_per_node or os.cpu_count() or 1
-        if cpus < 1:
-            raise KitError(f"must be at least 1, got {cpus}", field="--cpus-per-node")
+        """Start the cluster, or bring back the daemons of one that died. Returns (state, started_now).
+
+        A cluster whose state is here keeps it: only dead daemons are started
+        again (slurmctld recovers its jobs and job ids from its saved state),
+        so jobs that survived on the other daemons run on. Shape arguments
+        left out (None) mean "as it is" (or 2 nodes, this machine's CPUs, no GPUs).
+        """
         for tool in REQUIRED:
             if shutil.which(tool) is None:
                 raise KitError(f"{tool} not found", field="cluster", hint=INSTALL_HINT, exit_code=1)
@@ -183,21 +182,37 @@ class LocalCluster:
                 raise KitError("prometheus not found", field="--prometheus", exit_code=1,
                                hint="install Debian's Prometheus: apt-get install -y prometheus")
             st = self.state()
-            if st and self.running():
-                if (st.nodes, st.cpus_per_node, st.gpus_per_node) == (nodes, cpus, gpus_per_node):
+            if st is None and self.state_file.exists():
+                raise KitError(f"{self.state_file} is unreadable: not starting a second cluster over it",
+                               field="cluster", exit_code=1,
+                               hint="stop its daemons by hand if any run (pgrep -a slurm), then remove "
+                                    f"{self.root} and run kit cluster up again")
+            shape = (nodes if nodes is not None else (st.nodes if st else 2),
+                     cpus_per_node or (st.cpus_per_node if st else os.cpu_count() or 1),
+                     gpus_per_node if gpus_per_node is not None else (st.gpus_per_node if st else 0))
+            for label, value, low in (("--nodes", shape[0], 1), ("--cpus-per-node", shape[1], 1),
+                                      ("--gpus-per-node", shape[2], 0)):
+                if value < low:
+                    raise KitError(f"must be at least {low}, got {value}", field=label)
+            if st:
+                dead = [(n, c) for n, c, _ in self._daemons(st) if not _alive(st.pids.get(n), c)]
+                same = (st.nodes, st.cpus_per_node, st.gpus_per_node) == shape
+                if not same and len(dead) < len(self._daemons(st)):
+                    raise KitError(
+                        f"already running with {st.nodes} node(s), {st.cpus_per_node} CPUs and "
+                        f"{st.gpus_per_node} GPUs per node", field="cluster",
+                        hint="run `kit cluster down` first to change its shape")
+                if same:
+                    if dead:
+                        self._restart(st, [n for n, _ in dead], timeout, progress)
                     if prometheus and not st.prometheus_port:
                         self._start_prometheus(st, timeout, progress)
                         self._save(st)
-                    return st, False
-                raise KitError(
-                    f"already running with {st.nodes} node(s), {st.cpus_per_node} CPUs and "
-                    f"{st.gpus_per_node} GPUs per node", field="cluster",
-                    hint="run `kit cluster down` first to change its shape")
-            if st:
-                progress("repairing stale state from an earlier run")
-                self._stop(st)
+                    return st, bool(dead)
+                progress("every daemon of the earlier cluster is gone: starting a new one")
+                self._end_job_processes(progress)
             self._clean()
-            st = self._start(nodes, cpus, gpus_per_node, timeout, progress)
+            st = self._start(*shape, timeout, progress)
             if prometheus:
                 try:
                     self._start_prometheus(st, timeout, progress)
@@ -207,7 +222,36 @@ class LocalCluster:
                 self._save(st)
             return st, True
 
+    def _restart(self, st: ClusterState, names: list[str], timeout: float, progress) -> None:
+        """Start the daemons ``names`` of ``st`` again, with the same config and saved state."""
+        env = {"SLURM_CONF": str(self.conf)}
+        alive = [n for n, c, _ in self._daemons(st) if n not in names]
+        progress(f"restarting {', '.join(names)}" + (f" ({', '.join(alive)} kept running)" if alive else ""))
+        restart_prometheus = "prometheus" in names
+        names = [n for n in names if n != "prometheus"]
+        for name in sorted(names, key=lambda n: n != "slurmctld"):
+            if name == "slurmctld":
+                # No -c: slurmctld recovers its jobs and job ids from StateSaveLocation.
+                (self.root / "run" / "slurmctld.pid").unlink(missing_ok=True)
+                run(["slurmctld", "-f", str(self.conf)], env=env, what="slurmctld",
+                    hint=f"see {self.root}/log/slurmctld.log")
+                st.pids[name] = self._read_pid(self.root / "run" / "slurmctld.pid", name)
+            else:
+                (self.root / "run" / f"slurmd-{name}.pid").unlink(missing_ok=True)
+                run(["slurmd", "-N", name, "-f", str(self.conf)], env=env, what="slurmd",
+                    hint=f"see {self.root}/log/slurmd-{name}.log")
+                st.pids[name] = self._read_pid(self.root / "run" / f"slurmd-{name}.pid", name)
+            self._save(st)
+        self._wait_idle(st, timeout, busy_ok=True)
+        if restart_prometheus:
+            self._start_prometheus(st, timeout, progress)
+            self._save(st)
+
     def _clean(self) -> None:
+        """Remove the cluster's runtime state; the next job id is kept (ids are never reused)."""
+        next_id = max(_saved_job_id_sequence(self.root / "state" / "job_state"), self._next_job_id())
+        if next_id > 1:
+            (self.root / "next_job_id").write_text(f"{next_id}\n")
         for sub in ("state", "spool", "run", "dev", "prometheus"):
             shutil.rmtree(self.root / sub, ignore_errors=True)
         for path in (self.state_file,):
@@ -241,11 +285,13 @@ class LocalCluster:
             "SlurmdParameters=config_overrides",
             "JobAcctGatherType=jobacct_gather/none",
             "AccountingStorageType=accounting_storage/none",
-            "KillWait=5",
+            # KillWait stays Slurm's default (30 s), as on sites: cleanup that
+            # needs more than a few seconds (pyxis, checkpoints) gets it here too.
             "MinJobAge=300",
             "InactiveLimit=0",
             "SlurmdTimeout=60",
             "GresTypes=gpu",
+            f"FirstJobId={self._next_job_id()}",
         ]
         gres = f" Gres=gpu:{st.gpus_per_node}" if st.gpus_per_node else ""
         for i, port in enumerate(st.node_ports, 1):
@@ -389,7 +435,7 @@ class LocalCluster:
         except OSError:
             return ""
 
-    def _wait_idle(self, st: ClusterState, timeout: float) -> None:
+    def _wait_idle(self, st: ClusterState, timeout: float, busy_ok: bool = False) -> None:
         deadline = time.monotonic() + timeout
         out = ""
         while time.monotonic() < deadline:
@@ -400,37 +446,65 @@ class LocalCluster:
             proc = self.target.run(["sinfo", "--noheader", "--Node", "--format=%N %T"], check=False)
             out = proc.stdout
             states = [line.split()[-1] for line in out.splitlines() if line.strip()]
-            if len(states) == st.nodes and all(s.rstrip("*") == "idle" for s in states):
+            ready = ("idle", "allocated", "mixed", "completing") if busy_ok else ("idle",)
+            if len(states) == st.nodes and all(s in ready for s in states):
                 return
             time.sleep(0.1)
         raise KitError(f"nodes not idle after {timeout:g} s", field="cluster", exit_code=1,
                        detail=out + "\n" + self._log_tail("slurmctld"))
 
     # ------------------------------------------------------------ down
-    def down(self, progress=lambda msg: None) -> bool:
-        """Cancel the cluster's jobs, stop its daemons. False if nothing was running."""
+    def down(self, progress=lambda msg: None, force: bool = False) -> bool:
+        """Stop the cluster: its jobs (only with ``force`` while any is active), its
+        daemons, and every process of its jobs, even those slurmctld no longer
+        knows about. False if there was no cluster."""
         with self._lock():
             st = self.state()
             if st is None:
                 return False
+            if not force and _alive(st.pids.get("slurmctld"), "slurmctld"):
+                active = self._active_jobs()
+                if active:
+                    raise KitError(f"{len(active)} job(s) still active: {', '.join(active)}", field="cluster",
+                                   exit_code=1, hint="wait for them, or `kit cluster down --force` to cancel them")
             self._stop(st, progress)
+            self._end_job_processes(progress)
             self._clean()
             return True
+
+    def _active_jobs(self) -> list[str]:
+        out = self.target.run(["squeue", "--noheader", "--format=%i",
+                               "--states=RUNNING,COMPLETING,PENDING,CONFIGURING,REQUEUED,SUSPENDED"],
+                              check=False).stdout
+        return out.split()
+
+    def _next_job_id(self) -> int:
+        try:
+            return max(int((self.root / "next_job_id").read_text().strip()), 1)
+        except (OSError, ValueError):
+            return 1
+
+    def _end_job_processes(self, progress) -> None:
+        """TERM, then KILL, every process of this cluster's jobs (slurmstepd and tasks)."""
+        procs = job_processes(str(self.conf))
+        if not procs:
+            return
+        jobs = sorted({j for _, _, j in procs if j}, key=int)
+        progress(f"ending {len(procs)} leftover process(es) of job(s) {', '.join(jobs) or '?'}")
+        tasks = {pid: comm for pid, comm, _ in procs if comm != "slurmstepd"}
+        stop_pids(tasks, timeout=10)
+        stop_pids({pid: comm for pid, comm, _ in procs}, timeout=2)
 
     def _stop(self, st: ClusterState, progress=lambda msg: None) -> None:
         ctld_alive = _alive(st.pids.get("slurmctld"), "slurmctld")
         if ctld_alive:
-            jobs = self.target.run(["squeue", "--noheader", "--format=%i"], check=False).stdout.split()
+            jobs = self._active_jobs()
             if jobs:
-                progress(f"cancelling {len(jobs)} job(s)")
+                progress(f"cancelling {len(jobs)} job(s): {', '.join(jobs)}")
                 self.target.run(["scancel", *jobs], check=False)
-                deadline = time.monotonic() + 15
-                while time.monotonic() < deadline:
-                    active = self.target.run(["squeue", "--noheader", "--format=%i",
-                                              "--states=RUNNING,COMPLETING,PENDING,CONFIGURING"],
-                                             check=False).stdout.split()
-                    if not active:
-                        break
+                # KillWait (30 s) plus the jobs' own cleanup.
+                deadline = time.monotonic() + 45
+                while time.monotonic() < deadline and self._active_jobs():
                     time.sleep(0.2)
         daemons = {st.pids[n]: c for n, c, _ in self._daemons(st) if st.pids.get(n)}
         if daemons:
@@ -439,6 +513,58 @@ class LocalCluster:
         stop_pids({p: c for p, c in daemons.items() if c == "slurmd"})
         stop_pids({p: c for p, c in daemons.items() if c == "slurmctld"})
         stop_pids({p: c for p, c in daemons.items() if c == "prometheus"})
+
+
+def _saved_job_id_sequence(path: Path) -> int:
+    """The next job id slurmctld saved in its job_state file (0 when unreadable).
+
+    The file starts with a packed string "PROTOCOL_VERSION" (4-byte length,
+    NUL-terminated), a 16-bit protocol version, an 8-byte time, then the
+    32-bit job id sequence, all big-endian (Slurm's pack.c).
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return 0
+    tag = b"PROTOCOL_VERSION\0"
+    if len(head) < 4 + len(tag) + 14 or int.from_bytes(head[:4], "big") != len(tag) or head[4:4 + len(tag)] != tag:
+        return 0
+    at = 4 + len(tag) + 2 + 8
+    return int.from_bytes(head[at:at + 4], "big")
+
+
+def job_processes(conf: str) -> list[tuple[int, str, str]]:
+    """(pid, comm, job id) of every process of the jobs of the Slurm whose config is ``conf``:
+    slurmstepd and the tasks both carry SLURM_CONF in their environment; the daemons,
+    this process and its ancestors are left out."""
+    needle = f"SLURM_CONF={conf}".encode()
+    keep = {0}
+    pid = os.getpid()
+    while pid > 1:
+        keep.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in keep:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+            with open(f"/proc/{entry}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        if needle not in environ or comm in ("slurmd", "slurmctld"):
+            continue
+        job = next((e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"SLURM_JOB_ID=")), "")
+        if job or comm == "slurmstepd":
+            found.append((int(entry), comm, job))
+    return found
 
 
 PYXIS_PATHS = ("/usr/local/lib/slurm/spank_pyxis.so", "/usr/lib/x86_64-linux-gnu/slurm/spank_pyxis.so",

@@ -56,5 +56,7 @@ class Outcome:
 
 
 def command_failed(code: int) -> str:
-    """The meaning of a code that is not one of kit's own: the command's."""
-    return MEANING.get(code) or f"the command failed with exit code {code}"
+    """The meaning of a failed job's code: one prelaunch decided, or the command's own."""
+    if code in PRELAUNCH_CODES.values():
+        return MEANING[code]
+    return f"the command failed with exit code {code}"

@@ -7,12 +7,13 @@ cluster through its ``SLURM_CONF``); every Slurm command goes through
 
 from __future__ import annotations
 
-import re
+import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable
 
+from kit.core import outcome
 from kit.core.spec import ResolvedJob
 from kit.errors import KitError
 from kit.runner import run
@@ -129,52 +130,139 @@ def submit(target: Target, argv: list[str], cwd: str | None = None) -> str:
     return job_id
 
 
-_FIELD = re.compile(r"(\w+)=(\S*)")
+@dataclass
+class JobStatus:
+    """One job as Slurm reports it (``squeue --json``: no user string can fake a field)."""
+
+    job_id: str
+    state: str                # PENDING, RUNNING, COMPLETED, ...; GONE once Slurm has forgotten the job
+    exit_code: int = 0        # the batch script's, as a shell reports it (128+N when killed by signal N)
+    restarts: int = 0
+    requeue: bool = False
+    nodes: str = ""
+    reason: str = ""
+    start_time: int = 0
+    end_time: int = 0
+    excluded_nodes: str = ""
 
 
-def job_info(target: Target, job_id: str) -> dict[str, str] | None:
-    """``scontrol show job`` as a dict; None once Slurm has forgotten the job."""
-    proc = target.run(["scontrol", "--oneliner", "show", "job", job_id], check=False)
+class ControllerUnreachable(KitError):
+    """slurmctld did not answer (down, restarting, or the network)."""
+
+
+_UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "Connection refused",
+                "Zero Bytes were transmitted")
+
+
+def _wait_status(raw: int) -> int:
+    """A raw wait status (what Slurm stores) as a shell reports it."""
+    return 128 + (raw & 0x7F) if raw & 0x7F else (raw >> 8) & 0xFF
+
+
+def job_status(target: Target, job_id: str) -> JobStatus:
+    """The job's state from ``squeue --json``; state GONE once Slurm has forgotten it."""
+    proc = target.run(["squeue", "--json", f"--jobs={job_id}"], check=False, timeout=60)
     if proc.returncode != 0:
         if "Invalid job id" in proc.stderr:
-            return None
-        raise KitError(f"scontrol show job {job_id} failed", detail=proc.stderr.strip(), exit_code=1)
-    return dict(_FIELD.findall(proc.stdout))
+            return JobStatus(job_id=job_id, state="GONE")
+        if any(m in proc.stderr for m in _UNREACHABLE):
+            raise ControllerUnreachable("slurmctld is not answering", detail=proc.stderr.strip(), exit_code=1)
+        raise KitError(f"squeue --json --jobs={job_id} failed", detail=proc.stderr.strip(), exit_code=1)
+    try:
+        jobs = json.loads(proc.stdout)["jobs"]
+    except (ValueError, KeyError, TypeError):
+        raise KitError("squeue --json printed no job list", detail=proc.stdout[:2000], exit_code=1,
+                       hint="kit reads job states with squeue --json (Slurm 21.08 or newer)") from None
+    for j in jobs:
+        if str(j.get("job_id")) == job_id:
+            return JobStatus(job_id=job_id, state=str(j.get("job_state") or "UNKNOWN"),
+                             exit_code=_wait_status(int(j.get("exit_code") or 0)),
+                             restarts=int(j.get("restart_cnt") or 0), requeue=bool(j.get("requeue")),
+                             nodes=str(j.get("nodes") or ""), reason=str(j.get("state_reason") or ""),
+                             start_time=int(j.get("start_time") or 0), end_time=int(j.get("end_time") or 0),
+                             excluded_nodes=str(j.get("excluded_nodes") or ""))
+    return JobStatus(job_id=job_id, state="GONE")
 
 
-@dataclass
-class JobEnd:
-    state: str
-    exit_code: int
-    restarts: int = 0
-    info: dict = field(default_factory=dict)
-
-
-def exit_code_of(info: Mapping[str, str]) -> int:
-    """ExitCode=RC:SIG as a shell would report it (128+SIG when killed by a signal)."""
-    rc, _, sig = info.get("ExitCode", "0:0").partition(":")
-    if sig and sig != "0":
-        return 128 + int(sig)
-    return int(rc or 0)
+# States from which Slurm may still requeue the job by itself (a job with
+# --requeue): seen at the end of a run, they must hold a while to be final.
+SETTLING_STATES = frozenset({"NODE_FAIL", "PREEMPTED", "BOOT_FAIL"})
 
 
 def wait(target: Target, job_id: str, *, poll: float = 1.0, timeout: float | None = None,
-         on_state: Callable[[str], None] | None = None) -> JobEnd:
-    """Block until the job reaches a final state (requeues are waited through)."""
+         on_state: Callable[[JobStatus], None] | None = None, outage: float = 900.0,
+         on_outage: Callable[[str], None] | None = None, settle: float = 10.0) -> JobStatus:
+    """Block until the job reaches a final state (requeues are waited through).
+
+    A controller that does not answer is asked again for up to ``outage``
+    seconds (``on_outage`` hears about it once per outage); then a KitError.
+    """
     deadline = None if timeout is None else time.monotonic() + timeout
     last = None
+    unreachable_since = None
+    settling_since = None
     while True:
-        info = job_info(target, job_id)
-        if info is None:
-            raise KitError(f"job {job_id} is no longer known to Slurm", exit_code=1,
-                           hint="its record expired (MinJobAge); look at the job directory's logs")
-        state = info.get("JobState", "UNKNOWN")
-        if state != last and on_state:
-            on_state(state)
-        last = state
-        if state in TERMINAL_STATES:
-            return JobEnd(state=state, exit_code=exit_code_of(info),
-                          restarts=int(info.get("Restarts", "0") or 0), info=info)
+        try:
+            st = job_status(target, job_id)
+        except ControllerUnreachable as e:
+            now = time.monotonic()
+            if unreachable_since is None:
+                unreachable_since = now
+                if on_outage:
+                    on_outage(f"slurmctld is not answering; still waiting (up to {outage:g} s)")
+            elif now - unreachable_since > outage:
+                raise KitError(f"slurmctld did not answer for {outage:g} s; job {job_id} may still run",
+                               exit_code=outcome.LOST, detail=e.detail,
+                               hint=f"follow it in its job directory, or wait again: kit launch does not "
+                                    f"resubmit; squeue --jobs={job_id}") from None
+            time.sleep(poll)
+            continue
+        if unreachable_since is not None:
+            unreachable_since = None
+            if on_outage:
+                on_outage("slurmctld answers again")
+        if st.state != last and on_state:
+            on_state(st)
+        last = st.state
+        if st.state in TERMINAL_STATES or st.state == "GONE":
+            if not (st.state in SETTLING_STATES and st.requeue):
+                return st
+            settling_since = settling_since or time.monotonic()
+            if time.monotonic() - settling_since >= settle:
+                return st
+        else:
+            settling_since = None
         if deadline is not None and time.monotonic() > deadline:
-            raise KitError(f"job {job_id} still {state} after {timeout:g} s", exit_code=1)
+            raise KitError(f"job {job_id} still {st.state} after {timeout:g} s", exit_code=1)
         time.sleep(poll)
+
+
+# Slurm's final states -> kit's exit codes (kit.core.outcome).
+_STATE_CODES = {
+    "CANCELLED": outcome.CANCELLED,
+    "TIMEOUT": outcome.TIME_LIMIT,
+    "DEADLINE": outcome.TIME_LIMIT,
+    "NODE_FAIL": outcome.NODE_FAILED,
+    "BOOT_FAIL": outcome.NODE_FAILED,
+    "PREEMPTED": outcome.PREEMPTED,
+    "OUT_OF_MEMORY": outcome.OUT_OF_MEMORY,
+}
+
+
+def job_outcome(st: JobStatus, job_dir: Path | None) -> outcome.Outcome:
+    """What the end of a job means, from Slurm's final state and the job directory.
+
+    0 needs both Slurm's COMPLETED and the job's FINISHED marker: a result
+    that only one of them reports is not trusted.
+    """
+    finished = job_dir is not None and (Path(job_dir) / "FINISHED").exists()
+    if st.state == "COMPLETED":
+        code = outcome.FINISHED if finished else outcome.INCONSISTENT
+    elif st.state == "FAILED":
+        code = st.exit_code or outcome.INCONSISTENT
+    elif st.state == "GONE":
+        code = outcome.FINISHED if finished else outcome.LOST
+    else:
+        code = _STATE_CODES.get(st.state, outcome.LOST)
+    meaning = outcome.command_failed(code) if st.state == "FAILED" else outcome.MEANING[code]
+    return outcome.Outcome(state=st.state, exit_code=code, meaning=meaning, restarts=st.restarts)
