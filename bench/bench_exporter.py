@@ -228,7 +228,7 @@ def throughput_bench(windows: int, seconds: float, train_args: list[str]) -> dic
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-        cluster.down()  # cancels the job and waits for it
+        cluster.down(force=True)  # cancels the job and waits for it
         shutil.rmtree(home, ignore_errors=True)
     # Per block of four (A B B A): (A + A) / (B + B).
     blocks = [rates[i:i + 4] for i in range(0, len(rates) - 3, 4)]

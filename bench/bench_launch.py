@@ -36,7 +36,8 @@ def task_env(job_dir: Path) -> dict:
     """What srun gives one task, plus what prelaunch exports."""
     return {**os.environ, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1",
             "SLURM_NTASKS_PER_NODE": "1", "SLURM_NODEID": "0", "SLURM_JOB_ID": "1", "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": "29500", "KIT_JOB_DIR": str(job_dir), "KIT_LOG_DIR": str(job_dir / "logs")}
+            "MASTER_PORT": "29500", "KIT_JOB_DIR": str(job_dir), "KIT_LOG_DIR": str(job_dir / "logs"),
+            "KIT_PROGRESS_DIR": str(job_dir / "progress" / "r0"), "KIT_HANG_DIR": str(job_dir / "hang" / "r0")}
 
 
 def launcher_run(tmp: Path, i: int) -> tuple[float, float]:
@@ -46,6 +47,7 @@ def launcher_run(tmp: Path, i: int) -> tuple[float, float]:
         command=["date", "+%s.%N"], output_dir=str(tmp / "jobs"),
         sidecars=[f"echo $$ > {pidfile}; exec sleep 300"]))
     job_dir = launch.prepare(job).job_dir
+    (job_dir / "progress" / "r0").mkdir(parents=True)
     env = task_env(job_dir)
     t_start = time.time()
     subprocess.run(["bash", str(job_dir / "launcher.sh")], env=env, check=True,

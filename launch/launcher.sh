@@ -17,6 +17,7 @@ KIT_WHO="rank ${RANK}"
 : "${MASTER_ADDR:?is not set: launcher.sh runs in the step that prelaunch.sh starts}"
 : "${MASTER_PORT:?is not set: launcher.sh runs in the step that prelaunch.sh starts}"
 : "${KIT_LOG_DIR:?is not set: launcher.sh runs in the step that prelaunch.sh starts}"
+: "${KIT_HANG_DIR:?is not set: launcher.sh runs in the step that prelaunch.sh starts}"
 
 # Lightning ignores Slurm in jobs named "bash" or "interactive" and would run
 # every task as rank 0; with these variables it reads the ranks above instead.

@@ -7,12 +7,15 @@ command that installs it; nothing is skipped.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -55,7 +58,7 @@ def cluster(kit_home) -> LocalCluster:
     require("prometheus")
     c.up(nodes=2, cpus_per_node=4, gpus_per_node=2, prometheus=True)
     yield c
-    c.down()
+    c.down(force=True)
 
 
 @pytest.fixture
@@ -126,3 +129,73 @@ def wait_for(predicate, timeout: float, poll: float = 0.2, what: str = "conditio
 
 def read_logs(job_dir: str | Path) -> str:
     return "".join(p.read_text(errors="replace") for p in sorted(Path(job_dir, "logs").glob("slurm-*.out")))
+
+
+@dataclass
+class Waiting:
+    """A `kit launch --wait` running in the background."""
+
+    proc: subprocess.Popen
+    job_id: str
+    job_dir: Path
+
+    def finish(self, timeout: float = 120) -> tuple[int, str]:
+        _, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, err
+
+
+def launch_wait(tmp_path: Path, *args: str, command: list[str], env: dict | None = None) -> Waiting:
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "launch", "--local", "--wait", "--heartbeat", "0",
+                             "--output-dir", str(tmp_path / "jobs"), *args, "--", *command],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env={**os.environ, **(env or {})})
+    first, second = proc.stdout.readline(), proc.stdout.readline()
+    m1, m2 = re.match(r"Submitted job (\d+)$", first), re.match(r"job dir: (.+)$", second)
+    if not (m1 and m2):
+        proc.kill()
+        raise AssertionError(first + second + proc.stderr.read())
+    return Waiting(proc, m1.group(1), Path(m2.group(1)))
+
+
+def scontrol(cluster, *args: str) -> None:
+    subprocess.run(["scontrol", *args], env={**os.environ, **cluster.target.env}, check=True,
+                   capture_output=True, text=True)
+
+
+def scancel(cluster, job_id: str) -> None:
+    subprocess.run(["scancel", job_id], env={**os.environ, **cluster.target.env}, check=True)
+
+
+def state_is(cluster, job_id: str, *states: str):
+    return lambda: slurm.job_status(cluster.target, job_id).state in states
+
+
+def runs(job_dir: Path) -> list[dict]:
+    path = job_dir / "runs.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def assert_nothing_left(cluster, w: Waiting) -> None:
+    assert wait_no_processes(w.job_dir, 15) == []
+    assert list(cluster.prometheus_targets.glob(f"kit-{w.job_id}-*")) == []
+    assert str(w.job_dir) not in Path("/proc/mounts").read_text()
+    for port in set(re.findall(r"MASTER_PORT=(\d+)", read_logs(w.job_dir))):
+        lock = Path(os.environ.get("TMPDIR", "/tmp"), "kit-ports", port)
+        if lock.exists():
+            with open(lock) as f:  # the port lock is free again: nobody holds it
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def check_end(cluster, w: Waiting, *, state: str, code: int, finished: bool, log: str | None,
+              ends: list[str] | None) -> str:
+    rc, err = w.finish()
+    assert rc == code, err + read_logs(w.job_dir)
+    assert f"kit: job {w.job_id} ended {state}" in err and f"(exit code {code})" in err, err
+    assert slurm.job_status(cluster.target, w.job_id).state == state
+    assert (w.job_dir / "FINISHED").exists() == finished
+    if log is not None:
+        assert log in read_logs(w.job_dir)
+    if ends is not None:
+        assert [r["end"] for r in runs(w.job_dir)] == ends
+    assert_nothing_left(cluster, w)
+    return err

@@ -54,7 +54,7 @@ def test_dry_run_prints_the_sbatch_line_and_writes_the_scripts(tmp_path):
     assert proc.returncode == 0, proc.stderr
     line, srun_line, jobdir_line = proc.stdout.splitlines()
     job_dir = jobdir_line.removeprefix("job dir: ")
-    assert srun_line == (f"srun --kill-on-bad-exit=1 --wait=60 --mpi=none --label --nodes=2 --ntasks-per-node=1 "
+    assert srun_line == (f"srun --kill-on-bad-exit=1 --export=ALL --wait=60 --mpi=none --label --nodes=2 --ntasks-per-node=1 "
                          f"{job_dir}/launcher.sh")
     assert line == (f"sbatch --parsable --job-name=kit --nodes=2 --ntasks-per-node=1 --open-mode=append "
                     f"--output={job_dir}/logs/slurm-%j.out --signal=B:USR1@90 --time=30 --requeue "

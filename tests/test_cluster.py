@@ -19,7 +19,7 @@ def home(tmp_path):
     require("slurmctld")
     home = tmp_path / "home"
     yield home
-    LocalCluster(home).down()
+    LocalCluster(home).down(force=True)
 
 
 def test_up_status_env_down(home, cluster):
@@ -80,12 +80,14 @@ def test_up_repairs_stale_state(home, cluster):
     assert started and c.running()
     assert set(st2.pids.values()).isdisjoint(st.pids.values())
 
-    # One slurmd dead: up restarts the cluster instead of reporting it running.
+    # One slurmd dead: up starts only that one again; the controller keeps running.
+    ctld = st2.pids["slurmctld"]
     os.kill(st2.pids["node2"], signal.SIGKILL)
     wait_for(lambda: not _alive(st2.pids["node2"], "slurmd"), 10)
-    st3, started = c.up(nodes=2, cpus_per_node=2)
+    st3, started = c.up()
     assert started and c.running()
-    assert not _alive(st2.pids["slurmctld"], "slurmctld")
+    assert st3.pids["slurmctld"] == ctld and _alive(ctld, "slurmctld")
+    assert st3.pids["node2"] != st2.pids["node2"]
     assert cluster.running()
 
 
@@ -97,6 +99,10 @@ def test_down_cancels_running_jobs(home, cluster, tmp_path):
                          capture_output=True, text=True, check=True).stdout.strip()
     wait_for(lambda: "R" in subprocess.run(["squeue", "-h", "-j", job, "-o", "%t"], env=env,
                                            capture_output=True, text=True).stdout, 20)
-    assert c.down()
+    refused = kit("cluster", "down", env={"KIT_HOME": str(home)})
+    assert refused.returncode == 1
+    assert refused.stderr.splitlines()[0] == f"kit: cluster: 1 job(s) still active: {job}"
+    assert c.running()
+    assert c.down(force=True)
     left = subprocess.run(["pgrep", "-f", "sleep 317"], capture_output=True, text=True).stdout.split()
     assert left == []

@@ -29,7 +29,7 @@ def test_two_node_reference_training_completes(cluster, tmp_path):
     assert proc.returncode == 0, proc.stderr
     job_id = re.search(r"^Submitted job (\d+)$", proc.stdout, re.M).group(1)
     job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
-    assert f"kit: job {job_id} ended COMPLETED, exit code 0" in proc.stderr
+    assert f"kit: job {job_id} ended COMPLETED: the work finished (exit code 0)" in proc.stderr
     ranks = set()
     for rank in (0, 1):
         m = re.search(r"rank=(\d) world_size=(\d)", rank_log(job_dir, rank))
@@ -67,9 +67,9 @@ def test_failing_command_fails_the_job_and_leaves_nothing(cluster, tmp_path):
     assert proc.returncode == 3, proc.stderr
     job_id = re.search(r"^Submitted job (\d+)$", proc.stdout, re.M).group(1)
     job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
-    assert f"kit: job {job_id} ended FAILED, exit code 3" in proc.stderr
-    info = slurm.job_info(cluster.target, job_id)
-    assert info["JobState"] == "FAILED" and info["ExitCode"] == "3:0"
+    assert f"kit: job {job_id} ended FAILED: the command failed with exit code 3 (exit code 3)" in proc.stderr
+    st = slurm.job_status(cluster.target, job_id)
+    assert (st.state, st.exit_code) == ("FAILED", 3)
     logs = read_logs(job_dir)
     assert "prelaunch] heartbeat" in logs
     sidecar_logs = sorted(Path(job_dir, "logs").glob("*.hook1.log"))
@@ -110,9 +110,9 @@ def test_two_jobs_on_one_node_get_different_ports(cluster, tmp_path):
         assert "done at step=60" in rank_log(j["job_dir"], 0)
     assert ports[0] != ports[1]
     # They really shared the node at the same time.
-    a_info, b_info = ends[0].info, ends[1].info
-    assert a_info["NodeList"] == b_info["NodeList"] == "node1"
-    assert a_info["StartTime"] <= b_info["EndTime"] and b_info["StartTime"] <= a_info["EndTime"]
+    a, b = ends
+    assert a.nodes == b.nodes == "node1"
+    assert a.start_time <= b.end_time and b.start_time <= a.end_time
 
 
 def test_killing_one_rank_ends_the_whole_job(cluster, tmp_path):

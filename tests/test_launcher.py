@@ -18,9 +18,11 @@ from kit.core import spec as specs
 def start(tmp_path: Path, command: list[str], extra_env: dict | None = None) -> tuple[subprocess.Popen, Path]:
     job = specs.resolve(specs.JobSpec(command=command, output_dir=str(tmp_path / "jobs")))
     job_dir = launch.prepare(job).job_dir
+    (job_dir / "progress" / "r0").mkdir(parents=True)
     env = {**os.environ, "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2",
            "SLURM_NTASKS_PER_NODE": "1", "SLURM_NODEID": "1", "SLURM_JOB_ID": "7", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": "29500", "KIT_JOB_DIR": str(job_dir), "KIT_LOG_DIR": str(job_dir / "logs"),
+           "KIT_PROGRESS_DIR": str(job_dir / "progress" / "r0"), "KIT_HANG_DIR": str(job_dir / "hang" / "r0"),
            "KIT_WARNING_SIGNAL": "USR1", **(extra_env or {})}
     proc = subprocess.Popen(["bash", str(job_dir / "launcher.sh")], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

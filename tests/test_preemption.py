@@ -46,8 +46,8 @@ def test_warning_checkpoints_requeues_and_resumes_from_the_saved_step(cluster, j
     job_id, job_dir = job["job_id"], Path(job["job_dir"])
 
     def requeued():
-        info = slurm.job_info(cluster.target, job_id)
-        return info if info["Restarts"] == "1" and info["JobState"] == "PENDING" else None
+        st = slurm.job_status(cluster.target, job_id)
+        return st if st.restarts == 1 and st.state == "PENDING" else None
 
     wait_for(requeued, 120, poll=0.5, what="the job to requeue itself")
     first = (job_dir / "logs" / "rank-0.r0.log").read_text()

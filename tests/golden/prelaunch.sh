@@ -294,9 +294,6 @@ if (( KIT_RESTART > KIT_MAX_RESTARTS )); then
   kit::log "run ${KIT_RESTART}: requeued more often than --max-restarts ${KIT_MAX_RESTARTS}; retry budget spent, not running"
   exit "${KIT_EXIT_BUDGET_SPENT}"
 fi
-KIT_START_STEP="$(kit::checkpoint_step)"
-KIT_RUN_ADVANCED=true
-KIT_END_CODE=
 
 # What reached the job, remembered for the rest of the script: a stop
 # (TERM/INT: cancel, requeue, preemption, time limit) or the warning signal.
@@ -476,6 +473,10 @@ trap kit::cleanup EXIT
 trap 'kit::on_signal TERM' TERM
 trap 'kit::on_signal INT' INT
 trap 'kit::on_signal "${KIT_WARNING_SIGNAL}"' "${KIT_WARNING_SIGNAL}"
+
+KIT_START_STEP="$(kit::checkpoint_step)"
+KIT_RUN_ADVANCED=true
+KIT_END_CODE=
 
 # The rendezvous address and port, decided on the allocation's first node.
 unset MASTER_ADDR MASTER_PORT

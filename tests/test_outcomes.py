@@ -1,0 +1,222 @@
+"""Every way a job ends tells the truth (the lifecycle issue, done-means 1, 2 and 6).
+
+One case per row of the README's outcome table that the session cluster can
+show in seconds; the rows that need a real time limit are in
+test_preemption.py, those that kill daemons in test_recovery.py. Each case
+checks Slurm's final state, the FINISHED marker, what ran next, the exit code
+of `kit launch --wait` (the real command line), the log line, and that nothing
+of the job is left: no process, no held port lock, no exporter target file,
+no mount.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import (Waiting, check_end, job_processes, launch_wait, read_logs, runs, scancel, scontrol, state_is,
+                      wait_for, wait_no_processes)
+
+from kit import slurm
+from kit.core import outcome
+
+
+HOLD = 'trap "exit 0" TERM; echo ready; sleep 300 & wait'
+
+
+def wait_ready(w: Waiting, ranks: int = 1) -> None:
+    wait_for(lambda: len(re.findall(r"^\d+: ready$", read_logs(w.job_dir), re.M)) >= ranks, 60,
+             what="the command to start")
+
+
+def release_after_first_run(cluster, w: Waiting) -> None:
+    """Slurm holds a requeued job ~3 minutes (BeginTime); release it once the
+    first run is gone plus a second (slurmd rejects a same-second credential)."""
+    wait_for(lambda: slurm.job_status(cluster.target, w.job_id).restarts == 1, 60, what="the requeue")
+    assert wait_no_processes(w.job_dir, 45) == []
+    assert not (w.job_dir / "FINISHED").exists()
+    time.sleep(2)
+    scontrol(cluster, "update", f"JobId={w.job_id}", "StartTime=now")
+
+
+def rank_process(job_dir: Path, rank: int, needle: str) -> int | None:
+    for pid, cmd in job_processes(job_dir):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if needle in cmd and f"RANK={rank}".encode() in environ:
+            return pid
+    return None
+
+
+def row_completed(cluster, tmp_path):
+    w = launch_wait(tmp_path, command=["bash", "-c", "echo done"])
+    check_end(cluster, w, state="COMPLETED", code=0, finished=True,
+              log="step ended with exit 0; the work is finished", ends=["finished"])
+
+
+def row_command_failed(cluster, tmp_path):
+    w = launch_wait(tmp_path, "--nodes", "2", command=["bash", "-c", "exit 3"])
+    check_end(cluster, w, state="FAILED", code=3, finished=False, log="step ended with exit 3", ends=["failed"])
+
+
+def row_cancelled_while_pending(cluster, tmp_path):
+    w = launch_wait(tmp_path, "--sbatch-arg=--begin=now+600", command=["true"])
+    wait_for(state_is(cluster, w.job_id, "PENDING"), 30)
+    scancel(cluster, w.job_id)
+    check_end(cluster, w, state="CANCELLED", code=outcome.CANCELLED, finished=False, log=None, ends=[])
+    assert not (w.job_dir / "logs" / f"slurm-{w.job_id}.out").exists()  # it never ran
+
+
+def row_cancelled_while_starting(cluster, tmp_path):
+    # Cancelled the moment Slurm starts it: prelaunch is setting up, the step may not exist yet.
+    w = launch_wait(tmp_path, "--nodes", "2", command=["bash", "-c", "echo started; sleep 5"])
+    wait_for(state_is(cluster, w.job_id, "RUNNING"), 30, poll=0.01)
+    scancel(cluster, w.job_id)
+    check_end(cluster, w, state="CANCELLED", code=outcome.CANCELLED, finished=False, log=None,
+              ends=None)
+    # Before the step started there is no run to record; after, the run is recorded as stopped.
+    assert [r["end"] for r in runs(w.job_dir)] in ([], ["stopped"])
+
+
+def row_cancelled_while_running(cluster, tmp_path):
+    # The command exits 0 on TERM, as Lightning does: still not finished.
+    w = launch_wait(tmp_path, "--nodes", "2", command=["bash", "-c", HOLD])
+    wait_ready(w, 2)
+    scancel(cluster, w.job_id)
+    check_end(cluster, w, state="CANCELLED", code=outcome.CANCELLED, finished=False,
+              log="the command exited 0 after a stop signal: exiting 143", ends=["stopped"])
+
+
+def row_requeued_by_admin(cluster, tmp_path):
+    # scontrol requeue is what preemption with PreemptMode=REQUEUE does.
+    cmd = f'if [ "$KIT_RESTART" = 0 ]; then {HOLD}; fi; echo second run'
+    w = launch_wait(tmp_path, command=["bash", "-c", cmd])
+    wait_ready(w)
+    scontrol(cluster, "requeue", w.job_id)
+    release_after_first_run(cluster, w)
+    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log="0: second run",
+              ends=["stopped", "finished"])
+
+
+def node_of(cluster, job_id: str) -> str:
+    return wait_for(lambda: slurm.job_status(cluster.target, job_id).nodes, 30)
+
+
+def row_node_failure_without_requeue(cluster, tmp_path):
+    w = launch_wait(tmp_path, "--max-restarts", "0", command=["bash", "-c", HOLD])
+    wait_ready(w)
+    node = node_of(cluster, w.job_id)
+    scontrol(cluster, "update", f"NodeName={node}", "State=DOWN", "Reason=kit-test")
+    try:
+        check_end(cluster, w, state="NODE_FAIL", code=outcome.NODE_FAILED, finished=False, log=None, ends=["stopped"])
+    finally:
+        scontrol(cluster, "update", f"NodeName={node}", "State=RESUME")
+
+
+def row_node_failure_requeued(cluster, tmp_path):
+    cmd = f'if [ "$KIT_RESTART" = 0 ]; then {HOLD}; fi; echo second run on $SLURMD_NODENAME'
+    w = launch_wait(tmp_path, "--max-restarts", "2", command=["bash", "-c", cmd])
+    wait_ready(w)
+    node = node_of(cluster, w.job_id)
+    scontrol(cluster, "update", f"NodeName={node}", "State=DOWN", "Reason=kit-test")
+    try:
+        release_after_first_run(cluster, w)
+        err = check_end(cluster, w, state="COMPLETED", code=0, finished=True, log="0: second run on",
+                        ends=["stopped", "finished"])
+        assert "after 1 restart(s)" in err
+    finally:
+        scontrol(cluster, "update", f"NodeName={node}", "State=RESUME")
+
+
+def row_rank_killed(cluster, tmp_path):
+    w = launch_wait(tmp_path, "--nodes", "2", "--step-wait", "10", command=["bash", "-c", "echo ready; sleep 300"])
+    wait_ready(w, 2)
+    os.kill(wait_for(lambda: rank_process(w.job_dir, 1, "echo ready"), 10), signal.SIGKILL)
+    check_end(cluster, w, state="FAILED", code=137, finished=False, log="step ended with exit 137", ends=["failed"])
+
+
+def row_hang_with_budget_spent(cluster, tmp_path):
+    # Reports progress once, then never again: a hang with no restart left.
+    w = launch_wait(tmp_path, "--max-restarts", "0", "--hang-timeout", "3",
+                    command=["bash", "-c", 'echo "step 1" >"$KIT_PROGRESS_FILE"; echo ready; sleep 300'])
+    check_end(cluster, w, state="FAILED", code=outcome.HUNG, finished=False,
+              log="retry budget spent (0 restarts), not requeueing", ends=["hang"])
+    assert (w.job_dir / "hang" / "r0" / "rank-0.txt").exists()
+
+
+NO_PROGRESS = ('echo 5 >"$KIT_CHECKPOINT_STEP_FILE"; echo "step 5" >"$KIT_PROGRESS_FILE"; '
+               'echo "run $KIT_RESTART"; sleep 300')
+
+
+def row_no_progress(cluster, tmp_path):
+    # Every run ends (hung) at checkpoint step 5: the second run in a row that
+    # does not advance it ends the retries, with budget left.
+    w = launch_wait(tmp_path, "--max-restarts", "5", "--hang-timeout", "3", command=["bash", "-c", NO_PROGRESS])
+    for restart in (1, 2):
+        wait_for(lambda: slurm.job_status(cluster.target, w.job_id).restarts == restart, 60, what="a requeue")
+        assert wait_no_processes(w.job_dir, 45) == []
+        time.sleep(2)
+        scontrol(cluster, "update", f"JobId={w.job_id}", "StartTime=now")
+    check_end(cluster, w, state="FAILED", code=outcome.NO_PROGRESS, finished=False,
+              log="the checkpoint step did not advance in this run or the one before (still 5): not requeueing again",
+              ends=["hang", "hang", "hang"])
+    assert [r["advanced"] for r in runs(w.job_dir)] == [True, False, False]
+
+
+ROWS = [row_completed, row_command_failed, row_cancelled_while_pending, row_cancelled_while_starting,
+        row_cancelled_while_running, row_requeued_by_admin, row_node_failure_without_requeue,
+        row_node_failure_requeued, row_rank_killed, row_hang_with_budget_spent, row_no_progress]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.__name__[4:] for r in ROWS])
+def test_outcome_row(row, cluster, tmp_path):
+    row(cluster, tmp_path)
+
+
+TRAIN = [sys.executable, "-m", "kit.train", "--max-steps", "400", "--step-delay", "0.03", "--log-every", "10",
+         "--checkpoint-every", "20"]
+
+
+def trained_to(job_dir: Path, step: int):
+    return lambda: any(int(s) >= step for s in re.findall(r"step=(\d+) loss", read_logs(job_dir)))
+
+
+def test_reference_trainer_cancelled_is_not_finished(cluster, tmp_path):
+    """Lightning exits 0 on SIGTERM; the job is still cancelled, not finished."""
+    w = launch_wait(tmp_path, "--nodes", "2", command=TRAIN)
+    wait_for(trained_to(w.job_dir, 30), 90, what="training")
+    scancel(cluster, w.job_id)
+    check_end(cluster, w, state="CANCELLED", code=outcome.CANCELLED, finished=False,
+              log="after a stop signal; the work is not finished", ends=["stopped"])
+
+
+def test_reference_trainer_requeued_resumes_and_completes(cluster, tmp_path):
+    w = launch_wait(tmp_path, "--nodes", "2", command=TRAIN)
+    wait_for(trained_to(w.job_dir, 60), 90, what="training")
+    scontrol(cluster, "requeue", w.job_id)
+    release_after_first_run(cluster, w)
+    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log="done at step=400",
+              ends=["stopped", "finished"])
+    second = (w.job_dir / "logs" / "rank-0.r1.log").read_text()
+    resumed = int(re.search(r"resuming from .*last.ckpt at step (\d+)", second).group(1))
+    assert resumed >= 40
+    assert runs(w.job_dir)[0]["checkpoint_step"] == resumed
+
+
+def test_wait_is_not_fooled_by_strings_and_site_export_none(cluster, tmp_path):
+    """Job state comes from squeue --json: an output directory and job name made to
+    look like scontrol fields change nothing; SBATCH_EXPORT=NONE jobs run."""
+    odd = tmp_path / "x JobState=FAILED ExitCode=7:0"
+    odd.mkdir()
+    w = launch_wait(odd, "--nodes", "2", "--job-name", "y JobState=COMPLETED",
+                    command=["bash", "-c", 'echo "rank $RANK of $WORLD_SIZE via $MASTER_ADDR:$MASTER_PORT"; sleep 2'],
+                    env={"SBATCH_EXPORT": "NONE"})
+    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
+    assert sorted(re.findall(r"^\d: rank (\d) of 2 via \S+:\d+$", read_logs(w.job_dir), re.M)) == ["0", "1"]

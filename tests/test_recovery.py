@@ -1,0 +1,163 @@
+"""Hangs and dead daemons (the lifecycle issue, done-means 3, 5 and 6).
+
+Each test gets a throw-away 3-node cluster of its own (its own KIT_HOME), so
+killing its daemons never touches the session's cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import check_end, kit, launch_wait, read_logs, require, wait_for, wait_no_processes
+
+from kit import slurm
+from kit.cluster import LocalCluster, _alive
+
+TRAIN = [sys.executable, "-m", "kit.train", "--step-delay", "0.03", "--log-every", "10", "--checkpoint-every", "20"]
+
+
+@pytest.fixture
+def three(tmp_path):
+    require("slurmctld")
+    home = tmp_path / "home3"
+    c = LocalCluster(home)
+    c.up(nodes=3, cpus_per_node=2)
+    c.env = {"KIT_HOME": str(home)}
+    yield c
+    c.down(force=True)
+
+
+def hostnames(c: LocalCluster, nodelist: str) -> list[str]:
+    return subprocess.run(["scontrol", "show", "hostnames", nodelist], env={**os.environ, **c.target.env},
+                          capture_output=True, text=True, check=True).stdout.split()
+
+
+def trained_to(job_dir: Path, step: int, restart: int = 0):
+    def check():
+        path = job_dir / "logs" / f"rank-0.r{restart}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return any(int(s) >= step for s in re.findall(r"step=(\d+) loss", text))
+    return check
+
+
+def trainer_of_rank(job_dir: Path, rank: int) -> int:
+    node, pid = (job_dir / "progress" / "r0" / f"task-{rank}").read_text().split()
+    return int(pid)
+
+
+def test_hung_rank_is_caught_dumped_and_requeued_off_its_node(three, tmp_path):
+    require("py-spy")
+    w = launch_wait(tmp_path, "--nodes", "2", "--hang-timeout", "5", "--first-progress-timeout", "120",
+                    command=[*TRAIN, "--max-steps", "300"], env=three.env)
+    wait_for(trained_to(w.job_dir, 40), 120, what="training")
+    pid = wait_for(lambda: (w.job_dir / "progress" / "r0" / "task-1").exists() and trainer_of_rank(w.job_dir, 1), 10)
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    report = w.job_dir / "hang" / "r0" / "report"
+    wait_for(report.exists, 5 + 15, poll=0.1, what="the hang report")
+    assert wait_for(lambda: slurm.job_status(three.target, w.job_id).restarts == 1, 5 + 15 - (time.monotonic() - t0),
+                    poll=0.1, what="the step to stop and the job to requeue")
+    stopped_after = time.monotonic() - t0
+    fields = dict(line.split("=", 1) for line in report.read_text().splitlines())
+    suspect = fields["node"]
+    assert fields["rank"] == "1" and suspect.startswith("node"), fields
+    assert "process is stopped" in fields["summary"] or "T (stopped)" in fields["summary"], fields
+    for rank in (0, 1):
+        dump = (w.job_dir / "hang" / "r0" / f"rank-{rank}.txt").read_text()
+        assert f"rank={rank} " in dump and "--- py-spy dump --pid" in dump and "MainThread" in dump, dump
+    assert "state T (stopped)" in (w.job_dir / "hang" / "r0" / "rank-1.txt").read_text()
+    logs = read_logs(w.job_dir)
+    assert f"hang: rank 1 on {suspect}" in logs
+    assert f"the next run leaves out {suspect}" in logs
+    assert suspect in slurm.job_status(three.target, w.job_id).excluded_nodes
+    assert wait_no_processes(w.job_dir, 15) == []
+    time.sleep(2)
+    subprocess.run(["scontrol", "update", f"JobId={w.job_id}", "StartTime=now"], env={**os.environ, **three.target.env},
+                   check=True)
+    err = check_end(three, w, state="COMPLETED", code=0, finished=True, log="done at step=300",
+                    ends=["hang", "finished"])
+    assert "after 1 restart(s)" in err
+    assert suspect not in hostnames(three, slurm.job_status(three.target, w.job_id).nodes)
+    resumed = int(re.search(r"resuming from .*last.ckpt at step (\d+)",
+                            (w.job_dir / "logs" / "rank-0.r1.log").read_text()).group(1))
+    assert resumed >= 40
+    print(f"hang stopped and requeued {stopped_after:.1f} s after SIGSTOP (hang timeout 5 s)")
+
+
+def test_killed_slurmd_comes_back_with_up_and_the_job_completes(three, tmp_path):
+    w = launch_wait(tmp_path, "--nodes", "2", command=[*TRAIN, "--max-steps", "400"], env=three.env)
+    wait_for(trained_to(w.job_dir, 30), 120, what="training")
+    node = hostnames(three, slurm.job_status(three.target, w.job_id).nodes)[0]
+    pids = dict(three.state().pids)
+    os.kill(pids[node], signal.SIGKILL)
+    wait_for(lambda: not _alive(pids[node], "slurmd"), 10)
+    up = kit("cluster", "up", env=three.env)
+    assert up.returncode == 0, up.stderr
+    assert up.stdout.startswith("local cluster repaired: 3 node(s)"), up.stdout
+    assert f"restarting {node} (slurmctld," in up.stderr
+    assert three.state().pids["slurmctld"] == pids["slurmctld"]
+    check_end(three, w, state="COMPLETED", code=0, finished=True, log="done at step=400", ends=["finished"])
+    # Job ids go on after the repair, and after a full down/up.
+    later = launch_wait(tmp_path, command=["true"], env=three.env)
+    assert int(later.job_id) > int(w.job_id)
+    later.finish()
+    assert kit("cluster", "down", env=three.env).returncode == 0
+    assert kit("cluster", "up", "--nodes", "3", "--cpus-per-node", "2", env=three.env).returncode == 0
+    again = launch_wait(tmp_path, command=["true"], env=three.env)
+    assert int(again.job_id) > int(later.job_id)
+    assert again.finish()[0] == 0
+
+
+def test_wait_rides_through_a_controller_restart(three, tmp_path):
+    w = launch_wait(tmp_path, "--nodes", "2", command=[*TRAIN, "--max-steps", "500"], env=three.env)
+    wait_for(trained_to(w.job_dir, 20), 120, what="training")
+    ctld = three.state().pids["slurmctld"]
+    os.kill(ctld, signal.SIGKILL)
+    wait_for(lambda: not _alive(ctld, "slurmctld"), 10)
+    time.sleep(4)  # --wait meets the outage
+    up = kit("cluster", "up", env=three.env)
+    assert up.returncode == 0 and "restarting slurmctld" in up.stderr, up.stderr
+    err = check_end(three, w, state="COMPLETED", code=0, finished=True, log="done at step=500", ends=["finished"])
+    assert "slurmctld is not answering; still waiting" in err and "slurmctld answers again" in err
+
+
+def test_down_with_a_dead_controller_ends_every_job_process(three, tmp_path):
+    w = launch_wait(tmp_path, "--nodes", "2", "--sidecar", "exec sleep 300",
+                    command=[*TRAIN, "--max-steps", "100000"], env=three.env)
+    wait_for(trained_to(w.job_dir, 10), 120, what="training")
+    os.kill(three.state().pids["slurmctld"], signal.SIGKILL)
+    down = kit("cluster", "down", env=three.env)
+    assert down.returncode == 0, down.stderr
+    assert re.search(rf"ending \d+ leftover process\(es\) of job\(s\) {w.job_id}\b", down.stderr), down.stderr
+    assert down.stdout == "local cluster stopped\n"
+    assert wait_no_processes(w.job_dir, 5) == []
+    assert not any(_alive(p, "slurmstepd") for p in _pids_named("slurmstepd")
+                   if f"SLURM_CONF={three.conf}".encode() in _environ(p))
+    w.proc.kill()
+    w.proc.communicate()
+
+
+def _pids_named(comm: str) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if Path(f"/proc/{entry}/comm").read_text().strip() == comm:
+                    out.append(int(entry))
+            except OSError:
+                pass
+    return out
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
