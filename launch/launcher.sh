@@ -104,7 +104,6 @@ kit::answer_hang() {
   KIT_STOP_TIMEOUT=2 kit::stop "${KIT_MAIN_PID}"
 }
 
-KIT_STOPPING=0
 # kit::deliver SIG PID: send the warning once PID catches it (a trainer
 # installs its handler only after its imports, and the default action of
 # USR1 is to die), or after KIT_SIGNAL_GRACE seconds if it never does.
@@ -181,8 +180,11 @@ elif (( KIT_STOPPING && KIT_RC == 0 )); then
   kit::log "the command exited 0 after a stop signal: exiting 143"
   KIT_RC=143
 fi
-if (( KIT_RC != 0 && ! KIT_STOPPING )); then
-  # This rank failed by itself (not stopped by kit): prelaunch reports the first such code.
-  printf '%s %s %s\n' "$(date +%s%N)" "${RANK}" "${KIT_RC}" >"${KIT_LOG_DIR}/exit.r${KIT_RESTART:-0}.rank-${RANK}"
-fi
+# How this rank ended, for prelaunch: the first rank that failed by itself
+# gives the job its code, and the work is finished only when every rank
+# says its command ended by itself with 0 (srun alone may exit 0 after a
+# node failure killed its tasks).
+KIT_HOW=self
+if (( KIT_STOPPING )); then KIT_HOW=stopped; fi
+printf '%s %s %s %s\n' "$(date +%s%N)" "${RANK}" "${KIT_RC}" "${KIT_HOW}" >"${KIT_LOG_DIR}/exit.r${KIT_RESTART:-0}.rank-${RANK}"
 exit "${KIT_RC}"

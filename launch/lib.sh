@@ -39,9 +39,12 @@ kit::nap() {
   wait "$!" || true
 }
 
-# kit::helper_traps: for a helper run as `func &`: TERM ends it and its nap.
+# kit::helper_traps: for a helper run as `func &`: TERM ends it and its nap;
+# the warning signals, which Slurm sends to the task's whole process group,
+# do not.
 kit::helper_traps() {
   trap 'kill "$!" 2>/dev/null; exit 0' TERM
+  trap '' USR1 USR2
   trap - INT EXIT
 }
 
@@ -121,8 +124,12 @@ kit::forward() {
 
 # kit::wait_for PID: wait until PID exits, even when trapped signals
 # interrupt `wait`; the exit status lands in KIT_RC. A trap sets
-# KIT_INTERRUPTED; an interrupted `wait` returns 128+n (or -1 in some bash 5.2
-# races) and is asked again: the child's own status is still there for it.
+# KIT_INTERRUPTED; an interrupted `wait` returns 128+n and is asked again:
+# the child's own status is still there for it. bash 5.2 can also make `wait`
+# return -1 when a trapped signal lands as the child exits, and then keep
+# returning -1 for good (the status is lost): once the child is gone, that
+# ends the wait with 143 when the task is being stopped, else 255, and says so
+# (asking forever was the launcher that spun at 100 % of a core after scancel).
 KIT_RC=0
 KIT_INTERRUPTED=0
 kit::wait_for() {
@@ -130,8 +137,15 @@ kit::wait_for() {
   while :; do
     KIT_INTERRUPTED=0
     if wait "${pid}"; then KIT_RC=0; else KIT_RC=$?; fi
-    if (( KIT_RC < 0 || (KIT_INTERRUPTED && KIT_RC > 128) )); then continue; fi
+    if (( KIT_RC < 0 )); then
+      kit::running "${pid}" && continue
+      if (( KIT_STOPPING )); then KIT_RC=143; else KIT_RC=255; fi
+      kit::log "the exit status of process ${pid} was lost (bash wait returned -1): taking ${KIT_RC}"
+      return 0
+    fi
+    if (( KIT_INTERRUPTED && KIT_RC > 128 )); then continue; fi
     return 0
   done
 }
+KIT_STOPPING=0
 # ---- end of launch/lib.sh ----

@@ -160,14 +160,13 @@ fi
 # (TERM/INT: cancel, requeue, preemption, time limit) or the warning signal.
 # Either one means the work is not known to be finished.
 KIT_WARNED=0
-KIT_STOPPED=0
 kit::on_signal() {
   KIT_INTERRUPTED=1
   if [[ "$1" == "${KIT_WARNING_SIGNAL}" ]]; then
     KIT_WARNED=1
     kit::log "got SIG$1: the time limit is near; passing it to the job step"
   else
-    KIT_STOPPED=1
+    KIT_STOPPING=1
     kit::log "got SIG$1: stopping the job step (cancelled, requeued, preempted or at the time limit)"
   fi
   kit::forward "$1"
@@ -244,9 +243,19 @@ kit::requeue() {
 # this run (srun itself reports the highest code, often that of a rank it
 # stopped because another one failed).
 kit::first_failure() {
+  kit::rank_ends | awk '$4 == "self" && $3 != 0' | sort -n | awk 'NR == 1 { print $3; found = 1 } END { exit !found }'
+}
+
+# kit::all_ranks_done: did every rank's command end by itself with 0 in this run?
+kit::all_ranks_done() {
+  kit::rank_ends | awk -v world="${KIT_WORLD_SIZE}" '$4 == "self" && $3 == 0 { n++ } END { exit !(n == world) }'
+}
+
+# kit::rank_ends: the launchers' records of how each rank ended in this run.
+kit::rank_ends() {
   local -a files=("${KIT_LOG_DIR}/exit.r${KIT_RESTART}.rank-"*)
-  [[ -e "${files[0]}" ]] || return 1
-  sort -n "${files[@]}" | awk 'NR == 1 { print $3 }'
+  [[ -e "${files[0]}" ]] || return 0
+  cat "${files[@]}"
 }
 # kit::watch_progress STEP_PID: the hang watchdog, in the background while the
 # step runs. Each rank's command touches its KIT_PROGRESS_FILE as it makes
@@ -368,7 +377,7 @@ if (( ${#KIT_CONTAINER_ENV[@]} > 0 )); then
   done
   KIT_STEP_ARGS+=("--container-env=$(IFS=,; printf '%s' "${KIT_SET_NAMES[*]}")")
 fi
-if (( KIT_STOPPED )); then
+if (( KIT_STOPPING )); then
   kit::log "stopped before the job step started"
   exit 143
 fi
@@ -384,6 +393,13 @@ fi
 kit::wait_for "${KIT_MAIN_PID}"
 KIT_MAIN_PID=
 rc="${KIT_RC}"
+# srun turns a TERM of its own (every process of the batch step gets one when
+# the job is cancelled, requeued or out of time) into SIGKILL for the tasks, so
+# their sidecars may not have cleaned up: no exporter target of this run may
+# outlive it.
+if [[ -n "${KIT_PROMETHEUS_TARGETS-}" ]]; then
+  rm -f "${KIT_PROMETHEUS_TARGETS}/kit-${SLURM_JOB_ID}-"*.json
+fi
 if (( rc != 0 )) && KIT_FIRST_RC="$(kit::first_failure)" && [[ "${KIT_FIRST_RC}" != "${rc}" ]]; then
   kit::log "srun exited ${rc}; the first rank to fail exited ${KIT_FIRST_RC}"
   rc="${KIT_FIRST_RC}"
@@ -406,14 +422,18 @@ elif (( KIT_WARNED )); then
     # Stopped before the work was done: never report success.
     if [[ -n "${KIT_END_CODE}" ]]; then rc="${KIT_END_CODE}"; elif (( rc == 0 )); then rc="${KIT_EXIT_BUDGET_SPENT}"; fi
   fi
-elif (( KIT_STOPPED )); then
+elif (( KIT_STOPPING )); then
   kit::record_run stopped "${rc}"
   kit::log "step ended with exit ${rc} after a stop signal; the work is not finished"
   if (( rc == 0 )); then rc=143; fi
-elif (( rc == 0 )); then
+elif (( rc == 0 )) && kit::all_ranks_done; then
   : >"${KIT_FINISHED_FILE}"
   kit::record_run finished 0
   kit::log "step ended with exit 0; the work is finished"
+elif (( rc == 0 )); then
+  kit::record_run incomplete 0
+  kit::log "srun exited 0, but not every rank's command ended with 0 by itself (a node failed, or a task was killed): the work is not finished"
+  rc="${KIT_EXIT_INCOMPLETE}"
 else
   kit::record_run failed "${rc}"
   kit::log "step ended with exit ${rc}"

@@ -82,6 +82,17 @@ def submit(tmp_path: Path, *args: str, command: list[str], timeout: float = 300)
     return json.loads(proc.stdout)
 
 
+def task_env(job_dir: Path, rank: int = 0, ntasks: int = 1, **extra: str) -> dict:
+    """What srun gives one task of a job directory's step, plus what prelaunch exports."""
+    progress = job_dir / "progress" / "r0"
+    progress.mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0", "SLURM_NTASKS": str(ntasks),
+            "SLURM_NTASKS_PER_NODE": "1", "SLURM_NODEID": str(rank), "SLURM_JOB_ID": "7",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "KIT_JOB_DIR": str(job_dir),
+            "KIT_LOG_DIR": str(job_dir / "logs"), "KIT_PROGRESS_DIR": str(progress),
+            "KIT_HANG_DIR": str(job_dir / "hang" / "r0"), "KIT_WARNING_SIGNAL": "USR1", **extra}
+
+
 def job_processes(job_dir: str | Path) -> list[tuple[int, str]]:
     """Live processes that belong to a job: its KIT_JOB_DIR in their environment
     or the job directory in their command line."""
@@ -115,6 +126,35 @@ def wait_no_processes(job_dir, timeout: float) -> list[tuple[int, str]]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
+
+
+def stepds_of(job_id: str) -> list[int]:
+    """slurmstepd processes still serving any step of ``job_id`` (any cluster on this host)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if cmd.startswith(f"slurmstepd: [{job_id}.".encode()):
+                found.append(int(entry))
+    return found
+
+
+def release_requeued(cluster, job_id: str, job_dir, restarts: int = 1) -> None:
+    """Start a requeued job now instead of after Slurm's ~3-minute BeginTime hold.
+
+    Only once its earlier run is gone (processes and slurmstepds: a node whose
+    stepd still holds the job is drained as a duplicate) plus 2 s (slurmd
+    rejects a credential issued in the same second as the revocation).
+    """
+    wait_for(lambda: slurm.job_status(cluster.target, job_id).restarts == restarts, 90, what="the requeue")
+    assert wait_no_processes(job_dir, 45) == []
+    wait_for(lambda: not stepds_of(job_id), 45, what="the earlier run's slurmstepd to end")
+    time.sleep(2)
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+                   env={**os.environ, **cluster.target.env}, check=True, capture_output=True)
 
 
 def wait_for(predicate, timeout: float, poll: float = 0.2, what: str = "condition"):

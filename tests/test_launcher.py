@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from conftest import wait_for
+from conftest import task_env, wait_for
 
 from kit import launch
 from kit.core import spec as specs
@@ -18,12 +17,7 @@ from kit.core import spec as specs
 def start(tmp_path: Path, command: list[str], extra_env: dict | None = None) -> tuple[subprocess.Popen, Path]:
     job = specs.resolve(specs.JobSpec(command=command, output_dir=str(tmp_path / "jobs")))
     job_dir = launch.prepare(job).job_dir
-    (job_dir / "progress" / "r0").mkdir(parents=True)
-    env = {**os.environ, "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2",
-           "SLURM_NTASKS_PER_NODE": "1", "SLURM_NODEID": "1", "SLURM_JOB_ID": "7", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": "29500", "KIT_JOB_DIR": str(job_dir), "KIT_LOG_DIR": str(job_dir / "logs"),
-           "KIT_PROGRESS_DIR": str(job_dir / "progress" / "r0"), "KIT_HANG_DIR": str(job_dir / "hang" / "r0"),
-           "KIT_WARNING_SIGNAL": "USR1", **(extra_env or {})}
+    env = task_env(job_dir, rank=1, ntasks=2, **(extra_env or {}))
     proc = subprocess.Popen(["bash", str(job_dir / "launcher.sh")], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     return proc, job_dir
@@ -61,7 +55,8 @@ def test_term_stops_the_command_and_is_not_recorded_as_a_failure(tmp_path):
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGTERM
-    assert list((job_dir / "logs").glob("exit.*")) == []
+    _, rank, rc, how = (job_dir / "logs" / "exit.r0.rank-1").read_text().split()
+    assert (rank, rc, how) == ("1", "143", "stopped")
 
 
 def test_a_failing_command_is_recorded_for_prelaunch(tmp_path):
@@ -69,5 +64,5 @@ def test_a_failing_command_is_recorded_for_prelaunch(tmp_path):
     proc.communicate(timeout=30)
     assert proc.returncode == 5
     (record,) = (job_dir / "logs").glob("exit.r0.rank-1")
-    _, rank, rc = record.read_text().split()
-    assert (rank, rc) == ("1", "5")
+    _, rank, rc, how = record.read_text().split()
+    assert (rank, rc, how) == ("1", "5", "self")

@@ -14,13 +14,13 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import (Waiting, check_end, job_processes, launch_wait, read_logs, runs, scancel, scontrol, state_is,
-                      wait_for, wait_no_processes)
+from conftest import (Waiting, check_end, job_processes, launch_wait, read_logs, release_requeued, runs, scancel,
+                      scontrol, state_is, wait_for)
 
 from kit import slurm
 from kit.core import outcome
@@ -35,13 +35,8 @@ def wait_ready(w: Waiting, ranks: int = 1) -> None:
 
 
 def release_after_first_run(cluster, w: Waiting) -> None:
-    """Slurm holds a requeued job ~3 minutes (BeginTime); release it once the
-    first run is gone plus a second (slurmd rejects a same-second credential)."""
-    wait_for(lambda: slurm.job_status(cluster.target, w.job_id).restarts == 1, 60, what="the requeue")
-    assert wait_no_processes(w.job_dir, 45) == []
+    release_requeued(cluster, w.job_id, w.job_dir)
     assert not (w.job_dir / "FINISHED").exists()
-    time.sleep(2)
-    scontrol(cluster, "update", f"JobId={w.job_id}", "StartTime=now")
 
 
 def rank_process(job_dir: Path, rank: int, needle: str) -> int | None:
@@ -105,6 +100,15 @@ def row_requeued_by_admin(cluster, tmp_path):
               ends=["stopped", "finished"])
 
 
+def resume(cluster, node: str) -> None:
+    """Bring a node set DOWN back (ReturnToService=2 may have done it already)."""
+    subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env={**os.environ, **cluster.target.env},
+                   capture_output=True)
+    wait_for(lambda: "idle" in subprocess.run(["sinfo", "--noheader", "--Node", f"--nodes={node}", "--format=%T"],
+                                              env={**os.environ, **cluster.target.env}, capture_output=True,
+                                              text=True).stdout, 30, what=f"{node} to be idle again")
+
+
 def node_of(cluster, job_id: str) -> str:
     return wait_for(lambda: slurm.job_status(cluster.target, job_id).nodes, 30)
 
@@ -115,9 +119,11 @@ def row_node_failure_without_requeue(cluster, tmp_path):
     node = node_of(cluster, w.job_id)
     scontrol(cluster, "update", f"NodeName={node}", "State=DOWN", "Reason=kit-test")
     try:
-        check_end(cluster, w, state="NODE_FAIL", code=outcome.NODE_FAILED, finished=False, log=None, ends=["stopped"])
+        check_end(cluster, w, state="NODE_FAIL", code=outcome.NODE_FAILED, finished=False, log=None, ends=None)
+        # srun may exit 0 when its node fails, before the stop reaches prelaunch: never "finished".
+        assert [r["end"] for r in runs(w.job_dir)] in (["incomplete"], ["stopped"])
     finally:
-        scontrol(cluster, "update", f"NodeName={node}", "State=RESUME")
+        resume(cluster, node)
 
 
 def row_node_failure_requeued(cluster, tmp_path):
@@ -128,11 +134,11 @@ def row_node_failure_requeued(cluster, tmp_path):
     scontrol(cluster, "update", f"NodeName={node}", "State=DOWN", "Reason=kit-test")
     try:
         release_after_first_run(cluster, w)
-        err = check_end(cluster, w, state="COMPLETED", code=0, finished=True, log="0: second run on",
-                        ends=["stopped", "finished"])
+        err = check_end(cluster, w, state="COMPLETED", code=0, finished=True, log="0: second run on", ends=None)
+        assert [r["end"] for r in runs(w.job_dir)] in (["incomplete", "finished"], ["stopped", "finished"])
         assert "after 1 restart(s)" in err
     finally:
-        scontrol(cluster, "update", f"NodeName={node}", "State=RESUME")
+        resume(cluster, node)
 
 
 def row_rank_killed(cluster, tmp_path):
@@ -160,10 +166,7 @@ def row_no_progress(cluster, tmp_path):
     # does not advance it ends the retries, with budget left.
     w = launch_wait(tmp_path, "--max-restarts", "5", "--hang-timeout", "3", command=["bash", "-c", NO_PROGRESS])
     for restart in (1, 2):
-        wait_for(lambda: slurm.job_status(cluster.target, w.job_id).restarts == restart, 60, what="a requeue")
-        assert wait_no_processes(w.job_dir, 45) == []
-        time.sleep(2)
-        scontrol(cluster, "update", f"JobId={w.job_id}", "StartTime=now")
+        release_requeued(cluster, w.job_id, w.job_dir, restart)
     check_end(cluster, w, state="FAILED", code=outcome.NO_PROGRESS, finished=False,
               log="the checkpoint step did not advance in this run or the one before (still 5): not requeueing again",
               ends=["hang", "hang", "hang"])

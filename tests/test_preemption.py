@@ -1,8 +1,10 @@
 """The preemption plan, on real time limits (done-means 4).
 
-Three 1-minute jobs run side by side, each told to expect the warning 45 s
+Four 1-minute jobs run side by side, each told to expect the warning 45 s
 before its limit: one that resumes after a requeue, one with no retry
-budget, and one whose work is already finished when the warning comes.
+budget, one whose work is already finished when the warning comes, and one
+that ignores the warning (the rows of the README's outcome table that need a
+real time limit).
 """
 
 from __future__ import annotations
@@ -11,13 +13,13 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import read_logs, submit, wait_for, wait_no_processes
+from conftest import read_logs, release_requeued, submit, wait_for, wait_no_processes
 
 from kit import slurm
+from kit.core import outcome
 
 TRAIN = [sys.executable, "-m", "kit.train", "--checkpoint-every", "0", "--log-every", "10"]
 WARN = ["--time", "1", "--signal-lead", "45", "--heartbeat", "5"]
@@ -33,12 +35,10 @@ def jobs(cluster, tmp_path_factory):
         # Its work is done at once; it then waits for the warning and exits 0.
         "finished": submit(tmp, "--nodes", "1", "--max-restarts", "3", *WARN,
                            command=["bash", "-c", 'trap "exit 0" USR1; touch "$KIT_FINISHED_FILE"; sleep 300 & wait']),
+        # Ignores the warning: Slurm kills it at the time limit.
+        "timeout": submit(tmp, "--nodes", "1", "--max-restarts", "0", *WARN,
+                          command=["bash", "-c", 'trap "" USR1; sleep 300']),
     }
-
-
-def scontrol(cluster, *args):
-    return subprocess.run(["scontrol", *args], env={**os.environ, **cluster.target.env},
-                          capture_output=True, text=True, check=True)
 
 
 def test_warning_checkpoints_requeues_and_resumes_from_the_saved_step(cluster, jobs):
@@ -61,9 +61,7 @@ def test_warning_checkpoints_requeues_and_resumes_from_the_saved_step(cluster, j
     # only once the first run is gone and a second has passed: slurmd rejects a
     # credential issued in the same second as the previous run's revocation
     # ("Job credential revoked") and the job would fail.
-    assert wait_no_processes(job_dir, 30) == []
-    time.sleep(2)
-    scontrol(cluster, "update", f"JobId={job_id}", "StartTime=now")
+    release_requeued(cluster, job_id, job_dir)
 
     def resumed():
         path = job_dir / "logs" / "rank-0.r1.log"
@@ -82,7 +80,7 @@ def test_warning_checkpoints_requeues_and_resumes_from_the_saved_step(cluster, j
     merged = read_logs(job_dir)
     assert "run 0: 2 node(s)" in merged and "run 1: 2 node(s)" in merged
     subprocess.run(["scancel", job_id], env={**os.environ, **cluster.target.env}, check=True)
-    slurm.wait(cluster.target, job_id, timeout=30)
+    slurm.wait(cluster.target, job_id, timeout=90)
     assert wait_no_processes(job_dir, 5) == []
 
 
@@ -106,3 +104,13 @@ def test_finished_job_is_never_requeued(cluster, jobs):
     assert "the work is finished" in logs and "requeueing" not in logs
     assert (end.state, end.exit_code) == ("COMPLETED", 0)
     assert (Path(job["job_dir"]) / "FINISHED").exists()
+
+
+def test_time_limit_without_acting_on_the_warning_is_a_timeout(cluster, jobs):
+    job = jobs["timeout"]
+    end = slurm.wait(cluster.target, job["job_id"], timeout=200)
+    result = slurm.job_outcome(end, Path(job["job_dir"]))
+    assert (end.state, result.exit_code) == ("TIMEOUT", outcome.TIME_LIMIT), read_logs(job["job_dir"])
+    assert not (Path(job["job_dir"]) / "FINISHED").exists()
+    assert "got SIGUSR1" in read_logs(job["job_dir"])
+    assert wait_no_processes(job["job_dir"], 15) == []

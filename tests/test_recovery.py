@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import check_end, kit, launch_wait, read_logs, require, wait_for, wait_no_processes
+from conftest import check_end, kit, launch_wait, read_logs, release_requeued, require, wait_for, wait_no_processes
 
 from kit import slurm
 from kit.cluster import LocalCluster, _alive
@@ -77,10 +77,7 @@ def test_hung_rank_is_caught_dumped_and_requeued_off_its_node(three, tmp_path):
     assert f"hang: rank 1 on {suspect}" in logs
     assert f"the next run leaves out {suspect}" in logs
     assert suspect in slurm.job_status(three.target, w.job_id).excluded_nodes
-    assert wait_no_processes(w.job_dir, 15) == []
-    time.sleep(2)
-    subprocess.run(["scontrol", "update", f"JobId={w.job_id}", "StartTime=now"], env={**os.environ, **three.target.env},
-                   check=True)
+    release_requeued(three, w.job_id, w.job_dir)
     err = check_end(three, w, state="COMPLETED", code=0, finished=True, log="done at step=300",
                     ends=["hang", "finished"])
     assert "after 1 restart(s)" in err

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import require, submit
+from conftest import require, task_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -89,10 +89,7 @@ DUMP = ("import json, os, sys; json.dump({'argv': sys.argv[1:], 'value': os.envi
 
 def run_launcher_directly(job_dir: Path) -> subprocess.CompletedProcess:
     """The launcher as one task would run it, with Slurm's task variables set."""
-    env = {**os.environ, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1",
-           "SLURM_NTASKS_PER_NODE": "1", "SLURM_NODEID": "0", "SLURM_JOB_ID": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": "29500", "KIT_JOB_DIR": str(job_dir), "KIT_LOG_DIR": str(job_dir / "logs"),
-           "USER_VALUE": "from-test"}
+    env = task_env(job_dir, USER_VALUE="from-test")
     return subprocess.run(["bash", str(job_dir / "launcher.sh")], env=env, capture_output=True, text=True,
                           timeout=30)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 FINISHED = 0
 LOST = 69            # the scheduler no longer knows the job (or was unreachable too long) and it did not finish
-INCONSISTENT = 70    # the scheduler says COMPLETED but the work is not marked finished
+INCONSISTENT = 70    # success reported (srun's 0, or COMPLETED) that not every rank confirms: not finished
 BUDGET_SPENT = 75    # stopped by the time limit's warning (or requeued by Slurm) with no restart left
 NO_PROGRESS = 76     # two runs in a row ended without the checkpoint step advancing
 HUNG = 77            # a rank stopped making progress and no restart was left
@@ -24,12 +24,13 @@ PREEMPTED = 81       # preempted and not requeued
 OUT_OF_MEMORY = 82   # the scheduler's out-of-memory state (cgroup limit)
 
 # Codes prelaunch.sh decides itself (rendered into it, one definition).
-PRELAUNCH_CODES = {"BUDGET_SPENT": BUDGET_SPENT, "NO_PROGRESS": NO_PROGRESS, "HUNG": HUNG}
+PRELAUNCH_CODES = {"BUDGET_SPENT": BUDGET_SPENT, "NO_PROGRESS": NO_PROGRESS, "HUNG": HUNG,
+                   "INCOMPLETE": INCONSISTENT}
 
 MEANING = {
     FINISHED: "the work finished",
     LOST: "the scheduler lost track of the job before it finished",
-    INCONSISTENT: "reported complete, but the work is not marked finished",
+    INCONSISTENT: "a success was reported that not every rank confirms: the work is not finished",
     BUDGET_SPENT: "stopped before finishing: the retry budget is spent",
     NO_PROGRESS: "stopped requeueing: two runs in a row ended without the checkpoint step advancing",
     HUNG: "a rank stopped making progress (hang) and the retry budget is spent",

@@ -175,13 +175,23 @@ def job_status(target: Target, job_id: str) -> JobStatus:
                        hint="kit reads job states with squeue --json (Slurm 21.08 or newer)") from None
     for j in jobs:
         if str(j.get("job_id")) == job_id:
-            return JobStatus(job_id=job_id, state=str(j.get("job_state") or "UNKNOWN"),
+            state = str(j.get("job_state") or "UNKNOWN")
+            if state in TERMINAL_STATES and _completing(target, job_id):
+                state = "COMPLETING"  # JSON shows the end state while processes are still being killed
+            return JobStatus(job_id=job_id, state=state,
                              exit_code=_wait_status(int(j.get("exit_code") or 0)),
                              restarts=int(j.get("restart_cnt") or 0), requeue=bool(j.get("requeue")),
                              nodes=str(j.get("nodes") or ""), reason=str(j.get("state_reason") or ""),
                              start_time=int(j.get("start_time") or 0), end_time=int(j.get("end_time") or 0),
                              excluded_nodes=str(j.get("excluded_nodes") or ""))
     return JobStatus(job_id=job_id, state="GONE")
+
+
+def _completing(target: Target, job_id: str) -> bool:
+    """Is the job still COMPLETING (squeue's one-word state: nothing user-made can fake it)?"""
+    proc = target.run(["squeue", "--noheader", f"--jobs={job_id}", "--states=all", "--format=%T"],
+                      check=False, timeout=60)
+    return proc.returncode == 0 and proc.stdout.strip() == "COMPLETING"
 
 
 # States from which Slurm may still requeue the job by itself (a job with

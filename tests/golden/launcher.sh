@@ -50,9 +50,12 @@ kit::nap() {
   wait "$!" || true
 }
 
-# kit::helper_traps: for a helper run as `func &`: TERM ends it and its nap.
+# kit::helper_traps: for a helper run as `func &`: TERM ends it and its nap;
+# the warning signals, which Slurm sends to the task's whole process group,
+# do not.
 kit::helper_traps() {
   trap 'kill "$!" 2>/dev/null; exit 0' TERM
+  trap '' USR1 USR2
   trap - INT EXIT
 }
 
@@ -132,8 +135,12 @@ kit::forward() {
 
 # kit::wait_for PID: wait until PID exits, even when trapped signals
 # interrupt `wait`; the exit status lands in KIT_RC. A trap sets
-# KIT_INTERRUPTED; an interrupted `wait` returns 128+n (or -1 in some bash 5.2
-# races) and is asked again: the child's own status is still there for it.
+# KIT_INTERRUPTED; an interrupted `wait` returns 128+n and is asked again:
+# the child's own status is still there for it. bash 5.2 can also make `wait`
+# return -1 when a trapped signal lands as the child exits, and then keep
+# returning -1 for good (the status is lost): once the child is gone, that
+# ends the wait with 143 when the task is being stopped, else 255, and says so
+# (asking forever was the launcher that spun at 100 % of a core after scancel).
 KIT_RC=0
 KIT_INTERRUPTED=0
 kit::wait_for() {
@@ -141,10 +148,17 @@ kit::wait_for() {
   while :; do
     KIT_INTERRUPTED=0
     if wait "${pid}"; then KIT_RC=0; else KIT_RC=$?; fi
-    if (( KIT_RC < 0 || (KIT_INTERRUPTED && KIT_RC > 128) )); then continue; fi
+    if (( KIT_RC < 0 )); then
+      kit::running "${pid}" && continue
+      if (( KIT_STOPPING )); then KIT_RC=143; else KIT_RC=255; fi
+      kit::log "the exit status of process ${pid} was lost (bash wait returned -1): taking ${KIT_RC}"
+      return 0
+    fi
+    if (( KIT_INTERRUPTED && KIT_RC > 128 )); then continue; fi
     return 0
   done
 }
+KIT_STOPPING=0
 # ---- end of launch/lib.sh ----
 
 # Slurm's task variables, under the names torch.distributed and Lightning read.
@@ -245,7 +259,6 @@ kit::answer_hang() {
   KIT_STOP_TIMEOUT=2 kit::stop "${KIT_MAIN_PID}"
 }
 
-KIT_STOPPING=0
 # kit::deliver SIG PID: send the warning once PID catches it (a trainer
 # installs its handler only after its imports, and the default action of
 # USR1 is to die), or after KIT_SIGNAL_GRACE seconds if it never does.
@@ -322,8 +335,11 @@ elif (( KIT_STOPPING && KIT_RC == 0 )); then
   kit::log "the command exited 0 after a stop signal: exiting 143"
   KIT_RC=143
 fi
-if (( KIT_RC != 0 && ! KIT_STOPPING )); then
-  # This rank failed by itself (not stopped by kit): prelaunch reports the first such code.
-  printf '%s %s %s\n' "$(date +%s%N)" "${RANK}" "${KIT_RC}" >"${KIT_LOG_DIR}/exit.r${KIT_RESTART:-0}.rank-${RANK}"
-fi
+# How this rank ended, for prelaunch: the first rank that failed by itself
+# gives the job its code, and the work is finished only when every rank
+# says its command ended by itself with 0 (srun alone may exit 0 after a
+# node failure killed its tasks).
+KIT_HOW=self
+if (( KIT_STOPPING )); then KIT_HOW=stopped; fi
+printf '%s %s %s %s\n' "$(date +%s%N)" "${RANK}" "${KIT_RC}" "${KIT_HOW}" >"${KIT_LOG_DIR}/exit.r${KIT_RESTART:-0}.rank-${RANK}"
 exit "${KIT_RC}"

@@ -51,9 +51,12 @@ kit::nap() {
   wait "$!" || true
 }
 
-# kit::helper_traps: for a helper run as `func &`: TERM ends it and its nap.
+# kit::helper_traps: for a helper run as `func &`: TERM ends it and its nap;
+# the warning signals, which Slurm sends to the task's whole process group,
+# do not.
 kit::helper_traps() {
   trap 'kill "$!" 2>/dev/null; exit 0' TERM
+  trap '' USR1 USR2
   trap - INT EXIT
 }
 
@@ -133,8 +136,12 @@ kit::forward() {
 
 # kit::wait_for PID: wait until PID exits, even when trapped signals
 # interrupt `wait`; the exit status lands in KIT_RC. A trap sets
-# KIT_INTERRUPTED; an interrupted `wait` returns 128+n (or -1 in some bash 5.2
-# races) and is asked again: the child's own status is still there for it.
+# KIT_INTERRUPTED; an interrupted `wait` returns 128+n and is asked again:
+# the child's own status is still there for it. bash 5.2 can also make `wait`
+# return -1 when a trapped signal lands as the child exits, and then keep
+# returning -1 for good (the status is lost): once the child is gone, that
+# ends the wait with 143 when the task is being stopped, else 255, and says so
+# (asking forever was the launcher that spun at 100 % of a core after scancel).
 KIT_RC=0
 KIT_INTERRUPTED=0
 kit::wait_for() {
@@ -142,10 +149,17 @@ kit::wait_for() {
   while :; do
     KIT_INTERRUPTED=0
     if wait "${pid}"; then KIT_RC=0; else KIT_RC=$?; fi
-    if (( KIT_RC < 0 || (KIT_INTERRUPTED && KIT_RC > 128) )); then continue; fi
+    if (( KIT_RC < 0 )); then
+      kit::running "${pid}" && continue
+      if (( KIT_STOPPING )); then KIT_RC=143; else KIT_RC=255; fi
+      kit::log "the exit status of process ${pid} was lost (bash wait returned -1): taking ${KIT_RC}"
+      return 0
+    fi
+    if (( KIT_INTERRUPTED && KIT_RC > 128 )); then continue; fi
     return 0
   done
 }
+KIT_STOPPING=0
 # ---- end of launch/lib.sh ----
 
 readonly KIT_JOB_DIR=/jobs/golden-job
@@ -155,6 +169,7 @@ readonly KIT_WORLD_SIZE=16
 readonly KIT_EXIT_BUDGET_SPENT=75
 readonly KIT_EXIT_NO_PROGRESS=76
 readonly KIT_EXIT_HUNG=77
+readonly KIT_EXIT_INCOMPLETE=70
 readonly KIT_HEARTBEAT_SECONDS=60
 readonly KIT_PORT_LOW=29500
 readonly KIT_PORT_HIGH=30499
@@ -299,14 +314,13 @@ fi
 # (TERM/INT: cancel, requeue, preemption, time limit) or the warning signal.
 # Either one means the work is not known to be finished.
 KIT_WARNED=0
-KIT_STOPPED=0
 kit::on_signal() {
   KIT_INTERRUPTED=1
   if [[ "$1" == "${KIT_WARNING_SIGNAL}" ]]; then
     KIT_WARNED=1
     kit::log "got SIG$1: the time limit is near; passing it to the job step"
   else
-    KIT_STOPPED=1
+    KIT_STOPPING=1
     kit::log "got SIG$1: stopping the job step (cancelled, requeued, preempted or at the time limit)"
   fi
   kit::forward "$1"
@@ -383,9 +397,19 @@ kit::requeue() {
 # this run (srun itself reports the highest code, often that of a rank it
 # stopped because another one failed).
 kit::first_failure() {
+  kit::rank_ends | awk '$4 == "self" && $3 != 0' | sort -n | awk 'NR == 1 { print $3; found = 1 } END { exit !found }'
+}
+
+# kit::all_ranks_done: did every rank's command end by itself with 0 in this run?
+kit::all_ranks_done() {
+  kit::rank_ends | awk -v world="${KIT_WORLD_SIZE}" '$4 == "self" && $3 == 0 { n++ } END { exit !(n == world) }'
+}
+
+# kit::rank_ends: the launchers' records of how each rank ended in this run.
+kit::rank_ends() {
   local -a files=("${KIT_LOG_DIR}/exit.r${KIT_RESTART}.rank-"*)
-  [[ -e "${files[0]}" ]] || return 1
-  sort -n "${files[@]}" | awk 'NR == 1 { print $3 }'
+  [[ -e "${files[0]}" ]] || return 0
+  cat "${files[@]}"
 }
 # kit::watch_progress STEP_PID: the hang watchdog, in the background while the
 # step runs. Each rank's command touches its KIT_PROGRESS_FILE as it makes
@@ -507,7 +531,7 @@ if (( ${#KIT_CONTAINER_ENV[@]} > 0 )); then
   done
   KIT_STEP_ARGS+=("--container-env=$(IFS=,; printf '%s' "${KIT_SET_NAMES[*]}")")
 fi
-if (( KIT_STOPPED )); then
+if (( KIT_STOPPING )); then
   kit::log "stopped before the job step started"
   exit 143
 fi
@@ -523,6 +547,13 @@ fi
 kit::wait_for "${KIT_MAIN_PID}"
 KIT_MAIN_PID=
 rc="${KIT_RC}"
+# srun turns a TERM of its own (every process of the batch step gets one when
+# the job is cancelled, requeued or out of time) into SIGKILL for the tasks, so
+# their sidecars may not have cleaned up: no exporter target of this run may
+# outlive it.
+if [[ -n "${KIT_PROMETHEUS_TARGETS-}" ]]; then
+  rm -f "${KIT_PROMETHEUS_TARGETS}/kit-${SLURM_JOB_ID}-"*.json
+fi
 if (( rc != 0 )) && KIT_FIRST_RC="$(kit::first_failure)" && [[ "${KIT_FIRST_RC}" != "${rc}" ]]; then
   kit::log "srun exited ${rc}; the first rank to fail exited ${KIT_FIRST_RC}"
   rc="${KIT_FIRST_RC}"
@@ -545,14 +576,18 @@ elif (( KIT_WARNED )); then
     # Stopped before the work was done: never report success.
     if [[ -n "${KIT_END_CODE}" ]]; then rc="${KIT_END_CODE}"; elif (( rc == 0 )); then rc="${KIT_EXIT_BUDGET_SPENT}"; fi
   fi
-elif (( KIT_STOPPED )); then
+elif (( KIT_STOPPING )); then
   kit::record_run stopped "${rc}"
   kit::log "step ended with exit ${rc} after a stop signal; the work is not finished"
   if (( rc == 0 )); then rc=143; fi
-elif (( rc == 0 )); then
+elif (( rc == 0 )) && kit::all_ranks_done; then
   : >"${KIT_FINISHED_FILE}"
   kit::record_run finished 0
   kit::log "step ended with exit 0; the work is finished"
+elif (( rc == 0 )); then
+  kit::record_run incomplete 0
+  kit::log "srun exited 0, but not every rank's command ended with 0 by itself (a node failed, or a task was killed): the work is not finished"
+  rc="${KIT_EXIT_INCOMPLETE}"
 else
   kit::record_run failed "${rc}"
   kit::log "step ended with exit ${rc}"
