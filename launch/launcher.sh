@@ -120,9 +120,25 @@ kit::deliver() {
   kill -s "${sig}" "${pid}" 2>/dev/null || true
 }
 KIT_WARNING_PENDING=0
+# kit::kill_after SECONDS PID: KILL the command's group when it has not
+# stopped SECONDS after the stop signal (a DDP rank whose peer is gone can
+# hang in teardown): this launcher then still tears its sidecars down before
+# Slurm's KillWait (30 s by default) kills everything.
+kit::kill_after() {
+  local -r grace="$1" pid="$2"
+  kit::helper_traps
+  kit::nap "${grace}"
+  kit::running "${pid}" || return 0
+  kit::log "the command did not stop ${grace} s after the stop signal: killing it"
+  kill -KILL -- "-${pid}" 2>/dev/null || kill -KILL "${pid}" 2>/dev/null || true
+}
 kit::on_signal() {
   KIT_INTERRUPTED=1
   if [[ "$1" != "${KIT_WARNING_SIGNAL:-USR1}" ]]; then
+    if (( ! KIT_STOPPING )) && [[ -n "${KIT_MAIN_PID}" ]]; then
+      kit::kill_after "${KIT_STOP_GRACE:-20}" "${KIT_MAIN_PID}" &
+      KIT_BG_PIDS+=("$!")
+    fi
     KIT_STOPPING=1
     kit::forward "$1"
   elif [[ -n "${KIT_MAIN_PID}" ]]; then

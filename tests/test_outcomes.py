@@ -144,7 +144,7 @@ def row_node_failure_requeued(cluster, tmp_path):
 def row_rank_killed(cluster, tmp_path):
     w = launch_wait(tmp_path, "--nodes", "2", "--step-wait", "10", command=["bash", "-c", "echo ready; sleep 300"])
     wait_ready(w, 2)
-    os.kill(wait_for(lambda: rank_process(w.job_dir, 1, "echo ready"), 10), signal.SIGKILL)
+    os.kill(wait_for(lambda: rank_process(w.job_dir, 1, "sleep 300"), 10), signal.SIGKILL)
     check_end(cluster, w, state="FAILED", code=137, finished=False, log="step ended with exit 137", ends=["failed"])
 
 

@@ -498,6 +498,16 @@ trap 'kit::on_signal TERM' TERM
 trap 'kit::on_signal INT' INT
 trap 'kit::on_signal "${KIT_WARNING_SIGNAL}"' "${KIT_WARNING_SIGNAL}"
 
+# A run that Slurm ended with SIGKILL (after KillWait, or with its node)
+# left no line in runs.jsonl: say so, so the record has every run.
+KIT_LAST_RUN=""
+if [[ -e "${KIT_JOB_DIR}/runs.jsonl" ]]; then
+  KIT_LAST_RUN="$(tail -n 1 "${KIT_JOB_DIR}/runs.jsonl" | sed -n 's/^{"run": \([0-9]*\),.*/\1/p')"
+fi
+for (( KIT_RUN = ${KIT_LAST_RUN:--1} + 1; KIT_RUN < KIT_RESTART; KIT_RUN++ )); do
+  printf '{"run": %d, "end": "killed", "exit_code": -1, "checkpoint_step": %d, "advanced": null, "time": %d}\n' \
+    "${KIT_RUN}" "$(kit::checkpoint_step)" "$(date +%s)" >>"${KIT_JOB_DIR}/runs.jsonl"
+done
 KIT_START_STEP="$(kit::checkpoint_step)"
 KIT_RUN_ADVANCED=true
 KIT_END_CODE=
