@@ -118,7 +118,7 @@ def test_wait_rides_through_a_controller_restart(three, tmp_path):
     ctld = three.state().pids["slurmctld"]
     os.kill(ctld, signal.SIGKILL)
     wait_for(lambda: not _alive(ctld, "slurmctld"), 10)
-    time.sleep(4)  # --wait meets the outage
+    time.sleep(15)  # long enough for squeue to give up (it retries for ~9 s): --wait meets the outage
     up = kit("cluster", "up", env=three.env)
     assert up.returncode == 0 and "restarting slurmctld" in up.stderr, up.stderr
     err = check_end(three, w, state="COMPLETED", code=0, finished=True, log="done at step=500", ends=["finished"])

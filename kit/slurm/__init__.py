@@ -169,10 +169,15 @@ def job_status(target: Target, job_id: str) -> JobStatus:
             raise ControllerUnreachable("slurmctld is not answering", detail=proc.stderr.strip(), exit_code=1)
         raise KitError(f"squeue --json --jobs={job_id} failed", detail=proc.stderr.strip(), exit_code=1)
     try:
-        jobs = json.loads(proc.stdout)["jobs"]
+        data = json.loads(proc.stdout)
+        jobs, errors = data["jobs"], data.get("errors") or []
     except (ValueError, KeyError, TypeError):
         raise KitError("squeue --json printed no job list", detail=proc.stdout[:2000], exit_code=1,
                        hint="kit reads job states with squeue --json (Slurm 21.08 or newer)") from None
+    if errors:
+        # A controller that does not answer gives exit 0, no jobs and this list.
+        raise ControllerUnreachable("squeue could not load jobs", exit_code=1,
+                                    detail="; ".join(str(e.get("description") or e) for e in errors))
     for j in jobs:
         if str(j.get("job_id")) == job_id:
             state = str(j.get("job_state") or "UNKNOWN")

@@ -379,7 +379,8 @@ kit::requeue() {
     return 1
   fi
   if [[ -n "${suspect}" ]]; then
-    excluded="$(scontrol show job "${SLURM_JOB_ID}" 2>/dev/null | sed -n 's/.*ExcNodeList=\([^ ]*\).*/\1/p' | head -n 1)"
+    # The line that starts with ReqNodeList: no job name or path can stand there.
+    excluded="$(scontrol show job "${SLURM_JOB_ID}" 2>/dev/null | sed -n 's/^ *ReqNodeList=[^ ]* ExcNodeList=\([^ ]*\)$/\1/p' | head -n 1)"
     [[ "${excluded}" == "(null)" ]] && excluded=""
     excluded="${excluded:+${excluded},}${suspect}"
     total="$(sinfo --noheader --partition="${SLURM_JOB_PARTITION-}" --format=%D 2>/dev/null | awk '{ n += $1 } END { print n + 0 }')"
