@@ -33,6 +33,7 @@ export PYTHONUNBUFFERED="${PYTHONUNBUFFERED:-1}"
 if kit::truthy "${DEBUG:-0}"; then set -x; fi
 
 readonly KIT_COMMAND=( {{ command }} )
+readonly KIT_STOP_GRACE={{ stop_grace }}
 # Sidecars, three words each: name, a program that must exist ('' for none),
 # and the bash command that runs it. Local rank 0 starts them, one per node.
 # shellcheck disable=SC2016  # each command is expanded by its own bash
@@ -121,9 +122,9 @@ kit::deliver() {
 }
 KIT_WARNING_PENDING=0
 # kit::kill_after SECONDS PID: KILL the command's group when it has not
-# stopped SECONDS after the stop signal (a DDP rank whose peer is gone can
-# hang in teardown): this launcher then still tears its sidecars down before
-# Slurm's KillWait (30 s by default) kills everything.
+# stopped SECONDS after the stop signal (a DDP rank whose peer is gone hangs
+# in its teardown collective): this launcher then tears its sidecars down
+# long before Slurm's KillWait (30 s by default) kills everything.
 kit::kill_after() {
   local -r grace="$1" pid="$2"
   kit::helper_traps
@@ -136,7 +137,7 @@ kit::on_signal() {
   KIT_INTERRUPTED=1
   if [[ "$1" != "${KIT_WARNING_SIGNAL:-USR1}" ]]; then
     if (( ! KIT_STOPPING )) && [[ -n "${KIT_MAIN_PID}" ]]; then
-      kit::kill_after "${KIT_STOP_GRACE:-20}" "${KIT_MAIN_PID}" &
+      kit::kill_after "${KIT_STOP_GRACE}" "${KIT_MAIN_PID}" &
       KIT_BG_PIDS+=("$!")
     fi
     KIT_STOPPING=1

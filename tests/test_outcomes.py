@@ -109,6 +109,23 @@ def resume(cluster, node: str) -> None:
                                               text=True).stdout, 30, what=f"{node} to be idle again")
 
 
+def row_requeued_beyond_the_budget(cluster, tmp_path):
+    # Requeues by Slurm or an admin count against --max-restarts too.
+    w = launch_wait(tmp_path, "--max-restarts", "1", command=["bash", "-c", HOLD])
+    for restart in (1, 2):
+        wait_ready_in_run(w, restart - 1)
+        scontrol(cluster, "requeue", w.job_id)
+        release_requeued(cluster, w.job_id, w.job_dir, restart)
+    check_end(cluster, w, state="FAILED", code=outcome.BUDGET_SPENT, finished=False,
+              log="run 2: requeued more often than --max-restarts 1; retry budget spent, not running",
+              ends=["stopped", "stopped"])
+
+
+def wait_ready_in_run(w: Waiting, restart: int) -> None:
+    log = w.job_dir / "logs" / f"rank-0.r{restart}.log"
+    wait_for(lambda: log.exists() and "ready" in log.read_text(), 60, what=f"run {restart} to start")
+
+
 def node_of(cluster, job_id: str) -> str:
     return wait_for(lambda: slurm.job_status(cluster.target, job_id).nodes, 30)
 
@@ -174,8 +191,9 @@ def row_no_progress(cluster, tmp_path):
 
 
 ROWS = [row_completed, row_command_failed, row_cancelled_while_pending, row_cancelled_while_starting,
-        row_cancelled_while_running, row_requeued_by_admin, row_node_failure_without_requeue,
-        row_node_failure_requeued, row_rank_killed, row_hang_with_budget_spent, row_no_progress]
+        row_cancelled_while_running, row_requeued_by_admin, row_requeued_beyond_the_budget,
+        row_node_failure_without_requeue, row_node_failure_requeued, row_rank_killed, row_hang_with_budget_spent,
+        row_no_progress]
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.__name__[4:] for r in ROWS])

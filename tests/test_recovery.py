@@ -73,9 +73,8 @@ def test_hung_rank_is_caught_dumped_and_requeued_off_its_node(three, tmp_path):
         dump = (w.job_dir / "hang" / "r0" / f"rank-{rank}.txt").read_text()
         assert f"rank={rank} " in dump and "--- py-spy dump --pid" in dump and "MainThread" in dump, dump
     assert "state T (stopped)" in (w.job_dir / "hang" / "r0" / "rank-1.txt").read_text()
-    logs = read_logs(w.job_dir)
-    assert f"hang: rank 1 on {suspect}" in logs
-    assert f"the next run leaves out {suspect}" in logs
+    wait_for(lambda: f"the next run leaves out {suspect}" in read_logs(w.job_dir), 15, what="the exclusion")
+    assert f"hang: rank 1 on {suspect}" in read_logs(w.job_dir)
     assert suspect in slurm.job_status(three.target, w.job_id).excluded_nodes
     release_requeued(three, w.job_id, w.job_dir)
     err = check_end(three, w, state="COMPLETED", code=0, finished=True, log="done at step=300",

@@ -61,3 +61,11 @@ def test_merge_command_line_wins_and_env_merges():
     merged, o = specs.merge(base, specs.JobSpec(nodes=2, env={"B": "3"}), origins)
     assert merged.nodes == 2 and merged.env == {"A": "1", "B": "3"}
     assert o.label("nodes") == "--nodes" and o.label("time") == "--time"
+
+
+def test_kit_variables_are_reserved_except_the_documented_one():
+    with pytest.raises(KitError, match="names starting with KIT_ or SLURM_ are reserved"):
+        specs.resolve(specs.JobSpec(command=["true"], env={"KIT_JOB_DIR": "/x"}))
+    job = specs.resolve(specs.JobSpec(command=["true"], env={"KIT_EXPORTER_NAMING": "compat"}))
+    assert job.spec.env == {"KIT_EXPORTER_NAMING": "compat"}
+    assert (job.spec.stop_grace, job.spec.hang_timeout, job.spec.first_progress_timeout) == (3, 900, 3600)

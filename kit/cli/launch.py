@@ -50,6 +50,7 @@ def _str(name: str, help: str, metavar: str = "TEXT"):
 @_int("--hang-timeout", "Stop and requeue the run when a rank reports no progress for this many seconds; "
      "0: off [default: 900].")
 @_int("--first-progress-timeout", "The same before a rank's first progress in a run [default: 3600].")
+@_int("--stop-grace", "Seconds a command may take to exit after a stop signal before it is killed [default: 3].")
 @_int("--step-wait", "Seconds the other ranks may run on after one exits (srun --wait) [default: 60].")
 @_str("--image", "Run every task in this container image: a .sqsh path or docker://... (pyxis).", "IMAGE")
 @click.option("--mount", "mounts", multiple=True, metavar="SRC:DST[:FLAGS]",

@@ -56,6 +56,8 @@ class JobSpec:
     # first touch in a run) stops the step; 0 turns it off.
     hang_timeout: int | None = None
     first_progress_timeout: int | None = None
+    # Seconds a command may take to exit after a stop signal before it is killed.
+    stop_grace: int | None = None
     # Containers (pyxis): the flags go on the srun step.
     image: str | None = None
     mounts: list[str] | None = None
@@ -94,6 +96,7 @@ DEFAULTS: dict[str, Any] = {
     "step_wait": 60,
     "hang_timeout": 900,
     "first_progress_timeout": 3600,
+    "stop_grace": 3,
     "mounts": [],
     "container_env": [],
     "container_writable": False,
@@ -109,6 +112,8 @@ DEFAULTS: dict[str, Any] = {
 RESERVED_ENV = frozenset({
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
 })
+# kit's own variables a job may set with --env (the exporter reads it).
+USER_KIT_ENV = frozenset({"KIT_EXPORTER_NAMING"})
 # sbatch options kit sets itself from its own fields.
 OWNED_SBATCH = {
     "--nodes": "--nodes", "-N": "--nodes", "--ntasks-per-node": "--ntasks-per-node",
@@ -235,7 +240,8 @@ def load_job_file(path: str | Path) -> tuple[JobSpec, Origins]:
 
 
 _INT_FIELDS = {"nodes", "gpus_per_node", "ntasks_per_node", "cpus_per_task", "signal_lead",
-               "max_restarts", "heartbeat", "step_wait", "hang_timeout", "first_progress_timeout"}
+               "max_restarts", "heartbeat", "step_wait", "hang_timeout", "first_progress_timeout",
+               "stop_grace"}
 _STR_FIELDS = {"mem", "time", "partition", "account", "job_name", "output_dir", "signal",
                "port_range", "master_interface", "image", "container_workdir", "container_name",
                "exporter_ports", "prometheus_targets"}
@@ -337,6 +343,7 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
     at_least("step_wait", 1)
     at_least("hang_timeout", 0)
     at_least("first_progress_timeout", 0)
+    at_least("stop_grace", 1)
     if s.gpus_per_node and s.ntasks_per_node not in (1, s.gpus_per_node):
         raise err("ntasks_per_node",
                   f"{s.ntasks_per_node} tasks per node do not match {s.gpus_per_node} GPUs per node",
@@ -369,7 +376,7 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
         if key in RESERVED_ENV:
             raise KitError(f"{key} is set by the launcher from Slurm's variables", field=origins.label("env"),
                            hint="leave it out; kit maps SLURM_PROCID etc. to " + ", ".join(sorted(RESERVED_ENV)))
-        if key.startswith(("KIT_", "SLURM_")):
+        if key.startswith(("KIT_", "SLURM_")) and key not in USER_KIT_ENV:
             raise KitError(f"{key}: names starting with KIT_ or SLURM_ are reserved", field=origins.label("env"))
     for name in ("job_name", "partition", "account", "output_dir", "master_interface"):
         value = getattr(s, name)

@@ -128,6 +128,7 @@ def render_scripts(job: ResolvedJob, job_dir: Path, the_step: Step | None = None
         "lib": lib,
         "rank_exports": slurm.rank_exports(),
         "command": bash.array(s.command),
+        "stop_grace": str(s.stop_grace),
         "sidecars": bash.array(sidecars.as_words(sidecars.for_job(s.sidecars, exporter=s.exporter))),
     })
     return {"prelaunch.sh": prelaunch, "launcher.sh": launcher}
