@@ -28,3 +28,17 @@ def test_gpu_summary_from_logs(tmp_path):
     assert abs(g.mean_util - 90 * 7 / 11) < 1e-9
     assert "node1 gpu0: mean util 57.3%, peak 90%, idle 4 s, mean power 150 W" in summary.lines()
     assert (tmp_path / "r.png").stat().st_size > 20_000
+
+
+def test_an_ambiguous_job_id_is_refused_with_the_candidates(tmp_path):
+    from conftest import kit
+
+    for name in ("a", "b"):
+        (tmp_path / "jobs" / name).mkdir(parents=True)
+        (tmp_path / "jobs" / name / "job_id").write_text("7\n")
+    proc = kit("report", "7", "--output-dir", str(tmp_path / "jobs"))
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        f"kit: JOB: job id 7 names 2 job directories under {tmp_path / 'jobs'}",
+        f"  {tmp_path / 'jobs' / 'a'}", f"  {tmp_path / 'jobs' / 'b'}",
+        "hint: give the job directory itself"]

@@ -222,26 +222,27 @@ class LocalCluster:
                 self._save(st)
             return st, True
 
+    def _start_daemon(self, st: ClusterState, name: str, clear: bool = False) -> None:
+        """Start slurmctld (``clear``: without its saved state) or slurmd ``name``; record its pid."""
+        if name == "slurmctld":
+            argv, pidfile, log = ["slurmctld", *(["-c"] if clear else [])], "slurmctld.pid", "slurmctld.log"
+        else:
+            argv, pidfile, log = ["slurmd", "-N", name], f"slurmd-{name}.pid", f"slurmd-{name}.log"
+        (self.root / "run" / pidfile).unlink(missing_ok=True)
+        run([*argv, "-f", str(self.conf)], env={"SLURM_CONF": str(self.conf)}, what=argv[0],
+            hint=f"see {self.root}/log/{log}")
+        st.pids[name] = self._read_pid(self.root / "run" / pidfile, name)
+        self._save(st)
+
     def _restart(self, st: ClusterState, names: list[str], timeout: float, progress) -> None:
         """Start the daemons ``names`` of ``st`` again, with the same config and saved state."""
-        env = {"SLURM_CONF": str(self.conf)}
         alive = [n for n, c, _ in self._daemons(st) if n not in names]
         progress(f"restarting {', '.join(names)}" + (f" ({', '.join(alive)} kept running)" if alive else ""))
         restart_prometheus = "prometheus" in names
         names = [n for n in names if n != "prometheus"]
         for name in sorted(names, key=lambda n: n != "slurmctld"):
-            if name == "slurmctld":
-                # No -c: slurmctld recovers its jobs and job ids from StateSaveLocation.
-                (self.root / "run" / "slurmctld.pid").unlink(missing_ok=True)
-                run(["slurmctld", "-f", str(self.conf)], env=env, what="slurmctld",
-                    hint=f"see {self.root}/log/slurmctld.log")
-                st.pids[name] = self._read_pid(self.root / "run" / "slurmctld.pid", name)
-            else:
-                (self.root / "run" / f"slurmd-{name}.pid").unlink(missing_ok=True)
-                run(["slurmd", "-N", name, "-f", str(self.conf)], env=env, what="slurmd",
-                    hint=f"see {self.root}/log/slurmd-{name}.log")
-                st.pids[name] = self._read_pid(self.root / "run" / f"slurmd-{name}.pid", name)
-            self._save(st)
+            # No -c: slurmctld recovers its jobs and job ids from StateSaveLocation.
+            self._start_daemon(st, name)
         self._wait_idle(st, timeout, busy_ok=True)
         if restart_prometheus:
             self._start_prometheus(st, timeout, progress)
@@ -330,22 +331,14 @@ class LocalCluster:
                           ctld_port=ports[0], node_ports=ports[1:])
         st.containers = self._prepare_containers(progress)
         self._write_config(st)
-        env = {"SLURM_CONF": str(self.conf)}
         # Record the state before starting anything, so `down` can always find it.
         self._save(st)
         try:
             progress(f"starting slurmctld on port {st.ctld_port}")
-            run(["slurmctld", "-c", "-f", str(self.conf)], env=env, what="slurmctld",
-                hint=f"see {self.root}/log/slurmctld.log")
-            st.pids["slurmctld"] = self._read_pid(self.root / "run" / "slurmctld.pid", "slurmctld")
-            self._save(st)
+            self._start_daemon(st, "slurmctld", clear=True)
             for i in range(1, nodes + 1):
-                name = f"node{i}"
-                progress(f"starting slurmd {name} on port {st.node_ports[i - 1]}")
-                run(["slurmd", "-N", name, "-f", str(self.conf)], env=env, what="slurmd",
-                    hint=f"see {self.root}/log/slurmd-{name}.log")
-                st.pids[name] = self._read_pid(self.root / "run" / f"slurmd-{name}.pid", name)
-                self._save(st)
+                progress(f"starting slurmd node{i} on port {st.node_ports[i - 1]}")
+                self._start_daemon(st, f"node{i}")
             self._wait_idle(st, timeout)
         except BaseException:
             self._stop(st)
