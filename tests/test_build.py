@@ -256,3 +256,17 @@ def test_oci_base_builds_an_image_with_its_config(tmp_path):
     info = json.loads(kit("inspect", "--json", str(tmp_path / "ext.sqsh")).stdout)
     assert info["workdir"] == "/w2" and info["entrypoint"] == ["/bin/tool", "--flag"]
     assert info["env"][-1] == "EXTRA=1"
+
+
+def test_the_output_must_be_a_regular_file(tmp_path, tiny):
+    """kit build replaces its output: never a device node, a directory or a link's target."""
+    recipe = write_recipe(tmp_path / "r.toml", f'[base]\nrootfs = "{tiny}"\n')
+    target = tmp_path / "victim"
+    target.write_text("keep me\n")
+    (tmp_path / "link.sqsh").symlink_to(target)
+    for out in ("/dev/full", str(tmp_path), str(tmp_path / "link.sqsh")):
+        proc = kit("build", str(recipe), "-o", out)
+        assert proc.returncode == 2, proc.stderr
+        assert "is not a regular file" in error_lines(proc.stderr)[0] or "is a directory" in proc.stderr, proc.stderr
+    assert target.read_text() == "keep me\n"
+    assert os.path.exists("/dev/full") and not os.path.isfile("/dev/full")

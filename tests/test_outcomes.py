@@ -86,7 +86,7 @@ def row_cancelled_while_running(cluster, tmp_path):
     wait_ready(w, 2)
     scancel(cluster, w.job_id)
     check_end(cluster, w, state="CANCELLED", code=outcome.CANCELLED, finished=False,
-              log="the command exited 0 after a stop signal: exiting 143", ends=["stopped"])
+              log="after a stop signal; the work is not finished", ends=["stopped"])
 
 
 def row_requeued_by_admin(cluster, tmp_path):

@@ -69,3 +69,21 @@ def test_kit_variables_are_reserved_except_the_documented_one():
     job = specs.resolve(specs.JobSpec(command=["true"], env={"KIT_EXPORTER_NAMING": "compat"}))
     assert job.spec.env == {"KIT_EXPORTER_NAMING": "compat"}
     assert (job.spec.stop_grace, job.spec.hang_timeout, job.spec.first_progress_timeout) == (3, 900, 3600)
+
+
+def test_an_environment_value_over_linux_limit_is_refused():
+    with pytest.raises(KitError, match=r"BIG: the value is 131072 bytes; Linux passes at most 131071 bytes"):
+        specs.resolve(specs.JobSpec(command=["true"], env={"BIG": "x" * 131072}))
+    assert specs.resolve(specs.JobSpec(command=["true"], env={"OK": "x" * 100_000})).spec.env["OK"]
+
+
+def test_the_time_limit_sbatch_gets_is_the_one_checked():
+    assert specs.resolve(specs.JobSpec(command=["true"], time="10\n")).spec.time == "10"
+
+
+def test_prometheus_targets_under_an_image_must_be_a_plain_mount_path(tmp_path):
+    image = tmp_path / "x.sqsh"
+    image.write_bytes(b"hsqs" + b"\0" * 100)
+    for bad in ("/a,/b:/injected", "/a b", "/a:b"):
+        with pytest.raises(KitError, match="the targets directory"):
+            specs.resolve(specs.JobSpec(command=["true"], image=str(image), prometheus_targets=bad))

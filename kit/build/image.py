@@ -214,6 +214,10 @@ def build(recipe: Recipe, output: Path, *, compression: str = "enroot", use_cach
         if shutil.which(tool) is None:
             raise KitError(f"{tool} not found", hint="install squashfs-tools (apt-get install -y squashfs-tools)",
                            exit_code=1)
+    if output.is_symlink() or (output.exists() and not output.is_file()):
+        # The image replaces the path: never a device node, a directory or a link's target.
+        raise KitError(f"{output} exists and is not a regular file", field="--output",
+                       hint="give a new path, or the path of an image to replace")
     _check_base(recipe)
     output = output.resolve()
     key = digest(recipe, compression)

@@ -112,6 +112,8 @@ DEFAULTS: dict[str, Any] = {
 RESERVED_ENV = frozenset({
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
 })
+# Linux's limit on one argument or environment string (MAX_ARG_STRLEN), NUL included.
+MAX_ENV_STRING = 32 * 4096
 # kit's own variables a job may set with --env (the exporter reads it).
 USER_KIT_ENV = frozenset({"KIT_EXPORTER_NAMING"})
 # sbatch options kit sets itself from its own fields.
@@ -125,6 +127,34 @@ OWNED_SBATCH = {
     "--no-requeue": "--max-restarts", "--open-mode": "(kit appends to logs)", "--parsable": "--json",
     "--wait": "--wait", "-W": "--wait", "--ntasks": "--ntasks-per-node", "-n": "--ntasks-per-node",
 }
+# sbatch's short options that take no value (the letters after them are more options).
+_SBATCH_FLAGS = frozenset("hHkOQsuvV")
+# sbatch's own long options that are prefixes of ones kit owns.
+_SBATCH_EXACT = frozenset({"--gpus"})
+
+
+def owned_sbatch_option(arg: str) -> str | None:
+    """The option kit owns that ``arg`` sets, the way sbatch's getopt reads it, or None.
+
+    Short options may carry their value (``-N3``, ``-o/path``) or follow
+    value-less flags (``-vN3``); long options may be abbreviated to any
+    unique prefix (``--outp=x``, ``--no-requeu``).
+    """
+    if arg.startswith("--"):
+        name = arg.split("=", 1)[0]
+        if name in OWNED_SBATCH:
+            return name
+        if name in _SBATCH_EXACT or len(name) < 3:
+            return None
+        return next((o for o in OWNED_SBATCH if o.startswith("--") and o.startswith(name)), None)
+    for letter in arg[1:]:
+        if f"-{letter}" in OWNED_SBATCH:
+            return f"-{letter}"
+        if letter not in _SBATCH_FLAGS:
+            return None
+    return None
+
+
 WARNING_SIGNALS = ("USR1", "USR2")  # TERM and INT already mean "stop now"
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -360,6 +390,8 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
     if s.mem is not None:
         s.mem = parsed("mem", parse_mem)
     time_seconds = parsed("time", parse_time) if s.time is not None else None
+    if s.time is not None:
+        s.time = s.time.strip()  # what sbatch gets is what was checked
     s.signal = parsed("signal", parse_signal)
     low, high = parsed("port_range", parse_port_range)
     parsed("exporter_ports", parse_port_range)
@@ -369,7 +401,11 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
     if time_seconds is not None and s.signal_lead >= time_seconds:
         raise err("signal_lead", f"the warning comes {s.signal_lead} s before a time limit of {time_seconds} s",
                   hint=f"use a --signal-lead below {time_seconds} or a longer --time")
-    for key in s.env:
+    for key, value in s.env.items():
+        if len(key.encode()) + 1 + len(value.encode()) >= MAX_ENV_STRING:
+            raise KitError(f"{key}: the value is {len(value.encode())} bytes; Linux passes at most "
+                           f"{MAX_ENV_STRING - 1} bytes per variable (KEY=VALUE) to a process",
+                           field=origins.label("env"), hint="put large values in a file and pass its path")
         if not _ENV_KEY.match(key):
             raise KitError(f"not a variable name: {key!r}", field=origins.label("env"),
                            hint="names are letters, digits and _, not starting with a digit")
@@ -384,13 +420,13 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
             raise err(name, "must not be empty")
     _check_no_nul(s, origins)
     for arg in s.sbatch_args:
-        opt = arg.split("=", 1)[0]
-        if not opt.startswith("-"):
+        if not arg.startswith("-"):
             raise KitError(f"{arg!r} is not an option", field=origins.label("sbatch_args"),
                            hint="pass options as --sbatch-arg=--constraint=a100 (the command goes after --)")
-        if opt in OWNED_SBATCH:
-            raise KitError(f"{opt} is set by kit", field=origins.label("sbatch_args"),
-                           hint=f"use kit's {OWNED_SBATCH[opt]} instead")
+        owned = owned_sbatch_option(arg)
+        if owned:
+            raise KitError(f"{owned} is set by kit", field=origins.label("sbatch_args"),
+                           hint=f"use kit's {OWNED_SBATCH[owned]} instead")
     if "\\" in s.output_dir:
         raise err("output_dir", f"{s.output_dir!r} contains a backslash, which sbatch's --output cannot express",
                   hint="choose a directory without backslashes")
@@ -427,6 +463,9 @@ def _resolve_container(s: JobSpec, origins: Origins, warnings: list[str]) -> lis
         raise KitError(f"not a container name: {s.container_name!r}", field=origins.label("container_name"),
                        hint="letters, digits, '.', '_' and '-'")
     pyxis.parse_mount(f"{s.output_dir}:{s.output_dir}", origins.label("output_dir"), check_source=False)
+    if s.prometheus_targets and s.exporter:
+        pyxis.check_mount_path(s.prometheus_targets, "the targets directory (mounted into the container)",
+                               origins.label("prometheus_targets"))
     return mounts
 
 

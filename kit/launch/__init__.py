@@ -62,7 +62,6 @@ def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[st
         return [], []
     mounts = [pyxis.Mount(str(job_dir), str(job_dir)), *job.mounts]
     if s.prometheus_targets and s.exporter:
-        Path(s.prometheus_targets).mkdir(parents=True, exist_ok=True)
         mounts.append(pyxis.Mount(s.prometheus_targets, s.prometheus_targets))
     workdir = s.container_workdir
     if not s.image.startswith("docker://"):
@@ -179,6 +178,10 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
 
 def submit(prepared: PreparedJob, target: slurm.Target) -> PreparedJob:
     """Submit with sbatch --parsable; on failure the job directory is removed."""
+    s = prepared.job.spec
+    if s.image and s.prometheus_targets and s.exporter:
+        # pyxis mounts it into the container: it must exist when the job starts.
+        Path(s.prometheus_targets).mkdir(parents=True, exist_ok=True)
     try:
         job_id = slurm.submit(target, prepared.sbatch_argv)
     except BaseException:

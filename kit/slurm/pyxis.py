@@ -48,7 +48,7 @@ class Mount:
         return ":".join([self.src, self.dst] + (["+".join(self.flags)] if self.flags else []))
 
 
-def _no_separators(path: str, what: str, label: str) -> None:
+def check_mount_path(path: str, what: str, label: str) -> None:
     for ch, name in ((",", "a comma"), (":", "a colon"), (" ", "a space")):
         if ch in path:
             raise KitError(f"{what} contains {name}: {path!r}", field=label,
@@ -70,10 +70,10 @@ def parse_mount(text: str, label: str = "--mount", check_source: bool = True) ->
         if not src.startswith("/"):
             raise KitError(f"mount source must be an absolute path: {src!r}", field=label,
                            hint=f"write it from the root, e.g. {os.path.abspath(src)}")
-        _no_separators(src, "mount source", label)
+        check_mount_path(src, "mount source", label)
     if not dst.startswith("/"):
         raise KitError(f"mount destination must be an absolute path: {dst!r}", field=label)
-    _no_separators(dst, "mount destination", label)
+    check_mount_path(dst, "mount destination", label)
     for flag in flags:
         if flag not in MOUNT_FLAGS:
             raise KitError(f"unknown mount flag {flag!r} in {text!r}", field=label,
@@ -97,7 +97,7 @@ def check_image(image: str, label: str = "--image") -> str:
     path = Path(image).expanduser()
     if not path.is_absolute():
         path = Path.cwd() / path
-    _no_separators(str(path), "image path", label)
+    check_mount_path(str(path), "image path", label)
     if not path.is_file():
         raise KitError(f"no such image: {path}", field=label, hint="build one with: kit build RECIPE -o IMAGE.sqsh")
     if not is_squashfs(path):
