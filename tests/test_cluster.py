@@ -106,3 +106,14 @@ def test_down_cancels_running_jobs(home, cluster, tmp_path):
     assert c.down(force=True)
     left = subprocess.run(["pgrep", "-f", "sleep 317"], capture_output=True, text=True).stdout.split()
     assert left == []
+
+
+def test_an_unreadable_state_file_is_not_started_over(home):
+    """A second cluster over a first one's state would orphan its daemons."""
+    (home / "cluster").mkdir(parents=True)
+    (home / "cluster" / "cluster.json").write_text("{not json")
+    proc = kit("cluster", "up", env={"KIT_HOME": str(home)})
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[0] == \
+        f"kit: cluster: {home / 'cluster' / 'cluster.json'} is unreadable: not starting a second cluster over it"
+    assert not (home / "cluster" / "slurm.conf").exists()
