@@ -134,7 +134,6 @@ kit::kill_after() {
   kill -KILL -- "-${pid}" 2>/dev/null || kill -KILL "${pid}" 2>/dev/null || true
 }
 kit::on_signal() {
-  KIT_INTERRUPTED=1
   if [[ "$1" != "${KIT_WARNING_SIGNAL:-USR1}" ]]; then
     if (( ! KIT_STOPPING )) && [[ -n "${KIT_MAIN_PID}" ]]; then
       kit::kill_after "${KIT_STOP_GRACE}" "${KIT_MAIN_PID}" &
@@ -150,10 +149,9 @@ kit::on_signal() {
   fi
 }
 trap kit::cleanup EXIT
-trap 'kit::on_signal TERM' TERM
 # INT becomes TERM: a command started in the background ignores INT.
-trap 'kit::on_signal TERM' INT
-trap 'kit::on_signal "${KIT_WARNING_SIGNAL:-USR1}"' "${KIT_WARNING_SIGNAL:-USR1}"
+kit::trap TERM "${KIT_WARNING_SIGNAL:-USR1}"
+trap 'KIT_SIGNALS+=(TERM)' INT
 
 if (( LOCAL_RANK == 0 )); then
   for (( i = 0; i < ${#KIT_SIDECARS[@]}; i += 3 )); do
@@ -167,6 +165,7 @@ if (( LOCAL_RANK == 0 )); then
   done
 fi
 
+kit::handle_signals
 if (( KIT_STOPPING )); then exit 143; fi
 # Slurm signals the task's whole process group: the rank log's writer ignores
 # those signals (it ends when the command's output closes), and the command
@@ -186,6 +185,7 @@ if (( ${KIT_HANG_TIMEOUT:-0} > 0 )); then
   KIT_BG_PIDS+=("$!")
   KIT_BG_NAMES+=(hang-answer)
 fi
+kit::handle_signals
 if (( KIT_WARNING_PENDING )); then kit::on_signal "${KIT_WARNING_SIGNAL:-USR1}"; fi
 kit::wait_for "${KIT_MAIN_PID}"
 KIT_MAIN_PID=

@@ -161,7 +161,6 @@ fi
 # Either one means the work is not known to be finished.
 KIT_WARNED=0
 kit::on_signal() {
-  KIT_INTERRUPTED=1
   if [[ "$1" == "${KIT_WARNING_SIGNAL}" ]]; then
     KIT_WARNED=1
     kit::log "got SIG$1: the time limit is near; passing it to the job step"
@@ -341,9 +340,7 @@ kit::hang_report() {
 }
 
 trap kit::cleanup EXIT
-trap 'kit::on_signal TERM' TERM
-trap 'kit::on_signal INT' INT
-trap 'kit::on_signal "${KIT_WARNING_SIGNAL}"' "${KIT_WARNING_SIGNAL}"
+kit::trap TERM INT "${KIT_WARNING_SIGNAL}"
 
 # A run that Slurm ended with SIGKILL (after KillWait, or with its node)
 # left no line in runs.jsonl: say so, so the record has every run.
@@ -388,6 +385,7 @@ if (( ${#KIT_CONTAINER_ENV[@]} > 0 )); then
   done
   KIT_STEP_ARGS+=("--container-env=$(IFS=,; printf '%s' "${KIT_SET_NAMES[*]}")")
 fi
+kit::handle_signals
 if (( KIT_STOPPING )); then
   kit::log "stopped before the job step started"
   exit 143
