@@ -262,7 +262,7 @@ kit::rank_ends() {
 # progress; once any rank of this job has ever done so, a rank whose file is
 # older than KIT_HANG_TIMEOUT (or that has not touched it KIT_FIRST_PROGRESS_TIMEOUT
 # after the step started) stops the run. A file whose first line starts with
-# "checkpoint" is saving: that time does not count. The watchdog asks every
+# "checkpoint" is saving: it gets KIT_FIRST_PROGRESS_TIMEOUT instead. The watchdog asks every
 # rank for its stacks (the launchers answer), names the suspect, then lets the
 # launchers stop their commands.
 kit::watch_progress() {
@@ -295,7 +295,8 @@ kit::watch_progress() {
       (( now - last > limit )) || continue
       line=""
       { read -r line <"${KIT_PROGRESS_DIR}/rank-${rank}"; } 2>/dev/null || true
-      [[ "${line}" != checkpoint* ]] || continue
+      # Saving a checkpoint: the longer first-progress timeout applies.
+      [[ "${line}" != checkpoint* ]] || (( now - last > first_us )) || continue
       if [[ -z "${suspect}" ]] || (( last < suspect_last )); then suspect="${rank}" suspect_last="${last}"; fi
     done
   done

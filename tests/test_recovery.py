@@ -20,7 +20,8 @@ from conftest import check_end, kit, launch_wait, read_logs, release_requeued, r
 from kit import slurm
 from kit.cluster import LocalCluster, _alive
 
-TRAIN = [sys.executable, "-m", "kit.train", "--step-delay", "0.03", "--log-every", "10", "--checkpoint-every", "20"]
+# Checkpoints at 25, 50, ...: the tests stop ranks around logged steps 30 and 40, between saves.
+TRAIN = [sys.executable, "-m", "kit.train", "--step-delay", "0.03", "--log-every", "10", "--checkpoint-every", "25"]
 
 
 @pytest.fixture

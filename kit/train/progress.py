@@ -3,7 +3,8 @@
 The launcher gives every rank ``$KIT_PROGRESS_FILE``; any command reports
 through it, from any language: touch or rewrite it at each step (its time is
 the heartbeat). While a long save runs, write a first line starting with
-``checkpoint``: that time does not count as a hang. When a checkpoint is
+``checkpoint``: until the next write the watchdog allows the longer
+first-progress timeout (a hang inside a save is still caught, later). When a checkpoint is
 safely on disk, write its step to ``$KIT_CHECKPOINT_STEP_FILE`` (one rank is
 enough): kit stops requeueing a job whose runs stop advancing it.
 
@@ -33,7 +34,7 @@ def step(n: int) -> None:
 
 
 def checkpointing(n: int) -> None:
-    """This rank starts saving a checkpoint at step ``n`` (the watchdog waits)."""
+    """This rank starts saving a checkpoint at step ``n`` (the watchdog allows it longer)."""
     _write(os.environ.get("KIT_PROGRESS_FILE"), f"checkpointing {n}\n")
 
 
