@@ -84,7 +84,7 @@ def test_hung_rank_is_caught_dumped_and_requeued_off_its_node(three, tmp_path):
     assert suspect not in hostnames(three, slurm.job_status(three.target, w.job_id).nodes)
     resumed = int(re.search(r"resuming from .*last.ckpt at step (\d+)",
                             (w.job_dir / "logs" / "rank-0.r1.log").read_text()).group(1))
-    assert resumed >= 40
+    assert resumed >= 25  # the save before the stop (every 25 steps; stopped after step 40)
     print(f"hang stopped and requeued {stopped_after:.1f} s after SIGSTOP (hang timeout 5 s)")
 
 
