@@ -127,34 +127,56 @@ kit::cleanup() {
 
 # kit::forward SIG: pass a signal on to the main process.
 kit::forward() {
-  KIT_INTERRUPTED=1
   if [[ -n "${KIT_MAIN_PID}" ]]; then
     kill -s "$1" "${KIT_MAIN_PID}" 2>/dev/null || true
   fi
 }
 
-# kit::wait_for PID: wait until PID exits, even when trapped signals
-# interrupt `wait`; the exit status lands in KIT_RC. A trap sets
-# KIT_INTERRUPTED; an interrupted `wait` returns 128+n and is asked again:
-# the child's own status is still there for it. bash 5.2 can also make `wait`
-# return -1 when a trapped signal lands as the child exits, and then keep
-# returning -1 for good (the status is lost): once the child is gone, that
-# ends the wait with 143 when the task is being stopped, else 255, and says so
-# (asking forever was the launcher that spun at 100 % of a core after scancel).
+# Signals: a trap only records the signal (KIT_SIGNALS, append-only) and
+# kit::handle_signals acts on it (kit::on_signal, defined by each script)
+# outside trap context. bash 5.2 corrupts its function-call stack when a
+# trap that calls functions interrupts `wait` inside a function ("pop_var_context:
+# head of shell_variables not a function context"), and the signal's action
+# was then lost: the warning never reached the command.
+KIT_SIGNALS=()
+KIT_SIGNALS_DONE=0
+kit::trap() {
+  local sig
+  for sig in "$@"; do
+    # shellcheck disable=SC2064  # the signal name is fixed when the trap is set
+    trap "KIT_SIGNALS+=(${sig})" "${sig}"
+  done
+}
+kit::handle_signals() {
+  while (( KIT_SIGNALS_DONE < ${#KIT_SIGNALS[@]} )); do
+    KIT_SIGNALS_DONE=$(( KIT_SIGNALS_DONE + 1 ))
+    kit::on_signal "${KIT_SIGNALS[KIT_SIGNALS_DONE - 1]}"
+  done
+}
+
+# kit::wait_for PID: wait until PID exits, acting on signals as they come;
+# the exit status lands in KIT_RC. A `wait` interrupted by a signal returns
+# 128+n and is asked again: the child's own status is still there for it.
+# bash 5.2 can also make `wait` return -1 when a signal lands as the child
+# exits, and then keep returning -1 for good (the status is lost): once the
+# child is gone, that ends the wait with 143 when the task is being stopped,
+# else 255, and says so (asking forever was the launcher that spun at 100 % of
+# a core after scancel).
 KIT_RC=0
-KIT_INTERRUPTED=0
 kit::wait_for() {
   local -r pid="$1"
+  local seen
   while :; do
-    KIT_INTERRUPTED=0
+    seen="${#KIT_SIGNALS[@]}"
     if wait "${pid}"; then KIT_RC=0; else KIT_RC=$?; fi
+    kit::handle_signals
     if (( KIT_RC < 0 )); then
       kit::running "${pid}" && continue
       if (( KIT_STOPPING )); then KIT_RC=143; else KIT_RC=255; fi
       kit::log "the exit status of process ${pid} was lost (bash wait returned -1): taking ${KIT_RC}"
       return 0
     fi
-    if (( KIT_INTERRUPTED && KIT_RC > 128 )); then continue; fi
+    if (( ${#KIT_SIGNALS[@]} > seen && KIT_RC > 128 )); then continue; fi
     return 0
   done
 }
@@ -289,7 +311,6 @@ kit::kill_after() {
   kill -KILL -- "-${pid}" 2>/dev/null || kill -KILL "${pid}" 2>/dev/null || true
 }
 kit::on_signal() {
-  KIT_INTERRUPTED=1
   if [[ "$1" != "${KIT_WARNING_SIGNAL:-USR1}" ]]; then
     if (( ! KIT_STOPPING )) && [[ -n "${KIT_MAIN_PID}" ]]; then
       kit::kill_after "${KIT_STOP_GRACE}" "${KIT_MAIN_PID}" &
@@ -305,10 +326,9 @@ kit::on_signal() {
   fi
 }
 trap kit::cleanup EXIT
-trap 'kit::on_signal TERM' TERM
 # INT becomes TERM: a command started in the background ignores INT.
-trap 'kit::on_signal TERM' INT
-trap 'kit::on_signal "${KIT_WARNING_SIGNAL:-USR1}"' "${KIT_WARNING_SIGNAL:-USR1}"
+kit::trap TERM "${KIT_WARNING_SIGNAL:-USR1}"
+trap 'KIT_SIGNALS+=(TERM)' INT
 
 if (( LOCAL_RANK == 0 )); then
   for (( i = 0; i < ${#KIT_SIDECARS[@]}; i += 3 )); do
@@ -322,6 +342,7 @@ if (( LOCAL_RANK == 0 )); then
   done
 fi
 
+kit::handle_signals
 if (( KIT_STOPPING )); then exit 143; fi
 # Slurm signals the task's whole process group: the rank log's writer ignores
 # those signals (it ends when the command's output closes), and the command
@@ -341,6 +362,7 @@ if (( ${KIT_HANG_TIMEOUT:-0} > 0 )); then
   KIT_BG_PIDS+=("$!")
   KIT_BG_NAMES+=(hang-answer)
 fi
+kit::handle_signals
 if (( KIT_WARNING_PENDING )); then kit::on_signal "${KIT_WARNING_SIGNAL:-USR1}"; fi
 kit::wait_for "${KIT_MAIN_PID}"
 KIT_MAIN_PID=

@@ -128,34 +128,56 @@ kit::cleanup() {
 
 # kit::forward SIG: pass a signal on to the main process.
 kit::forward() {
-  KIT_INTERRUPTED=1
   if [[ -n "${KIT_MAIN_PID}" ]]; then
     kill -s "$1" "${KIT_MAIN_PID}" 2>/dev/null || true
   fi
 }
 
-# kit::wait_for PID: wait until PID exits, even when trapped signals
-# interrupt `wait`; the exit status lands in KIT_RC. A trap sets
-# KIT_INTERRUPTED; an interrupted `wait` returns 128+n and is asked again:
-# the child's own status is still there for it. bash 5.2 can also make `wait`
-# return -1 when a trapped signal lands as the child exits, and then keep
-# returning -1 for good (the status is lost): once the child is gone, that
-# ends the wait with 143 when the task is being stopped, else 255, and says so
-# (asking forever was the launcher that spun at 100 % of a core after scancel).
+# Signals: a trap only records the signal (KIT_SIGNALS, append-only) and
+# kit::handle_signals acts on it (kit::on_signal, defined by each script)
+# outside trap context. bash 5.2 corrupts its function-call stack when a
+# trap that calls functions interrupts `wait` inside a function ("pop_var_context:
+# head of shell_variables not a function context"), and the signal's action
+# was then lost: the warning never reached the command.
+KIT_SIGNALS=()
+KIT_SIGNALS_DONE=0
+kit::trap() {
+  local sig
+  for sig in "$@"; do
+    # shellcheck disable=SC2064  # the signal name is fixed when the trap is set
+    trap "KIT_SIGNALS+=(${sig})" "${sig}"
+  done
+}
+kit::handle_signals() {
+  while (( KIT_SIGNALS_DONE < ${#KIT_SIGNALS[@]} )); do
+    KIT_SIGNALS_DONE=$(( KIT_SIGNALS_DONE + 1 ))
+    kit::on_signal "${KIT_SIGNALS[KIT_SIGNALS_DONE - 1]}"
+  done
+}
+
+# kit::wait_for PID: wait until PID exits, acting on signals as they come;
+# the exit status lands in KIT_RC. A `wait` interrupted by a signal returns
+# 128+n and is asked again: the child's own status is still there for it.
+# bash 5.2 can also make `wait` return -1 when a signal lands as the child
+# exits, and then keep returning -1 for good (the status is lost): once the
+# child is gone, that ends the wait with 143 when the task is being stopped,
+# else 255, and says so (asking forever was the launcher that spun at 100 % of
+# a core after scancel).
 KIT_RC=0
-KIT_INTERRUPTED=0
 kit::wait_for() {
   local -r pid="$1"
+  local seen
   while :; do
-    KIT_INTERRUPTED=0
+    seen="${#KIT_SIGNALS[@]}"
     if wait "${pid}"; then KIT_RC=0; else KIT_RC=$?; fi
+    kit::handle_signals
     if (( KIT_RC < 0 )); then
       kit::running "${pid}" && continue
       if (( KIT_STOPPING )); then KIT_RC=143; else KIT_RC=255; fi
       kit::log "the exit status of process ${pid} was lost (bash wait returned -1): taking ${KIT_RC}"
       return 0
     fi
-    if (( KIT_INTERRUPTED && KIT_RC > 128 )); then continue; fi
+    if (( ${#KIT_SIGNALS[@]} > seen && KIT_RC > 128 )); then continue; fi
     return 0
   done
 }
@@ -315,7 +337,6 @@ fi
 # Either one means the work is not known to be finished.
 KIT_WARNED=0
 kit::on_signal() {
-  KIT_INTERRUPTED=1
   if [[ "$1" == "${KIT_WARNING_SIGNAL}" ]]; then
     KIT_WARNED=1
     kit::log "got SIG$1: the time limit is near; passing it to the job step"
@@ -417,7 +438,7 @@ kit::rank_ends() {
 # progress; once any rank of this job has ever done so, a rank whose file is
 # older than KIT_HANG_TIMEOUT (or that has not touched it KIT_FIRST_PROGRESS_TIMEOUT
 # after the step started) stops the run. A file whose first line starts with
-# "checkpoint" is saving: that time does not count. The watchdog asks every
+# "checkpoint" is saving: it gets KIT_FIRST_PROGRESS_TIMEOUT instead. The watchdog asks every
 # rank for its stacks (the launchers answer), names the suspect, then lets the
 # launchers stop their commands.
 kit::watch_progress() {
@@ -450,7 +471,8 @@ kit::watch_progress() {
       (( now - last > limit )) || continue
       line=""
       { read -r line <"${KIT_PROGRESS_DIR}/rank-${rank}"; } 2>/dev/null || true
-      [[ "${line}" != checkpoint* ]] || continue
+      # Saving a checkpoint: the longer first-progress timeout applies.
+      [[ "${line}" != checkpoint* ]] || (( now - last > first_us )) || continue
       if [[ -z "${suspect}" ]] || (( last < suspect_last )); then suspect="${rank}" suspect_last="${last}"; fi
     done
   done
@@ -495,9 +517,7 @@ kit::hang_report() {
 }
 
 trap kit::cleanup EXIT
-trap 'kit::on_signal TERM' TERM
-trap 'kit::on_signal INT' INT
-trap 'kit::on_signal "${KIT_WARNING_SIGNAL}"' "${KIT_WARNING_SIGNAL}"
+kit::trap TERM INT "${KIT_WARNING_SIGNAL}"
 
 # A run that Slurm ended with SIGKILL (after KillWait, or with its node)
 # left no line in runs.jsonl: say so, so the record has every run.
@@ -542,6 +562,7 @@ if (( ${#KIT_CONTAINER_ENV[@]} > 0 )); then
   done
   KIT_STEP_ARGS+=("--container-env=$(IFS=,; printf '%s' "${KIT_SET_NAMES[*]}")")
 fi
+kit::handle_signals
 if (( KIT_STOPPING )); then
   kit::log "stopped before the job step started"
   exit 143
