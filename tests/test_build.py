@@ -14,6 +14,7 @@ from conftest import kit, require
 from images import CONFIG, LAYER1, LAYER2, docker_archive, oci_layout, tar_bytes, tiny_rootfs, tree
 
 from kit.build import enroot, unpack
+from kit.build.image import read_file
 
 
 def sha256(path: Path) -> str:
@@ -123,7 +124,6 @@ def test_exec_line_quoting_is_bash_at_q(word):
 UNSAFE = {
     "dotdot": [("../escaped", "file", "x", 0o644)],
     "absolute": [("/tmp/kit-absolute-escape", "file", "x", 0o644)],
-    "symlink-write": [("esc", "symlink", "{outside}", 0o777), ("esc/planted", "file", "x", 0o644)],
     "hardlink-out": [("h", "hardlink", "../../../etc/passwd", 0o644)],
 }
 
@@ -144,6 +144,65 @@ def test_unsafe_archives_are_refused_and_write_nothing_outside(tmp_path, case):
     assert not Path("/tmp/kit-absolute-escape").exists()
     assert not (tmp_path.parent / "escaped").exists()
     assert {p.name for p in tmp_path.iterdir()} == before  # no image, no leftover build directory
+
+
+def _host_state(d: Path) -> dict:
+    return {str(p.relative_to(d)): (p.read_bytes() if p.is_file() else None) for p in sorted(d.rglob("*"))}
+
+
+def test_symlinks_in_a_base_redirect_writes_within_the_image_never_onto_the_host(tmp_path):
+    """Issue 9 item 1: an untrusted base's symlinks to host paths (a file, a
+    directory, an archive member under one) are resolved inside the image."""
+    host = tmp_path / "host"
+    (host / "dir").mkdir(parents=True)
+    (host / "motd").write_text("host file\n")
+    (host / "rc").write_text("host rc\n")
+    before = _host_state(host)
+    base = tmp_path / "base.tar"
+    base.write_bytes(tar_bytes([
+        ("etc", "dir", None, 0o755), ("etc/motd", "symlink", f"{host}/motd", 0o777),
+        ("etc/rc", "symlink", f"{host}/rc", 0o777),
+        ("opt", "dir", None, 0o755), ("opt/app", "symlink", f"{host}/dir", 0o777),
+        ("opt/rel", "symlink", "../../../../../../../..", 0o777),
+        ("esc", "symlink", str(host / "dir"), 0o777), ("esc/planted-by-archive", "file", "x\n", 0o644)]))
+    (tmp_path / "ctx" / "app").mkdir(parents=True)
+    (tmp_path / "ctx" / "motd").write_text("image motd\n")
+    (tmp_path / "ctx" / "app" / "planted").write_text("image app\n")
+    recipe = write_recipe(tmp_path / "ctx" / "r.toml", f"""
+[base]
+tarball = "{base}"
+[[steps]]
+copy = ["motd", "/etc/motd"]
+[[steps]]
+copy = ["app", "/opt/app/"]
+[[steps]]
+copy = ["motd", "/opt/rel/{host.relative_to("/")}/dir/via-dotdot"]
+""")
+    proc = kit("build", str(recipe), "-o", str(tmp_path / "out.sqsh"))
+    assert proc.returncode == 0, proc.stderr
+    assert _host_state(host) == before
+    out = tmp_path / "out.sqsh"
+    assert read_file(out, f"{host}/motd") == "image motd\n"  # the link's target, inside the image
+    assert read_file(out, f"{host}/dir/app/planted") == "image app\n"
+    assert read_file(out, f"{host}/dir/planted-by-archive") == "x\n"
+    assert read_file(out, f"{host}/dir/via-dotdot") == "image motd\n"  # .. stops at the image's /
+    assert read_file(out, "/etc/rc").startswith("mkdir -p")  # enroot's rc replaced the link
+
+
+@pytest.mark.parametrize("source", ["../outside.txt", "ABS", "link-out", "sub/../../outside.txt"])
+def test_copy_sources_outside_the_build_context_are_refused(tmp_path, tiny, source):
+    """Issue 9 item 3: a recipe copies only from its own directory."""
+    (tmp_path / "outside.txt").write_text("host secret\n")
+    ctx = tmp_path / "ctx"
+    (ctx / "sub").mkdir(parents=True)
+    (ctx / "link-out").symlink_to(tmp_path / "outside.txt")
+    source = str(tmp_path / "outside.txt") if source == "ABS" else source
+    recipe = write_recipe(ctx / "r.toml", f'[base]\nrootfs = "{tiny}"\n[[steps]]\ncopy = ["{source}", "/x"]\n')
+    proc = kit("build", str(recipe), "-o", str(tmp_path / "out.sqsh"))
+    assert proc.returncode == 2, proc.stderr
+    assert error_lines(proc.stderr)[0] == (f"kit: {recipe}: steps[1]: copy source {source!r} is outside the "
+                                           f"build context {ctx}"), proc.stderr
+    assert not (tmp_path / "out.sqsh").exists()
 
 
 def test_build_is_reproducible_cached_and_inspectable(tmp_path, tiny):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kit.build import rootpath
 from kit.build.unpack import ImageConfig
 
 RC_LOCAL = ("# This file is sourced by /etc/rc when the container starts.\n"
@@ -69,12 +70,7 @@ def rc(config: ImageConfig) -> str:
 
 def write(root: Path, config: ImageConfig) -> None:
     """Write the four files into ``root`` and create the working directory."""
-    etc = root / "etc"
-    etc.mkdir(parents=True, exist_ok=True)
     for name, text in (("fstab", fstab(config)), ("environment", environment(config)),
                        ("rc", rc(config)), ("rc.local", RC_LOCAL)):
-        path = etc / name
-        if path.is_symlink():
-            path.unlink()
-        path.write_text(text)
-    (root / (config.workdir or "/").lstrip("/")).mkdir(parents=True, exist_ok=True)
+        rootpath.write_text(root, f"/etc/{name}", text)
+    rootpath.directory(root, config.workdir or "/")

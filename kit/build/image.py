@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import kit
-from kit.build import enroot, is_squashfs, runtime, unpack
+from kit.build import enroot, is_squashfs, rootpath, runtime, unpack
 from kit.build.recipe import COMPRESSION, Recipe
 from kit.cluster import kit_home
 from kit.errors import KitError
@@ -141,27 +141,17 @@ def _set_env(config: unpack.ImageConfig, key: str, value: str) -> None:
 
 
 # ---------------------------------------------------------------- steps
-def _resolve_in_root(root: Path, dst: str, label: str) -> Path:
-    target = root / dst.lstrip("/")
-    real_root = os.path.realpath(root)
-    parent = os.path.realpath(target.parent)
-    if parent != real_root and not parent.startswith(real_root + os.sep):
-        raise KitError(f"{dst} leads out of the image through a symlink", field=label)
-    return target
-
-
 def _step_copy(root: Path, value, label: str) -> None:
     src, dst = Path(value[0]), value[1]
-    if not src.exists():
+    if not src.exists() and not src.is_symlink():
         raise KitError(f"copy source does not exist: {src}", field=label)
-    target = _resolve_in_root(root, dst, label)
-    if dst.endswith("/") or (target.is_dir() and not target.is_symlink()):
-        target = target / src.name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if src.is_dir():
-        shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
-    else:
-        shutil.copy2(src, target)
+    target = rootpath.inside(root, dst, follow_last=True)
+    if dst.endswith("/") or target.is_dir():
+        target = rootpath.inside(root, rootpath.relative(root, target / src.name))
+    try:
+        rootpath.copy_into(root, src, target)
+    except KitError as e:
+        raise KitError(e.message, field=label) from None
 
 
 def _image_python(root: Path, config, label: str) -> tuple[str, str]:
@@ -183,8 +173,7 @@ def _step_pip(root: Path, packages: list[str], config, label: str) -> None:
         raise KitError(f"the image's Python is {version}, this host's is {host}", field=label,
                        hint="a pip step installs with the host's pip, which needs the same minor version; "
                             "use a run step with the image's own pip instead")
-    target = _resolve_in_root(root, site_dir, label)
-    target.mkdir(parents=True, exist_ok=True)
+    target = rootpath.directory(root, site_dir)
     argv = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
             "--no-warn-script-location", "--target", str(target), *packages]
     proc = subprocess.run(argv, env={**os.environ, "SOURCE_DATE_EPOCH": "0", "PYTHONDONTWRITEBYTECODE": "1"},
@@ -199,9 +188,8 @@ def _step_kit(root: Path, config, label: str) -> None:
         _, site_dir = _image_python(root, config, label)
     except KitError:
         return  # no python in the image: the runtime is still there for the launcher's helpers
-    site = _resolve_in_root(root, site_dir, label)
-    site.mkdir(parents=True, exist_ok=True)
-    (site / runtime.PTH_NAME).write_text("/" + str(pydir.relative_to(root)) + "\n")
+    site = rootpath.directory(root, site_dir)
+    rootpath.write_text(root, rootpath.relative(root, site / runtime.PTH_NAME), rootpath.relative(root, pydir) + "\n")
 
 
 # ---------------------------------------------------------------- build
@@ -365,7 +353,7 @@ def _apply_step(root: Path, kind: str, value, config: unpack.ImageConfig, label:
             _set_env(config, k, v)
     elif kind == "workdir":
         config.workdir = value
-        _resolve_in_root(root, value, label).mkdir(parents=True, exist_ok=True)
+        rootpath.directory(root, value)
     elif kind == "run":
         if not (root / "bin" / "sh").exists() and not (root / "bin").is_symlink():
             raise KitError("the image has no /bin/sh to run steps with", field=label)
@@ -392,7 +380,7 @@ def _finish_config(recipe: Recipe, config: unpack.ImageConfig) -> None:
 
 def _write_metadata(root: Path, config: unpack.ImageConfig, recipe: Recipe, key: str, compression: str) -> None:
     enroot.write(root, config)
-    version_file = root / runtime.IMAGE_PREFIX.lstrip("/") / "VERSION"
+    version_file = rootpath.inside(root, f"{runtime.IMAGE_PREFIX}/VERSION")
     meta = {
         "kit_version": kit.__version__,
         "digest": key,
@@ -403,9 +391,7 @@ def _write_metadata(root: Path, config: unpack.ImageConfig, recipe: Recipe, key:
         "kit_runtime": version_file.read_text().strip() if version_file.is_file() else None,
         "config": asdict(config),
     }
-    path = root / METADATA
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    rootpath.write_text(root, METADATA, json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
 
 def _mksquashfs(root: Path, out: Path, compression: str) -> None:

@@ -24,6 +24,7 @@ Relative paths are relative to the recipe file. Unknown keys are errors.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,6 +165,18 @@ def load(path: str | Path, base_override: str | None = None) -> Recipe:
                   volumes=str_list("volumes") or [])
 
 
+def context_path(context: Path, src: str, label: str) -> Path:
+    """``src`` in the build context ``context``; refused when it names, or a
+    symlink leads to, anything outside it (a recipe must not copy host files)."""
+    real = context.resolve()
+    path = (real / src).resolve()
+    if os.path.isabs(src) or (path != real and real not in path.parents):
+        raise KitError(f"copy source {src!r} is outside the build context {real}", field=label,
+                       hint="copy sources are relative paths inside the recipe's directory; "
+                            "put the file there (a symlink to elsewhere does not count)")
+    return path
+
+
 def _check_step(kind: str, value: Any, where: Path, label: str) -> Any:
     if kind == "copy":
         if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value)):
@@ -171,7 +184,7 @@ def _check_step(kind: str, value: Any, where: Path, label: str) -> Any:
         src, dst = value
         if not dst.startswith("/"):
             raise KitError(f"copy destination must be absolute, got {dst!r}", field=label)
-        return [str((where / src).resolve()), dst]
+        return [str(context_path(where, src, label)), dst]
     if kind == "env":
         if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
             raise KitError('env takes a table of strings, e.g. env = { LANG = "C.UTF-8" }', field=label)

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import kit
+from kit.build import rootpath
 
 IMAGE_PREFIX = "/opt/kit"
 PTH_NAME = "kit-runtime.pth"
@@ -37,10 +38,9 @@ def package_files() -> list[Path]:
 
 def install(dest_root: Path) -> Path:
     """Copy the runtime to ``dest_root``/opt/kit; returns the python dir inside."""
-    base = dest_root / IMAGE_PREFIX.lstrip("/")
+    base = rootpath.directory(dest_root, IMAGE_PREFIX)
     pydir = base / "python"
-    if pydir.exists():
-        shutil.rmtree(pydir)
+    rootpath.clear(pydir)
     src = package_dir()
     for path in package_files():
         if str(path).startswith(str(src)):
@@ -50,7 +50,7 @@ def install(dest_root: Path) -> Path:
         target = pydir / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
-    (base / "VERSION").write_text(kit.__version__ + "\n")
+    rootpath.write_text(dest_root, f"{IMAGE_PREFIX}/VERSION", kit.__version__ + "\n")
     return pydir
 
 

@@ -1,8 +1,9 @@
 """Unpacking image layers into a build root, safely.
 
 Every tar member is checked before anything is written: no absolute names,
-no ``..``, no write through a symlink that leads out of the root, no hard
-link to a file outside it. Device nodes are skipped and ``dev/*`` is dropped
+no ``..``; symlinks on a member's way are resolved within the root (an
+image's ``/opt -> /host/dir`` leads to the image's ``/host/dir``, never the
+host's); a hard link must name a regular file inside the root. Device nodes are skipped and ``dev/*`` is dropped
 (as ``enroot import`` does). OCI whiteouts are applied per layer: ``.wh.NAME``
 deletes NAME from the layers below, ``.wh..wh..opq`` empties a directory of
 what the layers below put there.
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
 
+from kit.build import rootpath
 from kit.errors import KitError
 
 WHITEOUT = ".wh."
@@ -50,7 +52,8 @@ def _bad(source: str, message: str) -> KitError:
 
 
 def _member_path(root: Path, name: str, source: str) -> Path | None:
-    """Where a member named ``name`` lands in ``root``; None to skip it."""
+    """Where a member named ``name`` lands in ``root``, symlinks on the way
+    resolved within it (:func:`kit.build.rootpath.inside`); None to skip it."""
     p = PurePosixPath(name)
     if p.is_absolute():
         raise _bad(source, f"archive member has an absolute path: {name!r}")
@@ -61,15 +64,10 @@ def _member_path(root: Path, name: str, source: str) -> Path | None:
         return None
     if parts[0] == "dev" and len(parts) > 1:
         return None  # enroot drops dev/*
-    return root.joinpath(*parts)
-
-
-def _check_inside(root: Path, path: Path, name: str, source: str) -> None:
-    """``path``'s parent, resolved through any symlinks, must stay inside ``root``."""
-    real_root = os.path.realpath(root)
-    parent = os.path.realpath(path.parent)
-    if parent != real_root and not parent.startswith(real_root + os.sep):
-        raise _bad(source, f"archive member {name!r} would be written through a symlink out of the root")
+    try:
+        return rootpath.inside(root, name)
+    except KitError as e:
+        raise _bad(source, f"archive member {name!r}: {e.message}") from None
 
 
 def _remove(path: Path) -> None:
@@ -97,7 +95,6 @@ def apply_layer(root: Path, tar: tarfile.TarFile, source: str) -> None:
         target = _member_path(root, m.name, source)
         if target is None:
             continue
-        _check_inside(root, target, m.name, source)
         if base == OPAQUE:
             d = target.parent
             if d.is_dir() and not d.is_symlink():
@@ -107,31 +104,27 @@ def apply_layer(root: Path, tar: tarfile.TarFile, source: str) -> None:
             victim = target.parent / base[len(WHITEOUT):]
             if victim.exists() or victim.is_symlink():
                 _remove(victim)
-    # Pass 2: everything else.
+    # Pass 2: everything else, each member written at its resolved place.
     for m in members:
         if PurePosixPath(m.name).name.startswith(WHITEOUT):
             continue
         target = _member_path(root, m.name, source)
-        if target is None:
+        if target is None or m.ischr() or m.isblk() or m.isfifo():
             continue
-        _check_inside(root, target, m.name, source)
-        if m.ischr() or m.isblk() or m.isfifo():
-            continue
+        link = None
         if m.islnk():
             link = _member_path(root, m.linkname, source)
-            if link is None:
-                raise _bad(source, f"hard link {m.name!r} points at nothing")
-            _check_inside(root, link, m.linkname, source)
-            if os.path.islink(link) or not link.exists():
-                raise _bad(source, f"hard link {m.name!r} -> {m.linkname!r}: target missing or a symlink")
+            if link is None or os.path.islink(link) or not link.is_file():
+                raise _bad(source, f"hard link {m.name!r} -> {m.linkname!r}: target missing, not a file or a symlink")
         if target.is_symlink() or (target.exists() and not (m.isdir() and target.is_dir())):
             _remove(target)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            if m.islnk():
-                os.link(_member_path(root, m.linkname, source), target)
+            if link is not None:
+                os.link(link, target)
             else:
-                tar.extract(m, root, set_attrs=True, numeric_owner=True, filter="fully_trusted")
+                tar.extract(m.replace(name=target.relative_to(root).as_posix(), deep=False), root,
+                            set_attrs=True, numeric_owner=True, filter="fully_trusted")
         except (tarfile.TarError, OSError, EOFError) as e:
             raise _bad(source, f"cannot extract {m.name!r}: {e}") from None
 
