@@ -220,7 +220,7 @@ def assert_nothing_left(cluster, w: Waiting) -> None:
     assert list(cluster.prometheus_targets.glob(f"kit-{w.job_id}-*")) == []
     assert str(w.job_dir) not in Path("/proc/mounts").read_text()
     for port in set(re.findall(r"MASTER_PORT=(\d+)", read_logs(w.job_dir))):
-        lock = Path(os.environ.get("TMPDIR", "/tmp"), "kit-ports", port)
+        lock = Path(os.environ.get("TMPDIR", "/tmp"), f"kit-ports-{os.geteuid()}", port)
         if lock.exists():
             with open(lock) as f:  # the port lock is free again: nobody holds it
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

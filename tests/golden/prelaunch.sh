@@ -262,28 +262,48 @@ PY
   fi
 }
 
+# kit::port_lock_dir: this user's private directory of port locks
+# (${TMPDIR}/kit-ports-UID, mode 0700), printed when it is safe to use: a
+# directory, not a symlink, owned by this user and writable by no one else.
+# Anything else (another user planted it) is not used at all.
+kit::port_lock_dir() {
+  local -r dir="${TMPDIR:-/tmp}/kit-ports-${EUID}"
+  local mode
+  mkdir -m 0700 "${dir}" 2>/dev/null || true
+  if [[ -d "${dir}" && ! -L "${dir}" && -O "${dir}" ]] && mode="$(stat -c %a "${dir}" 2>/dev/null)" \
+    && (( (8#${mode} & 8#022) == 0 )); then
+    printf '%s\n' "${dir}"
+    return 0
+  fi
+  kit::log "warning: ${dir} is not a private directory of this user (owner, mode or symlink): choosing the port without a lock"
+  return 1
+}
+
 # kit::pick_port: a MASTER_PORT in the range that binds now. The scan starts
 # at a point drawn from the job id, and a lock file claims the port until the
-# job's processes end (they inherit the descriptor), so two jobs starting
-# together on one node cannot both take it before the rendezvous binds.
+# job's processes end (they inherit the descriptor), so two of this user's
+# jobs starting together on one node cannot both take it before the
+# rendezvous binds. Another user's jobs are kept apart by the bind check and
+# their different starting points. A lock that is held is skipped.
 KIT_PORT_LOCK_FD=
 kit::pick_port() {
-  local -r lock_dir="${TMPDIR:-/tmp}/kit-ports"
   local -r span=$(( KIT_PORT_HIGH - KIT_PORT_LOW + 1 ))
   local -r start=$(( (SLURM_JOB_ID * 7919 + KIT_RESTART * 104729) % span ))
-  local i port lock fd
-  { mkdir -p "${lock_dir}" && chmod 1777 "${lock_dir}"; } 2>/dev/null || true
+  local i port fd lock_dir
+  lock_dir="$(kit::port_lock_dir)" || lock_dir=""
   for (( i = 0; i < span; i++ )); do
     port=$(( KIT_PORT_LOW + (start + i) % span ))
-    lock="${lock_dir}/${port}"
-    [[ -e "${lock}" ]] || { : >>"${lock}" && chmod 0666 "${lock}"; } 2>/dev/null || true
-    { exec {fd}<"${lock}"; } 2>/dev/null || continue
-    if flock -n "${fd}" 2>/dev/null && kit::port_free "${port}"; then
+    fd=""
+    if [[ -n "${lock_dir}" ]]; then
+      { exec {fd}>>"${lock_dir}/${port}"; } 2>/dev/null || continue
+      if ! flock -n "${fd}" 2>/dev/null; then exec {fd}>&-; continue; fi
+    fi
+    if kit::port_free "${port}"; then
       KIT_PORT_LOCK_FD="${fd}"
       MASTER_PORT="${port}"
       return 0
     fi
-    exec {fd}<&-
+    if [[ -n "${fd}" ]]; then exec {fd}>&-; fi
   done
   kit::die "no free port in ${KIT_PORT_LOW}-${KIT_PORT_HIGH} on $(hostname); widen --port-range"
 }
@@ -590,7 +610,7 @@ if (( rc != 0 )) && KIT_FIRST_RC="$(kit::first_failure)" && [[ "${KIT_FIRST_RC}"
   kit::log "srun exited ${rc}; the first rank to fail exited ${KIT_FIRST_RC}"
   rc="${KIT_FIRST_RC}"
 fi
-if [[ -n "${KIT_PORT_LOCK_FD}" ]]; then exec {KIT_PORT_LOCK_FD}<&-; fi
+if [[ -n "${KIT_PORT_LOCK_FD}" ]]; then exec {KIT_PORT_LOCK_FD}>&-; fi
 
 if [[ -e "${KIT_HANG_DIR}/report" ]]; then
   KIT_SUSPECT_NODE="$(sed -n 's/^node=//p' "${KIT_HANG_DIR}/report")"

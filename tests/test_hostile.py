@@ -1,0 +1,94 @@
+"""Hostile and broken input (issue 9): kit writes only what it owns, shared
+state cannot be planted or held by another user, bad input is one clear line.
+
+Another user is played by an unnamed uid through ``setpriv`` (the tests run
+as root, as CI does).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import check_end, launch_wait, read_logs, require
+
+OTHER_UID = 4242
+
+
+def as_other(argv: list[str], **kw) -> subprocess.Popen:
+    require("setpriv")
+    return subprocess.Popen(["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups", *argv], **kw)
+
+
+HOLD = r"""
+import fcntl, os, sys, time
+held = []
+for d in sys.argv[2:]:
+    os.makedirs(d, exist_ok=True)
+    os.chmod(d, 0o777)  # world-writable, no sticky bit
+    for port in range(29500, 29510):
+        path = os.path.join(d, str(port))
+        if port % 2:
+            os.symlink(os.path.join(sys.argv[1], str(port)), path)  # dangling: where a victim file would go
+        else:
+            f = open(path, "w")
+            os.chmod(path, 0o666)
+            fcntl.flock(f, fcntl.LOCK_EX)
+            held.append(f)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def shared():
+    """A directory another user can reach (pytest's own are private to root)."""
+    d = Path(tempfile.mkdtemp(prefix="kit-test-shared-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d)
+
+
+def test_port_locks_planted_or_held_by_another_user_are_not_used(cluster, tmp_path, shared):
+    """Issue 9 item 4: another user pre-creates the lock directories (the old
+    shared one and this user's own name) with symlinks to a victim path and
+    locks held on the rest: the job neither writes through the links nor
+    fails for want of a port."""
+    shared_tmp = shared / "tmp"
+    shared_tmp.mkdir()
+    shared_tmp.chmod(0o1777)
+    victim = shared / "victim"
+    victim.mkdir()
+    victim.chmod(0o777)
+    planted = [shared_tmp / "kit-ports", shared_tmp / f"kit-ports-{os.geteuid()}"]
+    holder = as_other([sys.executable, "-c", HOLD, str(victim), *map(str, planted)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "ready\n"
+        w = launch_wait(tmp_path, "--nodes", "2", "--port-range", "29500-29509",
+                        command=["bash", "-c", 'echo "port=$MASTER_PORT"'], env={"TMPDIR": str(shared_tmp)})
+        check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
+        logs = read_logs(w.job_dir)
+        assert re.search(r"port=295\d\d", logs)
+        assert list(victim.iterdir()) == []  # nothing created through the planted links
+        assert f"warning: {planted[1]} is not a private directory of this user" in logs
+        assert all(p.lstat().st_uid == OTHER_UID for d in planted for p in d.iterdir())
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_port_locks_live_in_a_private_directory(cluster, tmp_path):
+    w = launch_wait(tmp_path, command=["bash", "-c", 'echo "port=$MASTER_PORT"'], env={"TMPDIR": str(tmp_path)})
+    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
+    lock_dir = tmp_path / f"kit-ports-{os.geteuid()}"
+    st = lock_dir.stat()
+    assert (st.st_mode & 0o777, st.st_uid) == (0o700, os.geteuid())
+    port = re.search(r"port=(\d+)", read_logs(w.job_dir)).group(1)
+    assert (lock_dir / port).is_file()
