@@ -172,11 +172,7 @@ if (( KIT_STOPPING )); then exit 143; fi
 # runs in a group of its own, so each signal reaches it once, from this script.
 exec {KIT_LOG_FD}> >(trap '' INT TERM HUP USR1 USR2; exec tee -a "${KIT_RANK_LOG}")
 KIT_DRAIN_PIDS+=("$!")
-if command -v setsid >/dev/null 2>&1; then
-  setsid "${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&- &
-else
-  "${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&- &
-fi
+kit::start "${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&-
 KIT_MAIN_PID=$!
 exec {KIT_LOG_FD}>&-
 printf '%s %s\n' "${KIT_NODE}" "${KIT_MAIN_PID}" >"${KIT_PROGRESS_DIR}/task-${RANK}"

@@ -240,10 +240,29 @@ def test_training_file_parsing_on_literals():
     assert training.parse('{"rank": 0, "samples_total": true}') == {"rank": "0"}
 
 
+def test_a_malformed_rank_file_affects_that_rank_only(tmp_path):
+    """Issue 9 item 9: a JSON list, a number beyond a float, a torn file."""
+    training.write(tmp_path, 0, {"step": 7, "loss": 0.5})
+    (tmp_path / "rank-1.json").write_text("[1, 2]")
+    (tmp_path / "rank-2.json").write_text('{"rank": 2, "step": 1' + "0" * 400 + ', "loss": 0.25}')
+    (tmp_path / "rank-3.json").write_text('{"rank": 3, "st')
+    (tmp_path / "rank-4.json").write_text("[" * 100000)
+    result = TrainingSource(tmp_path).poll()
+    assert result.success
+    got = {(s.spec.name, s.labels["rank"]): s.value for s in result.samples}
+    assert got == {("training_step", "0"): 7.0, ("training_loss", "0"): 0.5, ("training_loss", "2"): 0.25}
+    assert result.error == "unreadable: rank-1.json, rank-3.json, rank-4.json"
+
+
 @pytest.mark.parametrize("argv, env, message", [
     (["--naming", "dcgm"], {}, "argument --naming: invalid choice: 'dcgm'"),
     ([], {"KIT_EXPORTER_NAMING": "dcgm"}, "kit: --naming: expected one of prometheus, compat, got 'dcgm'"),
     (["--port", "94x0"], {}, "kit: --port: not a port or LOW-HIGH range: '94x0'"),
+    (["--port", "70000"], {}, "kit: --port: ports are 1-65535, LOW <= HIGH: got '70000'"),
+    (["--port", "9500-9400"], {}, "kit: --port: ports are 1-65535, LOW <= HIGH: got '9500-9400'"),
+    (["--interval", "0"], {}, "kit: --interval: seconds between polls, 0.05 to 3600: got 0.0"),
+    (["--interval", "nan"], {}, "kit: --interval: seconds between polls, 0.05 to 3600: got nan"),
+    (["--interval", "-1"], {}, "kit: --interval: seconds between polls, 0.05 to 3600: got -1.0"),
 ])
 def test_bad_exporter_arguments_are_one_clean_message(argv, env, message):
     proc = subprocess.run([sys.executable, "-m", "kit.monitor", *argv], capture_output=True, text=True, timeout=60,

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,82 @@ def test_port_locks_live_in_a_private_directory(cluster, tmp_path):
     assert (st.st_mode & 0o777, st.st_uid) == (0o700, os.geteuid())
     port = re.search(r"port=(\d+)", read_logs(w.job_dir)).group(1)
     assert (lock_dir / port).is_file()
+
+
+def _escaped(marker: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and marker in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode():
+                pids.append(int(d.name))
+        except OSError:
+            pass
+    return pids
+
+
+def test_processes_that_leave_the_group_do_not_survive_the_job(cluster, tmp_path):
+    """Issue 9 item 10: a sidecar and a command that start daemons of their
+    own (setsid, so outside the process group kit stops) leave nothing."""
+    w = launch_wait(tmp_path, "--nodes", "2", "--sidecar", "setsid sleep 427 &",
+                    command=["bash", "-c", "setsid sleep 428 </dev/null >/dev/null 2>&1 & sleep 2; echo started"])
+    try:
+        check_end(cluster, w, state="COMPLETED", code=0, finished=True, log="left running", ends=["finished"])
+        assert _escaped("sleep 427") == [] and _escaped("sleep 428") == []
+    finally:
+        for pid in _escaped("sleep 427") + _escaped("sleep 428"):
+            os.kill(pid, 9)
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A small tmpfs, filled up."""
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
+    try:
+        (mnt / "targets").mkdir()
+        fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+        os.close(fd)
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def _exporter(args: list[str], stderr) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "kit.monitor", "--no-gpu", "--bind", "127.0.0.1", *args],
+                            stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ, "SLURM_JOB_ID": "77"})
+
+
+def test_exporter_on_a_full_disk_serves_and_removes_its_target(tmp_path, full_disk):
+    """Issue 9 item 8: its log and stderr on a full disk (the job directory):
+    it serves, and its stop removes the target file it wrote elsewhere."""
+    targets = tmp_path / "targets"
+    with open(full_disk / "exporter.log", "w") as err:
+        proc = _exporter(["--port", "19701-19710", "--targets-dir", str(targets), "--log",
+                          str(full_disk / "metrics.jsonl")], err)
+    try:
+        deadline = time.monotonic() + 30
+        while not list(targets.glob("kit-77-*.json")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(2)  # a few polls, each failing to log
+        assert proc.poll() is None, "the exporter died on the full disk"
+        (target,) = targets.glob("kit-77-*.json")
+        proc.terminate()
+        assert proc.wait(10) == 0
+        assert list(targets.iterdir()) == []
+    finally:
+        proc.kill()
+
+
+def test_exporter_that_cannot_write_its_target_gives_up_cleanly(tmp_path, full_disk):
+    targets = full_disk / "targets"
+    proc = _exporter(["--port", "19711-19720", "--targets-dir", str(targets)], subprocess.PIPE)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1, err
+    assert err.decode().startswith("kit exporter: cannot advertise to Prometheus: [Errno 28] No space left on device")
+    assert list(targets.iterdir()) == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -50,7 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="kit exporter: %(message)s")
-    from kit.monitor.exporter import RESERVED_LABELS, Exporter
+    from kit.monitor.exporter import RESERVED_LABELS, Exporter, NoPort
     from kit.monitor.gpu import GpuSource
     from kit.monitor.node import NodeSource
     from kit.monitor.training import TrainingSource
@@ -59,17 +60,18 @@ def main(argv=None) -> int:
     try:
         port, port_max = int(low), int(high or low)
     except ValueError:
-        print(f"kit: --port: not a port or LOW-HIGH range: {args.port!r}", file=sys.stderr)
-        return 2
+        return _usage("--port", f"not a port or LOW-HIGH range: {args.port!r}")
+    if not 1 <= port <= port_max <= 65535:
+        return _usage("--port", f"ports are 1-65535, LOW <= HIGH: got {args.port!r}")
+    if not (math.isfinite(args.interval) and 0.05 <= args.interval <= 3600):
+        return _usage("--interval", f"seconds between polls, 0.05 to 3600: got {args.interval}")
     if args.naming not in NAMINGS:  # from $KIT_EXPORTER_NAMING, which argparse does not check
-        print(f"kit: --naming: expected one of {', '.join(NAMINGS)}, got {args.naming!r}", file=sys.stderr)
-        return 2
+        return _usage("--naming", f"expected one of {', '.join(NAMINGS)}, got {args.naming!r}")
     labels = {}
     for item in args.label:
         name, sep, value = item.partition("=")
         if not sep or name in RESERVED_LABELS:
-            print(f"kit: --label: expected NAME=VALUE with NAME not job or instance, got {item!r}", file=sys.stderr)
-            return 2
+            return _usage("--label", f"expected NAME=VALUE with NAME not job or instance, got {item!r}")
         labels[name] = value
     node = os.environ.get("SLURMD_NODENAME") or None
     import socket
@@ -83,15 +85,36 @@ def main(argv=None) -> int:
                         targets_dir=Path(args.targets_dir) if args.targets_dir else None, labels=labels,
                         log_path=Path(args.log) if args.log else None, node=node, advertise=args.advertise,
                         naming=args.naming)
+    # Stop signals are caught before anything is written: whatever ends the
+    # exporter from here on removes its target file.
+    done = exporter.catch_signals()
     try:
-        exporter.start()
-    except OSError as e:
-        print(f"kit: --port: {e}", file=sys.stderr)
-        return 2
-    print(f"kit exporter: serving on {args.bind}:{exporter.port}"
-          + (f", target file {exporter.target_file}" if exporter.target_file else ""), file=sys.stderr, flush=True)
-    exporter.serve_forever(parent=os.getppid() if args.exit_with_parent else None)
+        try:
+            exporter.start()
+        except NoPort as e:
+            return _usage("--port", str(e))
+        except OSError as e:
+            say(f"kit exporter: cannot advertise to Prometheus: {e}")
+            return 1
+        say(f"kit exporter: serving on {args.bind}:{exporter.port}"
+            + (f", target file {exporter.target_file}" if exporter.target_file else ""))
+        exporter.serve_until(done, parent=os.getppid() if args.exit_with_parent else None)
+    finally:
+        exporter.stop()
     return 0
+
+
+def say(line: str) -> None:
+    """A line on stderr, or nothing when stderr cannot take it (a full disk)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
+def _usage(field: str, message: str) -> int:
+    say(f"kit: {field}: {message}")
+    return 2
 
 
 if __name__ == "__main__":

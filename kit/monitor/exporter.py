@@ -46,6 +46,10 @@ LOGGED = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", 
           "training_tokens_total", "node_load1", "node_memory_MemAvailable_bytes")
 
 
+class NoPort(OSError):
+    """Every port of the range is taken."""
+
+
 class Poller:
     def __init__(self, sources: list, interval: float = 1.0, log_path: Path | None = None, node: str = ""):
         self.sources = sources
@@ -55,6 +59,7 @@ class Poller:
         self.results: dict[str, SourceResult] = {s.name: SourceResult() for s in sources}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._log_failed = False
 
     def poll_once(self) -> None:
         for source in self.sources:
@@ -77,7 +82,12 @@ class Poller:
             with open(self.log_path, "a") as f:
                 f.write(json.dumps(record, separators=(",", ":")) + "\n")
         except OSError as e:
-            log.warning("metrics log %s: %s", self.log_path, e)
+            if not self._log_failed:  # once, not at every poll of a full disk
+                log.warning("metrics log %s: %s (the exporter goes on; polls are not logged while this lasts)",
+                            self.log_path, e)
+            self._log_failed = True
+        else:
+            self._log_failed = False
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -179,28 +189,36 @@ class Exporter:
         self._server = None
 
     def start(self) -> None:
-        self.poller.start()
-        for port in self.ports:
-            try:
-                self._server, _ = start_http_server(port, addr=self.bind, registry=self.registry)
-            except OSError:
-                continue  # busy: the next one
-            self.port = port
-            break
-        if self.port is None:
-            self.poller.stop()
-            raise OSError(f"no free port in {self.ports.start}-{self.ports.stop - 1} on {self.bind}")
-        if self.targets_dir is not None:
-            self._write_target()
+        """Poll, serve, advertise; on any failure nothing is left running or written."""
+        try:
+            self.poller.start()
+            for port in self.ports:
+                try:
+                    self._server, _ = start_http_server(port, addr=self.bind, registry=self.registry)
+                except OSError:
+                    continue  # busy: the next one
+                self.port = port
+                break
+            if self.port is None:
+                raise NoPort(f"no free port in {self.ports.start}-{self.ports.stop - 1} on {self.bind}")
+            if self.targets_dir is not None:
+                self._write_target()
+        except BaseException:
+            self.stop()
+            raise
 
     def _write_target(self) -> None:
         self.targets_dir.mkdir(parents=True, exist_ok=True)
         host = self.advertise or advertise_address(self.bind)
         job = self.labels.get("slurm_job_id", "nojob")
         name = f"kit-{job}-{self.node}-{self.port}.json"
-        tmp = self.targets_dir / f".{name}.tmp"
-        tmp.write_text(json.dumps([{"targets": [f"{host}:{self.port}"], "labels": self.labels}], indent=1) + "\n")
-        os.replace(tmp, self.targets_dir / name)
+        tmp = self.targets_dir / f".{name}.tmp{os.getpid()}"
+        try:
+            tmp.write_text(json.dumps([{"targets": [f"{host}:{self.port}"], "labels": self.labels}], indent=1) + "\n")
+            os.replace(tmp, self.targets_dir / name)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         self.target_file = self.targets_dir / name
 
     def stop(self) -> None:
@@ -216,14 +234,16 @@ class Exporter:
             self._server = None
         self.poller.stop()
 
-    def serve_forever(self, parent: int | None = None) -> None:
-        """Run until TERM/INT, or until ``parent`` is gone (the training ended)."""
+    @staticmethod
+    def catch_signals() -> threading.Event:
+        """TERM, INT and HUP set the returned event instead of killing the process."""
         done = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *a: done.set())
-        try:
-            while not done.wait(1.0):
-                if parent and os.getppid() != parent:
-                    break
-        finally:
-            self.stop()
+        return done
+
+    def serve_until(self, done: threading.Event, parent: int | None = None) -> None:
+        """Serve until ``done`` is set, or until ``parent`` is gone (the training ended)."""
+        while not done.wait(1.0):
+            if parent and os.getppid() != parent:
+                break

@@ -27,13 +27,19 @@ FIELDS: tuple[tuple[str, Spec], ...] = (
 
 
 def parse(text: str) -> dict:
-    """One rank file's fields (unknown keys ignored, bad values dropped)."""
+    """One rank file's fields (unknown keys ignored, bad values dropped);
+    ValueError when the file is not a JSON object."""
     data = json.loads(text)
-    out = {"rank": str(data.get("rank", "?"))}
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    out = {"rank": str(data.get("rank", "?"))[:64]}
     for key, _ in FIELDS:
         value = data.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[key] = float(value)
+            try:
+                out[key] = float(value)
+            except OverflowError:  # an integer beyond a float's range
+                continue
     return out
 
 
@@ -58,13 +64,16 @@ class TrainingSource:
         out = []
         try:
             files = sorted(self.directory.glob("rank-*.json")) if self.directory.is_dir() else []
+            bad = []
             for path in files:
                 try:
                     values = parse(path.read_text())
-                except (OSError, ValueError):
-                    continue  # being replaced, or torn: the next poll reads it
+                except (OSError, ValueError, RecursionError):
+                    bad.append(path.name)  # torn, being replaced, or garbage: that rank only
+                    continue
                 labels = {"rank": values["rank"]}
                 out += [Sample(spec, labels, values[key]) for key, spec in FIELDS if key in values]
-            return SourceResult(out, True, time.perf_counter() - t0)
+            return SourceResult(out, True, time.perf_counter() - t0,
+                                f"unreadable: {', '.join(bad)}" if bad else "")
         except OSError as e:
             return SourceResult([], False, time.perf_counter() - t0, str(e))
