@@ -117,3 +117,30 @@ def test_an_unreadable_state_file_is_not_started_over(home):
     assert proc.stderr.splitlines()[0] == \
         f"kit: cluster: {home / 'cluster' / 'cluster.json'} is unreadable: not starting a second cluster over it"
     assert not (home / "cluster" / "slurm.conf").exists()
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+def test_a_lost_state_file_neither_starts_a_second_cluster_nor_hides_the_first(home, cluster, damage):
+    """Issue 9 item 8: with cluster.json damaged or gone, `up` refuses and
+    names the daemons still running; `down` finds them by their directory."""
+    c = LocalCluster(home)
+    st, _ = c.up(nodes=2, cpus_per_node=1)
+    state = home / "cluster" / "cluster.json"
+    if damage == "corrupt":
+        state.write_text('{"nodes": 2, "pi')
+    else:
+        state.unlink()
+    env = {"KIT_HOME": str(home)}
+    up = kit("cluster", "up", env=env)
+    assert up.returncode == 1, up.stderr
+    first = up.stderr.splitlines()[0]
+    assert first.startswith(f"kit: cluster: {state} is {'unreadable' if damage == 'corrupt' else 'missing'} and ")
+    assert f"slurmctld (pid {st.pids['slurmctld']})" in first and f"slurmd (pid {st.pids['node2']})" in first
+    assert all(_alive(pid, "slurmctld" if n == "slurmctld" else "slurmd") for n, pid in st.pids.items())
+    down = kit("cluster", "down", env=env)
+    assert down.returncode == 0 and down.stdout == "local cluster stopped\n", down.stderr
+    assert not any(_alive(pid, "slurmctld" if n == "slurmctld" else "slurmd") for n, pid in st.pids.items())
+    assert c.leftover_daemons() == {}
+    assert cluster.running()  # the session's cluster is not touched
+    again = kit("cluster", "up", "--nodes", "1", "--cpus-per-node", "1", env=env)
+    assert again.returncode == 0, again.stderr

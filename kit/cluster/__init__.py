@@ -182,11 +182,15 @@ class LocalCluster:
                 raise KitError("prometheus not found", field="--prometheus", exit_code=1,
                                hint="install Debian's Prometheus: apt-get install -y prometheus")
             st = self.state()
-            if st is None and self.state_file.exists():
-                raise KitError(f"{self.state_file} is unreadable: not starting a second cluster over it",
-                               field="cluster", exit_code=1,
-                               hint="stop its daemons by hand if any run (pgrep -a slurm), then remove "
-                                    f"{self.root} and run kit cluster up again")
+            if st is None:
+                leftover = self.leftover_daemons()
+                if self.state_file.exists() or leftover:
+                    what = "is unreadable" if self.state_file.exists() else "is missing"
+                    running = f" and {_describe(leftover)} of it still run" if leftover else ""
+                    raise KitError(f"{self.state_file} {what}{running}: not starting a second cluster over it",
+                                   field="cluster", exit_code=1,
+                                   hint="`kit cluster down` stops what is left of it (daemons and job processes, "
+                                        "found by its directory), then `kit cluster up` starts afresh")
             shape = (nodes if nodes is not None else (st.nodes if st else 2),
                      cpus_per_node or (st.cpus_per_node if st else os.cpu_count() or 1),
                      gpus_per_node if gpus_per_node is not None else (st.gpus_per_node if st else 0))
@@ -454,7 +458,19 @@ class LocalCluster:
         with self._lock():
             st = self.state()
             if st is None:
-                return False
+                # No record (lost or damaged): whatever still runs from this
+                # directory is found by it, and stopped.
+                leftover = self.leftover_daemons()
+                if not leftover and not self.state_file.exists():
+                    return False
+                if leftover:
+                    progress(f"{self.state_file} is missing or unreadable: stopping {_describe(leftover)} "
+                             "found running from it")
+                self._end_job_processes(progress)
+                stop_pids({p: c for p, c in leftover.items() if c == "slurmd"})
+                stop_pids(leftover)
+                self._clean()
+                return True
             if not force and _alive(st.pids.get("slurmctld"), "slurmctld"):
                 active = self._active_jobs()
                 if active:
@@ -464,6 +480,26 @@ class LocalCluster:
             self._end_job_processes(progress)
             self._clean()
             return True
+
+    def leftover_daemons(self) -> dict[int, str]:
+        """pid -> program of this cluster's daemons found by their command lines
+        (each names a file under this cluster's directory), record or not."""
+        root = f"{self.root}/"
+        found = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = f.read().decode(errors="replace").split("\0")
+                with open(f"/proc/{entry}/comm") as f:
+                    comm = f.read().strip()
+            except OSError:
+                continue
+            if comm in ("slurmctld", "slurmd", "prometheus") and any(root in a for a in argv) \
+                    and _alive(int(entry), comm):
+                found[int(entry)] = comm
+        return found
 
     def _active_jobs(self) -> list[str]:
         out = self.target.run(["squeue", "--noheader", "--format=%i",
@@ -506,6 +542,10 @@ class LocalCluster:
         stop_pids({p: c for p, c in daemons.items() if c == "slurmd"})
         stop_pids({p: c for p, c in daemons.items() if c == "slurmctld"})
         stop_pids({p: c for p, c in daemons.items() if c == "prometheus"})
+
+
+def _describe(pids: dict[int, str]) -> str:
+    return ", ".join(f"{comm} (pid {pid})" for pid, comm in sorted(pids.items()))
 
 
 def _saved_job_id_sequence(path: Path) -> int:
