@@ -41,3 +41,32 @@ def test_an_ambiguous_job_id_is_refused_with_the_candidates(tmp_path):
         f"kit: JOB: job id 7 names 2 job directories under {tmp_path / 'jobs'}",
         f"  {tmp_path / 'jobs' / 'a'}", f"  {tmp_path / 'jobs' / 'b'}",
         "hint: give the job directory itself"]
+
+
+def test_damaged_metrics_logs_are_skipped_and_counted(tmp_path):
+    """Issue 9: a job that filled its disk, or logs damaged otherwise: lines
+    are skipped and counted, never a traceback."""
+    from conftest import kit
+
+    logs = tmp_path / "job" / "logs"
+    logs.mkdir(parents=True)
+    (tmp_path / "job" / "job_id").write_text("5\n")
+    (logs / "node2.r0.metrics.jsonl").write_text("")  # the exporter's disk was full
+    good = [json.dumps({"time": 100.0 + i, "node": "node1", "samples": [
+        ["training_samples_total", {"rank": "0"}, 10.0 * i], ["training_loss", {"rank": "0"}, None]]})
+        for i in range(3)]
+    damaged = ["[1,2]", json.dumps({"node": "node1", "samples": []}),
+               json.dumps({"time": 101.5, "samples": [["training_samples_total", {"rank": "0"}]]}),
+               json.dumps({"time": "soon", "samples": []}), "{torn"]
+    (logs / "node1.r0.metrics.jsonl").write_text("\n".join(good[:1] + damaged + good[1:]) + "\n")
+    proc = kit("report", str(tmp_path / "job"))
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("job 5 (data: metrics logs") and first.endswith("; 5 damaged log line(s) skipped)")
+    assert "samples: 20 (10.0 samples/s)" in proc.stdout
+
+    for f in logs.iterdir():
+        f.write_text("")
+    empty = kit("report", str(tmp_path / "job"))
+    assert empty.returncode == 1 and "Traceback" not in empty.stderr
+    assert empty.stderr.splitlines()[0] == f"kit: JOB: no readable samples in the metrics logs in {logs}"

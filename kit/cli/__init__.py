@@ -3,7 +3,9 @@
 :func:`main` is the one edge where errors become messages: a
 :class:`~kit.errors.KitError` or a Click usage error prints ``kit: FIELD:
 MESSAGE`` (plus a ``hint:`` line) on stderr and exits with its code (2 for
-bad usage); nothing else is caught, so a bug still shows its traceback.
+bad usage). An OSError that reaches it (a full disk, a read-only or vanished
+path) is one line too, exit 1; ``kit -v`` shows its traceback. Nothing else is
+caught, so a bug still shows its traceback.
 """
 
 from __future__ import annotations
@@ -71,4 +73,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
+    except OSError as e:
+        if logging.getLogger().isEnabledFor(logging.DEBUG):
+            raise
+        where = e.filename if e.filename is not None else "system"
+        click.echo(f"kit: {where}: {e.strerror or e}", err=True)
+        click.echo("hint: run `kit -v ...` to see where it happened", err=True)
+        sys.exit(1)
     sys.exit(rv if isinstance(rv, int) else 0)

@@ -170,6 +170,11 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
         (tmp / "job.json").write_text(json.dumps(job.spec.to_dict(), indent=2, sort_keys=True) + "\n")
         (tmp / "sbatch.json").write_text(json.dumps(argv, indent=2) + "\n")
         os.rename(tmp, final)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise KitError(f"cannot write the job directory {final}: {e.strerror}", field="--output-dir",
+                       exit_code=1, hint="nothing was written or submitted; free space or choose another "
+                                         "--output-dir") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

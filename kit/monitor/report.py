@@ -8,6 +8,7 @@ directory otherwise, so a job can be analysed with no Prometheus at all.
 from __future__ import annotations
 
 import json
+import math
 import urllib.parse
 import urllib.request
 from collections import defaultdict
@@ -54,22 +55,68 @@ class Summary:
         return out
 
 
-def load_logs(job_dir: Path) -> Series:
+def _number(x) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    try:
+        x = float(x)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def parse_record(line: str) -> list[tuple[tuple[str, str, str], float, float]] | None:
+    """One metrics-log line as ((metric, node, gpu-or-rank), time, value)
+    points; None when the line is damaged (torn, not a record, bad fields)."""
+    try:
+        rec = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(rec, dict) or not isinstance(rec.get("samples", []), list):
+        return None
+    t = _number(rec.get("time"))
+    if t is None:
+        return None
+    node = str(rec.get("node", "?"))
+    points = []
+    for sample in rec.get("samples", []):
+        if not (isinstance(sample, list) and len(sample) == 3 and isinstance(sample[0], str)
+                and isinstance(sample[1], dict)):
+            return None
+        value = _number(sample[2])
+        if value is None:
+            continue  # a value that is not a number: that sample only
+        labels = sample[1]
+        points.append(((sample[0], node, str(labels.get("gpu") or labels.get("rank") or "")), t, value))
+    return points
+
+
+def load_logs(job_dir: Path) -> tuple[Series, int]:
+    """The job's metrics logs as series, and how many damaged lines were skipped."""
     series: Series = defaultdict(list)
     files = sorted((job_dir / "logs").glob("*.metrics.jsonl"))
     if not files:
         raise KitError(f"no metrics logs in {job_dir / 'logs'}", field="JOB",
                        hint="the job ran without the exporter (--no-exporter), or has not started")
+    damaged = 0
     for path in files:
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue  # a torn last line
-            for name, labels, value in rec.get("samples", []):
-                key = (name, rec.get("node", "?"), labels.get("gpu") or labels.get("rank") or "")
-                series[key].append((rec["time"], float(value)))
-    return series
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            damaged += 1
+            continue
+        for line in text.splitlines():
+            points = parse_record(line)
+            if points is None:
+                damaged += 1
+                continue
+            for key, t, value in points:
+                series[key].append((t, value))
+    if not any(series.values()):
+        raise KitError(f"no readable samples in the metrics logs in {job_dir / 'logs'}"
+                       + (f" ({damaged} damaged line(s))" if damaged else ""), field="JOB", exit_code=1,
+                       hint="the job ended before its exporter's first poll, or its disk was full")
+    return series, damaged
 
 
 def load_prometheus(url: str, job: str, start: float, end: float, step: float = 1.0) -> Series:
@@ -147,22 +194,20 @@ def plot(series: Series, summary: Summary, out: Path) -> None:
 
 
 def report(job_dir: Path, job: str, out: Path, prometheus: str | None = None) -> Summary:
-    series = None
-    source = "metrics logs"
+    logs, damaged = load_logs(job_dir)  # also the job's time range for Prometheus
+    series, source = logs, "metrics logs"
     if prometheus:
-        logs = load_logs(job_dir)  # the logs give the job's time range
         times = [t for pts in logs.values() for t, _ in pts]
         try:
-            series = load_prometheus(prometheus, job, min(times), max(times))
-            source = f"Prometheus {prometheus}"
-        except OSError:
-            series = None
-        if series is not None and not any(series.values()):
-            series = None
-        if series is None:
-            series, source = logs, "metrics logs (Prometheus unreachable)"
-    if series is None:
-        series = load_logs(job_dir)
+            from_prometheus = load_prometheus(prometheus, job, min(times), max(times))
+        except (OSError, ValueError, KeyError, TypeError):
+            from_prometheus = None
+        if from_prometheus and any(from_prometheus.values()):
+            series, source = from_prometheus, f"Prometheus {prometheus}"
+        else:
+            source = "metrics logs (Prometheus unreachable)"
+    if damaged:
+        source += f"; {damaged} damaged log line(s) skipped"
     summary = summarize(series, job, source)
     plot(series, summary, out)
     (out.with_suffix(".json")).write_text(json.dumps(asdict(summary), indent=2) + "\n")
