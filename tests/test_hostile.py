@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import check_end, launch_wait, read_logs, require
+from conftest import check_end, kit, launch_wait, read_logs, require
 
 OTHER_UID = 4242
 
@@ -172,3 +172,62 @@ def test_exporter_that_cannot_write_its_target_gives_up_cleanly(tmp_path, full_d
     assert proc.returncode == 1, err
     assert err.decode().startswith("kit exporter: cannot advertise to Prometheus: [Errno 28] No space left on device")
     assert list(targets.iterdir()) == []
+
+
+@pytest.fixture
+def tiny_image(tmp_path) -> Path:
+    """A squashfs with bash and tee (all the launcher needs to be accepted)."""
+    root = tmp_path / "img-root" / "bin"
+    root.mkdir(parents=True)
+    for tool in ("bash", "tee"):
+        shutil.copy2(shutil.which(tool), root / tool)
+    image = tmp_path / "tiny.sqsh"
+    subprocess.run(["mksquashfs", str(root.parent), str(image), "-quiet", "-noappend"], check=True,
+                   stdout=subprocess.DEVNULL)
+    return image
+
+
+@pytest.fixture
+def ro_dir(tmp_path):
+    d = tmp_path / "ro"
+    d.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs", str(d)], check=True)
+    yield d
+    subprocess.run(["umount", "-l", str(d)], check=True)
+
+
+def _one_clear_line(proc, code: int, first: str) -> None:
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[0].startswith(first), proc.stderr
+
+
+def test_unwritable_output_directories_are_one_line(tmp_path, full_disk, ro_dir):
+    for where, why in ((full_disk, "No space left on device"), (ro_dir, "Read-only file system")):
+        proc = kit("launch", "--dry-run", "--output-dir", str(where), "--", "echo")
+        _one_clear_line(proc, 1, f"kit: --output-dir: cannot write the job directory {where}/kit-")
+        assert proc.stderr.splitlines()[0].endswith(why)
+        assert [p.name for p in where.iterdir()] in (["targets", "filler"], ["filler", "targets"], [])
+    proc = kit("build", "x.toml", "-o", "/proc/x.sqsh", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_bad_images_and_mounts_are_one_line(tmp_path, tiny_image):
+    truncated = tmp_path / "truncated.sqsh"
+    truncated.write_bytes(tiny_image.read_bytes()[:20000])
+    out = ["--dry-run", "--output-dir", str(tmp_path / "jobs")]
+    proc = kit("launch", *out, "--image", str(truncated), "--", "echo")
+    _one_clear_line(proc, 2, f"kit: --image: cannot read {truncated}: truncated or damaged")
+    proc = kit("launch", *out, "--image", str(tiny_image), "--mount", f"{tmp_path}:/", "--", "echo")
+    _one_clear_line(proc, 2, "kit: --mount: a mount over the container's root is not possible")
+    for dst in (str(tmp_path), str(tmp_path / "jobs"), "/opt/kit"):
+        proc = kit("launch", *out, "--image", str(tiny_image), "--mount", f"{tmp_path}:{dst}", "--", "echo")
+        _one_clear_line(proc, 2, f"kit: --mount: {tmp_path}:{dst} would cover ")
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_a_targets_directory_that_cannot_be_made_is_one_line(cluster, tmp_path, tiny_image):
+    proc = kit("launch", "--local", "--output-dir", str(tmp_path / "jobs"), "--image", str(tiny_image),
+               "--prometheus-targets", "/etc/passwd/x", "--", "echo")
+    _one_clear_line(proc, 2, "kit: --prometheus-targets: cannot create /etc/passwd/x: Not a directory")
+    assert list((tmp_path / "jobs").iterdir()) == []  # the job directory went with it; nothing submitted

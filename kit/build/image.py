@@ -80,6 +80,9 @@ def read_file(image: Path, inner: str) -> str | None:
 def image_has(image: Path, paths: list[str]) -> set[str]:
     """Which of ``paths`` (relative to the image root) exist in the image."""
     proc = run(["unsquashfs", "-l", "-d", "/", str(image), *paths], check=False, timeout=120)
+    if proc.returncode != 0 and not proc.stdout.strip():
+        raise KitError(f"cannot read {image}: truncated or damaged (unsquashfs exit {proc.returncode})",
+                       detail=tail(proc.stderr or ""), hint="build it again, or copy it again if it was copied")
     listed = {line.strip().lstrip("/") for line in proc.stdout.splitlines()}
     return {p for p in paths if p.strip("/") in listed}
 
@@ -213,13 +216,17 @@ def build(recipe: Recipe, output: Path, *, compression: str = "enroot", use_cach
         meta = image_metadata(output)
         if meta and meta.get("digest") == key:
             return BuildResult(output, key, False, "up to date")
+    try:  # the build's work directory sits next to the output: this also proves it writable
+        output.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{output.name}.build-", dir=output.parent))
+    except OSError as e:
+        raise KitError(f"cannot write in {output.parent}: {e.strerror}", field="--output",
+                       hint="choose a directory on a writable filesystem with room for the image") from None
     cached = cache_dir() / f"{key}.sqsh"
     if use_cache and cached.exists():
+        shutil.rmtree(work)
         _place(cached, output)
         return BuildResult(output, key, False, "cache")
-
-    output.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{output.name}.build-", dir=output.parent))
     overlay = False
     root = work / "root"
     try:

@@ -60,6 +60,14 @@ def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[st
     s = job.spec
     if not s.image:
         return [], []
+    from kit.build.runtime import IMAGE_PREFIX
+
+    for m in job.mounts:
+        for path, what in ((str(job_dir), "the job directory"), (s.prometheus_targets, "the Prometheus targets"),
+                           (IMAGE_PREFIX, "kit's runtime")):
+            if path and pyxis.covers(m.dst, path):
+                raise KitError(f"{m.render()} would cover {what} ({path}), which the job uses inside the container",
+                               field="--mount", hint="mount it at another place")
     mounts = [pyxis.Mount(str(job_dir), str(job_dir)), *job.mounts]
     if s.prometheus_targets and s.exporter:
         mounts.append(pyxis.Mount(s.prometheus_targets, s.prometheus_targets))
@@ -69,7 +77,11 @@ def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[st
         from kit.build import runtime
 
         image = Path(s.image)
-        found = build.image_has(image, ["bin/bash", "usr/bin/bash", "usr/bin/tee", "bin/tee", "opt/kit/VERSION"])
+        try:
+            found = build.image_has(image, ["bin/bash", "usr/bin/bash", "usr/bin/tee", "bin/tee", "opt/kit/VERSION"])
+        except KitError as e:
+            e.field = "--image"
+            raise
         missing = [tool for tool in ("bash", "tee") if not found & {f"bin/{tool}", f"usr/bin/{tool}"}]
         if missing:
             raise KitError(f"{image} has no {' or '.join(missing)}, which launcher.sh needs inside the container",
@@ -184,10 +196,14 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
 def submit(prepared: PreparedJob, target: slurm.Target) -> PreparedJob:
     """Submit with sbatch --parsable; on failure the job directory is removed."""
     s = prepared.job.spec
-    if s.image and s.prometheus_targets and s.exporter:
-        # pyxis mounts it into the container: it must exist when the job starts.
-        Path(s.prometheus_targets).mkdir(parents=True, exist_ok=True)
     try:
+        if s.image and s.prometheus_targets and s.exporter:
+            # pyxis mounts it into the container: it must exist when the job starts.
+            try:
+                Path(s.prometheus_targets).mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise KitError(f"cannot create {s.prometheus_targets}: {e.strerror}", field="--prometheus-targets",
+                               hint="give a directory Prometheus reads (file_sd) that this user can create") from None
         job_id = slurm.submit(target, prepared.sbatch_argv)
     except BaseException:
         shutil.rmtree(prepared.job_dir, ignore_errors=True)

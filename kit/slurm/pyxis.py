@@ -15,6 +15,7 @@ Facts (pyxis 0.24 + enroot 4.1) this module encodes:
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,9 @@ def parse_mount(text: str, label: str = "--mount", check_source: bool = True) ->
         check_mount_path(src, "mount source", label)
     if not dst.startswith("/"):
         raise KitError(f"mount destination must be an absolute path: {dst!r}", field=label)
+    if posixpath.normpath(dst) in ("/", "//"):
+        raise KitError(f"a mount over the container's root is not possible: {text!r}", field=label,
+                       hint="mount it at a directory, e.g. /data")
     check_mount_path(dst, "mount destination", label)
     for flag in flags:
         if flag not in MOUNT_FLAGS:
@@ -85,6 +89,12 @@ def parse_mount(text: str, label: str = "--mount", check_source: bool = True) ->
                        hint="kit checks sources on this host; a node-local path must exist here too "
                             "(or pass --no-mount-check)")
     return Mount(src, dst, flags)
+
+
+def covers(dst: str, path: str) -> bool:
+    """Whether a mount at ``dst`` hides ``path`` or lands inside it."""
+    dst, path = posixpath.normpath(dst), posixpath.normpath(path)
+    return dst == path or path.startswith(dst.rstrip("/") + "/") or dst.startswith(path + "/")
 
 
 def check_image(image: str, label: str = "--image") -> str:
