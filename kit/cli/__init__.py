@@ -60,6 +60,10 @@ def _usage_error(e: click.UsageError) -> KitError:
 
 
 def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if any("\x00" in a for a in args):  # only possible in-process; no path or value may hold one
+        click.echo("kit: an argument contains a NUL byte", err=True)
+        sys.exit(2)
     try:
         rv = cli.main(args=argv, prog_name="kit", standalone_mode=False)
     except KitError as e:

@@ -10,6 +10,7 @@ import argparse
 import logging
 import math
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -63,6 +64,10 @@ def main(argv=None) -> int:
         return _usage("--port", f"not a port or LOW-HIGH range: {args.port!r}")
     if not 1 <= port <= port_max <= 65535:
         return _usage("--port", f"ports are 1-65535, LOW <= HIGH: got {args.port!r}")
+    try:
+        socket.getaddrinfo(args.bind, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError, ValueError) as e:
+        return _usage("--bind", f"not an address to listen on: {args.bind!r} ({e})")
     if not (math.isfinite(args.interval) and 0.05 <= args.interval <= 3600):
         return _usage("--interval", f"seconds between polls, 0.05 to 3600: got {args.interval}")
     if args.naming not in NAMINGS:  # from $KIT_EXPORTER_NAMING, which argparse does not check
@@ -74,7 +79,6 @@ def main(argv=None) -> int:
             return _usage("--label", f"expected NAME=VALUE with NAME not job or instance, got {item!r}")
         labels[name] = value
     node = os.environ.get("SLURMD_NODENAME") or None
-    import socket
     sources = []
     if not args.no_gpu:
         sources.append(GpuSource(hostname=socket.gethostname(), hostname_label=args.hostname_label))
