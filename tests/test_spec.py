@@ -77,6 +77,14 @@ def test_an_environment_value_over_linux_limit_is_refused():
     assert specs.resolve(specs.JobSpec(command=["true"], env={"OK": "x" * 100_000})).spec.env["OK"]
 
 
+def test_a_command_over_linux_limits_is_refused():
+    with pytest.raises(KitError, match=r"a command argument is 131072 bytes; Linux passes at most 131071 bytes"):
+        specs.resolve(specs.JobSpec(command=["echo", "y" * 131072]))
+    with pytest.raises(KitError, match=r"the command and --env values come to 1200013 bytes; kit allows 1048576"):
+        specs.resolve(specs.JobSpec(command=["echo"] + ["y" * 99_999] * 12, env={"A": "b" * 5}))
+    assert specs.resolve(specs.JobSpec(command=["echo"] + ["y" * 99_999] * 10)).spec.command
+
+
 def test_the_time_limit_sbatch_gets_is_the_one_checked():
     assert specs.resolve(specs.JobSpec(command=["true"], time="10\n")).spec.time == "10"
 

@@ -401,6 +401,7 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
     if time_seconds is not None and s.signal_lead >= time_seconds:
         raise err("signal_lead", f"the warning comes {s.signal_lead} s before a time limit of {time_seconds} s",
                   hint=f"use a --signal-lead below {time_seconds} or a longer --time")
+    _check_exec_sizes(s, origins)
     for key, value in s.env.items():
         if len(key.encode()) + 1 + len(value.encode()) >= MAX_ENV_STRING:
             raise KitError(f"{key}: the value is {len(value.encode())} bytes; Linux passes at most "
@@ -473,6 +474,27 @@ def _copy(value: Any) -> Any:
     if isinstance(value, (list, dict)):
         return type(value)(value)
     return value
+
+
+# What one execve may carry in all (arguments and environment): a quarter of
+# the default 8 MiB stack is Linux's limit; kit keeps half of it for the
+# environment Slurm, pyxis and kit add on the nodes.
+MAX_COMMAND_BYTES = 1 << 20
+
+
+def _check_exec_sizes(s: JobSpec, origins: Origins) -> None:
+    """The command and environment must fit what Linux passes to a process."""
+    for word in s.command or []:
+        if len(word.encode()) + 1 > MAX_ENV_STRING:
+            raise KitError(f"a command argument is {len(word.encode())} bytes; Linux passes at most "
+                           f"{MAX_ENV_STRING - 1} bytes per argument", field=origins.label("command"),
+                           hint="put large values in a file and pass its path")
+    total = sum(len(w.encode()) + 1 for w in s.command or []) + \
+        sum(len(k.encode()) + len(v.encode()) + 2 for k, v in s.env.items())
+    if total > MAX_COMMAND_BYTES:
+        raise KitError(f"the command and --env values come to {total} bytes; kit allows {MAX_COMMAND_BYTES} "
+                       "(Linux's limit for one process, less what Slurm and kit add)",
+                       field=origins.label("command"), hint="put large values in a file and pass its path")
 
 
 def _check_devices_in_command(s: JobSpec, origins: Origins) -> None:
