@@ -19,6 +19,8 @@ KIT_WHO="rank ${RANK}"
 : "${KIT_LOG_DIR:?is not set: launcher.sh runs in the step that prelaunch.sh starts}"
 : "${KIT_HANG_DIR:?is not set: launcher.sh runs in the step that prelaunch.sh starts}"
 
+{{ torchrun_exports }}
+
 # Lightning ignores Slurm in jobs named "bash" or "interactive" and would run
 # every task as rank 0; with these variables it reads the ranks above instead.
 case "${SLURM_JOB_NAME-}" in

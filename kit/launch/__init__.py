@@ -138,11 +138,28 @@ def render_scripts(job: ResolvedJob, job_dir: Path, the_step: Step | None = None
         "kit_version": __version__,
         "lib": lib,
         "rank_exports": slurm.rank_exports(),
+        "torchrun_exports": _torchrun_exports(job),
         "command": bash.array(s.command),
         "stop_grace": str(s.stop_grace),
         "sidecars": bash.array(sidecars.as_words(sidecars.for_job(s.sidecars, exporter=s.exporter))),
     })
     return {"prelaunch.sh": prelaunch, "launcher.sh": launcher}
+
+
+def _torchrun_exports(job: ResolvedJob) -> str:
+    """torchrun's ``PET_*`` variables (its options' defaults) for a per-node launcher."""
+    s = job.spec
+    if s.ntasks_per_node != 1:
+        return "# Several tasks per node: no torchrun variables (a per-node launcher needs one task per node)."
+    lines = ["# One task per node: torchrun started here (its PET_* variables are its options'",
+             "# defaults) joins one world across every node of the step.",
+             'export PET_NNODES="${PET_NNODES:-${WORLD_SIZE}}"',
+             'export PET_NODE_RANK="${PET_NODE_RANK:-${NODE_RANK}}"',
+             'export PET_MASTER_ADDR="${PET_MASTER_ADDR:-${MASTER_ADDR}}"',
+             'export PET_MASTER_PORT="${PET_MASTER_PORT:-${MASTER_PORT}}"']
+    if s.gpus_per_node:
+        lines.append(f'export PET_NPROC_PER_NODE="${{PET_NPROC_PER_NODE:-{s.gpus_per_node}}}"')
+    return "\n".join(lines)
 
 
 def _metrics_exports(job: ResolvedJob) -> str:

@@ -27,20 +27,46 @@ kit::truthy() {
   esac
 }
 
-# kit::spawn NAME CMD...: start CMD in the background in its own process
-# group (so teardown reaches its children too) and record its pid.
+# Every program this script starts for the task (the command, sidecars)
+# carries KIT_TASK_TOKEN in its environment, and so does everything they start,
+# even what leaves their process group (setsid, a daemon): kit::sweep finds
+# and stops those at the end. Not exported: this script's own helpers lack it.
+KIT_TASK_TOKEN="${SLURM_JOB_ID:-0}.${SLURM_STEP_ID:-0}.${SLURM_PROCID:-0}.$$"
+
+# kit::start CMD...: start CMD in the background, in its own process group
+# when setsid exists (so teardown reaches its children too), with the token.
+kit::start() {
+  if command -v setsid >/dev/null 2>&1; then
+    KIT_TASK_TOKEN="${KIT_TASK_TOKEN}" setsid "$@" &
+  else
+    KIT_TASK_TOKEN="${KIT_TASK_TOKEN}" "$@" &
+  fi
+}
+
+# kit::spawn NAME CMD...: kit::start CMD with no input, and record its pid.
 KIT_BG_PIDS=()
 KIT_BG_NAMES=()
 kit::spawn() {
   local -r name="$1"
   shift
-  if command -v setsid >/dev/null 2>&1; then
-    setsid "$@" </dev/null &
-  else
-    "$@" </dev/null &
-  fi
+  kit::start "$@" </dev/null
   KIT_BG_PIDS+=("$!")
   KIT_BG_NAMES+=("${name}")
+}
+
+# kit::sweep: stop every process still carrying this task's token.
+kit::sweep() {
+  local path
+  local -a pids=()
+  command -v grep >/dev/null 2>&1 || return 0
+  while IFS= read -r path; do
+    path="${path#/proc/}"
+    path="${path%/environ}"
+    if [[ "${path}" != "$$" ]]; then pids+=("${path}"); fi
+  done < <(grep -lzxF -e "KIT_TASK_TOKEN=${KIT_TASK_TOKEN}" /proc/[0-9]*/environ 2>/dev/null)
+  (( ${#pids[@]} > 0 )) || return 0
+  kit::log "stopping ${#pids[@]} process(es) the command or a sidecar left running: ${pids[*]}"
+  KIT_STOP_TIMEOUT=2 kit::stop "${pids[@]}"
 }
 
 # kit::nap SECONDS: sleep in a way a TERM trap interrupts at once (the
@@ -122,6 +148,7 @@ kit::cleanup() {
     done
     kit::stop "${pid}"
   done
+  kit::sweep
   exit "${rc}"
 }
 
@@ -195,6 +222,8 @@ KIT_WHO="rank ${RANK}"
 : "${MASTER_PORT:?is not set: launcher.sh runs in the step that prelaunch.sh starts}"
 : "${KIT_LOG_DIR:?is not set: launcher.sh runs in the step that prelaunch.sh starts}"
 : "${KIT_HANG_DIR:?is not set: launcher.sh runs in the step that prelaunch.sh starts}"
+
+# Several tasks per node: no torchrun variables (a per-node launcher needs one task per node).
 
 # Lightning ignores Slurm in jobs named "bash" or "interactive" and would run
 # every task as rank 0; with these variables it reads the ranks above instead.
@@ -349,11 +378,7 @@ if (( KIT_STOPPING )); then exit 143; fi
 # runs in a group of its own, so each signal reaches it once, from this script.
 exec {KIT_LOG_FD}> >(trap '' INT TERM HUP USR1 USR2; exec tee -a "${KIT_RANK_LOG}")
 KIT_DRAIN_PIDS+=("$!")
-if command -v setsid >/dev/null 2>&1; then
-  setsid "${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&- &
-else
-  "${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&- &
-fi
+kit::start "${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&-
 KIT_MAIN_PID=$!
 exec {KIT_LOG_FD}>&-
 printf '%s %s\n' "${KIT_NODE}" "${KIT_MAIN_PID}" >"${KIT_PROGRESS_DIR}/task-${RANK}"

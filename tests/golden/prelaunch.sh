@@ -28,20 +28,46 @@ kit::truthy() {
   esac
 }
 
-# kit::spawn NAME CMD...: start CMD in the background in its own process
-# group (so teardown reaches its children too) and record its pid.
+# Every program this script starts for the task (the command, sidecars)
+# carries KIT_TASK_TOKEN in its environment, and so does everything they start,
+# even what leaves their process group (setsid, a daemon): kit::sweep finds
+# and stops those at the end. Not exported: this script's own helpers lack it.
+KIT_TASK_TOKEN="${SLURM_JOB_ID:-0}.${SLURM_STEP_ID:-0}.${SLURM_PROCID:-0}.$$"
+
+# kit::start CMD...: start CMD in the background, in its own process group
+# when setsid exists (so teardown reaches its children too), with the token.
+kit::start() {
+  if command -v setsid >/dev/null 2>&1; then
+    KIT_TASK_TOKEN="${KIT_TASK_TOKEN}" setsid "$@" &
+  else
+    KIT_TASK_TOKEN="${KIT_TASK_TOKEN}" "$@" &
+  fi
+}
+
+# kit::spawn NAME CMD...: kit::start CMD with no input, and record its pid.
 KIT_BG_PIDS=()
 KIT_BG_NAMES=()
 kit::spawn() {
   local -r name="$1"
   shift
-  if command -v setsid >/dev/null 2>&1; then
-    setsid "$@" </dev/null &
-  else
-    "$@" </dev/null &
-  fi
+  kit::start "$@" </dev/null
   KIT_BG_PIDS+=("$!")
   KIT_BG_NAMES+=("${name}")
+}
+
+# kit::sweep: stop every process still carrying this task's token.
+kit::sweep() {
+  local path
+  local -a pids=()
+  command -v grep >/dev/null 2>&1 || return 0
+  while IFS= read -r path; do
+    path="${path#/proc/}"
+    path="${path%/environ}"
+    if [[ "${path}" != "$$" ]]; then pids+=("${path}"); fi
+  done < <(grep -lzxF -e "KIT_TASK_TOKEN=${KIT_TASK_TOKEN}" /proc/[0-9]*/environ 2>/dev/null)
+  (( ${#pids[@]} > 0 )) || return 0
+  kit::log "stopping ${#pids[@]} process(es) the command or a sidecar left running: ${pids[*]}"
+  KIT_STOP_TIMEOUT=2 kit::stop "${pids[@]}"
 }
 
 # kit::nap SECONDS: sleep in a way a TERM trap interrupts at once (the
@@ -123,6 +149,7 @@ kit::cleanup() {
     done
     kit::stop "${pid}"
   done
+  kit::sweep
   exit "${rc}"
 }
 

@@ -1,0 +1,60 @@
+"""Any launcher through kit's launcher forms one correct world (issue 10):
+torchrun started once per node, and plain torch.distributed with kit's ranks."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+
+import pytest
+from conftest import check_end, launch_wait, read_logs
+
+ALL_REDUCE = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank())])
+dist.all_reduce(t)
+print(f"rank={dist.get_rank()} world={dist.get_world_size()} sum={t.item()}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_plain_torchrun_per_node_forms_one_world(cluster, tmp_path):
+    """Without --nnodes/--node-rank/--master-*: torchrun reads the PET_* variables
+    the launcher exports, so 2 nodes x 2 processes are one world of 4."""
+    torchrun = shutil.which("torchrun")
+    if torchrun is None:
+        pytest.fail("torchrun is not on PATH (it comes with torch)")
+    (tmp_path / "ddp.py").write_text(ALL_REDUCE)
+    w = launch_wait(tmp_path, "--nodes", "2", "--ntasks-per-node", "1",
+                    command=[torchrun, "--nproc-per-node", "2", str(tmp_path / "ddp.py")])
+    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
+    lines = re.findall(r"rank=(\d) world=(\d+) sum=([0-9.]+)", read_logs(w.job_dir))
+    assert sorted(r for r, _, _ in lines) == ["0", "1", "2", "3"], read_logs(w.job_dir)
+    assert {(world, total) for _, world, total in lines} == {("4", "6.0")}
+
+
+def test_the_seed_torchrun_form_with_explicit_options_still_works(cluster, tmp_path):
+    (tmp_path / "ddp.py").write_text(ALL_REDUCE)
+    script = ('exec "$0" -m torch.distributed.run --nnodes="$SLURM_JOB_NUM_NODES" --node_rank="$SLURM_NODEID" '
+              '--master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" --nproc_per_node=2 "$1"')
+    w = launch_wait(tmp_path, "--nodes", "2", "--ntasks-per-node", "1",
+                    command=["bash", "-c", script, sys.executable, str(tmp_path / "ddp.py")])
+    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
+    lines = re.findall(r"rank=(\d) world=(\d+) sum=([0-9.]+)", read_logs(w.job_dir))
+    assert sorted(r for r, _, _ in lines) == ["0", "1", "2", "3"]
+    assert {(world, total) for _, world, total in lines} == {("4", "6.0")}
+
+
+def test_a_plain_torch_distributed_script_gets_four_distinct_ranks(cluster, tmp_path):
+    """kit's own ranks (no torchrun): 2 nodes x 2 tasks, the env:// rendezvous."""
+    (tmp_path / "ddp.py").write_text(ALL_REDUCE)
+    w = launch_wait(tmp_path, "--nodes", "2", "--ntasks-per-node", "2",
+                    command=[sys.executable, str(tmp_path / "ddp.py")])
+    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
+    lines = re.findall(r"rank=(\d) world=(\d+) sum=([0-9.]+)", read_logs(w.job_dir))
+    assert sorted(r for r, _, _ in lines) == ["0", "1", "2", "3"]
+    assert {(world, total) for _, world, total in lines} == {("4", "6.0")}
+    launcher = (w.job_dir / "launcher.sh").read_text()
+    assert "PET_NNODES" not in launcher  # several tasks per node: no per-node variables
