@@ -58,3 +58,23 @@ def test_a_plain_torch_distributed_script_gets_four_distinct_ranks(cluster, tmp_
     assert {(world, total) for _, world, total in lines} == {("4", "6.0")}
     launcher = (w.job_dir / "launcher.sh").read_text()
     assert "PET_NNODES" not in launcher  # several tasks per node: no per-node variables
+
+
+def test_mpi_pmi2_gives_every_task_its_pmi_rank(cluster, tmp_path):
+    w = launch_wait(tmp_path, "--nodes", "2", "--ntasks-per-node", "2", "--mpi", "pmi2",
+                    command=["bash", "-c", 'echo "pmi rank=${PMI_RANK-unset} size=${PMI_SIZE-unset} kit=$RANK"'])
+    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
+    found = re.findall(r"pmi rank=(\S+) size=(\S+) kit=(\d)", read_logs(w.job_dir))
+    assert sorted(found) == [(str(r), "4", str(r)) for r in range(4)], read_logs(w.job_dir)
+    assert "--mpi=pmi2" in (w.job_dir / "prelaunch.sh").read_text()
+
+
+def test_an_unknown_mpi_type_is_refused_before_submitting(cluster, tmp_path):
+    from conftest import kit
+
+    proc = kit("launch", "--local", "--mpi", "nosuch", "--output-dir", str(tmp_path / "jobs"), "--", "true")
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "kit: --mpi: unknown MPI type 'nosuch'"
+    assert lines[1].startswith("hint: this cluster's srun offers: ") and "pmi2" in lines[1]
+    assert not (tmp_path / "jobs").exists() or list((tmp_path / "jobs").iterdir()) == []

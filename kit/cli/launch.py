@@ -52,6 +52,8 @@ def _str(name: str, help: str, metavar: str = "TEXT"):
 @_int("--first-progress-timeout", "The same before a rank's first progress in a run [default: 3600].")
 @_int("--stop-grace", "Seconds a command may take to exit after a stop signal before it is killed [default: 3].")
 @_int("--step-wait", "Seconds the other ranks may run on after one exits (srun --wait) [default: 60].")
+@_str("--mpi", "Slurm's MPI plugin for the step (srun --mpi), checked against the cluster's "
+     "`srun --mpi=list` [default: none].", "TYPE")
 @_str("--image", "Run every task in this container image: a .sqsh path or docker://... (pyxis).", "IMAGE")
 @click.option("--mount", "mounts", multiple=True, metavar="SRC:DST[:FLAGS]",
               help="Bind SRC (absolute, on the nodes) at DST in the container; flags like ro, joined with + (repeatable).")
@@ -123,6 +125,8 @@ def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, wh
             click.echo(f"kit: {note}", err=True)
         if job.spec.partition:
             slurm.check_partition(target, job.spec.partition, origins.label("partition"))
+        if job.spec.mpi != "none":
+            slurm.check_mpi(target, job.spec.mpi, origins.label("mpi"))
     prepared = lib.prepare(job)
     if dry_run:
         if as_json:

@@ -51,6 +51,8 @@ class JobSpec:
     port_range: str | None = None
     master_interface: str | None = None
     step_wait: int | None = None
+    # Slurm's MPI plugin for the step (srun --mpi): none, pmi2, pmix, ...
+    mpi: str | None = None
     # Hang detection: a rank whose progress file ($KIT_PROGRESS_FILE) has not
     # been touched for HANG_TIMEOUT seconds (FIRST_PROGRESS_TIMEOUT before its
     # first touch in a run) stops the step; 0 turns it off.
@@ -94,6 +96,7 @@ DEFAULTS: dict[str, Any] = {
     "heartbeat": 60,
     "port_range": "29500-30499",
     "step_wait": 60,
+    "mpi": "none",
     "hang_timeout": 900,
     "first_progress_timeout": 3600,
     "stop_grace": 3,
@@ -274,7 +277,7 @@ _INT_FIELDS = {"nodes", "gpus_per_node", "ntasks_per_node", "cpus_per_task", "si
                "stop_grace"}
 _STR_FIELDS = {"mem", "time", "partition", "account", "job_name", "output_dir", "signal",
                "port_range", "master_interface", "image", "container_workdir", "container_name",
-               "exporter_ports", "prometheus_targets"}
+               "exporter_ports", "prometheus_targets", "mpi"}
 _LIST_FIELDS = {"command", "sbatch_args", "sidecars", "mounts", "container_env"}
 _BOOL_FIELDS = {"debug", "container_writable", "container_mount_home", "container_remap_root", "mount_check",
                 "exporter"}
@@ -428,6 +431,8 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
         if owned:
             raise KitError(f"{owned} is set by kit", field=origins.label("sbatch_args"),
                            hint=f"use kit's {OWNED_SBATCH[owned]} instead")
+    if not re.fullmatch(r"[A-Za-z0-9_]{1,32}", s.mpi):
+        raise err("mpi", f"not an MPI plugin name: {s.mpi!r}", hint="e.g. --mpi pmi2 or --mpi pmix (see srun --mpi=list)")
     if "\\" in s.output_dir:
         raise err("output_dir", f"{s.output_dir!r} contains a backslash, which sbatch's --output cannot express",
                   hint="choose a directory without backslashes")

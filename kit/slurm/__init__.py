@@ -8,6 +8,7 @@ cluster through its ``SLURM_CONF``); every Slurm command goes through
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +91,7 @@ def srun_args(job: ResolvedJob, container_flags: list[str] = ()) -> list[str]:
         # (SBATCH_EXPORT=NONE leaves SLURM_EXPORT_ENV=NONE in the job).
         "--export=ALL",
         f"--wait={s.step_wait}",
-        "--mpi=none",
+        f"--mpi={s.mpi}",
         "--label",
         f"--nodes={s.nodes}",
         f"--ntasks-per-node={s.ntasks_per_node}",
@@ -120,6 +121,21 @@ def check_partition(target: Target, partition: str, label: str) -> None:
     if partition not in known:
         raise KitError(f"unknown partition {partition!r}", field=label,
                        hint="partitions here: " + (", ".join(known) or "(none)"))
+
+
+def mpi_types(target: Target) -> list[str]:
+    """The MPI plugin types the target's srun offers (``srun --mpi=list``)."""
+    proc = target.run(["srun", "--mpi=list"], what="srun --mpi=list", check=False)
+    text = proc.stdout + proc.stderr
+    types = [line.strip() for line in text.splitlines() if line.startswith(("\t", " ")) and line.strip()]
+    return [t for t in types if re.fullmatch(r"[A-Za-z0-9_]+", t)]
+
+
+def check_mpi(target: Target, mpi: str, label: str) -> None:
+    known = mpi_types(target)
+    if mpi not in known:
+        raise KitError(f"unknown MPI type {mpi!r}", field=label,
+                       hint="this cluster's srun offers: " + (", ".join(known) or "(none listed)"))
 
 
 def submit(target: Target, argv: list[str], cwd: str | None = None) -> str:
