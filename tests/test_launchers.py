@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import check_end, launch_wait, read_logs
@@ -78,3 +79,21 @@ def test_an_unknown_mpi_type_is_refused_before_submitting(cluster, tmp_path):
     assert lines[0] == "kit: --mpi: unknown MPI type 'nosuch'"
     assert lines[1].startswith("hint: this cluster's srun offers: ") and "pmi2" in lines[1]
     assert not (tmp_path / "jobs").exists() or list((tmp_path / "jobs").iterdir()) == []
+
+
+def test_the_fsdp2_example_trains_on_two_nodes_through_torchrun(cluster, tmp_path):
+    """torch's FSDP2 (fully_shard) on CPU with gloo: 2 nodes x 2 processes, parameters
+    sharded four ways, the loss falls."""
+    example = Path(__file__).resolve().parent.parent / "launch" / "examples" / "fsdp2.py"
+    w = launch_wait(tmp_path, "--nodes", "2", "--ntasks-per-node", "1",
+                    command=[shutil.which("torchrun") or "torchrun", "--nproc-per-node", "2", str(example),
+                             "--steps", "30"])
+    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
+    logs = read_logs(w.job_dir)
+    first, last = map(float, re.search(r"fsdp2 done first_loss=([0-9.]+) last_loss=([0-9.]+)", logs).groups())
+    assert last < first / 3, logs
+    held = re.findall(r"fsdp2 rank=(\d) holds (\d+) of (\d+) parameters", logs)
+    assert sorted(r for r, _, _ in held) == ["0", "1", "2", "3"]
+    total = int(held[0][2])
+    assert sum(int(n) for _, n, _ in held) == total and all(int(n) < total / 2 for _, n, _ in held)
+    assert "world=4" in logs
