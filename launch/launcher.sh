@@ -34,7 +34,7 @@ fi
 export PYTHONUNBUFFERED="${PYTHONUNBUFFERED:-1}"
 if kit::truthy "${DEBUG:-0}"; then set -x; fi
 
-readonly KIT_COMMAND=( {{ command }} )
+{{ command }}
 readonly KIT_STOP_GRACE={{ stop_grace }}
 # Sidecars, three words each: name, a program that must exist ('' for none),
 # and the bash command that runs it. Local rank 0 starts them, one per node.

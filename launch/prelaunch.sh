@@ -12,7 +12,15 @@ set -euo pipefail
 
 {{ lib }}
 
-readonly KIT_JOB_DIR={{ job_dir }}
+# The scripts' directory; KIT_JOB_DIR is the unit of work's: the same, or an
+# array task's own directory (its logs, checkpoints, runs, FINISHED).
+readonly KIT_SCRIPTS_DIR={{ job_dir }}
+if [[ -n "${SLURM_ARRAY_TASK_ID-}" && -d "${KIT_SCRIPTS_DIR}/tasks/${SLURM_ARRAY_TASK_ID}" ]]; then
+  KIT_JOB_DIR="${KIT_SCRIPTS_DIR}/tasks/${SLURM_ARRAY_TASK_ID}"
+else
+  KIT_JOB_DIR="${KIT_SCRIPTS_DIR}"
+fi
+readonly KIT_JOB_DIR
 readonly KIT_MAX_RESTARTS={{ max_restarts }}
 readonly KIT_WORLD_SIZE={{ world_size }}
 # Exit codes prelaunch decides itself (kit.core.outcome; the README's table).
@@ -31,6 +39,10 @@ export KIT_EXPORTER_PORTS={{ exporter_ports }}
 {{ metrics_exports }}
 export KIT_WARNING_SIGNAL={{ signal }}
 export KIT_JOB_DIR
+# A sweep task's parameter values, as KIT_SWEEP_<NAME> (names checked by kit).
+if [[ -r "${KIT_JOB_DIR}/sweep" ]]; then
+  while IFS= read -r -d '' kit_kv; do export "KIT_SWEEP_${kit_kv%%=*}=${kit_kv#*=}"; done <"${KIT_JOB_DIR}/sweep"
+fi
 export KIT_FINISHED_FILE="${KIT_JOB_DIR}/FINISHED"
 export KIT_LOG_DIR="${KIT_JOB_DIR}/logs"
 export KIT_RESTART="${SLURM_RESTART_COUNT:-0}"
@@ -413,7 +425,7 @@ if (( KIT_STOPPING )); then
 fi
 mkdir -p "${KIT_PROGRESS_DIR}"
 kit::log "job ${SLURM_JOB_ID} run ${KIT_RESTART}: ${SLURM_JOB_NUM_NODES:-?} node(s), MASTER_ADDR=${MASTER_ADDR} MASTER_PORT=${MASTER_PORT}"
-srun "${KIT_STEP_ARGS[@]}" "${KIT_JOB_DIR}/launcher.sh" &
+srun "${KIT_STEP_ARGS[@]}" "${KIT_SCRIPTS_DIR}/launcher.sh" &
 KIT_MAIN_PID=$!
 if (( KIT_HANG_TIMEOUT > 0 )); then
   kit::watch_progress "${KIT_MAIN_PID}" &

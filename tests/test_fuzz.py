@@ -47,13 +47,14 @@ LAUNCH_VALUED = {
     "--heartbeat": INT, "--port-range": TEXT, "--master-interface": TEXT, "--hang-timeout": INT,
     "--first-progress-timeout": INT, "--stop-grace": INT, "--step-wait": INT, "--image": TEXT, "--mount": TEXT,
     "--container-workdir": TEXT, "--container-env": TEXT, "--container-name": TEXT, "--exporter-ports": TEXT,
-    "--prometheus-targets": TEXT,
+    "--prometheus-targets": TEXT, "--array": st.one_of(TEXT, st.sampled_from(["0-3", "%2", "1,3", "0-2%1"])),
+    "--sweep": st.one_of(TEXT, st.sampled_from(["lr=0.1,0.01", "x={y}", "a=1,2,3"])), "--mpi": TEXT,
 }
 LAUNCH_FLAGS = ["--debug", "--no-debug", "--container-writable", "--container-mount-home", "--container-remap-root",
                 "--no-mount-check", "--no-exporter", "--json"]
 JOB_KEYS = ["nodes", "gpus_per_node", "ntasks_per_node", "time", "job_name", "env", "sbatch_args", "image",
             "mounts", "command", "max_restarts", "port_range", "signal", "hang_timeout", "output_dir", "sidecars",
-            "unknown_key", "container_env", "exporter"]
+            "unknown_key", "container_env", "exporter", "sweep", "array", "mpi"]
 TOML_VALUE = st.recursive(
     st.one_of(TEXT, st.integers(-(2 ** 63), 2 ** 63 - 1), st.booleans(), st.floats(allow_nan=False)),
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(["a", "K", "x y"]), inner,

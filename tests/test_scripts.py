@@ -30,20 +30,35 @@ def golden_job() -> specs.ResolvedJob:
     return specs.resolve(spec)
 
 
-def generated() -> dict[str, str]:
+def sweep_job() -> specs.ResolvedJob:
+    """A sweep of per-node launchers: the task's own command, torchrun's variables, --mpi."""
+    spec = specs.JobSpec(command=["torchrun", "--nproc-per-node", "4", "train.py", "--lr", "{lr}", "--tag={tag}",
+                                  "{{literal}}"], nodes=2, gpus_per_node=4, ntasks_per_node=1, job_name="sweep",
+                         output_dir="/jobs", sweep={"lr": ["1e-3", "3e-4"], "tag": ["a b", "it's"]}, array="%2",
+                         mpi="pmi2")
+    return specs.resolve(spec)
+
+
+JOBS = {"": golden_job, "sweep.": sweep_job}
+
+
+def generated(kind: str = "") -> dict[str, str]:
     from unittest import mock
 
-    job = golden_job()
+    job = JOBS[kind]()
     # prelaunch names the host's Python (for the exporter outside containers): pin it.
     with mock.patch.object(sys, "executable", "/usr/bin/python3"):
         files = launch.render_scripts(job, GOLDEN_DIR)
     files["sbatch.json"] = json.dumps(slurm.sbatch_argv(job, GOLDEN_DIR), indent=2) + "\n"
-    return files
+    return {kind + name: text for name, text in files.items()}
 
 
-@pytest.mark.parametrize("name", ["prelaunch.sh", "launcher.sh", "sbatch.json"])
+NAMES = [kind + name for kind in JOBS for name in ("prelaunch.sh", "launcher.sh", "sbatch.json")]
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_golden(name):
-    text = generated()[name]
+    text = generated(next(k for k in sorted(JOBS, key=len, reverse=True) if name.startswith(k)))[name]
     path = GOLDEN / name
     if os.environ.get("KIT_ACCEPT_GOLDEN"):
         path.write_text(text)
@@ -51,11 +66,11 @@ def test_golden(name):
     assert text == path.read_text(), f"{name} changed; if that is intended, accept it with: {ACCEPT}"
 
 
-@pytest.mark.parametrize("name", ["prelaunch.sh", "launcher.sh"])
+@pytest.mark.parametrize("name", [n for n in NAMES if n.endswith(".sh")])
 def test_bash_n_and_shellcheck(name, tmp_path):
     require("shellcheck")
     path = tmp_path / name
-    path.write_text(generated()[name])
+    path.write_text(generated(next(k for k in sorted(JOBS, key=len, reverse=True) if name.startswith(k)))[name])
     subprocess.run(["bash", "-n", str(path)], check=True)
     proc = subprocess.run(["shellcheck", "--severity=style", str(path)], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout == "", proc.stdout
@@ -130,6 +145,31 @@ def test_every_user_field_reaches_a_real_job_byte_for_byte(cluster, tmp_path, da
     seen = json.loads(Path(job_dir, "seen-0.json").read_text())
     assert seen == {"argv": args, "value": env_value, "job_name": job_name, "job_dir": job_dir}
     assert Path(job_dir).parent == out
+    assert not canary.exists()
+
+
+SWEEP_DUMP = ("import json, os, sys; json.dump(dict(argv=sys.argv[1:], sweep=os.environ.get('KIT_SWEEP_v'), "
+              "job_dir=os.environ.get('KIT_JOB_DIR')), open(os.environ['KIT_JOB_DIR'] + '/seen.json', 'w'))")
+
+
+@pytest.mark.cluster
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_sweep_values_reach_a_real_job_byte_for_byte(cluster, tmp_path, data):
+    """A sweep value, in the command ({v}, next to literal braces written {{ }}) and
+    as KIT_SWEEP_v, through sbatch, prelaunch, srun and the launcher."""
+    canary = tmp_path / "CANARY"
+    # The command line separates values with commas.
+    values = value_strategy(canary).filter(lambda s: "," not in s and s != "x")
+    v = data.draw(values, label="sweep value")
+    literal = data.draw(values, label="text around it")
+    word = literal.replace("{", "{{").replace("}", "}}") + "{v}"
+    proc = subprocess.run([sys.executable, "-m", "kit", "launch", "--local", "--wait", "--json", "--sweep", f"v=x,{v}",
+                           "--array", "1", "--output-dir", str(tmp_path / "jobs"), "--", sys.executable, "-c",
+                           SWEEP_DUMP, word], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    task = Path(json.loads(proc.stdout)["job_dir"]) / "tasks" / "1"
+    assert json.loads((task / "seen.json").read_text()) == {"argv": [literal + v], "sweep": v, "job_dir": str(task)}
     assert not canary.exists()
 
 

@@ -10,6 +10,7 @@ import click
 from kit import launch as lib
 from kit import slurm
 from kit.core import spec as specs
+from kit.core import sweep as sweep_lib
 
 
 def _int(name: str, help: str):
@@ -52,6 +53,11 @@ def _str(name: str, help: str, metavar: str = "TEXT"):
 @_int("--first-progress-timeout", "The same before a rank's first progress in a run [default: 3600].")
 @_int("--stop-grace", "Seconds a command may take to exit after a stop signal before it is killed [default: 3].")
 @_int("--step-wait", "Seconds the other ranks may run on after one exits (srun --wait) [default: 60].")
+@_str("--array", "Run the job as a Slurm array of tasks, each its own unit of work (own directory, "
+     "requeue and port): 0-9, 1,3,5, 0-99%8 (at most 8 at once); with --sweep, %K alone.", "SPEC")
+@click.option("--sweep", "sweeps", multiple=True, metavar="NAME=V1,V2,...",
+              help="A parameter swept over: one array task per combination of all --sweep values; "
+                   "{NAME} in the command and $KIT_SWEEP_NAME give each task its value (repeatable).")
 @_str("--mpi", "Slurm's MPI plugin for the step (srun --mpi), checked against the cluster's "
      "`srun --mpi=list` [default: none].", "TYPE")
 @_str("--image", "Run every task in this container image: a .sqsh path or docker://... (pyxis).", "IMAGE")
@@ -79,8 +85,8 @@ def _str(name: str, help: str, metavar: str = "TEXT"):
 @click.option("--wait", "wait_", is_flag=True, help="Block until the job ends; exit with its exit code.")
 @click.option("--json", "as_json", is_flag=True, help="Print {job_id, job_dir, sbatch_argv} as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, where, dry_run, wait_, as_json,
-           command, **fields):
+def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, sweeps, where, dry_run, wait_,
+           as_json, command, **fields):
     """Submit COMMAND as a multi-node job: kit launch [OPTIONS] -- COMMAND...
 
     Writes a job directory (prelaunch.sh, launcher.sh, job.json, sbatch.json),
@@ -105,6 +111,8 @@ def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, wh
         given.sbatch_args = list(sbatch_args)
     if sidecars:
         given.sidecars = list(sidecars)
+    if sweeps:
+        given.sweep = dict(sweep_lib.parse_sweep_item(item, "--sweep") for item in sweeps)
     if mounts:
         given.mounts = list(mounts)
     if container_env:
@@ -144,6 +152,8 @@ def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, wh
         click.echo(f"job dir: {prepared.job_dir}")
     if not wait_:
         return 0
+    if prepared.job.tasks is not None:
+        return wait_and_report_tasks(target, prepared)
     return wait_and_report(target, prepared.job_id, prepared.job_dir)
 
 
@@ -156,3 +166,26 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
     result = slurm.job_outcome(end, job_dir)
     click.echo(f"kit: job {job_id} {result.describe()}", err=True)
     return result.exit_code
+
+
+def wait_and_report_tasks(target: slurm.Target, prepared: lib.PreparedJob) -> int:
+    """--wait on an array job: every task to its end, one line per task; the
+    exit code is 0 when every task finished, else the lowest-index failing task's."""
+    job_id, job = prepared.job_id, prepared.job
+    params = job.params or ({},) * len(job.tasks.indices)
+    names = {i: " ".join(f"{k}={shlex.quote(v)}" for k, v in p.items()) for i, p in zip(job.tasks.indices, params)}
+
+    def say(msg: str) -> None:
+        click.echo(f"kit: job {job_id}: {msg}", err=True)
+
+    ends = slurm.wait_array(target, job_id, job.tasks.indices, poll=0.5, on_outage=say,
+                            on_state=lambda i, st: say(f"task {i}: {st.state}"))
+    codes = []
+    for i in job.tasks.indices:
+        result = slurm.job_outcome(ends[i], prepared.job_dir / "tasks" / str(i))
+        codes.append(result.exit_code)
+        label = f" ({names[i]})" if names[i] else ""
+        click.echo(f"kit: job {job_id}_{i}{label} {result.describe()}", err=True)
+    finished = sum(1 for c in codes if c == 0)
+    say(f"{finished} of {len(codes)} task(s) finished")
+    return next((c for c in codes if c != 0), 0)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from kit.core import sweep as sweep_lib
 from kit.errors import KitError
 
 try:  # Python 3.11+
@@ -53,6 +54,10 @@ class JobSpec:
     step_wait: int | None = None
     # Slurm's MPI plugin for the step (srun --mpi): none, pmi2, pmix, ...
     mpi: str | None = None
+    # Many tasks of one job (kit.core.sweep): an index set (Slurm's --array
+    # syntax) and/or sweep parameters, NAME -> values (their product).
+    array: str | None = None
+    sweep: dict[str, list[str]] | None = None
     # Hang detection: a rank whose progress file ($KIT_PROGRESS_FILE) has not
     # been touched for HANG_TIMEOUT seconds (FIRST_PROGRESS_TIMEOUT before its
     # first touch in a run) stops the step; 0 turns it off.
@@ -126,7 +131,7 @@ OWNED_SBATCH = {
     "--mem": "--mem", "--time": "--time", "-t": "--time", "--partition": "--partition",
     "-p": "--partition", "--account": "--account", "-A": "--account", "--job-name": "--job-name",
     "-J": "--job-name", "--output": "--output-dir", "-o": "--output-dir", "--error": "--output-dir",
-    "-e": "--output-dir", "--signal": "--signal", "--requeue": "--max-restarts",
+    "-e": "--output-dir", "--array": "--array", "-a": "--array", "--signal": "--signal", "--requeue": "--max-restarts",
     "--no-requeue": "--max-restarts", "--open-mode": "(kit appends to logs)", "--parsable": "--json",
     "--wait": "--wait", "-W": "--wait", "--ntasks": "--ntasks-per-node", "-n": "--ntasks-per-node",
 }
@@ -172,7 +177,7 @@ class Origins(dict):
         return self.get(name) or cli_label(name)
 
 
-_OPTION_NAMES = {"sbatch_args": "--sbatch-arg", "sidecars": "--sidecar", "command": "command", "mounts": "--mount",
+_OPTION_NAMES = {"sweep": "--sweep", "sbatch_args": "--sbatch-arg", "sidecars": "--sidecar", "command": "command", "mounts": "--mount",
                  "mount_check": "--no-mount-check", "exporter": "--no-exporter"}
 
 
@@ -277,7 +282,7 @@ _INT_FIELDS = {"nodes", "gpus_per_node", "ntasks_per_node", "cpus_per_task", "si
                "stop_grace"}
 _STR_FIELDS = {"mem", "time", "partition", "account", "job_name", "output_dir", "signal",
                "port_range", "master_interface", "image", "container_workdir", "container_name",
-               "exporter_ports", "prometheus_targets", "mpi"}
+               "exporter_ports", "prometheus_targets", "mpi", "array"}
 _LIST_FIELDS = {"command", "sbatch_args", "sidecars", "mounts", "container_env"}
 _BOOL_FIELDS = {"debug", "container_writable", "container_mount_home", "container_remap_root", "mount_check",
                 "exporter"}
@@ -313,6 +318,10 @@ def _coerce_file_value(name: str, value: Any, label: str) -> Any:
         if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
             raise bad("a table of strings", 'env = { KEY = "value" }')
         return dict(value)
+    if name == "sweep":
+        if not isinstance(value, dict) or not all(isinstance(v, list) for v in value.values()):
+            raise bad("a table of lists", "[sweep]\nlr = [0.1, 0.01]")
+        return dict(sweep_lib.check_sweep(k, v, label) for k, v in value.items())
     raise AssertionError(name)  # pragma: no cover
 
 
@@ -324,8 +333,8 @@ def merge(base: JobSpec, override: JobSpec, base_origins: Origins) -> tuple[JobS
         value = getattr(override, name)
         if value is None:
             continue
-        if name == "env" and base.env:
-            value = {**base.env, **value}
+        if name in ("env", "sweep") and getattr(base, name):
+            value = {**getattr(base, name), **value}
         setattr(out, name, value)
         origins[name] = cli_label(name)
     return out, origins
@@ -342,6 +351,8 @@ class ResolvedJob:
     port_high: int
     warnings: tuple[str, ...] = field(default=())
     mounts: tuple = field(default=())  # parsed kit.slurm.pyxis.Mount values
+    tasks: sweep_lib.TaskSet | None = None  # an array job's task indices
+    params: tuple = field(default=())  # per task index (in tasks order): {NAME: value} of a sweep
 
 
 def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None = None) -> ResolvedJob:
@@ -440,11 +451,25 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
     if not out_dir.is_absolute():
         out_dir = (cwd or Path.cwd()) / out_dir
     s.output_dir = str(out_dir)
+    tasks, params = _resolve_tasks(s, origins)
     mounts = _resolve_container(s, origins, warnings)
     if s.time is None and any(n in origins for n in ("signal", "signal_lead", "max_restarts")):
         warnings.append("no --time given: the preemption warning only fires if the partition has a time limit")
     return ResolvedJob(spec=s, time_seconds=time_seconds, port_low=low, port_high=high,
-                       warnings=tuple(warnings), mounts=tuple(mounts))
+                       warnings=tuple(warnings), mounts=tuple(mounts), tasks=tasks, params=params)
+
+
+def _resolve_tasks(s: JobSpec, origins: Origins) -> tuple[sweep_lib.TaskSet | None, tuple]:
+    """The array's task indices, and each task's sweep values (placeholders checked)."""
+    if not s.sweep:
+        if s.array is None:
+            return None, ()
+        return sweep_lib.parse_tasks(s.array, origins.label("array")), ()
+    combos = sweep_lib.combinations(s.sweep)
+    tasks = sweep_lib.parse_tasks(s.array or "", origins.label("array"), count=len(combos))
+    for word in s.command or []:  # every placeholder must name a parameter
+        sweep_lib.substitute(word, combos[0], origins.label("command"))
+    return tasks, tuple(combos[i] for i in tasks.indices)
 
 
 def _resolve_container(s: JobSpec, origins: Origins, warnings: list[str]) -> list:

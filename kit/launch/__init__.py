@@ -19,6 +19,7 @@ from pathlib import Path
 
 from kit import __version__, slurm
 from kit.core import bash, outcome
+from kit.core import sweep as sweep_lib
 from kit.core.spec import ResolvedJob
 from kit.errors import KitError
 from kit.launch import sidecars
@@ -139,11 +140,20 @@ def render_scripts(job: ResolvedJob, job_dir: Path, the_step: Step | None = None
         "lib": lib,
         "rank_exports": slurm.rank_exports(),
         "torchrun_exports": _torchrun_exports(job),
-        "command": bash.array(s.command),
+        "command": _command_setup(job),
         "stop_grace": str(s.stop_grace),
         "sidecars": bash.array(sidecars.as_words(sidecars.for_job(s.sidecars, exporter=s.exporter))),
     })
     return {"prelaunch.sh": prelaunch, "launcher.sh": launcher}
+
+
+def _command_setup(job: ResolvedJob) -> str:
+    """Bash that sets KIT_COMMAND: the command itself, or for a sweep the
+    task's own (written by :func:`_write_tasks`, its values in place)."""
+    if job.params:
+        return ("# A sweep: this task's command, its parameter values in place.\n"
+                "mapfile -d '' -t KIT_COMMAND <\"${KIT_JOB_DIR}/command\"\nreadonly KIT_COMMAND")
+    return f"readonly KIT_COMMAND=( {bash.array(job.spec.command)} )"
 
 
 def _torchrun_exports(job: ResolvedJob) -> str:
@@ -196,6 +206,7 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
             path = tmp / name
             path.write_text(text, encoding="utf-8")
             path.chmod(0o755)
+        _write_tasks(job, tmp)
         (tmp / "job.json").write_text(json.dumps(job.spec.to_dict(), indent=2, sort_keys=True) + "\n")
         (tmp / "sbatch.json").write_text(json.dumps(argv, indent=2) + "\n")
         os.rename(tmp, final)
@@ -208,6 +219,24 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return PreparedJob(job=job, job_dir=final, sbatch_argv=argv, srun_argv=the_step.argv(final))
+
+
+def _write_tasks(job: ResolvedJob, job_dir: Path) -> None:
+    """An array job's task directories: ``tasks/<index>/`` with its logs and, for
+    a sweep, its parameters (``params.json``), its command with the values in
+    place and its ``KIT_SWEEP_*`` values (``command``, ``sweep``: NUL-separated)."""
+    if job.tasks is None:
+        return
+    params = job.params or ({},) * len(job.tasks.indices)
+    for index, values in zip(job.tasks.indices, params):
+        task = job_dir / "tasks" / str(index)
+        (task / "logs").mkdir(parents=True)
+        if not values:
+            continue
+        (task / "params.json").write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
+        words = [sweep_lib.substitute(w, values) for w in job.spec.command]
+        (task / "command").write_bytes(b"".join(w.encode() + b"\0" for w in words))
+        (task / "sweep").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in values.items()))
 
 
 def submit(prepared: PreparedJob, target: slurm.Target) -> PreparedJob:

@@ -37,7 +37,8 @@ DURATION = Spec("kit_exporter_collector_duration_seconds", "gauge", "How long th
 JOB_LABELS: tuple[tuple[str, str], ...] = (
     ("slurm_job_id", "SLURM_JOB_ID"), ("slurm_job_name", "SLURM_JOB_NAME"), ("slurm_user", "SLURM_JOB_USER"),
     ("slurm_account", "SLURM_JOB_ACCOUNT"), ("slurm_partition", "SLURM_JOB_PARTITION"),
-    ("slurm_cluster", "SLURM_CLUSTER_NAME"),
+    ("slurm_cluster", "SLURM_CLUSTER_NAME"), ("slurm_array_job_id", "SLURM_ARRAY_JOB_ID"),
+    ("slurm_array_task_id", "SLURM_ARRAY_TASK_ID"),
 )
 RESERVED_LABELS = ("job", "instance")
 # What the JSONL log keeps of each poll (enough for `kit report`).

@@ -12,9 +12,10 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from kit.core import outcome
+from kit.core import sweep as sweep_lib
 from kit.core.spec import ResolvedJob
 from kit.errors import KitError
 from kit.runner import run
@@ -66,6 +67,10 @@ def sbatch_argv(job: ResolvedJob, job_dir: Path) -> list[str]:
         "--output": _escape_filename_pattern(str(job_dir / "logs")) + "/slurm-%j.out",
         "--open-mode": "append",
     }
+    if job.tasks is not None:
+        # Each array task's batch log goes to its own task directory.
+        opts["--array"] = job.tasks.render()
+        opts["--output"] = _escape_filename_pattern(str(job_dir / "tasks")) + "/%a/logs/slurm-%A_%a.out"
     if s.gpus_per_node:
         opts["--gpus-per-node"] = str(s.gpus_per_node)
     for name in ("cpus_per_task", "mem", "time", "partition", "account"):
@@ -175,12 +180,12 @@ def _wait_status(raw: int) -> int:
     return 128 + (raw & 0x7F) if raw & 0x7F else (raw >> 8) & 0xFF
 
 
-def job_status(target: Target, job_id: str) -> JobStatus:
-    """The job's state from ``squeue --json``; state GONE once Slurm has forgotten it."""
+def _squeue_jobs(target: Target, job_id: str) -> list[dict] | None:
+    """``squeue --json --jobs=ID``'s job records; None once Slurm has forgotten the job."""
     proc = target.run(["squeue", "--json", f"--jobs={job_id}"], check=False, timeout=60)
     if proc.returncode != 0:
         if "Invalid job id" in proc.stderr:
-            return JobStatus(job_id=job_id, state="GONE")
+            return None
         if any(m in proc.stderr for m in _UNREACHABLE):
             raise ControllerUnreachable("slurmctld is not answering", detail=proc.stderr.strip(), exit_code=1)
         raise KitError(f"squeue --json --jobs={job_id} failed", detail=proc.stderr.strip(), exit_code=1)
@@ -194,18 +199,47 @@ def job_status(target: Target, job_id: str) -> JobStatus:
         # A controller that does not answer gives exit 0, no jobs and this list.
         raise ControllerUnreachable("squeue could not load jobs", exit_code=1,
                                     detail="; ".join(str(e.get("description") or e) for e in errors))
-    for j in jobs:
+    return [j for j in jobs if isinstance(j, dict)]
+
+
+def _status_of(target: Target, j: dict, name: str) -> JobStatus:
+    state = str(j.get("job_state") or "UNKNOWN")
+    if state in TERMINAL_STATES and _completing(target, str(j.get("job_id"))):
+        state = "COMPLETING"  # JSON shows the end state while processes are still being killed
+    return JobStatus(job_id=name, state=state, exit_code=_wait_status(int(j.get("exit_code") or 0)),
+                     restarts=int(j.get("restart_cnt") or 0), requeue=bool(j.get("requeue")),
+                     nodes=str(j.get("nodes") or ""), reason=str(j.get("state_reason") or ""),
+                     start_time=int(j.get("start_time") or 0), end_time=int(j.get("end_time") or 0),
+                     excluded_nodes=str(j.get("excluded_nodes") or ""))
+
+
+def job_status(target: Target, job_id: str) -> JobStatus:
+    """The job's state from ``squeue --json``; state GONE once Slurm has forgotten it."""
+    for j in _squeue_jobs(target, job_id) or []:
         if str(j.get("job_id")) == job_id:
-            state = str(j.get("job_state") or "UNKNOWN")
-            if state in TERMINAL_STATES and _completing(target, job_id):
-                state = "COMPLETING"  # JSON shows the end state while processes are still being killed
-            return JobStatus(job_id=job_id, state=state,
-                             exit_code=_wait_status(int(j.get("exit_code") or 0)),
-                             restarts=int(j.get("restart_cnt") or 0), requeue=bool(j.get("requeue")),
-                             nodes=str(j.get("nodes") or ""), reason=str(j.get("state_reason") or ""),
-                             start_time=int(j.get("start_time") or 0), end_time=int(j.get("end_time") or 0),
-                             excluded_nodes=str(j.get("excluded_nodes") or ""))
+            return _status_of(target, j, job_id)
     return JobStatus(job_id=job_id, state="GONE")
+
+
+def array_status(target: Target, array_id: str, indices: Iterable[int]) -> dict[int, JobStatus]:
+    """Each task of an array job (``ARRAY_INDEX`` names it); GONE once Slurm forgot it.
+
+    Pending tasks share one record whose ``array_task_string`` lists them.
+    """
+    out: dict[int, JobStatus] = {}
+    for j in _squeue_jobs(target, array_id) or []:
+        if str(j.get("array_job_id")) != array_id:
+            continue
+        task = j.get("array_task_id")
+        if isinstance(task, int) and not isinstance(task, bool):
+            out[task] = _status_of(target, j, f"{array_id}_{task}")
+            continue
+        pending = str(j.get("array_task_string") or "").partition("%")[0]
+        if pending:
+            for i in sweep_lib.parse_tasks(pending, "squeue").indices:
+                out[i] = JobStatus(job_id=f"{array_id}_{i}", state=str(j.get("job_state") or "PENDING"),
+                                   reason=str(j.get("state_reason") or ""))
+    return {i: out.get(i) or JobStatus(job_id=f"{array_id}_{i}", state="GONE") for i in indices}
 
 
 def _completing(target: Target, job_id: str) -> bool:
@@ -220,21 +254,33 @@ def _completing(target: Target, job_id: str) -> bool:
 SETTLING_STATES = frozenset({"NODE_FAIL", "PREEMPTED", "BOOT_FAIL"})
 
 
-def wait(target: Target, job_id: str, *, poll: float = 1.0, timeout: float | None = None,
-         on_state: Callable[[JobStatus], None] | None = None, outage: float = 900.0,
-         on_outage: Callable[[str], None] | None = None, settle: float = 10.0) -> JobStatus:
-    """Block until the job reaches a final state (requeues are waited through).
+class _Final:
+    """Whether a status is final: terminal, and held ``settle`` seconds in a
+    state Slurm may still requeue from (a job with --requeue)."""
 
-    A controller that does not answer is asked again for up to ``outage``
-    seconds (``on_outage`` hears about it once per outage); then a KitError.
-    """
+    def __init__(self, settle: float):
+        self.settle = settle
+        self.since: dict = {}
+
+    def __call__(self, key, st: JobStatus) -> bool:
+        if st.state in TERMINAL_STATES or st.state == "GONE":
+            if not (st.state in SETTLING_STATES and st.requeue):
+                return True
+            return time.monotonic() - self.since.setdefault(key, time.monotonic()) >= self.settle
+        self.since.pop(key, None)
+        return False
+
+
+def _follow(check: Callable[[], object], *, what: str, poll: float, timeout: float | None, outage: float,
+            on_outage: Callable[[str], None] | None):
+    """Call ``check`` every ``poll`` seconds until it returns something. A
+    controller that does not answer is asked again for up to ``outage``
+    seconds (``on_outage`` hears about it once per outage); then a KitError."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    last = None
     unreachable_since = None
-    settling_since = None
     while True:
         try:
-            st = job_status(target, job_id)
+            result = check()
         except ControllerUnreachable as e:
             now = time.monotonic()
             if unreachable_since is None:
@@ -242,30 +288,60 @@ def wait(target: Target, job_id: str, *, poll: float = 1.0, timeout: float | Non
                 if on_outage:
                     on_outage(f"slurmctld is not answering; still waiting (up to {outage:g} s)")
             elif now - unreachable_since > outage:
-                raise KitError(f"slurmctld did not answer for {outage:g} s; job {job_id} may still run",
+                raise KitError(f"slurmctld did not answer for {outage:g} s; {what} may still run",
                                exit_code=outcome.LOST, detail=e.detail,
-                               hint=f"follow it in its job directory, or wait again: kit launch does not "
-                                    f"resubmit; squeue --jobs={job_id}") from None
+                               hint="follow it in its job directory, or wait again: kit launch does not "
+                                    "resubmit; squeue --jobs=ID") from None
             time.sleep(poll)
             continue
         if unreachable_since is not None:
             unreachable_since = None
             if on_outage:
                 on_outage("slurmctld answers again")
-        if st.state != last and on_state:
-            on_state(st)
-        last = st.state
-        if st.state in TERMINAL_STATES or st.state == "GONE":
-            if not (st.state in SETTLING_STATES and st.requeue):
-                return st
-            settling_since = settling_since or time.monotonic()
-            if time.monotonic() - settling_since >= settle:
-                return st
-        else:
-            settling_since = None
+        if result is not None:
+            return result
         if deadline is not None and time.monotonic() > deadline:
-            raise KitError(f"job {job_id} still {st.state} after {timeout:g} s", exit_code=1)
+            raise KitError(f"{what} has not ended after {timeout:g} s", exit_code=1)
         time.sleep(poll)
+
+
+def wait(target: Target, job_id: str, *, poll: float = 1.0, timeout: float | None = None,
+         on_state: Callable[[JobStatus], None] | None = None, outage: float = 900.0,
+         on_outage: Callable[[str], None] | None = None, settle: float = 10.0) -> JobStatus:
+    """Block until the job reaches a final state (requeues and outages are waited through)."""
+    final = _Final(settle)
+    last: list = [None]
+
+    def check():
+        st = job_status(target, job_id)
+        if st.state != last[0] and on_state:
+            on_state(st)
+        last[0] = st.state
+        return st if final(job_id, st) else None
+
+    return _follow(check, what=f"job {job_id}", poll=poll, timeout=timeout, outage=outage, on_outage=on_outage)
+
+
+def wait_array(target: Target, array_id: str, indices: Iterable[int], *, poll: float = 1.0,
+               timeout: float | None = None, on_state: Callable[[int, JobStatus], None] | None = None,
+               outage: float = 900.0, on_outage: Callable[[str], None] | None = None,
+               settle: float = 10.0) -> dict[int, JobStatus]:
+    """Block until every task of the array job is final; each task's status by index."""
+    final = _Final(settle)
+    indices = list(indices)
+    last: dict[int, str] = {}
+
+    def check():
+        states = array_status(target, array_id, indices)
+        for i, st in states.items():
+            if last.get(i) != st.state and on_state:
+                on_state(i, st)
+            last[i] = st.state
+        done = [final(i, st) for i, st in states.items()]
+        return states if all(done) else None
+
+    return _follow(check, what=f"array job {array_id}", poll=poll, timeout=timeout, outage=outage,
+                   on_outage=on_outage)
 
 
 # Slurm's final states -> kit's exit codes (kit.core.outcome).

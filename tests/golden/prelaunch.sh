@@ -211,7 +211,15 @@ kit::wait_for() {
 KIT_STOPPING=0
 # ---- end of launch/lib.sh ----
 
-readonly KIT_JOB_DIR=/jobs/golden-job
+# The scripts' directory; KIT_JOB_DIR is the unit of work's: the same, or an
+# array task's own directory (its logs, checkpoints, runs, FINISHED).
+readonly KIT_SCRIPTS_DIR=/jobs/golden-job
+if [[ -n "${SLURM_ARRAY_TASK_ID-}" && -d "${KIT_SCRIPTS_DIR}/tasks/${SLURM_ARRAY_TASK_ID}" ]]; then
+  KIT_JOB_DIR="${KIT_SCRIPTS_DIR}/tasks/${SLURM_ARRAY_TASK_ID}"
+else
+  KIT_JOB_DIR="${KIT_SCRIPTS_DIR}"
+fi
+readonly KIT_JOB_DIR
 readonly KIT_MAX_RESTARTS=3
 readonly KIT_WORLD_SIZE=16
 # Exit codes prelaunch decides itself (kit.core.outcome; the README's table).
@@ -233,6 +241,10 @@ export KIT_EXPORTER_PORTS=9400-9499
 export KIT_PYTHON=/usr/bin/python3
 export KIT_WARNING_SIGNAL=USR1
 export KIT_JOB_DIR
+# A sweep task's parameter values, as KIT_SWEEP_<NAME> (names checked by kit).
+if [[ -r "${KIT_JOB_DIR}/sweep" ]]; then
+  while IFS= read -r -d '' kit_kv; do export "KIT_SWEEP_${kit_kv%%=*}=${kit_kv#*=}"; done <"${KIT_JOB_DIR}/sweep"
+fi
 export KIT_FINISHED_FILE="${KIT_JOB_DIR}/FINISHED"
 export KIT_LOG_DIR="${KIT_JOB_DIR}/logs"
 export KIT_RESTART="${SLURM_RESTART_COUNT:-0}"
@@ -616,7 +628,7 @@ if (( KIT_STOPPING )); then
 fi
 mkdir -p "${KIT_PROGRESS_DIR}"
 kit::log "job ${SLURM_JOB_ID} run ${KIT_RESTART}: ${SLURM_JOB_NUM_NODES:-?} node(s), MASTER_ADDR=${MASTER_ADDR} MASTER_PORT=${MASTER_PORT}"
-srun "${KIT_STEP_ARGS[@]}" "${KIT_JOB_DIR}/launcher.sh" &
+srun "${KIT_STEP_ARGS[@]}" "${KIT_SCRIPTS_DIR}/launcher.sh" &
 KIT_MAIN_PID=$!
 if (( KIT_HANG_TIMEOUT > 0 )); then
   kit::watch_progress "${KIT_MAIN_PID}" &

@@ -1,0 +1,132 @@
+"""Arrays and sweeps (issue 10): every task is its own unit of work, run on
+the real local cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import kit, launch_wait, read_logs, runs, stepds_of, wait_for, wait_no_processes
+
+from kit import slurm
+
+TRAIN = [sys.executable, "-m", "kit.train", "--log-every", "5", "--checkpoint-every", "5"]
+MARK = 'printf "%s %s\\n" "$KIT_SWEEP_steps" "$1" >"$KIT_JOB_DIR/marker"; shift; exec "$@"'
+
+
+def task_dir(w, i: int) -> Path:
+    return w.job_dir / "tasks" / str(i)
+
+
+def test_a_sweep_runs_every_task_one_at_a_time_and_reports_each(cluster, tmp_path):
+    """Done-means 1: 3 tasks with %1; each its own directory, logs, checkpoints and
+    marker; the failing middle task makes --wait non-zero, the others complete."""
+    w = launch_wait(tmp_path, "--nodes", "2", "--sweep", "steps=10,bad,15", "--array", "%1",
+                    command=["bash", "-c", MARK, "_", "{steps}", *TRAIN, "--max-steps", "{steps}"])
+    rc, err = w.finish()
+    assert rc == 2, err  # task 1's own exit code: argparse refused --max-steps bad
+    lines = [line for line in err.splitlines() if line.startswith(f"kit: job {w.job_id}_")]
+    assert lines == [
+        f"kit: job {w.job_id}_0 (steps=10) ended COMPLETED: the work finished (exit code 0)",
+        f"kit: job {w.job_id}_1 (steps=bad) ended FAILED: the command failed with exit code 2 (exit code 2)",
+        f"kit: job {w.job_id}_2 (steps=15) ended COMPLETED: the work finished (exit code 0)"], err
+    assert f"kit: job {w.job_id}: 2 of 3 task(s) finished" in err
+    for i, steps in ((0, "10"), (1, "bad"), (2, "15")):
+        d = task_dir(w, i)
+        assert (d / "marker").read_text() == f"{steps} {steps}\n"
+        assert json.loads((d / "params.json").read_text()) == {"steps": steps}
+        assert (d / "FINISHED").exists() == (steps != "bad")
+        assert len(runs(d)) == 1
+        assert {p.name for p in (d / "logs").glob("rank-*.log")} == {"rank-0.r0.log", "rank-1.r0.log"}
+        if steps != "bad":
+            assert f"done at step={steps}" in read_logs(d)
+            assert (d / "checkpoints" / "last.ckpt").exists()
+    # One at a time: each task started after the one before had ended.
+    spans = [(runs(task_dir(w, i))[0]["time"], i) for i in range(3)]
+    assert [i for _, i in sorted(spans)] == [0, 1, 2]
+    assert not (w.job_dir / "FINISHED").exists() and not (w.job_dir / "checkpoints").exists()
+
+
+def _raw_id(d: Path) -> str:
+    """The task's own Slurm job id, from its batch log."""
+    text = "".join(p.read_text() for p in (d / "logs").glob("slurm-*.out"))
+    return re.search(r"job (\d+) run 0", text).group(1)
+
+
+def test_an_array_task_at_its_time_limit_requeues_and_resumes_alone(cluster, tmp_path):
+    """Done-means 2: task 0 is warned before its time limit, checkpoints, requeues
+    itself and resumes from its own checkpoint; task 1 (short) is untouched."""
+    w = launch_wait(tmp_path, "--sweep", "steps=100000,20", "--time", "1", "--signal-lead", "45",
+                    "--heartbeat", "0", "--max-restarts", "2",
+                    command=[*TRAIN[:-2], "--checkpoint-every", "0", "--step-delay", "0.05", "--max-steps",
+                             "{steps}"])
+    try:
+        t0, t1 = task_dir(w, 0), task_dir(w, 1)
+        wait_for(lambda: (t0 / "logs" / "rank-0.r0.log").exists() and "requeueing" in read_logs(t0), 150,
+                 what="task 0 to be warned and requeue itself")
+        raw = _raw_id(t0)
+        saved = int(re.search(r"saved last.ckpt at step (\d+)", read_logs(t0)).group(1))
+        wait_for(lambda: slurm.job_status(cluster.target, raw).restarts == 1, 60, what="the requeue")
+        assert wait_no_processes(t0, 45) == []
+        wait_for(lambda: not stepds_of(raw), 45, what="task 0's first run to end")
+        time.sleep(2)
+        subprocess.run(["scontrol", "update", f"JobId={raw}", "StartTime=now"],
+                       env={**os.environ, **cluster.target.env}, check=True, capture_output=True)
+        wait_for(lambda: re.search(r"resuming from \S+ at step (\d+)", read_logs(t0)), 90,
+                 what="task 0's second run to resume")
+        resumed = int(re.search(r"resuming from \S+ at step (\d+)", read_logs(t0)).group(1))
+        assert resumed == saved and str(t0) in read_logs(t0)  # its own checkpoint, in its own directory
+        # Task 1 ran once, to its end, in its own directory.
+        assert [r["end"] for r in runs(t1)] == ["finished"] and (t1 / "FINISHED").exists()
+        assert "done at step=20" in read_logs(t1) and not (t1 / "logs" / "rank-0.r1.log").exists()
+        assert slurm.job_status(cluster.target, _raw_id(t1)).restarts == 0
+    finally:
+        subprocess.run(["scancel", w.job_id], env={**os.environ, **cluster.target.env}, check=False)
+        rc, err = w.finish()
+    assert rc != 0 and f"kit: job {w.job_id}_0 (steps=100000) ended CANCELLED after 1 restart(s)" in err, err
+
+
+def test_sweep_input_is_checked_before_anything_is_submitted(tmp_path):
+    cases = [
+        (["--sweep", "lr"], "kit: --sweep: expected NAME=V1,V2,..., got 'lr'"),
+        (["--sweep", "1x=2"], "kit: --sweep: not a parameter name: '1x'"),
+        (["--sweep", "lr=1,1"], "kit: --sweep: lr: a value is given twice"),
+        (["--sweep", "lr=1,2", "--", "echo", "{rate}"], "kit: command: {rate} in '{rate}' is not a sweep parameter"),
+        (["--sweep", "lr=1,2", "--", "echo", "{"], "kit: command: a lone '{' in '{'"),
+        (["--sweep", "lr=1,2", "--array", "0-5"], "kit: --array: the sweep has 2 task(s), 0-1; '0-5' names 5"),
+        (["--array", "0-2000"], "kit: --array: index 2000 is above 1000"),
+        (["--array", "5-1"], "kit: --array: empty range '5-1' in '5-1'"),
+        (["--array", "1,x"], "kit: --array: not an index set: '1,x'"),
+        (["--sbatch-arg=--array=0-3"], "kit: --sbatch-arg: --array is set by kit"),
+        (["--sbatch-arg=-a3"], "kit: --sbatch-arg: -a is set by kit"),
+    ]
+    for args, first in cases:
+        if "--" not in args:
+            args = [*args, "--", "true"]
+        proc = kit("launch", "--dry-run", "--output-dir", str(tmp_path / "jobs"), *args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stderr.splitlines()[0].startswith(first), (args, proc.stderr)
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_a_hostile_sweep_value_reaches_the_command_byte_for_byte(tmp_path):
+    value = "a b'$(touch PWNED)\"\\`x`;{}*\n\t\x7f é"
+    proc = kit("launch", "--dry-run", "--json", "--output-dir", str(tmp_path / "jobs"), "--sweep", f"v=plain,{value}",
+               "--", "printf", "<%s>", "pre-{v}-{{lit}}")
+    assert proc.returncode == 0, proc.stderr
+    job_dir = Path(json.loads(proc.stdout)["job_dir"])
+    words = (job_dir / "tasks" / "1" / "command").read_bytes().split(b"\0")
+    assert words == [b"printf", b"<%s>", f"pre-{value}-{{lit}}".encode(), b""]
+    assert (job_dir / "tasks" / "1" / "sweep").read_bytes() == f"v={value}".encode() + b"\0"
+    # And through bash, as the launcher reads them (mapfile) and prelaunch exports them.
+    out = subprocess.run(["bash", "-c", 'mapfile -d "" -t c <"$1/command"; while IFS= read -r -d "" kv; do '
+                          'export "KIT_SWEEP_${kv%%=*}=${kv#*=}"; done <"$1/sweep"; "${c[@]}"; '
+                          'printf "[%s]" "$KIT_SWEEP_v"', "_", str(job_dir / "tasks" / "1")],
+                         capture_output=True, cwd=tmp_path)
+    assert out.stdout == f"<pre-{value}-{{lit}}>[{value}]".encode()
+    assert not list(tmp_path.rglob("PWNED"))
