@@ -58,6 +58,9 @@ def _str(name: str, help: str, metavar: str = "TEXT"):
 @click.option("--sweep", "sweeps", multiple=True, metavar="NAME=V1,V2,...",
               help="A parameter swept over: one array task per combination of all --sweep values; "
                    "{NAME} in the command and $KIT_SWEEP_NAME give each task its value (repeatable).")
+@click.option("--after", "after", multiple=True, metavar="JOB[:ok|any|notok]",
+              help="Start only after JOB (a job id or a kit job directory) succeeded (ok, the default), ended "
+                   "however (any) or failed (notok); checked before submitting (repeatable).")
 @_str("--mpi", "Slurm's MPI plugin for the step (srun --mpi), checked against the cluster's "
      "`srun --mpi=list` [default: none].", "TYPE")
 @_str("--image", "Run every task in this container image: a .sqsh path or docker://... (pyxis).", "IMAGE")
@@ -85,8 +88,8 @@ def _str(name: str, help: str, metavar: str = "TEXT"):
 @click.option("--wait", "wait_", is_flag=True, help="Block until the job ends; exit with its exit code.")
 @click.option("--json", "as_json", is_flag=True, help="Print {job_id, job_dir, sbatch_argv} as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, sweeps, where, dry_run, wait_,
-           as_json, command, **fields):
+def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, sweeps, after, where, dry_run,
+           wait_, as_json, command, **fields):
     """Submit COMMAND as a multi-node job: kit launch [OPTIONS] -- COMMAND...
 
     Writes a job directory (prelaunch.sh, launcher.sh, job.json, sbatch.json),
@@ -111,6 +114,8 @@ def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, sw
         given.sbatch_args = list(sbatch_args)
     if sidecars:
         given.sidecars = list(sidecars)
+    if after:
+        given.after = list(after)
     if sweeps:
         given.sweep = dict(sweep_lib.parse_sweep_item(item, "--sweep") for item in sweeps)
     if mounts:
@@ -124,6 +129,7 @@ def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, sw
     for warning in job.warnings:
         click.echo(f"kit: warning: {warning}", err=True)
 
+    deps = lib.resolve_after(job, origins.label("after"))
     target = None
     if not dry_run:
         target, note = lib.select_target(where, needs_containers=bool(job.spec.image))
@@ -135,6 +141,9 @@ def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, sw
             slurm.check_partition(target, job.spec.partition, origins.label("partition"))
         if job.spec.mpi != "none":
             slurm.check_mpi(target, job.spec.mpi, origins.label("mpi"))
+        deps = slurm.check_after(target, deps, origins.label("after"),
+                                 note=lambda msg: click.echo(f"kit: {msg}", err=True))
+    job.spec.after = [f"{job_id}:{kind}" for job_id, kind, _ in deps]
     prepared = lib.prepare(job)
     if dry_run:
         if as_json:

@@ -58,6 +58,8 @@ class JobSpec:
     # syntax) and/or sweep parameters, NAME -> values (their product).
     array: str | None = None
     sweep: dict[str, list[str]] | None = None
+    # Run after other jobs: "JOB[:ok|any|notok]", JOB a job id or a kit job directory.
+    after: list[str] | None = None
     # Hang detection: a rank whose progress file ($KIT_PROGRESS_FILE) has not
     # been touched for HANG_TIMEOUT seconds (FIRST_PROGRESS_TIMEOUT before its
     # first touch in a run) stops the step; 0 turns it off.
@@ -106,6 +108,7 @@ DEFAULTS: dict[str, Any] = {
     "first_progress_timeout": 3600,
     "stop_grace": 3,
     "mounts": [],
+    "after": [],
     "container_env": [],
     "container_writable": False,
     "container_mount_home": False,
@@ -131,7 +134,8 @@ OWNED_SBATCH = {
     "--mem": "--mem", "--time": "--time", "-t": "--time", "--partition": "--partition",
     "-p": "--partition", "--account": "--account", "-A": "--account", "--job-name": "--job-name",
     "-J": "--job-name", "--output": "--output-dir", "-o": "--output-dir", "--error": "--output-dir",
-    "-e": "--output-dir", "--array": "--array", "-a": "--array", "--signal": "--signal", "--requeue": "--max-restarts",
+    "-e": "--output-dir", "--array": "--array", "-a": "--array", "--dependency": "--after", "-d": "--after",
+    "--kill-on-invalid-dep": "--after", "--signal": "--signal", "--requeue": "--max-restarts",
     "--no-requeue": "--max-restarts", "--open-mode": "(kit appends to logs)", "--parsable": "--json",
     "--wait": "--wait", "-W": "--wait", "--ntasks": "--ntasks-per-node", "-n": "--ntasks-per-node",
 }
@@ -177,7 +181,7 @@ class Origins(dict):
         return self.get(name) or cli_label(name)
 
 
-_OPTION_NAMES = {"sweep": "--sweep", "sbatch_args": "--sbatch-arg", "sidecars": "--sidecar", "command": "command", "mounts": "--mount",
+_OPTION_NAMES = {"after": "--after", "sweep": "--sweep", "sbatch_args": "--sbatch-arg", "sidecars": "--sidecar", "command": "command", "mounts": "--mount",
                  "mount_check": "--no-mount-check", "exporter": "--no-exporter"}
 
 
@@ -283,7 +287,7 @@ _INT_FIELDS = {"nodes", "gpus_per_node", "ntasks_per_node", "cpus_per_task", "si
 _STR_FIELDS = {"mem", "time", "partition", "account", "job_name", "output_dir", "signal",
                "port_range", "master_interface", "image", "container_workdir", "container_name",
                "exporter_ports", "prometheus_targets", "mpi", "array"}
-_LIST_FIELDS = {"command", "sbatch_args", "sidecars", "mounts", "container_env"}
+_LIST_FIELDS = {"command", "sbatch_args", "sidecars", "mounts", "container_env", "after"}
 _BOOL_FIELDS = {"debug", "container_writable", "container_mount_home", "container_remap_root", "mount_check",
                 "exporter"}
 
@@ -451,12 +455,28 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
     if not out_dir.is_absolute():
         out_dir = (cwd or Path.cwd()) / out_dir
     s.output_dir = str(out_dir)
+    for item in s.after:
+        parse_after(item, origins.label("after"))
     tasks, params = _resolve_tasks(s, origins)
     mounts = _resolve_container(s, origins, warnings)
     if s.time is None and any(n in origins for n in ("signal", "signal_lead", "max_restarts")):
         warnings.append("no --time given: the preemption warning only fires if the partition has a time limit")
     return ResolvedJob(spec=s, time_seconds=time_seconds, port_low=low, port_high=high,
                        warnings=tuple(warnings), mounts=tuple(mounts), tasks=tasks, params=params)
+
+
+AFTER_KINDS = ("ok", "any", "notok")
+
+
+def parse_after(item: str, label: str) -> tuple[str, str]:
+    """``JOB[:ok|any|notok]`` -> (JOB, kind); JOB is a job id or a job directory."""
+    job, sep, kind = item.rpartition(":")
+    if not sep or kind not in AFTER_KINDS:
+        job, kind = item, "ok"
+    if not job or "\n" in job:
+        raise KitError(f"expected JOB[:ok|any|notok], got {item!r}", field=label,
+                       hint="e.g. --after 1234 (after it succeeded), --after 1234:any, --after kit-jobs/train-...:ok")
+    return job, kind
 
 
 def _resolve_tasks(s: JobSpec, origins: Origins) -> tuple[sweep_lib.TaskSet | None, tuple]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from kit import __version__, slurm
 from kit.core import bash, outcome
 from kit.core import sweep as sweep_lib
-from kit.core.spec import ResolvedJob
+from kit.core.spec import ResolvedJob, parse_after
 from kit.errors import KitError
 from kit.launch import sidecars
 from kit.slurm import pyxis
@@ -219,6 +219,27 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return PreparedJob(job=job, job_dir=final, sbatch_argv=argv, srun_argv=the_step.argv(final))
+
+
+def resolve_after(job: ResolvedJob, label: str) -> list[tuple[str, str, Path | None]]:
+    """``--after`` items as (job id, kind, job directory or None): a job
+    directory is read for its id (written at submission)."""
+    deps = []
+    for item in job.spec.after:
+        ref, kind = parse_after(item, label)
+        if ref.isdigit():
+            deps.append((ref, kind, None))
+            continue
+        d = Path(ref).expanduser()
+        try:
+            job_id = (d / "job_id").read_text().strip() if d.is_dir() else ""
+        except OSError:
+            job_id = ""
+        if not job_id.isdigit():
+            raise KitError(f"{ref!r} is neither a job id nor a submitted kit job directory", field=label,
+                           hint="give the id kit launch printed, or the job directory it printed")
+        deps.append((job_id, kind, d))
+    return deps
 
 
 def _write_tasks(job: ResolvedJob, job_dir: Path) -> None:

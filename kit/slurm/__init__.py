@@ -79,6 +79,12 @@ def sbatch_argv(job: ResolvedJob, job_dir: Path) -> list[str]:
             opts["--" + name.replace("_", "-")] = str(value)
     if job.time_seconds is not None or s.max_restarts:
         opts["--signal"] = f"B:{s.signal}@{s.signal_lead}"
+    if s.after:
+        # Slurm's --dependency: a comma means all of them; a dependency that can
+        # never be met cancels the job (it never pends forever).
+        opts["--dependency"] = ",".join(f"after{kind}:{job_id}" for job_id, _, kind in
+                                        (a.partition(":") for a in s.after))
+        opts["--kill-on-invalid-dep"] = "yes"
     argv = ["sbatch", "--parsable"]
     argv += [f"{k}={v}" for k, v in sorted(opts.items())]
     argv.append("--requeue" if s.max_restarts else "--no-requeue")
@@ -143,6 +149,30 @@ def check_mpi(target: Target, mpi: str, label: str) -> None:
                        hint="this cluster's srun offers: " + (", ".join(known) or "(none listed)"))
 
 
+def check_after(target: Target, deps: list, label: str, note=lambda msg: None) -> list:
+    """Each (job id, kind, job dir) dependency must be able to be met: the job is
+    known to Slurm and has not already ended the wrong way. A job Slurm has
+    forgotten counts only through its kit job directory's FINISHED marker."""
+    kept = []
+    for job_id, kind, job_dir in deps:
+        st = job_status(target, job_id)
+        if st.state == "GONE":
+            finished = job_dir is not None and (Path(job_dir) / "FINISHED").exists()
+            if finished and kind in ("ok", "any"):
+                note(f"job {job_id} finished and Slurm no longer lists it: that dependency is met")
+                continue
+            raise KitError(f"job {job_id} is unknown to Slurm", field=label,
+                           hint="give a job that is pending, running or recently ended (or its kit job directory)")
+        ended = st.state in TERMINAL_STATES
+        if ended and kind == "ok" and st.state != "COMPLETED":
+            raise KitError(f"job {job_id} already ended {st.state}: a job after it succeeded would never run",
+                           field=label, hint=f"use --after {job_id}:any to run after it however it ended")
+        if ended and kind == "notok" and st.state == "COMPLETED":
+            raise KitError(f"job {job_id} already succeeded: a job after it failed would never run", field=label)
+        kept.append((job_id, kind, job_dir))
+    return kept
+
+
 def submit(target: Target, argv: list[str], cwd: str | None = None) -> str:
     proc = target.run(argv, what="sbatch", cwd=cwd, timeout=120)
     job_id = proc.stdout.strip().split(";")[0]
@@ -165,6 +195,7 @@ class JobStatus:
     start_time: int = 0
     end_time: int = 0
     excluded_nodes: str = ""
+    dependency: str = ""
 
 
 class ControllerUnreachable(KitError):
@@ -210,7 +241,7 @@ def _status_of(target: Target, j: dict, name: str) -> JobStatus:
                      restarts=int(j.get("restart_cnt") or 0), requeue=bool(j.get("requeue")),
                      nodes=str(j.get("nodes") or ""), reason=str(j.get("state_reason") or ""),
                      start_time=int(j.get("start_time") or 0), end_time=int(j.get("end_time") or 0),
-                     excluded_nodes=str(j.get("excluded_nodes") or ""))
+                     excluded_nodes=str(j.get("excluded_nodes") or ""), dependency=str(j.get("dependency") or ""))
 
 
 def job_status(target: Target, job_id: str) -> JobStatus:
@@ -372,4 +403,6 @@ def job_outcome(st: JobStatus, job_dir: Path | None) -> outcome.Outcome:
     else:
         code = _STATE_CODES.get(st.state, outcome.LOST)
     meaning = outcome.command_failed(code) if st.state == "FAILED" else outcome.MEANING[code]
+    if st.state == "CANCELLED" and st.reason == "DependencyNeverSatisfied":
+        meaning = f"it never ran: its dependency can never be met ({st.dependency or 'see squeue'})"
     return outcome.Outcome(state=st.state, exit_code=code, meaning=meaning, restarts=st.restarts)
