@@ -49,16 +49,26 @@ def test_the_seed_torchrun_form_with_explicit_options_still_works(cluster, tmp_p
 
 
 def test_a_plain_torch_distributed_script_gets_four_distinct_ranks(cluster, tmp_path):
-    """kit's own ranks (no torchrun): 2 nodes x 2 tasks, the env:// rendezvous."""
-    (tmp_path / "ddp.py").write_text(ALL_REDUCE)
-    w = launch_wait(tmp_path, "--nodes", "2", "--ntasks-per-node", "2",
-                    command=[sys.executable, str(tmp_path / "ddp.py")])
+    """kit's own ranks (no torchrun): 2 nodes x 2 tasks; the seed-003 shape of
+    script (DDP, DistributedSampler, rank-0 checkpoint) splits the data four ways."""
+    example = Path(__file__).resolve().parent.parent / "launch" / "examples" / "ddp_plain.py"
+    w = launch_wait(tmp_path, "--nodes", "2", "--ntasks-per-node", "2", command=[sys.executable, str(example)])
     check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
-    lines = re.findall(r"rank=(\d) world=(\d+) sum=([0-9.]+)", read_logs(w.job_dir))
-    assert sorted(r for r, _, _ in lines) == ["0", "1", "2", "3"]
-    assert {(world, total) for _, world, total in lines} == {("4", "6.0")}
+    logs = read_logs(w.job_dir)
+    ranks = re.findall(r"plain rank=(\d) world=(\d+) samples=(\d+)", logs)
+    assert sorted(r for r, _, _ in ranks) == ["0", "1", "2", "3"]
+    assert {(world, samples) for _, world, samples in ranks} == {("4", str(3 * 4096 // 4))}  # a quarter each
+    losses = [float(v) for v in re.findall(r"plain epoch=\d loss=([0-9.]+)", logs)]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    assert torch_load_epoch(w.job_dir / "checkpoints" / "plain.pt") == 2
     launcher = (w.job_dir / "launcher.sh").read_text()
     assert "PET_NNODES" not in launcher  # several tasks per node: no per-node variables
+
+
+def torch_load_epoch(path: Path) -> int:
+    import torch
+
+    return torch.load(path, map_location="cpu")["epoch"]
 
 
 def test_mpi_pmi2_gives_every_task_its_pmi_rank(cluster, tmp_path):
@@ -97,3 +107,30 @@ def test_the_fsdp2_example_trains_on_two_nodes_through_torchrun(cluster, tmp_pat
     total = int(held[0][2])
     assert sum(int(n) for _, n, _ in held) == total and all(int(n) < total / 2 for _, n, _ in held)
     assert "world=4" in logs
+
+
+def _ops(trace: Path) -> dict:
+    import collections
+    import json
+
+    events = json.loads(trace.read_text())["traceEvents"]
+    return collections.Counter(e.get("name") for e in events if e.get("ph") == "X")
+
+
+def test_profile_steps_write_a_trace_per_rank_and_gradient_checkpointing_recomputes(cluster, tmp_path):
+    """--profile-steps 5-6: one Chrome trace per rank holding exactly those steps;
+    with --gradient-checkpointing the forward of the checkpointed layer runs again
+    in the backward pass (3 linear ops per step instead of 2) and the loss falls."""
+    w = launch_wait(tmp_path, "--nodes", "2",
+                    command=[sys.executable, "-m", "kit.train", "--max-steps", "40", "--profile-steps", "5-6",
+                             "--gradient-checkpointing", "--checkpoint-every", "0"])
+    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
+    logs = read_logs(w.job_dir)
+    first, last = map(float, re.search(r"first_loss=([0-9.]+) last_loss=([0-9.]+)", logs).groups())
+    assert last < first / 2, logs
+    traces = sorted((w.job_dir / "profiles").glob("rank-*.json"))
+    assert [t.name for t in traces] == ["rank-0.json", "rank-1.json"]
+    for trace in traces:
+        ops = _ops(trace)
+        assert ops["kit.step.5"] == 1 and ops["kit.step.6"] == 1 and ops["kit.step.7"] == 0
+        assert ops["aten::linear"] == 2 * 3  # two steps, the first layer recomputed

@@ -26,16 +26,24 @@ def log(msg: str) -> None:
 class Regression(L.LightningModule):
     """An MLP fitting a fixed random linear map plus a nonlinearity, on data it generates."""
 
-    def __init__(self, features: int = 32, hidden: int = 64, lr: float = 1e-2):
+    def __init__(self, features: int = 32, hidden: int = 64, lr: float = 1e-2, gradient_checkpointing: bool = False):
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(nn.Linear(features, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+        self.gradient_checkpointing = gradient_checkpointing
         self.first_loss: float | None = None
         self.last_loss: float | None = None
 
+    def forward(self, x):
+        if self.gradient_checkpointing and self.training:
+            # Activations of the hidden layer are recomputed in the backward pass, not kept.
+            hidden = torch.utils.checkpoint.checkpoint(self.net[:2], x, use_reentrant=False)
+            return self.net[2:](hidden)
+        return self.net(x)
+
     def training_step(self, batch, batch_idx):
         x, y = batch
-        loss = nn.functional.mse_loss(self.net(x), y)
+        loss = nn.functional.mse_loss(self(x), y)
         value = float(loss.detach())
         if self.first_loss is None:
             self.first_loss = value
@@ -70,6 +78,58 @@ class Preemption(Callback):
             self.progress.flush(trainer)
             log(f"warning signal: saved {self.ckpt_path.name} at step {trainer.global_step}, stopping")
             trainer.should_stop = True
+
+
+class StepProfiler(Callback):
+    """torch.profiler over steps FIRST..LAST on this rank; a Chrome trace per
+    rank (``rank-<R>.json``) in ``directory``; each step is a ``kit.step.N`` range."""
+
+    def __init__(self, first: int, last: int, directory: Path):
+        self.first, self.last, self.directory = first, last, directory
+        self.profiler = None
+        self.step_range = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        step = trainer.global_step + 1  # the step this batch makes
+        if self.profiler is None and self.first <= step <= self.last:
+            from torch.profiler import ProfilerActivity, profile
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+            self.profiler = profile(activities=activities)
+            self.profiler.__enter__()
+        if self.profiler is not None:
+            from torch.profiler import record_function
+            self.step_range = record_function(f"kit.step.{step}")
+            self.step_range.__enter__()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.step_range is not None:
+            self.step_range.__exit__(None, None, None)
+            self.step_range = None
+        if self.profiler is not None and trainer.global_step >= self.last:
+            self._finish(trainer)
+
+    def on_train_end(self, trainer, pl_module):
+        if self.profiler is not None:
+            self._finish(trainer)
+
+    def _finish(self, trainer) -> None:
+        self.profiler.__exit__(None, None, None)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"rank-{trainer.global_rank}.json"
+        self.profiler.export_chrome_trace(str(path))
+        self.profiler = None
+        log(f"profile of steps {self.first}-{self.last}: {path}")
+
+
+def parse_step_range(text: str) -> tuple[int, int]:
+    first, sep, last = text.partition("-")
+    try:
+        a, b = int(first), int(last if sep else first)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected A-B (steps), got {text!r}") from None
+    if not 1 <= a <= b:
+        raise argparse.ArgumentTypeError(f"expected 1 <= A <= B, got {text!r}")
+    return a, b
 
 
 class StepDelay(Callback):
@@ -120,6 +180,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--step-delay", type=float, default=0.0, help="Sleep this long after each step (testing).")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gradient-checkpointing", action="store_true",
+                   help="Recompute the hidden activations in the backward pass instead of keeping them.")
+    p.add_argument("--profile-steps", type=parse_step_range, default=None, metavar="A-B",
+                   help="torch.profiler on every rank for steps A-B: a Chrome trace per rank in "
+                        "$KIT_JOB_DIR/profiles/.")
     return p.parse_args(argv)
 
 
@@ -153,6 +218,8 @@ def main(argv=None) -> int:
                                          save_last=True, save_top_k=0))
     if args.step_delay:
         callbacks.append(StepDelay(args.step_delay))
+    if args.profile_steps:
+        callbacks.append(StepProfiler(*args.profile_steps, job_dir / "profiles"))
     plugins = []
     if SLURMEnvironment.detect():
         # kit requeues from the batch script; Lightning's own requeue would race it.
@@ -166,7 +233,7 @@ def main(argv=None) -> int:
         enable_checkpointing=bool(args.checkpoint_every), default_root_dir=str(job_dir),
         max_epochs=-1,
     )
-    model = Regression(args.features, args.hidden, args.lr)
+    model = Regression(args.features, args.hidden, args.lr, args.gradient_checkpointing)
     data = DataLoader(make_data(args.samples, args.features, args.seed), batch_size=args.batch_size,
                       shuffle=True)
     resume = str(last) if last.exists() else None
