@@ -286,3 +286,10 @@ def test_node_source_reads_this_machine_like_node_exporter():
     for name in ("sda", "nvme0n1", "vda", "md0", "dm-0"):
         assert not DISK_EXCLUDE.match(name)
     assert "lo" in {s.labels["device"] for s in by_name["node_network_receive_bytes_total"]}
+
+
+def test_array_tasks_are_labelled_on_the_target():
+    from kit.monitor.exporter import target_labels
+
+    labels = target_labels({"SLURM_JOB_ID": "43", "SLURM_ARRAY_JOB_ID": "41", "SLURM_ARRAY_TASK_ID": "2"}, "node1", {})
+    assert labels == {"slurm_job_id": "43", "slurm_array_job_id": "41", "slurm_array_task_id": "2", "node": "node1"}

@@ -50,6 +50,16 @@ def test_a_sweep_runs_every_task_one_at_a_time_and_reports_each(cluster, tmp_pat
     spans = [(runs(task_dir(w, i))[0]["time"], i) for i in range(3)]
     assert [i for _, i in sorted(spans)] == [0, 1, 2]
     assert not (w.job_dir / "FINISHED").exists() and not (w.job_dir / "checkpoints").exists()
+    # kit report on the sweep: one table row per task, one figure, report.json.
+    rep = kit("report", str(w.job_dir))
+    assert rep.returncode == 0, rep.stderr
+    rows = [line.split() for line in rep.stdout.splitlines()[2:5]]
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [("0", "steps=10", "finished", "0"),
+                                                        ("1", "steps=bad", "failed", "0"),
+                                                        ("2", "steps=15", "finished", "0")], rep.stdout
+    doc = json.loads((w.job_dir / "report.json").read_text())
+    assert [t["params"] for t in doc["tasks"]] == [{"steps": "10"}, {"steps": "bad"}, {"steps": "15"}]
+    assert (w.job_dir / "report.png").stat().st_size > 10_000
 
 
 def _raw_id(d: Path) -> str:

@@ -35,6 +35,15 @@ def report(job, output, prometheus, output_dir):
     job_id = (job_dir / "job_id").read_text().strip() if (job_dir / "job_id").exists() else job_dir.name
     prometheus = prometheus or LocalCluster().prometheus_url()
     out = Path(output) if output else job_dir / "report.png"
+    if (job_dir / "tasks").is_dir():  # an array job or sweep: a table of its tasks
+        from kit.monitor.report import TASK_HEADER, report_tasks
+
+        click.echo(f"job {job_id}: {len(list((job_dir / 'tasks').iterdir()))} task(s)")
+        click.echo(TASK_HEADER)
+        for row in report_tasks(job_dir, job_id, out):
+            click.echo(row.line())
+        click.echo(f"report: {out}")
+        return
     summary = make_report(job_dir, job_id, out, prometheus)
     for line in summary.lines():
         click.echo(line)

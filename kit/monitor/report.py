@@ -212,3 +212,93 @@ def report(job_dir: Path, job: str, out: Path, prometheus: str | None = None) ->
     plot(series, summary, out)
     (out.with_suffix(".json")).write_text(json.dumps(asdict(summary), indent=2) + "\n")
     return summary
+
+
+@dataclass
+class TaskSummary:
+    task: int
+    params: dict
+    end: str
+    restarts: int
+    final_loss: float | None
+    samples_per_second: float
+    duration_seconds: float
+
+    def line(self) -> str:
+        params = " ".join(f"{k}={v}" for k, v in self.params.items()) or "-"
+        loss = f"{self.final_loss:.5f}" if self.final_loss is not None else "-"
+        return (f"{self.task:>5}  {params:<30.30}  {self.end:<10}  {self.restarts:>8}  {loss:>10}  "
+                f"{self.samples_per_second:>10.1f}  {self.duration_seconds:>8.1f}")
+
+
+TASK_HEADER = f"{'task':>5}  {'parameters':<30}  {'end':<10}  {'restarts':>8}  {'final loss':>10}  " \
+              f"{'samples/s':>10}  {'time (s)':>8}"
+
+
+def _task_summary(d: Path) -> tuple[TaskSummary, list]:
+    try:
+        params = json.loads((d / "params.json").read_text())
+        params = params if isinstance(params, dict) else {}
+    except (OSError, ValueError):
+        params = {}
+    ends = []
+    try:
+        for line in (d / "runs.jsonl").read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                ends.append(str(rec.get("end", "?")))
+    except OSError:
+        pass
+    end = "finished" if (d / "FINISHED").exists() else (ends[-1] if ends else "not run")
+    try:
+        series, _ = load_logs(d)
+    except KitError:
+        series = {}
+    summary = summarize(series, d.name, "metrics logs") if series else None
+    losses = sorted(((t, v) for (name, _, rank), pts in series.items() if name == "training_loss" for t, v in pts),
+                    key=lambda p: p[0])
+    curve = [(t, v) for (name, _, rank), pts in sorted(series.items()) if name == "training_loss" and rank == "0"
+             for t, v in pts] or losses
+    return TaskSummary(int(d.name), params, end, max(len(ends) - 1, 0), losses[-1][1] if losses else None,
+                       summary.samples_per_second if summary else 0.0,
+                       summary.duration_seconds if summary else 0.0), curve
+
+
+def report_tasks(job_dir: Path, job: str, out: Path) -> list[TaskSummary]:
+    """An array job: one line per task, and every task's loss curve in one figure."""
+    dirs = sorted((d for d in (job_dir / "tasks").iterdir() if d.is_dir() and d.name.isdigit()),
+                  key=lambda d: int(d.name))
+    if not dirs:
+        raise KitError(f"no task directories in {job_dir / 'tasks'}", field="JOB")
+    rows, curves = [], []
+    for d in dirs:
+        row, curve = _task_summary(d)
+        rows.append(row)
+        curves.append(curve)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 6))
+    drawn = False
+    for row, curve in zip(rows, curves):
+        if curve:
+            t0 = curve[0][0]
+            label = " ".join(f"{k}={v}" for k, v in row.params.items()) or f"task {row.task}"
+            ax.plot([t - t0 for t, _ in curve], [v for _, v in curve], label=f"{row.task}: {label}")
+            drawn = True
+    ax.set_title(f"kit job {job}: training loss per task")
+    ax.set_xlabel("seconds since the task's first sample")
+    if drawn:
+        ax.set_yscale("log")
+        ax.legend(fontsize="small")
+    else:
+        ax.text(0.5, 0.5, "no training loss samples", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+    out.with_suffix(".json").write_text(json.dumps({"job": job, "tasks": [asdict(r) for r in rows]}, indent=2) + "\n")
+    return rows

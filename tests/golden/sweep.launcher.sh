@@ -192,7 +192,11 @@ kit::handle_signals() {
 KIT_RC=0
 kit::wait_for() {
   local -r pid="$1"
-  local seen
+  local seen nudge
+  # bash 5.2 can sleep in `wait` for good when two children end at once (one
+  # SIGCHLD for both, one reaped): a SIGCHLD every second makes it look again.
+  ( kit::helper_traps; while kit::nap 1; do kill -s CHLD "$$" 2>/dev/null || exit 0; done ) &
+  nudge=$!
   while :; do
     seen="${#KIT_SIGNALS[@]}"
     if wait "${pid}"; then KIT_RC=0; else KIT_RC=$?; fi
@@ -201,11 +205,13 @@ kit::wait_for() {
       kit::running "${pid}" && continue
       if (( KIT_STOPPING )); then KIT_RC=143; else KIT_RC=255; fi
       kit::log "the exit status of process ${pid} was lost (bash wait returned -1): taking ${KIT_RC}"
-      return 0
+      break
     fi
     if (( ${#KIT_SIGNALS[@]} > seen && KIT_RC > 128 )); then continue; fi
-    return 0
+    break
   done
+  kill "${nudge}" 2>/dev/null || true
+  wait "${nudge}" 2>/dev/null || true
 }
 KIT_STOPPING=0
 # ---- end of launch/lib.sh ----
