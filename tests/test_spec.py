@@ -95,3 +95,22 @@ def test_prometheus_targets_under_an_image_must_be_a_plain_mount_path(tmp_path):
     for bad in ("/a,/b:/injected", "/a b", "/a:b"):
         with pytest.raises(KitError, match="the targets directory"):
             specs.resolve(specs.JobSpec(command=["true"], image=str(image), prometheus_targets=bad))
+
+
+def test_a_job_file_sweep_table_and_after_list(tmp_path):
+    f = tmp_path / "job.toml"
+    f.write_text('command = ["train", "--lr={lr}"]\nafter = ["12", "13:any"]\narray = "%1"\n'
+                 '[sweep]\nlr = [0.1, 0.01]\nopt = ["adam", "sgd"]\n')
+    spec, origins = specs.load_job_file(f)
+    merged, origins = specs.merge(spec, specs.JobSpec(sweep={"opt": ["lion"]}), origins)
+    job = specs.resolve(merged, origins)
+    assert job.spec.sweep == {"lr": ["0.1", "0.01"], "opt": ["lion"]}  # --sweep wins per name
+    assert job.tasks.render() == "0-1%1" and list(job.params) == [{"lr": "0.1", "opt": "lion"},
+                                                                   {"lr": "0.01", "opt": "lion"}]
+    assert [specs.parse_after(a, "after") for a in job.spec.after] == [("12", "ok"), ("13", "any")]
+    f.write_text('command = ["x"]\n[sweep]\nlr = "0.1"\n')
+    with pytest.raises(KitError, match="expected a table of lists"):
+        specs.load_job_file(f)
+    f.write_text('command = ["x"]\n[sweep]\nlr = [true]\n')
+    with pytest.raises(KitError, match="lr: values are strings or numbers"):
+        specs.load_job_file(f)
