@@ -114,6 +114,9 @@ kit::deliver() {
   local -r sig="$1" pid="$2"
   local -r bit=$(( $(kill -l "${sig}") - 1 ))
   local caught tries
+  # A background subshell gets default signal actions: a second warning sent
+  # to the task's process group would kill it before it delivered the first.
+  kit::helper_traps
   for (( tries = 0; tries < ${KIT_SIGNAL_GRACE:-30} * 10; tries++ )); do
     caught="$(awk '$1 == "SigCgt:" { print $2 }' /proc/"${pid}"/status 2>/dev/null)" || return 0
     [[ -n "${caught}" ]] || return 0

@@ -181,11 +181,7 @@ kit::handle_signals() {
 KIT_RC=0
 kit::wait_for() {
   local -r pid="$1"
-  local seen nudge
-  # bash 5.2 can sleep in `wait` for good when two children end at once (one
-  # SIGCHLD for both, one reaped): a SIGCHLD every second makes it look again.
-  ( kit::helper_traps; while kit::nap 1; do kill -s CHLD "$$" 2>/dev/null || exit 0; done ) &
-  nudge=$!
+  local seen
   while :; do
     seen="${#KIT_SIGNALS[@]}"
     if wait "${pid}"; then KIT_RC=0; else KIT_RC=$?; fi
@@ -199,8 +195,6 @@ kit::wait_for() {
     if (( ${#KIT_SIGNALS[@]} > seen && KIT_RC > 128 )); then continue; fi
     break
   done
-  kill "${nudge}" 2>/dev/null || true
-  wait "${nudge}" 2>/dev/null || true
 }
 KIT_STOPPING=0
 # ---- end of launch/lib.sh ----

@@ -35,8 +35,10 @@ def cli(verbose: bool) -> None:
 
 
 def _register() -> None:
-    from kit.cli import build, cluster, exporter, launch, report
+    from kit.cli import build, cluster, exporter, jobs, launch, report
     cli.add_command(launch.launch)
+    cli.add_command(jobs.logs)
+    cli.add_command(jobs.cancel)
     cli.add_command(build.build)
     cli.add_command(build.inspect)
     cli.add_command(cluster.cluster)

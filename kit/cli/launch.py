@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
+import time
 
 import click
 
@@ -167,11 +169,56 @@ def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, sw
 
 
 def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
-    """--wait: follow the job to its end; exit with kit's code for that end."""
+    """--wait: follow the job to its end; exit with kit's code for that end.
+
+    On a terminal one live progress line (state, run, step, loss, samples/s,
+    elapsed); otherwise a line per state change and a progress line a minute.
+    Ctrl-C stops waiting and leaves the job running.
+    """
+    from kit.launch import jobs
+
+    live = sys.stderr.isatty()
+    t0 = time.monotonic()
+    seen = {"line": "", "printed": 0.0, "samples": None, "at": None, "rate": None}
+
     def say(msg: str) -> None:
+        if live and seen["line"]:
+            click.echo("\r\x1b[K", nl=False, err=True)
+            seen["line"] = ""
         click.echo(f"kit: job {job_id}: {msg}", err=True)
 
-    end = slurm.wait(target, job_id, poll=0.5, on_state=lambda st: say(st.state), on_outage=say)
+    def progress(st: slurm.JobStatus) -> None:
+        p = jobs.training_progress(job_dir)
+        now = time.monotonic()
+        if p.samples_total is not None:
+            if seen["samples"] is not None and p.samples_total > seen["samples"] and now > seen["at"]:
+                seen["rate"] = (p.samples_total - seen["samples"]) / (now - seen["at"])
+            if seen["samples"] != p.samples_total:
+                seen["samples"], seen["at"] = p.samples_total, now
+        parts = [st.state, f"run {st.restarts}"]
+        if p.step is not None:
+            parts.append(f"step {p.step}")
+        if p.loss is not None:
+            parts.append(f"loss {p.loss:.4g}")
+        if seen["rate"]:
+            parts.append(f"{seen['rate']:.0f} samples/s")
+        parts.append(f"{int(now - t0)} s")
+        line = ", ".join(parts)
+        if live:
+            click.echo(f"\r\x1b[Kkit: job {job_id}: {line}", nl=False, err=True)
+            seen["line"] = line
+        elif p.step is not None and now - seen["printed"] >= 60:
+            click.echo(f"kit: job {job_id}: {line}", err=True)
+            seen["printed"] = now
+
+    try:
+        end = slurm.wait(target, job_id, poll=0.5, on_state=lambda st: say(st.state), on_outage=say,
+                         on_poll=progress)
+    except KeyboardInterrupt:
+        say(f"stopped waiting; the job goes on. Follow it: kit logs -f {job_dir}; cancel it: kit cancel {job_id}")
+        return 130
+    if live and seen["line"]:
+        click.echo("\r\x1b[K", nl=False, err=True)
     result = slurm.job_outcome(end, job_dir)
     click.echo(f"kit: job {job_id} {result.describe()}", err=True)
     return result.exit_code

@@ -19,19 +19,10 @@ from kit.errors import KitError
 def report(job, output, prometheus, output_dir):
     """Plot GPU utilization, memory, power and training throughput of JOB (an id or a job directory)."""
     from kit.cluster import LocalCluster
+    from kit.launch import jobs
     from kit.monitor.report import report as make_report
 
-    job_dir = Path(job)
-    if not job_dir.is_dir():
-        matches = [p.parent for p in Path(output_dir).glob("*/job_id") if p.read_text().strip() == job]
-        if not matches:
-            raise KitError(f"no job directory for job {job} under {output_dir}", field="JOB",
-                           hint="give the job directory itself, or --output-dir where it lives")
-        if len(matches) > 1:
-            raise KitError(f"job id {job} names {len(matches)} job directories under {output_dir}", field="JOB",
-                           detail="\n".join(str(m) for m in sorted(matches)),
-                           hint="give the job directory itself")
-        job_dir = matches[0]
+    job_dir = jobs.find_job_dir(job, output_dir)
     job_id = (job_dir / "job_id").read_text().strip() if (job_dir / "job_id").exists() else job_dir.name
     prometheus = prometheus or LocalCluster().prometheus_url()
     out = Path(output) if output else job_dir / "report.png"

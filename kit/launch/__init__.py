@@ -276,6 +276,8 @@ def submit(prepared: PreparedJob, target: slurm.Target) -> PreparedJob:
         shutil.rmtree(prepared.job_dir, ignore_errors=True)
         raise
     prepared.job_id = job_id
+    # Which Slurm has it, for kit logs/cancel later (written first: job_id marks a submitted job).
+    (prepared.job_dir / "slurm.json").write_text(json.dumps({"target": target.name, "conf": target.conf}) + "\n")
     (prepared.job_dir / "job_id").write_text(job_id + "\n")
     return prepared
 
@@ -289,6 +291,15 @@ def local_prometheus_targets() -> str | None:
 
 
 SITE_CONFS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf/slurm.conf")
+
+
+def target_of(job_dir: Path) -> slurm.Target:
+    """The Slurm a submitted job went to (recorded at submission), else the usual choice."""
+    try:
+        rec = json.loads((Path(job_dir) / "slurm.json").read_text())
+        return slurm.Target(conf=rec.get("conf"), name=str(rec.get("target") or "site"))
+    except (OSError, ValueError, AttributeError):
+        return select_target(None)[0]
 
 
 def select_target(where: str | None, needs_containers: bool = False) -> tuple[slurm.Target, str | None]:

@@ -149,6 +149,11 @@ def check_mpi(target: Target, mpi: str, label: str) -> None:
                        hint="this cluster's srun offers: " + (", ".join(known) or "(none listed)"))
 
 
+def cancel(target: Target, job_id: str) -> None:
+    """scancel the job (every task of an array job)."""
+    target.run(["scancel", job_id], what="scancel", timeout=60)
+
+
 def check_after(target: Target, deps: list, label: str, note=lambda msg: None) -> list:
     """Each (job id, kind, job dir) dependency must be able to be met: the job is
     known to Slurm and has not already ended the wrong way. A job Slurm has
@@ -338,7 +343,8 @@ def _follow(check: Callable[[], object], *, what: str, poll: float, timeout: flo
 
 def wait(target: Target, job_id: str, *, poll: float = 1.0, timeout: float | None = None,
          on_state: Callable[[JobStatus], None] | None = None, outage: float = 900.0,
-         on_outage: Callable[[str], None] | None = None, settle: float = 10.0) -> JobStatus:
+         on_outage: Callable[[str], None] | None = None, settle: float = 10.0,
+         on_poll: Callable[[JobStatus], None] | None = None) -> JobStatus:
     """Block until the job reaches a final state (requeues and outages are waited through)."""
     final = _Final(settle)
     last: list = [None]
@@ -348,6 +354,8 @@ def wait(target: Target, job_id: str, *, poll: float = 1.0, timeout: float | Non
         if st.state != last[0] and on_state:
             on_state(st)
         last[0] = st.state
+        if on_poll:
+            on_poll(st)
         return st if final(job_id, st) else None
 
     return _follow(check, what=f"job {job_id}", poll=poll, timeout=timeout, outage=outage, on_outage=on_outage)

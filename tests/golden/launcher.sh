@@ -192,11 +192,7 @@ kit::handle_signals() {
 KIT_RC=0
 kit::wait_for() {
   local -r pid="$1"
-  local seen nudge
-  # bash 5.2 can sleep in `wait` for good when two children end at once (one
-  # SIGCHLD for both, one reaped): a SIGCHLD every second makes it look again.
-  ( kit::helper_traps; while kit::nap 1; do kill -s CHLD "$$" 2>/dev/null || exit 0; done ) &
-  nudge=$!
+  local seen
   while :; do
     seen="${#KIT_SIGNALS[@]}"
     if wait "${pid}"; then KIT_RC=0; else KIT_RC=$?; fi
@@ -210,8 +206,6 @@ kit::wait_for() {
     if (( ${#KIT_SIGNALS[@]} > seen && KIT_RC > 128 )); then continue; fi
     break
   done
-  kill "${nudge}" 2>/dev/null || true
-  wait "${nudge}" 2>/dev/null || true
 }
 KIT_STOPPING=0
 # ---- end of launch/lib.sh ----
@@ -324,6 +318,9 @@ kit::deliver() {
   local -r sig="$1" pid="$2"
   local -r bit=$(( $(kill -l "${sig}") - 1 ))
   local caught tries
+  # A background subshell gets default signal actions: a second warning sent
+  # to the task's process group would kill it before it delivered the first.
+  kit::helper_traps
   for (( tries = 0; tries < ${KIT_SIGNAL_GRACE:-30} * 10; tries++ )); do
     caught="$(awk '$1 == "SigCgt:" { print $2 }' /proc/"${pid}"/status 2>/dev/null)" || return 0
     [[ -n "${caught}" ]] || return 0

@@ -1,0 +1,138 @@
+"""Day two (issue 11): kit logs and kit cancel on the real local cluster,
+with SLURM_CONF unset (no `eval "$(kit cluster env)"`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import assert_nothing_left, kit, release_requeued, runs, scontrol, state_is, submit, wait_for
+
+from kit import slurm
+
+ENV = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+
+
+def kit_plain(*args, cwd=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True, env=ENV, cwd=cwd,
+                          timeout=timeout)
+
+
+class W:  # what assert_nothing_left needs
+    def __init__(self, job):
+        self.job_id, self.job_dir = job["job_id"], Path(job["job_dir"])
+
+
+def test_cancel_ends_a_running_job_and_records_who_and_why(cluster, tmp_path):
+    job = submit(tmp_path, "--nodes", "2", command=["bash", "-c", "echo started; sleep 300"])
+    wait_for(state_is(cluster, job["job_id"], "RUNNING"), 60, what="the job to run")
+    wait_for(lambda: "started" in "".join(p.read_text() for p in Path(job["job_dir"], "logs").glob("rank-*")), 30)
+    proc = kit_plain("cancel", job["job_id"], "--reason", "wrong learning rate", "--output-dir",
+                     str(tmp_path / "jobs"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"cancelled job {job['job_id']} (wrong learning rate); recorded in ")
+    end = slurm.wait(cluster.target, job["job_id"], timeout=90)
+    assert end.state == "CANCELLED"
+    job_dir = Path(job["job_dir"])
+    rec = json.loads((job_dir / "cancelled.json").read_text())
+    assert rec["reason"] == "wrong learning rate" and rec["by"] and rec["time"] > 0
+    assert not (job_dir / "FINISHED").exists()
+    assert [r["end"] for r in runs(job_dir)] == ["stopped"]
+    assert_nothing_left(cluster, W(job))
+    again = kit_plain("cancel", str(job_dir))
+    assert again.returncode == 1 and again.stderr.startswith(f"kit: JOB: job {job['job_id']} already ended (CANCELLED)")
+
+
+FAIL_ON_RANK_1 = """
+import os, sys, time
+if os.environ["RANK"] == "1":
+    def load(path):
+        raise RuntimeError("checkpoint " + path + " is corrupt")
+    try:
+        load("/data/ckpt")
+    except RuntimeError:
+        import traceback
+        traceback.print_exc()
+        sys.exit(3)
+print("rank 0 waiting", flush=True)
+time.sleep(300)
+"""
+
+
+def test_logs_errors_names_the_first_failing_rank_its_node_code_and_traceback(cluster, tmp_path):
+    job = submit(tmp_path, "--nodes", "2", "--step-wait", "5", command=[sys.executable, "-c", FAIL_ON_RANK_1])
+    end = slurm.wait(cluster.target, job["job_id"], timeout=120)
+    assert end.state == "FAILED"
+    proc = kit_plain("logs", job["job_dir"], "--errors")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("run 0: rank 1 on node2 failed first, exit code 3, at "), proc.stdout
+    body = "\n".join(lines[1:])
+    assert "  Traceback (most recent call last):" in body and 'in load' in body
+    assert body.rstrip().endswith("RuntimeError: checkpoint /data/ckpt is corrupt")
+    one = kit_plain("logs", job["job_dir"], "--rank", "1")
+    assert one.stdout.startswith("Traceback (most recent call last):") or "Traceback" in one.stdout
+    merged = kit_plain("logs", job["job_dir"])
+    assert "0: rank 0 waiting" in merged.stdout and "1: RuntimeError: checkpoint /data/ckpt is corrupt" in merged.stdout
+    node2 = kit_plain("logs", job["job_dir"], "--node", "node2")
+    assert "rank 0 waiting" not in node2.stdout and "RuntimeError" in node2.stdout
+    exporter = kit_plain("logs", job["job_dir"], "--sidecar", "exporter")
+    assert exporter.returncode == 0 and "kit exporter: serving on" in exporter.stdout
+
+
+def test_logs_follow_reads_across_a_requeue_until_the_job_ends(cluster, tmp_path):
+    script = 'echo "run $KIT_RESTART start"; if [ "$KIT_RESTART" = 0 ]; then sleep 300; fi; echo "run $KIT_RESTART done"'
+    job = submit(tmp_path, "--heartbeat", "0", command=["bash", "-c", script])
+    follower = subprocess.Popen([sys.executable, "-m", "kit", "logs", "-f", job["job_dir"]], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        job_dir = Path(job["job_dir"])
+        wait_for(lambda: (job_dir / "logs" / "rank-0.r0.log").exists()
+                 and "run 0 start" in (job_dir / "logs" / "rank-0.r0.log").read_text(), 60, what="run 0")
+        scontrol(cluster, "requeue", job["job_id"])
+        release_requeued(cluster, job["job_id"], job_dir)
+        out, err = follower.communicate(timeout=120)
+    finally:
+        follower.kill()
+    assert follower.returncode == 0, err
+    assert "0: run 0 start" in out and "0: run 1 start" in out and "0: run 1 done" in out, out
+    assert out.index("0: run 0 start") < out.index("0: run 1 done")
+    assert f"kit: job {job['job_id']} ended COMPLETED" in err
+    assert slurm.job_status(cluster.target, job["job_id"]).state == "COMPLETED"
+
+
+def test_wait_on_a_terminal_shows_live_progress_and_ctrl_c_leaves_the_job_running(cluster, tmp_path):
+    """Under `script` (a pty): the live line carries the step; Ctrl-C stops waiting only."""
+    import re
+    import shlex
+    import threading
+
+    cmd = [sys.executable, "-m", "kit", "launch", "--local", "--wait", "--heartbeat", "0", "--output-dir",
+           str(tmp_path / "jobs"), "--", sys.executable, "-m", "kit.train", "--max-steps", "100000",
+           "--step-delay", "0.05"]
+    proc = subprocess.Popen(["script", "-qfec", shlex.join(cmd), "/dev/null"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV)
+    out = bytearray()
+    reader = threading.Thread(target=lambda: [out.extend(c) for c in iter(lambda: proc.stdout.read1(4096), b"")],
+                              daemon=True)
+    reader.start()
+    job_id = None
+    try:
+        wait_for(lambda: re.search(rb"kit: job \d+: RUNNING, run 0, step \d+, loss [0-9.e-]+", out), 120,
+                 what="a progress line with a step")
+        job_id = re.search(rb"Submitted job (\d+)", out).group(1).decode()
+        assert b"\r\x1b[K" in out  # one line, rewritten in place
+        proc.stdin.write(b"\x03")  # Ctrl-C on the terminal
+        proc.stdin.flush()
+        assert proc.wait(30) == 130, out.decode(errors="replace")
+        reader.join(5)
+        assert b"stopped waiting; the job goes on. Follow it: kit logs -f " in out
+        assert slurm.job_status(cluster.target, job_id).state == "RUNNING"
+    finally:
+        proc.kill()
+        if job_id:
+            subprocess.run(["scancel", job_id], env={**os.environ, **cluster.target.env}, check=False)
+            slurm.wait(cluster.target, job_id, timeout=90)
