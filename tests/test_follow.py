@@ -13,11 +13,13 @@ from conftest import assert_nothing_left, kit, release_requeued, runs, scontrol,
 
 from kit import slurm
 
-ENV = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+def env_without_slurm_conf() -> dict:
+    """This process's environment (KIT_HOME set by the session's fixture) minus SLURM_CONF."""
+    return {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
 
 
 def kit_plain(*args, cwd=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True, env=ENV, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True, env=env_without_slurm_conf(), cwd=cwd,
                           timeout=timeout)
 
 
@@ -80,14 +82,18 @@ def test_logs_errors_names_the_first_failing_rank_its_node_code_and_traceback(cl
     node2 = kit_plain("logs", job["job_dir"], "--node", "node2")
     assert "rank 0 waiting" not in node2.stdout and "RuntimeError" in node2.stdout
     exporter = kit_plain("logs", job["job_dir"], "--sidecar", "exporter")
-    assert exporter.returncode == 0 and "kit exporter: serving on" in exporter.stdout
+    assert exporter.returncode == 0, exporter.stderr
+    expected = "".join(f"{f.name.split('.')[0]}: {line}\n" for f in sorted(Path(job["job_dir"], "logs").glob(
+        "*.r0.exporter.log")) for line in f.read_text().splitlines())
+    assert exporter.stdout == expected
 
 
 def test_logs_follow_reads_across_a_requeue_until_the_job_ends(cluster, tmp_path):
     script = 'echo "run $KIT_RESTART start"; if [ "$KIT_RESTART" = 0 ]; then sleep 300; fi; echo "run $KIT_RESTART done"'
     job = submit(tmp_path, "--heartbeat", "0", command=["bash", "-c", script])
-    follower = subprocess.Popen([sys.executable, "-m", "kit", "logs", "-f", job["job_dir"]], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=ENV)
+    follower = subprocess.Popen([sys.executable, "-m", "kit", "logs", "-f", job["job_id"], "--output-dir",
+                                 str(tmp_path / "jobs")], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env_without_slurm_conf())
     try:
         job_dir = Path(job["job_dir"])
         wait_for(lambda: (job_dir / "logs" / "rank-0.r0.log").exists()
@@ -114,7 +120,7 @@ def test_wait_on_a_terminal_shows_live_progress_and_ctrl_c_leaves_the_job_runnin
            str(tmp_path / "jobs"), "--", sys.executable, "-m", "kit.train", "--max-steps", "100000",
            "--step-delay", "0.05"]
     proc = subprocess.Popen(["script", "-qfec", shlex.join(cmd), "/dev/null"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env_without_slurm_conf())
     out = bytearray()
     reader = threading.Thread(target=lambda: [out.extend(c) for c in iter(lambda: proc.stdout.read1(4096), b"")],
                               daemon=True)
