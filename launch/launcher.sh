@@ -113,14 +113,19 @@ kit::answer_hang() {
 kit::deliver() {
   local -r sig="$1" pid="$2"
   local -r bit=$(( $(kill -l "${sig}") - 1 ))
-  local caught tries
+  local caught tries mine
   # A background subshell gets default signal actions: a second warning sent
   # to the task's process group would kill it before it delivered the first.
   kit::helper_traps
+  # Until it execs, the command's process is a fork of this script and shows
+  # this script's handlers: it counts only once its command line is its own.
+  mine="$(tr '\0' ' ' </proc/$$/cmdline)"
   for (( tries = 0; tries < ${KIT_SIGNAL_GRACE:-30} * 10; tries++ )); do
     caught="$(awk '$1 == "SigCgt:" { print $2 }' /proc/"${pid}"/status 2>/dev/null)" || return 0
     [[ -n "${caught}" ]] || return 0
-    if (( (16#${caught} >> bit) & 1 )); then break; fi
+    if (( (16#${caught} >> bit) & 1 )) && [[ "$(tr '\0' ' ' </proc/"${pid}"/cmdline 2>/dev/null)" != "${mine}" ]]; then
+      break
+    fi
     sleep 0.1
   done
   kill -s "${sig}" "${pid}" 2>/dev/null || true
