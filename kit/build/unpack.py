@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import tarfile
 import zlib
 from dataclasses import dataclass, field
@@ -70,15 +69,6 @@ def _member_path(root: Path, name: str, source: str) -> Path | None:
         raise _bad(source, f"archive member {name!r}: {e.message}") from None
 
 
-def _remove(path: Path) -> None:
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
-
-
 def apply_layer(root: Path, tar: tarfile.TarFile, source: str) -> None:
     """Apply one layer (a tar stream) on top of ``root``."""
     members = []
@@ -99,11 +89,11 @@ def apply_layer(root: Path, tar: tarfile.TarFile, source: str) -> None:
             d = target.parent
             if d.is_dir() and not d.is_symlink():
                 for child in d.iterdir():
-                    _remove(child)
+                    rootpath.clear(child)
         else:
             victim = target.parent / base[len(WHITEOUT):]
             if victim.exists() or victim.is_symlink():
-                _remove(victim)
+                rootpath.clear(victim)
     # Pass 2: everything else, each member written at its resolved place.
     for m in members:
         if PurePosixPath(m.name).name.startswith(WHITEOUT):
@@ -117,7 +107,7 @@ def apply_layer(root: Path, tar: tarfile.TarFile, source: str) -> None:
             if link is None or os.path.islink(link) or not link.is_file():
                 raise _bad(source, f"hard link {m.name!r} -> {m.linkname!r}: target missing, not a file or a symlink")
         if target.is_symlink() or (target.exists() and not (m.isdir() and target.is_dir())):
-            _remove(target)
+            rootpath.clear(target)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             if link is not None:

@@ -6,8 +6,6 @@ from pathlib import Path
 
 import click
 
-from kit.errors import KitError
-
 
 @click.command()
 @click.argument("job")
