@@ -71,13 +71,13 @@ def _raw_id(d: Path) -> str:
 def test_an_array_task_at_its_time_limit_requeues_and_resumes_alone(cluster, tmp_path):
     """Done-means 2: task 0 is warned before its time limit, checkpoints, requeues
     itself and resumes from its own checkpoint; task 1 (short) is untouched."""
-    w = launch_wait(tmp_path, "--sweep", "steps=100000,20", "--time", "1", "--signal-lead", "45",
+    w = launch_wait(tmp_path, "--sweep", "steps=100000,20", "--time", "2", "--signal-lead", "80",
                     "--heartbeat", "0", "--max-restarts", "2",
                     command=[*TRAIN[:-2], "--checkpoint-every", "0", "--step-delay", "0.05", "--max-steps",
                              "{steps}"])
     try:
         t0, t1 = task_dir(w, 0), task_dir(w, 1)
-        wait_for(lambda: (t0 / "logs" / "rank-0.r0.log").exists() and "requeueing" in read_logs(t0), 150,
+        wait_for(lambda: (t0 / "logs" / "rank-0.r0.log").exists() and "requeueing" in read_logs(t0), 180,
                  what="task 0 to be warned and requeue itself")
         raw = _raw_id(t0)
         saved = int(re.search(r"saved last.ckpt at step (\d+)", read_logs(t0)).group(1))

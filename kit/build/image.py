@@ -340,7 +340,7 @@ def _unpack_base(recipe: Recipe, root: Path, work: Path, progress, copy: bool = 
     dev = root / "dev"
     if dev.is_dir() and not dev.is_symlink():
         for child in dev.iterdir():
-            unpack._remove(child)
+            rootpath.clear(child)
     return config
 
 
