@@ -55,7 +55,7 @@ class FakeNVML:
             index=i, minor=i, uuid=f"GPU-{i:08d}-fake", bus=f"00000000:{0x10 + i:02X}:00.0", name="NVIDIA H100 80GB HBM3",
             util=10 * i, mem_util=5 * i, used=(i + 1) * 1024 * 1024 * 1024, free=80 * 1024 ** 3 - (i + 1) * 1024 ** 3,
             power_mw=100_000 + 1000 * i, temp=40 + i, sm=1980, mem_clock=2619, reasons=0x4 if i == 3 else 0x1,
-            sbe=i, dbe=0, remapped=(i, 0, False, False))
+            sbe=i, dbe=0, remapped=(i, 0, False, False), processes=1)
 
     # -- failure switches
     def _check(self, gpu=None, field: str = "") -> None:
@@ -128,6 +128,10 @@ class FakeNVML:
     def nvmlDeviceGetRemappedRows(self, h):
         self._check(h, "remap")
         return h.remapped
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        self._check(h, "processes")
+        return [SimpleNamespace(pid=1000 + n, usedGpuMemory=h.used) for n in range(h.processes)]
 
     def nvmlEventSetCreate(self):
         return object()

@@ -9,7 +9,7 @@ import sys
 import click
 import pytest
 from click.testing import CliRunner
-from conftest import kit
+from conftest import REPO, kit
 
 from kit import __version__
 from kit.cli import cli
@@ -160,3 +160,38 @@ def test_local_without_a_cluster_says_how_to_start_one(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == ["kit: --local: the local cluster is not running",
                                         "hint: start it with: kit cluster up --nodes 2"]
+
+
+def test_launch_help_is_a_map_grouped_by_topic_in_the_readmes_order():
+    """Issue 11: every option in one topic group (none left over), --help prints the
+    groups with their purpose, and the README's option table has the same groups in
+    the same order, each option under its own group."""
+    import re
+
+    import click
+
+    from kit.cli.launch import GROUPS, launch
+
+    groups = launch.grouped(click.Context(launch))
+    assert [title for title, _, _ in groups] == [title for title, _, _ in GROUPS]  # no "Other options"
+    help_text = kit("launch", "--help").stdout
+    sections = [line[:-1] for line in help_text.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert sections == [title for title, _, _ in GROUPS]
+    for title, purpose, _ in GROUPS:
+        assert f"{title}:\n  {purpose}\n" in help_text
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("| option | meaning |"):readme.index("A job file uses the option names")]
+    readme_groups, current = {}, None
+    for row in table.splitlines():
+        if m := re.match(r"\| \*\*(.+?)\*\* \|", row):
+            current = m.group(1)
+            readme_groups[current] = ""
+        elif current:
+            readme_groups[current] += row.split(" | ")[0]
+    assert list(readme_groups) == [title for title, _, _ in GROUPS]
+    for title, _, params in groups:
+        for p in params:
+            if p.name == "help":
+                continue
+            name = max(p.opts, key=len)
+            assert f"`{name}" in readme_groups[title] or f", {name}" in readme_groups[title], (title, name)

@@ -137,7 +137,10 @@ def make_exporter(tmp_path: Path, nvml=None, **kw) -> Exporter:
     train_dir = tmp_path / "train"
     training.write(train_dir, 0, {"step": 12, "loss": 0.25, "samples_total": 768, "step_duration_seconds": 0.05,
                                   "last_step_timestamp_seconds": 1.7e9, "learning_rate": 0.01})
-    sources = [GpuSource(nvml or FakeNVML(), hostname="vm"), NodeSource(), TrainingSource(train_dir)]
+    from kit.monitor.job import JobSource
+
+    sources = [GpuSource(nvml or FakeNVML(), hostname="vm"), NodeSource(), TrainingSource(train_dir),
+               JobSource("4242", "node1", env={"SLURM_CPUS_ON_NODE": "8", "SLURM_MEM_PER_NODE": "4096"})]
     env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_JOB_USER": "alice",
            "SLURM_JOB_PARTITION": "gpu", "SLURM_CLUSTER_NAME": "kit"}
     return Exporter(sources, interval=0.2, bind="127.0.0.1", env=env, node="node1", **kw)
@@ -164,6 +167,8 @@ def test_promtool_check_metrics_reports_nothing(tmp_path):
     assert "node_memory_mem_available_bytes " in text and "node_cpu_seconds_total{" in text
     assert 'training_loss{rank="0"} 0.25' in text and 'training_samples_total{rank="0"} 768.0' in text
     assert 'kit_exporter_collector_success{collector="gpu"} 1.0' in text
+    assert "kit_job_cpus 8.0" in text and "kit_job_cpu_seconds_total " in text
+    assert text.count("gpu_compute_processes{") == 8
     assert "_total_total" not in text and 'job="' not in text and 'instance="' not in text
 
 
@@ -293,3 +298,38 @@ def test_array_tasks_are_labelled_on_the_target():
 
     labels = target_labels({"SLURM_JOB_ID": "43", "SLURM_ARRAY_JOB_ID": "41", "SLURM_ARRAY_TASK_ID": "2"}, "node1", {})
     assert labels == {"slurm_job_id": "43", "slurm_array_job_id": "41", "slurm_array_task_id": "2", "node": "node1"}
+
+
+def test_the_job_source_counts_only_the_jobs_own_processes_on_its_node():
+    """kit_job_*: CPU time and memory of the processes whose environment names this
+    job and this node (the local cluster's nodes share one host), and the allocation."""
+    import subprocess
+    import sys
+    import time
+
+    from kit.monitor.job import JobSource
+
+    burn = [sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\n"
+                                  "time.sleep(30)"]
+    procs = [subprocess.Popen(burn, env={**os.environ, "SLURM_JOB_ID": job, "SLURMD_NODENAME": node})
+             for job, node in (("4242", "nodeA"), ("4242", "nodeB"), ("9999", "nodeA"))]
+    try:
+        import psutil
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(
+                sum(psutil.Process(p.pid).cpu_times()[:2]) >= 0.5 for p in procs):
+            time.sleep(0.1)  # each burner has spent its 0.5 s (a loaded machine takes longer)
+        result = JobSource("4242", "nodeA", env={"SLURM_CPUS_ON_NODE": "2", "SLURM_MEM_PER_CPU": "100"}).poll()
+        values = {s.spec.name: s.value for s in result.samples}
+        assert result.success and values["kit_job_processes"] == 1
+        assert 0.4 <= values["kit_job_cpu_seconds_total"] < 1.0  # one burner's 0.5 s, not three
+        assert values["kit_job_memory_rss_bytes"] > 1 << 20
+        assert (values["kit_job_cpus"], values["kit_job_memory_limit_bytes"]) == (2.0, 200 * 2 ** 20)
+        unallocated = JobSource("4242", "nodeA", env={}).poll()
+        assert {s.spec.name for s in unallocated.samples} == {
+            "kit_job_cpu_seconds_total", "kit_job_memory_rss_bytes", "kit_job_processes"}
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -12,6 +12,7 @@ from pathlib import Path
 from conftest import assert_nothing_left, kit, release_requeued, runs, scontrol, state_is, submit, wait_for
 
 from kit import slurm
+from kit.launch import jobs
 
 def env_without_slurm_conf() -> dict:
     """This process's environment (KIT_HOME set by the session's fixture) minus SLURM_CONF."""
@@ -127,7 +128,8 @@ def test_wait_on_a_terminal_shows_live_progress_and_ctrl_c_leaves_the_job_runnin
     reader.start()
     job_id = None
     try:
-        wait_for(lambda: re.search(rb"kit: job \d+: RUNNING, run 0, step \d+, loss [0-9.e-]+", out), 120,
+        wait_for(lambda: re.search(rb"kit: job \d+: RUNNING, run 0, step \d+/100000, loss [0-9.e-]+, \d+ samples/s", out),
+                 120,
                  what="a progress line with a step")
         job_id = re.search(rb"Submitted job (\d+)", out).group(1).decode()
         assert b"\r\x1b[K" in out  # one line, rewritten in place
@@ -142,3 +144,56 @@ def test_wait_on_a_terminal_shows_live_progress_and_ctrl_c_leaves_the_job_runnin
         if job_id:
             subprocess.run(["scancel", job_id], env={**os.environ, **cluster.target.env}, check=False)
             slurm.wait(cluster.target, job_id, timeout=90)
+
+
+def _rank0(job_dir: Path) -> dict:
+    return json.loads(next(job_dir.glob("metrics/*/rank-0.json")).read_text())
+
+
+def test_ps_lists_a_running_and_a_finished_job_with_their_states_and_steps(cluster, tmp_path):
+    """Done-means 1, with SLURM_CONF unset; and with a Slurm that does not answer,
+    the states come from the job directories (marked as such)."""
+    train = [sys.executable, "-m", "kit.train"]
+    done = submit(tmp_path, "--nodes", "2", command=[*train, "--max-steps", "30"])
+    assert slurm.wait(cluster.target, done["job_id"], timeout=180).state == "COMPLETED"
+    running = submit(tmp_path, "--nodes", "1", command=[*train, "--max-steps", "100000", "--step-delay", "0.05"])
+    run_dir = Path(running["job_dir"])
+    try:
+        wait_for(lambda: jobs.training_progress(run_dir).samples_per_second, 120, what="the running job's rate")
+        before = _rank0(run_dir)["step"]
+        proc = kit_plain("ps", "--json", cwd=tmp_path)  # the index: no --output-dir needed
+        after = _rank0(run_dir)["step"]
+        assert proc.returncode == 0, proc.stderr
+        rows = {r["id"]: r for r in json.loads(proc.stdout)}
+        r = rows[running["job_id"]]
+        assert (r["state"], r["state_from"], r["active"], r["run"], r["max_steps"]) == (
+            "RUNNING", "slurm", True, 0, 100000), r
+        assert before <= r["step"] <= after and r["samples_per_second"] > 0 and r["nodes"] == "node1"
+        f = rows[done["job_id"]]
+        assert (f["state"], f["step"], f["max_steps"], f["finished"], f["active"]) == ("COMPLETED", 30, 30, True, False)
+        assert f["job_dir"] == str(Path(done["job_dir"]).resolve()) and f["loss"] == _rank0(Path(done["job_dir"]))["loss"]
+        ids = [r["id"] for r in json.loads(proc.stdout)]
+        assert ids.index(running["job_id"]) < ids.index(done["job_id"])  # newest first
+        text = kit_plain("ps", cwd=tmp_path).stdout.splitlines()
+        assert text[0].split()[:6] == ["JOB", "NAME", "STATE", "NODES", "RUN", "STEP"]
+        line = next(t.split() for t in text if t.split()[0] == running["job_id"])
+        assert line[2:5] == ["RUNNING", "node1", "0"] and line[5].endswith("/100000")
+        # The same jobs with their Slurm gone: the job directories tell what they can.
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        for job, name in ((done, "done"), (running, "running")):
+            copy = elsewhere / name
+            subprocess.run(["cp", "-a", job["job_dir"], str(copy)], check=True)
+            (copy / "slurm.json").write_text(json.dumps({"target": "local", "conf": str(tmp_path / "gone.conf")}))
+        (elsewhere / "running" / "job_id").touch()  # newest
+        rows = json.loads(kit_plain("ps", "--all", "--json", "--output-dir", str(elsewhere)).stdout)
+        mine = {Path(r["job_dir"]).name: r for r in rows if Path(r["job_dir"]).parent == elsewhere.resolve()}
+        assert mine["done"]["state"] == "COMPLETED" and mine["done"]["state_from"].startswith("job directory (slurm: ")
+        assert mine["running"]["state"] == "UNKNOWN" and mine["running"]["step"] is not None
+        text = kit_plain("ps", "--all", "--output-dir", str(elsewhere)).stdout
+        assert f"{elsewhere / 'done'}" in text and "COMPLETED*" in text
+    finally:
+        kit_plain("cancel", running["job_id"], "--output-dir", str(tmp_path / "jobs"))
+        slurm.wait(cluster.target, running["job_id"], timeout=90)
+    rows = {r["id"]: r for r in json.loads(kit_plain("ps", "--json", cwd=tmp_path).stdout)}
+    assert rows[running["job_id"]]["state"] == "CANCELLED" and not rows[running["job_id"]]["finished"]

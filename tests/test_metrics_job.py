@@ -82,31 +82,31 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def check_report(cluster, job_dir: str, logs: list[Path]) -> None:
-    """done-means 5: kit report writes a PNG and a summary whose numbers match the logs."""
+    """Issue 4 done-means 5 and issue 11 done-means 5: kit report on a CPU job draws
+    the CPU, memory, loss, step time and throughput panels and no empty one; every
+    number of its summary is computed again here from the JSONL logs."""
     from conftest import kit
+    from report_check import check
 
     out = Path(job_dir) / "from-logs.png"
     proc = kit("report", job_dir, "-o", str(out), "--prometheus", "http://127.0.0.1:1")
     assert proc.returncode == 0, proc.stderr
-    assert png_size(out) == (800, 880) and out.stat().st_size > 20_000
     summary = json.loads(out.with_suffix(".json").read_text())
-    # The same numbers, computed here from the JSONL logs.
-    times, counters = [], {}
-    for path in logs:
-        for line in path.read_text().splitlines():
-            rec = json.loads(line)
-            times.append(rec["time"])
-            for name, labels, value in rec["samples"]:
-                if name == "training_samples_total":
-                    counters.setdefault((rec["node"], labels["rank"]), []).append(value)
-    samples = sum(v[-1] - v[0] for v in counters.values())
+    assert summary["panels"] == ["CPU (cores busy)", "Memory (GiB)", "Training loss", "Step time (s)",
+                                 "Training throughput (samples/s)"]
+    assert png_size(out)[0] == 800 and out.stat().st_size > 40_000
     assert summary["source"] == "metrics logs (Prometheus unreachable)"
-    assert summary["samples"] == samples > 0
-    assert abs(summary["duration_seconds"] - (max(times) - min(times))) < 1e-6
-    assert f"samples: {samples:.0f} (" in proc.stdout and "GPUs: no GPU samples" in proc.stdout
+    want = check(Path(job_dir), summary, proc.stdout)
+    assert want["samples"] > 0 and "GPUs: no GPU samples" in proc.stdout
+    for node in ("node1", "node2"):  # the job's own processes were found on both nodes
+        n = want["nodes"][node]
+        assert n["cpu_cores_used"] > 0 and n["memory_peak_bytes"] > 50 * 2 ** 20 and n["cpus_allocated"] >= 1
+    assert "utilisation notes need 300 s of samples" in proc.stdout  # a short job: no verdict on it
     live = kit("report", job_dir, "-o", str(Path(job_dir) / "from-prometheus.png"))
     assert live.returncode == 0, live.stderr
     assert f"(data: Prometheus {cluster.prometheus_url()})" in live.stdout
+    from_prometheus = json.loads((Path(job_dir) / "from-prometheus.json").read_text())
+    assert from_prometheus["panels"] == summary["panels"]
 
 
 def test_killing_the_exporter_leaves_the_training_running(cluster, tmp_path):
@@ -118,3 +118,28 @@ def test_killing_the_exporter_leaves_the_training_running(cluster, tmp_path):
     assert (end.state, end.exit_code) == ("COMPLETED", 0), read_logs(job_dir)
     assert "done at step=150" in read_logs(job_dir)
     assert wait_no_processes(job_dir, 5) == []
+
+
+def test_report_flags_an_idle_gpu_held_by_a_job(cluster, tmp_path):
+    """Issue 11 done-means 5: a node whose exporter sees two (fake-NVML) GPUs, one
+    busy with the training's process, one idle with none: the notes flag the idle one."""
+    from conftest import REPO, kit
+    from report_check import check
+
+    job = submit(tmp_path, "--nodes", "1", "--gpus-per-node", "2",
+                 "--env", f"PYTHONPATH={REPO / 'tests' / 'nvml_module'}",
+                 "--env", "FAKE_NVML_UTIL=80,0", "--env", "FAKE_NVML_PROCESSES=1,0",
+                 command=[*TRAIN, "--max-steps", "100", "--step-delay", "0.05"])
+    end = slurm.wait(cluster.target, job["job_id"], timeout=180)
+    assert end.state == "COMPLETED", read_logs(job["job_dir"])
+    proc = kit("report", job["job_dir"], "--min-seconds", "0", "--prometheus", "http://127.0.0.1:1")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((Path(job["job_dir"]) / "report.json").read_text())
+    check(Path(job["job_dir"]), summary, proc.stdout)
+    assert summary["panels"][:3] == ["GPU utilization (%)", "GPU memory used (MiB)", "GPU power (W)"]
+    notes = [n for n in proc.stdout.split("notes:\n", 1)[1].splitlines() if n.startswith("  ")]
+    assert "  ALERT: node1 gpu1: held with no process on it in 100 % of the samples (at least 50 %): ask for " \
+           "fewer GPUs, or check that every rank found its GPU" in notes, proc.stdout
+    assert "  ALERT: node1 gpu1: mean utilisation 0.0 %, under 15 %" in notes
+    assert not any("gpu0: mean utilisation" in n or "gpu0: held" in n for n in notes)  # the busy one: 80 %
+    assert [n["level"] for n in summary["notes"]] == [line.split(":")[0].strip().lower() for line in notes]

@@ -25,7 +25,11 @@ def test_gpu_summary_from_logs(tmp_path):
     assert (g.node, g.gpu, g.peak_util, g.idle_seconds, g.mean_power_w, g.peak_memory_mib) == \
         ("node1", "0", 90.0, 4.0, 150.0, 10000.0)
     assert abs(g.mean_util - 90 * 7 / 11) < 1e-9
-    assert "node1 gpu0: mean util 57.3%, peak 90%, idle 4 s, mean power 150 W" in summary.lines()
+    assert "node1 gpu0: mean util 57.3%, peak 90%, idle 4 s, mean power 150 W, peak memory 9.8 GiB" in summary.lines()
+    assert summary.panels == ["GPU utilization (%)", "GPU memory used (MiB)", "GPU power (W)",
+                              "Training throughput (samples/s)"]  # only what was measured
+    assert [(n.level, n.text) for n in summary.notes] == [
+        ("info", "the job ran 10 s: utilisation notes need 300 s of samples (--min-seconds)")]
     assert (tmp_path / "r.png").stat().st_size > 20_000
 
 
@@ -70,3 +74,67 @@ def test_damaged_metrics_logs_are_skipped_and_counted(tmp_path):
     empty = kit("report", str(tmp_path / "job"))
     assert empty.returncode == 1 and "Traceback" not in empty.stderr
     assert empty.stderr.splitlines()[0] == f"kit: JOB: no readable samples in the metrics logs in {logs}"
+
+
+def _record(t, node, samples):
+    return json.dumps({"time": t, "node": node, "samples": samples})
+
+
+def test_notes_flag_waste_restarts_and_a_slow_node_with_their_thresholds(tmp_path):
+    """Two nodes, two runs (a requeue at step 40, checkpoint at 30), hand-computed numbers."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    GIB = 1024 ** 3
+    for node, speed in (("node1", 100.0), ("node2", 50.0)):  # node2 trains at half the speed
+        for run, (start, n) in enumerate(((1000.0, 41), (1100.0, 21))):
+            lines = []
+            for i in range(n):
+                t = start + i
+                gpu0 = ["DCGM_FI_DEV_GPU_UTIL", {"gpu": "0"}, 90.0]
+                gpu1 = ["DCGM_FI_DEV_GPU_UTIL", {"gpu": "1"}, 0.0]  # held, never used
+                lines.append(_record(t, node, [
+                    gpu0, gpu1,
+                    ["gpu_compute_processes", {"gpu": "0"}, 1.0], ["gpu_compute_processes", {"gpu": "1"}, 0.0],
+                    ["DCGM_FI_DEV_FB_USED", {"gpu": "0"}, 8192.0], ["DCGM_FI_DEV_FB_FREE", {"gpu": "0"}, 73728.0],
+                    ["kit_job_cpu_seconds_total", {}, 1.0 * i],   # one core busy
+                    ["kit_job_cpus", {}, 8.0],
+                    ["kit_job_memory_rss_bytes", {}, 2.0 * GIB], ["kit_job_memory_limit_bytes", {}, 4.0 * GIB],
+                    ["node_cpu_seconds_total", {"mode": "user"}, 3.0 * i],
+                    ["node_cpu_seconds_total", {"mode": "idle"}, 1.0 * i],
+                    ["training_samples_total", {"rank": "0" if node == "node1" else "1"}, speed * i],
+                    ["training_step", {"rank": "0" if node == "node1" else "1"}, (30 if run else 0) + i],
+                    ["training_step_duration_seconds", {"rank": "0" if node == "node1" else "1"}, 0.5],
+                    ["training_loss", {"rank": "0" if node == "node1" else "1"}, 2.0 / (1 + i + 40 * run)]]))
+            (logs / f"{node}.r{run}.metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "runs.jsonl").write_text(
+        '{"run": 0, "end": "warned", "exit_code": 0, "checkpoint_step": 30, "advanced": true, "time": 1041}\n'
+        '{"run": 1, "end": "finished", "exit_code": 0, "checkpoint_step": 50, "advanced": true, "time": 1121}\n')
+    s = report(tmp_path, "7", tmp_path / "r.png", min_seconds=60)
+    assert s.duration_seconds == 120 and s.runs == 2
+    assert s.samples == 100 * (40 + 20) + 50 * (40 + 20)
+    assert (s.first_loss, s.last_loss) == (2.0, 2.0 / 61)
+    n1, n2 = s.nodes
+    assert (n1.cpus_allocated, n1.cpu_cores_used, n1.cpu_efficiency_percent) == (8.0, 1.0, 12.5)
+    assert n1.node_cpu_busy_percent == 75.0
+    assert (n1.memory_peak_bytes, n1.memory_limit_bytes, n1.memory_limit_of, n1.memory_peak_percent) == (
+        2.0 * GIB, 4.0 * GIB, "allocation", 50.0)
+    assert (n1.samples_per_second, n2.samples_per_second) == (100.0, 50.0)
+    g0, g1, *_ = s.gpus
+    assert (g1.gpu, g1.mean_util, g1.no_process_percent, g0.memory_total_mib) == ("1", 0.0, 100.0, 81920.0)
+    # run 0 reached step 40 with its checkpoint at 30: 10 steps redone at 0.5 s; 60 s between the runs
+    assert (s.redone_steps, s.mean_step_seconds, s.restart_gap_seconds, s.lost_seconds) == (10.0, 0.5, 60.0, 65.0)
+    notes = [(n.level, n.text) for n in s.notes]
+    assert ("alert", "node1 gpu1: held with no process on it in 100 % of the samples (at least 50 %): ask for "
+                     "fewer GPUs, or check that every rank found its GPU") in notes
+    assert ("alert", "node1 gpu1: mean utilisation 0.0 %, under 15 %") in notes
+    assert ("info", "node1 gpu0: peak memory 10 % of the GPU's, under 50 %: a larger batch would fit") in notes
+    assert ("warning", "node1: the job used 1.00 of 8 allocated cores (12 %, under 50 %): ask for fewer CPUs, "
+                       "or use them (data loaders)") in notes
+    assert ("warning", "1 restart(s) cost about 65 s: 10 step(s) redone from the last checkpoint, "
+                       "60 s between runs") in notes
+    assert ("warning", "node2: 50.0 samples/s, under 80 % of the median node's 75.0: a slow node") in notes
+    assert not any("gpu0: mean utilisation" in t for _, t in notes)  # 90 %: nothing to say
+    assert s.panels == ["GPU utilization (%)", "GPU memory used (MiB)", "CPU (cores busy)", "Memory (GiB)",
+                        "Training loss", "Step time (s)", "Training throughput (samples/s)"]
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["lost_seconds"] == 65.0 and len(doc["notes"]) == len(s.notes) and doc["panels"] == s.panels

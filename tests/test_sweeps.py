@@ -60,6 +60,19 @@ def test_a_sweep_runs_every_task_one_at_a_time_and_reports_each(cluster, tmp_pat
     doc = json.loads((w.job_dir / "report.json").read_text())
     assert [t["params"] for t in doc["tasks"]] == [{"steps": "10"}, {"steps": "bad"}, {"steps": "15"}]
     assert (w.job_dir / "report.png").stat().st_size > 10_000
+    # kit ps: one row per task (ID_TASK), each task's own state and step.
+    ps = kit("ps", "--json", "--output-dir", str(tmp_path / "jobs"))
+    assert ps.returncode == 0, ps.stderr
+    tasks = {r["id"]: r for r in json.loads(ps.stdout) if r["job_dir"] == str(w.job_dir.resolve())}
+    assert {k: (r["step"], r["finished"]) for k, r in tasks.items()} == {
+        f"{w.job_id}_0": (10, True), f"{w.job_id}_1": (None, False), f"{w.job_id}_2": (15, True)}
+    # ID_TASK names one task for kit logs and kit report.
+    one = kit("logs", f"{w.job_id}_2", "--output-dir", str(tmp_path / "jobs"))
+    assert one.returncode == 0 and "`max_steps=15` reached" in one.stdout and "max_steps=10" not in one.stdout, one.stderr
+    rep = kit("report", f"{w.job_id}_2", "--output-dir", str(tmp_path / "jobs"))
+    assert rep.returncode == 0 and rep.stdout.startswith(f"job {w.job_id}_2 (data: "), rep.stderr
+    none = kit("logs", f"{w.job_id}_7", "--output-dir", str(tmp_path / "jobs"))
+    assert none.returncode == 2 and none.stderr.startswith(f"kit: JOB: job {w.job_id} has no task 7")
 
 
 def _raw_id(d: Path) -> str:

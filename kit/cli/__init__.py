@@ -37,6 +37,7 @@ def cli(verbose: bool) -> None:
 def _register() -> None:
     from kit.cli import build, cluster, exporter, jobs, launch, report
     cli.add_command(launch.launch)
+    cli.add_command(jobs.ps)
     cli.add_command(jobs.logs)
     cli.add_command(jobs.cancel)
     cli.add_command(build.build)

@@ -1,7 +1,8 @@
-"""`kit logs` and `kit cancel`: follow a submitted job without raw Slurm commands."""
+"""`kit ps`, `kit logs` and `kit cancel`: follow submitted jobs without raw Slurm commands."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -26,6 +27,35 @@ def _job(job: str, output_dir: str) -> tuple[Path, str]:
 
 
 @click.command()
+@click.option("-a", "--all", "everything", is_flag=True,
+              help="Every job kit knows [default: active jobs, and ended ones submitted in the last 24 hours].")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per job, as a list.")
+@click.option("--output-dir", "output_dirs", multiple=True, default=("kit-jobs",), show_default=True,
+              help="Also look for job directories here (repeatable); jobs kit submitted are always known.")
+def ps(everything, as_json, output_dirs):
+    """kit's jobs, newest first, with Slurm's view of them.
+
+    JOB is the job id (ID_TASK for an array task), RUN the latest run (each
+    requeue adds one), STEP, LOSS and SAMPLES/S the training's latest report.
+    A state marked * comes from the job directory: Slurm has forgotten the job
+    (or does not answer); COMPLETED then needs the job's FINISHED marker.
+    """
+    from kit.launch import listing
+
+    rows = listing.list_jobs([Path(d) for d in output_dirs], everything=everything)
+    if as_json:
+        click.echo(json.dumps([r.as_json() for r in rows], indent=2))
+        return 0
+    if not rows:
+        click.echo("no jobs" + ("" if everything else " (active, or submitted in the last 24 hours); "
+                                                         "kit ps --all lists every job"), err=True)
+        return 0
+    for line in listing.table(rows):
+        click.echo(line)
+    return 0
+
+
+@click.command()
 @click.argument("job")
 @click.option("--reason", default=None, metavar="TEXT", help="Why: recorded in the job directory.")
 @_OUTPUT_DIR
@@ -40,9 +70,9 @@ def cancel(job, reason, output_dir):
 
     job_dir, job_id = _job(job, output_dir)
     target = lib.target_of(job_dir)
-    st = slurm.job_status(target, job_id)
-    if st.state in slurm.TERMINAL_STATES or st.state == "GONE":
-        raise KitError(f"job {job_id} already ended ({st.state}): nothing to cancel", field="JOB", exit_code=1)
+    ended = _ended(target, job_dir, job_id)
+    if ended:
+        raise KitError(f"job {job_id} already ended ({ended}): nothing to cancel", field="JOB", exit_code=1)
     rec = jobs.record_cancel(job_dir, reason)
     slurm.cancel(target, job_id)
     why = f" ({rec['reason']})" if rec["reason"] else ""
@@ -119,18 +149,35 @@ def _errors(job_dir: Path, run_numbers: list[int]) -> int:
     return 0
 
 
+def _ended(target, job_dir: Path, job_id: str) -> str | None:
+    """The job's end state(s) once it (every task of an array job) has ended, else None."""
+    from kit import slurm
+    from kit.launch import jobs
+
+    indices = jobs.task_indices(job_dir)
+    states = ([st.state for st in slurm.array_status(target, job_id, indices).values()] if indices
+              else [slurm.job_status(target, job_id).state])
+    if not all(state in slurm.TERMINAL_STATES or state == "GONE" for state in states):
+        return None
+    return ", ".join(sorted(set(states)))
+
+
 def _follow(job_dir: Path, job_id: str) -> int:
     """Print the batch log(s) as they grow (srun's rank-prefixed lines, every run:
-    Slurm appends a requeued run to the same file) until the job has ended."""
+    Slurm appends a requeued run to the same file) until the job has ended; an
+    array job's tasks' logs with each line prefixed ``task I: ``."""
     from kit import launch as lib
-    from kit import slurm
+    from kit.launch import jobs
 
     target = lib.target_of(job_dir)
+    indices = jobs.task_indices(job_dir)
     offsets: dict[Path, int] = {}
     ended_at = None
     while True:
         grew = False
-        for path in sorted((job_dir / "logs").glob("slurm-*.out")):
+        paths = [(p, "") for p in sorted((job_dir / "logs").glob("slurm-*.out"))]
+        paths += [(p, f"task {i}: ") for i in indices for p in sorted((job_dir / "tasks" / str(i) / "logs").glob("slurm-*.out"))]
+        for path, prefix in paths:
             try:
                 with open(path, "rb") as f:
                     f.seek(offsets.get(path, 0))
@@ -139,16 +186,19 @@ def _follow(job_dir: Path, job_id: str) -> int:
                 continue
             cut = data.rfind(b"\n") + 1  # whole lines only
             if cut:
-                sys.stdout.write(data[:cut].decode(errors="replace"))
+                text = data[:cut].decode(errors="replace")
+                if prefix:
+                    text = "".join(prefix + line for line in text.splitlines(keepends=True))
+                sys.stdout.write(text)
                 sys.stdout.flush()
                 offsets[path] = offsets.get(path, 0) + cut
                 grew = True
         if grew:
             ended_at = None
-        st = slurm.job_status(target, job_id)
-        if st.state in slurm.TERMINAL_STATES or st.state == "GONE":
+        ended = _ended(target, job_dir, job_id)
+        if ended:
             ended_at = ended_at or time.monotonic()
             if time.monotonic() - ended_at > 1.0:  # the last lines are in
-                click.echo(f"kit: job {job_id} ended {st.state}", err=True)
+                click.echo(f"kit: job {job_id} ended {ended}", err=True)
                 return 0
         time.sleep(0.5)

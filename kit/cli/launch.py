@@ -13,6 +13,29 @@ from kit import launch as lib
 from kit import slurm
 from kit.core import spec as specs
 from kit.core import sweep as sweep_lib
+from kit.cli.help import GroupedCommand
+
+# `kit launch --help`, by topic; the README's option table follows the same order.
+GROUPS = (
+    ("Resources", "What the job holds on the cluster.",
+     ("nodes", "gpus_per_node", "ntasks_per_node", "cpus_per_task", "mem", "time", "partition", "account")),
+    ("Command and environment", "What runs in every task, and with which variables.",
+     ("job_file", "job_name", "env_items", "debug", "sidecars", "output_dir")),
+    ("Sweeps, arrays and chains", "Many tasks from one command; jobs that wait for others.",
+     ("array", "sweeps", "after")),
+    ("Container", "Every task in a container image, through pyxis and enroot.",
+     ("image", "mounts", "container_workdir", "container_env", "container_name", "container_writable",
+      "container_mount_home", "container_remap_root", "mount_check")),
+    ("Metrics", "The Prometheus exporter beside the training on each node.",
+     ("exporter", "exporter_ports", "prometheus_targets")),
+    ("Preemption and recovery", "The time limit's warning, requeues, hangs and how long a stop may take.",
+     ("signal", "signal_lead", "max_restarts", "hang_timeout", "first_progress_timeout", "stop_grace",
+      "step_wait", "heartbeat")),
+    ("Networking", "The rendezvous address and port, and MPI.",
+     ("port_range", "master_interface", "mpi")),
+    ("Submission", "Where the job goes, and what kit launch prints or waits for.",
+     ("where", "sbatch_args", "dry_run", "wait_", "as_json", "help")),
+)
 
 
 def _int(name: str, help: str):
@@ -23,7 +46,7 @@ def _str(name: str, help: str, metavar: str = "TEXT"):
     return click.option(name, default=None, metavar=metavar, help=help)
 
 
-@click.command(context_settings={"allow_interspersed_args": False})
+@click.command(cls=GroupedCommand, groups=GROUPS, context_settings={"allow_interspersed_args": False})
 @click.option("-f", "--job-file", type=click.Path(dir_okay=False), default=None,
               help="TOML job file; options given here override its values.")
 @_int("--nodes", "Number of nodes [default: 1].")
@@ -179,7 +202,7 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
 
     live = sys.stderr.isatty()
     t0 = time.monotonic()
-    seen = {"line": "", "printed": 0.0, "samples": None, "at": None, "rate": None}
+    seen = {"line": "", "printed": 0.0}
 
     def say(msg: str) -> None:
         if live and seen["line"]:
@@ -190,18 +213,7 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
     def progress(st: slurm.JobStatus) -> None:
         p = jobs.training_progress(job_dir)
         now = time.monotonic()
-        if p.samples_total is not None:
-            if seen["samples"] is not None and p.samples_total > seen["samples"] and now > seen["at"]:
-                seen["rate"] = (p.samples_total - seen["samples"]) / (now - seen["at"])
-            if seen["samples"] != p.samples_total:
-                seen["samples"], seen["at"] = p.samples_total, now
-        parts = [st.state, f"run {st.restarts}"]
-        if p.step is not None:
-            parts.append(f"step {p.step}")
-        if p.loss is not None:
-            parts.append(f"loss {p.loss:.4g}")
-        if seen["rate"]:
-            parts.append(f"{seen['rate']:.0f} samples/s")
+        parts = [st.state, f"run {st.restarts}", *jobs.progress_words(p)]
         parts.append(f"{int(now - t0)} s")
         line = ", ".join(parts)
         if live:

@@ -13,15 +13,23 @@ import click
               help="PNG to write [default: JOB_DIR/report.png]; a .json summary goes next to it.")
 @click.option("--prometheus", "prometheus", default=None, metavar="URL",
               help="Read from this Prometheus [default: the local cluster's, else the job's metrics logs].")
+@click.option("--min-seconds", type=click.FloatRange(0), default=300.0, show_default=True,
+              help="Utilisation notes need this many seconds of samples (shorter jobs say too little).")
 @click.option("--output-dir", default="kit-jobs", show_default=True, help="Where to look up a job id.")
-def report(job, output, prometheus, output_dir):
-    """Plot GPU utilization, memory, power and training throughput of JOB (an id or a job directory)."""
+def report(job, output, prometheus, min_seconds, output_dir):
+    """What JOB (an id or a job directory) used of what it held: panels, a summary and notes.
+
+    Panels for what was measured (GPU utilisation, memory and power; the job's
+    CPU and memory per node; loss, step time and samples/s per rank), restarts
+    marked; notes flag idle or unused GPUs, unused cores and memory, time lost
+    to restarts and a slow node, each with its threshold.
+    """
     from kit.cluster import LocalCluster
     from kit.launch import jobs
     from kit.monitor.report import report as make_report
 
     job_dir = jobs.find_job_dir(job, output_dir)
-    job_id = (job_dir / "job_id").read_text().strip() if (job_dir / "job_id").exists() else job_dir.name
+    job_id = jobs.job_id_of(job_dir) or job_dir.name
     prometheus = prometheus or LocalCluster().prometheus_url()
     out = Path(output) if output else job_dir / "report.png"
     if (job_dir / "tasks").is_dir():  # an array job or sweep: a table of its tasks
@@ -33,7 +41,7 @@ def report(job, output, prometheus, output_dir):
             click.echo(row.line())
         click.echo(f"report: {out}")
         return
-    summary = make_report(job_dir, job_id, out, prometheus)
+    summary = make_report(job_dir, job_id, out, prometheus, min_seconds)
     for line in summary.lines():
         click.echo(line)
     click.echo(f"report: {out}")

@@ -145,6 +145,11 @@ class LocalCluster:
         st = self.state()
         return bool(st) and all(_alive(st.pids.get(n), c) for n, c, _ in self._daemons(st))
 
+    def controller_alive(self) -> bool:
+        """Its slurmctld runs (Slurm commands answer, even with a node down)."""
+        st = self.state()
+        return bool(st) and _alive(st.pids.get("slurmctld"), "slurmctld")
+
     def status(self) -> list[DaemonStatus]:
         st = self.state()
         if st is None:

@@ -22,7 +22,7 @@ from kit.core import bash, outcome
 from kit.core import sweep as sweep_lib
 from kit.core.spec import ResolvedJob, parse_after
 from kit.errors import KitError
-from kit.launch import sidecars
+from kit.launch import jobs, sidecars
 from kit.slurm import pyxis
 
 
@@ -279,6 +279,7 @@ def submit(prepared: PreparedJob, target: slurm.Target) -> PreparedJob:
     # Which Slurm has it, for kit logs/cancel later (written first: job_id marks a submitted job).
     (prepared.job_dir / "slurm.json").write_text(json.dumps({"target": target.name, "conf": target.conf}) + "\n")
     (prepared.job_dir / "job_id").write_text(job_id + "\n")
+    jobs.remember(prepared.job_dir)
     return prepared
 
 
@@ -294,9 +295,9 @@ SITE_CONFS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm
 
 
 def target_of(job_dir: Path) -> slurm.Target:
-    """The Slurm a submitted job went to (recorded at submission), else the usual choice."""
+    """The Slurm a submitted job (or array task) went to (recorded at submission), else the usual choice."""
     try:
-        rec = json.loads((Path(job_dir) / "slurm.json").read_text())
+        rec = json.loads(((jobs.array_job_dir(job_dir) or Path(job_dir)) / "slurm.json").read_text())
         return slurm.Target(conf=rec.get("conf"), name=str(rec.get("target") or "site"))
     except (OSError, ValueError, AttributeError):
         return select_target(None)[0]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import math
 import os
 import re
 import socket
@@ -20,10 +21,18 @@ from kit.errors import KitError
 
 
 def find_job_dir(job: str, output_dir: str | Path) -> Path:
-    """``job`` as a job directory, or a job id looked up under ``output_dir``."""
+    """``job`` as a job directory, or a job id looked up under ``output_dir``;
+    an array task's ``ID_TASK`` names its task directory."""
     job_dir = Path(job)
     if job_dir.is_dir():
         return job_dir
+    array_id, sep, task = job.partition("_")
+    if sep and array_id.isdigit() and task.isdigit():
+        task_dir = find_job_dir(array_id, output_dir) / "tasks" / str(int(task))
+        if not task_dir.is_dir():
+            raise KitError(f"job {array_id} has no task {task}", field="JOB",
+                           hint="kit ps lists the tasks of an array job")
+        return task_dir
     matches = []
     for p in Path(output_dir).glob("*/job_id"):
         try:
@@ -40,12 +49,108 @@ def find_job_dir(job: str, output_dir: str | Path) -> Path:
     return matches[0]
 
 
-def job_id_of(job_dir: Path) -> str | None:
+def _index_path() -> Path:
+    from kit.cluster import kit_home
+
+    return kit_home() / "jobs.index"
+
+
+def remember(job_dir: Path) -> None:
+    """Add a submitted job's directory to the user's index of jobs (``kit ps``
+    reads it): one JSON string per line, appended."""
+    path = _index_path()
     try:
-        text = (job_dir / "job_id").read_text().strip()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(str(Path(job_dir).resolve())) + "\n")
+    except OSError:
+        pass  # kit ps still finds it with --output-dir
+
+
+def known_job_dirs(output_dirs: list[Path]) -> list[Path]:
+    """Submitted job directories, newest first: those in the index, and those
+    under ``output_dirs``."""
+    found: dict[Path, float] = {}
+
+    def consider(d: Path) -> None:
+        try:
+            found.setdefault(d.resolve(), (d / "job_id").stat().st_mtime)
+        except (OSError, RuntimeError):
+            pass  # gone, or never submitted
+    try:
+        lines = _index_path().read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            name = json.loads(line)
+        except ValueError:
+            continue  # a torn line
+        if isinstance(name, str) and "\0" not in name:
+            consider(Path(name))
+    for out in output_dirs:
+        for p in Path(out).glob("*/job_id"):
+            consider(p.parent)
+    return sorted(found, key=lambda d: found[d], reverse=True)
+
+
+def submitted_at(job_dir: Path) -> float | None:
+    try:
+        return (job_dir / "job_id").stat().st_mtime
     except OSError:
         return None
-    return text if text.isdigit() else None
+
+
+def task_indices(job_dir: Path) -> list[int]:
+    """An array job's task indices (its ``tasks/<index>/``); [] for a single job."""
+    return sorted(int(p.name) for p in (job_dir / "tasks").glob("*") if p.name.isdigit())
+
+
+def last_run(job_dir: Path) -> dict | None:
+    """The last line of ``runs.jsonl`` (how the latest run ended), if any."""
+    try:
+        lines = (job_dir / "runs.jsonl").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            return rec
+    return None
+
+
+def recorded_state(job_dir: Path) -> str:
+    """A job's end as its directory tells it (for a job the scheduler has
+    forgotten): COMPLETED only with the FINISHED marker."""
+    if (job_dir / "FINISHED").exists():
+        return "COMPLETED"
+    if (job_dir / CANCEL_RECORD).exists():
+        return "CANCELLED"
+    end = (last_run(job_dir) or {}).get("end")
+    return "FAILED" if end in ("failed", "hang", "incomplete") else "ENDED"
+
+
+def array_job_dir(job_dir: Path) -> Path | None:
+    """The array job's directory, when ``job_dir`` is one of its task directories."""
+    parent = Path(job_dir).parent
+    if parent.name == "tasks" and Path(job_dir).name.isdigit() and (parent.parent / "job_id").exists():
+        return parent.parent
+    return None
+
+
+def job_id_of(job_dir: Path) -> str | None:
+    """The job id written at submission; ``ID_TASK`` for an array task's directory."""
+    array = array_job_dir(job_dir)
+    try:
+        text = ((array or job_dir) / "job_id").read_text().strip()
+    except OSError:
+        return None
+    if not text.isdigit():
+        return None
+    return f"{text}_{Path(job_dir).name}" if array else text
 
 
 def runs(job_dir: Path) -> list[int]:
@@ -131,24 +236,57 @@ def record_cancel(job_dir: Path, reason: str | None) -> dict:
 @dataclass
 class Progress:
     step: int | None = None
+    max_steps: int | None = None
     loss: float | None = None
-    samples_total: float | None = None
+    samples_per_second: float | None = None  # the job's: every rank of the latest run
+    updated: float | None = None             # when rank 0 last reported (Unix time)
+
+
+def _rank_files(job_dir: Path) -> dict[int, dict]:
+    """Each rank's newest metrics file (``metrics/<node>/rank-<R>.json``; a rank
+    that moved node in a requeue left an older one behind)."""
+    newest: dict[int, dict] = {}
+    for path in Path(job_dir).glob("metrics/*/rank-*.json"):
+        m = re.fullmatch(r"rank-(\d+)\.json", path.name)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError, RecursionError):
+            continue
+        if not m or not isinstance(data, dict):
+            continue
+        values = {k: float(v) for k, v in data.items()
+                  if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+        values.setdefault("last_step_timestamp_seconds", 0.0)
+        rank = int(m.group(1))
+        if rank not in newest or values["last_step_timestamp_seconds"] > newest[rank]["last_step_timestamp_seconds"]:
+            newest[rank] = values
+    return newest
 
 
 def training_progress(job_dir: Path) -> Progress:
-    """Rank 0's latest training metrics (``metrics/<node>/rank-0.json``, written by
-    kit.train's callback), or an empty Progress."""
-    for path in sorted(Path(job_dir).glob("metrics/*/rank-0.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(data, dict):
-            continue
+    """The job's latest training metrics, from the files kit.train's callback
+    writes: step, max steps and loss from rank 0; samples/s summed over the
+    ranks that reported within 30 s of rank 0 (the current run's)."""
+    files = _rank_files(job_dir)
+    zero = files.get(0)
+    if zero is None:
+        return Progress()
+    t0 = zero["last_step_timestamp_seconds"]
+    rates = [f["samples_per_second"] for f in files.values()
+             if "samples_per_second" in f and abs(f["last_step_timestamp_seconds"] - t0) <= 30]
+    return Progress(step=int(zero["step"]) if "step" in zero else None,
+                    max_steps=int(zero["max_steps"]) if "max_steps" in zero else None,
+                    loss=zero.get("loss"), samples_per_second=sum(rates) if rates else None,
+                    updated=t0 or None)
 
-        def num(key):
-            v = data.get(key)
-            return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-        step = num("step")
-        return Progress(int(step) if step is not None else None, num("loss"), num("samples_total"))
-    return Progress()
+
+def progress_words(p: Progress) -> list[str]:
+    """``step 120/3000``, ``loss 0.0312``, ``5120 samples/s``: what is known."""
+    words = []
+    if p.step is not None:
+        words.append(f"step {p.step}" + (f"/{p.max_steps}" if p.max_steps else ""))
+    if p.loss is not None:
+        words.append(f"loss {p.loss:.4g}")
+    if p.samples_per_second is not None:
+        words.append(f"{p.samples_per_second:.0f} samples/s")
+    return words

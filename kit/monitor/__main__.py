@@ -26,7 +26,7 @@ class _Formatter(argparse.HelpFormatter):
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="kit exporter", formatter_class=_Formatter,
-                                description="Serve GPU (NVML), node (psutil) and training metrics to "
+                                description="Serve GPU (NVML), node (psutil), job (its processes) and training metrics to "
                                             "Prometheus, and advertise them through a file_sd target file.")
     p.add_argument("--bind", default="0.0.0.0", help="Address to listen on [0.0.0.0].")
     p.add_argument("--port", default="9400-9499", help="Port, or LOW-HIGH: the first free one is used [9400-9499].")
@@ -54,6 +54,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="kit exporter: %(message)s")
     from kit.monitor.exporter import RESERVED_LABELS, Exporter, NoPort
     from kit.monitor.gpu import GpuSource
+    from kit.monitor.job import JobSource
     from kit.monitor.node import NodeSource
     from kit.monitor.training import TrainingSource
 
@@ -85,6 +86,8 @@ def main(argv=None) -> int:
     if not args.no_node:
         sources.append(NodeSource())
     sources.append(TrainingSource(Path(args.training_dir) if args.training_dir else None))
+    if os.environ.get("SLURM_JOB_ID"):  # in a job: what the job's processes use on this node
+        sources.append(JobSource(os.environ["SLURM_JOB_ID"], node))
     exporter = Exporter(sources, interval=args.interval, bind=args.bind, port=port, port_max=port_max,
                         targets_dir=Path(args.targets_dir) if args.targets_dir else None, labels=labels,
                         log_path=Path(args.log) if args.log else None, node=node, advertise=args.advertise,

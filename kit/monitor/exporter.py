@@ -43,8 +43,12 @@ JOB_LABELS: tuple[tuple[str, str], ...] = (
 RESERVED_LABELS = ("job", "instance")
 # What the JSONL log keeps of each poll (enough for `kit report`).
 LOGGED = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_POWER_USAGE",
-          "DCGM_FI_DEV_GPU_TEMP", "training_step", "training_loss", "training_samples_total",
-          "training_tokens_total", "node_load1", "node_memory_MemAvailable_bytes")
+          "DCGM_FI_DEV_GPU_TEMP", "gpu_compute_processes", "training_step", "training_loss", "training_samples_total",
+          "training_tokens_total", "training_step_duration_seconds", "node_load1", "node_memory_MemAvailable_bytes",
+          "node_memory_MemTotal_bytes", "kit_job_cpu_seconds_total", "kit_job_memory_rss_bytes", "kit_job_processes",
+          "kit_job_cpus", "kit_job_memory_limit_bytes")
+# Logged summed over one label (per-CPU counters: one value per mode, not per CPU and mode).
+LOGGED_SUMMED = {"node_cpu_seconds_total": "mode"}
 
 
 class NoPort(OSError):
@@ -75,10 +79,16 @@ class Poller:
     def _append_log(self) -> None:
         record = {"time": round(time.time(), 3), "node": self.node,
                   "up": {name: r.success for name, r in self.results.items()}, "samples": []}
+        summed: dict[tuple[str, str, str], float] = {}
         for r in self.results.values():
             for s in r.samples:
                 if s.spec.name in LOGGED:
                     record["samples"].append([s.spec.name, s.labels, s.value])
+                elif s.spec.name in LOGGED_SUMMED:
+                    by = LOGGED_SUMMED[s.spec.name]
+                    key = (s.spec.name, by, str(s.labels.get(by, "")))
+                    summed[key] = summed.get(key, 0.0) + s.value
+        record["samples"] += [[name, {by: value}, round(total, 3)] for (name, by, value), total in summed.items()]
         try:
             with open(self.log_path, "a") as f:
                 f.write(json.dumps(record, separators=(",", ":")) + "\n")

@@ -62,6 +62,7 @@ THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
     (0x80, "hw_power_brake_slowdown"), (0x100, "display_clock_setting"),
 )
 THROTTLE = Spec("gpu_clock_throttle_active", "gauge", "1 while the GPU's clocks are held down for this reason.")
+PROCESSES = Spec("gpu_compute_processes", "gauge", "Compute processes running on the GPU (0: held but unused).")
 XID_LAST = Spec("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.")
 XID_COUNT = Spec("gpu_xid_errors_total", "counter", "XID errors seen since the exporter started.")
 XID_TIME = Spec("gpu_xid_last_timestamp_seconds", "gauge", "When the last XID error was seen (Unix time).")
@@ -180,6 +181,10 @@ class GpuSource:
         if reasons is not None:
             for bit, reason in THROTTLE_REASONS:
                 out.append(Sample(THROTTLE, {**own, "reason": reason}, float(bool(reasons & bit))))
+        try:
+            out.append(Sample(PROCESSES, own, float(len(n.nvmlDeviceGetComputeRunningProcesses(dev.handle)))))
+        except Exception:  # not supported, or a per-GPU error
+            pass
         with self._lock:
             last, count, when = self._xid.get(dev.labels["UUID"], (0, 0, 0.0))
         out.append(Sample(XID_LAST, dev.labels, last))

@@ -216,15 +216,14 @@ def _wait_status(raw: int) -> int:
     return 128 + (raw & 0x7F) if raw & 0x7F else (raw >> 8) & 0xFF
 
 
-def _squeue_jobs(target: Target, job_id: str) -> list[dict] | None:
-    """``squeue --json --jobs=ID``'s job records; None once Slurm has forgotten the job."""
-    proc = target.run(["squeue", "--json", f"--jobs={job_id}"], check=False, timeout=60)
+def _squeue_jobs(target: Target) -> list[dict]:
+    """Every job record ``squeue --json`` prints (Slurm 22.05's ``--json``
+    ignores ``--jobs`` and the other filters: callers pick their jobs)."""
+    proc = target.run(["squeue", "--json"], check=False, timeout=60)
     if proc.returncode != 0:
-        if "Invalid job id" in proc.stderr:
-            return None
         if any(m in proc.stderr for m in _UNREACHABLE):
             raise ControllerUnreachable("slurmctld is not answering", detail=proc.stderr.strip(), exit_code=1)
-        raise KitError(f"squeue --json --jobs={job_id} failed", detail=proc.stderr.strip(), exit_code=1)
+        raise KitError("squeue --json failed", detail=proc.stderr.strip(), exit_code=1)
     try:
         data = json.loads(proc.stdout)
         jobs, errors = data["jobs"], data.get("errors") or []
@@ -249,33 +248,42 @@ def _status_of(target: Target, j: dict, name: str) -> JobStatus:
                      excluded_nodes=str(j.get("excluded_nodes") or ""), dependency=str(j.get("dependency") or ""))
 
 
+def _by_name(records: list[dict]) -> dict[str, dict]:
+    """Job records by the names kit uses: ``ID``, and ``ID_TASK`` for an array
+    task (pending tasks share one record whose ``array_task_string`` lists
+    them); an array task's own job id names it too."""
+    out: dict[str, dict] = {}
+    for j in records:
+        array_id, task = j.get("array_job_id"), j.get("array_task_id")
+        if array_id and isinstance(task, int) and not isinstance(task, bool):
+            out[f"{array_id}_{task}"] = j
+        pending = str(j.get("array_task_string") or "").partition("%")[0]
+        if array_id and pending and task is None:
+            for i in sweep_lib.parse_tasks(pending, "squeue").indices:
+                out[f"{array_id}_{i}"] = j
+    for j in records:  # plain ids last: never in place of a task's name
+        out.setdefault(str(j.get("job_id")), j)
+    return out
+
+
+def statuses(target: Target, names: Iterable[str]) -> dict[str, JobStatus]:
+    """Several jobs' states from one ``squeue --json``: each name is a job id or
+    an array task's ``ID_TASK``; GONE for a job Slurm has forgotten."""
+    records = _by_name(_squeue_jobs(target))
+    return {n: _status_of(target, records[n], n) if n in records else JobStatus(job_id=n, state="GONE")
+            for n in names}
+
+
 def job_status(target: Target, job_id: str) -> JobStatus:
     """The job's state from ``squeue --json``; state GONE once Slurm has forgotten it."""
-    for j in _squeue_jobs(target, job_id) or []:
-        if str(j.get("job_id")) == job_id:
-            return _status_of(target, j, job_id)
-    return JobStatus(job_id=job_id, state="GONE")
+    return statuses(target, [job_id])[job_id]
 
 
 def array_status(target: Target, array_id: str, indices: Iterable[int]) -> dict[int, JobStatus]:
-    """Each task of an array job (``ARRAY_INDEX`` names it); GONE once Slurm forgot it.
-
-    Pending tasks share one record whose ``array_task_string`` lists them.
-    """
-    out: dict[int, JobStatus] = {}
-    for j in _squeue_jobs(target, array_id) or []:
-        if str(j.get("array_job_id")) != array_id:
-            continue
-        task = j.get("array_task_id")
-        if isinstance(task, int) and not isinstance(task, bool):
-            out[task] = _status_of(target, j, f"{array_id}_{task}")
-            continue
-        pending = str(j.get("array_task_string") or "").partition("%")[0]
-        if pending:
-            for i in sweep_lib.parse_tasks(pending, "squeue").indices:
-                out[i] = JobStatus(job_id=f"{array_id}_{i}", state=str(j.get("job_state") or "PENDING"),
-                                   reason=str(j.get("state_reason") or ""))
-    return {i: out.get(i) or JobStatus(job_id=f"{array_id}_{i}", state="GONE") for i in indices}
+    """Each task of an array job (``ARRAY_INDEX`` names it); GONE once Slurm forgot it."""
+    indices = list(indices)
+    found = statuses(target, [f"{array_id}_{i}" for i in indices])
+    return {i: found[f"{array_id}_{i}"] for i in indices}
 
 
 def _completing(target: Target, job_id: str) -> bool:

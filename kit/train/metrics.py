@@ -61,6 +61,7 @@ class MetricsCallback(Callback):
         self.samples = 0
         self._t_start = None
         self._last_write = 0.0
+        self._written_samples = 0
         self.values: dict = {}
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -83,9 +84,13 @@ class MetricsCallback(Callback):
             self.values["tokens_total"] = self.samples * self.tokens_per_sample
         if trainer.optimizers:
             self.values["learning_rate"] = float(trainer.optimizers[0].param_groups[0]["lr"])
+        if trainer.max_steps and trainer.max_steps > 0:
+            self.values["max_steps"] = trainer.max_steps
         if self.directory is not None and now - self._last_write >= self.interval:
+            if self._last_write:  # this rank's rate since the last write (kit ps, --wait)
+                self.values["samples_per_second"] = (self.samples - self._written_samples) / (now - self._last_write)
             training.write(self.directory, trainer.global_rank, self.values)
-            self._last_write = now
+            self._last_write, self._written_samples = now, self.samples
 
     def on_train_end(self, trainer, pl_module):
         if self.directory is not None and self.values:

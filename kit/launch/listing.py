@@ -1,0 +1,159 @@
+"""`kit ps`: kit's jobs (from the job directories it knows) joined with the
+scheduler's view of them.
+
+One ``squeue`` per Slurm the jobs went to; a job Slurm has forgotten (or a
+Slurm that does not answer) is told from its job directory instead, and the
+row says which source it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from kit import slurm
+from kit.errors import KitError
+from kit.launch import jobs
+
+RECENT = 24 * 3600  # without --all: ended jobs submitted this recently
+
+
+@dataclass
+class JobRow:
+    id: str                  # the job id; ID_TASK for an array task
+    name: str
+    state: str               # Slurm's, or the job directory's (see state_from)
+    state_from: str          # "slurm", "job directory" or "job directory (slurm: ...)"
+    reason: str
+    nodes: str
+    run: int                 # the latest run (0 is the first; each requeue adds one)
+    step: int | None
+    max_steps: int | None
+    loss: float | None
+    samples_per_second: float | None
+    submitted: float | None  # Unix time
+    job_dir: str
+    finished: bool           # the FINISHED marker: the work is done
+
+    @property
+    def active(self) -> bool:
+        return self.state not in slurm.TERMINAL_STATES and self.state not in ("ENDED", "GONE")
+
+    def as_json(self) -> dict:
+        return {**asdict(self), "active": self.active}
+
+
+def _name(job_dir: Path) -> str:
+    try:
+        name = json.loads((job_dir / "job.json").read_text()).get("job_name")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    return str(name) if name else job_dir.name
+
+
+def _units(job_dir: Path) -> list[tuple[str, Path]]:
+    """(name, directory) for a job, or for each task of an array job."""
+    job_id = jobs.job_id_of(job_dir)
+    indices = jobs.task_indices(job_dir)
+    if not indices:
+        return [(job_id, job_dir)]
+    return [(f"{job_id}_{i}", job_dir / "tasks" / str(i)) for i in indices]
+
+
+def _row(name: str, unit_dir: Path, job_dir: Path, job_name: str, st: slurm.JobStatus | None,
+         unreachable: str | None) -> JobRow:
+    p = jobs.training_progress(unit_dir)
+    done = jobs.runs(unit_dir)
+    run = max(done[-1] if done else 0, st.restarts if st else 0)
+    if st is not None and st.state != "GONE":
+        state, source = st.state, "slurm"
+    else:
+        state = jobs.recorded_state(unit_dir)
+        if unreachable and state not in ("COMPLETED", "CANCELLED", "FAILED"):
+            state = "UNKNOWN"
+        source = f"job directory (slurm: {unreachable})" if unreachable else "job directory"
+    return JobRow(id=name, name=job_name, state=state, state_from=source,
+                  reason=st.reason if st and st.reason not in ("None", "") else "",
+                  nodes=st.nodes if st else "", run=run, step=p.step, max_steps=p.max_steps, loss=p.loss,
+                  samples_per_second=p.samples_per_second if state == "RUNNING" else None,
+                  submitted=jobs.submitted_at(job_dir), job_dir=str(job_dir),
+                  finished=(unit_dir / "FINISHED").exists())
+
+
+def _unavailable(target: slurm.Target) -> str | None:
+    """Why ``target`` cannot answer, when that is known without asking it
+    (Slurm's commands retry a missing slurm.conf for 60 s, a dead controller for 10)."""
+    if target.conf is None:
+        return None
+    conf = Path(target.conf)
+    if not conf.is_file():
+        return f"its slurm.conf {conf} is gone"
+    if target.name == "local":
+        from kit.cluster import LocalCluster
+
+        if not LocalCluster(conf.parent.parent).controller_alive():
+            return "the local cluster is not running"
+    return None
+
+
+def list_jobs(output_dirs: list[Path], *, everything: bool = False, now: float | None = None) -> list[JobRow]:
+    """Rows for kit's known jobs, newest first: every active job, and (without
+    ``everything``) ended ones submitted in the last 24 hours."""
+    from kit import launch as lib
+
+    now = time.time() if now is None else now
+    dirs = jobs.known_job_dirs(output_dirs)
+    by_target: dict[slurm.Target, list[Path]] = {}
+    for d in dirs:
+        by_target.setdefault(lib.target_of(d), []).append(d)
+    known: dict[Path, tuple[dict[str, slurm.JobStatus], str | None]] = {}
+    for target, group in by_target.items():
+        names = [n for d in group for n, _ in _units(d)]
+        found, problem = {}, _unavailable(target)
+        if problem is None:
+            try:
+                found = slurm.statuses(target, names)
+            except KitError as e:  # down, or no Slurm here: the job directories still tell a lot
+                problem = e.message
+        for d in group:
+            known[d] = (found, problem)
+    rows = []
+    for d in dirs:
+        found, problem = known[d]
+        job_name = _name(d)
+        for name, unit in _units(d):
+            row = _row(name, unit, d, job_name, found.get(name), problem)
+            if everything or row.active or row.state == "UNKNOWN" or (now - (row.submitted or 0)) < RECENT:
+                rows.append(row)
+    return rows
+
+
+def _age(seconds: float) -> str:
+    seconds = max(int(seconds), 0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+COLUMNS = ("JOB", "NAME", "STATE", "NODES", "RUN", "STEP", "LOSS", "SAMPLES/S", "AGE", "DIR")
+
+
+def table(rows: list[JobRow], now: float | None = None) -> list[str]:
+    """The rows as aligned text lines, a header first."""
+    now = time.time() if now is None else now
+
+    def cells(r: JobRow) -> tuple[str, ...]:
+        step = "-" if r.step is None else (f"{r.step}/{r.max_steps}" if r.max_steps else str(r.step))
+        state = r.state + (f" ({r.reason})" if r.reason and r.state == "PENDING" else "")
+        if r.state_from != "slurm":
+            state += "*"
+        return (r.id, r.name[:24], state, r.nodes or "-", str(r.run), step,
+                "-" if r.loss is None else f"{r.loss:.4g}",
+                "-" if r.samples_per_second is None else f"{r.samples_per_second:.0f}",
+                "-" if r.submitted is None else _age(now - r.submitted), r.job_dir)
+    body = [cells(r) for r in rows]
+    widths = [max(len(c[i]) for c in [COLUMNS, *body]) for i in range(len(COLUMNS) - 1)]
+    return ["  ".join(c.ljust(w) for c, w in zip(line[:-1], widths)) + "  " + line[-1] for line in [COLUMNS, *body]]
