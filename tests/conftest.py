@@ -219,6 +219,9 @@ def assert_nothing_left(cluster, w: Waiting) -> None:
     assert wait_no_processes(w.job_dir, 15) == []
     assert list(cluster.prometheus_targets.glob(f"kit-{w.job_id}-*")) == []
     assert str(w.job_dir) not in Path("/proc/mounts").read_text()
+    # Under real pyxis: no container filesystem of the job left in any node's enroot data
+    # (pyxis_<job>.<step>; named ones are kept on purpose and removed by `kit cluster down`).
+    assert list((cluster.root / "enroot").glob(f"node*/data/pyxis_{w.job_id}.*")) == []
     for port in set(re.findall(r"MASTER_PORT=(\d+)", read_logs(w.job_dir))):
         lock = Path(os.environ.get("TMPDIR", "/tmp"), f"kit-ports-{os.geteuid()}", port)
         if lock.exists():

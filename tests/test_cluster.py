@@ -47,8 +47,17 @@ def test_up_status_env_down(home, cluster):
     assert status.returncode == 0
     lines = status.stdout.splitlines()
     assert lines[0] == f"local cluster: running ({home / 'cluster'})"
-    assert [line.split()[0] for line in lines[1:]] == ["slurmctld", "node1", "node2"]
-    assert lines[2].split()[-1] == "idle"
+    # No pyxis and enroot here: the stand-in, and the status says so.
+    assert lines[1] == f"  containers: kit's pyxis stand-in {home / 'cluster' / 'spank_kit_pyxis.so'} " \
+                       "(no pyxis and enroot installed)"
+    assert [line.split()[0] for line in lines[2:]] == ["slurmctld", "node1", "node2"]
+    assert lines[3].split()[-1] == "idle"
+    # What it runs is what the golden files pin (tests/test_cluster_config.py).
+    from kit.cluster import config
+
+    assert (home / "cluster" / "plugstack.conf").read_text() == config.plugstack_conf(
+        "kit-pyxis", home / "cluster", str(home / "cluster" / "spank_kit_pyxis.so"))
+    assert "KillWait" not in conf.read_text() and not (home / "cluster" / "enroot").exists()
 
     assert kit("cluster", "env", env=env).stdout == f"export SLURM_CONF={conf}\n"
     run = subprocess.run(["srun", "-N2", "-l", "hostname"], env={**os.environ, "SLURM_CONF": str(conf)},

@@ -15,7 +15,7 @@ from kit.core import spec as specs
 
 
 def start(tmp_path: Path, command: list[str], extra_env: dict | None = None) -> tuple[subprocess.Popen, Path]:
-    job = specs.resolve(specs.JobSpec(command=command, output_dir=str(tmp_path / "jobs")))
+    job = launch.resolve(specs.JobSpec(command=command, output_dir=str(tmp_path / "jobs")))
     job_dir = launch.prepare(job).job_dir
     env = task_env(job_dir, rank=1, ntasks=2, **(extra_env or {}))
     proc = subprocess.Popen(["bash", str(job_dir / "launcher.sh")], env=env, stdout=subprocess.PIPE,

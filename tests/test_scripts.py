@@ -27,7 +27,7 @@ def golden_job() -> specs.ResolvedJob:
                          cpus_per_task=12, mem="256G", time="4:00:00", partition="gpu", account="ml",
                          job_name="golden", output_dir="/jobs", env={"HF_HOME": "/data/hf cache", "A": "$x"},
                          sbatch_args=["--constraint=h100"], sidecars=["echo sidecar on $(hostname)"])
-    return specs.resolve(spec)
+    return launch.resolve(spec)
 
 
 def sweep_job() -> specs.ResolvedJob:
@@ -36,7 +36,7 @@ def sweep_job() -> specs.ResolvedJob:
                                   "{{literal}}"], nodes=2, gpus_per_node=4, ntasks_per_node=1, job_name="sweep",
                          output_dir="/jobs", sweep={"lr": ["1e-3", "3e-4"], "tag": ["a b", "it's"]}, array="%2",
                          mpi="pmi2")
-    return specs.resolve(spec)
+    return launch.resolve(spec)
 
 
 JOBS = {"": golden_job, "sweep.": sweep_job}
@@ -77,7 +77,7 @@ def test_bash_n_and_shellcheck(name, tmp_path):
 
 
 def test_dry_run_job_dir_is_complete_and_sbatch_argv_recorded(tmp_path):
-    job = specs.resolve(specs.JobSpec(command=["true"], output_dir=str(tmp_path)))
+    job = launch.resolve(specs.JobSpec(command=["true"], output_dir=str(tmp_path)))
     prepared = launch.prepare(job)
     names = sorted(p.name for p in prepared.job_dir.iterdir())
     assert names == ["job.json", "launcher.sh", "logs", "prelaunch.sh", "sbatch.json"]
@@ -114,7 +114,7 @@ def run_launcher_directly(job_dir: Path) -> subprocess.CompletedProcess:
 def test_command_arguments_reach_the_command_byte_for_byte(tmp_path, data):
     canary = tmp_path / "CANARY"
     args = data.draw(st.lists(value_strategy(canary), max_size=5))
-    job = specs.resolve(specs.JobSpec(command=[sys.executable, "-c", DUMP, *args], output_dir=str(tmp_path)))
+    job = launch.resolve(specs.JobSpec(command=[sys.executable, "-c", DUMP, *args], output_dir=str(tmp_path)))
     prepared = launch.prepare(job)
     proc = run_launcher_directly(prepared.job_dir)
     assert proc.returncode == 0, proc.stderr

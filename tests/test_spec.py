@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kit import launch
 from kit.core import spec as specs
 from kit.errors import KitError
 
@@ -34,7 +35,7 @@ def test_parse_mem_rejects(text):
 
 
 def test_defaults():
-    job = specs.resolve(specs.JobSpec(command=["true"]), cwd=None)
+    job = launch.resolve(specs.JobSpec(command=["true"]), cwd=None)
     s = job.spec
     assert (s.nodes, s.gpus_per_node, s.ntasks_per_node, s.signal, s.signal_lead, s.max_restarts) == \
         (1, 0, 1, "USR1", 90, 3)
@@ -42,17 +43,17 @@ def test_defaults():
 
 
 def test_tasks_default_to_gpus():
-    assert specs.resolve(specs.JobSpec(command=["x"], gpus_per_node=4)).spec.ntasks_per_node == 4
+    assert launch.resolve(specs.JobSpec(command=["x"], gpus_per_node=4)).spec.ntasks_per_node == 4
     # One per-node launcher (torchrun) is allowed too.
-    assert specs.resolve(specs.JobSpec(command=["x"], gpus_per_node=4, ntasks_per_node=1)).spec.ntasks_per_node == 1
+    assert launch.resolve(specs.JobSpec(command=["x"], gpus_per_node=4, ntasks_per_node=1)).spec.ntasks_per_node == 1
 
 
 def test_devices_in_command_must_match_tasks_per_node():
     with pytest.raises(KitError) as e:
-        specs.resolve(specs.JobSpec(command=["python", "train.py", "--devices", "4"], ntasks_per_node=2))
+        launch.resolve(specs.JobSpec(command=["python", "train.py", "--devices", "4"], ntasks_per_node=2))
     assert e.value.field == "command"
     assert "--devices 4" in e.value.message
-    specs.resolve(specs.JobSpec(command=["python", "train.py", "--trainer.devices=2"], ntasks_per_node=2))
+    launch.resolve(specs.JobSpec(command=["python", "train.py", "--trainer.devices=2"], ntasks_per_node=2))
 
 
 def test_merge_command_line_wins_and_env_merges():
@@ -65,28 +66,28 @@ def test_merge_command_line_wins_and_env_merges():
 
 def test_kit_variables_are_reserved_except_the_documented_one():
     with pytest.raises(KitError, match="names starting with KIT_ or SLURM_ are reserved"):
-        specs.resolve(specs.JobSpec(command=["true"], env={"KIT_JOB_DIR": "/x"}))
-    job = specs.resolve(specs.JobSpec(command=["true"], env={"KIT_EXPORTER_NAMING": "compat"}))
+        launch.resolve(specs.JobSpec(command=["true"], env={"KIT_JOB_DIR": "/x"}))
+    job = launch.resolve(specs.JobSpec(command=["true"], env={"KIT_EXPORTER_NAMING": "compat"}))
     assert job.spec.env == {"KIT_EXPORTER_NAMING": "compat"}
     assert (job.spec.stop_grace, job.spec.hang_timeout, job.spec.first_progress_timeout) == (3, 900, 3600)
 
 
 def test_an_environment_value_over_linux_limit_is_refused():
     with pytest.raises(KitError, match=r"BIG: the value is 131072 bytes; Linux passes at most 131071 bytes"):
-        specs.resolve(specs.JobSpec(command=["true"], env={"BIG": "x" * 131072}))
-    assert specs.resolve(specs.JobSpec(command=["true"], env={"OK": "x" * 100_000})).spec.env["OK"]
+        launch.resolve(specs.JobSpec(command=["true"], env={"BIG": "x" * 131072}))
+    assert launch.resolve(specs.JobSpec(command=["true"], env={"OK": "x" * 100_000})).spec.env["OK"]
 
 
 def test_a_command_over_linux_limits_is_refused():
     with pytest.raises(KitError, match=r"a command argument is 131072 bytes; Linux passes at most 131071 bytes"):
-        specs.resolve(specs.JobSpec(command=["echo", "y" * 131072]))
+        launch.resolve(specs.JobSpec(command=["echo", "y" * 131072]))
     with pytest.raises(KitError, match=r"the command and --env values come to 1200013 bytes; kit allows 1048576"):
-        specs.resolve(specs.JobSpec(command=["echo"] + ["y" * 99_999] * 12, env={"A": "b" * 5}))
-    assert specs.resolve(specs.JobSpec(command=["echo"] + ["y" * 99_999] * 10)).spec.command
+        launch.resolve(specs.JobSpec(command=["echo"] + ["y" * 99_999] * 12, env={"A": "b" * 5}))
+    assert launch.resolve(specs.JobSpec(command=["echo"] + ["y" * 99_999] * 10)).spec.command
 
 
 def test_the_time_limit_sbatch_gets_is_the_one_checked():
-    assert specs.resolve(specs.JobSpec(command=["true"], time="10\n")).spec.time == "10"
+    assert launch.resolve(specs.JobSpec(command=["true"], time="10\n")).spec.time == "10"
 
 
 def test_prometheus_targets_under_an_image_must_be_a_plain_mount_path(tmp_path):
@@ -94,7 +95,7 @@ def test_prometheus_targets_under_an_image_must_be_a_plain_mount_path(tmp_path):
     image.write_bytes(b"hsqs" + b"\0" * 100)
     for bad in ("/a,/b:/injected", "/a b", "/a:b"):
         with pytest.raises(KitError, match="the targets directory"):
-            specs.resolve(specs.JobSpec(command=["true"], image=str(image), prometheus_targets=bad))
+            launch.resolve(specs.JobSpec(command=["true"], image=str(image), prometheus_targets=bad))
 
 
 def test_a_job_file_sweep_table_and_after_list(tmp_path):
@@ -103,7 +104,7 @@ def test_a_job_file_sweep_table_and_after_list(tmp_path):
                  '[sweep]\nlr = [0.1, 0.01]\nopt = ["adam", "sgd"]\n')
     spec, origins = specs.load_job_file(f)
     merged, origins = specs.merge(spec, specs.JobSpec(sweep={"opt": ["lion"]}), origins)
-    job = specs.resolve(merged, origins)
+    job = launch.resolve(merged, origins)
     assert job.spec.sweep == {"lr": ["0.1", "0.01"], "opt": ["lion"]}  # --sweep wins per name
     assert job.tasks.render() == "0-1%1" and list(job.params) == [{"lr": "0.1", "opt": "lion"},
                                                                    {"lr": "0.01", "opt": "lion"}]

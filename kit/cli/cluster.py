@@ -59,6 +59,7 @@ def status() -> int:
         return 1
     running = c.running()
     click.echo(f"local cluster: {'running' if running else 'degraded'} ({c.root})")
+    click.echo(f"  containers: {c.containers_description()}")
     for d in rows:
         pid = str(d.pid) if d.pid else "-"
         state = d.state or ("up" if d.alive else "dead")

@@ -150,7 +150,7 @@ def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, sw
     if command:
         given.command = list(command)
     spec, origins = specs.merge(base, given, origins)
-    job = specs.resolve(spec, origins)
+    job = lib.resolve(spec, origins)
     for warning in job.warnings:
         click.echo(f"kit: warning: {warning}", err=True)
 

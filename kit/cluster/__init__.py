@@ -20,12 +20,13 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kit.cluster import config
 from kit.errors import KitError
 from kit.monitor.naming import relabel_yaml
 from kit.runner import run
 from kit.slurm import Target
 
-PARTITION = "local"
+PARTITION = config.PARTITION
 REQUIRED = ("slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "squeue", "scancel")
 INSTALL_HINT = "install Debian's Slurm: apt-get install -y slurm-wlm"
 
@@ -238,8 +239,8 @@ class LocalCluster:
         else:
             argv, pidfile, log = ["slurmd", "-N", name], f"slurmd-{name}.pid", f"slurmd-{name}.log"
         (self.root / "run" / pidfile).unlink(missing_ok=True)
-        run([*argv, "-f", str(self.conf)], env={"SLURM_CONF": str(self.conf)}, what=argv[0],
-            hint=f"see {self.root}/log/{log}")
+        env = config.daemon_env(self.root, self.conf, name, st.containers, os.environ.get("PATH", os.defpath))
+        run([*argv, "-f", str(self.conf)], env=env, what=argv[0], hint=f"see {self.root}/log/{log}")
         st.pids[name] = self._read_pid(self.root / "run" / pidfile, name)
         self._save(st)
 
@@ -262,75 +263,33 @@ class LocalCluster:
         next_id = max(_saved_job_id_sequence(self.root / "state" / "job_state"), self._next_job_id())
         if next_id > 1:
             (self.root / "next_job_id").write_text(f"{next_id}\n")
-        for sub in ("state", "spool", "run", "dev", "prometheus"):
+        for sub in ("state", "spool", "run", "dev", "prometheus", "enroot"):  # enroot: named containers too
             shutil.rmtree(self.root / sub, ignore_errors=True)
         for path in (self.state_file,):
             path.unlink(missing_ok=True)
 
     def _write_config(self, st: ClusterState) -> None:
-        user = _user()
         r = self.root
-        lines = [
-            "# Written by `kit cluster up`: a Slurm cluster of several slurmd on one host.",
-            "ClusterName=kit",
-            f"SlurmctldHost={st.hostname}(127.0.0.1)",
-            f"SlurmctldPort={st.ctld_port}",
-            "AuthType=auth/none",
-            "CredType=cred/none",
-            f"SlurmUser={user}",
-            f"SlurmdUser={user}",
-            f"StateSaveLocation={r}/state",
-            f"SlurmdSpoolDir={r}/spool/%n",
-            f"SlurmctldPidFile={r}/run/slurmctld.pid",
-            f"SlurmdPidFile={r}/run/slurmd-%n.pid",
-            f"SlurmctldLogFile={r}/log/slurmctld.log",
-            f"SlurmdLogFile={r}/log/slurmd-%n.log",
-            f"PlugStackConfig={r}/plugstack.conf",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core",
-            "MpiDefault=none",
-            "ReturnToService=2",
-            "SlurmdParameters=config_overrides",
-            "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
-            # KillWait stays Slurm's default (30 s), as on sites: cleanup that
-            # needs more than a few seconds (pyxis, checkpoints) gets it here too.
-            "MinJobAge=300",
-            "InactiveLimit=0",
-            "SlurmdTimeout=60",
-            "GresTypes=gpu",
-            f"FirstJobId={self._next_job_id()}",
-        ]
-        gres = f" Gres=gpu:{st.gpus_per_node}" if st.gpus_per_node else ""
-        for i, port in enumerate(st.node_ports, 1):
-            lines.append(f"NodeName=node{i} NodeHostname={st.hostname} NodeAddr=127.0.0.1 Port={port} "
-                         f"CPUs={st.cpus_per_node} RealMemory={st.memory_mb}{gres} State=UNKNOWN")
-        lines.append(f"PartitionName={PARTITION} Nodes=node[1-{st.nodes}] Default=YES MaxTime=INFINITE State=UP")
-        (r / "log").mkdir(parents=True, exist_ok=True)
-        (r / "run").mkdir(parents=True, exist_ok=True)
-        (r / "state").mkdir(parents=True, exist_ok=True)
-        for i in range(1, st.nodes + 1):
-            (r / "spool" / f"node{i}").mkdir(parents=True, exist_ok=True)
-        plug_lines = ["# SPANK plugins of kit's local cluster"]
-        if st.containers:
-            plug_lines.append(f"required {self._container_plugin(st)}")
-        (r / "plugstack.conf").write_text("\n".join(plug_lines) + "\n")
-        # Slurm 22.05 drops GPUs without File=: each node gets placeholder
-        # files (never opened: TaskPlugin=task/none constrains no devices).
-        gres_lines = []
-        if st.gpus_per_node:
+        for sub in ("log", "run", "state", *(f"spool/node{i}" for i in range(1, st.nodes + 1))):
+            (r / sub).mkdir(parents=True, exist_ok=True)
+        plugin = self._container_plugin(st) if st.containers else None
+        (r / "plugstack.conf").write_text(config.plugstack_conf(st.containers, r, plugin))
+        if st.containers == config.PYXIS:
+            enroot = shutil.which("enroot")
+            config.pyxis_runtime(r).mkdir(parents=True, exist_ok=True)
             for i in range(1, st.nodes + 1):
-                dev = r / "dev" / f"node{i}"
-                dev.mkdir(parents=True, exist_ok=True)
-                for g in range(st.gpus_per_node):
-                    (dev / f"gpu{g}").touch()
-                files = f"{dev}/gpu[0-{st.gpus_per_node - 1}]" if st.gpus_per_node > 1 else f"{dev}/gpu0"
-                gres_lines.append(f"NodeName=node{i} Name=gpu File={files}")
-        (r / "gres.conf").write_text("\n".join(["# GPUs of kit's local cluster: counts only", *gres_lines]) + "\n")
+                wrapper = config.enroot_bin(r, f"node{i}") / "enroot"
+                wrapper.parent.mkdir(parents=True, exist_ok=True)
+                wrapper.write_text(config.enroot_wrapper(r, f"node{i}", enroot))
+                wrapper.chmod(0o755)
+                for path in config.enroot_paths(r, f"node{i}").values():
+                    path.mkdir(parents=True, exist_ok=True)
+        for gpu in config.gpu_files(st, r):
+            gpu.parent.mkdir(parents=True, exist_ok=True)
+            gpu.touch()
+        (r / "gres.conf").write_text(config.gres_conf(st, r))
         tmp = self.conf.with_suffix(".tmp")
-        tmp.write_text("\n".join(lines) + "\n")
+        tmp.write_text(config.slurm_conf(st, r, _user(), self._next_job_id()))
         tmp.rename(self.conf)
 
     def _start(self, nodes: int, cpus: int, gpus: int, timeout: float, progress) -> ClusterState:
@@ -397,11 +356,14 @@ class LocalCluster:
     # ------------------------------------------------------------ containers
     def _prepare_containers(self, progress) -> str | None:
         """Real pyxis when it and enroot are installed, else kit's stand-in, built now."""
-        if pyxis_plugin() and shutil.which("enroot"):
-            progress(f"container jobs: pyxis ({pyxis_plugin()})")
-            return "pyxis"
         cc = shutil.which("gcc") or shutil.which("cc")
-        if cc is None or not Path("/usr/include/slurm/spank.h").exists():
+        choice = config.choose_containers(pyxis_plugin(), shutil.which("enroot"),
+                                          cc is not None and Path("/usr/include/slurm/spank.h").exists())
+        if choice == config.PYXIS:
+            progress(f"container jobs: pyxis ({pyxis_plugin()}), enroot ({shutil.which('enroot')}), "
+                     f"each node with its own enroot paths under {self.root / 'enroot'}")
+            return choice
+        if choice is None:
             progress("container jobs disabled: building kit's pyxis stand-in needs gcc and "
                      "libslurm-dev (apt-get install -y gcc libslurm-dev)")
             return None
@@ -411,6 +373,15 @@ class LocalCluster:
             hint="the stand-in SPANK plugin did not compile")
         progress("container jobs: kit's pyxis stand-in (no pyxis/enroot here)")
         return "kit-pyxis"
+
+    def containers_description(self) -> str:
+        """Which plugin runs container jobs (``kit cluster status``)."""
+        st = self.state()
+        if st is None or not st.containers:
+            return "none (kit's stand-in needs gcc and libslurm-dev; real pyxis needs enroot too)"
+        if st.containers == config.PYXIS:
+            return f"pyxis {self._container_plugin(st)}, each node with its own enroot paths under {self.root / 'enroot'}"
+        return f"kit's pyxis stand-in {self._container_plugin(st)} (no pyxis and enroot installed)"
 
     def _container_plugin(self, st: ClusterState) -> str:
         return pyxis_plugin() if st.containers == "pyxis" else str(self.root / "spank_kit_pyxis.so")

@@ -354,7 +354,7 @@ class ResolvedJob:
     port_low: int
     port_high: int
     warnings: tuple[str, ...] = field(default=())
-    mounts: tuple = field(default=())  # parsed kit.slurm.pyxis.Mount values
+    mounts: tuple = field(default=())  # parsed mounts (kit.launch.resolve fills them in)
     tasks: sweep_lib.TaskSet | None = None  # an array job's task indices
     params: tuple = field(default=())  # per task index (in tasks order): {NAME: value} of a sweep
 
@@ -493,8 +493,8 @@ def _resolve_tasks(s: JobSpec, origins: Origins) -> tuple[sweep_lib.TaskSet | No
 
 
 def _resolve_container(s: JobSpec, origins: Origins, warnings: list[str]) -> list:
-    from kit.slurm import pyxis
-
+    """The container fields every scheduler shares; the image and mounts are
+    checked and parsed by the container runtime's room (kit.launch.resolve)."""
     given = [n for n in ("container_workdir", "container_name") if getattr(s, n)]
     given += [n for n in ("mounts", "container_env") if getattr(s, n)]
     given += [n for n in ("container_writable", "container_mount_home", "container_remap_root") if getattr(s, n)]
@@ -502,8 +502,6 @@ def _resolve_container(s: JobSpec, origins: Origins, warnings: list[str]) -> lis
         if given:
             warnings.append(", ".join(origins.label(n) for n in given) + " have no effect without --image")
         return []
-    s.image = pyxis.check_image(s.image, origins.label("image"))
-    mounts = [pyxis.parse_mount(m, origins.label("mounts"), check_source=s.mount_check) for m in s.mounts]
     if s.container_workdir is not None and not s.container_workdir.startswith("/"):
         raise KitError(f"must be an absolute path, got {s.container_workdir!r}",
                        field=origins.label("container_workdir"))
@@ -513,11 +511,7 @@ def _resolve_container(s: JobSpec, origins: Origins, warnings: list[str]) -> lis
     if s.container_name is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", s.container_name):
         raise KitError(f"not a container name: {s.container_name!r}", field=origins.label("container_name"),
                        hint="letters, digits, '.', '_' and '-'")
-    pyxis.parse_mount(f"{s.output_dir}:{s.output_dir}", origins.label("output_dir"), check_source=False)
-    if s.prometheus_targets and s.exporter:
-        pyxis.check_mount_path(s.prometheus_targets, "the targets directory (mounted into the container)",
-                               origins.label("prometheus_targets"))
-    return mounts
+    return []
 
 
 def _copy(value: Any) -> Any:

@@ -8,6 +8,7 @@ writes the job directory atomically: ``prelaunch.sh``, ``launcher.sh``,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -181,6 +182,20 @@ def _metrics_exports(job: ResolvedJob) -> str:
         # Outside a container the exporter runs on the Python that has kit (this one).
         lines.append(f"export KIT_PYTHON={bash.quote(sys.executable)}")
     return "\n".join(lines) or ":  # no metrics settings"
+
+
+def resolve(spec, origins=None, *, cwd: Path | None = None) -> ResolvedJob:
+    """:func:`kit.core.spec.resolve`, then the container part through pyxis's
+    room (the scheduler-neutral core does not know pyxis's mount syntax)."""
+    from kit.core import spec as specs
+
+    origins = origins or specs.Origins()
+    job = specs.resolve(spec, origins, cwd=cwd)
+    if not job.spec.image:
+        return job
+    image, mounts = pyxis.check_container(job.spec, origins)
+    job.spec.image = image
+    return dataclasses.replace(job, mounts=tuple(mounts))
 
 
 def _new_job_dir(out_dir: Path, job_name: str) -> Path:

@@ -132,3 +132,17 @@ def srun_flags(*, image: str, mounts: list[Mount], workdir: str | None, name: st
     if remap_root:
         flags.append("--container-remap-root")
     return flags
+
+
+def check_container(spec, origins) -> tuple[str, list[Mount]]:
+    """A resolved job spec's image and mounts as pyxis takes them: the image
+    checked, every mount parsed, and the paths kit mounts itself (the job's
+    output directory, the Prometheus targets directory) checked against
+    pyxis's mount syntax. ``origins`` names the fields as the user spelled them."""
+    image = check_image(spec.image, origins.label("image"))
+    mounts = [parse_mount(m, origins.label("mounts"), check_source=spec.mount_check) for m in spec.mounts]
+    parse_mount(f"{spec.output_dir}:{spec.output_dir}", origins.label("output_dir"), check_source=False)
+    if spec.prometheus_targets and spec.exporter:
+        check_mount_path(spec.prometheus_targets, "the targets directory (mounted into the container)",
+                         origins.label("prometheus_targets"))
+    return image, mounts

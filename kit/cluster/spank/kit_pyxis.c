@@ -2,11 +2,13 @@
  * kit_pyxis: a small pyxis-compatible SPANK plugin for kit's local cluster.
  *
  * It accepts pyxis' --container-* options with pyxis' syntax and gives the
- * subset kit uses pyxis' semantics: the task runs chrooted in the squashfs
+ * subset kit uses pyxis' semantics (containers/README.md has the conformance
+ * table, each row with its test): the task runs chrooted in the squashfs
  * image (mounted read-only, writable with --container-writable), with
- * /proc, /sys, /dev and the --container-mounts binds; the image's
- * /etc/environment overrides the task's variables except those named in
- * --container-env; --container-workdir must exist in the image.
+ * /proc, /sys, /dev and the --container-mounts binds and their flags; it
+ * loses LANG, LANGUAGE and LC_ALL, and the login variables and the image's
+ * /etc/environment override the task's except those named in
+ * --container-env; a missing --container-workdir fails with pyxis' words.
  *
  * Everything happens in the task's own mount namespace, so nothing is left
  * mounted when the task ends. A stand-in for machines without pyxis and
@@ -136,7 +138,20 @@ static int run_mount(const char *image, const char *dir)
 	return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
 }
 
-static int bind_mount(const char *root, const char *src, const char *dst, int readonly)
+/* Mount flags pyxis (through enroot's fstab) honours; unknown ones are accepted silently, as there. */
+static unsigned long mount_flag(const char *f)
+{
+	static const struct { const char *name; unsigned long flag; } known[] = {
+		{ "ro", MS_RDONLY }, { "nosuid", MS_NOSUID }, { "nodev", MS_NODEV }, { "noexec", MS_NOEXEC },
+		{ "noatime", MS_NOATIME }, { "nodiratime", MS_NODIRATIME }, { "relatime", MS_RELATIME },
+	};
+	for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+		if (strcmp(f, known[i].name) == 0)
+			return known[i].flag;
+	return 0;
+}
+
+static int bind_mount(const char *root, const char *src, const char *dst, unsigned long flags)
 {
 	char target[4096];
 	struct stat st;
@@ -153,8 +168,8 @@ static int bind_mount(const char *root, const char *src, const char *dst, int re
 		slurm_error(TAG ": bind %s:%s: %m", src, dst);
 		return -1;
 	}
-	if (readonly && mount(NULL, target, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) < 0) {
-		slurm_error(TAG ": read-only %s: %m", dst);
+	if (flags && mount(NULL, target, NULL, MS_REMOUNT | MS_BIND | flags, NULL) < 0) {
+		slurm_error(TAG ": mount flags of %s: %m", dst);
 		return -1;
 	}
 	return 0;
@@ -177,23 +192,22 @@ static int user_mounts(const char *root)
 		} else {
 			dst = src;
 		}
-		int ro = 0;
+		unsigned long mflags = 0;
 		if (flags) {
 			char *fsave = NULL;
 			for (char *f = strtok_r(flags, "+", &fsave); f; f = strtok_r(NULL, "+", &fsave))
-				if (strcmp(f, "ro") == 0)
-					ro = 1;
+				mflags |= mount_flag(f);
 		}
 		if (strcmp(src, "tmpfs") == 0) {
 			char target[4096];
 			snprintf(target, sizeof(target), "%s%s", root, dst);
-			if (mkdir_p(target, 0755) < 0 || mount("tmpfs", target, "tmpfs", 0, NULL) < 0) {
+			if (mkdir_p(target, 0755) < 0 || mount("tmpfs", target, "tmpfs", mflags, NULL) < 0) {
 				slurm_error(TAG ": tmpfs %s: %m", dst);
 				rc = -1;
 			}
 			continue;
 		}
-		rc = bind_mount(root, src, dst, ro);
+		rc = bind_mount(root, src, dst, mflags);
 	}
 	free(all);
 	return rc;
@@ -216,9 +230,21 @@ static int kept(const char *name)
 	return 0;
 }
 
-/* The image's /etc/environment wins over the task's values, but for --container-env names. */
+/*
+ * pyxis's environment rules: the task loses LANG, LANGUAGE and LC_ALL; then
+ * the container's login variables (enroot's environ hook: as root USER=root,
+ * LOGNAME=root, HOME=/root) and the image's /etc/environment win over the
+ * task's values, but for --container-env names.
+ */
 static int apply_environment(spank_t sp, const char *root)
 {
+	for (const char **n = (const char *[]){ "LANG", "LANGUAGE", "LC_ALL", NULL }; *n; n++)
+		if (!kept(*n))
+			spank_unsetenv(sp, *n);
+	if (getuid() == 0)
+		for (const char **kv = (const char *[]){ "USER", "root", "LOGNAME", "root", "HOME", "/root", NULL }; *kv; kv += 2)
+			if (!kept(kv[0]))
+				spank_setenv(sp, kv[0], kv[1], 1);
 	char path[4096], line[65536];
 	snprintf(path, sizeof(path), "%s/etc/environment", root);
 	FILE *f = fopen(path, "r");
@@ -288,9 +314,9 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 		}
 	}
 	if (access("/etc/hosts", R_OK) == 0)
-		bind_mount(root, "/etc/hosts", "/etc/hosts", 1);
+		bind_mount(root, "/etc/hosts", "/etc/hosts", MS_RDONLY);
 	if (access("/etc/resolv.conf", R_OK) == 0)
-		bind_mount(root, "/etc/resolv.conf", "/etc/resolv.conf", 1);
+		bind_mount(root, "/etc/resolv.conf", "/etc/resolv.conf", MS_RDONLY);
 	if (opt_mount_home) {
 		char home[4096];
 		if (spank_getenv(sp, "HOME", home, sizeof(home)) == ESPANK_SUCCESS && bind_mount(root, home, home, 0) < 0)
@@ -309,7 +335,7 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	}
 	const char *wd = opt_workdir && *opt_workdir ? opt_workdir : "/";
 	if (chdir(wd) < 0) {
-		slurm_error(TAG ": --container-workdir: %s does not exist in the container", wd);
+		slurm_error(TAG ": couldn't chdir to %s: %m", wd);  /* pyxis's words */
 		return -1;
 	}
 	spank_setenv(sp, "PWD", wd, 1);

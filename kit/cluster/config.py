@@ -1,0 +1,137 @@
+"""The files `kit cluster up` writes, rendered from the cluster's shape alone
+(pure functions: golden files pin them without Slurm, pyxis or enroot here).
+
+- ``slurm.conf``: several ``slurmd -N nodeK`` on one host, Slurm's defaults
+  where they matter to behaviour (``KillWait`` 30 s: pyxis's ``enroot remove``
+  needs seconds).
+- ``plugstack.conf``: real pyxis (with a ``runtime_path`` of this cluster's
+  own) or kit's stand-in.
+- per-node ``enroot`` wrappers (real pyxis only): every slurmd of this host
+  would otherwise share one enroot data path, and two nodes of a job collide
+  on pyxis's ``pyxis_<job>.<step>`` container. pyxis clears the environment of
+  the enroot commands it runs except ``PATH``, so each slurmd gets its own
+  wrapper first on its ``PATH``, setting that node's ``ENROOT_*_PATH``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kit.core.bash import quote
+
+PARTITION = "local"
+PYXIS, STAND_IN = "pyxis", "kit-pyxis"
+
+
+def choose_containers(pyxis: str | None, enroot: str | None, can_build_stand_in: bool) -> str | None:
+    """Which container plugin the cluster runs: real pyxis when both it and
+    enroot are installed, else kit's stand-in when it can be built, else none."""
+    if pyxis and enroot:
+        return PYXIS
+    return STAND_IN if can_build_stand_in else None
+
+
+def slurm_conf(st, root: Path, user: str, first_job_id: int) -> str:
+    """``st``: the cluster's shape and ports (a :class:`kit.cluster.ClusterState`)."""
+    r = root
+    lines = [
+        "# Written by `kit cluster up`: a Slurm cluster of several slurmd on one host.",
+        "ClusterName=kit",
+        f"SlurmctldHost={st.hostname}(127.0.0.1)",
+        f"SlurmctldPort={st.ctld_port}",
+        "AuthType=auth/none",
+        "CredType=cred/none",
+        f"SlurmUser={user}",
+        f"SlurmdUser={user}",
+        f"StateSaveLocation={r}/state",
+        f"SlurmdSpoolDir={r}/spool/%n",
+        f"SlurmctldPidFile={r}/run/slurmctld.pid",
+        f"SlurmdPidFile={r}/run/slurmd-%n.pid",
+        f"SlurmctldLogFile={r}/log/slurmctld.log",
+        f"SlurmdLogFile={r}/log/slurmd-%n.log",
+        f"PlugStackConfig={r}/plugstack.conf",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "MpiDefault=none",
+        "ReturnToService=2",
+        "SlurmdParameters=config_overrides",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        # KillWait stays Slurm's default (30 s), as on sites: cleanup that
+        # needs more than a few seconds (pyxis's enroot remove, checkpoints) gets it here too.
+        "MinJobAge=300",
+        "InactiveLimit=0",
+        "SlurmdTimeout=60",
+        "GresTypes=gpu",
+        f"FirstJobId={first_job_id}",
+    ]
+    gres = f" Gres=gpu:{st.gpus_per_node}" if st.gpus_per_node else ""
+    for i, port in enumerate(st.node_ports, 1):
+        lines.append(f"NodeName=node{i} NodeHostname={st.hostname} NodeAddr=127.0.0.1 Port={port} "
+                     f"CPUs={st.cpus_per_node} RealMemory={st.memory_mb}{gres} State=UNKNOWN")
+    lines.append(f"PartitionName={PARTITION} Nodes=node[1-{st.nodes}] Default=YES MaxTime=INFINITE State=UP")
+    return "\n".join(lines) + "\n"
+
+
+def pyxis_runtime(root: Path) -> Path:
+    """pyxis's own runtime directory, one per cluster (plugstack ``runtime_path=``)."""
+    return root / "enroot" / "pyxis"
+
+
+def plugstack_conf(containers: str | None, root: Path, plugin: str | None) -> str:
+    lines = ["# SPANK plugins of kit's local cluster"]
+    if containers == PYXIS:
+        lines.append(f"required {plugin} runtime_path={pyxis_runtime(root)}")
+    elif containers == STAND_IN:
+        lines.append(f"required {plugin}")
+    return "\n".join(lines) + "\n"
+
+
+def gres_conf(st, root: Path) -> str:
+    """Slurm 22.05 drops GPUs without File=: each node's placeholder files
+    (:func:`gpu_files`; never opened: TaskPlugin=task/none constrains no devices)."""
+    lines = ["# GPUs of kit's local cluster: counts only"]
+    if st.gpus_per_node:
+        for i in range(1, st.nodes + 1):
+            dev = root / "dev" / f"node{i}"
+            files = f"{dev}/gpu[0-{st.gpus_per_node - 1}]" if st.gpus_per_node > 1 else f"{dev}/gpu0"
+            lines.append(f"NodeName=node{i} Name=gpu File={files}")
+    return "\n".join(lines) + "\n"
+
+
+def gpu_files(st, root: Path) -> list[Path]:
+    return [root / "dev" / f"node{i}" / f"gpu{g}" for i in range(1, st.nodes + 1) for g in range(st.gpus_per_node)]
+
+
+def enroot_paths(root: Path, node: str) -> dict[str, Path]:
+    """A node's own enroot directories (its containers, named ones included, live in data)."""
+    base = root / "enroot" / node
+    return {"ENROOT_DATA_PATH": base / "data", "ENROOT_RUNTIME_PATH": base / "runtime",
+            "ENROOT_CACHE_PATH": base / "cache"}
+
+
+def enroot_bin(root: Path, node: str) -> Path:
+    """The directory put first on ``node``'s slurmd PATH (it holds the wrapper)."""
+    return root / "enroot" / node / "bin"
+
+
+def enroot_wrapper(root: Path, node: str, enroot: str) -> str:
+    """The ``enroot`` that ``node``'s pyxis runs: the real one, with the node's paths."""
+    exports = "\n".join(f"export {name}={quote(str(path))}" for name, path in enroot_paths(root, node).items())
+    return (f"#!/usr/bin/env bash\n"
+            f"# Written by `kit cluster up`: enroot for {node} of kit's local cluster, whose slurmd\n"
+            f"# has this directory first on its PATH (pyxis keeps only PATH for the enroot it runs).\n"
+            f"set -euo pipefail\n"
+            f"{exports}\n"
+            f"exec {quote(enroot)} \"$@\"\n")
+
+
+def daemon_env(root: Path, conf: Path, name: str, containers: str | None, path: str) -> dict[str, str]:
+    """The environment a daemon starts with: its slurm.conf and, for a slurmd
+    under real pyxis, its node's enroot wrapper first on ``PATH``."""
+    env = {"SLURM_CONF": str(conf)}
+    if name != "slurmctld" and containers == PYXIS:
+        env["PATH"] = f"{enroot_bin(root, name)}:{path}"
+    return env

@@ -1,0 +1,92 @@
+"""What `kit cluster up` generates, for kit's stand-in and for real pyxis + enroot,
+pinned by golden files that need neither installed (issue 12, done-means 1)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import require
+
+from kit.cluster import config
+
+GOLDEN = Path(__file__).parent / "golden" / "cluster"
+ACCEPT = "KIT_ACCEPT_GOLDEN=1 python -m pytest tests/test_cluster_config.py"
+ROOT = Path("/home/alice/.local/state/kit/cluster")
+SHAPE = SimpleNamespace(nodes=2, cpus_per_node=4, gpus_per_node=2, memory_mb=8000, hostname="login1",
+                        ctld_port=6817, node_ports=[6818, 6819])
+PYXIS_SO = "/usr/local/lib/slurm/spank_pyxis.so"
+
+
+def generated() -> dict[str, str]:
+    return {
+        "slurm.conf": config.slurm_conf(SHAPE, ROOT, "alice", 17),
+        "gres.conf": config.gres_conf(SHAPE, ROOT),
+        "plugstack.pyxis.conf": config.plugstack_conf(config.PYXIS, ROOT, PYXIS_SO),
+        "plugstack.kit-pyxis.conf": config.plugstack_conf(config.STAND_IN, ROOT, f"{ROOT}/spank_kit_pyxis.so"),
+        "plugstack.none.conf": config.plugstack_conf(None, ROOT, None),
+        "enroot.node1.sh": config.enroot_wrapper(ROOT, "node1", "/usr/bin/enroot"),
+        "enroot.node2.sh": config.enroot_wrapper(ROOT, "node2", "/opt/enroot 4/bin/enroot"),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(generated()))
+def test_golden(name):
+    text = generated()[name]
+    path = GOLDEN / name
+    if os.environ.get("KIT_ACCEPT_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}; create it with: {ACCEPT}"
+    assert text == path.read_text(), f"{name} changed; if that is intended, accept it with: {ACCEPT}"
+
+
+def test_plugin_choice():
+    """Real pyxis only with enroot beside it; else the stand-in when it can be built; else none."""
+    assert config.choose_containers(PYXIS_SO, "/usr/bin/enroot", True) == "pyxis"
+    assert config.choose_containers(PYXIS_SO, "/usr/bin/enroot", False) == "pyxis"
+    assert config.choose_containers(PYXIS_SO, None, True) == "kit-pyxis"
+    assert config.choose_containers(None, "/usr/bin/enroot", True) == "kit-pyxis"
+    assert config.choose_containers(None, None, False) is None
+
+
+def test_slurm_conf_keeps_slurms_killwait_and_pyxis_gets_a_runtime_path_of_its_own():
+    conf = generated()["slurm.conf"]
+    assert "KillWait" not in conf  # Slurm's default, 30 s: room for pyxis's enroot remove
+    assert f"PlugStackConfig={ROOT}/plugstack.conf" in conf
+    assert generated()["plugstack.pyxis.conf"].splitlines()[1] == f"required {PYXIS_SO} runtime_path={ROOT}/enroot/pyxis"
+
+
+def test_the_enroot_wrapper_gives_each_node_its_own_paths_with_only_path_in_the_environment(tmp_path):
+    """What pyxis does to the enroot it runs: a cleared environment but PATH. The
+    wrapper first on node2's PATH still hands the real enroot node2's directories."""
+    require("shellcheck")
+    real = tmp_path / "real enroot"
+    real.write_text('#!/bin/sh\necho "args=$*"\nenv | grep ^ENROOT_ | sort\n')
+    real.chmod(0o755)
+    root = tmp_path / "cluster"
+    for node in ("node1", "node2"):
+        wrapper = config.enroot_bin(root, node) / "enroot"
+        wrapper.parent.mkdir(parents=True)
+        wrapper.write_text(config.enroot_wrapper(root, node, str(real)))
+        wrapper.chmod(0o755)
+        subprocess.run(["bash", "-n", str(wrapper)], check=True)
+        lint = subprocess.run(["shellcheck", "--severity=style", str(wrapper)], capture_output=True, text=True)
+        assert lint.returncode == 0, lint.stdout
+    path = f"{config.enroot_bin(root, 'node2')}:/usr/bin:/bin"
+    out = subprocess.run(["env", "-i", f"PATH={path}", "enroot", "create", "--name", "pyxis_1.0", "x y.sqsh"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == ["args=create --name pyxis_1.0 x y.sqsh",
+                   f"ENROOT_CACHE_PATH={root}/enroot/node2/cache",
+                   f"ENROOT_DATA_PATH={root}/enroot/node2/data",
+                   f"ENROOT_RUNTIME_PATH={root}/enroot/node2/runtime"]
+
+
+def test_each_slurmd_under_pyxis_starts_with_its_wrapper_first_on_path():
+    conf = ROOT / "slurm.conf"
+    assert config.daemon_env(ROOT, conf, "node2", "pyxis", "/usr/bin:/bin") == {
+        "SLURM_CONF": str(conf), "PATH": f"{ROOT}/enroot/node2/bin:/usr/bin:/bin"}
+    assert config.daemon_env(ROOT, conf, "slurmctld", "pyxis", "/usr/bin") == {"SLURM_CONF": str(conf)}
+    assert config.daemon_env(ROOT, conf, "node1", "kit-pyxis", "/usr/bin") == {"SLURM_CONF": str(conf)}
