@@ -40,6 +40,8 @@ except ModuleNotFoundError:  # pragma: no cover
 
 # mksquashfs options per --compression choice.
 COMPRESSION = {
+    "zstd-fast": ["-comp", "zstd", "-Xcompression-level", "3", "-b", "1M"],  # kit's default (bench/bench_pack.py)
+    "lz4-fast": ["-comp", "lz4", "-b", "1M"],
     "enroot": ["-comp", "lzo", "-noD"],  # enroot's default ENROOT_SQUASH_OPTIONS
     "lzo": ["-comp", "lzo"],
     "lz4": ["-comp", "lz4"],
@@ -48,6 +50,7 @@ COMPRESSION = {
     "xz": ["-comp", "xz"],
     "none": ["-noI", "-noD", "-noF", "-noX"],
 }
+DEFAULT_COMPRESSION = "zstd-fast"  # measured against enroot's options: bench/bench_pack.py
 BASE_KINDS = ("rootfs", "tarball", "oci", "docker-archive", "squashfs", "image")
 STEP_KINDS = ("copy", "env", "workdir", "run", "pip", "kit")
 TOP_KEYS = ("description", "base", "steps", "entrypoint", "cmd", "labels", "volumes")

@@ -1,0 +1,100 @@
+"""Packing benchmark: each `kit build --compression` choice on the same tree, side by side.
+
+    python bench/bench_pack.py [--rootfs DIR | --image IMAGE.sqsh] [--runs 3] [--choices a,b,...]
+
+--image unpacks a built image (e.g. the README's cpu-lightning.sqsh, the tree
+issue 13 measured) and benchmarks on its tree.
+
+For every choice: mksquashfs time (all cores, -all-root, as kit packs), image
+size, and unpack time (`unsquashfs` into a fresh directory after dropping the
+page cache, which is what `enroot create` does at every job start on every
+node). Then kit's default against enroot's own `-comp lzo -noD`, with the
+targets of issue 13: size <= 0.4x, pack <= 0.25x, unpack <= 1.0x. Runs of the
+choices are interleaved so all see the same machine load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from kit.build.recipe import COMPRESSION, DEFAULT_COMPRESSION  # noqa: E402
+
+CHOICES = ("enroot", "lz4-fast", "zstd-fast", "zstd")
+
+
+def drop_caches() -> bool:
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def timed(argv) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rootfs", default=str(REPO / "containers" / "bases" / "debian-bookworm"))
+    ap.add_argument("--image", default=None, help="benchmark on the tree of this built image")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--choices", default=",".join(CHOICES))
+    args = ap.parse_args()
+    choices = tuple(args.choices.split(","))
+    scratch = tempfile.TemporaryDirectory()
+    rootfs = Path(args.rootfs)
+    if args.image:
+        rootfs = Path(scratch.name) / "tree"
+        subprocess.run(["unsquashfs", "-no-progress", "-d", str(rootfs), args.image], check=True,
+                       stdout=subprocess.DEVNULL)
+    if not rootfs.is_dir():
+        sys.exit(f"no root filesystem at {rootfs}: run containers/bases/debian-bookworm.sh first")
+    tree = int(subprocess.run(["du", "-sb", str(rootfs)], capture_output=True, text=True).stdout.split()[0])
+    pack, unpack, size = ({c: [] for c in choices} for _ in range(3))
+    cold = True
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        for run in range(args.runs):
+            for c in (choices if run % 2 == 0 else tuple(reversed(choices))):
+                image = tmp / f"{c}.sqsh"
+                pack[c].append(timed(["mksquashfs", str(rootfs), str(image), "-noappend", "-all-root",
+                                      "-processors", str(os.cpu_count()), "-no-progress", "-quiet",
+                                      *COMPRESSION[c]]))
+                size[c].append(image.stat().st_size)
+                cold = drop_caches() and cold
+                unpack[c].append(timed(["unsquashfs", "-no-progress", "-d", str(tmp / f"{c}.out"), str(image)]))
+                shutil.rmtree(tmp / f"{c}.out")
+                image.unlink()
+    med = statistics.median
+    print(f"tree: {rootfs} ({tree / 2**20:.0f} MiB), runs: {args.runs}, cores: {os.cpu_count()}, "
+          f"page cache {'dropped before each unpack' if cold else 'NOT dropped (no permission): unpack times are warm'}")
+    print(f"{'choice':<12}{'mksquashfs options':<44}{'pack':>9}{'size':>10}{'unpack':>9}")
+    for c in choices:
+        print(f"{c:<12}{' '.join(COMPRESSION[c]):<44}{med(pack[c]):>8.2f}s{med(size[c]) / 2**20:>7.0f}MiB"
+              f"{med(unpack[c]):>8.2f}s")
+    new, old = DEFAULT_COMPRESSION, "enroot"
+    ratios = {"size": (med(size[new]) / med(size[old]), 0.40), "pack": (med(pack[new]) / med(pack[old]), 0.25),
+              "unpack": (med(unpack[new]) / med(unpack[old]), 1.0)}
+    print(f"default {new!r} against enroot's -comp lzo -noD:")
+    for what, (ratio, target) in ratios.items():
+        print(f"  {what:<7}{ratio:>6.2f}x   target <= {target:.2f}x   {'met' if ratio <= target else 'MISSED'}")
+    scratch.cleanup()
+
+
+if __name__ == "__main__":
+    main()
