@@ -55,19 +55,23 @@ kit::spawn() {
   KIT_BG_NAMES+=("${name}")
 }
 
-# kit::sweep: stop every process still carrying this task's token.
+# kit::sweep: stop every process still carrying this task's token, scanning
+# again until a scan finds none (one can fork between a scan and the stop).
 kit::sweep() {
-  local path
-  local -a pids=()
+  local path round
+  local -a pids
   command -v grep >/dev/null 2>&1 || return 0
-  while IFS= read -r path; do
-    path="${path#/proc/}"
-    path="${path%/environ}"
-    if [[ "${path}" != "$$" ]]; then pids+=("${path}"); fi
-  done < <(grep -lzxF -e "KIT_TASK_TOKEN=${KIT_TASK_TOKEN}" /proc/[0-9]*/environ 2>/dev/null)
-  (( ${#pids[@]} > 0 )) || return 0
-  kit::log "stopping ${#pids[@]} process(es) the command or a sidecar left running: ${pids[*]}"
-  KIT_STOP_TIMEOUT=2 kit::stop "${pids[@]}"
+  for (( round = 0; round < 5; round++ )); do
+    pids=()
+    while IFS= read -r path; do
+      path="${path#/proc/}"
+      path="${path%/environ}"
+      if [[ "${path}" != "$$" ]]; then pids+=("${path}"); fi
+    done < <(grep -lzxF -e "KIT_TASK_TOKEN=${KIT_TASK_TOKEN}" /proc/[0-9]*/environ 2>/dev/null)
+    (( ${#pids[@]} > 0 )) || return 0
+    kit::log "stopping ${#pids[@]} process(es) the command or a sidecar left running: ${pids[*]}"
+    KIT_STOP_TIMEOUT=2 kit::stop "${pids[@]}"
+  done
 }
 
 # kit::nap SECONDS: sleep in a way a TERM trap interrupts at once (the
