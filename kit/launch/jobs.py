@@ -74,9 +74,12 @@ def known_job_dirs(output_dirs: list[Path]) -> list[Path]:
 
     def consider(d: Path) -> None:
         try:
-            found.setdefault(d.resolve(), (d / "job_id").stat().st_mtime)
+            d = d.resolve()
         except (OSError, RuntimeError):
-            pass  # gone, or never submitted
+            return
+        when = submitted_at(d)
+        if when is not None:  # else gone, or never submitted
+            found.setdefault(d, when)
     try:
         lines = _index_path().read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
@@ -239,7 +242,6 @@ class Progress:
     max_steps: int | None = None
     loss: float | None = None
     samples_per_second: float | None = None  # the job's: every rank of the latest run
-    updated: float | None = None             # when rank 0 last reported (Unix time)
 
 
 def _rank_files(job_dir: Path) -> dict[int, dict]:
@@ -276,8 +278,7 @@ def training_progress(job_dir: Path) -> Progress:
              if "samples_per_second" in f and abs(f["last_step_timestamp_seconds"] - t0) <= 30]
     return Progress(step=int(zero["step"]) if "step" in zero else None,
                     max_steps=int(zero["max_steps"]) if "max_steps" in zero else None,
-                    loss=zero.get("loss"), samples_per_second=sum(rates) if rates else None,
-                    updated=t0 or None)
+                    loss=zero.get("loss"), samples_per_second=sum(rates) if rates else None)
 
 
 def progress_words(p: Progress) -> list[str]:
