@@ -112,23 +112,37 @@ kit::answer_hang() {
 # USR1 is to die), or after KIT_SIGNAL_GRACE seconds if it never does.
 kit::deliver() {
   local -r sig="$1" pid="$2"
-  local -r bit=$(( $(kill -l "${sig}") - 1 ))
-  local caught tries mine
+  local -r bit=$(( $(kill -l "${sig}") - 1 )) deadline=$(( SECONDS + ${KIT_SIGNAL_GRACE:-30} ))
+  local key value rest mine caught
   # A background subshell gets default signal actions: a second warning sent
   # to the task's process group would kill it before it delivered the first.
   kit::helper_traps
   # Until it execs, the command's process is a fork of this script and shows
   # this script's handlers: it counts only once its command line is its own.
   mine="$(tr '\0' ' ' </proc/$$/cmdline)"
-  for (( tries = 0; tries < ${KIT_SIGNAL_GRACE:-30} * 10; tries++ )); do
-    caught="$(awk '$1 == "SigCgt:" { print $2 }' /proc/"${pid}"/status 2>/dev/null)" || return 0
+  while (( SECONDS < deadline )); do
+    caught=""
+    while read -r key value rest; do
+      if [[ "${key}" == SigCgt: ]]; then caught="${value}"; fi
+    done 2>/dev/null </proc/"${pid}"/status || return 0
     [[ -n "${caught}" ]] || return 0
     if (( (16#${caught} >> bit) & 1 )) && [[ "$(tr '\0' ' ' </proc/"${pid}"/cmdline 2>/dev/null)" != "${mine}" ]]; then
       break
     fi
-    sleep 0.1
+    kit::nap 0.1
   done
-  kill -s "${sig}" "${pid}" 2>/dev/null || true
+  if kill -s "${sig}" "${pid}" 2>/dev/null; then
+    kit::log "sent SIG${sig} to the command (pid ${pid})"
+  fi
+}
+# kit::watch_warning: deliver the warning once prelaunch passes it on
+# (kit::pass_warning writes progress/r<K>/warning).
+kit::watch_warning() {
+  local -r sig="${KIT_WARNING_SIGNAL:-USR1}"
+  kit::helper_traps
+  until [[ -e "${KIT_PROGRESS_DIR}/warning" ]]; do kit::nap 1; done
+  kit::log "the time limit is near: passing SIG${sig} to the command once it handles it"
+  kit::deliver "${sig}" "${KIT_MAIN_PID}"
 }
 KIT_WARNING_PENDING=0
 # kit::kill_after SECONDS PID: KILL the command's group when it has not
@@ -152,6 +166,7 @@ kit::on_signal() {
     KIT_STOPPING=1
     kit::forward "$1"
   elif [[ -n "${KIT_MAIN_PID}" ]]; then
+    kit::log "got SIG$1: passing it to the command once it handles it"
     kit::deliver "$1" "${KIT_MAIN_PID}" &
     KIT_BG_PIDS+=("$!")
   else
@@ -171,7 +186,8 @@ if (( LOCAL_RANK == 0 )); then
       kit::log "sidecar ${name}: ${needs} not found, not started"
       continue
     fi
-    kit::spawn "${name}" bash -c "${KIT_SIDECARS[i + 2]}" >>"${KIT_NODE_LOG_PREFIX}.${name}.log" 2>&1
+    # Sidecars ignore the warning signals: a `scancel --signal` reaches every process.
+    kit::spawn "${name}" bash -c "trap '' USR1 USR2; ${KIT_SIDECARS[i + 2]}" >>"${KIT_NODE_LOG_PREFIX}.${name}.log" 2>&1
   done
 fi
 
@@ -186,6 +202,9 @@ kit::start "${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&-
 KIT_MAIN_PID=$!
 exec {KIT_LOG_FD}>&-
 printf '%s %s\n' "${KIT_NODE}" "${KIT_MAIN_PID}" >"${KIT_PROGRESS_DIR}/task-${RANK}"
+kit::watch_warning &
+KIT_BG_PIDS+=("$!")
+KIT_BG_NAMES+=(warning-watch)
 if (( ${KIT_HANG_TIMEOUT:-0} > 0 )); then
   kit::answer_hang &
   KIT_BG_PIDS+=("$!")

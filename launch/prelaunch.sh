@@ -204,30 +204,16 @@ kit::on_signal() {
   fi
 }
 
-# kit::pass_warning: hand the warning to the step once every task runs its
-# command (each launcher writes progress/r<K>/task-<R> then), so a warning
-# that came before the step or its tasks existed is not lost (Slurm may send
-# it up to a minute early). Without a step yet, srun's start does it.
-KIT_WARNING_PASSED=0
+# kit::pass_warning: hand the warning to the step by a file each launcher
+# watches (progress/r<K>/warning): the launcher gives it to its command once
+# the command handles it. Signalling srun would not do: slurmstepd passes a
+# forwarded signal to every process of the step at once, so a command still
+# importing (or a sidecar) would die of it. A warning that comes before the
+# step exists waits in the file (Slurm may send it up to a minute early).
 kit::pass_warning() {
-  [[ -n "${KIT_MAIN_PID}" ]] && (( ! KIT_WARNING_PASSED )) || return 0
-  KIT_WARNING_PASSED=1
-  kit::forward_when_started "${KIT_WARNING_SIGNAL}" "${KIT_MAIN_PID}" &
-  KIT_BG_PIDS+=("$!")
-  KIT_BG_NAMES+=(warning)
-}
-
-kit::forward_when_started() {
-  local -r sig="$1" pid="$2"
-  local tries
-  local -a started
-  kit::helper_traps
-  for (( tries = 0; tries < 600; tries++ )); do
-    started=("${KIT_PROGRESS_DIR}"/task-*)
-    if [[ -e "${started[0]}" ]] && (( ${#started[@]} >= KIT_WORLD_SIZE )); then break; fi
-    kit::nap 0.1
-  done
-  kill -s "${sig}" "${pid}" 2>/dev/null || true
+  mkdir -p "${KIT_PROGRESS_DIR}"
+  printf '%s\n' "${KIT_WARNING_SIGNAL}" >"${KIT_PROGRESS_DIR}/.warning"
+  mv -f "${KIT_PROGRESS_DIR}/.warning" "${KIT_PROGRESS_DIR}/warning"
 }
 
 # kit::checkpoint_step: the step of the newest checkpoint, as the command
@@ -454,7 +440,6 @@ mkdir -p "${KIT_PROGRESS_DIR}"
 kit::log "job ${SLURM_JOB_ID} run ${KIT_RESTART}: ${SLURM_JOB_NUM_NODES:-?} node(s), MASTER_ADDR=${MASTER_ADDR} MASTER_PORT=${MASTER_PORT}"
 srun "${KIT_STEP_ARGS[@]}" "${KIT_SCRIPTS_DIR}/launcher.sh" &
 KIT_MAIN_PID=$!
-if (( KIT_WARNED )); then kit::pass_warning; fi
 if (( KIT_HANG_TIMEOUT > 0 )); then
   kit::watch_progress "${KIT_MAIN_PID}" &
   KIT_BG_PIDS+=("$!")

@@ -37,9 +37,9 @@ KIT_TASK_TOKEN="${SLURM_JOB_ID:-0}.${SLURM_STEP_ID:-0}.${SLURM_PROCID:-0}.$$"
 # when setsid exists (so teardown reaches its children too), with the token.
 kit::start() {
   if command -v setsid >/dev/null 2>&1; then
-    KIT_TASK_TOKEN="${KIT_TASK_TOKEN}" setsid "$@" &
+    KIT_TASK_TOKEN="${KIT_TASK_TOKEN}" setsid "$@" {KIT_NAP_FD}<&- &
   else
-    KIT_TASK_TOKEN="${KIT_TASK_TOKEN}" "$@" &
+    KIT_TASK_TOKEN="${KIT_TASK_TOKEN}" "$@" {KIT_NAP_FD}<&- &
   fi
 }
 
@@ -73,18 +73,20 @@ kit::sweep() {
   done
 }
 
-# kit::nap SECONDS: sleep in a way a TERM trap interrupts at once (the
-# background helpers below die on TERM without leaving a sleep behind).
+# A pipe that no one writes to: `read -t` on it is a sleep that a trapped
+# signal interrupts at once, with no child process and no `wait` builtin
+# (see kit::wait_for). Programs this script starts do not get it.
+exec {KIT_NAP_FD}<> <(:)
+
+# kit::nap SECONDS: sleep; a TERM trap interrupts it at once.
 kit::nap() {
-  sleep "$1" &
-  wait "$!" || true
+  read -r -t "$1" -u "${KIT_NAP_FD}" || true
 }
 
-# kit::helper_traps: for a helper run as `func &`: TERM ends it and its nap;
-# the warning signals, which Slurm sends to the task's whole process group,
-# do not.
+# kit::helper_traps: for a helper run as `func &`: TERM ends it at once; the
+# warning signals, which Slurm sends to every process of the step, do not.
 kit::helper_traps() {
-  trap 'kill "$!" 2>/dev/null; exit 0' TERM
+  trap 'exit 0' TERM
   trap '' USR1 USR2
   trap - INT EXIT
 }
@@ -145,6 +147,8 @@ kit::cleanup() {
     kit::stop "${KIT_MAIN_PID}"
   fi
   kit::stop_background
+  # Before the drain: a process the command left behind may hold its output open.
+  kit::sweep
   for pid in "${KIT_DRAIN_PIDS[@]}"; do
     for (( tries = 0; tries < 20; tries++ )); do
       kit::running "${pid}" || break
@@ -152,7 +156,6 @@ kit::cleanup() {
     done
     kit::stop "${pid}"
   done
-  kit::sweep
   exit "${rc}"
 }
 
@@ -186,30 +189,28 @@ kit::handle_signals() {
 }
 
 # kit::wait_for PID: wait until PID exits, acting on signals as they come;
-# the exit status lands in KIT_RC. A `wait` interrupted by a signal returns
-# 128+n and is asked again: the child's own status is still there for it.
-# bash 5.2 can also make `wait` return -1 when a signal lands as the child
-# exits, and then keep returning -1 for good (the status is lost): once the
-# child is gone, that ends the wait with 143 when the task is being stopped,
-# else 255, and says so (asking forever was the launcher that spun at 100 % of
-# a core after scancel).
+# the exit status lands in KIT_RC. It polls (kit::nap, which a signal cuts
+# short) and calls `wait` only once PID has exited: bash 5.2 loses a child's
+# exit status when a trapped signal interrupts the `wait` builtin as that
+# child exits, and a later `wait PID` then blocks for good while any other
+# child lives (Slurm signals every process of the step at once, so the
+# command exiting on the signal that reaches this script is the common
+# case: 1 job in 12 ran into its time limit that way). The poll asks
+# /proc, so it costs no process.
 KIT_RC=0
 kit::wait_for() {
   local -r pid="$1"
-  local seen
-  while :; do
-    seen="${#KIT_SIGNALS[@]}"
-    if wait "${pid}"; then KIT_RC=0; else KIT_RC=$?; fi
+  while kit::running "${pid}"; do
+    kit::nap 0.2
     kit::handle_signals
-    if (( KIT_RC < 0 )); then
-      kit::running "${pid}" && continue
-      if (( KIT_STOPPING )); then KIT_RC=143; else KIT_RC=255; fi
-      kit::log "the exit status of process ${pid} was lost (bash wait returned -1): taking ${KIT_RC}"
-      break
-    fi
-    if (( ${#KIT_SIGNALS[@]} > seen && KIT_RC > 128 )); then continue; fi
-    break
   done
+  if wait "${pid}"; then KIT_RC=0; else KIT_RC=$?; fi
+  kit::handle_signals
+  # Not expected any more; kept so that a lost status is told, not guessed.
+  if (( KIT_RC < 0 )); then
+    if (( KIT_STOPPING )); then KIT_RC=143; else KIT_RC=255; fi
+    kit::log "the exit status of process ${pid} was lost: taking ${KIT_RC}"
+  fi
 }
 KIT_STOPPING=0
 # ---- end of launch/lib.sh ----
@@ -328,23 +329,37 @@ kit::answer_hang() {
 # USR1 is to die), or after KIT_SIGNAL_GRACE seconds if it never does.
 kit::deliver() {
   local -r sig="$1" pid="$2"
-  local -r bit=$(( $(kill -l "${sig}") - 1 ))
-  local caught tries mine
+  local -r bit=$(( $(kill -l "${sig}") - 1 )) deadline=$(( SECONDS + ${KIT_SIGNAL_GRACE:-30} ))
+  local key value rest mine caught
   # A background subshell gets default signal actions: a second warning sent
   # to the task's process group would kill it before it delivered the first.
   kit::helper_traps
   # Until it execs, the command's process is a fork of this script and shows
   # this script's handlers: it counts only once its command line is its own.
   mine="$(tr '\0' ' ' </proc/$$/cmdline)"
-  for (( tries = 0; tries < ${KIT_SIGNAL_GRACE:-30} * 10; tries++ )); do
-    caught="$(awk '$1 == "SigCgt:" { print $2 }' /proc/"${pid}"/status 2>/dev/null)" || return 0
+  while (( SECONDS < deadline )); do
+    caught=""
+    while read -r key value rest; do
+      if [[ "${key}" == SigCgt: ]]; then caught="${value}"; fi
+    done 2>/dev/null </proc/"${pid}"/status || return 0
     [[ -n "${caught}" ]] || return 0
     if (( (16#${caught} >> bit) & 1 )) && [[ "$(tr '\0' ' ' </proc/"${pid}"/cmdline 2>/dev/null)" != "${mine}" ]]; then
       break
     fi
-    sleep 0.1
+    kit::nap 0.1
   done
-  kill -s "${sig}" "${pid}" 2>/dev/null || true
+  if kill -s "${sig}" "${pid}" 2>/dev/null; then
+    kit::log "sent SIG${sig} to the command (pid ${pid})"
+  fi
+}
+# kit::watch_warning: deliver the warning once prelaunch passes it on
+# (kit::pass_warning writes progress/r<K>/warning).
+kit::watch_warning() {
+  local -r sig="${KIT_WARNING_SIGNAL:-USR1}"
+  kit::helper_traps
+  until [[ -e "${KIT_PROGRESS_DIR}/warning" ]]; do kit::nap 1; done
+  kit::log "the time limit is near: passing SIG${sig} to the command once it handles it"
+  kit::deliver "${sig}" "${KIT_MAIN_PID}"
 }
 KIT_WARNING_PENDING=0
 # kit::kill_after SECONDS PID: KILL the command's group when it has not
@@ -368,6 +383,7 @@ kit::on_signal() {
     KIT_STOPPING=1
     kit::forward "$1"
   elif [[ -n "${KIT_MAIN_PID}" ]]; then
+    kit::log "got SIG$1: passing it to the command once it handles it"
     kit::deliver "$1" "${KIT_MAIN_PID}" &
     KIT_BG_PIDS+=("$!")
   else
@@ -387,7 +403,8 @@ if (( LOCAL_RANK == 0 )); then
       kit::log "sidecar ${name}: ${needs} not found, not started"
       continue
     fi
-    kit::spawn "${name}" bash -c "${KIT_SIDECARS[i + 2]}" >>"${KIT_NODE_LOG_PREFIX}.${name}.log" 2>&1
+    # Sidecars ignore the warning signals: a `scancel --signal` reaches every process.
+    kit::spawn "${name}" bash -c "trap '' USR1 USR2; ${KIT_SIDECARS[i + 2]}" >>"${KIT_NODE_LOG_PREFIX}.${name}.log" 2>&1
   done
 fi
 
@@ -402,6 +419,9 @@ kit::start "${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&-
 KIT_MAIN_PID=$!
 exec {KIT_LOG_FD}>&-
 printf '%s %s\n' "${KIT_NODE}" "${KIT_MAIN_PID}" >"${KIT_PROGRESS_DIR}/task-${RANK}"
+kit::watch_warning &
+KIT_BG_PIDS+=("$!")
+KIT_BG_NAMES+=(warning-watch)
 if (( ${KIT_HANG_TIMEOUT:-0} > 0 )); then
   kit::answer_hang &
   KIT_BG_PIDS+=("$!")

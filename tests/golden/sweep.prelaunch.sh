@@ -38,9 +38,9 @@ KIT_TASK_TOKEN="${SLURM_JOB_ID:-0}.${SLURM_STEP_ID:-0}.${SLURM_PROCID:-0}.$$"
 # when setsid exists (so teardown reaches its children too), with the token.
 kit::start() {
   if command -v setsid >/dev/null 2>&1; then
-    KIT_TASK_TOKEN="${KIT_TASK_TOKEN}" setsid "$@" &
+    KIT_TASK_TOKEN="${KIT_TASK_TOKEN}" setsid "$@" {KIT_NAP_FD}<&- &
   else
-    KIT_TASK_TOKEN="${KIT_TASK_TOKEN}" "$@" &
+    KIT_TASK_TOKEN="${KIT_TASK_TOKEN}" "$@" {KIT_NAP_FD}<&- &
   fi
 }
 
@@ -74,18 +74,20 @@ kit::sweep() {
   done
 }
 
-# kit::nap SECONDS: sleep in a way a TERM trap interrupts at once (the
-# background helpers below die on TERM without leaving a sleep behind).
+# A pipe that no one writes to: `read -t` on it is a sleep that a trapped
+# signal interrupts at once, with no child process and no `wait` builtin
+# (see kit::wait_for). Programs this script starts do not get it.
+exec {KIT_NAP_FD}<> <(:)
+
+# kit::nap SECONDS: sleep; a TERM trap interrupts it at once.
 kit::nap() {
-  sleep "$1" &
-  wait "$!" || true
+  read -r -t "$1" -u "${KIT_NAP_FD}" || true
 }
 
-# kit::helper_traps: for a helper run as `func &`: TERM ends it and its nap;
-# the warning signals, which Slurm sends to the task's whole process group,
-# do not.
+# kit::helper_traps: for a helper run as `func &`: TERM ends it at once; the
+# warning signals, which Slurm sends to every process of the step, do not.
 kit::helper_traps() {
-  trap 'kill "$!" 2>/dev/null; exit 0' TERM
+  trap 'exit 0' TERM
   trap '' USR1 USR2
   trap - INT EXIT
 }
@@ -146,6 +148,8 @@ kit::cleanup() {
     kit::stop "${KIT_MAIN_PID}"
   fi
   kit::stop_background
+  # Before the drain: a process the command left behind may hold its output open.
+  kit::sweep
   for pid in "${KIT_DRAIN_PIDS[@]}"; do
     for (( tries = 0; tries < 20; tries++ )); do
       kit::running "${pid}" || break
@@ -153,7 +157,6 @@ kit::cleanup() {
     done
     kit::stop "${pid}"
   done
-  kit::sweep
   exit "${rc}"
 }
 
@@ -187,30 +190,28 @@ kit::handle_signals() {
 }
 
 # kit::wait_for PID: wait until PID exits, acting on signals as they come;
-# the exit status lands in KIT_RC. A `wait` interrupted by a signal returns
-# 128+n and is asked again: the child's own status is still there for it.
-# bash 5.2 can also make `wait` return -1 when a signal lands as the child
-# exits, and then keep returning -1 for good (the status is lost): once the
-# child is gone, that ends the wait with 143 when the task is being stopped,
-# else 255, and says so (asking forever was the launcher that spun at 100 % of
-# a core after scancel).
+# the exit status lands in KIT_RC. It polls (kit::nap, which a signal cuts
+# short) and calls `wait` only once PID has exited: bash 5.2 loses a child's
+# exit status when a trapped signal interrupts the `wait` builtin as that
+# child exits, and a later `wait PID` then blocks for good while any other
+# child lives (Slurm signals every process of the step at once, so the
+# command exiting on the signal that reaches this script is the common
+# case: 1 job in 12 ran into its time limit that way). The poll asks
+# /proc, so it costs no process.
 KIT_RC=0
 kit::wait_for() {
   local -r pid="$1"
-  local seen
-  while :; do
-    seen="${#KIT_SIGNALS[@]}"
-    if wait "${pid}"; then KIT_RC=0; else KIT_RC=$?; fi
+  while kit::running "${pid}"; do
+    kit::nap 0.2
     kit::handle_signals
-    if (( KIT_RC < 0 )); then
-      kit::running "${pid}" && continue
-      if (( KIT_STOPPING )); then KIT_RC=143; else KIT_RC=255; fi
-      kit::log "the exit status of process ${pid} was lost (bash wait returned -1): taking ${KIT_RC}"
-      break
-    fi
-    if (( ${#KIT_SIGNALS[@]} > seen && KIT_RC > 128 )); then continue; fi
-    break
   done
+  if wait "${pid}"; then KIT_RC=0; else KIT_RC=$?; fi
+  kit::handle_signals
+  # Not expected any more; kept so that a lost status is told, not guessed.
+  if (( KIT_RC < 0 )); then
+    if (( KIT_STOPPING )); then KIT_RC=143; else KIT_RC=255; fi
+    kit::log "the exit status of process ${pid} was lost: taking ${KIT_RC}"
+  fi
 }
 KIT_STOPPING=0
 # ---- end of launch/lib.sh ----
@@ -410,30 +411,16 @@ kit::on_signal() {
   fi
 }
 
-# kit::pass_warning: hand the warning to the step once every task runs its
-# command (each launcher writes progress/r<K>/task-<R> then), so a warning
-# that came before the step or its tasks existed is not lost (Slurm may send
-# it up to a minute early). Without a step yet, srun's start does it.
-KIT_WARNING_PASSED=0
+# kit::pass_warning: hand the warning to the step by a file each launcher
+# watches (progress/r<K>/warning): the launcher gives it to its command once
+# the command handles it. Signalling srun would not do: slurmstepd passes a
+# forwarded signal to every process of the step at once, so a command still
+# importing (or a sidecar) would die of it. A warning that comes before the
+# step exists waits in the file (Slurm may send it up to a minute early).
 kit::pass_warning() {
-  [[ -n "${KIT_MAIN_PID}" ]] && (( ! KIT_WARNING_PASSED )) || return 0
-  KIT_WARNING_PASSED=1
-  kit::forward_when_started "${KIT_WARNING_SIGNAL}" "${KIT_MAIN_PID}" &
-  KIT_BG_PIDS+=("$!")
-  KIT_BG_NAMES+=(warning)
-}
-
-kit::forward_when_started() {
-  local -r sig="$1" pid="$2"
-  local tries
-  local -a started
-  kit::helper_traps
-  for (( tries = 0; tries < 600; tries++ )); do
-    started=("${KIT_PROGRESS_DIR}"/task-*)
-    if [[ -e "${started[0]}" ]] && (( ${#started[@]} >= KIT_WORLD_SIZE )); then break; fi
-    kit::nap 0.1
-  done
-  kill -s "${sig}" "${pid}" 2>/dev/null || true
+  mkdir -p "${KIT_PROGRESS_DIR}"
+  printf '%s\n' "${KIT_WARNING_SIGNAL}" >"${KIT_PROGRESS_DIR}/.warning"
+  mv -f "${KIT_PROGRESS_DIR}/.warning" "${KIT_PROGRESS_DIR}/warning"
 }
 
 # kit::checkpoint_step: the step of the newest checkpoint, as the command
@@ -660,7 +647,6 @@ mkdir -p "${KIT_PROGRESS_DIR}"
 kit::log "job ${SLURM_JOB_ID} run ${KIT_RESTART}: ${SLURM_JOB_NUM_NODES:-?} node(s), MASTER_ADDR=${MASTER_ADDR} MASTER_PORT=${MASTER_PORT}"
 srun "${KIT_STEP_ARGS[@]}" "${KIT_SCRIPTS_DIR}/launcher.sh" &
 KIT_MAIN_PID=$!
-if (( KIT_WARNED )); then kit::pass_warning; fi
 if (( KIT_HANG_TIMEOUT > 0 )); then
   kit::watch_progress "${KIT_MAIN_PID}" &
   KIT_BG_PIDS+=("$!")
