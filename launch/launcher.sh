@@ -112,15 +112,15 @@ kit::answer_hang() {
 # USR1 is to die), or after KIT_SIGNAL_GRACE seconds if it never does.
 kit::deliver() {
   local -r sig="$1" pid="$2"
-  local -r bit=$(( $(kill -l "${sig}") - 1 )) deadline=$(( SECONDS + ${KIT_SIGNAL_GRACE:-30} ))
-  local key value rest mine caught
+  local -r bit=$(( $(kill -l "${sig}") - 1 ))
+  local key value rest mine caught tries
   # A background subshell gets default signal actions: a second warning sent
   # to the task's process group would kill it before it delivered the first.
   kit::helper_traps
   # Until it execs, the command's process is a fork of this script and shows
   # this script's handlers: it counts only once its command line is its own.
   mine="$(tr '\0' ' ' </proc/$$/cmdline)"
-  while (( SECONDS < deadline )); do
+  for (( tries = 0; tries < ${KIT_SIGNAL_GRACE:-30} * 10; tries++ )); do
     caught=""
     while read -r key value rest; do
       if [[ "${key}" == SigCgt: ]]; then caught="${value}"; fi
