@@ -64,11 +64,15 @@ def test_up_status_env_down(home, cluster):
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and len(run.stdout.splitlines()) == 2
 
+    # A named container (kept on its node by --container-name) goes with the cluster.
+    named = home / "cluster" / "enroot" / "node1" / "data" / "pyxis_kept"
+    (named / "root").mkdir(parents=True)
     session_pids = dict(cluster.state().pids)
     down = kit("cluster", "down", env=env)
     assert down.returncode == 0 and down.stdout == "local cluster stopped\n"
     for name, pid in pids.items():
         assert not _alive(pid, "slurmctld" if name == "slurmctld" else "slurmd")
+    assert not named.exists()
     # Exactly its own daemons: the session's cluster still runs.
     assert cluster.running() and cluster.state().pids == session_pids
     assert kit("cluster", "down", env=env).stdout == "local cluster: not running\n"

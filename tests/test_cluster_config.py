@@ -89,4 +89,6 @@ def test_each_slurmd_under_pyxis_starts_with_its_wrapper_first_on_path():
     assert config.daemon_env(ROOT, conf, "node2", "pyxis", "/usr/bin:/bin") == {
         "SLURM_CONF": str(conf), "PATH": f"{ROOT}/enroot/node2/bin:/usr/bin:/bin"}
     assert config.daemon_env(ROOT, conf, "slurmctld", "pyxis", "/usr/bin") == {"SLURM_CONF": str(conf)}
-    assert config.daemon_env(ROOT, conf, "node1", "kit-pyxis", "/usr/bin") == {"SLURM_CONF": str(conf)}
+    # The stand-in keeps named containers where enroot would: the node's data path.
+    assert config.daemon_env(ROOT, conf, "node1", "kit-pyxis", "/usr/bin") == {
+        "SLURM_CONF": str(conf), "KIT_PYXIS_DATA": f"{ROOT}/enroot/node1/data"}

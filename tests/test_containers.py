@@ -12,19 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, assert_nothing_left, kit, read_logs, require, submit, wait_for, wait_no_processes
+from conftest import REPO, assert_nothing_left, kit, read_logs, submit, wait_for, wait_no_processes
 
 from kit import slurm
-
-
-@pytest.fixture(scope="session")
-def debian_base() -> Path:
-    """containers/bases/debian-bookworm, made with debootstrap when missing (~45 s)."""
-    require("debootstrap")
-    base = REPO / "containers" / "bases" / "debian-bookworm"
-    subprocess.run(["bash", str(REPO / "containers" / "bases" / "debian-bookworm.sh"), str(base)], check=True,
-                   capture_output=True, timeout=900)
-    return base
 
 
 @pytest.fixture(scope="session")
@@ -207,3 +197,84 @@ def test_a_failed_and_a_cancelled_two_node_container_job_leave_nothing(cluster, 
     assert slurm.wait(cluster.target, cancelled["job_id"], timeout=120).state == "CANCELLED"
     assert_nothing_left(cluster, W(cancelled))
     assert loops_and_mounts() == (loops_before, mounts_before)
+
+
+@pytest.fixture(scope="module")
+def base_image(debian_base, tmp_path_factory) -> Path:
+    """The Debian base as an image with no /etc/rc and no PATH in /etc/environment."""
+    out = tmp_path_factory.mktemp("base-image") / "debian.sqsh"
+    subprocess.run(["mksquashfs", str(debian_base), str(out), "-quiet", "-no-progress", "-comp", "lz4"],
+                   check=True, timeout=600)
+    return out
+
+
+def srun(cluster, *args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    """srun straight on the local cluster: the container plugin alone, without kit's scripts."""
+    return subprocess.run(["srun", "-N1", *args], env={**os.environ, **cluster.target.env, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+PROBE = 'echo "pwd=$(pwd) shell=${SHELL-unset} term=${TERM-unset} path=$PATH home=$HOME user=$USER"'
+
+
+def test_login_environment_and_default_workdir_follow_pyxis(cluster, cpu_image, base_image):
+    """PYXIS.md, "Inside the container": the login variables (HOME, USER, SHELL, TERM, a
+    default PATH) win over the task's, /etc/environment wins over them, and names in
+    --container-env keep the task's value; the working directory is the image's WORKDIR
+    (from /etc/rc), or HOME for an image without /etc/rc. Values as enroot's switchroot
+    sets them: TERM=dumb, PATH from the image's login.defs ENV_SUPATH (as root)."""
+    task = {"TERM": "xterm", "SHELL": "/bin/zsh", "PATH": os.environ["PATH"] + ":/host/only", "HOME": "/home/alice"}
+    proc = srun(cluster, f"--container-image={base_image}", "bash", "-c", PROBE, env=task)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["pwd=/root", "shell=/bin/bash", "term=dumb",
+                                   "path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                                   "home=/root", "user=root"], proc.stdout
+    # The cpu image: WORKDIR /workspace through its /etc/rc; its ENV PATH (/etc/environment)
+    # wins over the login PATH; TERM listed in --container-env keeps the task's value.
+    proc = srun(cluster, f"--container-image={cpu_image}", "--container-env=TERM", "bash", "-c", PROBE, env=task)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["pwd=/workspace", "shell=/bin/bash", "term=xterm",
+                                   "path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                                   "home=/root", "user=root"], proc.stdout
+
+
+def test_tasks_of_a_node_share_one_container(cluster, cpu_image):
+    """PYXIS.md: one container per node per step, shared by that node's tasks (a shared
+    /tmp, and with --container-writable a shared root filesystem)."""
+    loops_before, mounts_before = loops_and_mounts()
+    share = ('if [ "$SLURM_PROCID" = 0 ]; then echo from-0 > /tmp/shared; echo from-0 > /opt/shared; fi; '
+             'for i in $(seq 100); do [ -e /tmp/shared ] && [ -e /opt/shared ] && break; sleep 0.1; done; '
+             'echo "task $SLURM_PROCID sees $(cat /tmp/shared /opt/shared 2>/dev/null | tr "\\n" " ")"')
+    proc = srun(cluster, "-n2", f"--container-image={cpu_image}", "--container-writable", "bash", "-c", share)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["task 0 sees from-0 from-0 ", "task 1 sees from-0 from-0 "], proc.stdout
+    # The container lived in the step's own mount namespace: nothing of it is left.
+    assert loops_and_mounts() == (loops_before, mounts_before)
+
+
+def test_a_named_container_persists_on_its_node_with_its_writes(cluster, base_image, tmp_path):
+    """PYXIS.md: --container-name keeps the container (pyxis_NAME) in the node's data path
+    after the job, with its writes when writable; a later job with the name reuses it
+    ("pyxis: reusing existing container filesystem"), even when given another image."""
+    name = f"kit-test-{os.getpid()}"
+    kept = cluster.root / "enroot" / "node1" / "data" / f"pyxis_{name}"
+    try:
+        first = srun(cluster, "-w", "node1", f"--container-image={base_image}", f"--container-name={name}",
+                     "--container-writable", "bash", "-c", "echo written-by-the-first > /root/note; cat /etc/debian_version")
+        assert first.returncode == 0, first.stderr
+        assert (kept / "root" / "note").read_text() == "written-by-the-first\n"
+        second = srun(cluster, "-w", "node1", f"--container-name={name}", "cat", "/root/note")
+        assert second.returncode == 0, second.stderr
+        assert second.stdout == "written-by-the-first\n"
+        assert "pyxis: reusing existing container filesystem" in second.stderr
+        # Read-only unless --container-writable, also when reused.
+        third = srun(cluster, "-w", "node1", f"--container-name={name}", "bash", "-c", "touch /root/x || echo refused")
+        assert third.stdout.strip().endswith("refused"), third.stdout + third.stderr
+        # Another node has no such container and no image was given: a clear error, exit 1.
+        missing = srun(cluster, "-w", "node2", f"--container-name={name}", "true")
+        assert missing.returncode == 1 and "pyxis" in missing.stderr, missing.stderr
+        if cluster.state().containers == "kit-pyxis":  # the stand-in's own words
+            assert f"pyxis: error: no container named {name} on this node" in missing.stderr, missing.stderr
+    finally:
+        # What `kit cluster down` does for every node (tests/test_cluster.py checks it).
+        subprocess.run(["rm", "-rf", str(kept)], check=True)

@@ -1,24 +1,28 @@
 /*
  * kit_pyxis: a small pyxis-compatible SPANK plugin for kit's local cluster.
  *
- * It accepts pyxis' --container-* options with pyxis' syntax and gives the
- * subset kit uses pyxis' semantics (containers/README.md has the conformance
- * table, each row with its test): the task runs chrooted in the squashfs
- * image (mounted read-only, writable with --container-writable), with
- * /proc, /sys, /dev and the --container-mounts binds and their flags; it
- * loses LANG, LANGUAGE and LC_ALL, and the login variables and the image's
- * /etc/environment override the task's except those named in
- * --container-env; a missing --container-workdir fails with pyxis' words.
+ * It accepts pyxis' --container-* options with pyxis' syntax and follows
+ * pyxis where kit relies on it (containers/README.md has the conformance
+ * table, each row with its test): one container per node per step, set up
+ * by slurmstepd before the tasks start and shared by that node's tasks; the
+ * squashfs image (read-only, writable with --container-writable) with /proc,
+ * /sys, /dev, /tmp, /run and the --container-mounts binds and their flags;
+ * --container-name keeps the container's root filesystem in the node's data
+ * directory (KIT_PYXIS_DATA, set by `kit cluster up`) for later jobs; the
+ * task loses LANG, LANGUAGE and LC_ALL, and the login variables and the
+ * image's /etc/environment override the task's except those named in
+ * --container-env; errors in pyxis' words.
  *
- * Everything happens in the task's own mount namespace, so nothing is left
- * mounted when the task ends. A stand-in for machines without pyxis and
- * enroot: nothing kit generates depends on it. Differences from pyxis are
- * listed in containers/README.md.
+ * The container lives in a mount namespace of the step's slurmstepd: when
+ * the step ends, nothing is left mounted. It runs rootful (no user
+ * namespace, no seccomp filter): a stand-in for machines without pyxis and
+ * enroot; nothing kit generates depends on it.
  *
  * Built by `kit cluster up` against Debian's libslurm-dev headers.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <stdio.h>
@@ -70,8 +74,8 @@ struct spank_option spank_options[] = {
 	{ "container-mounts", "SRC:DST[:FLAGS][,SRC:DST...]", "[kit-pyxis] bind mounts, comma separated", 1, 0, cb_mounts },
 	{ "container-workdir", "PATH", "[kit-pyxis] working directory inside the container (must exist)", 1, 0, cb_workdir },
 	{ "container-env", "NAME[,NAME...]", "[kit-pyxis] variables whose task values win over the image's", 1, 0, cb_env },
-	{ "container-name", "NAME", "[kit-pyxis] accepted; the container is not kept between steps", 1, 0, cb_name },
-	{ "container-writable", NULL, "[kit-pyxis] make the root filesystem writable (changes are discarded)", 0, 1, cb_flag },
+	{ "container-name", "NAME", "[kit-pyxis] keep the container on the node under NAME; reuse it if it exists", 1, 0, cb_name },
+	{ "container-writable", NULL, "[kit-pyxis] make the root filesystem writable", 0, 1, cb_flag },
 	{ "container-readonly", NULL, "[kit-pyxis] read-only root filesystem (default)", 0, 2, cb_flag },
 	{ "container-mount-home", NULL, "[kit-pyxis] bind the user's home directory", 0, 3, cb_flag },
 	{ "no-container-mount-home", NULL, "[kit-pyxis] do not bind the home directory (default)", 0, 4, cb_flag },
@@ -79,6 +83,21 @@ struct spank_option spank_options[] = {
 	{ "no-container-remap-root", NULL, "[kit-pyxis] accepted", 0, 6, cb_flag },
 	SPANK_OPTIONS_TABLE_END
 };
+
+/* The first error of the container's setup (in slurmstepd, where only the
+ * slurmd log would see it): every task of the step reports it and fails. */
+static char failure[1024];
+
+static int fail(const char *fmt, ...)
+{
+	if (!failure[0]) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(failure, sizeof(failure), fmt, ap);
+		va_end(ap);
+	}
+	return -1;
+}
 
 static int mkdir_p(const char *path, mode_t mode)
 {
@@ -156,20 +175,20 @@ static int bind_mount(const char *root, const char *src, const char *dst, unsign
 	char target[4096];
 	struct stat st;
 	if (stat(src, &st) < 0) {
-		slurm_error(TAG ": --container-mounts: source does not exist: %s", src);
+		fail(TAG ": --container-mounts: source does not exist: %s", src);
 		return -1;
 	}
 	snprintf(target, sizeof(target), "%s%s", root, dst);
 	if (make_target(target, S_ISDIR(st.st_mode)) < 0) {
-		slurm_error(TAG ": cannot create mount point %s: %m", dst);
+		fail(TAG ": cannot create mount point %s: %m", dst);
 		return -1;
 	}
 	if (mount(src, target, NULL, MS_BIND | MS_REC, NULL) < 0) {
-		slurm_error(TAG ": bind %s:%s: %m", src, dst);
+		fail(TAG ": bind %s:%s: %m", src, dst);
 		return -1;
 	}
 	if (flags && mount(NULL, target, NULL, MS_REMOUNT | MS_BIND | flags, NULL) < 0) {
-		slurm_error(TAG ": mount flags of %s: %m", dst);
+		fail(TAG ": mount flags of %s: %m", dst);
 		return -1;
 	}
 	return 0;
@@ -202,7 +221,7 @@ static int user_mounts(const char *root)
 			char target[4096];
 			snprintf(target, sizeof(target), "%s%s", root, dst);
 			if (mkdir_p(target, 0755) < 0 || mount("tmpfs", target, "tmpfs", mflags, NULL) < 0) {
-				slurm_error(TAG ": tmpfs %s: %m", dst);
+				fail(TAG ": tmpfs %s: %m", dst);
 				rc = -1;
 			}
 			continue;
@@ -230,88 +249,208 @@ static int kept(const char *name)
 	return 0;
 }
 
+/* The value of NAME in a KEY=VALUE (SEP '=') or "KEY VALUE" (SEP ' ': blanks) file of the image; NULL if none. */
+static char *image_setting(const char *root, const char *file, const char *name, char sep)
+{
+	char path[4096], line[4096];
+	size_t n = strlen(name);
+	char *found = NULL;
+	snprintf(path, sizeof(path), "%s%s", root, file);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return NULL;
+	while (!found && fgets(line, sizeof(line), f)) {
+		line[strcspn(line, "\n")] = '\0';
+		char *p = line + strspn(line, " \t");
+		if (strncmp(p, name, n) == 0 && (p[n] == sep || (sep == ' ' && p[n] == '\t')))
+			found = strdup(p + n + 1 + strspn(p + n + 1, " \t"));
+	}
+	fclose(f);
+	return found;
+}
+
+/* The image's /etc/passwd entry for UID: home directory and shell. */
+static int image_user(const char *root, uid_t uid, char *name, char *home, char *shell, size_t size)
+{
+	char path[4096], line[4096];
+	snprintf(path, sizeof(path), "%s/etc/passwd", root);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	int rc = -1;
+	while (rc < 0 && fgets(line, sizeof(line), f)) {
+		line[strcspn(line, "\n")] = '\0';
+		char *field[7] = { 0 }, *p = line;
+		int i = 0;
+		for (; i < 7; i++) {
+			field[i] = p;
+			p = strchr(p, ':');
+			if (!p)
+				break;
+			*p++ = '\0';
+		}
+		if (i == 6 && (uid_t)strtoul(field[2], NULL, 10) == uid) {
+			snprintf(name, size, "%s", field[0]);
+			snprintf(home, size, "%s", field[5]);
+			snprintf(shell, size, "%s", field[6]);
+			rc = 0;
+		}
+	}
+	fclose(f);
+	return rc;
+}
+
 /*
  * pyxis's environment rules: the task loses LANG, LANGUAGE and LC_ALL; then
- * the container's login variables (enroot's environ hook: as root USER=root,
- * LOGNAME=root, HOME=/root) and the image's /etc/environment win over the
- * task's values, but for --container-env names.
+ * every variable of the container process wins over the task's value, but for
+ * --container-env names: the image's /etc/environment, then the login
+ * variables enroot's switchroot sets where that file did not (HOME, SHELL,
+ * USER, LOGNAME from the image's passwd entry; TERM=dumb; PATH from
+ * ENV_SUPATH of the image's /etc/login.defs, else /usr/bin:/bin:/usr/sbin:/sbin).
  */
-static int apply_environment(spank_t sp, const char *root)
+static void apply_environment(spank_t sp, const char *root)
 {
+	char path[4096], line[65536], seen[4096] = ",";
 	for (const char **n = (const char *[]){ "LANG", "LANGUAGE", "LC_ALL", NULL }; *n; n++)
 		if (!kept(*n))
 			spank_unsetenv(sp, *n);
-	if (getuid() == 0)
-		for (const char **kv = (const char *[]){ "USER", "root", "LOGNAME", "root", "HOME", "/root", NULL }; *kv; kv += 2)
-			if (!kept(kv[0]))
-				spank_setenv(sp, kv[0], kv[1], 1);
-	char path[4096], line[65536];
 	snprintf(path, sizeof(path), "%s/etc/environment", root);
 	FILE *f = fopen(path, "r");
-	if (!f)
-		return 0;
-	while (fgets(line, sizeof(line), f)) {
+	while (f && fgets(line, sizeof(line), f)) {
 		line[strcspn(line, "\n")] = '\0';
 		char *eq = strchr(line, '=');
 		if (!eq || line[0] == '#')
 			continue;
 		*eq = '\0';
+		if (strlen(seen) + strlen(line) + 2 < sizeof(seen)) {
+			strcat(seen, line);
+			strcat(seen, ",");
+		}
 		if (!kept(line))
 			spank_setenv(sp, line, eq + 1, 1);
 	}
-	fclose(f);
-	return 0;
+	if (f)
+		fclose(f);
+
+	char user[512] = "", home[512] = "", shell[512] = "";
+	image_user(root, getuid(), user, home, shell, sizeof(user));
+	char *supath = image_setting(root, "/etc/login.defs", "ENV_SUPATH", ' ');
+	const char *login_path = getuid() == 0 ? "/usr/bin:/bin:/usr/sbin:/sbin" : "/usr/local/bin:/usr/bin:/bin";
+	if (getuid() == 0 && supath)
+		login_path = strncmp(supath, "PATH=", 5) == 0 ? supath + 5 : supath;
+	const char *login[][2] = { { "HOME", home }, { "SHELL", shell }, { "USER", user }, { "LOGNAME", user },
+				   { "TERM", "dumb" }, { "PATH", login_path } };
+	for (size_t i = 0; i < sizeof(login) / sizeof(login[0]); i++) {
+		char key[64];
+		snprintf(key, sizeof(key), ",%s,", login[i][0]);
+		if (login[i][1][0] && !strstr(seen, key) && !kept(login[i][0]))
+			spank_setenv(sp, login[i][0], login[i][1], 1);
+	}
+	free(supath);
 }
 
-int slurm_spank_task_init(spank_t sp, int ac, char **av)
+/* The working directory enroot's /etc/rc changes to (its `cd "DIR"` line),
+ * else HOME: where a task starts without --container-workdir. */
+static void default_workdir(const char *root, const char *home, char *out, size_t size)
 {
-	(void)ac; (void)av;
-	if (!opt_image)
-		return 0;
+	char path[4096], line[4096];
+	snprintf(out, size, "%s", home[0] ? home : "/");
+	snprintf(path, sizeof(path), "%s/etc/rc", root);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		if (strncmp(line, "cd \"", 4) == 0) {
+			char *end = strchr(line + 4, '"');
+			if (end) {
+				*end = '\0';
+				snprintf(out, size, "%s", line + 4);
+			}
+			break;
+		}
+	}
+	fclose(f);
+}
+
+/* Unpack IMAGE into DIR (as `enroot create` does), through DIR.new: an
+ * interrupted unpack leaves no half container behind. */
+static int unpack(const char *image, const char *dir)
+{
+	char tmp[4096];
+	snprintf(tmp, sizeof(tmp), "%s.new", dir);
+	pid_t pid = fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		int null = open("/dev/null", O_WRONLY);
+		if (null >= 0)
+			dup2(null, 1);
+		execlp("sh", "sh", "-c", "rm -rf \"$2\" && unsquashfs -q -no-progress -d \"$2\" \"$1\" >/dev/null", "sh",
+		       image, tmp, (char *)NULL);
+		_exit(127);
+	}
+	int status;
+	if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+		return -1;
+	return rename(tmp, dir);
+}
+
+static char root[256];
+static char workdir[4096];
+static int ready, reused;
+
+/* The step's container, made once per node by slurmstepd before its tasks
+ * start: they inherit its mount namespace and share the container. */
+static int make_container(spank_t sp)
+{
 	const char *base = "/tmp/kit-pyxis";
-	char image_dir[256], upper[256], work[256], root[256], opts[1024];
+	char dir[4096], upper[256], work[256], image_dir[256], opts[1024], target[4096];
 
-	if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) {
-		slurm_error(TAG ": cannot make a mount namespace: %m");
-		return -1;
-	}
-	if (mkdir_p(base, 0755) < 0 || mount("tmpfs", base, "tmpfs", 0, "mode=0755") < 0) {
-		slurm_error(TAG ": cannot mount a tmpfs on %s: %m", base);
-		return -1;
-	}
-	snprintf(image_dir, sizeof(image_dir), "%s/image", base);
-	snprintf(upper, sizeof(upper), "%s/upper", base);
-	snprintf(work, sizeof(work), "%s/work", base);
+	if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		return fail(TAG ": cannot make a mount namespace: %m");
+	if (mkdir_p(base, 0755) < 0 || mount("tmpfs", base, "tmpfs", 0, "mode=0755") < 0)
+		return fail(TAG ": cannot mount a tmpfs on %s: %m", base);
 	snprintf(root, sizeof(root), "%s/root", base);
-	mkdir_p(image_dir, 0755);
-	mkdir_p(upper, 0755);
-	mkdir_p(work, 0755);
 	mkdir_p(root, 0755);
-	if (run_mount(opt_image, image_dir) < 0) {
-		slurm_error(TAG ": --container-image: cannot mount %s as squashfs", opt_image);
-		return -1;
-	}
-	snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s", image_dir, upper, work);
-	if (mount("overlay", root, "overlay", 0, opts) < 0) {
-		slurm_error(TAG ": overlay on %s: %m", root);
-		return -1;
+	if (opt_name && *opt_name) {
+		/* pyxis_NAME in the node's data directory, kept after the job. */
+		const char *data = getenv("KIT_PYXIS_DATA");
+		if (!data || !*data)
+			return fail(TAG ": --container-name: KIT_PYXIS_DATA is not set for this slurmd (kit cluster up sets it)");
+		snprintf(dir, sizeof(dir), "%s/pyxis_%s", data, opt_name);
+		if (access(dir, F_OK) == 0) {
+			reused = 1;
+		} else if (!opt_image) {
+			return fail("pyxis: error: no container named %s on this node, and --container-image is not set", opt_name);
+		} else if (mkdir_p(data, 0755) < 0 || unpack(opt_image, dir) < 0) {
+			return fail(TAG ": --container-image: cannot unpack %s into %s", opt_image, dir);
+		}
+		if (mount(dir, root, NULL, MS_BIND | MS_REC, NULL) < 0)
+			return fail(TAG ": bind %s: %m", dir);
+	} else {
+		snprintf(image_dir, sizeof(image_dir), "%s/image", base);
+		snprintf(upper, sizeof(upper), "%s/upper", base);
+		snprintf(work, sizeof(work), "%s/work", base);
+		mkdir_p(image_dir, 0755);
+		mkdir_p(upper, 0755);
+		mkdir_p(work, 0755);
+		if (run_mount(opt_image, image_dir) < 0)
+			return fail(TAG ": --container-image: cannot mount %s as squashfs", opt_image);
+		snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s", image_dir, upper, work);
+		if (mount("overlay", root, "overlay", 0, opts) < 0)
+			return fail(TAG ": overlay on %s: %m", root);
 	}
 
-	char target[4096];
 	snprintf(target, sizeof(target), "%s/proc", root);
 	mkdir_p(target, 0555);
-	if (mount("proc", target, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
-		slurm_error(TAG ": proc: %m");
-		return -1;
-	}
+	if (mount("proc", target, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+		return fail(TAG ": proc: %m");
 	if (bind_mount(root, "/dev", "/dev", 0) < 0 || bind_mount(root, "/sys", "/sys", 0) < 0)
 		return -1;
 	for (const char **t = (const char *[]){ "/tmp", "/run", NULL }; *t; t++) {
 		snprintf(target, sizeof(target), "%s%s", root, *t);
-		if (mkdir_p(target, 01777) < 0 || mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") < 0) {
-			slurm_error(TAG ": tmpfs on %s: %m", *t);
-			return -1;
-		}
+		if (mkdir_p(target, 01777) < 0 || mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") < 0)
+			return fail(TAG ": tmpfs on %s: %m", *t);
 	}
 	if (access("/etc/hosts", R_OK) == 0)
 		bind_mount(root, "/etc/hosts", "/etc/hosts", MS_RDONLY);
@@ -324,20 +463,48 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	}
 	if (user_mounts(root) < 0)
 		return -1;
-	apply_environment(sp, root);
-	if (!opt_writable && mount(NULL, root, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) < 0) {
-		slurm_error(TAG ": read-only root: %m");
+	if (!opt_writable && mount(NULL, root, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) < 0)
+		return fail(TAG ": read-only root: %m");
+
+	char user[512] = "", home[512] = "", shell[512] = "";
+	image_user(root, getuid(), user, home, shell, sizeof(user));
+	if (opt_workdir && *opt_workdir)
+		snprintf(workdir, sizeof(workdir), "%s", opt_workdir);
+	else
+		default_workdir(root, home, workdir, sizeof(workdir));
+	return 0;
+}
+
+int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
+{
+	(void)ac; (void)av;
+	if (spank_context() != S_CTX_REMOTE || (!opt_image && !opt_name))
+		return 0;
+	ready = make_container(sp) == 0;
+	return 0;
+}
+
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	(void)ac; (void)av;
+	if (!opt_image && !opt_name)
+		return 0;
+	if (!ready) {
+		slurm_error("%s", failure[0] ? failure : TAG ": the container was not set up");
 		return -1;
 	}
+	int task = 0;
+	if (reused && spank_get_item(sp, S_TASK_ID, &task) == ESPANK_SUCCESS && task == 0)
+		slurm_spank_log("pyxis: reusing existing container filesystem");  /* pyxis's words, once per node */
+	apply_environment(sp, root);
 	if (chdir(root) < 0 || chroot(".") < 0) {
 		slurm_error(TAG ": chroot %s: %m", root);
 		return -1;
 	}
-	const char *wd = opt_workdir && *opt_workdir ? opt_workdir : "/";
-	if (chdir(wd) < 0) {
-		slurm_error(TAG ": couldn't chdir to %s: %m", wd);  /* pyxis's words */
+	if (chdir(workdir) < 0) {
+		slurm_error("pyxis: couldn't chdir to %s: %m", workdir);  /* pyxis's words */
 		return -1;
 	}
-	spank_setenv(sp, "PWD", wd, 1);
+	spank_setenv(sp, "PWD", workdir, 1);
 	return 0;
 }
