@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import kit
-from kit.build import enroot, is_squashfs, rootpath, runtime, unpack
+from kit.build import enroot, ignore, is_squashfs, layers, rootpath, runtime, unpack
 from kit.build.recipe import COMPRESSION, DEFAULT_COMPRESSION, Recipe
 from kit.cluster import kit_home
 from kit.errors import KitError
@@ -44,8 +44,19 @@ def cache_dir() -> Path:
 
 
 # ---------------------------------------------------------------- digests
-def _fingerprint(path: Path) -> str:
-    """A hash of names, types, modes, sizes and mtimes under ``path`` (not contents, as make does)."""
+def _fingerprint(path: Path, keep=None) -> str:
+    key = (str(path), keep)
+    if key not in _FINGERPRINTS:  # one walk per path and build: stages share bases
+        _FINGERPRINTS[key] = _walk_fingerprint(path, keep)
+    return _FINGERPRINTS[key]
+
+
+_FINGERPRINTS: dict = {}
+
+
+def _walk_fingerprint(path: Path, keep=None) -> str:
+    """A hash of names, types, modes, sizes and mtimes under ``path`` (not contents, as make
+    does); ``keep(relpath)``: the entries that count (what .dockerignore leaves in)."""
     if not path.exists() and not path.is_symlink():
         return f"missing {path}"
     if path.is_file() or path.is_symlink():
@@ -53,19 +64,29 @@ def _fingerprint(path: Path) -> str:
         return f"{path} {st.st_mode} {st.st_size} {st.st_mtime_ns}"
     # find(1) walks a 10k-file root filesystem several times faster than os.walk.
     out = run(["find", str(path), "-printf", "%y%m %s %T@ %P\\0"], what="build", timeout=None).stdout
-    return hashlib.sha256("\0".join(sorted(out.split("\0"))).encode(errors="surrogateescape")).hexdigest()
+    entries = [e for e in out.split("\0") if keep is None or keep(e.split(" ", 3)[-1] if e.count(" ") >= 3 else "")]
+    return hashlib.sha256("\0".join(sorted(entries)).encode(errors="surrogateescape")).hexdigest()
+
+
+def _add_fingerprint(value: dict) -> str:
+    """A Dockerfile COPY/ADD source, as far as .dockerignore lets it in."""
+    src = Path(value["src"])
+    if not value.get("ignore"):
+        return _fingerprint(src)
+    rules = ignore.Ignore(value["ignore"])
+    top = src.relative_to(value["context"]).as_posix()
+    return _fingerprint(src, keep=lambda rel: not rules.excluded(f"{top}/{rel}" if rel else top))
 
 
 def digest(recipe: Recipe, compression: str) -> str:
     inputs = {"kit": kit.__version__, "recipe": recipe.as_dict(), "compression": compression}
-    if recipe.base.kind != "image":
+    if recipe.base.kind not in ("image", "scratch", "stage"):
         inputs["base"] = _fingerprint(Path(recipe.base.value))
     inputs["copies"] = [_fingerprint(Path(v[0])) for k, v in recipe.steps if k == "copy"]
+    inputs["adds"] = [_add_fingerprint(v) for k, v in recipe.steps if k == "add" and "stage" not in v]
+    inputs["stages"] = {name: digest(stage, compression) for name, stage in sorted(recipe.stages.items())}
     if any(k == "kit" for k, _ in recipe.steps):
-        h = hashlib.sha256()
-        for p in runtime.package_files():
-            h.update(p.name.encode() + b"\0" + p.read_bytes())
-        inputs["kit_runtime"] = h.hexdigest()
+        inputs["kit_runtime"] = _runtime_hash()
     text = json.dumps(inputs, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -198,6 +219,19 @@ def _step_kit(root: Path, config, label: str) -> None:
 # ---------------------------------------------------------------- build
 def build(recipe: Recipe, output: Path, *, compression: str = DEFAULT_COMPRESSION, use_cache: bool = True,
           progress=lambda msg: None) -> BuildResult:
+    """Build ``recipe`` into ``output`` (and its earlier stages into the cache)."""
+    outer = not _FINGERPRINTS.get("building")
+    if outer:  # fingerprints are remembered for one build (its stages share bases), never longer
+        _FINGERPRINTS.clear()
+        _FINGERPRINTS["building"] = True
+    try:
+        return _build(recipe, output, compression=compression, use_cache=use_cache, progress=progress)
+    finally:
+        if outer:
+            _FINGERPRINTS.clear()
+
+
+def _build(recipe: Recipe, output: Path, *, compression: str, use_cache: bool, progress) -> BuildResult:
     if compression not in COMPRESSION:
         raise KitError(f"unknown compression {compression!r}", field="--compression",
                        hint="one of " + ", ".join(COMPRESSION))
@@ -230,16 +264,19 @@ def build(recipe: Recipe, output: Path, *, compression: str = DEFAULT_COMPRESSIO
     overlay = False
     root = work / "root"
     try:
+        stage_images = _build_stages(recipe, compression, use_cache, progress)
         root.mkdir()
         total = len(recipe.steps) + 2
         progress(f"[1/{total}] base: {recipe.base.describe()}")
-        overlay = recipe.base.kind == "rootfs" and _mount_overlay(Path(recipe.base.value), work)
-        config = _unpack_base(recipe, root, work, progress, copy=not overlay)
-        for i, (kind, value) in enumerate(recipe.steps, 2):
-            label = f"{recipe.label}: steps[{i - 1}] ({kind})"
-            shown = value if kind != "copy" else f"{value[0]} -> {value[1]}"
-            progress(f"[{i}/{total}] {kind}: {shown}")
-            _apply_step(root, kind, value, config, label)
+        # A Dockerfile's steps go through the per-instruction cache (where overlays can be mounted).
+        config = _layered_root(recipe, root, work, progress, stage_images, total) if recipe.step_labels else None
+        overlay = config is not None
+        if config is None:
+            overlay = recipe.base.kind == "rootfs" and _mount_overlay(Path(recipe.base.value), work)
+            config = _unpack_base(recipe, root, work, progress, copy=not overlay, stage_images=stage_images)
+            for i, (kind, value) in enumerate(recipe.steps, 2):
+                progress(f"[{i}/{total}] {kind}: {_shown(kind, value)}")
+                _apply_step(root, kind, value, config, recipe.step_label(i - 2, kind), stage_images)
         _finish_config(recipe, config)
         _write_metadata(root, config, recipe, key, compression)
         progress(f"[{total}/{total}] mksquashfs ({compression}) -> {output}")
@@ -289,6 +326,8 @@ def _place(src: Path, dst: Path) -> None:
 def _check_base(recipe: Recipe) -> None:
     b = recipe.base
     label = f"{recipe.label}: base"
+    if b.kind in ("scratch", "stage"):
+        return
     if b.kind == "image":
         if shutil.which("enroot") is None:
             raise KitError(f"cannot pull {b.value}: enroot is not installed", field=label,
@@ -306,10 +345,105 @@ def _check_base(recipe: Recipe) -> None:
         raise KitError(f"not a squashfs image: {p}", field=label)
 
 
-def _unpack_base(recipe: Recipe, root: Path, work: Path, progress, copy: bool = True) -> unpack.ImageConfig:
+def _shown(kind: str, value) -> str:
+    if kind == "copy":
+        return f"{value[0]} -> {value[1]}"
+    if kind == "add":
+        return f"{value['stage'] + ':' if 'stage' in value else ''}{value['src']} -> {value['dst']}"
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _layered_root(recipe: Recipe, root: Path, work: Path, progress, stage_images: dict[str, Path],
+                  total: int) -> unpack.ImageConfig | None:
+    """Every step from the layer cache, or run into a new layer (kit.build.layers);
+    ``root`` ends as an overlay of them all over a scratch upper. None where
+    overlays cannot be mounted (the caller then builds without the cache)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return None
     b = recipe.base
-    path = Path(b.value)
-    if b.kind == "rootfs":
+    if b.kind == "rootfs":  # used in place, as the bottom layer
+        parent = layers.key("base", [b.kind, b.value], _fingerprint(Path(b.value)))
+        lowers = [Path(b.value)]
+        config = unpack.ImageConfig(env=_read_environment(Path(b.value)))
+    else:
+        identity = str(stage_images[b.value]) if b.kind == "stage" else (
+            "" if b.kind in ("scratch", "image") else _fingerprint(Path(b.value)))
+        parent = layers.key("base", [b.kind, b.value], identity)
+        config = layers.lookup(parent)
+        if config is None:
+            tmp = layers.new()
+            try:
+                config = _unpack_base(recipe, tmp / "diff", work, progress, stage_images=stage_images)
+            except BaseException:
+                layers.discard(tmp)
+                raise
+            layers.publish(tmp, parent, config)
+        lowers = [layers.diff(parent)]
+    for i, (kind, value) in enumerate(recipe.steps, 2):
+        extra = ""
+        if kind == "add":
+            extra = str(stage_images[value["stage"]]) if "stage" in value else _add_fingerprint(value)
+        elif kind == "kit":
+            extra = _runtime_hash()
+        step_key = layers.key(parent, [kind, value], extra)
+        cached = layers.lookup(step_key)
+        if cached is not None:
+            progress(f"[{i}/{total}] cached: {kind}: {_shown(kind, value)}")
+            config = cached
+        else:
+            progress(f"[{i}/{total}] {kind}: {_shown(kind, value)}")
+            tmp = layers.new()
+            merged = work / f"step-{i}"
+            merged.mkdir()
+            try:
+                layers.mount(lowers, tmp / "diff", tmp / "work", merged)
+                try:
+                    _apply_step(merged, kind, value, config, recipe.step_label(i - 2, kind), stage_images)
+                finally:
+                    layers.umount(merged)
+            except BaseException:
+                layers.discard(tmp)
+                raise
+            layers.publish(tmp, step_key, config)
+        lowers.insert(0, layers.diff(step_key))
+        parent = step_key
+    (work / "upper").mkdir()
+    (work / "ovl-work").mkdir()
+    layers.mount(lowers, work / "upper", work / "ovl-work", root)
+    dev = root / "dev"
+    if dev.is_dir() and not dev.is_symlink():
+        for child in dev.iterdir():
+            rootpath.clear(child)
+    return config
+
+
+def _runtime_hash() -> str:
+    h = hashlib.sha256()
+    for p in runtime.package_files():
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def _build_stages(recipe: Recipe, compression: str, use_cache: bool, progress) -> dict[str, Path]:
+    """Build the earlier Dockerfile stages ``recipe`` uses (kept in the cache,
+    keyed by their digests): stage name -> image."""
+    images = {}
+    for name, stage in sorted(recipe.stages.items()):
+        out = cache_dir() / "stages" / f"{digest(stage, compression)}.sqsh"
+        progress(f"stage {name}:")
+        _build(stage, out, compression=compression, use_cache=use_cache,
+               progress=lambda msg, name=name: progress(f"  {name}: {msg}"))
+        images[name] = out
+    return images
+
+
+def _unpack_base(recipe: Recipe, root: Path, work: Path, progress, copy: bool = True,
+                 stage_images: dict[str, Path] | None = None) -> unpack.ImageConfig:
+    b = recipe.base
+    path = Path(b.value) if b.kind != "stage" else (stage_images or {})[b.value]
+    if b.kind == "scratch":
+        config = unpack.ImageConfig()
+    elif b.kind == "rootfs":
         if copy:
             run(["cp", "-a", "--reflink=auto", f"{path}/.", str(root)], what="base", timeout=None)
         config = unpack.ImageConfig(env=_read_environment(root))
@@ -352,9 +486,14 @@ def _read_environment(root: Path) -> list[str]:
     return []
 
 
-def _apply_step(root: Path, kind: str, value, config: unpack.ImageConfig, label: str) -> None:
+def _apply_step(root: Path, kind: str, value, config: unpack.ImageConfig, label: str,
+                stage_images: dict[str, Path] | None = None) -> None:
     if kind == "copy":
         _step_copy(root, value, label)
+    elif kind == "add":
+        from kit.build import add
+
+        add.apply(root, value, label, (stage_images or {}).get(value.get("stage", "")))
     elif kind == "env":
         for k, v in value.items():
             _set_env(config, k, v)
@@ -366,9 +505,14 @@ def _apply_step(root: Path, kind: str, value, config: unpack.ImageConfig, label:
             raise KitError("the image has no /bin/sh to run steps with", field=label)
         env = _image_env(config)
         workdir = config.workdir or "/"
-        proc = run_in_root(root, ["/bin/sh", "-c", f'cd "$0" && {value}', workdir], env, label)
+        if isinstance(value, list):  # a Dockerfile's RUN: its shell (or exec form) words
+            argv = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', workdir, *value]
+        else:
+            argv = ["/bin/sh", "-c", f'cd "$0" && {value}', workdir]
+        proc = run_in_root(root, argv, env, label)
         if proc.returncode != 0:
-            raise KitError(f"step failed (exit {proc.returncode}): {value}", field=label,
+            shown = value if isinstance(value, str) else " ".join(value)
+            raise KitError(f"step failed (exit {proc.returncode}): {shown}", field=label,
                            detail=tail(proc.stdout) or "(no output)")
     elif kind == "pip":
         _step_pip(root, value, config, label)

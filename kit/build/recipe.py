@@ -76,12 +76,21 @@ class Recipe:
     cmd: list[str] | None = None
     labels: dict[str, str] = field(default_factory=dict)
     volumes: list[str] = field(default_factory=list)
+    # Earlier Dockerfile stages this one builds on (base kind "stage") or copies from.
+    stages: dict[str, Recipe] = field(default_factory=dict)
+    # Where each step comes from, for messages (a Dockerfile's FILE:LINE); default steps[N].
+    step_labels: list[str] = field(default_factory=list)
+
+    def step_label(self, index: int, kind: str) -> str:
+        if index < len(self.step_labels):
+            return self.step_labels[index]
+        return f"{self.label}: steps[{index + 1}] ({kind})"
 
     def as_dict(self) -> dict:
         """What the build digest covers (paths made relative to the recipe)."""
         return {"base": [self.base.kind, self.base.value], "steps": [list(s) for s in self.steps],
                 "entrypoint": self.entrypoint, "cmd": self.cmd, "labels": self.labels,
-                "volumes": self.volumes}
+                "volumes": self.volumes, "stages": {k: v.as_dict() for k, v in sorted(self.stages.items())}}
 
 
 def parse_base(text: str, where: Path, label: str) -> Base:

@@ -67,12 +67,13 @@ def clear(path: Path) -> None:
         shutil.rmtree(path)
 
 
-def copy_into(root: Path, src: Path, dst: Path) -> None:
+def copy_into(root: Path, src: Path, dst: Path, skip=None) -> None:
     """Copy ``src`` (a file, symlink or directory tree on the host) to ``dst``
     (a result of :func:`inside`), resolving every path it writes within ``root``.
 
     Symlinks in ``src`` are copied as symlinks; a directory meets an existing
-    directory by merging, anything else is replaced.
+    directory by merging, anything else is replaced. ``skip(path)``: entries
+    under ``src`` to leave out (.dockerignore).
     """
     mode = src.lstat().st_mode
     if stat.S_ISDIR(mode):
@@ -80,7 +81,8 @@ def copy_into(root: Path, src: Path, dst: Path) -> None:
             clear(dst)
         dst.mkdir(parents=True, exist_ok=True)
         for child in sorted(os.listdir(src)):
-            copy_into(root, src / child, inside(root, relative(root, dst / child)))
+            if skip is None or not skip(src / child):
+                copy_into(root, src / child, inside(root, relative(root, dst / child)), skip)
         shutil.copystat(src, dst, follow_symlinks=False)
     elif stat.S_ISLNK(mode) or stat.S_ISREG(mode):
         clear(dst)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -12,9 +13,52 @@ import click
 from kit.build import recipe as recipes  # light: the build library is imported by the commands
 
 
+def load_recipe(recipe: str, dockerfile: str | None, build_args: tuple[str, ...], target: str | None,
+                base: str | None):
+    """A TOML recipe, or a Dockerfile (RECIPE a Dockerfile, or a directory holding one)."""
+    from kit.errors import KitError
+
+    path = Path(recipe)
+    if path.suffix == ".toml" and dockerfile is None:
+        for flag, given in (("--build-arg", build_args), ("--target", target)):
+            if given:
+                raise KitError(f"{flag} is for Dockerfiles; {recipe} is a TOML recipe", field=flag)
+        return recipes.load(recipe, base_override=base)
+    from kit.build import dockerfile as dockerfiles
+
+    if dockerfile is not None:
+        path = Path(dockerfile) if Path(dockerfile).is_absolute() or not path.is_dir() else path / dockerfile
+    elif path.is_dir():
+        path = path / "Dockerfile"
+    if base:
+        raise KitError("--base is for TOML recipes: write the base in the Dockerfile's FROM", field="--base")
+    args = {}
+    for item in build_args:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise KitError(f"expected KEY=VALUE, got {item!r}", field="--build-arg")
+        args[key] = value
+    return dockerfiles.load(path, build_args=args, target=target,
+                            notice=lambda msg: click.echo(f"kit: build: {msg}", err=True))
+
+
+def _size(text: str) -> int:
+    from kit.errors import KitError
+
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)i?B?", text.strip(), re.I)
+    if not m:
+        raise KitError(f"expected a size like 20G or 500M, got {text!r}", field="--cache-size")
+    return int(float(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper()))
+
+
 @click.command()
-@click.argument("recipe", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Where the .sqsh goes.")
+@click.argument("recipe", type=click.Path(), required=False)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where the .sqsh goes.")
+@click.option("-f", "--file", "dockerfile", default=None, metavar="DOCKERFILE",
+              help="The Dockerfile, when RECIPE is its build context directory [default: DIR/Dockerfile].")
+@click.option("--build-arg", "build_args", multiple=True, metavar="KEY=VALUE",
+              help="A Dockerfile ARG value (repeatable).")
+@click.option("--target", default=None, metavar="STAGE", help="Build this Dockerfile stage [default: the last].")
 @click.option("--compression", default=recipes.DEFAULT_COMPRESSION, show_default=True,
               type=click.Choice(sorted(recipes.COMPRESSION)),
               help="zstd-fast: zstd level 3, 1 MiB blocks (smaller and faster to pack than enroot's, unpacks as "
@@ -22,17 +66,35 @@ from kit.build import recipe as recipes  # light: the build library is imported 
 @click.option("--base", "base", default=None, metavar="KIND=PATH",
               help="Use this base instead of the recipe's (KIND: " + ", ".join(recipes.BASE_KINDS) + ").")
 @click.option("--no-cache", is_flag=True, help="Build even when the cache has this image.")
-def build(recipe, output, compression, base, no_cache):
-    """Build RECIPE (a TOML file under containers/) into a squashfs image."""
+@click.option("--prune", is_flag=True, help="Shrink the build cache (layers and images, least recently used "
+                                            "first) to --cache-size, after the build if there is one.")
+@click.option("--cache-size", default="20G", show_default=True, metavar="SIZE", help="The size --prune keeps.")
+def build(recipe, output, dockerfile, build_args, target, compression, base, no_cache, prune, cache_size):
+    """Build RECIPE into a squashfs image: a TOML recipe (containers/*.toml), a
+    Dockerfile, or a directory holding a Dockerfile (its build context)."""
     from kit.build import image as lib
+    from kit.build import layers
+    from kit.errors import KitError
 
-    r = recipes.load(recipe, base_override=base)
+    limit = _size(cache_size)
+    if recipe is None:
+        if not prune:
+            raise KitError("missing RECIPE", field="RECIPE", hint="kit build RECIPE -o IMAGE, or kit build --prune")
+        removed, freed = layers.prune(limit)
+        click.echo(f"kit: build: removed {removed} cache entries ({freed / 2**20:.1f} MiB)", err=True)
+        return
+    if output is None:
+        raise KitError("missing -o/--output", field="--output", hint="kit build RECIPE -o IMAGE.sqsh")
+    r = load_recipe(recipe, dockerfile, build_args, target, base)
     t0 = time.monotonic()
     result = lib.build(r, Path(output), compression=compression, use_cache=not no_cache,
                        progress=lambda msg: click.echo(f"kit: build: {msg}", err=True))
     took = time.monotonic() - t0
     what = {"built": "built", "up to date": "up to date", "cache": "from cache"}[result.source]
     click.echo(f"{result.image}: {what} in {took:.1f} s (digest {result.digest[:16]})")
+    if prune:
+        removed, freed = layers.prune(limit)
+        click.echo(f"kit: build: removed {removed} cache entries ({freed / 2**20:.1f} MiB)", err=True)
 
 
 @click.command()

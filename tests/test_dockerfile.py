@@ -1,0 +1,206 @@
+"""`kit build` from a Dockerfile (issue 13): the parser, its errors, and real builds
+on the Debian base (stages, COPY --from, .dockerignore, --chmod, heredocs, ARG)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, kit, require
+
+from kit.build import dockerfile, ignore
+from kit.errors import KitError
+
+def steps(text: str, tmp_path: Path, **kw):
+    path = tmp_path / "Dockerfile"
+    path.write_text(text)
+    return dockerfile.load(path, **kw)
+
+
+def test_parser_joins_lines_and_reads_both_forms(tmp_path):
+    r = steps("# syntax=docker/dockerfile:1\n"
+              "FROM scratch\n"
+              "RUN echo a \\\n"
+              "# a comment inside the continuation is dropped\n"
+              "    && echo b\n"
+              'RUN ["/bin/echo", "exec form"]\n'
+              "ENV A=1 B=\"two words\"\n"
+              "ENV LEGACY value with spaces\n"
+              "SHELL [\"/bin/bash\", \"-eu\", \"-c\"]\n"
+              "RUN echo $A\n"
+              "WORKDIR /w\nWORKDIR sub\n"
+              "ENTRYPOINT python3 -m app\n"
+              "CMD [\"--x\"]\n"
+              "VOLUME /data\n"
+              "LABEL a=b \"c d\"=e\n", tmp_path)
+    assert r.steps == [("run", ["/bin/sh", "-c", "echo a && echo b"]),
+                       ("run", ["/bin/echo", "exec form"]),
+                       ("env", {"A": "1", "B": "two words"}),
+                       ("env", {"LEGACY": "value with spaces"}),
+                       ("run", ["/bin/bash", "-eu", "-c", "echo $A"]),  # RUN text is the shell's, not substituted
+                       ("workdir", "/w"), ("workdir", "/w/sub")]
+    assert r.entrypoint == ["/bin/bash", "-eu", "-c", "python3 -m app"] and r.cmd == ["--x"]
+    assert r.volumes == ["/data"] and r.labels == {"a": "b", "c d": "e"}
+    assert r.step_labels[0].endswith("Dockerfile:3") and r.step_labels[-1].endswith("Dockerfile:12")
+
+
+def test_escape_directive_heredoc_args_and_targets(tmp_path):
+    text = ("# escape=`\n"
+            "ARG FLAVOUR=plain\n"
+            "FROM scratch AS first\n"
+            "ARG FLAVOUR\n"
+            "ENV F=${FLAVOUR} G=${UNSET:-fallback} H=${FLAVOUR:+set}\n"
+            "RUN echo one `\n"
+            "    two\n"
+            "FROM first AS second\n"
+            "RUN <<EOF\n"
+            "echo from a heredoc\n"
+            "EOF\n")
+    r = steps(text, tmp_path)
+    assert r.base.kind == "stage" and r.base.value == "first" and set(r.stages) == {"first"}
+    assert r.steps == [("run", ["/bin/sh", "-c", "echo from a heredoc\n"])]
+    first = steps(text, tmp_path, target="first", build_args={"FLAVOUR": "spicy"})
+    assert first.steps[0] == ("env", {"F": "spicy", "G": "fallback", "H": "set"})
+    assert first.steps[1] == ("run", ["/bin/sh", "-c", "echo one two"])
+
+
+BAD = [
+    ("RUN true\n", "Dockerfile:1: RUN before the first FROM"),
+    ("FROM scratch\nFOO bar\n", "Dockerfile:2: unknown instruction FOO"),
+    ("FROM scratch\nADD https://example.com/x.tar /\n", "Dockerfile:2: ADD https://example.com/x.tar: kit does not download"),
+    ("FROM scratch\nCOPY --from=nope /a /b\n", "Dockerfile:2: COPY --from=nope: no earlier stage of that name"),
+    ("FROM scratch\nCOPY *.py /app/\n", "Dockerfile:2: COPY *.py: wildcards are not supported"),
+    ("FROM scratch\nCOPY ../outside /x\n", "Dockerfile:2: copy source '../outside' is outside the build context"),
+    ("FROM scratch\nCOPY a b /dest\n", "Dockerfile:2: COPY with several sources needs a DEST ending in /"),
+    ("FROM scratch\nRUN --network=none true\n", "Dockerfile:2: unsupported flag --network"),
+    ("FROM scratch\nRUN <<EOF\ntrue\n", "Dockerfile:2: heredoc <<EOF is not closed"),
+    ("FROM busybox:latest\n", "Dockerfile:1: FROM busybox:latest: not a base kit can build from"),
+    ("FROM scratch\nSHELL /bin/bash -c\n", "Dockerfile:2: SHELL takes the exec form"),
+    ("FROM scratch AS a\nFROM scratch AS a\n", "Dockerfile:2: a stage named 'a' already exists"),
+]
+
+
+@pytest.mark.parametrize("text,message", BAD, ids=[m.split(": ", 1)[1][:30] for _, m in BAD])
+def test_malformed_or_unsupported_instructions_name_the_line(tmp_path, text, message):
+    (tmp_path / "Dockerfile").write_text(text)
+    out = tmp_path / "out.sqsh"
+    proc = kit("build", str(tmp_path), "-o", str(out))
+    assert proc.returncode == 2, proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith(f"kit: {tmp_path}/") and message in first, proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists() and list(tmp_path.iterdir()) == [tmp_path / "Dockerfile"]
+
+
+def test_target_and_build_arg_errors(tmp_path):
+    with pytest.raises(KitError, match="no stage named 'x'"):
+        steps("FROM scratch AS a\n", tmp_path, target="x")
+    proc = kit("build", str(REPO / "containers" / "cpu-lightning.toml"), "--build-arg", "A=1", "-o", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "kit: --build-arg: --build-arg is for Dockerfiles" in proc.stderr
+
+
+def test_dockerignore_follows_docker():
+    rules = ignore.Ignore(["*.md", "!README.md", "build", "**/*.pyc", "/data/tmp*"])
+    assert [p for p in ["a.md", "README.md", "build/x/y", "src/a/b.pyc", "a.pyc", "data/tmp1", "data/x",
+                        "sub/a.md"] if rules.excluded(p)] == ["a.md", "build/x/y", "src/a/b.pyc", "a.pyc", "data/tmp1"]
+
+
+def listing(image: Path) -> dict[str, str]:
+    out = subprocess.run(["unsquashfs", "-lls", str(image)], capture_output=True, text=True, check=True).stdout
+    rows = {}
+    for line in out.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith("squashfs-root"):
+            rows[parts[5].split(" -> ")[0][len("squashfs-root"):] or "/"] = parts[0]
+    return rows
+
+
+def cat(image: Path, inner: str) -> str:
+    return subprocess.run(["unsquashfs", "-cat", str(image), inner], capture_output=True, text=True, check=True).stdout
+
+
+def test_a_multi_stage_dockerfile_builds(debian_base, kit_home, tmp_path):
+    """Stages and COPY --from, .dockerignore, --chmod, --chown (ignored, said), a heredoc, ARG with
+    --build-arg, exec-form ENTRYPOINT and CMD in enroot's /etc/rc, USER recorded, --target."""
+    require("mksquashfs")
+    ctx = tmp_path / "ctx"
+    (ctx / "app" / "skipme").mkdir(parents=True)
+    (ctx / "app" / "main.py").write_text("print('app')\n")
+    (ctx / "app" / "notes.md").write_text("left out\n")
+    (ctx / "app" / "skipme" / "x").write_text("left out\n")
+    (ctx / "run.sh").write_text("#!/bin/sh\necho run \"$@\"\n")
+    (ctx / ".dockerignore").write_text("app/skipme\n**/*.md\n")
+    (ctx / "Dockerfile").write_text(
+        f"ARG BASE=rootfs:{debian_base}\n"
+        "FROM ${BASE} AS builder\n"
+        "RUN echo built > /built.txt\n"
+        "FROM $BASE\n"
+        "ARG GREETING=hello\n"
+        "ENV GREETING=${GREETING}\n"
+        "RUN date +%s%N > /stamp\n"
+        "WORKDIR /app\n"
+        "COPY app/ ./\n"
+        "COPY --from=builder /built.txt /opt/\n"
+        "COPY --chmod=0750 --chown=nobody:nogroup run.sh /usr/local/bin/\n"
+        "EXPOSE 80\n"
+        "USER nobody\n"
+        "RUN <<EOF\n"
+        "echo \"heredoc $GREETING\" > /app/heredoc.txt\n"
+        "EOF\n"
+        'ENTRYPOINT ["/usr/local/bin/run.sh"]\n'
+        'CMD ["--flag"]\n')
+    out = tmp_path / "app.sqsh"
+    proc = kit("build", str(ctx), "-o", str(out), "--build-arg", "GREETING=hi", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "Dockerfile:12: EXPOSE means nothing to an enroot image: ignored" in proc.stderr
+    assert "Dockerfile:13: USER nobody:" in proc.stderr
+    rows = listing(out)
+    assert {"/app/main.py", "/app/heredoc.txt", "/opt/built.txt", "/usr/local/bin/run.sh"} <= set(rows)
+    assert not {"/app/notes.md", "/app/skipme"} & set(rows)  # .dockerignore
+    assert rows["/usr/local/bin/run.sh"] == "-rwxr-x---"
+    # enroot images are packed with every file owned by root (mksquashfs -all-root): --chown is said to be ignored.
+    assert "Dockerfile:11: --chown: enroot images" in proc.stderr
+    assert cat(out, "app/heredoc.txt") == "heredoc hi\n"
+    rc = cat(out, "etc/rc")
+    assert "cd \"/app\"" in rc and "exec '/usr/local/bin/run.sh' '--flag'" in rc
+    meta = json.loads(cat(out, ".kit/image.json"))
+    assert meta["config"]["labels"]["kit.user"] == "nobody"
+    # --target: the first stage alone.
+    first = tmp_path / "builder.sqsh"
+    proc = kit("build", str(ctx), "-o", str(first), "--target", "builder", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert cat(first, "built.txt") == "built\n" and "/app" not in listing(first)
+    # Changing an ignored file changes nothing; an unchanged rebuild is up to date.
+    (ctx / "app" / "notes.md").write_text("changed, still left out\n")
+    again = kit("build", str(ctx), "-o", str(out), "--build-arg", "GREETING=hi", timeout=600)
+    assert again.returncode == 0 and "up to date" in again.stdout, again.stdout + again.stderr
+    # The per-instruction cache: a changed last RUN line runs that step alone (the earlier
+    # RUN's timestamp is the same), on top of the cached layers.
+    stamp = cat(out, "stamp")
+    dockerfile_text = (ctx / "Dockerfile").read_text()
+    (ctx / "Dockerfile").write_text(dockerfile_text.replace('"heredoc $GREETING"', '"heredoc changed $GREETING"'))
+    changed = kit("build", str(ctx), "-o", str(out), "--build-arg", "GREETING=hi", timeout=600)
+    assert changed.returncode == 0, changed.stderr
+    progress = [line for line in changed.stderr.splitlines() if re.match(r"kit: build: \[\d+/\d+\] ", line)]
+    assert [("cached:" in line) for line in progress[1:-1]] == [True] * 6 + [False], progress
+    assert cat(out, "stamp") == stamp and cat(out, "app/heredoc.txt") == "heredoc changed hi\n"
+
+
+def test_prune_keeps_the_cache_under_a_size(tmp_path):
+    home = {"KIT_HOME": str(tmp_path / "home")}  # a cache of its own
+    layers_dir = tmp_path / "home" / "cache" / "layers"
+    for i, age in enumerate((300, 200, 100)):  # oldest first
+        d = layers_dir / f"layer{i}" / "diff"
+        d.mkdir(parents=True)
+        (d / "blob").write_bytes(b"x" * 2**20)
+        os.utime(d.parent, (time.time() - age, time.time() - age))
+    proc = kit("build", "--prune", "--cache-size", "1.5M", env=home)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in layers_dir.iterdir()) == ["layer2"]  # the most recently used stays
+    assert "kit: build: removed 2 cache entries (2.0 MiB)" in proc.stderr
+    bad = kit("build", "--prune", "--cache-size", "lots", env=home)
+    assert bad.returncode == 2 and "kit: --cache-size:" in bad.stderr
