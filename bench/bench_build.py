@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from kit.build.recipe import COMPRESSION, DEFAULT_COMPRESSION  # noqa: E402
+from kit.image.recipe import COMPRESSION, DEFAULT_COMPRESSION  # noqa: E402
 
 
 def timed(argv, env=None) -> float:

@@ -13,8 +13,8 @@ import pytest
 from conftest import kit, require
 from images import CONFIG, LAYER1, LAYER2, docker_archive, oci_layout, tar_bytes, tiny_rootfs, tree
 
-from kit.build import enroot, unpack
-from kit.build.image import read_file
+from kit.image import enroot, unpack
+from kit.image.builder import read_file
 
 
 def sha256(path: Path) -> str:

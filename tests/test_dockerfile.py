@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, kit, require
 
-from kit.build import dockerfile, ignore
+from kit.image import dockerfile, ignore
 from kit.errors import KitError
 
 def steps(text: str, tmp_path: Path, **kw):

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 KIT = Path(__file__).resolve().parent.parent / "kit"
-OUTSIDE_THE_CORE = ("kit.slurm", "kit.cluster", "kit.launch", "kit.cli", "kit.monitor", "kit.build", "kit.train")
+OUTSIDE_THE_CORE = ("kit.slurm", "kit.cluster", "kit.launch", "kit.cli", "kit.monitor", "kit.image", "kit.train")
 
 
 def imports(path: Path) -> set[str]:

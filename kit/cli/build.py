@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from kit.build import recipe as recipes  # light: the build library is imported by the commands
+from kit.image import recipe as recipes  # light: the build library is imported by the commands
 
 
 def load_recipe(recipe: str, dockerfile: str | None, build_args: tuple[str, ...], target: str | None,
@@ -24,7 +24,7 @@ def load_recipe(recipe: str, dockerfile: str | None, build_args: tuple[str, ...]
             if given:
                 raise KitError(f"{flag} is for Dockerfiles; {recipe} is a TOML recipe", field=flag)
         return recipes.load(recipe, base_override=base)
-    from kit.build import dockerfile as dockerfiles
+    from kit.image import dockerfile as dockerfiles
 
     if dockerfile is not None:
         path = Path(dockerfile) if Path(dockerfile).is_absolute() or not path.is_dir() else path / dockerfile
@@ -72,8 +72,8 @@ def _size(text: str) -> int:
 def build(recipe, output, dockerfile, build_args, target, compression, base, no_cache, prune, cache_size):
     """Build RECIPE into a squashfs image: a TOML recipe (containers/*.toml), a
     Dockerfile, or a directory holding a Dockerfile (its build context)."""
-    from kit.build import image as lib
-    from kit.build import layers
+    from kit.image import builder as lib
+    from kit.image import layers
     from kit.errors import KitError
 
     limit = _size(cache_size)
@@ -102,7 +102,7 @@ def build(recipe, output, dockerfile, build_args, target, compression, base, no_
 @click.option("--json", "as_json", is_flag=True, help="Print the details as JSON.")
 def inspect(image, as_json):
     """Show an image's size, compression, environment, workdir, entrypoint and provenance."""
-    from kit.build import image as lib
+    from kit.image import builder as lib
 
     info = lib.inspect(Path(image))
     if as_json:

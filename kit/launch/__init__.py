@@ -62,7 +62,7 @@ def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[st
     s = job.spec
     if not s.image:
         return [], []
-    from kit.build.runtime import IMAGE_PREFIX
+    from kit.image.runtime import IMAGE_PREFIX
 
     for m in job.mounts:
         for path, what in ((str(job_dir), "the job directory"), (s.prometheus_targets, "the Prometheus targets"),
@@ -75,8 +75,8 @@ def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[st
         mounts.append(pyxis.Mount(s.prometheus_targets, s.prometheus_targets))
     workdir = s.container_workdir
     if not s.image.startswith("docker://"):
-        from kit.build import image as build
-        from kit.build import runtime
+        from kit.image import builder as build
+        from kit.image import runtime
 
         image = Path(s.image)
         try:

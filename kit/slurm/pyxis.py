@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit.build import is_squashfs
+from kit.image import is_squashfs
 from kit.errors import KitError
 
 # Mount options kit lets through (enroot's bind-mount options).

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import kit
-from kit.build import rootpath
+from kit.image import rootpath
 
 IMAGE_PREFIX = "/opt/kit"
 PTH_NAME = "kit-runtime.pth"

@@ -14,8 +14,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from kit.build import ignore as ignores
-from kit.build import rootpath
+from kit.image import ignore as ignores
+from kit.image import rootpath
 from kit.errors import KitError
 from kit.runner import run
 

@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.build import ignore as ignores
-from kit.build.recipe import Base, Recipe, context_path
+from kit.image import ignore as ignores
+from kit.image.recipe import Base, Recipe, context_path
 from kit.errors import KitError
 
 # Accepted, with a one-line notice: they mean nothing to an enroot image.

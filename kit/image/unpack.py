@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from kit.build import rootpath
+from kit.image import rootpath
 from kit.errors import KitError
 
 WHITEOUT = ".wh."
@@ -52,7 +52,7 @@ def _bad(source: str, message: str) -> KitError:
 
 def _member_path(root: Path, name: str, source: str) -> Path | None:
     """Where a member named ``name`` lands in ``root``, symlinks on the way
-    resolved within it (:func:`kit.build.rootpath.inside`); None to skip it."""
+    resolved within it (:func:`kit.image.rootpath.inside`); None to skip it."""
     p = PurePosixPath(name)
     if p.is_absolute():
         raise _bad(source, f"archive member has an absolute path: {name!r}")

@@ -1,4 +1,4 @@
-"""`kit build`: recipes (:mod:`kit.build.recipe`) into squashfs images (:mod:`kit.build.image`).
+"""`kit build`: recipes (:mod:`kit.image.recipe`) into squashfs images (:mod:`kit.image.builder`).
 
 Kept light on purpose: the command line imports the recipe tables at start-up
 and the build machinery only when it builds.

@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from kit.build import unpack
+from kit.image import unpack
 from kit.cluster import kit_home
 from kit.errors import KitError
 from kit.runner import run

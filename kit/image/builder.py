@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import kit
-from kit.build import enroot, ignore, is_squashfs, layers, rootpath, runtime, unpack
-from kit.build.recipe import COMPRESSION, DEFAULT_COMPRESSION, Recipe
+from kit.image import enroot, ignore, is_squashfs, layers, rootpath, runtime, unpack
+from kit.image.recipe import COMPRESSION, DEFAULT_COMPRESSION, Recipe
 from kit.cluster import kit_home
 from kit.errors import KitError
 from kit.runner import run, tail
@@ -355,7 +355,7 @@ def _shown(kind: str, value) -> str:
 
 def _layered_root(recipe: Recipe, root: Path, work: Path, progress, stage_images: dict[str, Path],
                   total: int) -> unpack.ImageConfig | None:
-    """Every step from the layer cache, or run into a new layer (kit.build.layers);
+    """Every step from the layer cache, or run into a new layer (kit.image.layers);
     ``root`` ends as an overlay of them all over a scratch upper. None where
     overlays cannot be mounted (the caller then builds without the cache)."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
@@ -491,7 +491,7 @@ def _apply_step(root: Path, kind: str, value, config: unpack.ImageConfig, label:
     if kind == "copy":
         _step_copy(root, value, label)
     elif kind == "add":
-        from kit.build import add
+        from kit.image import add
 
         add.apply(root, value, label, (stage_images or {}).get(value.get("stage", "")))
     elif kind == "env":

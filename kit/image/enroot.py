@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kit.build import rootpath
-from kit.build.unpack import ImageConfig
+from kit.image import rootpath
+from kit.image.unpack import ImageConfig
 
 RC_LOCAL = ("# This file is sourced by /etc/rc when the container starts.\n"
             "# It can be used to manipulate the entrypoint or the command of the container.\n")
