@@ -44,7 +44,8 @@ def test_parser_joins_lines_and_reads_both_forms(tmp_path):
                        ("env", {"LEGACY": "value with spaces"}),
                        ("run", ["/bin/bash", "-eu", "-c", "echo $A"]),  # RUN text is the shell's, not substituted
                        ("workdir", "/w"), ("workdir", "/w/sub")]
-    assert r.entrypoint == ["/bin/bash", "-eu", "-c", "python3 -m app"] and r.cmd == ["--x"]
+    # A shell-form ENTRYPOINT ignores CMD (Docker's rule), written before or after it.
+    assert r.entrypoint == ["/bin/bash", "-eu", "-c", "python3 -m app"] and r.cmd == []
     assert r.volumes == ["/data"] and r.labels == {"a": "b", "c d": "e"}
     assert r.step_labels[0].endswith("Dockerfile:3") and r.step_labels[-1].endswith("Dockerfile:12")
 
@@ -77,6 +78,8 @@ BAD = [
     ("FROM scratch\nCOPY *.py /app/\n", "Dockerfile:2: COPY *.py: wildcards are not supported"),
     ("FROM scratch\nCOPY ../outside /x\n", "Dockerfile:2: copy source '../outside' is outside the build context"),
     ("FROM scratch\nCOPY a b /dest\n", "Dockerfile:2: COPY with several sources needs a DEST ending in /"),
+    ("FROM scratch\nCOPY /etc/passwd /x\n", "Dockerfile:2: copy source '/etc/passwd' is outside the build context"),
+    ("FROM scratch\nCOPY sub/../../x /x\n", "Dockerfile:2: copy source 'sub/../../x' is outside the build context"),
     ("FROM scratch\nRUN --network=none true\n", "Dockerfile:2: unsupported flag --network"),
     ("FROM scratch\nRUN <<EOF\ntrue\n", "Dockerfile:2: heredoc <<EOF is not closed"),
     ("FROM busybox:latest\n", "Dockerfile:1: FROM busybox:latest: not a base kit can build from"),
@@ -204,3 +207,28 @@ def test_prune_keeps_the_cache_under_a_size(tmp_path):
     assert "kit: build: removed 2 cache entries (2.0 MiB)" in proc.stderr
     bad = kit("build", "--prune", "--cache-size", "lots", env=home)
     assert bad.returncode == 2 and "kit: --cache-size:" in bad.stderr
+
+
+def test_a_symlink_out_of_the_context_is_refused(tmp_path):
+    (tmp_path / "link").symlink_to("/etc")
+    (tmp_path / "Dockerfile").write_text("FROM scratch\nCOPY link/passwd /x\n")
+    proc = kit("build", str(tmp_path), "-o", str(tmp_path / "out.sqsh"))
+    assert proc.returncode == 2 and f"kit: {tmp_path}/Dockerfile:2: copy source 'link/passwd' is outside" in proc.stderr
+    assert not (tmp_path / "out.sqsh").exists()
+
+
+def test_shell_form_entrypoint_and_cmd_in_enroots_rc(kit_home, tmp_path):
+    """Docker's rules, as enroot's /etc/rc runs them: a shell-form ENTRYPOINT is
+    /bin/sh -c TEXT and drops CMD; a shell-form CMD alone is /bin/sh -c TEXT."""
+    (tmp_path / "a.txt").write_text("a\n")
+    for name, lines, want in (
+            ("ep", 'ENTRYPOINT python3 -m app --port 80\nCMD ["ignored"]\n',
+             "exec '/bin/sh' '-c' 'python3 -m app --port 80'"),
+            ("cmd", "CMD echo $HOME\n", "exec '/bin/sh' '-c' 'echo $HOME'")):
+        (tmp_path / f"{name}.Dockerfile").write_text(f"FROM scratch\nCOPY a.txt /\n{lines}")
+        out = tmp_path / f"{name}.sqsh"
+        proc = kit("build", str(tmp_path), "-f", f"{name}.Dockerfile", "-o", str(out))
+        assert proc.returncode == 0, proc.stderr
+        rc = cat(out, "etc/rc")
+        assert re.search(r"exec +" + re.escape(want[len("exec "):]), rc), rc
+        assert "ignored" not in rc

@@ -202,6 +202,7 @@ class _Builder:
         self.used_args: set[str] = set()
         self.notice = notice
         self.stages: list[Stage] = []
+        self.shell_entrypoint: set[int] = set()  # stages whose ENTRYPOINT is in shell form
         self.ignore = ignores.load(self.where)
 
     def add(self, recipe: Recipe, ins: Instruction, step: tuple) -> None:
@@ -338,11 +339,17 @@ class _Builder:
             elif ins.keyword in ("ENTRYPOINT", "CMD"):
                 argv = _exec_form(text)
                 words = argv if argv is not None else [*shell, text]
+                # Docker: a shell-form ENTRYPOINT ignores CMD, wherever CMD is written.
                 if ins.keyword == "ENTRYPOINT":
                     recipe.entrypoint = words
-                    recipe.cmd = None if argv is None else recipe.cmd  # Docker: a shell-form ENTRYPOINT drops CMD
+                    if argv is None:
+                        self.shell_entrypoint.add(id(recipe))
+                    else:
+                        self.shell_entrypoint.discard(id(recipe))
                 else:
                     recipe.cmd = words
+                if id(recipe) in self.shell_entrypoint:
+                    recipe.cmd = []
             elif ins.keyword == "VOLUME":
                 vols = _exec_form(text) or _words(_substitute(text, env, *where), *where)
                 recipe.volumes.extend(v for v in vols if v not in recipe.volumes)
