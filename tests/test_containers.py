@@ -35,6 +35,13 @@ def small_image(tmp_path_factory) -> Path:
     return out
 
 
+def released(before: tuple[str, list[str]], timeout: float = 30) -> bool:
+    """True once the loop devices and mounts are as ``before``: srun returns when the tasks
+    end, and slurmstepd takes the container down just after (its mount namespace)."""
+    wait_for(lambda: loops_and_mounts() == before, timeout, poll=0.2, what="the container's loop device and mounts to go")
+    return True
+
+
 def loops_and_mounts() -> tuple[str, list[str]]:
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
     mounts = [line for line in Path("/proc/mounts").read_text().splitlines() if "kit-pyxis" in line]
@@ -68,7 +75,7 @@ def test_two_node_lightning_job_runs_inside_the_image(cluster, cpu_image, tmp_pa
     assert "done at step=30" in logs
     assert (host / "ckpt" / "last.ckpt").stat().st_size > 0  # written through the mount
     assert wait_no_processes(job_dir, 5) == []
-    assert loops_and_mounts() == (loops_before, mounts_before)
+    assert released((loops_before, mounts_before))
     # kit report on this, the README's main job (issue 11 done-means 5): the exporter in the
     # container saw the job's processes; panels for what was measured, numbers from the logs.
     from report_check import check
@@ -80,6 +87,33 @@ def test_two_node_lightning_job_runs_inside_the_image(cluster, cpu_image, tmp_pa
                                  "Training throughput (samples/s)"], summary["panels"]
     want = check(Path(job_dir), summary, rep.stdout)
     assert all(n["cpu_cores_used"] > 0 and n["memory_peak_bytes"] > 50 * 2 ** 20 for n in want["nodes"].values())
+
+
+def image_listing(image: Path) -> list[str]:
+    """``unsquashfs -lls`` rows, but for kit's own provenance file (it names the recipe)."""
+    out = subprocess.run(["unsquashfs", "-lls", str(image)], capture_output=True, text=True, check=True).stdout
+    return [line for line in out.splitlines() if line.startswith(("d", "-", "l", "c", "b", "p", "s"))
+            and not line.endswith("squashfs-root/.kit/image.json")]
+
+
+def test_the_dockerfile_builds_the_same_image_as_the_toml_recipe(cluster, cpu_image, tmp_path):
+    """Issue 13 done-means 1: containers/cpu-lightning.Dockerfile and .toml give the same file
+    tree and enroot metadata (the Dockerfile's build finds the TOML build's layers in the
+    cache: same steps, same keys), and the README's main job runs in the Dockerfile's image."""
+    out = tmp_path / "from-dockerfile.sqsh"
+    proc = kit("build", str(REPO / "containers"), "-f", "cpu-lightning.Dockerfile", "-o", str(out), timeout=1200)
+    assert proc.returncode == 0, proc.stderr
+    assert "cached: pip: " in proc.stderr and "cached: kit: " in proc.stderr, proc.stderr
+    assert image_listing(out) == image_listing(cpu_image)
+    for name in ("etc/environment", "etc/rc", "etc/fstab"):
+        read = [subprocess.run(["unsquashfs", "-cat", str(i), name], capture_output=True, text=True).stdout
+                for i in (out, cpu_image)]
+        assert read[0] == read[1], name
+    job = kit("launch", "--local", "--nodes", "2", "--wait", "--image", str(out), "--output-dir", str(tmp_path / "jobs"),
+              "--", "python3", "-m", "kit.train", "--max-steps", "20", cwd=tmp_path, timeout=600)
+    job_dir = re.search(r"^job dir: (.+)$", job.stdout, re.M).group(1)
+    assert job.returncode == 0, job.stderr + read_logs(job_dir)
+    assert "done at step=20" in read_logs(job_dir)
 
 
 def test_an_image_without_bash_is_refused_before_submitting(small_image, tmp_path):
@@ -196,7 +230,7 @@ def test_a_failed_and_a_cancelled_two_node_container_job_leave_nothing(cluster, 
     subprocess.run(["scancel", cancelled["job_id"]], env={**os.environ, **cluster.target.env}, check=True)
     assert slurm.wait(cluster.target, cancelled["job_id"], timeout=120).state == "CANCELLED"
     assert_nothing_left(cluster, W(cancelled))
-    assert loops_and_mounts() == (loops_before, mounts_before)
+    assert released((loops_before, mounts_before))
 
 
 @pytest.fixture(scope="module")
@@ -249,7 +283,7 @@ def test_tasks_of_a_node_share_one_container(cluster, cpu_image):
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == ["task 0 sees from-0 from-0 ", "task 1 sees from-0 from-0 "], proc.stdout
     # The container lived in the step's own mount namespace: nothing of it is left.
-    assert loops_and_mounts() == (loops_before, mounts_before)
+    assert released((loops_before, mounts_before))
 
 
 def test_a_named_container_persists_on_its_node_with_its_writes(cluster, base_image, tmp_path):

@@ -268,8 +268,9 @@ def _build(recipe: Recipe, output: Path, *, compression: str, use_cache: bool, p
         root.mkdir()
         total = len(recipe.steps) + 2
         progress(f"[1/{total}] base: {recipe.base.describe()}")
-        # A Dockerfile's steps go through the per-instruction cache (where overlays can be mounted).
-        config = _layered_root(recipe, root, work, progress, stage_images, total) if recipe.step_labels else None
+        # Every step goes through the per-instruction cache where overlays can be mounted: a
+        # TOML recipe and a Dockerfile with the same steps share their layers.
+        config = _layered_root(recipe, root, work, progress, stage_images, total)
         overlay = config is not None
         if config is None:
             overlay = recipe.base.kind == "rootfs" and _mount_overlay(Path(recipe.base.value), work)

@@ -26,7 +26,7 @@ from kit.errors import KitError
 # Accepted, with a one-line notice: they mean nothing to an enroot image.
 IGNORED = ("EXPOSE", "HEALTHCHECK", "STOPSIGNAL", "ONBUILD", "MAINTAINER")
 KNOWN = ("FROM", "RUN", "COPY", "ADD", "ENV", "ARG", "WORKDIR", "LABEL", "ENTRYPOINT", "CMD", "VOLUME", "USER",
-         "SHELL", *IGNORED)
+         "SHELL", "KIT", *IGNORED)
 BASE_PREFIXES = {"rootfs:": "rootfs", "tarball:": "tarball", "oci:": "oci", "docker-archive:": "docker-archive",
                  "squashfs:": "squashfs"}
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -90,7 +90,7 @@ def parse(text: str, label: str) -> list[Instruction]:
         if keyword not in KNOWN:
             raise _error(label, start, f"unknown instruction {keyword}",
                          hint="kit builds from FROM, RUN, COPY, ADD, ENV, ARG, WORKDIR, LABEL, ENTRYPOINT, CMD, "
-                              "VOLUME, USER and SHELL")
+                              "VOLUME, USER, SHELL and its own KIT")
         heredocs = []
         for m in re.finditer(r"<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2", rest):
             strip, delimiter = m.group(1) == "-", m.group(3)
@@ -358,6 +358,17 @@ class _Builder:
                 if not argv:
                     raise _error(*where, 'SHELL takes the exec form, e.g. SHELL ["/bin/bash", "-c"]')
                 shell = argv
+            elif ins.keyword == "KIT":
+                # kit's own steps, which a Dockerfile has no words for (docker stops at them: unknown
+                # instruction): `KIT pip REQ...` installs with the host's pip into the image's Python
+                # (no network or pip needed in the image), `KIT runtime` adds kit's runtime at /opt/kit.
+                words = _words(_substitute(text, env, *where), *where)
+                if words[:1] == ["pip"] and len(words) > 1:
+                    self.add(recipe, ins, ("pip", words[1:]))
+                elif words == ["runtime"]:
+                    self.add(recipe, ins, ("kit", True))
+                else:
+                    raise _error(*where, f"KIT {text}: expected `KIT pip REQUIREMENT...` or `KIT runtime`")
             elif ins.keyword == "USER":
                 user = _substitute(text, env, *where)
                 recipe.labels["kit.user"] = user

@@ -39,6 +39,7 @@
 SPANK_PLUGIN(kit_pyxis, 1);
 
 #define TAG "kit-pyxis"
+#define BASE "/tmp/kit-pyxis"  /* a tmpfs in the step's own mount namespace */
 
 static char *opt_image, *opt_mounts, *opt_workdir, *opt_env, *opt_name;
 static int opt_writable, opt_mount_home, opt_remap_root;
@@ -403,7 +404,7 @@ static int ready, reused;
  * start: they inherit its mount namespace and share the container. */
 static int make_container(spank_t sp)
 {
-	const char *base = "/tmp/kit-pyxis";
+	const char *base = BASE;
 	char dir[4096], upper[256], work[256], image_dir[256], opts[1024], target[4096];
 
 	if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
@@ -506,5 +507,18 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 		return -1;
 	}
 	spank_setenv(sp, "PWD", workdir, 1);
+	return 0;
+}
+
+/* The step is over: take the container down now (the namespace would go with
+ * slurmstepd a moment later), so its loop device is free when srun returns. */
+int slurm_spank_exit(spank_t sp, int ac, char **av)
+{
+	(void)sp; (void)ac; (void)av;
+	if (spank_context() != S_CTX_REMOTE || !ready)
+		return 0;
+	umount2(root, MNT_DETACH);
+	umount2(BASE "/image", MNT_DETACH);
+	umount2(BASE, MNT_DETACH);
 	return 0;
 }
