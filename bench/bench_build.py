@@ -1,11 +1,15 @@
 """Build benchmark: `kit build` against plain mksquashfs on the same root filesystem.
 
-    python bench/bench_build.py [--rootfs DIR] [--runs N]
+    python bench/bench_build.py [--rootfs DIR] [--runs N] [--dockerfile-pairs N]
 
 Default root filesystem: containers/bases/debian-bookworm (made by
 containers/bases/debian-bookworm.sh). Both sides pack with enroot's options
 (kit's default --compression, -all-root) on all cores; runs are interleaved so both see
 the same machine load. Targets: ratio <= 1.10; no-op rebuild < 1 s.
+
+--dockerfile-pairs N (default 1; 0 skips it): the full build of
+containers/cpu-lightning.Dockerfile against containers/cpu-lightning.toml, each
+with an empty cache of its own (nothing shared), alternating. Target <= 1.05x.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rootfs", default=str(REPO / "containers" / "bases" / "debian-bookworm"))
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--dockerfile-pairs", type=int, default=1)
     args = ap.parse_args()
     rootfs = Path(args.rootfs)
     if not rootfs.is_dir():
@@ -66,6 +71,23 @@ def main() -> None:
     print(f"{'kit build, nothing changed (no-op)':<40}{med(noop):>9.3f}s{max(noop):>9.3f}s{'< 1 s':>12}")
     print(f"image size: {image_size / 2**20:.0f} MiB")
     ok = med(kit) / med(plain) <= 1.10 and med(noop) < 1.0
+    if args.dockerfile_pairs:
+        toml, docker = [], []
+        with tempfile.TemporaryDirectory(dir=REPO) as d:
+            tmp = Path(d)
+            for i in range(args.dockerfile_pairs):
+                for side, times, argv in (
+                        ("toml", toml, [str(REPO / "containers" / "cpu-lightning.toml")]),
+                        ("dockerfile", docker, [str(REPO / "containers"), "-f", "cpu-lightning.Dockerfile"])):
+                    env = {**os.environ, "KIT_HOME": str(tmp / f"home-{side}-{i}")}  # a cold cache each
+                    times.append(timed([sys.executable, "-m", "kit", "build", *argv, "-o",
+                                        str(tmp / f"{side}{i}.sqsh")], env=env))
+                    subprocess.run(["rm", "-rf", env["KIT_HOME"], str(tmp / f"{side}{i}.sqsh")], check=True)
+        ratio = med(docker) / med(toml)
+        print(f"{'cpu-lightning from TOML (cold cache)':<40}{med(toml):>9.2f}s{max(toml):>9.2f}s")
+        print(f"{'cpu-lightning from its Dockerfile':<40}{med(docker):>9.2f}s{max(docker):>9.2f}s")
+        print(f"{'  ratio Dockerfile / TOML':<40}{ratio:>9.2f}x{'':>10}{'<= 1.05x':>12}")
+        ok = ok and ratio <= 1.05
     print("targets met" if ok else "TARGETS MISSED")
 
 

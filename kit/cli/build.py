@@ -65,7 +65,7 @@ def _size(text: str) -> int:
                    "fast: bench/bench_pack.py); enroot: -comp lzo -noD, exactly as `enroot import`.")
 @click.option("--base", "base", default=None, metavar="KIND=PATH",
               help="Use this base instead of the recipe's (KIND: " + ", ".join(recipes.BASE_KINDS) + ").")
-@click.option("--no-cache", is_flag=True, help="Build even when the cache has this image.")
+@click.option("--no-cache", is_flag=True, help="Build every step again, even when the cache has it.")
 @click.option("--prune", is_flag=True, help="Shrink the build cache (layers and images, least recently used "
                                             "first) to --cache-size, after the build if there is one.")
 @click.option("--cache-size", default="20G", show_default=True, metavar="SIZE", help="The size --prune keeps.")

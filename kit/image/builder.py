@@ -270,7 +270,7 @@ def _build(recipe: Recipe, output: Path, *, compression: str, use_cache: bool, p
         progress(f"[1/{total}] base: {recipe.base.describe()}")
         # Every step goes through the per-instruction cache where overlays can be mounted: a
         # TOML recipe and a Dockerfile with the same steps share their layers.
-        config = _layered_root(recipe, root, work, progress, stage_images, total)
+        config = _layered_root(recipe, root, work, progress, stage_images, total, use_cache)
         overlay = config is not None
         if config is None:
             overlay = recipe.base.kind == "rootfs" and _mount_overlay(Path(recipe.base.value), work)
@@ -355,7 +355,7 @@ def _shown(kind: str, value) -> str:
 
 
 def _layered_root(recipe: Recipe, root: Path, work: Path, progress, stage_images: dict[str, Path],
-                  total: int) -> unpack.ImageConfig | None:
+                  total: int, use_cache: bool = True) -> unpack.ImageConfig | None:
     """Every step from the layer cache, or run into a new layer (kit.image.layers);
     ``root`` ends as an overlay of them all over a scratch upper. None where
     overlays cannot be mounted (the caller then builds without the cache)."""
@@ -370,7 +370,7 @@ def _layered_root(recipe: Recipe, root: Path, work: Path, progress, stage_images
         identity = str(stage_images[b.value]) if b.kind == "stage" else (
             "" if b.kind in ("scratch", "image") else _fingerprint(Path(b.value)))
         parent = layers.key("base", [b.kind, b.value], identity)
-        config = layers.lookup(parent)
+        config = layers.lookup(parent) if use_cache else None
         if config is None:
             tmp = layers.new()
             try:
@@ -387,7 +387,7 @@ def _layered_root(recipe: Recipe, root: Path, work: Path, progress, stage_images
         elif kind == "kit":
             extra = _runtime_hash()
         step_key = layers.key(parent, [kind, value], extra)
-        cached = layers.lookup(step_key)
+        cached = layers.lookup(step_key) if use_cache else None
         if cached is not None:
             progress(f"[{i}/{total}] cached: {kind}: {_shown(kind, value)}")
             config = cached

@@ -78,6 +78,10 @@ def publish(tmp: Path, layer_key: str, config: unpack.ImageConfig) -> None:
     shutil.rmtree(tmp / "work", ignore_errors=True)
     (tmp / "config.json").write_text(json.dumps(asdict(config), sort_keys=True))
     final = root_dir() / layer_key
+    if final.exists():  # rebuilt without the cache (--no-cache): the new layer replaces it
+        old = Path(tempfile.mkdtemp(prefix=".old-", dir=root_dir()))
+        os.rename(final, old / "layer")
+        shutil.rmtree(old, ignore_errors=True)
     try:
         os.rename(tmp, final)
     except OSError:  # made meanwhile by another build: keep that one
