@@ -359,7 +359,7 @@ def _layered_root(recipe: Recipe, root: Path, work: Path, progress, stage_images
     """Every step from the layer cache, or run into a new layer (kit.image.layers);
     ``root`` ends as an overlay of them all over a scratch upper. None where
     overlays cannot be mounted (the caller then builds without the cache)."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
+    if os.geteuid() != 0 or shutil.which("mount") is None or not layers.usable(work):
         return None
     b = recipe.base
     if b.kind == "rootfs":  # used in place, as the bottom layer

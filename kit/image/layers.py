@@ -61,6 +61,27 @@ def mount(lowers: list[Path], upper: Path, work: Path, target: Path) -> None:
     run(["mount", "-t", "overlay", "overlay", "-o", opts, str(target)], what="build")
 
 
+def usable(work: Path) -> bool:
+    """Whether an overlay with its upper directory in the layer store can be mounted here
+    (not on every filesystem: e.g. an upper on overlayfs); the build goes without layers if not."""
+    try:
+        root_dir().mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".probe-", dir=root_dir()))
+    except OSError:
+        return False
+    try:
+        for sub in ("lower", "diff", "work", "merged"):
+            (tmp / sub).mkdir()
+        proc = run(["mount", "-t", "overlay", "overlay", "-o",
+                    f"lowerdir={tmp / 'lower'},upperdir={tmp / 'diff'},workdir={tmp / 'work'}", str(tmp / "merged")],
+                   check=False, what="build")
+        if proc.returncode == 0:
+            umount(tmp / "merged")
+        return proc.returncode == 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def umount(target: Path) -> None:
     run(["umount", str(target)], check=False, what="build")
 
