@@ -477,6 +477,9 @@ kit::requeue() {
     return 1
   fi
   if [[ -n "${suspect}" ]]; then
+    # Slurm TERMs the batch step for the requeue just asked: the scontrol and sinfo
+    # below must not die of it (one did, and the suspect stayed in the next run's nodes).
+    trap '' TERM INT
     # The line that starts with ReqNodeList: no job name or path can stand there.
     excluded="$(scontrol show job "${SLURM_JOB_ID}" 2>/dev/null | sed -n 's/^ *ReqNodeList=[^ ]* ExcNodeList=\([^ ]*\)$/\1/p' | head -n 1)"
     [[ "${excluded}" == "(null)" ]] && excluded=""
