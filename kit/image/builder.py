@@ -220,15 +220,11 @@ def _step_kit(root: Path, config, label: str) -> None:
 def build(recipe: Recipe, output: Path, *, compression: str = DEFAULT_COMPRESSION, use_cache: bool = True,
           progress=lambda msg: None) -> BuildResult:
     """Build ``recipe`` into ``output`` (and its earlier stages into the cache)."""
-    outer = not _FINGERPRINTS.get("building")
-    if outer:  # fingerprints are remembered for one build (its stages share bases), never longer
-        _FINGERPRINTS.clear()
-        _FINGERPRINTS["building"] = True
+    _FINGERPRINTS.clear()  # remembered for one build (its stages, built by _build, share bases), never longer
     try:
         return _build(recipe, output, compression=compression, use_cache=use_cache, progress=progress)
     finally:
-        if outer:
-            _FINGERPRINTS.clear()
+        _FINGERPRINTS.clear()
 
 
 def _build(recipe: Recipe, output: Path, *, compression: str, use_cache: bool, progress) -> BuildResult:
@@ -359,7 +355,7 @@ def _layered_root(recipe: Recipe, root: Path, work: Path, progress, stage_images
     """Every step from the layer cache, or run into a new layer (kit.image.layers);
     ``root`` ends as an overlay of them all over a scratch upper. None where
     overlays cannot be mounted (the caller then builds without the cache)."""
-    if os.geteuid() != 0 or shutil.which("mount") is None or not layers.usable(work):
+    if os.geteuid() != 0 or shutil.which("mount") is None or not layers.usable():
         return None
     b = recipe.base
     if b.kind == "rootfs":  # used in place, as the bottom layer
@@ -411,11 +407,16 @@ def _layered_root(recipe: Recipe, root: Path, work: Path, progress, stage_images
     (work / "upper").mkdir()
     (work / "ovl-work").mkdir()
     layers.mount(lowers, work / "upper", work / "ovl-work", root)
+    _drop_dev(root)
+    return config
+
+
+def _drop_dev(root: Path) -> None:
+    """``dev/*`` goes, as `enroot import` drops it."""
     dev = root / "dev"
     if dev.is_dir() and not dev.is_symlink():
         for child in dev.iterdir():
             rootpath.clear(child)
-    return config
 
 
 def _runtime_hash() -> str:
@@ -472,10 +473,7 @@ def _unpack_base(recipe: Recipe, root: Path, work: Path, progress, copy: bool = 
             config = unpack.ImageConfig(**meta["config"])
         else:
             config = unpack.ImageConfig(env=_read_environment(root))
-    dev = root / "dev"
-    if dev.is_dir() and not dev.is_symlink():
-        for child in dev.iterdir():
-            rootpath.clear(child)
+    _drop_dev(root)
     return config
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,7 +145,6 @@ def _substitute(text: str, env: dict[str, str], label: str, line: int) -> str:
 
 def _words(text: str, label: str, line: int) -> list[str]:
     """Whitespace-split words, honouring double and single quotes."""
-    import shlex
     try:
         return shlex.split(text, posix=True)
     except ValueError as e:

@@ -61,7 +61,7 @@ def mount(lowers: list[Path], upper: Path, work: Path, target: Path) -> None:
     run(["mount", "-t", "overlay", "overlay", "-o", opts, str(target)], what="build")
 
 
-def usable(work: Path) -> bool:
+def usable() -> bool:
     """Whether an overlay with its upper directory in the layer store can be mounted here
     (not on every filesystem: e.g. an upper on overlayfs); the build goes without layers if not."""
     try:
