@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import kit, require
-from images import CONFIG, LAYER1, LAYER2, docker_archive, oci_layout, tar_bytes, tiny_rootfs, tree
+from images import CONFIG, docker_archive, oci_layout, tar_bytes, tiny_rootfs, tree
 
 from kit.image import enroot, unpack
 from kit.image.builder import read_file

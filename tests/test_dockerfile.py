@@ -193,6 +193,51 @@ def test_a_multi_stage_dockerfile_builds(debian_base, kit_home, tmp_path):
     assert cat(out, "stamp") == stamp and cat(out, "app/heredoc.txt") == "heredoc changed hi\n"
 
 
+def wheel(directory: Path, name: str, files: dict[str, str]) -> Path:
+    """A pure-Python wheel made by hand (pip installs it offline)."""
+    import base64
+    import hashlib
+    import zipfile
+    info = f"{name}-1.0.dist-info"
+    files = {**files, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+                     f"{len(text.encode())}\n" for path, text in files.items()) + f"{info}/RECORD,,\n"
+    out = directory / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(out, "w") as z:
+        for path, text in {**files, f"{info}/RECORD": record}.items():
+            z.writestr(path, text)
+    return out
+
+
+def test_pip_steps_compile_what_they_add_and_nothing_else(debian_base, kit_home, tmp_path):
+    """`KIT pip` installs with --no-compile and compiles what it added on every core:
+    checked-hash .pyc files (SOURCE_DATE_EPOCH) the image imports, a file that does not
+    compile left as pip leaves it, and a second pip step leaves the first's files in
+    their layer (nothing copied up)."""
+    require("mksquashfs")
+    one = wheel(tmp_path, "tiny_a", {"tiny_a/__init__.py": "VALUE = 'a'\n", "tiny_a/py312.py": "def f[T](x): ...\n",
+                                    "tiny_a_top.py": "TOP = 1\n"})
+    two = wheel(tmp_path, "tiny_b", {"tiny_b/__init__.py": "from tiny_a import VALUE\n"})
+    (tmp_path / "Dockerfile").write_text(f"FROM rootfs:{debian_base}\nKIT pip {one}\nKIT pip {two}\n"
+                                         "RUN python3 -c 'import tiny_b, tiny_a_top; print(tiny_b.VALUE)'\n")
+    out = tmp_path / "pip.sqsh"
+    proc = kit("build", str(tmp_path), "-o", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    site = "/usr/local/lib/python3.11/dist-packages"
+    rows = listing(out)
+    for pyc in ("tiny_a/__pycache__/__init__.cpython-311.pyc", "tiny_b/__pycache__/__init__.cpython-311.pyc",
+                "__pycache__/tiny_a_top.cpython-311.pyc"):
+        assert f"{site}/{pyc}" in rows, sorted(r for r in rows if "tiny" in r)
+        flags = subprocess.run(["unsquashfs", "-cat", str(out), f"{site}/{pyc}"], capture_output=True,
+                               check=True).stdout[4:8]
+        assert flags == b"\x03\x00\x00\x00", pyc  # hash-based, checked: the same bytes on every build
+    assert f"{site}/tiny_a/__pycache__/py312.cpython-311.pyc" not in rows
+    layers = Path(os.environ["KIT_HOME"]) / "cache" / "layers"
+    holding = [d for d in layers.glob("*/diff") if (d / site.lstrip("/") / "tiny_a" / "__pycache__").exists()]
+    assert len(holding) == 1, holding
+
+
 def test_prune_keeps_the_cache_under_a_size(tmp_path):
     home = {"KIT_HOME": str(tmp_path / "home")}  # a cache of its own
     layers_dir = tmp_path / "home" / "cache" / "layers"

@@ -10,6 +10,7 @@ caught, so a bug still shows its traceback.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 
@@ -19,7 +20,32 @@ from kit import __version__
 from kit.errors import KitError
 
 
-@click.group(name="kit", context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyGroup(click.Group):
+    """A group whose subcommands are imported when used: `kit build` and `kit ps` do
+    not load the Slurm, launch and cluster code (every kit call, and every helper a
+    job runs, pays Python's import time)."""
+
+    def __init__(self, *args, lazy: dict[str, str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy  # name -> "module:attribute"
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands and name in self.lazy:
+            module, attribute = self.lazy[name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), name)
+        return super().get_command(ctx, name)
+
+
+COMMANDS = {"launch": "kit.cli.launch:launch", "ps": "kit.cli.jobs:ps", "logs": "kit.cli.jobs:logs",
+            "cancel": "kit.cli.jobs:cancel", "build": "kit.cli.build:build", "inspect": "kit.cli.build:inspect",
+            "cluster": "kit.cli.cluster:cluster", "exporter": "kit.cli.exporter:exporter",
+            "report": "kit.cli.report:report"}
+
+
+@click.group(name="kit", cls=_LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kit")
 @click.option("-v", "--verbose", is_flag=True, help="Log every external command kit runs.")
 def cli(verbose: bool) -> None:
@@ -32,22 +58,6 @@ def cli(verbose: bool) -> None:
     """
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
                         format="kit: %(name)s: %(message)s")
-
-
-def _register() -> None:
-    from kit.cli import build, cluster, exporter, jobs, launch, report
-    cli.add_command(launch.launch)
-    cli.add_command(jobs.ps)
-    cli.add_command(jobs.logs)
-    cli.add_command(jobs.cancel)
-    cli.add_command(build.build)
-    cli.add_command(build.inspect)
-    cli.add_command(cluster.cluster)
-    cli.add_command(exporter.exporter)
-    cli.add_command(report.report)
-
-
-_register()
 
 
 def _usage_error(e: click.UsageError) -> KitError:

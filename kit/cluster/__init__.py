@@ -22,6 +22,7 @@ from pathlib import Path
 
 from kit.cluster import config
 from kit.errors import KitError
+from kit.home import kit_home  # noqa: F401  (kit.cluster.kit_home, as before)
 from kit.monitor.naming import relabel_yaml
 from kit.runner import run
 from kit.slurm import Target
@@ -29,14 +30,6 @@ from kit.slurm import Target
 PARTITION = config.PARTITION
 REQUIRED = ("slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "squeue", "scancel")
 INSTALL_HINT = "install Debian's Slurm: apt-get install -y slurm-wlm"
-
-
-def kit_home() -> Path:
-    """``$KIT_HOME``, else ``$XDG_STATE_HOME/kit``, else ``~/.local/state/kit``."""
-    if os.environ.get("KIT_HOME"):
-        return Path(os.environ["KIT_HOME"]).expanduser()
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "kit"
 
 
 @dataclass

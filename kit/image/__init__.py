@@ -6,9 +6,13 @@ and the build machinery only when it builds.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 SQUASHFS_MAGIC = b"hsqs"
+# An image in a registry, as `enroot import` (and pyxis's --container-image) name it:
+# docker://[USER@][REGISTRY#]IMAGE[:TAG]
+REGISTRY_REF = re.compile(r"docker://(([^@/#]+)@)?(([^#]+)#)?([a-z0-9/._-]+)(:([A-Za-z0-9._:-]+))?\Z")
 
 
 def is_squashfs(path: str | Path) -> bool:

@@ -23,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from kit.image import unpack
-from kit.cluster import kit_home
+from kit.home import kit_home
 from kit.errors import KitError
 from kit.runner import run
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kit.errors import KitError
-from kit.slurm.pyxis import REGISTRY_REF
+from kit.image import REGISTRY_REF
 
 try:
     import tomllib

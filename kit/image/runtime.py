@@ -56,7 +56,7 @@ def install(dest_root: Path) -> Path:
 
 def bundle() -> Path:
     """kit's runtime laid out for mounting at /opt/kit (under $KIT_HOME/runtime)."""
-    from kit.cluster import kit_home
+    from kit.home import kit_home
 
     base = kit_home() / "runtime" / kit.__version__
     ready = base / "opt" / "kit" / "VERSION"

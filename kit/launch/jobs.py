@@ -50,7 +50,7 @@ def find_job_dir(job: str, output_dir: str | Path) -> Path:
 
 
 def _index_path() -> Path:
-    from kit.cluster import kit_home
+    from kit.home import kit_home
 
     return kit_home() / "jobs.index"
 

@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import os
 import posixpath
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit.image import is_squashfs
+from kit.image import REGISTRY_REF, is_squashfs
 from kit.errors import KitError
 
 # Mount options kit lets through (enroot's bind-mount options).
 MOUNT_FLAGS = ("ro", "rw", "private", "rprivate", "slave", "rslave", "shared", "rshared", "rbind",
                "nosuid", "nodev", "noexec")
 SPECIAL_SOURCES = ("tmpfs", "umount")
-REGISTRY_REF = re.compile(r"docker://(([^@/#]+)@)?(([^#]+)#)?([a-z0-9/._-]+)(:([A-Za-z0-9._:-]+))?\Z")
 
 # Variables prelaunch.sh sets for the step (kept in sync with the template by a test).
 JOB_VARIABLES = (
