@@ -3,7 +3,7 @@
     python bench/bench_build.py [--rootfs DIR] [--runs N] [--dockerfile-pairs N]
 
 Default root filesystem: containers/bases/debian-bookworm (made by
-containers/bases/debian-bookworm.sh). Both sides pack with enroot's options
+containers/bases/debian-bookworm.sh). Both sides pack with the same options
 (kit's default --compression, -all-root) on all cores; runs are interleaved so both see
 the same machine load. Targets: kit's own cost (kit - plain) at most 10% of the pack or
 0.5 s, whichever is more; no-op rebuild < 1 s. (The 10% alone was met while kit packed
@@ -14,6 +14,9 @@ fixed ~0.45 s that does not shrink with the tree.)
 --dockerfile-pairs N (default 1; 0 skips it): the full build of
 containers/cpu-lightning.Dockerfile against containers/cpu-lightning.toml, each
 with an empty cache of its own (nothing shared), alternating. Target <= 1.05x.
+
+The packing candidates (pack time, size, unpack time of each --compression choice on
+the cpu-lightning tree, against enroot's own options) are bench/bench_pack.py's.
 """
 
 from __future__ import annotations
