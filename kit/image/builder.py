@@ -313,11 +313,11 @@ def _mount_overlay(base: Path, work: Path) -> bool:
         return False
     (work / "upper").mkdir()
     (work / "ovl-work").mkdir()
-    opts = f"lowerdir={base},upperdir={work / 'upper'},workdir={work / 'ovl-work'}"
-    if "," in str(base) or ":" in str(base):
+    try:
+        layers.mount([base], work / "upper", work / "ovl-work", work / "root")
+    except KitError:  # a comma or colon in the path, or no overlay here
         return False
-    proc = run(["mount", "-t", "overlay", "overlay", "-o", opts, str(work / "root")], check=False)
-    return proc.returncode == 0
+    return True
 
 
 def _place(src: Path, dst: Path) -> None:

@@ -72,12 +72,12 @@ def usable() -> bool:
     try:
         for sub in ("lower", "diff", "work", "merged"):
             (tmp / sub).mkdir()
-        proc = run(["mount", "-t", "overlay", "overlay", "-o",
-                    f"lowerdir={tmp / 'lower'},upperdir={tmp / 'diff'},workdir={tmp / 'work'}", str(tmp / "merged")],
-                   check=False, what="build")
-        if proc.returncode == 0:
-            umount(tmp / "merged")
-        return proc.returncode == 0
+        try:
+            mount([tmp / "lower"], tmp / "diff", tmp / "work", tmp / "merged")
+        except KitError:
+            return False
+        umount(tmp / "merged")
+        return True
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
