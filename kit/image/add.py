@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from kit.image import ignore as ignores
-from kit.image import rootpath
+from kit.image import rootpath, unpack
 from kit.errors import KitError
 from kit.runner import run
 
@@ -52,10 +52,15 @@ def apply(root: Path, value: dict, label: str, stage_image: Path | None) -> None
                 return ignore.excluded(p.relative_to(context).as_posix())
             skip = excluded
             if value.get("extract") and src.is_file() and tarfile.is_tarfile(src):
+                # The same checked unpacker as a base's layers: no member, hard link or
+                # symlink on a member's way leads out of the scratch root.
                 out = Path(tmp) / "x"
                 out.mkdir()
-                with tarfile.open(src) as archive:
-                    archive.extractall(out, filter="tar")
+                try:
+                    unpack.unpack_tarball(out, src, layer=False)
+                except KitError as e:
+                    raise KitError(f"{src.name}: {e.message}", field=label,
+                                   hint="the archive is malformed or unsafe; nothing was written") from None
                 src, skip = out, None
         is_dir = src.is_dir() and not src.is_symlink()
         if is_dir:

@@ -12,9 +12,11 @@ Nothing is left behind on failure; the image appears by an atomic rename.
 from __future__ import annotations
 
 import hashlib
+import fcntl
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -44,19 +46,19 @@ def cache_dir() -> Path:
 
 
 # ---------------------------------------------------------------- digests
-def _fingerprint(path: Path, keep=None) -> str:
-    key = (str(path), keep)
+def _fingerprint(path: Path) -> str:
+    key = str(path)
     if key not in _FINGERPRINTS:  # one walk per path and build: stages share bases
-        _FINGERPRINTS[key] = _walk_fingerprint(path, keep)
+        _FINGERPRINTS[key] = _walk_fingerprint(path)
     return _FINGERPRINTS[key]
 
 
 _FINGERPRINTS: dict = {}
 
 
-def _walk_fingerprint(path: Path, keep=None) -> str:
-    """A hash of names, types, modes, sizes and mtimes under ``path`` (not contents, as make
-    does); ``keep(relpath)``: the entries that count (what .dockerignore leaves in)."""
+def _walk_fingerprint(path: Path) -> str:
+    """A hash of names, types, modes, sizes and mtimes under ``path`` (a base root
+    filesystem: not contents, as make does)."""
     if not path.exists() and not path.is_symlink():
         return f"missing {path}"
     if path.is_file() or path.is_symlink():
@@ -64,25 +66,71 @@ def _walk_fingerprint(path: Path, keep=None) -> str:
         return f"{path} {st.st_mode} {st.st_size} {st.st_mtime_ns}"
     # find(1) walks a 10k-file root filesystem several times faster than os.walk.
     out = run(["find", str(path), "-printf", "%y%m %s %T@ %P\\0"], what="build", timeout=None).stdout
-    entries = [e for e in out.split("\0") if keep is None or keep(e.split(" ", 3)[-1] if e.count(" ") >= 3 else "")]
-    return hashlib.sha256("\0".join(sorted(entries)).encode(errors="surrogateescape")).hexdigest()
+    return hashlib.sha256("\0".join(sorted(out.split("\0"))).encode(errors="surrogateescape")).hexdigest()
+
+
+def _source_fingerprint(src: Path, keep=None) -> str:
+    """What a copy step copies: every entry's name, type, mode, size, mtime and, for
+    files, content (as Docker keys COPY): a changed source rebuilds its step, even one
+    whose size and mtime were kept. ``keep(relpath)``: the entries that count."""
+    key = ("source", str(src), keep)
+    if key in _FINGERPRINTS:
+        return _FINGERPRINTS[key]
+    h = hashlib.sha256()
+
+    def entry(path: Path, rel: str) -> None:
+        try:
+            st = path.lstat()
+        except OSError:
+            h.update(f"missing {rel}\0".encode(errors="surrogateescape"))
+            return
+        h.update(f"{rel}\0{st.st_mode}\0{st.st_size}\0{st.st_mtime_ns}\0".encode(errors="surrogateescape"))
+        if stat.S_ISLNK(st.st_mode):
+            h.update(os.readlink(path).encode(errors="surrogateescape"))
+        elif stat.S_ISREG(st.st_mode):
+            with open(path, "rb", buffering=0) as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+
+    entry(src, "")
+    if src.is_dir() and not src.is_symlink():
+        for dirpath, dirnames, filenames in os.walk(src):
+            dirnames.sort()
+            for name in sorted(dirnames + filenames):
+                path = Path(dirpath) / name
+                rel = path.relative_to(src).as_posix()
+                if keep is None or keep(rel):
+                    entry(path, rel)
+    _FINGERPRINTS[key] = h.hexdigest()
+    return _FINGERPRINTS[key]
 
 
 def _add_fingerprint(value: dict) -> str:
     """A Dockerfile COPY/ADD source, as far as .dockerignore lets it in."""
     src = Path(value["src"])
     if not value.get("ignore"):
-        return _fingerprint(src)
+        return _source_fingerprint(src)
     rules = ignore.Ignore(value["ignore"])
     top = src.relative_to(value["context"]).as_posix()
-    return _fingerprint(src, keep=lambda rel: not rules.excluded(f"{top}/{rel}" if rel else top))
+    return _source_fingerprint(src, keep=lambda rel: not rules.excluded(f"{top}/{rel}" if rel else top))
+
+
+def _step_extra(kind: str, value, stage_images: dict[str, Path]) -> str:
+    """What a step's cache key holds beyond the step's own words: the content it copies."""
+    if kind == "copy":
+        return _source_fingerprint(Path(value[0]))
+    if kind == "add":
+        return str(stage_images[value["stage"]]) if "stage" in value else _add_fingerprint(value)
+    if kind == "kit":
+        return _runtime_hash()
+    return ""
 
 
 def digest(recipe: Recipe, compression: str) -> str:
     inputs = {"kit": kit.__version__, "recipe": recipe.as_dict(), "compression": compression}
     if recipe.base.kind not in ("image", "scratch", "stage"):
         inputs["base"] = _fingerprint(Path(recipe.base.value))
-    inputs["copies"] = [_fingerprint(Path(v[0])) for k, v in recipe.steps if k == "copy"]
+    inputs["copies"] = [_source_fingerprint(Path(v[0])) for k, v in recipe.steps if k == "copy"]
     inputs["adds"] = [_add_fingerprint(v) for k, v in recipe.steps if k == "add" and "stage" not in v]
     inputs["stages"] = {name: digest(stage, compression) for name, stage in sorted(recipe.stages.items())}
     if any(k == "kit" for k, _ in recipe.steps):
@@ -117,32 +165,51 @@ def image_metadata(image: Path) -> dict | None:
 
 
 # ---------------------------------------------------------------- isolation
-ISOLATE = r'''
-set -eu
-root="$1"; shift
-for d in dev proc sys tmp etc; do mkdir -p "$root/$d"; done
-mount --rbind /dev "$root/dev"
-mount -t proc proc "$root/proc"
-mount --rbind /sys "$root/sys"
-mount -t tmpfs tmpfs "$root/tmp"
-if [ -e /etc/resolv.conf ]; then
-  touch "$root/etc/resolv.conf" 2>/dev/null || true
-  mount --bind /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
-fi
-exec env -i "$@"
-'''
+# Docker's default capabilities for build steps, less MKNOD (a RUN step must not make a
+# node for the host's disk): enough for apt, chown and setuid-to-a-user, nothing that mounts,
+# loads modules, traces host processes or changes the host's clock or network.
+STEP_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_SETGID", "CAP_SETUID",
+             "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_SYS_CHROOT", "CAP_KILL",
+             "CAP_AUDIT_WRITE")
+
+
+def isolate_argv(root: Path, env: dict[str, str], workdir: str = "/") -> list[str]:
+    """bubblewrap's words that run a command inside ``root`` as a build step: its own PID,
+    mount, IPC and UTS namespaces (``pivot_root`` into the image: no host path and no host
+    process is reachable), a fresh ``/proc``, a minimal ``/dev``, ``/sys`` read-only, a
+    private ``/tmp``, the host's network and DNS, only ``env``, Docker's default capabilities
+    less MKNOD with no-new-privileges, and killed with kit (``--die-with-parent``)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise KitError("bwrap not found: build steps run in bubblewrap's isolation",
+                       hint="install bubblewrap (apt-get install -y bubblewrap)", exit_code=1)
+    argv = [bwrap, "--bind", str(root), "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL"]
+    for cap in STEP_CAPS:
+        argv += ["--cap-add", cap]
+    if Path("/sys").is_dir():
+        argv += ["--ro-bind", "/sys", "/sys"]
+    if Path("/etc/resolv.conf").exists():
+        # The file must exist in the image to be bound over (an empty one is left, as before).
+        rootpath.directory(root, "/etc")
+        target = rootpath.inside(root, "/etc/resolv.conf")
+        if not target.exists() and not target.is_symlink():
+            target.touch()
+        if target.is_file() and not target.is_symlink():
+            argv += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
+    argv.append("--clearenv")
+    for k, v in env.items():
+        argv += ["--setenv", k, v]
+    return [*argv, "--chdir", workdir, "--"]
 
 
 def run_in_root(root: Path, argv: list[str], env: dict[str, str], label: str) -> subprocess.CompletedProcess:
-    """Run ``argv`` inside ``root`` with only ``env``: a private mount namespace plus chroot."""
-    tools = {t: shutil.which(t) for t in ("unshare", "chroot", "env", "mount")}
-    missing = [t for t, path in tools.items() if path is None]
-    if missing:
-        raise KitError(f"{', '.join(missing)} not found", field=label, hint="install util-linux and coreutils",
-                       exit_code=1)
-    pairs = [f"{k}={v}" for k, v in env.items()]
-    full = [tools["unshare"], "--mount", "--propagation", "private", "--fork", "--", "sh", "-c", ISOLATE,
-            "isolate", str(root), *pairs, tools["chroot"], str(root), *argv]
+    """Run ``argv`` inside ``root`` with only ``env``, isolated (:func:`isolate_argv`)."""
+    try:
+        full = [*isolate_argv(root, env), *argv]
+    except KitError as e:
+        raise KitError(e.message, field=label, hint=e.hint, exit_code=e.exit_code) from None
     return subprocess.run(full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, errors="replace")
 
@@ -233,12 +300,50 @@ def build(recipe: Recipe, output: Path, *, compression: str = DEFAULT_COMPRESSIO
     """Build ``recipe`` into ``output`` (and its earlier stages into the cache)."""
     _FINGERPRINTS.clear()  # remembered for one build (its stages, built by _build, share bases), never longer
     try:
-        return _build(recipe, output, compression=compression, use_cache=use_cache, progress=progress)
+        with layers.Claim() as claim:
+            return _build(recipe, output, compression=compression, use_cache=use_cache, progress=progress,
+                          claim=claim)
     finally:
         _FINGERPRINTS.clear()
 
 
-def _build(recipe: Recipe, output: Path, *, compression: str, use_cache: bool, progress) -> BuildResult:
+WORK_LOCK = ".lock"  # held (flock) by the build that owns a work directory
+
+
+def _new_work_dir(output: Path) -> tuple[Path, int]:
+    """The build's work directory next to the output (locked while it runs); the work
+    directories of dead builds of the same output are removed first (unmounted, then deleted)."""
+    prefix = f".{output.name}.build-"
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        for old in output.parent.iterdir():
+            if old.name.startswith(prefix) and old.is_dir() and not old.is_symlink():
+                try:
+                    fd = os.open(old / WORK_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    fd = None  # from an older kit, or killed before it locked: dead either way
+                except OSError:
+                    continue
+                try:
+                    if fd is not None:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # a running build's
+                finally:
+                    if fd is not None:
+                        os.close(fd)
+                layers.remove(old)
+        work = Path(tempfile.mkdtemp(prefix=prefix, dir=output.parent))
+        fd = os.open(work / WORK_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise KitError(f"cannot write in {output.parent}: {e.strerror}", field="--output",
+                       hint="choose a directory on a writable filesystem with room for the image") from None
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return work, fd
+
+
+def _build(recipe: Recipe, output: Path, *, compression: str, use_cache: bool, progress,
+           claim: layers.Claim) -> BuildResult:
     if compression not in COMPRESSION:
         raise KitError(f"unknown compression {compression!r}", field="--compression",
                        hint="one of " + ", ".join(COMPRESSION))
@@ -257,27 +362,24 @@ def _build(recipe: Recipe, output: Path, *, compression: str, use_cache: bool, p
         meta = image_metadata(output)
         if meta and meta.get("digest") == key:
             return BuildResult(output, key, False, "up to date")
-    try:  # the build's work directory sits next to the output: this also proves it writable
-        output.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{output.name}.build-", dir=output.parent))
-    except OSError as e:
-        raise KitError(f"cannot write in {output.parent}: {e.strerror}", field="--output",
-                       hint="choose a directory on a writable filesystem with room for the image") from None
+    work, lock = _new_work_dir(output)
     cached = cache_dir() / f"{key}.sqsh"
-    if use_cache and cached.exists():
-        shutil.rmtree(work)
-        _place(cached, output)
-        return BuildResult(output, key, False, "cache")
     overlay = False
     root = work / "root"
     try:
-        stage_images = _build_stages(recipe, compression, use_cache, progress)
+        with layers.cache_lock():
+            claim.add(cached.relative_to(layers.cache_root()).as_posix())
+            hit = use_cache and cached.exists()
+        if hit:
+            _place(cached, output)
+            return BuildResult(output, key, False, "cache")
+        stage_images = _build_stages(recipe, compression, use_cache, progress, claim)
         root.mkdir()
         total = len(recipe.steps) + 2
         progress(f"[1/{total}] base: {recipe.base.describe()}")
         # Every step goes through the per-instruction cache where overlays can be mounted: a
         # TOML recipe and a Dockerfile with the same steps share their layers.
-        config = _layered_root(recipe, root, work, progress, stage_images, total, use_cache)
+        config = _layered_root(recipe, root, work, progress, stage_images, total, use_cache, claim)
         overlay = config is not None
         if config is None:
             overlay = recipe.base.kind == "rootfs" and _mount_overlay(Path(recipe.base.value), work)
@@ -290,16 +392,20 @@ def _build(recipe: Recipe, output: Path, *, compression: str, use_cache: bool, p
         progress(f"[{total}/{total}] mksquashfs ({compression}) -> {output}")
         packed = work / "image.sqsh"
         _mksquashfs(root, packed, compression)
+        os.replace(packed, output)  # the image first: a full cache must not cost the user it
         if use_cache:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_suffix(f".tmp{os.getpid()}")
-            _place(packed, tmp)
-            os.replace(tmp, cached)
-        os.replace(packed, output)
+            with layers.cache_lock():
+                claim.add(f"images/.{cached.name}.tmp{os.getpid()}")
+            try:
+                _place(output, cached)
+            except OSError as e:
+                progress(f"warning: the image is built, but not kept in the cache ({e.strerror}): "
+                         f"{cached.parent}")
     finally:
         if overlay:
             run(["umount", "--lazy", str(root)], check=False)
-        shutil.rmtree(work, ignore_errors=True)
+        layers.remove(work)
+        os.close(lock)
     return BuildResult(output, key, True, "built")
 
 
@@ -321,14 +427,19 @@ def _mount_overlay(base: Path, work: Path) -> bool:
 
 
 def _place(src: Path, dst: Path) -> None:
-    """Hard-link (or copy) ``src`` to ``dst`` atomically."""
+    """Hard-link (or copy) ``src`` to ``dst`` atomically; nothing partial is left on failure."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
+    tmp.unlink(missing_ok=True)
     try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _check_base(recipe: Recipe) -> None:
@@ -362,7 +473,7 @@ def _shown(kind: str, value) -> str:
 
 
 def _layered_root(recipe: Recipe, root: Path, work: Path, progress, stage_images: dict[str, Path],
-                  total: int, use_cache: bool = True) -> unpack.ImageConfig | None:
+                  total: int, use_cache: bool, claim: layers.Claim) -> unpack.ImageConfig | None:
     """Every step from the layer cache, or run into a new layer (kit.image.layers);
     ``root`` ends as an overlay of them all over a scratch upper. None where
     overlays cannot be mounted (the caller then builds without the cache)."""
@@ -377,30 +488,27 @@ def _layered_root(recipe: Recipe, root: Path, work: Path, progress, stage_images
         identity = str(stage_images[b.value]) if b.kind == "stage" else (
             "" if b.kind in ("scratch", "image") else _fingerprint(Path(b.value)))
         parent = layers.key("base", [b.kind, b.value], identity)
-        config = layers.lookup(parent) if use_cache else None
+        config = layers.lookup(parent, claim) if use_cache else None
         if config is None:
-            tmp = layers.new()
+            tmp = layers.new(claim)
             try:
                 config = _unpack_base(recipe, tmp / "diff", work, progress, stage_images=stage_images)
             except BaseException:
                 layers.discard(tmp)
                 raise
-            layers.publish(tmp, parent, config)
-        lowers = [layers.diff(parent)]
+            lowers = [layers.publish(tmp, parent, config, claim, replace=not use_cache)]
+        else:
+            lowers = [layers.diff(parent)]
     for i, (kind, value) in enumerate(recipe.steps, 2):
-        extra = ""
-        if kind == "add":
-            extra = str(stage_images[value["stage"]]) if "stage" in value else _add_fingerprint(value)
-        elif kind == "kit":
-            extra = _runtime_hash()
-        step_key = layers.key(parent, [kind, value], extra)
-        cached = layers.lookup(step_key) if use_cache else None
+        step_key = layers.key(parent, [kind, value], _step_extra(kind, value, stage_images))
+        cached = layers.lookup(step_key, claim) if use_cache else None
         if cached is not None:
             progress(f"[{i}/{total}] cached: {kind}: {_shown(kind, value)}")
             config = cached
+            lowers.insert(0, layers.diff(step_key))
         else:
             progress(f"[{i}/{total}] {kind}: {_shown(kind, value)}")
-            tmp = layers.new()
+            tmp = layers.new(claim)
             merged = work / f"step-{i}"
             merged.mkdir()
             try:
@@ -412,8 +520,7 @@ def _layered_root(recipe: Recipe, root: Path, work: Path, progress, stage_images
             except BaseException:
                 layers.discard(tmp)
                 raise
-            layers.publish(tmp, step_key, config)
-        lowers.insert(0, layers.diff(step_key))
+            lowers.insert(0, layers.publish(tmp, step_key, config, claim, replace=not use_cache))
         parent = step_key
     (work / "upper").mkdir()
     (work / "ovl-work").mkdir()
@@ -437,15 +544,18 @@ def _runtime_hash() -> str:
     return h.hexdigest()
 
 
-def _build_stages(recipe: Recipe, compression: str, use_cache: bool, progress) -> dict[str, Path]:
+def _build_stages(recipe: Recipe, compression: str, use_cache: bool, progress,
+                  claim: layers.Claim) -> dict[str, Path]:
     """Build the earlier Dockerfile stages ``recipe`` uses (kept in the cache,
     keyed by their digests): stage name -> image."""
     images = {}
     for name, stage in sorted(recipe.stages.items()):
         out = cache_dir() / "stages" / f"{digest(stage, compression)}.sqsh"
         progress(f"stage {name}:")
+        with layers.cache_lock():
+            claim.add(out.relative_to(layers.cache_root()).as_posix())
         _build(stage, out, compression=compression, use_cache=use_cache,
-               progress=lambda msg, name=name: progress(f"  {name}: {msg}"))
+               progress=lambda msg, name=name: progress(f"  {name}: {msg}"), claim=claim)
         images[name] = out
     return images
 

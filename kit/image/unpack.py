@@ -50,7 +50,7 @@ def _bad(source: str, message: str) -> KitError:
     return KitError(message, field=source, hint="the base image is malformed or unsafe; nothing was written outside the build root")
 
 
-def _member_path(root: Path, name: str, source: str) -> Path | None:
+def _member_path(root: Path, name: str, source: str, drop_dev: bool = True) -> Path | None:
     """Where a member named ``name`` lands in ``root``, symlinks on the way
     resolved within it (:func:`kit.image.rootpath.inside`); None to skip it."""
     p = PurePosixPath(name)
@@ -61,7 +61,7 @@ def _member_path(root: Path, name: str, source: str) -> Path | None:
         raise _bad(source, f"archive member leaves the root: {name!r}")
     if not parts:
         return None
-    if parts[0] == "dev" and len(parts) > 1:
+    if drop_dev and parts[0] == "dev" and len(parts) > 1:
         return None  # enroot drops dev/*
     try:
         return rootpath.inside(root, name)
@@ -69,8 +69,9 @@ def _member_path(root: Path, name: str, source: str) -> Path | None:
         raise _bad(source, f"archive member {name!r}: {e.message}") from None
 
 
-def apply_layer(root: Path, tar: tarfile.TarFile, source: str) -> None:
-    """Apply one layer (a tar stream) on top of ``root``."""
+def apply_layer(root: Path, tar: tarfile.TarFile, source: str, *, layer: bool = True) -> None:
+    """Apply one layer (a tar stream) on top of ``root``; ``layer=False``: a plain
+    archive (a Dockerfile's ``ADD``), whose ``.wh.`` names and ``dev/`` are ordinary."""
     members = []
     try:
         for m in tar:
@@ -78,7 +79,7 @@ def apply_layer(root: Path, tar: tarfile.TarFile, source: str) -> None:
     except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
         raise _bad(source, f"cannot read archive (corrupt or truncated): {str(e).splitlines()[0]}") from None
     # Pass 1: whiteouts remove what the layers below put there.
-    for m in members:
+    for m in members if layer else []:
         base = PurePosixPath(m.name).name
         if not base.startswith(WHITEOUT):
             continue
@@ -96,14 +97,14 @@ def apply_layer(root: Path, tar: tarfile.TarFile, source: str) -> None:
                 rootpath.clear(victim)
     # Pass 2: everything else, each member written at its resolved place.
     for m in members:
-        if PurePosixPath(m.name).name.startswith(WHITEOUT):
+        if layer and PurePosixPath(m.name).name.startswith(WHITEOUT):
             continue
-        target = _member_path(root, m.name, source)
+        target = _member_path(root, m.name, source, drop_dev=layer)
         if target is None or m.ischr() or m.isblk() or m.isfifo():
             continue
         link = None
         if m.islnk():
-            link = _member_path(root, m.linkname, source)
+            link = _member_path(root, m.linkname, source, drop_dev=layer)
             if link is None or os.path.islink(link) or not link.is_file():
                 raise _bad(source, f"hard link {m.name!r} -> {m.linkname!r}: target missing, not a file or a symlink")
         if target.is_symlink() or (target.exists() and not (m.isdir() and target.is_dir())):
@@ -131,10 +132,10 @@ def open_tar(fileobj: IO[bytes], source: str) -> tarfile.TarFile:
         raise _bad(source, "not a tar archive, or a corrupt one (plain, gzip, bzip2 or xz)") from None
 
 
-def unpack_tarball(root: Path, path: Path) -> None:
+def unpack_tarball(root: Path, path: Path, *, layer: bool = True) -> None:
     with open(path, "rb") as f:
         with open_tar(f, str(path)) as tar:
-            apply_layer(root, tar, str(path))
+            apply_layer(root, tar, str(path), layer=layer)
 
 
 def _sha256_file(f: IO[bytes]) -> str:
