@@ -16,6 +16,29 @@ from kit.errors import KitError
 
 log = logging.getLogger("kit.runner")
 
+_TIED = False
+
+
+def tie_children() -> None:
+    """From now on every command this process starts is killed (SIGKILL) when this
+    process dies, however it dies (``PR_SET_PDEATHSIG``): a killed ``kit build``
+    leaves no mksquashfs, pip or build step running. For commands whose work is
+    this process's alone; call it from the main thread."""
+    global _TIED
+    _TIED = True
+
+
+def _die_with_parent() -> None:
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def preexec():
+    """The ``preexec_fn`` for subprocess calls outside :func:`run` (None unless :func:`tie_children`)."""
+    return _die_with_parent if _TIED else None
+
 
 def run(argv: Sequence[str], *, env: Mapping[str, str] | None = None, check: bool = True,
         timeout: float | None = 60, what: str | None = None, hint: str | None = None,
@@ -36,7 +59,8 @@ def run(argv: Sequence[str], *, env: Mapping[str, str] | None = None, check: boo
     try:
         out = None if stream else subprocess.PIPE
         proc = subprocess.run(argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL,
-                              stdout=2 if stream else out, stderr=out, text=True, timeout=timeout)
+                              stdout=2 if stream else out, stderr=out, text=True, timeout=timeout,
+                              preexec_fn=preexec())
     except FileNotFoundError:
         raise KitError(f"{argv[0]}: command not found", field=what,
                        hint=hint or f"install {argv[0]} or put it on PATH", exit_code=1) from None

@@ -67,7 +67,8 @@ def test_escape_directive_heredoc_args_and_targets(tmp_path):
     assert r.steps == [("run", ["/bin/sh", "-c", "echo from a heredoc\n"])]
     first = steps(text, tmp_path, target="first", build_args={"FLAVOUR": "spicy"})
     assert first.steps[0] == ("env", {"F": "spicy", "G": "fallback", "H": "set"})
-    assert first.steps[1] == ("run", ["/bin/sh", "-c", "echo one two"])
+    # The stage's ARG reaches RUN's environment (Docker's rule), so its cache key too.
+    assert first.steps[1] == ("run", {"argv": ["/bin/sh", "-c", "echo one two"], "args": {"FLAVOUR": "spicy"}})
 
 
 BAD = [
@@ -157,7 +158,8 @@ def test_a_multi_stage_dockerfile_builds(debian_base, kit_home, tmp_path):
         'ENTRYPOINT ["/usr/local/bin/run.sh"]\n'
         'CMD ["--flag"]\n')
     out = tmp_path / "app.sqsh"
-    proc = kit("build", str(ctx), "-o", str(out), "--build-arg", "GREETING=hi", timeout=600)
+    roots = ("--base-root", str(debian_base))  # FROM outside the context: named on the command line
+    proc = kit("build", str(ctx), "-o", str(out), "--build-arg", "GREETING=hi", *roots, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "Dockerfile:12: EXPOSE means nothing to an enroot image: ignored" in proc.stderr
     assert "Dockerfile:13: USER nobody:" in proc.stderr
@@ -174,19 +176,19 @@ def test_a_multi_stage_dockerfile_builds(debian_base, kit_home, tmp_path):
     assert meta["config"]["labels"]["kit.user"] == "nobody"
     # --target: the first stage alone.
     first = tmp_path / "builder.sqsh"
-    proc = kit("build", str(ctx), "-o", str(first), "--target", "builder", timeout=600)
+    proc = kit("build", str(ctx), "-o", str(first), "--target", "builder", *roots, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert cat(first, "built.txt") == "built\n" and "/app" not in listing(first)
     # Changing an ignored file changes nothing; an unchanged rebuild is up to date.
     (ctx / "app" / "notes.md").write_text("changed, still left out\n")
-    again = kit("build", str(ctx), "-o", str(out), "--build-arg", "GREETING=hi", timeout=600)
+    again = kit("build", str(ctx), "-o", str(out), "--build-arg", "GREETING=hi", *roots, timeout=600)
     assert again.returncode == 0 and "up to date" in again.stdout, again.stdout + again.stderr
     # The per-instruction cache: a changed last RUN line runs that step alone (the earlier
     # RUN's timestamp is the same), on top of the cached layers.
     stamp = cat(out, "stamp")
     dockerfile_text = (ctx / "Dockerfile").read_text()
     (ctx / "Dockerfile").write_text(dockerfile_text.replace('"heredoc $GREETING"', '"heredoc changed $GREETING"'))
-    changed = kit("build", str(ctx), "-o", str(out), "--build-arg", "GREETING=hi", timeout=600)
+    changed = kit("build", str(ctx), "-o", str(out), "--build-arg", "GREETING=hi", *roots, timeout=600)
     assert changed.returncode == 0, changed.stderr
     progress = [line for line in changed.stderr.splitlines() if re.match(r"kit: build: \[\d+/\d+\] ", line)]
     assert [("cached:" in line) for line in progress[1:-1]] == [True] * 6 + [False], progress
@@ -219,10 +221,10 @@ def test_pip_steps_compile_what_they_add_and_nothing_else(debian_base, kit_home,
     one = wheel(tmp_path, "tiny_a", {"tiny_a/__init__.py": "VALUE = 'a'\n", "tiny_a/py312.py": "def f[T](x): ...\n",
                                     "tiny_a_top.py": "TOP = 1\n"})
     two = wheel(tmp_path, "tiny_b", {"tiny_b/__init__.py": "from tiny_a import VALUE\n"})
-    (tmp_path / "Dockerfile").write_text(f"FROM rootfs:{debian_base}\nKIT pip {one}\nKIT pip {two}\n"
+    (tmp_path / "Dockerfile").write_text(f"FROM rootfs:{debian_base}\nKIT pip {one.name}\nKIT pip {two.name}\n"
                                          "RUN python3 -c 'import tiny_b, tiny_a_top; print(tiny_b.VALUE)'\n")
     out = tmp_path / "pip.sqsh"
-    proc = kit("build", str(tmp_path), "-o", str(out), timeout=600)
+    proc = kit("build", str(tmp_path), "-o", str(out), "--base-root", str(debian_base), timeout=600)
     assert proc.returncode == 0, proc.stderr
     site = "/usr/local/lib/python3.11/dist-packages"
     rows = listing(out)

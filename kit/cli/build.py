@@ -14,13 +14,13 @@ from kit.image import recipe as recipes  # light: the build library is imported 
 
 
 def load_recipe(recipe: str, dockerfile: str | None, build_args: tuple[str, ...], target: str | None,
-                base: str | None):
+                base: str | None, base_roots: tuple[str, ...] = ()):
     """A TOML recipe, or a Dockerfile (RECIPE a Dockerfile, or a directory holding one)."""
     from kit.errors import KitError
 
     path = Path(recipe)
     if path.suffix == ".toml" and dockerfile is None:
-        for flag, given in (("--build-arg", build_args), ("--target", target)):
+        for flag, given in (("--build-arg", build_args), ("--target", target), ("--base-root", base_roots)):
             if given:
                 raise KitError(f"{flag} is for Dockerfiles; {recipe} is a TOML recipe", field=flag)
         return recipes.load(recipe, base_override=base)
@@ -38,7 +38,10 @@ def load_recipe(recipe: str, dockerfile: str | None, build_args: tuple[str, ...]
         if not sep or not key:
             raise KitError(f"expected KEY=VALUE, got {item!r}", field="--build-arg")
         args[key] = value
-    return dockerfiles.load(path, build_args=args, target=target,
+    for root in base_roots:
+        if not Path(root).is_dir():
+            raise KitError(f"not a directory: {root}", field="--base-root")
+    return dockerfiles.load(path, build_args=args, target=target, base_roots=tuple(Path(r) for r in base_roots),
                             notice=lambda msg: click.echo(f"kit: build: {msg}", err=True))
 
 
@@ -51,6 +54,25 @@ def _size(text: str) -> int:
     return int(float(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper()))
 
 
+def _contain() -> None:
+    """A build's mounts and processes end with it: its own mount namespace, every command
+    it starts killed with it, and TERM (a `timeout`, a cancelled CI job) unwinding like Ctrl-C."""
+    import signal
+
+    from kit import runner
+    from kit.errors import KitError
+    from kit.image import builder as lib
+
+    lib.private_mounts()
+    runner.tie_children()
+
+    def stop(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the unwinding is under way
+        raise KitError("stopped by SIGTERM; the build's work directory and mounts are removed", field="build",
+                       exit_code=143)
+    signal.signal(signal.SIGTERM, stop)
+
+
 @click.command()
 @click.argument("recipe", type=click.Path(), required=False)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where the .sqsh goes.")
@@ -59,6 +81,9 @@ def _size(text: str) -> int:
 @click.option("--build-arg", "build_args", multiple=True, metavar="KEY=VALUE",
               help="A Dockerfile ARG value (repeatable).")
 @click.option("--target", default=None, metavar="STAGE", help="Build this Dockerfile stage [default: the last].")
+@click.option("--base-root", "base_roots", multiple=True, metavar="DIR",
+              help="A directory outside the build context that a Dockerfile's FROM rootfs:/tarball:/... may name "
+                   "(repeatable) [default: the context only].")
 @click.option("--compression", default=recipes.DEFAULT_COMPRESSION, show_default=True,
               type=click.Choice(sorted(recipes.COMPRESSION)),
               help="zstd-fast: zstd level 3, 1 MiB blocks (smaller and faster to pack than enroot's, unpacks as "
@@ -69,7 +94,8 @@ def _size(text: str) -> int:
 @click.option("--prune", is_flag=True, help="Shrink the build cache (layers and images, least recently used "
                                             "first) to --cache-size, after the build if there is one.")
 @click.option("--cache-size", default="20G", show_default=True, metavar="SIZE", help="The size --prune keeps.")
-def build(recipe, output, dockerfile, build_args, target, compression, base, no_cache, prune, cache_size):
+def build(recipe, output, dockerfile, build_args, target, base_roots, compression, base, no_cache, prune,
+          cache_size):
     """Build RECIPE into a squashfs image: a TOML recipe (containers/*.toml), a
     Dockerfile, or a directory holding a Dockerfile (its build context)."""
     from kit.image import builder as lib
@@ -85,7 +111,8 @@ def build(recipe, output, dockerfile, build_args, target, compression, base, no_
         return
     if output is None:
         raise KitError("missing -o/--output", field="--output", hint="kit build RECIPE -o IMAGE.sqsh")
-    r = load_recipe(recipe, dockerfile, build_args, target, base)
+    r = load_recipe(recipe, dockerfile, build_args, target, base, base_roots)
+    _contain()
     t0 = time.monotonic()
     result = lib.build(r, Path(output), compression=compression, use_cache=not no_cache,
                        progress=lambda msg: click.echo(f"kit: build: {msg}", err=True))

@@ -49,7 +49,7 @@ def apply(root: Path, value: dict, label: str, stage_image: Path | None) -> None
             ignore = ignores.Ignore(value.get("ignore", []))
 
             def excluded(p: Path) -> bool:
-                return ignore.excluded(p.relative_to(context).as_posix())
+                return ignore.skips(p.relative_to(context).as_posix(), p.is_dir() and not p.is_symlink())
             skip = excluded
             if value.get("extract") and src.is_file() and tarfile.is_tarfile(src):
                 # The same checked unpacker as a base's layers: no member, hard link or

@@ -28,7 +28,7 @@ from kit.image import enroot, ignore, is_squashfs, layers, rootpath, runtime, un
 from kit.image.recipe import COMPRESSION, DEFAULT_COMPRESSION, Recipe
 from kit.home import kit_home
 from kit.errors import KitError
-from kit.runner import run, tail
+from kit.runner import preexec, run, tail
 
 METADATA = ".kit/image.json"
 
@@ -211,7 +211,7 @@ def run_in_root(root: Path, argv: list[str], env: dict[str, str], label: str) ->
     except KitError as e:
         raise KitError(e.message, field=label, hint=e.hint, exit_code=e.exit_code) from None
     return subprocess.run(full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, errors="replace")
+                          text=True, errors="replace", preexec_fn=preexec())
 
 
 def _image_env(config: unpack.ImageConfig) -> dict[str, str]:
@@ -268,12 +268,18 @@ def _step_pip(root: Path, packages: list[str], config, label: str) -> None:
     before = set(os.listdir(target))
     # SOURCE_DATE_EPOCH: checked-hash .pyc files, the same on every build.
     env = {**os.environ, "SOURCE_DATE_EPOCH": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+    # Binary wheels only: installing a wheel unpacks it, so no package's code (a setup.py, a
+    # build backend) runs on this host as root. The requirements were checked when the
+    # recipe was read (kit.image.recipe.pip_requirements): no pip options, URLs or sources.
     argv = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-            "--no-warn-script-location", "--no-compile", "--target", str(target), *packages]
+            "--no-warn-script-location", "--no-compile", "--only-binary", ":all:", "--target", str(target),
+            "--", *packages]
     proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+                          stderr=subprocess.STDOUT, text=True, preexec_fn=preexec())
     if proc.returncode != 0:
-        raise KitError(f"pip install failed (exit {proc.returncode})", field=label, detail=tail(proc.stdout))
+        raise KitError(f"pip install failed (exit {proc.returncode})", field=label, detail=tail(proc.stdout),
+                       hint="a pip step installs binary wheels only (no package code runs on the building "
+                            "host); for a package with no wheel, use a RUN step with the image's own pip")
     # pip compiles one file at a time (most of its time for torch); compileall uses every
     # core, and only on what this step added (pip --target leaves existing entries alone).
     # A file that does not compile (torch ships Python 3.12-only test files) stays without
@@ -281,7 +287,8 @@ def _step_pip(root: Path, packages: list[str], config, label: str) -> None:
     added = [str(target / name) for name in sorted(set(os.listdir(target)) - before)]
     if added:
         subprocess.run([sys.executable, "-m", "compileall", "-qq", "-j", "0", "-s", str(root), "-p", "/", *added],
-                       env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                       env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       preexec_fn=preexec())
 
 
 def _step_kit(root: Path, config, label: str) -> None:
@@ -295,6 +302,23 @@ def _step_kit(root: Path, config, label: str) -> None:
 
 
 # ---------------------------------------------------------------- build
+def private_mounts() -> bool:
+    """Move this process into a mount namespace of its own (as root), so every overlay a
+    build mounts goes when the build's processes end, however they end (SIGKILL
+    included). For the `kit build` command: its process does nothing else. False where
+    it cannot (not root): the build then unmounts as it goes."""
+    if os.geteuid() != 0:
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    CLONE_NEWNS, MS_REC, MS_PRIVATE = 0x00020000, 0x4000, 0x40000
+    if libc.unshare(CLONE_NEWNS) != 0:
+        return False
+    # Nothing mounted here propagates back to the host's namespace.
+    return libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0
+
+
 def build(recipe: Recipe, output: Path, *, compression: str = DEFAULT_COMPRESSION, use_cache: bool = True,
           progress=lambda msg: None) -> BuildResult:
     """Build ``recipe`` into ``output`` (and its earlier stages into the cache)."""
@@ -624,6 +648,9 @@ def _apply_step(root: Path, kind: str, value, config: unpack.ImageConfig, label:
         if not (root / "bin" / "sh").exists() and not (root / "bin").is_symlink():
             raise KitError("the image has no /bin/sh to run steps with", field=label)
         env = _image_env(config)
+        if isinstance(value, dict):  # a Dockerfile's RUN with ARG values: under the image's ENV
+            env = {**_image_env(unpack.ImageConfig()), **value["args"], **env}
+            value = value["argv"]
         workdir = config.workdir or "/"
         if isinstance(value, list):  # a Dockerfile's RUN: its shell (or exec form) words
             argv = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', workdir, *value]

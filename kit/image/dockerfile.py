@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.image import ignore as ignores
-from kit.image.recipe import Base, Recipe, context_path
+from kit.image.recipe import Base, Recipe, context_path, pip_requirements
 from kit.errors import KitError
 
 # Accepted, with a one-line notice: they mean nothing to an enroot image.
@@ -38,7 +38,7 @@ class Instruction:
     line: int
     keyword: str
     text: str  # the arguments, continuation lines joined
-    heredocs: list[str] = field(default_factory=list)
+    heredocs: list[tuple[str, str]] = field(default_factory=list)  # (delimiter, body)
 
 
 @dataclass
@@ -102,7 +102,7 @@ def parse(text: str, label: str) -> list[Instruction]:
             if i >= len(lines):
                 raise _error(label, start, f"heredoc <<{delimiter} is not closed")
             i += 1
-            heredocs.append("\n".join(body) + "\n")
+            heredocs.append((delimiter, "\n".join(body) + "\n"))
         out.append(Instruction(start, keyword, rest.strip(), heredocs))
     return out
 
@@ -196,8 +196,10 @@ def _pairs(text: str, label: str, line: int, what: str) -> dict[str, str]:
 class _Builder:
     """Turns a Dockerfile's instructions into one Recipe per stage."""
 
-    def __init__(self, path: Path, label: str, build_args: dict[str, str], notice) -> None:
+    def __init__(self, path: Path, label: str, build_args: dict[str, str], notice,
+                 base_roots: tuple[Path, ...] = ()) -> None:
         self.path, self.label, self.where = path, label, path.parent
+        self.base_roots = base_roots
         self.build_args = dict(build_args)
         self.used_args: set[str] = set()
         self.notice = notice
@@ -225,8 +227,20 @@ class _Builder:
             return Base("image", ref), {}
         for prefix, kind in BASE_PREFIXES.items():
             if ref.startswith(prefix):
+                # Inside the build context, as COPY sources, or under a directory named on the command
+                # line (--base-root): a Dockerfile must not pack host files it was not given.
                 value = ref[len(prefix):]
-                path = Path(value) if Path(value).is_absolute() else (self.where / value).resolve()
+                for allowed in self.base_roots:
+                    real = allowed.resolve()
+                    path = (self.where / value).resolve()
+                    if path == real or real in path.parents:
+                        return Base(kind, str(path)), {}
+                try:
+                    path = context_path(self.where, value, f"{self.label}:{line}")
+                except KitError as e:
+                    raise KitError(e.message.replace("copy source", f"FROM {prefix}"), field=e.field,
+                                   hint="put the base inside the build context (a symlink to elsewhere does not "
+                                        "count), or name its directory with --base-root DIR") from None
                 return Base(kind, str(path)), {}
         raise _error(self.label, line, f"FROM {ref}: not a base kit can build from",
                      hint="write FROM rootfs:DIR, tarball:FILE, oci:DIR, docker-archive:FILE, squashfs:FILE, "
@@ -238,6 +252,8 @@ class _Builder:
         env: dict[str, str] = {}
         shell = ["/bin/sh", "-c"]
         workdir = "/"
+        stage_args: dict[str, str] = {}
+        env_keys: set[str] = set()
         for ins in instructions:
             where = (self.label, ins.line)
             if ins.keyword == "FROM":
@@ -252,6 +268,8 @@ class _Builder:
                 recipe = Recipe(path=self.path.resolve(), label=self.label, base=base, stages=dict(deps))
                 self.stages.append(Stage(len(self.stages), name, recipe))
                 env = {k: v for k, v in global_args.items()}
+                stage_args: dict[str, str] = {}
+                env_keys: set[str] = set()
                 shell, workdir = ["/bin/sh", "-c"], "/"
                 continue
             if ins.keyword == "ARG":
@@ -266,6 +284,8 @@ class _Builder:
                         target[key] = value
                     elif key in global_args and recipe is not None:
                         env[key] = global_args[key]  # ARG NAME after FROM takes the global value
+                    if recipe is not None and key in env:
+                        stage_args[key] = env[key]
                 continue
             if recipe is None:
                 raise _error(*where, f"{ins.keyword} before the first FROM")
@@ -275,12 +295,18 @@ class _Builder:
             text = ins.text
             if ins.keyword == "RUN":
                 flags, text = _flags(text, (), *where)
-                if ins.heredocs:
-                    script = ins.heredocs[0]
-                    self.add(recipe, ins, ("run", [*shell, script]))
-                    continue
                 argv = _exec_form(text)
-                self.add(recipe, ins, ("run", argv if argv is not None else [*shell, text]))
+                if ins.heredocs and re.fullmatch(r"(?:<<-?([\"']?)[A-Za-z_][A-Za-z0-9_]*\1\s*)+", text):
+                    argv = [*shell, ins.heredocs[0][1]]  # `RUN <<EOF`: the body is the script
+                elif ins.heredocs:
+                    # `RUN cmd <<EOF`: the shell reads the body as cmd's stdin, as Docker runs it.
+                    argv = [*shell, text + "\n" + "".join(f"{body}{delim}\n" for delim, body in ins.heredocs)]
+                elif argv is None:
+                    argv = [*shell, text]
+                # Docker passes the stage's ARG values to RUN's environment (ENV wins over them);
+                # they are part of the step, so of its cache key, and not kept in the image.
+                args = {k: v for k, v in stage_args.items() if k not in env_keys}
+                self.add(recipe, ins, ("run", {"argv": argv, "args": args} if args else argv))
             elif ins.keyword in ("COPY", "ADD"):
                 flags, text = _flags(text, ("from", "chmod", "chown", "link") if ins.keyword == "COPY"
                                      else ("chmod", "chown", "link"), *where)
@@ -329,6 +355,7 @@ class _Builder:
                     if not NAME.fullmatch(key):
                         raise _error(*where, f"ENV: not a variable name: {key!r}")
                 env.update(pairs)
+                env_keys.update(pairs)
                 self.add(recipe, ins, ("env", pairs))
             elif ins.keyword == "WORKDIR":
                 value = _substitute(text, env, *where)
@@ -364,7 +391,7 @@ class _Builder:
                 # (no network or pip needed in the image), `KIT runtime` adds kit's runtime at /opt/kit.
                 words = _words(_substitute(text, env, *where), *where)
                 if words[:1] == ["pip"] and len(words) > 1:
-                    self.add(recipe, ins, ("pip", words[1:]))
+                    self.add(recipe, ins, ("pip", pip_requirements(words[1:], self.where, f"{self.label}:{ins.line}")))
                 elif words == ["runtime"]:
                     self.add(recipe, ins, ("kit", True))
                 else:
@@ -380,17 +407,18 @@ class _Builder:
 
 
 def load(path: str | Path, *, build_args: dict[str, str] | None = None, target: str | None = None,
-         notice=lambda msg: None) -> Recipe:
-    """The Recipe of ``target`` (default: the last stage) of the Dockerfile at ``path``."""
+         notice=lambda msg: None, base_roots: tuple[Path, ...] = ()) -> Recipe:
+    """The Recipe of ``target`` (default: the last stage) of the Dockerfile at ``path``;
+    ``FROM`` paths lie in its directory (the context) or under one of ``base_roots``."""
     p = Path(path)
     label = str(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8").removeprefix("\ufeff")  # a BOM, as Docker accepts
     except FileNotFoundError:
         raise KitError(f"no such Dockerfile: {path}", field="DOCKERFILE") from None
     except (OSError, UnicodeDecodeError) as e:
         raise KitError(f"cannot read: {e}", field=label) from None
-    builder = _Builder(p, label, build_args or {}, notice)
+    builder = _Builder(p, label, build_args or {}, notice, tuple(Path(r) for r in base_roots))
     builder.run(parse(text, label))
     if not builder.stages:
         raise KitError("no FROM instruction", field=label, hint="a Dockerfile starts with FROM BASE")

@@ -67,10 +67,33 @@ class Ignore:
                 verdict = not keep
         return verdict
 
+    def descend(self, relpath: str) -> bool:
+        """True when an exception (``!`` line) may take back something under the directory
+        ``relpath``: Docker then walks into an excluded directory (``sub`` + ``!sub/keep``)."""
+        parts = relpath.split("/")
+        for pattern in self.patterns:
+            if not pattern.startswith("!"):
+                continue
+            body = _clean(pattern[1:]).split("/")
+            for i, part in enumerate(parts):
+                if i >= len(body) or body[i] == "**":
+                    return True
+                if not _regex(body[i]).fullmatch(part):
+                    break
+            else:
+                if len(body) > len(parts):
+                    return True
+        return False
+
+    def skips(self, relpath: str, is_dir: bool) -> bool:
+        """Whether a copy leaves ``relpath`` out: excluded, and (for a directory) nothing under it taken back."""
+        return self.excluded(relpath) and not (is_dir and self.descend(relpath))
+
 
 def load(context: Path) -> Ignore:
     path = context / ".dockerignore"
     if not path.is_file():
         return Ignore([])
-    lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines()]
+    text = path.read_text(encoding="utf-8", errors="replace").removeprefix("\ufeff")
+    lines = [line.strip() for line in text.splitlines()]
     return Ignore([line for line in lines if line and not line.startswith("#")])

@@ -177,6 +177,30 @@ def load(path: str | Path, base_override: str | None = None) -> Recipe:
                   volumes=str_list("volumes") or [])
 
 
+# A requirement as PEP 508 writes one, without a URL: NAME[extras] specifiers ; marker
+REQUIREMENT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?(?:\[[A-Za-z0-9._,\s-]*\])?"
+                         r"\s*(?:\(?\s*(?:(?:===|==|!=|~=|<=|>=|<|>)\s*[A-Za-z0-9.*+!_-]+\s*,?\s*)+\)?)?"
+                         r"\s*(?:;[^@]*)?")
+
+
+def pip_requirements(values: list[str], context: Path, label: str) -> list[str]:
+    """A pip step's words: requirements (``torch==2.13.0``, ``lightning>=2.2``) or wheel files
+    in the build context, never pip options or URLs. The step installs binary wheels only, so
+    no package's code runs on the building host (see :mod:`kit.image.builder`)."""
+    out = []
+    for value in values:
+        if value.endswith(".whl") and not value.startswith("-"):
+            out.append(str(context_path(context, value, label)))
+        elif value.startswith("-") or not REQUIREMENT.fullmatch(value.strip()):
+            raise KitError(f"not a requirement: {value!r}", field=label,
+                           hint="a pip step takes requirements (NAME, NAME==VERSION, NAME>=VERSION) and wheel "
+                                "files in the build context; no pip options, URLs or source trees (pip would "
+                                "run their code on this host: use a RUN step with the image's own pip)")
+        else:
+            out.append(value.strip())
+    return out
+
+
 def context_path(context: Path, src: str, label: str) -> Path:
     """``src`` in the build context ``context``; refused when it names, or a
     symlink leads to, anything outside it (a recipe must not copy host files)."""
@@ -213,7 +237,7 @@ def _check_step(kind: str, value: Any, where: Path, label: str) -> Any:
     if kind == "pip":
         if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
             raise KitError('pip takes a list of requirements, e.g. pip = ["torch==2.13.0"]', field=label)
-        return list(value)
+        return pip_requirements(value, where, label)
     if kind == "kit":
         if value is not True:
             raise KitError("kit takes true", field=label)
