@@ -342,7 +342,7 @@ class _Builder:
                             raise _error(*where, f"{ins.keyword} {src}: wildcards are not supported",
                                          hint="name the files or their directory")
                         path = context_path(self.where, src, f"{self.label}:{ins.line}")
-                        if self.ignore.excluded(path.relative_to(self.where.resolve()).as_posix()):
+                        if self.ignore.skips(path.relative_to(self.where.resolve()).as_posix(), path.is_dir()):
                             raise _error(*where, f"{ins.keyword} {src}: excluded by .dockerignore")
                         value = {"src": str(path), "dst": dest, "ignore": self.ignore.patterns,
                                  "context": str(self.where.resolve()), "extract": ins.keyword == "ADD"}
