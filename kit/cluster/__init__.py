@@ -44,6 +44,7 @@ class ClusterState:
     pids: dict[str, int] = field(default_factory=dict)
     containers: str | None = None  # "pyxis", "kit-pyxis" (the stand-in), or None
     prometheus_port: int | None = None
+    auth: str = "none"  # "munge" (the cluster's own munged) or "none" (no munged installed)
 
 
 @dataclass
@@ -124,7 +125,8 @@ class LocalCluster:
     def _daemons(self, st: ClusterState) -> list[tuple[str, str, int]]:
         """(name, comm, port) of every daemon of ``st``."""
         prom = [("prometheus", "prometheus", st.prometheus_port)] if st.prometheus_port else []
-        return [("slurmctld", "slurmctld", st.ctld_port)] + [
+        munge = [("munged", "munged", 0)] if st.auth == "munge" else []
+        return munge + [("slurmctld", "slurmctld", st.ctld_port)] + [
             (f"node{i}", "slurmd", port) for i, port in enumerate(st.node_ports, 1)] + prom
 
     @property
@@ -227,6 +229,12 @@ class LocalCluster:
 
     def _start_daemon(self, st: ClusterState, name: str, clear: bool = False) -> None:
         """Start slurmctld (``clear``: without its saved state) or slurmd ``name``; record its pid."""
+        if name == "munged":
+            (self.root / "run" / "munged.pid").unlink(missing_ok=True)
+            run(config.munged_argv(self.root), what="munged", hint=f"see {self.root}/log/munged.log")
+            st.pids[name] = self._read_pid(self.root / "run" / "munged.pid", name)
+            self._save(st)
+            return
         if name == "slurmctld":
             argv, pidfile, log = ["slurmctld", *(["-c"] if clear else [])], "slurmctld.pid", "slurmctld.log"
         else:
@@ -243,7 +251,7 @@ class LocalCluster:
         progress(f"restarting {', '.join(names)}" + (f" ({', '.join(alive)} kept running)" if alive else ""))
         restart_prometheus = "prometheus" in names
         names = [n for n in names if n != "prometheus"]
-        for name in sorted(names, key=lambda n: n != "slurmctld"):
+        for name in sorted(names, key=lambda n: (n != "munged", n != "slurmctld")):
             # No -c: slurmctld recovers its jobs and job ids from StateSaveLocation.
             self._start_daemon(st, name)
         self._wait_idle(st, timeout, busy_ok=True)
@@ -256,15 +264,23 @@ class LocalCluster:
         next_id = max(_saved_job_id_sequence(self.root / "state" / "job_state"), self._next_job_id())
         if next_id > 1:
             (self.root / "next_job_id").write_text(f"{next_id}\n")
-        for sub in ("state", "spool", "run", "dev", "prometheus", "enroot"):  # enroot: named containers too
+        for sub in ("state", "spool", "run", "dev", "prometheus", "enroot", "munge"):  # enroot: named containers too
             shutil.rmtree(self.root / sub, ignore_errors=True)
         for path in (self.state_file,):
             path.unlink(missing_ok=True)
 
     def _write_config(self, st: ClusterState) -> None:
         r = self.root
+        os.chmod(r, 0o700)  # the cluster's config, state and logs are its owner's alone
         for sub in ("log", "run", "state", *(f"spool/node{i}" for i in range(1, st.nodes + 1))):
             (r / sub).mkdir(parents=True, exist_ok=True)
+        if st.auth == "munge":
+            (r / "munge").mkdir(mode=0o700, exist_ok=True)
+            key = r / "munge" / "munge.key"
+            if not key.exists():  # a new key per cluster, readable by its owner alone
+                fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(os.urandom(1024))
         plugin = self._container_plugin(st) if st.containers else None
         (r / "plugstack.conf").write_text(config.plugstack_conf(st.containers, r, plugin))
         if st.containers == config.PYXIS:
@@ -291,10 +307,17 @@ class LocalCluster:
                           memory_mb=_memory_mb(), hostname=socket.gethostname().split(".")[0],
                           ctld_port=ports[0], node_ports=ports[1:])
         st.containers = self._prepare_containers(progress)
+        st.auth = "munge" if shutil.which("munged") else "none"
+        if st.auth == "none":
+            progress("munged not found: the cluster trusts the uid every local client claims "
+                     "(install munge to let only real uids through)")
         self._write_config(st)
         # Record the state before starting anything, so `down` can always find it.
         self._save(st)
         try:
+            if st.auth == "munge":
+                progress("starting munged (the cluster's own key and socket)")
+                self._start_daemon(st, "munged")
             progress(f"starting slurmctld on port {st.ctld_port}")
             self._start_daemon(st, "slurmctld", clear=True)
             for i in range(1, nodes + 1):
@@ -465,7 +488,7 @@ class LocalCluster:
                     comm = f.read().strip()
             except OSError:
                 continue
-            if comm in ("slurmctld", "slurmd", "prometheus") and any(root in a for a in argv) \
+            if comm in ("slurmctld", "slurmd", "prometheus", "munged") and any(root in a for a in argv) \
                     and _alive(int(entry), comm):
                 found[int(entry)] = comm
         return found
@@ -511,6 +534,7 @@ class LocalCluster:
         stop_pids({p: c for p, c in daemons.items() if c == "slurmd"})
         stop_pids({p: c for p, c in daemons.items() if c == "slurmctld"})
         stop_pids({p: c for p, c in daemons.items() if c == "prometheus"})
+        stop_pids({p: c for p, c in daemons.items() if c == "munged"})
 
 
 def _describe(pids: dict[int, str]) -> str:

@@ -31,16 +31,33 @@ def choose_containers(pyxis: str | None, enroot: str | None, can_build_stand_in:
     return STAND_IN if can_build_stand_in else None
 
 
+def munge_socket(root: Path) -> Path:
+    """The socket of the cluster's own munged (``auth/munge``)."""
+    return root / "munge" / "munge.socket"
+
+
+def munged_argv(root: Path) -> list[str]:
+    """The cluster's own munged: its key, socket, pid, log and seed under the cluster's directory."""
+    m = root / "munge"
+    return ["munged", "--force", f"--key-file={m}/munge.key", f"--socket={munge_socket(root)}",
+            f"--pid-file={root}/run/munged.pid", f"--log-file={root}/log/munged.log", f"--seed-file={m}/munged.seed"]
+
+
 def slurm_conf(st, root: Path, user: str, first_job_id: int) -> str:
-    """``st``: the cluster's shape and ports (a :class:`kit.cluster.ClusterState`)."""
+    """``st``: the cluster's shape and ports (a :class:`kit.cluster.ClusterState`).
+
+    ``st.auth`` ``munge``: every request is authenticated by the cluster's own munged
+    (a client's uid is the kernel's word, not the client's); ``none`` (no munged on this
+    machine) trusts whatever uid a client claims, so any local user could act as root."""
     r = root
+    auth = ["AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={munge_socket(r)}"] \
+        if getattr(st, "auth", "none") == "munge" else ["AuthType=auth/none", "CredType=cred/none"]
     lines = [
         "# Written by `kit cluster up`: a Slurm cluster of several slurmd on one host.",
         "ClusterName=kit",
         f"SlurmctldHost={st.hostname}(127.0.0.1)",
         f"SlurmctldPort={st.ctld_port}",
-        "AuthType=auth/none",
-        "CredType=cred/none",
+        *auth,
         f"SlurmUser={user}",
         f"SlurmdUser={user}",
         f"StateSaveLocation={r}/state",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import stat
 import secrets
 import shutil
 import sys
@@ -216,11 +217,15 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
         raise KitError(f"cannot create {out_dir}: {e.strerror}", field="--output-dir") from None
     tmp = final.with_name(f".{final.name}.tmp")
     try:
-        (tmp / "logs").mkdir(parents=True)
+        # The job's directory is its user's alone (0700): job.json and the scripts hold --env
+        # values, which may be secrets (tokens), and the logs what the job printed.
+        tmp.mkdir(mode=0o700)
+        os.chmod(tmp, 0o700)
+        (tmp / "logs").mkdir()
         for name, text in render_scripts(job, final, the_step).items():
             path = tmp / name
             path.write_text(text, encoding="utf-8")
-            path.chmod(0o755)
+            path.chmod(0o700)
         _write_tasks(job, tmp)
         (tmp / "job.json").write_text(json.dumps(job.spec.to_dict(), indent=2, sort_keys=True) + "\n")
         (tmp / "sbatch.json").write_text(json.dumps(argv, indent=2) + "\n")
@@ -309,13 +314,49 @@ def local_prometheus_targets() -> str | None:
 SITE_CONFS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf/slurm.conf")
 
 
-def target_of(job_dir: Path) -> slurm.Target:
-    """The Slurm a submitted job (or array task) went to (recorded at submission), else the usual choice."""
+def _trusted(path: Path) -> bool:
+    """``path`` is owned by this user or root and no one else can change it: what it says
+    may decide which programs kit runs (a Slurm configuration names plugins Slurm loads)."""
     try:
-        rec = json.loads(((jobs.array_job_dir(job_dir) or Path(job_dir)) / "slurm.json").read_text())
-        return slurm.Target(conf=rec.get("conf"), name=str(rec.get("target") or "site"))
-    except (OSError, ValueError, AttributeError):
+        st = os.stat(path)
+    except OSError:
+        return False
+    return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
+
+
+def target_of(job_dir: Path) -> slurm.Target:
+    """The Slurm a submitted job (or array task) went to (recorded at submission), else the usual choice.
+
+    The record is followed only when the job directory, its ``slurm.json`` and the
+    configuration it names belong to this user or root and no one else can change
+    them: root running ``kit ps``/``cancel`` over a shared directory must not load a
+    configuration (and the plugins it names) another user planted."""
+    where = jobs.array_job_dir(job_dir) or Path(job_dir)
+    record = where / "slurm.json"
+    try:
+        fd = os.open(record, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         return select_target(None)[0]
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return select_target(None)[0]
+        owner_ok = st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022 and _trusted(where)
+        rec = json.loads(os.read(fd, 1 << 16).decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return select_target(None)[0]
+    finally:
+        os.close(fd)
+    conf = rec.get("conf") if isinstance(rec, dict) else None
+    name = rec.get("target") if isinstance(rec, dict) else None
+    if conf is not None and (not isinstance(conf, str) or "\0" in conf):
+        raise KitError(f"{record}: damaged: 'conf' is not a path", field="job")
+    if conf is not None and (not owner_ok or not _trusted(Path(conf))):
+        raise KitError(f"{record}: not trusted: it names the Slurm configuration {conf!r}, and it or that file "
+                       "belongs to another user or can be changed by one", field="job",
+                       hint="run kit as the job's owner; root follows only records and configurations owned by "
+                            "root or itself")
+    return slurm.Target(conf=conf, name=str(name or "site"))
 
 
 def select_target(where: str | None, needs_containers: bool = False) -> tuple[slurm.Target, str | None]:

@@ -106,9 +106,12 @@ def list_jobs(output_dirs: list[Path], *, everything: bool = False, now: float |
     now = time.time() if now is None else now
     dirs = jobs.known_job_dirs(output_dirs)
     by_target: dict[slurm.Target, list[Path]] = {}
-    for d in dirs:
-        by_target.setdefault(lib.target_of(d), []).append(d)
     known: dict[Path, tuple[dict[str, slurm.JobStatus], str | None]] = {}
+    for d in dirs:
+        try:
+            by_target.setdefault(lib.target_of(d), []).append(d)
+        except KitError as e:  # this row's problem (an untrusted or damaged record) stays in its row
+            known[d] = ({}, e.message)
     for target, group in by_target.items():
         names = [n for d in group for n, _ in _units(d)]
         found, problem = {}, _unavailable(target)
@@ -141,6 +144,12 @@ def _age(seconds: float) -> str:
 COLUMNS = ("JOB", "NAME", "STATE", "NODES", "RUN", "STEP", "LOSS", "SAMPLES/S", "AGE", "DIR")
 
 
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\x1b``): a job name from another user's
+    job.json must not clear or retitle the terminal of whoever lists it."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def table(rows: list[JobRow], now: float | None = None) -> list[str]:
     """The rows as aligned text lines, a header first."""
     now = time.time() if now is None else now
@@ -150,10 +159,10 @@ def table(rows: list[JobRow], now: float | None = None) -> list[str]:
         state = r.state + (f" ({r.reason})" if r.reason and r.state == "PENDING" else "")
         if r.state_from != "slurm":
             state += "*"
-        return (r.id, r.name[:24], state, r.nodes or "-", str(r.run), step,
+        return (printable(r.id), printable(r.name)[:24], printable(state), printable(r.nodes or "-"), str(r.run), step,
                 "-" if r.loss is None else f"{r.loss:.4g}",
                 "-" if r.samples_per_second is None else f"{r.samples_per_second:.0f}",
-                "-" if r.submitted is None else _age(now - r.submitted), r.job_dir)
+                "-" if r.submitted is None else _age(now - r.submitted), printable(r.job_dir))
     body = [cells(r) for r in rows]
     widths = [max(len(c[i]) for c in [COLUMNS, *body]) for i in range(len(COLUMNS) - 1)]
     return ["  ".join(c.ljust(w) for c, w in zip(line[:-1], widths)) + "  " + line[-1] for line in [COLUMNS, *body]]

@@ -1,0 +1,119 @@
+"""Issue 18 done-means 3: a real second Linux user (created here, removed after) cannot
+run commands as root through the local cluster, read a job's --env values, or make root's
+day-two commands load a Slurm configuration it planted."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import kit, require
+
+
+@pytest.fixture(scope="module")
+def other_user():
+    name = f"kitu{os.getpid() % 100000}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True, capture_output=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["pkill", "-KILL", "-u", name], check=False)
+        subprocess.run(["userdel", name], check=False, capture_output=True)
+
+
+def as_user(user, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(["su", user.pw_name, "-s", "/bin/sh", "-c", command], capture_output=True, text=True,
+                          timeout=timeout, cwd="/")
+
+
+@pytest.fixture
+def public(tmp_path) -> Path:
+    """A directory the other user can read and enter."""
+    d = tmp_path / "public"
+    d.mkdir()
+    for p in (tmp_path, d):
+        os.chmod(p, 0o755)
+    os.chmod(tmp_path.parent, 0o755)
+    return d
+
+
+def test_a_second_user_cannot_run_as_root_through_the_local_cluster(cluster, other_user, public):
+    """Finding 4: with `LD_PRELOAD` of a library whose getuid() says 0, and the cluster's own
+    configuration (worst case: it knows every port), the other user gets no root shell:
+    the cluster authenticates through its own munged, and its directory is root's alone."""
+    require("gcc")
+    src = public / "fakeroot.c"
+    src.write_text("#include <sys/types.h>\nuid_t getuid(void){return 0;}\nuid_t geteuid(void){return 0;}\n"
+                   "gid_t getgid(void){return 0;}\ngid_t getegid(void){return 0;}\n")
+    lib = public / "fakeroot.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    assert cluster.state().auth == "munge", "munged is installed by .ci/setup: the cluster must use it"
+    assert not os.stat(cluster.root).st_mode & 0o077
+    conf = Path(cluster.conf).read_text()
+    variants = {"munge": conf, "none": conf.replace("AuthType=auth/munge", "AuthType=auth/none")
+                .replace("CredType=cred/munge", "CredType=cred/none")}
+    for name, text in variants.items():
+        path = public / f"{name}.conf"
+        path.write_text("\n".join(line for line in text.splitlines() if not line.startswith(("PlugStackConfig",
+                                                                                               "AuthInfo")))
+                        + (f"\nAuthInfo=socket={cluster.root}/munge/munge.socket\n" if name == "munge" else "\n"))
+        os.chmod(path, 0o644)
+        proc = as_user(other_user, f"SLURM_CONF={path} LD_PRELOAD={lib} timeout 30 srun -N1 -t 1 sh -c "
+                                   "'id -u; head -c 20 /etc/shadow'")
+        assert proc.returncode != 0, (name, proc.stdout, proc.stderr)
+        assert "root:" not in proc.stdout and not proc.stdout.strip().startswith("0"), (name, proc.stdout)
+
+
+def test_env_values_are_not_readable_by_another_user(cluster, other_user, public):
+    """Finding 7: `--env HF_TOKEN=...` lives in job.json and prelaunch.sh: the job directory
+    is its user's alone."""
+    out = public / "jobs"
+    proc = kit("launch", "--local", "--output-dir", str(out), "--env", "HF_TOKEN=hf_secret_value", "--no-exporter",
+               "--dry-run", "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    job_dir = next(p for p in out.iterdir() if not p.name.startswith("."))
+    assert "hf_secret_value" in (job_dir / "job.json").read_text()
+    assert oct(os.stat(job_dir).st_mode & 0o777) == "0o700"
+    read = as_user(other_user, f"cat {job_dir}/job.json {job_dir}/prelaunch.sh; grep -r hf_secret {out}")
+    assert "hf_secret_value" not in read.stdout, read.stdout
+
+
+def test_root_does_not_follow_a_planted_slurm_json(cluster, other_user, public, tmp_path):
+    """Finding 6: a job directory the other user owns names a Slurm configuration of theirs
+    (with a PluginDir holding their code): root's `kit ps` and `kit cancel` refuse to use it,
+    in one line, and run none of it."""
+    evil = public / "evil"
+    evil.mkdir()
+    marker = tmp_path / "ran-as-root"
+    plugin_dir = evil / "plugins"
+    plugin_dir.mkdir()
+    code = evil / "evil.c"  # a plugin whose constructor leaves a mark when loaded
+    code.write_text("#include <stdio.h>\n__attribute__((constructor)) static void mark(void) "
+                    f"{{ FILE *f = fopen({json.dumps(str(marker))}, \"w\"); if (f) fclose(f); }}\n"
+                    "const char plugin_name[] = \"evil\"; const char plugin_type[] = \"auth/evil\";\n"
+                    "const unsigned int plugin_version = 0; const int plugin_id = 999;\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(plugin_dir / "auth_evil.so"), str(code)], check=True)
+    (evil / "slurm.conf").write_text(f"ClusterName=evil\nSlurmctldHost=localhost\nPluginDir={plugin_dir}\n"
+                                     "AuthType=auth/evil\n")
+    job = public / "shared" / "kit-20260101-000000-abcdef"
+    job.mkdir(parents=True)
+    (job / "slurm.json").write_text(json.dumps({"target": "site", "conf": str(evil / "slurm.conf")}))
+    (job / "job_id").write_text("4242\n")
+    (job / "job.json").write_text(json.dumps({"job_name": "evil\x1b]0;owned\x07"}))
+    uid = other_user.pw_uid
+    for path in (evil, evil / "slurm.conf", job.parent, job, *job.iterdir()):
+        os.chown(path, uid, uid)
+    cancel = kit("cancel", str(job))
+    assert cancel.returncode != 0 and "Traceback" not in cancel.stderr
+    assert "not trusted" in cancel.stderr.splitlines()[0], cancel.stderr
+    ps = kit("ps", "--output-dir", str(job.parent))
+    assert ps.returncode == 0 and "Traceback" not in ps.stderr and not marker.exists(), ps.stderr
+    row = next(line for line in ps.stdout.splitlines() if line.startswith("4242"))
+    assert "UNKNOWN" in row and "\x1b" not in row and "evil\\x1b]0;owned\\x07" in row, row  # finding 22
+    rows = json.loads(kit("ps", "--json", "--output-dir", str(job.parent)).stdout)
+    assert "not trusted" in next(r for r in rows if r["id"] == "4242")["state_from"]
+    assert not marker.exists()
