@@ -24,6 +24,7 @@ PYXIS_SO = "/usr/local/lib/slurm/spank_pyxis.so"
 def generated() -> dict[str, str]:
     return {
         "slurm.conf": config.slurm_conf(SHAPE, ROOT, "alice", 17),
+        "slurm.munge.conf": config.slurm_conf(SimpleNamespace(**vars(SHAPE), auth="munge"), ROOT, "alice", 17),
         "gres.conf": config.gres_conf(SHAPE, ROOT),
         "plugstack.pyxis.conf": config.plugstack_conf(config.PYXIS, ROOT, PYXIS_SO),
         "plugstack.kit-pyxis.conf": config.plugstack_conf(config.STAND_IN, ROOT, f"{ROOT}/spank_kit_pyxis.so"),
