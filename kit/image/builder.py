@@ -419,7 +419,7 @@ def _build(recipe: Recipe, output: Path, *, compression: str, use_cache: bool, p
         os.replace(packed, output)  # the image first: a full cache must not cost the user it
         if use_cache:
             with layers.cache_lock():
-                claim.add(f"images/.{cached.name}.tmp{os.getpid()}")
+                claim.add(_partial(cached).relative_to(layers.cache_root()).as_posix())
             try:
                 _place(output, cached)
             except OSError as e:
@@ -450,10 +450,15 @@ def _mount_overlay(base: Path, work: Path) -> bool:
     return True
 
 
+def _partial(dst: Path) -> Path:
+    """Where :func:`_place` writes ``dst`` before renaming it into place."""
+    return dst.with_name(f".{dst.name}.tmp{os.getpid()}")
+
+
 def _place(src: Path, dst: Path) -> None:
     """Hard-link (or copy) ``src`` to ``dst`` atomically; nothing partial is left on failure."""
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
+    tmp = _partial(dst)
     tmp.unlink(missing_ok=True)
     try:
         try:

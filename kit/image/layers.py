@@ -41,7 +41,7 @@ from kit.runner import run
 
 
 def root_dir() -> Path:
-    return kit_home() / "cache" / "layers"
+    return cache_root() / "layers"
 
 
 def key(parent: str, step: object, extra: str = "") -> str:
@@ -82,10 +82,13 @@ class Claim:
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         self.path = path
         self.private: list[Path] = []  # layers rebuilt while the published ones were in use elsewhere
+        self.names: set[str] = set()
 
     def add(self, name: str) -> None:
         """Name an entry (relative to the cache) this build uses; call under :func:`cache_lock`."""
-        os.write(self.fd, (name + "\n").encode())
+        if name not in self.names:
+            os.write(self.fd, (name + "\n").encode())
+            self.names.add(name)
 
     def close(self) -> None:
         for tmp in self.private:
@@ -203,7 +206,7 @@ def publish(tmp: Path, layer_key: str, config: unpack.ImageConfig, claim: Claim,
             shutil.rmtree(tmp, ignore_errors=True)
             return final / "diff"
         if final.exists():
-            if f"layers/{layer_key}" in _live_claims() - _own(claim):
+            if f"layers/{layer_key}" in _live_claims() - claim.names:
                 claim.private.append(tmp)  # in use elsewhere: ours stays private until this build ends
                 return tmp / "diff"
             old = Path(tempfile.mkdtemp(prefix=".old-", dir=root_dir()))
@@ -214,11 +217,6 @@ def publish(tmp: Path, layer_key: str, config: unpack.ImageConfig, claim: Claim,
         except OSError:  # made meanwhile by another build: keep that one
             shutil.rmtree(tmp, ignore_errors=True)
     return final / "diff"
-
-
-def _own(claim: Claim) -> set[str]:
-    with open(claim.path, "rb") as f:
-        return {line.decode(errors="replace").strip() for line in f.read().splitlines()}
 
 
 def discard(tmp: Path) -> None:
