@@ -57,7 +57,8 @@ def test_two_node_lightning_job_runs_inside_the_image(cluster, cpu_image, tmp_pa
     probe = ('echo "rank=$RANK marker=$(cat /.kit/image.json | head -c 1) pwd=$(pwd) '
              'pu=$PYTHONUNBUFFERED ma=$MASTER_ADDR mp=$MASTER_PORT host=$(cat /data/from-host.txt)" '
              '> "/data/probe-$RANK.txt"; '
-             'exec python3 -m kit.train --max-steps 30 --checkpoint-every 10 --checkpoint-dir /data/ckpt')
+             # --step-delay: the training spans several exporter polls, so the report has a throughput to draw
+             'exec python3 -m kit.train --max-steps 30 --step-delay 0.1 --checkpoint-every 10 --checkpoint-dir /data/ckpt')
     proc = kit("launch", "--local", "--nodes", "2", "--wait", "--image", str(cpu_image),
                "--mount", f"{host}:/data", "--env", "PYTHONUNBUFFERED=from-the-job",
                "--output-dir", str(tmp_path / "jobs"), "--", "bash", "-c", probe, cwd=tmp_path, timeout=600)
