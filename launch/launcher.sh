@@ -9,6 +9,30 @@
 # shellcheck disable=SC2317  # functions run from traps look unreachable to shellcheck
 set -euo pipefail
 
+# This script adopts every process its command orphans (a child subreaper):
+# a daemon that leaves the session and clears its environment (`env -i
+# setsid ...`) stays below it, so the teardown finds it in the process tree.
+# prctl(PR_SET_CHILD_SUBREAPER) holds across exec: set it, then run this
+# script again. Without python3 or perl (an image with neither) the token
+# sweep below still finds what keeps its environment.
+if [[ -z "${KIT_SUBREAPER_SET-}" ]]; then
+  export KIT_SUBREAPER_SET="$$"
+  if command -v python3 >/dev/null 2>&1; then
+    exec python3 -S -c 'import os, sys
+try:
+    import ctypes
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
+except Exception:
+    pass
+os.execv(sys.argv[1], sys.argv[1:])' "${BASH}" "$0" "$@"
+  elif command -v perl >/dev/null 2>&1; then
+    exec perl -MPOSIX -e 'my %nr = (x86_64 => 157, aarch64 => 167, ppc64le => 171);
+my $n = $nr{(POSIX::uname())[4]}; syscall($n, 36, 1, 0, 0, 0) if $n; exec { $ARGV[0] } @ARGV' \
+      "${BASH}" "$0" "$@"
+  fi
+fi
+unset KIT_SUBREAPER_SET
+
 {{ lib }}
 
 # Slurm's task variables, under the names torch.distributed and Lightning read.
@@ -48,17 +72,10 @@ readonly KIT_RANK_LOG="${KIT_LOG_DIR}/rank-${RANK}.r${KIT_RESTART:-0}.log"
 # The command touches this file as it makes progress (see kit::answer_hang).
 export KIT_PROGRESS_FILE="${KIT_PROGRESS_DIR:?is not set: launcher.sh runs in the step that prelaunch.sh starts}/rank-${RANK}"
 
-# kit::descendants PID: PID and every process below it.
+# kit::descendants PID: PID and every process below it, one per line.
 kit::descendants() {
-  local pid
-  local -a queue=("$1") children
-  while (( ${#queue[@]} > 0 )); do
-    pid="${queue[0]}"
-    queue=("${queue[@]:1}")
-    printf '%s\n' "${pid}"
-    read -r -a children < <(cat /proc/"${pid}"/task/*/children 2>/dev/null; echo) || true
-    queue+=("${children[@]}")
-  done
+  kit::tree "$1"
+  printf '%s\n' "${KIT_TREE[@]}"
 }
 
 # kit::dump_stacks PID: what every process of the command is doing: its

@@ -43,6 +43,41 @@ kit::spawn() {
   KIT_BG_NAMES+=("${name}")
 }
 
+# kit::tree PID: PID and every process below it, in KIT_TREE (no fork: the
+# teardown calls it and must not find its own helpers).
+kit::tree() {
+  local pid file
+  local -a queue=("$1") children
+  KIT_TREE=()
+  while (( ${#queue[@]} > 0 )); do
+    pid="${queue[0]}"
+    queue=("${queue[@]:1}")
+    KIT_TREE+=("${pid}")
+    for file in /proc/"${pid}"/task/*/children; do
+      children=()
+      { read -r -a children <"${file}"; } 2>/dev/null || true
+      queue+=("${children[@]}")
+    done
+  done
+}
+
+# kit::sweep_tree: stop every process still below this script (orphans it
+# adopted included) but the rank log's writers, until none is left.
+kit::sweep_tree() {
+  local pid round
+  local -a pids
+  for (( round = 0; round < 5; round++ )); do
+    kit::tree "$$"
+    pids=()
+    for pid in "${KIT_TREE[@]:1}"; do
+      if [[ " ${KIT_DRAIN_PIDS[*]} " != *" ${pid} "* ]]; then pids+=("${pid}"); fi
+    done
+    (( ${#pids[@]} > 0 )) || return 0
+    kit::log "stopping ${#pids[@]} process(es) left below the task: ${pids[*]}"
+    KIT_STOP_TIMEOUT=2 kit::stop "${pids[@]}"
+  done
+}
+
 # kit::sweep: stop every process still carrying this task's token, scanning
 # again until a scan finds none (one can fork between a scan and the stop).
 kit::sweep() {
@@ -138,6 +173,7 @@ kit::cleanup() {
   kit::stop_background
   # Before the drain: a process the command left behind may hold its output open.
   kit::sweep
+  kit::sweep_tree
   for pid in "${KIT_DRAIN_PIDS[@]}"; do
     for (( tries = 0; tries < 20; tries++ )); do
       kit::running "${pid}" || break

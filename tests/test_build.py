@@ -274,6 +274,9 @@ def test_bad_build_input(tmp_path, tiny):
         (f'[base]\nrootfs = "{tiny}"\n[[steps]]\nfrobnicate = "x"\n',
          f"kit: {tmp_path}/r.toml: steps[1]: unknown step 'frobnicate'"),
     ]
+    cases.append(("x = " + "[" * 100_000 + "]" * 100_000 + "\n", f"kit: {tmp_path}/r.toml: not valid TOML: nested too deep"))
+    cases.append((f'[base]\nrootfs = "{tiny}"\n[[steps]]\nrun = "echo a\\u0000b"\n',
+                  f"kit: {tmp_path}/r.toml: a value holds a NUL byte"))
     corrupt = tmp_path / "corrupt.tar.gz"
     corrupt.write_bytes(b"\x1f\x8b\x08\x00" + os.urandom(4000))
     cases.append((f'[base]\ntarball = "{corrupt}"\n', f"kit: {corrupt}: not a tar archive, or a corrupt one"))

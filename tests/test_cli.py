@@ -85,6 +85,10 @@ BAD = [
     (["--signal", "KILL"], "kit: --signal: not a warning signal: 'KILL'"),
     (["--time", "1", "--signal-lead", "90"], "kit: --signal-lead: the warning comes 90 s before a time limit of 60 s"),
     (["--output-dir", "/tmp/a\\b"], "kit: --output-dir: '/tmp/a\\\\b' contains a backslash, which sbatch's --output cannot express"),
+    (["--nodes", "99999999999999999999"], "kit: --nodes: must be at most 2147483647, got 99999999999999999999"),
+    (["--stop-grace", "4294967296"], "kit: --stop-grace: must be at most 2147483647, got 4294967296"),
+    (["--job-name", "n" * 1100], "kit: --job-name: 1100 characters; at most 200"),
+    (["--sbatch-arg=--wrap=hostname"], "kit: --sbatch-arg: --wrap is set by kit"),
 ]
 
 
@@ -116,7 +120,8 @@ def test_command_missing_after_double_dash(tmp_path):
                                  "statement (at line 2, column 9)"),
     ("command = \"python train.py\"\n", "kit: {f}: command: expected a list of strings, got str 'python train.py'"),
     ("nodes = 0\ncommand = [\"true\"]\n", "kit: {f}: nodes: must be at least 1, got 0"),
-])
+    ("x = " + "[" * 100_000 + "]" * 100_000 + "\n", "kit: {f}: not valid TOML: nested too deep"),
+], ids=["unknown key", "string count", "bad TOML", "string command", "zero nodes", "nested"])
 def test_bad_job_file(tmp_path, text, message):
     job_file = tmp_path / "job.toml"
     job_file.write_text(text)
@@ -195,3 +200,21 @@ def test_launch_help_is_a_map_grouped_by_topic_in_the_readmes_order():
                 continue
             name = max(p.opts, key=len)
             assert f"`{name}" in readme_groups[title] or f", {name}" in readme_groups[title], (title, name)
+
+
+def test_requests_slurm_could_never_run_are_refused_before_submission(cluster, tmp_path):
+    """Issue 18 finding 23: more nodes or CPUs than the partition has (Slurm would queue
+    the job for good), a stop grace that Slurm's KillWait cuts short: exit 2, nothing written."""
+    out = tmp_path / "jobs"
+    cases = [
+        (["--nodes", "3"], "kit: --nodes: the default partition has 2 node(s); 3 asked for would wait forever"),
+        (["--cpus-per-task", "3", "--ntasks-per-node", "2"],
+         "kit: --cpus-per-task: 1 node(s) with 6 CPUs each: the default partition has 0 such node(s) "
+         "(its largest has 4 CPUs); the job would wait forever"),
+        (["--stop-grace", "30"], "kit: --stop-grace: a grace of 30 s would be cut short: Slurm kills a job's "
+                                 "processes 30 s (KillWait) after it signals them"),
+    ]
+    for args, message in cases:
+        proc = kit("launch", "--local", "--output-dir", str(out), *args, "--", "true")
+        assert (proc.returncode, proc.stderr.splitlines()[0]) == (2, message), proc.stderr
+        assert not out.exists()

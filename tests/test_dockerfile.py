@@ -86,6 +86,9 @@ BAD = [
     ("FROM busybox:latest\n", "Dockerfile:1: FROM busybox:latest: not a base kit can build from"),
     ("FROM scratch\nSHELL /bin/bash -c\n", "Dockerfile:2: SHELL takes the exec form"),
     ("FROM scratch AS a\nFROM scratch AS a\n", "Dockerfile:2: a stage named 'a' already exists"),
+    ("FROM scratch\nCOPY a /x\0y\n", "Dockerfile: line 2: a NUL byte"),
+    ("FROM scratch\nWORKDIR /a\0b\n", "Dockerfile: line 2: a NUL byte"),
+    ("FROM scratch\n\nENV A=b\0c\n", "Dockerfile: line 3: a NUL byte"),
 ]
 
 
@@ -98,6 +101,19 @@ def test_malformed_or_unsupported_instructions_name_the_line(tmp_path, text, mes
     first = proc.stderr.splitlines()[0]
     assert first.startswith(f"kit: {tmp_path}/") and message in first, proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists() and list(tmp_path.iterdir()) == [tmp_path / "Dockerfile"]
+
+
+def test_a_dockerfile_that_is_not_a_text_file_is_one_line(tmp_path):
+    """A symlink to /dev/zero (read until memory ran out), a FIFO (blocked): one line, exit 2."""
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").symlink_to("/dev/zero")
+    os.mkfifo(ctx / "fifo.Dockerfile")
+    for name in ("Dockerfile", "fifo.Dockerfile"):
+        proc = kit("build", str(ctx / name), "-o", str(tmp_path / "out.sqsh"), timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith(f"kit: {ctx / name}: cannot read: ") and "Traceback" not in proc.stderr
+        assert not (tmp_path / "out.sqsh").exists()
 
 
 def test_target_and_build_arg_errors(tmp_path):

@@ -145,6 +145,11 @@ def test_wait_on_a_terminal_shows_live_progress_and_ctrl_c_leaves_the_job_runnin
         reader.join(5)
         assert b"stopped waiting; the job goes on. Follow it: kit logs -f " in out
         assert slurm.job_status(cluster.target, job_id).state == "RUNNING"
+        # The hint's cancel works as printed, from anywhere (the job went to a non-default --output-dir).
+        hint = re.search(rb"cancel it: (kit cancel [^\r\n]+)", out).group(1).decode()
+        done = kit_plain(*shlex.split(hint)[1:], "--reason", "the hint", cwd="/")
+        assert done.returncode == 0, done.stderr
+        assert slurm.wait(cluster.target, job_id, timeout=90).state == "CANCELLED"
     finally:
         proc.kill()
         if job_id:

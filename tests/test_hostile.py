@@ -20,6 +20,8 @@ import pytest
 
 from conftest import check_end, kit, launch_wait, read_logs, require
 
+from kit import slurm
+
 OTHER_UID = 4242
 
 
@@ -107,16 +109,23 @@ def _escaped(marker: str) -> list[int]:
 
 
 def test_processes_that_leave_the_group_do_not_survive_the_job(cluster, tmp_path):
-    """Issue 9 item 10: a sidecar and a command that start daemons of their
-    own (setsid, so outside the process group kit stops) leave nothing."""
-    w = launch_wait(tmp_path, "--nodes", "2", "--sidecar", "setsid sleep 427 &",
-                    command=["bash", "-c", "setsid sleep 428 </dev/null >/dev/null 2>&1 & sleep 2; echo started"])
+    """Issue 9 item 10 and issue 18 finding 18: a sidecar and a command that start
+    daemons of their own (setsid, so outside the process group kit stops; `env -i`,
+    so without the task's token; double-forked, so orphaned) leave nothing."""
+    daemons = ("setsid sleep 428 </dev/null >/dev/null 2>&1 & "
+               "env -i setsid sleep 429 </dev/null >/dev/null 2>&1 & "
+               "(env -i setsid sleep 431 </dev/null >/dev/null 2>&1 &) ; sleep 2; echo started")
+    w = launch_wait(tmp_path, "--nodes", "2", "--sidecar", "setsid sleep 427 & env -i setsid sleep 430 &",
+                    command=["bash", "-c", daemons])
+    names = [f"sleep {n}" for n in (427, 428, 429, 430, 431)]
     try:
         check_end(cluster, w, state="COMPLETED", code=0, finished=True, log="left running", ends=["finished"])
-        assert _escaped("sleep 427") == [] and _escaped("sleep 428") == []
+        assert [n for n in names if _escaped(n)] == []
+        assert "left below the task" in "".join(p.read_text() for p in w.job_dir.glob("logs/slurm-*.out"))
     finally:
-        for pid in _escaped("sleep 427") + _escaped("sleep 428"):
-            os.kill(pid, 9)
+        for n in names:
+            for pid in _escaped(n):
+                os.kill(pid, 9)
 
 
 @pytest.fixture
@@ -231,3 +240,36 @@ def test_a_targets_directory_that_cannot_be_made_is_one_line(cluster, tmp_path, 
                "--prometheus-targets", "/etc/passwd/x", "--", "echo")
     _one_clear_line(proc, 2, "kit: --prometheus-targets: cannot create /etc/passwd/x: Not a directory")
     assert list((tmp_path / "jobs").iterdir()) == []  # the job directory went with it; nothing submitted
+
+
+def test_a_disk_that_fills_after_sbatch_still_names_the_submitted_job(cluster, tmp_path):
+    """Issue 18 finding 14: the job directory's disk fills between sbatch and kit's
+    record of the job id. kit says the job was submitted, with its id (exit 1), and
+    does not pretend nothing happened."""
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], check=True)
+    job_id = None
+    try:
+        bindir = tmp_path / "bin"
+        bindir.mkdir()
+        (bindir / "sbatch").write_text(
+            "#!/bin/bash\n"
+            f'out="$({shutil.which("sbatch")} "$@")" || exit $?\n'
+            # the disk fills just after Slurm took the job
+            f'dd if=/dev/zero of={small}/filler bs=4k 2>/dev/null\n'
+            'printf "%s\\n" "$out"\n')
+        (bindir / "sbatch").chmod(0o755)
+        proc = kit("launch", "--local", "--output-dir", str(small), "--", "sleep", "600",
+                   env={"PATH": f"{bindir}:{os.environ['PATH']}"})
+        m = re.search(r"^kit: job (\d+) was submitted and runs, but its record in \S+ could not be written: "
+                      r"No space left on device$", proc.stderr, re.M)
+        assert proc.returncode == 1 and m, proc.stderr
+        assert "Traceback" not in proc.stderr
+        job_id = m.group(1)
+        assert slurm.job_status(cluster.target, job_id).state in ("PENDING", "RUNNING")
+    finally:
+        if job_id:
+            slurm.cancel(cluster.target, job_id)
+            slurm.wait(cluster.target, job_id, timeout=90)
+        subprocess.run(["umount", "-l", str(small)], check=True)

@@ -245,3 +245,17 @@ def test_wait_is_not_fooled_by_strings_and_site_export_none(cluster, tmp_path):
                     env={"SBATCH_EXPORT": "NONE"})
     check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
     assert sorted(re.findall(r"^\d: rank (\d) of 2 via \S+:\d+$", read_logs(w.job_dir), re.M)) == ["0", "1"]
+
+
+def test_a_save_marked_on_one_rank_covers_the_ranks_waiting_for_it(cluster, tmp_path):
+    """Issue 18 finding 11: rank 0 marks `checkpointing` and saves for 8 s; rank 1 waits
+    in the barrier with no progress of its own. The hang timeout is 3 s, the first-progress
+    (saving) timeout 60 s: no hang, the job finishes. The README says one rank is enough."""
+    save = ('for i in $(seq 10); do echo "step $i" >"$KIT_PROGRESS_FILE"; sleep 0.2; done; '
+            'if [ "$RANK" = 0 ]; then echo "checkpointing 10" >"$KIT_PROGRESS_FILE"; fi; '
+            'sleep 8; echo "step 11" >"$KIT_PROGRESS_FILE"; echo "rank $RANK saved and went on"')
+    w = launch_wait(tmp_path, "--nodes", "2", "--hang-timeout", "3", "--first-progress-timeout", "60",
+                    "--max-restarts", "0", command=["bash", "-c", save])
+    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log="rank 1 saved and went on",
+              ends=["finished"])
+    assert not (w.job_dir / "hang" / "r0" / "report").exists()

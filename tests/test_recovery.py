@@ -116,18 +116,27 @@ def test_killed_slurmd_comes_back_with_up_and_the_job_completes(three, tmp_path)
 def test_wait_rides_through_a_controller_restart(three, tmp_path):
     w = launch_wait(tmp_path, "--nodes", "2", command=[*TRAIN, "--max-steps", "500"], env=three.env)
     wait_for(trained_to(w.job_dir, 20), 120, what="training")
+    # kit logs -f rides through it too (issue 18 finding 12), printing the job's lines all along.
+    follow = subprocess.Popen([sys.executable, "-m", "kit", "logs", "-f", str(w.job_dir)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, **three.env})
     ctld = three.state().pids["slurmctld"]
     os.kill(ctld, signal.SIGKILL)
     wait_for(lambda: not _alive(ctld, "slurmctld"), 10)
     time.sleep(15)  # long enough for squeue to give up (it retries for ~9 s): --wait meets the outage
+    assert follow.poll() is None, follow.communicate()
     up = kit("cluster", "up", env=three.env)
     assert up.returncode == 0 and "restarting slurmctld" in up.stderr, up.stderr
     err = check_end(three, w, state="COMPLETED", code=0, finished=True, log="done at step=500", ends=["finished"])
     assert "slurmctld is not answering; still waiting" in err and "slurmctld answers again" in err
+    out, ferr = follow.communicate(timeout=60)
+    assert follow.returncode == 0, ferr
+    assert "done at step=500" in out and "slurmctld is not answering; still waiting" in ferr
+    assert ferr.rstrip().endswith(f"kit: job {w.job_id} ended COMPLETED"), ferr
 
 
 def test_down_with_a_dead_controller_ends_every_job_process(three, tmp_path):
-    w = launch_wait(tmp_path, "--nodes", "2", "--sidecar", "exec sleep 300",
+    # A sidecar's daemon that cleared its environment and left the session (finding 18): no token, no SLURM_CONF.
+    w = launch_wait(tmp_path, "--nodes", "2", "--sidecar", "env -i setsid sleep 433 & exec sleep 300",
                     command=[*TRAIN, "--max-steps", "100000"], env=three.env)
     wait_for(trained_to(w.job_dir, 10), 120, what="training")
     os.kill(three.state().pids["slurmctld"], signal.SIGKILL)
@@ -138,8 +147,16 @@ def test_down_with_a_dead_controller_ends_every_job_process(three, tmp_path):
     assert wait_no_processes(w.job_dir, 5) == []
     assert not any(_alive(p, "slurmstepd") for p in _pids_named("slurmstepd")
                    if f"SLURM_CONF={three.conf}".encode() in _environ(p))
+    assert not [p for p in _pids_named("sleep") if _cmdline(p) == b"sleep\x00433\x00"]
     w.proc.kill()
     w.proc.communicate()
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _pids_named(comm: str) -> list[int]:

@@ -153,3 +153,23 @@ def test_a_hostile_sweep_value_reaches_the_command_byte_for_byte(tmp_path):
                          capture_output=True, cwd=tmp_path)
     assert out.stdout == f"<pre-{value}-{{lit}}>[{value}]".encode()
     assert not list(tmp_path.rglob("PWNED"))
+
+
+def test_cancelled_array_tasks_stay_cancelled_once_slurm_forgets_them(cluster, tmp_path):
+    """Issue 18 finding 15: `kit cancel ARRAY` records which tasks it ended; the job
+    directory alone (what kit ps reads once Slurm forgets, MinJobAge later) then tells
+    CANCELLED for those and COMPLETED for the task that had finished before."""
+    from kit.launch import jobs, listing
+
+    w = launch_wait(tmp_path, "--sweep", "t=0,600", command=["sleep", "{t}"])
+    wait_for(lambda: (task_dir(w, 0) / "FINISHED").exists() and
+             slurm.array_status(cluster.target, w.job_id, [1])[1].state == "RUNNING", 120,
+             what="task 0 finished and task 1 running")
+    done = kit("cancel", str(w.job_dir), "--reason", "enough")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((w.job_dir / jobs.CANCEL_RECORD).read_text())["tasks"] == [1]
+    w.finish()
+    assert [jobs.recorded_state(task_dir(w, i)) for i in (0, 1)] == ["COMPLETED", "CANCELLED"]
+    # kit ps's row for a task Slurm no longer knows (no status) comes from that record.
+    rows = [listing._row(f"{w.job_id}_{i}", task_dir(w, i), w.job_dir, "n", None, None) for i in (0, 1)]
+    assert [(r.state, r.state_from) for r in rows] == [("COMPLETED", "job directory"), ("CANCELLED", "job directory")]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -70,10 +72,12 @@ def cancel(job, reason, output_dir):
 
     job_dir, job_id = _job(job, output_dir)
     target = lib.target_of(job_dir)
-    ended = _ended(target, job_dir, job_id)
+    states = _states(target, job_dir, job_id)
+    ended = _ended(states)
     if ended:
         raise KitError(f"job {job_id} already ended ({ended}): nothing to cancel", field="JOB", exit_code=1)
-    rec = jobs.record_cancel(job_dir, reason)
+    rec = jobs.record_cancel(job_dir, reason, tasks=None if states.keys() == {None} else
+                             [i for i, state in states.items() if not _final(state)])
     slurm.cancel(target, job_id)
     why = f" ({rec['reason']})" if rec["reason"] else ""
     click.echo(f"cancelled job {job_id}{why}; recorded in {job_dir / jobs.CANCEL_RECORD}")
@@ -92,6 +96,10 @@ def logs(job, rank, node, restart, sidecar, follow, errors, output_dir):
     """Show JOB's log (an id or a job directory): every rank's output, rank-prefixed."""
     from kit.launch import jobs
 
+    for value, field in ((sidecar, "--sidecar"), (node, "--node")):
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", value):
+            raise KitError(f"{value!r} is not a {field[2:]} name", field=field,
+                           hint="letters, digits, '.', '_' and '-' (as kit ps and the job directory show them)")
     job_dir, job_id = _job(job, output_dir)
     done = jobs.runs(job_dir)
     if errors:
@@ -107,7 +115,7 @@ def logs(job, rank, node, restart, sidecar, follow, errors, output_dir):
         if not paths:
             raise KitError(f"no {sidecar!r} sidecar log of run {run}", field="--sidecar")
         for p in paths:
-            _print_prefixed(p.read_text(errors="replace"), p.name.split(".")[0] + ": " if len(paths) > 1 else "")
+            _print_log(p, p.name.split(".")[0] + ": " if len(paths) > 1 else "")
         return 0
     chosen = jobs.ranks(job_dir, run)
     if rank is not None:
@@ -118,8 +126,7 @@ def logs(job, rank, node, restart, sidecar, follow, errors, output_dir):
         raise KitError(f"no rank log of run {run} matches", field="JOB",
                        hint=f"runs with logs: {', '.join(map(str, done)) or 'none yet'}")
     for r in chosen:
-        text = (job_dir / "logs" / f"rank-{r}.r{run}.log").read_text(errors="replace")
-        _print_prefixed(text, f"{r}: " if len(chosen) > 1 else "")
+        _print_log(job_dir / "logs" / f"rank-{r}.r{run}.log", f"{r}: " if len(chosen) > 1 else "")
     return 0
 
 
@@ -128,7 +135,35 @@ def _print_prefixed(text: str, prefix: str) -> None:
         click.echo(prefix + line)
 
 
+def _print_log(path: Path, prefix: str) -> None:
+    """A log as it is (a chunk at a time: a huge log is never held whole), each line prefixed."""
+    from kit import files
+
+    out = click.get_binary_stream("stdout")
+    at_line_start = [True]
+
+    def write(data: bytes) -> None:
+        if prefix:
+            head = prefix.encode() if at_line_start[0] else b""
+            data = head + data.replace(b"\n", b"\n" + prefix.encode())
+            if data.endswith(b"\n" + prefix.encode()):
+                data = data[:-len(prefix.encode())]
+                at_line_start[0] = True
+            else:
+                at_line_start[0] = False
+        out.write(data)
+
+    try:
+        files.copy_out(path, write)
+    except OSError as e:
+        raise KitError(f"cannot read {path}: {e.strerror}", field="JOB", exit_code=1) from None
+    if not at_line_start[0] and prefix:
+        out.write(b"\n")
+    out.flush()
+
+
 def _errors(job_dir: Path, run_numbers: list[int]) -> int:
+    from kit import files
     from kit.launch import jobs
 
     found = False
@@ -137,10 +172,13 @@ def _errors(job_dir: Path, run_numbers: list[int]) -> int:
         if e is None:
             continue
         found = True
-        when = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(e.time))
-        click.echo(f"run {run}: rank {e.rank} on {e.node} failed first, exit code {e.exit_code}, at {when}")
         try:
-            text = (job_dir / "logs" / f"rank-{e.rank}.r{run}.log").read_text(errors="replace")
+            when = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(e.time))
+        except (OverflowError, OSError, ValueError):
+            when = "an unreadable time"
+        click.echo(f"run {run}: rank {e.rank} on {e.node} failed first, exit code {e.exit_code}, at {when}")
+        try:  # the end only: a rank's log may be gigabytes
+            text = files.tail(job_dir / "logs" / f"rank-{e.rank}.r{run}.log", 256 << 10).decode(errors="replace")
         except OSError:
             text = "(its log is gone)"
         _print_prefixed(jobs.last_lines(text), "  ")
@@ -149,56 +187,81 @@ def _errors(job_dir: Path, run_numbers: list[int]) -> int:
     return 0
 
 
-def _ended(target, job_dir: Path, job_id: str) -> str | None:
-    """The job's end state(s) once it (every task of an array job) has ended, else None."""
+def _states(target, job_dir: Path, job_id: str) -> dict[int | None, str]:
+    """Slurm's state of the job ({None: state}), or of each task of an array job."""
     from kit import slurm
     from kit.launch import jobs
 
     indices = jobs.task_indices(job_dir)
-    states = ([st.state for st in slurm.array_status(target, job_id, indices).values()] if indices
-              else [slurm.job_status(target, job_id).state])
-    if not all(state in slurm.TERMINAL_STATES or state == "GONE" for state in states):
+    if indices:
+        return {i: st.state for i, st in slurm.array_status(target, job_id, indices).items()}
+    return {None: slurm.job_status(target, job_id).state}
+
+
+def _final(state: str) -> bool:
+    from kit import slurm
+
+    return state in slurm.TERMINAL_STATES or state == "GONE"
+
+
+def _ended(states: dict[int | None, str]) -> str | None:
+    """The end state(s) once the job (every task of an array job) has ended, else None."""
+    if not all(_final(state) for state in states.values()):
         return None
-    return ", ".join(sorted(set(states)))
+    return ", ".join(sorted(set(states.values())))
 
 
 def _follow(job_dir: Path, job_id: str) -> int:
     """Print the batch log(s) as they grow (srun's rank-prefixed lines, every run:
     Slurm appends a requeued run to the same file) until the job has ended; an
-    array job's tasks' logs with each line prefixed ``task I: ``."""
+    array job's tasks' logs with each line prefixed ``task I: ``. Through a
+    controller outage the logs go on (as ``--wait`` waits through one)."""
     from kit import launch as lib
+    from kit import slurm
     from kit.launch import jobs
 
     target = lib.target_of(job_dir)
     indices = jobs.task_indices(job_dir)
     offsets: dict[Path, int] = {}
-    ended_at = None
-    while True:
-        grew = False
-        paths = [(p, "") for p in sorted((job_dir / "logs").glob("slurm-*.out"))]
-        paths += [(p, f"task {i}: ") for i in indices for p in sorted((job_dir / "tasks" / str(i) / "logs").glob("slurm-*.out"))]
-        for path, prefix in paths:
-            try:
-                with open(path, "rb") as f:
-                    f.seek(offsets.get(path, 0))
-                    data = f.read()
-            except OSError:
-                continue
-            cut = data.rfind(b"\n") + 1  # whole lines only
-            if cut:
-                text = data[:cut].decode(errors="replace")
-                if prefix:
-                    text = "".join(prefix + line for line in text.splitlines(keepends=True))
-                sys.stdout.write(text)
-                sys.stdout.flush()
-                offsets[path] = offsets.get(path, 0) + cut
-                grew = True
-        if grew:
-            ended_at = None
-        ended = _ended(target, job_dir, job_id)
-        if ended:
-            ended_at = ended_at or time.monotonic()
-            if time.monotonic() - ended_at > 1.0:  # the last lines are in
-                click.echo(f"kit: job {job_id} ended {ended}", err=True)
-                return 0
-        time.sleep(0.5)
+    ended_at: list[float | None] = [None]
+
+    def check() -> str | None:
+        if _print_new(job_dir, indices, offsets):
+            ended_at[0] = None
+        ended = _ended(_states(target, job_dir, job_id))  # ControllerUnreachable: follow() asks again
+        if not ended:
+            ended_at[0] = None
+            return None
+        ended_at[0] = ended_at[0] or time.monotonic()
+        return ended if time.monotonic() - ended_at[0] > 1.0 else None  # the last lines are in
+
+    ended = slurm.follow(check, what=f"job {job_id}", poll=0.5, timeout=None, outage=900.0,
+                         on_outage=lambda message: click.echo(f"kit: {message}", err=True))
+    click.echo(f"kit: job {job_id} ended {ended}", err=True)
+    return 0
+
+
+def _print_new(job_dir: Path, indices: list[int], offsets: dict[Path, int]) -> bool:
+    """Print what the batch logs gained since ``offsets`` (whole lines); True if any."""
+    from kit import files
+
+    grew = False
+    paths = [(p, "") for p in sorted((job_dir / "logs").glob("slurm-*.out"))]
+    paths += [(p, f"task {i}: ") for i in indices for p in sorted((job_dir / "tasks" / str(i) / "logs").glob("slurm-*.out"))]
+    for path, prefix in paths:
+        try:
+            with files.open_regular(path) as (fd, _):
+                os.lseek(fd, offsets.get(path, 0), os.SEEK_SET)
+                data = os.read(fd, 16 << 20)
+        except OSError:
+            continue
+        cut = data.rfind(b"\n") + 1  # whole lines only
+        if cut:
+            text = data[:cut].decode(errors="replace")
+            if prefix:
+                text = "".join(prefix + line for line in text.splitlines(keepends=True))
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            offsets[path] = offsets.get(path, 0) + cut
+            grew = True
+    return grew

@@ -166,6 +166,9 @@ def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, sw
             slurm.check_partition(target, job.spec.partition, origins.label("partition"))
         if job.spec.mpi != "none":
             slurm.check_mpi(target, job.spec.mpi, origins.label("mpi"))
+        slurm.check_fits(target, job.spec.partition, job.spec.nodes, (job.spec.cpus_per_task or 1) * job.spec.ntasks_per_node,
+                         (origins.label("nodes"), origins.label("cpus_per_task")))
+        slurm.check_stop_grace(target, job.spec.stop_grace, origins.label("stop_grace"))
         deps = slurm.check_after(target, deps, origins.label("after"),
                                  note=lambda msg: click.echo(f"kit: {msg}", err=True))
     job.spec.after = [f"{job_id}:{kind}" for job_id, kind, _ in deps]
@@ -227,7 +230,8 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
         end = slurm.wait(target, job_id, poll=0.5, on_state=lambda st: say(st.state), on_outage=say,
                          on_poll=progress)
     except KeyboardInterrupt:
-        say(f"stopped waiting; the job goes on. Follow it: kit logs -f {job_dir}; cancel it: kit cancel {job_id}")
+        where = shlex.quote(str(job_dir))  # the directory, not the id: it works whatever --output-dir was
+        say(f"stopped waiting; the job goes on. Follow it: kit logs -f {where}; cancel it: kit cancel {where}")
         return 130
     if live and seen["line"]:
         click.echo("\r\x1b[K", nl=False, err=True)

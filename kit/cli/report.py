@@ -6,6 +6,10 @@ from pathlib import Path
 
 import click
 
+from kit.errors import KitError
+
+FORMATS = (".png", ".svg", ".pdf")
+
 
 @click.command()
 @click.argument("job")
@@ -28,6 +32,9 @@ def report(job, output, prometheus, min_seconds, output_dir):
     from kit.launch import jobs
     from kit.monitor.report import report as make_report
 
+    if output and Path(output).suffix.lower() not in FORMATS:
+        raise KitError(f"{output}: the report is a picture: name it .png, .svg or .pdf", field="--output",
+                       hint="a .json summary is written next to it")
     job_dir = jobs.find_job_dir(job, output_dir)
     job_id = jobs.job_id_of(job_dir) or job_dir.name
     prometheus = prometheus or LocalCluster().prometheus_url()

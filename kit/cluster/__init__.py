@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kit import files
 from kit.cluster import config
 from kit.errors import KitError
 from kit.home import kit_home  # noqa: F401  (kit.cluster.kit_home, as before)
@@ -297,9 +298,7 @@ class LocalCluster:
             gpu.parent.mkdir(parents=True, exist_ok=True)
             gpu.touch()
         (r / "gres.conf").write_text(config.gres_conf(st, r))
-        tmp = self.conf.with_suffix(".tmp")
-        tmp.write_text(config.slurm_conf(st, r, _user(), self._next_job_id()))
-        tmp.rename(self.conf)
+        files.write_atomic(self.conf, config.slurm_conf(st, r, _user(), self._next_job_id()))
 
     def _start(self, nodes: int, cpus: int, gpus: int, timeout: float, progress) -> ClusterState:
         ports = _free_ports(nodes + 1)
@@ -403,9 +402,7 @@ class LocalCluster:
         return pyxis_plugin() if st.containers == "pyxis" else str(self.root / "spank_kit_pyxis.so")
 
     def _save(self, st: ClusterState) -> None:
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(st), indent=2) + "\n")
-        tmp.rename(self.state_file)
+        files.write_atomic(self.state_file, json.dumps(asdict(st), indent=2) + "\n")
 
     def _read_pid(self, path: Path, name: str, timeout: float = 10.0) -> int:
         deadline = time.monotonic() + timeout
@@ -562,8 +559,9 @@ def _saved_job_id_sequence(path: Path) -> int:
 
 def job_processes(conf: str) -> list[tuple[int, str, str]]:
     """(pid, comm, job id) of every process of the jobs of the Slurm whose config is ``conf``:
-    slurmstepd and the tasks both carry SLURM_CONF in their environment; the daemons,
-    this process and its ancestors are left out."""
+    slurmstepd and the tasks both carry SLURM_CONF in their environment, and every process
+    below one of them is theirs too, whatever its environment (a daemon started with
+    ``env -i``); the daemons, this process and its ancestors are left out."""
     needle = f"SLURM_CONF={conf}".encode()
     keep = {0}
     pid = os.getpid()
@@ -590,6 +588,30 @@ def job_processes(conf: str) -> list[tuple[int, str, str]]:
         job = next((e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"SLURM_JOB_ID=")), "")
         if job or comm == "slurmstepd":
             found.append((int(entry), comm, job))
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    seen = {pid for pid, _, _ in found}
+    queue = [(pid, job) for pid, _, job in found]
+    while queue:
+        pid, job = queue.pop()
+        for child in children.get(pid, []):
+            if child in seen or child in keep:
+                continue
+            seen.add(child)
+            try:
+                with open(f"/proc/{child}/comm") as f:
+                    comm = f.read().strip()
+            except OSError:
+                continue
+            if comm not in ("slurmd", "slurmctld"):
+                found.append((child, comm, job))
+                queue.append((child, job))
     return found
 
 

@@ -15,13 +15,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from kit import files
 from kit.core import sweep as sweep_lib
 from kit.errors import KitError
 
-try:  # Python 3.11+
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover
-    import tomli as tomllib  # type: ignore[no-redef]
 
 
 @dataclass
@@ -123,6 +120,8 @@ DEFAULTS: dict[str, Any] = {
 RESERVED_ENV = frozenset({
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
 })
+MAX_INT = 2 ** 31 - 1  # counts and seconds: what Slurm's fields and bash arithmetic hold
+MAX_JOB_NAME = 200
 # Linux's limit on one argument or environment string (MAX_ARG_STRLEN), NUL included.
 MAX_ENV_STRING = 32 * 4096
 # kit's own variables a job may set with --env (the exporter reads it).
@@ -138,6 +137,7 @@ OWNED_SBATCH = {
     "--kill-on-invalid-dep": "--after", "--signal": "--signal", "--requeue": "--max-restarts",
     "--no-requeue": "--max-restarts", "--open-mode": "(kit appends to logs)", "--parsable": "--json",
     "--wait": "--wait", "-W": "--wait", "--ntasks": "--ntasks-per-node", "-n": "--ntasks-per-node",
+    "--wrap": "the command after -- (kit writes the batch script)",
 }
 # sbatch's short options that take no value (the letters after them are more options).
 _SBATCH_FLAGS = frozenset("hHkOQsuvV")
@@ -253,20 +253,21 @@ def parse_signal(value: str) -> str:
 
 
 # ---------------------------------------------------------------- job files
+JOB_FILE_LIMIT = 4 << 20  # a job file is a few lines; /dev/zero is not one
+
+
 def load_job_file(path: str | Path) -> tuple[JobSpec, Origins]:
     """Read a TOML job file: top-level keys are JobSpec fields (dashes or underscores)."""
     p = Path(path)
     label = str(path)
     try:
-        raw = p.read_bytes()
+        data = files.read_toml(p, JOB_FILE_LIMIT)
     except FileNotFoundError:
         raise KitError(f"no such job file: {path}", field="--job-file",
                        hint="give the path of a TOML job file (see README: job files)") from None
     except OSError as e:
         raise KitError(f"cannot read {path}: {e.strerror}", field="--job-file") from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+    except ValueError as e:
         raise KitError(f"not valid TOML: {e}", field=label,
                        hint="fix the file; TOML strings need quotes, e.g. time = \"1:00:00\"") from None
     spec = JobSpec()
@@ -376,6 +377,11 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
         if value is not None and value < low:
             raise err(name, f"must be at least {low}, got {value}")
 
+    for name in sorted(_INT_FIELDS):  # what Slurm and bash hold (a 32-bit count, seconds)
+        value = getattr(s, name)
+        if isinstance(value, int) and value > MAX_INT:
+            raise err(name, f"must be at most {MAX_INT}, got {value}")
+
     if not s.command:
         raise KitError("no command to run", field="command",
                        hint="put the command after --, e.g. kit launch --nodes 2 -- python -m kit.train")
@@ -437,6 +443,9 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
         value = getattr(s, name)
         if value is not None and value == "":
             raise err(name, "must not be empty")
+    if len(s.job_name) > MAX_JOB_NAME:
+        raise err("job_name", f"{len(s.job_name)} characters; at most {MAX_JOB_NAME}",
+                  hint="a short name: it names the job directory and shows in squeue")
     _check_no_nul(s, origins)
     for arg in s.sbatch_args:
         if not arg.startswith("-"):

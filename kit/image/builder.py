@@ -11,6 +11,7 @@ Nothing is left behind on failure; the image appears by an atomic rename.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import fcntl
 import json
@@ -462,9 +463,13 @@ def _place(src: Path, dst: Path) -> None:
     tmp.unlink(missing_ok=True)
     try:
         try:
-            os.link(src, tmp)
-        except OSError:
-            shutil.copyfile(src, tmp)
+            os.link(src, tmp)  # never follows a name planted at tmp: it fails
+        except OSError as e:
+            if e.errno == errno.EEXIST:
+                raise
+            with open(src, "rb") as r, os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                                         | os.O_CLOEXEC, 0o644), "wb") as w:
+                shutil.copyfileobj(r, w, 1 << 20)
         os.replace(tmp, dst)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -20,8 +20,9 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kit import files
 from kit.image import ignore as ignores
-from kit.image.recipe import Base, Recipe, context_path, pip_requirements
+from kit.image.recipe import SOURCE_LIMIT, Base, Recipe, context_path, pip_requirements
 from kit.errors import KitError
 
 # Accepted, with a one-line notice: they mean nothing to an enroot image.
@@ -412,12 +413,17 @@ def load(path: str | Path, *, build_args: dict[str, str] | None = None, target: 
     ``FROM`` paths lie in its directory (the context) or under one of ``base_roots``."""
     p = Path(path)
     label = str(path)
-    try:
-        text = p.read_text(encoding="utf-8").removeprefix("\ufeff")  # a BOM, as Docker accepts
+    try:  # a symlink is followed (the user named it), to a regular file of text only
+        text = files.read_bytes(p, SOURCE_LIMIT, follow=True).decode("utf-8").removeprefix("\ufeff")  # a BOM, as Docker
     except FileNotFoundError:
         raise KitError(f"no such Dockerfile: {path}", field="DOCKERFILE") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise KitError(f"cannot read: {e}", field=label) from None
+    except OSError as e:
+        raise KitError(f"cannot read: {e.strerror}", field=label) from None
+    except UnicodeDecodeError as e:
+        raise KitError(f"not UTF-8 text: {e}", field=label) from None
+    if "\0" in text:
+        raise KitError(f"line {text.count(chr(10), 0, text.index(chr(0))) + 1}: a NUL byte", field=label,
+                       hint="a Dockerfile is text; no path, value or command can hold a NUL byte")
     builder = _Builder(p, label, build_args or {}, notice, tuple(Path(r) for r in base_roots))
     builder.run(parse(text, label))
     if not builder.stages:

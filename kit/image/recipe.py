@@ -30,13 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kit import files
 from kit.errors import KitError
 from kit.image import REGISTRY_REF
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover
-    import tomli as tomllib  # type: ignore[no-redef]
 
 # mksquashfs options per --compression choice.
 COMPRESSION = {
@@ -112,18 +108,33 @@ def _base(kind: str, value: str, where: Path, label: str) -> Base:
     return Base(kind, str(path))
 
 
+SOURCE_LIMIT = 4 << 20  # a recipe or Dockerfile is text of a few kB; /dev/zero is not one
+
+
+def _has_nul(value) -> bool:
+    if isinstance(value, str):
+        return "\0" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
 def load(path: str | Path, base_override: str | None = None) -> Recipe:
     p = Path(path)
     label = str(path)
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        data = files.read_toml(p, SOURCE_LIMIT)
     except FileNotFoundError:
         raise KitError(f"no such recipe: {path}", field="RECIPE",
                        hint="give a recipe file, e.g. containers/cpu-lightning.toml") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise KitError(f"cannot read: {e}", field=label) from None
-    except tomllib.TOMLDecodeError as e:
+    except OSError as e:
+        raise KitError(f"cannot read: {e.strerror}", field=label) from None
+    except ValueError as e:
         raise KitError(f"not valid TOML: {e}", field=label) from None
+    if _has_nul(data):
+        raise KitError("a value holds a NUL byte (\\u0000)", field=label, hint="no path or command can hold one")
     where = p.resolve().parent
     for key in data:
         if key not in TOP_KEYS:

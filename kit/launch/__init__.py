@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import stat
 import secrets
 import shutil
 import sys
@@ -19,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit import __version__, slurm
+from kit import __version__, files, slurm
 from kit.core import bash, outcome
 from kit.core import sweep as sweep_lib
 from kit.core.spec import ResolvedJob, parse_after
@@ -252,7 +251,7 @@ def resolve_after(job: ResolvedJob, label: str) -> list[tuple[str, str, Path | N
             continue
         d = Path(ref).expanduser()
         try:
-            job_id = (d / "job_id").read_text().strip() if d.is_dir() else ""
+            job_id = files.read_text(d / "job_id", 64).strip() if d.is_dir() else ""
         except OSError:
             job_id = ""
         if not job_id.isdigit():
@@ -296,9 +295,15 @@ def submit(prepared: PreparedJob, target: slurm.Target) -> PreparedJob:
         shutil.rmtree(prepared.job_dir, ignore_errors=True)
         raise
     prepared.job_id = job_id
-    # Which Slurm has it, for kit logs/cancel later (written first: job_id marks a submitted job).
-    (prepared.job_dir / "slurm.json").write_text(json.dumps({"target": target.name, "conf": target.conf}) + "\n")
-    (prepared.job_dir / "job_id").write_text(job_id + "\n")
+    # job_id first (it marks a submitted job), then which Slurm has it (for kit ps/logs/cancel).
+    try:
+        files.write_atomic(prepared.job_dir / "job_id", job_id + "\n")
+        files.write_atomic(prepared.job_dir / "slurm.json",
+                           json.dumps({"target": target.name, "conf": target.conf}) + "\n")
+    except OSError as e:
+        raise KitError(f"job {job_id} was submitted and runs, but its record in {prepared.job_dir} could not be "
+                       f"written: {e.strerror}", exit_code=1,
+                       hint=f"free space there; scancel {job_id} stops it") from None
     jobs.remember(prepared.job_dir)
     return prepared
 
@@ -334,19 +339,11 @@ def target_of(job_dir: Path) -> slurm.Target:
     where = jobs.array_job_dir(job_dir) or Path(job_dir)
     record = where / "slurm.json"
     try:
-        fd = os.open(record, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        with files.open_regular(record) as (fd, st):
+            owner_ok = st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022 and _trusted(where)
+            rec = files.loads(os.read(fd, 1 << 16).decode("utf-8", errors="replace"))
+    except (OSError, ValueError):
         return select_target(None)[0]
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return select_target(None)[0]
-        owner_ok = st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022 and _trusted(where)
-        rec = json.loads(os.read(fd, 1 << 16).decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return select_target(None)[0]
-    finally:
-        os.close(fd)
     conf = rec.get("conf") if isinstance(rec, dict) else None
     name = rec.get("target") if isinstance(rec, dict) else None
     if conf is not None and (not isinstance(conf, str) or "\0" in conf):

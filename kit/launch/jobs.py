@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kit import files
 from kit.errors import KitError
 
 
@@ -36,7 +37,7 @@ def find_job_dir(job: str, output_dir: str | Path) -> Path:
     matches = []
     for p in Path(output_dir).glob("*/job_id"):
         try:
-            if p.read_text().strip() == job:
+            if files.read_text(p, 64).strip() == job:
                 matches.append(p.parent)
         except OSError:
             continue
@@ -61,8 +62,7 @@ def remember(job_dir: Path) -> None:
     path = _index_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(str(Path(job_dir).resolve())) + "\n")
+        files.append(path, json.dumps(str(Path(job_dir).resolve())) + "\n", 0o600)
     except OSError:
         pass  # kit ps still finds it with --output-dir
 
@@ -81,12 +81,12 @@ def known_job_dirs(output_dirs: list[Path]) -> list[Path]:
         if when is not None:  # else gone, or never submitted
             found.setdefault(d, when)
     try:
-        lines = _index_path().read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = files.read_text(_index_path(), 64 << 20).splitlines()
     except OSError:
         lines = []
     for line in lines:
         try:
-            name = json.loads(line)
+            name = files.loads(line)
         except ValueError:
             continue  # a torn line
         if isinstance(name, str) and "\0" not in name:
@@ -112,12 +112,12 @@ def task_indices(job_dir: Path) -> list[int]:
 def last_run(job_dir: Path) -> dict | None:
     """The last line of ``runs.jsonl`` (how the latest run ended), if any."""
     try:
-        lines = (job_dir / "runs.jsonl").read_text(errors="replace").splitlines()
+        lines = files.read_text(job_dir / "runs.jsonl").splitlines()
     except OSError:
         return None
     for line in reversed(lines):
         try:
-            rec = json.loads(line)
+            rec = files.loads(line)
         except ValueError:
             continue
         if isinstance(rec, dict):
@@ -130,7 +130,7 @@ def recorded_state(job_dir: Path) -> str:
     forgotten): COMPLETED only with the FINISHED marker."""
     if (job_dir / "FINISHED").exists():
         return "COMPLETED"
-    if (job_dir / CANCEL_RECORD).exists():
+    if cancelled(job_dir):
         return "CANCELLED"
     end = (last_run(job_dir) or {}).get("end")
     return "FAILED" if end in ("failed", "hang", "incomplete") else "ENDED"
@@ -148,7 +148,7 @@ def job_id_of(job_dir: Path) -> str | None:
     """The job id written at submission; ``ID_TASK`` for an array task's directory."""
     array = array_job_dir(job_dir)
     try:
-        text = ((array or job_dir) / "job_id").read_text().strip()
+        text = files.read_text((array or job_dir) / "job_id", 64).strip()
     except OSError:
         return None
     if not text.isdigit():
@@ -171,7 +171,7 @@ def ranks(job_dir: Path, run: int) -> list[int]:
 def node_of(job_dir: Path, run: int, rank: int) -> str:
     """Where a rank ran (the launcher's ``progress/r<run>/task-<rank>``: node pid)."""
     try:
-        return (job_dir / "progress" / f"r{run}" / f"task-{rank}").read_text().split()[0]
+        return files.read_text(job_dir / "progress" / f"r{run}" / f"task-{rank}", 4096).split()[0]
     except (OSError, IndexError):
         return "?"
 
@@ -191,10 +191,10 @@ def rank_ends(job_dir: Path, run: int) -> list[RankEnd]:
     out = []
     for p in (job_dir / "logs").glob(f"exit.r{run}.rank-*"):
         try:
-            t, rank, rc, how = p.read_text().split()[:4]
+            t, rank, rc, how = files.read_text(p, 4096).split()[:4]
             out.append(RankEnd(run, int(rank), node_of(job_dir, run, int(rank)), int(rc), int(t) / 1e9,
                                how == "self"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, OverflowError):
             continue
     return sorted(out, key=lambda e: (e.time, e.rank))
 
@@ -218,22 +218,38 @@ def last_lines(text: str, lines: int = 20) -> str:
 CANCEL_RECORD = "cancelled.json"
 
 
-def record_cancel(job_dir: Path, reason: str | None) -> dict:
-    """Who cancelled the job, when and why, in the job directory (before the cancel)."""
+def record_cancel(job_dir: Path, reason: str | None, tasks: list[int] | None = None) -> dict:
+    """Who cancelled the job, when and why, in the job directory (before the
+    cancel); for an array job, which ``tasks`` were still to end."""
     try:
         user = getpass.getuser()
     except Exception:  # no passwd entry for this uid
         user = str(os.getuid())
     rec = {"by": user, "host": socket.gethostname(), "time": round(time.time(), 3), "reason": reason or ""}
-    tmp = job_dir / f".{CANCEL_RECORD}.tmp"
+    if tasks is not None:
+        rec["tasks"] = sorted(tasks)
     try:
-        tmp.write_text(json.dumps(rec, indent=2) + "\n")
-        os.replace(tmp, job_dir / CANCEL_RECORD)
+        files.write_atomic(job_dir / CANCEL_RECORD, json.dumps(rec, indent=2) + "\n")
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise KitError(f"cannot write the cancel record in {job_dir}: {e.strerror}", field="JOB", exit_code=1,
                        hint="nothing was cancelled; scancel still works") from None
     return rec
+
+
+def cancelled(job_dir: Path) -> bool:
+    """Did ``kit cancel`` end this job, or this task of an array job (one the
+    array's record names as still to end)?"""
+    if (job_dir / CANCEL_RECORD).exists():
+        return True
+    array = array_job_dir(job_dir)
+    if array is None:
+        return False
+    try:
+        rec = files.read_json(array / CANCEL_RECORD)
+    except (OSError, ValueError):
+        return (array / CANCEL_RECORD).exists()  # there, but damaged: a cancel happened
+    tasks = rec.get("tasks") if isinstance(rec, dict) else None
+    return not isinstance(tasks, list) or int(Path(job_dir).name) in tasks
 
 
 @dataclass
@@ -251,8 +267,8 @@ def _rank_files(job_dir: Path) -> dict[int, dict]:
     for path in Path(job_dir).glob("metrics/*/rank-*.json"):
         m = re.fullmatch(r"rank-(\d+)\.json", path.name)
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError, RecursionError):
+            data = files.read_json(path)
+        except (OSError, ValueError):
             continue
         if not m or not isinstance(data, dict):
             continue

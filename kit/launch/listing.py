@@ -8,12 +8,11 @@ row says which source it came from.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kit import slurm
+from kit import files, slurm
 from kit.errors import KitError
 from kit.launch import jobs
 
@@ -47,7 +46,7 @@ class JobRow:
 
 def _name(job_dir: Path) -> str:
     try:
-        name = json.loads((job_dir / "job.json").read_text()).get("job_name")
+        name = files.read_json(job_dir / "job.json").get("job_name")
     except (OSError, ValueError, AttributeError):
         name = None
     return str(name) if name else job_dir.name
@@ -55,7 +54,7 @@ def _name(job_dir: Path) -> str:
 
 def _units(job_dir: Path) -> list[tuple[str, Path]]:
     """(name, directory) for a job, or for each task of an array job."""
-    job_id = jobs.job_id_of(job_dir)
+    job_id = jobs.job_id_of(job_dir) or "?"
     indices = jobs.task_indices(job_dir)
     if not indices:
         return [(job_id, job_dir)]
@@ -108,6 +107,9 @@ def list_jobs(output_dirs: list[Path], *, everything: bool = False, now: float |
     by_target: dict[slurm.Target, list[Path]] = {}
     known: dict[Path, tuple[dict[str, slurm.JobStatus], str | None]] = {}
     for d in dirs:
+        if jobs.job_id_of(d) is None:
+            known[d] = ({}, "its job_id is damaged")
+            continue
         try:
             by_target.setdefault(lib.target_of(d), []).append(d)
         except KitError as e:  # this row's problem (an untrusted or damaged record) stays in its row

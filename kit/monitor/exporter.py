@@ -26,6 +26,7 @@ from typing import Iterable
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import Metric
 
+from kit import files
 from kit.monitor.families import SourceResult, Spec, Sample, families
 from kit.monitor.naming import Naming
 
@@ -90,8 +91,7 @@ class Poller:
                     summed[key] = summed.get(key, 0.0) + s.value
         record["samples"] += [[name, {by: value}, round(total, 3)] for (name, by, value), total in summed.items()]
         try:
-            with open(self.log_path, "a") as f:
-                f.write(json.dumps(record, separators=(",", ":")) + "\n")
+            files.append(self.log_path, json.dumps(record, separators=(",", ":")) + "\n")
         except OSError as e:
             if not self._log_failed:  # once, not at every poll of a full disk
                 log.warning("metrics log %s: %s (the exporter goes on; polls are not logged while this lasts)",
@@ -223,13 +223,8 @@ class Exporter:
         host = self.advertise or advertise_address(self.bind)
         job = self.labels.get("slurm_job_id", "nojob")
         name = f"kit-{job}-{self.node}-{self.port}.json"
-        tmp = self.targets_dir / f".{name}.tmp{os.getpid()}"
-        try:
-            tmp.write_text(json.dumps([{"targets": [f"{host}:{self.port}"], "labels": self.labels}], indent=1) + "\n")
-            os.replace(tmp, self.targets_dir / name)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        files.write_atomic(self.targets_dir / name,
+                           json.dumps([{"targets": [f"{host}:{self.port}"], "labels": self.labels}], indent=1) + "\n")
         self.target_file = self.targets_dir / name
 
     def stop(self) -> None:

@@ -22,6 +22,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kit import files as kit_files  # (load_logs has its own `files`)
 from kit.errors import KitError
 
 IDLE_UTIL = 5.0  # % under which a GPU counts as idle
@@ -159,8 +160,8 @@ def parse_record(line: str) -> list[tuple[tuple[str, str, str], float, float]] |
     """One metrics-log line as ((metric, node, gpu-or-rank-or-mode), time, value)
     points; None when the line is damaged (torn, not a record, bad fields)."""
     try:
-        rec = json.loads(line)
-    except (ValueError, RecursionError):
+        rec = kit_files.loads(line)
+    except ValueError:
         return None
     if not isinstance(rec, dict) or not isinstance(rec.get("samples", []), list):
         return None
@@ -182,32 +183,33 @@ def parse_record(line: str) -> list[tuple[tuple[str, str, str], float, float]] |
     return points
 
 
+LONGEST_RECORD = 1 << 20  # one exporter poll's line is a few kB
+
+
 def load_logs(job_dir: Path) -> Logs:
     """The job's metrics logs (``logs/<node>.r<run>.metrics.jsonl``)."""
     logs = Logs(defaultdict(list))
-    files = sorted((job_dir / "logs").glob("*.metrics.jsonl"))
-    if not files:
+    paths = sorted((job_dir / "logs").glob("*.metrics.jsonl"))
+    if not paths:
         raise KitError(f"no metrics logs in {job_dir / 'logs'}", field="JOB",
                        hint="the job ran without the exporter (--no-exporter), or has not started")
-    for path in files:
+    for path in paths:
         m = re.fullmatch(r".*\.r(\d+)\.metrics\.jsonl", path.name)
         run = int(m.group(1)) if m else 0
         try:
-            text = path.read_text(errors="replace")
-        except OSError:
+            for line in kit_files.lines(path, longest=LONGEST_RECORD):
+                points = parse_record(line) if line is not None else None
+                if points is None:
+                    logs.damaged += 1
+                    continue
+                for key, t, value in points:
+                    logs.series[key].append((t, value))
+                    span = logs.runs.setdefault(run, [t, t])
+                    span[0], span[1] = min(span[0], t), max(span[1], t)
+                    if key[0] == "training_step":
+                        logs.run_steps[run] = max(logs.run_steps.get(run, value), value)
+        except OSError:  # not a regular file, or unreadable: this log only
             logs.damaged += 1
-            continue
-        for line in text.splitlines():
-            points = parse_record(line)
-            if points is None:
-                logs.damaged += 1
-                continue
-            for key, t, value in points:
-                logs.series[key].append((t, value))
-                span = logs.runs.setdefault(run, [t, t])
-                span[0], span[1] = min(span[0], t), max(span[1], t)
-                if key[0] == "training_step":
-                    logs.run_steps[run] = max(logs.run_steps.get(run, value), value)
     if not any(logs.series.values()):
         raise KitError(f"no readable samples in the metrics logs in {job_dir / 'logs'}"
                        + (f" ({logs.damaged} damaged line(s))" if logs.damaged else ""), field="JOB", exit_code=1,
@@ -314,14 +316,14 @@ def _checkpoint_steps(job_dir: Path | None) -> dict[int, float]:
     """Each run's checkpoint step at its end (``runs.jsonl``; -1: none)."""
     out = {}
     try:
-        lines = (job_dir / "runs.jsonl").read_text(errors="replace").splitlines() if job_dir else []
+        lines = kit_files.read_text(job_dir / "runs.jsonl").splitlines() if job_dir else []
     except OSError:
         lines = []
     for line in lines:
         try:
-            rec = json.loads(line)
+            rec = kit_files.loads(line)
             out[int(rec["run"])] = float(rec["checkpoint_step"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError):
             continue
     return out
 
@@ -478,8 +480,15 @@ def plot(series: Series, summary: Summary, out: Path, logs: Logs | None = None) 
     axes[-1, 0].set_xlabel("seconds since the first sample" + ("; red lines: restarts" if restarts else ""))
     fig.suptitle(f"kit job {summary.job}")
     fig.tight_layout()
-    fig.savefig(out, dpi=80)
+    _save(fig, out)
     plt.close(fig)
+
+
+def _save(fig, out: Path) -> None:
+    """The figure as ``out`` (its format from the name), replaced atomically: a planted
+    symlink at ``out`` is replaced, never followed."""
+    with kit_files.replacing(out) as f:
+        fig.savefig(f, dpi=80, format=out.suffix[1:].lower())
 
 
 def report(job_dir: Path, job: str, out: Path, prometheus: str | None = None,
@@ -500,7 +509,7 @@ def report(job_dir: Path, job: str, out: Path, prometheus: str | None = None,
         source += f"; {logs.damaged} damaged log line(s) skipped"
     summary = summarize(series, job, source, logs, job_dir, min_seconds)
     plot(series, summary, out, logs)
-    (out.with_suffix(".json")).write_text(json.dumps(asdict(summary), indent=2) + "\n")
+    kit_files.write_atomic(out.with_suffix(".json"), json.dumps(asdict(summary), indent=2) + "\n")
     return summary
 
 
@@ -527,15 +536,15 @@ TASK_HEADER = f"{'task':>5}  {'parameters':<30}  {'end':<10}  {'restarts':>8}  {
 
 def _task_summary(d: Path) -> tuple[TaskSummary, list]:
     try:
-        params = json.loads((d / "params.json").read_text())
+        params = kit_files.read_json(d / "params.json")
         params = params if isinstance(params, dict) else {}
     except (OSError, ValueError):
         params = {}
     ends = []
     try:
-        for line in (d / "runs.jsonl").read_text().splitlines():
+        for line in kit_files.read_text(d / "runs.jsonl").splitlines():
             try:
-                rec = json.loads(line)
+                rec = kit_files.loads(line)
             except ValueError:
                 continue
             if isinstance(rec, dict):
@@ -588,7 +597,8 @@ def report_tasks(job_dir: Path, job: str, out: Path) -> list[TaskSummary]:
     else:
         ax.text(0.5, 0.5, "no training loss samples", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
-    fig.savefig(out, dpi=80)
+    _save(fig, out)
     plt.close(fig)
-    out.with_suffix(".json").write_text(json.dumps({"job": job, "tasks": [asdict(r) for r in rows]}, indent=2) + "\n")
+    kit_files.write_atomic(out.with_suffix(".json"), json.dumps({"job": job, "tasks": [asdict(r) for r in rows]},
+                                                                indent=2) + "\n")
     return rows

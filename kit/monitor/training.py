@@ -8,10 +8,10 @@ the files of its node's ranks. No multiprocess mode, no extra collective.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
+from kit import files
 from kit.monitor.families import Sample, SourceResult, Spec
 
 FIELDS: tuple[tuple[str, Spec], ...] = (
@@ -29,7 +29,7 @@ FIELDS: tuple[tuple[str, Spec], ...] = (
 def parse(text: str) -> dict:
     """One rank file's fields (unknown keys ignored, bad values dropped);
     ValueError when the file is not a JSON object."""
-    data = json.loads(text)
+    data = files.loads(text)
     if not isinstance(data, dict):
         raise ValueError(f"expected a JSON object, got {type(data).__name__}")
     out = {"rank": str(data.get("rank", "?"))[:64]}
@@ -46,9 +46,7 @@ def parse(text: str) -> dict:
 def write(directory: Path, rank: int, values: dict) -> None:
     """Atomically (re)write one rank's file."""
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".rank-{rank}.json.tmp"
-    tmp.write_text(json.dumps({"rank": rank, **values}))
-    os.replace(tmp, directory / f"rank-{rank}.json")
+    files.write_atomic(directory / f"rank-{rank}.json", json.dumps({"rank": rank, **values}))
 
 
 class TrainingSource:
@@ -63,12 +61,12 @@ class TrainingSource:
             return SourceResult([], True, 0.0)
         out = []
         try:
-            files = sorted(self.directory.glob("rank-*.json")) if self.directory.is_dir() else []
+            paths = sorted(self.directory.glob("rank-*.json")) if self.directory.is_dir() else []
             bad = []
-            for path in files:
+            for path in paths:
                 try:
-                    values = parse(path.read_text())
-                except (OSError, ValueError, RecursionError):
+                    values = parse(files.read_text(path, 1 << 20))
+                except (OSError, ValueError):
                     bad.append(path.name)  # torn, being replaced, or garbage: that rank only
                     continue
                 labels = {"rank": values["rank"]}

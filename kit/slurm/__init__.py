@@ -134,6 +134,47 @@ def check_partition(target: Target, partition: str, label: str) -> None:
                        hint="partitions here: " + (", ".join(known) or "(none)"))
 
 
+def check_fits(target: Target, partition: str | None, nodes: int, cpus_per_node: int, labels: tuple[str, str]) -> None:
+    """The request can ever run: the partition (the job's, else the default one)
+    has ``nodes`` nodes with ``cpus_per_node`` CPUs each. Slurm would queue an
+    impossible request and leave it pending for good."""
+    out = target.run(["sinfo", "--noheader", "--Node", "--format=%N|%c|%P"], what="sinfo", check=False).stdout
+    cpus: dict[str, int] = {}
+    for line in out.splitlines():
+        name, _, rest = line.partition("|")
+        count, _, part = rest.partition("|")
+        wanted = part.strip().endswith("*") if partition is None else part.strip().rstrip("*") == partition
+        if wanted and count.strip().isdigit():
+            cpus[name.strip()] = int(count)
+    if not cpus:
+        return  # sinfo said nothing usable: sbatch will tell
+    where = f"partition {partition}" if partition else "the default partition"
+    if nodes > len(cpus):
+        raise KitError(f"{where} has {len(cpus)} node(s); {nodes} asked for would wait forever", field=labels[0],
+                       hint=f"ask for at most {len(cpus)}")
+    fitting = sorted((c for c in cpus.values() if c >= cpus_per_node), reverse=True)
+    if len(fitting) < nodes:
+        raise KitError(f"{nodes} node(s) with {cpus_per_node} CPUs each: {where} has "
+                       f"{len(fitting)} such node(s) (its largest has {max(cpus.values())} CPUs); the job would "
+                       "wait forever", field=labels[1],
+                       hint="ask for fewer CPUs per task or fewer tasks per node")
+
+
+def kill_wait(target: Target) -> int | None:
+    """Slurm's KillWait (seconds between a job's TERM and its KILL), or None if unknown."""
+    out = target.run(["scontrol", "show", "config"], what="scontrol", check=False).stdout
+    m = re.search(r"^KillWait\s*=\s*(\d+)", out, re.M)
+    return int(m.group(1)) if m else None
+
+
+def check_stop_grace(target: Target, grace: int, label: str) -> None:
+    """kit's grace between a stop's TERM and its KILL must end before Slurm's own KILL."""
+    wait = kill_wait(target)
+    if wait is not None and grace >= wait:
+        raise KitError(f"a grace of {grace} s would be cut short: Slurm kills a job's processes {wait} s "
+                       "(KillWait) after it signals them", field=label, hint=f"use a --stop-grace below {wait}")
+
+
 def mpi_types(target: Target) -> list[str]:
     """The MPI plugin types the target's srun offers (``srun --mpi=list``)."""
     proc = target.run(["srun", "--mpi=list"], what="srun --mpi=list", check=False)
@@ -315,7 +356,7 @@ class _Final:
         return False
 
 
-def _follow(check: Callable[[], object], *, what: str, poll: float, timeout: float | None, outage: float,
+def follow(check: Callable[[], object], *, what: str, poll: float, timeout: float | None, outage: float,
             on_outage: Callable[[str], None] | None):
     """Call ``check`` every ``poll`` seconds until it returns something. A
     controller that does not answer is asked again for up to ``outage``
@@ -366,7 +407,7 @@ def wait(target: Target, job_id: str, *, poll: float = 1.0, timeout: float | Non
             on_poll(st)
         return st if final(job_id, st) else None
 
-    return _follow(check, what=f"job {job_id}", poll=poll, timeout=timeout, outage=outage, on_outage=on_outage)
+    return follow(check, what=f"job {job_id}", poll=poll, timeout=timeout, outage=outage, on_outage=on_outage)
 
 
 def wait_array(target: Target, array_id: str, indices: Iterable[int], *, poll: float = 1.0,
@@ -387,7 +428,7 @@ def wait_array(target: Target, array_id: str, indices: Iterable[int], *, poll: f
         done = [final(i, st) for i, st in states.items()]
         return states if all(done) else None
 
-    return _follow(check, what=f"array job {array_id}", poll=poll, timeout=timeout, outage=outage,
+    return follow(check, what=f"array job {array_id}", poll=poll, timeout=timeout, outage=outage,
                    on_outage=on_outage)
 
 

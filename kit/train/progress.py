@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import os
 
+from kit import files
+
 
 def _write(path: str | None, text: str) -> None:
     if not path:
         return
-    tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        files.write_atomic(path, text)
     except OSError:
         pass  # a full or gone filesystem must not stop the training
 

@@ -9,6 +9,30 @@
 # shellcheck disable=SC2317  # functions run from traps look unreachable to shellcheck
 set -euo pipefail
 
+# This script adopts every process its command orphans (a child subreaper):
+# a daemon that leaves the session and clears its environment (`env -i
+# setsid ...`) stays below it, so the teardown finds it in the process tree.
+# prctl(PR_SET_CHILD_SUBREAPER) holds across exec: set it, then run this
+# script again. Without python3 or perl (an image with neither) the token
+# sweep below still finds what keeps its environment.
+if [[ -z "${KIT_SUBREAPER_SET-}" ]]; then
+  export KIT_SUBREAPER_SET="$$"
+  if command -v python3 >/dev/null 2>&1; then
+    exec python3 -S -c 'import os, sys
+try:
+    import ctypes
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
+except Exception:
+    pass
+os.execv(sys.argv[1], sys.argv[1:])' "${BASH}" "$0" "$@"
+  elif command -v perl >/dev/null 2>&1; then
+    exec perl -MPOSIX -e 'my %nr = (x86_64 => 157, aarch64 => 167, ppc64le => 171);
+my $n = $nr{(POSIX::uname())[4]}; syscall($n, 36, 1, 0, 0, 0) if $n; exec { $ARGV[0] } @ARGV' \
+      "${BASH}" "$0" "$@"
+  fi
+fi
+unset KIT_SUBREAPER_SET
+
 # ---- kit's shared bash functions (launch/lib.sh, pasted into both scripts) ----
 kit::log() {
   printf '[kit %s %s] %s\n' "$(date +%Y-%m-%dT%H:%M:%S%z)" "${KIT_WHO:-?}" "$*" >&2
@@ -52,6 +76,41 @@ kit::spawn() {
   kit::start "$@" </dev/null
   KIT_BG_PIDS+=("$!")
   KIT_BG_NAMES+=("${name}")
+}
+
+# kit::tree PID: PID and every process below it, in KIT_TREE (no fork: the
+# teardown calls it and must not find its own helpers).
+kit::tree() {
+  local pid file
+  local -a queue=("$1") children
+  KIT_TREE=()
+  while (( ${#queue[@]} > 0 )); do
+    pid="${queue[0]}"
+    queue=("${queue[@]:1}")
+    KIT_TREE+=("${pid}")
+    for file in /proc/"${pid}"/task/*/children; do
+      children=()
+      { read -r -a children <"${file}"; } 2>/dev/null || true
+      queue+=("${children[@]}")
+    done
+  done
+}
+
+# kit::sweep_tree: stop every process still below this script (orphans it
+# adopted included) but the rank log's writers, until none is left.
+kit::sweep_tree() {
+  local pid round
+  local -a pids
+  for (( round = 0; round < 5; round++ )); do
+    kit::tree "$$"
+    pids=()
+    for pid in "${KIT_TREE[@]:1}"; do
+      if [[ " ${KIT_DRAIN_PIDS[*]} " != *" ${pid} "* ]]; then pids+=("${pid}"); fi
+    done
+    (( ${#pids[@]} > 0 )) || return 0
+    kit::log "stopping ${#pids[@]} process(es) left below the task: ${pids[*]}"
+    KIT_STOP_TIMEOUT=2 kit::stop "${pids[@]}"
+  done
 }
 
 # kit::sweep: stop every process still carrying this task's token, scanning
@@ -149,6 +208,7 @@ kit::cleanup() {
   kit::stop_background
   # Before the drain: a process the command left behind may hold its output open.
   kit::sweep
+  kit::sweep_tree
   for pid in "${KIT_DRAIN_PIDS[@]}"; do
     for (( tries = 0; tries < 20; tries++ )); do
       kit::running "${pid}" || break
@@ -265,17 +325,10 @@ readonly KIT_RANK_LOG="${KIT_LOG_DIR}/rank-${RANK}.r${KIT_RESTART:-0}.log"
 # The command touches this file as it makes progress (see kit::answer_hang).
 export KIT_PROGRESS_FILE="${KIT_PROGRESS_DIR:?is not set: launcher.sh runs in the step that prelaunch.sh starts}/rank-${RANK}"
 
-# kit::descendants PID: PID and every process below it.
+# kit::descendants PID: PID and every process below it, one per line.
 kit::descendants() {
-  local pid
-  local -a queue=("$1") children
-  while (( ${#queue[@]} > 0 )); do
-    pid="${queue[0]}"
-    queue=("${queue[@]:1}")
-    printf '%s\n' "${pid}"
-    read -r -a children < <(cat /proc/"${pid}"/task/*/children 2>/dev/null; echo) || true
-    queue+=("${children[@]}")
-  done
+  kit::tree "$1"
+  printf '%s\n' "${KIT_TREE[@]}"
 }
 
 # kit::dump_stacks PID: what every process of the command is doing: its

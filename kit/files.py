@@ -1,0 +1,200 @@
+"""Files kit writes and reads where another user may have reached first.
+
+kit runs as root on the local cluster and, for admins, on other users' job
+directories, so every file it writes goes through one of three helpers and
+every record it reads through one reader:
+
+- :func:`replacing` / :func:`write_atomic`: a private temporary file in the
+  same directory (random name, ``O_CREAT|O_EXCL|O_NOFOLLOW``), then a rename
+  over the final name. Readers see the old file or the new one, never a part;
+  a symlink planted at the final name or at any temporary name is replaced or
+  refused, never followed.
+- :func:`create`: a file that must not exist yet (``O_EXCL|O_NOFOLLOW``).
+- :func:`append`: append to a regular file, never through a symlink.
+- :func:`read_bytes` / :func:`read_text` / :func:`read_json` / :func:`tail`:
+  a regular file only (a FIFO, a device or a symlink is an ``OSError``, so
+  nothing blocks or reads without end), at most ``limit`` bytes; JSON nested
+  too deep is a ``ValueError`` like any other damage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import IO, Iterator
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover
+    import tomli as tomllib  # type: ignore[no-redef]
+
+RECORD_LIMIT = 16 << 20  # a record kit wrote (job.json, runs.jsonl, ...) is far smaller
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike, mode: int = 0o644) -> Iterator[IO[bytes]]:
+    """A binary file that becomes ``path`` (with ``mode``) when the block ends
+    without an exception; on an exception nothing changes and the temporary
+    file is gone."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # O_EXCL|O_NOFOLLOW, 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` atomically (see :func:`replacing`)."""
+    with replacing(path, mode) as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def create(path: str | os.PathLike, data: str | bytes, mode: int = 0o644) -> None:
+    """Create ``path`` holding ``data``; it must not exist (``FileExistsError``)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        _write_all(fd, data.encode("utf-8") if isinstance(data, str) else data)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    os.close(fd)
+
+
+def append(path: str | os.PathLike, data: str | bytes, mode: int = 0o644) -> None:
+    """Append ``data`` to the regular file ``path`` (created if missing), in one write."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    try:
+        _regular(fd, path)
+        _write_all(fd, data.encode("utf-8") if isinstance(data, str) else data)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _regular(fd: int, path) -> os.stat_result:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return st
+
+
+@contextlib.contextmanager
+def open_regular(path: str | os.PathLike, follow: bool = False) -> Iterator[tuple[int, os.stat_result]]:
+    """(fd, stat) of the regular file ``path``, opened for reading without
+    following a symlink (unless ``follow``: a file the user named) and
+    without blocking on a FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, "a symlink (not followed)", str(path)) from None
+        raise
+    try:
+        yield fd, _regular(fd, path)
+    finally:
+        os.close(fd)
+
+
+def read_bytes(path: str | os.PathLike, limit: int = RECORD_LIMIT, follow: bool = False) -> bytes:
+    """The regular file ``path``; larger than ``limit`` bytes is an ``OSError``."""
+    with open_regular(path, follow) as (fd, st):
+        if st.st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+        return _read_upto(fd, limit + 1)[:limit]
+
+
+def _read_upto(fd: int, n: int) -> bytes:
+    chunks, left = [], n
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_text(path: str | os.PathLike, limit: int = RECORD_LIMIT) -> str:
+    """:func:`read_bytes` decoded as UTF-8, undecodable bytes replaced."""
+    return read_bytes(path, limit).decode("utf-8", errors="replace")
+
+
+def read_toml(path: str | os.PathLike, limit: int = RECORD_LIMIT) -> dict:
+    """The TOML file a user named (a symlink is followed; it must end at a regular
+    file of at most ``limit`` bytes): ``OSError``, or ``ValueError`` for text that is
+    not UTF-8, not TOML, or nested too deep."""
+    text = read_bytes(path, limit, follow=True).decode("utf-8")
+    try:
+        return tomllib.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+
+
+def loads(text: str | bytes) -> object:
+    """``json.loads``; nesting too deep for Python is a ``ValueError`` too."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
+
+
+def read_json(path: str | os.PathLike, limit: int = RECORD_LIMIT) -> object:
+    """The JSON value in ``path`` (``OSError`` as :func:`read_bytes`; damage is ``ValueError``)."""
+    return loads(read_text(path, limit))
+
+
+def tail(path: str | os.PathLike, nbytes: int) -> bytes:
+    """The last ``nbytes`` of the regular file ``path`` (all of it when smaller),
+    read from the end: a huge log costs ``nbytes`` of memory."""
+    with open_regular(path) as (fd, st):
+        start = max(st.st_size - nbytes, 0)
+        os.lseek(fd, start, os.SEEK_SET)
+        return _read_upto(fd, nbytes)
+
+
+def copy_out(path: str | os.PathLike, write, chunk: int = 1 << 20) -> None:
+    """Feed the regular file ``path`` to ``write`` in chunks (a huge log is never held whole)."""
+    with open_regular(path) as (fd, _):
+        while data := os.read(fd, chunk):
+            write(data)
+
+
+def lines(path: str | os.PathLike, longest: int = 1 << 20) -> Iterator[str | None]:
+    """The regular file ``path`` line by line (UTF-8, undecodable bytes replaced),
+    streamed; a line longer than ``longest`` bytes is not kept whole: it is
+    None (damage), so a file without newlines costs ``longest`` of memory."""
+    with open_regular(path) as (fd, _):
+        part, skipping = b"", False
+        while chunk := os.read(fd, 1 << 20):
+            pieces = (part + chunk).split(b"\n")
+            part = pieces.pop()
+            for piece in pieces:
+                if skipping:
+                    skipping = False
+                    continue
+                yield piece.decode("utf-8", errors="replace")
+            if len(part) > longest:
+                if not skipping:
+                    yield None
+                part, skipping = b"", True
+        if part and not skipping:
+            yield part.decode("utf-8", errors="replace")
