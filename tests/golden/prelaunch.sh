@@ -549,18 +549,30 @@ kit::rank_ends() {
   [[ -e "${files[0]}" ]] || return 0
   cat "${files[@]}"
 }
+# kit::saving: true when some rank's progress file says it is saving a checkpoint.
+kit::saving() {
+  local file line
+  for file in "${KIT_PROGRESS_DIR}"/rank-*; do
+    line=""
+    { read -r line <"${file}"; } 2>/dev/null || true
+    if [[ "${line}" == checkpoint* ]]; then return 0; fi
+  done
+  return 1
+}
+
 # kit::watch_progress STEP_PID: the hang watchdog, in the background while the
 # step runs. Each rank's command touches its KIT_PROGRESS_FILE as it makes
 # progress; once any rank of this job has ever done so, a rank whose file is
 # older than KIT_HANG_TIMEOUT (or that has not touched it KIT_FIRST_PROGRESS_TIMEOUT
-# after the step started) stops the run. A file whose first line starts with
-# "checkpoint" is saving: it gets KIT_FIRST_PROGRESS_TIMEOUT instead. The watchdog asks every
-# rank for its stacks (the launchers answer), names the suspect, then lets the
-# launchers stop their commands.
+# after the step started) stops the run. While any rank's file has a first
+# line starting with "checkpoint" (a save), every rank gets
+# KIT_FIRST_PROGRESS_TIMEOUT instead: the others wait for the saver in a
+# barrier. The watchdog asks every rank for its stacks (the launchers
+# answer), names the suspect, then lets the launchers stop their commands.
 kit::watch_progress() {
   local -r step_pid="$1" start_us="${EPOCHREALTIME/./}"
   local -r hang_us=$(( KIT_HANG_TIMEOUT * 1000000 )) first_us=$(( KIT_FIRST_PROGRESS_TIMEOUT * 1000000 ))
-  local armed=0 now name stamp sec frac rank last limit line suspect="" suspect_last=0 tries
+  local armed=0 now name stamp sec frac rank last limit saving suspect="" suspect_last=0 tries
   local -A touched=()
   kit::helper_traps
   if [[ -e "${KIT_JOB_DIR}/progress/seen" ]]; then armed=1; fi
@@ -577,7 +589,7 @@ kit::watch_progress() {
       armed=1
       : >"${KIT_JOB_DIR}/progress/seen"
     fi
-    now="${EPOCHREALTIME/./}"
+    now="${EPOCHREALTIME/./}" saving=""
     for (( rank = 0; rank < KIT_WORLD_SIZE; rank++ )); do
       if [[ -n "${touched[${rank}]-}" ]]; then
         last="${touched[${rank}]}" limit="${hang_us}"
@@ -585,10 +597,14 @@ kit::watch_progress() {
         last="${start_us}" limit="${first_us}"
       fi
       (( now - last > limit )) || continue
-      line=""
-      { read -r line <"${KIT_PROGRESS_DIR}/rank-${rank}"; } 2>/dev/null || true
-      # Saving a checkpoint: the longer first-progress timeout applies.
-      [[ "${line}" != checkpoint* ]] || (( now - last > first_us )) || continue
+      # A save on any rank: the longer first-progress timeout applies to all.
+      if (( now - last <= first_us )); then
+        if [[ -z "${saving}" ]]; then
+          saving=no
+          if kit::saving; then saving=yes; fi
+        fi
+        [[ "${saving}" == no ]] || continue
+      fi
       if [[ -z "${suspect}" ]] || (( last < suspect_last )); then suspect="${rank}" suspect_last="${last}"; fi
     done
   done
