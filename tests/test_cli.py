@@ -3,6 +3,8 @@ and nothing written or submitted when input is bad (done-means 7)."""
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 
@@ -11,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import REPO, kit
 
-from kit import __version__
+from kit import __version__, slurm
 from kit.cli import cli
 
 
@@ -213,8 +215,70 @@ def test_requests_slurm_could_never_run_are_refused_before_submission(cluster, t
          "(its largest has 4 CPUs); the job would wait forever"),
         (["--stop-grace", "30"], "kit: --stop-grace: a grace of 30 s would be cut short: Slurm kills a job's "
                                  "processes 30 s (KillWait) after it signals them"),
+        (["--mem", "64T"], "kit: --mem: 1 node(s) with 64T of memory each: the default partition has 0 such node(s) "
+                           f"(its largest has {cluster.state().memory_mb} MB for jobs); the job would wait forever"),
     ]
     for args, message in cases:
         proc = kit("launch", "--local", "--output-dir", str(out), *args, "--", "true")
         assert (proc.returncode, proc.stderr.splitlines()[0]) == (2, message), proc.stderr
         assert not out.exists()
+
+
+def test_parsable_prints_only_the_job_id(cluster, tmp_path):
+    """Issue 19 finding 11: `kit launch --parsable` prints the id alone, as sbatch does."""
+    proc = kit("launch", "--local", "--parsable", "--wait", "--output-dir", str(tmp_path / "jobs"), "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    assert re.fullmatch(r"\d+\n", proc.stdout), proc.stdout
+    assert f"kit: job {proc.stdout.strip()} ended COMPLETED" in proc.stderr
+    both = kit("launch", "--parsable", "--json", "--output-dir", str(tmp_path / "jobs"), "--", "true")
+    assert both.returncode == 2 and both.stderr.startswith("kit: --parsable: ") and not (tmp_path / "jobs2").exists()
+
+
+def test_a_per_task_variable_in_an_argument_without_a_shell_is_warned(tmp_path):
+    """Issue 19 finding 7: `--node_rank=$SLURM_NODEID` with no shell reaches torchrun literally."""
+    out = tmp_path / "jobs"
+    plain = kit("launch", "--dry-run", "--output-dir", str(out), "--", "torchrun", "--node_rank=$SLURM_NODEID",
+                "--nproc-per-node", "2", "train.py", "--global_rank", "${RANK}")
+    assert plain.returncode == 0, plain.stderr
+    warned = [line for line in plain.stderr.splitlines() if line.startswith("kit: warning: the argument")]
+    assert [w.split("'")[1] for w in warned] == ["--node_rank=$SLURM_NODEID", "${RANK}"], plain.stderr
+    assert "bash -c 'torchrun ... --node_rank=$SLURM_NODEID ...'" in warned[0]
+    for command in (["bash", "-c", "torchrun --node_rank=$SLURM_NODEID train.py"], ["python", "t.py", "--lr", "$5"]):
+        quiet = kit("launch", "--dry-run", "--output-dir", str(out), "--", *command)
+        assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.stderr
+
+
+def test_a_drained_node_is_named_at_launch_and_cluster_up_resumes_it(cluster, tmp_path):
+    """Issue 19 finding 9: a job needing a node Slurm drained is warned about (with Slurm's
+    reason), and `kit cluster up` (documented as repairing) resumes the node."""
+    env = {**os.environ, **cluster.target.env}
+    subprocess.run(["scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=kit test"], env=env, check=True)
+    try:
+        proc = kit("launch", "--local", "--nodes", "2", "--dry-run", "--output-dir", str(tmp_path / "jobs"), "--", "true")
+        assert proc.returncode == 0, proc.stderr  # a dry run asks Slurm nothing
+        proc = kit("launch", "--local", "--nodes", "2", "--parsable", "--output-dir", str(tmp_path / "jobs"), "--", "true")
+        assert proc.returncode == 0, proc.stderr
+        assert "kit: warning: node2 (drain: kit test): Slurm holds back this node; the job waits" in proc.stderr
+        up = kit("cluster", "up")
+        assert up.returncode == 0 and "resuming node2 (Slurm had it drain: kit test)" in up.stderr, up.stderr
+        state = subprocess.run(["sinfo", "--noheader", "--Node", "--nodes=node2", "--format=%t"], env=env,
+                               capture_output=True, text=True).stdout.split()
+        assert state and "drain" not in state[0], state
+        job_id = proc.stdout.strip()
+        assert slurm.wait(cluster.target, job_id, timeout=120).state == "COMPLETED"
+    finally:
+        subprocess.run(["scontrol", "update", "NodeName=node2", "State=RESUME"], env=env, check=False)
+
+
+def test_launch_inside_an_salloc_allocation_says_it_submits_a_separate_job(cluster, tmp_path):
+    """Issue 19 finding 9: `kit launch` typed in an salloc shell submits its own job: kit says so."""
+    kit_cmd = f"{sys.executable} -m kit launch --local --parsable --output-dir {tmp_path / 'jobs'} -- true"
+    proc = subprocess.run(["salloc", "--nodes", "1", "bash", "-c", kit_cmd], capture_output=True, text=True,
+                          env={**os.environ, **cluster.target.env}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    allocation = re.search(r"Granted job allocation (\d+)", proc.stderr).group(1)
+    assert f"kit: note: this shell is inside Slurm job {allocation} (an salloc allocation or a job): kit launch " \
+           "submits a separate job" in proc.stderr, proc.stderr
+    job_id = proc.stdout.strip()
+    assert job_id.isdigit() and job_id != allocation
+    assert slurm.wait(cluster.target, job_id, timeout=120).state == "COMPLETED"

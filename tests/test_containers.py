@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -117,6 +118,38 @@ def test_the_dockerfile_builds_the_same_image_as_the_toml_recipe(cluster, cpu_im
     assert "done at step=20" in read_logs(job_dir)
 
 
+def test_console_scripts_are_on_path_and_torchrun_forms_one_world_in_the_image(cluster, cpu_image, tmp_path):
+    """Issue 19 done-means 1: every console script the image's pip step installed runs (none
+    exits 126 or 127: on PATH, its #! naming the image's python), and the README's torchrun
+    example with --image, as written there, forms one world of 4 on 2 nodes."""
+    listing = subprocess.run(["unsquashfs", "-lc", str(cpu_image), "usr/local/bin"], capture_output=True,
+                             text=True).stdout
+    scripts = sorted(line.rsplit("/", 1)[1] for line in listing.splitlines() if "/usr/local/bin/" in line)
+    assert {"torchrun", "lightning"} <= set(scripts), listing
+    probe = ('for s in /usr/local/bin/*; do timeout 120 "$s" --help </dev/null >/dev/null 2>&1; '
+             'echo "script $(basename "$s") $? $(head -c 60 "$s" | head -n 1)"; done')
+    proc = kit("launch", "--local", "--wait", "--image", str(cpu_image), "--output-dir", str(tmp_path / "jobs"),
+               "--", "bash", "-c", probe, cwd=tmp_path, timeout=900)
+    job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
+    assert proc.returncode == 0, proc.stderr + read_logs(job_dir)
+    ran = {m.group(1): (int(m.group(2)), m.group(3)) for m in
+           re.finditer(r"script (\S+) (\d+) (.*)$", read_logs(job_dir), re.M)}
+    assert sorted(ran) == scripts
+    assert [name for name, (code, _) in ran.items() if code in (126, 127)] == [], ran
+    assert all(line == "#!/usr/bin/python3" for _, line in ran.values() if line.startswith("#!")), ran
+    # The README's example (launch/examples reaches the container through --mount).
+    readme = (REPO / "README.md").read_text()
+    line = next(ln.strip() for ln in readme.splitlines() if "--image" in ln and "torchrun --nproc-per-node 2" in ln)
+    args = shlex.split(line.replace("$PWD", str(REPO)).replace("cpu-lightning.sqsh", str(cpu_image)))
+    assert args[:2] == ["kit", "launch"], line
+    proc = kit("launch", "--local", "--wait", "--output-dir", str(tmp_path / "jobs"), *args[2:], cwd=REPO,
+               timeout=900)
+    job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
+    assert proc.returncode == 0, proc.stderr + read_logs(job_dir)
+    logs = read_logs(job_dir)
+    assert "world=4" in logs and "fsdp2 done" in logs, logs
+
+
 def test_an_image_without_bash_is_refused_before_submitting(small_image, tmp_path):
     proc = kit("launch", "--dry-run", "--image", str(small_image), "--output-dir", str(tmp_path / "jobs"),
                "--", "true")
@@ -135,6 +168,13 @@ def test_container_workdir_must_exist(cluster, cpu_image, tmp_path):
     # directory" (the stand-in says it with its own tag): the words both plugins share.
     assert re.search(r"(pyxis|kit-pyxis): couldn't chdir to /not/there: No such file or directory",
                      read_logs(job_dir)), read_logs(job_dir)
+    # No rank started (issue 19 finding 8): kit logs and --errors show the batch log's story.
+    logs = kit("logs", job_dir)
+    assert logs.returncode == 0 and "couldn't chdir to /not/there" in logs.stdout, logs.stdout + logs.stderr
+    assert logs.stderr.startswith("kit: no rank of run 0 has a log")
+    errors = kit("logs", job_dir, "--errors")
+    assert errors.stdout.startswith("run 0 failed (exit code ") and "couldn't chdir to /not/there" in errors.stdout, \
+        errors.stdout
 
 
 def test_environment_and_mount_flags_follow_pyxis(cluster, cpu_image, tmp_path):

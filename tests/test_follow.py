@@ -89,6 +89,35 @@ def test_logs_errors_names_the_first_failing_rank_its_node_code_and_traceback(cl
     assert exporter.stdout == expected
 
 
+TORCHRUN_CHILD = """
+import os, time
+if os.environ["RANK"] == "3":
+    raise RuntimeError("boom from child rank 3")
+time.sleep(30)
+"""
+
+
+def test_logs_errors_shows_a_torchrun_childs_error_and_rank_points_at_node(cluster, tmp_path):
+    """Issue 19 finding 8: under torchrun (one task per node) --errors shows the child's
+    RuntimeError, not only torchrun's ChildFailedError; --rank 3 (a child, not a kit rank)
+    says kit's ranks are its tasks and points at --node."""
+    (tmp_path / "child.py").write_text(TORCHRUN_CHILD)
+    job = submit(tmp_path, "--nodes", "2", "--ntasks-per-node", "1", "--max-restarts", "0",
+                 command=[sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          str(tmp_path / "child.py")])
+    end = slurm.wait(cluster.target, job["job_id"], timeout=180)
+    assert end.state == "FAILED"
+    proc = kit_plain("logs", job["job_dir"], "--errors")
+    assert proc.returncode == 0, proc.stderr
+    assert "RuntimeError: boom from child rank 3" in proc.stdout and "ChildFailedError" in proc.stdout, proc.stdout
+    child = proc.stdout.index("RuntimeError: boom from child rank 3")
+    assert proc.stdout.rfind("Traceback (most recent call last):", 0, child) > 0  # its traceback, whole
+    three = kit_plain("logs", job["job_dir"], "--rank", "3")
+    assert three.returncode == 2 and three.stderr.startswith("kit: --rank: run 0 has no rank 3: kit's ranks are its "
+                                                             "tasks, 0-1 here"), three.stderr
+    assert "kit logs --node NAME" in three.stderr
+
+
 def test_logs_follow_reads_across_a_requeue_until_the_job_ends(cluster, tmp_path):
     script = 'echo "run $KIT_RESTART start"; if [ "$KIT_RESTART" = 0 ]; then sleep 300; fi; echo "run $KIT_RESTART done"'
     job = submit(tmp_path, "--heartbeat", "0", command=["bash", "-c", script])
@@ -208,3 +237,28 @@ def test_ps_lists_a_running_and_a_finished_job_with_their_states_and_steps(clust
         slurm.wait(cluster.target, running["job_id"], timeout=90)
     rows = {r["id"]: r for r in json.loads(kit_plain("ps", "--json", cwd=tmp_path).stdout)}
     assert rows[running["job_id"]]["state"] == "CANCELLED" and not rows[running["job_id"]]["finished"]
+
+
+def test_a_job_launched_after_eval_kit_cluster_env_is_followed_from_a_fresh_shell(cluster, tmp_path):
+    """Issue 19 finding 3: the README's `eval "$(kit cluster env)"`, then a plain `kit launch`
+    (no --local); later, from a shell without SLURM_CONF, kit ps tells the job's true state
+    and kit cancel cancels it."""
+    env_line = kit_plain("cluster", "env").stdout.strip()
+    assert env_line == f"export SLURM_CONF={cluster.conf}", env_line
+    evaluated = {**env_without_slurm_conf(), "SLURM_CONF": str(cluster.conf)}
+    proc = subprocess.run([sys.executable, "-m", "kit", "launch", "--json", "--output-dir", str(tmp_path / "jobs"),
+                           "--", "sleep", "300"], capture_output=True, text=True, env=evaluated, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    job = json.loads(proc.stdout)
+    assert json.loads((Path(job["job_dir"]) / "slurm.json").read_text()) == {"target": "local",
+                                                                          "conf": str(cluster.conf)}
+    try:
+        wait_for(lambda: slurm.job_status(cluster.target, job["job_id"]).state == "RUNNING", 60, what="running")
+        ps = kit_plain("ps", "--json", "--output-dir", str(tmp_path / "jobs"), cwd=tmp_path)
+        row = next(r for r in json.loads(ps.stdout) if r["id"] == job["job_id"])
+        assert (row["state"], row["state_from"]) == ("RUNNING", "slurm"), row
+        done = kit_plain("cancel", job["job_dir"], cwd="/")
+        assert done.returncode == 0, done.stderr
+    finally:
+        subprocess.run(["scancel", job["job_id"]], env={**os.environ, **cluster.target.env}, check=False)
+    assert slurm.wait(cluster.target, job["job_id"], timeout=90).state == "CANCELLED"

@@ -174,6 +174,33 @@ def test_exporter_on_a_full_disk_serves_and_removes_its_target(tmp_path, full_di
         proc.kill()
 
 
+def test_exporter_replaces_planted_symlinks_in_a_shared_targets_directory(tmp_path):
+    """Issue 18 finding 6: another user plants its target's name (predictable: job, node,
+    port) as a symlink to a file of root's in a shared targets directory. The exporter
+    replaces the name; the file it pointed to is untouched."""
+    targets = tmp_path / "targets"
+    targets.mkdir(mode=0o777)
+    victim = tmp_path / "victim"
+    victim.write_text("root's file\n")
+    for port in (19721, 19722):
+        (targets / f"kit-77-n1-{port}.json").symlink_to(victim)
+    proc = subprocess.Popen([sys.executable, "-m", "kit.monitor", "--no-gpu", "--bind", "127.0.0.1", "--port",
+                             "19721-19722", "--targets-dir", str(targets)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env={**os.environ, "SLURM_JOB_ID": "77", "SLURMD_NODENAME": "n1"})
+    try:
+        deadline = time.monotonic() + 30
+        while not [p for p in targets.iterdir() if not p.is_symlink()] and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        (written,) = [p for p in targets.iterdir() if not p.is_symlink()]
+        assert '"targets"' in written.read_text() and victim.read_text() == "root's file\n"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert victim.read_text() == "root's file\n"
+    assert not [p.name for p in targets.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
 def test_exporter_that_cannot_write_its_target_gives_up_cleanly(tmp_path, full_disk):
     targets = full_disk / "targets"
     proc = _exporter(["--port", "19711-19720", "--targets-dir", str(targets)], subprocess.PIPE)

@@ -288,3 +288,32 @@ def test_a_damaged_jobs_index_never_breaks_ps(seed, tmp_path, monkeypatch):
             if problem:
                 failures.append(f"jobs.index {how}: {problem}")
     assert not failures, "\n".join(failures)
+
+
+def test_logs_names_must_be_names(seed):
+    """`--sidecar '**'` was a glob error (a traceback); a name is letters, digits, '.', '_', '-'."""
+    for opt, value in (("--sidecar", "**"), ("--sidecar", "../x"), ("--node", "a/b"), ("--node", "*")):
+        code, _, err = run_kit(["logs", str(seed), opt, value])
+        assert code == 2 and err.startswith(f"kit: {opt}: {value!r} is not a ") and "Traceback" not in err, err
+
+
+def test_ps_without_any_slurm_keeps_each_rows_problem_in_its_row(seed, tmp_path, monkeypatch):
+    """Issue 18 finding 13: no site Slurm, no local cluster (another KIT_HOME), one job directory
+    without its slurm.json and one with an empty job_id: kit ps answers, each row marked."""
+    out = tmp_path / "jobs"
+    for name in ("no-record", "empty-id"):
+        shutil.copytree(seed, out / name, symlinks=True)
+    (out / "no-record" / "slurm.json").unlink()
+    (out / "empty-id" / "job_id").write_text("")
+    monkeypatch.setenv("KIT_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    if any(Path(p).exists() for p in ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf")):
+        pytest.fail("this machine has a site slurm.conf: the case needs none")  # never silently skipped
+    code, stdout, err = run_kit(["ps", "--all", "--json", "--output-dir", str(out)])
+    assert code == 0, err
+    rows = {Path(r["job_dir"]).name: r for r in json.loads(stdout)}
+    assert set(rows) == {"no-record", "empty-id"}
+    # The trainer marked the work done, then rank 1 exited 3: Slurm said FAILED, and so does the directory.
+    assert rows["no-record"]["state"] == "FAILED" and "no Slurm" in rows["no-record"]["state_from"], rows
+    assert "FINISHED" in {p.name for p in seed.iterdir()}
+    assert rows["empty-id"]["id"] == "?" and "job_id is damaged" in rows["empty-id"]["state_from"]

@@ -259,3 +259,48 @@ def test_a_save_marked_on_one_rank_covers_the_ranks_waiting_for_it(cluster, tmp_
     check_end(cluster, w, state="COMPLETED", code=0, finished=True, log="rank 1 saved and went on",
               ends=["finished"])
     assert not (w.job_dir / "hang" / "r0" / "report").exists()
+
+
+BLAME = """
+import os, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+def progress(step):
+    with open(os.environ["KIT_PROGRESS_FILE"], "w") as f:
+        f.write(f"step {step}\\n")
+for step in range(100000):
+    progress(step)
+    if step == 20 and rank == 1:
+        time.sleep(1)
+        progress(step)   # the stuck rank reported last: the oldest report is the waiting rank's
+        time.sleep(600)  # stuck in user code
+    dist.all_reduce(torch.ones(1))
+    time.sleep(0.05)
+"""
+
+
+def test_the_hang_report_blames_the_rank_outside_the_collective(cluster, tmp_path):
+    """Issue 19 finding 4: rank 1 stuck in user code, rank 0 waiting for it in all_reduce
+    (and reporting progress earlier): the report names rank 1 and its node, and the
+    requeue decides about that node."""
+    from conftest import require
+
+    require("py-spy")
+    (tmp_path / "blame.py").write_text(BLAME)
+    w = launch_wait(tmp_path, "--nodes", "2", "--hang-timeout", "4", "--first-progress-timeout", "120",
+                    "--max-restarts", "1", command=[sys.executable, str(tmp_path / "blame.py")])
+    try:
+        report = w.job_dir / "hang" / "r0" / "report"
+        wait_for(report.exists, 120, poll=0.2, what="the hang report")
+        fields = dict(line.split("=", 1) for line in report.read_text().splitlines())
+        node1 = (w.job_dir / "progress" / "r0" / "task-1").read_text().split()[0]
+        assert (fields["rank"], fields["node"]) == ("1", node1), fields
+        assert "outside torch.distributed while 1 rank(s) wait in it" in fields["summary"], fields
+        assert "torch/distributed/distributed_c10d.py" in (w.job_dir / "hang" / "r0" / "rank-0.txt").read_text()
+        # The requeue is about that node (this 2-node cluster has none to spare; test_recovery's
+        # 3-node cluster shows one left out).
+        wait_for(lambda: re.search(rf"the next run (leaves out|may use) {node1}\b", read_logs(w.job_dir)), 60,
+                 what="the requeue's decision about the stuck rank's node")
+    finally:
+        scancel(cluster, w.job_id)
+        w.finish()

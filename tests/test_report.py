@@ -138,3 +138,30 @@ def test_notes_flag_waste_restarts_and_a_slow_node_with_their_thresholds(tmp_pat
                         "Training loss", "Step time (s)", "Training throughput (samples/s)"]
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["lost_seconds"] == 65.0 and len(doc["notes"]) == len(s.notes) and doc["panels"] == s.panels
+
+
+def test_without_matplotlib_the_report_is_its_numbers_and_one_line(tmp_path):
+    """Issue 19 finding 12: `pip install kit` without the report extra: kit report prints its
+    summary, writes report.json, and says in one line what to install for the picture."""
+    import os
+    import subprocess
+    import sys
+
+    logs = tmp_path / "job" / "logs"
+    logs.mkdir(parents=True)
+    lines = [json.dumps({"time": 1000.0 + i, "node": "node1", "samples": [["training_samples_total", {"rank": "0"},
+                                                                           64.0 * i]]}) for i in range(5)]
+    (logs / "node1.r0.metrics.jsonl").write_text("\n".join(lines) + "\n")
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "matplotlib.py").write_text("raise ModuleNotFoundError(\"No module named 'matplotlib'\", name='matplotlib')\n")
+    proc = subprocess.run([sys.executable, "-m", "kit", "report", str(tmp_path / "job"), "--prometheus",
+                           "http://127.0.0.1:1"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": f"{hide}:{os.environ.get('PYTHONPATH', '')}"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ("kit: warning: no picture: matplotlib is not installed; pip install 'kit[report]' "
+                           "(the numbers and report.json need nothing more)\n"), proc.stderr
+    assert "samples: 256 (64.0 samples/s)" in proc.stdout
+    assert proc.stdout.rstrip().endswith(f"report: {tmp_path / 'job' / 'report.json'}")
+    assert json.loads((tmp_path / "job" / "report.json").read_text())["panels"] == ["Training throughput (samples/s)"]
+    assert not (tmp_path / "job" / "report.png").exists()

@@ -169,7 +169,21 @@ def test_cancelled_array_tasks_stay_cancelled_once_slurm_forgets_them(cluster, t
     assert done.returncode == 0, done.stderr
     assert json.loads((w.job_dir / jobs.CANCEL_RECORD).read_text())["tasks"] == [1]
     w.finish()
+    # --wait kept the end Slurm gave each task (outcome.json): told the same way once Slurm forgets them.
+    assert [json.loads((task_dir(w, i) / jobs.OUTCOME_RECORD).read_text())["state"] for i in (0, 1)] == \
+        ["COMPLETED", "CANCELLED"]
+    assert [jobs.recorded_state(task_dir(w, i)) for i in (0, 1)] == ["COMPLETED", "CANCELLED"]
+    # Without it (a job no kit command saw end), the FINISHED marker and the cancel record tell the same.
+    for i in (0, 1):
+        (task_dir(w, i) / jobs.OUTCOME_RECORD).unlink()
     assert [jobs.recorded_state(task_dir(w, i)) for i in (0, 1)] == ["COMPLETED", "CANCELLED"]
     # kit ps's row for a task Slurm no longer knows (no status) comes from that record.
     rows = [listing._row(f"{w.job_id}_{i}", task_dir(w, i), w.job_dir, "n", None, None) for i in (0, 1)]
     assert [(r.state, r.state_from) for r in rows] == [("COMPLETED", "job directory"), ("CANCELLED", "job directory")]
+    # kit ps: one row for the array, its tasks counted; --tasks a row per task (issue 19 finding 11).
+    table = kit("ps", "--all", "--output-dir", str(w.job_dir.parent)).stdout.splitlines()
+    mine = [line.split(None, 2) for line in table if line.startswith(f"{w.job_id} ") or line.startswith(f"{w.job_id}_")]
+    assert len(mine) == 1 and mine[0][2].startswith("CANCELLED [1 CANCELLED, 1 COMPLETED]"), table
+    expanded = kit("ps", "--all", "--tasks", "--output-dir", str(w.job_dir.parent)).stdout.splitlines()
+    assert sorted(line.split()[0] for line in expanded if line.startswith(f"{w.job_id}_")) == \
+        [f"{w.job_id}_0", f"{w.job_id}_1"]

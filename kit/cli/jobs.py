@@ -34,13 +34,17 @@ def _job(job: str, output_dir: str) -> tuple[Path, str]:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per job, as a list.")
 @click.option("--output-dir", "output_dirs", multiple=True, default=("kit-jobs",), show_default=True,
               help="Also look for job directories here (repeatable); jobs kit submitted are always known.")
-def ps(everything, as_json, output_dirs):
+@click.option("-t", "--tasks", "expand", is_flag=True,
+              help="A row per task of an array job [default: one row per array job, its tasks' states counted].")
+def ps(everything, as_json, output_dirs, expand):
     """kit's jobs, newest first, with Slurm's view of them.
 
-    JOB is the job id (ID_TASK for an array task), RUN the latest run (each
+    JOB is the job id (an array job's tasks are counted in one row; --tasks
+    shows ID_TASK rows, as --json always does), RUN the latest run (each
     requeue adds one), STEP, LOSS and SAMPLES/S the training's latest report.
     A state marked * comes from the job directory: Slurm has forgotten the job
-    (or does not answer); COMPLETED then needs the job's FINISHED marker.
+    (or does not answer); it is the end Slurm gave it when kit last saw it,
+    else COMPLETED only with the job's FINISHED marker.
     """
     from kit.launch import listing
 
@@ -52,7 +56,7 @@ def ps(everything, as_json, output_dirs):
         click.echo("no jobs" + ("" if everything else " (active, or submitted in the last 24 hours); "
                                                          "kit ps --all lists every job"), err=True)
         return 0
-    for line in listing.table(rows):
+    for line in listing.table(rows if expand else listing.collapse_arrays(rows)):
         click.echo(line)
     return 0
 
@@ -117,9 +121,17 @@ def logs(job, rank, node, restart, sidecar, follow, errors, output_dir):
         for p in paths:
             _print_log(p, p.name.split(".")[0] + ": " if len(paths) > 1 else "")
         return 0
-    chosen = jobs.ranks(job_dir, run)
+    present = jobs.ranks(job_dir, run)
+    if not present and rank is None and node is None:
+        return _batch_log_instead(job_dir, run)
+    chosen = present
     if rank is not None:
         chosen = [r for r in chosen if r == rank]
+        if not chosen and present:
+            raise KitError(f"run {run} has no rank {rank}: kit's ranks are its tasks, "
+                           f"{present[0]}-{present[-1]} here", field="--rank",
+                           hint="with a per-node launcher (torchrun: one task per node) a task's log holds every "
+                                "process it started: kit logs --node NAME")
     if node is not None:
         chosen = [r for r in chosen if jobs.node_of(job_dir, run, r) == node]
     if not chosen:
@@ -127,6 +139,36 @@ def logs(job, rank, node, restart, sidecar, follow, errors, output_dir):
                        hint=f"runs with logs: {', '.join(map(str, done)) or 'none yet'}")
     for r in chosen:
         _print_log(job_dir / "logs" / f"rank-{r}.r{run}.log", f"{r}: " if len(chosen) > 1 else "")
+    return 0
+
+
+def _batch_logs(job_dir: Path) -> list[Path]:
+    return sorted((job_dir / "logs").glob("slurm-*.out"))
+
+
+def _batch_tail(job_dir: Path, lines: int) -> str:
+    """The last ``lines`` of the job's batch log(s), read from the end."""
+    from kit import files
+
+    text = ""
+    for path in _batch_logs(job_dir):
+        try:
+            text += files.tail(path, 256 << 10).decode(errors="replace")
+        except OSError:
+            continue
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _batch_log_instead(job_dir: Path, run: int) -> int:
+    """No rank of the run left a log (the step failed before any started, or it has not
+    started yet): the batch log is where its story is."""
+    tail = _batch_tail(job_dir, 40)
+    if not tail:
+        raise KitError(f"no log of run {run} yet", field="JOB", exit_code=1,
+                       hint="the job has not started (kit ps shows why it waits)")
+    click.echo(f"kit: no rank of run {run} has a log (the step failed before any started, or has not started): "
+               "the end of the batch log", err=True)
+    _print_prefixed(tail, "")
     return 0
 
 
@@ -183,6 +225,13 @@ def _errors(job_dir: Path, run_numbers: list[int]) -> int:
             text = "(its log is gone)"
         _print_prefixed(jobs.last_lines(text), "  ")
     if not found:
+        end = jobs.last_run(job_dir) or {}
+        if end.get("end") == "failed" and end.get("exit_code") not in (0, None):
+            # A step that failed before any rank ran (srun, the container, MPI): the batch log says why.
+            click.echo(f"run {end.get('run', '?')} failed (exit code {end.get('exit_code')}) with no rank failing "
+                       "by itself: the end of the batch log")
+            _print_prefixed(_batch_tail(job_dir, 20), "  ")
+            return 0
         click.echo("no rank failed by itself" + (f" in run {run_numbers[0]}" if len(run_numbers) == 1 else ""))
     return 0
 
@@ -246,8 +295,8 @@ def _print_new(job_dir: Path, indices: list[int], offsets: dict[Path, int]) -> b
     from kit import files
 
     grew = False
-    paths = [(p, "") for p in sorted((job_dir / "logs").glob("slurm-*.out"))]
-    paths += [(p, f"task {i}: ") for i in indices for p in sorted((job_dir / "tasks" / str(i) / "logs").glob("slurm-*.out"))]
+    paths = [(p, "") for p in _batch_logs(job_dir)]
+    paths += [(p, f"task {i}: ") for i in indices for p in _batch_logs(job_dir / "tasks" / str(i))]
     for path, prefix in paths:
         try:
             with files.open_regular(path) as (fd, _):

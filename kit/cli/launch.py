@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -14,6 +15,7 @@ from kit import slurm
 from kit.core import spec as specs
 from kit.core import sweep as sweep_lib
 from kit.cli.help import GroupedCommand
+from kit.errors import KitError
 
 # `kit launch --help`, by topic; the README's option table follows the same order.
 GROUPS = (
@@ -34,7 +36,7 @@ GROUPS = (
     ("Networking", "The rendezvous address and port, and MPI.",
      ("port_range", "master_interface", "mpi")),
     ("Submission", "Where the job goes, and what kit launch prints or waits for.",
-     ("where", "sbatch_args", "dry_run", "wait_", "as_json", "help")),
+     ("where", "sbatch_args", "dry_run", "wait_", "as_json", "parsable", "help")),
 )
 
 
@@ -62,7 +64,7 @@ def _str(name: str, help: str, metavar: str = "TEXT"):
 @click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE",
               help="A variable for every task (repeatable).")
 @click.option("--debug/--no-debug", default=None,
-              help="set -x, NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, CUDA_LAUNCH_BLOCKING=1.")
+              help="set -x, NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=INFO, CUDA_LAUNCH_BLOCKING=1 (--env beats each).")
 @click.option("--sbatch-arg", "sbatch_args", multiple=True, metavar="OPTION",
               help="Pass an option to sbatch as is, e.g. --sbatch-arg=--constraint=a100 (repeatable).")
 @click.option("--sidecar", "sidecars", multiple=True, metavar="COMMAND",
@@ -112,9 +114,10 @@ def _str(name: str, help: str, metavar: str = "TEXT"):
 @click.option("--dry-run", is_flag=True, help="Write the job directory and print the sbatch line; submit nothing.")
 @click.option("--wait", "wait_", is_flag=True, help="Block until the job ends; exit with its exit code.")
 @click.option("--json", "as_json", is_flag=True, help="Print {job_id, job_dir, sbatch_argv} as JSON.")
+@click.option("--parsable", is_flag=True, help="Print only the job id, as sbatch --parsable does (for scripts).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, sweeps, after, where, dry_run,
-           wait_, as_json, command, **fields):
+           wait_, as_json, parsable, command, **fields):
     """Submit COMMAND as a multi-node job: kit launch [OPTIONS] -- COMMAND...
 
     Writes a job directory (prelaunch.sh, launcher.sh, job.json, sbatch.json),
@@ -124,6 +127,9 @@ def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, sw
     Example:
       kit launch --nodes 2 --time 30 -- python -m kit.train --max-steps 100
     """
+    if parsable and (as_json or dry_run):
+        raise KitError("--parsable prints the submitted job's id: not with " + ("--json" if as_json else "--dry-run"),
+                       field="--parsable")
     base, origins = (specs.load_job_file(job_file) if job_file else (specs.JobSpec(), specs.Origins()))
     given = specs.JobSpec(**{k.replace("-", "_"): v for k, v in fields.items()})
     if env_items:
@@ -162,12 +168,18 @@ def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, sw
             job.spec.prometheus_targets = lib.local_prometheus_targets()
         if note:
             click.echo(f"kit: {note}", err=True)
+        inside = os.environ.get("SLURM_JOB_ID")
+        if inside:  # typed inside salloc (or a job): what is launched is a job of its own
+            click.echo(f"kit: note: this shell is inside Slurm job {inside} (an salloc allocation or a job): kit "
+                       "launch submits a separate job with nodes of its own; to use the allocation's nodes, run the "
+                       "command there with srun", err=True)
         if job.spec.partition:
             slurm.check_partition(target, job.spec.partition, origins.label("partition"))
         if job.spec.mpi != "none":
             slurm.check_mpi(target, job.spec.mpi, origins.label("mpi"))
         slurm.check_fits(target, job.spec.partition, job.spec.nodes, (job.spec.cpus_per_task or 1) * job.spec.ntasks_per_node,
-                         (origins.label("nodes"), origins.label("cpus_per_task")))
+                         job.spec.mem, (origins.label("nodes"), origins.label("cpus_per_task"), origins.label("mem")),
+                         note=lambda msg: click.echo(f"kit: warning: {msg}", err=True))
         slurm.check_stop_grace(target, job.spec.stop_grace, origins.label("stop_grace"))
         deps = slurm.check_after(target, deps, origins.label("after"),
                                  note=lambda msg: click.echo(f"kit: {msg}", err=True))
@@ -184,6 +196,8 @@ def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, sw
     lib.submit(prepared, target)
     if as_json:
         click.echo(json.dumps(prepared.as_json()))
+    elif parsable:
+        click.echo(prepared.job_id)
     else:
         click.echo(f"Submitted job {prepared.job_id}")
         click.echo(f"job dir: {prepared.job_dir}")
@@ -235,7 +249,9 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
         return 130
     if live and seen["line"]:
         click.echo("\r\x1b[K", nl=False, err=True)
-    result = slurm.job_outcome(end, job_dir)
+    if end.state != "GONE":
+        jobs.keep_outcome(job_dir, end.state)
+    result = slurm.job_outcome(end, job_dir, jobs.work_finished(job_dir))
     click.echo(f"kit: job {job_id} {result.describe()}", err=True)
     return result.exit_code
 
@@ -243,6 +259,8 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
 def wait_and_report_tasks(target: slurm.Target, prepared: lib.PreparedJob) -> int:
     """--wait on an array job: every task to its end, one line per task; the
     exit code is 0 when every task finished, else the lowest-index failing task's."""
+    from kit.launch import jobs
+
     job_id, job = prepared.job_id, prepared.job
     params = job.params or ({},) * len(job.tasks.indices)
     names = {i: " ".join(f"{k}={shlex.quote(v)}" for k, v in p.items()) for i, p in zip(job.tasks.indices, params)}
@@ -254,7 +272,10 @@ def wait_and_report_tasks(target: slurm.Target, prepared: lib.PreparedJob) -> in
                             on_state=lambda i, st: say(f"task {i}: {st.state}"))
     codes = []
     for i in job.tasks.indices:
-        result = slurm.job_outcome(ends[i], prepared.job_dir / "tasks" / str(i))
+        task = prepared.job_dir / "tasks" / str(i)
+        if ends[i].state != "GONE":
+            jobs.keep_outcome(task, ends[i].state)
+        result = slurm.job_outcome(ends[i], task, jobs.work_finished(task))
         codes.append(result.exit_code)
         label = f" ({names[i]})" if names[i] else ""
         click.echo(f"kit: job {job_id}_{i}{label} {result.describe()}", err=True)

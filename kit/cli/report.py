@@ -39,16 +39,18 @@ def report(job, output, prometheus, min_seconds, output_dir):
     job_id = jobs.job_id_of(job_dir) or job_dir.name
     prometheus = prometheus or LocalCluster().prometheus_url()
     out = Path(output) if output else job_dir / "report.png"
+    missing: list[KitError] = []
     if (job_dir / "tasks").is_dir():  # an array job or sweep: a table of its tasks
         from kit.monitor.report import TASK_HEADER, report_tasks
 
         click.echo(f"job {job_id}: {len(list((job_dir / 'tasks').iterdir()))} task(s)")
         click.echo(TASK_HEADER)
-        for row in report_tasks(job_dir, job_id, out):
+        for row in report_tasks(job_dir, job_id, out, notice=missing.append):
             click.echo(row.line())
-        click.echo(f"report: {out}")
-        return
-    summary = make_report(job_dir, job_id, out, prometheus, min_seconds)
-    for line in summary.lines():
-        click.echo(line)
-    click.echo(f"report: {out}")
+    else:
+        summary = make_report(job_dir, job_id, out, prometheus, min_seconds, notice=missing.append)
+        for line in summary.lines():
+            click.echo(line)
+    for e in missing:  # one line, the hint naming the extra; the numbers above stand
+        click.echo(f"kit: warning: {e.message}" + (f"; {e.hint}" if e.hint else ""), err=True)
+    click.echo(f"report: {out.with_suffix('.json') if missing else out}")

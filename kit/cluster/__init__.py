@@ -211,10 +211,11 @@ class LocalCluster:
                 if same:
                     if dead:
                         self._restart(st, [n for n, _ in dead], timeout, progress)
+                    resumed = self._resume_nodes(progress)
                     if prometheus and not st.prometheus_port:
                         self._start_prometheus(st, timeout, progress)
                         self._save(st)
-                    return st, bool(dead)
+                    return st, bool(dead or resumed)
                 progress("every daemon of the earlier cluster is gone: starting a new one")
                 self._end_job_processes(progress)
             self._clean()
@@ -227,6 +228,22 @@ class LocalCluster:
                     raise
                 self._save(st)
             return st, True
+
+    def _resume_nodes(self, progress) -> list[str]:
+        """Resume the nodes Slurm has drained or marked down (a daemon that died and came
+        back, a kill that outlived UnkillableStepTimeout): `up` repairs, and a node Slurm
+        holds back would keep every job that needs it pending."""
+        out = self.target.run(["sinfo", "--noheader", "--Node", "--format=%N|%t|%E"], check=False).stdout
+        held = {}
+        for line in out.splitlines():
+            name, _, rest = line.partition("|")
+            state, _, reason = rest.partition("|")
+            if any(word in state for word in ("drain", "drng", "down", "fail")):
+                held[name.strip()] = (state.strip(), reason.strip())
+        for name, (state, reason) in sorted(held.items()):
+            progress(f"resuming {name} (Slurm had it {state}: {reason or 'no reason given'})")
+            self.target.run(["scontrol", "update", f"NodeName={name}", "State=RESUME"], check=False)
+        return sorted(held)
 
     def _start_daemon(self, st: ClusterState, name: str, clear: bool = False) -> None:
         """Start slurmctld (``clear``: without its saved state) or slurmd ``name``; record its pid."""

@@ -404,6 +404,7 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
                   hint=f"use --ntasks-per-node {s.gpus_per_node} (one rank per GPU) or 1 "
                        "(a per-node launcher such as torchrun that starts its own ranks)")
     _check_devices_in_command(s, origins)
+    warnings.extend(_literal_task_variables(s.command))
     def parsed(name: str, parse):
         """``parse`` the field's value; its error names the field as the user spelled it."""
         try:
@@ -548,6 +549,28 @@ def _check_exec_sizes(s: JobSpec, origins: Origins) -> None:
         raise KitError(f"the command and --env values come to {total} bytes; kit allows {MAX_COMMAND_BYTES} "
                        "(Linux's limit for one process, less what Slurm and kit add)",
                        field=origins.label("command"), hint="put large values in a file and pass its path")
+
+
+SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh"})
+# What differs from task to task: a `$NAME` of one of these in an argument is a per-task value the user
+# expects a shell to fill in.
+PER_TASK_VARIABLES = RESERVED_ENV | {"MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "HOSTNAME", "CUDA_VISIBLE_DEVICES"}
+_DOLLAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _literal_task_variables(command: list[str]) -> list[str]:
+    """Warnings for ``$NAME`` of a per-task variable in an argument of a command no shell
+    runs: kit passes arguments as they are (no shell expands them on the nodes)."""
+    if not command or Path(command[0]).name in SHELLS:
+        return []
+    out = []
+    for arg in command[1:]:
+        names = [n for n in _DOLLAR.findall(arg) if n in PER_TASK_VARIABLES or n.startswith(("SLURM_", "PMI_"))]
+        if names:
+            out.append(f"the argument {arg!r} reaches {Path(command[0]).name} as written: no shell expands "
+                       f"${names[0]} (kit runs the command without one); for a per-task value write "
+                       f"-- bash -c '{command[0]} ... {arg} ...'")
+    return out
 
 
 def _check_devices_in_command(s: JobSpec, origins: Origins) -> None:

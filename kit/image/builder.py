@@ -124,6 +124,8 @@ def _step_extra(kind: str, value, stage_images: dict[str, Path]) -> str:
         return str(stage_images[value["stage"]]) if "stage" in value else _add_fingerprint(value)
     if kind == "kit":
         return _runtime_hash()
+    if kind == "pip":  # how a pip step lays out what it installs (console scripts on PATH since 0.x)
+        return "pip-layout-2:" + SCRIPTS_DIR
     return ""
 
 
@@ -246,20 +248,48 @@ def _step_copy(root: Path, value, label: str) -> None:
         raise KitError(e.message, field=label) from None
 
 
-def _image_python(root: Path, config, label: str) -> tuple[str, str]:
-    """(major.minor, site-packages dir) of the image's python3."""
+def _image_python(root: Path, config, label: str) -> tuple[str, str, str]:
+    """(major.minor, site-packages dir, interpreter path) of the image's python3."""
     probe = ("import site, sys; print('%d.%d' % sys.version_info[:2]); "
-             "print(([p for p in site.getsitepackages() if p.startswith('/usr/local')] or site.getsitepackages())[0])")
+             "print(([p for p in site.getsitepackages() if p.startswith('/usr/local')] or site.getsitepackages())[0]); "
+             "print(sys.executable)")
     proc = run_in_root(root, ["python3", "-c", probe], _image_env(config), label)
     if proc.returncode != 0:
         raise KitError("the image has no working python3", field=label, detail=tail(proc.stdout),
                        hint="add Python to the base (e.g. debootstrap --include=python3-minimal)")
-    version, site_dir = proc.stdout.split()[-2:]
-    return version, site_dir
+    version, site_dir, python = proc.stdout.split()[-3:]
+    return version, site_dir, python
+
+
+SCRIPTS_DIR = "/usr/local/bin"
+
+
+def _place_scripts(root: Path, target: Path, python: str) -> None:
+    """Move the console scripts ``pip --target`` left in ``target/bin`` (torchrun, deepspeed,
+    lightning, ...) onto the image's PATH, their ``#!`` line naming the image's python
+    rather than the building host's."""
+    bin_dir = target / "bin"
+    if not bin_dir.is_dir() or bin_dir.is_symlink():
+        return
+    dest = rootpath.directory(root, SCRIPTS_DIR)
+    for script in sorted(bin_dir.iterdir()):
+        if not script.is_file() or script.is_symlink():
+            continue
+        data = script.read_bytes()
+        first, nl, rest = data.partition(b"\n")
+        if first.startswith(b"#!") and b"python" in first:
+            data = b"#!" + python.encode() + nl + rest
+        out = rootpath.inside(root, f"{SCRIPTS_DIR}/{script.name}")
+        rootpath.clear(out)
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o755)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(out, 0o755)
+    shutil.rmtree(bin_dir)
 
 
 def _step_pip(root: Path, packages: list[str], config, label: str) -> None:
-    version, site_dir = _image_python(root, config, label)
+    version, site_dir, python = _image_python(root, config, label)
     host = "%d.%d" % sys.version_info[:2]
     if version != host:
         raise KitError(f"the image's Python is {version}, this host's is {host}", field=label,
@@ -281,6 +311,7 @@ def _step_pip(root: Path, packages: list[str], config, label: str) -> None:
         raise KitError(f"pip install failed (exit {proc.returncode})", field=label, detail=tail(proc.stdout),
                        hint="a pip step installs binary wheels only (no package code runs on the building "
                             "host); for a package with no wheel, use a RUN step with the image's own pip")
+    _place_scripts(root, target, python)
     # pip compiles one file at a time (most of its time for torch); compileall uses every
     # core, and only on what this step added (pip --target leaves existing entries alone).
     # A file that does not compile (torch ships Python 3.12-only test files) stays without
@@ -295,7 +326,7 @@ def _step_pip(root: Path, packages: list[str], config, label: str) -> None:
 def _step_kit(root: Path, config, label: str) -> None:
     pydir = runtime.install(root)
     try:
-        _, site_dir = _image_python(root, config, label)
+        _, site_dir, _ = _image_python(root, config, label)
     except KitError:
         return  # no python in the image: the runtime is still there for the launcher's helpers
     site = rootpath.directory(root, site_dir)

@@ -379,9 +379,17 @@ def select_target(where: str | None, needs_containers: bool = False) -> tuple[sl
             raise KitError("the local cluster is not running", field="--local",
                            hint="start it with: kit cluster up --nodes 2")
         return local_target(), None
-    site_conf = os.environ.get("SLURM_CONF") or next((p for p in SITE_CONFS if os.path.exists(p)), None)
+    env_conf = os.environ.get("SLURM_CONF") or None
+    if where is None and env_conf and os.path.realpath(env_conf) == os.path.realpath(local.conf):
+        # A shell that ran `eval "$(kit cluster env)"`: that is the local cluster.
+        if not local.running():
+            raise KitError(f"SLURM_CONF names the local cluster's {env_conf}, which is not running",
+                           hint="start it with: kit cluster up")
+        return local_target(), None
+    site_conf = env_conf or next((p for p in SITE_CONFS if os.path.exists(p)), None)
     if where == "site" or site_conf:
-        return slurm.Target(conf=None, name="site"), None
+        # SLURM_CONF is recorded with the job: later commands, from any shell, ask the same Slurm.
+        return slurm.Target(conf=env_conf, name="site"), None
     if local.running():
         return local_target(), f"no site Slurm configured: using the local cluster ({local.conf})"
     raise KitError("no Slurm to submit to: no site slurm.conf and no local cluster",

@@ -125,15 +125,53 @@ def last_run(job_dir: Path) -> dict | None:
     return None
 
 
+OUTCOME_RECORD = "outcome.json"
+
+
+def keep_outcome(job_dir: Path, state: str) -> None:
+    """Record the end state Slurm gave the job (``outcome.json``), so that once Slurm
+    forgets it kit tells the same end (a requeued job's later end replaces it). Only in
+    a directory of the caller's own."""
+    path = Path(job_dir) / OUTCOME_RECORD
+    try:
+        if os.stat(job_dir).st_uid != os.geteuid():
+            return
+        try:
+            if files.read_json(path, 4096).get("state") == state:
+                return
+        except (OSError, ValueError, AttributeError):
+            pass
+        files.write_atomic(path, json.dumps({"state": state, "time": round(time.time(), 3)}) + "\n")
+    except OSError:
+        pass  # a read-only or full directory: the end is still told from the rest of it
+
+
 def recorded_state(job_dir: Path) -> str:
     """A job's end as its directory tells it (for a job the scheduler has
-    forgotten): COMPLETED only with the FINISHED marker."""
+    forgotten): what Slurm said at its end when kit saw it (``outcome.json``);
+    else COMPLETED only with the FINISHED marker."""
+    try:
+        kept = files.read_json(Path(job_dir) / OUTCOME_RECORD, 4096)
+    except (OSError, ValueError):
+        kept = None
+    if isinstance(kept, dict) and isinstance(kept.get("state"), str) and kept["state"].isalpha() \
+            and kept["state"].isupper() and len(kept["state"]) <= 20:
+        return kept["state"]
     if (job_dir / "FINISHED").exists():
-        return "COMPLETED"
+        return "COMPLETED" if work_finished(job_dir) else "FAILED"
     if cancelled(job_dir):
         return "CANCELLED"
     end = (last_run(job_dir) or {}).get("end")
     return "FAILED" if end in ("failed", "hang", "incomplete") else "ENDED"
+
+
+def work_finished(job_dir: Path) -> bool:
+    """The FINISHED marker, and the run that ended with it exited 0: a rank can still
+    fail after the trainer marked the work done (Slurm then says FAILED, and so does kit)."""
+    if not (Path(job_dir) / "FINISHED").exists():
+        return False
+    last = last_run(job_dir)
+    return last is None or last.get("exit_code", 0) == 0
 
 
 def array_job_dir(job_dir: Path) -> Path | None:
@@ -204,14 +242,23 @@ def first_failure(job_dir: Path, run: int) -> RankEnd | None:
     return next((e for e in rank_ends(job_dir, run) if e.by_itself and e.exit_code != 0), None)
 
 
+_LAUNCHER_ERROR = ("ChildFailedError",)  # torchrun's (torch.distributed.elastic)
+
+
 def last_lines(text: str, lines: int = 20) -> str:
-    """The end of a log, a Python traceback near the end kept whole."""
+    """The end of a log, a Python traceback near the end kept whole. A per-node launcher's
+    own traceback (torchrun's ChildFailedError) is not the error: the child's traceback
+    before it is where the end starts then."""
     rows = text.splitlines()
     start = max(len(rows) - lines, 0)
-    for i in range(len(rows) - 1, max(len(rows) - 400, -1), -1):
-        if rows[i].startswith("Traceback (most recent call last):"):
-            start = min(start, i)
-            break
+    starts = [i for i in range(max(len(rows) - 400, 0), len(rows)) if "Traceback (most recent call last):" in rows[i]]
+    if starts:
+        ends = starts[1:] + [len(rows)]
+        own = [i for i, end in zip(starts, ends) if not any(m in r for r in rows[i:end] for m in _LAUNCHER_ERROR)]
+        pick = starts[-1]
+        if own and any(m in r for r in rows[pick:] for m in _LAUNCHER_ERROR):
+            pick = own[-1]
+        start = min(start, pick)
     return "\n".join(rows[start:])
 
 

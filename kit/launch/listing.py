@@ -68,6 +68,8 @@ def _row(name: str, unit_dir: Path, job_dir: Path, job_name: str, st: slurm.JobS
     run = max(done[-1] if done else 0, st.restarts if st else 0)
     if st is not None and st.state != "GONE":
         state, source = st.state, "slurm"
+        if state in slurm.TERMINAL_STATES:
+            jobs.keep_outcome(unit_dir, state)  # told the same way once Slurm forgets the job
     else:
         state = jobs.recorded_state(unit_dir)
         if unreachable and state not in ("COMPLETED", "CANCELLED", "FAILED"):
@@ -168,3 +170,40 @@ def table(rows: list[JobRow], now: float | None = None) -> list[str]:
     body = [cells(r) for r in rows]
     widths = [max(len(c[i]) for c in [COLUMNS, *body]) for i in range(len(COLUMNS) - 1)]
     return ["  ".join(c.ljust(w) for c, w in zip(line[:-1], widths)) + "  " + line[-1] for line in [COLUMNS, *body]]
+
+
+def collapse_arrays(rows: list[JobRow]) -> list[JobRow]:
+    """One row per array job (its tasks' states counted: ``RUNNING [2 RUNNING, 9 COMPLETED]``);
+    other rows as they are, in order."""
+    out: list[JobRow] = []
+    groups: dict[str, list[JobRow]] = {}
+    for r in rows:
+        array_id, sep, task = r.id.partition("_")
+        if not (sep and task.isdigit()):
+            out.append(r)
+            continue
+        if array_id not in groups:
+            groups[array_id] = []
+            out.append(JobRow(id=array_id, name=r.name, state="", state_from="", reason="", nodes="", run=0,
+                              step=None, max_steps=None, loss=None, samples_per_second=None, submitted=r.submitted,
+                              job_dir=r.job_dir, finished=False))
+        groups[array_id].append(r)
+    for row in out:
+        tasks = groups.get(row.id) if not row.state else None
+        if not tasks:
+            continue
+        counts: dict[str, int] = {}
+        for t in tasks:
+            counts[t.state] = counts.get(t.state, 0) + 1
+        lead = next((s for s in ("RUNNING", "COMPLETING", "PENDING", "REQUEUED", "UNKNOWN", "FAILED", "TIMEOUT",
+                                 "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED", "ENDED") if s in counts),
+                    max(counts, key=counts.get))
+        if set(counts) == {"COMPLETED"}:
+            lead = "COMPLETED"
+        row.state = f"{lead} [{', '.join(f'{n} {s}' for s, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))}]"
+        row.state_from = "slurm" if all(t.state_from == "slurm" for t in tasks) else "job directory"
+        row.nodes = ",".join(sorted({t.nodes for t in tasks if t.nodes}))
+        row.run = max(t.run for t in tasks)
+        row.finished = all(t.finished for t in tasks)
+        row.reason = next((t.reason for t in tasks if t.state == "PENDING" and t.reason), "")
+    return out

@@ -454,13 +454,26 @@ def _panels(series: Series) -> list[tuple[str, list[tuple[str, list, dict]]]]:
     return [(title, [c for c in curves if c[1]]) for title, curves in out if any(c[1] for c in curves)]
 
 
-def plot(series: Series, summary: Summary, out: Path, logs: Logs | None = None) -> None:
-    import matplotlib
+class NoPicture(KitError):
+    """The picture cannot be drawn here (matplotlib, the `report` extra, is missing)."""
+
+
+def _pyplot():
+    """matplotlib's pyplot, drawing to files (Agg); NoPicture when it is not installed."""
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        raise NoPicture("no picture: matplotlib is not installed", exit_code=1,
+                        hint="pip install 'kit[report]' (the numbers and report.json need nothing more)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
 
+
+def plot(series: Series, summary: Summary, out: Path, logs: Logs | None = None) -> None:
     panels = _panels(series)
     summary.panels = [title for title, _ in panels]
+    plt = _pyplot()
     t0 = min((t for pts in series.values() for t, _ in pts), default=0.0)
     restarts = sorted((run, span[0]) for run, span in (logs.runs.items() if logs else ()) if run > 0)
     fig, axes = plt.subplots(max(len(panels), 1), 1, figsize=(10, 2.6 * max(len(panels), 1) + 0.6),
@@ -492,7 +505,9 @@ def _save(fig, out: Path) -> None:
 
 
 def report(job_dir: Path, job: str, out: Path, prometheus: str | None = None,
-           min_seconds: float = MIN_SECONDS) -> Summary:
+           min_seconds: float = MIN_SECONDS, notice=lambda e: None) -> Summary:
+    """Summarize the job (``out``'s .json) and draw its panels (``out``); without
+    matplotlib the summary still comes, and ``notice`` hears why there is no picture."""
     logs = load_logs(job_dir)  # also the job's time range for Prometheus
     series, source = logs.series, "metrics logs"
     if prometheus:
@@ -508,7 +523,10 @@ def report(job_dir: Path, job: str, out: Path, prometheus: str | None = None,
     if logs.damaged:
         source += f"; {logs.damaged} damaged log line(s) skipped"
     summary = summarize(series, job, source, logs, job_dir, min_seconds)
-    plot(series, summary, out, logs)
+    try:
+        plot(series, summary, out, logs)
+    except NoPicture as e:
+        notice(e)
     kit_files.write_atomic(out.with_suffix(".json"), json.dumps(asdict(summary), indent=2) + "\n")
     return summary
 
@@ -566,7 +584,7 @@ def _task_summary(d: Path) -> tuple[TaskSummary, list]:
                        summary.duration_seconds if summary else 0.0), curve
 
 
-def report_tasks(job_dir: Path, job: str, out: Path) -> list[TaskSummary]:
+def report_tasks(job_dir: Path, job: str, out: Path, notice=lambda e: None) -> list[TaskSummary]:
     """An array job: one line per task, and every task's loss curve in one figure."""
     dirs = sorted((d for d in (job_dir / "tasks").iterdir() if d.is_dir() and d.name.isdigit()),
                   key=lambda d: int(d.name))
@@ -577,10 +595,18 @@ def report_tasks(job_dir: Path, job: str, out: Path) -> list[TaskSummary]:
         row, curve = _task_summary(d)
         rows.append(row)
         curves.append(curve)
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    try:
+        plt = _pyplot()
+    except NoPicture as e:
+        notice(e)
+    else:
+        _plot_tasks(plt, job, rows, curves, out)
+    kit_files.write_atomic(out.with_suffix(".json"), json.dumps({"job": job, "tasks": [asdict(r) for r in rows]},
+                                                                indent=2) + "\n")
+    return rows
 
+
+def _plot_tasks(plt, job: str, rows: list[TaskSummary], curves: list, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(10, 6))
     drawn = False
     for row, curve in zip(rows, curves):
@@ -599,6 +625,3 @@ def report_tasks(job_dir: Path, job: str, out: Path) -> list[TaskSummary]:
     fig.tight_layout()
     _save(fig, out)
     plt.close(fig)
-    kit_files.write_atomic(out.with_suffix(".json"), json.dumps({"job": job, "tasks": [asdict(r) for r in rows]},
-                                                                indent=2) + "\n")
-    return rows

@@ -134,30 +134,50 @@ def check_partition(target: Target, partition: str, label: str) -> None:
                        hint="partitions here: " + (", ".join(known) or "(none)"))
 
 
-def check_fits(target: Target, partition: str | None, nodes: int, cpus_per_node: int, labels: tuple[str, str]) -> None:
-    """The request can ever run: the partition (the job's, else the default one)
-    has ``nodes`` nodes with ``cpus_per_node`` CPUs each. Slurm would queue an
-    impossible request and leave it pending for good."""
-    out = target.run(["sinfo", "--noheader", "--Node", "--format=%N|%c|%P"], what="sinfo", check=False).stdout
-    cpus: dict[str, int] = {}
+_MEM_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def check_fits(target: Target, partition: str | None, nodes: int, cpus_per_node: int, mem: str | None,
+               labels: tuple[str, str, str], note=lambda msg: None) -> None:
+    """The request can ever run: the partition (the job's, else the default one) has
+    ``nodes`` nodes with ``cpus_per_node`` CPUs and ``mem`` (sbatch's --mem) each. Slurm
+    would queue an impossible request and leave it pending for good. Nodes Slurm holds
+    back (drained, down) count, with a note: they may come back."""
+    out = target.run(["sinfo", "--noheader", "--Node", "--format=%N|%c|%m|%t|%P|%E"], what="sinfo",
+                     check=False).stdout
+    found: dict[str, tuple[int, int, str, str]] = {}
     for line in out.splitlines():
-        name, _, rest = line.partition("|")
-        count, _, part = rest.partition("|")
-        wanted = part.strip().endswith("*") if partition is None else part.strip().rstrip("*") == partition
-        if wanted and count.strip().isdigit():
-            cpus[name.strip()] = int(count)
-    if not cpus:
+        fields = [f.strip() for f in line.split("|", 5)]
+        if len(fields) < 6 or not fields[1].isdigit():
+            continue
+        name, count, memory, state, part, reason = fields
+        if part.endswith("*") if partition is None else part.rstrip("*") == partition:
+            found[name] = (int(count), int(memory) if memory.isdigit() else 0, state, reason)
+    if not found:
         return  # sinfo said nothing usable: sbatch will tell
     where = f"partition {partition}" if partition else "the default partition"
-    if nodes > len(cpus):
-        raise KitError(f"{where} has {len(cpus)} node(s); {nodes} asked for would wait forever", field=labels[0],
-                       hint=f"ask for at most {len(cpus)}")
-    fitting = sorted((c for c in cpus.values() if c >= cpus_per_node), reverse=True)
+    if nodes > len(found):
+        raise KitError(f"{where} has {len(found)} node(s); {nodes} asked for would wait forever", field=labels[0],
+                       hint=f"ask for at most {len(found)}")
+    fitting = [n for n, (c, _, _, _) in found.items() if c >= cpus_per_node]
     if len(fitting) < nodes:
         raise KitError(f"{nodes} node(s) with {cpus_per_node} CPUs each: {where} has "
-                       f"{len(fitting)} such node(s) (its largest has {max(cpus.values())} CPUs); the job would "
-                       "wait forever", field=labels[1],
+                       f"{len(fitting)} such node(s) (its largest has {max(c for c, *_ in found.values())} CPUs); "
+                       "the job would wait forever", field=labels[1],
                        hint="ask for fewer CPUs per task or fewer tasks per node")
+    if mem:
+        need_mb = int(mem[:-1]) * _MEM_UNITS[mem[-1]] if mem[-1] in _MEM_UNITS else int(mem)
+        fitting = [n for n in fitting if found[n][1] >= need_mb]
+        if len(fitting) < nodes:
+            largest = max(m for _, m, _, _ in found.values())
+            raise KitError(f"{nodes} node(s) with {mem} of memory each: {where} has {len(fitting)} such node(s) "
+                           f"(its largest has {largest} MB for jobs); the job would wait forever", field=labels[2],
+                           hint=f"ask for at most --mem {largest}M")
+    held = sorted(n for n in fitting if any(w in found[n][2] for w in ("drain", "drng", "down", "fail")))
+    if len(fitting) - len(held) < nodes:
+        which = ", ".join(f"{n} ({found[n][2]}: {found[n][3] or 'no reason given'})" for n in held)
+        note(f"{which}: Slurm holds back {'this node' if len(held) == 1 else 'these nodes'}; the job waits until "
+             "enough are back (kit cluster up resumes the local cluster's)")
 
 
 def kill_wait(target: Target) -> int | None:
@@ -444,13 +464,14 @@ _STATE_CODES = {
 }
 
 
-def job_outcome(st: JobStatus, job_dir: Path | None) -> outcome.Outcome:
+def job_outcome(st: JobStatus, job_dir: Path | None, finished: bool | None = None) -> outcome.Outcome:
     """What the end of a job means, from Slurm's final state and the job directory.
 
     0 needs both Slurm's COMPLETED and the job's FINISHED marker: a result
     that only one of them reports is not trusted.
     """
-    finished = job_dir is not None and (Path(job_dir) / "FINISHED").exists()
+    if finished is None:  # the marker alone (the caller may know better: kit.launch.jobs.work_finished)
+        finished = job_dir is not None and (Path(job_dir) / "FINISHED").exists()
     if st.state == "COMPLETED":
         code = outcome.FINISHED if finished else outcome.INCONSISTENT
     elif st.state == "FAILED":

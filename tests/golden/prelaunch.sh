@@ -407,7 +407,8 @@ export PYTHONFAULTHANDLER=1
 if kit::truthy "${DEBUG:-0}"; then
   export DEBUG=1
   export NCCL_DEBUG="${NCCL_DEBUG:-INFO}"
-  export TORCH_DISTRIBUTED_DEBUG="${TORCH_DISTRIBUTED_DEBUG:-DETAIL}"
+  # INFO, not DETAIL: with DETAIL every DDP job segfaults (torch 2.13 + gloo).
+  export TORCH_DISTRIBUTED_DEBUG="${TORCH_DISTRIBUTED_DEBUG:-INFO}"
   export CUDA_LAUNCH_BLOCKING="${CUDA_LAUNCH_BLOCKING:-1}"
   set -x
 else
@@ -628,15 +629,34 @@ kit::watch_progress() {
   done
 }
 
+# kit::in_collective DUMP: the rank's Python stacks show it inside torch.distributed
+# (a collective, a barrier, a rendezvous): it waits for the others.
+kit::in_collective() {
+  grep -q -E '\((.*/)?torch/distributed/[^:]*:[0-9]+\)' "$1"
+}
+
 # kit::hang_report RANK SECONDS: name the suspect in KIT_HANG_DIR/report. A
 # rank whose process is stopped (T) or stuck in the kernel (D) is the likelier
-# culprit than the rank that merely reported last: the others wait on it.
+# culprit than the rank that merely reported last: the others wait on it. So
+# is a rank whose Python stacks are outside torch.distributed while other
+# ranks wait inside it (in a collective for the one that does not come).
 kit::hang_report() {
-  local rank="$1" why="made no progress for $2 s" node="" dump last=""
+  local rank="$1" why="made no progress for $2 s" node="" dump last="" file
+  local -a waiting=() elsewhere=()
   dump="$(grep -l -E '^process [0-9]+ state [TtD] ' "${KIT_HANG_DIR}"/rank-*.txt 2>/dev/null | head -n 1)" || true
   if [[ -n "${dump}" ]]; then
     rank="${dump##*/rank-}" rank="${rank%.txt}"
     why="its process is $(grep -m1 -o -E '^process [0-9]+ state [TtD] \([a-z ]+\)' "${dump}" | sed 's/^process [0-9]* state //')"
+  else
+    for file in "${KIT_HANG_DIR}"/rank-*.txt; do
+      if [[ ! -e "${file}" ]] || ! grep -q '^--- py-spy dump' "${file}"; then continue; fi
+      if kit::in_collective "${file}"; then waiting+=("${file}"); else elsewhere+=("${file}"); fi
+    done
+    if (( ${#waiting[@]} > 0 && ${#elsewhere[@]} > 0 )) && [[ " ${elsewhere[*]} " != *"/rank-${rank}.txt "* ]]; then
+      dump="$(printf '%s\n' "${elsewhere[@]}" | sort -V | head -n 1)"
+      rank="${dump##*/rank-}" rank="${rank%.txt}"
+      why="is outside torch.distributed while ${#waiting[@]} rank(s) wait in it (its stacks: ${dump##*/})"
+    fi
   fi
   { read -r node _ <"${KIT_PROGRESS_DIR}/task-${rank}"; } 2>/dev/null || node=""
   { read -r last <"${KIT_PROGRESS_DIR}/rank-${rank}"; } 2>/dev/null || true
