@@ -65,6 +65,40 @@ def test_a_plain_torch_distributed_script_gets_four_distinct_ranks(cluster, tmp_
     assert "PET_NNODES" not in launcher  # several tasks per node: no per-node variables
 
 
+def test_a_plain_script_seen_through_the_progress_call_alone(cluster, tmp_path):
+    """Issue 19 finding 6: ddp_plain.py reports with kit.train.progress.step(n, loss=, samples=)
+    only (no Lightning): kit ps shows its step, loss and samples/s while it runs, the hang
+    watchdog is armed by it, and kit report draws its loss and throughput; a job that
+    reports no samples reads `samples: -`, not 0."""
+    import json
+
+    from conftest import kit, wait_for
+
+    example = Path(__file__).resolve().parent.parent / "launch" / "examples" / "ddp_plain.py"
+    w = launch_wait(tmp_path, "--nodes", "2", "--ntasks-per-node", "2",
+                    command=[sys.executable, str(example), "--step-delay", "0.05"])
+
+    def running_row():
+        rows = json.loads(kit("ps", "--json", "--output-dir", str(tmp_path / "jobs")).stdout)
+        row = next((r for r in rows if r["id"] == w.job_id), None)
+        return row if row and row["state"] == "RUNNING" and row["step"] and row["samples_per_second"] else None
+
+    row = wait_for(running_row, 120, poll=0.5, what="kit ps showing the plain script's step and samples/s")
+    assert row["loss"] is not None and row["max_steps"] == 3 * 4096 // 4 // 64, row
+    assert (w.job_dir / "progress" / "seen").exists()  # the hang watchdog is armed by the same calls
+    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
+    rep = kit("report", str(w.job_dir), "--prometheus", "http://127.0.0.1:1")
+    assert rep.returncode == 0, rep.stderr
+    summary = json.loads((w.job_dir / "report.json").read_text())
+    assert {"Training loss", "Training throughput (samples/s)"} <= set(summary["panels"]), summary["panels"]
+    assert summary["samples"] > 0 and summary["first_loss"] is not None
+    # A command that reports nothing: unknown, shown as unknown.
+    quiet = launch_wait(tmp_path, command=["sleep", "3"])
+    check_end(cluster, quiet, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
+    rep = kit("report", str(quiet.job_dir), "--prometheus", "http://127.0.0.1:1")
+    assert rep.returncode == 0 and "samples: -" in rep.stdout, rep.stdout + rep.stderr
+
+
 def torch_load_epoch(path: Path) -> int:
     import torch
 

@@ -116,8 +116,8 @@ class Summary:
     job: str
     source: str
     duration_seconds: float
-    samples: float
-    samples_per_second: float
+    samples: float | None               # None: the job reported no samples (unknown, not zero)
+    samples_per_second: float | None
     gpus: list[GpuSummary] = field(default_factory=list)
     nodes: list[NodeSummary] = field(default_factory=list)
     runs: int = 1
@@ -133,6 +133,7 @@ class Summary:
     def lines(self) -> list[str]:
         out = [f"job {self.job} (data: {self.source})",
                f"duration: {self.duration_seconds:.1f} s, {self.runs} run(s) ({self.runs - 1} restart(s))",
+               "samples: -" if self.samples is None else
                f"samples: {self.samples:.0f} ({self.samples_per_second:.1f} samples/s)"]
         if self.first_loss is not None:
             out.append(f"loss (rank 0): {self.first_loss:.4g} -> {self.last_loss:.4g}")
@@ -332,7 +333,8 @@ def summarize(series: Series, job: str, source: str, logs: Logs | None = None,
               job_dir: Path | None = None, min_seconds: float = MIN_SECONDS) -> Summary:
     times = [t for points in series.values() for t, _ in points]
     duration = (max(times) - min(times)) if times else 0.0
-    samples = sum(increase(points) for points in _of(series, "training_samples_total").values())
+    counted = _of(series, "training_samples_total")
+    samples = sum(increase(points) for points in counted.values()) if counted else None
     gpus = []
     for (_, node, gpu), points in _of(series, "DCGM_FI_DEV_GPU_UTIL").items():
         values = [v for _, v in points]
@@ -348,7 +350,8 @@ def summarize(series: Series, job: str, source: str, logs: Logs | None = None,
                                100.0 * sum(1 for v in procs if v == 0) / len(procs) if procs else None))
     nodes = sorted({k[1] for k in series if k[0] in ("kit_job_cpu_seconds_total", "node_cpu_seconds_total",
                                                        "kit_job_memory_rss_bytes", "training_samples_total")})
-    summary = Summary(job, source, duration, samples, samples / duration if duration else 0.0, gpus,
+    summary = Summary(job, source, duration, samples,
+                      None if samples is None else (samples / duration if duration else 0.0), gpus,
                       [_node_summary(series, n) for n in nodes])
     losses = sorted(p for k, pts in _of(series, "training_loss").items() if k[2] == "0" for p in pts)
     if losses:
@@ -538,14 +541,16 @@ class TaskSummary:
     end: str
     restarts: int
     final_loss: float | None
-    samples_per_second: float
-    duration_seconds: float
+    samples_per_second: float | None  # None: unknown (no samples reported, or no metrics at all)
+    duration_seconds: float | None
 
     def line(self) -> str:
         params = " ".join(f"{k}={v}" for k, v in self.params.items()) or "-"
         loss = f"{self.final_loss:.5f}" if self.final_loss is not None else "-"
+        rate = "-" if self.samples_per_second is None else f"{self.samples_per_second:.1f}"
+        took = "-" if self.duration_seconds is None else f"{self.duration_seconds:.1f}"
         return (f"{self.task:>5}  {params:<30.30}  {self.end:<10}  {self.restarts:>8}  {loss:>10}  "
-                f"{self.samples_per_second:>10.1f}  {self.duration_seconds:>8.1f}")
+                f"{rate:>10}  {took:>8}")
 
 
 TASK_HEADER = f"{'task':>5}  {'parameters':<30}  {'end':<10}  {'restarts':>8}  {'final loss':>10}  " \
@@ -580,8 +585,8 @@ def _task_summary(d: Path) -> tuple[TaskSummary, list]:
     curve = [(t, v) for (name, _, rank), pts in sorted(series.items()) if name == "training_loss" and rank == "0"
              for t, v in pts] or losses
     return TaskSummary(int(d.name), params, end, max(len(ends) - 1, 0), losses[-1][1] if losses else None,
-                       summary.samples_per_second if summary else 0.0,
-                       summary.duration_seconds if summary else 0.0), curve
+                       summary.samples_per_second if summary else None,
+                       summary.duration_seconds if summary else None), curve
 
 
 def report_tasks(job_dir: Path, job: str, out: Path, notice=lambda e: None) -> list[TaskSummary]:

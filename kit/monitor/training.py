@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from kit import files
+from kit import files, jobdir
 from kit.monitor.families import Sample, SourceResult, Spec
 
 FIELDS: tuple[tuple[str, Spec], ...] = (
@@ -45,8 +45,7 @@ def parse(text: str) -> dict:
 
 def write(directory: Path, rank: int, values: dict) -> None:
     """Atomically (re)write one rank's file."""
-    directory.mkdir(parents=True, exist_ok=True)
-    files.write_atomic(directory / f"rank-{rank}.json", json.dumps({"rank": rank, **values}))
+    jobdir.write_rank_metrics(directory, rank, values)
 
 
 class TrainingSource:

@@ -8,14 +8,20 @@ first-progress timeout (a hang inside a save is still caught, later). When a che
 safely on disk, write its step to ``$KIT_CHECKPOINT_STEP_FILE`` (one rank is
 enough): kit stops requeueing a job whose runs stop advancing it.
 
+``step(n, loss=..., samples=...)`` also feeds what the reference trainer's
+callback feeds (``$KIT_METRICS_DIR/rank-<R>.json``): kit ps's STEP, LOSS and
+SAMPLES/S, the exporter's ``training_*`` metrics and kit report's curves.
+
 Each call is one small write of a local file: no collective, no shared state.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import time
 
-from kit import files
+from kit import files, jobdir
 
 
 def _write(path: str | None, text: str) -> None:
@@ -27,9 +33,54 @@ def _write(path: str | None, text: str) -> None:
         pass  # a full or gone filesystem must not stop the training
 
 
-def step(n: int) -> None:
-    """This rank finished step ``n``."""
+_METRICS = {"samples_total": 0.0, "written_at": 0.0, "written_samples": 0.0}
+METRICS_INTERVAL = 1.0  # seconds between two writes of the rank's metrics file
+
+
+def step(n: int, *, loss: float | None = None, samples: int | None = None, max_steps: int | None = None) -> None:
+    """This rank finished step ``n``: the heartbeat of kit's hang watchdog, and — with
+    ``loss`` (this step's), ``samples`` (this step's, on this rank) or ``max_steps`` —
+    the training metrics kit ps, the exporter and kit report show, as for the reference
+    trainer. Cheap: the metrics file is rewritten at most once a second."""
     _write(os.environ.get("KIT_PROGRESS_FILE"), f"step {n}\n")
+    directory = os.environ.get("KIT_METRICS_DIR")
+    if not directory or (loss is None and samples is None and max_steps is None):
+        return
+    now = time.time()
+    if samples is not None:
+        _METRICS["samples_total"] += samples
+    values: dict = {"step": n, "last_step_timestamp_seconds": now}
+    if loss is not None:
+        values["loss"] = float(loss)
+    if samples is not None:
+        values["samples_total"] = _METRICS["samples_total"]
+    if max_steps is not None:
+        values["max_steps"] = max_steps
+    if not _METRICS.get("at_exit"):
+        atexit.register(_write_pending)
+        _METRICS["at_exit"] = True
+    _METRICS["pending"] = (directory, values)
+    if now - _METRICS["written_at"] < METRICS_INTERVAL:
+        return
+    if samples is not None and _METRICS["written_at"]:
+        values["samples_per_second"] = (_METRICS["samples_total"] - _METRICS["written_samples"]) / \
+            (now - _METRICS["written_at"])
+    try:
+        jobdir.write_rank_metrics(directory, int(os.environ.get("RANK", "0")), values)
+    except (OSError, ValueError):
+        return  # a full disk must not stop the training
+    _METRICS["written_at"], _METRICS["written_samples"] = now, _METRICS["samples_total"]
+    _METRICS["pending"] = None
+
+
+def _write_pending() -> None:
+    """At exit: the last step's values (a rank's final numbers are not lost to the once-a-second limit)."""
+    pending = _METRICS.get("pending")
+    if pending:
+        try:
+            jobdir.write_rank_metrics(pending[0], int(os.environ.get("RANK", "0")), pending[1])
+        except (OSError, ValueError):
+            pass
 
 
 def checkpointing(n: int) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -22,11 +23,17 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+try:  # kit's progress call: its hang watchdog, and the step, loss and samples/s kit ps and kit report show
+    from kit.train import progress
+except ImportError:  # runs without kit too
+    progress = None
+
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--step-delay", type=float, default=0.0, help="Sleep this long after each step (trying things).")
     args = p.parse_args()
     gpu = torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -55,6 +62,7 @@ def main() -> int:
         start = state["epoch"] + 1
         print(f"plain rank={rank} resuming at epoch {start}", flush=True)
     samples = 0
+    step = start * len(loader)
     for epoch in range(start, args.epochs):
         sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on every rank
         total = torch.zeros(2, device=device)
@@ -65,6 +73,11 @@ def main() -> int:
             opt.step()
             total += torch.stack([loss.detach() * len(xb), torch.tensor(float(len(xb)), device=device)])
             samples += len(xb)
+            step += 1
+            if progress is not None:
+                progress.step(step, loss=loss.item(), samples=len(xb), max_steps=args.epochs * len(loader))
+            if args.step_delay:
+                time.sleep(args.step_delay)
         dist.all_reduce(total)
         if rank == 0:
             print(f"plain epoch={epoch} loss={(total[0] / total[1]).item():.5f}", flush=True)

@@ -62,6 +62,11 @@ def main() -> int:
     print(f"fsdp2 rank={rank} holds {shard} of {full} parameters", flush=True)
     if rank == 0:
         print(f"fsdp2 done first_loss={first:.5f} last_loss={last:.5f}", flush=True)
+    # Tear down in order: FSDP's state (and the collectives it holds) first, then every rank
+    # together, then the group. gloo on torch 2.13 can abort ("terminate called without an
+    # active exception") when a rank exits while a peer still holds work on the group.
+    del model, opt
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 

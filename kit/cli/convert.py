@@ -1,0 +1,31 @@
+"""`kit convert`: an existing sbatch script as a kit job file."""
+
+from __future__ import annotations
+
+import click
+
+from kit.errors import KitError
+
+
+@click.command()
+@click.argument("script", type=click.Path(dir_okay=False))
+def convert(script):
+    """Print the kit job file equivalent to SCRIPT (an sbatch script), and what it could not carry over.
+
+    \b
+    kit convert train_ddp.sbatch > job.toml && kit launch -f job.toml
+    """
+    from kit import files
+    from kit.slurm.convert import convert as convert_script
+
+    try:
+        text = files.read_bytes(script, 1 << 20, follow=True).decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        raise KitError(f"no such script: {script}", field="SCRIPT") from None
+    except OSError as e:
+        raise KitError(f"cannot read {script}: {e.strerror}", field="SCRIPT") from None
+    result = convert_script(text)
+    click.echo(result.toml(script), nl=False)
+    for item in result.not_carried:
+        click.echo(f"kit: not carried over: {item}", err=True)
+    return 0

@@ -1,0 +1,259 @@
+"""An existing sbatch script as a kit job file (`kit convert`).
+
+What carries over: the ``#SBATCH`` options kit has fields for, other sbatch
+options as ``sbatch_args``, plain ``export NAME=value`` lines as ``env``, and
+the training command (the ``srun`` line's command, else the script's last
+command). Everything else is listed, with why, never dropped silently:
+rank and address variables kit sets per task, ``--output``/``--error`` (kit
+keeps logs in the job directory), setup lines (``module load``, ``source``,
+``cd``, ``echo``), srun's own options.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from kit.core import spec as specs
+
+# sbatch option (long name, short letter) -> kit job-file field.
+FIELDS = {
+    "--job-name": "job_name", "-J": "job_name", "--nodes": "nodes", "-N": "nodes",
+    "--ntasks-per-node": "ntasks_per_node", "--cpus-per-task": "cpus_per_task", "-c": "cpus_per_task",
+    "--mem": "mem", "--time": "time", "-t": "time", "--partition": "partition", "-p": "partition",
+    "--account": "account", "-A": "account", "--array": "array", "-a": "array",
+    "--gpus-per-node": "gpus_per_node", "--container-image": "image",
+}
+INT_FIELDS = {"nodes", "ntasks_per_node", "cpus_per_task", "gpus_per_node"}
+# What kit sets for every task: a script's own value would be wrong (or the same) under kit.
+KIT_SETS = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE",
+            "GROUP_RANK", "OMP_NUM_THREADS"}
+# torchrun / torch.distributed.launch options kit's PET_* variables give (written with $VARS in scripts).
+RENDEZVOUS = {"--nnodes", "--node_rank", "--node-rank", "--master_addr", "--master-addr", "--master_port",
+              "--master-port", "--rdzv_endpoint", "--rdzv-endpoint", "--rdzv_backend", "--rdzv-backend",
+              "--rdzv_id", "--rdzv-id"}
+SETUP_WORDS = ("module", "source", ".", "cd", "echo", "printf", "conda", "ml", "set", "date", "hostname",
+               "nvidia-smi", "mkdir", "scontrol")
+
+
+@dataclass
+class Converted:
+    fields: dict = field(default_factory=dict)
+    not_carried: list[str] = field(default_factory=list)  # "WHAT: why"
+
+    def toml(self, source: str) -> str:
+        lines = [f"# kit job file, from {source} by kit convert (kit launch -f THIS_FILE)"]
+        for name, value in self.fields.items():
+            lines.append(f"{name} = {_toml(value)}")
+        if self.not_carried:
+            lines.append("")
+            lines.append("# Not carried over:")
+            lines += [f"#   {item}" for item in self.not_carried]
+        return "\n".join(lines) + "\n"
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_toml(k)} = {_toml(v)}" for k, v in value.items()) + " }"
+    text = str(value)
+    return '"' + "".join(c if c.isprintable() and c not in '"\\' else f"\\u{ord(c):04x}" for c in text) + '"'
+
+
+def _logical_lines(text: str) -> list[str]:
+    """The script's lines with backslash continuations joined."""
+    out, current = [], ""
+    for raw in text.splitlines():
+        if raw.rstrip().endswith("\\") and not raw.lstrip().startswith("#"):
+            current += raw.rstrip()[:-1] + " "
+            continue
+        out.append(current + raw)
+        current = ""
+    if current:
+        out.append(current)
+    return out
+
+
+def _option(words: list[str], i: int) -> tuple[str, str | None, int]:
+    """(name, value, next index) of the sbatch/srun option at ``words[i]``."""
+    word = words[i]
+    if word.startswith("--"):
+        name, eq, value = word.partition("=")
+        if eq:
+            return name, value, i + 1
+        if i + 1 < len(words) and not words[i + 1].startswith("-") and name not in ("--exclusive", "--requeue",
+                                                                                     "--no-requeue", "--overcommit"):
+            return name, words[i + 1], i + 2
+        return name, None, i + 1
+    name = word[:2]
+    if len(word) > 2:
+        return name, word[2:], i + 1
+    if i + 1 < len(words) and not words[i + 1].startswith("-"):
+        return name, words[i + 1], i + 2
+    return name, None, i + 1
+
+
+def _sbatch_option(c: Converted, name: str, value: str | None) -> None:
+    where = f"#SBATCH {name}" + (f"={value}" if value is not None else "")
+    if name in FIELDS and value is not None:
+        key = FIELDS[name]
+        if key in INT_FIELDS:
+            if not value.isdigit():
+                c.not_carried.append(f"{where}: kit's {key} is one number")
+                return
+            c.fields[key] = int(value)
+        else:
+            c.fields[key] = value
+        return
+    if name == "--gres" and value:
+        m = re.fullmatch(r"gpu(?::[A-Za-z0-9_.-]+)?:(\d+)", value)
+        if m:
+            c.fields["gpus_per_node"] = int(m.group(1))
+            return
+    if name in ("--output", "-o", "--error", "-e"):
+        c.not_carried.append(f"{where}: kit writes the logs into the job directory (logs/; kit logs JOB)")
+        return
+    if name in ("--requeue", "--no-requeue"):
+        c.not_carried.append(f"{where}: kit requeues by itself, within --max-restarts")
+        return
+    if name == "--signal" and value:
+        m = re.fullmatch(r"(?:B:)?(?:SIG)?([A-Z0-9]+)(?:@(\d+))?", value)
+        if m:
+            c.fields["signal"] = m.group(1)
+            if m.group(2):
+                c.fields["signal_lead"] = int(m.group(2))
+            return
+    if name in ("--dependency", "-d") and value:
+        kinds = {"afterok": "ok", "afterany": "any", "afternotok": "notok"}
+        kind, _, ids = value.partition(":")
+        if kind in kinds and all(i.isdigit() for i in ids.split(":")):
+            c.fields["after"] = [f"{i}:{kinds[kind]}" for i in ids.split(":")]
+            return
+    arg = f"{name}={value}" if value is not None and name.startswith("--") else \
+        (f"{name}{value}" if value is not None else name)
+    if specs.owned_sbatch_option(arg):
+        c.not_carried.append(f"{where}: kit sets it itself ({specs.OWNED_SBATCH[specs.owned_sbatch_option(arg)]})")
+        return
+    c.fields.setdefault("sbatch_args", []).append(arg)
+
+
+def _command(c: Converted, words: list[str], line: str) -> None:
+    """The training command (srun's options dropped, torchrun's rendezvous options too)."""
+    if words and words[0] == "srun":
+        i = 1
+        dropped = []
+        while i < len(words) and words[i].startswith("-"):
+            name, value, i = _option(words, i)
+            dropped.append(name + (f"={value}" if value is not None else ""))
+        if dropped:
+            c.not_carried.append(f"srun {' '.join(dropped)}: kit runs its own srun from the job's fields")
+        words = words[i:]
+    if not words:
+        return
+    launcher = words[0].rsplit("/", 1)[-1]
+    is_torchrun = launcher == "torchrun" or (len(words) > 2 and words[1] == "-m" and
+                                             words[2] in ("torch.distributed.run", "torch.distributed.launch"))
+    if is_torchrun:
+        kept, i = [], 0
+        while i < len(words):
+            name = words[i].split("=", 1)[0]
+            if name in RENDEZVOUS:
+                step = 1 if "=" in words[i] or i + 1 >= len(words) else 2
+                c.not_carried.append(f"{' '.join(words[i:i + step])}: kit exports PET_NNODES, PET_NODE_RANK, "
+                                     "PET_MASTER_ADDR and PET_MASTER_PORT for torchrun")
+                i += step
+                continue
+            kept.append(words[i])
+            i += 1
+        words = kept
+        c.fields.setdefault("ntasks_per_node", 1)
+    if any("$" in w for w in words):
+        c.fields["command"] = ["bash", "-c", _shell_words(words)]
+        c.not_carried.append(f"{line.strip()}: it holds $VARIABLES, so it runs under bash -c (kit passes "
+                             "arguments without a shell)")
+    else:
+        c.fields["command"] = words
+
+
+def _shell_words(words: list[str]) -> str:
+    """``words`` as one bash command line in which ``$VARIABLES`` still expand (double quotes)."""
+    out = []
+    for w in words:
+        if re.fullmatch(r"[A-Za-z0-9_@%+=:,./${}-]+", w):
+            out.append(w)
+        else:
+            out.append('"' + w.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"')
+    return " ".join(out)
+
+
+def convert(text: str) -> Converted:
+    """The job-file fields of the sbatch script ``text``, and what did not carry over."""
+    c = Converted()
+    commands: list[tuple[list[str], str]] = []
+    for line in _logical_lines(text):
+        stripped = line.strip()
+        if stripped.startswith("#SBATCH"):
+            try:
+                words = shlex.split(stripped[len("#SBATCH"):], comments=True)
+            except ValueError:
+                c.not_carried.append(f"{stripped}: not readable")
+                continue
+            i = 0
+            while i < len(words):
+                name, value, i = _option(words, i)
+                _sbatch_option(c, name, value)
+            continue
+        if not stripped or stripped.startswith("#"):
+            continue
+        computed = "$(" in stripped or "`" in stripped
+        if stripped.startswith("export ") and computed:
+            items = [stripped[len("export "):].strip()]  # one NAME=$(...) (shlex would split the command)
+        elif re.match(r"[A-Za-z_][A-Za-z0-9_]*=", stripped):
+            c.not_carried.append(f"{stripped}: a shell variable the script sets (compute it in a wrapper script "
+                                 "the command runs; kit's --env takes values)")
+            continue
+        elif stripped.startswith("trap "):
+            c.not_carried.append(f"{stripped}: kit passes the warning signal (--signal) to the command; a handler "
+                                 "belongs in the command (see the README's preemption plan)")
+            continue
+        else:
+            items = None
+        try:
+            words = ["export", *items] if items else shlex.split(stripped, comments=True)
+        except ValueError:
+            c.not_carried.append(f"{stripped}: not readable")
+            continue
+        if not words:
+            continue
+        if words[0] == "export" and len(words) >= 2:
+            for item in words[1:]:
+                name, eq, value = item.partition("=")
+                if name in KIT_SETS:
+                    c.not_carried.append(f"export {item}: kit sets {name} for every task")
+                elif eq and "$" not in value and "`" not in value and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                    c.fields.setdefault("env", {})[name] = value
+                else:
+                    c.not_carried.append(f"export {item}: a value computed in the script (kit's --env takes "
+                                         "values)")
+            continue
+        if words[0] in SETUP_WORDS or "=" in words[0].split("/")[0]:
+            c.not_carried.append(f"{stripped}: setup the job itself does not need (put it in the image, "
+                                 "or in a wrapper script the command runs)")
+            continue
+        commands.append((words, stripped))
+    sruns = [(w, s) for w, s in commands if w[0] == "srun"]
+    chosen = (sruns or commands)[-1:] if commands else []
+    for words, stripped in commands:
+        if (words, stripped) not in chosen:
+            c.not_carried.append(f"{stripped}: only the training command is carried over")
+    if chosen:
+        _command(c, *chosen[0])
+    else:
+        c.not_carried.append("no command found: add command = [...]")
+    return c
