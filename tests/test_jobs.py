@@ -186,3 +186,17 @@ def test_debug_toggles_reach_every_rank(cluster, tmp_path):
                 sys.executable, "-c", show, cwd=tmp_path)
     job_dir = re.search(r"^job dir: (.+)$", plain.stdout, re.M).group(1)
     assert re.search(r"^0: debug-env 0 None None None 1$", read_logs(job_dir), re.M)
+
+
+def test_the_command_gets_default_signal_dispositions(cluster, tmp_path):
+    """The launcher re-executes itself through python3 to become a child subreaper; Python
+    ignores SIGPIPE and SIGXFSZ at its start and ignored signals survive exec. The command
+    must not inherit that (a pipe's reader gone must end a writer; gloo's sockets too)."""
+    proc = kit("launch", "--local", "--nodes", "2", "--wait", "--output-dir", str(tmp_path / "jobs"), "--",
+               "bash", "-c", 'echo "sigign $(grep SigIgn /proc/self/status | cut -f2)"', cwd=tmp_path)
+    job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
+    assert proc.returncode == 0, proc.stderr + read_logs(job_dir)
+    masks = [int(m, 16) for m in re.findall(r"^\d: sigign ([0-9a-f]+)$", read_logs(job_dir), re.M)]
+    assert len(masks) == 2, read_logs(job_dir)
+    for signum in (signal.SIGPIPE, signal.SIGXFSZ):
+        assert all(not mask >> (signum - 1) & 1 for mask in masks), (signum, [hex(m) for m in masks])

@@ -15,16 +15,26 @@ set -euo pipefail
 # prctl(PR_SET_CHILD_SUBREAPER) holds across exec: set it, then run this
 # script again. Without python3 or perl (an image with neither) the token
 # sweep below still finds what keeps its environment.
+# Python ignores SIGPIPE and SIGXFSZ at its start, and ignored signals survive
+# exec: the helper puts back what this script was started with (SigIgn), so the
+# command gets the signal dispositions it would have had.
 if [[ -z "${KIT_SUBREAPER_SET-}" ]]; then
   export KIT_SUBREAPER_SET="$$"
+  KIT_SIGIGN=0
+  while read -r key value; do
+    if [[ "${key}" == SigIgn: ]]; then KIT_SIGIGN="${value}"; fi
+  done </proc/$$/status
   if command -v python3 >/dev/null 2>&1; then
-    exec python3 -S -c 'import os, sys
+    exec python3 -S -c 'import os, signal, sys
 try:
     import ctypes
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
 except Exception:
     pass
-os.execv(sys.argv[1], sys.argv[1:])' "${BASH}" "$0" "$@"
+ignored = int(sys.argv[1], 16)
+for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+    signal.signal(sig, signal.SIG_IGN if ignored >> (sig - 1) & 1 else signal.SIG_DFL)
+os.execv(sys.argv[2], sys.argv[2:])' "${KIT_SIGIGN}" "${BASH}" "$0" "$@"
   elif command -v perl >/dev/null 2>&1; then
     exec perl -MPOSIX -e 'my %nr = (x86_64 => 157, aarch64 => 167, ppc64le => 171);
 my $n = $nr{(POSIX::uname())[4]}; syscall($n, 36, 1, 0, 0, 0) if $n; exec { $ARGV[0] } @ARGV' \
