@@ -7,7 +7,6 @@ the files of its node's ranks. No multiprocess mode, no extra collective.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
