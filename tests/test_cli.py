@@ -3,6 +3,7 @@ and nothing written or submitted when input is bad (done-means 7)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -259,6 +260,16 @@ def test_a_drained_node_is_named_at_launch_and_cluster_up_resumes_it(cluster, tm
         proc = kit("launch", "--local", "--nodes", "2", "--parsable", "--output-dir", str(tmp_path / "jobs"), "--", "true")
         assert proc.returncode == 0, proc.stderr
         assert "kit: warning: node2 (drain: kit test): Slurm holds back this node; the job waits" in proc.stderr
+        # kit ps shows Slurm's own words on why it waits (squeue's %R), not only the reason's name.
+        job_id = proc.stdout.strip()
+
+        def reason():
+            rows = json.loads(kit("ps", "--json", "--output-dir", str(tmp_path / "jobs")).stdout)
+            row = next(r for r in rows if r["id"] == job_id)
+            return row["reason"] if "node2" in row["reason"] or "DRAIN" in row["reason"].upper() else None
+
+        from conftest import wait_for
+        assert wait_for(reason, 60, poll=1, what="Slurm's reason naming the drained node")
         up = kit("cluster", "up")
         assert up.returncode == 0 and "resuming node2 (Slurm had it drain: kit test)" in up.stderr, up.stderr
         state = subprocess.run(["sinfo", "--noheader", "--Node", "--nodes=node2", "--format=%t"], env=env,

@@ -262,6 +262,7 @@ class JobStatus:
     end_time: int = 0
     excluded_nodes: str = ""
     dependency: str = ""
+    detail: str = ""          # Slurm's longer word on the reason (squeue's %R: "ReqNodeNotAvail, UnavailableNodes:node2")
 
 
 class ControllerUnreachable(KitError):
@@ -305,6 +306,7 @@ def _status_of(target: Target, j: dict, name: str) -> JobStatus:
     return JobStatus(job_id=name, state=state, exit_code=_wait_status(int(j.get("exit_code") or 0)),
                      restarts=int(j.get("restart_cnt") or 0), requeue=bool(j.get("requeue")),
                      nodes=str(j.get("nodes") or ""), reason=str(j.get("state_reason") or ""),
+                     detail=str(j.get("state_description") or ""),
                      start_time=int(j.get("start_time") or 0), end_time=int(j.get("end_time") or 0),
                      excluded_nodes=str(j.get("excluded_nodes") or ""), dependency=str(j.get("dependency") or ""))
 
