@@ -8,9 +8,19 @@ plain script's ``kit.train.progress`` calls and the exporter all import it.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from kit import files
+
+
+RANK_METRICS_GLOB = "rank-*.json"
+
+
+def rank_of_metrics_file(name: str) -> int | None:
+    """The rank whose metrics file is named ``name`` (None: not one)."""
+    m = re.fullmatch(r"rank-(\d+)\.json", name)
+    return int(m.group(1)) if m else None
 
 
 def rank_metrics_path(directory: str | Path, rank: int) -> Path:

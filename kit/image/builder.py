@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import kit
+from kit import files
 from kit.image import enroot, ignore, is_squashfs, layers, rootpath, runtime, unpack
 from kit.image.recipe import COMPRESSION, DEFAULT_COMPRESSION, Recipe
 from kit.home import kit_home
@@ -281,10 +282,8 @@ def _place_scripts(root: Path, target: Path, python: str) -> None:
             data = b"#!" + python.encode() + nl + rest
         out = rootpath.inside(root, f"{SCRIPTS_DIR}/{script.name}")
         rootpath.clear(out)
-        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o755)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(out, 0o755)
+        files.create(out, data, 0o755)
+        os.chmod(out, 0o755)  # not the umask's
     shutil.rmtree(bin_dir)
 
 

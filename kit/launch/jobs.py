@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit import files
+from kit import files, jobdir
 from kit.errors import KitError
 
 
@@ -311,18 +311,17 @@ def _rank_files(job_dir: Path) -> dict[int, dict]:
     """Each rank's newest metrics file (``metrics/<node>/rank-<R>.json``; a rank
     that moved node in a requeue left an older one behind)."""
     newest: dict[int, dict] = {}
-    for path in Path(job_dir).glob("metrics/*/rank-*.json"):
-        m = re.fullmatch(r"rank-(\d+)\.json", path.name)
+    for path in Path(job_dir).glob(f"metrics/*/{jobdir.RANK_METRICS_GLOB}"):
+        rank = jobdir.rank_of_metrics_file(path.name)
         try:
             data = files.read_json(path)
         except (OSError, ValueError):
             continue
-        if not m or not isinstance(data, dict):
+        if rank is None or not isinstance(data, dict):
             continue
         values = {k: float(v) for k, v in data.items()
                   if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
         values.setdefault("last_step_timestamp_seconds", 0.0)
-        rank = int(m.group(1))
         if rank not in newest or values["last_step_timestamp_seconds"] > newest[rank]["last_step_timestamp_seconds"]:
             newest[rank] = values
     return newest

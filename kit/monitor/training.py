@@ -59,7 +59,7 @@ class TrainingSource:
             return SourceResult([], True, 0.0)
         out = []
         try:
-            paths = sorted(self.directory.glob("rank-*.json")) if self.directory.is_dir() else []
+            paths = sorted(self.directory.glob(jobdir.RANK_METRICS_GLOB)) if self.directory.is_dir() else []
             bad = []
             for path in paths:
                 try:
