@@ -154,8 +154,7 @@ def recorded_state(job_dir: Path) -> str:
         kept = files.read_json(Path(job_dir) / OUTCOME_RECORD, 4096)
     except (OSError, ValueError):
         kept = None
-    if isinstance(kept, dict) and isinstance(kept.get("state"), str) and kept["state"].isalpha() \
-            and kept["state"].isupper() and len(kept["state"]) <= 20:
+    if isinstance(kept, dict) and isinstance(kept.get("state"), str) and re.fullmatch(r"[A-Z_]{1,20}", kept["state"]):
         return kept["state"]
     if (job_dir / "FINISHED").exists():
         return "COMPLETED" if work_finished(job_dir) else "FAILED"
