@@ -25,21 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import wait_for
+
 from kit import slurm
 from kit.cluster import LocalCluster
 
 TRAIN = [sys.executable, "-m", "kit.train", "--step-delay", "0.02", "--log-every", "10",
          "--checkpoint-every", "50", "--max-steps", "1000000"]
-
-
-def wait_for(predicate, timeout: float, poll: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise TimeoutError("timed out")
 
 
 def job_alive(job_dir: Path) -> bool:

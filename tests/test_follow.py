@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -223,7 +224,8 @@ def test_ps_lists_a_running_and_a_finished_job_with_their_states_and_steps(clust
         elsewhere.mkdir()
         for job, name in ((done, "done"), (running, "running")):
             copy = elsewhere / name
-            subprocess.run(["cp", "-a", job["job_dir"], str(copy)], check=True)
+            # The running job writes while we copy: its atomic writers' temp files come and go.
+            shutil.copytree(job["job_dir"], copy, symlinks=True, ignore=shutil.ignore_patterns(".*.tmp"))
             (copy / "slurm.json").write_text(json.dumps({"target": "local", "conf": str(tmp_path / "gone.conf")}))
         (elsewhere / "running" / "job_id").touch()  # newest
         rows = json.loads(kit_plain("ps", "--all", "--json", "--output-dir", str(elsewhere)).stdout)

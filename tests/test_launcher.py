@@ -89,14 +89,38 @@ def test_a_signal_reaching_the_launcher_and_the_command_at_once_keeps_the_exit_s
         assert proc.returncode == 0, f"round {round_}:\n{out}"
 
 
-def test_warning_reaches_a_command_that_never_catches_it_after_the_grace(tmp_path):
+def test_a_command_without_a_handler_is_never_sent_the_warning_and_is_stopped_by_prelaunch(tmp_path):
+    """Issue 19 finding 2: USR1 would kill a command with no handler for it (exit 138):
+    the launcher never sends it, says so after the grace, and stops the command only when
+    prelaunch asks (progress/r<K>/stop, before the time limit): a stop, not a failure."""
     proc, job_dir = start(tmp_path, ["sleep", "60"], {"KIT_SIGNAL_GRACE": "1"})
-    time.sleep(0.5)
-    t0 = time.monotonic()
-    proc.send_signal(signal.SIGUSR1)
+    log = job_dir / "logs" / "rank-1.r0.log"
+    progress = job_dir / "progress" / "r0"
+    wait_for(lambda: (progress / "task-1").exists(), 10, what="the command to start")
+    (progress / "warning").write_text("USR1\n")
+    time.sleep(3)
+    assert proc.poll() is None  # still running, past the grace
+    (progress / "stop").touch()
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert "has no handler for SIGUSR1: not sending it" in out and "sent SIGUSR1" not in out, out
+    assert "prelaunch stops the command before the time limit" in out
+    _, rank, rc, how = (job_dir / "logs" / "exit.r0.rank-1").read_text().split()
+    assert (rank, rc, how) == ("1", "143", "stopped")
+    assert not (progress / "warned-1").exists() and log.exists()
+
+
+def test_a_command_given_the_warning_is_recorded_as_warned(tmp_path):
+    """A command that got the warning and exited 0 may have stopped early: prelaunch
+    must not take its 0 for finished work (the launcher's record says `warned`)."""
+    proc, job_dir = start(tmp_path, [sys.executable, "-c", LATE_HANDLER])
+    log = job_dir / "logs" / "rank-1.r0.log"
+    wait_for(lambda: log.exists() and "started" in log.read_text(), 10, what="the command to start")
+    (job_dir / "progress" / "r0" / "warning").write_text("USR1\n")
     proc.communicate(timeout=30)
-    assert proc.returncode == 128 + signal.SIGUSR1
-    assert 0.9 < time.monotonic() - t0 < 10
+    assert proc.returncode == 0
+    _, rank, rc, how = (job_dir / "logs" / "exit.r0.rank-1").read_text().split()
+    assert (rank, rc, how) == ("1", "0", "warned")
 
 
 def test_term_stops_the_command_and_is_not_recorded_as_a_failure(tmp_path):

@@ -181,9 +181,8 @@ NO_PROGRESS = ('echo 5 >"$KIT_CHECKPOINT_STEP_FILE"; echo "step 5" >"$KIT_PROGRE
 def row_no_progress(cluster, tmp_path):
     # Every run ends (hung) at checkpoint step 5: the second run in a row that
     # does not advance it ends the retries, with budget left.
+    # Each requeue is prelaunch's: it releases Slurm's hold after a requeue itself.
     w = launch_wait(tmp_path, "--max-restarts", "5", "--hang-timeout", "3", command=["bash", "-c", NO_PROGRESS])
-    for restart in (1, 2):
-        release_requeued(cluster, w.job_id, w.job_dir, restart)
     check_end(cluster, w, state="FAILED", code=outcome.NO_PROGRESS, finished=False,
               log="the checkpoint step did not advance in this run or the one before (still 5): not requeueing again",
               ends=["hang", "hang", "hang"])
@@ -261,18 +260,17 @@ def test_a_save_marked_on_one_rank_covers_the_ranks_waiting_for_it(cluster, tmp_
     assert not (w.job_dir / "hang" / "r0" / "report").exists()
 
 
+# A plain DDP loop reporting through the documented call only (issue 19 done-means 6).
 BLAME = """
-import os, time, torch, torch.distributed as dist
+import time, torch, torch.distributed as dist
+from kit.train import progress
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-def progress(step):
-    with open(os.environ["KIT_PROGRESS_FILE"], "w") as f:
-        f.write(f"step {step}\\n")
 for step in range(100000):
-    progress(step)
+    progress.step(step)
     if step == 20 and rank == 1:
         time.sleep(1)
-        progress(step)   # the stuck rank reported last: the oldest report is the waiting rank's
+        progress.step(step)  # the stuck rank reported last: the oldest report is the waiting rank's
         time.sleep(600)  # stuck in user code
     dist.all_reduce(torch.ones(1))
     time.sleep(0.05)
@@ -304,3 +302,68 @@ def test_the_hang_report_blames_the_rank_outside_the_collective(cluster, tmp_pat
     finally:
         scancel(cluster, w.job_id)
         w.finish()
+
+
+# Rank 1 never reaches the rendezvous; rank 0 waits in it. Neither reports progress.
+RENDEZVOUS = """
+import os, time, torch.distributed as dist
+if os.environ["RANK"] == "1":
+    time.sleep(600)  # stuck in user code before init_process_group
+dist.init_process_group("gloo")
+"""
+
+
+def test_a_rank_that_never_reaches_the_rendezvous_is_caught(cluster, tmp_path):
+    """Issue 19 finding 4: no rank ever reports progress, so only the rendezvous tells: rank 0
+    serves it and waits, rank 1 never comes. Caught once the first-progress timeout passes
+    (torch's own would wait 30 minutes); the report names rank 1 and its node."""
+    (tmp_path / "rendezvous.py").write_text(RENDEZVOUS)
+    w = launch_wait(tmp_path, "--nodes", "2", "--hang-timeout", "60", "--first-progress-timeout", "15",
+                    "--max-restarts", "0", command=[sys.executable, str(tmp_path / "rendezvous.py")])
+    check_end(cluster, w, state="FAILED", code=outcome.HUNG, finished=False,
+              log="retry budget spent (0 restarts), not requeueing", ends=["hang"])
+    fields = dict(line.split("=", 1) for line in (w.job_dir / "hang" / "r0" / "report").read_text().splitlines())
+    node1 = (w.job_dir / "progress" / "r0" / "task-1").read_text().split()[0]
+    assert (fields["rank"], fields["node"]) == ("1", node1), fields
+    assert "has not joined the rendezvous" in fields["summary"] and "while 1 rank(s) wait in it" in fields["summary"]
+    assert (w.job_dir / "progress" / "r0" / "joined-0").exists()
+    assert not (w.job_dir / "progress" / "r0" / "joined-1").exists()
+
+
+def test_a_rendezvous_that_every_rank_joins_is_no_hang_without_progress_reports(cluster, tmp_path):
+    """The other side: a DDP script that never reports progress and takes longer than the
+    first-progress timeout is never called hung (every rank joined the rendezvous)."""
+    script = ("import time, torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+              "for _ in range(40):\n    dist.all_reduce(torch.ones(1)); time.sleep(0.25)\n"
+              "print('done', flush=True)\ndist.destroy_process_group()\n")
+    (tmp_path / "quiet.py").write_text(script)
+    w = launch_wait(tmp_path, "--nodes", "2", "--hang-timeout", "3", "--first-progress-timeout", "4",
+                    "--max-restarts", "0", command=[sys.executable, str(tmp_path / "quiet.py")])
+    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log="1: done", ends=["finished"])
+    assert all((w.job_dir / "progress" / "r0" / f"joined-{r}").exists() for r in (0, 1))
+
+
+# Every rank declares its work finished, then rank 1 aborts, as torch 2.13's gloo teardown does now and then.
+TEARDOWN = """
+import os
+from kit.train import progress
+progress.step(1, loss=0.5, samples=8, max_steps=1)
+print("work done", flush=True)
+progress.finished()
+if os.environ["RANK"] == "1":
+    os.abort()
+"""
+
+
+def test_work_declared_finished_then_a_teardown_abort_is_finished_and_the_chain_goes_on(cluster, tmp_path):
+    """Issue 19 finding 5: every rank called kit.train.progress.finished(), then one died in
+    its teardown (SIGABRT, 134): the job is COMPLETED with exit 0, the abort is told in the
+    batch log and runs.jsonl, and a stage launched --after it runs."""
+    (tmp_path / "teardown.py").write_text(TEARDOWN)
+    first = launch_wait(tmp_path, "--nodes", "2", command=[sys.executable, str(tmp_path / "teardown.py")])
+    second = launch_wait(tmp_path, "--after", first.job_id, command=["bash", "-c", "echo stage two ran"])
+    check_end(cluster, first, state="COMPLETED", code=0, finished=True,
+              log="after its work was declared finished (a failure in teardown); the work is finished", ends=["finished"])
+    (run,) = runs(first.job_dir)
+    assert (run["exit_code"], run["teardown_exit_code"]) == (0, 134), run
+    check_end(cluster, second, state="COMPLETED", code=0, finished=True, log="stage two ran", ends=["finished"])

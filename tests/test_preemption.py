@@ -1,10 +1,12 @@
-"""The preemption plan, on real time limits (done-means 4).
+"""The preemption plan, on real time limits (done-means 4; issue 19 finding 2).
 
-Four 1-minute jobs run side by side, each told to expect the warning 45 s
+Five 1-minute jobs run side by side, each told to expect the warning 45 s
 before its limit: one that resumes after a requeue, one with no retry
-budget, one whose work is already finished when the warning comes, and one
-that ignores the warning (the rows of the README's outcome table that need a
-real time limit).
+budget, one whose work is already finished when the warning comes, one with
+no handler for the warning and no restart left, and a user's loop with no
+handler and restarts left (kit stops it before the limit, requeues it, and
+calls it finished when its next run ends its work by itself): the rows of the
+README's outcome table that need a real time limit.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import os
 import re
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
-from conftest import read_logs, release_requeued, submit, wait_for, wait_no_processes
+from conftest import read_logs, runs, submit, wait_for, wait_no_processes
 
 from kit import slurm
 from kit.core import outcome
@@ -35,9 +38,11 @@ def jobs(cluster, tmp_path_factory):
         # Its work is done at once; it then waits for the warning and exits 0.
         "finished": submit(tmp, "--nodes", "1", "--max-restarts", "3", *WARN,
                            command=["bash", "-c", 'trap "exit 0" USR1; touch "$KIT_FINISHED_FILE"; sleep 300 & wait']),
-        # Ignores the warning: Slurm kills it at the time limit.
-        "timeout": submit(tmp, "--nodes", "1", "--max-restarts", "0", *WARN,
-                          command=["bash", "-c", 'trap "" USR1; sleep 300']),
+        # No handler for the warning and no restart left: never sent the signal (it
+        # would die of it); Slurm ends it at the time limit.
+        "timeout": submit(tmp, "--nodes", "1", "--max-restarts", "0", *WARN, command=["sleep", "300"]),
+        "handlerless": submit(tmp, "--nodes", "2", "--max-restarts", "2", *WARN,
+                              command=[sys.executable, str(Path(__file__).parent / "handlerless_train.py")]),
     }
 
 
@@ -47,7 +52,7 @@ def test_warning_checkpoints_requeues_and_resumes_from_the_saved_step(cluster, j
 
     def requeued():
         st = slurm.job_status(cluster.target, job_id)
-        return st if st.restarts == 1 and st.state == "PENDING" else None
+        return st if st.restarts >= 1 else None
 
     wait_for(requeued, 120, poll=0.5, what="the job to requeue itself")
     first = (job_dir / "logs" / "rank-0.r0.log").read_text()
@@ -57,11 +62,8 @@ def test_warning_checkpoints_requeues_and_resumes_from_the_saved_step(cluster, j
     assert saved_step > 0
     assert (job_dir / "checkpoints" / "last.ckpt").exists()
     assert "requeueing (restart 1 of 3)" in read_logs(job_dir)
-    # Slurm holds a requeued job (BeginTime) for ~3 minutes. Release it sooner, but
-    # only once the first run is gone and a second has passed: slurmd rejects a
-    # credential issued in the same second as the previous run's revocation
-    # ("Job credential revoked") and the job would fail.
-    release_requeued(cluster, job_id, job_dir)
+    # Slurm would hold the requeued job for 2 minutes (BeginTime): prelaunch gave it an
+    # earlier begin time itself, so the next run comes without help from this test.
 
     def resumed():
         path = job_dir / "logs" / "rank-0.r1.log"
@@ -112,5 +114,41 @@ def test_time_limit_without_acting_on_the_warning_is_a_timeout(cluster, jobs):
     result = slurm.job_outcome(end, Path(job["job_dir"]))
     assert (end.state, result.exit_code) == ("TIMEOUT", outcome.TIME_LIMIT), read_logs(job["job_dir"])
     assert not (Path(job["job_dir"]) / "FINISHED").exists()
-    assert "got SIGUSR1" in read_logs(job["job_dir"])
+    logs = read_logs(job["job_dir"])
+    assert "got SIGUSR1" in logs
+    # Not killed by the warning: it ran on to the limit.
+    assert "has no handler for SIGUSR1: not sending it" in logs and "sent SIGUSR1" not in logs, logs
+    assert "stopping it, to requeue" not in logs  # no restart left: nothing to stop it for
     assert wait_no_processes(job["job_dir"], 15) == []
+
+
+def test_a_command_without_a_handler_is_requeued_before_the_limit_and_finishes(cluster, jobs):
+    """Issue 19 finding 2: a loop with no USR1 handler is never killed by the warning;
+    kit stops it shortly before the limit and requeues it, the next run starts without
+    Slurm's 2-minute hold after a requeue, resumes from the saved step, and ends its work
+    by itself after that run's warning: COMPLETED, FINISHED, exit 0."""
+    job = jobs["handlerless"]
+    job_dir = Path(job["job_dir"])
+    end = slurm.wait(cluster.target, job["job_id"], timeout=300)
+    logs = read_logs(job_dir)
+    result = slurm.job_outcome(end, job_dir)
+    assert (end.state, end.restarts, result.exit_code) == ("COMPLETED", 1, 0), logs[-3000:]
+    assert (job_dir / "FINISHED").exists()
+    ends = runs(job_dir)
+    assert [r["end"] for r in ends] == ["warned", "finished"] and ends[0]["advanced"], ends
+    run0 = logs[:logs.index("run 1: 2 node(s)")]
+    assert sorted(re.findall(r"^(\d): \[kit \S+ rank \1\] the command \(pid \d+\) has no handler for SIGUSR1: "
+                             r"not sending it", run0, re.M)) == ["0", "1"], run0
+    assert "sent SIGUSR1" not in logs
+    assert "the job step still runs" in logs and "stopping it, to requeue the job" in logs
+    assert "exit 138" not in logs
+    saved = ends[0]["checkpoint_step"]
+    second = (job_dir / "logs" / "rank-0.r1.log").read_text()
+    assert f"rank 0 run 1: starting at step {saved}" in second and "all work done" in second, second
+    assert "after the warning, every command by itself; the work is finished" in logs
+    # The next run started long before Slurm's hold after a requeue (121 s) would have ended.
+    stamp = re.search(r"^\[kit (\S+) prelaunch\] job \d+ run 1:", logs, re.M)
+    gap = datetime.strptime(stamp.group(1), "%Y-%m-%dT%H:%M:%S%z").timestamp() - ends[0]["time"]
+    assert gap < 121, f"run 1 started {gap} s after run 0 ended"
+    print(f"requeue gap: {gap:.0f} s")
+    assert wait_no_processes(job_dir, 15) == []

@@ -118,6 +118,8 @@ def render_scripts(job: ResolvedJob, job_dir: Path, the_step: Step | None = None
         "lib": lib,
         "job_dir": bash.quote(job_dir),
         "max_restarts": str(s.max_restarts),
+        "signal_lead": str(s.signal_lead),
+        "stop_grace": str(s.stop_grace),
         "world_size": str(s.nodes * s.ntasks_per_node),
         "exit_codes": "\n".join(f"readonly KIT_EXIT_{name}={code}" for name, code in outcome.PRELAUNCH_CODES.items()),
         "hang_timeout": str(s.hang_timeout),

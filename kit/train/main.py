@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from kit.train import preempt
+from kit.train import progress as kit_progress
 
 
 def log(msg: str) -> None:
@@ -247,9 +248,12 @@ def main(argv=None) -> int:
         if progress.t_first is not None and progress.t_last > progress.t_first:
             rate = progress.samples / (progress.t_last - progress.t_first)
             log(f"throughput: {rate:.1f} samples/s per rank over {progress.t_last - progress.t_first:.2f} s")
-    if not preemption.preempted and step >= args.max_steps and trainer.global_rank == 0 \
-            and os.environ.get("KIT_FINISHED_FILE"):
-        Path(os.environ["KIT_FINISHED_FILE"]).touch()
+    if not preemption.preempted and step >= args.max_steps:
+        # Every rank says its work is done (kit then calls the run finished even if
+        # a rank dies in teardown); rank 0 writes the job's marker.
+        kit_progress.finished()
+        if trainer.global_rank == 0 and os.environ.get("KIT_FINISHED_FILE"):
+            Path(os.environ["KIT_FINISHED_FILE"]).touch()
     # Leaving with the process group up lets gloo's threads die unjoined at exit (SIGABRT).
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

@@ -8,6 +8,9 @@ first-progress timeout (a hang inside a save is still caught, later). When a che
 safely on disk, write its step to ``$KIT_CHECKPOINT_STEP_FILE`` (one rank is
 enough): kit stops requeueing a job whose runs stop advancing it.
 
+``finished()``, on every rank, declares the work done (the progress file's
+first word becomes ``finished``).
+
 ``step(n, loss=..., samples=...)`` also feeds what the reference trainer's
 callback feeds (``$KIT_METRICS_DIR/rank-<R>.json``): kit ps's STEP, LOSS and
 SAMPLES/S, the exporter's ``training_*`` metrics and kit report's curves.
@@ -76,6 +79,7 @@ def step(n: int, *, loss: float | None = None, samples: int | None = None, max_s
 def _write_pending() -> None:
     """At exit: the last step's values (a rank's final numbers are not lost to the once-a-second limit)."""
     pending = _METRICS.get("pending")
+    _METRICS["pending"] = None
     if pending:
         try:
             jobdir.write_rank_metrics(pending[0], int(os.environ.get("RANK", "0")), pending[1])
@@ -91,3 +95,13 @@ def checkpointing(n: int) -> None:
 def checkpoint_saved(n: int) -> None:
     """The checkpoint of step ``n`` is on disk (call it on one rank)."""
     _write(os.environ.get("KIT_CHECKPOINT_STEP_FILE"), f"{n}\n")
+
+
+def finished() -> None:
+    """This rank's work is done (call it on every rank, after the last save and before
+    tearing down). Once every rank has said so, the run's work is finished whatever
+    happens after: a rank that then dies in its teardown (torch's process-group
+    destructors abort now and then) does not make the job FAILED, nor is the job requeued;
+    and the hang watchdog no longer waits for progress from this rank."""
+    _write_pending()
+    _write(os.environ.get("KIT_PROGRESS_FILE"), "finished\n")

@@ -87,6 +87,8 @@ def main() -> int:
             os.replace(tmp, ckpt)  # only rank 0 writes; a torn checkpoint is never left
         dist.barrier()
     print(f"plain rank={rank} world={world} samples={samples}", flush=True)
+    if progress is not None:
+        progress.finished()  # every rank: the work is done, whatever the teardown does
     dist.destroy_process_group()
     return 0
 

@@ -388,41 +388,89 @@ kit::answer_hang() {
 }
 
 # kit::deliver SIG PID: send the warning once PID catches it (a trainer
-# installs its handler only after its imports, and the default action of
-# USR1 is to die), or after KIT_SIGNAL_GRACE seconds if it never does.
+# installs its handler only after its imports). A command that never does is
+# never sent it: the default action of USR1 is to die, and a command that
+# cannot act on the warning must not be killed by it. prelaunch stops such a
+# command shortly before the time limit instead (progress/r<K>/stop) when a
+# restart is left. A warning given is marked (progress/r<K>/warned-<rank>):
+# a command that then exits 0 may have stopped early, not finished.
 kit::deliver() {
   local -r sig="$1" pid="$2"
   local -r bit=$(( $(kill -l "${sig}") - 1 ))
-  local key value rest mine caught tries
+  local key value rest mine caught tries=0
   # A background subshell gets default signal actions: a second warning sent
   # to the task's process group would kill it before it delivered the first.
   kit::helper_traps
   # Until it execs, the command's process is a fork of this script and shows
   # this script's handlers: it counts only once its command line is its own.
   mine="$(tr '\0' ' ' </proc/$$/cmdline)"
-  for (( tries = 0; tries < ${KIT_SIGNAL_GRACE:-30} * 10; tries++ )); do
+  while [[ ! -e "${KIT_PROGRESS_DIR}/stop" ]]; do
     caught=""
     while read -r key value rest; do
       if [[ "${key}" == SigCgt: ]]; then caught="${value}"; fi
     done 2>/dev/null </proc/"${pid}"/status || return 0
     [[ -n "${caught}" ]] || return 0
     if (( (16#${caught} >> bit) & 1 )) && [[ "$(tr '\0' ' ' </proc/"${pid}"/cmdline 2>/dev/null)" != "${mine}" ]]; then
-      break
+      : >"${KIT_PROGRESS_DIR}/warned-${RANK}"
+      if kill -s "${sig}" "${pid}" 2>/dev/null; then
+        kit::log "sent SIG${sig} to the command (pid ${pid})"
+      else
+        rm -f "${KIT_PROGRESS_DIR}/warned-${RANK}"
+      fi
+      return 0
+    fi
+    if (( ++tries == ${KIT_SIGNAL_GRACE:-30} * 10 )); then
+      kit::log "the command (pid ${pid}) has no handler for SIG${sig}: not sending it (it would end the command); it runs on, and with a restart left kit stops it shortly before the time limit and requeues the job"
     fi
     kit::nap 0.1
   done
-  if kill -s "${sig}" "${pid}" 2>/dev/null; then
-    kit::log "sent SIG${sig} to the command (pid ${pid})"
+  if (( tries < ${KIT_SIGNAL_GRACE:-30} * 10 )); then
+    kit::log "the command (pid ${pid}) has no handler for SIG${sig}: not sending it (it would end the command)"
   fi
 }
-# kit::watch_warning: deliver the warning once prelaunch passes it on
-# (kit::pass_warning writes progress/r<K>/warning).
-kit::watch_warning() {
+# kit::watch_prelaunch: act on what prelaunch passes on in progress/r<K>/:
+# the warning (kit::pass_warning), given to the command once it handles it,
+# and a stop before the time limit (kit::stop_before_limit), which stops the
+# command as a TERM to this script would.
+kit::watch_prelaunch() {
   local -r sig="${KIT_WARNING_SIGNAL:-USR1}"
+  local warned=0
   kit::helper_traps
-  until [[ -e "${KIT_PROGRESS_DIR}/warning" ]]; do kit::nap 1; done
-  kit::log "the time limit is near: passing SIG${sig} to the command once it handles it"
-  kit::deliver "${sig}" "${KIT_MAIN_PID}"
+  until [[ -e "${KIT_PROGRESS_DIR}/stop" ]]; do
+    if (( ! warned )) && [[ -e "${KIT_PROGRESS_DIR}/warning" ]]; then
+      warned=1
+      kit::log "the time limit is near: passing SIG${sig} to the command once it handles it"
+      kit::deliver "${sig}" "${KIT_MAIN_PID}"
+    else
+      kit::nap 1
+    fi
+  done
+  kit::log "prelaunch stops the command before the time limit"
+  kill -s TERM "$$"
+}
+# kit::watch_rendezvous: mark this rank as joined (progress/r<K>/joined-<rank>)
+# once a process of its command listens on or connects to MASTER_PORT: it has
+# reached torch.distributed's rendezvous (the TCP store rank 0 serves there).
+# The hang watchdog compares ranks: one that has not joined while another has,
+# KIT_FIRST_PROGRESS_TIMEOUT after the step started, hangs before it. Looks
+# every 2 s until then, or until the rank reports progress (it got past).
+kit::watch_rendezvous() {
+  local -r port="$(printf ':%04X' "${MASTER_PORT}")" until=$(( SECONDS + KIT_FIRST_PROGRESS_TIMEOUT + 10 ))
+  local pid inodes
+  local -a fds
+  kit::helper_traps
+  while (( SECONDS < until )) && [[ ! -e "${KIT_PROGRESS_FILE}" ]]; do
+    kit::nap 2
+    kit::tree "${KIT_MAIN_PID}"
+    fds=()
+    for pid in "${KIT_TREE[@]}"; do fds+=("/proc/${pid}/fd"); done
+    inodes=" $(find "${fds[@]}" -maxdepth 1 -lname 'socket:*' -printf '%l ' 2>/dev/null | tr -d 'socket:[]') "
+    if awk -v p="${port}" -v mine="${inodes}" 'FNR > 1 && ($2 ~ p"$" || $3 ~ p"$") && index(mine, " " $10 " ") { found = 1 }
+        END { exit !found }' /proc/net/tcp /proc/net/tcp6 2>/dev/null; then
+      : >"${KIT_PROGRESS_DIR}/joined-${RANK}"
+      return 0
+    fi
+  done
 }
 KIT_WARNING_PENDING=0
 # kit::kill_after SECONDS PID: KILL the command's group when it has not
@@ -482,13 +530,18 @@ kit::start "${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&-
 KIT_MAIN_PID=$!
 exec {KIT_LOG_FD}>&-
 printf '%s %s\n' "${KIT_NODE}" "${KIT_MAIN_PID}" >"${KIT_PROGRESS_DIR}/task-${RANK}"
-kit::watch_warning &
+kit::watch_prelaunch &
 KIT_BG_PIDS+=("$!")
-KIT_BG_NAMES+=(warning-watch)
+KIT_BG_NAMES+=(prelaunch-watch)
 if (( ${KIT_HANG_TIMEOUT:-0} > 0 )); then
   kit::answer_hang &
   KIT_BG_PIDS+=("$!")
   KIT_BG_NAMES+=(hang-answer)
+  if (( ${WORLD_SIZE:-1} > 1 )); then
+    kit::watch_rendezvous &
+    KIT_BG_PIDS+=("$!")
+    KIT_BG_NAMES+=(rendezvous-watch)
+  fi
 fi
 kit::handle_signals
 if (( KIT_WARNING_PENDING )); then kit::on_signal "${KIT_WARNING_SIGNAL:-USR1}"; fi
@@ -505,8 +558,12 @@ fi
 # How this rank ended, for prelaunch: the first rank that failed by itself
 # gives the job its code, and the work is finished only when every rank
 # says its command ended by itself with 0 (srun alone may exit 0 after a
-# node failure killed its tasks).
+# node failure killed its tasks): not stopped, and not given the warning.
 KIT_HOW=self
-if (( KIT_STOPPING )); then KIT_HOW=stopped; fi
+if (( KIT_STOPPING )); then
+  KIT_HOW=stopped
+elif [[ -e "${KIT_PROGRESS_DIR}/warned-${RANK}" ]]; then
+  KIT_HOW=warned
+fi
 printf '%s %s %s %s\n' "$(date +%s%N)" "${RANK}" "${KIT_RC}" "${KIT_HOW}" >"${KIT_LOG_DIR}/exit.r${KIT_RESTART:-0}.rank-${RANK}"
 exit "${KIT_RC}"

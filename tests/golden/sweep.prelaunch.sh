@@ -262,6 +262,12 @@ else
 fi
 readonly KIT_JOB_DIR
 readonly KIT_MAX_RESTARTS=3
+# The time-limit warning comes KIT_SIGNAL_LEAD s before the limit (or up to a
+# minute earlier); with a restart left, a step still running KIT_LIMIT_MARGIN s
+# before the limit is stopped and the job requeued (kit::stop_before_limit).
+readonly KIT_SIGNAL_LEAD=90
+readonly KIT_LIMIT_MARGIN=$(( 3 + 15 ))
+readonly KIT_REQUEUE_DELAY=5
 readonly KIT_WORLD_SIZE=2
 # Exit codes prelaunch decides itself (kit.core.outcome; the README's table).
 readonly KIT_EXIT_BUDGET_SPENT=75
@@ -438,9 +444,13 @@ fi
 KIT_WARNED=0
 kit::on_signal() {
   if [[ "$1" == "${KIT_WARNING_SIGNAL}" ]]; then
-    KIT_WARNED=1
     kit::log "got SIG$1: the time limit is near; passing it to the job step"
     kit::pass_warning
+    if (( ! KIT_WARNED && KIT_RESTART < KIT_MAX_RESTARTS )); then
+      kit::stop_before_limit &
+      KIT_BG_PIDS+=("$!")
+    fi
+    KIT_WARNED=1
   else
     KIT_STOPPING=1
     kit::log "got SIG$1: stopping the job step (cancelled, requeued, preempted or at the time limit)"
@@ -460,6 +470,36 @@ kit::pass_warning() {
   mv -f "${KIT_PROGRESS_DIR}/.warning" "${KIT_PROGRESS_DIR}/warning"
 }
 
+# kit::stop_before_limit: with a restart left, a step still running shortly
+# before the time limit (its command has no handler for the warning, or did
+# not stop on it) is stopped by kit, so that the run is requeued and resumes
+# from its last checkpoint instead of being killed by Slurm at the limit. The
+# launchers stop their commands (TERM; KILL after the stop grace) when
+# progress/r<K>/stop appears. The limit is read again before acting: an
+# admin may have extended it. Nothing is stopped when the requeue would be
+# refused (the checkpoint step stalled): the command may yet finish.
+kit::stop_before_limit() {
+  local end left
+  kit::helper_traps
+  while :; do
+    end="$(squeue --noheader --jobs="${SLURM_JOB_ID}" --format=%e 2>/dev/null | head -n 1)"
+    end="$(date -d "${end}" +%s 2>/dev/null)" || end=$(( $(date +%s) + KIT_SIGNAL_LEAD ))
+    left=$(( end - $(date +%s) - KIT_LIMIT_MARGIN ))
+    (( left > 0 )) || break
+    kit::nap "$(( left < 30 ? left : 30 ))"
+  done
+  KIT_RUN_ADVANCED=false
+  if (( $(kit::checkpoint_step) > KIT_START_STEP )); then KIT_RUN_ADVANCED=true; fi
+  if kit::stalled; then
+    kit::log "$(( end - $(date +%s) )) s before the time limit: the checkpoint step has not advanced, so a requeue would be refused: letting the step run on"
+    return 0
+  fi
+  kit::log "the job step still runs $(( end - $(date +%s) )) s before the time limit: stopping it, to requeue the job"
+  mkdir -p "${KIT_PROGRESS_DIR}"
+  : >"${KIT_PROGRESS_DIR}/.stop"
+  mv -f "${KIT_PROGRESS_DIR}/.stop" "${KIT_PROGRESS_DIR}/stop"
+}
+
 # kit::checkpoint_step: the step of the newest checkpoint, as the command
 # reports it in KIT_CHECKPOINT_STEP_FILE; -1 when it reports none.
 kit::checkpoint_step() {
@@ -470,25 +510,28 @@ kit::checkpoint_step() {
   if [[ "${step}" =~ ^[0-9]{1,18}$ ]]; then printf '%s\n' "$(( 10#${step} ))"; else printf '%s\n' -1; fi
 }
 
-# kit::record_run END RC: one line per run in runs.jsonl (how it ended, the
-# checkpoint step it ended at, and whether that advanced during the run).
+# kit::record_run END RC [TEARDOWN]: one line per run in runs.jsonl (how it
+# ended, the checkpoint step it ended at, and whether that advanced during the
+# run; TEARDOWN: the code of a step that failed after its work was finished).
 kit::record_run() {
-  local -r end="$1" rc="$2"
+  local -r end="$1" rc="$2" teardown="${3-}"
   local -r step="$(kit::checkpoint_step)"
   local advanced=false
   if (( step > KIT_START_STEP )); then advanced=true; fi
-  printf '{"run": %d, "end": "%s", "exit_code": %d, "checkpoint_step": %d, "advanced": %s, "time": %d}\n' \
-    "${KIT_RESTART}" "${end}" "${rc}" "${step}" "${advanced}" "$(date +%s)" >>"${KIT_JOB_DIR}/runs.jsonl"
+  printf '{"run": %d, "end": "%s", "exit_code": %d, "checkpoint_step": %d, "advanced": %s, "time": %d%s}\n' \
+    "${KIT_RESTART}" "${end}" "${rc}" "${step}" "${advanced}" "$(date +%s)" \
+    "${teardown:+, \"teardown_exit_code\": ${teardown}}" >>"${KIT_JOB_DIR}/runs.jsonl"
   KIT_RUN_ADVANCED="${advanced}"
 }
 
-# kit::stalled: true when this run and the one recorded before it both ended
-# without the checkpoint step advancing (only for commands that report one).
+# kit::stalled: true when this run (KIT_RUN_ADVANCED) and the run before it
+# (its line in runs.jsonl) both went without the checkpoint step advancing
+# (only for commands that report one).
 kit::stalled() {
   local previous
   [[ "${KIT_RUN_ADVANCED}" == false && -e "${KIT_CHECKPOINT_STEP_FILE}" ]] || return 1
-  previous="$(tail -n 2 "${KIT_JOB_DIR}/runs.jsonl" | head -n 1)"
-  [[ "$(wc -l <"${KIT_JOB_DIR}/runs.jsonl")" -ge 2 && "${previous}" == *'"advanced": false'* ]]
+  previous="$(grep -F "{\"run\": $(( KIT_RESTART - 1 ))," "${KIT_JOB_DIR}/runs.jsonl" 2>/dev/null | tail -n 1)" || return 1
+  [[ "${previous}" == *'"advanced": false'* ]]
 }
 
 # kit::requeue WHY [NODE]: requeue the job within the retry budget, with NODE
@@ -508,14 +551,23 @@ kit::requeue() {
   fi
   kit::log "${why}; requeueing (restart $(( KIT_RESTART + 1 )) of ${KIT_MAX_RESTARTS})"
   kit::stop_background
+  # Slurm TERMs the batch step for the requeue about to be asked: the scontrol
+  # and sinfo below must not die of it (one did, and the suspect stayed in the
+  # next run's nodes).
+  trap '' TERM INT
   if ! scontrol requeue "${SLURM_JOB_ID}"; then
     kit::log "scontrol requeue failed"
     return 1
   fi
+  # Slurm holds a requeued job for its credential lifetime (BeginTime = the
+  # batch script's end + 121 s by default) unless the job already has a later
+  # begin time: giving it one a few seconds ahead (past this script's end, and
+  # past the second in which the old run's credential was revoked) starts the
+  # next run as soon as the scheduler next looks.
+  if ! scontrol update JobId="${SLURM_JOB_ID}" StartTime="now+${KIT_REQUEUE_DELAY}" 2>/dev/null; then
+    kit::log "the next run waits for Slurm's hold after a requeue (scontrol update StartTime was refused)"
+  fi
   if [[ -n "${suspect}" ]]; then
-    # Slurm TERMs the batch step for the requeue just asked: the scontrol and sinfo
-    # below must not die of it (one did, and the suspect stayed in the next run's nodes).
-    trap '' TERM INT
     # The line that starts with ReqNodeList: no job name or path can stand there.
     excluded="$(scontrol show job "${SLURM_JOB_ID}" 2>/dev/null | sed -n 's/^ *ReqNodeList=[^ ]* ExcNodeList=\([^ ]*\)$/\1/p' | head -n 1)"
     [[ "${excluded}" == "(null)" ]] && excluded=""
@@ -541,6 +593,22 @@ kit::first_failure() {
 # kit::all_ranks_done: did every rank's command end by itself with 0 in this run?
 kit::all_ranks_done() {
   kit::rank_ends | awk -v world="${KIT_WORLD_SIZE}" '$4 == "self" && $3 == 0 { n++ } END { exit !(n == world) }'
+}
+
+# kit::declared_finished RANK: has RANK declared its work finished in this run
+# (kit.train.progress.finished(): its progress file's first word)?
+kit::declared_finished() {
+  local word=""
+  { read -r word _ <"${KIT_PROGRESS_DIR}/rank-$1"; } 2>/dev/null || return 1
+  [[ "${word}" == finished ]]
+}
+
+# kit::all_ranks_declared: has every rank declared its work finished in this run?
+kit::all_ranks_declared() {
+  local rank
+  for (( rank = 0; rank < KIT_WORLD_SIZE; rank++ )); do
+    kit::declared_finished "${rank}" || return 1
+  done
 }
 
 # kit::rank_ends: the launchers' records of how each rank ended in this run.
@@ -572,24 +640,39 @@ kit::saving() {
 kit::watch_progress() {
   local -r step_pid="$1" start_us="${EPOCHREALTIME/./}"
   local -r hang_us=$(( KIT_HANG_TIMEOUT * 1000000 )) first_us=$(( KIT_FIRST_PROGRESS_TIMEOUT * 1000000 ))
-  local armed=0 now name stamp sec frac rank last limit saving suspect="" suspect_last=0 tries
-  local -A touched=()
+  local armed=0 now name stamp sec frac rank last limit saving suspect="" suspect_last=0 tries why
+  local -A touched=() joined=()
   kit::helper_traps
   if [[ -e "${KIT_JOB_DIR}/progress/seen" ]]; then armed=1; fi
   while [[ -z "${suspect}" ]]; do
     kit::nap 1
     kit::running "${step_pid}" || return 0
-    touched=()
+    touched=() joined=()
     while read -r name stamp; do
-      sec="${stamp%.*}" frac="${stamp#*.}000000"
-      touched["${name#rank-}"]=$(( sec * 1000000 + 10#${frac:0:6} ))
-    done < <(find "${KIT_PROGRESS_DIR}" -maxdepth 1 -name 'rank-*' -printf '%f %T@\n' 2>/dev/null)
+      case "${name}" in
+        rank-*)
+          sec="${stamp%.*}" frac="${stamp#*.}000000"
+          touched["${name#rank-}"]=$(( sec * 1000000 + 10#${frac:0:6} )) ;;
+        joined-*) joined["${name#joined-}"]=1 ;;
+      esac
+    done < <(find "${KIT_PROGRESS_DIR}" -maxdepth 1 \( -name 'rank-*' -o -name 'joined-*' \) -printf '%f %T@\n' 2>/dev/null)
+    now="${EPOCHREALTIME/./}" saving=""
     if (( ! armed )); then
-      (( ${#touched[@]} > 0 )) || continue
+      if (( ${#touched[@]} == 0 )); then
+        # No rank has reported progress: only the rendezvous tells. A rank that
+        # has not joined it (kit::watch_rendezvous) while another has hangs before it.
+        if (( now - start_us > first_us && ${#joined[@]} > 0 && ${#joined[@]} < KIT_WORLD_SIZE )); then
+          for (( rank = 0; rank < KIT_WORLD_SIZE; rank++ )); do
+            [[ -n "${joined[${rank}]-}" ]] || break
+          done
+          suspect="${rank}" suspect_last="${start_us}"
+          why="has not joined the rendezvous (port ${MASTER_PORT}) $(( (now - start_us) / 1000000 )) s after the step started, while ${#joined[@]} rank(s) wait in it"
+        fi
+        continue
+      fi
       armed=1
       : >"${KIT_JOB_DIR}/progress/seen"
     fi
-    now="${EPOCHREALTIME/./}" saving=""
     for (( rank = 0; rank < KIT_WORLD_SIZE; rank++ )); do
       if [[ -n "${touched[${rank}]-}" ]]; then
         last="${touched[${rank}]}" limit="${hang_us}"
@@ -597,6 +680,8 @@ kit::watch_progress() {
         last="${start_us}" limit="${first_us}"
       fi
       (( now - last > limit )) || continue
+      # A rank that declared its work finished waits for the others, rightly.
+      if kit::declared_finished "${rank}"; then continue; fi
       # A save on any rank: the longer first-progress timeout applies to all.
       if (( now - last <= first_us )); then
         if [[ -z "${saving}" ]]; then
@@ -607,15 +692,16 @@ kit::watch_progress() {
       fi
       if [[ -z "${suspect}" ]] || (( last < suspect_last )); then suspect="${rank}" suspect_last="${last}"; fi
     done
+    why="made no progress for $(( (now - suspect_last) / 1000000 )) s"
   done
   mkdir -p "${KIT_HANG_DIR}"
   printf 'rank=%s\n' "${suspect}" >"${KIT_HANG_DIR}/request"
-  kit::log "rank ${suspect} made no progress for $(( (now - suspect_last) / 1000000 )) s: collecting every rank's stacks"
+  kit::log "rank ${suspect} ${why}: collecting every rank's stacks"
   for (( tries = 0; tries < 150; tries++ )); do
     [[ "$(find "${KIT_HANG_DIR}" -maxdepth 1 -name 'rank-*.txt' | wc -l)" -lt "${KIT_WORLD_SIZE}" ]] || break
     kit::nap 0.1
   done
-  kit::hang_report "${suspect}" "$(( (now - suspect_last) / 1000000 ))"
+  kit::hang_report "${suspect}" "${why}"
   : >"${KIT_HANG_DIR}/stop"
   # The launchers stop their commands now; should the step outlive that, end it.
   for (( tries = 0; tries < 30; tries++ )); do
@@ -634,13 +720,13 @@ kit::in_collective() {
   grep -q -E '\((.*/)?torch/distributed/[^:]*:[0-9]+\)' "$1"
 }
 
-# kit::hang_report RANK SECONDS: name the suspect in KIT_HANG_DIR/report. A
+# kit::hang_report RANK WHY: name the suspect in KIT_HANG_DIR/report. A
 # rank whose process is stopped (T) or stuck in the kernel (D) is the likelier
 # culprit than the rank that merely reported last: the others wait on it. So
 # is a rank whose Python stacks are outside torch.distributed while other
 # ranks wait inside it (in a collective for the one that does not come).
 kit::hang_report() {
-  local rank="$1" why="made no progress for $2 s" node="" dump last="" file
+  local rank="$1" why="$2" node="" dump last="" file
   local -a waiting=() elsewhere=()
   dump="$(grep -l -E '^process [0-9]+ state [TtD] ' "${KIT_HANG_DIR}"/rank-*.txt 2>/dev/null | head -n 1)" || true
   if [[ -n "${dump}" ]]; then
@@ -750,14 +836,37 @@ if [[ -e "${KIT_HANG_DIR}/report" ]]; then
   if ! kit::requeue "the step was stopped because a rank made no progress" "${KIT_SUSPECT_NODE}"; then
     exit "${KIT_END_CODE:-${KIT_EXIT_HUNG}}"
   fi
-elif [[ -e "${KIT_FINISHED_FILE}" ]]; then
-  kit::record_run finished "${rc}"
-  kit::log "step ended with exit ${rc}; the work is finished"
+elif [[ -e "${KIT_FINISHED_FILE}" ]] || kit::all_ranks_declared; then
+  # The command said its work is done (FINISHED, or every rank through
+  # kit.train.progress.finished()): what fails after that (torch's teardown
+  # aborts now and then) is told, but the work stays finished and the job
+  # ends COMPLETED, so that what waits for it (--after) runs.
+  if [[ ! -e "${KIT_FINISHED_FILE}" ]]; then : >"${KIT_FINISHED_FILE}"; fi
+  if (( rc != 0 )); then
+    kit::record_run finished 0 "${rc}"
+    kit::log "step ended with exit ${rc} after its work was declared finished (a failure in teardown); the work is finished: exiting 0"
+    rc=0
+  else
+    kit::record_run finished 0
+    kit::log "step ended with exit 0; the work is finished"
+  fi
+elif (( KIT_WARNED && rc == 0 )) && kit::all_ranks_done; then
+  # Warned, but no command was given the signal or stopped: it ended its work by itself.
+  : >"${KIT_FINISHED_FILE}"
+  kit::record_run finished 0
+  kit::log "step ended with exit 0 after the warning, every command by itself; the work is finished"
 elif (( KIT_WARNED )); then
   kit::record_run warned "${rc}"
   if ! kit::requeue "step ended with exit ${rc} after the warning"; then
-    # Stopped before the work was done: never report success.
-    if [[ -n "${KIT_END_CODE}" ]]; then rc="${KIT_END_CODE}"; elif (( rc == 0 )); then rc="${KIT_EXIT_BUDGET_SPENT}"; fi
+    # Stopped before the work was done: never report success, and blame no
+    # command for the signal kit or Slurm stopped it with.
+    if [[ -n "${KIT_END_CODE}" ]]; then
+      rc="${KIT_END_CODE}"
+    elif KIT_FIRST_RC="$(kit::first_failure)"; then
+      rc="${KIT_FIRST_RC}"
+    else
+      rc="${KIT_EXIT_BUDGET_SPENT}"
+    fi
   fi
 elif (( KIT_STOPPING )); then
   kit::record_run stopped "${rc}"
