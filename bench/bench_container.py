@@ -1,6 +1,8 @@
 """Container benchmark: the README's main job with and without its image, side by side.
 
-    python bench/bench_container.py [--image cpu-lightning.sqsh] [--pairs 3] [--steps 300]
+    python bench/bench_container.py [--image cpu-lightning.sqsh] [--pairs 3] [--steps 300] [--quick]
+
+--quick: one pair of 10-step jobs (the test suite's run: the bench keeps working).
 
 Needs the local cluster (`kit cluster up --nodes 2`) and a kit-built image
 (the README's first command makes both). Each pair runs the same 2-node
@@ -53,7 +55,10 @@ def main() -> int:
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--output-dir", type=Path, default=Path("/tmp/kit-bench-container"))
+    p.add_argument("--quick", action="store_true", help="one pair of 10-step jobs (the test suite's run)")
     args = p.parse_args()
+    if args.quick:
+        args.pairs, args.steps = 1, 10
     if not args.image.is_file():
         sys.exit(f"no image {args.image}: kit build containers/cpu-lightning.toml -o {args.image}")
     status = subprocess.run([sys.executable, "-m", "kit", "cluster", "status"], capture_output=True, text=True)

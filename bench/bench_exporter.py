@@ -7,7 +7,10 @@
 3. a 2-node local job's training throughput with its exporters scraped every
    second by a real Prometheus, against the same job with them stopped.
 
-    python bench/bench_exporter.py [--scrapes 300] [--windows 48] [--seconds 4]
+    python bench/bench_exporter.py [--scrapes 300] [--windows 48] [--seconds 4] [--quick]
+
+--quick: 20 scrapes, one ABBA block of 1 s windows on the GPU-shaped job only (the test
+suite's run: the bench keeps working; its numbers mean nothing).
 
 How 3 is measured: separate jobs on this 2-core VM differ by 10-20 % run to run,
 far more than the 1 % to be shown. So one long job runs, and its exporters are
@@ -52,9 +55,13 @@ from kit.monitor.node import NodeSource
 from kit.monitor.training import TrainingSource
 e = Exporter([GpuSource(FakeNVML(8), hostname="bench"), NodeSource(), TrainingSource(None)],
              interval=1.0, bind="127.0.0.1", port={port}, env={{"SLURM_JOB_ID": "1"}})
+done = Exporter.catch_signals()
 e.start()
 print("ready", flush=True)
-e.serve_forever()
+try:
+    e.serve_until(done)
+finally:
+    e.stop()
 """
 
 
@@ -100,13 +107,17 @@ def wait_ready(port: int) -> None:
     raise SystemExit(f"nothing answers on port {port}")
 
 
+WARM_UP = 10.0  # seconds between the job's start and the first window
+QUIET = 5.0  # seconds of no scrape in which the exporter's polling cost is measured
+
+
 def measure(pid: int, port: int, scrapes: int) -> dict:
     url = f"http://127.0.0.1:{port}/metrics"
     urllib.request.urlopen(url).read()
-    # Background cost (polling), measured over a quiet 5 s (no scrape, so no thread comes or goes).
+    # Background cost (polling), measured over a quiet while (no scrape, so no thread comes or goes).
     c0 = thread_cpu_seconds(pid)
-    time.sleep(5)
-    idle_per_s = (thread_cpu_seconds(pid) - c0) / 5
+    time.sleep(QUIET)
+    idle_per_s = (thread_cpu_seconds(pid) - c0) / QUIET
     lat = []
     c0, t0 = cpu_seconds(pid), time.perf_counter()
     for _ in range(scrapes):
@@ -204,7 +215,7 @@ def throughput_bench(windows: int, seconds: float, train_args: list[str]) -> dic
         if len(pids) != 2:
             raise SystemExit(f"expected 2 exporters, found {len(pids)}")
         prometheus = cluster.state().pids["prometheus"]
-        time.sleep(10)  # warm-up: Prometheus has found both targets
+        time.sleep(WARM_UP)  # Prometheus has found both targets
         for i in range(windows):
             running = i % 4 in (0, 3)
             for pid in pids:
@@ -213,7 +224,7 @@ def throughput_bench(windows: int, seconds: float, train_args: list[str]) -> dic
             exp0, prom0 = sum(cpu_seconds(p) for p in pids), cpu_seconds(prometheus)
             s0, t0 = progress(job_dir, after=switched + 0.1)  # a step taken in this state
             time.sleep(max(0.0, switched + seconds - time.time()))
-            s1, t1 = progress(job_dir)
+            s1, t1 = progress(job_dir, after=t0)  # a later write than the window's first (1 s apart at most)
             acc = cpu[running]
             acc[0] += sum(cpu_seconds(p) for p in pids) - exp0
             acc[1] += cpu_seconds(prometheus) - prom0
@@ -266,7 +277,12 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=48, help="Windows (a multiple of 4: A B B A blocks).")
     ap.add_argument("--seconds", type=float, default=4.0, help="Length of one window.")
     ap.add_argument("--train-args", default="", help="More arguments for python -m kit.train, in both shapes.")
+    ap.add_argument("--quick", action="store_true", help="tiny counts, one shape (the test suite's run)")
     args = ap.parse_args()
+    shapes = SHAPES
+    if args.quick:
+        global WARM_UP, QUIET
+        args.scrapes, args.windows, args.seconds, WARM_UP, QUIET, shapes = 20, 4, 1.0, 2.0, 1.0, SHAPES[:1]
     kit, node = scrape_bench(args.scrapes)
     ms = 1000
     print(f"{'scrapes':<46}{args.scrapes}")
@@ -284,7 +300,7 @@ def main() -> None:
     share = (kit["idle_cpu_per_s"] + kit["cpu_per_scrape"]) * 100
     print(f"{'kit exporter at a 1 s scrape interval':<46}{share:>27.2f}%  of one core (target < 1 %)")
     ok = kit["p99"] < 0.010 and kit["rss"] < 40 and share < 1.0
-    for title, train_args, judged in SHAPES:
+    for title, train_args, judged in shapes:
         print(f"\n2-node job, {title}")
         job = throughput_bench(args.windows, args.seconds, train_args + args.train_args.split())
         ratio, ci = mean_ci(job["ratios"])

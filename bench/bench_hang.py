@@ -1,6 +1,8 @@
 """Hang detection benchmark: prints what it measures against its targets in one run.
 
-    python bench/bench_hang.py [--runs 3] [--hang-timeout 10]
+    python bench/bench_hang.py [--runs 3] [--hang-timeout 10] [--quick]
+
+--quick: one run with a 3 s hang timeout (the test suite's run: the bench keeps working).
 
 On a throw-away 3-node local cluster, a 2-node reference-trainer job runs with
 --hang-timeout T; one rank's trainer is SIGSTOPped. Measured per run:
@@ -82,7 +84,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--hang-timeout", type=int, default=10)
+    ap.add_argument("--quick", action="store_true", help="one run, a 3 s hang timeout (the test suite's run)")
     args = ap.parse_args()
+    if args.quick:
+        args.runs, args.hang_timeout = 1, 3
     with tempfile.TemporaryDirectory() as d:
         home = Path(d) / "home"
         cluster = LocalCluster(home)

@@ -1,6 +1,8 @@
 """Launch-path benchmark: prints ratios measured side by side in one run.
 
-    python bench/bench_launch.py [--runs N]
+    python bench/bench_launch.py [--runs N] [--quick]
+
+--quick: each measurement once (the test suite's run: the bench keeps working).
 
 1. `kit launch --dry-run` wall time against `python -c pass` (target < 0.3 s).
 2. launcher overhead: from a task's start (bash launcher.sh) to the training
@@ -63,7 +65,10 @@ def launcher_run(tmp: Path, i: int) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--quick", action="store_true", help="each measurement once (the test suite's run)")
     args = ap.parse_args()
+    if args.quick:
+        args.runs = 1
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         py, dry = [], []

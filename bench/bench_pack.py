@@ -1,6 +1,8 @@
 """Packing benchmark: each `kit build --compression` choice on the same tree, side by side.
 
-    python bench/bench_pack.py [--rootfs DIR | --image IMAGE.sqsh] [--runs 3] [--choices a,b,...]
+    python bench/bench_pack.py [--rootfs DIR | --image IMAGE.sqsh] [--runs 3] [--choices a,b,...] [--quick]
+
+--quick: once, on a tiny generated tree (the test suite's run: the bench keeps working).
 
 --image unpacks a built image (e.g. the README's cpu-lightning.sqsh, the tree
 issue 13 measured) and benchmarks on its tree.
@@ -28,6 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from common import tiny_rootfs  # noqa: E402
+
 from kit.image.recipe import COMPRESSION, DEFAULT_COMPRESSION  # noqa: E402
 
 CHOICES = ("enroot", "lz4-fast", "zstd-fast", "zstd")
@@ -54,9 +58,12 @@ def main() -> None:
     ap.add_argument("--image", default=None, help="benchmark on the tree of this built image")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--choices", default=",".join(CHOICES))
+    ap.add_argument("--quick", action="store_true", help="once, on a tiny tree (the test suite's run)")
     args = ap.parse_args()
     choices = tuple(args.choices.split(","))
     scratch = tempfile.TemporaryDirectory()
+    if args.quick:
+        args.runs, args.rootfs = 1, str(tiny_rootfs(Path(scratch.name)))
     rootfs = Path(args.rootfs)
     if args.image:
         rootfs = Path(scratch.name) / "tree"

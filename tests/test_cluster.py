@@ -86,8 +86,8 @@ def test_up_repairs_stale_state(home, cluster):
     # A crash: every daemon killed hard, pid files, spool and state left behind.
     for pid in st.pids.values():
         os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not any(_alive(p, n) for p, n in ((st.pids["slurmctld"], "slurmctld"),
-                                                         (st.pids["node1"], "slurmd"))), 10)
+    # Every killed daemon gone (node2 still dying made `up` keep it, then find it dead: issue 20).
+    wait_for(lambda: not any(_alive(st.pids[n], c) for n, c, _ in c._daemons(st)), 10)
     assert not c.running()
     assert (home / "cluster" / "cluster.json").exists()
     st2, started = c.up(nodes=2, cpus_per_node=2)
@@ -103,6 +103,28 @@ def test_up_repairs_stale_state(home, cluster):
     assert st3.pids["slurmctld"] == ctld and _alive(ctld, "slurmctld")
     assert st3.pids["node2"] != st2.pids["node2"]
     assert cluster.running()
+
+
+def test_up_restarts_a_daemon_that_dies_while_the_others_restart(home, cluster):
+    """Issue 20 finding 6: slurmctld and node1 killed, node2 killed a moment later (still
+    alive when `up` looks): `up` restarts node2 too, saying so, instead of failing with
+    "node2 exited while starting"."""
+    c = LocalCluster(home)
+    st, _ = c.up(nodes=2, cpus_per_node=2)
+    for name in ("slurmctld", "node1"):
+        os.kill(st.pids[name], signal.SIGKILL)
+    wait_for(lambda: not _alive(st.pids["slurmctld"], "slurmctld") and not _alive(st.pids["node1"], "slurmd"), 10)
+    said = []
+
+    def progress(msg):
+        said.append(msg)
+        if msg.startswith("restarting"):
+            os.kill(st.pids["node2"], signal.SIGKILL)  # dies while the others restart
+
+    st2, started = c.up(progress=progress)
+    assert started and c.running(), said
+    assert st2.pids["node2"] != st.pids["node2"] and _alive(st2.pids["node2"], "slurmd")
+    assert any("node2 exited while the others restarted" in m and "restarting it too" in m for m in said), said
 
 
 def test_down_cancels_running_jobs(home, cluster, tmp_path):
@@ -163,3 +185,18 @@ def test_a_lost_state_file_neither_starts_a_second_cluster_nor_hides_the_first(h
 def _comm(name: str) -> str:
     """The program of the cluster's daemon ``name`` (munged, slurmctld, nodeK)."""
     return {"slurmctld": "slurmctld", "munged": "munged"}.get(name, "slurmd")
+
+
+def test_status_names_the_plugin_the_cluster_was_started_with(home, monkeypatch):
+    """Issue 20 finding 4: the plugin is recorded at `up`, not looked up again in the
+    caller's environment (`pyxis None` without KIT_PYXIS_PLUGIN)."""
+    from dataclasses import asdict
+
+    from kit.cluster import ClusterState
+
+    monkeypatch.delenv("KIT_PYXIS_PLUGIN", raising=False)
+    (home / "cluster").mkdir(parents=True)
+    st = ClusterState(nodes=2, cpus_per_node=2, gpus_per_node=0, memory_mb=1000, hostname="h", ctld_port=1,
+                      node_ports=[2, 3], containers="pyxis", container_plugin="/opt/pyxis 0.24/spank_pyxis.so")
+    (home / "cluster" / "cluster.json").write_text(json.dumps(asdict(st)))
+    assert LocalCluster(home).containers_description().startswith("pyxis /opt/pyxis 0.24/spank_pyxis.so, ")

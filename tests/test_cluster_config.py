@@ -60,13 +60,18 @@ def test_slurm_conf_keeps_slurms_killwait_and_pyxis_gets_a_runtime_path_of_its_o
     assert generated()["plugstack.pyxis.conf"].splitlines()[1] == f"required {PYXIS_SO} runtime_path={ROOT}/enroot/pyxis"
 
 
-def test_the_enroot_wrapper_gives_each_node_its_own_paths_with_only_path_in_the_environment(tmp_path):
-    """What pyxis does to the enroot it runs: a cleared environment but PATH. The
-    wrapper first on node2's PATH still hands the real enroot node2's directories."""
+def test_the_enroot_wrapper_gives_each_node_its_own_paths_and_enroot_its_helpers(tmp_path):
+    """The wrapper first on node2's PATH hands the real enroot node2's directories, from a
+    bare environment, and puts enroot's own directory on PATH for its helpers."""
     require("shellcheck")
-    real = tmp_path / "real enroot"
-    real.write_text('#!/bin/sh\necho "args=$*"\nenv | grep ^ENROOT_ | sort\n')
+    real = tmp_path / "real bin" / "enroot"
+    real.parent.mkdir()
+    real.write_text('#!/bin/sh\necho "args=$*"\nenv | grep ^ENROOT_ | sort\nenroot-nsenter\n')
     real.chmod(0o755)
+    # enroot's helpers live beside it: found from a PATH without that directory (issue 20 finding 1).
+    helper = real.parent / "enroot-nsenter"
+    helper.write_text('#!/bin/sh\necho "helper found"\n')
+    helper.chmod(0o755)
     root = tmp_path / "cluster"
     for node in ("node1", "node2"):
         wrapper = config.enroot_bin(root, node) / "enroot"
@@ -82,7 +87,7 @@ def test_the_enroot_wrapper_gives_each_node_its_own_paths_with_only_path_in_the_
     assert out == ["args=create --name pyxis_1.0 x y.sqsh",
                    f"ENROOT_CACHE_PATH={root}/enroot/node2/cache",
                    f"ENROOT_DATA_PATH={root}/enroot/node2/data",
-                   f"ENROOT_RUNTIME_PATH={root}/enroot/node2/runtime"]
+                   f"ENROOT_RUNTIME_PATH={root}/enroot/node2/runtime", "helper found"]
 
 
 def test_each_slurmd_under_pyxis_starts_with_its_wrapper_first_on_path():

@@ -353,3 +353,39 @@ def test_a_named_container_persists_on_its_node_with_its_writes(cluster, base_im
     finally:
         # What `kit cluster down` does for every node (tests/test_cluster.py checks it).
         subprocess.run(["rm", "-rf", str(kept)], check=True)
+
+
+def test_a_node_repaired_from_a_shell_with_another_path_still_runs_containers(cluster, base_image, tmp_path):
+    """Issue 20 finding 1: node2's slurmd dies; `kit cluster up` repairs it from a shell whose
+    PATH lacks enroot's directory (nothing under /usr/local: enroot built from source lives
+    there) and Slurm's own tools are found by kit; container jobs on both nodes
+    still run (real pyxis: the per-node enroot wrapper puts enroot's helpers on PATH itself)."""
+    import signal
+
+    from kit.cluster import _alive
+
+    st = cluster.state()
+    os.kill(st.pids["node2"], signal.SIGKILL)
+    wait_for(lambda: not _alive(st.pids["node2"], "slurmd"), 10, what="node2's slurmd to die")
+    bare = f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin"
+    env = {"PATH": bare, "KIT_HOME": os.environ["KIT_HOME"], "HOME": os.environ.get("HOME", "/root")}
+    up = subprocess.run([sys.executable, "-m", "kit", "cluster", "up"], env=env, capture_output=True, text=True,
+                        timeout=120)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "restarting node2" in up.stderr + up.stdout
+    assert cluster.running() and cluster.state().pids["node2"] != st.pids["node2"]
+    proc = kit("launch", "--local", "--nodes", "2", "--wait", "--image", str(base_image), "--output-dir",
+               str(tmp_path / "jobs"), "--", "bash", "-c", 'echo "in $(. /etc/os-release; echo $ID) on $SLURMD_NODENAME"',
+               cwd=tmp_path, timeout=300)
+    job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
+    assert proc.returncode == 0, proc.stderr + read_logs(job_dir)
+    assert sorted(re.findall(r"^\d: in debian on (node\d)$", read_logs(job_dir), re.M)) == ["node1", "node2"]
+
+
+def test_bench_container_quick(cluster, cpu_image, tmp_path):
+    """bench/bench_container.py --quick runs (issue 20 finding 7): one pair of 10-step jobs."""
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_container.py"), "--quick", "--image",
+                           str(cpu_image), "--output-dir", str(tmp_path / "jobs")], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "median task start after srun" in proc.stdout, proc.stdout

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -142,7 +143,10 @@ def test_logs_follow_reads_across_a_requeue_until_the_job_ends(cluster, tmp_path
 
 
 def test_wait_on_a_terminal_shows_live_progress_and_ctrl_c_leaves_the_job_running(cluster, tmp_path):
-    """Under `script` (a pty): the live line carries the step; Ctrl-C stops waiting only."""
+    """Under `script` (a pty): the live line carries the step; Ctrl-C stops waiting only.
+    The child starts with SIGINT ignored, as every child of a shell's background job does
+    (`pytest ... &`: Python then installs no KeyboardInterrupt handler, issue 20 finding 6):
+    kit launch --wait on a terminal puts Python's handler back."""
     import re
     import shlex
     import threading
@@ -151,7 +155,8 @@ def test_wait_on_a_terminal_shows_live_progress_and_ctrl_c_leaves_the_job_runnin
            str(tmp_path / "jobs"), "--", sys.executable, "-m", "kit.train", "--max-steps", "100000",
            "--step-delay", "0.05"]
     proc = subprocess.Popen(["script", "-qfec", shlex.join(cmd), "/dev/null"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env_without_slurm_conf())
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env_without_slurm_conf(),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     out = bytearray()
     reader = threading.Thread(target=lambda: [out.extend(c) for c in iter(lambda: proc.stdout.read1(4096), b"")],
                               daemon=True)

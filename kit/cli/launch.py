@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import sys
 import time
 
@@ -218,6 +219,11 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
     from kit.launch import jobs
 
     live = sys.stderr.isatty()
+    if live and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Started from a shell that ran it in the background (which ignores SIGINT for
+        # its children, and Python then installs no handler): a user at this terminal
+        # still stops waiting with Ctrl-C.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     t0 = time.monotonic()
     seen = {"line": "", "printed": 0.0}
 

@@ -44,6 +44,7 @@ class ClusterState:
     node_ports: list[int]
     pids: dict[str, int] = field(default_factory=dict)
     containers: str | None = None  # "pyxis", "kit-pyxis" (the stand-in), or None
+    container_plugin: str | None = None  # the SPANK plugin the cluster was started with
     prometheus_port: int | None = None
     auth: str = "none"  # "munge" (the cluster's own munged) or "none" (no munged installed)
 
@@ -269,10 +270,18 @@ class LocalCluster:
         progress(f"restarting {', '.join(names)}" + (f" ({', '.join(alive)} kept running)" if alive else ""))
         restart_prometheus = "prometheus" in names
         names = [n for n in names if n != "prometheus"]
-        for name in sorted(names, key=lambda n: (n != "munged", n != "slurmctld")):
-            # No -c: slurmctld recovers its jobs and job ids from StateSaveLocation.
-            self._start_daemon(st, name)
-        self._wait_idle(st, timeout, busy_ok=True)
+        kept = set(alive) - {"prometheus"}
+        while names:
+            for name in sorted(names, key=lambda n: (n != "munged", n != "slurmctld")):
+                # No -c: slurmctld recovers its jobs and job ids from StateSaveLocation.
+                self._start_daemon(st, name)
+            # One that was running when up began may be dying too (killed with the
+            # others a moment ago): it is restarted as well, and said so.
+            died = self._wait_idle(st, timeout, busy_ok=True, kept=kept)
+            if died:
+                progress(f"{died} exited while the others restarted (it was running when `up` began): restarting it too")
+                kept.discard(died)
+            names = [died] if died else []
         if restart_prometheus:
             self._start_prometheus(st, timeout, progress)
             self._save(st)
@@ -323,6 +332,8 @@ class LocalCluster:
                           memory_mb=_memory_mb(), hostname=socket.gethostname().split(".")[0],
                           ctld_port=ports[0], node_ports=ports[1:])
         st.containers = self._prepare_containers(progress)
+        if st.containers:
+            st.container_plugin = self._container_plugin(st)
         st.auth = "munge" if shutil.which("munged") else "none"
         if st.auth == "none":
             progress("munged not found: the cluster trusts the uid every local client claims "
@@ -415,8 +426,11 @@ class LocalCluster:
             return f"pyxis {self._container_plugin(st)}, each node with its own enroot paths under {self.root / 'enroot'}"
         return f"kit's pyxis stand-in {self._container_plugin(st)} (no pyxis and enroot installed)"
 
-    def _container_plugin(self, st: ClusterState) -> str:
-        return pyxis_plugin() if st.containers == "pyxis" else str(self.root / "spank_kit_pyxis.so")
+    def _container_plugin(self, st: ClusterState) -> str | None:
+        """The plugin ``st`` was started with (a state from before it was recorded: found again)."""
+        if st.container_plugin:
+            return st.container_plugin
+        return pyxis_plugin() if st.containers == config.PYXIS else str(self.root / "spank_kit_pyxis.so")
 
     def _save(self, st: ClusterState) -> None:
         files.write_atomic(self.state_file, json.dumps(asdict(st), indent=2) + "\n")
@@ -438,12 +452,18 @@ class LocalCluster:
         except OSError:
             return ""
 
-    def _wait_idle(self, st: ClusterState, timeout: float, busy_ok: bool = False) -> None:
+    def _wait_idle(self, st: ClusterState, timeout: float, busy_ok: bool = False,
+                   kept: set[str] = frozenset()) -> str | None:
+        """Wait until every node is idle (or busy, ``busy_ok``). A daemon of ``kept`` (running
+        before, not started now) found dead is returned for the caller to restart; one just
+        started that dies is an error."""
         deadline = time.monotonic() + timeout
         out = ""
         while time.monotonic() < deadline:
             for name, comm, _ in self._daemons(st):
-                if not _alive(st.pids.get(name), comm):
+                if name != "prometheus" and not _alive(st.pids.get(name), comm):  # prometheus: after the nodes
+                    if name in kept:
+                        return name
                     raise KitError(f"{name} exited while starting", field="cluster", exit_code=1,
                                    detail=self._log_tail(name))
             proc = self.target.run(["sinfo", "--noheader", "--Node", "--format=%N %T"], check=False)
@@ -451,7 +471,7 @@ class LocalCluster:
             states = [line.split()[-1] for line in out.splitlines() if line.strip()]
             ready = ("idle", "allocated", "mixed", "completing") if busy_ok else ("idle",)
             if len(states) == st.nodes and all(s in ready for s in states):
-                return
+                return None
             time.sleep(0.1)
         raise KitError(f"nodes not idle after {timeout:g} s", field="cluster", exit_code=1,
                        detail=out + "\n" + self._log_tail("slurmctld"))

@@ -135,13 +135,16 @@ def enroot_bin(root: Path, node: str) -> Path:
 
 
 def enroot_wrapper(root: Path, node: str, enroot: str) -> str:
-    """The ``enroot`` that ``node``'s pyxis runs: the real one, with the node's paths."""
+    """The ``enroot`` that ``node``'s pyxis runs: the real one, with the node's paths, and
+    enroot's own directory on ``PATH`` (its helpers, ``enroot-nsenter`` and the others,
+    are found through it: a slurmd restarted from a shell without it still runs containers)."""
     exports = "\n".join(f"export {name}={quote(str(path))}" for name, path in enroot_paths(root, node).items())
     return (f"#!/usr/bin/env bash\n"
             f"# Written by `kit cluster up`: enroot for {node} of kit's local cluster, whose slurmd\n"
-            f"# has this directory first on its PATH (pyxis keeps only PATH for the enroot it runs).\n"
+            f"# has this directory first on its PATH.\n"
             f"set -euo pipefail\n"
             f"{exports}\n"
+            f"export PATH={quote(str(Path(enroot).parent))}:\"${{PATH}}\"\n"
             f"exec {quote(enroot)} \"$@\"\n")
 
 

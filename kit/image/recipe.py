@@ -217,7 +217,10 @@ def context_path(context: Path, src: str, label: str) -> Path:
     symlink leads to, anything outside it (a recipe must not copy host files)."""
     real = context.resolve()
     path = (real / src).resolve()
-    if os.path.isabs(src) or (path != real and real not in path.parents):
+    if os.path.isabs(src):
+        raise KitError(f"copy source {src!r} is an absolute path", field=label,
+                       hint=f"write it relative to the build context {real}")
+    if path != real and real not in path.parents:
         raise KitError(f"copy source {src!r} is outside the build context {real}", field=label,
                        hint="copy sources are relative paths inside the recipe's directory; "
                             "put the file there (a symlink to elsewhere does not count)")
