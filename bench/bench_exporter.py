@@ -4,7 +4,9 @@
    GPUs (tests/fake_nvml.py), next to Debian's prometheus-node-exporter scraped
    the same way;
 2. the exporter's RSS and its CPU share at a 1 s scrape interval (polling included);
-3. a 2-node local job's training throughput with its exporters scraped every
+3. the job collector's cost per poll with 100, 1,000 and 5,000 other processes on the
+   node, reading every environment (as before) against following the job's trees;
+4. a 2-node local job's training throughput with its exporters scraped every
    second by a real Prometheus, against the same job with them stopped.
 
     python bench/bench_exporter.py [--scrapes 300] [--windows 48] [--seconds 4] [--quick]
@@ -12,7 +14,7 @@
 --quick: 20 scrapes, one ABBA block of 1 s windows on the GPU-shaped job only (the test
 suite's run: the bench keeps working; its numbers mean nothing).
 
-How 3 is measured: separate jobs on this 2-core VM differ by 10-20 % run to run,
+How 4 is measured: separate jobs on this 2-core VM differ by 10-20 % run to run,
 far more than the 1 % to be shown. So one long job runs, and its exporters are
 alternately running and stopped (SIGSTOP: no CPU at all) in windows ordered
 A B B A; each block of four gives a ratio in which a drift of the machine
@@ -155,6 +157,40 @@ def scrape_bench(scrapes: int) -> tuple[dict, dict | None]:
             ne.terminate()
             ne.wait(10)
     return kit, node
+
+
+def collector_bench(counts: list[int], polls: int) -> list[tuple[int, float, float]]:
+    """The job collector's CPU time per poll with N other processes on the node: reading
+    every process's environment at each poll (before: rescan=0) against walking down the
+    job's own process trees between full scans (now). The job: 3 processes."""
+    from kit.monitor.job import JobSource
+
+    tag = {**os.environ, "SLURM_JOB_ID": "bench-job", "SLURMD_NODENAME": "bench"}
+    job = [subprocess.Popen(["sleep", "600"], env=tag) for _ in range(3)]
+    others: list[subprocess.Popen] = []
+    rows = []
+    try:
+        for n in counts:
+            while len(others) < n:
+                others.append(subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL, start_new_session=True))
+            cost = {}
+            for label, rescan in (("before", 0.0), ("now", 3600.0)):
+                source = JobSource("bench-job", "bench", env={}, rescan=rescan)
+                source.poll()  # the first poll scans in both
+                c0 = time.process_time()
+                for _ in range(polls):
+                    result = source.poll()
+                cost[label] = (time.process_time() - c0) / polls
+                found = next(x.value for x in result.samples if x.spec.name == "kit_job_processes")
+                if found != 3:
+                    raise SystemExit(f"the job collector found {found} of the job's 3 processes ({label})")
+            rows.append((n, cost["before"], cost["now"]))
+    finally:
+        for p in job + others:
+            p.kill()
+        for p in job + others:
+            p.wait()
+    return rows
 
 
 def exporter_pids(job_dir: str) -> list[int]:
@@ -300,6 +336,12 @@ def main() -> None:
     share = (kit["idle_cpu_per_s"] + kit["cpu_per_scrape"]) * 100
     print(f"{'kit exporter at a 1 s scrape interval':<46}{share:>27.2f}%  of one core (target < 1 %)")
     ok = kit["p99"] < 0.010 and kit["rss"] < 40 and share < 1.0
+    counts = [100] if args.quick else [100, 1000, 5000]
+    print(f"\njob collector (kit_job_*), CPU per poll, the job's 3 processes among N others "
+          f"({3 if args.quick else 20} polls each)")
+    print(f"{'other processes':<20}{'before: every environment':>28}{'now: the job trees':>22}{'ratio':>8}")
+    for n, before, now in collector_bench(counts, 3 if args.quick else 20):
+        print(f"{n:<20}{before * 1000:>25.2f} ms{now * 1000:>19.3f} ms{now / before if before else 0:>8.3f}")
     for title, train_args, judged in shapes:
         print(f"\n2-node job, {title}")
         job = throughput_bench(args.windows, args.seconds, train_args + args.train_args.split())

@@ -207,7 +207,9 @@ def test_a_dockerfile_cannot_reach_the_host(tmp_path, debian_base):
     for ref in ("rootfs:/etc", f"rootfs:{victim.dir}", "tarball:../outside.tar", "rootfs:base"):
         (ctx / "Dockerfile").write_text(f"FROM {ref}\n")
         proc = kit("build", str(ctx), "-o", str(out))
-        assert proc.returncode == 2 and "is outside the build context" in proc.stderr.splitlines()[0], proc.stderr
+        first = proc.stderr.splitlines()[0]
+        assert proc.returncode == 2 and ("is outside the build context" in first or "is an absolute path" in first), \
+            proc.stderr
 
 
 # ------------------------------------------------------------------ stale and shared layers (done-means 2)

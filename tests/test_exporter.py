@@ -333,3 +333,51 @@ def test_the_job_source_counts_only_the_jobs_own_processes_on_its_node():
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_the_job_source_follows_the_jobs_processes_without_reading_every_environment(monkeypatch):
+    """Issue 20 finding 8: between full scans (every `rescan` s) a poll reads no process's
+    environment: it walks down from the job's known processes (a child is the job's even
+    with a cleared environment) and drops those that ended."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from kit.monitor.job import JobSource
+
+    reads = []
+    real_environ = psutil.Process.environ
+    monkeypatch.setattr(psutil.Process, "environ", lambda self: reads.append(self.pid) or real_environ(self))
+    # The job's process: it starts a child with an empty environment once told to (a line on stdin).
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\nsys.stdin.readline()\n"
+                               "subprocess.Popen(['sleep', '60'], env={})\ntime.sleep(60)"],
+                              stdin=subprocess.PIPE, env={**os.environ, "SLURM_JOB_ID": "4343", "SLURMD_NODENAME": "n"})
+    other = subprocess.Popen(["sleep", "60"], env={**os.environ, "SLURM_JOB_ID": "4343", "SLURMD_NODENAME": "n"},
+                             start_new_session=True)  # the job's too, but outside the first one's tree
+    try:
+        source = JobSource("4343", "n", env={}, rescan=3600)
+
+        def count():
+            return next(s.value for s in source.poll().samples if s.spec.name == "kit_job_processes")
+
+        assert count() == 2 and len(reads) > 10  # the first poll reads every environment once
+        reads.clear()
+        parent.stdin.write(b"go\n")
+        parent.stdin.flush()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and count() < 3:
+            time.sleep(0.1)
+        assert count() == 3 and reads == []  # the child, found down the tree; no environment read
+        other.kill()
+        other.wait()
+        assert count() == 2 and reads == []
+        source.rescan = 0  # the next poll scans again
+        assert count() == 2 and reads
+    finally:
+        for proc in psutil.Process(parent.pid).children(recursive=True) + [psutil.Process(parent.pid)]:
+            proc.kill()
+        parent.wait()
+        other.kill()
+        other.wait()

@@ -5,6 +5,13 @@ Without cgroup accounting (the local cluster's nodes share one host) the job's
 processes are found the way Slurm tags them: every task's environment carries
 ``SLURM_JOB_ID`` and ``SLURMD_NODENAME``. Only the user's own processes are
 readable, which are the job's.
+
+The cost follows the job, not the node: reading every process's environment
+(thousands on a busy node) happens once every ``RESCAN`` seconds (a new job
+step, a daemon that left the job's process trees); in between, a poll walks
+down from the processes it knows (each thread's ``/proc/PID/task/TID/children``:
+a child of the job's process is the job's, whatever its environment) and
+checks that each known pid is still the same process (its start time).
 """
 
 from __future__ import annotations
@@ -33,18 +40,76 @@ def allocation(env: dict) -> tuple[float | None, float | None]:
             float(mem) * 1024 * 1024 if mem.isdigit() and int(mem) > 0 else None)
 
 
+RESCAN = 30.0  # seconds between two reads of every process's environment
+
+
+def children(pid: int) -> list[int]:
+    """``pid``'s child processes, from each of its threads' ``children`` file (no scan of /proc)."""
+    found: list[int] = []
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found.extend(int(word) for word in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 class JobSource(PsutilSource):
     name = "job"
 
-    def __init__(self, job_id: str, node: str | None, env: dict | None = None, psutil=None):
+    def __init__(self, job_id: str, node: str | None, env: dict | None = None, psutil=None,
+                 rescan: float = RESCAN):
         super().__init__(psutil)
         self.job_id = job_id
         self.node = node
         self.cpus, self.memory = allocation(dict(os.environ if env is None else env))
+        self.rescan = rescan
+        self._known: dict[int, float] = {}  # pid -> its start time (a reused pid is another process)
+        self._scanned: float | None = None
 
     def _is_mine(self, proc) -> bool:
         env = proc.environ()
         return env.get("SLURM_JOB_ID") == self.job_id and (self.node is None or env.get("SLURMD_NODENAME") == self.node)
+
+    def _processes(self) -> list:
+        """The job's processes on this node, as psutil processes."""
+        ps = self.psutil
+        now = time.monotonic()
+        found = {}
+        if self._scanned is None or now - self._scanned >= self.rescan:
+            self._scanned = now
+            for proc in ps.process_iter():
+                try:
+                    if self._is_mine(proc):
+                        found[proc.pid] = proc
+                except (ps.NoSuchProcess, ps.AccessDenied, ps.ZombieProcess, OSError):
+                    continue
+        queue = [*self._known, *(pid for proc in found.values() for pid in children(proc.pid))]
+        while queue:
+            pid = queue.pop()
+            if pid in found:
+                continue
+            try:
+                proc = ps.Process(pid)
+                if self._known.get(pid, proc.create_time()) != proc.create_time():
+                    continue  # the pid now names another process
+            except (ps.NoSuchProcess, ps.AccessDenied, ps.ZombieProcess, OSError):
+                continue
+            found[pid] = proc
+            queue.extend(children(pid))
+        known = {}
+        for pid, proc in found.items():
+            try:
+                known[pid] = proc.create_time()
+            except (ps.NoSuchProcess, ps.AccessDenied, ps.ZombieProcess, OSError):
+                continue
+        self._known = known
+        return [found[pid] for pid in known]
 
     def poll(self) -> SourceResult:
         t0 = time.perf_counter()
@@ -52,10 +117,8 @@ class JobSource(PsutilSource):
         cpu = rss = 0.0
         count = 0
         try:
-            for proc in ps.process_iter():
+            for proc in self._processes():
                 try:
-                    if not self._is_mine(proc):
-                        continue
                     with proc.oneshot():
                         t = proc.cpu_times()
                         cpu += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
