@@ -89,6 +89,14 @@ def test_two_node_lightning_job_runs_inside_the_image(cluster, cpu_image, tmp_pa
                                  "Training throughput (samples/s)"], summary["panels"]
     want = check(Path(job_dir), summary, rep.stdout)
     assert all(n["cpu_cores_used"] > 0 and n["memory_peak_bytes"] > 50 * 2 ** 20 for n in want["nodes"].values())
+    # The container's start, per node and run (issue 20 finding 3), in report.json, the text and kit ps.
+    starts = summary["task_starts"]
+    assert sorted(t["node"] for t in starts) == ["node1", "node2"] and {t["run"] for t in starts} == {0}, starts
+    assert all(0 < t["seconds"] < 300 for t in starts), starts
+    assert "task start after srun (with an image: the container's start): run 0: node1 " in rep.stdout, rep.stdout
+    rows = json.loads(kit("ps", "--json", "--all", "--output-dir", str(tmp_path / "jobs")).stdout)
+    (row,) = [r for r in rows if r["job_dir"] == str(Path(job_dir).resolve())]
+    assert sorted(row["task_start"]) == ["node1", "node2"], row
 
 
 def image_listing(image: Path) -> list[str]:

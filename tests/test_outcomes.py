@@ -363,7 +363,14 @@ def test_work_declared_finished_then_a_teardown_abort_is_finished_and_the_chain_
     first = launch_wait(tmp_path, "--nodes", "2", command=[sys.executable, str(tmp_path / "teardown.py")])
     second = launch_wait(tmp_path, "--after", first.job_id, command=["bash", "-c", "echo stage two ran"])
     check_end(cluster, first, state="COMPLETED", code=0, finished=True,
-              log="after its work was declared finished (a failure in teardown); the work is finished", ends=["finished"])
+              log="after its work was declared finished: a failure in teardown; the work is finished", ends=["finished"])
     (run,) = runs(first.job_dir)
     assert (run["exit_code"], run["teardown_exit_code"]) == (0, 134), run
     check_end(cluster, second, state="COMPLETED", code=0, finished=True, log="stage two ran", ends=["finished"])
+    # A code of the command's own after the declaration (a wrapper's next stage failed) still fails the job.
+    (tmp_path / "after.py").write_text(TEARDOWN.replace("os.abort()", "raise SystemExit(3)"))
+    third = launch_wait(tmp_path, "--nodes", "2", "--max-restarts", "0",
+                        command=[sys.executable, str(tmp_path / "after.py")])
+    check_end(cluster, third, state="FAILED", code=3, finished=False,
+              log="step ended with exit 3 after the work was declared finished: a command failed after it",
+              ends=["failed"])

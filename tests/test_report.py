@@ -165,3 +165,45 @@ def test_without_matplotlib_the_report_is_its_numbers_and_one_line(tmp_path):
     assert proc.stdout.rstrip().endswith(f"report: {tmp_path / 'job' / 'report.json'}")
     assert json.loads((tmp_path / "job" / "report.json").read_text())["panels"] == ["Training throughput (samples/s)"]
     assert not (tmp_path / "job" / "report.png").exists()
+
+
+def test_a_falling_job_cpu_counter_is_no_restart_and_never_over_the_allocation(tmp_path):
+    """Issue 20 finding 2: under pyxis the first task's process carries `enroot create`'s
+    CPU time (here 30 s) until it exits mid-run; the job's CPU counter then falls. One run,
+    one core busy of 2: 50 %, not the fall read as a restart from 0 (which gave 114 %)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    lines = []
+    for i in range(61):
+        cpu = 30.0 + i if i < 30 else float(i)  # the setup's 30 s leave the sum at t=30
+        lines.append(_record(1000.0 + i, "node1", [["kit_job_cpu_seconds_total", {}, cpu],
+                                                   ["kit_job_cpus", {}, 2.0]]))
+    (logs / "node1.r0.metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "runs.jsonl").write_text(
+        '{"run": 0, "end": "finished", "exit_code": 0, "checkpoint_step": -1, "advanced": false, "time": 1061}\n')
+    s = report(tmp_path, "7", tmp_path / "r.png", min_seconds=10)
+    (n1,) = s.nodes
+    assert s.runs == 1 and not any("restart" in n.text for n in s.notes), s.notes
+    assert n1.cpu_efficiency_percent <= 50.0 and n1.cpu_cores_used == 59 / 60, n1
+
+
+def test_task_starts_per_node_and_run_from_the_job_directory(tmp_path):
+    """kit.jobdir.task_starts: from the step's start (prelaunch, before srun) to each node's
+    first task's first line; damaged records are skipped, never a traceback."""
+    from kit import jobdir
+
+    r0, r1 = tmp_path / "progress" / "r0", tmp_path / "progress" / "r1"
+    r0.mkdir(parents=True)
+    r1.mkdir()
+    (r0 / "step-start").write_text("1000.5\n")
+    (r0 / "task-0").write_text("node1 123 1001.7\n")
+    (r0 / "task-1").write_text("node2 124 1002.0\n")
+    (r0 / "task-2").write_text("node1 125 1001.9\n")   # node1's first task counts
+    (r0 / "task-3").write_text("node3 126\n")           # an older launcher: no start
+    (r0 / "task-4").write_text("../x 1 1001\n")         # not a node name
+    (r1 / "step-start").write_text("garbage\n")
+    (r1 / "task-0").write_text("node1 1 2000\n")
+    assert jobdir.task_starts(tmp_path, 0) == {"node1": 1.2, "node2": 1.5}
+    assert jobdir.task_starts(tmp_path, 1) == {} and jobdir.task_starts(tmp_path, 7) == {}
+    assert jobdir.all_task_starts(tmp_path) == [{"run": 0, "node": "node1", "seconds": 1.2},
+                                                {"run": 0, "node": "node2", "seconds": 1.5}]

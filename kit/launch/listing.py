@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kit import files, slurm
+from kit import files, jobdir, slurm
 from kit.errors import KitError
 from kit.launch import jobs
 
@@ -35,6 +35,7 @@ class JobRow:
     submitted: float | None  # Unix time
     job_dir: str
     finished: bool           # the FINISHED marker: the work is done
+    task_start: dict | None = None  # the latest run's seconds from srun to each node's first task (container start)
 
     @property
     def active(self) -> bool:
@@ -80,7 +81,7 @@ def _row(name: str, unit_dir: Path, job_dir: Path, job_name: str, st: slurm.JobS
                   nodes=st.nodes if st else "", run=run, step=p.step, max_steps=p.max_steps, loss=p.loss,
                   samples_per_second=p.samples_per_second if state == "RUNNING" else None,
                   submitted=jobs.submitted_at(job_dir), job_dir=str(job_dir),
-                  finished=(unit_dir / "FINISHED").exists())
+                  finished=(unit_dir / "FINISHED").exists(), task_start=jobdir.task_starts(unit_dir, run) or None)
 
 
 def _unavailable(target: slurm.Target) -> str | None:

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kit import files as kit_files  # (load_logs has its own `files`)
+from kit import jobdir
 from kit.errors import KitError
 
 IDLE_UTIL = 5.0  # % under which a GPU counts as idle
@@ -129,6 +130,9 @@ class Summary:
     lost_seconds: float = 0.0
     notes: list[Note] = field(default_factory=list)
     panels: list[str] = field(default_factory=list)
+    # Per run and node: seconds from the step's start to the first task's first line
+    # (srun's launch, and under an image the container's start: kit.jobdir.task_starts).
+    task_starts: list[dict] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         out = [f"job {self.job} (data: {self.source})",
@@ -138,6 +142,12 @@ class Summary:
         if self.first_loss is not None:
             out.append(f"loss (rank 0): {self.first_loss:.4g} -> {self.last_loss:.4g}")
         out += [n.line() for n in self.nodes]
+        if self.task_starts:
+            by_run: dict[int, list[str]] = {}
+            for t in self.task_starts:
+                by_run.setdefault(t["run"], []).append(f"{t['node']} {t['seconds']:.1f} s")
+            out.append("task start after srun (with an image: the container's start): " +
+                       "; ".join(f"run {run}: {', '.join(v)}" for run, v in sorted(by_run.items())))
         if not self.gpus:
             out.append("GPUs: no GPU samples (no NVML on the nodes)")
         out += [g.line() for g in self.gpus]
@@ -243,9 +253,22 @@ def load_prometheus(url: str, job: str, start: float, end: float, step: float = 
     return series
 
 
-def increase(points: list) -> float:
+# kit_job_cpu_seconds_total is a sum over the job's live processes: it falls when
+# one ends (under pyxis the first task's process carries `enroot create`'s CPU
+# time until it exits). Such a fall is that process's total leaving the sum, not
+# a counter starting again from 0: it adds nothing (resets=False), where reading
+# it as a reset added the whole new value (114 % of an allocation was seen).
+# Restarts are the run records' to tell (logs.runs), never a counter's.
+
+
+def _step(a: float, b: float, resets: bool) -> float:
+    """A counter's increase from ``a`` to ``b``: a fall is a reset from 0 (``resets``) or nothing."""
+    return b - a if b >= a else (b if resets else 0.0)
+
+
+def increase(points: list, resets: bool = True) -> float:
     """A counter's increase over a series (it restarts from 0 after a requeue)."""
-    return sum(b - a if b >= a else b for (_, a), (_, b) in zip(points, points[1:]))
+    return sum(_step(a, b, resets) for (_, a), (_, b) in zip(points, points[1:]))
 
 
 def _steady_pairs(points: list) -> list:
@@ -253,19 +276,18 @@ def _steady_pairs(points: list) -> list:
     return [(p, q) for p, q in zip(points, points[1:]) if 0 < q[0] - p[0] <= GAP]
 
 
-def mean_rate(points: list) -> float | None:
+def mean_rate(points: list, resets: bool = True) -> float | None:
     """A counter's mean rate per second over the polls, breaks left out."""
     pairs = _steady_pairs(points)
     seconds = sum(q[0] - p[0] for p, q in pairs)
     if not seconds:
         return None
-    return sum(q[1] - p[1] if q[1] >= p[1] else q[1] for p, q in pairs) / seconds
+    return sum(_step(p[1], q[1], resets) for p, q in pairs) / seconds
 
 
-def rates(points: list) -> list[tuple[float, float]]:
+def rates(points: list, resets: bool = True) -> list[tuple[float, float]]:
     """A counter as (midpoint time, rate) points, breaks left out."""
-    return [((p[0] + q[0]) / 2, (q[1] - p[1] if q[1] >= p[1] else q[1]) / (q[0] - p[0]))
-            for p, q in _steady_pairs(points)]
+    return [((p[0] + q[0]) / 2, _step(p[1], q[1], resets) / (q[0] - p[0])) for p, q in _steady_pairs(points)]
 
 
 def _of(series: Series, metric: str, node: str | None = None) -> dict[tuple, list]:
@@ -297,7 +319,7 @@ def _peak(series: Series, metric: str, node: str) -> float | None:
 def _node_summary(series: Series, node: str) -> NodeSummary:
     cpus = _last(series, "kit_job_cpus", node)
     cpu_points = next(iter(_of(series, "kit_job_cpu_seconds_total", node).values()), [])
-    used = mean_rate(cpu_points)
+    used = mean_rate(cpu_points, resets=False)
     limit, limit_of = _last(series, "kit_job_memory_limit_bytes", node), "allocation"
     if limit is None:
         limit, limit_of = _last(series, "node_memory_MemTotal_bytes", node), "node"
@@ -437,7 +459,7 @@ def _panels(series: Series) -> list[tuple[str, list[tuple[str, list, dict]]]]:
                           ("DCGM_FI_DEV_FB_USED", "GPU memory used (MiB)"),
                           ("DCGM_FI_DEV_POWER_USAGE", "GPU power (W)")):
         out.append((title, lines(metric, lambda k: f"{k[1]} gpu{k[2]}")))
-    cpu = [(f"{k[1]} job", rates(pts), {}) for k, pts in _of(series, "kit_job_cpu_seconds_total").items()]
+    cpu = [(f"{k[1]} job", rates(pts, resets=False), {}) for k, pts in _of(series, "kit_job_cpu_seconds_total").items()]
     cpu += [(f"{k[1]} allocated", pts, {"linestyle": "--"}) for k, pts in _of(series, "kit_job_cpus").items()]
     for node in sorted({k[1] for k in _of(series, "node_cpu_seconds_total")}):
         busy = [rates(pts) for k, pts in _of(series, "node_cpu_seconds_total", node).items()
@@ -526,6 +548,7 @@ def report(job_dir: Path, job: str, out: Path, prometheus: str | None = None,
     if logs.damaged:
         source += f"; {logs.damaged} damaged log line(s) skipped"
     summary = summarize(series, job, source, logs, job_dir, min_seconds)
+    summary.task_starts = jobdir.all_task_starts(job_dir)
     try:
         plot(series, summary, out, logs)
     except NoPicture as e:

@@ -807,6 +807,8 @@ if (( KIT_STOPPING )); then
 fi
 mkdir -p "${KIT_PROGRESS_DIR}"
 kit::log "job ${SLURM_JOB_ID} run ${KIT_RESTART}: ${SLURM_JOB_NUM_NODES:-?} node(s), MASTER_ADDR=${MASTER_ADDR} MASTER_PORT=${MASTER_PORT}"
+# The step's start, for the time to each node's first task (the container's start: kit report, kit ps).
+printf '%s\n' "${EPOCHREALTIME/,/.}" >"${KIT_PROGRESS_DIR}/step-start"
 srun "${KIT_STEP_ARGS[@]}" "${KIT_SCRIPTS_DIR}/launcher.sh" &
 KIT_MAIN_PID=$!
 if (( KIT_HANG_TIMEOUT > 0 )); then
@@ -839,14 +841,21 @@ if [[ -e "${KIT_HANG_DIR}/report" ]]; then
   fi
 elif [[ -e "${KIT_FINISHED_FILE}" ]] || kit::all_ranks_declared; then
   # The command said its work is done (FINISHED, or every rank through
-  # kit.train.progress.finished()): what fails after that (torch's teardown
-  # aborts now and then) is told, but the work stays finished and the job
-  # ends COMPLETED, so that what waits for it (--after) runs.
-  if [[ ! -e "${KIT_FINISHED_FILE}" ]]; then : >"${KIT_FINISHED_FILE}"; fi
-  if (( rc != 0 )); then
+  # kit.train.progress.finished()). A rank that then died of a signal (torch's
+  # teardown aborts now and then: 134) is told, but the work stays finished
+  # and the job ends COMPLETED, so that what waits for it (--after) runs. A
+  # code of the command's own (1-127: a wrapper's next stage failed) still
+  # fails the job.
+  if (( rc == 0 || rc > 128 )); then
+    if [[ ! -e "${KIT_FINISHED_FILE}" ]]; then : >"${KIT_FINISHED_FILE}"; fi
+  fi
+  if (( rc > 128 )); then
     kit::record_run finished 0 "${rc}"
-    kit::log "step ended with exit ${rc} after its work was declared finished (a failure in teardown); the work is finished: exiting 0"
+    kit::log "step ended with exit ${rc} (a signal) after its work was declared finished: a failure in teardown; the work is finished: exiting 0"
     rc=0
+  elif (( rc != 0 )); then
+    kit::record_run failed "${rc}"
+    kit::log "step ended with exit ${rc} after the work was declared finished: a command failed after it"
   else
     kit::record_run finished 0
     kit::log "step ended with exit 0; the work is finished"

@@ -18,6 +18,9 @@ set -euo pipefail
 # Python ignores SIGPIPE and SIGXFSZ at its start, and ignored signals survive
 # exec: the helper puts back what this script was started with (SigIgn), so the
 # command gets the signal dispositions it would have had.
+# This task's first line (progress/r<K>/task-<rank>: the time from the step's
+# start to here is srun's launch, and under an image the container's start).
+export KIT_TASK_START="${KIT_TASK_START:-${EPOCHREALTIME/,/.}}"
 if [[ -z "${KIT_SUBREAPER_SET-}" ]]; then
   export KIT_SUBREAPER_SET="$$"
   KIT_SIGIGN=0
@@ -42,6 +45,8 @@ my $n = $nr{(POSIX::uname())[4]}; syscall($n, 36, 1, 0, 0, 0) if $n; exec { $ARG
   fi
 fi
 unset KIT_SUBREAPER_SET
+readonly KIT_STARTED_AT="${KIT_TASK_START}"
+unset KIT_TASK_START
 
 # ---- kit's shared bash functions (launch/lib.sh, pasted into both scripts) ----
 kit::log() {
@@ -529,7 +534,7 @@ KIT_DRAIN_PIDS+=("$!")
 kit::start "${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&-
 KIT_MAIN_PID=$!
 exec {KIT_LOG_FD}>&-
-printf '%s %s\n' "${KIT_NODE}" "${KIT_MAIN_PID}" >"${KIT_PROGRESS_DIR}/task-${RANK}"
+printf '%s %s %s\n' "${KIT_NODE}" "${KIT_MAIN_PID}" "${KIT_STARTED_AT}" >"${KIT_PROGRESS_DIR}/task-${RANK}"
 kit::watch_prelaunch &
 KIT_BG_PIDS+=("$!")
 KIT_BG_NAMES+=(prelaunch-watch)
