@@ -301,17 +301,29 @@ PROBE = 'echo "pwd=$(pwd) shell=${SHELL-unset} term=${TERM-unset} path=$PATH hom
 
 
 def test_login_environment_and_default_workdir_follow_pyxis(cluster, cpu_image, base_image):
-    """PYXIS.md, "Inside the container": the login variables (HOME, USER, SHELL, TERM, a
+    """PYXIS.md, "Inside the container": the login variables (HOME, USER, SHELL, a
     default PATH) win over the task's, /etc/environment wins over them, and names in
     --container-env keep the task's value; the working directory is the image's WORKDIR
-    (from /etc/rc), or HOME for an image without /etc/rc. Values as enroot's switchroot
-    sets them: TERM=dumb, PATH from the image's login.defs ENV_SUPATH (as root)."""
+    (from /etc/rc), or HOME for an image without /etc/rc. Values as enroot sets them: PATH
+    from the image's login.defs ENV_SUPATH (as root); TERM from its environ.d (TERM=${TERM}):
+    the task's own, empty when the task has none."""
     task = {"TERM": "xterm", "SHELL": "/bin/zsh", "PATH": os.environ["PATH"] + ":/host/only", "HOME": "/home/alice"}
     proc = srun(cluster, f"--container-image={base_image}", "bash", "-c", PROBE, env=task)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["pwd=/root", "shell=/bin/bash", "term=dumb",
+    assert proc.stdout.split() == ["pwd=/root", "shell=/bin/bash", "term=xterm",
                                    "path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                                    "home=/root", "user=root"], proc.stdout
+    no_term = {k: v for k, v in os.environ.items() if k != "TERM"}
+    proc = subprocess.run(["srun", "-N1", f"--container-image={base_image}", "bash", "-c", 'echo "term=[${TERM-unset}]"'],
+                          env={**no_term, **cluster.target.env}, capture_output=True, text=True, timeout=180)
+    assert proc.stdout.strip() == "term=[]", proc.stdout + proc.stderr
+    # /sys read-only; the host's /etc/hostname and /etc/machine-id (PYXIS.md, "Mounts inside").
+    look = ('touch /sys/kit-probe 2>/dev/null && echo sys-writable || echo sys-ro; cat /etc/hostname; '
+            'cat /etc/machine-id 2>/dev/null || echo no-machine-id')
+    proc = srun(cluster, f"--container-image={base_image}", "bash", "-c", look)
+    host = [Path("/etc/hostname").read_text().strip() if Path("/etc/hostname").exists() else "",
+            Path("/etc/machine-id").read_text().strip() if Path("/etc/machine-id").exists() else "no-machine-id"]
+    assert proc.stdout.split("\n")[:3] == ["sys-ro", *host], proc.stdout + proc.stderr
     # The cpu image: WORKDIR /workspace through its /etc/rc; its ENV PATH (/etc/environment)
     # wins over the login PATH; TERM listed in --container-env keeps the task's value.
     proc = srun(cluster, f"--container-image={cpu_image}", "--container-env=TERM", "bash", "-c", PROBE, env=task)
@@ -349,7 +361,10 @@ def test_a_named_container_persists_on_its_node_with_its_writes(cluster, base_im
         second = srun(cluster, "-w", "node1", f"--container-name={name}", "cat", "/root/note")
         assert second.returncode == 0, second.stderr
         assert second.stdout == "written-by-the-first\n"
-        assert "pyxis: reusing existing container filesystem" in second.stderr
+        # pyxis says so in the slurmd log, not on srun's stderr (PYXIS.md).
+        log = (cluster.root / "log" / "slurmd-node1.log").read_text(errors="replace")
+        assert "pyxis: reusing existing container filesystem" in log
+        assert "reusing existing container filesystem" not in second.stderr, second.stderr
         # Read-only unless --container-writable, also when reused.
         third = srun(cluster, "-w", "node1", f"--container-name={name}", "bash", "-c", "touch /root/x || echo refused")
         assert third.stdout.strip().endswith("refused"), third.stdout + third.stderr

@@ -6,7 +6,8 @@
  * table, each row with its test): one container per node per step, set up
  * by slurmstepd before the tasks start and shared by that node's tasks; the
  * squashfs image (read-only, writable with --container-writable) with /proc,
- * /sys, /dev, /tmp, /run and the --container-mounts binds and their flags;
+ * /sys (read-only), /dev, /tmp, /run, the host's /etc/hosts, /etc/hostname,
+ * /etc/resolv.conf and /etc/machine-id, and the --container-mounts binds and their flags;
  * --container-name keeps the container's root filesystem in the node's data
  * directory (KIT_PYXIS_DATA, set by `kit cluster up`) for later jobs; the
  * task loses LANG, LANGUAGE and LC_ALL, and the login variables and the
@@ -306,8 +307,10 @@ static int image_user(const char *root, uid_t uid, char *name, char *home, char 
  * every variable of the container process wins over the task's value, but for
  * --container-env names: the image's /etc/environment, then the login
  * variables enroot's switchroot sets where that file did not (HOME, SHELL,
- * USER, LOGNAME from the image's passwd entry; TERM=dumb; PATH from
- * ENV_SUPATH of the image's /etc/login.defs, else /usr/bin:/bin:/usr/sbin:/sbin).
+ * USER, LOGNAME from the image's passwd entry; PATH from ENV_SUPATH of the
+ * image's /etc/login.defs, else /usr/bin:/bin:/usr/sbin:/sbin), and TERM from
+ * enroot's environ.d (its 10-terminal.env is TERM=${TERM}: the task's own
+ * value, empty when the task has none).
  */
 static void apply_environment(spank_t sp, const char *root)
 {
@@ -340,12 +343,18 @@ static void apply_environment(spank_t sp, const char *root)
 	if (getuid() == 0 && supath)
 		login_path = strncmp(supath, "PATH=", 5) == 0 ? supath + 5 : supath;
 	const char *login[][2] = { { "HOME", home }, { "SHELL", shell }, { "USER", user }, { "LOGNAME", user },
-				   { "TERM", "dumb" }, { "PATH", login_path } };
+				   { "PATH", login_path } };
 	for (size_t i = 0; i < sizeof(login) / sizeof(login[0]); i++) {
 		char key[64];
 		snprintf(key, sizeof(key), ",%s,", login[i][0]);
 		if (login[i][1][0] && !strstr(seen, key) && !kept(login[i][0]))
 			spank_setenv(sp, login[i][0], login[i][1], 1);
+	}
+	char term[256] = "";
+	if (!strstr(seen, ",TERM,") && !kept("TERM")) {
+		if (spank_getenv(sp, "TERM", term, sizeof(term)) != ESPANK_SUCCESS)
+			term[0] = '\0';
+		spank_setenv(sp, "TERM", term, 1);
 	}
 	free(supath);
 }
@@ -446,17 +455,17 @@ static int make_container(spank_t sp)
 	mkdir_p(target, 0555);
 	if (mount("proc", target, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
 		return fail(TAG ": proc: %m");
-	if (bind_mount(root, "/dev", "/dev", 0) < 0 || bind_mount(root, "/sys", "/sys", 0) < 0)
+	if (bind_mount(root, "/dev", "/dev", 0) < 0 || bind_mount(root, "/sys", "/sys", MS_RDONLY) < 0)
 		return -1;
 	for (const char **t = (const char *[]){ "/tmp", "/run", NULL }; *t; t++) {
 		snprintf(target, sizeof(target), "%s%s", root, *t);
 		if (mkdir_p(target, 01777) < 0 || mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") < 0)
 			return fail(TAG ": tmpfs on %s: %m", *t);
 	}
-	if (access("/etc/hosts", R_OK) == 0)
-		bind_mount(root, "/etc/hosts", "/etc/hosts", MS_RDONLY);
-	if (access("/etc/resolv.conf", R_OK) == 0)
-		bind_mount(root, "/etc/resolv.conf", "/etc/resolv.conf", MS_RDONLY);
+	for (const char **f = (const char *[]){ "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/etc/machine-id",
+						NULL }; *f; f++)
+		if (access(*f, R_OK) == 0)
+			bind_mount(root, *f, *f, MS_RDONLY);  /* the host's, as pyxis gives them */
 	if (opt_mount_home) {
 		char home[4096];
 		if (spank_getenv(sp, "HOME", home, sizeof(home)) == ESPANK_SUCCESS && bind_mount(root, home, home, 0) < 0)
@@ -496,7 +505,7 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	}
 	int task = 0;
 	if (reused && spank_get_item(sp, S_TASK_ID, &task) == ESPANK_SUCCESS && task == 0)
-		slurm_spank_log("pyxis: reusing existing container filesystem");  /* pyxis's words, once per node */
+		slurm_info("pyxis: reusing existing container filesystem");  /* pyxis's words, to the slurmd log */
 	apply_environment(sp, root);
 	if (chdir(root) < 0 || chroot(".") < 0) {
 		slurm_error(TAG ": chroot %s: %m", root);
