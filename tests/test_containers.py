@@ -412,3 +412,22 @@ def test_bench_container_quick(cluster, cpu_image, tmp_path):
                           timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "median task start after srun" in proc.stdout, proc.stdout
+
+
+def test_container_options_on_sbatch_and_salloc_follow_pyxis(cluster, cpu_image, tmp_path):
+    """PYXIS.md: pyxis takes its flags on sbatch (the batch script itself runs in the image,
+    its script bound in from slurmd's spool directory) and on salloc (the allocation's steps
+    inherit them). kit puts them on the srun step; a user's own sbatch line may not."""
+    env = {**os.environ, **cluster.target.env}
+    out = tmp_path / "batch.out"
+    sub = subprocess.run(["sbatch", "--parsable", "-N1", f"--container-image={cpu_image}", f"--output={out}",
+                          "--wrap", 'test -e /.kit/image.json && echo "batch inside the image"'],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert sub.returncode == 0, sub.stderr
+    end = slurm.wait(cluster.target, sub.stdout.strip().split(";")[0], timeout=180)
+    assert end.state == "COMPLETED", out.read_text() if out.exists() else end
+    assert out.read_text().strip() == "batch inside the image", out.read_text()
+    alloc = subprocess.run(["salloc", "-N1", f"--container-image={cpu_image}", "srun", "bash", "-c",
+                            'test -e /.kit/image.json && echo "step inside the image"'],
+                           env=env, capture_output=True, text=True, timeout=180)
+    assert alloc.returncode == 0 and alloc.stdout.strip() == "step inside the image", alloc.stdout + alloc.stderr

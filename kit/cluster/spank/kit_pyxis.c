@@ -35,6 +35,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <slurm/slurm.h>
 #include <slurm/spank.h>
 
 SPANK_PLUGIN(kit_pyxis, 1);
@@ -71,7 +72,10 @@ static int cb_flag(int v, const char *a, int r)
 	return 0;
 }
 
-struct spank_option spank_options[] = {
+/* Registered in every context (slurm_spank_init below): a spank_options table
+ * would not reach sbatch and salloc, which take pyxis's flags too (the batch
+ * script then runs in the container; salloc's steps inherit them). */
+static struct spank_option options[] = {
 	{ "container-image", "[USER@][REGISTRY#]IMAGE[:TAG]|PATH", "[kit-pyxis] squashfs image to run the task in", 1, 0, cb_image },
 	{ "container-mounts", "SRC:DST[:FLAGS][,SRC:DST...]", "[kit-pyxis] bind mounts, comma separated", 1, 0, cb_mounts },
 	{ "container-workdir", "PATH", "[kit-pyxis] working directory inside the container (must exist)", 1, 0, cb_workdir },
@@ -85,6 +89,17 @@ struct spank_option spank_options[] = {
 	{ "no-container-remap-root", NULL, "[kit-pyxis] accepted", 0, 6, cb_flag },
 	SPANK_OPTIONS_TABLE_END
 };
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+	(void)ac; (void)av;
+	for (struct spank_option *o = options; o->name; o++)
+		if (spank_option_register(sp, o) != ESPANK_SUCCESS) {
+			slurm_error(TAG ": cannot register --%s", o->name);
+			return -1;
+		}
+	return 0;
+}
 
 /* The first error of the container's setup (in slurmstepd, where only the
  * slurmd log would see it): every task of the step reports it and fails. */
@@ -472,6 +487,15 @@ static int make_container(spank_t sp)
 			return -1;
 	}
 	if (user_mounts(root) < 0)
+		return -1;
+	/* The batch step (sbatch --container-image): its script, in slurmd's spool
+	 * directory, is bound read-only at the same path, as pyxis does. */
+	uint32_t step = 0;
+	int argc = 0;
+	char **argv = NULL;
+	if (spank_get_item(sp, S_JOB_STEPID, &step) == ESPANK_SUCCESS && step == SLURM_BATCH_SCRIPT &&
+	    spank_get_item(sp, S_JOB_ARGV, &argc, &argv) == ESPANK_SUCCESS && argc > 0 &&
+	    bind_mount(root, argv[0], argv[0], MS_RDONLY | MS_NOSUID | MS_NODEV) < 0)
 		return -1;
 	if (!opt_writable && mount(NULL, root, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) < 0)
 		return fail(TAG ": read-only root: %m");
