@@ -28,7 +28,6 @@ from kit.monitor.naming import relabel_yaml
 from kit.runner import run
 from kit.slurm import Target
 
-PARTITION = config.PARTITION
 REQUIRED = ("slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "squeue", "scancel")
 INSTALL_HINT = "install Debian's Slurm: apt-get install -y slurm-wlm"
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import signal as _signal
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -607,9 +606,5 @@ def _check_no_nul(s: JobSpec, origins: Origins) -> None:
                 check(name, v)
 
 
-def signal_number(name: str) -> int:
-    return int(getattr(_signal, "SIG" + name))
-
-
 __all__ = ["JobSpec", "ResolvedJob", "Origins", "load_job_file", "merge", "resolve", "parse_mem",
-           "parse_time", "parse_env_item", "parse_port_range", "signal_number"]
+           "parse_time", "parse_env_item", "parse_port_range"]
