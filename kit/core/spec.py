@@ -467,11 +467,11 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
     for item in s.after:
         parse_after(item, origins.label("after"))
     tasks, params = _resolve_tasks(s, origins)
-    mounts = _resolve_container(s, origins, warnings)
+    _check_container(s, origins, warnings)
     if s.time is None and any(n in origins for n in ("signal", "signal_lead", "max_restarts")):
         warnings.append("no --time given: the preemption warning only fires if the partition has a time limit")
     return ResolvedJob(spec=s, time_seconds=time_seconds, port_low=low, port_high=high,
-                       warnings=tuple(warnings), mounts=tuple(mounts), tasks=tasks, params=params)
+                       warnings=tuple(warnings), tasks=tasks, params=params)
 
 
 AFTER_KINDS = ("ok", "any", "notok")
@@ -501,8 +501,8 @@ def _resolve_tasks(s: JobSpec, origins: Origins) -> tuple[sweep_lib.TaskSet | No
     return tasks, tuple(combos[i] for i in tasks.indices)
 
 
-def _resolve_container(s: JobSpec, origins: Origins, warnings: list[str]) -> list:
-    """The container fields every scheduler shares; the image and mounts are
+def _check_container(s: JobSpec, origins: Origins, warnings: list[str]) -> None:
+    """Check the container fields every scheduler shares; the image and mounts are
     checked and parsed by the container runtime's room (kit.launch.resolve)."""
     given = [n for n in ("container_workdir", "container_name") if getattr(s, n)]
     given += [n for n in ("mounts", "container_env") if getattr(s, n)]
@@ -510,7 +510,7 @@ def _resolve_container(s: JobSpec, origins: Origins, warnings: list[str]) -> lis
     if not s.image:
         if given:
             warnings.append(", ".join(origins.label(n) for n in given) + " have no effect without --image")
-        return []
+        return
     if s.container_workdir is not None and not s.container_workdir.startswith("/"):
         raise KitError(f"must be an absolute path, got {s.container_workdir!r}",
                        field=origins.label("container_workdir"))
@@ -520,7 +520,6 @@ def _resolve_container(s: JobSpec, origins: Origins, warnings: list[str]) -> lis
     if s.container_name is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", s.container_name):
         raise KitError(f"not a container name: {s.container_name!r}", field=origins.label("container_name"),
                        hint="letters, digits, '.', '_' and '-'")
-    return []
 
 
 def _copy(value: Any) -> Any:
