@@ -12,9 +12,9 @@ host, in alternating order so both see the same machine load. Printed per job
 and as medians:
 
 - wall time of `kit launch --wait` (submission to the end);
-- the task start cost kit can see in its logs: from prelaunch's
-  "job N run 0" line (just before srun) to the last rank's launcher start
-  (its ``progress/r0/task-<R>`` file, written inside the container);
+- the task start, as `kit report` shows it (kit.jobdir.task_starts): from the
+  step's start (prelaunch, just before srun) to the slowest node's first task
+  line (inside the container: the container's start);
 - the ratio image/host of both.
 """
 
@@ -26,10 +26,12 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from kit import jobdir  # noqa: E402
 
 
 def run_job(out: Path, steps: int, image: Path | None) -> tuple[float, float]:
@@ -42,11 +44,10 @@ def run_job(out: Path, steps: int, image: Path | None) -> tuple[float, float]:
     if proc.returncode != 0:
         sys.exit(f"job failed ({proc.returncode}):\n{proc.stderr}")
     job_dir = Path(re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1))
-    log = "".join(p.read_text() for p in (job_dir / "logs").glob("slurm-*.out"))
-    stamp = re.search(r"\[kit (\S+) [^]]*\] job \d+ run 0:", log).group(1)
-    srun_at = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S%z").timestamp()
-    started = max(p.stat().st_mtime for p in (job_dir / "progress" / "r0").glob("task-*"))
-    return wall, started - srun_at
+    starts = jobdir.task_starts(job_dir, 0)  # what kit report shows: srun to each node's first task
+    if not starts:
+        sys.exit(f"no task starts recorded in {job_dir}/progress/r0")
+    return wall, max(starts.values())
 
 
 def main() -> int:

@@ -49,7 +49,7 @@ def trained_to(job_dir: Path, step: int, restart: int = 0):
 
 
 def trainer_of_rank(job_dir: Path, rank: int) -> int:
-    node, pid = (job_dir / "progress" / "r0" / f"task-{rank}").read_text().split()
+    node, pid, *_ = (job_dir / "progress" / "r0" / f"task-{rank}").read_text().split()
     return int(pid)
 
 
