@@ -1,5 +1,5 @@
 """kit report's numbers, computed again here from a job's metrics logs (written
-apart from kit.monitor.report, so that a wrong formula there shows)."""
+apart from kit.report, so that a wrong formula there shows)."""
 
 from __future__ import annotations
 

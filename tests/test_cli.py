@@ -19,14 +19,20 @@ from kit.cli import cli
 
 
 def walk(command: click.Command, path=()):
+    """Every command under ``command``, through the lazy group's own lookup (its
+    ``commands`` dict stays empty until a command is asked for)."""
     yield path, command
     if isinstance(command, click.Group):
-        for name, sub in command.commands.items():
-            yield from walk(sub, (*path, name))
+        ctx = click.Context(command, info_name="kit")
+        for name in command.list_commands(ctx):
+            yield from walk(command.get_command(ctx, name), (*path, name))
 
 
 def test_every_command_has_help_text():
     runner = CliRunner()
+    seen = [" ".join(path) for path, _ in walk(cli)]
+    for name in ("launch", "build", "cluster up", "cluster down", "ps", "logs", "cancel", "report", "exporter"):
+        assert name in seen, f"the help walk misses kit {name}: {seen}"
     for path, command in walk(cli):
         assert command.help, f"kit {' '.join(path)} has no help text"
         result = runner.invoke(cli, [*path, "--help"], prog_name="kit")
@@ -160,6 +166,33 @@ def test_unknown_partition_submits_nothing(cluster, target, tmp_path):
                            text=True).stdout
     assert after == before
     assert not (tmp_path / "jobs").exists()
+
+
+@pytest.mark.parametrize("bad", ["prom,targets", "prom targets"])
+def test_the_local_clusters_targets_path_is_validated_like_a_given_one(cluster, tmp_path, monkeypatch, bad):
+    """Issue 21: the local cluster's Prometheus targets directory is chosen before the job
+    is validated, so a path pyxis cannot mount (a comma or a space in KIT_HOME) is refused
+    with the other checks, nothing written, instead of a broken --container-mounts."""
+    from kit import targets
+    from kit.cluster import LocalCluster
+    from kit.core import spec as specs
+    from kit.errors import KitError
+
+    monkeypatch.setattr(LocalCluster, "prometheus_targets", property(lambda self: tmp_path / bad))
+    image = tmp_path / "x.sqsh"
+    image.write_bytes(b"hsqs" + b"\0" * 100)
+    spec = specs.JobSpec(command=["true"], image=str(image), output_dir=str(tmp_path / "jobs"))
+    with pytest.raises(KitError) as e:
+        targets.plan(spec, where="local")
+    assert e.value.field == "the local cluster's Prometheus targets directory"
+    assert "the targets directory" in e.value.message and not (tmp_path / "jobs").exists()
+    # Given on the command line, the label is the option; without an image there is nothing to mount.
+    with pytest.raises(KitError) as e:
+        targets.plan(specs.JobSpec(command=["true"], image=str(image), prometheus_targets=str(tmp_path / bad)),
+                     where="local")
+    assert e.value.field == "--prometheus-targets"
+    plan = targets.plan(specs.JobSpec(command=["true"], output_dir=str(tmp_path / "jobs")), where="local")
+    assert plan.job.spec.prometheus_targets == str(tmp_path / bad) and plan.target.name == "local"
 
 
 def test_local_without_a_cluster_says_how_to_start_one(tmp_path):

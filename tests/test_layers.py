@@ -33,3 +33,75 @@ def test_the_cluster_config_renders_without_daemons_or_slurm():
     bad = sorted(n for n in imports(KIT / "cluster" / "config.py") if n.startswith(("kit.slurm", "kit.runner",
                                                                                       "subprocess")))
     assert bad == []
+
+
+# ------------------------------------------------------------------ issue 21: the layer rules in code
+BOTTOM = ("kit.errors", "kit.files", "kit.home", "kit.jobdir")  # modules every layer may use
+
+
+def package_of(module: str) -> str | None:
+    """``kit.launch.jobs`` -> ``kit.launch``; bottom-layer modules and ``kit`` itself -> None."""
+    if not module.startswith("kit.") or module.startswith(BOTTOM):
+        return None
+    return ".".join(module.split(".")[:2])
+
+
+def kit_imports(path: Path) -> set[str]:
+    """The kit modules ``path`` imports (``from kit import x`` counted as ``kit.x``)."""
+    return {n for n in imports(path) if n.startswith("kit.") and not n.rsplit(".", 1)[-1].startswith("__")}
+
+
+def packages_imported(pkg: str) -> dict[str, set[str]]:
+    """{module path: other kit packages it imports} for every module of ``kit/<pkg>``."""
+    out = {}
+    for path in sorted((KIT / pkg).rglob("*.py")):
+        others = {package_of(n) for n in kit_imports(path)} - {None, f"kit.{pkg}"}
+        # `from kit import files` names a bottom module through the package root.
+        out[str(path.relative_to(KIT.parent))] = {o for o in others if o not in BOTTOM}
+    return out
+
+
+def test_the_core_imports_only_the_bottom_layer():
+    assert {p: o for p, o in packages_imported("core").items() if o} == {}
+
+
+def test_launch_does_not_know_the_local_cluster():
+    """Target choice lives in kit/targets.py: kit/launch writes and submits a job for any Slurm."""
+    assert {p: o for p, o in packages_imported("launch").items() if "kit.cluster" in o} == {}
+
+
+def test_the_image_builder_knows_neither_slurm_nor_launch():
+    assert {p: o & {"kit.slurm", "kit.launch"} for p, o in packages_imported("image").items()
+            if o & {"kit.slurm", "kit.launch"}} == {}
+
+
+def test_the_exporter_carries_nothing_of_kit_but_the_bottom_layer():
+    """kit/monitor runs inside images (from /opt/kit) beside the training: it imports only itself
+    and the bottom layer (errors, files, home, jobdir); `kit report` lives in kit/report."""
+    assert {p: o for p, o in packages_imported("monitor").items() if o} == {}
+
+
+def test_the_bottom_layer_imports_only_itself():
+    for name in ("errors", "files", "home", "jobdir"):
+        bad = {n for n in kit_imports(KIT / f"{name}.py") if not n.startswith(BOTTOM)}
+        assert bad == set(), f"kit/{name}.py imports {bad}"
+
+
+def test_no_module_imports_a_private_name_from_another_package():
+    bad = []
+    for path in sorted(KIT.rglob("*.py")):
+        pkg = ".".join(("kit", *path.relative_to(KIT).parts[:1])).removesuffix(".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kit"):
+                for a in node.names:
+                    full = f"{node.module}.{a.name}"
+                    private = a.name.startswith("_") and not a.name.startswith("__")
+                    if private and package_of(full) != package_of(pkg + ".x"):
+                        bad.append(f"{path.relative_to(KIT.parent)}: {full}")
+    assert bad == []
+
+
+def test_the_rules_can_fail():
+    """The checks above see a forbidden import when there is one (a test that cannot fail is a defect)."""
+    assert package_of("kit.cluster.config") == "kit.cluster" and package_of("kit.files") is None
+    assert "kit.cluster" in {package_of(n) for n in kit_imports(KIT / "targets.py")}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kit.monitor.report import report
+from kit.report import report
 
 
 def test_gpu_summary_from_logs(tmp_path):

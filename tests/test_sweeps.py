@@ -159,7 +159,8 @@ def test_cancelled_array_tasks_stay_cancelled_once_slurm_forgets_them(cluster, t
     """Issue 18 finding 15: `kit cancel ARRAY` records which tasks it ended; the job
     directory alone (what kit ps reads once Slurm forgets, MinJobAge later) then tells
     CANCELLED for those and COMPLETED for the task that had finished before."""
-    from kit.launch import jobs, listing
+    from kit import listing
+    from kit.launch import jobs
 
     w = launch_wait(tmp_path, "--sweep", "t=0,600", command=["sleep", "{t}"])
     wait_for(lambda: (task_dir(w, 0) / "FINISHED").exists() and

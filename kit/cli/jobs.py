@@ -46,7 +46,7 @@ def ps(everything, as_json, output_dirs, expand):
     (or does not answer); it is the end Slurm gave it when kit last saw it,
     else COMPLETED only with the job's FINISHED marker.
     """
-    from kit.launch import listing
+    from kit import listing
 
     rows = listing.list_jobs([Path(d) for d in output_dirs], everything=everything)
     if as_json:
@@ -70,12 +70,11 @@ def cancel(job, reason, output_dir):
 
     The job ends CANCELLED and is never marked finished; an array job's every task is cancelled.
     """
-    from kit import launch as lib
-    from kit import slurm
+    from kit import slurm, targets
     from kit.launch import jobs
 
     job_dir, job_id = _job(job, output_dir)
-    target = lib.target_of(job_dir)
+    target = targets.target_of(job_dir)
     states = _states(target, job_dir, job_id)
     ended = _ended(states)
     if ended:
@@ -265,11 +264,10 @@ def _follow(job_dir: Path, job_id: str) -> int:
     Slurm appends a requeued run to the same file) until the job has ended; an
     array job's tasks' logs with each line prefixed ``task I: ``. Through a
     controller outage the logs go on (as ``--wait`` waits through one)."""
-    from kit import launch as lib
-    from kit import slurm
+    from kit import slurm, targets
     from kit.launch import jobs
 
-    target = lib.target_of(job_dir)
+    target = targets.target_of(job_dir)
     indices = jobs.task_indices(job_dir)
     offsets: dict[Path, int] = {}
     ended_at: list[float | None] = [None]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import signal
 import sys
@@ -12,7 +11,7 @@ import time
 import click
 
 from kit import launch as lib
-from kit import slurm
+from kit import slurm, targets
 from kit.core import spec as specs
 from kit.core import sweep as sweep_lib
 from kit.cli.help import GroupedCommand
@@ -157,35 +156,10 @@ def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, sw
     if command:
         given.command = list(command)
     spec, origins = specs.merge(base, given, origins)
-    job = lib.resolve(spec, origins)
-    for warning in job.warnings:
-        click.echo(f"kit: warning: {warning}", err=True)
-
-    deps = lib.resolve_after(job, origins.label("after"))
-    target = None
-    if not dry_run:
-        target, note = lib.select_target(where, needs_containers=bool(job.spec.image))
-        if job.spec.prometheus_targets is None and job.spec.exporter and target.name == "local":
-            job.spec.prometheus_targets = lib.local_prometheus_targets()
-        if note:
-            click.echo(f"kit: {note}", err=True)
-        inside = os.environ.get("SLURM_JOB_ID")
-        if inside:  # typed inside salloc (or a job): what is launched is a job of its own
-            click.echo(f"kit: note: this shell is inside Slurm job {inside} (an salloc allocation or a job): kit "
-                       "launch submits a separate job with nodes of its own; to use the allocation's nodes, run the "
-                       "command there with srun", err=True)
-        if job.spec.partition:
-            slurm.check_partition(target, job.spec.partition, origins.label("partition"))
-        if job.spec.mpi != "none":
-            slurm.check_mpi(target, job.spec.mpi, origins.label("mpi"))
-        slurm.check_fits(target, job.spec.partition, job.spec.nodes, (job.spec.cpus_per_task or 1) * job.spec.ntasks_per_node,
-                         job.spec.mem, (origins.label("nodes"), origins.label("cpus_per_task"), origins.label("mem")),
-                         note=lambda msg: click.echo(f"kit: warning: {msg}", err=True))
-        slurm.check_stop_grace(target, job.spec.stop_grace, origins.label("stop_grace"))
-        deps = slurm.check_after(target, deps, origins.label("after"),
-                                 note=lambda msg: click.echo(f"kit: {msg}", err=True))
-    job.spec.after = [f"{job_id}:{kind}" for job_id, kind, _ in deps]
-    prepared = lib.prepare(job)
+    plan = targets.plan(spec, origins, where=where, dry_run=dry_run)
+    for message in plan.messages:
+        click.echo(f"kit: {message}", err=True)
+    prepared = lib.prepare(plan.job)
     if dry_run:
         if as_json:
             click.echo(json.dumps(prepared.as_json()))
@@ -194,7 +168,7 @@ def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, sw
             click.echo(shlex.join(prepared.srun_argv))
             click.echo(f"job dir: {prepared.job_dir}")
         return 0
-    lib.submit(prepared, target)
+    lib.submit(prepared, plan.target)
     if as_json:
         click.echo(json.dumps(prepared.as_json()))
     elif parsable:
@@ -205,8 +179,8 @@ def launch(job_file, env_items, sbatch_args, sidecars, mounts, container_env, sw
     if not wait_:
         return 0
     if prepared.job.tasks is not None:
-        return wait_and_report_tasks(target, prepared)
-    return wait_and_report(target, prepared.job_id, prepared.job_dir)
+        return wait_and_report_tasks(plan.target, prepared)
+    return wait_and_report(plan.target, prepared.job_id, prepared.job_dir)
 
 
 def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:

@@ -30,7 +30,7 @@ def report(job, output, prometheus, min_seconds, output_dir):
     """
     from kit.cluster import LocalCluster
     from kit.launch import jobs
-    from kit.monitor.report import report as make_report
+    from kit.report import report as make_report
 
     if output and Path(output).suffix.lower() not in FORMATS:
         raise KitError(f"{output}: the report is a picture: name it .png, .svg or .pdf", field="--output",
@@ -41,7 +41,7 @@ def report(job, output, prometheus, min_seconds, output_dir):
     out = Path(output) if output else job_dir / "report.png"
     missing: list[KitError] = []
     if (job_dir / "tasks").is_dir():  # an array job or sweep: a table of its tasks
-        from kit.monitor.report import TASK_HEADER, report_tasks
+        from kit.report import TASK_HEADER, report_tasks
 
         click.echo(f"job {job_id}: {len(list((job_dir / 'tasks').iterdir()))} task(s)")
         click.echo(TASK_HEADER)

@@ -200,6 +200,50 @@ def resolve(spec, origins=None, *, cwd: Path | None = None) -> ResolvedJob:
     return dataclasses.replace(job, mounts=tuple(mounts))
 
 
+@dataclass
+class Plan:
+    """A job decided and checked, nothing written yet: what :func:`prepare` writes and
+    :func:`submit` submits. ``target`` is None for a dry run (nothing is submitted);
+    ``messages`` are what the user should hear, in order ("warning: …" or a note)."""
+
+    job: ResolvedJob
+    target: slurm.Target | None
+    messages: list[str] = dataclasses.field(default_factory=list)
+
+
+def plan(spec, origins=None, *, target: slurm.Target | None = None, target_note: str | None = None,
+         cwd: Path | None = None) -> Plan:
+    """Resolve and validate ``spec`` once, for ``target`` (chosen before: see
+    :func:`kit.targets.plan`), and check it against that Slurm: partition, MPI
+    plugin, node sizes, KillWait, ``--after`` jobs. The result is final."""
+    from kit.core import spec as specs
+
+    origins = origins or specs.Origins()
+    job = resolve(spec, origins, cwd=cwd)
+    said = [f"warning: {w}" for w in job.warnings]
+    deps = resolve_after(job, origins.label("after"))
+    if target is not None:
+        if target_note:
+            said.append(target_note)
+        inside = os.environ.get("SLURM_JOB_ID")
+        if inside:  # typed inside salloc (or a job): what is launched is a job of its own
+            said.append(f"note: this shell is inside Slurm job {inside} (an salloc allocation or a job): kit launch "
+                        "submits a separate job with nodes of its own; to use the allocation's nodes, run the "
+                        "command there with srun")
+        s = job.spec
+        if s.partition:
+            slurm.check_partition(target, s.partition, origins.label("partition"))
+        if s.mpi != "none":
+            slurm.check_mpi(target, s.mpi, origins.label("mpi"))
+        slurm.check_fits(target, s.partition, s.nodes, (s.cpus_per_task or 1) * s.ntasks_per_node, s.mem,
+                         (origins.label("nodes"), origins.label("cpus_per_task"), origins.label("mem")),
+                         note=lambda msg: said.append(f"warning: {msg}"))
+        slurm.check_stop_grace(target, s.stop_grace, origins.label("stop_grace"))
+        deps = slurm.check_after(target, deps, origins.label("after"), note=said.append)
+    job.spec.after = [f"{job_id}:{kind}" for job_id, kind, _ in deps]
+    return Plan(job, target, said)
+
+
 def _new_job_dir(out_dir: Path, job_name: str) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_name)[:40].strip(".") or "job"
@@ -308,91 +352,3 @@ def submit(prepared: PreparedJob, target: slurm.Target) -> PreparedJob:
                        hint=f"free space there; scancel {job_id} stops it") from None
     jobs.remember(prepared.job_dir)
     return prepared
-
-
-def local_prometheus_targets() -> str | None:
-    """The local cluster's file_sd directory, when it runs Prometheus."""
-    from kit.cluster import LocalCluster
-
-    c = LocalCluster()
-    return str(c.prometheus_targets) if c.prometheus_url() else None
-
-
-SITE_CONFS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf/slurm.conf")
-
-
-def _trusted(path: Path) -> bool:
-    """``path`` is owned by this user or root and no one else can change it: what it says
-    may decide which programs kit runs (a Slurm configuration names plugins Slurm loads)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
-
-
-def target_of(job_dir: Path) -> slurm.Target:
-    """The Slurm a submitted job (or array task) went to (recorded at submission), else the usual choice.
-
-    The record is followed only when the job directory, its ``slurm.json`` and the
-    configuration it names belong to this user or root and no one else can change
-    them: root running ``kit ps``/``cancel`` over a shared directory must not load a
-    configuration (and the plugins it names) another user planted."""
-    where = jobs.array_job_dir(job_dir) or Path(job_dir)
-    record = where / "slurm.json"
-    try:
-        with files.open_regular(record) as (fd, st):
-            owner_ok = st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022 and _trusted(where)
-            rec = files.loads(os.read(fd, 1 << 16).decode("utf-8", errors="replace"))
-    except (OSError, ValueError):
-        return select_target(None)[0]
-    conf = rec.get("conf") if isinstance(rec, dict) else None
-    name = rec.get("target") if isinstance(rec, dict) else None
-    if conf is not None and (not isinstance(conf, str) or "\0" in conf):
-        raise KitError(f"{record}: damaged: 'conf' is not a path", field="job")
-    if conf is not None and (not owner_ok or not _trusted(Path(conf))):
-        raise KitError(f"{record}: not trusted: it names the Slurm configuration {conf!r}, and it or that file "
-                       "belongs to another user or can be changed by one", field="job",
-                       hint="run kit as the job's owner; root follows only records and configurations owned by "
-                            "root or itself")
-    return slurm.Target(conf=conf, name=str(name or "site"))
-
-
-def select_target(where: str | None, needs_containers: bool = False) -> tuple[slurm.Target, str | None]:
-    """Which Slurm to submit to: ``"local"``, ``"site"`` or None (decide).
-
-    Undecided, the site's Slurm wins when one is configured (``SLURM_CONF`` or
-    a slurm.conf in the usual places); otherwise kit's local cluster, when it
-    runs. Returns the target and a note for the user (or None).
-    """
-    from kit.cluster import LocalCluster
-
-    local = LocalCluster()
-
-    def local_target() -> slurm.Target:
-        state = local.state()
-        if needs_containers and state is not None and not state.containers:
-            raise KitError("the local cluster was started without container support", field="--image",
-                           hint="install gcc and libslurm-dev, then: kit cluster down && kit cluster up")
-        return local.target
-
-    if where == "local":
-        if not local.running():
-            raise KitError("the local cluster is not running", field="--local",
-                           hint="start it with: kit cluster up --nodes 2")
-        return local_target(), None
-    env_conf = os.environ.get("SLURM_CONF") or None
-    if where is None and env_conf and os.path.realpath(env_conf) == os.path.realpath(local.conf):
-        # A shell that ran `eval "$(kit cluster env)"`: that is the local cluster.
-        if not local.running():
-            raise KitError(f"SLURM_CONF names the local cluster's {env_conf}, which is not running",
-                           hint="start it with: kit cluster up")
-        return local_target(), None
-    site_conf = env_conf or next((p for p in SITE_CONFS if os.path.exists(p)), None)
-    if where == "site" or site_conf:
-        # SLURM_CONF is recorded with the job: later commands, from any shell, ask the same Slurm.
-        return slurm.Target(conf=env_conf, name="site"), None
-    if local.running():
-        return local_target(), f"no site Slurm configured: using the local cluster ({local.conf})"
-    raise KitError("no Slurm to submit to: no site slurm.conf and no local cluster",
-                   hint="start one with `kit cluster up`, or use --dry-run to only write the scripts")

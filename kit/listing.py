@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kit import files, jobdir, slurm
+from kit import files, jobdir, slurm, targets
 from kit.errors import KitError
 from kit.launch import jobs
 
@@ -84,27 +84,9 @@ def _row(name: str, unit_dir: Path, job_dir: Path, job_name: str, st: slurm.JobS
                   finished=(unit_dir / "FINISHED").exists(), task_start=jobdir.task_starts(unit_dir, run) or None)
 
 
-def _unavailable(target: slurm.Target) -> str | None:
-    """Why ``target`` cannot answer, when that is known without asking it
-    (Slurm's commands retry a missing slurm.conf for 60 s, a dead controller for 10)."""
-    if target.conf is None:
-        return None
-    conf = Path(target.conf)
-    if not conf.is_file():
-        return f"its slurm.conf {conf} is gone"
-    if target.name == "local":
-        from kit.cluster import LocalCluster
-
-        if not LocalCluster(conf.parent.parent).controller_alive():
-            return "the local cluster is not running"
-    return None
-
-
 def list_jobs(output_dirs: list[Path], *, everything: bool = False, now: float | None = None) -> list[JobRow]:
     """Rows for kit's known jobs, newest first: every active job, and (without
     ``everything``) ended ones submitted in the last 24 hours."""
-    from kit import launch as lib
-
     now = time.time() if now is None else now
     dirs = jobs.known_job_dirs(output_dirs)
     by_target: dict[slurm.Target, list[Path]] = {}
@@ -114,12 +96,12 @@ def list_jobs(output_dirs: list[Path], *, everything: bool = False, now: float |
             known[d] = ({}, "its job_id is damaged")
             continue
         try:
-            by_target.setdefault(lib.target_of(d), []).append(d)
+            by_target.setdefault(targets.target_of(d), []).append(d)
         except KitError as e:  # this row's problem (an untrusted or damaged record) stays in its row
             known[d] = ({}, e.message)
     for target, group in by_target.items():
         names = [n for d in group for n, _ in _units(d)]
-        found, problem = {}, _unavailable(target)
+        found, problem = {}, targets.unavailable(target)
         if problem is None:
             try:
                 found = slurm.statuses(target, names)

@@ -1,0 +1,110 @@
+"""The report's pictures (matplotlib, the `report` extra): a job's panels, an array's loss curves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kit import files as kit_files
+from kit.errors import KitError
+from kit.report.series import GIB, Logs, Series, _of, rates
+from kit.report.summary import Summary
+
+def _panels(series: Series) -> list[tuple[str, list[tuple[str, list, dict]]]]:
+    """The panels that have data: (title, [(label, points, style)])."""
+    out = []
+
+    def lines(metric: str, label, scale: float = 1.0) -> list:
+        return [(label(k), [(t, v * scale) for t, v in pts], {}) for k, pts in _of(series, metric).items()]
+    for metric, title in (("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (%)"),
+                          ("DCGM_FI_DEV_FB_USED", "GPU memory used (MiB)"),
+                          ("DCGM_FI_DEV_POWER_USAGE", "GPU power (W)")):
+        out.append((title, lines(metric, lambda k: f"{k[1]} gpu{k[2]}")))
+    cpu = [(f"{k[1]} job", rates(pts, resets=False), {}) for k, pts in _of(series, "kit_job_cpu_seconds_total").items()]
+    cpu += [(f"{k[1]} allocated", pts, {"linestyle": "--"}) for k, pts in _of(series, "kit_job_cpus").items()]
+    for node in sorted({k[1] for k in _of(series, "node_cpu_seconds_total")}):
+        busy = [rates(pts) for k, pts in _of(series, "node_cpu_seconds_total", node).items()
+                if k[2] not in ("idle", "iowait")]
+        if busy:
+            cpu.append((f"{node} whole node", [(t, sum(r[i][1] for r in busy)) for i, (t, _) in enumerate(busy[0])
+                                               if all(len(r) > i for r in busy)], {"linestyle": ":"}))
+    out.append(("CPU (cores busy)", cpu))
+    mem = [(f"{k[1]} job", [(t, v / GIB) for t, v in pts], {}) for k, pts in _of(series, "kit_job_memory_rss_bytes").items()]
+    mem += [(f"{k[1]} allocated", [(t, v / GIB) for t, v in pts], {"linestyle": "--"})
+            for k, pts in _of(series, "kit_job_memory_limit_bytes").items()]
+    out.append(("Memory (GiB)", mem))
+    out.append(("Training loss", lines("training_loss", lambda k: f"rank {k[2]}")))
+    out.append(("Step time (s)", lines("training_step_duration_seconds", lambda k: f"rank {k[2]}")))
+    out.append(("Training throughput (samples/s)",
+                [(f"rank {k[2]} ({k[1]})", rates(pts), {}) for k, pts in _of(series, "training_samples_total").items()]))
+    return [(title, [c for c in curves if c[1]]) for title, curves in out if any(c[1] for c in curves)]
+
+
+class NoPicture(KitError):
+    """The picture cannot be drawn here (matplotlib, the `report` extra, is missing)."""
+
+
+def _pyplot():
+    """matplotlib's pyplot, drawing to files (Agg); NoPicture when it is not installed."""
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        raise NoPicture("no picture: matplotlib is not installed", exit_code=1,
+                        hint="pip install 'kit[report]' (the numbers and report.json need nothing more)") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot(series: Series, summary: Summary, out: Path, logs: Logs | None = None) -> None:
+    panels = _panels(series)
+    summary.panels = [title for title, _ in panels]
+    plt = _pyplot()
+    t0 = min((t for pts in series.values() for t, _ in pts), default=0.0)
+    restarts = sorted((run, span[0]) for run, span in (logs.runs.items() if logs else ()) if run > 0)
+    fig, axes = plt.subplots(max(len(panels), 1), 1, figsize=(10, 2.6 * max(len(panels), 1) + 0.6),
+                             sharex=True, squeeze=False)
+    for ax, (title, curves) in zip(axes[:, 0], panels):
+        for label, pts, style in curves:
+            ax.plot([t - t0 for t, _ in pts], [v for _, v in pts], label=label, **style)
+        for run, t in restarts:
+            ax.axvline(t - t0, color="red", linewidth=0.8, alpha=0.7)
+            if ax is axes[0, 0]:
+                ax.annotate(f"run {run}", (t - t0, 1.0), xycoords=("data", "axes fraction"), color="red",
+                            fontsize="small", va="bottom")
+        ax.set_title(title)
+        ax.legend(fontsize="small", ncol=4)
+    if not panels:
+        axes[0, 0].set_axis_off()
+    axes[-1, 0].set_xlabel("seconds since the first sample" + ("; red lines: restarts" if restarts else ""))
+    fig.suptitle(f"kit job {summary.job}")
+    fig.tight_layout()
+    _save(fig, out)
+    plt.close(fig)
+
+
+def _save(fig, out: Path) -> None:
+    """The figure as ``out`` (its format from the name), replaced atomically: a planted
+    symlink at ``out`` is replaced, never followed."""
+    with kit_files.replacing(out) as f:
+        fig.savefig(f, dpi=80, format=out.suffix[1:].lower())
+
+
+def _plot_tasks(plt, job: str, rows: list, curves: list, out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(10, 6))
+    drawn = False
+    for row, curve in zip(rows, curves):
+        if curve:
+            t0 = curve[0][0]
+            label = " ".join(f"{k}={v}" for k, v in row.params.items()) or f"task {row.task}"
+            ax.plot([t - t0 for t, _ in curve], [v for _, v in curve], label=f"{row.task}: {label}")
+            drawn = True
+    ax.set_title(f"kit job {job}: training loss per task")
+    ax.set_xlabel("seconds since the task's first sample")
+    if drawn:
+        ax.set_yscale("log")
+        ax.legend(fontsize="small")
+    else:
+        ax.text(0.5, 0.5, "no training loss samples", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    _save(fig, out)
+    plt.close(fig)

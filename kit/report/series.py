@@ -1,0 +1,174 @@
+"""A job's metrics as series: read from the job directory's per-node JSONL logs, or
+from Prometheus; counters turned into increases and rates."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import urllib.parse
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kit import files as kit_files  # (load_logs has its own `files`)
+from kit.errors import KitError
+
+IDLE_UTIL = 5.0  # % under which a GPU counts as idle
+GAP = 10.0       # s between two polls beyond which they are a break (between runs): no rate across it
+
+GIB = 1024 ** 3
+# series key -> list of (time, value); key = (metric, node, gpu-or-rank-or-mode)
+Series = dict
+
+
+@dataclass
+class Logs:
+    """A job's metrics logs: the series, how many damaged lines were skipped,
+    and each run's span of poll times and highest training step."""
+
+    series: Series
+    damaged: int = 0
+    runs: dict = field(default_factory=dict)       # run -> [first poll time, last poll time]
+    run_steps: dict = field(default_factory=dict)  # run -> highest training_step seen
+
+
+
+def _number(x) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    try:
+        x = float(x)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def parse_record(line: str) -> list[tuple[tuple[str, str, str], float, float]] | None:
+    """One metrics-log line as ((metric, node, gpu-or-rank-or-mode), time, value)
+    points; None when the line is damaged (torn, not a record, bad fields)."""
+    try:
+        rec = kit_files.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(rec, dict) or not isinstance(rec.get("samples", []), list):
+        return None
+    t = _number(rec.get("time"))
+    if t is None:
+        return None
+    node = str(rec.get("node", "?"))
+    points = []
+    for sample in rec.get("samples", []):
+        if not (isinstance(sample, list) and len(sample) == 3 and isinstance(sample[0], str)
+                and isinstance(sample[1], dict)):
+            return None
+        value = _number(sample[2])
+        if value is None:
+            continue  # a value that is not a number: that sample only
+        labels = sample[1]
+        points.append(((sample[0], node, str(labels.get("gpu") or labels.get("rank") or labels.get("mode") or "")),
+                       t, value))
+    return points
+
+
+LONGEST_RECORD = 1 << 20  # one exporter poll's line is a few kB
+
+
+def load_logs(job_dir: Path) -> Logs:
+    """The job's metrics logs (``logs/<node>.r<run>.metrics.jsonl``)."""
+    logs = Logs(defaultdict(list))
+    paths = sorted((job_dir / "logs").glob("*.metrics.jsonl"))
+    if not paths:
+        raise KitError(f"no metrics logs in {job_dir / 'logs'}", field="JOB",
+                       hint="the job ran without the exporter (--no-exporter), or has not started")
+    for path in paths:
+        m = re.fullmatch(r".*\.r(\d+)\.metrics\.jsonl", path.name)
+        run = int(m.group(1)) if m else 0
+        try:
+            for line in kit_files.lines(path, longest=LONGEST_RECORD):
+                points = parse_record(line) if line is not None else None
+                if points is None:
+                    logs.damaged += 1
+                    continue
+                for key, t, value in points:
+                    logs.series[key].append((t, value))
+                    span = logs.runs.setdefault(run, [t, t])
+                    span[0], span[1] = min(span[0], t), max(span[1], t)
+                    if key[0] == "training_step":
+                        logs.run_steps[run] = max(logs.run_steps.get(run, value), value)
+        except OSError:  # not a regular file, or unreadable: this log only
+            logs.damaged += 1
+    if not any(logs.series.values()):
+        raise KitError(f"no readable samples in the metrics logs in {job_dir / 'logs'}"
+                       + (f" ({logs.damaged} damaged line(s))" if logs.damaged else ""), field="JOB", exit_code=1,
+                       hint="the job ended before its exporter's first poll, or its disk was full")
+    for points in logs.series.values():
+        points.sort()
+    return logs
+
+
+# What Prometheus is asked for: every logged metric, per-CPU counters summed per mode.
+def _queries(job: str) -> list[tuple[str, str]]:
+    from kit.monitor.exporter import LOGGED, LOGGED_SUMMED
+
+    array_id, sep, task = job.partition("_")
+    sel = f'{{slurm_array_job_id="{array_id}",slurm_array_task_id="{task}"}}' if sep else f'{{slurm_job_id="{job}"}}'
+    return ([(name, f"{name}{sel}") for name in LOGGED]
+            + [(name, f"sum by (node, {by}) ({name}{sel})") for name, by in LOGGED_SUMMED.items()])
+
+
+def load_prometheus(url: str, job: str, start: float, end: float, step: float = 1.0) -> Series:
+    series: Series = defaultdict(list)
+    for metric, query in _queries(job):
+        q = urllib.parse.urlencode({"query": query, "start": start, "end": end, "step": step})
+        with urllib.request.urlopen(f"{url}/api/v1/query_range?{q}", timeout=10) as r:
+            data = json.load(r)["data"]["result"]
+        for s in data:
+            m = s["metric"]
+            key = (metric, m.get("node", "?"), m.get("gpu") or m.get("rank") or m.get("mode") or "")
+            series[key] = [(float(t), float(v)) for t, v in s["values"]]
+    return series
+
+
+# kit_job_cpu_seconds_total is a sum over the job's live processes: it falls when
+# one ends (under pyxis the first task's process carries `enroot create`'s CPU
+# time until it exits). Such a fall is that process's total leaving the sum, not
+# a counter starting again from 0: it adds nothing (resets=False), where reading
+# it as a reset added the whole new value (114 % of an allocation was seen).
+# Restarts are the run records' to tell (logs.runs), never a counter's.
+
+
+def _step(a: float, b: float, resets: bool) -> float:
+    """A counter's increase from ``a`` to ``b``: a fall is a reset from 0 (``resets``) or nothing."""
+    return b - a if b >= a else (b if resets else 0.0)
+
+
+def increase(points: list, resets: bool = True) -> float:
+    """A counter's increase over a series (it restarts from 0 after a requeue)."""
+    return sum(_step(a, b, resets) for (_, a), (_, b) in zip(points, points[1:]))
+
+
+def _steady_pairs(points: list) -> list:
+    """Consecutive polls no more than GAP apart (not across a break between runs)."""
+    return [(p, q) for p, q in zip(points, points[1:]) if 0 < q[0] - p[0] <= GAP]
+
+
+def mean_rate(points: list, resets: bool = True) -> float | None:
+    """A counter's mean rate per second over the polls, breaks left out."""
+    pairs = _steady_pairs(points)
+    seconds = sum(q[0] - p[0] for p, q in pairs)
+    if not seconds:
+        return None
+    return sum(_step(p[1], q[1], resets) for p, q in pairs) / seconds
+
+
+def rates(points: list, resets: bool = True) -> list[tuple[float, float]]:
+    """A counter as (midpoint time, rate) points, breaks left out."""
+    return [((p[0] + q[0]) / 2, _step(p[1], q[1], resets) / (q[0] - p[0])) for p, q in _steady_pairs(points)]
+
+
+def _of(series: Series, metric: str, node: str | None = None) -> dict[tuple, list]:
+    return {k: v for k, v in sorted(series.items()) if k[0] == metric and v and (node is None or k[1] == node)}
+
+

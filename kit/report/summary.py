@@ -1,0 +1,278 @@
+"""What a job used of what it held: per-node and per-GPU summaries, restarts from the
+run records, and the notes in the manner of Princeton's jobstats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kit import files as kit_files
+from kit.report.series import GIB, IDLE_UTIL, Logs, Series, _of, _steady_pairs, increase, mean_rate
+
+# The notes' thresholds (jobstats' where it has one); each note's text carries its own.
+GPU_ALERT, GPU_WARNING = 15.0, 25.0  # mean GPU utilisation, %
+UNUSED_GPU = 50.0                    # % of the samples with no compute process on the GPU
+GPU_MEMORY_LOW = 50.0                # peak GPU memory, % of the GPU's
+CPU_LOW = 50.0                       # the job's CPU use, % of its allocated cores
+MEMORY_LOW, MEMORY_HIGH = 25.0, 90.0  # the job's peak memory, % of its allocation (or the node's)
+SLOW_NODE = 80.0                     # a node's samples/s, % of the median node's
+MIN_SECONDS = 300.0                  # utilisation notes need this much data (jobstats: 300 s)
+
+
+@dataclass
+class NodeSummary:
+    node: str
+    cpus_allocated: float | None
+    cpu_cores_used: float | None       # the job's processes, mean over the run
+    cpu_efficiency_percent: float | None
+    node_cpu_busy_percent: float | None  # the whole node's CPUs (other jobs included)
+    memory_peak_bytes: float | None    # the job's processes
+    memory_limit_bytes: float | None
+    memory_limit_of: str               # "allocation" or "node"
+    memory_peak_percent: float | None
+    samples_per_second: float | None   # the node's ranks together
+
+    def line(self) -> str:
+        parts = []
+        if self.cpu_cores_used is not None:
+            of = f" of {self.cpus_allocated:.0f} allocated" if self.cpus_allocated else ""
+            eff = f" ({self.cpu_efficiency_percent:.0f} %)" if self.cpu_efficiency_percent is not None else ""
+            parts.append(f"CPU {self.cpu_cores_used:.2f}{of} cores{eff}")
+        if self.node_cpu_busy_percent is not None:
+            parts.append(f"node CPUs {self.node_cpu_busy_percent:.0f} % busy")
+        if self.memory_peak_bytes is not None:
+            limit = (f" of {self.memory_limit_bytes / GIB:.2f} GiB ({self.memory_limit_of}, "
+                     f"{self.memory_peak_percent:.0f} %)") if self.memory_limit_bytes else ""
+            parts.append(f"memory peak {self.memory_peak_bytes / GIB:.2f} GiB{limit}")
+        if self.samples_per_second is not None:
+            parts.append(f"{self.samples_per_second:.1f} samples/s")
+        return f"{self.node}: " + ("; ".join(parts) or "no node samples")
+
+
+@dataclass
+class GpuSummary:
+    node: str
+    gpu: str
+    mean_util: float
+    peak_util: float
+    idle_seconds: float
+    mean_power_w: float | None
+    peak_memory_mib: float | None
+    memory_total_mib: float | None = None
+    no_process_percent: float | None = None  # % of the samples with no compute process on it
+
+    def line(self) -> str:
+        power = f", mean power {self.mean_power_w:.0f} W" if self.mean_power_w is not None else ""
+        mem = ""
+        if self.peak_memory_mib is not None:
+            total = f" of {self.memory_total_mib / 1024:.1f}" if self.memory_total_mib else ""
+            mem = f", peak memory {self.peak_memory_mib / 1024:.1f}{total} GiB"
+        return (f"{self.node} gpu{self.gpu}: mean util {self.mean_util:.1f}%, peak {self.peak_util:.0f}%, "
+                f"idle {self.idle_seconds:.0f} s{power}{mem}")
+
+
+@dataclass
+class Note:
+    level: str  # "alert", "warning" or "info"
+    text: str
+
+
+@dataclass
+class Summary:
+    job: str
+    source: str
+    duration_seconds: float
+    samples: float | None               # None: the job reported no samples (unknown, not zero)
+    samples_per_second: float | None
+    gpus: list[GpuSummary] = field(default_factory=list)
+    nodes: list[NodeSummary] = field(default_factory=list)
+    runs: int = 1
+    first_loss: float | None = None
+    last_loss: float | None = None
+    mean_step_seconds: float | None = None
+    redone_steps: float = 0.0
+    restart_gap_seconds: float = 0.0
+    lost_seconds: float = 0.0
+    notes: list[Note] = field(default_factory=list)
+    panels: list[str] = field(default_factory=list)
+    # Per run and node: seconds from the step's start to the first task's first line
+    # (srun's launch, and under an image the container's start: kit.jobdir.task_starts).
+    task_starts: list[dict] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"job {self.job} (data: {self.source})",
+               f"duration: {self.duration_seconds:.1f} s, {self.runs} run(s) ({self.runs - 1} restart(s))",
+               "samples: -" if self.samples is None else
+               f"samples: {self.samples:.0f} ({self.samples_per_second:.1f} samples/s)"]
+        if self.first_loss is not None:
+            out.append(f"loss (rank 0): {self.first_loss:.4g} -> {self.last_loss:.4g}")
+        out += [n.line() for n in self.nodes]
+        if self.task_starts:
+            by_run: dict[int, list[str]] = {}
+            for t in self.task_starts:
+                by_run.setdefault(t["run"], []).append(f"{t['node']} {t['seconds']:.1f} s")
+            out.append("task start after srun (with an image: the container's start): " +
+                       "; ".join(f"run {run}: {', '.join(v)}" for run, v in sorted(by_run.items())))
+        if not self.gpus:
+            out.append("GPUs: no GPU samples (no NVML on the nodes)")
+        out += [g.line() for g in self.gpus]
+        if self.notes:
+            out.append("notes:")
+            out += [f"  {n.level.upper()}: {n.text}" for n in self.notes]
+        return out
+
+
+def _node_busy(series: Series, node: str) -> float | None:
+    """The node's CPUs' busy share (%), from the per-mode CPU counters."""
+    modes = _of(series, "node_cpu_seconds_total", node)
+    total = idle = 0.0
+    for (_, _, mode), points in modes.items():
+        inc = sum(q[1] - p[1] for p, q in _steady_pairs(points) if q[1] >= p[1])
+        total += inc
+        if mode in ("idle", "iowait"):
+            idle += inc
+    return 100.0 * (1 - idle / total) if total > 0 else None
+
+
+def _last(series: Series, metric: str, node: str) -> float | None:
+    values = [pts[-1][1] for pts in _of(series, metric, node).values()]
+    return values[0] if values else None
+
+
+def _peak(series: Series, metric: str, node: str) -> float | None:
+    values = [v for pts in _of(series, metric, node).values() for _, v in pts]
+    return max(values) if values else None
+
+
+def _node_summary(series: Series, node: str) -> NodeSummary:
+    cpus = _last(series, "kit_job_cpus", node)
+    cpu_points = next(iter(_of(series, "kit_job_cpu_seconds_total", node).values()), [])
+    used = mean_rate(cpu_points, resets=False)
+    limit, limit_of = _last(series, "kit_job_memory_limit_bytes", node), "allocation"
+    if limit is None:
+        limit, limit_of = _last(series, "node_memory_MemTotal_bytes", node), "node"
+    peak = _peak(series, "kit_job_memory_rss_bytes", node)
+    rank_rates = [r for pts in _of(series, "training_samples_total", node).values()
+                  if (r := mean_rate(pts)) is not None]
+    return NodeSummary(
+        node=node, cpus_allocated=cpus, cpu_cores_used=used,
+        cpu_efficiency_percent=100.0 * used / cpus if used is not None and cpus else None,
+        node_cpu_busy_percent=_node_busy(series, node), memory_peak_bytes=peak, memory_limit_bytes=limit,
+        memory_limit_of=limit_of,
+        memory_peak_percent=100.0 * peak / limit if peak is not None and limit else None,
+        samples_per_second=sum(rank_rates) if rank_rates else None)
+
+
+def _checkpoint_steps(job_dir: Path | None) -> dict[int, float]:
+    """Each run's checkpoint step at its end (``runs.jsonl``; -1: none)."""
+    out = {}
+    try:
+        lines = kit_files.read_text(job_dir / "runs.jsonl").splitlines() if job_dir else []
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            rec = kit_files.loads(line)
+            out[int(rec["run"])] = float(rec["checkpoint_step"])
+        except (ValueError, KeyError, TypeError, OverflowError):
+            continue
+    return out
+
+
+def summarize(series: Series, job: str, source: str, logs: Logs | None = None,
+              job_dir: Path | None = None, min_seconds: float = MIN_SECONDS) -> Summary:
+    times = [t for points in series.values() for t, _ in points]
+    duration = (max(times) - min(times)) if times else 0.0
+    counted = _of(series, "training_samples_total")
+    samples = sum(increase(points) for points in counted.values()) if counted else None
+    gpus = []
+    for (_, node, gpu), points in _of(series, "DCGM_FI_DEV_GPU_UTIL").items():
+        values = [v for _, v in points]
+        idle = sum(t2 - t1 for (t1, v), (t2, _) in zip(points, points[1:]) if v < IDLE_UTIL)
+        power = [v for _, v in series.get(("DCGM_FI_DEV_POWER_USAGE", node, gpu), [])]
+        used = series.get(("DCGM_FI_DEV_FB_USED", node, gpu), [])
+        free = dict(series.get(("DCGM_FI_DEV_FB_FREE", node, gpu), []))
+        totals = [v + free[t] for t, v in used if t in free]
+        procs = [v for _, v in series.get(("gpu_compute_processes", node, gpu), [])]
+        gpus.append(GpuSummary(node, gpu, sum(values) / len(values), max(values), idle,
+                               sum(power) / len(power) if power else None,
+                               max(v for _, v in used) if used else None, max(totals) if totals else None,
+                               100.0 * sum(1 for v in procs if v == 0) / len(procs) if procs else None))
+    nodes = sorted({k[1] for k in series if k[0] in ("kit_job_cpu_seconds_total", "node_cpu_seconds_total",
+                                                       "kit_job_memory_rss_bytes", "training_samples_total")})
+    summary = Summary(job, source, duration, samples,
+                      None if samples is None else (samples / duration if duration else 0.0), gpus,
+                      [_node_summary(series, n) for n in nodes])
+    losses = sorted(p for k, pts in _of(series, "training_loss").items() if k[2] == "0" for p in pts)
+    if losses:
+        summary.first_loss, summary.last_loss = losses[0][1], losses[-1][1]
+    steps = [v for pts in _of(series, "training_step_duration_seconds").values() for _, v in pts]
+    summary.mean_step_seconds = sum(steps) / len(steps) if steps else None
+    if logs is not None and logs.runs:
+        _restarts(summary, logs, _checkpoint_steps(job_dir))
+    summary.notes = notes(summary, min_seconds)
+    return summary
+
+
+def _restarts(summary: Summary, logs: Logs, checkpoints: dict[int, float]) -> None:
+    """Time lost to restarts: each ended run's steps past its last checkpoint
+    (redone by the next run) at the mean step time, and the break between runs."""
+    order = sorted(logs.runs)
+    summary.runs = len(order)
+    for run, following in zip(order, order[1:]):
+        reached = logs.run_steps.get(run)
+        if reached is not None:
+            summary.redone_steps += max(reached - max(checkpoints.get(run, -1.0), 0.0), 0.0)
+        summary.restart_gap_seconds += max(logs.runs[following][0] - logs.runs[run][1], 0.0)
+    summary.lost_seconds = summary.redone_steps * (summary.mean_step_seconds or 0.0) + summary.restart_gap_seconds
+
+
+def notes(s: Summary, min_seconds: float = MIN_SECONDS) -> list[Note]:
+    """What an engineer should look at, jobstats-style, each with its threshold."""
+    out: list[Note] = []
+    if s.duration_seconds < min_seconds:
+        out.append(Note("info", f"the job ran {s.duration_seconds:.0f} s: utilisation notes need "
+                                f"{min_seconds:.0f} s of samples (--min-seconds)"))
+    else:
+        for g in s.gpus:
+            name = f"{g.node} gpu{g.gpu}"
+            if g.no_process_percent is not None and g.no_process_percent >= UNUSED_GPU:
+                out.append(Note("alert", f"{name}: held with no process on it in {g.no_process_percent:.0f} % "
+                                         f"of the samples (at least {UNUSED_GPU:.0f} %): ask for fewer GPUs, "
+                                         f"or check that every rank found its GPU"))
+            if g.mean_util < GPU_ALERT:
+                out.append(Note("alert", f"{name}: mean utilisation {g.mean_util:.1f} %, under {GPU_ALERT:.0f} %"))
+            elif g.mean_util < GPU_WARNING:
+                out.append(Note("warning", f"{name}: mean utilisation {g.mean_util:.1f} %, under {GPU_WARNING:.0f} %"))
+            if g.peak_memory_mib is not None and g.memory_total_mib:
+                share = 100.0 * g.peak_memory_mib / g.memory_total_mib
+                if share < GPU_MEMORY_LOW:
+                    out.append(Note("info", f"{name}: peak memory {share:.0f} % of the GPU's, under "
+                                            f"{GPU_MEMORY_LOW:.0f} %: a larger batch would fit"))
+        for n in s.nodes:
+            if n.cpu_efficiency_percent is not None and n.cpu_efficiency_percent < CPU_LOW:
+                out.append(Note("warning", f"{n.node}: the job used {n.cpu_cores_used:.2f} of "
+                                           f"{n.cpus_allocated:.0f} allocated cores ({n.cpu_efficiency_percent:.0f} %, "
+                                           f"under {CPU_LOW:.0f} %): ask for fewer CPUs, or use them (data loaders)"))
+            if n.memory_peak_percent is not None and n.memory_peak_percent > MEMORY_HIGH:
+                out.append(Note("warning", f"{n.node}: memory peak {n.memory_peak_percent:.0f} % of the "
+                                           f"{n.memory_limit_of}'s, over {MEMORY_HIGH:.0f} %: close to the limit"))
+            elif (n.memory_peak_percent is not None and n.memory_peak_percent < MEMORY_LOW
+                  and n.memory_limit_of == "allocation"):
+                out.append(Note("info", f"{n.node}: memory peak {n.memory_peak_percent:.0f} % of the allocation, "
+                                        f"under {MEMORY_LOW:.0f} %: ask for less"))
+    if s.runs > 1:
+        out.append(Note("warning", f"{s.runs - 1} restart(s) cost about {s.lost_seconds:.0f} s: "
+                                   f"{s.redone_steps:.0f} step(s) redone from the last checkpoint, "
+                                   f"{s.restart_gap_seconds:.0f} s between runs"))
+    rated = [n for n in s.nodes if n.samples_per_second is not None]
+    if len(rated) > 1:
+        ordered = sorted(n.samples_per_second for n in rated)
+        median = (ordered[(len(ordered) - 1) // 2] + ordered[len(ordered) // 2]) / 2
+        for n in rated:
+            if median > 0 and n.samples_per_second < SLOW_NODE / 100 * median:
+                out.append(Note("warning", f"{n.node}: {n.samples_per_second:.1f} samples/s, under "
+                                           f"{SLOW_NODE:.0f} % of the median node's {median:.1f}: a slow node"))
+    severity = {"alert": 0, "warning": 1, "info": 2}
+    return sorted(out, key=lambda n: severity[n.level])
+
