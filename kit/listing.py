@@ -12,9 +12,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kit import files, jobdir, slurm, targets
+from kit import jobdir, slurm, targets
 from kit.errors import KitError
-from kit.launch import jobs
+from kit.jobdir import JobDir, records
 
 RECENT = 24 * 3600  # without --all: ended jobs submitted this recently
 
@@ -45,34 +45,26 @@ class JobRow:
         return {**asdict(self), "active": self.active}
 
 
-def _name(job_dir: Path) -> str:
-    try:
-        name = files.read_json(job_dir / "job.json").get("job_name")
-    except (OSError, ValueError, AttributeError):
-        name = None
-    return str(name) if name else job_dir.name
-
-
 def _units(job_dir: Path) -> list[tuple[str, Path]]:
     """(name, directory) for a job, or for each task of an array job."""
-    job_id = jobs.job_id_of(job_dir) or "?"
-    indices = jobs.task_indices(job_dir)
+    job_id = records.job_id_of(job_dir) or "?"
+    indices = records.task_indices(job_dir)
     if not indices:
         return [(job_id, job_dir)]
-    return [(f"{job_id}_{i}", job_dir / "tasks" / str(i)) for i in indices]
+    return [(f"{job_id}_{i}", JobDir(job_dir).task(i).path) for i in indices]
 
 
 def _row(name: str, unit_dir: Path, job_dir: Path, job_name: str, st: slurm.JobStatus | None,
          unreachable: str | None) -> JobRow:
-    p = jobs.training_progress(unit_dir)
-    done = jobs.runs(unit_dir)
+    p = records.training_progress(unit_dir)
+    done = records.runs(unit_dir)
     run = max(done[-1] if done else 0, st.restarts if st else 0)
     if st is not None and st.state != "GONE":
         state, source = st.state, "slurm"
         if state in slurm.TERMINAL_STATES:
-            jobs.keep_outcome(unit_dir, state)  # told the same way once Slurm forgets the job
+            records.keep_outcome(unit_dir, state)  # told the same way once Slurm forgets the job
     else:
-        state = jobs.recorded_state(unit_dir)
+        state = records.recorded_state(unit_dir)
         if unreachable and state not in ("COMPLETED", "CANCELLED", "FAILED"):
             state = "UNKNOWN"
         source = f"job directory (slurm: {unreachable})" if unreachable else "job directory"
@@ -80,19 +72,19 @@ def _row(name: str, unit_dir: Path, job_dir: Path, job_name: str, st: slurm.JobS
                   reason=(st.detail or st.reason) if st and st.reason not in ("None", "") else "",
                   nodes=st.nodes if st else "", run=run, step=p.step, max_steps=p.max_steps, loss=p.loss,
                   samples_per_second=p.samples_per_second if state == "RUNNING" else None,
-                  submitted=jobs.submitted_at(job_dir), job_dir=str(job_dir),
-                  finished=(unit_dir / "FINISHED").exists(), task_start=jobdir.task_starts(unit_dir, run) or None)
+                  submitted=records.submitted_at(job_dir), job_dir=str(job_dir),
+                  finished=records.finished(unit_dir), task_start=jobdir.task_starts(unit_dir, run) or None)
 
 
 def list_jobs(output_dirs: list[Path], *, everything: bool = False, now: float | None = None) -> list[JobRow]:
     """Rows for kit's known jobs, newest first: every active job, and (without
     ``everything``) ended ones submitted in the last 24 hours."""
     now = time.time() if now is None else now
-    dirs = jobs.known_job_dirs(output_dirs)
+    dirs = records.known_job_dirs(output_dirs)
     by_target: dict[slurm.Target, list[Path]] = {}
     known: dict[Path, tuple[dict[str, slurm.JobStatus], str | None]] = {}
     for d in dirs:
-        if jobs.job_id_of(d) is None:
+        if records.job_id_of(d) is None:
             known[d] = ({}, "its job_id is damaged")
             continue
         try:
@@ -112,7 +104,7 @@ def list_jobs(output_dirs: list[Path], *, everything: bool = False, now: float |
     rows = []
     for d in dirs:
         found, problem = known[d]
-        job_name = _name(d)
+        job_name = records.job_name(d)
         for name, unit in _units(d):
             row = _row(name, unit, d, job_name, found.get(name), problem)
             if everything or row.active or row.state == "UNKNOWN" or (now - (row.submitted or 0)) < RECENT:

@@ -19,7 +19,7 @@ from kit import launch as lib
 from kit.cluster import LocalCluster
 from kit.core import spec as specs
 from kit.errors import KitError
-from kit.launch import jobs
+from kit.jobdir import JobDir, records
 
 SITE_CONFS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf/slurm.conf")
 LOCAL_TARGETS_LABEL = "the local cluster's Prometheus targets directory"
@@ -63,8 +63,8 @@ def target_of(job_dir: Path) -> slurm.Target:
     configuration it names belong to this user or root and no one else can change
     them: root running ``kit ps``/``cancel`` over a shared directory must not load a
     configuration (and the plugins it names) another user planted."""
-    where = jobs.array_job_dir(job_dir) or Path(job_dir)
-    record = where / "slurm.json"
+    where = records.array_job_dir(job_dir) or Path(job_dir)
+    record = where / JobDir.SLURM
     try:
         with files.open_regular(record) as (fd, st):
             owner_ok = st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022 and _trusted(where)

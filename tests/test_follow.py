@@ -14,7 +14,7 @@ from pathlib import Path
 from conftest import assert_nothing_left, release_requeued, runs, scontrol, state_is, submit, wait_for
 
 from kit import slurm
-from kit.launch import jobs
+from kit.jobdir import records
 
 def env_without_slurm_conf() -> dict:
     """This process's environment (KIT_HOME set by the session's fixture) minus SLURM_CONF."""
@@ -205,7 +205,7 @@ def test_ps_lists_a_running_and_a_finished_job_with_their_states_and_steps(clust
     running = submit(tmp_path, "--nodes", "1", command=[*train, "--max-steps", "100000", "--step-delay", "0.05"])
     run_dir = Path(running["job_dir"])
     try:
-        wait_for(lambda: jobs.training_progress(run_dir).samples_per_second, 120, what="the running job's rate")
+        wait_for(lambda: records.training_progress(run_dir).samples_per_second, 120, what="the running job's rate")
         before = _rank0(run_dir)["step"]
         proc = kit_plain("ps", "--json", cwd=tmp_path)  # the index: no --output-dir needed
         after = _rank0(run_dir)["step"]

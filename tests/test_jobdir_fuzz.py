@@ -321,10 +321,10 @@ def test_ps_without_any_slurm_keeps_each_rows_problem_in_its_row(seed, tmp_path,
 
 def test_a_kept_end_with_an_underscore_is_told_as_kept(tmp_path):
     """outcome.json keeps Slurm's end state; OUT_OF_MEMORY and NODE_FAIL hold underscores."""
-    from kit.launch import jobs
+    from kit.jobdir import records
 
     for state in ("OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT"):
-        (tmp_path / jobs.OUTCOME_RECORD).write_text(json.dumps({"state": state}))
-        assert jobs.recorded_state(tmp_path) == state
-    (tmp_path / jobs.OUTCOME_RECORD).write_text(json.dumps({"state": "\x1b[2J"}))
-    assert jobs.recorded_state(tmp_path) == "ENDED"
+        (tmp_path / records.OUTCOME_RECORD).write_text(json.dumps({"state": state}))
+        assert records.recorded_state(tmp_path) == state
+    (tmp_path / records.OUTCOME_RECORD).write_text(json.dumps({"state": "\x1b[2J"}))
+    assert records.recorded_state(tmp_path) == "ENDED"

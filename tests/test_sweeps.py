@@ -160,7 +160,7 @@ def test_cancelled_array_tasks_stay_cancelled_once_slurm_forgets_them(cluster, t
     directory alone (what kit ps reads once Slurm forgets, MinJobAge later) then tells
     CANCELLED for those and COMPLETED for the task that had finished before."""
     from kit import listing
-    from kit.launch import jobs
+    from kit.jobdir import records
 
     w = launch_wait(tmp_path, "--sweep", "t=0,600", command=["sleep", "{t}"])
     wait_for(lambda: (task_dir(w, 0) / "FINISHED").exists() and
@@ -168,16 +168,16 @@ def test_cancelled_array_tasks_stay_cancelled_once_slurm_forgets_them(cluster, t
              what="task 0 finished and task 1 running")
     done = kit("cancel", str(w.job_dir), "--reason", "enough")
     assert done.returncode == 0, done.stderr
-    assert json.loads((w.job_dir / jobs.CANCEL_RECORD).read_text())["tasks"] == [1]
+    assert json.loads((w.job_dir / records.CANCEL_RECORD).read_text())["tasks"] == [1]
     w.finish()
     # --wait kept the end Slurm gave each task (outcome.json): told the same way once Slurm forgets them.
-    assert [json.loads((task_dir(w, i) / jobs.OUTCOME_RECORD).read_text())["state"] for i in (0, 1)] == \
+    assert [json.loads((task_dir(w, i) / records.OUTCOME_RECORD).read_text())["state"] for i in (0, 1)] == \
         ["COMPLETED", "CANCELLED"]
-    assert [jobs.recorded_state(task_dir(w, i)) for i in (0, 1)] == ["COMPLETED", "CANCELLED"]
+    assert [records.recorded_state(task_dir(w, i)) for i in (0, 1)] == ["COMPLETED", "CANCELLED"]
     # Without it (a job no kit command saw end), the FINISHED marker and the cancel record tell the same.
     for i in (0, 1):
-        (task_dir(w, i) / jobs.OUTCOME_RECORD).unlink()
-    assert [jobs.recorded_state(task_dir(w, i)) for i in (0, 1)] == ["COMPLETED", "CANCELLED"]
+        (task_dir(w, i) / records.OUTCOME_RECORD).unlink()
+    assert [records.recorded_state(task_dir(w, i)) for i in (0, 1)] == ["COMPLETED", "CANCELLED"]
     # kit ps's row for a task Slurm no longer knows (no status) comes from that record.
     rows = [listing._row(f"{w.job_id}_{i}", task_dir(w, i), w.job_dir, "n", None, None) for i in (0, 1)]
     assert [(r.state, r.state_from) for r in rows] == [("COMPLETED", "job directory"), ("CANCELLED", "job directory")]

@@ -12,16 +12,17 @@ from pathlib import Path
 import click
 
 from kit.errors import KitError
+from kit.jobdir import JobDir
 
 _OUTPUT_DIR = click.option("--output-dir", default="kit-jobs", show_default=True,
                            help="Where to look up a job id.")
 
 
 def _job(job: str, output_dir: str) -> tuple[Path, str]:
-    from kit.launch import jobs
+    from kit.jobdir import records
 
-    job_dir = jobs.find_job_dir(job, output_dir)
-    job_id = jobs.job_id_of(job_dir)
+    job_dir = records.find_job_dir(job, output_dir)
+    job_id = records.job_id_of(job_dir)
     if job_id is None:
         raise KitError(f"{job_dir} was never submitted (no job_id in it)", field="JOB",
                        hint="a --dry-run writes the directory only")
@@ -71,7 +72,7 @@ def cancel(job, reason, output_dir):
     The job ends CANCELLED and is never marked finished; an array job's every task is cancelled.
     """
     from kit import slurm, targets
-    from kit.launch import jobs
+    from kit.jobdir import records
 
     job_dir, job_id = _job(job, output_dir)
     target = targets.target_of(job_dir)
@@ -79,11 +80,11 @@ def cancel(job, reason, output_dir):
     ended = _ended(states)
     if ended:
         raise KitError(f"job {job_id} already ended ({ended}): nothing to cancel", field="JOB", exit_code=1)
-    rec = jobs.record_cancel(job_dir, reason, tasks=None if states.keys() == {None} else
+    rec = records.record_cancel(job_dir, reason, tasks=None if states.keys() == {None} else
                              [i for i, state in states.items() if not _final(state)])
     slurm.cancel(target, job_id)
     why = f" ({rec['reason']})" if rec["reason"] else ""
-    click.echo(f"cancelled job {job_id}{why}; recorded in {job_dir / jobs.CANCEL_RECORD}")
+    click.echo(f"cancelled job {job_id}{why}; recorded in {job_dir / records.CANCEL_RECORD}")
 
 
 @click.command()
@@ -97,14 +98,14 @@ def cancel(job, reason, output_dir):
 @_OUTPUT_DIR
 def logs(job, rank, node, restart, sidecar, follow, errors, output_dir):
     """Show JOB's log (an id or a job directory): every rank's output, rank-prefixed."""
-    from kit.launch import jobs
+    from kit.jobdir import records
 
     for value, field in ((sidecar, "--sidecar"), (node, "--node")):
         if value is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", value):
             raise KitError(f"{value!r} is not a {field[2:]} name", field=field,
                            hint="letters, digits, '.', '_' and '-' (as kit ps and the job directory show them)")
     job_dir, job_id = _job(job, output_dir)
-    done = jobs.runs(job_dir)
+    done = records.runs(job_dir)
     if errors:
         return _errors(job_dir, done if restart is None else [restart])
     if follow:
@@ -114,13 +115,13 @@ def logs(job, rank, node, restart, sidecar, follow, errors, output_dir):
         return _follow(job_dir, job_id)
     run = restart if restart is not None else (done[-1] if done else 0)
     if sidecar is not None:
-        paths = sorted((job_dir / "logs").glob(f"{node or '*'}.r{run}.{sidecar}.log"))
+        paths = JobDir(job_dir).sidecar_logs(node, run, sidecar)
         if not paths:
             raise KitError(f"no {sidecar!r} sidecar log of run {run}", field="--sidecar")
         for p in paths:
             _print_log(p, p.name.split(".")[0] + ": " if len(paths) > 1 else "")
         return 0
-    present = jobs.ranks(job_dir, run)
+    present = records.ranks(job_dir, run)
     if not present and rank is None and node is None:
         return _batch_log_instead(job_dir, run)
     chosen = present
@@ -132,17 +133,17 @@ def logs(job, rank, node, restart, sidecar, follow, errors, output_dir):
                            hint="with a per-node launcher (torchrun: one task per node) a task's log holds every "
                                 "process it started: kit logs --node NAME")
     if node is not None:
-        chosen = [r for r in chosen if jobs.node_of(job_dir, run, r) == node]
+        chosen = [r for r in chosen if records.node_of(job_dir, run, r) == node]
     if not chosen:
         raise KitError(f"no rank log of run {run} matches", field="JOB",
                        hint=f"runs with logs: {', '.join(map(str, done)) or 'none yet'}")
     for r in chosen:
-        _print_log(job_dir / "logs" / f"rank-{r}.r{run}.log", f"{r}: " if len(chosen) > 1 else "")
+        _print_log(JobDir(job_dir).rank_log(r, run), f"{r}: " if len(chosen) > 1 else "")
     return 0
 
 
 def _batch_logs(job_dir: Path) -> list[Path]:
-    return sorted((job_dir / "logs").glob("slurm-*.out"))
+    return JobDir(job_dir).batch_logs()
 
 
 def _batch_tail(job_dir: Path, lines: int) -> str:
@@ -205,11 +206,11 @@ def _print_log(path: Path, prefix: str) -> None:
 
 def _errors(job_dir: Path, run_numbers: list[int]) -> int:
     from kit import files
-    from kit.launch import jobs
+    from kit.jobdir import records
 
     found = False
     for run in run_numbers:
-        e = jobs.first_failure(job_dir, run)
+        e = records.first_failure(job_dir, run)
         if e is None:
             continue
         found = True
@@ -219,12 +220,12 @@ def _errors(job_dir: Path, run_numbers: list[int]) -> int:
             when = "an unreadable time"
         click.echo(f"run {run}: rank {e.rank} on {e.node} failed first, exit code {e.exit_code}, at {when}")
         try:  # the end only: a rank's log may be gigabytes
-            text = files.tail(job_dir / "logs" / f"rank-{e.rank}.r{run}.log", 256 << 10).decode(errors="replace")
+            text = files.tail(JobDir(job_dir).rank_log(e.rank, run), 256 << 10).decode(errors="replace")
         except OSError:
             text = "(its log is gone)"
-        _print_prefixed(jobs.last_lines(text), "  ")
+        _print_prefixed(records.last_lines(text), "  ")
     if not found:
-        end = jobs.last_run(job_dir) or {}
+        end = records.last_run(job_dir) or {}
         if end.get("end") == "failed" and end.get("exit_code") not in (0, None):
             # A step that failed before any rank ran (srun, the container, MPI): the batch log says why.
             click.echo(f"run {end.get('run', '?')} failed (exit code {end.get('exit_code')}) with no rank failing "
@@ -238,9 +239,9 @@ def _errors(job_dir: Path, run_numbers: list[int]) -> int:
 def _states(target, job_dir: Path, job_id: str) -> dict[int | None, str]:
     """Slurm's state of the job ({None: state}), or of each task of an array job."""
     from kit import slurm
-    from kit.launch import jobs
+    from kit.jobdir import records
 
-    indices = jobs.task_indices(job_dir)
+    indices = records.task_indices(job_dir)
     if indices:
         return {i: st.state for i, st in slurm.array_status(target, job_id, indices).items()}
     return {None: slurm.job_status(target, job_id).state}
@@ -265,10 +266,10 @@ def _follow(job_dir: Path, job_id: str) -> int:
     array job's tasks' logs with each line prefixed ``task I: ``. Through a
     controller outage the logs go on (as ``--wait`` waits through one)."""
     from kit import slurm, targets
-    from kit.launch import jobs
+    from kit.jobdir import records
 
     target = targets.target_of(job_dir)
-    indices = jobs.task_indices(job_dir)
+    indices = records.task_indices(job_dir)
     offsets: dict[Path, int] = {}
     ended_at: list[float | None] = [None]
 
@@ -294,7 +295,7 @@ def _print_new(job_dir: Path, indices: list[int], offsets: dict[Path, int]) -> b
 
     grew = False
     paths = [(p, "") for p in _batch_logs(job_dir)]
-    paths += [(p, f"task {i}: ") for i in indices for p in _batch_logs(job_dir / "tasks" / str(i))]
+    paths += [(p, f"task {i}: ") for i in indices for p in JobDir(job_dir).task(i).batch_logs()]
     for path, prefix in paths:
         try:
             with files.open_regular(path) as (fd, _):

@@ -190,7 +190,7 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
     elapsed); otherwise a line per state change and a progress line a minute.
     Ctrl-C stops waiting and leaves the job running.
     """
-    from kit.launch import jobs
+    from kit.jobdir import records
 
     live = sys.stderr.isatty()
     if live and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
@@ -208,9 +208,9 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
         click.echo(f"kit: job {job_id}: {msg}", err=True)
 
     def progress(st: slurm.JobStatus) -> None:
-        p = jobs.training_progress(job_dir)
+        p = records.training_progress(job_dir)
         now = time.monotonic()
-        parts = [st.state, f"run {st.restarts}", *jobs.progress_words(p)]
+        parts = [st.state, f"run {st.restarts}", *records.progress_words(p)]
         parts.append(f"{int(now - t0)} s")
         line = ", ".join(parts)
         if live:
@@ -230,8 +230,8 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
     if live and seen["line"]:
         click.echo("\r\x1b[K", nl=False, err=True)
     if end.state != "GONE":
-        jobs.keep_outcome(job_dir, end.state)
-    result = slurm.job_outcome(end, job_dir, jobs.work_finished(job_dir))
+        records.keep_outcome(job_dir, end.state)
+    result = slurm.job_outcome(end, job_dir, records.work_finished(job_dir))
     click.echo(f"kit: job {job_id} {result.describe()}", err=True)
     return result.exit_code
 
@@ -239,7 +239,7 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
 def wait_and_report_tasks(target: slurm.Target, prepared: lib.PreparedJob) -> int:
     """--wait on an array job: every task to its end, one line per task; the
     exit code is 0 when every task finished, else the lowest-index failing task's."""
-    from kit.launch import jobs
+    from kit.jobdir import JobDir, records
 
     job_id, job = prepared.job_id, prepared.job
     params = job.params or ({},) * len(job.tasks.indices)
@@ -252,10 +252,10 @@ def wait_and_report_tasks(target: slurm.Target, prepared: lib.PreparedJob) -> in
                             on_state=lambda i, st: say(f"task {i}: {st.state}"))
     codes = []
     for i in job.tasks.indices:
-        task = prepared.job_dir / "tasks" / str(i)
+        task = JobDir(prepared.job_dir).task(i).path
         if ends[i].state != "GONE":
-            jobs.keep_outcome(task, ends[i].state)
-        result = slurm.job_outcome(ends[i], task, jobs.work_finished(task))
+            records.keep_outcome(task, ends[i].state)
+        result = slurm.job_outcome(ends[i], task, records.work_finished(task))
         codes.append(result.exit_code)
         label = f" ({names[i]})" if names[i] else ""
         click.echo(f"kit: job {job_id}_{i}{label} {result.describe()}", err=True)

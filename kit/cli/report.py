@@ -29,21 +29,22 @@ def report(job, output, prometheus, min_seconds, output_dir):
     to restarts and a slow node, each with its threshold.
     """
     from kit.cluster import LocalCluster
-    from kit.launch import jobs
+    from kit.jobdir import JobDir, records
     from kit.report import report as make_report
 
     if output and Path(output).suffix.lower() not in FORMATS:
         raise KitError(f"{output}: the report is a picture: name it .png, .svg or .pdf", field="--output",
                        hint="a .json summary is written next to it")
-    job_dir = jobs.find_job_dir(job, output_dir)
-    job_id = jobs.job_id_of(job_dir) or job_dir.name
+    job_dir = records.find_job_dir(job, output_dir)
+    job_id = records.job_id_of(job_dir) or job_dir.name
     prometheus = prometheus or LocalCluster().prometheus_url()
-    out = Path(output) if output else job_dir / "report.png"
+    out = Path(output) if output else job_dir / JobDir.REPORT
     missing: list[KitError] = []
-    if (job_dir / "tasks").is_dir():  # an array job or sweep: a table of its tasks
+    tasks = records.task_indices(job_dir)
+    if tasks:  # an array job or sweep: a table of its tasks
         from kit.report import TASK_HEADER, report_tasks
 
-        click.echo(f"job {job_id}: {len(list((job_dir / 'tasks').iterdir()))} task(s)")
+        click.echo(f"job {job_id}: {len(tasks)} task(s)")
         click.echo(TASK_HEADER)
         for row in report_tasks(job_dir, job_id, out, notice=missing.append):
             click.echo(row.line())

@@ -23,7 +23,8 @@ from kit.core import bash, outcome
 from kit.core import sweep as sweep_lib
 from kit.core.spec import ResolvedJob, parse_after
 from kit.errors import KitError
-from kit.launch import jobs, sidecars
+from kit.jobdir import JobDir, records
+from kit.launch import sidecars
 from kit.slurm import pyxis
 
 
@@ -49,7 +50,7 @@ class Step:
 
     def argv(self, job_dir: Path) -> list[str]:
         extra = [f"--container-env={','.join(self.container_env)}"] if self.container_env else []
-        return ["srun", *self.srun_args, *extra, str(job_dir / "launcher.sh")]
+        return ["srun", *self.srun_args, *extra, str(job_dir / JobDir.LAUNCHER)]
 
 
 def step(job: ResolvedJob, job_dir: Path) -> Step:
@@ -113,7 +114,7 @@ def render_scripts(job: ResolvedJob, job_dir: Path, the_step: Step | None = None
     master_setup = ("unset " + " ".join(missing)) if missing else ""
     if given:
         master_setup += ("\n" if master_setup else "") + "# " + " and ".join(given) + " come from --env."
-    prelaunch = bash.render(bash.template("prelaunch.sh"), {
+    prelaunch = bash.render(bash.template(JobDir.PRELAUNCH), {
         "kit_version": __version__,
         "lib": lib,
         "job_dir": bash.quote(job_dir),
@@ -138,7 +139,7 @@ def render_scripts(job: ResolvedJob, job_dir: Path, the_step: Step | None = None
         "exporter_ports": bash.quote(s.exporter_ports),
         "metrics_exports": _metrics_exports(job),
     })
-    launcher = bash.render(bash.template("launcher.sh"), {
+    launcher = bash.render(bash.template(JobDir.LAUNCHER), {
         "kit_version": __version__,
         "lib": lib,
         "rank_exports": slurm.rank_exports(),
@@ -147,7 +148,7 @@ def render_scripts(job: ResolvedJob, job_dir: Path, the_step: Step | None = None
         "stop_grace": str(s.stop_grace),
         "sidecars": bash.array(sidecars.as_words(sidecars.for_job(s.sidecars, exporter=s.exporter))),
     })
-    return {"prelaunch.sh": prelaunch, "launcher.sh": launcher}
+    return {JobDir.PRELAUNCH: prelaunch, JobDir.LAUNCHER: launcher}
 
 
 def _command_setup(job: ResolvedJob) -> str:
@@ -266,14 +267,14 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
         # values, which may be secrets (tokens), and the logs what the job printed.
         tmp.mkdir(mode=0o700)
         os.chmod(tmp, 0o700)
-        (tmp / "logs").mkdir()
+        JobDir(tmp).logs.mkdir()
         for name, text in render_scripts(job, final, the_step).items():
             path = tmp / name
             path.write_text(text, encoding="utf-8")
             path.chmod(0o700)
         _write_tasks(job, tmp)
-        (tmp / "job.json").write_text(json.dumps(job.spec.to_dict(), indent=2, sort_keys=True) + "\n")
-        (tmp / "sbatch.json").write_text(json.dumps(argv, indent=2) + "\n")
+        (tmp / JobDir.SPEC).write_text(json.dumps(job.spec.to_dict(), indent=2, sort_keys=True) + "\n")
+        (tmp / JobDir.SBATCH).write_text(json.dumps(argv, indent=2) + "\n")
         os.rename(tmp, final)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -297,7 +298,7 @@ def resolve_after(job: ResolvedJob, label: str) -> list[tuple[str, str, Path | N
             continue
         d = Path(ref).expanduser()
         try:
-            job_id = files.read_text(d / "job_id", 64).strip() if d.is_dir() else ""
+            job_id = files.read_text(d / JobDir.JOB_ID, 64).strip() if d.is_dir() else ""
         except OSError:
             job_id = ""
         if not job_id.isdigit():
@@ -315,14 +316,14 @@ def _write_tasks(job: ResolvedJob, job_dir: Path) -> None:
         return
     params = job.params or ({},) * len(job.tasks.indices)
     for index, values in zip(job.tasks.indices, params):
-        task = job_dir / "tasks" / str(index)
-        (task / "logs").mkdir(parents=True)
+        task = JobDir(job_dir).task(index)
+        task.logs.mkdir(parents=True)
         if not values:
             continue
-        (task / "params.json").write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
+        (task / JobDir.PARAMS).write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
         words = [sweep_lib.substitute(w, values) for w in job.spec.command]
-        (task / "command").write_bytes(b"".join(w.encode() + b"\0" for w in words))
-        (task / "sweep").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in values.items()))
+        (task / JobDir.COMMAND).write_bytes(b"".join(w.encode() + b"\0" for w in words))
+        (task / JobDir.SWEEP).write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in values.items()))
 
 
 def submit(prepared: PreparedJob, target: slurm.Target) -> PreparedJob:
@@ -343,12 +344,12 @@ def submit(prepared: PreparedJob, target: slurm.Target) -> PreparedJob:
     prepared.job_id = job_id
     # job_id first (it marks a submitted job), then which Slurm has it (for kit ps/logs/cancel).
     try:
-        files.write_atomic(prepared.job_dir / "job_id", job_id + "\n")
-        files.write_atomic(prepared.job_dir / "slurm.json",
+        files.write_atomic(prepared.job_dir / JobDir.JOB_ID, job_id + "\n")
+        files.write_atomic(prepared.job_dir / JobDir.SLURM,
                            json.dumps({"target": target.name, "conf": target.conf}) + "\n")
     except OSError as e:
         raise KitError(f"job {job_id} was submitted and runs, but its record in {prepared.job_dir} could not be "
                        f"written: {e.strerror}", exit_code=1,
                        hint=f"free space there; scancel {job_id} stops it") from None
-    jobs.remember(prepared.job_dir)
+    records.remember(prepared.job_dir)
     return prepared

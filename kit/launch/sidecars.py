@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kit.jobdir import JobDir
+
 
 @dataclass(frozen=True)
 class Sidecar:
@@ -26,11 +28,12 @@ class Sidecar:
 # 2 cores kept busy by 2 processes it did not serve one scrape in 40 s; at nice 19
 # it served from 14 s on, p50 117 ms; at nice 0 from 1 s, p50 5 ms.)
 EXPORTER = Sidecar("exporter", 'exec nice -n 19 "${KIT_PYTHON:-python3}" -m kit.monitor --port "${KIT_EXPORTER_PORTS}" '
-                               '--log "${KIT_NODE_LOG_PREFIX}.metrics.jsonl" --exit-with-parent')
+                               f'--log "${{KIT_NODE_LOG_PREFIX}}{JobDir.METRICS_SUFFIX}" --exit-with-parent')
 BUILTIN: tuple[Sidecar, ...] = (
     # GPU utilisation log, the role of the seeds' `nvidia-smi dmon` .gutil files.
     Sidecar("gpu-dmon", 'exec nvidia-smi dmon --delay 15 --select pumt --options DT '
-                        '--filename "${KIT_NODE_LOG_PREFIX}.gutil"', requires="nvidia-smi"),
+                        f'--filename "${{KIT_NODE_LOG_PREFIX}}{JobDir.GPU_DMON_LOG.removeprefix(JobDir.NODE_LOG)}"',
+            requires="nvidia-smi"),
 )
 
 

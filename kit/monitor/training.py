@@ -28,18 +28,10 @@ FIELDS: tuple[tuple[str, Spec], ...] = (
 def parse(text: str) -> dict:
     """One rank file's fields (unknown keys ignored, bad values dropped);
     ValueError when the file is not a JSON object."""
-    data = files.loads(text)
-    if not isinstance(data, dict):
-        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
-    out = {"rank": str(data.get("rank", "?"))[:64]}
-    for key, _ in FIELDS:
-        value = data.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            try:
-                out[key] = float(value)
-            except OverflowError:  # an integer beyond a float's range
-                continue
-    return out
+    values = jobdir.read_rank_metrics(text)
+    if values is None:
+        raise ValueError("expected a JSON object")
+    return {"rank": values["rank"], **{key: values[key] for key, _ in FIELDS if key in values}}
 
 
 def write(directory: Path, rank: int, values: dict) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from kit import files as kit_files
 from kit import jobdir
+from kit.jobdir import JobDir, records
 from kit.errors import KitError
 from kit.report.plot import NoPicture, _plot_tasks, _pyplot, plot
 from kit.report.series import Logs, load_logs, load_prometheus
@@ -79,23 +80,9 @@ TASK_HEADER = f"{'task':>5}  {'parameters':<30}  {'end':<10}  {'restarts':>8}  {
 
 
 def _task_summary(d: Path) -> tuple[TaskSummary, list]:
-    try:
-        params = kit_files.read_json(d / "params.json")
-        params = params if isinstance(params, dict) else {}
-    except (OSError, ValueError):
-        params = {}
-    ends = []
-    try:
-        for line in kit_files.read_text(d / "runs.jsonl").splitlines():
-            try:
-                rec = kit_files.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict):
-                ends.append(str(rec.get("end", "?")))
-    except OSError:
-        pass
-    end = "finished" if (d / "FINISHED").exists() else (ends[-1] if ends else "not run")
+    params = records.params(d)
+    ends = [str(rec.get("end", "?")) for rec in records.run_records(d)]
+    end = "finished" if records.finished(d) else (ends[-1] if ends else "not run")
     try:
         series = load_logs(d).series
     except KitError:
@@ -112,10 +99,9 @@ def _task_summary(d: Path) -> tuple[TaskSummary, list]:
 
 def report_tasks(job_dir: Path, job: str, out: Path, notice=lambda e: None) -> list[TaskSummary]:
     """An array job: one line per task, and every task's loss curve in one figure."""
-    dirs = sorted((d for d in (job_dir / "tasks").iterdir() if d.is_dir() and d.name.isdigit()),
-                  key=lambda d: int(d.name))
+    dirs = [JobDir(job_dir).task(i).path for i in records.task_indices(job_dir)]
     if not dirs:
-        raise KitError(f"no task directories in {job_dir / 'tasks'}", field="JOB")
+        raise KitError(f"no task directories in {job_dir / JobDir.TASKS}", field="JOB")
     rows, curves = [], []
     for d in dirs:
         row, curve = _task_summary(d)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import urllib.parse
 import urllib.request
 from collections import defaultdict
@@ -14,6 +13,7 @@ from pathlib import Path
 
 from kit import files as kit_files  # (load_logs has its own `files`)
 from kit.errors import KitError
+from kit.jobdir import JobDir
 
 IDLE_UTIL = 5.0  # % under which a GPU counts as idle
 GAP = 10.0       # s between two polls beyond which they are a break (between runs): no rate across it
@@ -78,13 +78,11 @@ LONGEST_RECORD = 1 << 20  # one exporter poll's line is a few kB
 def load_logs(job_dir: Path) -> Logs:
     """The job's metrics logs (``logs/<node>.r<run>.metrics.jsonl``)."""
     logs = Logs(defaultdict(list))
-    paths = sorted((job_dir / "logs").glob("*.metrics.jsonl"))
+    paths = JobDir(job_dir).metrics_logs()
     if not paths:
-        raise KitError(f"no metrics logs in {job_dir / 'logs'}", field="JOB",
+        raise KitError(f"no metrics logs in {JobDir(job_dir).logs}", field="JOB",
                        hint="the job ran without the exporter (--no-exporter), or has not started")
-    for path in paths:
-        m = re.fullmatch(r".*\.r(\d+)\.metrics\.jsonl", path.name)
-        run = int(m.group(1)) if m else 0
+    for run, path in paths:
         try:
             for line in kit_files.lines(path, longest=LONGEST_RECORD):
                 points = parse_record(line) if line is not None else None
@@ -100,7 +98,7 @@ def load_logs(job_dir: Path) -> Logs:
         except OSError:  # not a regular file, or unreadable: this log only
             logs.damaged += 1
     if not any(logs.series.values()):
-        raise KitError(f"no readable samples in the metrics logs in {job_dir / 'logs'}"
+        raise KitError(f"no readable samples in the metrics logs in {JobDir(job_dir).logs}"
                        + (f" ({logs.damaged} damaged line(s))" if logs.damaged else ""), field="JOB", exit_code=1,
                        hint="the job ended before its exporter's first poll, or its disk was full")
     for points in logs.series.values():

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit import files as kit_files
+from kit.jobdir import records
 from kit.report.series import GIB, IDLE_UTIL, Logs, Series, _of, _steady_pairs, increase, mean_rate
 
 # The notes' thresholds (jobstats' where it has one); each note's text carries its own.
@@ -166,13 +166,8 @@ def _node_summary(series: Series, node: str) -> NodeSummary:
 def _checkpoint_steps(job_dir: Path | None) -> dict[int, float]:
     """Each run's checkpoint step at its end (``runs.jsonl``; -1: none)."""
     out = {}
-    try:
-        lines = kit_files.read_text(job_dir / "runs.jsonl").splitlines() if job_dir else []
-    except OSError:
-        lines = []
-    for line in lines:
+    for rec in records.run_records(job_dir) if job_dir else []:
         try:
-            rec = kit_files.loads(line)
             out[int(rec["run"])] = float(rec["checkpoint_step"])
         except (ValueError, KeyError, TypeError, OverflowError):
             continue

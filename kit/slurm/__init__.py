@@ -18,6 +18,7 @@ from kit.core import outcome
 from kit.core import sweep as sweep_lib
 from kit.core.spec import ResolvedJob
 from kit.errors import KitError
+from kit.jobdir import JobDir, records
 from kit.runner import run
 
 # Slurm's per-task variables -> the names torch.distributed, torchrun-style
@@ -64,13 +65,14 @@ def sbatch_argv(job: ResolvedJob, job_dir: Path) -> list[str]:
         "--job-name": s.job_name,
         "--nodes": str(s.nodes),
         "--ntasks-per-node": str(s.ntasks_per_node),
-        "--output": _escape_filename_pattern(str(job_dir / "logs")) + "/slurm-%j.out",
+        "--output": _escape_filename_pattern(str(JobDir(job_dir).logs)) + "/" + JobDir.BATCH_LOG.format(job_id="%j"),
         "--open-mode": "append",
     }
     if job.tasks is not None:
         # Each array task's batch log goes to its own task directory.
         opts["--array"] = job.tasks.render()
-        opts["--output"] = _escape_filename_pattern(str(job_dir / "tasks")) + "/%a/logs/slurm-%A_%a.out"
+        opts["--output"] = (_escape_filename_pattern(str(job_dir / JobDir.TASKS)) + f"/%a/{JobDir.LOGS}/"
+                            + JobDir.ARRAY_BATCH_LOG)
     if s.gpus_per_node:
         opts["--gpus-per-node"] = str(s.gpus_per_node)
     for name in ("cpus_per_task", "mem", "time", "partition", "account"):
@@ -89,7 +91,7 @@ def sbatch_argv(job: ResolvedJob, job_dir: Path) -> list[str]:
     argv += [f"{k}={v}" for k, v in sorted(opts.items())]
     argv.append("--requeue" if s.max_restarts else "--no-requeue")
     argv += list(s.sbatch_args)
-    argv.append(str(job_dir / "prelaunch.sh"))
+    argv.append(str(job_dir / JobDir.PRELAUNCH))
     return argv
 
 
@@ -223,7 +225,7 @@ def check_after(target: Target, deps: list, label: str, note=lambda msg: None) -
     for job_id, kind, job_dir in deps:
         st = job_status(target, job_id)
         if st.state == "GONE":
-            finished = job_dir is not None and (Path(job_dir) / "FINISHED").exists()
+            finished = job_dir is not None and records.finished(job_dir)
             if finished and kind in ("ok", "any"):
                 note(f"job {job_id} finished and Slurm no longer lists it: that dependency is met")
                 continue
@@ -472,8 +474,8 @@ def job_outcome(st: JobStatus, job_dir: Path | None, finished: bool | None = Non
     0 needs both Slurm's COMPLETED and the job's FINISHED marker: a result
     that only one of them reports is not trusted.
     """
-    if finished is None:  # the marker alone (the caller may know better: kit.launch.jobs.work_finished)
-        finished = job_dir is not None and (Path(job_dir) / "FINISHED").exists()
+    if finished is None:  # the marker alone (the caller may know better: kit.jobdir.records.work_finished)
+        finished = job_dir is not None and records.finished(job_dir)
     if st.state == "COMPLETED":
         code = outcome.FINISHED if finished else outcome.INCONSISTENT
     elif st.state == "FAILED":

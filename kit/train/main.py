@@ -16,6 +16,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from kit.jobdir import JobDir
 from kit.train import preempt
 from kit.train import progress as kit_progress
 
@@ -116,7 +117,7 @@ class StepProfiler(Callback):
     def _finish(self, trainer) -> None:
         self.profiler.__exit__(None, None, None)
         self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / f"rank-{trainer.global_rank}.json"
+        path = self.directory / JobDir.RANK_METRICS.format(rank=trainer.global_rank)  # the same name, per rank
         self.profiler.export_chrome_trace(str(path))
         self.profiler = None
         log(f"profile of steps {self.first}-{self.last}: {path}")
@@ -198,7 +199,7 @@ def main(argv=None) -> int:
     num_nodes = world // per_node
     gpu = torch.cuda.is_available()
     job_dir = Path(os.environ.get("KIT_JOB_DIR", "."))
-    ckpt_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else job_dir / "checkpoints"
+    ckpt_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else job_dir / JobDir.CHECKPOINTS
     last = ckpt_dir / "last.ckpt"
     log(f"rank={os.environ.get('RANK', '0')} world_size={world} local_rank={os.environ.get('LOCAL_RANK', '0')} "
         f"node_rank={os.environ.get('NODE_RANK', '0')} nodes={num_nodes} devices={per_node} "
@@ -220,7 +221,7 @@ def main(argv=None) -> int:
     if args.step_delay:
         callbacks.append(StepDelay(args.step_delay))
     if args.profile_steps:
-        callbacks.append(StepProfiler(*args.profile_steps, job_dir / "profiles"))
+        callbacks.append(StepProfiler(*args.profile_steps, job_dir / JobDir.PROFILES))
     plugins = []
     if SLURMEnvironment.detect():
         # kit requeues from the batch script; Lightning's own requeue would race it.

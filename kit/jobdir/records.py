@@ -1,8 +1,9 @@
 """A submitted job's directory, read back: which directory a job id names,
-its runs, ranks and logs, how each rank ended, and a cancel's record.
+its runs, ranks and logs, how each rank ended, and the records the commands keep
+(a cancel's, the end Slurm gave, the user's index of jobs).
 
 Scheduler-neutral: it reads only what kit's scripts write into the job
-directory (see the README's "The job directory").
+directory, through the names :class:`kit.jobdir.JobDir` gives.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit import files, jobdir
+from kit import files
 from kit.errors import KitError
+from kit.jobdir import JobDir, rank_of_metrics_file, read_rank_metrics
 
 
 def find_job_dir(job: str, output_dir: str | Path) -> Path:
@@ -29,13 +31,13 @@ def find_job_dir(job: str, output_dir: str | Path) -> Path:
         return job_dir
     array_id, sep, task = job.partition("_")
     if sep and array_id.isdigit() and task.isdigit():
-        task_dir = find_job_dir(array_id, output_dir) / "tasks" / str(int(task))
+        task_dir = JobDir(find_job_dir(array_id, output_dir)).task(int(task)).path
         if not task_dir.is_dir():
             raise KitError(f"job {array_id} has no task {task}", field="JOB",
                            hint="kit ps lists the tasks of an array job")
         return task_dir
     matches = []
-    for p in Path(output_dir).glob("*/job_id"):
+    for p in Path(output_dir).glob(f"*/{JobDir.JOB_ID}"):
         try:
             if files.read_text(p, 64).strip() == job:
                 matches.append(p.parent)
@@ -92,40 +94,71 @@ def known_job_dirs(output_dirs: list[Path]) -> list[Path]:
         if isinstance(name, str) and "\0" not in name:
             consider(Path(name))
     for out in output_dirs:
-        for p in Path(out).glob("*/job_id"):
+        for p in Path(out).glob(f"*/{JobDir.JOB_ID}"):
             consider(p.parent)
     return sorted(found, key=lambda d: found[d], reverse=True)
 
 
 def submitted_at(job_dir: Path) -> float | None:
     try:
-        return (job_dir / "job_id").stat().st_mtime
+        return (Path(job_dir) / JobDir.JOB_ID).stat().st_mtime
     except OSError:
         return None
 
 
 def task_indices(job_dir: Path) -> list[int]:
     """An array job's task indices (its ``tasks/<index>/``); [] for a single job."""
-    return sorted(int(p.name) for p in (job_dir / "tasks").glob("*") if p.name.isdigit())
+    return JobDir(job_dir).task_indices()
 
 
-def last_run(job_dir: Path) -> dict | None:
-    """The last line of ``runs.jsonl`` (how the latest run ended), if any."""
+def run_records(job_dir: Path) -> list[dict]:
+    """``runs.jsonl``: one record per run, how it ended (``run``, ``end``, ``exit_code``,
+    ``checkpoint_step``, …), in order; torn or damaged lines skipped. The one parser."""
     try:
-        lines = files.read_text(job_dir / "runs.jsonl").splitlines()
+        lines = files.read_text(Path(job_dir) / JobDir.RUNS).splitlines()
     except OSError:
-        return None
-    for line in reversed(lines):
+        return []
+    out = []
+    for line in lines:
         try:
             rec = files.loads(line)
         except ValueError:
             continue
         if isinstance(rec, dict):
-            return rec
-    return None
+            out.append(rec)
+    return out
 
 
-OUTCOME_RECORD = "outcome.json"
+def last_run(job_dir: Path) -> dict | None:
+    """The last record of ``runs.jsonl`` (how the latest run ended), if any."""
+    records = run_records(job_dir)
+    return records[-1] if records else None
+
+
+def params(job_dir: Path) -> dict:
+    """A sweep task's parameters (``params.json``); {} for any other job."""
+    try:
+        values = files.read_json(Path(job_dir) / JobDir.PARAMS)
+    except (OSError, ValueError):
+        return {}
+    return values if isinstance(values, dict) else {}
+
+
+def job_name(job_dir: Path) -> str:
+    """The job's name from its spec (``job.json``), else the directory's name."""
+    try:
+        name = files.read_json(Path(job_dir) / JobDir.SPEC).get("job_name")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    return str(name) if name else Path(job_dir).name
+
+
+def finished(job_dir: Path) -> bool:
+    """The FINISHED marker is there (see :func:`work_finished` for what it means)."""
+    return (Path(job_dir) / JobDir.FINISHED).exists()
+
+
+OUTCOME_RECORD = JobDir.OUTCOME
 
 
 def keep_outcome(job_dir: Path, state: str) -> None:
@@ -156,7 +189,7 @@ def recorded_state(job_dir: Path) -> str:
         kept = None
     if isinstance(kept, dict) and isinstance(kept.get("state"), str) and re.fullmatch(r"[A-Z_]{1,20}", kept["state"]):
         return kept["state"]
-    if (job_dir / "FINISHED").exists():
+    if finished(job_dir):
         return "COMPLETED" if work_finished(job_dir) else "FAILED"
     if cancelled(job_dir):
         return "CANCELLED"
@@ -167,7 +200,7 @@ def recorded_state(job_dir: Path) -> str:
 def work_finished(job_dir: Path) -> bool:
     """The FINISHED marker, and the run that ended with it exited 0: a rank can still
     fail after the trainer marked the work done (Slurm then says FAILED, and so does kit)."""
-    if not (Path(job_dir) / "FINISHED").exists():
+    if not finished(job_dir):
         return False
     last = last_run(job_dir)
     return last is None or last.get("exit_code", 0) == 0
@@ -176,7 +209,7 @@ def work_finished(job_dir: Path) -> bool:
 def array_job_dir(job_dir: Path) -> Path | None:
     """The array job's directory, when ``job_dir`` is one of its task directories."""
     parent = Path(job_dir).parent
-    if parent.name == "tasks" and Path(job_dir).name.isdigit() and (parent.parent / "job_id").exists():
+    if parent.name == JobDir.TASKS and Path(job_dir).name.isdigit() and (parent.parent / JobDir.JOB_ID).exists():
         return parent.parent
     return None
 
@@ -185,7 +218,7 @@ def job_id_of(job_dir: Path) -> str | None:
     """The job id written at submission; ``ID_TASK`` for an array task's directory."""
     array = array_job_dir(job_dir)
     try:
-        text = files.read_text((array or job_dir) / "job_id", 64).strip()
+        text = files.read_text(Path(array or job_dir) / JobDir.JOB_ID, 64).strip()
     except OSError:
         return None
     if not text.isdigit():
@@ -195,20 +228,17 @@ def job_id_of(job_dir: Path) -> str | None:
 
 def runs(job_dir: Path) -> list[int]:
     """The run numbers (restarts) that left rank logs, in order."""
-    found = {int(m.group(1)) for p in (job_dir / "logs").glob("rank-*.r*.log")
-             if (m := re.fullmatch(r"rank-\d+\.r(\d+)\.log", p.name))}
-    return sorted(found)
+    return sorted({run for run, _, _ in JobDir(job_dir).rank_logs()})
 
 
 def ranks(job_dir: Path, run: int) -> list[int]:
-    return sorted(int(m.group(1)) for p in (job_dir / "logs").glob(f"rank-*.r{run}.log")
-                  if (m := re.fullmatch(rf"rank-(\d+)\.r{run}\.log", p.name)))
+    return [rank for _, rank, _ in JobDir(job_dir).rank_logs(run)]
 
 
 def node_of(job_dir: Path, run: int, rank: int) -> str:
     """Where a rank ran (the launcher's ``progress/r<run>/task-<rank>``: node pid)."""
     try:
-        return files.read_text(job_dir / "progress" / f"r{run}" / f"task-{rank}", 4096).split()[0]
+        return files.read_text(JobDir(job_dir).task_record(run, rank), 4096).split()[0]
     except (OSError, IndexError):
         return "?"
 
@@ -226,7 +256,7 @@ class RankEnd:
 def rank_ends(job_dir: Path, run: int) -> list[RankEnd]:
     """How each rank of a run ended (``logs/exit.r<run>.rank-<R>``: time rank rc self|stopped), by time."""
     out = []
-    for p in (job_dir / "logs").glob(f"exit.r{run}.rank-*"):
+    for p in JobDir(job_dir).exit_records(run):
         try:
             t, rank, rc, how = files.read_text(p, 4096).split()[:4]
             out.append(RankEnd(run, int(rank), node_of(job_dir, run, int(rank)), int(rc), int(t) / 1e9,
@@ -261,7 +291,7 @@ def last_lines(text: str, lines: int = 20) -> str:
     return "\n".join(rows[start:])
 
 
-CANCEL_RECORD = "cancelled.json"
+CANCEL_RECORD = JobDir.CANCELLED
 
 
 def record_cancel(job_dir: Path, reason: str | None, tasks: list[int] | None = None) -> dict:
@@ -310,16 +340,15 @@ def _rank_files(job_dir: Path) -> dict[int, dict]:
     """Each rank's newest metrics file (``metrics/<node>/rank-<R>.json``; a rank
     that moved node in a requeue left an older one behind)."""
     newest: dict[int, dict] = {}
-    for path in Path(job_dir).glob(f"metrics/*/{jobdir.RANK_METRICS_GLOB}"):
-        rank = jobdir.rank_of_metrics_file(path.name)
+    for path in JobDir(job_dir).metrics_files():
+        rank = rank_of_metrics_file(path.name)
         try:
-            data = files.read_json(path)
-        except (OSError, ValueError):
+            data = read_rank_metrics(files.read_text(path, 1 << 20))
+        except OSError:
             continue
-        if rank is None or not isinstance(data, dict):
+        if rank is None or data is None:
             continue
-        values = {k: float(v) for k, v in data.items()
-                  if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+        values = {k: v for k, v in data.items() if isinstance(v, float) and math.isfinite(v)}
         values.setdefault("last_step_timestamp_seconds", 0.0)
         if rank not in newest or values["last_step_timestamp_seconds"] > newest[rank]["last_step_timestamp_seconds"]:
             newest[rank] = values

@@ -1,8 +1,10 @@
-"""The job directory's files that the training side writes and kit's readers read.
+"""The job directory: its one owner (the README's "The job directory").
 
-(The first piece of the one owner of the job directory's layout; see the
-README's "The job directory".) Light on purpose: the reference trainer, a
-plain script's ``kit.train.progress`` calls and the exporter all import it.
+:class:`JobDir` names every file (``layout.py``); the training side's files are
+written and read here; :mod:`kit.jobdir.records` reads a submitted job back and
+writes the records the commands keep. Light on purpose: the reference trainer,
+a plain script's ``kit.train.progress`` calls and the exporter all import this
+module, and it imports only the bottom layer.
 """
 
 from __future__ import annotations
@@ -12,20 +14,45 @@ import re
 from pathlib import Path
 
 from kit import files
+from kit.jobdir.layout import JobDir
 
+__all__ = ["JobDir", "RANK_METRICS_GLOB", "all_task_starts", "rank_metrics_path", "rank_of_metrics_file",
+           "read_rank_metrics", "task_starts", "write_rank_metrics"]
 
-RANK_METRICS_GLOB = "rank-*.json"
+RANK_METRICS_GLOB = JobDir.RANK_METRICS.format(rank="*")
 
 
 def rank_of_metrics_file(name: str) -> int | None:
     """The rank whose metrics file is named ``name`` (None: not one)."""
-    m = re.fullmatch(r"rank-(\d+)\.json", name)
+    m = re.fullmatch(re.escape(JobDir.RANK_METRICS).replace(r"\{rank\}", r"(\d+)"), name)
     return int(m.group(1)) if m else None
 
 
 def rank_metrics_path(directory: str | Path, rank: int) -> Path:
     """One rank's training metrics file in ``$KIT_METRICS_DIR`` (``metrics/<node>/``)."""
-    return Path(directory) / f"rank-{rank}.json"
+    return Path(directory) / JobDir.RANK_METRICS.format(rank=rank)
+
+
+def read_rank_metrics(text: str) -> dict[str, float | str] | None:
+    """A rank's metrics file (``rank-<R>.json``): its numbers as floats (NaN and infinities
+    kept: a diverged loss is news; booleans and numbers beyond a float dropped) and its
+    ``rank`` as written (a string, "?" when missing); None when it is not a JSON object.
+    The one parser: the exporter and ``kit ps`` both read through it."""
+    try:
+        data = files.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    out: dict[str, float | str] = {}
+    for key, value in data.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                out[key] = float(value)
+            except OverflowError:  # an integer beyond a float's range
+                continue
+    out["rank"] = str(data.get("rank", "?"))[:64]
+    return out
 
 
 def write_rank_metrics(directory: str | Path, rank: int, values: dict) -> None:
@@ -39,7 +66,6 @@ def write_rank_metrics(directory: str | Path, rank: int, values: dict) -> None:
 # at its first line, its own start as the third word of progress/r<run>/task-<rank>
 # ("node pid start"). Between the two lies what srun and the container plugin
 # did before the task ran: under an image, the container's start.
-STEP_START = "step-start"
 
 
 def _seconds(text: str) -> float | None:
@@ -52,16 +78,16 @@ def _seconds(text: str) -> float | None:
 
 def task_starts(job_dir: str | Path, run: int) -> dict[str, float]:
     """Per node, seconds from run ``run``'s step start to its first task's first line."""
-    progress = Path(job_dir) / "progress" / f"r{run}"
+    progress = JobDir(job_dir).run_progress(run)
     try:
-        step = _seconds(files.read_text(progress / STEP_START, 64).strip())
+        step = _seconds(files.read_text(progress / JobDir.STEP_START, 64).strip())
     except OSError:
         return {}
     if step is None:
         return {}
     out: dict[str, float] = {}
-    for path in sorted(progress.glob("task-*")):
-        if not re.fullmatch(r"task-\d+", path.name):
+    for path in sorted(progress.glob(JobDir.TASK.format(rank="*"))):
+        if not re.fullmatch(JobDir.TASK.format(rank=r"\d+"), path.name):
             continue
         try:
             words = files.read_text(path, 4096).split()
@@ -76,9 +102,6 @@ def task_starts(job_dir: str | Path, run: int) -> dict[str, float]:
 
 def all_task_starts(job_dir: str | Path) -> list[dict]:
     """Every run's task starts: ``[{"run": 0, "node": "node1", "seconds": 1.2}, ...]``."""
-    runs = []
-    for path in Path(job_dir, "progress").glob("r*"):
-        if re.fullmatch(r"r\d{1,6}", path.name):
-            runs.append(int(path.name[1:]))
     return [{"run": run, "node": node, "seconds": seconds}
-            for run in sorted(runs) for node, seconds in sorted(task_starts(job_dir, run).items())]
+            for run in JobDir(job_dir).run_dirs(JobDir.PROGRESS)
+            for node, seconds in sorted(task_starts(job_dir, run).items())]

@@ -1,0 +1,151 @@
+"""The job directory's layout: every file and directory kit writes into a job's
+directory, named once (the README's "The job directory" lists the same).
+
+In the manner of submitit's ``JobPaths``: code asks a :class:`JobDir` for a path
+and never spells a name itself; the bash templates use the same names (a test
+checks it). ``JobDir(d).task(3)`` is an array task's directory, laid out alike.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+
+class JobDir:
+    """Paths in one job directory (or one array task's directory)."""
+
+    # Written at preparation, before submission.
+    PRELAUNCH = "prelaunch.sh"      # the batch script
+    LAUNCHER = "launcher.sh"        # what every task runs
+    SPEC = "job.json"               # the resolved job spec
+    SBATCH = "sbatch.json"          # the exact sbatch argv
+    COMMAND = "command"             # a sweep task's command, its values in place (NUL-separated words)
+    SWEEP = "sweep"                 # a sweep task's NAME=VALUE pairs (NUL-separated)
+    PARAMS = "params.json"          # a sweep task's parameters
+    # Written at submission, and by the commands that follow the job.
+    JOB_ID = "job_id"               # written first after sbatch: it marks a submitted job
+    SLURM = "slurm.json"            # which Slurm has the job
+    CANCELLED = "cancelled.json"    # kit cancel: who, where, when, why
+    OUTCOME = "outcome.json"        # the end Slurm gave the job when kit last saw it
+    # Written by the job.
+    FINISHED = "FINISHED"           # the work is done: the job never runs (or requeues) again
+    RUNS = "runs.jsonl"             # one line per run: how it ended
+    CHECKPOINT_STEP = "checkpoint_step"
+    LOGS = "logs"
+    TASKS = "tasks"
+    PROGRESS = "progress"
+    HANG = "hang"
+    METRICS = "metrics"
+    CHECKPOINTS = "checkpoints"     # the reference trainer's
+    PROFILES = "profiles"           # the reference trainer's --profile-steps traces: rank-<R>.json
+    REPORT = "report.png"           # kit report's picture (report.json beside it)
+    PROGRESS_SEEN = "seen"          # progress/seen: some rank reported progress in some run (arms the watchdog)
+    RUN = "r{run}"                  # progress/r<run>/, hang/r<run>/: one run's
+    # In progress/r<run>/ (prelaunch and the launchers talk through these).
+    STEP_START = "step-start"       # prelaunch's clock just before srun
+    WARNING = "warning"             # the time limit's warning, passed on to the launchers
+    STOP = "stop"                   # stop the commands (a restart is left, the limit is near)
+    RANK_PROGRESS = "rank-{rank}"   # a rank's progress file
+    TASK = "task-{rank}"            # where a rank runs: "node pid start"
+    WARNED = "warned-{rank}"        # the rank's command was given the warning
+    JOINED = "joined-{rank}"        # the rank's command reached the rendezvous
+    # In hang/r<run>/ (after a hang: the watchdog asks, every rank answers).
+    HANG_REQUEST = "request"        # "rank=R": the suspect; the launchers dump their stacks
+    HANG_STACKS = "rank-{rank}.txt"  # a rank's process states and stacks
+    HANG_REPORT = "report"          # rank, node, why
+    HANG_STOP = "stop"              # the dump is over
+    # In logs/.
+    BATCH_LOG = "slurm-{job_id}.out"
+    ARRAY_BATCH_LOG = "slurm-%A_%a.out"  # sbatch's pattern for an array task's batch log
+    RANK_LOG = "rank-{rank}.r{run}.log"
+    NODE_LOG = "{node}.r{run}"      # a node's logs begin so ($KIT_NODE_LOG_PREFIX)
+    SIDECAR_LOG = NODE_LOG + ".{name}.log"
+    METRICS_SUFFIX = ".metrics.jsonl"
+    METRICS_LOG = NODE_LOG + METRICS_SUFFIX  # the exporter's record of its polls
+    GPU_DMON_LOG = NODE_LOG + ".gutil"       # the gpu-dmon sidecar's nvidia-smi dmon output
+    EXIT = "exit.r{run}.rank-{rank}"  # how a rank ended: "time rank rc self|stopped|warned"
+    # In metrics/<node>/.
+    RANK_METRICS = "rank-{rank}.json"
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"JobDir({str(self.path)!r})"
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    def task(self, index: int) -> JobDir:
+        return JobDir(self.path / self.TASKS / str(index))
+
+    @property
+    def logs(self) -> Path:
+        return self.path / self.LOGS
+
+    def rank_log(self, rank: int | str, run: int | str) -> Path:
+        return self.logs / self.RANK_LOG.format(rank=rank, run=run)
+
+    def sidecar_logs(self, node: str | None, run: int, name: str) -> list[Path]:
+        return sorted(self.logs.glob(self.SIDECAR_LOG.format(node=node or "*", run=run, name=name)))
+
+    def batch_logs(self) -> list[Path]:
+        return sorted(self.logs.glob(self.BATCH_LOG.format(job_id="*")))
+
+    def metrics_logs(self) -> list[tuple[int, Path]]:
+        """(run, path) of every exporter's metrics log, by name."""
+        pattern = re.compile(re.escape(self.METRICS_LOG).replace(r"\{node\}", ".*").replace(r"\{run\}", r"(\d+)"))
+        out = []
+        for p in sorted(self.logs.glob(self.METRICS_LOG.format(node="*", run="*"))):
+            m = pattern.fullmatch(p.name)
+            out.append((int(m.group(1)) if m else 0, p))
+        return out
+
+    def exit_records(self, run: int) -> list[Path]:
+        return sorted(self.logs.glob(self.EXIT.format(run=run, rank="*")))
+
+    def rank_logs(self, run: int | str = "*") -> list[tuple[int, int, Path]]:
+        """(run, rank, path) of every rank log (of run ``run``), in order."""
+        pattern = re.compile(r"rank-(\d+)\.r(\d+)\.log")
+        out = []
+        for p in self.logs.glob(self.RANK_LOG.format(rank="*", run=run)):
+            m = pattern.fullmatch(p.name)
+            if m:
+                out.append((int(m.group(2)), int(m.group(1)), p))
+        return sorted(out)
+
+    def run_progress(self, run: int) -> Path:
+        return self.path / self.PROGRESS / self.RUN.format(run=run)
+
+    @classmethod
+    def patterns(cls) -> set[str]:
+        """Every path kit writes in a job directory, relative, ``{...}`` for what varies:
+        what the templates' paths are checked against."""
+        top = {cls.PRELAUNCH, cls.LAUNCHER, cls.SPEC, cls.SBATCH, cls.COMMAND, cls.SWEEP, cls.PARAMS, cls.JOB_ID,
+               cls.SLURM, cls.CANCELLED, cls.OUTCOME, cls.FINISHED, cls.RUNS, cls.CHECKPOINT_STEP, cls.LOGS,
+               cls.TASKS, cls.PROGRESS, cls.HANG, cls.METRICS, cls.CHECKPOINTS, cls.PROFILES, cls.REPORT}
+        run = {cls.STEP_START, cls.WARNING, cls.STOP, cls.RANK_PROGRESS, cls.TASK, cls.WARNED, cls.JOINED}
+        hang = {cls.HANG_REQUEST, cls.HANG_STACKS, cls.HANG_REPORT, cls.HANG_STOP}
+        logs = {cls.BATCH_LOG, cls.RANK_LOG, cls.NODE_LOG, cls.SIDECAR_LOG, cls.METRICS_LOG, cls.GPU_DMON_LOG,
+                cls.EXIT}
+        return (top | {f"{cls.PROGRESS}/{cls.PROGRESS_SEEN}", f"{cls.PROGRESS}/{cls.RUN}", f"{cls.HANG}/{cls.RUN}",
+                       f"{cls.METRICS}/{{node}}", f"{cls.METRICS}/{{node}}/{cls.RANK_METRICS}", f"{cls.TASKS}/{{index}}",
+                       f"{cls.PROFILES}/{cls.RANK_METRICS}"}
+                | {f"{cls.PROGRESS}/{cls.RUN}/{n}" for n in run} | {f"{cls.HANG}/{cls.RUN}/{n}" for n in hang}
+                | {f"{cls.LOGS}/{n}" for n in logs})
+
+    def task_record(self, run: int, rank: int | str) -> Path:
+        return self.run_progress(run) / self.TASK.format(rank=rank)
+
+    def run_dirs(self, under: str) -> list[int]:
+        """The runs that have a ``progress/r<run>`` (or ``hang/r<run>``) directory."""
+        return sorted(int(p.name[1:]) for p in (self.path / under).glob("r*") if re.fullmatch(r"r\d{1,6}", p.name))
+
+    def metrics_files(self) -> list[Path]:
+        """Every rank's training metrics file, on every node (``metrics/<node>/rank-<R>.json``)."""
+        return sorted(self.path.glob(f"{self.METRICS}/*/{self.RANK_METRICS.format(rank='*')}"))
+
+    def task_indices(self) -> list[int]:
+        """An array job's task indices (its ``tasks/<index>/``); [] for a single job."""
+        return sorted(int(p.name) for p in (self.path / self.TASKS).glob("*") if p.name.isdigit())
