@@ -326,3 +326,34 @@ def test_launch_inside_an_salloc_allocation_says_it_submits_a_separate_job(clust
     job_id = proc.stdout.strip()
     assert job_id.isdigit() and job_id != allocation
     assert slurm.wait(cluster.target, job_id, timeout=120).state == "COMPLETED"
+
+
+def test_every_launch_option_is_declared_once_in_the_option_table(tmp_path):
+    """Issue 21: kit.core.options is the one declaration; the JobSpec fields, defaults, job-file
+    types, minimums, Click options and their [default: …] help all come from it."""
+    import dataclasses
+
+    from kit.cli.launch import launch
+    from kit.core import options
+    from kit.core import spec as specs
+
+    table = {o.name for o in options.OPTIONS}
+    clicked = {p.name for p in launch.params} - {"help"}
+    assert clicked == table, clicked ^ table
+    assert [f.name for f in dataclasses.fields(specs.JobSpec)] == [o.name for o in options.SPEC_OPTIONS]
+    assert specs.DEFAULTS == {o.name: o.default for o in options.SPEC_OPTIONS if o.default is not None}
+    help_text = " ".join(kit("launch", "--help").stdout.split())
+    for o in options.OPTIONS:
+        if o.default_text or (o.kind in (options.INT, options.STR) and o.default is not None):
+            shown = o.default_text or str(o.default)
+            assert f"[default: {' '.join(shown.split())}]" in help_text.replace("- ", "-"), o.name
+        if o.minimum is not None:  # a minimum in the table is enforced, with the field's label
+            job = tmp_path / f"{o.name}.toml"
+            job.write_text(f'command = ["true"]\n{o.name} = {o.minimum - 1}\n')
+            proc = kit("launch", "--dry-run", "-f", str(job), "--output-dir", str(tmp_path / "jobs"))
+            assert proc.returncode == 2 and f"must be at least {o.minimum}" in proc.stderr, (o.name, proc.stderr)
+    # A job file's value types follow the kinds.
+    job = tmp_path / "bad.toml"
+    job.write_text('command = ["true"]\nstop_grace = "3"\n')
+    proc = kit("launch", "--dry-run", "-f", str(job))
+    assert proc.returncode == 2 and "expected a whole number" in proc.stderr

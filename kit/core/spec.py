@@ -15,104 +15,26 @@ from pathlib import Path
 from typing import Any
 
 from kit import files
+from kit.core import options
 from kit.core import sweep as sweep_lib
 from kit.errors import KitError
 
 
 
-@dataclass
-class JobSpec:
-    """Everything that describes one job. ``None``: not given (a default applies)."""
-
-    command: list[str] | None = None
-    nodes: int | None = None
-    gpus_per_node: int | None = None
-    ntasks_per_node: int | None = None
-    cpus_per_task: int | None = None
-    mem: str | None = None
-    time: str | None = None
-    partition: str | None = None
-    account: str | None = None
-    job_name: str | None = None
-    output_dir: str | None = None
-    env: dict[str, str] | None = None
-    debug: bool | None = None
-    sbatch_args: list[str] | None = None
-    sidecars: list[str] | None = None
-    # Preemption plan: warning signal to the batch shell SIGNAL_LEAD seconds
-    # before the time limit; the job requeues itself at most MAX_RESTARTS times.
-    signal: str | None = None
-    signal_lead: int | None = None
-    max_restarts: int | None = None
-    heartbeat: int | None = None
-    port_range: str | None = None
-    master_interface: str | None = None
-    step_wait: int | None = None
-    # Slurm's MPI plugin for the step (srun --mpi): none, pmi2, pmix, ...
-    mpi: str | None = None
-    # Many tasks of one job (kit.core.sweep): an index set (Slurm's --array
-    # syntax) and/or sweep parameters, NAME -> values (their product).
-    array: str | None = None
-    sweep: dict[str, list[str]] | None = None
-    # Run after other jobs: "JOB[:ok|any|notok]", JOB a job id or a kit job directory.
-    after: list[str] | None = None
-    # Hang detection: a rank whose progress file ($KIT_PROGRESS_FILE) has not
-    # been touched for HANG_TIMEOUT seconds (FIRST_PROGRESS_TIMEOUT before its
-    # first touch in a run) stops the step; 0 turns it off.
-    hang_timeout: int | None = None
-    first_progress_timeout: int | None = None
-    # Seconds a command may take to exit after a stop signal before it is killed.
-    stop_grace: int | None = None
-    # Containers (pyxis): the flags go on the srun step.
-    image: str | None = None
-    mounts: list[str] | None = None
-    container_workdir: str | None = None
-    container_env: list[str] | None = None
-    container_name: str | None = None
-    container_writable: bool | None = None
-    container_mount_home: bool | None = None
-    container_remap_root: bool | None = None
-    mount_check: bool | None = None
-    # Metrics: the exporter sidecar on local rank 0 of every node.
-    exporter: bool | None = None
-    exporter_ports: str | None = None
-    prometheus_targets: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+def _to_dict(self) -> dict[str, Any]:
+    return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
-FIELD_NAMES = tuple(f.name for f in fields(JobSpec))
+# Everything that describes one job, a field per option of kit.core.options (the one
+# declaration of each). ``None``: not given (a default applies).
+JobSpec = dataclasses.make_dataclass(
+    "JobSpec", [(o.name, o.python_type | None, field(default=None)) for o in options.SPEC_OPTIONS],
+    namespace={"to_dict": _to_dict, "__doc__": "Everything that describes one job (kit.core.options). "
+                                               "``None``: not given (a default applies).",
+               "__module__": __name__})
 
-DEFAULTS: dict[str, Any] = {
-    "nodes": 1,
-    "gpus_per_node": 0,
-    "job_name": "kit",
-    "output_dir": "kit-jobs",
-    "env": {},
-    "debug": False,
-    "sbatch_args": [],
-    "sidecars": [],
-    "signal": "USR1",
-    "signal_lead": 90,
-    "max_restarts": 3,
-    "heartbeat": 60,
-    "port_range": "29500-30499",
-    "step_wait": 60,
-    "mpi": "none",
-    "hang_timeout": 900,
-    "first_progress_timeout": 3600,
-    "stop_grace": 3,
-    "mounts": [],
-    "after": [],
-    "container_env": [],
-    "container_writable": False,
-    "container_mount_home": False,
-    "container_remap_root": False,
-    "mount_check": True,
-    "exporter": True,
-    "exporter_ports": "9400-9499",
-}
+FIELD_NAMES = tuple(o.name for o in options.SPEC_OPTIONS)
+DEFAULTS: dict[str, Any] = {o.name: o.default for o in options.SPEC_OPTIONS if o.default is not None}
 
 # Variables the launcher owns: a user value would be overwritten or would
 # break the rank mapping, so --env refuses them.
@@ -180,13 +102,10 @@ class Origins(dict):
         return self.get(name) or cli_label(name)
 
 
-_OPTION_NAMES = {"after": "--after", "sweep": "--sweep", "sbatch_args": "--sbatch-arg", "sidecars": "--sidecar", "command": "command", "mounts": "--mount",
-                 "mount_check": "--no-mount-check", "exporter": "--no-exporter"}
-
-
 def cli_label(name: str) -> str:
     """How the command line spells a field: ``--gpus-per-node``, ``--sbatch-arg``."""
-    return _OPTION_NAMES.get(name) or "--" + name.replace("_", "-")
+    option = options.BY_NAME.get(name)
+    return option.label if option else "--" + name.replace("_", "-")
 
 
 # ---------------------------------------------------------------- parsing
@@ -281,15 +200,11 @@ def load_job_file(path: str | Path) -> tuple[JobSpec, Origins]:
     return spec, origins
 
 
-_INT_FIELDS = {"nodes", "gpus_per_node", "ntasks_per_node", "cpus_per_task", "signal_lead",
-               "max_restarts", "heartbeat", "step_wait", "hang_timeout", "first_progress_timeout",
-               "stop_grace"}
-_STR_FIELDS = {"mem", "time", "partition", "account", "job_name", "output_dir", "signal",
-               "port_range", "master_interface", "image", "container_workdir", "container_name",
-               "exporter_ports", "prometheus_targets", "mpi", "array"}
-_LIST_FIELDS = {"command", "sbatch_args", "sidecars", "mounts", "container_env", "after"}
-_BOOL_FIELDS = {"debug", "container_writable", "container_mount_home", "container_remap_root", "mount_check",
-                "exporter"}
+_KINDS = {o.name: o.kind for o in options.SPEC_OPTIONS}
+_INT_FIELDS = {n for n, k in _KINDS.items() if k == options.INT}
+_STR_FIELDS = {n for n, k in _KINDS.items() if k == options.STR}
+_LIST_FIELDS = {n for n, k in _KINDS.items() if k == options.LIST}
+_BOOL_FIELDS = {n for n, k in _KINDS.items() if k in options.BOOLS}
 
 
 def _coerce_file_value(name: str, value: Any, label: str) -> Any:
@@ -318,11 +233,11 @@ def _coerce_file_value(name: str, value: Any, label: str) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise bad("a list of strings", f'{name.replace("_", "-")} = ["..."]')
         return list(value)
-    if name == "env":
+    if _KINDS[name] == options.TABLE:
         if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
             raise bad("a table of strings", 'env = { KEY = "value" }')
         return dict(value)
-    if name == "sweep":
+    if _KINDS[name] == options.SWEEP:
         if not isinstance(value, dict) or not all(isinstance(v, list) for v in value.values()):
             raise bad("a table of lists", "[sweep]\nlr = [0.1, 0.01]")
         return dict(sweep_lib.check_sweep(k, v, label) for k, v in value.items())
@@ -337,7 +252,7 @@ def merge(base: JobSpec, override: JobSpec, base_origins: Origins) -> tuple[JobS
         value = getattr(override, name)
         if value is None:
             continue
-        if name in ("env", "sweep") and getattr(base, name):
+        if _KINDS[name] in (options.TABLE, options.SWEEP) and getattr(base, name):
             value = {**getattr(base, name), **value}
         setattr(out, name, value)
         origins[name] = cli_label(name)
@@ -365,7 +280,7 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
     s = dataclasses.replace(spec)
     for name, default in DEFAULTS.items():
         if getattr(s, name) is None:
-            setattr(s, name, default() if callable(default) else _copy(default))
+            setattr(s, name, _copy(default))
     warnings: list[str] = []
 
     def err(name: str, message: str, hint: str | None = None) -> KitError:
@@ -384,19 +299,12 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
     if not s.command:
         raise KitError("no command to run", field="command",
                        hint="put the command after --, e.g. kit launch --nodes 2 -- python -m kit.train")
-    at_least("nodes", 1)
     at_least("gpus_per_node", 0)
     if s.ntasks_per_node is None:
         s.ntasks_per_node = max(s.gpus_per_node, 1)
-    at_least("ntasks_per_node", 1)
-    at_least("cpus_per_task", 1)
-    at_least("signal_lead", 1)
-    at_least("max_restarts", 0)
-    at_least("heartbeat", 0)
-    at_least("step_wait", 1)
-    at_least("hang_timeout", 0)
-    at_least("first_progress_timeout", 0)
-    at_least("stop_grace", 1)
+    for option in options.SPEC_OPTIONS:
+        if option.minimum is not None:
+            at_least(option.name, option.minimum)
     if s.gpus_per_node and s.ntasks_per_node not in (1, s.gpus_per_node):
         raise err("ntasks_per_node",
                   f"{s.ntasks_per_node} tasks per node do not match {s.gpus_per_node} GPUs per node",
