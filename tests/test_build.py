@@ -14,7 +14,7 @@ from conftest import kit, require
 from images import CONFIG, docker_archive, oci_layout, tar_bytes, tiny_rootfs, tree
 
 from kit.image import enroot, unpack
-from kit.image.builder import read_file
+from kit.image.info import read_file
 
 
 def sha256(path: Path) -> str:

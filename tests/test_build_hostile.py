@@ -25,7 +25,7 @@ from images import tiny_rootfs
 
 from kit.errors import KitError
 from kit.image import add, unpack
-from kit.image.builder import read_file
+from kit.image.info import read_file
 
 
 @pytest.fixture(scope="module")

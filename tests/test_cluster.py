@@ -11,7 +11,8 @@ import subprocess
 import pytest
 from conftest import kit, require, wait_for
 
-from kit.cluster import LocalCluster, _alive
+from kit.cluster import LocalCluster
+from kit.cluster.processes import alive as _alive
 
 
 @pytest.fixture
@@ -192,7 +193,7 @@ def test_status_names_the_plugin_the_cluster_was_started_with(home, monkeypatch)
     caller's environment (`pyxis None` without KIT_PYXIS_PLUGIN)."""
     from dataclasses import asdict
 
-    from kit.cluster import ClusterState
+    from kit.cluster.state import ClusterState
 
     monkeypatch.delenv("KIT_PYXIS_PLUGIN", raising=False)
     (home / "cluster").mkdir(parents=True)

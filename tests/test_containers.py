@@ -385,7 +385,7 @@ def test_a_node_repaired_from_a_shell_with_another_path_still_runs_containers(cl
     still run (real pyxis: the per-node enroot wrapper puts enroot's helpers on PATH itself)."""
     import signal
 
-    from kit.cluster import _alive
+    from kit.cluster.processes import alive as _alive
 
     st = cluster.state()
     os.kill(st.pids["node2"], signal.SIGKILL)

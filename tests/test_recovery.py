@@ -18,7 +18,8 @@ import pytest
 from conftest import check_end, kit, launch_wait, read_logs, require, wait_for, wait_no_processes
 
 from kit import slurm
-from kit.cluster import LocalCluster, _alive
+from kit.cluster import LocalCluster
+from kit.cluster.processes import alive as _alive
 
 # Checkpoints at 25, 50, ...: the tests stop ranks around logged steps 30 and 40, between saves.
 TRAIN = [sys.executable, "-m", "kit.train", "--step-delay", "0.03", "--log-every", "10", "--checkpoint-every", "25"]

@@ -129,9 +129,9 @@ def build(recipe, output, dockerfile, build_args, target, base_roots, compressio
 @click.option("--json", "as_json", is_flag=True, help="Print the details as JSON.")
 def inspect(image, as_json):
     """Show an image's size, compression, environment, workdir, entrypoint and provenance."""
-    from kit.image import builder as lib
+    from kit.image import info as image_info
 
-    info = lib.inspect(Path(image))
+    info = image_info.inspect(Path(image))
     if as_json:
         d = asdict(info)
         d["path"] = str(info.path)

@@ -76,12 +76,11 @@ def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[st
         mounts.append(pyxis.Mount(s.prometheus_targets, s.prometheus_targets))
     workdir = s.container_workdir
     if not s.image.startswith("docker://"):
-        from kit.image import builder as build
-        from kit.image import runtime
+        from kit.image import info, runtime
 
         image = Path(s.image)
         try:
-            found = build.image_has(image, ["bin/bash", "usr/bin/bash", "usr/bin/tee", "bin/tee", "opt/kit/VERSION"])
+            found = info.image_has(image, ["bin/bash", "usr/bin/bash", "usr/bin/tee", "bin/tee", "opt/kit/VERSION"])
         except KitError as e:
             e.field = "--image"
             raise
@@ -95,7 +94,7 @@ def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[st
             bundle = runtime.bundle()
             mounts.append(pyxis.Mount(str(bundle), runtime.IMAGE_PREFIX, ("ro",)))
         if workdir is None:
-            meta = build.image_metadata(image) or {}
+            meta = info.image_metadata(image) or {}
             workdir = (meta.get("config") or {}).get("workdir") or None
     flags = pyxis.srun_flags(image=s.image, mounts=mounts, workdir=workdir, name=s.container_name,
                              writable=s.container_writable, mount_home=s.container_mount_home,

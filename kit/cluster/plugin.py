@@ -1,0 +1,71 @@
+"""Container jobs on the local cluster: real pyxis + enroot when both are installed, else
+kit's stand-in SPANK plugin (spank/kit_pyxis.c), compiled against Debian's libslurm-dev."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from kit.cluster import config
+from kit.runner import run
+
+PYXIS_PATHS = ("/usr/local/lib/slurm/spank_pyxis.so", "/usr/lib/x86_64-linux-gnu/slurm/spank_pyxis.so",
+               "/usr/lib64/slurm/spank_pyxis.so", "/usr/lib/slurm/spank_pyxis.so")
+
+
+def pyxis_plugin() -> str | None:
+    """Path of an installed pyxis (KIT_PYXIS_PLUGIN, or the usual places)."""
+    for path in (os.environ.get("KIT_PYXIS_PLUGIN"), *PYXIS_PATHS):
+        if path and os.path.exists(path):
+            return path
+    return None
+
+
+
+def prepare(root: Path, progress) -> str | None:
+    """Real pyxis when it and enroot are installed, else kit's stand-in, built now."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    choice = config.choose_containers(pyxis_plugin(), shutil.which("enroot"),
+                                      cc is not None and Path("/usr/include/slurm/spank.h").exists())
+    if choice == config.PYXIS:
+        progress(f"container jobs: pyxis ({pyxis_plugin()}), enroot ({shutil.which('enroot')}), "
+                 f"each node with its own enroot paths under {root / 'enroot'}")
+        return choice
+    if choice is None:
+        progress("container jobs disabled: building kit's pyxis stand-in needs gcc and "
+                 "libslurm-dev (apt-get install -y gcc libslurm-dev)")
+        return None
+    out = root / "spank_kit_pyxis.so"
+    src = Path(__file__).parent / "spank" / "kit_pyxis.c"
+    run([cc, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(out), str(src)], what="cluster",
+        hint="the stand-in SPANK plugin did not compile")
+    progress("container jobs: kit's pyxis stand-in (no pyxis/enroot here)")
+    return "kit-pyxis"
+
+def description(root: Path, st) -> str:
+    """Which plugin runs container jobs (``kit cluster status``)."""
+    if st is None or not st.containers:
+        return "none (kit's stand-in needs gcc and libslurm-dev; real pyxis needs enroot too)"
+    if st.containers == config.PYXIS:
+        return f"pyxis {plugin_of(root, st)}, each node with its own enroot paths under {root / 'enroot'}"
+    return f"kit's pyxis stand-in {plugin_of(root, st)} (no pyxis and enroot installed)"
+
+def plugin_of(root: Path, st) -> str | None:
+    """The plugin ``st`` was started with (a state from before it was recorded: found again)."""
+    if st.container_plugin:
+        return st.container_plugin
+    return pyxis_plugin() if st.containers == config.PYXIS else str(root / "spank_kit_pyxis.so")
+
+
+def write_enroot_wrappers(root: Path, nodes: int) -> None:
+    """Real pyxis: each node's own enroot directories, and the wrapper first on its slurmd's PATH."""
+    enroot = shutil.which("enroot")
+    config.pyxis_runtime(root).mkdir(parents=True, exist_ok=True)
+    for i in range(1, nodes + 1):
+        wrapper = config.enroot_bin(root, f"node{i}") / "enroot"
+        wrapper.parent.mkdir(parents=True, exist_ok=True)
+        wrapper.write_text(config.enroot_wrapper(root, f"node{i}", enroot))
+        wrapper.chmod(0o755)
+        for path in config.enroot_paths(root, f"node{i}").values():
+            path.mkdir(parents=True, exist_ok=True)

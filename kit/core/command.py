@@ -1,0 +1,68 @@
+"""The command a job runs, checked before submission: it must fit what Linux passes to a
+process, per-task ``$NAME`` values no shell will expand are pointed out, and Lightning's
+``--devices`` must match the tasks per node (it hangs otherwise)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from kit.core.values import RESERVED_ENV
+from kit.errors import KitError
+
+MAX_ENV_STRING = 32 * 4096  # Linux's limit on one argument or environment string (MAX_ARG_STRLEN), NUL included
+MAX_COMMAND_BYTES = 1 << 20
+
+
+def check_exec_sizes(s, origins) -> None:
+    """The command and environment must fit what Linux passes to a process."""
+    for word in s.command or []:
+        if len(word.encode()) + 1 > MAX_ENV_STRING:
+            raise KitError(f"a command argument is {len(word.encode())} bytes; Linux passes at most "
+                           f"{MAX_ENV_STRING - 1} bytes per argument", field=origins.label("command"),
+                           hint="put large values in a file and pass its path")
+    total = sum(len(w.encode()) + 1 for w in s.command or []) + \
+        sum(len(k.encode()) + len(v.encode()) + 2 for k, v in s.env.items())
+    if total > MAX_COMMAND_BYTES:
+        raise KitError(f"the command and --env values come to {total} bytes; kit allows {MAX_COMMAND_BYTES} "
+                       "(Linux's limit for one process, less what Slurm and kit add)",
+                       field=origins.label("command"), hint="put large values in a file and pass its path")
+
+
+SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh"})
+# What differs from task to task: a `$NAME` of one of these in an argument is a per-task value the user
+# expects a shell to fill in.
+PER_TASK_VARIABLES = RESERVED_ENV | {"MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "HOSTNAME", "CUDA_VISIBLE_DEVICES"}
+_DOLLAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def literal_task_variables(command: list[str]) -> list[str]:
+    """Warnings for ``$NAME`` of a per-task variable in an argument of a command no shell
+    runs: kit passes arguments as they are (no shell expands them on the nodes)."""
+    if not command or Path(command[0]).name in SHELLS:
+        return []
+    out = []
+    for arg in command[1:]:
+        names = [n for n in _DOLLAR.findall(arg) if n in PER_TASK_VARIABLES or n.startswith(("SLURM_", "PMI_"))]
+        if names:
+            out.append(f"the argument {arg!r} reaches {Path(command[0]).name} as written: no shell expands "
+                       f"${names[0]} (kit runs the command without one); for a per-task value write "
+                       f"-- bash -c '{command[0]} ... {arg} ...'")
+    return out
+
+
+def check_devices(s, origins) -> None:
+    """Lightning hangs at "Initializing distributed" when devices != tasks per node."""
+    cmd = s.command or []
+    for i, arg in enumerate(cmd):
+        for flag in ("--devices", "--trainer.devices"):
+            value = None
+            if arg == flag and i + 1 < len(cmd):
+                value = cmd[i + 1]
+            elif arg.startswith(flag + "="):
+                value = arg.split("=", 1)[1]
+            if value is not None and value.isdigit() and int(value) != s.ntasks_per_node:
+                raise KitError(f"the command asks for {flag} {value} but each node runs "
+                               f"{s.ntasks_per_node} task(s)", field=origins.label("command"),
+                               hint=f"use --ntasks-per-node {value}, or {flag} {s.ntasks_per_node}: "
+                                    "Lightning hangs at 'Initializing distributed' when they differ")

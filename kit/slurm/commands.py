@@ -1,0 +1,184 @@
+"""Slurm commands kit composes and runs: sbatch's and srun's options for a job, the checks
+made against the cluster before submitting (partition, sizes, KillWait, MPI, --after), and
+submitting and cancelling."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from kit.core.spec import ResolvedJob
+from kit.errors import KitError
+from kit.jobdir import JobDir
+from kit.slurm.target import RANK_MAPPING, Target
+
+def _escape_filename_pattern(path: str) -> str:
+    # sbatch expands %j, %x, ... in --output; a literal % is written %%.
+    return path.replace("%", "%%")
+
+
+def sbatch_argv(job: ResolvedJob, job_dir: Path) -> list[str]:
+    """The exact sbatch command line for a prepared job directory."""
+    s = job.spec
+    opts: dict[str, str | None] = {
+        "--job-name": s.job_name,
+        "--nodes": str(s.nodes),
+        "--ntasks-per-node": str(s.ntasks_per_node),
+        "--output": _escape_filename_pattern(str(JobDir(job_dir).logs)) + "/" + JobDir.BATCH_LOG.format(job_id="%j"),
+        "--open-mode": "append",
+    }
+    if job.tasks is not None:
+        # Each array task's batch log goes to its own task directory.
+        opts["--array"] = job.tasks.render()
+        opts["--output"] = (_escape_filename_pattern(str(job_dir / JobDir.TASKS)) + f"/%a/{JobDir.LOGS}/"
+                            + JobDir.ARRAY_BATCH_LOG)
+    if s.gpus_per_node:
+        opts["--gpus-per-node"] = str(s.gpus_per_node)
+    for name in ("cpus_per_task", "mem", "time", "partition", "account"):
+        value = getattr(s, name)
+        if value is not None:
+            opts["--" + name.replace("_", "-")] = str(value)
+    if job.time_seconds is not None or s.max_restarts:
+        opts["--signal"] = f"B:{s.signal}@{s.signal_lead}"
+    if s.after:
+        # Slurm's --dependency: a comma means all of them; a dependency that can
+        # never be met cancels the job (it never pends forever).
+        opts["--dependency"] = ",".join(f"after{kind}:{job_id}" for job_id, _, kind in
+                                        (a.partition(":") for a in s.after))
+        opts["--kill-on-invalid-dep"] = "yes"
+    argv = ["sbatch", "--parsable"]
+    argv += [f"{k}={v}" for k, v in sorted(opts.items())]
+    argv.append("--requeue" if s.max_restarts else "--no-requeue")
+    argv += list(s.sbatch_args)
+    argv.append(str(job_dir / JobDir.PRELAUNCH))
+    return argv
+
+
+def srun_args(job: ResolvedJob, container_flags: list[str] = ()) -> list[str]:
+    """The options of the one srun step prelaunch.sh runs, container flags included."""
+    s = job.spec
+    args = [
+        "--kill-on-bad-exit=1",
+        # The step carries prelaunch's environment whatever the site sets
+        # (SBATCH_EXPORT=NONE leaves SLURM_EXPORT_ENV=NONE in the job).
+        "--export=ALL",
+        f"--wait={s.step_wait}",
+        f"--mpi={s.mpi}",
+        "--label",
+        f"--nodes={s.nodes}",
+        f"--ntasks-per-node={s.ntasks_per_node}",
+    ]
+    if s.cpus_per_task is not None:
+        # Slurm 22.05's srun no longer inherits --cpus-per-task from sbatch.
+        args.append(f"--cpus-per-task={s.cpus_per_task}")
+    if s.gpus_per_node:
+        args.append(f"--gpus-per-node={s.gpus_per_node}")
+    return args + list(container_flags)
+
+
+def rank_exports() -> str:
+    return "\n".join(
+        f'export {name}="${{{source}:?is not set: launcher.sh runs as a task of an srun step}}"'
+        for name, source in RANK_MAPPING)
+
+
+def partitions(target: Target) -> list[str]:
+    out = target.run(["sinfo", "--noheader", "--format=%R"], what="slurm",
+                     hint="is Slurm reachable? For kit's local cluster run: kit cluster up").stdout
+    return sorted({line.strip() for line in out.splitlines() if line.strip()})
+
+
+def check_partition(target: Target, partition: str, label: str) -> None:
+    known = partitions(target)
+    if partition not in known:
+        raise KitError(f"unknown partition {partition!r}", field=label,
+                       hint="partitions here: " + (", ".join(known) or "(none)"))
+
+
+_MEM_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def check_fits(target: Target, partition: str | None, nodes: int, cpus_per_node: int, mem: str | None,
+               labels: tuple[str, str, str], note=lambda msg: None) -> None:
+    """The request can ever run: the partition (the job's, else the default one) has
+    ``nodes`` nodes with ``cpus_per_node`` CPUs and ``mem`` (sbatch's --mem) each. Slurm
+    would queue an impossible request and leave it pending for good. Nodes Slurm holds
+    back (drained, down) count, with a note: they may come back."""
+    out = target.run(["sinfo", "--noheader", "--Node", "--format=%N|%c|%m|%t|%P|%E"], what="sinfo",
+                     check=False).stdout
+    found: dict[str, tuple[int, int, str, str]] = {}
+    for line in out.splitlines():
+        fields = [f.strip() for f in line.split("|", 5)]
+        if len(fields) < 6 or not fields[1].isdigit():
+            continue
+        name, count, memory, state, part, reason = fields
+        if part.endswith("*") if partition is None else part.rstrip("*") == partition:
+            found[name] = (int(count), int(memory) if memory.isdigit() else 0, state, reason)
+    if not found:
+        return  # sinfo said nothing usable: sbatch will tell
+    where = f"partition {partition}" if partition else "the default partition"
+    if nodes > len(found):
+        raise KitError(f"{where} has {len(found)} node(s); {nodes} asked for would wait forever", field=labels[0],
+                       hint=f"ask for at most {len(found)}")
+    fitting = [n for n, (c, _, _, _) in found.items() if c >= cpus_per_node]
+    if len(fitting) < nodes:
+        raise KitError(f"{nodes} node(s) with {cpus_per_node} CPUs each: {where} has "
+                       f"{len(fitting)} such node(s) (its largest has {max(c for c, *_ in found.values())} CPUs); "
+                       "the job would wait forever", field=labels[1],
+                       hint="ask for fewer CPUs per task or fewer tasks per node")
+    if mem:
+        need_mb = int(mem[:-1]) * _MEM_UNITS[mem[-1]] if mem[-1] in _MEM_UNITS else int(mem)
+        fitting = [n for n in fitting if found[n][1] >= need_mb]
+        if len(fitting) < nodes:
+            largest = max(m for _, m, _, _ in found.values())
+            raise KitError(f"{nodes} node(s) with {mem} of memory each: {where} has {len(fitting)} such node(s) "
+                           f"(its largest has {largest} MB for jobs); the job would wait forever", field=labels[2],
+                           hint=f"ask for at most --mem {largest}M")
+    held = sorted(n for n in fitting if any(w in found[n][2] for w in ("drain", "drng", "down", "fail")))
+    if len(fitting) - len(held) < nodes:
+        which = ", ".join(f"{n} ({found[n][2]}: {found[n][3] or 'no reason given'})" for n in held)
+        note(f"{which}: Slurm holds back {'this node' if len(held) == 1 else 'these nodes'}; the job waits until "
+             "enough are back (kit cluster up resumes the local cluster's)")
+
+
+def kill_wait(target: Target) -> int | None:
+    """Slurm's KillWait (seconds between a job's TERM and its KILL), or None if unknown."""
+    out = target.run(["scontrol", "show", "config"], what="scontrol", check=False).stdout
+    m = re.search(r"^KillWait\s*=\s*(\d+)", out, re.M)
+    return int(m.group(1)) if m else None
+
+
+def check_stop_grace(target: Target, grace: int, label: str) -> None:
+    """kit's grace between a stop's TERM and its KILL must end before Slurm's own KILL."""
+    wait = kill_wait(target)
+    if wait is not None and grace >= wait:
+        raise KitError(f"a grace of {grace} s would be cut short: Slurm kills a job's processes {wait} s "
+                       "(KillWait) after it signals them", field=label, hint=f"use a --stop-grace below {wait}")
+
+
+def mpi_types(target: Target) -> list[str]:
+    """The MPI plugin types the target's srun offers (``srun --mpi=list``)."""
+    proc = target.run(["srun", "--mpi=list"], what="srun --mpi=list", check=False)
+    text = proc.stdout + proc.stderr
+    types = [line.strip() for line in text.splitlines() if line.startswith(("\t", " ")) and line.strip()]
+    return [t for t in types if re.fullmatch(r"[A-Za-z0-9_]+", t)]
+
+
+def check_mpi(target: Target, mpi: str, label: str) -> None:
+    known = mpi_types(target)
+    if mpi not in known:
+        raise KitError(f"unknown MPI type {mpi!r}", field=label,
+                       hint="this cluster's srun offers: " + (", ".join(known) or "(none listed)"))
+
+
+def cancel(target: Target, job_id: str) -> None:
+    """scancel the job (every task of an array job)."""
+    target.run(["scancel", job_id], what="scancel", timeout=60)
+
+
+def submit(target: Target, argv: list[str], cwd: str | None = None) -> str:
+    proc = target.run(argv, what="sbatch", cwd=cwd, timeout=120)
+    job_id = proc.stdout.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise KitError(f"sbatch printed no job id: {proc.stdout.strip()!r}", exit_code=1)
+    return job_id
