@@ -50,15 +50,31 @@ unset KIT_TASK_START
 
 {{ lib }}
 
-# Slurm's task variables, under the names torch.distributed and Lightning read.
-{{ rank_exports }}
+# Slurm's task variables, under the names torch.distributed and Lightning read (NAME=SOURCE each).
+readonly -a KIT_RANK_MAPPING=( {{ rank_mapping }} )
+for kit_kv in "${KIT_RANK_MAPPING[@]}"; do
+  kit_source="${kit_kv#*=}"
+  [[ -n "${!kit_source-}" ]] || kit::die "${kit_source} is not set: launcher.sh runs as a task of an srun step"
+  export "${kit_kv%%=*}=${!kit_source}"
+done
+unset kit_kv kit_source
 KIT_WHO="rank ${RANK}"
 : "${MASTER_ADDR:?is not set: launcher.sh runs in the step that prelaunch.sh starts}"
 : "${MASTER_PORT:?is not set: launcher.sh runs in the step that prelaunch.sh starts}"
 : "${KIT_LOG_DIR:?is not set: launcher.sh runs in the step that prelaunch.sh starts}"
 : "${KIT_HANG_DIR:?is not set: launcher.sh runs in the step that prelaunch.sh starts}"
 
-{{ torchrun_exports }}
+# One task per node (a per-node launcher such as torchrun): torchrun started here joins one
+# world across every node of the step through its PET_* variables (its options' defaults).
+readonly KIT_PER_NODE_LAUNCHER={{ per_node_launcher }}
+readonly KIT_NPROC_PER_NODE={{ nproc_per_node }}
+if (( KIT_PER_NODE_LAUNCHER )); then
+  export PET_NNODES="${PET_NNODES:-${WORLD_SIZE}}"
+  export PET_NODE_RANK="${PET_NODE_RANK:-${NODE_RANK}}"
+  export PET_MASTER_ADDR="${PET_MASTER_ADDR:-${MASTER_ADDR}}"
+  export PET_MASTER_PORT="${PET_MASTER_PORT:-${MASTER_PORT}}"
+  if [[ -n "${KIT_NPROC_PER_NODE}" ]]; then export PET_NPROC_PER_NODE="${PET_NPROC_PER_NODE:-${KIT_NPROC_PER_NODE}}"; fi
+fi
 
 # Lightning ignores Slurm in jobs named "bash" or "interactive" and would run
 # every task as rank 0; with these variables it reads the ranks above instead.
@@ -73,7 +89,12 @@ fi
 export PYTHONUNBUFFERED="${PYTHONUNBUFFERED:-1}"
 if kit::truthy "${DEBUG:-0}"; then set -x; fi
 
-{{ command }}
+# The command; a sweep task's own, its parameter values in place (NUL-separated words).
+# shellcheck disable=SC2016  # its words are literal: no shell expands them here
+KIT_COMMAND=( {{ command }} )
+readonly KIT_SWEEP_TASK={{ sweep }}
+if (( KIT_SWEEP_TASK )); then mapfile -d '' -t KIT_COMMAND <"${KIT_JOB_DIR}/command"; fi
+readonly KIT_COMMAND
 readonly KIT_STOP_GRACE={{ stop_grace }}
 # Sidecars, three words each: name, a program that must exist ('' for none),
 # and the bash command that runs it. Local rank 0 starts them, one per node.
@@ -311,11 +332,16 @@ fi
 # gives the job its code, and the work is finished only when every rank
 # says its command ended by itself with 0 (srun alone may exit 0 after a
 # node failure killed its tasks): not stopped, and not given the warning.
+# kit::record_exit RC HOW: the one writer of this rank's exit record (logs/exit.r<run>.rank-<R>:
+# "time rank rc self|stopped|warned"; kit.jobdir.records.rank_ends reads it).
+kit::record_exit() {
+  printf '%s %s %s %s\n' "$(date +%s%N)" "${RANK}" "$1" "$2" >"${KIT_LOG_DIR}/exit.r${KIT_RESTART:-0}.rank-${RANK}"
+}
 KIT_HOW=self
 if (( KIT_STOPPING )); then
   KIT_HOW=stopped
 elif [[ -e "${KIT_PROGRESS_DIR}/warned-${RANK}" ]]; then
   KIT_HOW=warned
 fi
-printf '%s %s %s %s\n' "$(date +%s%N)" "${RANK}" "${KIT_RC}" "${KIT_HOW}" >"${KIT_LOG_DIR}/exit.r${KIT_RESTART:-0}.rank-${RANK}"
+kit::record_exit "${KIT_RC}" "${KIT_HOW}"
 exit "${KIT_RC}"

@@ -29,8 +29,9 @@ readonly KIT_SIGNAL_LEAD={{ signal_lead }}
 readonly KIT_LIMIT_MARGIN=$(( {{ stop_grace }} + 15 ))
 readonly KIT_REQUEUE_DELAY=5
 readonly KIT_WORLD_SIZE={{ world_size }}
-# Exit codes prelaunch decides itself (kit.core.outcome; the README's table).
-{{ exit_codes }}
+# Exit codes prelaunch decides itself (kit.core.outcome; the README's table): KIT_EXIT_<NAME>.
+readonly -a KIT_EXIT_CODES=( {{ exit_codes }} )
+for kit_kv in "${KIT_EXIT_CODES[@]}"; do declare -r "KIT_EXIT_${kit_kv%%=*}=${kit_kv#*=}"; done
 readonly KIT_HEARTBEAT_SECONDS={{ heartbeat }}
 readonly KIT_PORT_LOW={{ port_low }}
 readonly KIT_PORT_HIGH={{ port_high }}
@@ -40,9 +41,22 @@ readonly KIT_SRUN_ARGS=( {{ srun_args }} )
 # (pyxis --container-env); the flag lists those that are set when srun starts.
 readonly KIT_CONTAINER_ENV=( {{ container_env }} )
 export KIT_CONTAINER={{ container }}
-# The exporter sidecar: its port range, where Prometheus finds targets, the host's Python.
+# The exporter sidecar: its port range, where Prometheus finds targets (none: ''), and
+# outside a container the Python that has kit ('' in a container: the image's).
 export KIT_EXPORTER_PORTS={{ exporter_ports }}
-{{ metrics_exports }}
+readonly KIT_TARGETS_DIR={{ prometheus_targets }}
+if [[ -n "${KIT_TARGETS_DIR}" ]]; then export KIT_PROMETHEUS_TARGETS="${KIT_TARGETS_DIR}"; fi
+readonly KIT_HOST_PYTHON={{ host_python }}
+if [[ -n "${KIT_HOST_PYTHON}" ]]; then export KIT_PYTHON="${KIT_HOST_PYTHON}"; fi
+# The job's own variables (--env), KEY=VALUE each; their values are literal by design.
+# shellcheck disable=SC2016
+readonly -a KIT_ENV=( {{ env }} )
+# kit::given_env NAME: whether --env gave NAME.
+kit::given_env() {
+  local kv
+  for kv in "${KIT_ENV[@]}"; do if [[ "${kv%%=*}" == "$1" ]]; then return 0; fi; done
+  return 1
+}
 export KIT_WARNING_SIGNAL={{ signal }}
 export KIT_JOB_DIR
 # A sweep task's parameter values, as KIT_SWEEP_<NAME> (names checked by kit).
@@ -50,6 +64,7 @@ if [[ -r "${KIT_JOB_DIR}/sweep" ]]; then
   while IFS= read -r -d '' kit_kv; do export "KIT_SWEEP_${kit_kv%%=*}=${kit_kv#*=}"; done <"${KIT_JOB_DIR}/sweep"
 fi
 export KIT_FINISHED_FILE="${KIT_JOB_DIR}/FINISHED"
+readonly KIT_RUNS_FILE="${KIT_JOB_DIR}/runs.jsonl"
 export KIT_LOG_DIR="${KIT_JOB_DIR}/logs"
 export KIT_RESTART="${SLURM_RESTART_COUNT:-0}"
 export KIT_CHECKPOINT_STEP_FILE="${KIT_JOB_DIR}/checkpoint_step"
@@ -178,11 +193,8 @@ else
   export DEBUG=0
 fi
 
-# The job's own variables (--env); their values are literal by design.
-# shellcheck disable=SC2016
-{
-{{ env_exports }}
-}
+# The job's own variables (--env), exported after the debug toggles: --env beats each.
+for kit_kv in "${KIT_ENV[@]}"; do export "${kit_kv%%=*}=${kit_kv#*=}"; done
 
 if [[ -e "${KIT_FINISHED_FILE}" ]]; then
   kit::log "${KIT_FINISHED_FILE} exists: the work is done, not running it again"
@@ -275,10 +287,20 @@ kit::record_run() {
   local -r step="$(kit::checkpoint_step)"
   local advanced=false
   if (( step > KIT_START_STEP )); then advanced=true; fi
-  printf '{"run": %d, "end": "%s", "exit_code": %d, "checkpoint_step": %d, "advanced": %s, "time": %d%s}\n' \
-    "${KIT_RESTART}" "${end}" "${rc}" "${step}" "${advanced}" "$(date +%s)" \
-    "${teardown:+, \"teardown_exit_code\": ${teardown}}" >>"${KIT_JOB_DIR}/runs.jsonl"
+  kit::append_run "${KIT_RESTART}" "${end}" "${rc}" "${step}" "${advanced}" "${teardown}"
   KIT_RUN_ADVANCED="${advanced}"
+}
+
+# kit::append_run RUN END RC STEP ADVANCED [TEARDOWN]: the one writer of runs.jsonl's
+# records (kit.jobdir.records.run_records is their one reader in Python).
+kit::append_run() {
+  printf '{"run": %d, "end": "%s", "exit_code": %d, "checkpoint_step": %d, "advanced": %s, "time": %d%s}\n' \
+    "$1" "$2" "$3" "$4" "$5" "$(date +%s)" "${6:+, \"teardown_exit_code\": ${6}}" >>"${KIT_RUNS_FILE}"
+}
+
+# kit::run_record RUN: that run's last record in runs.jsonl (status 1: none).
+kit::run_record() {
+  grep -F "{\"run\": $1," "${KIT_RUNS_FILE}" 2>/dev/null | tail -n 1 | grep .
 }
 
 # kit::stalled: true when this run (KIT_RUN_ADVANCED) and the run before it
@@ -287,7 +309,7 @@ kit::record_run() {
 kit::stalled() {
   local previous
   [[ "${KIT_RUN_ADVANCED}" == false && -e "${KIT_CHECKPOINT_STEP_FILE}" ]] || return 1
-  previous="$(grep -F "{\"run\": $(( KIT_RESTART - 1 ))," "${KIT_JOB_DIR}/runs.jsonl" 2>/dev/null | tail -n 1)" || return 1
+  previous="$(kit::run_record "$(( KIT_RESTART - 1 ))")" || return 1
   [[ "${previous}" == *'"advanced": false'* ]]
 }
 
@@ -516,19 +538,20 @@ kit::trap TERM INT "${KIT_WARNING_SIGNAL}"
 # A run that Slurm ended with SIGKILL (after KillWait, or with its node)
 # left no line in runs.jsonl: say so, so the record has every run.
 KIT_LAST_RUN=""
-if [[ -e "${KIT_JOB_DIR}/runs.jsonl" ]]; then
-  KIT_LAST_RUN="$(tail -n 1 "${KIT_JOB_DIR}/runs.jsonl" | sed -n 's/^{"run": \([0-9]*\),.*/\1/p')"
+if [[ -e "${KIT_RUNS_FILE}" ]]; then
+  KIT_LAST_RUN="$(tail -n 1 "${KIT_RUNS_FILE}" | sed -n 's/^{"run": \([0-9]*\),.*/\1/p')"
 fi
 for (( KIT_RUN = ${KIT_LAST_RUN:--1} + 1; KIT_RUN < KIT_RESTART; KIT_RUN++ )); do
-  printf '{"run": %d, "end": "killed", "exit_code": -1, "checkpoint_step": %d, "advanced": null, "time": %d}\n' \
-    "${KIT_RUN}" "$(kit::checkpoint_step)" "$(date +%s)" >>"${KIT_JOB_DIR}/runs.jsonl"
+  kit::append_run "${KIT_RUN}" killed -1 "$(kit::checkpoint_step)" null
 done
 KIT_START_STEP="$(kit::checkpoint_step)"
 KIT_RUN_ADVANCED=true
 KIT_END_CODE=
 
-# The rendezvous address and port, decided on the allocation's first node.
-{{ master_setup }}
+# The rendezvous address and port, decided on the allocation's first node (or given by --env).
+for kit_name in MASTER_ADDR MASTER_PORT; do
+  if ! kit::given_env "${kit_name}"; then unset "${kit_name}"; fi
+done
 if [[ -z "${MASTER_ADDR-}" || -z "${MASTER_PORT-}" ]]; then
   if (( KIT_BATCH )) || [[ -n "${SLURMD_NODENAME-}" ]]; then
     if [[ -z "${MASTER_ADDR-}" ]]; then MASTER_ADDR="$(kit::master_addr)"; fi

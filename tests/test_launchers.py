@@ -62,7 +62,7 @@ def test_a_plain_torch_distributed_script_gets_four_distinct_ranks(cluster, tmp_
     assert len(losses) == 3 and losses[-1] < losses[0]
     assert torch_load_epoch(w.job_dir / "checkpoints" / "plain.pt") == 2
     launcher = (w.job_dir / "launcher.sh").read_text()
-    assert "PET_NNODES" not in launcher  # several tasks per node: no per-node variables
+    assert "readonly KIT_PER_NODE_LAUNCHER=0\n" in launcher  # several tasks per node: no per-node variables
 
 
 def test_a_plain_script_seen_through_the_progress_call_alone(cluster, tmp_path):

@@ -104,15 +104,11 @@ def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[st
 
 
 def render_scripts(job: ResolvedJob, job_dir: Path, the_step: Step | None = None) -> dict[str, str]:
-    """The text of prelaunch.sh and launcher.sh for ``job`` living in ``job_dir``."""
+    """The text of prelaunch.sh and launcher.sh for ``job`` living in ``job_dir``: every slot
+    a quoted value or an array body; the bash that uses them lives in the templates."""
     s = job.spec
     the_step = the_step or step(job, job_dir)
-    lib = bash.template("lib.sh").rstrip("\n")
-    given = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name in s.env]
-    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in s.env]
-    master_setup = ("unset " + " ".join(missing)) if missing else ""
-    if given:
-        master_setup += ("\n" if master_setup else "") + "# " + " and ".join(given) + " come from --env."
+    lib = bash.template("lib.sh").rstrip("\n")  # shared functions, included whole (no side effects)
     prelaunch = bash.render(bash.template(JobDir.PRELAUNCH), {
         "kit_version": __version__,
         "lib": lib,
@@ -121,7 +117,7 @@ def render_scripts(job: ResolvedJob, job_dir: Path, the_step: Step | None = None
         "signal_lead": str(s.signal_lead),
         "stop_grace": str(s.stop_grace),
         "world_size": str(s.nodes * s.ntasks_per_node),
-        "exit_codes": "\n".join(f"readonly KIT_EXIT_{name}={code}" for name, code in outcome.PRELAUNCH_CODES.items()),
+        "exit_codes": bash.array(f"{name}={code}" for name, code in outcome.PRELAUNCH_CODES.items()),
         "hang_timeout": str(s.hang_timeout),
         "first_progress_timeout": str(s.first_progress_timeout),
         "heartbeat": str(s.heartbeat),
@@ -133,57 +129,25 @@ def render_scripts(job: ResolvedJob, job_dir: Path, the_step: Step | None = None
         "container_env": bash.array(the_step.container_env),
         "signal": bash.quote(s.signal),
         "debug": "1" if s.debug else "0",
-        "env_exports": bash.exports(s.env) or ":  # none given",
-        "master_setup": master_setup,
+        "env": bash.array(f"{k}={v}" for k, v in sorted(s.env.items())),
         "exporter_ports": bash.quote(s.exporter_ports),
-        "metrics_exports": _metrics_exports(job),
+        "prometheus_targets": bash.quote(s.prometheus_targets or ""),
+        # Outside a container the exporter runs on the Python that has kit (this one).
+        "host_python": bash.quote("" if s.image else sys.executable),
     })
+    per_node = s.ntasks_per_node == 1
     launcher = bash.render(bash.template(JobDir.LAUNCHER), {
         "kit_version": __version__,
         "lib": lib,
-        "rank_exports": slurm.rank_exports(),
-        "torchrun_exports": _torchrun_exports(job),
-        "command": _command_setup(job),
+        "rank_mapping": bash.array(f"{name}={source}" for name, source in slurm.RANK_MAPPING),
+        "per_node_launcher": "1" if per_node else "0",
+        "nproc_per_node": bash.quote(s.gpus_per_node if per_node and s.gpus_per_node else ""),
+        "command": bash.array([] if job.params else s.command),
+        "sweep": "1" if job.params else "0",
         "stop_grace": str(s.stop_grace),
         "sidecars": bash.array(sidecars.as_words(sidecars.for_job(s.sidecars, exporter=s.exporter))),
     })
     return {JobDir.PRELAUNCH: prelaunch, JobDir.LAUNCHER: launcher}
-
-
-def _command_setup(job: ResolvedJob) -> str:
-    """Bash that sets KIT_COMMAND: the command itself, or for a sweep the
-    task's own (written by :func:`_write_tasks`, its values in place)."""
-    if job.params:
-        return ("# A sweep: this task's command, its parameter values in place.\n"
-                "mapfile -d '' -t KIT_COMMAND <\"${KIT_JOB_DIR}/command\"\nreadonly KIT_COMMAND")
-    return f"readonly KIT_COMMAND=( {bash.array(job.spec.command)} )"
-
-
-def _torchrun_exports(job: ResolvedJob) -> str:
-    """torchrun's ``PET_*`` variables (its options' defaults) for a per-node launcher."""
-    s = job.spec
-    if s.ntasks_per_node != 1:
-        return "# Several tasks per node: no torchrun variables (a per-node launcher needs one task per node)."
-    lines = ["# One task per node: torchrun started here (its PET_* variables are its options'",
-             "# defaults) joins one world across every node of the step.",
-             'export PET_NNODES="${PET_NNODES:-${WORLD_SIZE}}"',
-             'export PET_NODE_RANK="${PET_NODE_RANK:-${NODE_RANK}}"',
-             'export PET_MASTER_ADDR="${PET_MASTER_ADDR:-${MASTER_ADDR}}"',
-             'export PET_MASTER_PORT="${PET_MASTER_PORT:-${MASTER_PORT}}"']
-    if s.gpus_per_node:
-        lines.append(f'export PET_NPROC_PER_NODE="${{PET_NPROC_PER_NODE:-{s.gpus_per_node}}}"')
-    return "\n".join(lines)
-
-
-def _metrics_exports(job: ResolvedJob) -> str:
-    s = job.spec
-    lines = []
-    if s.prometheus_targets:
-        lines.append(f"export KIT_PROMETHEUS_TARGETS={bash.quote(s.prometheus_targets)}")
-    if not s.image:
-        # Outside a container the exporter runs on the Python that has kit (this one).
-        lines.append(f"export KIT_PYTHON={bash.quote(sys.executable)}")
-    return "\n".join(lines) or ":  # no metrics settings"
 
 
 def resolve(spec, origins=None, *, cwd: Path | None = None) -> ResolvedJob:

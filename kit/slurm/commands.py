@@ -10,7 +10,7 @@ from pathlib import Path
 from kit.core.spec import ResolvedJob
 from kit.errors import KitError
 from kit.jobdir import JobDir
-from kit.slurm.target import RANK_MAPPING, Target
+from kit.slurm.target import Target
 
 def _escape_filename_pattern(path: str) -> str:
     # sbatch expands %j, %x, ... in --output; a literal % is written %%.
@@ -74,12 +74,6 @@ def srun_args(job: ResolvedJob, container_flags: list[str] = ()) -> list[str]:
     if s.gpus_per_node:
         args.append(f"--gpus-per-node={s.gpus_per_node}")
     return args + list(container_flags)
-
-
-def rank_exports() -> str:
-    return "\n".join(
-        f'export {name}="${{{source}:?is not set: launcher.sh runs as a task of an srun step}}"'
-        for name, source in RANK_MAPPING)
 
 
 def partitions(target: Target) -> list[str]:

@@ -290,26 +290,31 @@ kit::wait_for() {
 KIT_STOPPING=0
 # ---- end of launch/lib.sh ----
 
-# Slurm's task variables, under the names torch.distributed and Lightning read.
-export RANK="${SLURM_PROCID:?is not set: launcher.sh runs as a task of an srun step}"
-export LOCAL_RANK="${SLURM_LOCALID:?is not set: launcher.sh runs as a task of an srun step}"
-export WORLD_SIZE="${SLURM_NTASKS:?is not set: launcher.sh runs as a task of an srun step}"
-export LOCAL_WORLD_SIZE="${SLURM_NTASKS_PER_NODE:?is not set: launcher.sh runs as a task of an srun step}"
-export NODE_RANK="${SLURM_NODEID:?is not set: launcher.sh runs as a task of an srun step}"
-export GROUP_RANK="${SLURM_NODEID:?is not set: launcher.sh runs as a task of an srun step}"
+# Slurm's task variables, under the names torch.distributed and Lightning read (NAME=SOURCE each).
+readonly -a KIT_RANK_MAPPING=( RANK=SLURM_PROCID LOCAL_RANK=SLURM_LOCALID WORLD_SIZE=SLURM_NTASKS LOCAL_WORLD_SIZE=SLURM_NTASKS_PER_NODE NODE_RANK=SLURM_NODEID GROUP_RANK=SLURM_NODEID )
+for kit_kv in "${KIT_RANK_MAPPING[@]}"; do
+  kit_source="${kit_kv#*=}"
+  [[ -n "${!kit_source-}" ]] || kit::die "${kit_source} is not set: launcher.sh runs as a task of an srun step"
+  export "${kit_kv%%=*}=${!kit_source}"
+done
+unset kit_kv kit_source
 KIT_WHO="rank ${RANK}"
 : "${MASTER_ADDR:?is not set: launcher.sh runs in the step that prelaunch.sh starts}"
 : "${MASTER_PORT:?is not set: launcher.sh runs in the step that prelaunch.sh starts}"
 : "${KIT_LOG_DIR:?is not set: launcher.sh runs in the step that prelaunch.sh starts}"
 : "${KIT_HANG_DIR:?is not set: launcher.sh runs in the step that prelaunch.sh starts}"
 
-# One task per node: torchrun started here (its PET_* variables are its options'
-# defaults) joins one world across every node of the step.
-export PET_NNODES="${PET_NNODES:-${WORLD_SIZE}}"
-export PET_NODE_RANK="${PET_NODE_RANK:-${NODE_RANK}}"
-export PET_MASTER_ADDR="${PET_MASTER_ADDR:-${MASTER_ADDR}}"
-export PET_MASTER_PORT="${PET_MASTER_PORT:-${MASTER_PORT}}"
-export PET_NPROC_PER_NODE="${PET_NPROC_PER_NODE:-4}"
+# One task per node (a per-node launcher such as torchrun): torchrun started here joins one
+# world across every node of the step through its PET_* variables (its options' defaults).
+readonly KIT_PER_NODE_LAUNCHER=1
+readonly KIT_NPROC_PER_NODE=4
+if (( KIT_PER_NODE_LAUNCHER )); then
+  export PET_NNODES="${PET_NNODES:-${WORLD_SIZE}}"
+  export PET_NODE_RANK="${PET_NODE_RANK:-${NODE_RANK}}"
+  export PET_MASTER_ADDR="${PET_MASTER_ADDR:-${MASTER_ADDR}}"
+  export PET_MASTER_PORT="${PET_MASTER_PORT:-${MASTER_PORT}}"
+  if [[ -n "${KIT_NPROC_PER_NODE}" ]]; then export PET_NPROC_PER_NODE="${PET_NPROC_PER_NODE:-${KIT_NPROC_PER_NODE}}"; fi
+fi
 
 # Lightning ignores Slurm in jobs named "bash" or "interactive" and would run
 # every task as rank 0; with these variables it reads the ranks above instead.
@@ -324,8 +329,11 @@ fi
 export PYTHONUNBUFFERED="${PYTHONUNBUFFERED:-1}"
 if kit::truthy "${DEBUG:-0}"; then set -x; fi
 
-# A sweep: this task's command, its parameter values in place.
-mapfile -d '' -t KIT_COMMAND <"${KIT_JOB_DIR}/command"
+# The command; a sweep task's own, its parameter values in place (NUL-separated words).
+# shellcheck disable=SC2016  # its words are literal: no shell expands them here
+KIT_COMMAND=(  )
+readonly KIT_SWEEP_TASK=1
+if (( KIT_SWEEP_TASK )); then mapfile -d '' -t KIT_COMMAND <"${KIT_JOB_DIR}/command"; fi
 readonly KIT_COMMAND
 readonly KIT_STOP_GRACE=3
 # Sidecars, three words each: name, a program that must exist ('' for none),
@@ -564,11 +572,16 @@ fi
 # gives the job its code, and the work is finished only when every rank
 # says its command ended by itself with 0 (srun alone may exit 0 after a
 # node failure killed its tasks): not stopped, and not given the warning.
+# kit::record_exit RC HOW: the one writer of this rank's exit record (logs/exit.r<run>.rank-<R>:
+# "time rank rc self|stopped|warned"; kit.jobdir.records.rank_ends reads it).
+kit::record_exit() {
+  printf '%s %s %s %s\n' "$(date +%s%N)" "${RANK}" "$1" "$2" >"${KIT_LOG_DIR}/exit.r${KIT_RESTART:-0}.rank-${RANK}"
+}
 KIT_HOW=self
 if (( KIT_STOPPING )); then
   KIT_HOW=stopped
 elif [[ -e "${KIT_PROGRESS_DIR}/warned-${RANK}" ]]; then
   KIT_HOW=warned
 fi
-printf '%s %s %s %s\n' "$(date +%s%N)" "${RANK}" "${KIT_RC}" "${KIT_HOW}" >"${KIT_LOG_DIR}/exit.r${KIT_RESTART:-0}.rank-${RANK}"
+kit::record_exit "${KIT_RC}" "${KIT_HOW}"
 exit "${KIT_RC}"
