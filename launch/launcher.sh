@@ -49,6 +49,7 @@ readonly KIT_STARTED_AT="${KIT_TASK_START}"
 unset KIT_TASK_START
 
 {{ lib }}
+kit::lib_init
 
 # Slurm's task variables, under the names torch.distributed and Lightning read (NAME=SOURCE each).
 readonly -a KIT_RANK_MAPPING=( {{ rank_mapping }} )
@@ -305,15 +306,12 @@ exec {KIT_LOG_FD}>&-
 printf '%s %s %s\n' "${KIT_NODE}" "${KIT_MAIN_PID}" "${KIT_STARTED_AT}" >"${KIT_PROGRESS_DIR}/task-${RANK}"
 kit::watch_prelaunch &
 KIT_BG_PIDS+=("$!")
-KIT_BG_NAMES+=(prelaunch-watch)
 if (( ${KIT_HANG_TIMEOUT:-0} > 0 )); then
   kit::answer_hang &
   KIT_BG_PIDS+=("$!")
-  KIT_BG_NAMES+=(hang-answer)
   if (( ${WORLD_SIZE:-1} > 1 )); then
     kit::watch_rendezvous &
     KIT_BG_PIDS+=("$!")
-    KIT_BG_NAMES+=(rendezvous-watch)
   fi
 fi
 kit::handle_signals

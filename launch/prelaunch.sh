@@ -11,6 +11,7 @@
 set -euo pipefail
 
 {{ lib }}
+kit::lib_init
 
 # The scripts' directory; KIT_JOB_DIR is the unit of work's: the same, or an
 # array task's own directory (its logs, checkpoints, runs, FINISHED).
@@ -74,6 +75,16 @@ export KIT_FIRST_PROGRESS_TIMEOUT={{ first_progress_timeout }}
 export KIT_PROGRESS_DIR="${KIT_JOB_DIR}/progress/r${KIT_RESTART}"
 export KIT_HANG_DIR="${KIT_JOB_DIR}/hang/r${KIT_RESTART}"
 KIT_WHO=prelaunch
+
+# ---------------------------------------------------------------- state
+KIT_PORT_LOCK_FD=  # the lock that claims MASTER_PORT (kit::pick_port)
+# What reached the job, remembered for the rest of the script: a stop
+# (TERM/INT: cancel, requeue, preemption, time limit) or the warning signal.
+# Either one means the work is not known to be finished.
+KIT_WARNED=0
+KIT_BATCH=0  # 1: run by sbatch (ENVIRONMENT=BATCH), 0: by hand inside salloc
+
+# ---------------------------------------------------------------- functions
 
 # kit::master_addr: this node's address for the rendezvous, never a Slurm
 # NodeName (often not resolvable). --master-interface pins an interface.
@@ -143,7 +154,6 @@ kit::port_lock_dir() {
 # jobs starting together on one node cannot both take it before the
 # rendezvous binds. Another user's jobs are kept apart by the bind check and
 # their different starting points. A lock that is held is skipped.
-KIT_PORT_LOCK_FD=
 kit::pick_port() {
   local -r span=$(( KIT_PORT_HIGH - KIT_PORT_LOW + 1 ))
   local -r start=$(( (SLURM_JOB_ID * 7919 + KIT_RESTART * 104729) % span ))
@@ -166,51 +176,50 @@ kit::pick_port() {
   kit::die "no free port in ${KIT_PORT_LOW}-${KIT_PORT_HIGH} on $(hostname); widen --port-range"
 }
 
-if [[ "${1-}" == --master-probe ]]; then
-  # Run by srun on the allocation's first node when prelaunch itself is not on it (salloc).
+# kit::master_probe: run by srun on the allocation's first node when prelaunch itself is
+# not on it (salloc): that node's address and a port free there.
+kit::master_probe() {
   kit::pick_port
   printf '%s %s\n' "$(kit::master_addr)" "${MASTER_PORT}"
-  exit 0
-fi
+}
 
-[[ -n "${SLURM_JOB_ID-}" ]] \
-  || kit::die "prelaunch.sh runs inside a Slurm allocation: submit it with sbatch, or run it under salloc"
-mkdir -p "${KIT_LOG_DIR}"
+# kit::prepare: checks and settings before anything runs: inside an allocation, the
+# debug toggles and --env, and nothing to run when the work is done or the budget spent.
+kit::prepare() {
+  [[ -n "${SLURM_JOB_ID-}" ]] \
+    || kit::die "prelaunch.sh runs inside a Slurm allocation: submit it with sbatch, or run it under salloc"
+  mkdir -p "${KIT_LOG_DIR}"
 
-KIT_BATCH=0
-if [[ "${ENVIRONMENT-}" == BATCH ]]; then KIT_BATCH=1; fi
+  if [[ "${ENVIRONMENT-}" == BATCH ]]; then KIT_BATCH=1; fi
 
-# Debug toggles: --debug when the job was made, or DEBUG=1 at submission.
-export PYTHONFAULTHANDLER=1
-if kit::truthy "${DEBUG:-{{ debug }}}"; then
-  export DEBUG=1
-  export NCCL_DEBUG="${NCCL_DEBUG:-INFO}"
-  # INFO, not DETAIL: with DETAIL every DDP job segfaults (torch 2.13 + gloo).
-  export TORCH_DISTRIBUTED_DEBUG="${TORCH_DISTRIBUTED_DEBUG:-INFO}"
-  export CUDA_LAUNCH_BLOCKING="${CUDA_LAUNCH_BLOCKING:-1}"
-  set -x
-else
-  export DEBUG=0
-fi
+  # Debug toggles: --debug when the job was made, or DEBUG=1 at submission.
+  export PYTHONFAULTHANDLER=1
+  if kit::truthy "${DEBUG:-{{ debug }}}"; then
+    export DEBUG=1
+    export NCCL_DEBUG="${NCCL_DEBUG:-INFO}"
+    # INFO, not DETAIL: with DETAIL every DDP job segfaults (torch 2.13 + gloo).
+    export TORCH_DISTRIBUTED_DEBUG="${TORCH_DISTRIBUTED_DEBUG:-INFO}"
+    export CUDA_LAUNCH_BLOCKING="${CUDA_LAUNCH_BLOCKING:-1}"
+    set -x
+  else
+    export DEBUG=0
+  fi
 
-# The job's own variables (--env), exported after the debug toggles: --env beats each.
-for kit_kv in "${KIT_ENV[@]}"; do export "${kit_kv%%=*}=${kit_kv#*=}"; done
+  # The job's own variables (--env), exported after the debug toggles: --env beats each.
+  for kit_kv in "${KIT_ENV[@]}"; do export "${kit_kv%%=*}=${kit_kv#*=}"; done
 
-if [[ -e "${KIT_FINISHED_FILE}" ]]; then
-  kit::log "${KIT_FINISHED_FILE} exists: the work is done, not running it again"
-  exit 0
-fi
-# Slurm requeues by itself too (node failure, scontrol requeue, preemption):
-# the budget counts every run, whoever requeued it.
-if (( KIT_RESTART > KIT_MAX_RESTARTS )); then
-  kit::log "run ${KIT_RESTART}: requeued more often than --max-restarts ${KIT_MAX_RESTARTS}; retry budget spent, not running"
-  exit "${KIT_EXIT_BUDGET_SPENT}"
-fi
+  if [[ -e "${KIT_FINISHED_FILE}" ]]; then
+    kit::log "${KIT_FINISHED_FILE} exists: the work is done, not running it again"
+    exit 0
+  fi
+  # Slurm requeues by itself too (node failure, scontrol requeue, preemption):
+  # the budget counts every run, whoever requeued it.
+  if (( KIT_RESTART > KIT_MAX_RESTARTS )); then
+    kit::log "run ${KIT_RESTART}: requeued more often than --max-restarts ${KIT_MAX_RESTARTS}; retry budget spent, not running"
+    exit "${KIT_EXIT_BUDGET_SPENT}"
+  fi
+}
 
-# What reached the job, remembered for the rest of the script: a stop
-# (TERM/INT: cancel, requeue, preemption, time limit) or the warning signal.
-# Either one means the work is not known to be finished.
-KIT_WARNED=0
 kit::on_signal() {
   if [[ "$1" == "${KIT_WARNING_SIGNAL}" ]]; then
     kit::log "got SIG$1: the time limit is near; passing it to the job step"
@@ -532,145 +541,179 @@ kit::hang_report() {
   kit::log "hang: $(sed -n 's/^summary=//p' "${KIT_HANG_DIR}/report"); stopping the job step"
 }
 
-trap kit::cleanup EXIT
-kit::trap TERM INT "${KIT_WARNING_SIGNAL}"
-
+# ---------------------------------------------------------------- one run
 # A run that Slurm ended with SIGKILL (after KillWait, or with its node)
 # left no line in runs.jsonl: say so, so the record has every run.
-KIT_LAST_RUN=""
-if [[ -e "${KIT_RUNS_FILE}" ]]; then
-  KIT_LAST_RUN="$(tail -n 1 "${KIT_RUNS_FILE}" | sed -n 's/^{"run": \([0-9]*\),.*/\1/p')"
-fi
-for (( KIT_RUN = ${KIT_LAST_RUN:--1} + 1; KIT_RUN < KIT_RESTART; KIT_RUN++ )); do
-  kit::append_run "${KIT_RUN}" killed -1 "$(kit::checkpoint_step)" null
-done
-KIT_START_STEP="$(kit::checkpoint_step)"
-KIT_RUN_ADVANCED=true
-KIT_END_CODE=
+kit::catch_up_runs() {
+  KIT_LAST_RUN=""
+  if [[ -e "${KIT_RUNS_FILE}" ]]; then
+    KIT_LAST_RUN="$(tail -n 1 "${KIT_RUNS_FILE}" | sed -n 's/^{"run": \([0-9]*\),.*/\1/p')"
+  fi
+  for (( KIT_RUN = ${KIT_LAST_RUN:--1} + 1; KIT_RUN < KIT_RESTART; KIT_RUN++ )); do
+    kit::append_run "${KIT_RUN}" killed -1 "$(kit::checkpoint_step)" null
+  done
+  KIT_START_STEP="$(kit::checkpoint_step)"
+  KIT_RUN_ADVANCED=true
+  KIT_END_CODE=
+}
 
 # The rendezvous address and port, decided on the allocation's first node (or given by --env).
-for kit_name in MASTER_ADDR MASTER_PORT; do
-  if ! kit::given_env "${kit_name}"; then unset "${kit_name}"; fi
-done
-if [[ -z "${MASTER_ADDR-}" || -z "${MASTER_PORT-}" ]]; then
-  if (( KIT_BATCH )) || [[ -n "${SLURMD_NODENAME-}" ]]; then
-    if [[ -z "${MASTER_ADDR-}" ]]; then MASTER_ADDR="$(kit::master_addr)"; fi
-    if [[ -z "${MASTER_PORT-}" ]]; then kit::pick_port; fi
-  else
-    KIT_FIRST_NODE="$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n 1)"
-    KIT_PROBE="$(srun --nodes=1 --ntasks=1 --overlap --nodelist="${KIT_FIRST_NODE}" bash "$0" --master-probe)"
-    if [[ -z "${MASTER_ADDR-}" ]]; then MASTER_ADDR="${KIT_PROBE% *}"; fi
-    if [[ -z "${MASTER_PORT-}" ]]; then MASTER_PORT="${KIT_PROBE#* }"; fi
-  fi
-fi
-export MASTER_ADDR MASTER_PORT
-
-if (( KIT_BATCH && KIT_HEARTBEAT_SECONDS > 0 )); then
-  # shellcheck disable=SC2016  # expanded by the heartbeat's own bash
-  kit::spawn heartbeat bash -c 'while sleep "$1"; do printf "[kit %s prelaunch] heartbeat\n" "$(date +%Y-%m-%dT%H:%M:%S%z)"; done' \
-    heartbeat "${KIT_HEARTBEAT_SECONDS}"
-fi
-
-KIT_STEP_ARGS=("${KIT_SRUN_ARGS[@]}")
-if (( ${#KIT_CONTAINER_ENV[@]} > 0 )); then
-  KIT_SET_NAMES=()
-  for name in "${KIT_CONTAINER_ENV[@]}"; do
-    if [[ -v "${name}" ]]; then KIT_SET_NAMES+=("${name}"); fi
+kit::decide_master() {
+  for kit_name in MASTER_ADDR MASTER_PORT; do
+    if ! kit::given_env "${kit_name}"; then unset "${kit_name}"; fi
   done
-  KIT_STEP_ARGS+=("--container-env=$(IFS=,; printf '%s' "${KIT_SET_NAMES[*]}")")
-fi
-kit::handle_signals
-if (( KIT_STOPPING )); then
-  kit::log "stopped before the job step started"
-  exit 143
-fi
-mkdir -p "${KIT_PROGRESS_DIR}"
-kit::log "job ${SLURM_JOB_ID} run ${KIT_RESTART}: ${SLURM_JOB_NUM_NODES:-?} node(s), MASTER_ADDR=${MASTER_ADDR} MASTER_PORT=${MASTER_PORT}"
-# The step's start, for the time to each node's first task (the container's start: kit report, kit ps).
-printf '%s\n' "${EPOCHREALTIME/,/.}" >"${KIT_PROGRESS_DIR}/step-start"
-srun "${KIT_STEP_ARGS[@]}" "${KIT_SCRIPTS_DIR}/launcher.sh" &
-KIT_MAIN_PID=$!
-if (( KIT_HANG_TIMEOUT > 0 )); then
-  kit::watch_progress "${KIT_MAIN_PID}" &
-  KIT_BG_PIDS+=("$!")
-  KIT_BG_NAMES+=(progress-watch)
-fi
-kit::wait_for "${KIT_MAIN_PID}"
-KIT_MAIN_PID=
-rc="${KIT_RC}"
-# srun turns a TERM of its own (every process of the batch step gets one when
-# the job is cancelled, requeued or out of time) into SIGKILL for the tasks, so
-# their sidecars may not have cleaned up: no exporter target of this run may
-# outlive it.
-if [[ -n "${KIT_PROMETHEUS_TARGETS-}" ]]; then
-  rm -f "${KIT_PROMETHEUS_TARGETS}/kit-${SLURM_JOB_ID}-"*.json
-fi
-if (( rc != 0 )) && KIT_FIRST_RC="$(kit::first_failure)" && [[ "${KIT_FIRST_RC}" != "${rc}" ]]; then
-  kit::log "srun exited ${rc}; the first rank to fail exited ${KIT_FIRST_RC}"
-  rc="${KIT_FIRST_RC}"
-fi
-if [[ -n "${KIT_PORT_LOCK_FD}" ]]; then exec {KIT_PORT_LOCK_FD}>&-; fi
-
-if [[ -e "${KIT_HANG_DIR}/report" ]]; then
-  KIT_SUSPECT_NODE="$(sed -n 's/^node=//p' "${KIT_HANG_DIR}/report")"
-  kit::record_run hang "${rc}"
-  kit::log "the step ended after a hang: every rank's stacks are in ${KIT_HANG_DIR}"
-  if ! kit::requeue "the step was stopped because a rank made no progress" "${KIT_SUSPECT_NODE}"; then
-    exit "${KIT_END_CODE:-${KIT_EXIT_HUNG}}"
-  fi
-elif [[ -e "${KIT_FINISHED_FILE}" ]] || kit::all_ranks_declared; then
-  # The command said its work is done (FINISHED, or every rank through
-  # kit.train.progress.finished()). A rank that then died of a signal (torch's
-  # teardown aborts now and then: 134) is told, but the work stays finished
-  # and the job ends COMPLETED, so that what waits for it (--after) runs. A
-  # code of the command's own (1-127: a wrapper's next stage failed) still
-  # fails the job.
-  if (( rc == 0 || rc > 128 )); then
-    if [[ ! -e "${KIT_FINISHED_FILE}" ]]; then : >"${KIT_FINISHED_FILE}"; fi
-  fi
-  if (( rc > 128 )); then
-    kit::record_run finished 0 "${rc}"
-    kit::log "step ended with exit ${rc} (a signal) after its work was declared finished: a failure in teardown; the work is finished: exiting 0"
-    rc=0
-  elif (( rc != 0 )); then
-    kit::record_run failed "${rc}"
-    kit::log "step ended with exit ${rc} after the work was declared finished: a command failed after it"
-  else
-    kit::record_run finished 0
-    kit::log "step ended with exit 0; the work is finished"
-  fi
-elif (( KIT_WARNED && rc == 0 )) && kit::all_ranks_done; then
-  # Warned, but no command was given the signal or stopped: it ended its work by itself.
-  : >"${KIT_FINISHED_FILE}"
-  kit::record_run finished 0
-  kit::log "step ended with exit 0 after the warning, every command by itself; the work is finished"
-elif (( KIT_WARNED )); then
-  kit::record_run warned "${rc}"
-  if ! kit::requeue "step ended with exit ${rc} after the warning"; then
-    # Stopped before the work was done: never report success, and blame no
-    # command for the signal kit or Slurm stopped it with.
-    if [[ -n "${KIT_END_CODE}" ]]; then
-      rc="${KIT_END_CODE}"
-    elif KIT_FIRST_RC="$(kit::first_failure)"; then
-      rc="${KIT_FIRST_RC}"
+  if [[ -z "${MASTER_ADDR-}" || -z "${MASTER_PORT-}" ]]; then
+    if (( KIT_BATCH )) || [[ -n "${SLURMD_NODENAME-}" ]]; then
+      if [[ -z "${MASTER_ADDR-}" ]]; then MASTER_ADDR="$(kit::master_addr)"; fi
+      if [[ -z "${MASTER_PORT-}" ]]; then kit::pick_port; fi
     else
-      rc="${KIT_EXIT_BUDGET_SPENT}"
+      KIT_FIRST_NODE="$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n 1)"
+      KIT_PROBE="$(srun --nodes=1 --ntasks=1 --overlap --nodelist="${KIT_FIRST_NODE}" bash "$0" --master-probe)"
+      if [[ -z "${MASTER_ADDR-}" ]]; then MASTER_ADDR="${KIT_PROBE% *}"; fi
+      if [[ -z "${MASTER_PORT-}" ]]; then MASTER_PORT="${KIT_PROBE#* }"; fi
     fi
   fi
-elif (( KIT_STOPPING )); then
-  kit::record_run stopped "${rc}"
-  kit::log "step ended with exit ${rc} after a stop signal; the work is not finished"
-  if (( rc == 0 )); then rc=143; fi
-elif (( rc == 0 )) && kit::all_ranks_done; then
-  : >"${KIT_FINISHED_FILE}"
-  kit::record_run finished 0
-  kit::log "step ended with exit 0; the work is finished"
-elif (( rc == 0 )); then
-  kit::record_run incomplete 0
-  kit::log "srun exited 0, but not every rank's command ended with 0 by itself (a node failed, or a task was killed): the work is not finished"
-  rc="${KIT_EXIT_INCOMPLETE}"
-else
-  kit::record_run failed "${rc}"
-  kit::log "step ended with exit ${rc}"
-fi
-exit "${rc}"
+  export MASTER_ADDR MASTER_PORT
+}
+
+# kit::start_heartbeat: a line in the batch log every --heartbeat seconds (batch mode).
+kit::start_heartbeat() {
+  if (( KIT_BATCH && KIT_HEARTBEAT_SECONDS > 0 )); then
+    # shellcheck disable=SC2016  # expanded by the heartbeat's own bash
+    kit::spawn heartbeat bash -c 'while sleep "$1"; do printf "[kit %s prelaunch] heartbeat\n" "$(date +%Y-%m-%dT%H:%M:%S%z)"; done' \
+      heartbeat "${KIT_HEARTBEAT_SECONDS}"
+  fi
+}
+
+# kit::run_step: the srun step of launcher.sh, watched for hangs; its exit code in rc
+# (the first failing rank's, when srun reports another).
+kit::run_step() {
+  KIT_STEP_ARGS=("${KIT_SRUN_ARGS[@]}")
+  if (( ${#KIT_CONTAINER_ENV[@]} > 0 )); then
+    KIT_SET_NAMES=()
+    for name in "${KIT_CONTAINER_ENV[@]}"; do
+      if [[ -v "${name}" ]]; then KIT_SET_NAMES+=("${name}"); fi
+    done
+    KIT_STEP_ARGS+=("--container-env=$(IFS=,; printf '%s' "${KIT_SET_NAMES[*]}")")
+  fi
+  kit::handle_signals
+  if (( KIT_STOPPING )); then
+    kit::log "stopped before the job step started"
+    exit 143
+  fi
+  mkdir -p "${KIT_PROGRESS_DIR}"
+  kit::log "job ${SLURM_JOB_ID} run ${KIT_RESTART}: ${SLURM_JOB_NUM_NODES:-?} node(s), MASTER_ADDR=${MASTER_ADDR} MASTER_PORT=${MASTER_PORT}"
+  # The step's start, for the time to each node's first task (the container's start: kit report, kit ps).
+  printf '%s\n' "${EPOCHREALTIME/,/.}" >"${KIT_PROGRESS_DIR}/step-start"
+  srun "${KIT_STEP_ARGS[@]}" "${KIT_SCRIPTS_DIR}/launcher.sh" &
+  KIT_MAIN_PID=$!
+  if (( KIT_HANG_TIMEOUT > 0 )); then
+    kit::watch_progress "${KIT_MAIN_PID}" &
+    KIT_BG_PIDS+=("$!")
+  fi
+  kit::wait_for "${KIT_MAIN_PID}"
+  KIT_MAIN_PID=
+  rc="${KIT_RC}"
+  # srun turns a TERM of its own (every process of the batch step gets one when
+  # the job is cancelled, requeued or out of time) into SIGKILL for the tasks, so
+  # their sidecars may not have cleaned up: no exporter target of this run may
+  # outlive it.
+  if [[ -n "${KIT_PROMETHEUS_TARGETS-}" ]]; then
+    rm -f "${KIT_PROMETHEUS_TARGETS}/kit-${SLURM_JOB_ID}-"*.json
+  fi
+  if (( rc != 0 )) && KIT_FIRST_RC="$(kit::first_failure)" && [[ "${KIT_FIRST_RC}" != "${rc}" ]]; then
+    kit::log "srun exited ${rc}; the first rank to fail exited ${KIT_FIRST_RC}"
+    rc="${KIT_FIRST_RC}"
+  fi
+  if [[ -n "${KIT_PORT_LOCK_FD}" ]]; then exec {KIT_PORT_LOCK_FD}>&-; fi
+}
+
+# kit::conclude RC: what the run's end means (finished, requeued, failed, ...), recorded
+# in runs.jsonl; exits with the job's code.
+kit::conclude() {
+  local rc="$1"
+  if [[ -e "${KIT_HANG_DIR}/report" ]]; then
+    KIT_SUSPECT_NODE="$(sed -n 's/^node=//p' "${KIT_HANG_DIR}/report")"
+    kit::record_run hang "${rc}"
+    kit::log "the step ended after a hang: every rank's stacks are in ${KIT_HANG_DIR}"
+    if ! kit::requeue "the step was stopped because a rank made no progress" "${KIT_SUSPECT_NODE}"; then
+      exit "${KIT_END_CODE:-${KIT_EXIT_HUNG}}"
+    fi
+  elif [[ -e "${KIT_FINISHED_FILE}" ]] || kit::all_ranks_declared; then
+    # The command said its work is done (FINISHED, or every rank through
+    # kit.train.progress.finished()). A rank that then died of a signal (torch's
+    # teardown aborts now and then: 134) is told, but the work stays finished
+    # and the job ends COMPLETED, so that what waits for it (--after) runs. A
+    # code of the command's own (1-127: a wrapper's next stage failed) still
+    # fails the job.
+    if (( rc == 0 || rc > 128 )); then
+      if [[ ! -e "${KIT_FINISHED_FILE}" ]]; then : >"${KIT_FINISHED_FILE}"; fi
+    fi
+    if (( rc > 128 )); then
+      kit::record_run finished 0 "${rc}"
+      kit::log "step ended with exit ${rc} (a signal) after its work was declared finished: a failure in teardown; the work is finished: exiting 0"
+      rc=0
+    elif (( rc != 0 )); then
+      kit::record_run failed "${rc}"
+      kit::log "step ended with exit ${rc} after the work was declared finished: a command failed after it"
+    else
+      kit::record_run finished 0
+      kit::log "step ended with exit 0; the work is finished"
+    fi
+  elif (( KIT_WARNED && rc == 0 )) && kit::all_ranks_done; then
+    # Warned, but no command was given the signal or stopped: it ended its work by itself.
+    : >"${KIT_FINISHED_FILE}"
+    kit::record_run finished 0
+    kit::log "step ended with exit 0 after the warning, every command by itself; the work is finished"
+  elif (( KIT_WARNED )); then
+    kit::record_run warned "${rc}"
+    if ! kit::requeue "step ended with exit ${rc} after the warning"; then
+      # Stopped before the work was done: never report success, and blame no
+      # command for the signal kit or Slurm stopped it with.
+      if [[ -n "${KIT_END_CODE}" ]]; then
+        rc="${KIT_END_CODE}"
+      elif KIT_FIRST_RC="$(kit::first_failure)"; then
+        rc="${KIT_FIRST_RC}"
+      else
+        rc="${KIT_EXIT_BUDGET_SPENT}"
+      fi
+    fi
+  elif (( KIT_STOPPING )); then
+    kit::record_run stopped "${rc}"
+    kit::log "step ended with exit ${rc} after a stop signal; the work is not finished"
+    if (( rc == 0 )); then rc=143; fi
+  elif (( rc == 0 )) && kit::all_ranks_done; then
+    : >"${KIT_FINISHED_FILE}"
+    kit::record_run finished 0
+    kit::log "step ended with exit 0; the work is finished"
+  elif (( rc == 0 )); then
+    kit::record_run incomplete 0
+    kit::log "srun exited 0, but not every rank's command ended with 0 by itself (a node failed, or a task was killed): the work is not finished"
+    rc="${KIT_EXIT_INCOMPLETE}"
+  else
+    kit::record_run failed "${rc}"
+    kit::log "step ended with exit ${rc}"
+  fi
+  exit "${rc}"
+}
+
+# ---------------------------------------------------------------- main
+kit::batch() {
+  kit::prepare
+  trap kit::cleanup EXIT
+  kit::trap TERM INT "${KIT_WARNING_SIGNAL}"
+  kit::catch_up_runs
+  kit::decide_master
+  kit::start_heartbeat
+  kit::run_step
+  kit::conclude "${rc}"
+}
+
+kit::main() {
+  case "${1-}" in
+    --master-probe) kit::master_probe ;;
+    *) kit::batch ;;
+  esac
+}
+
+kit::main "$@"

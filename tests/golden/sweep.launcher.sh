@@ -70,7 +70,7 @@ kit::truthy() {
 # carries KIT_TASK_TOKEN in its environment, and so does everything they start,
 # even what leaves their process group (setsid, a daemon): kit::sweep finds
 # and stops those at the end. Not exported: this script's own helpers lack it.
-KIT_TASK_TOKEN="${SLURM_JOB_ID:-0}.${SLURM_STEP_ID:-0}.${SLURM_PROCID:-0}.$$"
+KIT_TASK_TOKEN=  # set by kit::lib_init
 
 # kit::start CMD...: start CMD in the background, in its own process group
 # when setsid exists (so teardown reaches its children too), with the token.
@@ -82,15 +82,13 @@ kit::start() {
   fi
 }
 
-# kit::spawn NAME CMD...: kit::start CMD with no input, and record its pid.
+# kit::spawn NAME CMD...: kit::start CMD with no input, and record its pid (NAME is for
+# the reader: what the process is).
 KIT_BG_PIDS=()
-KIT_BG_NAMES=()
 kit::spawn() {
-  local -r name="$1"
   shift
   kit::start "$@" </dev/null
   KIT_BG_PIDS+=("$!")
-  KIT_BG_NAMES+=("${name}")
 }
 
 # kit::tree PID: PID and every process below it, in KIT_TREE (no fork: the
@@ -147,10 +145,16 @@ kit::sweep() {
   done
 }
 
-# A pipe that no one writes to: `read -t` on it is a sleep that a trapped
-# signal interrupts at once, with no child process and no `wait` builtin
-# (see kit::wait_for). Programs this script starts do not get it.
-exec {KIT_NAP_FD}<> <(:)
+# kit::lib_init: what this file needs set up, called once by the script that includes it
+# (the file itself only defines: including it has no side effects). KIT_NAP_FD: a pipe that
+# no one writes to: `read -t` on it is a sleep that a trapped signal interrupts at once, with
+# no child process and no `wait` builtin (see kit::wait_for). Programs this script starts do
+# not get it.
+KIT_NAP_FD=
+kit::lib_init() {
+  KIT_TASK_TOKEN="${SLURM_JOB_ID:-0}.${SLURM_STEP_ID:-0}.${SLURM_PROCID:-0}.$$"
+  exec {KIT_NAP_FD}<> <(:)
+}
 
 # kit::nap SECONDS: sleep; a TERM trap interrupts it at once.
 kit::nap() {
@@ -205,7 +209,6 @@ kit::stop_background() {
   (( ${#KIT_BG_PIDS[@]} > 0 )) || return 0
   kit::stop "${KIT_BG_PIDS[@]}"
   KIT_BG_PIDS=()
-  KIT_BG_NAMES=()
 }
 
 # The main process (the srun step, or the command) and the EXIT trap that
@@ -281,14 +284,10 @@ kit::wait_for() {
   done
   if wait "${pid}"; then KIT_RC=0; else KIT_RC=$?; fi
   kit::handle_signals
-  # Not expected any more; kept so that a lost status is told, not guessed.
-  if (( KIT_RC < 0 )); then
-    if (( KIT_STOPPING )); then KIT_RC=143; else KIT_RC=255; fi
-    kit::log "the exit status of process ${pid} was lost: taking ${KIT_RC}"
-  fi
 }
 KIT_STOPPING=0
 # ---- end of launch/lib.sh ----
+kit::lib_init
 
 # Slurm's task variables, under the names torch.distributed and Lightning read (NAME=SOURCE each).
 readonly -a KIT_RANK_MAPPING=( RANK=SLURM_PROCID LOCAL_RANK=SLURM_LOCALID WORLD_SIZE=SLURM_NTASKS LOCAL_WORLD_SIZE=SLURM_NTASKS_PER_NODE NODE_RANK=SLURM_NODEID GROUP_RANK=SLURM_NODEID )
@@ -545,15 +544,12 @@ exec {KIT_LOG_FD}>&-
 printf '%s %s %s\n' "${KIT_NODE}" "${KIT_MAIN_PID}" "${KIT_STARTED_AT}" >"${KIT_PROGRESS_DIR}/task-${RANK}"
 kit::watch_prelaunch &
 KIT_BG_PIDS+=("$!")
-KIT_BG_NAMES+=(prelaunch-watch)
 if (( ${KIT_HANG_TIMEOUT:-0} > 0 )); then
   kit::answer_hang &
   KIT_BG_PIDS+=("$!")
-  KIT_BG_NAMES+=(hang-answer)
   if (( ${WORLD_SIZE:-1} > 1 )); then
     kit::watch_rendezvous &
     KIT_BG_PIDS+=("$!")
-    KIT_BG_NAMES+=(rendezvous-watch)
   fi
 fi
 kit::handle_signals
