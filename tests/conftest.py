@@ -2,45 +2,28 @@
 
 The cluster lives under a temporary KIT_HOME, so tests never touch a
 cluster the developer runs. A test that needs a missing tool fails with the
-command that installs it; nothing is skipped.
+command that installs it; nothing is skipped. Helpers live in helpers.py.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
-import re
-import shutil
 import subprocess
-import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import REPO, require
 
 from kit import slurm
 from kit.cluster import LocalCluster
 
-REPO = Path(__file__).resolve().parent.parent
-INSTALL = {
-    "slurmctld": "apt-get install -y slurm-wlm",
-    "shellcheck": "apt-get install -y shellcheck",
-    "prometheus": "apt-get install -y prometheus",
-    "promtool": "apt-get install -y prometheus",
-    "debootstrap": "apt-get install -y debootstrap",
-    "umoci": "apt-get install -y umoci",
-    "skopeo": "apt-get install -y skopeo",
-}
 
-
-def require(tool: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        pytest.fail(f"{tool} is not installed: {INSTALL.get(tool, 'install it')} (or run .ci/run)",
-                    pytrace=False)
-    return path
+def pytest_collection_modifyitems(items) -> None:
+    """Every test that uses a local cluster (the session's, or test_recovery's own 3-node one)
+    is marked ``cluster``: -m 'not cluster' runs the rest."""
+    for item in items:
+        if {"cluster", "three"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.cluster)
 
 
 @pytest.fixture(scope="session")
@@ -55,9 +38,15 @@ def debian_base() -> Path:
 
 @pytest.fixture(scope="session")
 def kit_home(tmp_path_factory) -> Path:
+    """A KIT_HOME of the session's own; the caller's is restored after the session."""
     home = tmp_path_factory.mktemp("kit-home")
+    before = os.environ.get("KIT_HOME")
     os.environ["KIT_HOME"] = str(home)
-    return home
+    yield home
+    if before is None:
+        os.environ.pop("KIT_HOME", None)
+    else:
+        os.environ["KIT_HOME"] = before
 
 
 @pytest.fixture(scope="session")
@@ -91,179 +80,3 @@ def target(cluster) -> slurm.Target:
     return cluster.target
 
 
-def kit(*args: str, env: dict | None = None, cwd=None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the real `kit` command line in a subprocess."""
-    full = dict(os.environ)
-    full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True,
-                          env=full, cwd=cwd, timeout=timeout)
-
-
-def submit(tmp_path: Path, *args: str, command: list[str], timeout: float = 300) -> dict:
-    """`kit launch --local --json ...`; returns {job_id, job_dir, sbatch_argv}."""
-    proc = kit("launch", "--local", "--json", "--output-dir", str(tmp_path / "jobs"), *args, "--",
-               *command, cwd=tmp_path, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
-
-
-def task_env(job_dir: Path, rank: int = 0, ntasks: int = 1, **extra: str) -> dict:
-    """What srun gives one task of a job directory's step, plus what prelaunch exports."""
-    progress = job_dir / "progress" / "r0"
-    progress.mkdir(parents=True, exist_ok=True)
-    return {**os.environ, "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0", "SLURM_NTASKS": str(ntasks),
-            "SLURM_NTASKS_PER_NODE": "1", "SLURM_NODEID": str(rank), "SLURM_JOB_ID": "7",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "KIT_JOB_DIR": str(job_dir),
-            "KIT_LOG_DIR": str(job_dir / "logs"), "KIT_PROGRESS_DIR": str(progress),
-            "KIT_HANG_DIR": str(job_dir / "hang" / "r0"), "KIT_WARNING_SIGNAL": "USR1", **extra}
-
-
-def job_processes(job_dir: str | Path) -> list[tuple[int, str]]:
-    """Live processes that belong to a job: its KIT_JOB_DIR in their environment
-    or the job directory in their command line."""
-    needle_env = f"KIT_JOB_DIR={job_dir}".encode()
-    needle_cmd = str(job_dir).encode()
-    found = []
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-            if stat[stat.rindex(b")") + 2:][:1] == b"Z":
-                continue
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = f.read().split(b"\0")
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if needle_env in environ or needle_cmd in cmdline:
-            found.append((int(entry), cmdline.replace(b"\0", b" ").decode(errors="replace")))
-    return found
-
-
-def wait_no_processes(job_dir, timeout: float) -> list[tuple[int, str]]:
-    deadline = time.monotonic() + timeout
-    while True:
-        left = job_processes(job_dir)
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.1)
-
-
-def stepds_of(job_id: str) -> list[int]:
-    """slurmstepd processes still serving any step of ``job_id`` (any cluster on this host)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if cmd.startswith(f"slurmstepd: [{job_id}.".encode()):
-                found.append(int(entry))
-    return found
-
-
-def release_requeued(cluster, job_id: str, job_dir, restarts: int = 1) -> None:
-    """Start a requeued job now instead of after Slurm's ~3-minute BeginTime hold.
-
-    Only once its earlier run is gone (processes and slurmstepds: a node whose
-    stepd still holds the job is drained as a duplicate) plus 2 s (slurmd
-    rejects a credential issued in the same second as the revocation).
-    """
-    wait_for(lambda: slurm.job_status(cluster.target, job_id).restarts == restarts, 90, what="the requeue")
-    assert wait_no_processes(job_dir, 45) == []
-    wait_for(lambda: not stepds_of(job_id), 45, what="the earlier run's slurmstepd to end")
-    time.sleep(2)
-    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
-                   env={**os.environ, **cluster.target.env}, check=True, capture_output=True)
-
-
-def wait_for(predicate, timeout: float, poll: float = 0.2, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def read_logs(job_dir: str | Path) -> str:
-    return "".join(p.read_text(errors="replace") for p in sorted(Path(job_dir, "logs").glob("slurm-*.out")))
-
-
-@dataclass
-class Waiting:
-    """A `kit launch --wait` running in the background."""
-
-    proc: subprocess.Popen
-    job_id: str
-    job_dir: Path
-
-    def finish(self, timeout: float = 120) -> tuple[int, str]:
-        _, err = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, err
-
-
-def launch_wait(tmp_path: Path, *args: str, command: list[str], env: dict | None = None) -> Waiting:
-    proc = subprocess.Popen([sys.executable, "-m", "kit", "launch", "--local", "--wait", "--heartbeat", "0",
-                             "--output-dir", str(tmp_path / "jobs"), *args, "--", *command],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            env={**os.environ, **(env or {})})
-    first, second = proc.stdout.readline(), proc.stdout.readline()
-    m1, m2 = re.match(r"Submitted job (\d+)$", first), re.match(r"job dir: (.+)$", second)
-    if not (m1 and m2):
-        proc.kill()
-        raise AssertionError(first + second + proc.stderr.read())
-    return Waiting(proc, m1.group(1), Path(m2.group(1)))
-
-
-def scontrol(cluster, *args: str) -> None:
-    subprocess.run(["scontrol", *args], env={**os.environ, **cluster.target.env}, check=True,
-                   capture_output=True, text=True)
-
-
-def scancel(cluster, job_id: str) -> None:
-    subprocess.run(["scancel", job_id], env={**os.environ, **cluster.target.env}, check=True)
-
-
-def state_is(cluster, job_id: str, *states: str):
-    return lambda: slurm.job_status(cluster.target, job_id).state in states
-
-
-def runs(job_dir: Path) -> list[dict]:
-    path = job_dir / "runs.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def assert_nothing_left(cluster, w: Waiting) -> None:
-    assert wait_no_processes(w.job_dir, 15) == []
-    assert list(cluster.prometheus_targets.glob(f"kit-{w.job_id}-*")) == []
-    assert str(w.job_dir) not in Path("/proc/mounts").read_text()
-    # Under real pyxis: no container filesystem of the job left in any node's enroot data
-    # (pyxis_<job>.<step>; named ones are kept on purpose and removed by `kit cluster down`).
-    assert list((cluster.root / "enroot").glob(f"node*/data/pyxis_{w.job_id}.*")) == []
-    for port in set(re.findall(r"MASTER_PORT=(\d+)", read_logs(w.job_dir))):
-        lock = Path(os.environ.get("TMPDIR", "/tmp"), f"kit-ports-{os.geteuid()}", port)
-        if lock.exists():
-            with open(lock) as f:  # the port lock is free again: nobody holds it
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-
-
-def check_end(cluster, w: Waiting, *, state: str, code: int, finished: bool, log: str | None,
-              ends: list[str] | None) -> str:
-    rc, err = w.finish()
-    assert rc == code, err + read_logs(w.job_dir)
-    assert f"kit: job {w.job_id} ended {state}" in err and f"(exit code {code})" in err, err
-    assert slurm.job_status(cluster.target, w.job_id).state == state
-    assert (w.job_dir / "FINISHED").exists() == finished
-    if log is not None:
-        assert log in read_logs(w.job_dir)
-    if ends is not None:
-        assert [r["end"] for r in runs(w.job_dir)] == ends
-    assert_nothing_left(cluster, w)
-    return err

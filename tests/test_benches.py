@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import require
+from helpers import require
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import kit, require
+from helpers import kit, require
 from images import CONFIG, docker_archive, oci_layout, tar_bytes, tiny_rootfs, tree
 
 from kit.image import enroot, unpack

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, kit, require
+from helpers import REPO, kit, require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from images import tiny_rootfs

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import check_end, kit, launch_wait, read_logs, runs, submit
+from helpers import check_end, kit, launch_wait, read_logs, runs, submit
 
 from kit.core import outcome
 

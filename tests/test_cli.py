@@ -12,7 +12,7 @@ import sys
 import click
 import pytest
 from click.testing import CliRunner
-from conftest import REPO, kit
+from helpers import REPO, kit
 
 from kit import __version__, slurm
 from kit.cli import cli
@@ -301,7 +301,7 @@ def test_a_drained_node_is_named_at_launch_and_cluster_up_resumes_it(cluster, tm
             row = next(r for r in rows if r["id"] == job_id)
             return row["reason"] if "node2" in row["reason"] or "DRAIN" in row["reason"].upper() else None
 
-        from conftest import wait_for
+        from helpers import wait_for
         assert wait_for(reason, 60, poll=1, what="Slurm's reason naming the drained node")
         up = kit("cluster", "up")
         assert up.returncode == 0 and "resuming node2 (Slurm had it drain: kit test)" in up.stderr, up.stderr

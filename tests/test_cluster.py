@@ -9,7 +9,7 @@ import signal
 import subprocess
 
 import pytest
-from conftest import kit, require, wait_for
+from helpers import kit, require, wait_for
 
 from kit.cluster import LocalCluster
 from kit.cluster.processes import alive as _alive

@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import require
+from helpers import require
 
 from kit.cluster import config
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, assert_nothing_left, kit, read_logs, submit, wait_for, wait_no_processes
+from helpers import REPO, assert_nothing_left, kit, read_logs, submit, wait_for, wait_no_processes
 
 from kit import slurm
 

@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import kit
+from helpers import kit
 
 DATA = Path(__file__).parent / "data" / "sbatch"
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, kit, require
+from helpers import REPO, kit, require
 
 from kit.image import dockerfile, ignore
 from kit.errors import KitError

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import require, wait_for
+from helpers import require, wait_for
 from fake_nvml import FakeNVML
 
 from kit.monitor import naming, training

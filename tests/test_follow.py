@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import assert_nothing_left, release_requeued, runs, scontrol, state_is, submit, wait_for
+from helpers import assert_nothing_left, release_requeued, runs, scontrol, state_is, submit, wait_for
 
 from kit import slurm
 from kit.jobdir import records

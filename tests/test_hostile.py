@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import check_end, kit, launch_wait, read_logs, require
+from helpers import check_end, kit, launch_wait, read_logs, require
 
 from kit import slurm
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import read_logs
+from helpers import read_logs
 
 from kit.cli import main
 

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import REPO, job_processes, kit, read_logs, submit, wait_for, wait_no_processes
+from helpers import REPO, job_processes, kit, read_logs, submit, wait_for, wait_no_processes
 
 from kit import slurm
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import task_env, wait_for
+from helpers import task_env, wait_for
 
 from kit import launch
 from kit.core import spec as specs

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import check_end, launch_wait, read_logs
+from helpers import check_end, launch_wait, read_logs
 
 ALL_REDUCE = """
 import os, torch, torch.distributed as dist
@@ -72,7 +72,7 @@ def test_a_plain_script_seen_through_the_progress_call_alone(cluster, tmp_path):
     reports no samples reads `samples: -`, not 0."""
     import json
 
-    from conftest import kit, wait_for
+    from helpers import kit, wait_for
 
     example = Path(__file__).resolve().parent.parent / "launch" / "examples" / "ddp_plain.py"
     w = launch_wait(tmp_path, "--nodes", "2", "--ntasks-per-node", "2",
@@ -115,7 +115,7 @@ def test_mpi_pmi2_gives_every_task_its_pmi_rank(cluster, tmp_path):
 
 
 def test_an_unknown_mpi_type_is_refused_before_submitting(cluster, tmp_path):
-    from conftest import kit
+    from helpers import kit
 
     proc = kit("launch", "--local", "--mpi", "nosuch", "--output-dir", str(tmp_path / "jobs"), "--", "true")
     assert proc.returncode == 2

@@ -13,7 +13,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from conftest import job_processes, read_logs, submit, wait_for, wait_no_processes
+from helpers import job_processes, read_logs, submit, wait_for, wait_no_processes
 
 from kit import slurm
 
@@ -85,7 +85,7 @@ def check_report(cluster, job_dir: str, logs: list[Path]) -> None:
     """Issue 4 done-means 5 and issue 11 done-means 5: kit report on a CPU job draws
     the CPU, memory, loss, step time and throughput panels and no empty one; every
     number of its summary is computed again here from the JSONL logs."""
-    from conftest import kit
+    from helpers import kit
     from report_check import check
 
     out = Path(job_dir) / "from-logs.png"
@@ -123,7 +123,7 @@ def test_killing_the_exporter_leaves_the_training_running(cluster, tmp_path):
 def test_report_flags_an_idle_gpu_held_by_a_job(cluster, tmp_path):
     """Issue 11 done-means 5: a node whose exporter sees two (fake-NVML) GPUs, one
     busy with the training's process, one idle with none: the notes flag the idle one."""
-    from conftest import REPO, kit
+    from helpers import REPO, kit
     from report_check import check
 
     job = submit(tmp_path, "--nodes", "1", "--gpus-per-node", "2",

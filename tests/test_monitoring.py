@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 import yaml
-from conftest import REPO, require
+from helpers import REPO, require
 
 from kit.monitor import exporter, gpu, naming, node, training
 

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import (Waiting, check_end, job_processes, launch_wait, read_logs, release_requeued, runs, scancel,
+from helpers import (Waiting, check_end, job_processes, launch_wait, read_logs, release_requeued, runs, scancel,
                       scontrol, state_is, wait_for)
 
 from kit import slurm
@@ -281,7 +281,7 @@ def test_the_hang_report_blames_the_rank_outside_the_collective(cluster, tmp_pat
     """Issue 19 finding 4: rank 1 stuck in user code, rank 0 waiting for it in all_reduce
     (and reporting progress earlier): the report names rank 1 and its node, and the
     requeue decides about that node."""
-    from conftest import require
+    from helpers import require
 
     require("py-spy")
     (tmp_path / "blame.py").write_text(BLAME)

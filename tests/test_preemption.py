@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from conftest import read_logs, runs, submit, wait_for, wait_no_processes
+from helpers import read_logs, runs, submit, wait_for, wait_no_processes
 
 from kit import slurm
 from kit.core import outcome

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import check_end, kit, launch_wait, read_logs, require, wait_for, wait_no_processes
+from helpers import check_end, kit, launch_wait, read_logs, require, wait_for, wait_no_processes
 
 from kit import slurm
 from kit.cluster import LocalCluster

@@ -34,7 +34,7 @@ def test_gpu_summary_from_logs(tmp_path):
 
 
 def test_an_ambiguous_job_id_is_refused_with_the_candidates(tmp_path):
-    from conftest import kit
+    from helpers import kit
 
     for name in ("a", "b"):
         (tmp_path / "jobs" / name).mkdir(parents=True)
@@ -50,7 +50,7 @@ def test_an_ambiguous_job_id_is_refused_with_the_candidates(tmp_path):
 def test_damaged_metrics_logs_are_skipped_and_counted(tmp_path):
     """Issue 9: a job that filled its disk, or logs damaged otherwise: lines
     are skipped and counted, never a traceback."""
-    from conftest import kit
+    from helpers import kit
 
     logs = tmp_path / "job" / "logs"
     logs.mkdir(parents=True)

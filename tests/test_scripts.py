@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import require, task_env
+from helpers import require, task_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -123,7 +123,6 @@ def test_command_arguments_reach_the_command_byte_for_byte(tmp_path, data):
     assert not canary.exists()
 
 
-@pytest.mark.cluster
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_every_user_field_reaches_a_real_job_byte_for_byte(cluster, tmp_path, data):
@@ -152,7 +151,6 @@ SWEEP_DUMP = ("import json, os, sys; json.dump(dict(argv=sys.argv[1:], sweep=os.
               "job_dir=os.environ.get('KIT_JOB_DIR')), open(os.environ['KIT_JOB_DIR'] + '/seen.json', 'w'))")
 
 
-@pytest.mark.cluster
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_sweep_values_reach_a_real_job_byte_for_byte(cluster, tmp_path, data):

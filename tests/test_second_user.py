@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import kit, require
+from helpers import kit, require
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from conftest import job_processes, read_logs, scancel, submit, wait_no_processes
+from helpers import job_processes, read_logs, scancel, submit, wait_no_processes
 
 from kit import slurm
 from kit.core import outcome

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import kit, launch_wait, read_logs, runs, stepds_of, wait_for, wait_no_processes
+from helpers import kit, launch_wait, read_logs, runs, stepds_of, wait_for, wait_no_processes
 
 from kit import slurm
 
