@@ -36,7 +36,6 @@ from kit.runner import run
 class BuildResult:
     image: Path
     digest: str
-    built: bool  # False: the image was already up to date (or came from the cache)
     source: str  # "built", "up to date", "cache"
 
 
@@ -141,7 +140,7 @@ def _build(recipe: Recipe, output: Path, *, compression: str, use_cache: bool, p
     if output.exists() and is_squashfs(output):
         meta = image_metadata(output)
         if meta and meta.get("digest") == key:
-            return BuildResult(output, key, False, "up to date")
+            return BuildResult(output, key, "up to date")
     work, lock = _new_work_dir(output)
     cached = cache_dir() / f"{key}.sqsh"
     overlay = False
@@ -152,7 +151,7 @@ def _build(recipe: Recipe, output: Path, *, compression: str, use_cache: bool, p
             hit = use_cache and cached.exists()
         if hit:
             _place(cached, output)
-            return BuildResult(output, key, False, "cache")
+            return BuildResult(output, key, "cache")
         stage_images = _build_stages(recipe, compression, use_cache, progress, claim)
         root.mkdir()
         total = len(recipe.steps) + 2
@@ -186,7 +185,7 @@ def _build(recipe: Recipe, output: Path, *, compression: str, use_cache: bool, p
             run(["umount", "--lazy", str(root)], check=False)
         layers.remove(work)
         os.close(lock)
-    return BuildResult(output, key, True, "built")
+    return BuildResult(output, key, "built")
 
 
 def _mount_overlay(base: Path, work: Path) -> bool:
