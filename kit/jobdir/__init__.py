@@ -17,7 +17,7 @@ from kit import files
 from kit.jobdir.layout import JobDir
 
 __all__ = ["JobDir", "RANK_METRICS_GLOB", "all_task_starts", "rank_metrics_path", "rank_of_metrics_file",
-           "read_rank_metrics", "task_starts", "write_rank_metrics"]
+           "read_rank_metrics", "read_task_record", "task_starts", "write_rank_metrics"]
 
 RANK_METRICS_GLOB = JobDir.RANK_METRICS.format(rank="*")
 
@@ -76,6 +76,19 @@ def _seconds(text: str) -> float | None:
     return value if 0 < value < 1e11 else None
 
 
+def read_task_record(path: str | Path) -> tuple[str, str, float | None] | None:
+    """A launcher's task record (``progress/r<run>/task-<rank>``: "node pid start"): (node,
+    pid, start or None: an older record has two words); None when unreadable or not one.
+    The one parser: kit report's task starts and the hang and failure reports read it."""
+    try:
+        words = files.read_text(path, 4096).split()
+    except OSError:
+        return None
+    if len(words) < 2 or not re.fullmatch(r"[A-Za-z0-9._-]{1,255}", words[0]):
+        return None
+    return words[0], words[1], _seconds(words[2]) if len(words) >= 3 else None
+
+
 def task_starts(job_dir: str | Path, run: int) -> dict[str, float]:
     """Per node, seconds from run ``run``'s step start to its first task's first line."""
     progress = JobDir(job_dir).run_progress(run)
@@ -89,14 +102,11 @@ def task_starts(job_dir: str | Path, run: int) -> dict[str, float]:
     for path in sorted(progress.glob(JobDir.TASK.format(rank="*"))):
         if not re.fullmatch(JobDir.TASK.format(rank=r"\d+"), path.name):
             continue
-        try:
-            words = files.read_text(path, 4096).split()
-        except OSError:
+        record = read_task_record(path)
+        if record is None or record[2] is None:
             continue
-        start = _seconds(words[2]) if len(words) >= 3 else None
-        if start is None or not re.fullmatch(r"[A-Za-z0-9._-]{1,255}", words[0]):
-            continue
-        out[words[0]] = round(min(out.get(words[0], start - step), start - step), 3)
+        node, _, start = record
+        out[node] = round(min(out.get(node, start - step), start - step), 3)
     return out
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kit import files
 from kit.errors import KitError
-from kit.jobdir import JobDir, rank_of_metrics_file, read_rank_metrics
+from kit.jobdir import JobDir, rank_of_metrics_file, read_rank_metrics, read_task_record
 
 
 def find_job_dir(job: str, output_dir: str | Path) -> Path:
@@ -236,11 +236,9 @@ def ranks(job_dir: Path, run: int) -> list[int]:
 
 
 def node_of(job_dir: Path, run: int, rank: int) -> str:
-    """Where a rank ran (the launcher's ``progress/r<run>/task-<rank>``: node pid)."""
-    try:
-        return files.read_text(JobDir(job_dir).task_record(run, rank), 4096).split()[0]
-    except (OSError, IndexError):
-        return "?"
+    """Where a rank ran (the launcher's ``progress/r<run>/task-<rank>``)."""
+    record = read_task_record(JobDir(job_dir).task_record(run, rank))
+    return record[0] if record else "?"
 
 
 @dataclass
