@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kit import launch
+from kit import submission as launch
 from kit.cluster import LocalCluster
 from kit.core import spec as specs
 

@@ -1,3 +1,25 @@
-"""kit: launch multi-node PyTorch Lightning jobs on Slurm, with containers and metrics."""
+"""kit: launch multi-node PyTorch Lightning jobs on Slurm, with containers and metrics.
+
+From Python (kit.api; loaded on first use, so that ``import kit`` stays light for the
+exporter and the trainer): ``kit.launch``, ``kit.Job``, ``kit.jobs``, ``kit.KitError``.
+"""
 
 __version__ = "0.1.0"
+
+_API = {"launch", "Job", "jobs", "Outcome"}
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from kit import api
+
+        return getattr(api, name)
+    if name == "KitError":
+        from kit.errors import KitError
+
+        return KitError
+    raise AttributeError(f"module 'kit' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted({*globals(), *_API, "KitError"})

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from kit import files, slurm
-from kit import launch as lib
+from kit import submission as lib
 from kit.cluster import LocalCluster
 from kit.core import spec as specs
 from kit.errors import KitError
@@ -27,7 +27,7 @@ LOCAL_TARGETS_LABEL = "the local cluster's Prometheus targets directory"
 
 def plan(spec: specs.JobSpec, origins: specs.Origins | None = None, *, where: str | None = None,
          dry_run: bool = False, cwd: Path | None = None) -> lib.Plan:
-    """Choose the target (none for a dry run), then :func:`kit.launch.plan` the job for it."""
+    """Choose the target (none for a dry run), then :func:`kit.submission.plan` the job for it."""
     origins = origins or specs.Origins()
     if dry_run:
         return lib.plan(spec, origins, cwd=cwd)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import task_env, wait_for
 
-from kit import launch
+from kit import submission as launch
 from kit.core import spec as specs
 
 

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 KIT = Path(__file__).resolve().parent.parent / "kit"
-OUTSIDE_THE_CORE = ("kit.slurm", "kit.cluster", "kit.launch", "kit.cli", "kit.monitor", "kit.image", "kit.train")
+OUTSIDE_THE_CORE = ("kit.slurm", "kit.cluster", "kit.submission", "kit.cli", "kit.monitor", "kit.image", "kit.train")
 
 
 def imports(path: Path) -> set[str]:
@@ -40,7 +40,7 @@ BOTTOM = ("kit.errors", "kit.files", "kit.home", "kit.jobdir")  # modules every 
 
 
 def package_of(module: str) -> str | None:
-    """``kit.launch.sidecars`` -> ``kit.launch``; bottom-layer modules and ``kit`` itself -> None."""
+    """``kit.submission.sidecars`` -> ``kit.submission``; bottom-layer modules and ``kit`` itself -> None."""
     if not module.startswith("kit.") or module.startswith(BOTTOM):
         return None
     return ".".join(module.split(".")[:2])
@@ -53,6 +53,7 @@ def kit_imports(path: Path) -> set[str]:
 
 def packages_imported(pkg: str) -> dict[str, set[str]]:
     """{module path: other kit packages it imports} for every module of ``kit/<pkg>``."""
+    assert (KIT / pkg / "__init__.py").is_file(), f"no package kit/{pkg}: a rule about it would hold vacuously"
     out = {}
     for path in sorted((KIT / pkg).rglob("*.py")):
         others = {package_of(n) for n in kit_imports(path)} - {None, f"kit.{pkg}"}
@@ -65,14 +66,14 @@ def test_the_core_imports_only_the_bottom_layer():
     assert {p: o for p, o in packages_imported("core").items() if o} == {}
 
 
-def test_launch_does_not_know_the_local_cluster():
-    """Target choice lives in kit/targets.py: kit/launch writes and submits a job for any Slurm."""
-    assert {p: o for p, o in packages_imported("launch").items() if "kit.cluster" in o} == {}
+def test_submission_does_not_know_the_local_cluster():
+    """Target choice lives in kit/targets.py: kit/submission writes and submits a job for any Slurm."""
+    assert {p: o for p, o in packages_imported("submission").items() if "kit.cluster" in o} == {}
 
 
 def test_the_image_builder_knows_neither_slurm_nor_launch():
-    assert {p: o & {"kit.slurm", "kit.launch"} for p, o in packages_imported("image").items()
-            if o & {"kit.slurm", "kit.launch"}} == {}
+    assert {p: o & {"kit.slurm", "kit.submission"} for p, o in packages_imported("image").items()
+            if o & {"kit.slurm", "kit.submission"}} == {}
 
 
 def test_the_exporter_carries_nothing_of_kit_but_the_bottom_layer():
@@ -127,3 +128,12 @@ def test_no_module_over_400_lines_and_no_function_over_80():
                 if length > 80 and f"{rel}:{node.name}" not in LONG_FUNCTIONS:
                     long_functions.append(f"{rel}:{node.name}: {length} lines")
     assert long_modules == [] and long_functions == []
+
+
+def test_every_package_ships():
+    """pyproject's package list names every package under kit/ (a wheel would miss one it does not)."""
+    import tomllib
+
+    listed = set(tomllib.loads((KIT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(KIT.parent).parts) for p in KIT.rglob("__init__.py")}
+    assert found - listed == set()

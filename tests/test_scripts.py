@@ -15,7 +15,8 @@ from helpers import require, task_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kit import launch, slurm
+from kit import slurm
+from kit import submission as launch
 from kit.core import spec as specs
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kit import launch
+from kit import submission as launch
 from kit.core import spec as specs
 from kit.errors import KitError
 

@@ -71,18 +71,11 @@ def cancel(job, reason, output_dir):
 
     The job ends CANCELLED and is never marked finished; an array job's every task is cancelled.
     """
-    from kit import slurm, targets
+    from kit import api
     from kit.jobdir import records
 
     job_dir, job_id = _job(job, output_dir)
-    target = targets.target_of(job_dir)
-    states = _states(target, job_dir, job_id)
-    ended = _ended(states)
-    if ended:
-        raise KitError(f"job {job_id} already ended ({ended}): nothing to cancel", field="JOB", exit_code=1)
-    rec = records.record_cancel(job_dir, reason, tasks=None if states.keys() == {None} else
-                             [i for i, state in states.items() if not _final(state)])
-    slurm.cancel(target, job_id)
+    rec = api.cancel(job_dir, reason)
     why = f" ({rec['reason']})" if rec["reason"] else ""
     click.echo(f"cancelled job {job_id}{why}; recorded in {job_dir / records.CANCEL_RECORD}")
 
@@ -236,36 +229,12 @@ def _errors(job_dir: Path, run_numbers: list[int]) -> int:
     return 0
 
 
-def _states(target, job_dir: Path, job_id: str) -> dict[int | None, str]:
-    """Slurm's state of the job ({None: state}), or of each task of an array job."""
-    from kit import slurm
-    from kit.jobdir import records
-
-    indices = records.task_indices(job_dir)
-    if indices:
-        return {i: st.state for i, st in slurm.array_status(target, job_id, indices).items()}
-    return {None: slurm.job_status(target, job_id).state}
-
-
-def _final(state: str) -> bool:
-    from kit import slurm
-
-    return state in slurm.TERMINAL_STATES or state == "GONE"
-
-
-def _ended(states: dict[int | None, str]) -> str | None:
-    """The end state(s) once the job (every task of an array job) has ended, else None."""
-    if not all(_final(state) for state in states.values()):
-        return None
-    return ", ".join(sorted(set(states.values())))
-
-
 def _follow(job_dir: Path, job_id: str) -> int:
     """Print the batch log(s) as they grow (srun's rank-prefixed lines, every run:
     Slurm appends a requeued run to the same file) until the job has ended; an
     array job's tasks' logs with each line prefixed ``task I: ``. Through a
     controller outage the logs go on (as ``--wait`` waits through one)."""
-    from kit import slurm, targets
+    from kit import api, slurm, targets
     from kit.jobdir import records
 
     target = targets.target_of(job_dir)
@@ -276,7 +245,7 @@ def _follow(job_dir: Path, job_id: str) -> int:
     def check() -> str | None:
         if _print_new(job_dir, indices, offsets):
             ended_at[0] = None
-        ended = _ended(_states(target, job_dir, job_id))  # ControllerUnreachable: follow() asks again
+        ended = api.ended(api.unit_states(target, job_dir, job_id))  # ControllerUnreachable: follow() asks again
         if not ended:
             ended_at[0] = None
             return None

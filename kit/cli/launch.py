@@ -10,8 +10,8 @@ import time
 
 import click
 
-from kit import launch as lib
-from kit import slurm, targets
+from kit import submission as lib
+from kit import api, slurm
 from kit.core import options
 from kit.core import spec as specs
 from kit.core import sweep as sweep_lib
@@ -98,10 +98,8 @@ def launch(job_file, where, dry_run, wait, as_json, parsable, **values):
     base, origins = (specs.load_job_file(job_file) if job_file else (specs.JobSpec(), specs.Origins()))
     given = _given(values)
     spec, origins = specs.merge(base, given, origins)
-    plan = targets.plan(spec, origins, where=where, dry_run=dry_run)
-    for message in plan.messages:
-        click.echo(f"kit: {message}", err=True)
-    prepared = lib.prepare(plan.job)
+    plan, prepared = api.submit_spec(spec, origins, where=where, dry_run=dry_run,
+                                     say=lambda message: click.echo(f"kit: {message}", err=True))
     if dry_run:
         if as_json:
             click.echo(json.dumps(prepared.as_json()))
@@ -110,7 +108,6 @@ def launch(job_file, where, dry_run, wait, as_json, parsable, **values):
             click.echo(shlex.join(prepared.srun_argv))
             click.echo(f"job dir: {prepared.job_dir}")
         return 0
-    lib.submit(prepared, plan.target)
     if as_json:
         click.echo(json.dumps(prepared.as_json()))
     elif parsable:

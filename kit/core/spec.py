@@ -157,7 +157,7 @@ class ResolvedJob:
     port_low: int
     port_high: int
     warnings: tuple[str, ...] = field(default=())
-    mounts: tuple = field(default=())  # parsed mounts (kit.launch.resolve fills them in)
+    mounts: tuple = field(default=())  # parsed mounts (kit.submission.resolve fills them in)
     tasks: sweep_lib.TaskSet | None = None  # an array job's task indices
     params: tuple = field(default=())  # per task index (in tasks order): {NAME: value} of a sweep
 
@@ -304,13 +304,14 @@ def _resolve_tasks(s: JobSpec, origins: Origins) -> tuple[sweep_lib.TaskSet | No
 
 def _check_container(s: JobSpec, origins: Origins, warnings: list[str]) -> None:
     """Check the container fields every scheduler shares; the image and mounts are
-    checked and parsed by the container runtime's room (kit.launch.resolve)."""
+    checked and parsed by the container runtime's room (kit.submission.resolve)."""
     given = [n for n in ("container_workdir", "container_name") if getattr(s, n)]
     given += [n for n in ("mounts", "container_env") if getattr(s, n)]
     given += [n for n in ("container_writable", "container_mount_home", "container_remap_root") if getattr(s, n)]
     if not s.image:
         if given:
-            warnings.append(", ".join(origins.label(n) for n in given) + " have no effect without --image")
+            verb = "has" if len(given) == 1 else "have"
+            warnings.append(", ".join(origins.label(n) for n in given) + f" {verb} no effect without --image")
         return
     if s.container_workdir is not None and not s.container_workdir.startswith("/"):
         raise KitError(f"must be an absolute path, got {s.container_workdir!r}",

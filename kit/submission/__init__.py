@@ -24,7 +24,7 @@ from kit.core import sweep as sweep_lib
 from kit.core.spec import ResolvedJob, parse_after
 from kit.errors import KitError
 from kit.jobdir import JobDir, records
-from kit.launch import sidecars
+from kit.submission import sidecars
 from kit.slurm import pyxis
 
 

@@ -1,0 +1,288 @@
+"""kit from Python: the calls `kit launch`, `kit ps`, `kit logs`, `kit cancel` and
+`kit report` make, as functions and a job handle (the way submitit and NeMo-Run
+users drive their jobs from a notebook or a pipeline).
+
+    import kit
+    job = kit.launch(["python", "-m", "kit.train", "--max-steps", "100"], nodes=2, local=True)
+    job.progress()             # step, loss, samples/s
+    end = job.wait()           # Outcome: state, exit_code, meaning (the README's outcome table)
+
+Every `kit launch` option is a keyword under its command-line name, dashes as
+underscores (``--output-dir`` -> ``output_dir=``, ``--no-exporter`` ->
+``no_exporter=True``, ``--local`` -> ``local=True``, ``--env`` -> ``env={"K": "v"}``,
+``--mount`` -> ``mount=["/data:/data"]``); the same checks run and a bad value
+raises :class:`kit.KitError` with the command's message (``error.field``,
+``error.hint``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Iterable
+
+from kit import submission as lib
+from kit import listing, slurm, targets
+from kit.core import options, sweep as sweep_lib
+from kit.core import spec as specs
+from kit.core.outcome import Outcome
+from kit.errors import KitError
+from kit.jobdir import JobDir, records
+
+__all__ = ["Job", "Outcome", "cancel", "jobs", "launch", "python_names", "submit_spec"]
+
+
+def python_names() -> dict[str, options.Option]:
+    """Each keyword :func:`launch` takes -> its option (``--no-exporter`` -> ``no_exporter``)."""
+    out = {}
+    for o in options.OPTIONS:
+        if o.name == "command":
+            continue
+        flags = [flag for flag, _, _ in o.choices] if o.kind == options.CHOICE else [o.label]
+        for flag in flags:
+            out[flag.lstrip("-").replace("-", "_")] = o
+    return out
+
+
+def _field_value(name: str, o: options.Option, value: Any) -> Any:
+    """A keyword's value as the job spec holds it (the command line's types, Python's shapes)."""
+    def bad(kind: str) -> KitError:
+        return KitError(f"expected {kind}, got {type(value).__name__} {value!r}", field=o.label,
+                        hint=f"e.g. kit.launch(..., {name}=...) as the README's option table says")
+    if o.kind in options.BOOLS:
+        if not isinstance(value, bool):
+            raise bad("True or False")
+        return (not value) if o.kind == options.OFF else value
+    if o.kind == options.INT:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad("a whole number")
+        return value
+    if o.kind == options.STR:
+        if o.name in ("mem", "time") and isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        if not isinstance(value, str):
+            raise bad("a string")
+        return value
+    if o.kind == options.TABLE:  # env: {"K": "v"}, or ["K=v", ...] as --env takes them
+        if isinstance(value, dict):
+            return {str(k): str(v) for k, v in value.items()}
+        return dict(specs.parse_env_item(item) for item in _strings(value, bad))
+    if o.kind == options.SWEEP:  # {"lr": [0.1, 0.01]}, or ["lr=0.1,0.01", ...] as --sweep takes them
+        if isinstance(value, dict):
+            return dict(sweep_lib.check_sweep(k, v if isinstance(v, list) else [v], o.label) for k, v in value.items())
+        return dict(sweep_lib.parse_sweep_item(item, o.label) for item in _strings(value, bad))
+    items = _strings(value, bad)  # LIST
+    if o.name == "container_env":
+        return [n for item in items for n in item.split(",") if n]
+    return items
+
+
+def _strings(value: Any, bad) -> list[str]:
+    if isinstance(value, (str, os.PathLike)):
+        return [os.fspath(value)]
+    if not isinstance(value, Iterable) or isinstance(value, dict):
+        raise bad("a string or a list of strings")
+    out = [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value]
+    if not all(isinstance(v, str) for v in out):
+        raise bad("a list of strings")
+    return out
+
+
+def launch(command: list[str] | str | None = None, **kwargs: Any) -> Job:
+    """Submit ``command`` (a list of words; a string is run by ``bash -c``) as `kit launch`
+    does, with the same options and checks; returns its :class:`Job` (not submitted:
+    ``dry_run=True``; ``wait=True``: after its end). ``json`` and ``parsable`` shape what the
+    command prints and change nothing here."""
+    names = python_names()
+    unknown = sorted(set(kwargs) - set(names))
+    if unknown:
+        raise KitError(f"unknown option {unknown[0]!r}", field=unknown[0],
+                       hint="kit.launch takes `kit launch`'s options, dashes as underscores: " + ", ".join(sorted(names)))
+    fields: dict[str, Any] = {}
+    where = None
+    for name, value in kwargs.items():
+        o = names[name]
+        if o.kind == options.CHOICE:
+            if value is True:
+                if where is not None:
+                    raise KitError("give one of " + ", ".join(f for f, _, _ in o.choices), field=f"--{name}")
+                where = name
+            elif value is not False and value is not None:
+                raise KitError(f"expected True or False, got {value!r}", field=f"--{name}")
+        elif value is not None:
+            fields[o.name] = _field_value(name, o, value)
+    if isinstance(command, str):
+        command = ["bash", "-c", command]
+    if command is not None:
+        fields["command"] = _strings(command, lambda kind: KitError(f"expected {kind}", field="command"))
+    job_file, dry_run, wait = fields.pop("job_file", None), fields.pop("dry_run", False), fields.pop("wait", False)
+    fields.pop("as_json", None)
+    fields.pop("parsable", None)
+    base, origins = specs.load_job_file(job_file) if job_file else (specs.JobSpec(), specs.Origins())
+    spec, origins = specs.merge(base, specs.JobSpec(**fields), origins)
+    plan, prepared = submit_spec(spec, origins, where=where, dry_run=dry_run)
+    job = Job(prepared.job_dir, job_id=prepared.job_id, target=plan.target, messages=plan.messages)
+    if wait and not dry_run:
+        job.wait()
+    return job
+
+
+def submit_spec(spec: specs.JobSpec, origins: specs.Origins, *, where: str | None = None, dry_run: bool = False,
+                say=lambda message: None) -> tuple[lib.Plan, lib.PreparedJob]:
+    """The launch itself, for `kit launch` and :func:`launch` alike: the target chosen, the
+    job planned (resolved and checked once), ``say`` told its warnings and notes, the job
+    directory written and (unless ``dry_run``) submitted."""
+    plan = targets.plan(spec, origins, where=where, dry_run=dry_run)
+    for message in plan.messages:
+        say(message)
+    prepared = lib.prepare(plan.job)
+    if not dry_run:
+        lib.submit(prepared, plan.target)
+    return plan, prepared
+
+
+def jobs(*, output_dirs: Iterable[str | Path] = ("kit-jobs",), everything: bool = False) -> list[Job]:
+    """The jobs `kit ps` lists, newest first (an array job's tasks each as a Job)."""
+    rows = listing.list_jobs([Path(d) for d in output_dirs], everything=everything)
+    out = []
+    for row in rows:
+        array_id, sep, task = row.id.partition("_")
+        unit = JobDir(row.job_dir).task(int(task)).path if sep and task.isdigit() else Path(row.job_dir)
+        out.append(Job(unit, job_id=row.id))
+    return out
+
+
+def cancel(job_dir: Path, reason: str | None = None) -> dict:
+    """Cancel a job (every task of an array job), recording who and why in its directory
+    (``cancelled.json``) before Slurm is asked; the record. KitError when it already ended."""
+    job_id = records.job_id_of(job_dir)
+    if job_id is None:
+        raise KitError(f"{job_dir} was never submitted (no job_id in it)", field="JOB",
+                       hint="a --dry-run writes the directory only")
+    target = targets.target_of(job_dir)
+    now = unit_states(target, job_dir, job_id)
+    end = ended(now)
+    if end:
+        raise KitError(f"job {job_id} already ended ({end}): nothing to cancel", field="JOB", exit_code=1)
+    rec = records.record_cancel(job_dir, reason, tasks=None if now.keys() == {None} else
+                                [i for i, state in now.items() if not _final(state)])
+    slurm.cancel(target, job_id)
+    return rec
+
+
+def unit_states(target: slurm.Target, job_dir: Path, job_id: str) -> dict[int | None, str]:
+    """Slurm's state of the job ({None: state}), or of each task of an array job."""
+    indices = records.task_indices(job_dir)
+    if indices:
+        return {i: st.state for i, st in slurm.array_status(target, job_id, indices).items()}
+    return {None: slurm.job_status(target, job_id).state}
+
+
+def _final(state: str) -> bool:
+    return state in slurm.TERMINAL_STATES or state == "GONE"
+
+
+def ended(states: dict[int | None, str]) -> str | None:
+    """The end state(s) once the job (every task of an array job) has ended, else None."""
+    if not all(_final(state) for state in states.values()):
+        return None
+    return ", ".join(sorted(set(states.values())))
+
+
+class Job:
+    """A submitted kit job (or one task of an array job), reopened from its directory."""
+
+    def __init__(self, job_dir: str | Path, *, job_id: str | None = None, target: slurm.Target | None = None,
+                 messages: Iterable[str] = ()):
+        self.dir = Path(job_dir)
+        self.id = job_id or records.job_id_of(self.dir)
+        self._target = target
+        self.messages = list(messages)  # what `kit launch` would have printed (warnings, notes)
+
+    @classmethod
+    def from_dir(cls, job_dir: str | Path) -> Job:
+        """The job in ``job_dir`` (a job directory, or an array task's ``tasks/<i>``)."""
+        if not Path(job_dir).is_dir():
+            raise KitError(f"no such job directory: {job_dir}", field="JOB")
+        return cls(job_dir)
+
+    def __repr__(self) -> str:
+        return f"kit.Job({self.id or 'not submitted'}, {str(self.dir)!r})"
+
+    @property
+    def target(self) -> slurm.Target:
+        if self._target is None:
+            self._target = targets.target_of(self.dir)
+        return self._target
+
+    def _submitted(self) -> str:
+        if self.id is None:
+            raise KitError(f"{self.dir} was never submitted (a dry run)", field="JOB")
+        return self.id
+
+    def state(self) -> str:
+        """Slurm's state (PENDING, RUNNING, COMPLETED, ...), or the job directory's once Slurm forgot it."""
+        st = slurm.statuses(self.target, [self._submitted()]).get(self.id)
+        if st is None or st.state == "GONE":
+            return records.recorded_state(self.dir)
+        if st.state in slurm.TERMINAL_STATES:
+            records.keep_outcome(self.dir, st.state)
+        return st.state
+
+    def done(self) -> bool:
+        return self.state() in slurm.TERMINAL_STATES | {"ENDED"}
+
+    def progress(self) -> records.Progress:
+        """The training's latest step, loss and samples/s (what `kit ps` shows)."""
+        return records.training_progress(self.dir)
+
+    def wait(self, timeout: float | None = None, poll: float = 1.0) -> Outcome:
+        """Block until the job ends (through requeues and controller outages); its outcome,
+        as `kit launch --wait` tells it. KitError when ``timeout`` seconds pass first."""
+        end = slurm.wait(self.target, self._submitted(), poll=poll, timeout=timeout)
+        if end.state != "GONE":
+            records.keep_outcome(self.dir, end.state)
+        return slurm.job_outcome(end, self.dir, records.work_finished(self.dir))
+
+    def __await__(self):
+        return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
+
+    def cancel(self, reason: str | None = None) -> dict:
+        """Cancel it as `kit cancel` does; the cancel record."""
+        self._submitted()
+        return cancel(self.dir, reason)
+
+    def logs(self, rank: int | None = None, run: int | None = None, errors: bool = False) -> str:
+        """A run's rank logs (all ranks, each line prefixed ``R: ``, or one rank's); with
+        ``errors``, per run the first rank that failed by itself and its last lines."""
+        runs = records.runs(self.dir)
+        if errors:
+            out = []
+            for r in runs if run is None else [run]:
+                e = records.first_failure(self.dir, r)
+                if e is not None:
+                    text = JobDir(self.dir).rank_log(e.rank, r).read_text(errors="replace")
+                    out.append(f"run {r}: rank {e.rank} on {e.node} failed first, exit code {e.exit_code}\n"
+                               + records.last_lines(text))
+            return "\n".join(out)
+        run = run if run is not None else (runs[-1] if runs else 0)
+        ranks = [rank] if rank is not None else records.ranks(self.dir, run)
+        parts = []
+        for r in ranks:
+            path = JobDir(self.dir).rank_log(r, run)
+            text = path.read_text(errors="replace") if path.is_file() else ""
+            parts.append(text if rank is not None else "".join(f"{r}: {line}\n" for line in text.splitlines()))
+        return "".join(parts)
+
+    def report(self, prometheus: str | None = None) -> dict:
+        """The numbers of `kit report` (report.json's), the picture written beside them."""
+        from kit.cluster import LocalCluster
+        from kit.report import report as make_report
+
+        summary = make_report(self.dir, self._submitted(), self.dir / JobDir.REPORT,
+                              prometheus or LocalCluster().prometheus_url())
+        return asdict(summary)
