@@ -1,12 +1,12 @@
 """kit: launch multi-node PyTorch Lightning jobs on Slurm, with containers and metrics.
 
 From Python (kit.api; loaded on first use, so that ``import kit`` stays light for the
-exporter and the trainer): ``kit.launch``, ``kit.Job``, ``kit.jobs``, ``kit.KitError``.
+exporter and the trainer): ``kit.launch``, ``kit.submit``, ``kit.Job``, ``kit.jobs``, ``kit.KitError``.
 """
 
 __version__ = "0.1.0"
 
-_API = {"launch", "Job", "jobs", "Outcome"}
+_API = {"launch", "submit", "Job", "jobs", "Outcome", "RemoteError"}
 
 
 def __getattr__(name: str):

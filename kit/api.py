@@ -19,19 +19,25 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
+import re
+import shutil
+import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from kit import submission as lib
-from kit import listing, slurm, targets
+from kit import files, listing, slurm, targets
 from kit.core import options, sweep as sweep_lib
 from kit.core import spec as specs
 from kit.core.outcome import Outcome
 from kit.errors import KitError
+from kit.image import info
 from kit.jobdir import JobDir, records
 
-__all__ = ["Job", "Outcome", "cancel", "jobs", "launch", "python_names", "submit_spec"]
+__all__ = ["Job", "Outcome", "RemoteError", "cancel", "check_image_python", "jobs", "launch", "python_names", "submit",
+           "submit_spec"]
 
 
 def python_names() -> dict[str, options.Option]:
@@ -97,6 +103,29 @@ def launch(command: list[str] | str | None = None, **kwargs: Any) -> Job:
     does, with the same options and checks; returns its :class:`Job` (not submitted:
     ``dry_run=True``; ``wait=True``: after its end). ``json`` and ``parsable`` shape what the
     command prints and change nothing here."""
+    return _launch(command, kwargs)
+
+
+def _launch(command, kwargs: dict, before_submit=None) -> Job:
+    fields, where = _fields(kwargs)
+    if isinstance(command, str):
+        command = ["bash", "-c", command]
+    if command is not None:
+        fields["command"] = _strings(command, lambda kind: KitError(f"expected {kind}", field="command"))
+    job_file, dry_run, wait = fields.pop("job_file", None), fields.pop("dry_run", False), fields.pop("wait", False)
+    fields.pop("as_json", None)
+    fields.pop("parsable", None)
+    base, origins = specs.load_job_file(job_file) if job_file else (specs.JobSpec(), specs.Origins())
+    spec, origins = specs.merge(base, specs.JobSpec(**fields), origins)
+    plan, prepared = submit_spec(spec, origins, where=where, dry_run=dry_run, before_submit=before_submit)
+    job = Job(prepared.job_dir, job_id=prepared.job_id, target=plan.target, messages=plan.messages)
+    if wait and not dry_run:
+        job.wait()
+    return job
+
+
+def _fields(kwargs: dict) -> tuple[dict[str, Any], str | None]:
+    """Keywords -> (job spec fields as the command line would give them, "local"/"site"/None)."""
     names = python_names()
     unknown = sorted(set(kwargs) - set(names))
     if unknown:
@@ -115,31 +144,66 @@ def launch(command: list[str] | str | None = None, **kwargs: Any) -> Job:
                 raise KitError(f"expected True or False, got {value!r}", field=f"--{name}")
         elif value is not None:
             fields[o.name] = _field_value(name, o, value)
-    if isinstance(command, str):
-        command = ["bash", "-c", command]
-    if command is not None:
-        fields["command"] = _strings(command, lambda kind: KitError(f"expected {kind}", field="command"))
-    job_file, dry_run, wait = fields.pop("job_file", None), fields.pop("dry_run", False), fields.pop("wait", False)
-    fields.pop("as_json", None)
-    fields.pop("parsable", None)
-    base, origins = specs.load_job_file(job_file) if job_file else (specs.JobSpec(), specs.Origins())
-    spec, origins = specs.merge(base, specs.JobSpec(**fields), origins)
-    plan, prepared = submit_spec(spec, origins, where=where, dry_run=dry_run)
-    job = Job(prepared.job_dir, job_id=prepared.job_id, target=plan.target, messages=plan.messages)
-    if wait and not dry_run:
-        job.wait()
-    return job
+    return fields, where
+
+
+def submit(fn: Callable, *args: Any, **kwargs: Any) -> Job:
+    """Run ``fn(*args)`` on every rank of a job (``nodes=``, ``ntasks_per_node=``, ``image=``
+    and every other `kit launch` option as in :func:`launch`), with the launcher's variables set;
+    ``job.result()`` is rank 0's return value, ``job.results()`` every rank's. The call is
+    pickled with cloudpickle into the job directory; the job's Python (this one, or the
+    image's python3) must be the same minor version and have cloudpickle: checked first."""
+    import cloudpickle
+
+    try:
+        payload = cloudpickle.dumps((fn, args, {}))
+    except Exception as e:  # what cloudpickle raises for an unpicklable call varies
+        raise KitError(f"cannot pickle {getattr(fn, '__name__', fn)!r} and its arguments: {e}", field="fn",
+                       hint="a function job's call travels pickled: pass plain data, open files and connections "
+                            "inside the function") from None
+    image = kwargs.get("image")
+    python = sys.executable
+    if image is not None and not str(image).startswith("docker://"):
+        check_image_python(Path(os.fspath(image)))
+        python = "python3"
+
+    def write_payload(prepared: lib.PreparedJob) -> None:
+        files.write_atomic(prepared.job_dir / JobDir.FUNCTION, payload, 0o600)
+
+    return _launch([python, "-m", "kit.train.function"], kwargs, before_submit=write_payload)
+
+
+def check_image_python(image: Path) -> None:
+    """The image's python3 is this Python's minor version and can import cloudpickle (read
+    from the image's file list: nothing is unpacked); KitError naming what differs."""
+    want = "python%d.%d" % sys.version_info[:2]
+    listing = info.list_paths(image)
+    found = sorted({m.group(1) for p in listing if (m := re.fullmatch(r"usr/(?:local/)?bin/(python3\.\d+)", p))})
+    if want not in found:
+        raise KitError(f"{image} has {', '.join(found) or 'no python3'}, this Python is {want[6:]}", field="--image",
+                       hint="a function job's call is pickled here and unpickled there: use an image with the same "
+                            "Python minor version (kit build's base decides it)")
+    if not any(re.search(r"/(?:site|dist)-packages/cloudpickle/__init__\.py$", p) for p in listing):
+        raise KitError(f"{image} has no cloudpickle for its {want}", field="--image",
+                       hint="add it to the image (a recipe's pip = [\"cloudpickle\"], or KIT pip cloudpickle)")
 
 
 def submit_spec(spec: specs.JobSpec, origins: specs.Origins, *, where: str | None = None, dry_run: bool = False,
-                say=lambda message: None) -> tuple[lib.Plan, lib.PreparedJob]:
+                say=lambda message: None, before_submit=None) -> tuple[lib.Plan, lib.PreparedJob]:
     """The launch itself, for `kit launch` and :func:`launch` alike: the target chosen, the
     job planned (resolved and checked once), ``say`` told its warnings and notes, the job
-    directory written and (unless ``dry_run``) submitted."""
+    directory written, ``before_submit(prepared)`` given it to add to (on failure the
+    directory goes), and (unless ``dry_run``) submitted."""
     plan = targets.plan(spec, origins, where=where, dry_run=dry_run)
     for message in plan.messages:
         say(message)
     prepared = lib.prepare(plan.job)
+    if before_submit is not None:
+        try:
+            before_submit(prepared)
+        except BaseException:
+            shutil.rmtree(prepared.job_dir, ignore_errors=True)
+            raise
     if not dry_run:
         lib.submit(prepared, plan.target)
     return plan, prepared
@@ -191,6 +255,26 @@ def ended(states: dict[int | None, str]) -> str | None:
     if not all(_final(state) for state in states.values()):
         return None
     return ", ".join(sorted(set(states.values())))
+
+
+def _own(path: Path) -> Path:
+    """``path`` when this user owns it and no one else can write it: a pickle is code, and a
+    result is loaded only from a job directory of the caller's own (root included)."""
+    st = os.lstat(path)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise KitError(f"{path} is not this user's own (owner uid {st.st_uid}): its results are not loaded",
+                       field="JOB", hint="read a job's results as the user who submitted it")
+    return path
+
+
+class RemoteError(KitError):
+    """A function job's call raised on a rank: ``rank``, ``node``, ``type`` and the remote ``traceback``."""
+
+    def __init__(self, record: dict):
+        self.rank, self.node = record.get("rank"), record.get("node")
+        self.type, self.traceback = record.get("type"), record.get("traceback", "")
+        super().__init__(f"rank {self.rank} on {self.node} raised {self.type}: {record.get('message', '')}",
+                         field="fn", exit_code=1, detail=self.traceback.rstrip())
 
 
 class Job:
@@ -277,6 +361,31 @@ class Job:
             text = path.read_text(errors="replace") if path.is_file() else ""
             parts.append(text if rank is not None else "".join(f"{r}: {line}\n" for line in text.splitlines()))
         return "".join(parts)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """A function job's (:func:`submit`) rank 0 return value, after its end."""
+        return self.results(timeout)[0]
+
+    def results(self, timeout: float | None = None) -> list:
+        """Every rank's return value, by rank, after the job's end; the first rank that raised
+        raises :class:`RemoteError` here (its node and traceback with it)."""
+        end = self.wait(timeout)
+        _own(self.dir)
+        results = self.dir / JobDir.RESULTS
+        errors = sorted(results.glob(JobDir.ERROR.format(rank="*")), key=lambda p: p.stat().st_mtime) \
+            if results.is_dir() else []
+        if errors:
+            raise RemoteError(files.read_json(_own(errors[0]), 1 << 20))
+        ranks = sorted(int(m.group(1)) for p in results.glob(JobDir.RESULT.format(rank="*"))
+                       if (m := re.fullmatch(r"rank-(\d+)\.pkl", p.name))) if results.is_dir() else []
+        if end.exit_code != 0 or not ranks or ranks != list(range(len(ranks))):
+            raise KitError(f"job {self.id} {end.describe()}: no result from every rank", field="JOB", exit_code=1,
+                           hint=f"kit logs {self.dir} --errors")
+        out = []
+        for rank in ranks:
+            with open(_own(JobDir(self.dir).result(rank)), "rb") as f:
+                out.append(pickle.load(f))
+        return out
 
     def report(self, prometheus: str | None = None) -> dict:
         """The numbers of `kit report` (report.json's), the picture written beside them."""

@@ -81,3 +81,72 @@ def test_every_launch_option_is_a_keyword_with_the_commands_checks(tmp_path):
     spec = json.loads((job.dir / JobDir.SPEC).read_text())
     assert job.id is None and spec["command"] == ["bash", "-c", "echo $RANK"] and spec["exporter"] is False
     assert spec["sweep"] == {"lr": ["0.1", "0.01"]} and spec["env"] == {"A": "1"} and spec["debug"] is True
+
+
+def test_a_function_runs_on_every_rank_as_one_world(cluster, tmp_path):
+    """Issue 22 finding 2: kit.submit(fn) on 2 nodes x 2 tasks, fn all-reducing its rank with gloo:
+    one world of 4, every rank's return value; rank 0's is job.result()."""
+    def all_reduce(offset):
+        import os
+
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        t = torch.tensor([int(os.environ["RANK"]) + offset])
+        dist.all_reduce(t)
+        out = {"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": int(t.item()),
+               "node": os.environ["SLURMD_NODENAME"]}
+        dist.destroy_process_group()
+        return out
+
+    job = kitlib.submit(all_reduce, 10, nodes=2, ntasks_per_node=2, local=True, output_dir=tmp_path / "jobs",
+                        no_exporter=True)
+    results = job.results(timeout=300)
+    assert [r["rank"] for r in results] == [0, 1, 2, 3] and {r["world"] for r in results} == {4}
+    assert {r["sum"] for r in results} == {0 + 1 + 2 + 3 + 4 * 10}
+    assert {r["node"] for r in results} == {"node1", "node2"}
+    assert job.result() == results[0] and (job.dir / "FINISHED").exists()
+    assert job.wait().exit_code == 0
+
+
+def test_an_exception_on_a_rank_comes_back_naming_it(cluster, tmp_path):
+    def fails_on_rank_1():
+        import os
+
+        if os.environ["RANK"] == "1":
+            raise ValueError("bad shard 7")
+        return "ok"
+
+    job = kitlib.submit(fails_on_rank_1, nodes=2, local=True, output_dir=tmp_path / "jobs", no_exporter=True)
+    with pytest.raises(kitlib.RemoteError) as e:
+        job.result(timeout=300)
+    assert e.value.rank == 1 and e.value.node == "node2" and e.value.type == "ValueError"
+    assert "rank 1 on node2 raised ValueError: bad shard 7" in str(e.value)
+    assert 'raise ValueError("bad shard 7")' in e.value.traceback
+    end = job.wait()
+    assert end.state == "FAILED" and end.exit_code == 1 and not (job.dir / "FINISHED").exists()
+
+
+def test_a_function_job_whose_python_differs_is_refused_before_submitting(tmp_path):
+    """The image's python3 must be this Python's minor version, with cloudpickle: read from the
+    image's file list, refused with one line, nothing written or submitted."""
+    root = tmp_path / "root"
+    for rel in ("usr/bin/python3.9", "usr/bin/bash", "usr/bin/tee"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("")
+    image = tmp_path / "old.sqsh"
+    subprocess.run(["mksquashfs", str(root), str(image), "-quiet", "-no-progress"], check=True)
+    with pytest.raises(kitlib.KitError) as e:
+        kitlib.submit(print, "x", image=str(image), local=True, output_dir=tmp_path / "jobs")
+    assert e.value.field == "--image" and "has python3.9, this Python is %d.%d" % sys.version_info[:2] in e.value.message
+    (root / "usr/bin/python3.9").rename(root / ("usr/bin/python%d.%d" % sys.version_info[:2]))
+    image.unlink()
+    subprocess.run(["mksquashfs", str(root), str(image), "-quiet", "-no-progress"], check=True)
+    with pytest.raises(kitlib.KitError, match="has no cloudpickle"):
+        kitlib.submit(print, "x", image=str(image), local=True, output_dir=tmp_path / "jobs")
+    assert not (tmp_path / "jobs").exists()
+    with pytest.raises(kitlib.KitError, match="cannot pickle"):
+        import threading
+
+        kitlib.submit(print, threading.Lock(), local=True, output_dir=tmp_path / "jobs")

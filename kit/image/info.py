@@ -30,6 +30,15 @@ def image_has(image: Path, paths: list[str]) -> set[str]:
     return {p for p in paths if p.strip("/") in listed}
 
 
+def list_paths(image: Path) -> list[str]:
+    """Every path in the image, relative to its root (``unsquashfs -l``; nothing is unpacked)."""
+    proc = run(["unsquashfs", "-l", "-d", "/", str(image)], check=False, timeout=300)
+    if proc.returncode != 0 and not proc.stdout.strip():
+        raise KitError(f"cannot read {image}: truncated or damaged (unsquashfs exit {proc.returncode})",
+                       detail=tail(proc.stderr or ""), hint="build it again, or copy it again if it was copied")
+    return [line.strip().lstrip("/") for line in proc.stdout.splitlines() if line.strip()]
+
+
 def image_metadata(image: Path) -> dict | None:
     text = read_file(image, METADATA)
     try:

@@ -40,6 +40,8 @@ class JobDir:
     CHECKPOINTS = "checkpoints"     # the reference trainer's
     PROFILES = "profiles"           # the reference trainer's --profile-steps traces: rank-<R>.json
     REPORT = "report.png"           # kit report's picture (report.json beside it)
+    FUNCTION = "function.pkl"       # kit.submit: the call every rank makes (cloudpickle)
+    RESULTS = "results"             # kit.submit: each rank's return value or exception
     PROGRESS_SEEN = "seen"          # progress/seen: some rank reported progress in some run (arms the watchdog)
     RUN = "r{run}"                  # progress/r<run>/, hang/r<run>/: one run's
     # In progress/r<run>/ (prelaunch and the launchers talk through these).
@@ -65,6 +67,9 @@ class JobDir:
     METRICS_LOG = NODE_LOG + METRICS_SUFFIX  # the exporter's record of its polls
     GPU_DMON_LOG = NODE_LOG + ".gutil"       # the gpu-dmon sidecar's nvidia-smi dmon output
     EXIT = "exit.r{run}.rank-{rank}"  # how a rank ended: "time rank rc self|stopped|warned"
+    # In results/ (kit.submit).
+    RESULT = "rank-{rank}.pkl"
+    ERROR = "rank-{rank}.error.json"   # type, message, traceback, rank, node
     # In metrics/<node>/.
     RANK_METRICS = "rank-{rank}.json"
 
@@ -133,7 +138,7 @@ class JobDir:
                        f"{cls.METRICS}/{{node}}", f"{cls.METRICS}/{{node}}/{cls.RANK_METRICS}", f"{cls.TASKS}/{{index}}",
                        f"{cls.PROFILES}/{cls.RANK_METRICS}"}
                 | {f"{cls.PROGRESS}/{cls.RUN}/{n}" for n in run} | {f"{cls.HANG}/{cls.RUN}/{n}" for n in hang}
-                | {f"{cls.LOGS}/{n}" for n in logs})
+                | {f"{cls.LOGS}/{n}" for n in logs} | {f"{cls.RESULTS}/{cls.RESULT}", f"{cls.RESULTS}/{cls.ERROR}"})
 
     def task_record(self, run: int, rank: int | str) -> Path:
         return self.run_progress(run) / self.TASK.format(rank=rank)
@@ -145,6 +150,12 @@ class JobDir:
     def metrics_files(self) -> list[Path]:
         """Every rank's training metrics file, on every node (``metrics/<node>/rank-<R>.json``)."""
         return sorted(self.path.glob(f"{self.METRICS}/*/{self.RANK_METRICS.format(rank='*')}"))
+
+    def result(self, rank: int | str) -> Path:
+        return self.path / self.RESULTS / self.RESULT.format(rank=rank)
+
+    def error(self, rank: int | str) -> Path:
+        return self.path / self.RESULTS / self.ERROR.format(rank=rank)
 
     def task_indices(self) -> list[int]:
         """An array job's task indices (its ``tasks/<index>/``); [] for a single job."""
