@@ -6,7 +6,7 @@ exporter and the trainer): ``kit.launch``, ``kit.submit``, ``kit.Job``, ``kit.jo
 
 __version__ = "0.1.0"
 
-_API = {"launch", "submit", "Job", "jobs", "Outcome", "RemoteError"}
+_API = {"launch", "submit", "map", "Job", "jobs", "Outcome", "RemoteError"}
 
 
 def __getattr__(name: str):

@@ -36,8 +36,8 @@ from kit.errors import KitError
 from kit.image import info
 from kit.jobdir import JobDir, records
 
-__all__ = ["Job", "Outcome", "RemoteError", "cancel", "check_image_python", "jobs", "launch", "python_names", "submit",
-           "submit_spec"]
+__all__ = ["Job", "Outcome", "RemoteError", "cancel", "check_image_python", "jobs", "launch", "map", "python_names",
+           "submit", "submit_spec"]
 
 
 def python_names() -> dict[str, options.Option]:
@@ -161,16 +161,53 @@ def submit(fn: Callable, *args: Any, **kwargs: Any) -> Job:
         raise KitError(f"cannot pickle {getattr(fn, '__name__', fn)!r} and its arguments: {e}", field="fn",
                        hint="a function job's call travels pickled: pass plain data, open files and connections "
                             "inside the function") from None
-    image = kwargs.get("image")
-    python = sys.executable
-    if image is not None and not str(image).startswith("docker://"):
-        check_image_python(Path(os.fspath(image)))
-        python = "python3"
+    python = _function_python(kwargs.get("image"))
 
     def write_payload(prepared: lib.PreparedJob) -> None:
         files.write_atomic(prepared.job_dir / JobDir.FUNCTION, payload, 0o600)
 
     return _launch([python, "-m", "kit.train.function"], kwargs, before_submit=write_payload)
+
+
+def map(fn: Callable, items: Iterable[Any], **kwargs: Any) -> list[Job]:  # noqa: A001 - kit.map, as submitit's map_array
+    """``fn(item)`` for each item, as one Slurm array job (a task per item, each its own unit of
+    work: own directory, requeue and port; every `kit launch` option as in :func:`launch`,
+    ``nodes=`` per task). Returns a Job per task, in the items' order: ``[j.result() for j in jobs]``."""
+    import cloudpickle
+
+    if "array" in kwargs:
+        raise KitError("kit.map makes the array itself: one task per item", field="--array",
+                       hint="leave out array=; to run at most K at once, map over fewer items at a time")
+    payloads = []
+    for item in items:
+        try:
+            payloads.append(cloudpickle.dumps((fn, (item,), {})))
+        except Exception as e:
+            raise KitError(f"cannot pickle {getattr(fn, '__name__', fn)!r} with item {len(payloads)}: {e}",
+                           field="fn") from None
+    if not payloads:
+        raise KitError("no items to map over", field="items")
+    python = _function_python(kwargs.get("image"))
+
+    def write_payloads(prepared: lib.PreparedJob) -> None:
+        for i, payload in enumerate(payloads):
+            files.write_atomic(JobDir(prepared.job_dir).task(i) / JobDir.FUNCTION, payload, 0o600)
+
+    job = _launch([python, "-m", "kit.train.function"], {**kwargs, "array": f"0-{len(payloads) - 1}"},
+                  before_submit=write_payloads)
+    if job.id is None:  # a dry run
+        return [Job(JobDir(job.dir).task(i).path) for i in range(len(payloads))]
+    return [Job(JobDir(job.dir).task(i).path, job_id=f"{job.id}_{i}", target=job.target)
+            for i in range(len(payloads))]
+
+
+def _function_python(image) -> str:
+    """The Python a function job runs on: this one, or the image's python3 (checked)."""
+    if image is None:
+        return sys.executable
+    if not str(image).startswith("docker://"):
+        check_image_python(Path(os.fspath(image)))
+    return "python3"
 
 
 def check_image_python(image: Path) -> None:

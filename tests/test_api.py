@@ -150,3 +150,12 @@ def test_a_function_job_whose_python_differs_is_refused_before_submitting(tmp_pa
         import threading
 
         kitlib.submit(print, threading.Lock(), local=True, output_dir=tmp_path / "jobs")
+
+
+def test_map_runs_one_task_per_item_and_returns_results_in_order(cluster, tmp_path):
+    jobs = kitlib.map(lambda x: x * x, [3, 1, 4, 1, 5], local=True, output_dir=tmp_path / "jobs", no_exporter=True)
+    assert len(jobs) == 5 and len({j.id.split("_")[0] for j in jobs}) == 1  # one array job
+    assert [j.result(timeout=300) for j in jobs] == [9, 1, 16, 1, 25]
+    assert all((j.dir / "FINISHED").exists() and j.wait().exit_code == 0 for j in jobs)
+    with pytest.raises(kitlib.KitError, match="one task per item"):
+        kitlib.map(abs, [1], array="0-3")

@@ -431,3 +431,23 @@ def test_container_options_on_sbatch_and_salloc_follow_pyxis(cluster, cpu_image,
                             'test -e /.kit/image.json && echo "step inside the image"'],
                            env=env, capture_output=True, text=True, timeout=180)
     assert alloc.returncode == 0 and alloc.stdout.strip() == "step inside the image", alloc.stdout + alloc.stderr
+
+
+def test_a_function_job_runs_in_a_kit_built_image(cluster, cpu_image, tmp_path):
+    """Issue 22 finding 2 under an image: the call is unpickled by the image's python3 (same
+    minor version, cloudpickle built in: checked from the image's file list before submitting)."""
+    import kit as kitlib
+
+    def where_am_i(tag):
+        import os
+        import sys
+
+        return {"tag": tag, "rank": int(os.environ["RANK"]), "python": sys.executable,
+                "kit_runtime": os.path.isdir("/opt/kit/python")}
+
+    job = kitlib.submit(where_am_i, "img", nodes=2, image=str(cpu_image), local=True, output_dir=tmp_path / "jobs",
+                        no_exporter=True)
+    results = job.results(timeout=600)
+    assert [r["rank"] for r in results] == [0, 1] and {r["tag"] for r in results} == {"img"}
+    assert {r["python"] for r in results} == {"/usr/bin/python3"} != {sys.executable}
+    assert {r["kit_runtime"] for r in results} == {True} and not Path("/opt/kit/python").exists()  # in the image
