@@ -33,10 +33,13 @@ def _steady(pts):
     return [(a, b) for a, b in zip(pts, pts[1:]) if 0 < b[0] - a[0] <= GAP]
 
 
-def _rate(pts):
+def _rate(pts, resets: bool = True):
+    """Mean rate over the steady pairs. A fall is a counter starting again from 0 (its new
+    value counts) for counters that reset; the job's CPU counter is a sum over live processes,
+    whose fall is a process leaving the sum (it counts nothing: issue 20 finding 2)."""
     pairs = _steady(pts)
     dt = sum(b[0] - a[0] for a, b in pairs)
-    return sum((b[1] - a[1]) if b[1] >= a[1] else b[1] for a, b in pairs) / dt if dt else None
+    return sum((b[1] - a[1]) if b[1] >= a[1] else (b[1] if resets else 0.0) for a, b in pairs) / dt if dt else None
 
 
 def expected(job_dir: Path) -> dict:
@@ -53,7 +56,7 @@ def expected(job_dir: Path) -> dict:
         def get(metric, tag=""):
             return series.get((metric, node, tag), [])
         cpus = get("kit_job_cpus")[-1][1] if get("kit_job_cpus") else None
-        used = _rate(get("kit_job_cpu_seconds_total"))
+        used = _rate(get("kit_job_cpu_seconds_total"), resets=False)
         modes = {k[2]: p for k, p in series.items() if k[0] == "node_cpu_seconds_total" and k[1] == node}
         inc = {m: sum(b[1] - a[1] for a, b in _steady(p) if b[1] >= a[1]) for m, p in modes.items()}
         total = sum(inc.values())
