@@ -18,6 +18,7 @@ raises :class:`kit.KitError` with the command's message (``error.field``,
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pickle
 import re
@@ -37,7 +38,7 @@ from kit.image import info
 from kit.jobdir import JobDir, records
 
 __all__ = ["Job", "Outcome", "RemoteError", "cancel", "check_image_python", "jobs", "launch", "map", "python_names",
-           "submit", "submit_spec"]
+           "rerun", "submit", "submit_spec"]
 
 
 def python_names() -> dict[str, options.Option]:
@@ -246,6 +247,52 @@ def submit_spec(spec: specs.JobSpec, origins: specs.Origins, *, where: str | Non
     return plan, prepared
 
 
+def rerun(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = (), *, wait: bool = False) -> Job:
+    """A new job with ``job_dir``'s resolved spec (its ``job.json``), in a new directory under
+    the same output directory, submitted to the same Slurm; ``edits`` change fields first
+    (``{"nodes": 4}``, or ``["nodes=4", "time=\"1:00:00\""]`` as TOML values, as a job file
+    writes them). The new job records which job it reruns (``rerun_of.json``)."""
+    source = Path(job_dir)
+    _own(source)  # its spec decides what runs: only from a directory of the caller's own
+    try:
+        recorded = files.read_json(_own(source / JobDir.SPEC), 1 << 22)
+    except (OSError, ValueError) as e:
+        raise KitError(f"cannot read {source / JobDir.SPEC}: {e}", field="JOB") from None
+    if not isinstance(recorded, dict):
+        raise KitError(f"{source / JobDir.SPEC}: not a job spec", field="JOB")
+    spec, origins = specs.JobSpec(), specs.Origins()
+    for name, value in recorded.items():
+        if name in specs.FIELD_NAMES:
+            setattr(spec, name, specs.coerce_value(name, value, f"{source / JobDir.SPEC}: {name}"))
+    for name, value in (edits.items() if isinstance(edits, dict) else (_edit(item) for item in edits)):
+        field = name.replace("-", "_")
+        if field not in specs.FIELD_NAMES:
+            raise KitError(f"unknown field {name!r}", field="--edit",
+                           hint="the fields are the job file's keys: " + ", ".join(specs.FIELD_NAMES))
+        setattr(spec, field, specs.coerce_value(field, value, f"--edit {name}"))
+        origins[field] = f"--edit {name}"
+    record = json.dumps({"job_dir": str(source.resolve()), "job_id": records.job_id_of(source)}) + "\n"
+    _, prepared = submit_spec(spec, origins, where=targets.target_of(source).name,
+                              before_submit=lambda p: files.write_atomic(p.job_dir / JobDir.RERUN_OF, record))
+    job = Job(prepared.job_dir, job_id=prepared.job_id)
+    if wait:
+        job.wait()
+    return job
+
+
+def _edit(item: str) -> tuple[str, Any]:
+    """``KEY=VALUE``, the value read as TOML (``4``, ``true``, ``["a", "b"]``), else as a string."""
+    import tomllib
+
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise KitError(f"expected KEY=VALUE, got {item!r}", field="--edit", hint='e.g. --edit nodes=4 --edit time=60')
+    try:
+        return key, tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        return key, value
+
+
 def jobs(*, output_dirs: Iterable[str | Path] = ("kit-jobs",), everything: bool = False) -> list[Job]:
     """The jobs `kit ps` lists, newest first (an array job's tasks each as a Job)."""
     rows = listing.list_jobs([Path(d) for d in output_dirs], everything=everything)
@@ -398,6 +445,10 @@ class Job:
             text = path.read_text(errors="replace") if path.is_file() else ""
             parts.append(text if rank is not None else "".join(f"{r}: {line}\n" for line in text.splitlines()))
         return "".join(parts)
+
+    def rerun(self, wait: bool = False, **edits: Any) -> Job:
+        """A new job with this one's resolved spec, ``edits`` applied (as `kit rerun --edit`)."""
+        return rerun(self.dir, edits, wait=wait)
 
     def result(self, timeout: float | None = None) -> Any:
         """A function job's (:func:`submit`) rank 0 return value, after its end."""

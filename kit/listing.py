@@ -36,6 +36,7 @@ class JobRow:
     job_dir: str
     finished: bool           # the FINISHED marker: the work is done
     task_start: dict | None = None  # the latest run's seconds from srun to each node's first task (container start)
+    rerun_of: str | None = None  # kit rerun: the id of the job this one reruns
 
     @property
     def active(self) -> bool:
@@ -73,7 +74,8 @@ def _row(name: str, unit_dir: Path, job_dir: Path, job_name: str, st: slurm.JobS
                   nodes=st.nodes if st else "", run=run, step=p.step, max_steps=p.max_steps, loss=p.loss,
                   samples_per_second=p.samples_per_second if state == "RUNNING" else None,
                   submitted=records.submitted_at(job_dir), job_dir=str(job_dir),
-                  finished=records.finished(unit_dir), task_start=jobdir.task_starts(unit_dir, run) or None)
+                  finished=records.finished(unit_dir), task_start=jobdir.task_starts(unit_dir, run) or None,
+                  rerun_of=records.rerun_of(job_dir))
 
 
 def list_jobs(output_dirs: list[Path], *, everything: bool = False, now: float | None = None) -> list[JobRow]:

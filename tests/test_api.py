@@ -159,3 +159,27 @@ def test_map_runs_one_task_per_item_and_returns_results_in_order(cluster, tmp_pa
     assert all((j.dir / "FINISHED").exists() and j.wait().exit_code == 0 for j in jobs)
     with pytest.raises(kitlib.KitError, match="one task per item"):
         kitlib.map(abs, [1], array="0-3")
+
+
+def test_rerun_submits_the_resolved_spec_again_with_edits(cluster, tmp_path):
+    """Issue 22 finding 5 (the spec part; code snapshots and image digests are not built yet):
+    kit rerun of a finished job: the same resolved spec but for --edit, a new directory, the
+    same Slurm; kit ps --json and kit.jobs() say which job it reruns."""
+    first = kitlib.launch([sys.executable, "-m", "kit.train", "--max-steps", "20"], local=True,
+                          output_dir=tmp_path / "jobs", env={"A": "1"}, wait=True)
+    assert first.wait().exit_code == 0
+    proc = kit("rerun", str(first.dir), "--edit", "nodes=2", "--wait", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    new_dir = tmp_path / "jobs" / proc.stdout.split("job dir: ")[1].split("/")[-1].strip()
+    old_spec, new_spec = (json.loads((d / JobDir.SPEC).read_text()) for d in (first.dir, new_dir))
+    assert new_spec.pop("nodes") == 2 and old_spec.pop("nodes") == 1 and new_spec == old_spec
+    assert (new_dir / "FINISHED").exists() and new_dir != first.dir
+    rows = json.loads(kit("ps", "--json", "--output-dir", str(tmp_path / "jobs")).stdout)
+    assert {r["job_dir"]: r["rerun_of"] for r in rows}[str(new_dir.resolve())] == first.id
+    again = first.rerun(wait=True, time=30)
+    assert json.loads((again.dir / JobDir.SPEC).read_text())["time"] == "30" and again.wait().exit_code == 0
+    with pytest.raises(kitlib.KitError, match="unknown field 'nodez'"):
+        first.rerun(nodez=3)
+    (first.dir / JobDir.SPEC).chmod(0o666)  # someone else could have written it: its spec is not run
+    with pytest.raises(kitlib.KitError, match="not this user's own"):
+        first.rerun()

@@ -282,3 +282,25 @@ def _print_new(job_dir: Path, indices: list[int], offsets: dict[Path, int]) -> b
             offsets[path] = offsets.get(path, 0) + cut
             grew = True
     return grew
+
+
+@click.command()
+@click.argument("job")
+@click.option("--edit", "edits", multiple=True, metavar="KEY=VALUE",
+              help="Change a field first, as a job file writes it: --edit nodes=4 --edit time='\"1:00:00\"' (repeatable).")
+@click.option("--wait", "wait_", is_flag=True, help="Block until the new job ends; exit with its exit code.")
+@_OUTPUT_DIR
+def rerun(job, edits, wait_, output_dir):
+    """Submit JOB again: a new job with its resolved spec (job.json), in a new directory.
+
+    The new job goes to the same Slurm and records which job it reruns (rerun_of.json;
+    kit ps --json shows it). Only a job directory of your own is rerun.
+    """
+    from kit import api
+    from kit.cli.launch import wait_and_report
+
+    job_dir, _ = _job(job, output_dir)
+    new = api.rerun(job_dir, list(edits))
+    click.echo(f"Submitted job {new.id}")
+    click.echo(f"job dir: {new.dir}")
+    return wait_and_report(new.target, new.id, new.dir) if wait_ else 0

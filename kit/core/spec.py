@@ -83,7 +83,7 @@ def load_job_file(path: str | Path) -> tuple[JobSpec, Origins]:
         if name not in FIELD_NAMES:
             raise KitError(f"unknown key {key!r}", field=label,
                            hint="valid keys: " + ", ".join(n.replace("_", "-") for n in FIELD_NAMES))
-        setattr(spec, name, _coerce_file_value(name, value, f"{label}: {key}"))
+        setattr(spec, name, coerce_value(name, value, f"{label}: {key}"))
         origins[name] = f"{label}: {key}"
     return spec, origins
 
@@ -95,7 +95,8 @@ _LIST_FIELDS = {n for n, k in _KINDS.items() if k == options.LIST}
 _BOOL_FIELDS = {n for n, k in _KINDS.items() if k in options.BOOLS}
 
 
-def _coerce_file_value(name: str, value: Any, label: str) -> Any:
+def coerce_value(name: str, value: Any, label: str) -> Any:
+    """A job file's (TOML) value for field ``name``, checked against the option's kind."""
     def bad(kind: str, example: str) -> KitError:
         return KitError(f"expected {kind}, got {type(value).__name__} {value!r}", field=label,
                         hint=f"write it as {example}")

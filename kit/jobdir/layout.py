@@ -28,6 +28,7 @@ class JobDir:
     SLURM = "slurm.json"            # which Slurm has the job
     CANCELLED = "cancelled.json"    # kit cancel: who, where, when, why
     OUTCOME = "outcome.json"        # the end Slurm gave the job when kit last saw it
+    RERUN_OF = "rerun_of.json"      # kit rerun: the job this one reruns (its directory and id)
     # Written by the job.
     FINISHED = "FINISHED"           # the work is done: the job never runs (or requeues) again
     RUNS = "runs.jsonl"             # one line per run: how it ended
@@ -128,7 +129,7 @@ class JobDir:
         """Every path kit writes in a job directory, relative, ``{...}`` for what varies:
         what the templates' paths are checked against."""
         top = {cls.PRELAUNCH, cls.LAUNCHER, cls.SPEC, cls.SBATCH, cls.COMMAND, cls.SWEEP, cls.PARAMS, cls.JOB_ID,
-               cls.SLURM, cls.CANCELLED, cls.OUTCOME, cls.FINISHED, cls.RUNS, cls.CHECKPOINT_STEP, cls.LOGS,
+               cls.SLURM, cls.CANCELLED, cls.OUTCOME, cls.RERUN_OF, cls.FINISHED, cls.RUNS, cls.CHECKPOINT_STEP, cls.LOGS,
                cls.TASKS, cls.PROGRESS, cls.HANG, cls.METRICS, cls.CHECKPOINTS, cls.PROFILES, cls.REPORT}
         run = {cls.STEP_START, cls.WARNING, cls.STOP, cls.RANK_PROGRESS, cls.TASK, cls.WARNED, cls.JOINED}
         hang = {cls.HANG_REQUEST, cls.HANG_STACKS, cls.HANG_REPORT, cls.HANG_STOP}

@@ -153,6 +153,16 @@ def job_name(job_dir: Path) -> str:
     return str(name) if name else Path(job_dir).name
 
 
+def rerun_of(job_dir: Path) -> str | None:
+    """The id of the job this one reruns (``rerun_of.json``), if it is a rerun."""
+    try:
+        rec = files.read_json(Path(job_dir) / JobDir.RERUN_OF, 1 << 16)
+    except (OSError, ValueError):
+        return None
+    job_id = rec.get("job_id") if isinstance(rec, dict) else None
+    return str(job_id) if isinstance(job_id, str) and job_id.replace("_", "").isdigit() else None
+
+
 def finished(job_dir: Path) -> bool:
     """The FINISHED marker is there (see :func:`work_finished` for what it means)."""
     return (Path(job_dir) / JobDir.FINISHED).exists()
