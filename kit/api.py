@@ -154,10 +154,8 @@ def submit(fn: Callable, *args: Any, **kwargs: Any) -> Job:
     ``job.result()`` is rank 0's return value, ``job.results()`` every rank's. The call is
     pickled with cloudpickle into the job directory; the job's Python (this one, or the
     image's python3) must be the same minor version and have cloudpickle: checked first."""
-    import cloudpickle
-
     try:
-        payload = cloudpickle.dumps((fn, args, {}))
+        payload = _dumps(fn, (fn, args, {}))
     except Exception as e:  # what cloudpickle raises for an unpicklable call varies
         raise KitError(f"cannot pickle {getattr(fn, '__name__', fn)!r} and its arguments: {e}", field="fn",
                        hint="a function job's call travels pickled: pass plain data, open files and connections "
@@ -174,15 +172,13 @@ def map(fn: Callable, items: Iterable[Any], **kwargs: Any) -> list[Job]:  # noqa
     """``fn(item)`` for each item, as one Slurm array job (a task per item, each its own unit of
     work: own directory, requeue and port; every `kit launch` option as in :func:`launch`,
     ``nodes=`` per task). Returns a Job per task, in the items' order: ``[j.result() for j in jobs]``."""
-    import cloudpickle
-
     if "array" in kwargs:
         raise KitError("kit.map makes the array itself: one task per item", field="--array",
                        hint="leave out array=; to run at most K at once, map over fewer items at a time")
     payloads = []
     for item in items:
         try:
-            payloads.append(cloudpickle.dumps((fn, (item,), {})))
+            payloads.append(_dumps(fn, (fn, (item,), {})))
         except Exception as e:
             raise KitError(f"cannot pickle {getattr(fn, '__name__', fn)!r} with item {len(payloads)}: {e}",
                            field="fn") from None
@@ -200,6 +196,26 @@ def map(fn: Callable, items: Iterable[Any], **kwargs: Any) -> list[Job]:  # noqa
         return [Job(JobDir(job.dir).task(i).path) for i in range(len(payloads))]
     return [Job(JobDir(job.dir).task(i).path, job_id=f"{job.id}_{i}", target=job.target)
             for i in range(len(payloads))]
+
+
+def _dumps(fn: Callable, call: tuple) -> bytes:
+    """``call`` pickled with cloudpickle. A function from a module of the user's own (not
+    installed: a script's neighbour, a notebook's helper file, a test) travels by value, as
+    ``__main__``'s does: the nodes need not be able to import it."""
+    import cloudpickle
+
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    file = getattr(module, "__file__", None) or ""
+    own = bool(file) and module.__name__ != "__main__" and not module.__name__.split(".")[0] == "kit" \
+        and not {"site-packages", "dist-packages"} & set(Path(file).parts) \
+        and not file.startswith(sys.base_prefix)
+    if own:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        return cloudpickle.dumps(call)
+    finally:
+        if own:
+            cloudpickle.unregister_pickle_by_value(module)
 
 
 def _function_python(image) -> str:

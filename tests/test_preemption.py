@@ -1,12 +1,13 @@
 """The preemption plan, on real time limits (done-means 4; issue 19 finding 2).
 
-Five 1-minute jobs run side by side, each told to expect the warning 45 s
+Six 1-minute jobs run side by side, each told to expect the warning 45 s
 before its limit: one that resumes after a requeue, one with no retry
 budget, one whose work is already finished when the warning comes, one with
 no handler for the warning and no restart left, and a user's loop with no
 handler and restarts left (kit stops it before the limit, requeues it, and
-calls it finished when its next run ends its work by itself): the rows of the
-README's outcome table that need a real time limit.
+calls it finished when its next run ends its work by itself), and a Python
+function job (kit.submit) likewise: the rows of the README's outcome table that
+need a real time limit.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 from helpers import read_logs, runs, submit, wait_for, wait_no_processes
 
+import kit as kitlib
 from kit import slurm
 from kit.core import outcome
 
@@ -43,7 +45,20 @@ def jobs(cluster, tmp_path_factory):
         "timeout": submit(tmp, "--nodes", "1", "--max-restarts", "0", *WARN, command=["sleep", "300"]),
         "handlerless": submit(tmp, "--nodes", "2", "--max-restarts", "2", *WARN,
                               command=[sys.executable, str(Path(__file__).parent / "handlerless_train.py")]),
+        # A Python function (kit.submit) that has no handler either: its first run outlasts the
+        # limit, the second returns at once.
+        "function": kitlib.submit(_long_then_done, local=True, output_dir=tmp / "fn", max_restarts=2, time="1",
+                                  signal_lead=45, heartbeat=5),
     }
+
+
+def _long_then_done():
+    import os
+    import time
+
+    if os.environ["KIT_RESTART"] == "0":
+        time.sleep(300)
+    return f"done in run {os.environ['KIT_RESTART']}"
 
 
 def test_warning_checkpoints_requeues_and_resumes_from_the_saved_step(cluster, jobs):
@@ -152,3 +167,15 @@ def test_a_command_without_a_handler_is_requeued_before_the_limit_and_finishes(c
     assert gap < 121, f"run 1 started {gap} s after run 0 ended"
     print(f"requeue gap: {gap:.0f} s")
     assert wait_no_processes(job_dir, 15) == []
+
+
+def test_a_function_job_is_stopped_before_the_limit_requeued_and_finishes(cluster, jobs):
+    """Issue 22 finding 2: a function job keeps kit's semantics: run 0 outlasts the limit (no
+    handler for the warning: stopped before it, requeued), run 1 returns; its result is run 1's,
+    FINISHED only then."""
+    job = jobs["function"]
+    assert job.result(timeout=300) == "done in run 1"
+    end = job.wait()
+    assert (end.state, end.restarts, end.exit_code) == ("COMPLETED", 1, 0), read_logs(job.dir)[-3000:]
+    assert [r["end"] for r in runs(job.dir)] == ["warned", "finished"] and (job.dir / "FINISHED").exists()
+    assert wait_no_processes(job.dir, 15) == []
