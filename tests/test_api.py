@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 
@@ -108,6 +109,10 @@ def test_a_function_runs_on_every_rank_as_one_world(cluster, tmp_path):
     assert {r["node"] for r in results} == {"node1", "node2"}
     assert job.result() == results[0] and (job.dir / "FINISHED").exists()
     assert job.wait().exit_code == 0
+    # A result is a pickle, so code: it is loaded only from a file of the caller's own.
+    os.chown(JobDir(job.dir).result(2), 4321, 4321)
+    with pytest.raises(kitlib.KitError, match="not this user's own"):
+        job.results()
 
 
 def test_an_exception_on_a_rank_comes_back_naming_it(cluster, tmp_path):
