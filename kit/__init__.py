@@ -6,7 +6,8 @@ exporter and the trainer): ``kit.launch``, ``kit.submit``, ``kit.Job``, ``kit.jo
 
 __version__ = "0.1.0"
 
-_API = {"launch", "submit", "map", "Job", "jobs", "Outcome", "RemoteError"}
+_API = {"launch", "Job", "jobs", "Outcome"}
+_FUNCTIONS = {"submit", "map", "RemoteError"}
 
 
 def __getattr__(name: str):
@@ -14,6 +15,10 @@ def __getattr__(name: str):
         from kit import api
 
         return getattr(api, name)
+    if name in _FUNCTIONS:
+        from kit import functions
+
+        return getattr(functions, name)
     if name == "KitError":
         from kit.errors import KitError
 
@@ -22,4 +27,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted({*globals(), *_API, "KitError"})
+    return sorted({*globals(), *_API, *_FUNCTIONS, "KitError"})

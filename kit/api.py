@@ -20,25 +20,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import pickle
-import re
 import shutil
-import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
+from kit import files, jobdir, listing, slurm, targets
 from kit import submission as lib
-from kit import files, listing, slurm, targets
 from kit.core import options, sweep as sweep_lib
 from kit.core import spec as specs
 from kit.core.outcome import Outcome
 from kit.errors import KitError
-from kit.image import info
 from kit.jobdir import JobDir, records
 
-__all__ = ["Job", "Outcome", "RemoteError", "cancel", "check_image_python", "jobs", "launch", "map", "python_names",
-           "rerun", "submit", "submit_spec"]
+__all__ = ["Job", "Outcome", "cancel", "jobs", "launch", "launch_with", "python_names", "rerun", "submit_spec"]
 
 
 def python_names() -> dict[str, options.Option]:
@@ -104,10 +99,11 @@ def launch(command: list[str] | str | None = None, **kwargs: Any) -> Job:
     does, with the same options and checks; returns its :class:`Job` (not submitted:
     ``dry_run=True``; ``wait=True``: after its end). ``json`` and ``parsable`` shape what the
     command prints and change nothing here."""
-    return _launch(command, kwargs)
+    return launch_with(command, kwargs)
 
 
-def _launch(command, kwargs: dict, before_submit=None) -> Job:
+def launch_with(command, kwargs: dict, before_submit=None) -> Job:
+    """:func:`launch` with its keywords as a dict, and ``before_submit`` (see :func:`submit_spec`)."""
     fields, where = _fields(kwargs)
     if isinstance(command, str):
         command = ["bash", "-c", command]
@@ -148,100 +144,6 @@ def _fields(kwargs: dict) -> tuple[dict[str, Any], str | None]:
     return fields, where
 
 
-def submit(fn: Callable, *args: Any, **kwargs: Any) -> Job:
-    """Run ``fn(*args)`` on every rank of a job (``nodes=``, ``ntasks_per_node=``, ``image=``
-    and every other `kit launch` option as in :func:`launch`), with the launcher's variables set;
-    ``job.result()`` is rank 0's return value, ``job.results()`` every rank's. The call is
-    pickled with cloudpickle into the job directory; the job's Python (this one, or the
-    image's python3) must be the same minor version and have cloudpickle: checked first."""
-    try:
-        payload = _dumps(fn, (fn, args, {}))
-    except Exception as e:  # what cloudpickle raises for an unpicklable call varies
-        raise KitError(f"cannot pickle {getattr(fn, '__name__', fn)!r} and its arguments: {e}", field="fn",
-                       hint="a function job's call travels pickled: pass plain data, open files and connections "
-                            "inside the function") from None
-    python = _function_python(kwargs.get("image"))
-
-    def write_payload(prepared: lib.PreparedJob) -> None:
-        files.write_atomic(prepared.job_dir / JobDir.FUNCTION, payload, 0o600)
-
-    return _launch([python, "-m", "kit.train.function"], kwargs, before_submit=write_payload)
-
-
-def map(fn: Callable, items: Iterable[Any], **kwargs: Any) -> list[Job]:  # noqa: A001 - kit.map, as submitit's map_array
-    """``fn(item)`` for each item, as one Slurm array job (a task per item, each its own unit of
-    work: own directory, requeue and port; every `kit launch` option as in :func:`launch`,
-    ``nodes=`` per task). Returns a Job per task, in the items' order: ``[j.result() for j in jobs]``."""
-    if "array" in kwargs:
-        raise KitError("kit.map makes the array itself: one task per item", field="--array",
-                       hint="leave out array=; to run at most K at once, map over fewer items at a time")
-    payloads = []
-    for item in items:
-        try:
-            payloads.append(_dumps(fn, (fn, (item,), {})))
-        except Exception as e:
-            raise KitError(f"cannot pickle {getattr(fn, '__name__', fn)!r} with item {len(payloads)}: {e}",
-                           field="fn") from None
-    if not payloads:
-        raise KitError("no items to map over", field="items")
-    python = _function_python(kwargs.get("image"))
-
-    def write_payloads(prepared: lib.PreparedJob) -> None:
-        for i, payload in enumerate(payloads):
-            files.write_atomic(JobDir(prepared.job_dir).task(i) / JobDir.FUNCTION, payload, 0o600)
-
-    job = _launch([python, "-m", "kit.train.function"], {**kwargs, "array": f"0-{len(payloads) - 1}"},
-                  before_submit=write_payloads)
-    if job.id is None:  # a dry run
-        return [Job(JobDir(job.dir).task(i).path) for i in range(len(payloads))]
-    return [Job(JobDir(job.dir).task(i).path, job_id=f"{job.id}_{i}", target=job.target)
-            for i in range(len(payloads))]
-
-
-def _dumps(fn: Callable, call: tuple) -> bytes:
-    """``call`` pickled with cloudpickle. A function from a module of the user's own (not
-    installed: a script's neighbour, a notebook's helper file, a test) travels by value, as
-    ``__main__``'s does: the nodes need not be able to import it."""
-    import cloudpickle
-
-    module = sys.modules.get(getattr(fn, "__module__", None) or "")
-    file = getattr(module, "__file__", None) or ""
-    own = bool(file) and module.__name__ != "__main__" and not module.__name__.split(".")[0] == "kit" \
-        and not {"site-packages", "dist-packages"} & set(Path(file).parts) \
-        and not file.startswith(sys.base_prefix)
-    if own:
-        cloudpickle.register_pickle_by_value(module)
-    try:
-        return cloudpickle.dumps(call)
-    finally:
-        if own:
-            cloudpickle.unregister_pickle_by_value(module)
-
-
-def _function_python(image) -> str:
-    """The Python a function job runs on: this one, or the image's python3 (checked)."""
-    if image is None:
-        return sys.executable
-    if not str(image).startswith("docker://"):
-        check_image_python(Path(os.fspath(image)))
-    return "python3"
-
-
-def check_image_python(image: Path) -> None:
-    """The image's python3 is this Python's minor version and can import cloudpickle (read
-    from the image's file list: nothing is unpacked); KitError naming what differs."""
-    want = "python%d.%d" % sys.version_info[:2]
-    listing = info.list_paths(image)
-    found = sorted({m.group(1) for p in listing if (m := re.fullmatch(r"usr/(?:local/)?bin/(python3\.\d+)", p))})
-    if want not in found:
-        raise KitError(f"{image} has {', '.join(found) or 'no python3'}, this Python is {want[6:]}", field="--image",
-                       hint="a function job's call is pickled here and unpickled there: use an image with the same "
-                            "Python minor version (kit build's base decides it)")
-    if not any(re.search(r"/(?:site|dist)-packages/cloudpickle/__init__\.py$", p) for p in listing):
-        raise KitError(f"{image} has no cloudpickle for its {want}", field="--image",
-                       hint="add it to the image (a recipe's pip = [\"cloudpickle\"], or KIT pip cloudpickle)")
-
-
 def submit_spec(spec: specs.JobSpec, origins: specs.Origins, *, where: str | None = None, dry_run: bool = False,
                 say=lambda message: None, before_submit=None) -> tuple[lib.Plan, lib.PreparedJob]:
     """The launch itself, for `kit launch` and :func:`launch` alike: the target chosen, the
@@ -269,9 +171,9 @@ def rerun(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = (), *, wa
     (``{"nodes": 4}``, or ``["nodes=4", "time=\"1:00:00\""]`` as TOML values, as a job file
     writes them). The new job records which job it reruns (``rerun_of.json``)."""
     source = Path(job_dir)
-    _own(source)  # its spec decides what runs: only from a directory of the caller's own
+    jobdir.own(source)  # its spec decides what runs: only from a directory of the caller's own
     try:
-        recorded = files.read_json(_own(source / JobDir.SPEC), 1 << 22)
+        recorded = files.read_json(jobdir.own(source / JobDir.SPEC), 1 << 22)
     except (OSError, ValueError) as e:
         raise KitError(f"cannot read {source / JobDir.SPEC}: {e}", field="JOB") from None
     if not isinstance(recorded, dict):
@@ -355,26 +257,6 @@ def ended(states: dict[int | None, str]) -> str | None:
     if not all(_final(state) for state in states.values()):
         return None
     return ", ".join(sorted(set(states.values())))
-
-
-def _own(path: Path) -> Path:
-    """``path`` when this user owns it and no one else can write it: a pickle is code, and a
-    result is loaded only from a job directory of the caller's own (root included)."""
-    st = os.lstat(path)
-    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise KitError(f"{path} is not this user's own (owner uid {st.st_uid}): its results are not loaded",
-                       field="JOB", hint="read a job's results as the user who submitted it")
-    return path
-
-
-class RemoteError(KitError):
-    """A function job's call raised on a rank: ``rank``, ``node``, ``type`` and the remote ``traceback``."""
-
-    def __init__(self, record: dict):
-        self.rank, self.node = record.get("rank"), record.get("node")
-        self.type, self.traceback = record.get("type"), record.get("traceback", "")
-        super().__init__(f"rank {self.rank} on {self.node} raised {self.type}: {record.get('message', '')}",
-                         field="fn", exit_code=1, detail=self.traceback.rstrip())
 
 
 class Job:
@@ -472,24 +354,11 @@ class Job:
 
     def results(self, timeout: float | None = None) -> list:
         """Every rank's return value, by rank, after the job's end; the first rank that raised
-        raises :class:`RemoteError` here (its node and traceback with it)."""
+        raises :class:`kit.RemoteError` here (its node and traceback with it)."""
+        from kit import functions
+
         end = self.wait(timeout)
-        _own(self.dir)
-        results = self.dir / JobDir.RESULTS
-        errors = sorted(results.glob(JobDir.ERROR.format(rank="*")), key=lambda p: p.stat().st_mtime) \
-            if results.is_dir() else []
-        if errors:
-            raise RemoteError(files.read_json(_own(errors[0]), 1 << 20))
-        ranks = sorted(int(m.group(1)) for p in results.glob(JobDir.RESULT.format(rank="*"))
-                       if (m := re.fullmatch(r"rank-(\d+)\.pkl", p.name))) if results.is_dir() else []
-        if end.exit_code != 0 or not ranks or ranks != list(range(len(ranks))):
-            raise KitError(f"job {self.id} {end.describe()}: no result from every rank", field="JOB", exit_code=1,
-                           hint=f"kit logs {self.dir} --errors")
-        out = []
-        for rank in ranks:
-            with open(_own(JobDir(self.dir).result(rank)), "rb") as f:
-                out.append(pickle.load(f))
-        return out
+        return functions.results(self.dir, self.id, end)
 
     def report(self, prometheus: str | None = None) -> dict:
         """The numbers of `kit report` (report.json's), the picture written beside them."""

@@ -10,14 +10,16 @@ module, and it imports only the bottom layer.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
 from kit import files
+from kit.errors import KitError
 from kit.jobdir.layout import JobDir
 
 __all__ = ["JobDir", "RANK_METRICS_GLOB", "all_task_starts", "rank_metrics_path", "rank_of_metrics_file",
-           "read_rank_metrics", "read_task_record", "task_starts", "write_rank_metrics"]
+           "own", "read_rank_metrics", "read_task_record", "task_starts", "write_rank_metrics"]
 
 RANK_METRICS_GLOB = JobDir.RANK_METRICS.format(rank="*")
 
@@ -115,3 +117,13 @@ def all_task_starts(job_dir: str | Path) -> list[dict]:
     return [{"run": run, "node": node, "seconds": seconds}
             for run in JobDir(job_dir).run_dirs(JobDir.PROGRESS)
             for node, seconds in sorted(task_starts(job_dir, run).items())]
+
+
+def own(path: Path) -> Path:
+    """``path`` when this user owns it and no one else can write it: a pickle is code, and a
+    result is loaded only from a job directory of the caller's own (root included)."""
+    st = os.lstat(path)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise KitError(f"{path} is not this user's own (owner uid {st.st_uid}): its results are not loaded",
+                       field="JOB", hint="read a job's results as the user who submitted it")
+    return path

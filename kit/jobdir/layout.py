@@ -158,6 +158,16 @@ class JobDir:
     def error(self, rank: int | str) -> Path:
         return self.path / self.RESULTS / self.ERROR.format(rank=rank)
 
+    def errors(self) -> list[Path]:
+        """Every rank's exception record (a function job's)."""
+        return sorted((self.path / self.RESULTS).glob(self.ERROR.format(rank="*")))
+
+    def result_ranks(self) -> list[int]:
+        """The ranks that left a return value (a function job's), in order."""
+        pattern = re.compile(re.escape(self.RESULT).replace(r"\{rank\}", r"(\d+)"))
+        return sorted(int(m.group(1)) for p in (self.path / self.RESULTS).glob(self.RESULT.format(rank="*"))
+                      if (m := pattern.fullmatch(p.name)))
+
     def task_indices(self) -> list[int]:
         """An array job's task indices (its ``tasks/<index>/``); [] for a single job."""
         return sorted(int(p.name) for p in (self.path / self.TASKS).glob("*") if p.name.isdigit())

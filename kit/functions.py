@@ -1,0 +1,146 @@
+"""Python functions as kit jobs: ``kit.submit(fn, *args)`` runs ``fn(*args)`` on every rank,
+``kit.map(fn, items)`` one array task per item. The call is pickled with cloudpickle into the
+job directory (``function.pkl``); every rank runs ``python -m kit.train.function`` and leaves its
+return value or exception in ``results/``; :func:`results` reads them back."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from kit import files, jobdir
+from kit import submission as lib
+from kit.api import Job, launch_with
+from kit.core.outcome import Outcome
+from kit.errors import KitError
+from kit.image import info
+from kit.jobdir import JobDir
+
+__all__ = ["RemoteError", "check_image_python", "map", "results", "submit"]
+
+
+class RemoteError(KitError):
+    """A function job's call raised on a rank: ``rank``, ``node``, ``type`` and the remote ``traceback``."""
+
+    def __init__(self, record: dict):
+        self.rank, self.node = record.get("rank"), record.get("node")
+        self.type, self.traceback = record.get("type"), record.get("traceback", "")
+        super().__init__(f"rank {self.rank} on {self.node} raised {self.type}: {record.get('message', '')}",
+                         field="fn", exit_code=1, detail=self.traceback.rstrip())
+
+
+def submit(fn: Callable, *args: Any, **kwargs: Any) -> Job:
+    """Run ``fn(*args)`` on every rank of a job (``nodes=``, ``ntasks_per_node=``, ``image=``
+    and every other `kit launch` option as in :func:`launch`), with the launcher's variables set;
+    ``job.result()`` is rank 0's return value, ``job.results()`` every rank's. The call is
+    pickled with cloudpickle into the job directory; the job's Python (this one, or the
+    image's python3) must be the same minor version and have cloudpickle: checked first."""
+    try:
+        payload = _dumps(fn, (fn, args, {}))
+    except Exception as e:  # what cloudpickle raises for an unpicklable call varies
+        raise KitError(f"cannot pickle {getattr(fn, '__name__', fn)!r} and its arguments: {e}", field="fn",
+                       hint="a function job's call travels pickled: pass plain data, open files and connections "
+                            "inside the function") from None
+    python = _function_python(kwargs.get("image"))
+
+    def write_payload(prepared: lib.PreparedJob) -> None:
+        files.write_atomic(prepared.job_dir / JobDir.FUNCTION, payload, 0o600)
+
+    return launch_with([python, "-m", "kit.train.function"], kwargs, before_submit=write_payload)
+
+
+def map(fn: Callable, items: Iterable[Any], **kwargs: Any) -> list[Job]:  # noqa: A001 - kit.map, as submitit's map_array
+    """``fn(item)`` for each item, as one Slurm array job (a task per item, each its own unit of
+    work: own directory, requeue and port; every `kit launch` option as in :func:`launch`,
+    ``nodes=`` per task). Returns a Job per task, in the items' order: ``[j.result() for j in jobs]``."""
+    if "array" in kwargs:
+        raise KitError("kit.map makes the array itself: one task per item", field="--array",
+                       hint="leave out array=; to run at most K at once, map over fewer items at a time")
+    payloads = []
+    for item in items:
+        try:
+            payloads.append(_dumps(fn, (fn, (item,), {})))
+        except Exception as e:
+            raise KitError(f"cannot pickle {getattr(fn, '__name__', fn)!r} with item {len(payloads)}: {e}",
+                           field="fn") from None
+    if not payloads:
+        raise KitError("no items to map over", field="items")
+    python = _function_python(kwargs.get("image"))
+
+    def write_payloads(prepared: lib.PreparedJob) -> None:
+        for i, payload in enumerate(payloads):
+            files.write_atomic(JobDir(prepared.job_dir).task(i) / JobDir.FUNCTION, payload, 0o600)
+
+    job = launch_with([python, "-m", "kit.train.function"], {**kwargs, "array": f"0-{len(payloads) - 1}"},
+                  before_submit=write_payloads)
+    if job.id is None:  # a dry run
+        return [Job(JobDir(job.dir).task(i).path) for i in range(len(payloads))]
+    return [Job(JobDir(job.dir).task(i).path, job_id=f"{job.id}_{i}", target=job.target)
+            for i in range(len(payloads))]
+
+
+def _dumps(fn: Callable, call: tuple) -> bytes:
+    """``call`` pickled with cloudpickle. A function from a module of the user's own (not
+    installed: a script's neighbour, a notebook's helper file, a test) travels by value, as
+    ``__main__``'s does: the nodes need not be able to import it."""
+    import cloudpickle
+
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    file = getattr(module, "__file__", None) or ""
+    own = bool(file) and module.__name__ != "__main__" and not module.__name__.split(".")[0] == "kit" \
+        and not {"site-packages", "dist-packages"} & set(Path(file).parts) \
+        and not file.startswith(sys.base_prefix)
+    if own:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        return cloudpickle.dumps(call)
+    finally:
+        if own:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
+def _function_python(image) -> str:
+    """The Python a function job runs on: this one, or the image's python3 (checked)."""
+    if image is None:
+        return sys.executable
+    if not str(image).startswith("docker://"):
+        check_image_python(Path(os.fspath(image)))
+    return "python3"
+
+
+def check_image_python(image: Path) -> None:
+    """The image's python3 is this Python's minor version and can import cloudpickle (read
+    from the image's file list: nothing is unpacked); KitError naming what differs."""
+    want = "python%d.%d" % sys.version_info[:2]
+    listing = info.list_paths(image)
+    found = sorted({m.group(1) for p in listing if (m := re.fullmatch(r"usr/(?:local/)?bin/(python3\.\d+)", p))})
+    if want not in found:
+        raise KitError(f"{image} has {', '.join(found) or 'no python3'}, this Python is {want[6:]}", field="--image",
+                       hint="a function job's call is pickled here and unpickled there: use an image with the same "
+                            "Python minor version (kit build's base decides it)")
+    if not any(re.search(r"/(?:site|dist)-packages/cloudpickle/__init__\.py$", p) for p in listing):
+        raise KitError(f"{image} has no cloudpickle for its {want}", field="--image",
+                       hint="add it to the image (a recipe's pip = [\"cloudpickle\"], or KIT pip cloudpickle)")
+
+
+def results(job_dir: Path, job_id: str | None, end: Outcome) -> list:
+    """Every rank's return value from a function job that ended with ``end``, by rank; the first
+    rank that raised (by time) raises RemoteError. Loaded only from the caller's own files."""
+    jobdir.own(job_dir)
+    job = JobDir(job_dir)
+    errors = sorted((p for p in job.errors()), key=lambda p: p.stat().st_mtime)
+    if errors:
+        raise RemoteError(files.read_json(jobdir.own(errors[0]), 1 << 20))
+    ranks = job.result_ranks()
+    if end.exit_code != 0 or not ranks or ranks != list(range(len(ranks))):
+        raise KitError(f"job {job_id} {end.describe()}: no result from every rank", field="JOB", exit_code=1,
+                       hint=f"kit logs {job_dir} --errors")
+    out = []
+    for rank in ranks:
+        with open(jobdir.own(job.result(rank)), "rb") as f:
+            out.append(pickle.load(f))
+    return out
