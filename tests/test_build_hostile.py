@@ -147,6 +147,23 @@ def test_hostile_tars_never_change_a_host_file(tmp_path_factory, data):
                 assert not os.path.samefile(path, victim.file), path
 
 
+def test_a_member_under_an_earlier_file_is_refused_in_one_line(tmp_path):
+    """Hypothesis found it: `d` a file, then `d/sub/x` (or `d/x`): refused as a broken archive
+    (a KitError naming the member), through ADD and as a base layer, not an OSError traceback."""
+    for second in ("d/x", "d/sub/x"):
+        tarball = tmp_path / "broken.tar"
+        write_tar(tarball, [("d", "file", "", 0o644, 0), (second, "file", "", 0o644, 0)])
+        for how in ("add", "base"):
+            root = tmp_path / f"root-{how}-{second.count('/')}"
+            root.mkdir()
+            with pytest.raises(KitError, match=f"cannot extract '{second}'"):
+                if how == "add":
+                    add.apply(root, {"src": str(tarball), "dst": "/", "context": str(tmp_path), "ignore": [],
+                                     "extract": True}, "Dockerfile:2", None)
+                else:
+                    unpack.unpack_tarball(root, tarball)
+
+
 def test_add_of_a_hard_link_to_a_host_file_is_refused_in_one_line(tmp_path, tiny):
     """Finding 1's two reproductions, through `kit build`: a hard link to a host file then a
     regular member of the same name; a hard link with mode 0755 and uid 4321."""

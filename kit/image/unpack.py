@@ -109,8 +109,10 @@ def apply_layer(root: Path, tar: tarfile.TarFile, source: str, *, layer: bool = 
                 raise _bad(source, f"hard link {m.name!r} -> {m.linkname!r}: target missing, not a file or a symlink")
         if target.is_symlink() or (target.exists() and not (m.isdir() and target.is_dir())):
             rootpath.clear(target)
-        target.parent.mkdir(parents=True, exist_ok=True)
         try:
+            # An earlier member may have put a file where this one needs a directory (`d`, then
+            # `d/x`): refused as a broken archive, as tar refuses it, never a traceback.
+            target.parent.mkdir(parents=True, exist_ok=True)
             if link is not None:
                 os.link(link, target)
             else:
