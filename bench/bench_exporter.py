@@ -1,7 +1,7 @@
 """Exporter benchmark: prints, in one run, side by side on this machine:
 
-1. scrape latency p50/p99 and CPU time per scrape of `kit exporter` with 8 fake
-   GPUs (tests/fake_nvml.py), next to Debian's prometheus-node-exporter scraped
+1. scrape latency p50/p99 and CPU time per scrape of `kit exporter` with 8 test GPUs
+   (tests/libnvml, behind the real nvidia-ml-py binding), next to Debian's prometheus-node-exporter scraped
    the same way;
 2. the exporter's RSS and its CPU share at a 1 s scrape interval (polling included);
 3. the job collector's cost per poll with 100, 1,000 and 5,000 other processes on the
@@ -48,14 +48,17 @@ REPO = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")
 
 FAKE_EXPORTER = """
-import sys, time
+import os, sys, tempfile, time
+from pathlib import Path
 sys.path.insert(0, {tests!r})
-from fake_nvml import FakeNVML
+from fake_gpus import FakeGpus, preload
+preload()
+os.environ.update(FakeGpus(Path(tempfile.mkdtemp(prefix="kit-bench-nvml-")) / "state").env())
 from kit.monitor.exporter import Exporter
 from kit.monitor.gpu import GpuSource
 from kit.monitor.node import NodeSource
 from kit.monitor.training import TrainingSource
-e = Exporter([GpuSource(FakeNVML(8), hostname="bench"), NodeSource(), TrainingSource(None)],
+e = Exporter([GpuSource(hostname="bench"), NodeSource(), TrainingSource(None)],
              interval=1.0, bind="127.0.0.1", port={port}, env={{"SLURM_JOB_ID": "1"}})
 done = Exporter.catch_signals()
 e.start()

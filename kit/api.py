@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from kit import files, jobdir, listing, slurm, targets
+from kit import snapshot as snapshots
 from kit import submission as lib
 from kit.core import options, sweep as sweep_lib
 from kit.core import spec as specs
@@ -145,12 +146,14 @@ def _fields(kwargs: dict) -> tuple[dict[str, Any], str | None]:
 
 
 def submit_spec(spec: specs.JobSpec, origins: specs.Origins, *, where: str | None = None, dry_run: bool = False,
-                say=lambda message: None, before_submit=None) -> tuple[lib.Plan, lib.PreparedJob]:
+                say=lambda message: None, before_submit=None, cwd: Path | None = None,
+                rerun: lib.Rerun | None = None) -> tuple[lib.Plan, lib.PreparedJob]:
     """The launch itself, for `kit launch` and :func:`launch` alike: the target chosen, the
-    job planned (resolved and checked once), ``say`` told its warnings and notes, the job
-    directory written, ``before_submit(prepared)`` given it to add to (on failure the
-    directory goes), and (unless ``dry_run``) submitted."""
-    plan = targets.plan(spec, origins, where=where, dry_run=dry_run)
+    job planned (resolved and checked once; ``cwd``: where the command starts, ``rerun``:
+    what a rerun keeps), ``say`` told its warnings and notes, the job directory written,
+    ``before_submit(prepared)`` given it to add to (on failure the directory goes), and
+    (unless ``dry_run``) submitted."""
+    plan = targets.plan(spec, origins, where=where, dry_run=dry_run, cwd=cwd, rerun=rerun)
     for message in plan.messages:
         say(message)
     prepared = lib.prepare(plan.job)
@@ -182,15 +185,23 @@ def rerun(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = (), *, wa
     for name, value in recorded.items():
         if name in specs.FIELD_NAMES:
             setattr(spec, name, specs.coerce_value(name, value, f"{source / JobDir.SPEC}: {name}"))
+    edited = set()
     for name, value in (edits.items() if isinstance(edits, dict) else (_edit(item) for item in edits)):
         field = name.replace("-", "_")
+        edited.add(field)
         if field not in specs.FIELD_NAMES:
             raise KitError(f"unknown field {name!r}", field="--edit",
                            hint="the fields are the job file's keys: " + ", ".join(specs.FIELD_NAMES))
         setattr(spec, field, specs.coerce_value(field, value, f"--edit {name}"))
         origins[field] = f"--edit {name}"
     record = json.dumps({"job_dir": str(source.resolve()), "job_id": records.job_id_of(source)}) + "\n"
+    # The same code (the snapshot, started at the same place) unless an edit turned it off.
+    snapshot = recorded.get("snapshot") if not edited & {"code", "code_snapshot"} else None
+    workdir, image_source = recorded.get("workdir"), recorded.get("image_source")
     _, prepared = submit_spec(spec, origins, where=targets.target_of(source).name,
+                              cwd=Path(workdir) if isinstance(workdir, str) and workdir.startswith("/") else None,
+                              rerun=lib.Rerun(snapshots.load(snapshot) if isinstance(snapshot, dict) else None,
+                                              image_source if isinstance(image_source, str) else None),
                               before_submit=lambda p: files.write_atomic(p.job_dir / JobDir.RERUN_OF, record))
     job = Job(prepared.job_dir, job_id=prepared.job_id)
     if wait:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import stat
@@ -198,3 +199,23 @@ def lines(path: str | os.PathLike, longest: int = 1 << 20) -> Iterator[str | Non
                 part, skipping = b"", True
         if part and not skipping:
             yield part.decode("utf-8", errors="replace")
+
+
+def keep_by_content(src_fd: int, directory: str | os.PathLike, name, mode: int = 0o444) -> str:
+    """Copy the open file ``src_fd`` into ``directory`` as ``name(sha256 hex)`` (mode ``mode``),
+    kept once: a copy already there under that name stays, never replaced. The sha256."""
+    h = hashlib.sha256()
+    fd, tmp = tempfile.mkstemp(prefix=".new-", dir=directory)  # O_EXCL|O_NOFOLLOW, 0600
+    try:
+        with os.fdopen(fd, "wb") as out:
+            while chunk := os.read(src_fd, 4 << 20):
+                h.update(chunk)
+                out.write(chunk)
+        digest = h.hexdigest()
+        os.chmod(tmp, mode)
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, Path(directory) / name(digest))
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    return digest

@@ -26,18 +26,19 @@ LOCAL_TARGETS_LABEL = "the local cluster's Prometheus targets directory"
 
 
 def plan(spec: specs.JobSpec, origins: specs.Origins | None = None, *, where: str | None = None,
-         dry_run: bool = False, cwd: Path | None = None) -> lib.Plan:
-    """Choose the target (none for a dry run), then :func:`kit.submission.plan` the job for it."""
+         dry_run: bool = False, cwd: Path | None = None, rerun: lib.Rerun | None = None) -> lib.Plan:
+    """Choose the target (none for a dry run), then :func:`kit.submission.plan` the job for it
+    (``rerun``: what a rerun keeps)."""
     origins = origins or specs.Origins()
     if dry_run:
-        return lib.plan(spec, origins, cwd=cwd)
+        return lib.plan(spec, origins, cwd=cwd, rerun=rerun)
     target, note = select_target(where, needs_containers=bool(spec.image))
     if target.name == "local" and spec.prometheus_targets is None and spec.exporter is not False:
         local = local_prometheus_targets()
         if local is not None:
             spec = dataclasses.replace(spec, prometheus_targets=local)
             origins = specs.Origins({**origins, "prometheus_targets": LOCAL_TARGETS_LABEL})
-    return lib.plan(spec, origins, target=target, target_note=note, cwd=cwd)
+    return lib.plan(spec, origins, target=target, target_note=note, cwd=cwd, rerun=rerun)
 
 
 def local_prometheus_targets() -> str | None:

@@ -19,6 +19,16 @@ import pytest
 from kit import slurm
 
 REPO = Path(__file__).resolve().parent.parent
+# Every rank all-reduces its rank: one world of N prints sum N*(N-1)/2 on every rank.
+ALL_REDUCE = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank())])
+dist.all_reduce(t)
+print(f"rank={dist.get_rank()} world={dist.get_world_size()} sum={t.item()}", flush=True)
+dist.destroy_process_group()
+"""
+
 INSTALL = {
     "slurmctld": "apt-get install -y slurm-wlm",
     "shellcheck": "apt-get install -y shellcheck",

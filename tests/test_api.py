@@ -188,3 +188,32 @@ def test_rerun_submits_the_resolved_spec_again_with_edits(cluster, tmp_path):
     (first.dir / JobDir.SPEC).chmod(0o666)  # someone else could have written it: its spec is not run
     with pytest.raises(kitlib.KitError, match="not this user's own"):
         first.rerun()
+
+
+def test_a_held_job_on_the_host_runs_the_code_it_was_submitted_with(cluster, tmp_path):
+    """Issue 22 done-means 3 on the host: launched from a subdirectory of a git work tree with
+    an uncommitted change and an untracked module; edited while held, it runs what was
+    submitted, started at the same place in the snapshot; job.json says the tree was dirty."""
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "train.py").write_text("import helper\nprint('code', helper.VERSION)\n")
+    run = lambda *a: subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@kit", "-c", "user.name=t", *a],
+                                    check=True, capture_output=True, text=True).stdout.strip()
+    run("init", "-q")
+    run("add", "pkg/train.py")
+    run("commit", "-qm", "one")
+    (repo / "pkg" / "train.py").write_text("import helper\nprint('code', helper.VERSION, 'edited')\n")
+    (repo / "pkg" / "helper.py").write_text("VERSION = 'v1'\n")  # untracked, not ignored: in the snapshot
+    proc = kit("launch", "--local", "--no-exporter", "--sbatch-arg=--hold", "--output-dir", str(tmp_path / "jobs"),
+               "--", sys.executable, "train.py", cwd=repo / "pkg")
+    assert proc.returncode == 0, proc.stderr
+    job = kitlib.Job.from_dir(proc.stdout.split("job dir: ")[1].strip())
+    (repo / "pkg" / "helper.py").write_text("VERSION = 'v2'\n")
+    (repo / "pkg" / "train.py").write_text("print('something else')\n")
+    cluster_env = {**os.environ, **cluster.target.env}
+    subprocess.run(["scontrol", "release", job.id], env=cluster_env, check=True)
+    assert job.wait(timeout=180).exit_code == 0
+    assert "0: code v1 edited" in job.logs(), job.logs()
+    snap = json.loads((job.dir / JobDir.SPEC).read_text())["snapshot"]
+    assert snap["dirty"] is True and snap["commit"] == run("rev-parse", "HEAD") and snap["files"] == 2
+    assert json.loads((job.dir / JobDir.SBATCH).read_text())[2] == f"--chdir={job.dir / 'code' / 'pkg'}"

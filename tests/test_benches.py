@@ -4,6 +4,7 @@ numbers are the bench's to print, never asserted here: a bench that no longer ru
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,11 +22,11 @@ def run_bench(name: str, *args: str, timeout: float = 300) -> str:
 
 
 def test_every_bench_has_a_quick_mode_run_here():
-    here = {p.name for p in BENCH.glob("bench_*.py")}
+    here = {p.name for p in BENCH.glob("bench_*.py")} | {"gpu_check.py"}
     tested = {"bench_build.py", "bench_pack.py", "bench_launch.py", "bench_hang.py", "bench_exporter.py",
-              "bench_requeue.py", "bench_container.py"}
+              "bench_requeue.py", "bench_container.py", "bench_snapshot.py", "gpu_check.py"}
     assert here == tested, f"a bench without a quick run in the suite: {here - tested}"
-    for path in BENCH.glob("bench_*.py"):
+    for path in [*BENCH.glob("bench_*.py"), BENCH / "gpu_check.py"]:
         assert "--quick" in path.read_text(), path
 
 
@@ -61,3 +62,26 @@ def test_bench_requeue_quick(cluster):
     out = run_bench("bench_requeue.py", "--kit-home", str(cluster.home))
     assert "kit (prelaunch requeues, begin time released)" in out
 
+
+
+def test_bench_snapshot_quick():
+    out = run_bench("bench_snapshot.py")
+    assert "kit, next job, unchanged" in out and "--image pin" in out
+
+
+def test_gpu_check_says_no_gpu_here_and_checks_the_exporter_on_the_test_library(tmp_path):
+    """bench/gpu_check.py (issue 23): here, with no GPU, it says so and exits 0; on the test
+    NVML library (the real binding) its exporter check runs as on a GPU machine."""
+    from fake_gpus import FakeGpus
+
+    assert "no GPU: NVML sees none here" in run_bench("gpu_check.py")
+    gpus = FakeGpus(tmp_path / "state").fail(7, "nvmlDeviceGetTotalEccErrors").write()
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--exporter-only"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **gpus.env()})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "NVML: 8 GPU(s), driver kit-fake-nvml" in proc.stdout and "promtool check metrics: clean" in proc.stdout
+    assert "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL                7/8 GPUs  (not supported on the others)" in proc.stdout
+    gpus.fail(2, "nvmlDeviceGetPowerUsage").write()  # a value every GPU should have: the check fails
+    bad = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--exporter-only"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, **gpus.env()})
+    assert bad.returncode == 1 and "DCGM_FI_DEV_POWER_USAGE                      7/8 GPUs  <- MISSING" in bad.stdout

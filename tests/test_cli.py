@@ -58,14 +58,14 @@ def test_dry_run_imports_neither_torch_nor_lightning(tmp_path):
 
 
 def test_dry_run_prints_the_sbatch_line_and_writes_the_scripts(tmp_path):
-    proc = kit("launch", "--dry-run", "--nodes", "2", "--time", "30", "--output-dir", str(tmp_path), "--",
-               "python", "train.py", "--max-steps", "100")
+    proc = kit("launch", "--dry-run", "--nodes", "2", "--time", "30", "--output-dir", str(tmp_path),
+               "--no-code-snapshot", "--", "python", "train.py", "--max-steps", "100", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     line, srun_line, jobdir_line = proc.stdout.splitlines()
     job_dir = jobdir_line.removeprefix("job dir: ")
     assert srun_line == (f"srun --kill-on-bad-exit=1 --export=ALL --wait=60 --mpi=none --label --nodes=2 --ntasks-per-node=1 "
                          f"{job_dir}/launcher.sh")
-    assert line == (f"sbatch --parsable --job-name=kit --nodes=2 --ntasks-per-node=1 --open-mode=append "
+    assert line == (f"sbatch --parsable --chdir={tmp_path} --job-name=kit --nodes=2 --ntasks-per-node=1 --open-mode=append "
                     f"--output={job_dir}/logs/slurm-%j.out --signal=B:USR1@90 --time=30 --requeue "
                     f"{job_dir}/prelaunch.sh")
     assert proc.stderr == ""

@@ -451,3 +451,84 @@ def test_a_function_job_runs_in_a_kit_built_image(cluster, cpu_image, tmp_path):
     assert [r["rank"] for r in results] == [0, 1] and {r["tag"] for r in results} == {"img"}
     assert {r["python"] for r in results} == {"/usr/bin/python3"} != {sys.executable}
     assert {r["kit_runtime"] for r in results} == {True} and not Path("/opt/kit/python").exists()  # in the image
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@kit", "-c", "user.name=t", *args],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _image_with_marker(debian_base: Path, out: Path, marker: str) -> None:
+    subprocess.run(["mksquashfs", str(debian_base), str(out), "-noappend", "-quiet", "-no-progress", "-comp", "lz4",
+                    "-p", f"etc/kit-test-image f 444 0 0 echo {marker}"], check=True, timeout=600)
+
+
+def test_a_held_job_runs_the_code_and_image_it_was_submitted_with(cluster, debian_base, tmp_path):
+    """Issue 22 done-means 3 and 4: a job held in the queue while its script is edited, its
+    ignored data changed and its image file rebuilt in place runs the submitted script and
+    image (by content) and the data as it is now; so does its requeued run, after another
+    edit and a commit; job.json names the commit, the tree's cleanliness, the snapshot and the
+    image digests; kit rerun of it runs the same snapshot and image again."""
+    import hashlib
+
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    (repo / ".gitignore").write_text("data/\n")
+    script = ('echo "code=%s image=$(cat /etc/kit-test-image) data=$(cat data/input.txt) run=$KIT_RESTART"; '
+              'if [ -e data/hold ]; then trap "exit 0" TERM; echo ready; sleep 300 & wait; fi\n')
+    (repo / "run.sh").write_text(script % "v1")
+    (repo / "data" / "input.txt").write_text("data-1\n")
+    (repo / "data" / "hold").write_text("")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "run.sh", ".gitignore")
+    _git(repo, "commit", "-qm", "v1")
+    commit = _git(repo, "rev-parse", "HEAD")
+    image = tmp_path / "img.sqsh"
+    _image_with_marker(debian_base, image, "A")
+    digest_a = "sha256:" + hashlib.sha256(image.read_bytes()).hexdigest()
+
+    proc = kit("launch", "--local", "--image", str(image), "--no-exporter", "--heartbeat", "0",
+               "--sbatch-arg=--hold", "--output-dir", str(tmp_path / "jobs"), "--", "bash", "run.sh", cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    job_id = re.search(r"^Submitted job (\d+)$", proc.stdout, re.M).group(1)
+    job_dir = Path(re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1))
+    assert slurm.job_status(cluster.target, job_id).state == "PENDING"
+    # While it waits: the script edited, the data changed, the image file rebuilt in place.
+    (repo / "run.sh").write_text(script % "v2")
+    (repo / "data" / "input.txt").write_text("data-2\n")
+    small = tmp_path / "b-root" / "etc"
+    small.mkdir(parents=True)
+    (small / "kit-test-image").write_text("B\n")
+    subprocess.run(["mksquashfs", str(small.parent), str(image), "-noappend", "-quiet", "-no-progress"], check=True)
+    subprocess.run(["scontrol", "release", job_id], env={**os.environ, **cluster.target.env}, check=True)
+
+    wait_for(lambda: "0: ready" in read_logs(job_dir), 240, what="the first run to start")
+    assert "0: code=v1 image=A data=data-2 run=0" in read_logs(job_dir)
+    # Edited and committed again; an admin requeues it: the requeued run runs the snapshot too.
+    (repo / "run.sh").write_text(script % "v3")
+    _git(repo, "commit", "-qam", "v3")
+    (repo / "data" / "hold").unlink()
+    subprocess.run(["scontrol", "requeue", job_id], env={**os.environ, **cluster.target.env}, check=True)
+    from helpers import release_requeued
+
+    release_requeued(cluster, job_id, job_dir)
+    wait_for(lambda: slurm.job_status(cluster.target, job_id).state == "COMPLETED", 240, what="the job to end")
+    logs = read_logs(job_dir)
+    assert "0: code=v1 image=A data=data-2 run=1" in logs, logs
+    assert (job_dir / "FINISHED").exists()
+    spec = json.loads((job_dir / "job.json").read_text())
+    snap = spec["snapshot"]
+    assert (snap["commit"], snap["dirty"], snap["root"], snap["files"]) == (commit, False, str(repo), 2), snap
+    assert snap["digest"].startswith("sha256:") and spec["image_digest"] == digest_a
+    assert spec["image_source"] == str(image) and spec["image"] != str(image)
+    assert (job_dir / "code" / "run.sh").read_text() == script % "v1"
+
+    # kit rerun: the same resolved spec (but for the hold), snapshot and image, run again from anywhere.
+    proc = kit("rerun", str(job_dir), "--edit", "sbatch_args=[]", "--wait", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    again = Path(re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1))
+    respec = json.loads((again / "job.json").read_text())
+    assert respec.pop("sbatch_args") == [] and spec.pop("sbatch_args") == ["--hold"]
+    assert respec == spec, (respec, spec)
+    assert "0: code=v1 image=A data=data-2 run=0" in read_logs(again)
+    assert (again / "FINISHED").exists()

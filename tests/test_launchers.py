@@ -9,16 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import check_end, launch_wait, read_logs
+from helpers import ALL_REDUCE, check_end, launch_wait, read_logs
 
-ALL_REDUCE = """
-import os, torch, torch.distributed as dist
-dist.init_process_group("gloo")
-t = torch.tensor([float(dist.get_rank())])
-dist.all_reduce(t)
-print(f"rank={dist.get_rank()} world={dist.get_world_size()} sum={t.item()}", flush=True)
-dist.destroy_process_group()
-"""
 
 
 def test_plain_torchrun_per_node_forms_one_world(cluster, tmp_path):

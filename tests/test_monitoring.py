@@ -34,7 +34,7 @@ def test_alert_rules_pass_promtool_check_rules():
     require("promtool")
     proc = subprocess.run(["promtool", "check", "rules", str(MON / "rules" / "kit-alerts.yml")],
                           capture_output=True, text=True)
-    assert proc.returncode == 0 and "SUCCESS: 7 rules found" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "SUCCESS: 8 rules found" in proc.stdout, proc.stdout + proc.stderr
 
 
 RULE_TESTS = """
@@ -51,6 +51,8 @@ tests:
         values: '1x10'
       - series: 'up{{job="kit",slurm_job_id="7",node="node2"}}'
         values: '0x5'
+      - series: 'gpu_lost{{slurm_job_id="7",node="node2",gpu="5"}}'
+        values: '0 0 1 1'
     alert_rule_test:
       - eval_time: 25m
         alertname: KitGpuIdle
@@ -73,6 +75,16 @@ tests:
             exp_annotations:
               summary: "GPU 1 on node1 throttled: hw_thermal_slowdown"
               description: "Clocks held down by hw_thermal_slowdown for 5 minutes in job 7."
+      - eval_time: 1m
+        alertname: KitGpuLost
+        exp_alerts: []
+      - eval_time: 2m
+        alertname: KitGpuLost
+        exp_alerts:
+          - exp_labels: {{severity: critical, slurm_job_id: "7", node: node2, gpu: "5"}}
+            exp_annotations:
+              summary: "GPU 5 of node2 is lost"
+              description: "NVML reports the GPU lost (fallen off the bus) in job 7; the job's ranks on it cannot go on. Drain the node."
       - eval_time: 3m
         alertname: KitExporterDown
         exp_alerts:
@@ -93,7 +105,7 @@ def test_alert_rules_fire_on_synthetic_series(tmp_path):
 
 def exported_names() -> set[str]:
     names = {spec.name for spec, _ in gpu.FIELDS} | {gpu.THROTTLE.name, gpu.XID_LAST.name, gpu.XID_COUNT.name,
-                                                      gpu.XID_TIME.name}
+                                                      gpu.XID_TIME.name, gpu.LOST.name, gpu.PROCESSES.name}
     names |= {s.name for s in (node.CPU, node.MEM_TOTAL, node.MEM_AVAILABLE, node.NET_RX, node.NET_TX,
                                node.DISK_R, node.DISK_W, *node.LOADS)}
     names |= {spec.name for _, spec in training.FIELDS} | {exporter.SUCCESS.name, exporter.DURATION.name, "up"}

@@ -22,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from kit import files
-from kit.cluster import config, plugin, processes, state
+from kit.cluster import config, layout, network, plugin, processes
 from kit.cluster.prometheus import start as start_prometheus
 from kit.cluster.state import ClusterState, DaemonStatus
 from kit.errors import KitError
@@ -97,7 +97,8 @@ class LocalCluster:
 
     # ------------------------------------------------------------ up
     def up(self, nodes: int | None = None, cpus_per_node: int | None = None, gpus_per_node: int | None = None,
-           timeout: float = 30.0, progress=lambda msg: None, prometheus: bool = False) -> tuple[ClusterState, bool]:
+           timeout: float = 30.0, progress=lambda msg: None, prometheus: bool = False,
+           isolated_network: bool | None = None) -> tuple[ClusterState, bool]:
         """Start the cluster, or bring back the daemons of one that died. Returns (state, started_now).
 
         A cluster whose state is here keeps it: only dead daemons are started
@@ -125,18 +126,22 @@ class LocalCluster:
             shape = (nodes if nodes is not None else (st.nodes if st else 2),
                      cpus_per_node or (st.cpus_per_node if st else os.cpu_count() or 1),
                      gpus_per_node if gpus_per_node is not None else (st.gpus_per_node if st else 0))
+            isolated = isolated_network if isolated_network is not None else bool(st and st.network)
+            if isolated and (why := network.available()):
+                raise KitError(f"cannot isolate the nodes' network: {why}", field="--isolated-network", exit_code=1)
             for label, value, low in (("--nodes", shape[0], 1), ("--cpus-per-node", shape[1], 1),
                                       ("--gpus-per-node", shape[2], 0)):
                 if value < low:
                     raise KitError(f"must be at least {low}, got {value}", field=label)
             if st:
                 dead = [(n, c) for n, c, _ in self._daemons(st) if not processes.alive(st.pids.get(n), c)]
-                same = (st.nodes, st.cpus_per_node, st.gpus_per_node) == shape
+                same = (st.nodes, st.cpus_per_node, st.gpus_per_node) == shape and bool(st.network) == isolated
                 if not same and len(dead) < len(self._daemons(st)):
                     raise KitError(
                         f"already running with {st.nodes} node(s), {st.cpus_per_node} CPUs and "
-                        f"{st.gpus_per_node} GPUs per node", field="cluster",
-                        hint="run `kit cluster down` first to change its shape")
+                        f"{st.gpus_per_node} GPUs per node" + (", each in a network of its own" if st.network
+                                                               else ", sharing this machine's network"),
+                        field="cluster", hint="run `kit cluster down` first to change its shape")
                 if same:
                     if dead:
                         self._restart(st, [n for n, _ in dead], timeout, progress)
@@ -147,8 +152,8 @@ class LocalCluster:
                     return st, bool(dead or resumed)
                 progress("every daemon of the earlier cluster is gone: starting a new one")
                 self._end_job_processes(progress)
-            self._clean()
-            st = self._start(*shape, timeout, progress)
+            layout.clean(self.root, self.state_file)
+            st = self._start(*shape, timeout, progress, isolated)
             if prometheus:
                 try:
                     start_prometheus(self, st, timeout, progress)
@@ -188,7 +193,8 @@ class LocalCluster:
             argv, pidfile, log = ["slurmd", "-N", name], f"slurmd-{name}.pid", f"slurmd-{name}.log"
         (self.root / "run" / pidfile).unlink(missing_ok=True)
         env = config.daemon_env(self.root, self.conf, name, st.containers, os.environ.get("PATH", os.defpath))
-        run([*argv, "-f", str(self.conf)], env=env, what=argv[0], hint=f"see {self.root}/log/{log}")
+        argv = network.enter(network.from_dict(st.network), name, [*argv, "-f", str(self.conf)])
+        run(argv, env=env, what=name if name.startswith("node") else argv[0], hint=f"see {self.root}/log/{log}")
         st.pids[name] = self._read_pid(self.root / "run" / pidfile, name)
         self.save(st)
 
@@ -214,43 +220,19 @@ class LocalCluster:
             start_prometheus(self, st, timeout, progress)
             self.save(st)
 
-    def _clean(self) -> None:
-        """Remove the cluster's runtime state; the next job id is kept (ids are never reused)."""
-        next_id = max(state.saved_job_id_sequence(self.root / "state" / "job_state"), state.next_job_id(self.root))
-        if next_id > 1:
-            (self.root / "next_job_id").write_text(f"{next_id}\n")
-        for sub in ("state", "spool", "run", "dev", "prometheus", "enroot", "munge"):  # enroot: named containers too
-            shutil.rmtree(self.root / sub, ignore_errors=True)
-        for path in (self.state_file,):
-            path.unlink(missing_ok=True)
-
-    def _write_config(self, st: ClusterState) -> None:
-        r = self.root
-        os.chmod(r, 0o700)  # the cluster's config, state and logs are its owner's alone
-        for sub in ("log", "run", "state", *(f"spool/node{i}" for i in range(1, st.nodes + 1))):
-            (r / sub).mkdir(parents=True, exist_ok=True)
-        if st.auth == "munge":
-            (r / "munge").mkdir(mode=0o700, exist_ok=True)
-            key = r / "munge" / "munge.key"
-            if not key.exists():  # a new key per cluster, readable by its owner alone
-                fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(os.urandom(1024))
-        so = plugin.plugin_of(self.root, st) if st.containers else None
-        (r / "plugstack.conf").write_text(config.plugstack_conf(st.containers, r, so))
-        if st.containers == config.PYXIS:
-            plugin.write_enroot_wrappers(r, st.nodes)
-        for gpu in config.gpu_files(st, r):
-            gpu.parent.mkdir(parents=True, exist_ok=True)
-            gpu.touch()
-        (r / "gres.conf").write_text(config.gres_conf(st, r))
-        files.write_atomic(self.conf, config.slurm_conf(st, r, processes.user(), state.next_job_id(self.root)))
-
-    def _start(self, nodes: int, cpus: int, gpus: int, timeout: float, progress) -> ClusterState:
+    def _start(self, nodes: int, cpus: int, gpus: int, timeout: float, progress,
+               isolated: bool = False) -> ClusterState:
         ports = processes.free_ports(nodes + 1)
         st = ClusterState(nodes=nodes, cpus_per_node=cpus, gpus_per_node=gpus,
                           memory_mb=processes.memory_mb(), hostname=socket.gethostname().split(".")[0],
                           ctld_port=ports[0], node_ports=ports[1:])
+        if isolated:
+            net = network.plan(self.root, nodes)
+            st.network = net.as_dict()
+            self.save(st)  # before anything exists: `down` finds what to remove
+            progress(f"isolated network: bridge {net.bridge} at {net.host}, "
+                     + ", ".join(f"{n} {a}" for n, a in net.addresses.items()))
+            network.create(net)
         st.containers = plugin.prepare(self.root, progress)
         if st.containers:
             st.container_plugin = plugin.plugin_of(self.root, st)
@@ -258,7 +240,7 @@ class LocalCluster:
         if st.auth == "none":
             progress("munged not found: the cluster trusts the uid every local client claims "
                      "(install munge to let only real uids through)")
-        self._write_config(st)
+        layout.write(self.root, self.conf, st)
         # Record the state before starting anything, so `down` can always find it.
         self.save(st)
         try:
@@ -273,6 +255,7 @@ class LocalCluster:
             self._wait_idle(st, timeout)
         except BaseException:
             self._stop(st)
+            self._remove_network(lambda msg: None)
             raise
         return st
 
@@ -343,7 +326,8 @@ class LocalCluster:
                 self._end_job_processes(progress)
                 processes.stop_pids({p: c for p, c in leftover.items() if c == "slurmd"})
                 processes.stop_pids(leftover)
-                self._clean()
+                self._remove_network(progress)
+                layout.clean(self.root, self.state_file)
                 return True
             if not force and processes.alive(st.pids.get("slurmctld"), "slurmctld"):
                 active = self._active_jobs()
@@ -352,8 +336,22 @@ class LocalCluster:
                                    exit_code=1, hint="wait for them, or `kit cluster down --force` to cancel them")
             self._stop(st, progress)
             self._end_job_processes(progress)
-            self._clean()
+            self._remove_network(progress)
+            layout.clean(self.root, self.state_file)
             return True
+
+    def _remove_network(self, progress) -> None:
+        """--isolated-network: whatever still runs in the nodes' namespaces, then the namespaces
+        and the bridge (found by the cluster's directory, record or not)."""
+        net = network.found(self.root)
+        if net is None:
+            return
+        left = network.pids_inside(net)
+        if left:
+            progress(f"ending {len(left)} process(es) left in the nodes' network namespaces")
+            processes.stop_pids({pid: processes.comm(pid) for pid in left}, timeout=5)
+        progress(f"removing the isolated network ({net.bridge} and {len(net.namespaces)} namespace(s))")
+        network.remove(net)
 
     def leftover_daemons(self) -> dict[int, str]:
         """pid -> program of this cluster's daemons found by their command lines

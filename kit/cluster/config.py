@@ -50,12 +50,13 @@ def slurm_conf(st, root: Path, user: str, first_job_id: int) -> str:
     (a client's uid is the kernel's word, not the client's); ``none`` (no munged on this
     machine) trusts whatever uid a client claims, so any local user could act as root."""
     r = root
+    network = getattr(st, "network", None)  # --isolated-network: each node at its own address
     auth = ["AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={munge_socket(r)}"] \
         if getattr(st, "auth", "none") == "munge" else ["AuthType=auth/none", "CredType=cred/none"]
     lines = [
         "# Written by `kit cluster up`: a Slurm cluster of several slurmd on one host.",
         "ClusterName=kit",
-        f"SlurmctldHost={st.hostname}(127.0.0.1)",
+        f"SlurmctldHost={st.hostname}({network['host'] if network else '127.0.0.1'})",
         f"SlurmctldPort={st.ctld_port}",
         *auth,
         f"SlurmUser={user}",
@@ -86,7 +87,8 @@ def slurm_conf(st, root: Path, user: str, first_job_id: int) -> str:
     ]
     gres = f" Gres=gpu:{st.gpus_per_node}" if st.gpus_per_node else ""
     for i, port in enumerate(st.node_ports, 1):
-        lines.append(f"NodeName=node{i} NodeHostname={st.hostname} NodeAddr=127.0.0.1 Port={port} "
+        addr = network["addresses"][f"node{i}"] if network else "127.0.0.1"
+        lines.append(f"NodeName=node{i} NodeHostname={st.hostname} NodeAddr={addr} Port={port} "
                      f"CPUs={st.cpus_per_node} RealMemory={st.memory_mb}{gres} State=UNKNOWN")
     lines.append(f"PartitionName={PARTITION} Nodes=node[1-{st.nodes}] Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
@@ -107,9 +109,10 @@ def plugstack_conf(containers: str | None, root: Path, plugin: str | None) -> st
 
 
 def gres_conf(st, root: Path) -> str:
-    """Slurm 22.05 drops GPUs without File=: each node's placeholder files
-    (:func:`gpu_files`; never opened: TaskPlugin=task/none constrains no devices)."""
-    lines = ["# GPUs of kit's local cluster: counts only"]
+    """Slurm 22.05 drops GPUs without File=: each node's device files (:func:`gpu_files`,
+    character devices with /dev/null's numbers, so that Slurm binds them: CUDA_VISIBLE_DEVICES
+    and SLURM_STEP_GPUS per step; TaskPlugin=task/none constrains no device)."""
+    lines = ["# GPUs of kit's local cluster: bound by Slurm, no hardware behind them"]
     if st.gpus_per_node:
         for i in range(1, st.nodes + 1):
             dev = root / "dev" / f"node{i}"

@@ -57,6 +57,16 @@ def stop_pids(pids: dict[int, str], timeout: float = 10.0) -> None:
             pass
 
 
+def comm(pid: int) -> str:
+    """The program name of ``pid`` ("" when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return ""
+    return stat[stat.index("(") + 1: stat.rindex(")")]
+
+
 def describe(pids: dict[int, str]) -> str:
     return ", ".join(f"{comm} (pid {pid})" for pid, comm in sorted(pids.items()))
 

@@ -10,6 +10,22 @@ from kit.errors import KitError
 from kit.monitor.naming import relabel_yaml
 
 
+def alert_rules():
+    """monitoring/rules/kit-alerts.yml: shipped as the package ``kit.alerts``, or beside a checkout."""
+    from pathlib import Path
+
+    try:
+        from importlib.resources import files
+
+        shipped = files("kit.alerts") / "kit-alerts.yml"
+        if shipped.is_file():
+            return Path(str(shipped))
+    except (ImportError, TypeError):
+        pass
+    beside = Path(__file__).resolve().parents[2] / "monitoring" / "rules" / "kit-alerts.yml"
+    return beside if beside.is_file() else None
+
+
 def start(cluster, st, timeout: float, progress) -> None:
     """A real Prometheus on loopback that discovers job exporters through file_sd."""
     import subprocess
@@ -18,9 +34,14 @@ def start(cluster, st, timeout: float, progress) -> None:
     d = cluster.root / "prometheus"
     cluster.prometheus_targets.mkdir(parents=True, exist_ok=True)
     (d / "data").mkdir(parents=True, exist_ok=True)
+    rules = alert_rules()
+    if rules is not None:  # kit's alerts (monitoring/rules), so they fire here as on a site
+        (d / "rules").mkdir(exist_ok=True)
+        (d / "rules" / rules.name).write_bytes(rules.read_bytes())
     (d / "prometheus.yml").write_text(
         "# Written by `kit cluster up --prometheus` (the site template is monitoring/prometheus.yml).\n"
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        + (f"rule_files: ['{d / 'rules'}/*.yml']\n" if rules is not None else "") +
         "scrape_configs:\n  - job_name: kit\n    file_sd_configs:\n"
         f"      - files: ['{cluster.prometheus_targets}/*.json']\n        refresh_interval: 5s\n"
         "    metric_relabel_configs:\n" + relabel_yaml(6))

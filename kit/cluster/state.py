@@ -20,6 +20,7 @@ class ClusterState:
     container_plugin: str | None = None  # the SPANK plugin the cluster was started with
     prometheus_port: int | None = None
     auth: str = "none"  # "munge" (the cluster's own munged) or "none" (no munged installed)
+    network: dict | None = None  # --isolated-network: kit.cluster.network.Network as a dict
 
 
 @dataclass

@@ -98,6 +98,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("output_dir", STR, COMMAND, "Where job directories go.", default="kit-jobs", metavar="DIR",
            default_text="./kit-jobs"),
     Option("command", LIST, COMMAND, "The command every task runs (after --).", flag="command", spec=True),
+    Option("code", STR, COMMAND, "Snapshot this directory's files (it must contain the one kit launch runs in); "
+           "every run of the job runs the snapshot.", metavar="DIR",
+           default_text="the git work tree kit launch runs in: tracked and unignored files, as they are"),
+    Option("code_snapshot", OFF, COMMAND, "No code snapshot: each run runs the files as they are when it starts.",
+           default=True, flag="--no-code-snapshot"),
     # Sweeps, arrays and chains
     Option("array", STR, MANY, "Run the job as a Slurm array of tasks, each its own unit of work (own directory, "
            "requeue and port): 0-9, 1,3,5, 0-99%8 (at most 8 at once); with --sweep, %K alone.", metavar="SPEC"),

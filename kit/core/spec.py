@@ -161,6 +161,10 @@ class ResolvedJob:
     mounts: tuple = field(default=())  # parsed mounts (kit.submission.resolve fills them in)
     tasks: sweep_lib.TaskSet | None = None  # an array job's task indices
     params: tuple = field(default=())  # per task index (in tasks order): {NAME: value} of a sweep
+    workdir: str | None = None  # where the command starts (absolute): the submission directory
+    snapshot: Any = None  # the code snapshot (kit.snapshot.Snapshot) every run runs, if any
+    image_digest: str | None = None  # sha256 of an --image file, pinned at submission
+    image_source: str | None = None  # the --image path as given (spec.image names the pinned copy)
 
 
 def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None = None) -> ResolvedJob:
@@ -202,6 +206,11 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
     _check_env(s, origins)
     _check_words(s, origins)
     s.output_dir = str(_absolute(s.output_dir, cwd))
+    if s.code is not None:
+        if not s.code_snapshot:
+            raise _err(origins, "code", "--code and --no-code-snapshot contradict each other",
+                       hint="give one of them")
+        s.code = str(_absolute(s.code, cwd))
     for item in s.after:
         parse_after(item, origins.label("after"))
     tasks, params = _resolve_tasks(s, origins)
@@ -209,7 +218,8 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
     if s.time is None and any(n in origins for n in ("signal", "signal_lead", "max_restarts")):
         warnings.append("no --time given: the preemption warning only fires if the partition has a time limit")
     return ResolvedJob(spec=s, time_seconds=time_seconds, port_low=low, port_high=high,
-                       warnings=tuple(warnings), tasks=tasks, params=params)
+                       warnings=tuple(warnings), tasks=tasks, params=params,
+                       workdir=str((cwd or Path.cwd()).absolute()))
 
 
 def _err(origins: Origins, name: str, message: str, hint: str | None = None) -> KitError:

@@ -26,6 +26,8 @@ OWNED_SBATCH = {
     "--no-requeue": "--max-restarts", "--open-mode": "(kit appends to logs)", "--parsable": "--json",
     "--wait": "--wait", "-W": "--wait", "--ntasks": "--ntasks-per-node", "-n": "--ntasks-per-node",
     "--wrap": "the command after -- (kit writes the batch script)",
+    "--chdir": "the directory kit launch runs in (or its code snapshot's view)", "-D": "the directory kit launch "
+    "runs in (or its code snapshot's view)",
 }
 # sbatch's short options that take no value (the letters after them are more options).
 _SBATCH_FLAGS = frozenset("hHkOQsuvV")

@@ -20,6 +20,7 @@ class JobDir:
     LAUNCHER = "launcher.sh"        # what every task runs
     SPEC = "job.json"               # the resolved job spec
     SBATCH = "sbatch.json"          # the exact sbatch argv
+    CODE = "code"                   # the code snapshot's view: every run starts in it
     COMMAND = "command"             # a sweep task's command, its values in place (NUL-separated words)
     SWEEP = "sweep"                 # a sweep task's NAME=VALUE pairs (NUL-separated)
     PARAMS = "params.json"          # a sweep task's parameters
@@ -89,6 +90,10 @@ class JobDir:
     @property
     def logs(self) -> Path:
         return self.path / self.LOGS
+
+    @property
+    def code(self) -> Path:
+        return self.path / self.CODE
 
     def rank_log(self, rank: int | str, run: int | str) -> Path:
         return self.logs / self.RANK_LOG.format(rank=rank, run=run)

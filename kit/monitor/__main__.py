@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="kit exporter: %(message)s")
     from kit.monitor.exporter import RESERVED_LABELS, Exporter, NoPort
-    from kit.monitor.gpu import GpuSource
+    from kit.monitor.gpu import GpuSource, job_gpus
     from kit.monitor.job import JobSource
     from kit.monitor.node import NodeSource
     from kit.monitor.training import TrainingSource
@@ -82,7 +82,8 @@ def main(argv=None) -> int:
     node = os.environ.get("SLURMD_NODENAME") or None
     sources = []
     if not args.no_gpu:
-        sources.append(GpuSource(hostname=socket.gethostname(), hostname_label=args.hostname_label))
+        sources.append(GpuSource(hostname=socket.gethostname(), hostname_label=args.hostname_label,
+                                 minors=job_gpus(os.environ)))
     if not args.no_node:
         sources.append(NodeSource())
     sources.append(TrainingSource(Path(args.training_dir) if args.training_dir else None))

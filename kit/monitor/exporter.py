@@ -166,16 +166,37 @@ def target_labels(env: dict, node: str, extra: dict) -> dict:
 
 
 def advertise_address(bind: str) -> str:
+    """Where Prometheus finds this exporter: the bind address, else the host name's address
+    when it is one of this node's own (one can bind it), else the address of the route out,
+    else loopback. A node in a network namespace of its own resolves the machine's name to
+    an address it does not have."""
     if bind not in ("", "0.0.0.0", "::"):
         return bind
     try:
         for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
             addr = info[4][0]
-            if not addr.startswith("127."):
+            if not addr.startswith("127.") and _local(addr):
+                return addr
+    except OSError:
+        pass
+    try:  # the source address of the default route: connect() on UDP sends nothing
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("198.51.100.1", 9))  # TEST-NET-2: never answered, only routed
+            addr = s.getsockname()[0]
+            if not addr.startswith(("127.", "0.")):
                 return addr
     except OSError:
         pass
     return "127.0.0.1"
+
+
+def _local(addr: str) -> bool:
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((addr, 0))
+        return True
+    except OSError:
+        return False
 
 
 class Exporter:

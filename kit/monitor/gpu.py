@@ -63,6 +63,9 @@ THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
 )
 THROTTLE = Spec("gpu_clock_throttle_active", "gauge", "1 while the GPU's clocks are held down for this reason.")
 PROCESSES = Spec("gpu_compute_processes", "gauge", "Compute processes running on the GPU (0: held but unused).")
+LOST = Spec("gpu_lost", "gauge", "1 while NVML reports the GPU lost (NVML_ERROR_GPU_IS_LOST: fallen off the bus); "
+            "its other values are then missing.")
+NVML_ERROR_GPU_IS_LOST = 15
 XID_LAST = Spec("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.")
 XID_COUNT = Spec("gpu_xid_errors_total", "counter", "XID errors seen since the exporter started.")
 XID_TIME = Spec("gpu_xid_last_timestamp_seconds", "gauge", "When the last XID error was seen (Unix time).")
@@ -77,6 +80,26 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def job_gpus(env) -> set[int] | None:
+    """The GPUs Slurm gave this step (``SLURM_STEP_GPUS``, else the job's ``SLURM_JOB_GPUS``),
+    as NVML minor numbers (gres.conf's ``File=/dev/nvidia[0-7]`` numbers them alike); None
+    outside a GPU job. Where device cgroups hide the others NVML already sees only these;
+    where they do not, the exporter serves these alone, so no other job's GPU carries
+    this job's labels."""
+    text = env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS") or ""
+    out: set[int] = set()
+    for item in filter(None, text.split(",")):
+        low, _, high = item.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            return None  # not what Slurm writes: every GPU NVML shows, as before
+        out.update(range(int(low), int(high or low) + 1))
+    return out or None
+
+
+def _is_lost(error: Exception) -> bool:
+    return getattr(error, "value", None) == NVML_ERROR_GPU_IS_LOST
+
+
 @dataclass
 class Device:
     handle: Any
@@ -88,8 +111,10 @@ class GpuSource:
 
     name = "gpu"
 
-    def __init__(self, nvml=None, hostname: str = "", hostname_label: str = "Hostname", events: bool = True):
+    def __init__(self, nvml=None, hostname: str = "", hostname_label: str = "Hostname", events: bool = True,
+                 minors: set[int] | None = None):
         self._nvml = nvml
+        self.minors = minors  # serve only these GPUs (the job's: job_gpus); None: every one
         self.hostname = hostname
         self.hostname_label = hostname_label
         self.devices: list[Device] | None = None
@@ -114,17 +139,24 @@ class GpuSource:
         n.nvmlInit()
         devices = []
         for i in range(n.nvmlDeviceGetCount()):
+            h = None
             try:
                 h = n.nvmlDeviceGetHandleByIndex(i)
                 minor = n.nvmlDeviceGetMinorNumber(h)
                 labels = {"gpu": str(minor), "UUID": _text(n.nvmlDeviceGetUUID(h)),
                           "pci_bus_id": _text(n.nvmlDeviceGetPciInfo(h).busId), "device": f"nvidia{minor}",
                           "modelName": _text(n.nvmlDeviceGetName(h))}
-                if self.hostname_label:
-                    labels[self.hostname_label] = self.hostname
-                devices.append(Device(h, labels))
-            except Exception:  # one GPU that cannot be read does not hide the others
-                continue
+            except Exception as e:  # one GPU that cannot be read does not hide the others
+                if not _is_lost(e):
+                    continue
+                # Lost before it could be named: served by its index, as lost (no UUID to give).
+                minor = i
+                labels = {"gpu": str(i), "UUID": "", "pci_bus_id": "", "device": f"nvidia{i}", "modelName": ""}
+            if self.minors is not None and minor not in self.minors:
+                continue  # another job's GPU
+            if self.hostname_label:
+                labels[self.hostname_label] = self.hostname
+            devices.append(Device(h, labels))
         self.devices = devices
         if self._events and self._event_thread is None:
             self._event_thread = threading.Thread(target=self._watch_xids, name="kit-xid", daemon=True)
@@ -168,10 +200,14 @@ class GpuSource:
         n = self.nvml
         out = []
         reasons = None
+        lost = dev.handle is None
         for spec, read in FIELDS:
+            if lost:
+                break
             try:
                 value = read(n, dev.handle)
-            except Exception:  # not supported on this GPU, or a per-GPU error
+            except Exception as e:  # not supported on this GPU, or a per-GPU error
+                lost = _is_lost(e)
                 continue
             out.append(Sample(spec, dev.labels, value))
             if spec.name == "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS":
@@ -181,8 +217,10 @@ class GpuSource:
         if reasons is not None:
             for bit, reason in THROTTLE_REASONS:
                 out.append(Sample(THROTTLE, {**own, "reason": reason}, float(bool(reasons & bit))))
+        out.append(Sample(LOST, own, float(lost)))
         try:
-            out.append(Sample(PROCESSES, own, float(len(n.nvmlDeviceGetComputeRunningProcesses(dev.handle)))))
+            if not lost:
+                out.append(Sample(PROCESSES, own, float(len(n.nvmlDeviceGetComputeRunningProcesses(dev.handle)))))
         except Exception:  # not supported, or a per-GPU error
             pass
         with self._lock:
@@ -215,7 +253,10 @@ class GpuSource:
                     continue
                 time.sleep(0.5)
                 continue
-            uuid = _text(n.nvmlDeviceGetUUID(event.device))
+            try:
+                uuid = _text(n.nvmlDeviceGetUUID(event.device))
+            except Exception:  # the GPU went away with its event
+                continue
             with self._lock:
                 _, count, _ = self._xid.get(uuid, (0, 0, 0.0))
                 self._xid[uuid] = (int(event.eventData), count + 1, time.time())

@@ -17,8 +17,8 @@ def _escape_filename_pattern(path: str) -> str:
     return path.replace("%", "%%")
 
 
-def sbatch_argv(job: ResolvedJob, job_dir: Path) -> list[str]:
-    """The exact sbatch command line for a prepared job directory."""
+def sbatch_argv(job: ResolvedJob, job_dir: Path, chdir: str | Path | None = None) -> list[str]:
+    """The exact sbatch command line for a prepared job directory (started in ``chdir``)."""
     s = job.spec
     opts: dict[str, str | None] = {
         "--job-name": s.job_name,
@@ -32,6 +32,8 @@ def sbatch_argv(job: ResolvedJob, job_dir: Path) -> list[str]:
         opts["--array"] = job.tasks.render()
         opts["--output"] = (_escape_filename_pattern(str(job_dir / JobDir.TASKS)) + f"/%a/{JobDir.LOGS}/"
                             + JobDir.ARRAY_BATCH_LOG)
+    if chdir is not None:
+        opts["--chdir"] = str(chdir)
     if s.gpus_per_node:
         opts["--gpus-per-node"] = str(s.gpus_per_node)
     for name in ("cpus_per_task", "mem", "time", "partition", "account"):

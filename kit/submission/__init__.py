@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kit import __version__, files, slurm
+from kit import snapshot as snapshots
 from kit.core import bash, outcome
 from kit.core import sweep as sweep_lib
 from kit.core.spec import ResolvedJob, parse_after
@@ -75,6 +76,13 @@ def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[st
     if s.prometheus_targets and s.exporter:
         mounts.append(pyxis.Mount(s.prometheus_targets, s.prometheus_targets))
     workdir = s.container_workdir
+    if job.snapshot is not None:
+        # The command starts in the snapshot's view, as on the host; the work tree it links
+        # to (ignored files, data) at its own path, unless a mount of the user's shows it.
+        root = job.snapshot.root
+        if not any(pyxis.covers(m.dst, root) for m in job.mounts):
+            mounts.insert(0, pyxis.Mount(root, root))
+        workdir = workdir or str(start_dir(job, job_dir))
     if not s.image.startswith("docker://"):
         from kit.image import info, runtime
 
@@ -176,15 +184,17 @@ class Plan:
 
 
 def plan(spec, origins=None, *, target: slurm.Target | None = None, target_note: str | None = None,
-         cwd: Path | None = None) -> Plan:
+         cwd: Path | None = None, rerun: Rerun | None = None) -> Plan:
     """Resolve and validate ``spec`` once, for ``target`` (chosen before: see
     :func:`kit.targets.plan`), and check it against that Slurm: partition, MPI
-    plugin, node sizes, KillWait, ``--after`` jobs. The result is final."""
+    plugin, node sizes, KillWait, ``--after`` jobs; snapshot the code and pin an image
+    file (or keep ``rerun``'s). The result is final."""
     from kit.core import spec as specs
 
     origins = origins or specs.Origins()
     job = resolve(spec, origins, cwd=cwd)
     said = [f"warning: {w}" for w in job.warnings]
+    job = pin_code_and_image(job, origins, rerun or Rerun(), said.append)
     deps = resolve_after(job, origins.label("after"))
     if target is not None:
         if target_note:
@@ -208,6 +218,36 @@ def plan(spec, origins=None, *, target: slurm.Target | None = None, target_note:
     return Plan(job, target, said)
 
 
+@dataclass(frozen=True)
+class Rerun:
+    """What a rerun keeps of the job it reruns (``kit rerun``): its code snapshot, and the
+    name its pinned image was given as."""
+
+    snapshot: snapshots.Snapshot | None = None
+    image_source: str | None = None
+
+
+def pin_code_and_image(job: ResolvedJob, origins, rerun: Rerun, note) -> ResolvedJob:
+    """``job`` with the code it runs (a snapshot) and its image file (a copy by content) fixed
+    now, so that a pending or requeued job runs what was submitted."""
+    s = job.spec
+    snapshot = rerun.snapshot
+    if s.code_snapshot and snapshot is None:
+        snapshot = snapshots.take(Path(job.workdir), s.code, label=origins.label("code"))
+        if snapshot is None:
+            note(f"note: {job.workdir} is in no git work tree: each run runs the files there as they are when it "
+                 "starts (--code DIR snapshots a directory)")
+    changes: dict = {"snapshot": snapshot if s.code_snapshot else None}
+    if s.image and "://" not in s.image:
+        from kit.image import pin
+
+        pinned, digest = pin.pin(Path(s.image), origins.label("image"))
+        same = rerun.image_source is not None and pinned == Path(s.image)  # a rerun's pinned copy, again
+        changes.update(image_digest=digest, image_source=rerun.image_source if same else s.image)
+        s.image = str(pinned)
+    return dataclasses.replace(job, **changes)
+
+
 def _new_job_dir(out_dir: Path, job_name: str) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_name)[:40].strip(".") or "job"
@@ -218,7 +258,7 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
     """Write the job directory (all or nothing) and return what to submit."""
     out_dir = Path(job.spec.output_dir)
     final = job_dir or _new_job_dir(out_dir, job.spec.job_name)
-    argv = slurm.sbatch_argv(job, final)
+    argv = slurm.sbatch_argv(job, final, start_dir(job, final))
     the_step = step(job, final)  # checks the image: before anything is written
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -236,7 +276,9 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
             path.write_text(text, encoding="utf-8")
             path.chmod(0o700)
         _write_tasks(job, tmp)
-        (tmp / JobDir.SPEC).write_text(json.dumps(job.spec.to_dict(), indent=2, sort_keys=True) + "\n")
+        if job.snapshot is not None:
+            snapshots.materialize(job.snapshot, JobDir(tmp).code)
+        (tmp / JobDir.SPEC).write_text(json.dumps(spec_record(job), indent=2, sort_keys=True) + "\n")
         (tmp / JobDir.SBATCH).write_text(json.dumps(argv, indent=2) + "\n")
         os.rename(tmp, final)
     except OSError as e:
@@ -248,6 +290,26 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return PreparedJob(job=job, job_dir=final, sbatch_argv=argv, srun_argv=the_step.argv(final))
+
+
+def start_dir(job: ResolvedJob, job_dir: Path) -> Path | None:
+    """Where every run starts: the submission directory's place in the snapshot's view."""
+    if job.snapshot is not None:
+        return snapshots.workdir(job.snapshot, JobDir(job_dir).code, Path(job.workdir))
+    return Path(job.workdir) if job.workdir else None
+
+
+def spec_record(job: ResolvedJob) -> dict:
+    """``job.json``: the resolved spec, and what was fixed at submission (the directory the
+    command starts in, the code snapshot, the image file's digest)."""
+    record = job.spec.to_dict()
+    record["workdir"] = job.workdir
+    if job.snapshot is not None:
+        record["snapshot"] = job.snapshot.record()
+    if job.image_digest:
+        record["image_digest"] = job.image_digest
+        record["image_source"] = job.image_source
+    return record
 
 
 def resolve_after(job: ResolvedJob, label: str) -> list[tuple[str, str, Path | None]]:

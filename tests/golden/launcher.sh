@@ -321,6 +321,18 @@ case "${SLURM_JOB_NAME-}" in
   bash | interactive) export TORCHELASTIC_RUN_ID="${TORCHELASTIC_RUN_ID:-kit-${SLURM_JOB_ID}}" ;;
 esac
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}"
+# gloo binds the address its host name resolves to, which on many nodes is a loopback one
+# (Debian's /etc/hosts: 127.0.1.1), so ranks on other nodes cannot reach it: unless the job
+# chose, it uses the interface this node reaches MASTER_ADDR through (the one holding it on
+# the first node). NCCL picks its own interfaces and is left to them.
+if [[ -z "${GLOO_SOCKET_IFNAME-}" && "${MASTER_ADDR}" != 127.* ]] && command -v ip >/dev/null 2>&1; then
+  kit_iface="$(ip -o -4 addr show 2>/dev/null | awk -v a="${MASTER_ADDR}" '{ split($4, p, "/"); if (p[1] == a) { print $2; exit } }')"
+  if [[ -z "${kit_iface}" ]]; then
+    kit_iface="$(ip -o route get "${MASTER_ADDR}" 2>/dev/null | awk '{ for (i = 1; i < NF; i++) if ($i == "dev") { print $(i + 1); exit } }')"
+  fi
+  if [[ -n "${kit_iface}" && "${kit_iface}" != lo ]]; then export GLOO_SOCKET_IFNAME="${kit_iface}"; fi
+  unset kit_iface
+fi
 # In a container, kit's runtime lives at /opt/kit (built in, or mounted by kit launch).
 if [[ "${KIT_CONTAINER:-0}" == 1 && -d /opt/kit/python && ":${PYTHONPATH-}:" != *:/opt/kit/python:* ]]; then
   export PYTHONPATH="/opt/kit/python${PYTHONPATH:+:${PYTHONPATH}}"

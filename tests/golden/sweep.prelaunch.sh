@@ -335,11 +335,20 @@ kit::master_addr() {
     printf '%s\n' "${addr}"
     return 0
   fi
-  mapfile -t candidates < <(getent ahostsv4 "$(hostname)" 2>/dev/null | awk '{ print $1 }'; hostname -I 2>/dev/null | tr ' ' '\n')
+  local -a here=()
+  # The name's address when it is one of this node's own (a name can resolve to an address
+  # this node does not have: a node in a network namespace of its own), else the node's first.
+  mapfile -t here < <(hostname -I 2>/dev/null | tr ' ' '\n')
+  mapfile -t candidates < <(getent ahostsv4 "$(hostname)" 2>/dev/null | awk '{ print $1 }'; printf '%s\n' "${here[@]}")
   for addr in "${candidates[@]}"; do
     case "${addr}" in
       "" | 127.* | *:*) ;;
-      *) printf '%s\n' "${addr}"; return 0 ;;
+      *)
+        if (( ${#here[@]} == 0 )) || [[ " ${here[*]} " == *" ${addr} "* ]]; then
+          printf '%s\n' "${addr}"
+          return 0
+        fi
+        ;;
     esac
   done
   printf '127.0.0.1\n'

@@ -1,0 +1,225 @@
+"""A check for real GPUs (issue 23): what kit promises about GPUs, on the machine at hand, without Slurm.
+
+    python bench/gpu_check.py [--steps 200] [--exporter-only] [--quick]
+
+1. `kit exporter` against the driver: every GPU family it serves has a value for every GPU
+   NVML shows, and `promtool check metrics` finds nothing (when promtool is installed).
+2. The reference trainer on CUDA (bf16 where the GPU supports it), one rank per GPU with
+   NCCL, each rank started through a generated `launcher.sh` with the variables srun would
+   give it set by hand; the exporter's utilisation while it trains.
+3. The launcher's teardown: after the ranks end, no process of theirs is left.
+
+Without an NVIDIA GPU (no driver, or NVML sees none) it says so and exits 0. With GPUs that
+NVML sees but torch does not, it says so and exits 1 (--exporter-only: step 1 alone).
+--quick: fewer steps (the test suite's run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+GPU_FAMILIES = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
+                "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK",
+                "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_XID_ERRORS", "gpu_compute_processes",
+                "gpu_lost", "gpu_xid_errors_total")
+OPTIONAL = ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_FAILURE")  # not on every GPU
+
+
+def nvml_gpus() -> tuple[int, str]:
+    """(GPUs NVML sees, driver version or why none)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+            return pynvml.nvmlDeviceGetCount(), version.decode() if isinstance(version, bytes) else str(version)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as e:  # no library, no driver
+        return 0, f"{type(e).__name__}: {e}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def start_exporter(port: int, log: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "kit.monitor", "--port", str(port), "--bind", "127.0.0.1",
+                             "--interval", "0.5", "--no-node"], stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if "DCGM_FI_DEV_GPU_UTIL" in scrape(port) or proc.poll() is not None:
+                break
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return proc
+
+
+def values(text: str, family: str) -> list[float]:
+    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith(family + "{") or line.startswith(family + " ")]
+
+
+def check_exporter(gpus: int, tmp: Path) -> tuple[bool, list[str]]:
+    port = free_port()
+    proc = start_exporter(port, tmp / "exporter.log")
+    lines = []
+    try:
+        text = scrape(port)
+    except OSError as e:
+        proc.kill()
+        return False, [f"exporter: no answer ({e}); log: {(tmp / 'exporter.log').read_text()[-500:]}"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    ok = True
+    for family in GPU_FAMILIES + OPTIONAL:
+        got = values(text, family)
+        if family in OPTIONAL and not got:
+            lines.append(f"  {family:<44} not supported on these GPUs")
+            continue
+        good = len(got) == gpus or family in OPTIONAL  # optional: not supported on every GPU model
+        ok &= good
+        note = "" if len(got) == gpus else "  (not supported on the others)" if good else "  <- MISSING"
+        lines.append(f"  {family:<44} {len(got)}/{gpus} GPUs{note}"
+                     f"  {', '.join(f'{v:g}' for v in got[:8])}")
+    if 'kit_exporter_collector_success{collector="gpu"} 1.0' not in text:
+        ok = False
+        lines.append("  kit_exporter_collector_success{collector=\"gpu\"} is not 1")
+    if shutil.which("promtool"):
+        check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+        findings = (check.stdout + check.stderr).strip()
+        ok &= check.returncode == 0 and not findings
+        lines.append(f"  promtool check metrics: {findings or 'clean'}")
+    else:
+        lines.append("  promtool check metrics: promtool not installed (apt-get install prometheus)")
+    return ok, lines
+
+
+def run_trainer(gpus: int, steps: int, tmp: Path) -> tuple[bool, list[str]]:
+    import torch
+
+    from kit import submission
+    from kit.core import spec as specs
+
+    bf16 = torch.cuda.is_bf16_supported()
+    precision = "bf16-mixed" if bf16 else "16-mixed"
+    job = submission.resolve(specs.JobSpec(
+        command=[sys.executable, "-m", "kit.train", "--max-steps", str(steps), "--batch-size", "256",
+                 "--hidden", "1024", "--precision", precision, "--checkpoint-every", "0"],
+        output_dir=str(tmp / "jobs"), ntasks_per_node=gpus, exporter=False, code_snapshot=False), cwd=tmp)
+    job_dir = submission.prepare(job).job_dir
+    (job_dir / "progress" / "r0").mkdir(parents=True)
+    port = free_port()
+    exporter = start_exporter(free_port(), tmp / "exporter-train.log")
+    eport = int(exporter.args[exporter.args.index("--port") + 1])
+    procs = []
+    t0 = time.perf_counter()
+    for rank in range(gpus):
+        env = {**os.environ, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_NTASKS": str(gpus),
+               "SLURM_NTASKS_PER_NODE": str(gpus), "SLURM_NODEID": "0", "SLURM_NNODES": "1", "SLURM_JOB_ID": "1",
+               "SLURM_STEP_ID": "0", "SLURM_JOB_NAME": "gpu-check", "SLURMD_NODENAME": socket.gethostname(),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "KIT_JOB_DIR": str(job_dir),
+               "KIT_LOG_DIR": str(job_dir / "logs"), "KIT_PROGRESS_DIR": str(job_dir / "progress" / "r0"),
+               "KIT_HANG_DIR": str(job_dir / "hang" / "r0"), "KIT_RESTART": "0"}
+        procs.append(subprocess.Popen(["bash", str(job_dir / "launcher.sh")], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    util: list[float] = []
+    while any(p.poll() is None for p in procs):
+        try:
+            util += [v for v in values(scrape(eport), "DCGM_FI_DEV_GPU_UTIL")]
+        except OSError:
+            pass
+        time.sleep(0.5)
+    seconds = time.perf_counter() - t0
+    exporter.terminate()
+    exporter.wait(10)
+    outputs = [p.stdout.read() for p in procs]
+    codes = [p.returncode for p in procs]
+    lines = [f"  {gpus} ranks, NCCL, {precision}: exit codes {codes}, {seconds:.1f} s for {steps} steps"]
+    done = [o for o in outputs if f"done at step={steps}" in o]
+    lines.append(f"  ranks that reached step {steps}: {len(done)}/{gpus}")
+    if util:
+        lines.append(f"  GPU utilisation seen by the exporter while training: max {max(util):.0f} %, "
+                     f"mean {sum(util) / len(util):.0f} %")
+    backend = [line for line in outputs[0].splitlines() if "backend=" in line][:1]
+    lines += [f"  rank 0: {b.strip()}" for b in backend]
+    # Teardown: no process of the launchers is left.
+    time.sleep(1)
+    left = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if str(job_dir).encode() in Path(f"/proc/{pid}/cmdline").read_bytes() and int(pid) != os.getpid():
+                    left.append(pid)
+            except OSError:
+                pass
+    lines.append(f"  processes left after the ranks ended: {len(left)}")
+    ok = codes == [0] * gpus and len(done) == gpus and not left
+    if not ok:
+        lines.append("  rank 0's output (end):\n" + outputs[0][-2000:])
+    return ok, lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--exporter-only", action="store_true", help="check the exporter only (no training)")
+    ap.add_argument("--quick", action="store_true", help="fewer steps (the test suite's run)")
+    args = ap.parse_args()
+    if args.quick:
+        args.steps = 20
+    gpus, driver = nvml_gpus()
+    if not gpus:
+        print(f"no GPU: NVML sees none here ({driver}); nothing to check")
+        return 0
+    print(f"NVML: {gpus} GPU(s), driver {driver}")
+    with tempfile.TemporaryDirectory(prefix="kit-gpu-check-") as tmp:
+        tmp = Path(tmp)
+        ok, lines = check_exporter(gpus, tmp)
+        print("1. kit exporter on the driver: " + ("ok" if ok else "FAILED"))
+        print("\n".join(lines))
+        if args.exporter_only:
+            return 0 if ok else 1
+        import torch
+
+        if not torch.cuda.is_available() or torch.cuda.device_count() != gpus:
+            print(f"2. trainer: torch {torch.__version__} sees {torch.cuda.device_count()} CUDA device(s), NVML {gpus}: "
+                  "not run (a CUDA build of torch 2.13.0 is needed)")
+            return 1
+        names = {torch.cuda.get_device_name(i) for i in range(gpus)}
+        print(f"2. reference trainer on CUDA ({', '.join(sorted(names))}), torch {torch.__version__}, "
+              f"CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")
+        trained, lines = run_trainer(gpus, args.steps, tmp)
+        print("\n".join(lines))
+        print("3. result: " + ("every check passed" if ok and trained else "FAILED"))
+        print(json.dumps({"gpus": gpus, "driver": driver, "exporter_ok": ok, "trainer_ok": trained}))
+        return 0 if ok and trained else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

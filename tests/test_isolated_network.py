@@ -1,0 +1,107 @@
+"""Nodes with their own network (issue 23, done-means 3): `kit cluster up --isolated-network`
+runs each slurmd in a network namespace of its own, at its own address on a bridge; jobs
+rendezvous across it, the exporters are scraped at their nodes' addresses by the real
+Prometheus, and `down` leaves no namespace, link or process."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from helpers import ALL_REDUCE, kit, read_logs, require
+
+from kit.cluster import LocalCluster, network
+
+
+
+@pytest.fixture(scope="module")
+def isolated(tmp_path_factory):
+    require("slurmctld")
+    require("prometheus")
+    home = tmp_path_factory.mktemp("kit-home-isolated")
+    c = LocalCluster(home)
+    c.up(nodes=2, cpus_per_node=2, prometheus=True, isolated_network=True)
+    yield c
+    c.down(force=True)  # when a test stopped before the last one did
+
+
+def launch(c: LocalCluster, tmp_path: Path, *args: str, command: list[str]) -> tuple[subprocess.CompletedProcess, Path]:
+    proc = kit("launch", "--local", "--wait", "--output-dir", str(tmp_path / "jobs"), *args, "--", *command,
+               env={"KIT_HOME": str(c.home)}, cwd=tmp_path, timeout=300)
+    job_dir = Path(re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1))
+    return proc, job_dir
+
+
+def query(c: LocalCluster, promql: str) -> list:
+    url = c.prometheus_url() + "/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.load(r)["data"]["result"]
+
+
+def test_each_node_has_its_own_address(isolated):
+    net = network.from_dict(isolated.state().network)
+    addresses = sorted(net.addresses.values())
+    assert all(a.startswith("198.1") for a in addresses) and len(set(addresses)) == 2
+    conf = isolated.conf.read_text()
+    assert f"({net.host})" in conf and all(f"NodeAddr={a} " in conf for a in addresses)
+    for node, ns in net.namespaces.items():
+        seen = subprocess.run(["ip", "-n", ns, "-o", "-4", "addr", "show", "dev", "eth0"], capture_output=True,
+                              text=True).stdout
+        assert f" {net.addresses[node]}/24 " in seen
+
+
+def test_a_two_node_trainer_job_rendezvouses_across_the_bridge_and_is_scraped_there(isolated, tmp_path):
+    net = network.from_dict(isolated.state().network)
+    probe = ('echo "master=$MASTER_ADDR me=$(hostname -I | tr -d " ") gloo=$GLOO_SOCKET_IFNAME"; '
+             'exec python3 -m kit.train --max-steps 60 --step-delay 0.1 --log-every 20')
+    proc, job_dir = launch(isolated, tmp_path, "--nodes", "2", command=["bash", "-c", probe])
+    assert proc.returncode == 0, proc.stderr + read_logs(job_dir)
+    logs = read_logs(job_dir)
+    seen = dict(re.findall(r"^(\d): master=(\S+) me=", logs, re.M))
+    assert seen == {"0": net.addresses["node1"], "1": net.addresses["node1"]}, logs  # node1's, not a loopback
+    me = set(re.findall(r"me=(\S+)", logs))
+    assert me == set(net.addresses.values()), logs
+    assert "done at step=60" in logs and len(re.findall(r"gloo=eth0", logs)) == 2
+    # The exporters advertised their nodes' addresses, and Prometheus scraped them there.
+    job_id = (job_dir / "job_id").read_text().strip()
+    rows = query(isolated, f'up{{slurm_job_id="{job_id}"}}')
+    assert {r["metric"]["instance"].rsplit(":", 1)[0] for r in rows} == set(net.addresses.values()), rows
+    steps = query(isolated, f'max_over_time(training_step{{slurm_job_id="{job_id}"}}[10m])')
+    assert {r["metric"]["node"] for r in steps} == {"node1", "node2"}, steps
+
+
+def test_master_interface_and_torchrun_across_the_bridge(isolated, tmp_path):
+    torchrun = shutil.which("torchrun")
+    assert torchrun, "torchrun is not on PATH (it comes with torch)"
+    (tmp_path / "ddp.py").write_text(ALL_REDUCE)
+    proc, job_dir = launch(isolated, tmp_path, "--nodes", "2", "--ntasks-per-node", "1", "--no-exporter",
+                           "--master-interface", "eth0",
+                           command=["bash", "-c", 'echo "master=$MASTER_ADDR"; exec "$@"', "run", torchrun,
+                                    "--nproc-per-node", "2", str(tmp_path / "ddp.py")])
+    assert proc.returncode == 0, proc.stderr + read_logs(job_dir)
+    logs = read_logs(job_dir)
+    node1 = network.from_dict(isolated.state().network).addresses["node1"]
+    assert set(re.findall(r"master=(\S+)", logs)) == {node1}
+    lines = re.findall(r"rank=(\d) world=(\d+) sum=([0-9.]+)", logs)
+    assert sorted(r for r, _, _ in lines) == ["0", "1", "2", "3"] and {(w, s) for _, w, s in lines} == {("4", "6.0")}
+    bad = kit("launch", "--local", "--wait", "--no-exporter", "--master-interface", "eth9", "--output-dir",
+              str(tmp_path / "jobs"), "--", "true", env={"KIT_HOME": str(isolated.home)}, cwd=tmp_path, timeout=120)
+    assert bad.returncode != 0
+
+
+def test_down_leaves_no_namespace_link_or_process(isolated):
+    net = network.from_dict(isolated.state().network)
+    assert network.leftovers(net)  # there now
+    isolated.down(force=True)
+    assert network.leftovers(net) == [] and network.found(isolated.home / "cluster") is None
+    assert isolated.leftover_daemons() == {}
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert net.bridge not in links
+    assert not any(ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+                   for ns in net.namespaces.values())
