@@ -120,6 +120,11 @@ def test_gpu_collector_survives_per_gpu_errors_a_lost_gpu_and_driver_loss(gpus):
     assert back.success and len(by_name(back)["DCGM_FI_DEV_GPU_UTIL"]) == 6
     source.close()
 
+    gpus.driver = "uninitialized"                                       # NVML_ERROR_UNINITIALIZED on every call
+    gpus.write()
+    uninitialized = GpuSource(events=False).poll()
+    assert not uninitialized.success and "Uninitialized" in uninitialized.error
+    gpus.driver = "ok"
     gpus.lose(1).write()                                                # lost before the exporter started
     late = by_name(GpuSource(events=False).poll())
     assert {s.labels["gpu"]: s.value for s in late["gpu_lost"]}["1"] == 1

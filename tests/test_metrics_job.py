@@ -181,13 +181,23 @@ def test_a_two_node_two_gpu_job_through_the_real_nvml_binding(cluster, tmp_path)
     assert series("gpu_compute_processes") == {("node1", "0"): 1, ("node1", "1"): 0, ("node2", "0"): 1,
                                                ("node2", "1"): 1}
     assert set(series("DCGM_FI_DEV_POWER_USAGE")) == want and set(series("gpu_lost")) == want
+    def firing(name):
+        return query(cluster, f'ALERTS{{alertname="{name}",alertstate="firing",slurm_job_id="{job_id}"}}')
+
     # An Xid on node2's GPU 0: the alert fires in Prometheus.
     time.sleep(3)
     fleet["node2"].xid(0, 79)
-    alert = wait_for(lambda: query(cluster, 'ALERTS{alertname="KitGpuXidError",alertstate="firing"}' + ""), 60,
-                     what="KitGpuXidError to fire")
+    alert = wait_for(lambda: firing("KitGpuXidError"), 60, what="KitGpuXidError to fire")
     assert {(a["metric"]["node"], a["metric"]["gpu"]) for a in alert} == {("node2", "0")}, alert
     assert series("DCGM_FI_DEV_XID_ERRORS")[("node2", "0")] == 79
+    # Uncorrectable remapped rows on node1's GPU 0, node2's GPU 1 lost: their alerts fire too.
+    fleet["node1"].set(0, remap_unc=2).write()
+    fleet["node2"].lose(1).write()
+    for name, where in (("KitGpuEccErrors", ("node1", "0")), ("KitGpuLost", ("node2", "1"))):
+        fired = wait_for(lambda: firing(name), 60, what=f"{name} to fire")
+        assert {(a["metric"]["node"], a["metric"]["gpu"]) for a in fired} == {where}, fired
+    fleet["node2"].lost.clear()
+    fleet["node2"].write()
 
     time.sleep(5)  # a few more polls
     (job_dir / "stop").write_text("")
