@@ -246,7 +246,7 @@ def test_image_must_be_squashfs(tmp_path):
 def test_container_flags_in_the_dry_run(cpu_image, tmp_path):
     proc = kit("launch", "--dry-run", "--json", "--image", str(cpu_image), "--mount", "/tmp:/scratch:ro",
                "--mount", "tmpfs:/fast", "--container-env", "MY_VAR", "--env", "OTHER=1",
-               "--output-dir", str(tmp_path / "jobs"), "--", "python", "train.py")
+               "--output-dir", str(tmp_path / "jobs"), "--", "python", "train.py", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     job_dir = out["job_dir"]
@@ -254,10 +254,29 @@ def test_container_flags_in_the_dry_run(cpu_image, tmp_path):
     srun = out["srun_argv"]
     mounts = [a for a in srun if a.startswith("--container-mounts=")]
     assert mounts == [f"--container-mounts={job_dir}:{job_dir},/tmp:/scratch:ro,tmpfs:/fast"]
-    assert f"--container-image={cpu_image}" in srun and "--container-workdir=/workspace" in srun
+    spec = json.loads((Path(job_dir) / "job.json").read_text())  # the image file, pinned by content
+    assert spec["image_source"] == str(cpu_image) and spec["image_digest"].startswith("sha256:")
+    assert Path(spec["image"]).stat().st_size == cpu_image.stat().st_size and spec["image"] != str(cpu_image)
+    assert f"--container-image={spec['image']}" in srun and "--container-workdir=/workspace" in srun
     env = [a for a in srun if a.startswith("--container-env=")][0].split("=", 1)[1].split(",")
     assert {"MASTER_ADDR", "MASTER_PORT", "KIT_JOB_DIR", "MY_VAR", "OTHER", "DEBUG"} <= set(env)
     assert srun[-1] == f"{job_dir}/launcher.sh"
+    # From a git work tree the command starts in the code snapshot's view, in the container too, with
+    # the tree mounted at its own path (what the snapshot leaves out is linked there).
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / "src" / "train.py").write_text("print('train')\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "one")
+    proc = kit("launch", "--dry-run", "--json", "--image", str(cpu_image), "--output-dir", str(tmp_path / "jobs"),
+               "--", "python", "train.py", cwd=repo / "src")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    job_dir, srun = out["job_dir"], out["srun_argv"]
+    assert [a for a in srun if a.startswith("--container-mounts=")] == [
+        f"--container-mounts={repo}:{repo},{job_dir}:{job_dir}"]
+    assert f"--container-workdir={job_dir}/code/src" in srun and f"--chdir={job_dir}/code/src" in out["sbatch_argv"]
 
 
 def test_a_failed_and_a_cancelled_two_node_container_job_leave_nothing(cluster, cpu_image, tmp_path):
