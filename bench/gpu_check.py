@@ -1,6 +1,6 @@
 """A check for real GPUs (issue 23): what kit promises about GPUs, on the machine at hand, without Slurm.
 
-    python bench/gpu_check.py [--steps 200] [--exporter-only] [--quick]
+    python bench/gpu_check.py [--steps 200] [--exporter-only] [--quick] [--cpu-path]
 
 1. `kit exporter` against the driver: every GPU family it serves has a value for every GPU
    NVML shows, and `promtool check metrics` finds nothing (when promtool is installed).
@@ -11,7 +11,8 @@
 
 Without an NVIDIA GPU (no driver, or NVML sees none) it says so and exits 0. With GPUs that
 NVML sees but torch does not, it says so and exits 1 (--exporter-only: step 1 alone).
---quick: fewer steps (the test suite's run).
+--quick: fewer steps (the test suite's run). --cpu-path: step 2 and 3's machinery with 2 CPU ranks
+(the suite runs it, so the GPU run's path does not rot where no GPU is).
 """
 
 from __future__ import annotations
@@ -120,14 +121,15 @@ def check_exporter(gpus: int, tmp: Path) -> tuple[bool, list[str]]:
     return ok, lines
 
 
-def run_trainer(gpus: int, steps: int, tmp: Path) -> tuple[bool, list[str]]:
+def run_trainer(gpus: int, steps: int, tmp: Path, cpu: bool = False) -> tuple[bool, list[str]]:
+    """``gpus`` ranks of the reference trainer through launcher.sh (``cpu``: on CPU with gloo,
+    to check this path where no GPU is)."""
     import torch
 
     from kit import submission
     from kit.core import spec as specs
 
-    bf16 = torch.cuda.is_bf16_supported()
-    precision = "bf16-mixed" if bf16 else "16-mixed"
+    precision = "32-true" if cpu else "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
     job = submission.resolve(specs.JobSpec(
         command=[sys.executable, "-m", "kit.train", "--max-steps", str(steps), "--batch-size", "256",
                  "--hidden", "1024", "--precision", precision, "--checkpoint-every", "0"],
@@ -160,9 +162,10 @@ def run_trainer(gpus: int, steps: int, tmp: Path) -> tuple[bool, list[str]]:
     exporter.wait(10)
     outputs = [p.stdout.read() for p in procs]
     codes = [p.returncode for p in procs]
-    lines = [f"  {gpus} ranks, NCCL, {precision}: exit codes {codes}, {seconds:.1f} s for {steps} steps"]
-    done = [o for o in outputs if f"done at step={steps}" in o]
-    lines.append(f"  ranks that reached step {steps}: {len(done)}/{gpus}")
+    lines = [f"  {gpus} ranks, {'gloo' if cpu else 'NCCL'}, {precision}: exit codes {codes}, {seconds:.1f} s for "
+             f"{steps} steps"]
+    done = f"done at step={steps}" in outputs[0]  # the trainer reports on rank 0
+    lines.append(f"  rank 0 reached step {steps}: {'yes' if done else 'NO'}")
     if util:
         lines.append(f"  GPU utilisation seen by the exporter while training: max {max(util):.0f} %, "
                      f"mean {sum(util) / len(util):.0f} %")
@@ -179,7 +182,7 @@ def run_trainer(gpus: int, steps: int, tmp: Path) -> tuple[bool, list[str]]:
             except OSError:
                 pass
     lines.append(f"  processes left after the ranks ended: {len(left)}")
-    ok = codes == [0] * gpus and len(done) == gpus and not left
+    ok = codes == [0] * gpus and done and not left
     if not ok:
         lines.append("  rank 0's output (end):\n" + outputs[0][-2000:])
     return ok, lines
@@ -190,9 +193,17 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--exporter-only", action="store_true", help="check the exporter only (no training)")
     ap.add_argument("--quick", action="store_true", help="fewer steps (the test suite's run)")
+    ap.add_argument("--cpu-path", action="store_true",
+                    help="where no GPU is: run step 2's path (launcher.sh by hand, teardown) with 2 CPU ranks")
     args = ap.parse_args()
     if args.quick:
         args.steps = 20
+    if args.cpu_path:
+        with tempfile.TemporaryDirectory(prefix="kit-gpu-check-") as tmp:
+            ok, lines = run_trainer(2, args.steps, Path(tmp), cpu=True)
+        print("trainer path on CPU (2 ranks, gloo): " + ("ok" if ok else "FAILED"))
+        print("\n".join(lines))
+        return 0 if ok else 1
     gpus, driver = nvml_gpus()
     if not gpus:
         print(f"no GPU: NVML sees none here ({driver}); nothing to check")

@@ -75,6 +75,8 @@ def test_gpu_check_says_no_gpu_here_and_checks_the_exporter_on_the_test_library(
     from fake_gpus import FakeGpus
 
     assert "no GPU: NVML sees none here" in run_bench("gpu_check.py")
+    cpu = run_bench("gpu_check.py", "--cpu-path")  # step 2's machinery (launcher.sh by hand, teardown)
+    assert "trainer path on CPU (2 ranks, gloo): ok" in cpu and "processes left after the ranks ended: 0" in cpu
     gpus = FakeGpus(tmp_path / "state").fail(7, "nvmlDeviceGetTotalEccErrors").write()
     proc = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--exporter-only"], capture_output=True,
                           text=True, timeout=120, env={**os.environ, **gpus.env()})
