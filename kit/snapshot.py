@@ -105,6 +105,15 @@ def take(cwd: Path, code_dir: str | None = None, *, label: str = "--code") -> Sn
         commit = dirty = None
         source = "directory"
     entries = _entries(root, names, label)
+    try:
+        return _keep(root, entries, label, source, commit, dirty)
+    except OSError as e:  # the store's disk full or unwritable
+        raise KitError(f"cannot keep the code snapshot in {store()}: {e.strerror}", field=label, exit_code=1,
+                       hint="free space there (or set KIT_HOME), or --no-code-snapshot") from None
+
+
+def _keep(root: Path, entries, label: str, source: str, commit, dirty) -> Snapshot:
+    """The entries' contents into the store, and the manifest naming them."""
     objects = _store_dir("objects")
     memo = _Memo(store() / "stat-memo.json")
     total = 0
@@ -118,7 +127,9 @@ def take(cwd: Path, code_dir: str | None = None, *, label: str = "--code") -> Sn
             try:
                 digest = memo.get(root / rel, st) or _store_file(root / rel, objects, st, memo)
             except OSError as e:
-                raise KitError(f"cannot snapshot {root / rel}: {e.strerror}", field=label,
+                if e.filename and Path(e.filename).is_relative_to(store()):
+                    raise
+                raise KitError(f"cannot snapshot {root / rel}: {e.strerror}", field=label, exit_code=1,
                                hint="make it readable, ignore it in .gitignore, or --no-code-snapshot") from None
             executable = bool(st.st_mode & 0o111)
             manifest.append([rel, "x" if executable else "f", digest])

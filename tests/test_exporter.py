@@ -163,6 +163,13 @@ def test_a_job_serves_only_the_gpus_slurm_gave_it(gpus):
     assert sorted(s.labels["gpu"] for s in names["DCGM_FI_DEV_GPU_UTIL"]) == ["1", "3"]
     assert sorted(s.labels["gpu"] for s in names["gpu_compute_processes"]) == ["1", "3"]
     source.close()
+    # Where a device cgroup shows NVML only the job's GPUs, under numbers other than Slurm's
+    # indexes, they are served (not filtered away).
+    for minor in (2, 3, 4, 5, 6, 7):
+        del gpus.gpus[minor]
+    gpus.write()
+    names = by_name(GpuSource(events=False, minors={6, 7}).poll())
+    assert sorted(s.labels["gpu"] for s in names["DCGM_FI_DEV_GPU_UTIL"]) == ["0", "1"]
 
 
 def test_xid_events_are_counted_with_their_time(gpus):

@@ -140,3 +140,27 @@ def test_an_image_file_is_pinned_by_content(home, tmp_path):
     path2, digest2 = pin.pin(image)
     assert digest2 != digest and path2.read_bytes() == b"image two"
     assert pin.pin(path) == (path, digest)  # a pinned copy names itself (kit rerun)
+
+
+def test_a_full_store_is_one_line_and_nothing_is_written(tmp_path):
+    """The store's disk full (a small tmpfs, filled): kit launch says so in one line, exit 1."""
+    repo = make_repo(tmp_path / "repo")
+    full = tmp_path / "full"
+    full.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], check=True)
+    try:
+        (full / "home").mkdir()
+        fd = os.open(full / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+        os.close(fd)
+        proc = kit("launch", "--dry-run", "--output-dir", str(tmp_path / "jobs"), "--", "true", cwd=repo,
+                   env={"KIT_HOME": str(full / "home")})
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.startswith("kit: --code: cannot ") and "No space left on device" in proc.stderr
+        assert "Traceback" not in proc.stderr and not (tmp_path / "jobs").exists()
+    finally:
+        subprocess.run(["umount", str(full)], check=True)

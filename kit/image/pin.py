@@ -65,6 +65,6 @@ def _copy(fd: int, directory: Path) -> str:
     try:
         return files.keep_by_content(fd, directory, lambda digest: f"sha256-{digest}.sqsh")
     except OSError as e:
-        raise KitError(f"cannot keep a copy of the image in {directory}: {e.strerror}", field="--image",
+        raise KitError(f"cannot keep a copy of the image in {directory}: {e.strerror}", field="--image", exit_code=1,
                        hint="free space there (kit pins --image by content so a rebuild cannot change a "
                             "pending job)") from None

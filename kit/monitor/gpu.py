@@ -152,12 +152,15 @@ class GpuSource:
                 # Lost before it could be named: served by its index, as lost (no UUID to give).
                 minor = i
                 labels = {"gpu": str(i), "UUID": "", "pci_bus_id": "", "device": f"nvidia{i}", "modelName": ""}
-            if self.minors is not None and minor not in self.minors:
-                continue  # another job's GPU
             if self.hostname_label:
                 labels[self.hostname_label] = self.hostname
             devices.append(Device(h, labels))
-        self.devices = devices
+        mine = [d for d in devices if self.minors is None or int(d.labels["gpu"]) in self.minors]
+        if not mine and self.minors is not None and len(devices) == len(self.minors):
+            # A device cgroup already shows NVML the job's GPUs alone, numbered otherwise than
+            # Slurm's indexes: they are the job's.
+            mine = devices
+        self.devices = mine
         if self._events and self._event_thread is None:
             self._event_thread = threading.Thread(target=self._watch_xids, name="kit-xid", daemon=True)
             self._event_thread.start()
