@@ -38,7 +38,7 @@ def make_repo(root: Path, files: int, megabytes: int) -> None:
 
 
 def store_bytes(home: Path) -> int:
-    objects = home / "code" / "objects"
+    objects = home / "code" / "objects"  # KIT_HOME and the jobs share a file system here
     return sum(p.stat().st_size for p in objects.iterdir()) if objects.is_dir() else 0
 
 
@@ -60,7 +60,7 @@ def kit_job(repo: Path, jobs: Path, i: int) -> tuple[float, int, int]:
     home = Path(os.environ["KIT_HOME"])
     before = store_bytes(home)
     t0 = time.perf_counter()
-    snap = snapshot.take(repo)
+    snap = snapshot.take(repo, store=snapshot.store_for(jobs))
     view = jobs / f"kit-{i}" / "code"
     view.parent.mkdir(parents=True)
     snapshot.materialize(snap, view)

@@ -3,11 +3,13 @@
 At submission :func:`take` records the user's files: by default the git work tree
 the command runs from (tracked files and untracked ones git does not ignore, as
 they are on disk: uncommitted changes included, ignored files never), or every
-file under ``--code DIR``. Their contents go to a content-addressed store under
-``$KIT_HOME/code`` (``objects/<sha256>``, read-only), shared by every job: a file
-already there is never copied again, and a file whose inode, size and times are
-unchanged since the last snapshot is not even read again (a stat memo, as git's
-index). The snapshot's digest names its list of (path, mode, content).
+file under ``--code DIR``. Their contents go to a content-addressed store
+(``objects/<sha256>``, read-only), shared by every job: a file already there is never
+copied again, and a file whose inode, size and times are unchanged since the last
+snapshot is not even read again (a stat memo, as git's index). The store is
+``$KIT_HOME/code`` when it is on the job directories' file system, else
+``<output-dir>/.kit-code-<uid>`` (a view links into its store: across file systems it
+would have to copy). The snapshot's digest names its list of (path, mode, content).
 
 :func:`materialize` lays the snapshot out in the job directory (``code/``): every
 snapshotted file a hard link to its object (a copy across file systems), every
@@ -46,6 +48,7 @@ class Snapshot:
 
     digest: str              # sha256:<hex> of its manifest (paths, modes, contents)
     root: str                # the directory snapshotted (the work tree's top, or --code DIR)
+    store: str               # the store holding its contents and manifest
     source: str              # "git" or "directory"
     files: int
     bytes: int
@@ -57,18 +60,32 @@ class Snapshot:
         return asdict(self)
 
 
-def store() -> Path:
-    return kit_home() / "code"
+def store_for(output_dir: Path) -> Path:
+    """The store for jobs written under ``output_dir``: ``$KIT_HOME/code`` on the same file
+    system, else one beside the jobs."""
+    home = kit_home() / "code"
+    near = Path(output_dir) / f".kit-code-{os.geteuid()}"
+    try:
+        out = Path(output_dir)
+        while not out.exists():
+            out = out.parent
+        here = home if home.exists() else home.parent
+        while not here.exists():
+            here = here.parent
+        return home if os.stat(here).st_dev == os.stat(out).st_dev else near
+    except OSError:
+        return home
 
 
-def _store_dir(*parts: str) -> Path:
+def _store_dir(store: Path, *parts: str) -> Path:
     """A directory of the store, this user's own (created 0700; another's is refused)."""
-    path = store().joinpath(*parts)
+    path = store.joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise KitError(f"{path} is not a directory of this user's own", field="--code",
-                       hint="set KIT_HOME to a directory of your own")
+    for d in (store, path):
+        st = os.lstat(d)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise KitError(f"{d} is not a directory of this user's own: its contents would decide what jobs run",
+                           field="--code", hint="remove it, or give another --output-dir (or KIT_HOME)")
     return path
 
 
@@ -78,9 +95,10 @@ def limit() -> int:
 
 
 # ---------------------------------------------------------------- taking
-def take(cwd: Path, code_dir: str | None = None, *, label: str = "--code") -> Snapshot | None:
+def take(cwd: Path, code_dir: str | None = None, *, store: Path, label: str = "--code") -> Snapshot | None:
     """Snapshot ``code_dir`` (given: any directory containing ``cwd``), else ``cwd``'s git work
-    tree; None when ``cwd`` is in none (the job then runs its files as they are at each start)."""
+    tree, into ``store`` (:func:`store_for`); None when ``cwd`` is in none (the job then runs
+    its files as they are at each start)."""
     cwd = Path(cwd).resolve()
     if code_dir is not None:
         root = Path(code_dir).expanduser()
@@ -106,16 +124,16 @@ def take(cwd: Path, code_dir: str | None = None, *, label: str = "--code") -> Sn
         source = "directory"
     entries = _entries(root, names, label)
     try:
-        return _keep(root, entries, label, source, commit, dirty)
+        return _keep(store, root, entries, label, source, commit, dirty)
     except OSError as e:  # the store's disk full or unwritable
-        raise KitError(f"cannot keep the code snapshot in {store()}: {e.strerror}", field=label, exit_code=1,
+        raise KitError(f"cannot keep the code snapshot in {store}: {e.strerror}", field=label, exit_code=1,
                        hint="free space there (or set KIT_HOME), or --no-code-snapshot") from None
 
 
-def _keep(root: Path, entries, label: str, source: str, commit, dirty) -> Snapshot:
+def _keep(store: Path, root: Path, entries, label: str, source: str, commit, dirty) -> Snapshot:
     """The entries' contents into the store, and the manifest naming them."""
-    objects = _store_dir("objects")
-    memo = _Memo(store() / "stat-memo.json")
+    objects = _store_dir(store, "objects")
+    memo = _Memo(store / "stat-memo.json", objects)
     total = 0
     manifest = []
     for rel, st, target in entries:
@@ -127,8 +145,9 @@ def _keep(root: Path, entries, label: str, source: str, commit, dirty) -> Snapsh
             try:
                 digest = memo.get(root / rel, st) or _store_file(root / rel, objects, st, memo)
             except OSError as e:
-                if e.filename and Path(e.filename).is_relative_to(store()):
-                    raise
+                if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) or (
+                        e.filename and Path(e.filename).is_relative_to(store)):
+                    raise  # the store's problem, not the file's
                 raise KitError(f"cannot snapshot {root / rel}: {e.strerror}", field=label, exit_code=1,
                                hint="make it readable, ignore it in .gitignore, or --no-code-snapshot") from None
             executable = bool(st.st_mode & 0o111)
@@ -137,11 +156,11 @@ def _keep(root: Path, entries, label: str, source: str, commit, dirty) -> Snapsh
     memo.save()
     text = json.dumps(manifest, separators=(",", ":"), ensure_ascii=False)
     digest = "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
-    manifests = _store_dir("manifests")
+    manifests = _store_dir(store, "manifests")
     path = manifests / (digest.split(":")[1] + ".json")
     if not path.exists():
         files.write_atomic(path, text.encode("utf-8", "surrogateescape"), 0o600)
-    return Snapshot(digest, str(root), source, len(manifest), total, commit, dirty)
+    return Snapshot(digest, str(root), str(store), source, len(manifest), total, commit, dirty)
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -244,8 +263,9 @@ class _Memo:
 
     RACY = 2.0  # a file changed this recently may change again within its time stamp: not memoized
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, objects: Path):
         self.path = path
+        self.objects = objects
         self.changed = False
         try:
             data = files.read_json(path)
@@ -261,7 +281,7 @@ class _Memo:
         entry = self.data.get(str(path))
         if not isinstance(entry, list) or len(entry) != 6 or entry[:5] != self._key(st) or not isinstance(entry[5], str):
             return None
-        name = store() / "objects" / (entry[5] + (".x" if st.st_mode & 0o111 else ""))
+        name = self.objects / (entry[5] + (".x" if st.st_mode & 0o111 else ""))
         return entry[5] if name.exists() else None
 
     def put(self, path: Path, st: os.stat_result, digest: str) -> None:
@@ -282,17 +302,17 @@ def load(record: dict) -> Snapshot:
         snap = Snapshot(**record)
     except TypeError:
         raise KitError("the job's snapshot record is damaged", field="JOB") from None
-    if not _manifest_path(snap.digest).is_file():
-        raise KitError(f"the job's code snapshot {snap.digest} is no longer in {store()}", field="JOB",
+    if not _manifest_path(snap).is_file():
+        raise KitError(f"the job's code snapshot {snap.digest} is no longer in {snap.store}", field="JOB",
                        hint="--edit code_snapshot=false runs the code as it is now")
     return snap
 
 
-def _manifest_path(digest: str) -> Path:
-    hexdigest = digest.partition(":")[2]
+def _manifest_path(snap: Snapshot) -> Path:
+    hexdigest = snap.digest.partition(":")[2]
     if not hexdigest or not all(c in "0123456789abcdef" for c in hexdigest):
-        raise KitError(f"not a snapshot digest: {digest!r}", field="JOB")
-    return store() / "manifests" / (hexdigest + ".json")
+        raise KitError(f"not a snapshot digest: {snap.digest!r}", field="JOB")
+    return Path(snap.store) / "manifests" / (hexdigest + ".json")
 
 
 def workdir(snap: Snapshot, view: Path, cwd: Path) -> Path:
@@ -303,8 +323,8 @@ def workdir(snap: Snapshot, view: Path, cwd: Path) -> Path:
 
 def materialize(snap: Snapshot, view: Path) -> None:
     """Lay ``snap`` out at ``view`` (see the module's text)."""
-    manifest = json.loads(files.read_bytes(_manifest_path(snap.digest), 1 << 30).decode("utf-8", "surrogateescape"))
-    objects, root = store() / "objects", Path(snap.root)
+    manifest = json.loads(files.read_bytes(_manifest_path(snap), 1 << 30).decode("utf-8", "surrogateescape"))
+    objects, root = Path(snap.store) / "objects", Path(snap.root)
     view.mkdir(mode=0o755)
     dirs = {Path(".")}
     for rel, kind, value in manifest:

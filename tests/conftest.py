@@ -36,7 +36,7 @@ def debian_base() -> Path:
     return base
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def kit_home(tmp_path_factory) -> Path:
     """A KIT_HOME of the session's own; the caller's is restored after the session."""
     home = tmp_path_factory.mktemp("kit-home")
@@ -80,3 +80,21 @@ def target(cluster) -> slurm.Target:
     return cluster.target
 
 
+@pytest.fixture
+def full_disk(tmp_path):
+    """A small tmpfs, filled up (``targets/``, made before, is an empty directory on it)."""
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
+    try:
+        (mnt / "targets").mkdir()
+        fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+        os.close(fd)
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)

@@ -128,26 +128,6 @@ def test_processes_that_leave_the_group_do_not_survive_the_job(cluster, tmp_path
                 os.kill(pid, 9)
 
 
-@pytest.fixture
-def full_disk(tmp_path):
-    """A small tmpfs, filled up."""
-    mnt = tmp_path / "full"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
-    try:
-        (mnt / "targets").mkdir()
-        fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)
-        try:
-            while os.write(fd, b"\0" * 4096):
-                pass
-        except OSError:
-            pass
-        os.close(fd)
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
-
-
 def _exporter(args: list[str], stderr) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "kit.monitor", "--no-gpu", "--bind", "127.0.0.1", *args],
                             stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ, "SLURM_JOB_ID": "77"})
@@ -240,7 +220,7 @@ def _one_clear_line(proc, code: int, first: str) -> None:
 
 def test_unwritable_output_directories_are_one_line(tmp_path, full_disk, ro_dir):
     for where, why in ((full_disk, "No space left on device"), (ro_dir, "Read-only file system")):
-        proc = kit("launch", "--dry-run", "--output-dir", str(where), "--", "echo")
+        proc = kit("launch", "--dry-run", "--output-dir", str(where), "--", "echo", cwd=tmp_path)
         _one_clear_line(proc, 1, f"kit: --output-dir: cannot write the job directory {where}/kit-")
         assert proc.stderr.splitlines()[0].endswith(why)
         assert [p.name for p in where.iterdir()] in (["targets", "filler"], ["filler", "targets"], [])
@@ -287,7 +267,7 @@ def test_a_disk_that_fills_after_sbatch_still_names_the_submitted_job(cluster, t
             f'dd if=/dev/zero of={small}/filler bs=4k 2>/dev/null\n'
             'printf "%s\\n" "$out"\n')
         (bindir / "sbatch").chmod(0o755)
-        proc = kit("launch", "--local", "--output-dir", str(small), "--", "sleep", "600",
+        proc = kit("launch", "--local", "--output-dir", str(small), "--", "sleep", "600", cwd=tmp_path,
                    env={"PATH": f"{bindir}:{os.environ['PATH']}"})
         m = re.search(r"^kit: job (\d+) was submitted and runs, but its record in \S+ could not be written: "
                       r"No space left on device$", proc.stderr, re.M)

@@ -49,13 +49,13 @@ def objects(home: Path) -> set[str]:
 
 def test_a_snapshot_holds_tracked_and_unignored_files_as_they_are(home, tmp_path):
     repo = make_repo(tmp_path / "repo")
-    clean = snapshot.take(repo / "src")
+    clean = snapshot.take(repo / "src", store=home / "code")
     assert (clean.root, clean.source, clean.commit, clean.dirty) == (str(repo), "git", git(repo, "rev-parse", "HEAD"),
                                                                      False)
     assert clean.files == 4  # .gitignore, link.py, run.sh, src/train.py: never data/ or *.log
     (repo / "src" / "train.py").write_text("print('edited')\n")
     (repo / "src" / "new.py").write_text("x = 1\n")  # untracked, not ignored
-    dirty = snapshot.take(repo / "src")
+    dirty = snapshot.take(repo / "src", store=home / "code")
     assert dirty.dirty is True and dirty.files == 5 and dirty.digest != clean.digest
 
     view = tmp_path / "job" / "code"
@@ -79,12 +79,12 @@ def test_unchanged_content_is_never_copied_again(home, tmp_path):
     """The store keeps one read-only copy per content; a second snapshot of an unchanged tree
     adds nothing, and a view links to the store instead of copying."""
     repo = make_repo(tmp_path / "repo")
-    first = snapshot.take(repo)
+    first = snapshot.take(repo, store=home / "code")
     before = objects(home)
-    second = snapshot.take(repo)
+    second = snapshot.take(repo, store=home / "code")
     assert second.digest == first.digest and objects(home) == before
     (repo / "src" / "train.py").write_text("print('two')\n")
-    third = snapshot.take(repo)
+    third = snapshot.take(repo, store=home / "code")
     assert len(objects(home) - before) == 1 and third.digest != first.digest  # only the changed file
     view = tmp_path / "v"
     snapshot.materialize(third, view)
@@ -99,7 +99,7 @@ def test_a_snapshot_over_the_limit_is_refused_naming_the_largest_files(home, tmp
     (repo / "src" / "table.csv").write_bytes(b"t" * 3000)
     monkeypatch.setenv("KIT_CODE_LIMIT", "4096")
     with pytest.raises(KitError) as e:
-        snapshot.take(repo)
+        snapshot.take(repo, store=home / "code")
     assert "weights.pt (4.9 KiB), src/table.csv (2.9 KiB)" in str(e.value) and "over its limit" in str(e.value)
     assert e.value.field == "--code" and ".gitignore" in e.value.hint
     proc = kit("launch", "--dry-run", "--output-dir", str(tmp_path / "jobs"), "--", "true", cwd=repo,
@@ -120,11 +120,11 @@ def test_code_dir_outside_a_git_tree_and_the_launch_directory(home, tmp_path):
     (code / "sub" / "a.py").write_text("a\n")
     (code / "__pycache__").mkdir()
     (code / "__pycache__" / "a.pyc").write_bytes(b"\0")
-    snap = snapshot.take(code / "sub", str(code))
+    snap = snapshot.take(code / "sub", str(code), store=home / "code")
     assert (snap.source, snap.files, snap.commit, snap.dirty) == ("directory", 1, None, None)
     with pytest.raises(KitError, match="outside"):
-        snapshot.take(tmp_path, str(code))
-    assert snapshot.take(tmp_path) is None  # no git work tree, no --code: nothing to snapshot
+        snapshot.take(tmp_path, str(code), store=home / "code")
+    assert snapshot.take(tmp_path, store=home / "code") is None  # no git work tree, no --code: nothing to snapshot
     proc = kit("launch", "--dry-run", "--code", str(code), "--no-code-snapshot", "--", "true", cwd=code,
                env={"KIT_HOME": str(home)})
     assert proc.returncode == 2 and "contradict" in proc.stderr
@@ -142,25 +142,27 @@ def test_an_image_file_is_pinned_by_content(home, tmp_path):
     assert pin.pin(path) == (path, digest)  # a pinned copy names itself (kit rerun)
 
 
-def test_a_full_store_is_one_line_and_nothing_is_written(tmp_path):
-    """The store's disk full (a small tmpfs, filled): kit launch says so in one line, exit 1."""
+def test_a_full_store_is_one_line_and_nothing_is_written(tmp_path, full_disk):
+    """The store's disk full: kit launch says so in one line, exit 1, nothing written."""
     repo = make_repo(tmp_path / "repo")
-    full = tmp_path / "full"
-    full.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], check=True)
-    try:
-        (full / "home").mkdir()
-        fd = os.open(full / "filler", os.O_WRONLY | os.O_CREAT)
-        try:
-            while os.write(fd, b"\0" * 4096):
-                pass
-        except OSError:
-            pass
-        os.close(fd)
-        proc = kit("launch", "--dry-run", "--output-dir", str(tmp_path / "jobs"), "--", "true", cwd=repo,
-                   env={"KIT_HOME": str(full / "home")})
-        assert proc.returncode == 1, proc.stderr
-        assert proc.stderr.startswith("kit: --code: cannot ") and "No space left on device" in proc.stderr
-        assert "Traceback" not in proc.stderr and not (tmp_path / "jobs").exists()
-    finally:
-        subprocess.run(["umount", str(full)], check=True)
+    jobs = full_disk / "targets" / "jobs"
+    proc = kit("launch", "--dry-run", "--output-dir", str(jobs), "--", "true", cwd=repo,
+               env={"KIT_HOME": str(full_disk / "targets")})
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("kit: --code: cannot ") and "No space left on device" in proc.stderr
+    assert "Traceback" not in proc.stderr and not any(p.name.startswith("kit-") for p in jobs.glob("*"))
+
+
+def test_the_store_is_on_the_job_directories_file_system(tmp_path, full_disk, monkeypatch):
+    """A view hard-links into its store: $KIT_HOME/code when it shares the jobs' file system,
+    else a store of the user's own beside the jobs (no copy per job across file systems)."""
+    monkeypatch.setenv("KIT_HOME", str(tmp_path / "home"))
+    assert snapshot.store_for(tmp_path / "jobs" / "deeper") == tmp_path / "home" / "code"
+    monkeypatch.setenv("KIT_HOME", str(full_disk / "targets"))  # another file system (a tmpfs)
+    assert snapshot.store_for(tmp_path / "jobs") == tmp_path / "jobs" / f".kit-code-{os.geteuid()}"
+    repo = make_repo(tmp_path / "repo")
+    planted = tmp_path / "jobs" / f".kit-code-{os.geteuid()}"
+    planted.mkdir(parents=True, mode=0o777)
+    planted.chmod(0o777)  # anyone could swap its objects: refused
+    with pytest.raises(KitError, match="not a directory of this user's own"):
+        snapshot.take(repo, store=planted)

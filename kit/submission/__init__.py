@@ -87,14 +87,17 @@ def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[st
         from kit.image import info, runtime
 
         image = Path(s.image)
+        shown = job.image_source or s.image  # the file the user named (the job runs its pinned copy)
         try:
             found = info.image_has(image, ["bin/bash", "usr/bin/bash", "usr/bin/tee", "bin/tee", "opt/kit/VERSION"])
         except KitError as e:
             e.field = "--image"
+            e.message = e.message.replace(str(image), shown)
+            e.args = (e.message,)
             raise
         missing = [tool for tool in ("bash", "tee") if not found & {f"bin/{tool}", f"usr/bin/{tool}"}]
         if missing:
-            raise KitError(f"{image} has no {' or '.join(missing)}, which launcher.sh needs inside the container",
+            raise KitError(f"{shown} has no {' or '.join(missing)}, which launcher.sh needs inside the container",
                            field="--image", hint="add them to the image (e.g. a recipe step: run = \"apt-get "
                                                  "install -y bash coreutils\")")
         if "opt/kit/VERSION" not in found:
@@ -194,7 +197,7 @@ def plan(spec, origins=None, *, target: slurm.Target | None = None, target_note:
     origins = origins or specs.Origins()
     job = resolve(spec, origins, cwd=cwd)
     said = [f"warning: {w}" for w in job.warnings]
-    job = pin_code_and_image(job, origins, rerun or Rerun(), said.append)
+    job = pin_code_and_image(job, origins, rerun or Rerun())
     deps = resolve_after(job, origins.label("after"))
     if target is not None:
         if target_note:
@@ -227,16 +230,15 @@ class Rerun:
     image_source: str | None = None
 
 
-def pin_code_and_image(job: ResolvedJob, origins, rerun: Rerun, note) -> ResolvedJob:
-    """``job`` with the code it runs (a snapshot) and its image file (a copy by content) fixed
-    now, so that a pending or requeued job runs what was submitted."""
+def pin_code_and_image(job: ResolvedJob, origins, rerun: Rerun) -> ResolvedJob:
+    """``job`` with the code it runs (a snapshot; none outside a git work tree without --code,
+    as the README says) and its image file (a copy by content) fixed now, so that a pending
+    or requeued job runs what was submitted."""
     s = job.spec
     snapshot = rerun.snapshot
     if s.code_snapshot and snapshot is None:
-        snapshot = snapshots.take(Path(job.workdir), s.code, label=origins.label("code"))
-        if snapshot is None:
-            note(f"note: {job.workdir} is in no git work tree: each run runs the files there as they are when it "
-                 "starts (--code DIR snapshots a directory)")
+        snapshot = snapshots.take(Path(job.workdir), s.code, store=snapshots.store_for(Path(s.output_dir)),
+                                  label=origins.label("code"))
     changes: dict = {"snapshot": snapshot if s.code_snapshot else None}
     if s.image and "://" not in s.image:
         from kit.image import pin
