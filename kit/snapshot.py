@@ -95,10 +95,12 @@ def limit() -> int:
 
 
 # ---------------------------------------------------------------- taking
-def take(cwd: Path, code_dir: str | None = None, *, store: Path, label: str = "--code") -> Snapshot | None:
+def take(cwd: Path, code_dir: str | None = None, *, store: Path, label: str = "--code",
+         exclude: tuple[Path, ...] = ()) -> Snapshot | None:
     """Snapshot ``code_dir`` (given: any directory containing ``cwd``), else ``cwd``'s git work
-    tree, into ``store`` (:func:`store_for`); None when ``cwd`` is in none (the job then runs
-    its files as they are at each start)."""
+    tree, into ``store`` (:func:`store_for`), leaving out what lies under ``exclude`` (the jobs'
+    output directory, the store: a job never snapshots earlier jobs); None when ``cwd`` is in
+    none (the job then runs its files as they are at each start)."""
     cwd = Path(cwd).resolve()
     if code_dir is not None:
         root = Path(code_dir).expanduser()
@@ -113,15 +115,18 @@ def take(cwd: Path, code_dir: str | None = None, *, store: Path, label: str = "-
         root = _git_top(cwd)
         if root is None:
             return None
+    skip = [str(Path(p).resolve().relative_to(root)) for p in (*exclude, store)
+            if _inside(Path(p).resolve(), root) and Path(p).resolve() != root]
     top = _git_top(root)
     if top is not None:
         names = _git_files(root)
-        commit, dirty = _git_state(root)
+        commit, dirty = _git_state(root, skip)
         source = "git"
     else:
         names = _walk(root)
         commit = dirty = None
         source = "directory"
+    names = [n for n in names if not any(n == d or n.startswith(d + "/") for d in skip)]
     entries = _entries(root, names, label)
     try:
         return _keep(store, root, entries, label, source, commit, dirty)
@@ -190,10 +195,12 @@ def _git_files(root: Path) -> list[str]:
     return sorted({os.fsdecode(n) for n in proc.stdout.split(b"\0") if n})
 
 
-def _git_state(root: Path) -> tuple[str | None, bool]:
+def _git_state(root: Path, skip: list[str]) -> tuple[str | None, bool]:
+    """(HEAD, whether the tree differs from it), what ``skip`` names left out."""
     head = _git(["rev-parse", "--verify", "-q", "HEAD"], root)
     commit = head.stdout.decode().strip() or None if head.returncode == 0 else None
-    status = _git(["status", "--porcelain", "-z", "--untracked-files=normal", "--", "."], root)
+    status = _git(["status", "--porcelain", "-z", "--untracked-files=normal", "--", ".",
+                   *(f":(exclude){d}" for d in skip)], root)
     return commit, bool(status.stdout.strip(b"\0"))
 
 

@@ -166,3 +166,17 @@ def test_the_store_is_on_the_job_directories_file_system(tmp_path, full_disk, mo
     planted.chmod(0o777)  # anyone could swap its objects: refused
     with pytest.raises(KitError, match="not a directory of this user's own"):
         snapshot.take(repo, store=planted)
+
+
+def test_a_job_never_snapshots_earlier_jobs(home, tmp_path):
+    """The default output directory, ./kit-jobs, inside a work tree that does not ignore it: the
+    jobs (and a store beside them) stay out of every later snapshot."""
+    repo = make_repo(tmp_path / "repo")
+    specs = []
+    for _ in range(2):
+        proc = kit("launch", "--dry-run", "--", "true", cwd=repo, env={"KIT_HOME": str(home)})
+        assert proc.returncode == 0, proc.stderr
+        job_dir = Path(proc.stdout.split("job dir: ")[1].strip())
+        specs.append(json.loads((job_dir / "job.json").read_text())["snapshot"])
+    assert job_dir.parent == repo / "kit-jobs" and specs[0]["digest"] == specs[1]["digest"]
+    assert specs[1]["files"] == 4 and specs[1]["dirty"] is False  # the jobs are not a change to the tree

@@ -238,7 +238,7 @@ def pin_code_and_image(job: ResolvedJob, origins, rerun: Rerun) -> ResolvedJob:
     snapshot = rerun.snapshot
     if s.code_snapshot and snapshot is None:
         snapshot = snapshots.take(Path(job.workdir), s.code, store=snapshots.store_for(Path(s.output_dir)),
-                                  label=origins.label("code"))
+                                  label=origins.label("code"), exclude=(Path(s.output_dir),))
     changes: dict = {"snapshot": snapshot if s.code_snapshot else None}
     if s.image and "://" not in s.image:
         from kit.image import pin
