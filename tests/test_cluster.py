@@ -42,7 +42,8 @@ def test_up_status_env_down(home, cluster):
 
     other = kit("cluster", "up", "--nodes", "3", env=env)
     assert other.returncode == 2
-    assert other.stderr.splitlines()[0] == "kit: cluster: already running with 2 node(s), 2 CPUs and 0 GPUs per node"
+    assert other.stderr.splitlines()[0] == ("kit: cluster: already running with 2 node(s), 2 CPUs and 0 GPUs per node, "
+                                            "sharing this machine's network")
 
     status = kit("cluster", "status", env=env)
     assert status.returncode == 0

@@ -228,10 +228,12 @@ def test_reference_trainer_requeued_resumes_and_completes(cluster, tmp_path):
     resumed = int(re.search(r"resuming from .*last.ckpt at step (\d+)", second).group(1))
     assert resumed >= 40
     # The step run 0 recorded is the newest save rank 0 reported done; the resume
-    # reads last.ckpt. Equal in every local run; once in CI the record was one
-    # save (20 steps) ahead of the file (unexplained so far, see issue 8's notes).
+    # reads last.ckpt. A save is reported at the next batch's start, once the file is
+    # written (kit.train.metrics.ProgressCallback): a stop between the two leaves the
+    # record one save (20 steps) behind the file, the safe side (seen in a full run);
+    # once in CI it was one save ahead (unexplained, see issue 8's notes).
     recorded = runs(w.job_dir)[0]["checkpoint_step"]
-    assert resumed <= recorded <= resumed + 20, (recorded, resumed, read_logs(w.job_dir)[-3000:])
+    assert resumed - 20 <= recorded <= resumed + 20, (recorded, resumed, read_logs(w.job_dir)[-3000:])
 
 
 def test_wait_is_not_fooled_by_strings_and_site_export_none(cluster, tmp_path):
