@@ -26,6 +26,7 @@ import json
 import os
 import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import IO, Iterator
 
@@ -219,3 +220,52 @@ def keep_by_content(src_fd: int, directory: str | os.PathLike, name, mode: int =
         with contextlib.suppress(OSError):
             os.unlink(tmp)
     return digest
+
+
+def own_directory(path: str | os.PathLike) -> bool:
+    """Make ``path`` (0700, parents as needed) and say whether it is a directory of this
+    user's own that no one else can write: what it holds may decide what runs."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = os.lstat(path)
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+class StatMemo:
+    """A JSON file mapping a path to a value (a digest) computed from the file's content,
+    kept while the file's device, inode, size, mtime and ctime stay the same (as git's
+    index). A file changed within ``RACY`` seconds may change again within its time stamp:
+    not memoized."""
+
+    RACY = 2.0
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.changed = False
+        try:
+            data = read_json(self.path)
+            self.data = data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            self.data = {}
+
+    @staticmethod
+    def _key(st: os.stat_result) -> list:
+        return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+    def get(self, path: str | os.PathLike, st: os.stat_result) -> str | None:
+        entry = self.data.get(str(path))
+        if not isinstance(entry, list) or len(entry) != 6 or entry[:5] != self._key(st) or not isinstance(entry[5], str):
+            return None
+        return entry[5]
+
+    def put(self, path: str | os.PathLike, st: os.stat_result, value: str) -> None:
+        now = time.time()
+        if now - st.st_mtime_ns / 1e9 > self.RACY and now - st.st_ctime_ns / 1e9 > self.RACY:
+            self.data[str(path)] = [*self._key(st), value]
+            self.changed = True
+
+    def save(self) -> None:
+        """Written when something was put (a memo that cannot be written is only slower)."""
+        if self.changed:
+            with contextlib.suppress(OSError):
+                write_atomic(self.path, json.dumps(self.data, separators=(",", ":")), 0o600)

@@ -21,14 +21,12 @@ Every run of the job, requeues included, runs in that view.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import json
 import os
 import stat
 import subprocess
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -80,10 +78,8 @@ def store_for(output_dir: Path) -> Path:
 def _store_dir(store: Path, *parts: str) -> Path:
     """A directory of the store, this user's own (created 0700; another's is refused)."""
     path = store.joinpath(*parts)
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
     for d in (store, path):
-        st = os.lstat(d)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        if not files.own_directory(d):
             raise KitError(f"{d} is not a directory of this user's own: its contents would decide what jobs run",
                            field="--code", hint="remove it, or give another --output-dir (or KIT_HOME)")
     return path
@@ -138,7 +134,7 @@ def take(cwd: Path, code_dir: str | None = None, *, store: Path, label: str = "-
 def _keep(store: Path, root: Path, entries, label: str, source: str, commit, dirty) -> Snapshot:
     """The entries' contents into the store, and the manifest naming them."""
     objects = _store_dir(store, "objects")
-    memo = _Memo(store / "stat-memo.json", objects)
+    memo = files.StatMemo(store / "stat-memo.json")
     total = 0
     manifest = []
     for rel, st, target in entries:
@@ -148,7 +144,10 @@ def _keep(store: Path, root: Path, entries, label: str, source: str, commit, dir
             manifest.append([rel, "d", ""])  # a submodule: linked, live
         else:
             try:
-                digest = memo.get(root / rel, st) or _store_file(root / rel, objects, st, memo)
+                known = memo.get(root / rel, st)
+                if known and not (objects / _object_name(known, st)).exists():
+                    known = None  # the store lost it
+                digest = known or _store_file(root / rel, objects, st, memo)
             except OSError as e:
                 if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) or (
                         e.filename and Path(e.filename).is_relative_to(store)):
@@ -255,51 +254,18 @@ def _mib(n: int) -> str:
     return f"{n} B"
 
 
-def _store_file(path: Path, objects: Path, st: os.stat_result, memo: _Memo) -> str:
+def _object_name(digest: str, st: os.stat_result) -> str:
+    """An object's name: its sha256, ``.x`` for an executable's (the mode travels with it)."""
+    return digest + (".x" if st.st_mode & 0o111 else "")
+
+
+def _store_file(path: Path, objects: Path, st: os.stat_result, memo: files.StatMemo) -> str:
     """Hash ``path`` into the store (written once per content); its sha256."""
-    executable = bool(st.st_mode & 0o111)
     with files.open_regular(path) as (fd, _):
-        digest = files.keep_by_content(fd, objects, lambda d: d + (".x" if executable else ""),
-                                       0o555 if executable else 0o444)
+        digest = files.keep_by_content(fd, objects, lambda d: _object_name(d, st),
+                                       0o555 if st.st_mode & 0o111 else 0o444)
     memo.put(path, st, digest)
     return digest
-
-
-class _Memo:
-    """path -> (device, inode, size, mtime, ctime, sha256) of files hashed before."""
-
-    RACY = 2.0  # a file changed this recently may change again within its time stamp: not memoized
-
-    def __init__(self, path: Path, objects: Path):
-        self.path = path
-        self.objects = objects
-        self.changed = False
-        try:
-            data = files.read_json(path)
-            self.data = data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            self.data = {}
-
-    @staticmethod
-    def _key(st: os.stat_result) -> list:
-        return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-
-    def get(self, path: Path, st: os.stat_result) -> str | None:
-        entry = self.data.get(str(path))
-        if not isinstance(entry, list) or len(entry) != 6 or entry[:5] != self._key(st) or not isinstance(entry[5], str):
-            return None
-        name = self.objects / (entry[5] + (".x" if st.st_mode & 0o111 else ""))
-        return entry[5] if name.exists() else None
-
-    def put(self, path: Path, st: os.stat_result, digest: str) -> None:
-        if time.time() - st.st_mtime_ns / 1e9 > self.RACY and time.time() - st.st_ctime_ns / 1e9 > self.RACY:
-            self.data[str(path)] = [*self._key(st), digest]
-            self.changed = True
-
-    def save(self) -> None:
-        if self.changed:
-            with contextlib.suppress(OSError):
-                files.write_atomic(self.path, json.dumps(self.data, separators=(",", ":")), 0o600)
 
 
 # ---------------------------------------------------------------- using
