@@ -202,9 +202,10 @@ def lines(path: str | os.PathLike, longest: int = 1 << 20) -> Iterator[str | Non
             yield part.decode("utf-8", errors="replace")
 
 
-def keep_by_content(src_fd: int, directory: str | os.PathLike, name, mode: int = 0o444) -> str:
+def keep_by_content(src_fd: int, directory: str | os.PathLike, name, mode: int = 0o444, keep=None) -> str:
     """Copy the open file ``src_fd`` into ``directory`` as ``name(sha256 hex)`` (mode ``mode``),
-    kept once: a copy already there under that name stays, never replaced. The sha256."""
+    kept once: a copy already there under that name stays, unless ``keep(path, hex)`` says it
+    does not hold that content (then it is replaced). The sha256."""
     h = hashlib.sha256()
     fd, tmp = tempfile.mkstemp(prefix=".new-", dir=directory)  # O_EXCL|O_NOFOLLOW, 0600
     try:
@@ -214,8 +215,12 @@ def keep_by_content(src_fd: int, directory: str | os.PathLike, name, mode: int =
                 out.write(chunk)
         digest = h.hexdigest()
         os.chmod(tmp, mode)
-        with contextlib.suppress(FileExistsError):
-            os.link(tmp, Path(directory) / name(digest))
+        final = Path(directory) / name(digest)
+        try:
+            os.link(tmp, final)
+        except FileExistsError:
+            if keep is not None and not keep(final, digest):
+                os.replace(tmp, final)
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -225,10 +230,63 @@ def keep_by_content(src_fd: int, directory: str | os.PathLike, name, mode: int =
 def own_directory(path: str | os.PathLike) -> bool:
     """Make ``path`` (0700, parents as needed) and say whether it is a directory of this
     user's own that no one else can write: what it holds may decide what runs."""
+    try:
+        with owned(path):
+            return True
+    except NotOwned:
+        return False
+
+
+class NotOwned(OSError):
+    """A directory that is not this user's own, or that others can write."""
+
+
+@contextlib.contextmanager
+def owned(path: str | os.PathLike, create: bool = True) -> Iterator[Path]:
+    """``path`` opened as a directory of this user's own that no one else can write
+    (made 0700, parents as needed, when ``create``), as a ``/proc/self/fd/N`` path to
+    the directory that was checked: every name below it resolves inside that
+    directory, whatever later replaces ``path`` itself (a store swapped by a user who
+    can write its parent). :class:`NotOwned` (an ``OSError``) otherwise."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    st = os.lstat(path)
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+    if create:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise NotOwned(e.errno, "not a directory (a symlink is not followed)", str(path)) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise NotOwned(errno.EPERM, "not a directory of this user's own that only its owner can write",
+                           str(path))
+        yield Path(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
+
+
+def verify(path: str | os.PathLike, hexdigest: str, memo: "StatMemo | None" = None, key: str | None = None) -> bool:
+    """Whether the regular file ``path`` (never through a symlink) holds content whose sha256
+    is ``hexdigest``: read and hashed, unless ``memo`` saw this very file (inode, size, times)
+    verified before. A file changed in place (written, truncated, chmod) or replaced has a
+    new ctime or inode: it is read again. ``key`` names the file in the memo (default: ``path``)."""
+    key = key or str(path)
+    try:
+        with open_regular(path) as (fd, st):
+            if memo is not None and memo.get(key, st) == hexdigest:
+                return True
+            h = hashlib.sha256()
+            while chunk := os.read(fd, 4 << 20):
+                h.update(chunk)
+    except OSError:
+        return False
+    if h.hexdigest() != hexdigest:
+        return False
+    if memo is not None:
+        memo.put(key, st, hexdigest)
+    return True
 
 
 class StatMemo:

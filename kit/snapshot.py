@@ -12,15 +12,25 @@ snapshot is not even read again (a stat memo, as git's index). The store is
 would have to copy). The snapshot's digest names its list of (path, mode, content).
 
 :func:`materialize` lays the snapshot out in the job directory (``code/``): every
-snapshotted file a hard link to its object (a copy across file systems), every
-directory a real one, and every other entry of the work tree's directories
-(ignored files, data directories, ``outputs/``) a symlink to where it lives, so
-that paths relative to the submission directory reach what they reached before.
-Every run of the job, requeues included, runs in that view.
+snapshotted file a copy of its object, checked against its name as it is copied
+(a job that writes into its code changes its own copy, never the store nor another
+job), every directory a real one, and every other entry of the work tree's
+directories (ignored files, data directories, ``outputs/``) a symlink to where it
+lives, so that paths relative to the submission directory reach what they reached
+before. ``code.list`` records what the view holds; at each run's start prelaunch puts
+back from the store whatever a run changed (``kit::restore_code``), so every run of
+the job, requeues included, runs the submitted content.
+
+The store is trusted only as its owner's: it, ``objects/`` and ``manifests/`` must be
+directories of this user's own that no one else can write (opened once and used
+through that descriptor, so a store swapped in a shared output directory is never
+read), a manifest must hash to its name and its paths stay inside the view, and an
+object must hash to its name before it is copied.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -75,14 +85,29 @@ def store_for(output_dir: Path) -> Path:
         return home
 
 
-def _store_dir(store: Path, *parts: str) -> Path:
-    """A directory of the store, this user's own (created 0700; another's is refused)."""
-    path = store.joinpath(*parts)
-    for d in (store, path):
-        if not files.own_directory(d):
-            raise KitError(f"{d} is not a directory of this user's own: its contents would decide what jobs run",
-                           field="--code", hint="remove it, or give another --output-dir (or KIT_HOME)")
-    return path
+@contextlib.contextmanager
+def _opened(store: Path, *, create: bool, field: str = "--code"):
+    """The store and its ``objects/`` and ``manifests/``, each checked as this user's own and
+    opened (see :func:`kit.files.owned`): (store, objects, manifests) as paths through the
+    descriptors."""
+    d = Path(store)
+    try:
+        with contextlib.ExitStack() as stack:
+            top = stack.enter_context(files.owned(d, create))
+            d = d / "objects"
+            objects = stack.enter_context(files.owned(top / "objects", create))
+            d = d.parent / "manifests"
+            manifests = stack.enter_context(files.owned(top / "manifests", create))
+            yield top, objects, manifests
+    except files.NotOwned:
+        raise KitError(f"{d} is not a directory of this user's own that only its owner can write: its contents "
+                       "would decide what jobs run", field=field,
+                       hint="remove it, or give another --output-dir (or KIT_HOME)") from None
+    except FileNotFoundError:
+        if create:
+            raise
+        raise KitError(f"the code store {d} is gone", field=field,
+                       hint="--edit code_snapshot=false runs the code as it is now") from None
 
 
 def limit() -> int:
@@ -133,38 +158,51 @@ def take(cwd: Path, code_dir: str | None = None, *, store: Path, label: str = "-
 
 def _keep(store: Path, root: Path, entries, label: str, source: str, commit, dirty) -> Snapshot:
     """The entries' contents into the store, and the manifest naming them."""
-    objects = _store_dir(store, "objects")
-    memo = files.StatMemo(store / "stat-memo.json")
-    total = 0
-    manifest = []
-    for rel, st, target in entries:
-        if target is not None:
-            manifest.append([rel, "l", target])
-        elif st is None:
-            manifest.append([rel, "d", ""])  # a submodule: linked, live
-        else:
-            try:
-                known = memo.get(root / rel, st)
-                if known and not (objects / _object_name(known, st)).exists():
-                    known = None  # the store lost it
-                digest = known or _store_file(root / rel, objects, st, memo)
-            except OSError as e:
-                if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) or (
-                        e.filename and Path(e.filename).is_relative_to(store)):
-                    raise  # the store's problem, not the file's
-                raise KitError(f"cannot snapshot {root / rel}: {e.strerror}", field=label, exit_code=1,
-                               hint="make it readable, ignore it in .gitignore, or --no-code-snapshot") from None
-            executable = bool(st.st_mode & 0o111)
-            manifest.append([rel, "x" if executable else "f", digest])
-            total += st.st_size
-    memo.save()
-    text = json.dumps(manifest, separators=(",", ":"), ensure_ascii=False)
-    digest = "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
-    manifests = _store_dir(store, "manifests")
-    path = manifests / (digest.split(":")[1] + ".json")
-    if not path.exists():
-        files.write_atomic(path, text.encode("utf-8", "surrogateescape"), 0o600)
+    with _opened(store, create=True, field=label) as (top, objects, manifests):
+        memo = files.StatMemo(top / "stat-memo.json")
+        total = 0
+        manifest = []
+        for rel, st, target in entries:
+            if target is not None:
+                manifest.append([rel, "l", target])
+            elif st is None:
+                manifest.append([rel, "d", ""])  # a submodule: linked, live
+            else:
+                try:
+                    digest = _stored(root / rel, objects, st, memo)
+                except OSError as e:
+                    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) or (
+                            e.filename and str(e.filename).startswith(("/proc/self/fd/", str(store)))):
+                        raise  # the store's problem, not the file's
+                    raise KitError(f"cannot snapshot {root / rel}: {e.strerror}", field=label, exit_code=1,
+                                   hint="make it readable, ignore it in .gitignore, or --no-code-snapshot") from None
+                executable = bool(st.st_mode & 0o111)
+                manifest.append([rel, "x" if executable else "f", digest])
+                total += st.st_size
+        memo.save()
+        text = json.dumps(manifest, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogateescape")
+        digest = "sha256:" + hashlib.sha256(text).hexdigest()
+        path = manifests / (digest.split(":")[1] + ".json")
+        if not files.verify(path, digest.split(":")[1]):
+            files.write_atomic(path, text, 0o600)
     return Snapshot(digest, str(root), str(store), source, len(manifest), total, commit, dirty)
+
+
+def _stored(path: Path, objects: Path, st: os.stat_result, memo: files.StatMemo) -> str:
+    """The sha256 of ``path``, its content in the store: known from the memo when the file
+    is unchanged and its object still holds that content, else read and kept (an object
+    whose content is not its name is replaced)."""
+    known = memo.get(path, st)
+    if known:
+        name = _object_name(known, st)
+        if files.verify(objects / name, known, memo, key=f"objects/{name}"):
+            return known
+    with files.open_regular(path) as (fd, _):
+        digest = files.keep_by_content(fd, objects, lambda d: _object_name(d, st),
+                                       0o555 if st.st_mode & 0o111 else 0o444,
+                                       keep=lambda obj, d: files.verify(obj, d))
+    memo.put(path, st, digest)
+    return digest
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -259,33 +297,73 @@ def _object_name(digest: str, st: os.stat_result) -> str:
     return digest + (".x" if st.st_mode & 0o111 else "")
 
 
-def _store_file(path: Path, objects: Path, st: os.stat_result, memo: files.StatMemo) -> str:
-    """Hash ``path`` into the store (written once per content); its sha256."""
-    with files.open_regular(path) as (fd, _):
-        digest = files.keep_by_content(fd, objects, lambda d: _object_name(d, st),
-                                       0o555 if st.st_mode & 0o111 else 0o444)
-    memo.put(path, st, digest)
-    return digest
-
-
 # ---------------------------------------------------------------- using
 def load(record: dict) -> Snapshot:
-    """A snapshot from its ``job.json`` record (``kit rerun``), its manifest still in the store."""
+    """A snapshot from its ``job.json`` record (``kit rerun``): its store this user's own, its
+    manifest there, holding what its name says."""
     try:
         snap = Snapshot(**record)
     except TypeError:
         raise KitError("the job's snapshot record is damaged", field="JOB") from None
-    if not _manifest_path(snap).is_file():
-        raise KitError(f"the job's code snapshot {snap.digest} is no longer in {snap.store}", field="JOB",
-                       hint="--edit code_snapshot=false runs the code as it is now")
+    _manifest(snap)
     return snap
 
 
-def _manifest_path(snap: Snapshot) -> Path:
-    hexdigest = snap.digest.partition(":")[2]
-    if not hexdigest or not all(c in "0123456789abcdef" for c in hexdigest):
+def _hexdigest(snap: Snapshot) -> str:
+    hexdigest = snap.digest.partition(":")[2] if isinstance(snap.digest, str) else ""
+    if len(hexdigest) != 64 or not all(c in "0123456789abcdef" for c in hexdigest):
         raise KitError(f"not a snapshot digest: {snap.digest!r}", field="JOB")
-    return Path(snap.store) / "manifests" / (hexdigest + ".json")
+    return hexdigest
+
+
+def _manifest(snap: Snapshot, manifests: Path | None = None) -> list[tuple[str, str, str]]:
+    """The snapshot's manifest, checked: it hashes to the snapshot's digest, and every entry is
+    a path inside the view (relative, no ``..``, none below another entry)."""
+    hexdigest = _hexdigest(snap)
+    if manifests is None:
+        with _opened(Path(snap.store), create=False, field="JOB") as (_, _, manifests):
+            return _manifest(snap, manifests)
+    path = manifests / (hexdigest + ".json")
+    try:
+        data = files.read_bytes(path, 1 << 30)
+    except FileNotFoundError:
+        raise KitError(f"the job's code snapshot {snap.digest} is no longer in {snap.store}", field="JOB",
+                       hint="--edit code_snapshot=false runs the code as it is now") from None
+    except OSError as e:
+        raise KitError(f"cannot read the job's code snapshot {snap.digest}: {e.strerror}", field="JOB") from None
+    if hashlib.sha256(data).hexdigest() != hexdigest:
+        raise KitError(f"the code snapshot {snap.digest} in {snap.store} does not hold what its name says "
+                       "(changed or replaced)", field="JOB",
+                       hint="--edit code_snapshot=false runs the code as it is now")
+    try:
+        return _checked_entries(files.loads(data.decode("utf-8", "surrogateescape")))
+    except ValueError as e:
+        raise KitError(f"the code snapshot {snap.digest} is damaged: {e}", field="JOB") from None
+
+
+def _checked_entries(manifest) -> list[tuple[str, str, str]]:
+    if not isinstance(manifest, list):
+        raise ValueError("not a list")
+    out, seen = [], set()
+    for entry in manifest:
+        if not (isinstance(entry, list) and len(entry) == 3 and all(isinstance(v, str) for v in entry)):
+            raise ValueError(f"not an entry: {str(entry)[:80]}")
+        rel, kind, value = entry
+        parts = rel.split("/")
+        if (not rel or "\0" in rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts)
+                or any(p in SKIPPED for p in parts)):
+            raise ValueError(f"a path outside the view: {rel!r}")
+        if kind in ("f", "x") and (len(value) != 64 or not all(c in "0123456789abcdef" for c in value)):
+            raise ValueError(f"not an object name: {value!r}")
+        if kind not in ("f", "x", "l", "d") or rel in seen:
+            raise ValueError(f"a bad or repeated entry: {rel!r}")
+        seen.add(rel)
+        out.append((rel, kind, value))
+    for rel, _, _ in out:
+        for parent in Path(rel).parents:
+            if str(parent) in seen:
+                raise ValueError(f"an entry below a file or link: {rel!r}")
+    return out
 
 
 def workdir(snap: Snapshot, view: Path, cwd: Path) -> Path:
@@ -294,42 +372,65 @@ def workdir(snap: Snapshot, view: Path, cwd: Path) -> Path:
     return view / cwd.relative_to(root) if _inside(cwd, root) else view
 
 
-def materialize(snap: Snapshot, view: Path) -> None:
-    """Lay ``snap`` out at ``view`` (see the module's text)."""
-    manifest = json.loads(files.read_bytes(_manifest_path(snap), 1 << 30).decode("utf-8", "surrogateescape"))
-    objects, root = Path(snap.store) / "objects", Path(snap.root)
-    view.mkdir(mode=0o755)
-    dirs = {Path(".")}
-    for rel, kind, value in manifest:
-        dest = view / rel
-        for parent in reversed(Path(rel).parents):
-            if parent not in dirs:
-                (view / parent).mkdir(exist_ok=True)
-                dirs.add(parent)
-        if kind == "l":
-            os.symlink(value, dest)
-        elif kind == "d":
-            os.symlink(root / rel, dest)
-        else:
-            _link(objects / (value + (".x" if kind == "x" else "")), dest)
-    for d in dirs:  # what the snapshot leaves out stays reachable where it was
+class Damaged(KitError):
+    """An object of the store whose content is not its name."""
+
+
+def materialize(snap: Snapshot, view: Path, listing: Path) -> None:
+    """Lay ``snap`` out at ``view`` (see the module's text), and record in ``listing`` (NUL-separated
+    triples: ``f``/``x`` and the object's path, or ``l`` and the link's target; then the path in
+    the view) what prelaunch puts back when a run changed it."""
+    with _opened(Path(snap.store), create=False, field="JOB") as (_, objects, manifests):
+        manifest = _manifest(snap, manifests)
+        real_objects, root = Path(snap.store) / "objects", Path(snap.root)
+        view.mkdir(mode=0o755)
+        dirs = {Path(".")}
+        record: list[str] = []
+        for rel, kind, value in manifest:
+            dest = view / rel
+            for parent in reversed(Path(rel).parents):
+                if parent not in dirs:
+                    (view / parent).mkdir()
+                    dirs.add(parent)
+            if kind in ("l", "d"):
+                target = value if kind == "l" else str(root / rel)
+                os.symlink(target, dest)
+                record += ["l", target, rel]
+            else:
+                name = value + (".x" if kind == "x" else "")
+                _copy_verified(objects / name, dest, value, 0o555 if kind == "x" else 0o444)
+                record += [kind, str(real_objects / name), rel]
+    for d in sorted(dirs):  # what the snapshot leaves out stays reachable where it was
         try:
             names = os.listdir(root / d) if not os.path.islink(root / d) else []
         except OSError:
             continue
-        for name in names:
+        for name in sorted(names):
             if name not in SKIPPED and not os.path.lexists(view / d / name):
                 os.symlink(root / d / name, view / d / name)
+                record += ["l", str(root / d / name), str(d / name)]
+    files.create(listing, b"".join(os.fsencode(v) + b"\0" for v in record), 0o600)
 
 
-def _link(obj: Path, dest: Path) -> None:
+def _copy_verified(obj: Path, dest: Path, hexdigest: str, mode: int) -> None:
+    """Copy the object ``obj`` (never through a symlink) to the new file ``dest``, checking its
+    content against its name as it goes; :class:`Damaged` (nothing left at ``dest``) if not."""
+    h = hashlib.sha256()
     try:
-        os.link(obj, dest)
-    except OSError as e:
-        if e.errno not in (errno.EXDEV, errno.EMLINK, errno.EPERM):
+        with files.open_regular(obj) as (fd, _):
+            with os.fdopen(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                   0o600), "wb") as w:
+                while chunk := os.read(fd, _CHUNK):
+                    h.update(chunk)
+                    w.write(chunk)
+                os.fchmod(w.fileno(), mode)
+    except FileNotFoundError as e:
+        if e.filename and str(e.filename) == str(dest):
             raise
-        with open(obj, "rb") as r, os.fdopen(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                                                     | os.O_CLOEXEC, 0o444), "wb") as w:
-            while chunk := r.read(_CHUNK):
-                w.write(chunk)
-        os.chmod(dest, os.stat(obj).st_mode & 0o777)
+        raise Damaged(f"the code store lost the object {hexdigest[:12]}", field="JOB",
+                      hint="--edit code_snapshot=false runs the code as it is now") from None
+    if h.hexdigest() != hexdigest:
+        os.unlink(dest)
+        raise Damaged(f"the code store's object {hexdigest[:12]} does not hold what its name says "
+                      "(changed or replaced)", field="JOB",
+                      hint="--edit code_snapshot=false runs the code as it is now")

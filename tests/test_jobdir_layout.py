@@ -15,7 +15,7 @@ KIT = REPO / "kit"
 TEMPLATES = sorted((REPO / "launch").glob("*.sh"))
 
 # Where the templates' directory variables point, relative to the job directory.
-ROOTS = {"KIT_JOB_DIR": "", "KIT_LOG_DIR": "logs/", "KIT_PROGRESS_DIR": "progress/r*/", "KIT_HANG_DIR": "hang/r*/",
+ROOTS = {"KIT_JOB_DIR": "", "KIT_SCRIPTS_DIR": "", "KIT_LOG_DIR": "logs/", "KIT_PROGRESS_DIR": "progress/r*/", "KIT_HANG_DIR": "hang/r*/",
          "KIT_METRICS_DIR": "metrics/*/", "KIT_NODE_LOG_PREFIX": "logs/*.r*"}
 PATH = re.compile(r'\$\{(' + "|".join(ROOTS) + r')\}([/.][A-Za-z0-9_.${}:/*-]*)(")?(\*)?')
 

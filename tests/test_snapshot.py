@@ -60,7 +60,7 @@ def test_a_snapshot_holds_tracked_and_unignored_files_as_they_are(home, tmp_path
 
     view = tmp_path / "job" / "code"
     view.parent.mkdir()
-    snapshot.materialize(dirty, view)
+    snapshot.materialize(dirty, view, tmp_path / "job" / "code.list")
     assert (view / "src" / "train.py").read_text() == "print('edited')\n"
     assert (view / "src" / "new.py").read_text() == "x = 1\n"
     assert os.readlink(view / "link.py") == "src/train.py"  # a tracked symlink stays one
@@ -77,7 +77,7 @@ def test_a_snapshot_holds_tracked_and_unignored_files_as_they_are(home, tmp_path
 
 def test_unchanged_content_is_never_copied_again(home, tmp_path):
     """The store keeps one read-only copy per content; a second snapshot of an unchanged tree
-    adds nothing, and a view links to the store instead of copying."""
+    adds nothing; a view holds copies of its own (what a job writes there stays there)."""
     repo = make_repo(tmp_path / "repo")
     first = snapshot.take(repo, store=home / "code")
     before = objects(home)
@@ -87,10 +87,10 @@ def test_unchanged_content_is_never_copied_again(home, tmp_path):
     third = snapshot.take(repo, store=home / "code")
     assert len(objects(home) - before) == 1 and third.digest != first.digest  # only the changed file
     view = tmp_path / "v"
-    snapshot.materialize(third, view)
-    linked = os.stat(view / "run.sh")
-    assert linked.st_nlink >= 2 and not linked.st_mode & 0o222  # a hard link to the read-only object
-    assert any(os.path.samestat(linked, os.stat(p)) for p in (home / "code" / "objects").iterdir())
+    snapshot.materialize(third, view, tmp_path / "code.list")
+    copied = os.stat(view / "run.sh")
+    assert copied.st_nlink == 1 and not copied.st_mode & 0o222 and copied.st_mode & 0o111  # read-only, executable
+    assert not any(os.path.samestat(copied, os.stat(p)) for p in (home / "code" / "objects").iterdir())
 
 
 def test_a_snapshot_over_the_limit_is_refused_naming_the_largest_files(home, tmp_path, monkeypatch):
@@ -180,3 +180,107 @@ def test_a_job_never_snapshots_earlier_jobs(home, tmp_path):
         specs.append(json.loads((job_dir / "job.json").read_text())["snapshot"])
     assert job_dir.parent == repo / "kit-jobs" and specs[0]["digest"] == specs[1]["digest"]
     assert specs[1]["files"] == 4 and specs[1]["dirty"] is False  # the jobs are not a change to the tree
+
+
+def test_a_job_writing_its_view_changes_no_store_object(home, tmp_path):
+    """Issue 28 finding 2: a view is a copy of its own. Whatever a job does to it (append, truncate,
+    chmod, replace) the next snapshot of the untouched tree lays out the submitted content."""
+    repo = make_repo(tmp_path / "repo")
+    snap = snapshot.take(repo, store=home / "code")
+    first = tmp_path / "one"
+    first.mkdir()
+    snapshot.materialize(snap, first / "code", first / "code.list")
+    run = first / "code" / "run.sh"
+    run.chmod(0o755)
+    with open(run, "a") as f:
+        f.write("echo CORRUPTED\n")
+    (first / "code" / "src" / "train.py").chmod(0o644)
+    (first / "code" / "src" / "train.py").write_text("")
+    again = snapshot.take(repo, store=home / "code")
+    assert again.digest == snap.digest and again.dirty is False
+    second = tmp_path / "two"
+    second.mkdir()
+    snapshot.materialize(again, second / "code", second / "code.list")
+    assert (second / "code" / "run.sh").read_text() == "#!/bin/sh\necho run\n"
+    assert (second / "code" / "src" / "train.py").read_text() == "print('train')\n"
+
+
+def test_a_damaged_object_is_never_copied_and_a_launch_heals_it(home, tmp_path):
+    """Finding 1's third route and finding 13's twin: an object whose content is not its name
+    (the owner wrote into the store) is refused by a view, and the next snapshot of a tree that
+    still holds the content puts the object right."""
+    repo = make_repo(tmp_path / "repo")
+    snap = snapshot.take(repo, store=home / "code")
+    for obj in (home / "code" / "objects").iterdir():
+        obj.chmod(0o644)
+        obj.write_text("echo EVIL\n")
+    with pytest.raises(snapshot.Damaged, match="does not hold what its name says"):
+        snapshot.materialize(snap, tmp_path / "view", tmp_path / "code.list")
+    healed = snapshot.take(repo, store=home / "code")
+    assert healed.digest == snap.digest
+    snapshot.materialize(healed, tmp_path / "view2", tmp_path / "code2.list")
+    assert (tmp_path / "view2" / "run.sh").read_text() == "#!/bin/sh\necho run\n"
+
+
+def plant_manifest(home: Path, manifest: list) -> snapshot.Snapshot:
+    text = json.dumps(manifest, separators=(",", ":")).encode()
+    import hashlib
+    digest = hashlib.sha256(text).hexdigest()
+    (home / "code" / "manifests" / f"{digest}.json").write_bytes(text)
+    return snapshot.Snapshot(f"sha256:{digest}", str(home), str(home / "code"), "git", len(manifest), 0)
+
+
+@pytest.mark.parametrize("entries", [
+    [["../../../../victim/x", "l", "/etc/shadow"]],
+    [["/abs/x", "l", "/etc/shadow"]],
+    [["a", "l", "/etc"], ["a/passwd", "f", "0" * 64]],  # a file written through a planted link
+    [["a/./b", "l", "x"]],
+    [["ok", "f", "../../etc/passwd"]],  # an object name that is a path
+])
+def test_a_manifest_path_outside_the_view_is_refused(home, tmp_path, entries):
+    repo = make_repo(tmp_path / "repo")
+    snapshot.take(repo, store=home / "code")
+    snap = plant_manifest(home, entries)
+    with pytest.raises(KitError, match="damaged") as e:
+        snapshot.load(snap.record())
+    assert e.value.field == "JOB"
+    with pytest.raises(KitError):
+        snapshot.materialize(snap, tmp_path / "job" / "code", tmp_path / "code.list")
+    assert not (tmp_path / "victim").exists() and not os.path.lexists(tmp_path / "job" / "code")
+
+
+def test_a_manifest_that_is_not_its_name_is_refused(home, tmp_path):
+    repo = make_repo(tmp_path / "repo")
+    snap = snapshot.take(repo, store=home / "code")
+    path = home / "code" / "manifests" / (snap.digest.split(":")[1] + ".json")
+    path.write_text(path.read_text().replace("run.sh", "evil.sh"))
+    with pytest.raises(KitError, match="does not hold what its name says"):
+        snapshot.load(snap.record())
+
+
+def test_a_pinned_image_is_trusted_by_content_not_name(home, tmp_path):
+    """Finding 13: a pinned copy replaced or written in place is not used; the launch pins the
+    file again (and names the pinned copy), a rerun of the pinned copy is refused."""
+    image = tmp_path / "a.sqsh"
+    image.write_bytes(b"image one")
+    path, digest = pin.pin(image)
+    path.chmod(0o644)
+    path.write_bytes(b"evil image")
+    again, digest2 = pin.pin(image)
+    assert (again, digest2) == (path, digest) and again.read_bytes() == b"image one"  # replaced from the source
+    tmp = path.with_name("x")
+    tmp.write_bytes(b"evil two")
+    os.replace(tmp, path)  # a new file under the old name
+    with pytest.raises(KitError, match="does not hold what its name says") as e:
+        pin.pin(path)
+    assert str(path) in str(e.value)
+    assert pin.pin(image)[0].read_bytes() == b"image one"
+
+
+def test_a_dry_run_does_not_copy_the_image(home, tmp_path):
+    """Finding 12's last part: --dry-run hashes the image, copies nothing."""
+    image = tmp_path / "a.sqsh"
+    image.write_bytes(b"image" * 1000)
+    path, digest = pin.pin(image, copy=False)
+    assert path == image and digest.startswith("sha256:") and not list((home / "images").glob("sha256-*"))
+    assert pin.pin(image)[1] == digest

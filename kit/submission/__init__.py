@@ -197,7 +197,7 @@ def plan(spec, origins=None, *, target: slurm.Target | None = None, target_note:
     origins = origins or specs.Origins()
     job = resolve(spec, origins, cwd=cwd)
     said = [f"warning: {w}" for w in job.warnings]
-    job = pin_code_and_image(job, origins, rerun or Rerun())
+    job = pin_code_and_image(job, origins, rerun or Rerun(), dry_run=target is None)
     deps = resolve_after(job, origins.label("after"))
     if target is not None:
         if target_note:
@@ -230,10 +230,10 @@ class Rerun:
     image_source: str | None = None
 
 
-def pin_code_and_image(job: ResolvedJob, origins, rerun: Rerun) -> ResolvedJob:
+def pin_code_and_image(job: ResolvedJob, origins, rerun: Rerun, dry_run: bool = False) -> ResolvedJob:
     """``job`` with the code it runs (a snapshot; none outside a git work tree without --code,
-    as the README says) and its image file (a copy by content) fixed now, so that a pending
-    or requeued job runs what was submitted."""
+    as the README says) and its image file (a copy by content; a dry run only hashes it)
+    fixed now, so that a pending or requeued job runs what was submitted."""
     s = job.spec
     snapshot = rerun.snapshot
     if s.code_snapshot and snapshot is None:
@@ -243,7 +243,7 @@ def pin_code_and_image(job: ResolvedJob, origins, rerun: Rerun) -> ResolvedJob:
     if s.image and "://" not in s.image:
         from kit.image import pin
 
-        pinned, digest = pin.pin(Path(s.image), origins.label("image"))
+        pinned, digest = pin.pin(Path(s.image), origins.label("image"), copy=not dry_run)
         same = rerun.image_source is not None and pinned == Path(s.image)  # a rerun's pinned copy, again
         changes.update(image_digest=digest, image_source=rerun.image_source if same else s.image)
         s.image = str(pinned)
@@ -279,7 +279,7 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
             path.chmod(0o700)
         _write_tasks(job, tmp)
         if job.snapshot is not None:
-            snapshots.materialize(job.snapshot, JobDir(tmp).code)
+            snapshots.materialize(job.snapshot, JobDir(tmp).code, tmp / JobDir.CODE_LIST)
         (tmp / JobDir.SPEC).write_text(json.dumps(spec_record(job), indent=2, sort_keys=True) + "\n")
         (tmp / JobDir.SBATCH).write_text(json.dumps(argv, indent=2) + "\n")
         os.rename(tmp, final)

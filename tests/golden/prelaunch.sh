@@ -788,6 +788,61 @@ kit::hang_report() {
   kit::log "hang: $(sed -n 's/^summary=//p' "${KIT_HANG_DIR}/report"); stopping the job step"
 }
 
+# ---------------------------------------------------------------- the code
+# kit::restore_code: every run runs the code as submitted. Whatever in the
+# snapshot's view (code/) a run, or anyone, wrote to, truncated, chmod-ed,
+# removed or replaced since the view was made (its ctime is newer than
+# code.list's) is put back: a file from its object in the store, checked
+# against its name; a link as it was. Files a run added (__pycache__) stay.
+kit::restore_code() {
+  local -r list="${KIT_SCRIPTS_DIR}/code.list" view="${KIT_SCRIPTS_DIR}/code"
+  local path kind source rel
+  local -A changed=()
+  local -a restored=()
+  [[ -f "${list}" ]] || return 0
+  while IFS= read -r -d '' path; do changed["${path}"]=1; done \
+    < <(find "${view}" -mindepth 1 -cnewer "${list}" -print0 2>/dev/null)
+  while IFS= read -r -d '' kind && IFS= read -r -d '' source && IFS= read -r -d '' rel; do
+    path="${view}/${rel}"
+    if [[ -z "${changed["${path}"]-}" ]] && [[ -L "${path}" || -e "${path}" ]]; then continue; fi
+    kit::restore_entry "${kind}" "${source}" "${view}" "${rel}"
+    restored+=("${rel}")
+  done <"${list}"
+  if (( ${#restored[@]} > 0 )); then
+    touch "${list}"
+    kit::log "code/: put back ${#restored[@]} path(s) changed since the job was submitted: ${restored[*]:0:8}"
+  fi
+}
+
+# kit::restore_entry KIND SOURCE VIEW REL: put VIEW/REL back (KIND f or x: a copy of the
+# object SOURCE, read-only, executable for x; l: a symlink to SOURCE), through a new
+# name renamed over it; a directory on its way that is no longer one is made again.
+kit::restore_entry() {
+  local -r kind="$1" source="$2" view="$3" rel="$4"
+  local dir="${view}" part sum new
+  local -a parts=()
+  IFS=/ read -r -a parts <<<"${rel}"
+  for part in "${parts[@]:0:${#parts[@]}-1}"; do
+    dir+="/${part}"
+    if [[ -L "${dir}" || ( -e "${dir}" && ! -d "${dir}" ) ]]; then rm -f "${dir}"; fi
+    if [[ ! -d "${dir}" ]]; then mkdir "${dir}"; fi
+  done
+  new="${dir}/.kit-restore.$$"
+  rm -rf "${new}"
+  if [[ "${kind}" == l ]]; then
+    ln -s "${source}" "${new}"
+  else
+    sum="$(sha256sum <"${source}")" || kit::die "code/${rel}: cannot read its object ${source}"
+    local -r want="${source##*/}"
+    [[ "${sum%% *}" == "${want%.x}" ]] \
+      || kit::die "code/${rel}: its object ${source} does not hold what its name says: not run"
+    cp "${source}" "${new}"
+    if [[ "${kind}" == x ]]; then chmod 0555 "${new}"; else chmod 0444 "${new}"; fi
+  fi
+  if [[ -d "${view}/${rel}" && ! -L "${view}/${rel}" ]]; then rm -rf "${view:?}/${rel}"; fi
+  mv -fT "${new}" "${view}/${rel}"
+}
+
 # ---------------------------------------------------------------- one run
 # A run that Slurm ended with SIGKILL (after KillWait, or with its node)
 # left no line in runs.jsonl: say so, so the record has every run.
@@ -950,6 +1005,7 @@ kit::batch() {
   trap kit::cleanup EXIT
   kit::trap TERM INT "${KIT_WARNING_SIGNAL}"
   kit::catch_up_runs
+  kit::restore_code
   kit::decide_master
   kit::start_heartbeat
   kit::run_step
