@@ -175,16 +175,23 @@ def rerun(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = (), *, wa
     writes them). The new job records which job it reruns (``rerun_of.json``)."""
     source = Path(job_dir)
     jobdir.own(source)  # its spec decides what runs: only from a directory of the caller's own
+    array = source.parent.parent if source.parent.name == JobDir.TASKS and source.name.isdigit() else None
+    if array is not None and not os.path.lexists(source / JobDir.FUNCTION):
+        raise KitError(f"{source} is one task of an array job: its task id and parameters come from the array",
+                       field="JOB", hint=f"rerun the whole array: kit rerun {array}")
+    spec_file = (array or source) / JobDir.SPEC
     try:
-        recorded = files.read_json(jobdir.own(source / JobDir.SPEC), 1 << 22)
+        recorded = files.read_json(jobdir.own(spec_file), 1 << 22)
     except (OSError, ValueError) as e:
-        raise KitError(f"cannot read {source / JobDir.SPEC}: {e}", field="JOB") from None
+        raise KitError(f"cannot read {spec_file}: {e}", field="JOB") from None
     if not isinstance(recorded, dict):
-        raise KitError(f"{source / JobDir.SPEC}: not a job spec", field="JOB")
+        raise KitError(f"{spec_file}: not a job spec", field="JOB")
+    if array is not None:  # a kit.map task: its call again, as a job of its own
+        recorded = {k: v for k, v in recorded.items() if k not in ("array", "sweep")}
     spec, origins = specs.JobSpec(), specs.Origins()
     for name, value in recorded.items():
         if name in specs.FIELD_NAMES:
-            setattr(spec, name, specs.coerce_value(name, value, f"{source / JobDir.SPEC}: {name}"))
+            setattr(spec, name, specs.coerce_value(name, value, f"{spec_file}: {name}"))
     edited = set()
     for name, value in (edits.items() if isinstance(edits, dict) else (_edit(item) for item in edits)):
         field = name.replace("-", "_")
@@ -198,15 +205,36 @@ def rerun(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = (), *, wa
     # The same code (the snapshot, started at the same place) unless an edit turned it off.
     snapshot = recorded.get("snapshot") if not edited & {"code", "code_snapshot"} else None
     workdir, image_source = recorded.get("workdir"), recorded.get("image_source")
+    payloads = _function_payloads(source)
+
+    def before_submit(prepared: lib.PreparedJob) -> None:
+        for rel, data in payloads.items():  # a function job's call (kit.submit, kit.map), again
+            files.write_atomic(prepared.job_dir / rel, data, 0o600)
+        files.write_atomic(prepared.job_dir / JobDir.RERUN_OF, record)
+
     _, prepared = submit_spec(spec, origins, where=targets.target_of(source).name,
                               cwd=Path(workdir) if isinstance(workdir, str) and workdir.startswith("/") else None,
                               rerun=lib.Rerun(snapshots.load(snapshot) if isinstance(snapshot, dict) else None,
                                               image_source if isinstance(image_source, str) else None),
-                              before_submit=lambda p: files.write_atomic(p.job_dir / JobDir.RERUN_OF, record))
+                              before_submit=before_submit)
     job = Job(prepared.job_dir, job_id=prepared.job_id)
     if wait:
         job.wait()
     return job
+
+
+def _function_payloads(source: Path) -> dict[Path, bytes]:
+    """A function job's pickled calls (the job's, or each ``kit.map`` task's), relative to its
+    directory: read only from files of the caller's own (a pickle is code)."""
+    out = {}
+    for unit in [JobDir(source), *(JobDir(source).task(i) for i in JobDir(source).task_indices())]:
+        path = unit / JobDir.FUNCTION
+        if os.path.lexists(path):
+            try:
+                out[path.relative_to(source)] = files.read_bytes(jobdir.own(path), 1 << 31)  # a task's: its own job's
+            except OSError as e:
+                raise KitError(f"cannot read {path}: {e.strerror}", field="JOB") from None
+    return out
 
 
 def _edit(item: str) -> tuple[str, Any]:
@@ -220,6 +248,9 @@ def _edit(item: str) -> tuple[str, Any]:
         return key, tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
         return key, value
+    except RecursionError:
+        raise KitError(f"{key}: the value is nested too deep", field="--edit",
+                       hint='give a plain value, e.g. --edit nodes=4 or --edit \'command=["python", "t.py"]\'') from None
 
 
 def jobs(*, output_dirs: Iterable[str | Path] = ("kit-jobs",), everything: bool = False) -> list[Job]:

@@ -746,6 +746,12 @@ kit::conclude() {
     kit::record_run stopped "${rc}"
     kit::log "step ended with exit ${rc} after a stop signal; the work is not finished"
     if (( rc == 0 )); then rc=143; fi
+  elif [[ -e "${KIT_JOB_DIR}/function.pkl" ]] && (( rc == 0 )); then
+    # A function job (kit.submit, kit.map) is finished only when every rank returned
+    # (declared above): a rank that left through os._exit(0) did not.
+    kit::record_run incomplete 0
+    kit::log "srun exited 0, but not every rank returned from the function (a rank exited without returning): the work is not finished"
+    rc="${KIT_EXIT_INCOMPLETE}"
   elif (( rc == 0 )) && kit::all_ranks_done; then
     : >"${KIT_FINISHED_FILE}"
     kit::record_run finished 0

@@ -164,6 +164,37 @@ def test_map_runs_one_task_per_item_and_returns_results_in_order(cluster, tmp_pa
     assert all((j.dir / "FINISHED").exists() and j.wait().exit_code == 0 for j in jobs)
     with pytest.raises(kitlib.KitError, match="one task per item"):
         kitlib.map(abs, [1], array="0-3")
+    # Issue 28 finding 5: a rerun of a kit.map task runs that task's call again, as a job of its own.
+    again = jobs[2].rerun()
+    assert again.result(timeout=300) == 16 and again.dir.parent == tmp_path / "jobs"
+
+
+def test_a_function_job_reruns_and_a_rank_that_never_returned_is_not_finished(cluster, tmp_path):
+    """Issue 28 findings 5 and 9: kit rerun of a kit.submit job returns the function's result again;
+    a function that leaves through os._exit(0) is not "the work finished"."""
+    def answer(x):
+        return x + 1
+
+    job = kitlib.submit(answer, 41, local=True, output_dir=tmp_path / "jobs", no_exporter=True)
+    assert job.result(timeout=300) == 42
+    proc = kit("rerun", str(job.dir), "--wait", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    again = kitlib.Job.from_dir(proc.stdout.split("job dir: ")[1].splitlines()[0].strip())
+    assert again.dir != job.dir and again.result(timeout=300) == 42
+
+    def leaves():
+        import os
+
+        os._exit(0)
+
+    gone = kitlib.submit(leaves, nodes=2, local=True, output_dir=tmp_path / "jobs", no_exporter=True)
+    end = gone.wait(timeout=300)
+    assert (end.state, end.exit_code) == ("FAILED", 70) and not (gone.dir / "FINISHED").exists(), end
+    assert "not every rank returned from the function" in (gone.dir / "logs").joinpath(
+        f"slurm-{gone.id}.out").read_text()
+    deep = kit("rerun", str(job.dir), "--edit", "nodes=" + "[" * 2000, cwd=tmp_path)  # finding 14
+    assert deep.returncode == 2 and deep.stderr.startswith("kit: --edit: nodes: the value is nested too deep")
+    assert "Traceback" not in deep.stderr
 
 
 def test_rerun_submits_the_resolved_spec_again_with_edits(cluster, tmp_path):

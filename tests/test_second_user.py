@@ -8,6 +8,7 @@ import json
 import os
 import pwd
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,59 @@ def test_root_does_not_follow_a_planted_slurm_json(cluster, other_user, public, 
     rows = json.loads(kit("ps", "--json", "--output-dir", str(job.parent)).stdout)
     assert "not trusted" in next(r for r in rows if r["id"] == "4242")["state_from"]
     assert not marker.exists()
+
+
+@pytest.fixture
+def scratch():
+    """A shared scratch directory on a file system of its own (a tmpfs: KIT_HOME elsewhere, as
+    home on NFS and jobs on scratch, so the code store lives beside the jobs), group-writable
+    and not sticky: anyone can rename what lies in it."""
+    mnt = Path(tempfile.mkdtemp(prefix="kit-scratch-"))  # under /tmp: the other user reaches it
+    os.chmod(mnt, 0o755)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0777", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+        mnt.rmdir()
+
+
+def test_root_rerun_never_runs_a_store_another_user_swapped_in(cluster, other_user, public, scratch, tmp_path):
+    """Issue 28 finding 1: in a group-writable, non-sticky output directory another user renames
+    root's code store away and puts their own in its place — the same manifest (its digest is
+    what root's job records) and an object of that name holding their code. Root's `kit rerun`
+    refuses the store in one line, runs nothing of theirs and submits nothing."""
+    shared = scratch
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "run.sh").write_text("echo honest\n")
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@kit", "-c", "user.name=t", *a],
+                                    check=True, capture_output=True)
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "one")
+    env = {}
+    proc = kit("launch", "--local", "--no-exporter", "--wait", "--output-dir", str(shared), "--", "bash", "run.sh",
+               cwd=repo, env=env)
+    assert proc.returncode == 0, proc.stderr
+    job_dir = Path(proc.stdout.split("job dir: ")[1].splitlines()[0].strip())
+    store = shared / f".kit-code-{os.geteuid()}"
+    snap = json.loads((job_dir / "job.json").read_text())["snapshot"]
+    assert snap["store"] == str(store)
+    manifest = (store / "manifests" / (snap["digest"].split(":")[1] + ".json")).read_text()
+    obj = json.loads(manifest)[0][2]
+    marker = tmp_path / "ran-their-code"
+    (shared / "manifest.json").write_text(manifest)
+    os.chmod(shared / "manifest.json", 0o644)
+    planted = as_user(other_user, f"""set -e; cd {shared}
+        mv .kit-code-0 .moved-away
+        mkdir -p .kit-code-0/manifests .kit-code-0/objects
+        cp manifest.json .kit-code-0/manifests/{snap['digest'].split(':')[1]}.json
+        printf 'touch {marker}; echo evil\\n' > .kit-code-0/objects/{obj}
+        chmod -R go-w .kit-code-0""")
+    assert planted.returncode == 0, planted.stderr
+    before = set(shared.iterdir())
+    again = kit("rerun", str(job_dir), "--wait", env=env)
+    assert again.returncode != 0 and "Traceback" not in again.stderr, again.stderr
+    assert again.stderr.startswith("kit: JOB: ") and "not a directory of this user's own" in again.stderr, again.stderr
+    assert not marker.exists() and set(shared.iterdir()) == before  # nothing ran, nothing written

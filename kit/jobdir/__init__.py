@@ -124,6 +124,7 @@ def own(path: Path) -> Path:
     result is loaded only from a job directory of the caller's own (root included)."""
     st = os.lstat(path)
     if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise KitError(f"{path} is not this user's own (owner uid {st.st_uid}): its results are not loaded",
-                       field="JOB", hint="read a job's results as the user who submitted it")
+        raise KitError(f"{path} is not this user's own (owner uid {st.st_uid}, or others can write it): kit "
+                       "neither runs nor loads what it holds", field="JOB",
+                       hint="rerun a job, or read its results, as the user who submitted it")
     return path

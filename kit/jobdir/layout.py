@@ -135,7 +135,7 @@ class JobDir:
         """Every path kit writes in a job directory, relative, ``{...}`` for what varies:
         what the templates' paths are checked against."""
         top = {cls.PRELAUNCH, cls.LAUNCHER, cls.SPEC, cls.SBATCH, cls.COMMAND, cls.SWEEP, cls.PARAMS, cls.JOB_ID,
-               cls.SLURM, cls.CANCELLED, cls.OUTCOME, cls.RERUN_OF, cls.CODE, cls.CODE_LIST, cls.FINISHED, cls.RUNS, cls.CHECKPOINT_STEP, cls.LOGS,
+               cls.SLURM, cls.CANCELLED, cls.OUTCOME, cls.RERUN_OF, cls.CODE, cls.CODE_LIST, cls.FUNCTION, cls.FINISHED, cls.RUNS, cls.CHECKPOINT_STEP, cls.LOGS,
                cls.TASKS, cls.PROGRESS, cls.HANG, cls.METRICS, cls.CHECKPOINTS, cls.PROFILES, cls.REPORT}
         run = {cls.STEP_START, cls.WARNING, cls.STOP, cls.RANK_PROGRESS, cls.TASK, cls.WARNED, cls.JOINED}
         hang = {cls.HANG_REQUEST, cls.HANG_STACKS, cls.HANG_REPORT, cls.HANG_STOP}
