@@ -85,14 +85,11 @@ esac
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}"
 # gloo binds the address its host name resolves to, which on many nodes is a loopback one
 # (Debian's /etc/hosts: 127.0.1.1), so ranks on other nodes cannot reach it: unless the job
-# chose, it uses the interface this node reaches MASTER_ADDR through (the one holding it on
-# the first node). NCCL picks its own interfaces and is left to them.
-if [[ -z "${GLOO_SOCKET_IFNAME-}" && "${MASTER_ADDR}" != 127.* ]] && command -v ip >/dev/null 2>&1; then
-  kit_iface="$(ip -o -4 addr show 2>/dev/null | awk -v a="${MASTER_ADDR}" '{ split($4, p, "/"); if (p[1] == a) { print $2; exit } }')"
-  if [[ -z "${kit_iface}" ]]; then
-    kit_iface="$(ip -o route get "${MASTER_ADDR}" 2>/dev/null | awk '{ for (i = 1; i < NF; i++) if ($i == "dev") { print $(i + 1); exit } }')"
-  fi
-  if [[ -n "${kit_iface}" && "${kit_iface}" != lo ]]; then export GLOO_SOCKET_IFNAME="${kit_iface}"; fi
+# chose, it uses the interface this node reaches MASTER_ADDR through (read from
+# /proc/net/route: images without `ip` too). NCCL picks its own interfaces and is left to them.
+if [[ -z "${GLOO_SOCKET_IFNAME-}" && "${MASTER_ADDR}" != 127.* ]]; then
+  kit_iface="$(kit::route_iface "${MASTER_ADDR}")"
+  if [[ -n "${kit_iface}" ]]; then export GLOO_SOCKET_IFNAME="${kit_iface}"; fi
   unset kit_iface
 fi
 # In a container, kit's runtime lives at /opt/kit (built in, or mounted by kit launch).
@@ -139,7 +136,7 @@ kit::dump_stacks() {
   for pid in "${pids[@]}"; do
     printf 'process %s state %s wchan=%s: %s\n' "${pid}" \
       "$(awk '$1 == "State:" { $1 = ""; sub(/^ /, ""); print }' /proc/"${pid}"/status 2>/dev/null)" \
-      "$(cat /proc/"${pid}"/wchan 2>/dev/null)" "$(tr '\0' ' ' </proc/"${pid}"/cmdline 2>/dev/null | head -c 400)"
+      "$(cat /proc/"${pid}"/wchan 2>/dev/null)" "$(kit::cmdline "${pid}")"
   done
   spy="${KIT_PY_SPY:-$(command -v py-spy || true)}"
   if [[ -z "${spy}" ]]; then

@@ -8,6 +8,39 @@ kit::die() {
   exit 2
 }
 
+# kit::route_iface ADDR: the interface this node reaches the IPv4 address ADDR through:
+# the longest matching route of /proc/net/route (there on every Linux, in images without
+# `ip` too), the lower metric first; nothing for a dotted quad it cannot read, no route or lo.
+kit::route_iface() {
+  local a b c d iface dest flags metric mask len best="" best_len=-1 best_metric=0 target
+  IFS=. read -r a b c d _ <<<"$1"
+  [[ "${a}.${b}.${c}.${d}" =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || return 0
+  target=$(( (10#${d} << 24) | (10#${c} << 16) | (10#${b} << 8) | 10#${a} ))  # little-endian, as the file's hex
+  while read -r iface dest _ flags _ _ metric mask _; do
+    [[ "${dest}" =~ ^[0-9A-Fa-f]{8}$ && "${mask}" =~ ^[0-9A-Fa-f]{8}$ && "${flags}" =~ ^[0-9A-Fa-f]+$ ]] || continue
+    (( (16#${flags} & 1) && (target & 16#${mask}) == 16#${dest} )) || continue
+    len=$(kit::bits $(( 16#${mask} )))
+    if (( len > best_len || (len == best_len && metric < best_metric) )); then
+      best="${iface}" best_len="${len}" best_metric="${metric}"
+    fi
+  done </proc/net/route
+  if [[ -n "${best}" && "${best}" != lo ]]; then printf '%s\n' "${best}"; fi
+}
+
+# kit::bits N: how many bits are set in N.
+kit::bits() {
+  local n="$1" count=0
+  while (( n )); do (( count += n & 1, n >>= 1 )) || true; done
+  printf '%s\n' "${count}"
+}
+
+# kit::cmdline PID: PID's command line, words separated by spaces, at most 400 characters.
+kit::cmdline() {
+  local text=""
+  text="$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null)" || true
+  printf '%s' "${text:0:400}"
+}
+
 kit::truthy() {
   local -r value="${1,,}"
   case "${value}" in

@@ -92,7 +92,7 @@ kit::master_addr() {
   local addr
   local -a candidates=()
   if [[ -n "${KIT_MASTER_IFACE}" ]]; then
-    addr="$(ip -o -4 addr show dev "${KIT_MASTER_IFACE}" 2>/dev/null | awk '{ split($4, a, "/"); print a[1]; exit }')"
+    addr="$(ip -o -4 addr show dev "${KIT_MASTER_IFACE}" 2>/dev/null | awk '!found { split($4, a, "/"); print a[1]; found = 1 }')" || addr=""
     [[ -n "${addr}" ]] || kit::die "--master-interface ${KIT_MASTER_IFACE}: no IPv4 address on $(hostname)"
     printf '%s\n' "${addr}"
     return 0
@@ -269,7 +269,7 @@ kit::stop_before_limit() {
   local end left
   kit::helper_traps
   while :; do
-    end="$(squeue --noheader --jobs="${SLURM_JOB_ID}" --format=%e 2>/dev/null | head -n 1)"
+    end="$(squeue --noheader --jobs="${SLURM_JOB_ID}" --format=%e 2>/dev/null | awk 'NR == 1')" || end=""
     end="$(date -d "${end}" +%s 2>/dev/null)" || end=$(( $(date +%s) + KIT_SIGNAL_LEAD ))
     left=$(( end - $(date +%s) - KIT_LIMIT_MARGIN ))
     (( left > 0 )) || break
@@ -366,7 +366,7 @@ kit::requeue() {
   fi
   if [[ -n "${suspect}" ]]; then
     # The line that starts with ReqNodeList: no job name or path can stand there.
-    excluded="$(scontrol show job "${SLURM_JOB_ID}" 2>/dev/null | sed -n 's/^ *ReqNodeList=[^ ]* ExcNodeList=\([^ ]*\)$/\1/p' | head -n 1)"
+    excluded="$(scontrol show job "${SLURM_JOB_ID}" 2>/dev/null | sed -n 's/^ *ReqNodeList=[^ ]* ExcNodeList=\([^ ]*\)$/\1/p' | awk 'NR == 1')" || excluded=""
     [[ "${excluded}" == "(null)" ]] && excluded=""
     excluded="${excluded:+${excluded},}${suspect}"
     total="$(sinfo --noheader --partition="${SLURM_JOB_PARTITION-}" --format=%D 2>/dev/null | awk '{ n += $1 } END { print n + 0 }')"
@@ -525,7 +525,7 @@ kit::in_collective() {
 kit::hang_report() {
   local rank="$1" why="$2" node="" dump last="" file
   local -a waiting=() elsewhere=()
-  dump="$(grep -l -E '^process [0-9]+ state [TtD] ' "${KIT_HANG_DIR}"/rank-*.txt 2>/dev/null | head -n 1)" || true
+  dump="$(grep -l -E '^process [0-9]+ state [TtD] ' "${KIT_HANG_DIR}"/rank-*.txt 2>/dev/null | awk 'NR == 1')" || true
   if [[ -n "${dump}" ]]; then
     rank="${dump##*/rank-}" rank="${rank%.txt}"
     why="its process is $(grep -m1 -o -E '^process [0-9]+ state [TtD] \([a-z ]+\)' "${dump}" | sed 's/^process [0-9]* state //')"
@@ -535,7 +535,7 @@ kit::hang_report() {
       if kit::in_collective "${file}"; then waiting+=("${file}"); else elsewhere+=("${file}"); fi
     done
     if (( ${#waiting[@]} > 0 && ${#elsewhere[@]} > 0 )) && [[ " ${elsewhere[*]} " != *"/rank-${rank}.txt "* ]]; then
-      dump="$(printf '%s\n' "${elsewhere[@]}" | sort -V | head -n 1)"
+      dump="$(printf '%s\n' "${elsewhere[@]}" | sort -V | awk 'NR == 1')"
       rank="${dump##*/rank-}" rank="${rank%.txt}"
       why="is outside torch.distributed while ${#waiting[@]} rank(s) wait in it (its stacks: ${dump##*/})"
     fi
@@ -631,7 +631,7 @@ kit::decide_master() {
       if [[ -z "${MASTER_ADDR-}" ]]; then MASTER_ADDR="$(kit::master_addr)"; fi
       if [[ -z "${MASTER_PORT-}" ]]; then kit::pick_port; fi
     else
-      KIT_FIRST_NODE="$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n 1)"
+      KIT_FIRST_NODE="$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | awk 'NR == 1')"
       KIT_PROBE="$(srun --nodes=1 --ntasks=1 --overlap --nodelist="${KIT_FIRST_NODE}" bash "$0" --master-probe)"
       if [[ -z "${MASTER_ADDR-}" ]]; then MASTER_ADDR="${KIT_PROBE% *}"; fi
       if [[ -z "${MASTER_PORT-}" ]]; then MASTER_PORT="${KIT_PROBE#* }"; fi

@@ -36,6 +36,18 @@ def debian_base() -> Path:
     return base
 
 
+@pytest.fixture(scope="session")
+def cpu_image(debian_base, tmp_path_factory) -> Path:
+    """containers/cpu-lightning.toml built once per session: kit's own image (no `ip` in it)."""
+    from helpers import kit
+
+    out = tmp_path_factory.mktemp("images") / "cpu-lightning.sqsh"
+    proc = kit("build", str(REPO / "containers" / "cpu-lightning.toml"), "-o", str(out),
+               "--base", f"rootfs={debian_base}", timeout=1200)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
 @pytest.fixture(scope="session", autouse=True)
 def kit_home(tmp_path_factory) -> Path:
     """A KIT_HOME of the session's own; the caller's is restored after the session."""

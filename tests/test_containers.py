@@ -18,15 +18,6 @@ from helpers import REPO, assert_nothing_left, kit, read_logs, submit, wait_for,
 from kit import slurm
 
 
-@pytest.fixture(scope="session")
-def cpu_image(debian_base, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("images") / "cpu-lightning.sqsh"
-    proc = kit("build", str(REPO / "containers" / "cpu-lightning.toml"), "-o", str(out),
-               "--base", f"rootfs={debian_base}", timeout=1200)
-    assert proc.returncode == 0, proc.stderr
-    return out
-
-
 @pytest.fixture(scope="module")
 def small_image(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("small")

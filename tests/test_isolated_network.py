@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import socket
 import subprocess
 import urllib.parse
 import urllib.request
@@ -93,6 +94,52 @@ def test_master_interface_and_torchrun_across_the_bridge(isolated, tmp_path):
     bad = kit("launch", "--local", "--wait", "--no-exporter", "--master-interface", "eth9", "--output-dir",
               str(tmp_path / "jobs"), "--", "true", env={"KIT_HOME": str(isolated.home)}, cwd=tmp_path, timeout=120)
     assert bad.returncode != 0
+
+
+@pytest.fixture
+def loopback_hostname():
+    """/etc/hosts maps this host's name to 127.0.1.1 first, as Debian and Ubuntu install it:
+    gloo, left to itself, then binds a loopback address the other nodes cannot reach."""
+    hosts = Path("/etc/hosts")
+    before = hosts.read_text()
+    name = socket.gethostname()
+    kept = [line for line in before.splitlines() if name not in line.split("#")[0].split()[1:]]
+    hosts.write_text("\n".join([f"127.0.1.1\t{name}", *kept]) + "\n")  # in place: /etc/hosts may be a mount
+    try:
+        assert socket.gethostbyname(name) == "127.0.1.1"
+        yield name
+    finally:
+        hosts.write_text(before)
+
+
+PROBE = ('echo "gloo=${GLOO_SOCKET_IFNAME-} ip=$(command -v ip || echo none)"; '
+         'exec python3 -m kit.train --max-steps 20 --log-every 10')
+
+
+def test_a_ddp_job_in_kits_image_forms_one_world_where_the_host_name_is_loopback(isolated, cpu_image, tmp_path,
+                                                                                 loopback_hostname):
+    """Issue 28 finding 4 (done-means 4): kit's own image has no `ip`; the launcher still finds
+    the interface that reaches the master (/proc/net/route), so the two nodes form one world
+    on their addresses, also with a bridge, a second address and an interface after eth0 on
+    each node."""
+    def run(label: str) -> None:
+        (tmp_path / label).mkdir()
+        proc, job_dir = launch(isolated, tmp_path / label, "--nodes", "2", "--no-exporter", "--image", str(cpu_image),
+                               command=["bash", "-c", PROBE])
+        logs = read_logs(job_dir)
+        assert proc.returncode == 0, proc.stderr + logs
+        assert len(re.findall(r"^\d: gloo=eth0 ip=none$", logs, re.M)) == 2, logs
+        assert "done at step=20" in logs, logs
+
+    run("plain")
+    net = network.from_dict(isolated.state().network)
+    for i, ns in enumerate(sorted(net.namespaces.values()), 1):
+        script = ["ip link add docker0 index 7000 type bridge", "ip addr add 172.17.0.1/16 dev docker0",
+                  "ip link set docker0 up", "ip link add ib0 index 7001 type veth peer name ib0p index 7002",
+                  f"ip addr add 192.168.77.{i}/24 dev ib0", "ip link set ib0 up", "ip link set ib0p up",
+                  f"ip addr add 10.77.{i}.1/24 dev eth0"]
+        subprocess.run(["ip", "netns", "exec", ns, "bash", "-ec", "\n".join(script)], check=True)
+    run("busy")
 
 
 def test_down_leaves_no_namespace_link_or_process(isolated):

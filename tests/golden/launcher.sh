@@ -58,6 +58,39 @@ kit::die() {
   exit 2
 }
 
+# kit::route_iface ADDR: the interface this node reaches the IPv4 address ADDR through:
+# the longest matching route of /proc/net/route (there on every Linux, in images without
+# `ip` too), the lower metric first; nothing for a dotted quad it cannot read, no route or lo.
+kit::route_iface() {
+  local a b c d iface dest flags metric mask len best="" best_len=-1 best_metric=0 target
+  IFS=. read -r a b c d _ <<<"$1"
+  [[ "${a}.${b}.${c}.${d}" =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || return 0
+  target=$(( (10#${d} << 24) | (10#${c} << 16) | (10#${b} << 8) | 10#${a} ))  # little-endian, as the file's hex
+  while read -r iface dest _ flags _ _ metric mask _; do
+    [[ "${dest}" =~ ^[0-9A-Fa-f]{8}$ && "${mask}" =~ ^[0-9A-Fa-f]{8}$ && "${flags}" =~ ^[0-9A-Fa-f]+$ ]] || continue
+    (( (16#${flags} & 1) && (target & 16#${mask}) == 16#${dest} )) || continue
+    len=$(kit::bits $(( 16#${mask} )))
+    if (( len > best_len || (len == best_len && metric < best_metric) )); then
+      best="${iface}" best_len="${len}" best_metric="${metric}"
+    fi
+  done </proc/net/route
+  if [[ -n "${best}" && "${best}" != lo ]]; then printf '%s\n' "${best}"; fi
+}
+
+# kit::bits N: how many bits are set in N.
+kit::bits() {
+  local n="$1" count=0
+  while (( n )); do (( count += n & 1, n >>= 1 )) || true; done
+  printf '%s\n' "${count}"
+}
+
+# kit::cmdline PID: PID's command line, words separated by spaces, at most 400 characters.
+kit::cmdline() {
+  local text=""
+  text="$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null)" || true
+  printf '%s' "${text:0:400}"
+}
+
 kit::truthy() {
   local -r value="${1,,}"
   case "${value}" in
@@ -323,14 +356,11 @@ esac
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}"
 # gloo binds the address its host name resolves to, which on many nodes is a loopback one
 # (Debian's /etc/hosts: 127.0.1.1), so ranks on other nodes cannot reach it: unless the job
-# chose, it uses the interface this node reaches MASTER_ADDR through (the one holding it on
-# the first node). NCCL picks its own interfaces and is left to them.
-if [[ -z "${GLOO_SOCKET_IFNAME-}" && "${MASTER_ADDR}" != 127.* ]] && command -v ip >/dev/null 2>&1; then
-  kit_iface="$(ip -o -4 addr show 2>/dev/null | awk -v a="${MASTER_ADDR}" '{ split($4, p, "/"); if (p[1] == a) { print $2; exit } }')"
-  if [[ -z "${kit_iface}" ]]; then
-    kit_iface="$(ip -o route get "${MASTER_ADDR}" 2>/dev/null | awk '{ for (i = 1; i < NF; i++) if ($i == "dev") { print $(i + 1); exit } }')"
-  fi
-  if [[ -n "${kit_iface}" && "${kit_iface}" != lo ]]; then export GLOO_SOCKET_IFNAME="${kit_iface}"; fi
+# chose, it uses the interface this node reaches MASTER_ADDR through (read from
+# /proc/net/route: images without `ip` too). NCCL picks its own interfaces and is left to them.
+if [[ -z "${GLOO_SOCKET_IFNAME-}" && "${MASTER_ADDR}" != 127.* ]]; then
+  kit_iface="$(kit::route_iface "${MASTER_ADDR}")"
+  if [[ -n "${kit_iface}" ]]; then export GLOO_SOCKET_IFNAME="${kit_iface}"; fi
   unset kit_iface
 fi
 # In a container, kit's runtime lives at /opt/kit (built in, or mounted by kit launch).
@@ -377,7 +407,7 @@ kit::dump_stacks() {
   for pid in "${pids[@]}"; do
     printf 'process %s state %s wchan=%s: %s\n' "${pid}" \
       "$(awk '$1 == "State:" { $1 = ""; sub(/^ /, ""); print }' /proc/"${pid}"/status 2>/dev/null)" \
-      "$(cat /proc/"${pid}"/wchan 2>/dev/null)" "$(tr '\0' ' ' </proc/"${pid}"/cmdline 2>/dev/null | head -c 400)"
+      "$(cat /proc/"${pid}"/wchan 2>/dev/null)" "$(kit::cmdline "${pid}")"
   done
   spy="${KIT_PY_SPY:-$(command -v py-spy || true)}"
   if [[ -z "${spy}" ]]; then
