@@ -35,6 +35,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import stat
 import subprocess
 from dataclasses import asdict, dataclass
@@ -138,7 +139,7 @@ def take(cwd: Path, code_dir: str | None = None, *, store: Path, label: str = "-
             return None
     skip = [str(Path(p).resolve().relative_to(root)) for p in (*exclude, store)
             if _inside(Path(p).resolve(), root) and Path(p).resolve() != root]
-    top = _git_top(root)
+    top = _git_top(root, refused_ok=code_dir is not None)
     if top is not None:
         names = _git_files(root)
         commit, dirty = _git_state(root, skip)
@@ -210,15 +211,28 @@ def _inside(path: Path, root: Path) -> bool:
 
 
 def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, timeout=120)
+    """git in ``cwd``, reading only: no optional locks, so ``git status`` never rewrites the
+    tree's index (as root in a teammate's tree it would leave an index they cannot write)."""
+    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, timeout=120,
+                          env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
 
 
-def _git_top(path: Path) -> Path | None:
+def _git_top(path: Path, refused_ok: bool = False) -> Path | None:
+    """The top of the git work tree holding ``path``; None outside one. A tree git refuses (owned
+    by another user: "dubious ownership") is an error, never silently not snapshotted — unless
+    ``refused_ok`` (``--code DIR``: then it is snapshotted as a plain directory)."""
     try:
         proc = _git(["rev-parse", "--show-toplevel"], path)
     except (OSError, subprocess.TimeoutExpired):
         return None  # no git: no work tree to snapshot
     if proc.returncode != 0:
+        if b"dubious ownership" in proc.stderr and not refused_ok:
+            where = re.search(rb"repository at '([^']*)'", proc.stderr)
+            tree = os.fsdecode(where.group(1)) if where else str(path)
+            raise KitError(f"git refuses the work tree {tree}: another user owns it (git's \"dubious ownership\"), "
+                           "so the job's code cannot be snapshotted from it", field="--code",
+                           hint=f"snapshot it as a plain directory (--code {tree}), trust its owner "
+                                f"(git config --global --add safe.directory {tree}), or --no-code-snapshot")
         return None
     return Path(os.fsdecode(proc.stdout.rstrip(b"\n"))).resolve()
 

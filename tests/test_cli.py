@@ -251,6 +251,12 @@ def test_requests_slurm_could_never_run_are_refused_before_submission(cluster, t
                                  "processes 30 s (KillWait) after it signals them"),
         (["--mem", "64T"], "kit: --mem: 1 node(s) with 64T of memory each: the default partition has 0 such node(s) "
                            f"(its largest has {cluster.state().memory_mb} MB for jobs); the job would wait forever"),
+        # Issue 28 finding 10: GPUs are checked as CPUs are, and named (not blamed on --cpus-per-task).
+        (["--gpus-per-node", "4"], "kit: --gpus-per-node: 1 node(s) with 4 GPUs each: the default partition has 0 "
+                                   "such node(s) (its largest has 2 GPUs); Slurm would refuse the job"),
+        (["--gpus-per-node", "2", "--env", "CUDA_VISIBLE_DEVICES=1"],
+         "kit: --env: CUDA_VISIBLE_DEVICES: Slurm binds each task's 2 GPU(s) and sets it itself, replacing this "
+         "value"),
     ]
     for args, message in cases:
         proc = kit("launch", "--local", "--output-dir", str(out), *args, "--", "true")

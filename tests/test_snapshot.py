@@ -284,3 +284,41 @@ def test_a_dry_run_does_not_copy_the_image(home, tmp_path):
     path, digest = pin.pin(image, copy=False)
     assert path == image and digest.startswith("sha256:") and not list((home / "images").glob("sha256-*"))
     assert pin.pin(image)[1] == digest
+
+
+def test_a_work_tree_git_refuses_is_an_error_not_a_silent_live_run(home, tmp_path):
+    """Finding 7: a teammate's repository (another owner: git's "dubious ownership") is never
+    silently left unsnapshotted; --code DIR snapshots it as a plain directory."""
+    repo = make_repo(tmp_path / "repo")
+    for path in [repo, *repo.rglob("*")]:
+        os.lchown(path, 4321, 4321)
+    proc = kit("launch", "--dry-run", "--output-dir", str(tmp_path / "jobs"), "--", "true", cwd=repo,
+               env={"KIT_HOME": str(home)})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"kit: --code: git refuses the work tree {repo}: another user owns it"), proc.stderr
+    assert f"--code {repo}" in proc.stderr and "safe.directory" in proc.stderr and not (tmp_path / "jobs").exists()
+    ok = kit("launch", "--dry-run", "--code", str(repo), "--output-dir", str(tmp_path / "jobs"), "--", "true",
+             cwd=repo, env={"KIT_HOME": str(home)})
+    assert ok.returncode == 0, ok.stderr
+    job_dir = Path(ok.stdout.split("job dir: ")[1].strip())
+    snap = json.loads((job_dir / "job.json").read_text())["snapshot"]
+    assert snap["source"] == "directory" and (job_dir / "code" / "run.sh").read_text() == "#!/bin/sh\necho run\n"
+
+
+def test_a_launch_never_rewrites_the_trees_index(home, tmp_path):
+    """Finding 7's second half: `git status` refreshes a stale index by rewriting it (as root in a
+    teammate's tree: an index they can no longer write). kit's git reads only."""
+    import time
+
+    repo = make_repo(tmp_path / "repo")
+    time.sleep(1.1)
+    (repo / "run.sh").touch()  # stat data differs from the index: git status would refresh it
+    index = repo / ".git" / "index"
+    before = os.stat(index)
+    proc = kit("launch", "--dry-run", "--output-dir", str(tmp_path / "jobs"), "--", "true", cwd=repo,
+               env={"KIT_HOME": str(home)})
+    assert proc.returncode == 0, proc.stderr
+    after = os.stat(index)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    git(repo, "status")  # the check above can fail: plain git status rewrites it
+    assert os.stat(index).st_ino != before.st_ino

@@ -269,6 +269,10 @@ def _check_env(s: JobSpec, origins: Origins) -> None:
         if key in RESERVED_ENV:
             raise KitError(f"{key} is set by the launcher from Slurm's variables", field=origins.label("env"),
                            hint="leave it out; kit maps SLURM_PROCID etc. to " + ", ".join(sorted(RESERVED_ENV)))
+        if key == "CUDA_VISIBLE_DEVICES" and s.gpus_per_node:
+            raise KitError(f"{key}: Slurm binds each task's {s.gpus_per_node} GPU(s) and sets it itself, replacing "
+                           "this value", field=origins.label("env"),
+                           hint="leave it out: --gpus-per-node chooses how many GPUs each node's tasks get")
         if key.startswith(("KIT_", "SLURM_")) and key not in USER_KIT_ENV:
             raise KitError(f"{key}: names starting with KIT_ or SLURM_ are reserved", field=origins.label("env"))
 

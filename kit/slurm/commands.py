@@ -95,38 +95,47 @@ _MEM_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
 
 def check_fits(target: Target, partition: str | None, nodes: int, cpus_per_node: int, mem: str | None,
-               labels: tuple[str, str, str], note=lambda msg: None) -> None:
+               labels: tuple[str, ...], note=lambda msg: None, gpus_per_node: int = 0) -> None:
     """The request can ever run: the partition (the job's, else the default one) has
-    ``nodes`` nodes with ``cpus_per_node`` CPUs and ``mem`` (sbatch's --mem) each. Slurm
-    would queue an impossible request and leave it pending for good. Nodes Slurm holds
-    back (drained, down) count, with a note: they may come back."""
-    out = target.run(["sinfo", "--noheader", "--Node", "--format=%N|%c|%m|%t|%P|%E"], what="sinfo",
+    ``nodes`` nodes with ``gpus_per_node`` GPUs, ``cpus_per_node`` CPUs and ``mem`` (sbatch's
+    --mem) each. Slurm would queue an impossible request and leave it pending for good, or
+    refuse it. Nodes Slurm holds back (drained, down) count, with a note: they may come back.
+    ``labels``: the fields of nodes, CPUs, memory and GPUs."""
+    out = target.run(["sinfo", "--noheader", "--Node", "--format=%N|%c|%m|%G|%t|%P|%E"], what="sinfo",
                      check=False).stdout
-    found: dict[str, tuple[int, int, str, str]] = {}
+    found: dict[str, tuple[int, int, str, str, int]] = {}
     for line in out.splitlines():
-        fields = [f.strip() for f in line.split("|", 5)]
-        if len(fields) < 6 or not fields[1].isdigit():
+        fields = [f.strip() for f in line.split("|", 6)]
+        if len(fields) < 7 or not fields[1].isdigit():
             continue
-        name, count, memory, state, part, reason = fields
+        name, count, memory, gres, state, part, reason = fields
         if part.endswith("*") if partition is None else part.rstrip("*") == partition:
-            found[name] = (int(count), int(memory) if memory.isdigit() else 0, state, reason)
+            found[name] = (int(count), int(memory) if memory.isdigit() else 0, state, reason, gpu_count(gres))
     if not found:
         return  # sinfo said nothing usable: sbatch will tell
     where = f"partition {partition}" if partition else "the default partition"
     if nodes > len(found):
         raise KitError(f"{where} has {len(found)} node(s); {nodes} asked for would wait forever", field=labels[0],
                        hint=f"ask for at most {len(found)}")
-    fitting = [n for n, (c, _, _, _) in found.items() if c >= cpus_per_node]
+    fitting = list(found)
+    if gpus_per_node:
+        fitting = [n for n in fitting if found[n][4] >= gpus_per_node]
+        if len(fitting) < nodes:
+            raise KitError(f"{nodes} node(s) with {gpus_per_node} GPUs each: {where} has {len(fitting)} such node(s) "
+                           f"(its largest has {max(f[4] for f in found.values())} GPUs); Slurm would refuse the job",
+                           field=labels[3] if len(labels) > 3 else "--gpus-per-node",
+                           hint="ask for fewer GPUs per node, or another --partition")
+    fitting = [n for n in fitting if found[n][0] >= cpus_per_node]
     if len(fitting) < nodes:
         raise KitError(f"{nodes} node(s) with {cpus_per_node} CPUs each: {where} has "
-                       f"{len(fitting)} such node(s) (its largest has {max(c for c, *_ in found.values())} CPUs); "
+                       f"{len(fitting)} such node(s) (its largest has {max(f[0] for f in found.values())} CPUs); "
                        "the job would wait forever", field=labels[1],
                        hint="ask for fewer CPUs per task or fewer tasks per node")
     if mem:
         need_mb = int(mem[:-1]) * _MEM_UNITS[mem[-1]] if mem[-1] in _MEM_UNITS else int(mem)
         fitting = [n for n in fitting if found[n][1] >= need_mb]
         if len(fitting) < nodes:
-            largest = max(m for _, m, _, _ in found.values())
+            largest = max(f[1] for f in found.values())
             raise KitError(f"{nodes} node(s) with {mem} of memory each: {where} has {len(fitting)} such node(s) "
                            f"(its largest has {largest} MB for jobs); the job would wait forever", field=labels[2],
                            hint=f"ask for at most --mem {largest}M")
@@ -135,6 +144,12 @@ def check_fits(target: Target, partition: str | None, nodes: int, cpus_per_node:
         which = ", ".join(f"{n} ({found[n][2]}: {found[n][3] or 'no reason given'})" for n in held)
         note(f"{which}: Slurm holds back {'this node' if len(held) == 1 else 'these nodes'}; the job waits until "
              "enough are back (kit cluster up resumes the local cluster's)")
+
+
+def gpu_count(gres: str) -> int:
+    """The GPUs in sinfo's %G: ``gpu:2``, ``gpu:a100:8(S:0-1)``, several entries comma-separated;
+    0 for ``(null)``."""
+    return sum(int(m.group(1)) for m in re.finditer(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)", gres))
 
 
 def kill_wait(target: Target) -> int | None:

@@ -213,8 +213,9 @@ def plan(spec, origins=None, *, target: slurm.Target | None = None, target_note:
         if s.mpi != "none":
             slurm.check_mpi(target, s.mpi, origins.label("mpi"))
         slurm.check_fits(target, s.partition, s.nodes, (s.cpus_per_task or 1) * s.ntasks_per_node, s.mem,
-                         (origins.label("nodes"), origins.label("cpus_per_task"), origins.label("mem")),
-                         note=lambda msg: said.append(f"warning: {msg}"))
+                         (origins.label("nodes"), origins.label("cpus_per_task"), origins.label("mem"),
+                          origins.label("gpus_per_node")),
+                         note=lambda msg: said.append(f"warning: {msg}"), gpus_per_node=s.gpus_per_node)
         slurm.check_stop_grace(target, s.stop_grace, origins.label("stop_grace"))
         deps = slurm.check_after(target, deps, origins.label("after"), note=said.append)
     job.spec.after = [f"{job_id}:{kind}" for job_id, kind, _ in deps]
