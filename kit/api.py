@@ -371,11 +371,10 @@ class Job:
         if errors:
             out = []
             for r in runs if run is None else [run]:
-                e = records.first_failure(self.dir, r)
-                if e is not None:
-                    text = JobDir(self.dir).rank_log(e.rank, r).read_text(errors="replace")
-                    out.append(f"run {r}: rank {e.rank} on {e.node} failed first, exit code {e.exit_code}\n"
-                               + records.last_lines(text))
+                failure = records.failure_tail(self.dir, r)
+                if failure is not None:
+                    e, text = failure
+                    out.append(f"run {r}: rank {e.rank} on {e.node} failed first, exit code {e.exit_code}\n" + text)
             return "\n".join(out)
         run = run if run is not None else (runs[-1] if runs else 0)
         ranks = [rank] if rank is not None else records.ranks(self.dir, run)

@@ -248,3 +248,31 @@ def test_a_held_job_on_the_host_runs_the_code_it_was_submitted_with(cluster, tmp
     snap = json.loads((job.dir / JobDir.SPEC).read_text())["snapshot"]
     assert snap["dirty"] is True and snap["commit"] == run("rev-parse", "HEAD") and snap["files"] == 2
     assert json.loads((job.dir / JobDir.SBATCH).read_text())[2] == f"--chdir={job.dir / 'code' / 'pkg'}"
+
+
+def test_job_logs_errors_reads_only_the_end_of_a_huge_log(tmp_path):
+    """Issue 28 finding 11: Job.logs(errors=True) reads a rank log's end, as kit logs --errors does
+    (a 50 MB log: at most a few MB of Python memory, not the whole file)."""
+    import tracemalloc
+
+    job = tmp_path / "job"
+    (job / "logs").mkdir(parents=True)
+    (job / "progress" / "r0").mkdir(parents=True)
+    (job / "progress" / "r0" / "task-1").write_text("node2 123 0\n")
+    (job / "logs" / "exit.r0.rank-1").write_text("1700000000000000000 1 3 self\n")
+    (job / "logs" / "exit.r0.rank-0").write_text("1700000001000000000 0 0 self\n")
+    (job / "logs" / "rank-0.r0.log").write_text("fine\n")
+    (job / "job_id").write_text("999999\n")
+    with open(job / "logs" / "rank-1.r0.log", "w") as f:
+        line = "x" * 99 + "\n"
+        for _ in range(500_000):
+            f.write(line)
+        f.write("Traceback (most recent call last):\n  File \"t.py\", line 1\nValueError: the end\n")
+    tracemalloc.start()
+    text = kitlib.Job.from_dir(job).logs(errors=True)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert text.startswith("run 0: rank 1 on node2 failed first, exit code 3\n") and text.endswith("ValueError: the end")
+    assert peak < 4 << 20, peak
+    cli = kit("logs", str(job), "--errors")
+    assert "ValueError: the end" in cli.stdout and "rank 1 on node2 failed first, exit code 3" in cli.stdout

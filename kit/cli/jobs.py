@@ -198,25 +198,21 @@ def _print_log(path: Path, prefix: str) -> None:
 
 
 def _errors(job_dir: Path, run_numbers: list[int]) -> int:
-    from kit import files
     from kit.jobdir import records
 
     found = False
     for run in run_numbers:
-        e = records.first_failure(job_dir, run)
-        if e is None:
+        failure = records.failure_tail(job_dir, run)
+        if failure is None:
             continue
         found = True
+        e, text = failure
         try:
             when = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(e.time))
         except (OverflowError, OSError, ValueError):
             when = "an unreadable time"
         click.echo(f"run {run}: rank {e.rank} on {e.node} failed first, exit code {e.exit_code}, at {when}")
-        try:  # the end only: a rank's log may be gigabytes
-            text = files.tail(JobDir(job_dir).rank_log(e.rank, run), 256 << 10).decode(errors="replace")
-        except OSError:
-            text = "(its log is gone)"
-        _print_prefixed(records.last_lines(text), "  ")
+        _print_prefixed(text, "  ")
     if not found:
         end = records.last_run(job_dir) or {}
         if end.get("end") == "failed" and end.get("exit_code") not in (0, None):

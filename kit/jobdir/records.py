@@ -279,6 +279,19 @@ def first_failure(job_dir: Path, run: int) -> RankEnd | None:
     return next((e for e in rank_ends(job_dir, run) if e.by_itself and e.exit_code != 0), None)
 
 
+def failure_tail(job_dir: Path, run: int) -> tuple[RankEnd, str] | None:
+    """The first rank of a run that failed by itself, and the end of its log (:func:`last_lines`
+    of its last 256 KiB: a rank's log may be gigabytes)."""
+    e = first_failure(job_dir, run)
+    if e is None:
+        return None
+    try:
+        text = files.tail(JobDir(job_dir).rank_log(e.rank, run), 256 << 10).decode(errors="replace")
+    except OSError:
+        text = "(its log is gone)"
+    return e, last_lines(text)
+
+
 _LAUNCHER_ERROR = ("ChildFailedError",)  # torchrun's (torch.distributed.elastic)
 
 
