@@ -101,6 +101,14 @@ BAD = [
 ]
 
 
+def test_an_owned_sbatch_option_hint_reads_as_a_sentence(tmp_path):
+    """Issue 28 finding 16: not "use kit's the command after -- … instead"."""
+    proc = kit("launch", "--dry-run", "--output-dir", str(tmp_path), "--sbatch-arg=--wrap=hostname", "--", "true")
+    assert proc.stderr.splitlines()[1] == "hint: kit sets it itself: the command after -- (kit writes the batch script)"
+    proc = kit("launch", "--dry-run", "--output-dir", str(tmp_path), "--sbatch-arg=-N3", "--", "true")
+    assert proc.stderr.splitlines()[1] == "hint: use kit's --nodes instead"
+
+
 @pytest.mark.parametrize("args,message", BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_bad_input_is_one_clear_message_and_exit_2(tmp_path, args, message):
     out = tmp_path / "jobs"

@@ -295,7 +295,8 @@ def _check_words(s: JobSpec, origins: Origins) -> None:
         owned = owned_sbatch_option(arg)
         if owned:
             raise KitError(f"{owned} is set by kit", field=origins.label("sbatch_args"),
-                           hint=f"use kit's {OWNED_SBATCH[owned]} instead")
+                           hint=f"use kit's {OWNED_SBATCH[owned]} instead" if OWNED_SBATCH[owned].startswith("-")
+                           else f"kit sets it itself: {OWNED_SBATCH[owned]}")
     if not re.fullmatch(r"[A-Za-z0-9_]{1,32}", s.mpi):
         raise _err(origins, "mpi", f"not an MPI plugin name: {s.mpi!r}",
                    hint="e.g. --mpi pmi2 or --mpi pmix (see srun --mpi=list)")

@@ -23,7 +23,7 @@ OWNED_SBATCH = {
     "-J": "--job-name", "--output": "--output-dir", "-o": "--output-dir", "--error": "--output-dir",
     "-e": "--output-dir", "--array": "--array", "-a": "--array", "--dependency": "--after", "-d": "--after",
     "--kill-on-invalid-dep": "--after", "--signal": "--signal", "--requeue": "--max-restarts",
-    "--no-requeue": "--max-restarts", "--open-mode": "(kit appends to logs)", "--parsable": "--json",
+    "--no-requeue": "--max-restarts", "--open-mode": "it appends to the logs", "--parsable": "--json",
     "--wait": "--wait", "-W": "--wait", "--ntasks": "--ntasks-per-node", "-n": "--ntasks-per-node",
     "--wrap": "the command after -- (kit writes the batch script)",
     "--chdir": "the directory kit launch runs in (or its code snapshot's view)", "-D": "the directory kit launch "

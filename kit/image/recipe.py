@@ -150,7 +150,7 @@ def load(path: str | Path, base_override: str | None = None) -> Recipe:
                                hint="one of " + ", ".join(BASE_KINDS))
         if not isinstance(table, dict) or len(table) != 1:
             raise KitError("[base] needs exactly one of: " + ", ".join(BASE_KINDS), field=f"{label}: base",
-                           hint='e.g. [base]\\nrootfs = "bases/debian-bookworm"')
+                           hint='e.g. a [base] table with the line rootfs = "bases/debian-bookworm"')
         (kind, value), = table.items()
         if kind not in BASE_KINDS:
             raise KitError(f"unknown base kind {kind!r}", field=f"{label}: base",

@@ -49,7 +49,7 @@ def _pyplot():
         import matplotlib
     except ModuleNotFoundError:
         raise NoPicture("no picture: matplotlib is not installed", exit_code=1,
-                        hint="pip install 'kit[report]' (the numbers and report.json need nothing more)") from None
+                        hint="pip install 'kit-slurm[report]' (the numbers and report.json need nothing more)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt

@@ -472,9 +472,12 @@ static int make_container(spank_t sp)
 		return fail(TAG ": proc: %m");
 	if (bind_mount(root, "/dev", "/dev", 0) < 0 || bind_mount(root, "/sys", "/sys", MS_RDONLY) < 0)
 		return -1;
+	/* As enroot 4.1.2: /tmp a tmpfs of mode 0755 owned by the task's user (not 1777). */
+	char tmpfs_opts[64];
+	snprintf(tmpfs_opts, sizeof(tmpfs_opts), "mode=0755,uid=%u,gid=%u", (unsigned)getuid(), (unsigned)getgid());
 	for (const char **t = (const char *[]){ "/tmp", "/run", NULL }; *t; t++) {
 		snprintf(target, sizeof(target), "%s%s", root, *t);
-		if (mkdir_p(target, 01777) < 0 || mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") < 0)
+		if (mkdir_p(target, 0755) < 0 || mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs_opts) < 0)
 			return fail(TAG ": tmpfs on %s: %m", *t);
 	}
 	for (const char **f = (const char *[]){ "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/etc/machine-id",
