@@ -6,7 +6,9 @@ Prometheus, and `down` leaves no namespace, link or process."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import shutil
 import socket
 import subprocess
@@ -18,6 +20,7 @@ import pytest
 from helpers import ALL_REDUCE, kit, read_logs, require
 
 from kit.cluster import LocalCluster, network
+from kit.errors import KitError
 
 
 
@@ -152,3 +155,39 @@ def test_down_leaves_no_namespace_link_or_process(isolated):
     assert net.bridge not in links
     assert not any(ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
                    for ns in net.namespaces.values())
+
+
+def test_up_after_a_crash_that_lost_the_cluster_directory(tmp_path):
+    """Issue 28 finding 8: the daemons killed and the cluster's directory lost, its network stays
+    behind; the next `up --isolated-network` removes it and starts at once (not "File exists",
+    no half-written record to repair from)."""
+    c = LocalCluster(tmp_path / "home")
+    c.up(nodes=1, cpus_per_node=1, isolated_network=True)
+    try:
+        net = network.from_dict(c.state().network)
+        pids = list(c.state().pids.values())
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(c.root)
+        assert network.leftovers(net)  # the crash left the network
+        said = []
+        st, started = c.up(nodes=1, cpus_per_node=1, isolated_network=True, progress=said.append)
+        assert started and c.running() and st.network["bridge"] == net.bridge
+        assert any(m.startswith("removing the network an earlier cluster here left: " + net.bridge) for m in said), said
+    finally:
+        c.down(force=True)
+    assert network.leftovers(net) == [] and not c.state_file.exists()
+
+
+def test_a_failed_start_leaves_no_record_to_repair_from(tmp_path, monkeypatch):
+    """Finding 8's second half: a start that fails (here: the bridge cannot be made) removes what
+    it made and its record, so the next `up` starts afresh."""
+    c = LocalCluster(tmp_path / "home")
+
+    def refuse(net):
+        raise KitError("ip link add: refused", field="--isolated-network", exit_code=1)
+
+    monkeypatch.setattr(network, "create", refuse)
+    with pytest.raises(KitError, match="refused"):
+        c.up(nodes=1, cpus_per_node=1, isolated_network=True)
+    assert not c.state_file.exists() and network.found(c.root) is None
