@@ -4,6 +4,7 @@ plainly everything else (never dropped silently)."""
 
 from __future__ import annotations
 
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -60,3 +61,70 @@ def test_convert_of_a_missing_or_unreadable_script_is_one_line(tmp_path):
     (tmp_path / "fifo").symlink_to("/dev/zero")
     proc = kit("convert", str(tmp_path / "fifo"), timeout=30)
     assert proc.returncode == 2 and proc.stderr.startswith("kit: SCRIPT: cannot read ") and "Traceback" not in proc.stderr
+
+
+# Issue 28 finding 6: srun lines with shell syntax. Each runs as the script runs it and as the
+# job file kit convert wrote runs it; the outputs (and the files the line writes) are the same.
+SHELL_LINES = {
+    "substitution": """srun --ntasks-per-node=1 python3 -c 'import sys; print("args", sys.argv[1:])' """
+                    """--lr=$(python3 -c 'print(0.1)') | tee log.txt""",
+    "backticks": """srun echo "uid `id -u` here" && echo second""",
+    "redirections": """srun python3 -c 'print("to file")' > out.log 2>&1 && echo done | tee x; cat out.log""",
+    "semicolons": """srun bash -c 'echo $((1 + 2))'; echo after; (echo sub)""",
+    "no dollar": """srun printf '%s\\n' one two > listed.txt && wc -l < listed.txt""",
+}
+FAKE_SRUN = 'srun() { while [[ "$1" == -* ]]; do shift; done; "$@"; }\n'
+
+
+def _outputs(cwd: Path) -> dict:
+    return {p.name: p.read_text() for p in sorted(cwd.iterdir()) if p.is_file() and p.suffix != ".sbatch"}
+
+
+@pytest.mark.parametrize("name", sorted(SHELL_LINES))
+def test_a_command_with_shell_syntax_runs_as_the_script_runs_it(tmp_path, name):
+    script = tmp_path / "job.sbatch"
+    script.write_text(f"#!/bin/bash\n#SBATCH --nodes=1\n{SHELL_LINES[name]}\n")
+    proc = kit("convert", str(script))
+    assert proc.returncode == 0 and "shell syntax" in proc.stderr, proc.stderr
+    command = tomllib.loads(proc.stdout)["command"]
+    assert command[:2] == ["bash", "-c"], command
+    by_script, by_kit = tmp_path / "script", tmp_path / "kit"
+    by_script.mkdir()
+    by_kit.mkdir()
+    a = subprocess.run(["bash", "-c", FAKE_SRUN + f"source {script}"], cwd=by_script, capture_output=True, text=True)
+    b = subprocess.run(command, cwd=by_kit, capture_output=True, text=True)
+    assert (a.returncode, a.stdout) == (b.returncode, b.stdout) and a.stdout, (a.stdout, b.stdout, b.stderr)
+    assert _outputs(by_script) == _outputs(by_kit)
+    (tmp_path / "job.toml").write_text(proc.stdout)
+    dry = kit("launch", "--dry-run", "-f", str(tmp_path / "job.toml"), "--output-dir", str(tmp_path / "jobs"))
+    assert dry.returncode == 0, dry.stderr
+
+
+def test_a_converted_shell_line_runs_on_the_cluster(cluster, tmp_path):
+    script = tmp_path / "job.sbatch"
+    script.write_text(f"#!/bin/bash\n#SBATCH --nodes=1\n{SHELL_LINES['substitution']}\n")
+    (tmp_path / "job.toml").write_text(kit("convert", str(script)).stdout)
+    proc = kit("launch", "--local", "--wait", "--no-exporter", "-f", str(tmp_path / "job.toml"), "--output-dir",
+               str(tmp_path / "jobs"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    job_dir = Path(proc.stdout.split("job dir: ")[1].splitlines()[0].strip())
+    assert "args ['--lr=0.1']" in (job_dir / "logs" / "rank-0.r0.log").read_text()
+
+
+def test_convert_output_is_printable_and_reads_back(tmp_path):
+    """Finding 15: a not-carried line with control characters is escaped (in the file and on the
+    terminal); a character above U+FFFF is a valid TOML escape; `$(...)` in an #SBATCH line is
+    listed as that line, nothing of it carried."""
+    script = tmp_path / "job.sbatch"
+    script.write_bytes("#!/bin/bash\n#SBATCH --job-name=$(touch /x/y)\n#SBATCH --nodes=2\necho 'bell\x07 esc\x1b[31m'\n"
+                       "srun python3 -c 'print(1)' --tag '\U000e0001'\n".encode())
+    proc = kit("convert", str(script))
+    assert proc.returncode == 0, proc.stderr
+    assert "\x07" not in proc.stdout + proc.stderr and "\x1b" not in proc.stdout + proc.stderr
+    assert "bell\\x07 esc\\x1b[31m" in proc.stderr
+    job = tomllib.loads(proc.stdout)
+    assert job["command"][-1] == "\U000e0001" and job["nodes"] == 2 and "job_name" not in job, proc.stdout
+    assert "#SBATCH --job-name=$(touch /x/y): '/x/y)' is not an option" in proc.stderr, proc.stderr
+    (tmp_path / "job.toml").write_text(proc.stdout)
+    dry = kit("launch", "--dry-run", "-f", str(tmp_path / "job.toml"), "--output-dir", str(tmp_path / "jobs"))
+    assert dry.returncode == 0, dry.stderr

@@ -43,13 +43,13 @@ class Converted:
     not_carried: list[str] = field(default_factory=list)  # "WHAT: why"
 
     def toml(self, source: str) -> str:
-        lines = [f"# kit job file, from {source} by kit convert (kit launch -f THIS_FILE)"]
+        lines = [f"# kit job file, from {shown(source)} by kit convert (kit launch -f THIS_FILE)"]
         for name, value in self.fields.items():
             lines.append(f"{name} = {_toml(value)}")
         if self.not_carried:
             lines.append("")
             lines.append("# Not carried over:")
-            lines += [f"#   {item}" for item in self.not_carried]
+            lines += [f"#   {shown(item)}" for item in self.not_carried]
         return "\n".join(lines) + "\n"
 
 
@@ -63,7 +63,14 @@ def _toml(value) -> str:
     if isinstance(value, dict):
         return "{ " + ", ".join(f"{_toml(k)} = {_toml(v)}" for k, v in value.items()) + " }"
     text = str(value)
-    return '"' + "".join(c if c.isprintable() and c not in '"\\' else f"\\u{ord(c):04x}" for c in text) + '"'
+    return '"' + "".join(c if c.isprintable() and c not in '"\\' else
+                         f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}" for c in text) + '"'
+
+
+def shown(text: str) -> str:
+    """``text`` with what a terminal or a TOML comment cannot hold (control characters, lone
+    surrogates) written as escapes, so a listed line is one printable line."""
+    return "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in text)
 
 
 def _logical_lines(text: str) -> list[str]:
@@ -144,7 +151,10 @@ def _sbatch_option(c: Converted, name: str, value: str | None) -> None:
 
 
 def _command(c: Converted, words: list[str], line: str) -> None:
-    """The training command (srun's options dropped, torchrun's rendezvous options too)."""
+    """The training command (srun's options dropped, torchrun's rendezvous options too). A line
+    with shell syntax (pipes, ``&&``, ``;``, redirections, ``$(...)``, backticks) runs its text,
+    as written after srun's options, under ``bash -c``: re-quoting its words would change it."""
+    skip = 0
     if words and words[0] == "srun":
         i = 1
         dropped = []
@@ -153,8 +163,15 @@ def _command(c: Converted, words: list[str], line: str) -> None:
             dropped.append(name + (f"={value}" if value is not None else ""))
         if dropped:
             c.not_carried.append(f"srun {' '.join(dropped)}: kit runs its own srun from the job's fields")
-        words = words[i:]
+        words, skip = words[i:], i
     if not words:
+        return
+    syntax = _shell_syntax(line)
+    if syntax:
+        text = _after_words(line.strip(), skip)
+        c.fields["command"] = ["bash", "-c", text]
+        c.not_carried.append(f"{line.strip()}: it uses shell syntax ({syntax}): its text runs under bash -c as "
+                             "written (kit passes arguments without a shell)")
         return
     launcher = words[0].rsplit("/", 1)[-1]
     is_torchrun = launcher == "torchrun" or (len(words) > 2 and words[1] == "-m" and
@@ -181,6 +198,48 @@ def _command(c: Converted, words: list[str], line: str) -> None:
         c.fields["command"] = words
 
 
+def _shell_syntax(line: str) -> str | None:
+    """What makes ``line`` more than words for a shell (outside quotes), if anything."""
+    lex = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lex.whitespace_split = True
+    try:
+        tokens = list(lex)
+    except ValueError:
+        return "unbalanced quotes"
+    operators = sorted({t for t in tokens if t and all(ch in "();<>|&" for ch in t)})
+    if operators:
+        return ", ".join(f"'{op}'" for op in operators)
+    unquoted = re.sub(r"'[^']*'", "", line)
+    if "`" in unquoted:
+        return "backticks"
+    if "$(" in unquoted:
+        return "$(...)"
+    return None
+
+
+def _after_words(line: str, n: int) -> str:
+    """``line`` from its ``n``-th word on (words as the shell splits them, quotes respected)."""
+    i, quote = 0, None
+    for _ in range(n):
+        while i < len(line) and line[i] in " \t":
+            i += 1
+        while i < len(line):
+            ch = line[i]
+            if quote:
+                if ch == quote:
+                    quote = None
+                elif ch == "\\" and quote == '"':
+                    i += 1
+            elif ch in "'\"":
+                quote = ch
+            elif ch == "\\":
+                i += 1
+            elif ch in " \t":
+                break
+            i += 1
+    return line[i:].strip()
+
+
 def _shell_words(words: list[str]) -> str:
     """``words`` as one bash command line in which ``$VARIABLES`` still expand (double quotes)."""
     out = []
@@ -204,9 +263,15 @@ def convert(text: str) -> Converted:
             except ValueError:
                 c.not_carried.append(f"{stripped}: not readable")
                 continue
-            i = 0
-            while i < len(words):
+            i, options = 0, []
+            while i < len(words) and words[i].startswith("-"):
                 name, value, i = _option(words, i)
+                options.append((name, value))
+            if i < len(words):  # nothing of such a line is carried: what sbatch makes of it is unclear
+                c.not_carried.append(f"{stripped}: {words[i]!r} is not an option (sbatch runs no shell over "
+                                     "#SBATCH lines: $(...) there stays literal text)")
+                continue
+            for name, value in options:
                 _sbatch_option(c, name, value)
             continue
         if not stripped or stripped.startswith("#"):
