@@ -205,7 +205,7 @@ def rerun(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = (), *, wa
     # The same code (the snapshot, started at the same place) unless an edit turned it off.
     snapshot = recorded.get("snapshot") if not edited & {"code", "code_snapshot"} else None
     workdir, image_source = recorded.get("workdir"), recorded.get("image_source")
-    payloads = _function_payloads(source)
+    payloads = jobdir.function_payloads(source)
 
     def before_submit(prepared: lib.PreparedJob) -> None:
         for rel, data in payloads.items():  # a function job's call (kit.submit, kit.map), again
@@ -221,20 +221,6 @@ def rerun(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = (), *, wa
     if wait:
         job.wait()
     return job
-
-
-def _function_payloads(source: Path) -> dict[Path, bytes]:
-    """A function job's pickled calls (the job's, or each ``kit.map`` task's), relative to its
-    directory: read only from files of the caller's own (a pickle is code)."""
-    out = {}
-    for unit in [JobDir(source), *(JobDir(source).task(i) for i in JobDir(source).task_indices())]:
-        path = unit / JobDir.FUNCTION
-        if os.path.lexists(path):
-            try:
-                out[path.relative_to(source)] = files.read_bytes(jobdir.own(path), 1 << 31)  # a task's: its own job's
-            except OSError as e:
-                raise KitError(f"cannot read {path}: {e.strerror}", field="JOB") from None
-    return out
 
 
 def _edit(item: str) -> tuple[str, Any]:

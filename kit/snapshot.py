@@ -30,7 +30,6 @@ object must hash to its name before it is copied.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import json
@@ -38,35 +37,17 @@ import os
 import re
 import stat
 import subprocess
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kit import files
+from kit import codestore, files
+from kit.codestore import SKIPPED, Damaged, Snapshot, load, materialize, workdir
 from kit.errors import KitError
 from kit.home import kit_home
 
+__all__ = ["Damaged", "Snapshot", "load", "materialize", "workdir", "take", "store_for", "limit", "mib"]
+
 LIMIT = 512 << 20  # bytes a snapshot may hold: code, not data (KIT_CODE_LIMIT overrides)
 MAX_FILES = 200_000
-SKIPPED = frozenset({".git", "__pycache__"})  # never linked into a view: the live repository, stale bytecode
-_CHUNK = 1 << 20
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """One snapshot: its digest, where it was taken from, and what git said of it."""
-
-    digest: str              # sha256:<hex> of its manifest (paths, modes, contents)
-    root: str                # the directory snapshotted (the work tree's top, or --code DIR)
-    store: str               # the store holding its contents and manifest
-    source: str              # "git" or "directory"
-    files: int
-    bytes: int
-    commit: str | None = None  # git HEAD (None: not a git tree, or no commit yet)
-    dirty: bool | None = None  # uncommitted changes or untracked files in the snapshot
-
-    def record(self) -> dict:
-        """What ``job.json`` keeps (``snapshot``)."""
-        return asdict(self)
 
 
 def store_for(output_dir: Path) -> Path:
@@ -84,31 +65,6 @@ def store_for(output_dir: Path) -> Path:
         return home if os.stat(here).st_dev == os.stat(out).st_dev else near
     except OSError:
         return home
-
-
-@contextlib.contextmanager
-def _opened(store: Path, *, create: bool, field: str = "--code"):
-    """The store and its ``objects/`` and ``manifests/``, each checked as this user's own and
-    opened (see :func:`kit.files.owned`): (store, objects, manifests) as paths through the
-    descriptors."""
-    d = Path(store)
-    try:
-        with contextlib.ExitStack() as stack:
-            top = stack.enter_context(files.owned(d, create))
-            d = d / "objects"
-            objects = stack.enter_context(files.owned(top / "objects", create))
-            d = d.parent / "manifests"
-            manifests = stack.enter_context(files.owned(top / "manifests", create))
-            yield top, objects, manifests
-    except files.NotOwned:
-        raise KitError(f"{d} is not a directory of this user's own that only its owner can write: its contents "
-                       "would decide what jobs run", field=field,
-                       hint="remove it, or give another --output-dir (or KIT_HOME)") from None
-    except FileNotFoundError:
-        if create:
-            raise
-        raise KitError(f"the code store {d} is gone", field=field,
-                       hint="--edit code_snapshot=false runs the code as it is now") from None
 
 
 def limit() -> int:
@@ -130,7 +86,7 @@ def take(cwd: Path, code_dir: str | None = None, *, store: Path, label: str = "-
         if not root.is_dir():
             raise KitError(f"no such directory: {code_dir}", field=label,
                            hint="give the directory whose files the job runs (e.g. --code .)")
-        if not _inside(cwd, root):
+        if not codestore.inside(cwd, root):
             raise KitError(f"the job runs from {cwd}, which is outside {root}", field=label,
                            hint="launch from inside the directory you snapshot, or --code a directory containing it")
     else:
@@ -138,7 +94,7 @@ def take(cwd: Path, code_dir: str | None = None, *, store: Path, label: str = "-
         if root is None:
             return None
     skip = [str(Path(p).resolve().relative_to(root)) for p in (*exclude, store)
-            if _inside(Path(p).resolve(), root) and Path(p).resolve() != root]
+            if codestore.inside(Path(p).resolve(), root) and Path(p).resolve() != root]
     top = _git_top(root, refused_ok=code_dir is not None)
     if top is not None:
         names = _git_files(root)
@@ -159,7 +115,7 @@ def take(cwd: Path, code_dir: str | None = None, *, store: Path, label: str = "-
 
 def _keep(store: Path, root: Path, entries, label: str, source: str, commit, dirty) -> Snapshot:
     """The entries' contents into the store, and the manifest naming them."""
-    with _opened(store, create=True, field=label) as (top, objects, manifests):
+    with codestore.opened(store, create=True, field=label) as (top, objects, manifests):
         memo = files.StatMemo(top / "stat-memo.json")
         total = 0
         manifest = []
@@ -204,10 +160,6 @@ def _stored(path: Path, objects: Path, st: os.stat_result, memo: files.StatMemo)
                                        keep=lambda obj, d: files.verify(obj, d))
     memo.put(path, st, digest)
     return digest
-
-
-def _inside(path: Path, root: Path) -> bool:
-    return path == root or root in path.parents
 
 
 def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -291,15 +243,15 @@ def _entries(root: Path, names: list[str], label: str) -> list[tuple[str, os.sta
     total = sum(st.st_size for _, st, _ in out if st is not None)
     if total > limit():
         largest = sorted(((st.st_size, rel) for rel, st, _ in out if st is not None), reverse=True)[:5]
-        named = ", ".join(f"{rel} ({_mib(size)})" for size, rel in largest)
-        raise KitError(f"the code snapshot of {root} would hold {_mib(total)}, over its limit of {_mib(limit())}; "
+        named = ", ".join(f"{rel} ({mib(size)})" for size, rel in largest)
+        raise KitError(f"the code snapshot of {root} would hold {mib(total)}, over its limit of {mib(limit())}; "
                        f"the largest files: {named}", field=label,
                        hint="add data files to .gitignore, --code a smaller directory, or --no-code-snapshot "
                             "(KIT_CODE_LIMIT=BYTES raises the limit)")
     return out
 
 
-def _mib(n: int) -> str:
+def mib(n: int) -> str:
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
             return f"{n / size:.1f} {unit}"
@@ -309,142 +261,3 @@ def _mib(n: int) -> str:
 def _object_name(digest: str, st: os.stat_result) -> str:
     """An object's name: its sha256, ``.x`` for an executable's (the mode travels with it)."""
     return digest + (".x" if st.st_mode & 0o111 else "")
-
-
-# ---------------------------------------------------------------- using
-def load(record: dict) -> Snapshot:
-    """A snapshot from its ``job.json`` record (``kit rerun``): its store this user's own, its
-    manifest there, holding what its name says."""
-    try:
-        snap = Snapshot(**record)
-    except TypeError:
-        raise KitError("the job's snapshot record is damaged", field="JOB") from None
-    _manifest(snap)
-    return snap
-
-
-def _hexdigest(snap: Snapshot) -> str:
-    hexdigest = snap.digest.partition(":")[2] if isinstance(snap.digest, str) else ""
-    if len(hexdigest) != 64 or not all(c in "0123456789abcdef" for c in hexdigest):
-        raise KitError(f"not a snapshot digest: {snap.digest!r}", field="JOB")
-    return hexdigest
-
-
-def _manifest(snap: Snapshot, manifests: Path | None = None) -> list[tuple[str, str, str]]:
-    """The snapshot's manifest, checked: it hashes to the snapshot's digest, and every entry is
-    a path inside the view (relative, no ``..``, none below another entry)."""
-    hexdigest = _hexdigest(snap)
-    if manifests is None:
-        with _opened(Path(snap.store), create=False, field="JOB") as (_, _, manifests):
-            return _manifest(snap, manifests)
-    path = manifests / (hexdigest + ".json")
-    try:
-        data = files.read_bytes(path, 1 << 30)
-    except FileNotFoundError:
-        raise KitError(f"the job's code snapshot {snap.digest} is no longer in {snap.store}", field="JOB",
-                       hint="--edit code_snapshot=false runs the code as it is now") from None
-    except OSError as e:
-        raise KitError(f"cannot read the job's code snapshot {snap.digest}: {e.strerror}", field="JOB") from None
-    if hashlib.sha256(data).hexdigest() != hexdigest:
-        raise KitError(f"the code snapshot {snap.digest} in {snap.store} does not hold what its name says "
-                       "(changed or replaced)", field="JOB",
-                       hint="--edit code_snapshot=false runs the code as it is now")
-    try:
-        return _checked_entries(files.loads(data.decode("utf-8", "surrogateescape")))
-    except ValueError as e:
-        raise KitError(f"the code snapshot {snap.digest} is damaged: {e}", field="JOB") from None
-
-
-def _checked_entries(manifest) -> list[tuple[str, str, str]]:
-    if not isinstance(manifest, list):
-        raise ValueError("not a list")
-    out, seen = [], set()
-    for entry in manifest:
-        if not (isinstance(entry, list) and len(entry) == 3 and all(isinstance(v, str) for v in entry)):
-            raise ValueError(f"not an entry: {str(entry)[:80]}")
-        rel, kind, value = entry
-        parts = rel.split("/")
-        if (not rel or "\0" in rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts)
-                or any(p in SKIPPED for p in parts)):
-            raise ValueError(f"a path outside the view: {rel!r}")
-        if kind in ("f", "x") and (len(value) != 64 or not all(c in "0123456789abcdef" for c in value)):
-            raise ValueError(f"not an object name: {value!r}")
-        if kind not in ("f", "x", "l", "d") or rel in seen:
-            raise ValueError(f"a bad or repeated entry: {rel!r}")
-        seen.add(rel)
-        out.append((rel, kind, value))
-    for rel, _, _ in out:
-        for parent in Path(rel).parents:
-            if str(parent) in seen:
-                raise ValueError(f"an entry below a file or link: {rel!r}")
-    return out
-
-
-def workdir(snap: Snapshot, view: Path, cwd: Path) -> Path:
-    """Where in ``view`` a command started in ``cwd`` runs."""
-    cwd, root = Path(cwd).resolve(), Path(snap.root)
-    return view / cwd.relative_to(root) if _inside(cwd, root) else view
-
-
-class Damaged(KitError):
-    """An object of the store whose content is not its name."""
-
-
-def materialize(snap: Snapshot, view: Path, listing: Path) -> None:
-    """Lay ``snap`` out at ``view`` (see the module's text), and record in ``listing`` (NUL-separated
-    triples: ``f``/``x`` and the object's path, or ``l`` and the link's target; then the path in
-    the view) what prelaunch puts back when a run changed it."""
-    with _opened(Path(snap.store), create=False, field="JOB") as (_, objects, manifests):
-        manifest = _manifest(snap, manifests)
-        real_objects, root = Path(snap.store) / "objects", Path(snap.root)
-        view.mkdir(mode=0o755)
-        dirs = {Path(".")}
-        record: list[str] = []
-        for rel, kind, value in manifest:
-            dest = view / rel
-            for parent in reversed(Path(rel).parents):
-                if parent not in dirs:
-                    (view / parent).mkdir()
-                    dirs.add(parent)
-            if kind in ("l", "d"):
-                target = value if kind == "l" else str(root / rel)
-                os.symlink(target, dest)
-                record += ["l", target, rel]
-            else:
-                name = value + (".x" if kind == "x" else "")
-                _copy_verified(objects / name, dest, value, 0o555 if kind == "x" else 0o444)
-                record += [kind, str(real_objects / name), rel]
-    for d in sorted(dirs):  # what the snapshot leaves out stays reachable where it was
-        try:
-            names = os.listdir(root / d) if not os.path.islink(root / d) else []
-        except OSError:
-            continue
-        for name in sorted(names):
-            if name not in SKIPPED and not os.path.lexists(view / d / name):
-                os.symlink(root / d / name, view / d / name)
-                record += ["l", str(root / d / name), str(d / name)]
-    files.create(listing, b"".join(os.fsencode(v) + b"\0" for v in record), 0o600)
-
-
-def _copy_verified(obj: Path, dest: Path, hexdigest: str, mode: int) -> None:
-    """Copy the object ``obj`` (never through a symlink) to the new file ``dest``, checking its
-    content against its name as it goes; :class:`Damaged` (nothing left at ``dest``) if not."""
-    h = hashlib.sha256()
-    try:
-        with files.open_regular(obj) as (fd, _):
-            with os.fdopen(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                   0o600), "wb") as w:
-                while chunk := os.read(fd, _CHUNK):
-                    h.update(chunk)
-                    w.write(chunk)
-                os.fchmod(w.fileno(), mode)
-    except FileNotFoundError as e:
-        if e.filename and str(e.filename) == str(dest):
-            raise
-        raise Damaged(f"the code store lost the object {hexdigest[:12]}", field="JOB",
-                      hint="--edit code_snapshot=false runs the code as it is now") from None
-    if h.hexdigest() != hexdigest:
-        os.unlink(dest)
-        raise Damaged(f"the code store's object {hexdigest[:12]} does not hold what its name says "
-                      "(changed or replaced)", field="JOB",
-                      hint="--edit code_snapshot=false runs the code as it is now")

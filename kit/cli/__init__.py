@@ -42,7 +42,7 @@ class _LazyGroup(click.Group):
 COMMANDS = {"launch": "kit.cli.launch:launch", "ps": "kit.cli.jobs:ps", "logs": "kit.cli.jobs:logs",
             "cancel": "kit.cli.jobs:cancel", "rerun": "kit.cli.jobs:rerun", "build": "kit.cli.build:build", "inspect": "kit.cli.build:inspect",
             "cluster": "kit.cli.cluster:cluster", "exporter": "kit.cli.exporter:exporter",
-            "report": "kit.cli.report:report", "convert": "kit.cli.convert:convert"}
+            "report": "kit.cli.report:report", "convert": "kit.cli.convert:convert", "trim": "kit.cli.trim:trim"}
 
 
 @click.group(name="kit", cls=_LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})

@@ -152,7 +152,7 @@ class LocalCluster:
                     return st, bool(dead or resumed)
                 progress("every daemon of the earlier cluster is gone: starting a new one")
                 self._end_job_processes(progress)
-            self._clear_leftover_network(progress)
+            network.clear_leftover(self.root, progress)
             layout.clean(self.root, self.state_file)
             st = self._start(*shape, timeout, progress, isolated)
             if prometheus:
@@ -221,30 +221,13 @@ class LocalCluster:
             start_prometheus(self, st, timeout, progress)
             self.save(st)
 
-    def _clear_leftover_network(self, progress) -> None:
-        """A network of this cluster's id left by one whose directory was lost (a crash, a wiped
-        state directory): removed before a new one is made, unless a process still runs in it."""
-        left = network.found(self.root)
-        if left is None:
-            return
-        inside = [pid for pid in network.pids_inside(left) if processes.alive(pid, processes.comm(pid))]
-        if inside:
-            raise KitError(f"a network of this cluster ({left.bridge}) is left from an earlier one and "
-                           f"{len(inside)} process(es) still run in it: not starting a new cluster over it",
-                           field="cluster", exit_code=1,
-                           hint="`kit cluster down --force` stops them and removes it, then `kit cluster up`")
-        progress(f"removing the network an earlier cluster here left: {', '.join([left.bridge, *left.namespaces.values()])}")
-        network.remove(left)
-
     def _start(self, nodes: int, cpus: int, gpus: int, timeout: float, progress,
                isolated: bool = False) -> ClusterState:
         ports = processes.free_ports(nodes + 1)
         st = ClusterState(nodes=nodes, cpus_per_node=cpus, gpus_per_node=gpus,
                           memory_mb=processes.memory_mb(), hostname=socket.gethostname().split(".")[0],
                           ctld_port=ports[0], node_ports=ports[1:])
-        # The record is written before anything exists, so that `down` can always find what
-        # to remove; a start that fails removes what it made and the record with it, so the
-        # next `up` starts afresh (never "repairs" a half-made cluster).
+        # The record first (`down` finds what to remove); a failed start removes it too (no half-made cluster).
         try:
             if isolated:
                 net = network.plan(self.root, nodes)
@@ -262,11 +245,6 @@ class LocalCluster:
                          "(install munge to let only real uids through)")
             layout.write(self.root, self.conf, st)
             self.save(st)
-        except BaseException:
-            self._remove_network(lambda msg: None)
-            self.state_file.unlink(missing_ok=True)
-            raise
-        try:
             if st.auth == "munge":
                 progress("starting munged (the cluster's own key and socket)")
                 self._start_daemon(st, "munged")

@@ -113,6 +113,24 @@ def create(net: Network) -> None:
         raise
 
 
+def clear_leftover(root: Path, progress) -> None:
+    """A network of the cluster at ``root`` left by one whose directory was lost (a crash, a wiped
+    state directory): removed before a new one is made, unless a process still runs in it."""
+    from kit.cluster import processes
+
+    left = found(root)
+    if left is None:
+        return
+    inside = [pid for pid in pids_inside(left) if processes.alive(pid, processes.comm(pid))]
+    if inside:
+        raise KitError(f"a network of this cluster ({left.bridge}) is left from an earlier one and "
+                       f"{len(inside)} process(es) still run in it: not starting a new cluster over it",
+                       field="cluster", exit_code=1,
+                       hint="`kit cluster down --force` stops them and removes it, then `kit cluster up`")
+    progress(f"removing the network an earlier cluster here left: {', '.join([left.bridge, *left.namespaces.values()])}")
+    remove(left)
+
+
 def pids_inside(net: Network) -> list[int]:
     """Every process still in one of the cluster's namespaces."""
     out = []

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kit import files
 from kit.errors import KitError
-from kit.jobdir import JobDir, rank_of_metrics_file, read_rank_metrics, read_task_record
+from kit.jobdir import JobDir, last_lines, rank_of_metrics_file, read_rank_metrics, read_task_record
 
 
 def find_job_dir(job: str, output_dir: str | Path) -> Path:
@@ -290,26 +290,6 @@ def failure_tail(job_dir: Path, run: int) -> tuple[RankEnd, str] | None:
     except OSError:
         text = "(its log is gone)"
     return e, last_lines(text)
-
-
-_LAUNCHER_ERROR = ("ChildFailedError",)  # torchrun's (torch.distributed.elastic)
-
-
-def last_lines(text: str, lines: int = 20) -> str:
-    """The end of a log, a Python traceback near the end kept whole. A per-node launcher's
-    own traceback (torchrun's ChildFailedError) is not the error: the child's traceback
-    before it is where the end starts then."""
-    rows = text.splitlines()
-    start = max(len(rows) - lines, 0)
-    starts = [i for i in range(max(len(rows) - 400, 0), len(rows)) if "Traceback (most recent call last):" in rows[i]]
-    if starts:
-        ends = starts[1:] + [len(rows)]
-        own = [i for i, end in zip(starts, ends) if not any(m in r for r in rows[i:end] for m in _LAUNCHER_ERROR)]
-        pick = starts[-1]
-        if own and any(m in r for r in rows[pick:] for m in _LAUNCHER_ERROR):
-            pick = own[-1]
-        start = min(start, pick)
-    return "\n".join(rows[start:])
 
 
 CANCEL_RECORD = JobDir.CANCELLED

@@ -1,0 +1,82 @@
+"""Issue 28 finding 12 (done-means 7): `kit trim` frees the pinned images and code snapshots no
+job needs, and keeps those a held job and a requeueable one (ended unfinished, still known to
+Slurm) use, and those of a job named with --keep."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from helpers import kit, scancel, wait_for
+
+import kit as kitlib
+from kit import trim as trimming
+from kit.image import pin
+
+
+def fake_image(tmp_path: Path, name: str) -> Path:
+    """A squashfs with what kit's pre-submission check looks for (bash, tee), unique content."""
+    root = tmp_path / f"{name}-root"
+    for rel in ("usr/bin/bash", "usr/bin/tee"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("")
+    (root / "id").write_text(name)
+    out = tmp_path / f"{name}.sqsh"
+    subprocess.run(["mksquashfs", str(root), str(out), "-quiet", "-no-progress"], check=True)
+    return out
+
+
+def repo(tmp_path: Path, name: str, text: str) -> Path:
+    r = tmp_path / name
+    r.mkdir()
+    (r / "train.py").write_text(text)
+    subprocess.run(["git", "-C", str(r), "init", "-q"], check=True)
+    return r
+
+
+def objects_of(job: kitlib.Job) -> set[str]:
+    snap = json.loads((job.dir / "job.json").read_text())["snapshot"]
+    manifest = Path(snap["store"]) / "manifests" / (snap["digest"].split(":")[1] + ".json")
+    return {value for _, kind, value in json.loads(manifest.read_text()) if kind in ("f", "x")}
+
+
+def test_trim_frees_what_no_job_needs_and_keeps_held_and_requeueable_jobs(cluster, tmp_path, monkeypatch):
+    out = tmp_path / "jobs"
+
+    def launch(code: Path, image: Path | None, *extra: str) -> kitlib.Job:
+        args = ["launch", "--local", "--no-exporter", "--output-dir", str(out), *extra]
+        proc = kit(*args, *(["--image", str(image)] if image else []), "--", "python3", "train.py", cwd=code)
+        assert proc.returncode == 0, proc.stderr
+        return kitlib.Job.from_dir(proc.stdout.split("job dir: ")[1].splitlines()[0].strip())
+
+    held = launch(repo(tmp_path, "held", "print('held')\n"), fake_image(tmp_path, "held"), "--sbatch-arg=--hold")
+    failed = launch(repo(tmp_path, "failed", "print('failed')\n"), fake_image(tmp_path, "failed"),
+                    "--max-restarts", "1")
+    end = failed.wait(timeout=180)
+    assert end.state == "FAILED" and not (failed.dir / "FINISHED").exists()  # requeueable: Slurm knows it
+    done = launch(repo(tmp_path, "done", "print('done')\n"), None, "--wait")
+    named = launch(repo(tmp_path, "named", "print('named')\n"), None, "--wait")
+    free_pin, _ = pin.pin(fake_image(tmp_path, "free"))
+    pins = {j: Path(json.loads((j.dir / "job.json").read_text())["image"]) for j in (held, failed)}
+    assert all(p.parent == pin.pins() for p in pins.values())
+
+    uses = {j: objects_of(j) for j in (held, failed, done, named)}
+    monkeypatch.setattr(trimming, "GRACE", 0.0)  # what was written just now counts as old here
+    dry = trimming.trim([out], [named.dir], dry_run=True)
+    assert str(free_pin) in dry.images and free_pin.exists() and dry.freed > 0
+    result = trimming.trim([out], [named.dir])
+    assert str(free_pin) in result.images and not free_pin.exists()
+    assert all(p.exists() for p in pins.values()), result  # the held job's and the requeueable one's
+    assert {str(held.dir), str(failed.dir), str(named.dir)} <= set(result.kept_for)
+    store = Path(json.loads((done.dir / "job.json").read_text())["snapshot"]["store"])
+    left = {p.name.split(".")[0] for p in (store / "objects").iterdir()}
+    assert uses[done] & left == set() and result.objects >= 1 and result.snapshots >= 1  # the finished job's code
+    assert (uses[held] | uses[failed] | uses[named]) <= left
+    # What was kept still runs: the held job, released, starts (its image and its code are there).
+    subprocess.run(["scontrol", "release", held.id], env={**__import__("os").environ, **cluster.target.env},
+                   check=True)
+    wait_for(lambda: held.state() != "PENDING", 120, what="the held job to start")
+    scancel(cluster, held.id)
+    proc = kit("trim", "--output-dir", str(out), "--dry-run")
+    assert proc.returncode == 0 and proc.stdout.startswith("kit trim: would free "), proc.stderr
