@@ -371,3 +371,23 @@ def test_every_launch_option_is_declared_once_in_the_option_table(tmp_path):
     job.write_text('command = ["true"]\nstop_grace = "3"\n')
     proc = kit("launch", "--dry-run", "-f", str(job))
     assert proc.returncode == 2 and "expected a whole number" in proc.stderr
+
+
+def test_no_hint_names_the_unrelated_pypi_project():
+    """Issue 28 finding 16: `pip install 'kit[...]'` installs an unrelated project (PyPI's kit);
+    the distribution is kit-slurm. No hint, message or README line names the other."""
+    bad = []
+    for path in [*(REPO / "kit").rglob("*.py"), REPO / "README.md", *(REPO / "containers").glob("*.md")]:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"pip install ['\"]?kit(\[|['\"\s]|$)", line):
+                bad.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
+    assert bad == [], bad
+
+
+def test_a_recipe_hint_has_no_literal_escape(tmp_path):
+    """Finding 16: the [base] hint is one readable line, not a literal backslash-n."""
+    recipe = tmp_path / "r.toml"
+    recipe.write_text("[base]\n")
+    proc = kit("build", str(recipe), "-o", str(tmp_path / "out.sqsh"))
+    assert proc.returncode == 2 and "[base] needs exactly one of" in proc.stderr, proc.stderr
+    assert "\\n" not in proc.stderr and "hint: e.g. a [base] table with the line rootfs = " in proc.stderr

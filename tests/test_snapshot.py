@@ -322,3 +322,20 @@ def test_a_launch_never_rewrites_the_trees_index(home, tmp_path):
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     git(repo, "status")  # the check above can fail: plain git status rewrites it
     assert os.stat(index).st_ino != before.st_ino
+
+
+def test_a_dry_run_launch_copies_no_image(home, tmp_path):
+    """Finding 12's last part, from the command line: `kit launch --dry-run --image` writes no pin."""
+    root = tmp_path / "root"
+    for rel in ("usr/bin/bash", "usr/bin/tee"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("")
+    image = tmp_path / "img.sqsh"
+    subprocess.run(["mksquashfs", str(root), str(image), "-quiet", "-no-progress"], check=True)
+    proc = kit("launch", "--dry-run", "--no-code-snapshot", "--image", str(image), "--output-dir",
+               str(tmp_path / "jobs"), "--", "true", env={"KIT_HOME": str(home)})
+    assert proc.returncode == 0, proc.stderr
+    assert not list((home / "images").glob("sha256-*")), list((home / "images").iterdir())
+    job_dir = Path(proc.stdout.split("job dir: ")[1].strip())
+    spec = json.loads((job_dir / "job.json").read_text())
+    assert spec["image_digest"].startswith("sha256:") and spec["image"] == str(image)
