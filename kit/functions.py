@@ -28,9 +28,23 @@ class RemoteError(KitError):
 
     def __init__(self, record: dict):
         self.rank, self.node = record.get("rank"), record.get("node")
-        self.type, self.traceback = record.get("type"), record.get("traceback", "")
-        super().__init__(f"rank {self.rank} on {self.node} raised {self.type}: {record.get('message', '')}",
-                         field="fn", exit_code=1, detail=self.traceback.rstrip())
+        self.type, self.traceback = record.get("type"), str(record.get("traceback") or "")
+        where = last_frames(self.traceback)
+        super().__init__(f"rank {self.rank} on {self.node} raised {self.type}: {record.get('message', '')}"
+                         + (f"\n{where}" if where else ""), field="fn", exit_code=1, detail=self.traceback.rstrip())
+
+
+def last_frames(traceback: str, count: int = 3) -> str:
+    """The last ``count`` frames of a formatted traceback (its ``File "...", line N, in f`` lines
+    and their source lines): where the remote call failed, in the exception's own text."""
+    lines = traceback.rstrip().splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith('  File "')]
+    out = []
+    for i in frames[-count:]:
+        out.append(lines[i])
+        if i + 1 < len(lines) and lines[i + 1].startswith("    "):
+            out.append(lines[i + 1])
+    return "\n".join(out)
 
 
 def submit(fn: Callable, *args: Any, **kwargs: Any) -> Job:

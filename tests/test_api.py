@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -128,6 +129,9 @@ def test_an_exception_on_a_rank_comes_back_naming_it(cluster, tmp_path):
         job.result(timeout=300)
     assert e.value.rank == 1 and e.value.node == "node2" and e.value.type == "ValueError"
     assert "rank 1 on node2 raised ValueError: bad shard 7" in str(e.value)
+    # Issue 29 finding 4: where it failed is in the message itself (file, line, function, source).
+    assert re.search(r'File ".*test_api.py", line \d+, in fails_on_rank_1\n +raise ValueError\("bad shard 7"\)',
+                     str(e.value)), str(e.value)
     assert 'raise ValueError("bad shard 7")' in e.value.traceback
     end = job.wait()
     assert end.state == "FAILED" and end.exit_code == 1 and not (job.dir / "FINISHED").exists()

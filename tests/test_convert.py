@@ -32,8 +32,11 @@ EXPECTED = {
                           "command": ["bash", "-c", "python -m sloughgpt.distributed_training --world-size 32 "
                                                     "--master-addr $MASTER_ADDR --master-port $MASTER_PORT"]},
                          ["srun --ntasks-per-node=8 --nodes=4: kit runs its own srun"]),
-    "array_lr.sbatch": ({"array": "0-9", "command": ["bash", "-c", "python train.py --lr $LR --batch_size $BATCH_SIZE"]},
-                        ["LR=$(echo", "a shell variable the script sets"]),
+    "array_lr.sbatch": ({"array": "0-9", "command": [
+        "bash", "-c", "LR=$(echo \"0.001 0.0001 0.00001 0.000001\" | cut -d' ' -f$((SLURM_ARRAY_TASK_ID % 4 + 1)))\n"
+                      "BATCH_SIZE=$((32 * (SLURM_ARRAY_TASK_ID / 4 + 1)))\n"
+                      "python train.py --lr $LR --batch_size $BATCH_SIZE"]},
+                        ["BATCH_SIZE, LR: set by the script, carried into the command"]),
 }
 
 
@@ -128,3 +131,24 @@ def test_convert_output_is_printable_and_reads_back(tmp_path):
     (tmp_path / "job.toml").write_text(proc.stdout)
     dry = kit("launch", "--dry-run", "-f", str(tmp_path / "job.toml"), "--output-dir", str(tmp_path / "jobs"))
     assert dry.returncode == 0, dry.stderr
+
+
+def test_an_array_script_converts_into_a_job_that_runs_as_the_script(cluster, tmp_path):
+    """Issue 29 finding 5: the seed's array script sets LR and BATCH_SIZE from the task id, then
+    runs `python train.py --lr $LR ...`; the job file carries the assignments, and each task of
+    the converted job prints what the script prints by hand for that task id."""
+    text = (DATA / "array_lr.sbatch").read_text().replace("--array=0-9", "--array=0-4").replace("--gres=gpu:1", "")
+    (tmp_path / "job.sbatch").write_text(text.replace("python train.py", "python3 train.py"))
+    (tmp_path / "train.py").write_text("import sys\nprint('train', *sys.argv[1:])\n")
+    proc = kit("convert", str(tmp_path / "job.sbatch"))
+    (tmp_path / "job.toml").write_text(proc.stdout)
+    by_hand = {i: subprocess.run(["bash", str(tmp_path / "job.sbatch")], cwd=tmp_path, capture_output=True, text=True,
+                                 env={**__import__("os").environ, "SLURM_ARRAY_TASK_ID": str(i)}).stdout
+               for i in range(5)}
+    assert by_hand[4] == "train --lr 0.001 --batch_size 64\n", by_hand
+    run = kit("launch", "--local", "--wait", "--no-exporter", "--no-code-snapshot", "-f", str(tmp_path / "job.toml"),
+              "--output-dir", str(tmp_path / "jobs"), cwd=tmp_path, timeout=300)
+    assert run.returncode == 0, run.stderr
+    job_dir = Path(run.stdout.split("job dir: ")[1].splitlines()[0].strip())
+    for i in range(5):
+        assert (job_dir / "tasks" / str(i) / "logs" / "rank-0.r0.log").read_text() == by_hand[i]

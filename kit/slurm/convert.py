@@ -255,6 +255,7 @@ def convert(text: str) -> Converted:
     """The job-file fields of the sbatch script ``text``, and what did not carry over."""
     c = Converted()
     commands: list[tuple[list[str], str]] = []
+    assigned: list[tuple[str, str, int]] = []  # NAME=value lines: (name, text, commands before it)
     for line in _logical_lines(text):
         stripped = line.strip()
         if stripped.startswith("#SBATCH"):
@@ -280,8 +281,11 @@ def convert(text: str) -> Converted:
         if stripped.startswith("export ") and computed:
             items = [stripped[len("export "):].strip()]  # one NAME=$(...) (shlex would split the command)
         elif re.match(r"[A-Za-z_][A-Za-z0-9_]*=", stripped):
-            c.not_carried.append(f"{stripped}: a shell variable the script sets (compute it in a wrapper script "
-                                 "the command runs; kit's --env takes values)")
+            name = stripped.split("=", 1)[0]
+            if name in KIT_SETS:
+                c.not_carried.append(f"{stripped}: kit sets {name} for every task")
+            else:
+                assigned.append((name, stripped, len(commands)))
             continue
         elif stripped.startswith("trap "):
             c.not_carried.append(f"{stripped}: kit passes the warning signal (--signal) to the command; a handler "
@@ -303,9 +307,11 @@ def convert(text: str) -> Converted:
                     c.not_carried.append(f"export {item}: kit sets {name} for every task")
                 elif eq and "$" not in value and "`" not in value and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                     c.fields.setdefault("env", {})[name] = value
+                elif eq and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                    text = f"export {item}" if items else f"export {name}={_double_quoted(value)}"
+                    assigned.append((name, text, len(commands)))
                 else:
-                    c.not_carried.append(f"export {item}: a value computed in the script (kit's --env takes "
-                                         "values)")
+                    c.not_carried.append(f"export {item}: not a variable kit can carry")
             continue
         if words[0] in SETUP_WORDS or "=" in words[0].split("/")[0]:
             c.not_carried.append(f"{stripped}: setup the job itself does not need (put it in the image, "
@@ -319,6 +325,36 @@ def convert(text: str) -> Converted:
             c.not_carried.append(f"{stripped}: only the training command is carried over")
     if chosen:
         _command(c, *chosen[0])
+        _carry_assignments(c, [a for a in assigned if a[2] <= commands.index(chosen[0])])
     else:
         c.not_carried.append("no command found: add command = [...]")
     return c
+
+
+def _carry_assignments(c: Converted, assigned: list[tuple[str, str, int]]) -> None:
+    """The script's variable assignments the command uses (``$NAME``, and what those use in
+    turn), as lines before it in its ``bash -c`` text, in the script's order: a command that
+    uses a variable the job file drops would fail. The rest are listed as not carried."""
+    command = c.fields.get("command") or []
+    used: set[str] = set()
+    if command[:2] == ["bash", "-c"]:
+        wanted = _names(command[2])
+        for name, text, _ in reversed(assigned):
+            if name in wanted and name not in used:
+                used.add(name)
+                wanted |= _names(text.split("=", 1)[1])
+    carried = [text for name, text, _ in assigned if name in used]
+    for name, text, _ in assigned:
+        if name not in used:
+            c.not_carried.append(f"{text}: a shell variable the command does not use (kit's --env takes values)")
+    if carried:
+        c.fields["command"] = ["bash", "-c", "\n".join([*carried, command[2]])]
+        c.not_carried.append(f"{', '.join(sorted(used))}: set by the script, carried into the command's bash -c text")
+
+
+def _names(text: str) -> set[str]:
+    return set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", text))
+
+
+def _double_quoted(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'
