@@ -201,6 +201,8 @@ def rerun(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = (), *, wa
                            hint="the fields are the job file's keys: " + ", ".join(specs.FIELD_NAMES))
         setattr(spec, field, specs.coerce_value(field, value, f"--edit {name}"))
         origins[field] = f"--edit {name}"
+    if "sbatch_args" not in edited:  # a hold was for that submission: the rerun runs
+        spec.sbatch_args = [a for a in spec.sbatch_args if a not in ("--hold", "-H")]
     record = json.dumps({"job_dir": str(source.resolve()), "job_id": records.job_id_of(source)}) + "\n"
     # The same code (the snapshot, started at the same place) unless an edit turned it off.
     snapshot = recorded.get("snapshot") if not edited & {"code", "code_snapshot"} else None
@@ -319,13 +321,14 @@ class Job:
         return self.id
 
     def state(self) -> str:
-        """Slurm's state (PENDING, RUNNING, COMPLETED, ...), or the job directory's once Slurm forgot it."""
+        """Slurm's state (PENDING, RUNNING, COMPLETED, ...), or the job directory's once Slurm forgot it;
+        a held job's is ``PENDING`` whose ``.note`` (and repr) says it is held and how to release it."""
         st = slurm.statuses(self.target, [self._submitted()]).get(self.id)
         if st is None or st.state == "GONE":
             return records.recorded_state(self.dir)
         if st.state in slurm.TERMINAL_STATES:
             records.keep_outcome(self.dir, st.state)
-        return st.state
+        return slurm.State(st.state, st.shown() if st.held else "")
 
     def done(self) -> bool:
         return self.state() in slurm.TERMINAL_STATES | {"ENDED"}

@@ -70,7 +70,8 @@ def _row(name: str, unit_dir: Path, job_dir: Path, job_name: str, st: slurm.JobS
             state = "UNKNOWN"
         source = f"job directory (slurm: {unreachable})" if unreachable else "job directory"
     return JobRow(id=name, name=job_name, state=state, state_from=source,
-                  reason=(st.detail or st.reason) if st and st.reason not in ("None", "") else "",
+                  reason=(f"{st.reason}: release it with scontrol release {st.job_id}" if st and st.held else
+                          (st.detail or st.reason) if st and st.reason not in ("None", "") else ""),
                   nodes=st.nodes if st else "", run=run, step=p.step, max_steps=p.max_steps, loss=p.loss,
                   samples_per_second=p.samples_per_second if state == "RUNNING" else None,
                   submitted=records.submitted_at(job_dir), job_dir=str(job_dir),

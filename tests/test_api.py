@@ -280,3 +280,27 @@ def test_job_logs_errors_reads_only_the_end_of_a_huge_log(tmp_path):
     assert peak < 4 << 20, peak
     cli = kit("logs", str(job), "--errors")
     assert "ValueError: the end" in cli.stdout and "rank 1 on node2 failed first, exit code 3" in cli.stdout
+
+
+def test_a_held_job_says_so_with_the_release_command_and_its_rerun_runs(cluster, tmp_path):
+    """Issue 29 finding 6: `--wait`, `kit ps` and Job.state() say a held job is held and how to
+    release it; `kit rerun` of a job launched with --hold runs (the hold was that submission's)."""
+    from helpers import launch_wait, scancel
+
+    w = launch_wait(tmp_path, "--no-exporter", "--sbatch-arg=--hold", command=["true"])
+    try:
+        job = kitlib.Job.from_dir(w.job_dir)
+        wait_for(lambda: job.state() == "PENDING" and job.state().note, 60, what="the job to be seen held")
+        assert f"release it with `scontrol release {w.job_id}`" in job.state().note
+        assert "held (JobHeldUser)" in repr(job.state())
+        rows = kit("ps", "--output-dir", str(tmp_path / "jobs")).stdout
+        assert f"JobHeldUser: release it with scontrol release {w.job_id}" in rows, rows
+        again = job.rerun(wait=True)
+        assert again.wait().exit_code == 0 and "--hold" not in json.loads((again.dir / JobDir.SPEC).read_text())[
+            "sbatch_args"]
+    finally:
+        scancel(cluster, w.job_id)
+    code, err = w.finish()
+    assert f"kit: job {w.job_id}: PENDING, held (JobHeldUser): it never starts by itself; release it with " \
+           f"`scontrol release {w.job_id}`" in err, err
+    assert code == 80

@@ -160,7 +160,7 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
             seen["printed"] = now
 
     try:
-        end = slurm.wait(target, job_id, poll=0.5, on_state=lambda st: say(st.state), on_outage=say,
+        end = slurm.wait(target, job_id, poll=0.5, on_state=lambda st: say(st.shown()), on_outage=say,
                          on_poll=progress)
     except KeyboardInterrupt:
         where = shlex.quote(str(job_dir))  # the directory, not the id: it works whatever --output-dir was
@@ -188,7 +188,7 @@ def wait_and_report_tasks(target: slurm.Target, prepared: lib.PreparedJob) -> in
         click.echo(f"kit: job {job_id}: {msg}", err=True)
 
     ends = slurm.wait_array(target, job_id, job.tasks.indices, poll=0.5, on_outage=say,
-                            on_state=lambda i, st: say(f"task {i}: {st.state}"))
+                            on_state=lambda i, st: say(f"task {i}: {st.shown()}"))
     codes = []
     for i in job.tasks.indices:
         task = JobDir(prepared.job_dir).task(i).path

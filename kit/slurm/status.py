@@ -32,6 +32,35 @@ class JobStatus:
     dependency: str = ""
     detail: str = ""          # Slurm's longer word on the reason (squeue's %R: "ReqNodeNotAvail, UnavailableNodes:node2")
 
+    @property
+    def held(self) -> bool:
+        """Pending because someone held it (``--hold``, ``scontrol hold``): it never starts by itself."""
+        return self.state == "PENDING" and self.reason in HELD_REASONS
+
+    def shown(self) -> str:
+        """The state as a user should read it: a held job says so, and how to release it."""
+        if self.held:
+            return (f"PENDING, held ({self.reason}): it never starts by itself; release it with "
+                    f"`scontrol release {self.job_id}`")
+        return self.state
+
+
+HELD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
+
+
+class State(str):
+    """A job's state, equal to Slurm's word; ``note`` says more where a user must act (held)."""
+
+    note: str
+
+    def __new__(cls, state: str, note: str = ""):
+        self = super().__new__(cls, state)
+        self.note = note
+        return self
+
+    def __repr__(self) -> str:
+        return f"{str.__repr__(self)} ({self.note})" if self.note else str.__repr__(self)
+
 
 class ControllerUnreachable(KitError):
     """slurmctld did not answer (down, restarting, or the network)."""
@@ -190,9 +219,9 @@ def wait(target: Target, job_id: str, *, poll: float = 1.0, timeout: float | Non
 
     def check():
         st = job_status(target, job_id)
-        if st.state != last[0] and on_state:
+        if st.shown() != last[0] and on_state:
             on_state(st)
-        last[0] = st.state
+        last[0] = st.shown()
         if on_poll:
             on_poll(st)
         return st if final(job_id, st) else None
