@@ -511,17 +511,41 @@ kit::watch_progress() {
   done
 }
 
-# kit::in_collective DUMP: the rank's Python stacks show it inside torch.distributed
-# (a collective, a barrier, a rendezvous): it waits for the others.
+# Where a rank's main thread waits for the others (kit::in_collective).
+readonly KIT_WAITING_FRAMES='\\((.*/)?(torch/(distributed|autograd|utils/data|nn/parallel)/|torch/_tensor\\.py|(multiprocessing/|queue\\.py|threading\\.py|selectors\\.py))[^:]*:[0-9]+\\)'
+
+# kit::in_collective DUMP: the rank's Python stacks show it waiting for the others
+# (a collective, a barrier, a rendezvous, DDP's backward, a DataLoader).
+#
+# What counts is where each of the rank's Python processes is now: the
+# innermost frame of its main thread (DataLoader workers left out: they are
+# the rank's helpers). A rank waits when every one of them is inside torch's
+# waiting places (torch.distributed, autograd's backward under DDP, a
+# DataLoader's queue) or Python's (threading, queue, multiprocessing); a rank
+# with one in code of its own (a sleep, a busy loop, a blocking read) is stuck
+# there. Stacks with no main-thread frame: any torch.distributed frame counts.
 kit::in_collective() {
-  grep -q -E '\((.*/)?torch/distributed/[^:]*:[0-9]+\)' "$1"
+  local rc=0
+  awk -v wait="${KIT_WAITING_FRAMES}" '
+    function done() { if (first != "" && !worker) { seen++; if (first !~ wait) own++ } first = ""; main = 0; worker = 0 }
+    /^--- py-spy dump/ { done(); next }
+    /^Thread .*"MainThread"/ { main = 1; next }
+    /^Thread / { main = 0; next }
+    main && first == "" && /^    [^ ]/ { first = $0 }
+    /torch\/utils\/data\/_utils\/worker\.py/ { worker = 1 }
+    END { done(); if (!seen) exit 2; exit (own > 0) }' "$1" || rc=$?
+  if (( rc == 2 )); then
+    grep -q -E '\((.*/)?torch/distributed/[^:]*:[0-9]+\)' "$1"
+  else
+    return "${rc}"
+  fi
 }
 
 # kit::hang_report RANK WHY: name the suspect in KIT_HANG_DIR/report. A
 # rank whose process is stopped (T) or stuck in the kernel (D) is the likelier
 # culprit than the rank that merely reported last: the others wait on it. So
-# is a rank whose Python stacks are outside torch.distributed while other
-# ranks wait inside it (in a collective for the one that does not come).
+# is a rank in code of its own while the other ranks wait for it (in a
+# collective, DDP's backward, a DataLoader: kit::in_collective).
 kit::hang_report() {
   local rank="$1" why="$2" node="" dump last="" file
   local -a waiting=() elsewhere=()
@@ -537,7 +561,7 @@ kit::hang_report() {
     if (( ${#waiting[@]} > 0 && ${#elsewhere[@]} > 0 )) && [[ " ${elsewhere[*]} " != *"/rank-${rank}.txt "* ]]; then
       dump="$(printf '%s\n' "${elsewhere[@]}" | sort -V | awk 'NR == 1')"
       rank="${dump##*/rank-}" rank="${rank%.txt}"
-      why="is outside torch.distributed while ${#waiting[@]} rank(s) wait in it (its stacks: ${dump##*/})"
+      why="is in code of its own while ${#waiting[@]} rank(s) wait for it (its stacks: ${dump##*/})"
     fi
   fi
   { read -r node _ <"${KIT_PROGRESS_DIR}/task-${rank}"; } 2>/dev/null || node=""

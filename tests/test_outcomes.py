@@ -295,7 +295,7 @@ def test_the_hang_report_blames_the_rank_outside_the_collective(cluster, tmp_pat
         fields = dict(line.split("=", 1) for line in report.read_text().splitlines())
         node1 = (w.job_dir / "progress" / "r0" / "task-1").read_text().split()[0]
         assert (fields["rank"], fields["node"]) == ("1", node1), fields
-        assert "outside torch.distributed while 1 rank(s) wait in it" in fields["summary"], fields
+        assert "is in code of its own while 1 rank(s) wait for it" in fields["summary"], fields
         assert "torch/distributed/distributed_c10d.py" in (w.job_dir / "hang" / "r0" / "rank-0.txt").read_text()
         # The requeue is about that node (this 2-node cluster has none to spare; test_recovery's
         # 3-node cluster shows one left out).
@@ -379,3 +379,86 @@ def test_work_declared_finished_then_a_teardown_abort_is_finished_and_the_chain_
     check_end(cluster, third, state="FAILED", code=3, finished=False,
               log="step ended with exit 3 after the work was declared finished: a command failed after it",
               ends=["failed"])
+
+
+# Issue 29 finding 1: a DDP model; at step 20 rank 1 is stuck in code of its own, rank 0 waits
+# for it in the way named. Rank 1 reports last (the oldest report is the waiting rank's).
+STUCK = """
+import os, sys, time, torch, torch.distributed as dist
+from kit.train import progress
+stuck, waits = sys.argv[1], sys.argv[2]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+
+class Never(torch.utils.data.Dataset):  # a data source that never delivers
+    def __len__(self):
+        return 10
+    def __getitem__(self, i):
+        while True:
+            time.sleep(1)
+
+def stuck_here():
+    if stuck == "sleep":
+        time.sleep(600)
+    elif stuck == "busy":
+        while True:
+            pass
+    else:
+        r, w = os.pipe()
+        os.read(r, 1)  # a blocking read that never returns
+
+def wait_here():
+    if waits == "backward":
+        model(torch.ones(8, 4)).sum().backward()
+    elif waits == "all_reduce":
+        dist.all_reduce(torch.ones(1))
+    elif waits == "barrier":
+        dist.barrier()
+    else:
+        next(iter(torch.utils.data.DataLoader(Never(), num_workers=1)))
+
+for step in range(100000):
+    progress.step(step)
+    if step == 20:
+        if rank == 1:
+            time.sleep(1)
+            progress.step(step)
+            stuck_here()
+        wait_here()
+    model(torch.ones(8, 4)).sum().backward()
+    time.sleep(0.05)
+"""
+STUCK_CASES = [("sleep", "backward"), ("busy", "all_reduce"), ("read", "barrier"), ("sleep", "dataloader")]
+
+
+def test_the_stuck_rank_is_named_whatever_the_others_wait_in(cluster, tmp_path):
+    """Issue 29 done-means 1: rank 1 stuck in a sleep, a busy loop or a blocking read; rank 0 waiting
+    in DDP's backward, all_reduce, a barrier or a DataLoader. Every report names rank 1 and its node,
+    and the requeue decides about that node, never the healthy one. The cases run side by side."""
+    from helpers import require
+
+    require("py-spy")
+    (tmp_path / "stuck.py").write_text(STUCK)
+    waiting = {}
+    for stuck, waits in STUCK_CASES:
+        (tmp_path / waits).mkdir()
+        waiting[(stuck, waits)] = launch_wait(
+            tmp_path / waits, "--nodes", "2", "--no-exporter", "--hang-timeout", "4", "--first-progress-timeout",
+            "120", "--max-restarts", "1", command=[sys.executable, str(tmp_path / "stuck.py"), stuck, waits])
+    try:
+        for case, w in waiting.items():
+            report = w.job_dir / "hang" / "r0" / "report"
+            wait_for(report.exists, 180, poll=0.2, what=f"the hang report of {case}")
+            fields = dict(line.split("=", 1) for line in report.read_text().splitlines())
+            stuck_node = (w.job_dir / "progress" / "r0" / "task-1").read_text().split()[0]
+            healthy = (w.job_dir / "progress" / "r0" / "task-0").read_text().split()[0]
+            assert (fields["rank"], fields["node"]) == ("1", stuck_node), (case, fields)
+            assert "is in code of its own while 1 rank(s) wait for it" in fields["summary"], (case, fields)
+            wait_for(lambda: re.search(rf"the next run (leaves out|may use) {stuck_node}\b", read_logs(w.job_dir)),
+                     60, what=f"the requeue's decision about {case}'s stuck node")
+            assert not re.search(rf"the next run (leaves out|may use) {healthy}\b", read_logs(w.job_dir))
+    finally:
+        for w in waiting.values():
+            scancel(cluster, w.job_id)
+            w.finish()
