@@ -32,7 +32,7 @@ from kit.core import options, sweep as sweep_lib
 from kit.core import spec as specs
 from kit.core.outcome import Outcome
 from kit.errors import KitError
-from kit.jobdir import JobDir, records
+from kit.jobdir import JobDir, failures, records
 
 __all__ = ["Job", "Outcome", "cancel", "jobs", "launch", "launch_with", "python_names", "rerun", "submit_spec"]
 
@@ -360,10 +360,9 @@ class Job:
         if errors:
             out = []
             for r in runs if run is None else [run]:
-                failure = records.failure_tail(self.dir, r)
-                if failure is not None:
-                    e, text = failure
-                    out.append(f"run {r}: rank {e.rank} on {e.node} failed first, exit code {e.exit_code}\n" + text)
+                f = failures.failure_tail(self.dir, r)
+                if f is not None:
+                    out.append(f"run {r}: {f.headline()}\n" + f.text)
             return "\n".join(out)
         run = run if run is not None else (runs[-1] if runs else 0)
         ranks = [rank] if rank is not None else records.ranks(self.dir, run)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from helpers import assert_nothing_left, release_requeued, runs, scontrol, state_is, submit, wait_for
 
+import kit as kitlib
 from kit import slurm
 from kit.jobdir import records
 
@@ -111,13 +112,44 @@ def test_logs_errors_shows_a_torchrun_childs_error_and_rank_points_at_node(clust
     assert end.state == "FAILED"
     proc = kit_plain("logs", job["job_dir"], "--errors")
     assert proc.returncode == 0, proc.stderr
-    assert "RuntimeError: boom from child rank 3" in proc.stdout and "ChildFailedError" in proc.stdout, proc.stdout
+    assert "RuntimeError: boom from child rank 3" in proc.stdout, proc.stdout
     child = proc.stdout.index("RuntimeError: boom from child rank 3")
     assert proc.stdout.rfind("Traceback (most recent call last):", 0, child) > 0  # its traceback, whole
     three = kit_plain("logs", job["job_dir"], "--rank", "3")
     assert three.returncode == 2 and three.stderr.startswith("kit: --rank: run 0 has no rank 3: kit's ranks are its "
                                                              "tasks, 0-1 here"), three.stderr
     assert "kit logs --node NAME" in three.stderr
+
+
+TORCHRUN_VICTIMS = """
+import os, time, torch.distributed as dist
+dist.init_process_group("gloo")
+if os.environ["RANK"] == "3":
+    time.sleep(2)
+    raise RuntimeError("the real cause on child rank 3")
+dist.barrier()
+"""
+
+
+def test_logs_errors_under_torchrun_shows_the_root_cause_before_its_victims(cluster, tmp_path):
+    """Issue 29 finding 3: child rank 3 raises while the others wait in a barrier and then fail
+    with "Connection closed by peer"; --errors names rank 3, its local rank and node first, and
+    shows its traceback, not a victim's."""
+    (tmp_path / "victims.py").write_text(TORCHRUN_VICTIMS)
+    job = submit(tmp_path, "--nodes", "2", "--ntasks-per-node", "1", "--max-restarts", "0", "--no-exporter",
+                 command=[sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          str(tmp_path / "victims.py")])
+    end = slurm.wait(cluster.target, job["job_id"], timeout=180)
+    assert end.state == "FAILED"
+    node2 = (Path(job["job_dir"]) / "progress" / "r0" / "task-1").read_text().split()[0]
+    proc = kit_plain("logs", job["job_dir"], "--errors")
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith(f"run 0: rank 3 (local rank 1) on {node2}, exit code 1 (torchrun's root cause) failed "
+                            "first"), proc.stdout
+    assert "RuntimeError: the real cause on child rank 3" in proc.stdout and "Connection closed" not in proc.stdout
+    api = kitlib.Job.from_dir(job["job_dir"]).logs(errors=True)
+    assert api.startswith("run 0: rank 3 (local rank 1)") and "the real cause" in api
 
 
 def test_logs_follow_reads_across_a_requeue_until_the_job_ends(cluster, tmp_path):

@@ -348,6 +348,28 @@ def test_a_rendezvous_that_every_rank_joins_is_no_hang_without_progress_reports(
     assert all((w.job_dir / "progress" / "r0" / f"joined-{r}").exists() for r in (0, 1))
 
 
+# Rank 0 reaches the rendezvous late (a slow import under load), past first-progress + 10 s;
+# rank 1 never comes.
+LATE = """
+import os, time, torch.distributed as dist
+time.sleep(22 if os.environ["RANK"] == "0" else 600)
+dist.init_process_group("gloo")
+"""
+
+
+def test_a_rendezvous_reached_late_is_still_watched(cluster, tmp_path):
+    """Issue 29 finding 2: the launcher marked `joined` only within first-progress + 10 s of the
+    task's start; rank 0 serving the rendezvous later was never marked, no rank had joined, and
+    the job hung until cancelled. Now rank 0 is marked late, and rank 1 is named."""
+    (tmp_path / "late.py").write_text(LATE)
+    w = launch_wait(tmp_path, "--nodes", "2", "--no-exporter", "--hang-timeout", "60", "--first-progress-timeout", "5",
+                    "--max-restarts", "0", command=[sys.executable, str(tmp_path / "late.py")])
+    check_end(cluster, w, state="FAILED", code=outcome.HUNG, finished=False, log=None, ends=["hang"])
+    fields = dict(line.split("=", 1) for line in (w.job_dir / "hang" / "r0" / "report").read_text().splitlines())
+    assert fields["rank"] == "1" and "has not joined the rendezvous" in fields["summary"], fields
+    assert (w.job_dir / "progress" / "r0" / "joined-0").exists()
+
+
 # Every rank declares its work finished, then rank 1 aborts, as torch 2.13's gloo teardown does now and then.
 TEARDOWN = """
 import os

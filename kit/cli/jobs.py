@@ -198,21 +198,21 @@ def _print_log(path: Path, prefix: str) -> None:
 
 
 def _errors(job_dir: Path, run_numbers: list[int]) -> int:
-    from kit.jobdir import records
+    from kit.jobdir import failures, records
 
     found = False
     for run in run_numbers:
-        failure = records.failure_tail(job_dir, run)
+        failure = failures.failure_tail(job_dir, run)
         if failure is None:
             continue
         found = True
-        e, text = failure
+        e = failure.end
         try:
             when = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(e.time))
         except (OverflowError, OSError, ValueError):
             when = "an unreadable time"
-        click.echo(f"run {run}: rank {e.rank} on {e.node} failed first, exit code {e.exit_code}, at {when}")
-        _print_prefixed(text, "  ")
+        click.echo(f"run {run}: {failure.headline()}, at {when}")
+        _print_prefixed(failure.text, "  ")
     if not found:
         end = records.last_run(job_dir) or {}
         if end.get("end") == "failed" and end.get("exit_code") not in (0, None):

@@ -143,23 +143,3 @@ def function_payloads(source: Path) -> dict[Path, bytes]:
             except OSError as e:
                 raise KitError(f"cannot read {path}: {e.strerror}", field="JOB") from None
     return out
-
-
-_LAUNCHER_ERROR = ("ChildFailedError",)  # torchrun's (torch.distributed.elastic)
-
-
-def last_lines(text: str, lines: int = 20) -> str:
-    """The end of a log, a Python traceback near the end kept whole. A per-node launcher's
-    own traceback (torchrun's ChildFailedError) is not the error: the child's traceback
-    before it is where the end starts then."""
-    rows = text.splitlines()
-    start = max(len(rows) - lines, 0)
-    starts = [i for i in range(max(len(rows) - 400, 0), len(rows)) if "Traceback (most recent call last):" in rows[i]]
-    if starts:
-        ends = starts[1:] + [len(rows)]
-        own = [i for i, end in zip(starts, ends) if not any(m in r for r in rows[i:end] for m in _LAUNCHER_ERROR)]
-        pick = starts[-1]
-        if own and any(m in r for r in rows[pick:] for m in _LAUNCHER_ERROR):
-            pick = own[-1]
-        start = min(start, pick)
-    return "\n".join(rows[start:])

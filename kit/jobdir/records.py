@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kit import files
 from kit.errors import KitError
-from kit.jobdir import JobDir, last_lines, rank_of_metrics_file, read_rank_metrics, read_task_record
+from kit.jobdir import JobDir, rank_of_metrics_file, read_rank_metrics, read_task_record
 
 
 def find_job_dir(job: str, output_dir: str | Path) -> Path:
@@ -249,47 +249,6 @@ def node_of(job_dir: Path, run: int, rank: int) -> str:
     """Where a rank ran (the launcher's ``progress/r<run>/task-<rank>``)."""
     record = read_task_record(JobDir(job_dir).task_record(run, rank))
     return record[0] if record else "?"
-
-
-@dataclass
-class RankEnd:
-    run: int
-    rank: int
-    node: str
-    exit_code: int
-    time: float
-    by_itself: bool  # False: it was stopped (a signal from kit or Slurm)
-
-
-def rank_ends(job_dir: Path, run: int) -> list[RankEnd]:
-    """How each rank of a run ended (``logs/exit.r<run>.rank-<R>``: time rank rc self|stopped), by time."""
-    out = []
-    for p in JobDir(job_dir).exit_records(run):
-        try:
-            t, rank, rc, how = files.read_text(p, 4096).split()[:4]
-            out.append(RankEnd(run, int(rank), node_of(job_dir, run, int(rank)), int(rc), int(t) / 1e9,
-                               how == "self"))
-        except (OSError, ValueError, OverflowError):
-            continue
-    return sorted(out, key=lambda e: (e.time, e.rank))
-
-
-def first_failure(job_dir: Path, run: int) -> RankEnd | None:
-    """The first rank of a run that failed by itself (non-zero, not stopped)."""
-    return next((e for e in rank_ends(job_dir, run) if e.by_itself and e.exit_code != 0), None)
-
-
-def failure_tail(job_dir: Path, run: int) -> tuple[RankEnd, str] | None:
-    """The first rank of a run that failed by itself, and the end of its log (:func:`last_lines`
-    of its last 256 KiB: a rank's log may be gigabytes)."""
-    e = first_failure(job_dir, run)
-    if e is None:
-        return None
-    try:
-        text = files.tail(JobDir(job_dir).rank_log(e.rank, run), 256 << 10).decode(errors="replace")
-    except OSError:
-        text = "(its log is gone)"
-    return e, last_lines(text)
 
 
 CANCEL_RECORD = JobDir.CANCELLED

@@ -507,14 +507,16 @@ kit::watch_prelaunch() {
 # reached torch.distributed's rendezvous (the TCP store rank 0 serves there).
 # The hang watchdog compares ranks: one that has not joined while another has,
 # KIT_FIRST_PROGRESS_TIMEOUT after the step started, hangs before it. Looks
-# every 2 s until then, or until the rank reports progress (it got past).
+# every 2 s (every 10 s after that timeout: a rank late under load is still
+# marked, so the others' rule can fire) until the rank joins or reports
+# progress (it got past); the task's teardown ends it.
 kit::watch_rendezvous() {
-  local -r port="$(printf ':%04X' "${MASTER_PORT}")" until=$(( SECONDS + KIT_FIRST_PROGRESS_TIMEOUT + 10 ))
+  local -r port="$(printf ':%04X' "${MASTER_PORT}")" slow=$(( SECONDS + KIT_FIRST_PROGRESS_TIMEOUT + 10 ))
   local pid inodes
   local -a fds
   kit::helper_traps
-  while (( SECONDS < until )) && [[ ! -e "${KIT_PROGRESS_FILE}" ]]; do
-    kit::nap 2
+  while [[ ! -e "${KIT_PROGRESS_FILE}" ]]; do
+    if (( SECONDS < slow )); then kit::nap 2; else kit::nap 10; fi
     kit::tree "${KIT_MAIN_PID}"
     fds=()
     for pid in "${KIT_TREE[@]}"; do fds+=("/proc/${pid}/fd"); done
@@ -611,7 +613,7 @@ fi
 # says its command ended by itself with 0 (srun alone may exit 0 after a
 # node failure killed its tasks): not stopped, and not given the warning.
 # kit::record_exit RC HOW: the one writer of this rank's exit record (logs/exit.r<run>.rank-<R>:
-# "time rank rc self|stopped|warned"; kit.jobdir.records.rank_ends reads it).
+# "time rank rc self|stopped|warned"; kit.jobdir.failures.rank_ends reads it).
 kit::record_exit() {
   printf '%s %s %s %s\n' "$(date +%s%N)" "${RANK}" "$1" "$2" >"${KIT_LOG_DIR}/exit.r${KIT_RESTART:-0}.rank-${RANK}"
 }
