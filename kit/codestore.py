@@ -139,6 +139,23 @@ def workdir(snap: Snapshot, view: Path, cwd: Path) -> Path:
     return view / cwd.relative_to(root) if inside(cwd, root) else view
 
 
+def live_directories(snap: Snapshot, cwd: Path) -> list[str]:
+    """The directories beside the command's start (``cwd``) that the snapshot leaves out
+    (ignored: data, outputs): the job reaches them live, so what it writes there lands in the
+    work tree; a relative path that does not exist at submission is created in the view."""
+    cwd, root = Path(cwd).resolve(), Path(snap.root)
+    if not inside(cwd, root):
+        return []
+    here = cwd.relative_to(root)
+    taken = {Path(rel).relative_to(here).parts[0] for rel, _, _ in entries(snap)
+             if here == Path(".") or Path(rel).is_relative_to(here)}
+    try:
+        names = sorted(os.listdir(cwd))
+    except OSError:
+        return []
+    return [n for n in names if n not in taken and n not in SKIPPED and (cwd / n).is_dir()]
+
+
 class Damaged(KitError):
     """An object of the store whose content is not its name."""
 

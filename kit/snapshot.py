@@ -40,11 +40,11 @@ import subprocess
 from pathlib import Path
 
 from kit import codestore, files
-from kit.codestore import SKIPPED, Damaged, Snapshot, load, materialize, workdir
+from kit.codestore import SKIPPED, Damaged, Snapshot, live_directories, load, materialize, workdir
 from kit.errors import KitError
 from kit.home import kit_home
 
-__all__ = ["Damaged", "Snapshot", "load", "materialize", "workdir", "take", "store_for", "limit", "mib"]
+__all__ = ["Damaged", "Snapshot", "live_directories", "load", "materialize", "workdir", "take", "store_for", "limit", "mib"]
 
 LIMIT = 512 << 20  # bytes a snapshot may hold: code, not data (KIT_CODE_LIMIT overrides)
 MAX_FILES = 200_000

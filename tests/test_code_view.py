@@ -81,3 +81,22 @@ def test_a_job_writing_into_its_code_changes_no_later_run(cluster, tmp_path):
     log = read_logs(first.dir)
     assert "code/: put back 5 path(s) changed since the job was submitted" in log, log
     assert (first.dir / "code" / "run.sh").read_text() == RUN and (first.dir / "code" / "lib.txt").read_text() == "LIB\n"
+
+
+def test_relative_outputs_follow_one_rule_said_at_launch(cluster, tmp_path):
+    """Issue 29 finding 7: a directory the work tree holds but the snapshot leaves out (ignored:
+    outputs/) is the work tree's, linked live; a relative path that does not exist at submission
+    is created in the job's own code/. kit launch says so when such a directory is there."""
+    repo = tmp_path / "repo"
+    (repo / "outputs").mkdir(parents=True)
+    (repo / ".gitignore").write_text("outputs/\n")
+    (repo / "run.sh").write_text("mkdir -p fresh && echo new > fresh/b.txt && echo old > outputs/a.txt\n")
+    git(repo, "init", "-q")
+    proc = kit("launch", "--local", "--no-exporter", "--wait", "--output-dir", str(tmp_path / "jobs"), "--",
+               "bash", "run.sh", cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    assert f"note: ./outputs are your work tree's, linked live: what the job writes there lands in {repo}" \
+        in proc.stderr, proc.stderr
+    job_dir = Path(proc.stdout.split("job dir: ")[1].splitlines()[0].strip())
+    assert (repo / "outputs" / "a.txt").read_text() == "old\n"  # the existing directory: the work tree's
+    assert (job_dir / "code" / "fresh" / "b.txt").read_text() == "new\n" and not (repo / "fresh").exists()

@@ -198,6 +198,12 @@ def plan(spec, origins=None, *, target: slurm.Target | None = None, target_note:
     job = resolve(spec, origins, cwd=cwd)
     said = [f"warning: {w}" for w in job.warnings]
     job = pin_code_and_image(job, origins, rerun or Rerun(), dry_run=target is None)
+    live = [n for n in (snapshots.live_directories(job.snapshot, Path(job.workdir)) if job.snapshot else [])
+            if (Path(job.workdir) / n).resolve() != Path(job.spec.output_dir).resolve()]
+    if live:
+        said.append("note: " + ", ".join(f"./{n}" for n in live) + " are your work tree's, linked live: what the job "
+                    "writes there lands in " + str(Path(job.workdir)) + "; a relative path that does not exist now is "
+                    "created in the job's own code/ (write results to an absolute path to choose)")
     deps = resolve_after(job, origins.label("after"))
     if target is not None:
         if target_note:
