@@ -8,6 +8,9 @@ row says which source it came from.
 
 from __future__ import annotations
 
+import fnmatch
+import os
+import pwd
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -113,6 +116,34 @@ def list_jobs(output_dirs: list[Path], *, everything: bool = False, now: float |
             if everything or row.active or row.state == "UNKNOWN" or (now - (row.submitted or 0)) < RECENT:
                 rows.append(row)
     return rows
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Which rows `kit ps` shows: states (Slurm's words, or ``active``), a name pattern (a glob),
+    submitted at most ``since`` seconds ago, the job directory's owner; None: any."""
+
+    states: frozenset[str] | None = None
+    name: str | None = None
+    since: float | None = None
+    user: str | None = None
+
+    def __call__(self, r: JobRow, now: float) -> bool:
+        if self.states and not (r.state.upper() in self.states or ("ACTIVE" in self.states and r.active)):
+            return False
+        if self.name and not fnmatch.fnmatchcase(r.name, self.name if any(c in self.name for c in "*?[")
+                                                 else f"*{self.name}*"):
+            return False
+        if self.since is not None and (r.submitted is None or now - r.submitted > self.since):
+            return False
+        return self.user is None or _owner(r.job_dir) == self.user
+
+
+def _owner(path: str) -> str | None:
+    try:
+        return pwd.getpwuid(os.stat(path).st_uid).pw_name
+    except (OSError, KeyError):
+        return None
 
 
 def _age(seconds: float) -> str:

@@ -391,3 +391,35 @@ def test_a_recipe_hint_has_no_literal_escape(tmp_path):
     proc = kit("build", str(recipe), "-o", str(tmp_path / "out.sqsh"))
     assert proc.returncode == 2 and "[base] needs exactly one of" in proc.stderr, proc.stderr
     assert "\\n" not in proc.stderr and "hint: e.g. a [base] table with the line rootfs = " in proc.stderr
+
+
+def test_a_step_that_never_started_is_told_so(cluster, tmp_path):
+    """Issue 29 finding 9: with `--mpi pmix` (listed by Debian's Slurm, no PMIx library on the nodes)
+    srun fails before any rank runs: --wait says the step never started, not that the command failed."""
+    proc = kit("launch", "--local", "--wait", "--no-exporter", "--mpi", "pmix", "--output-dir", str(tmp_path / "jobs"),
+               "--", "true", timeout=180)
+    assert proc.returncode != 0 and "ended FAILED: the job step never started" in proc.stderr, proc.stderr
+    assert "the command failed" not in proc.stderr
+
+
+def test_ps_filters_by_state_name_age_and_owner(cluster, tmp_path):
+    """Issue 29 finding 9: `kit ps --state/--name/--since/--user` narrow the list."""
+    import pwd
+
+    out = str(tmp_path / "jobs")
+    for name, command in (("alpha-train", "true"), ("beta-eval", "false")):
+        kit("launch", "--local", "--wait", "--no-exporter", "--job-name", name, "--output-dir", out, "--", command)
+
+    def names(*args: str) -> list[str]:
+        proc = kit("ps", "--json", "--output-dir", out, *args)
+        assert proc.returncode == 0, proc.stderr
+        return sorted(r["name"] for r in json.loads(proc.stdout) if r["job_dir"].startswith(out))
+
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    assert names() == ["alpha-train", "beta-eval"]
+    assert names("--state", "failed") == ["beta-eval"] and names("--state", "completed,failed") == names()
+    assert names("--state", "active") == [] and names("--name", "alpha") == ["alpha-train"]
+    assert names("--name", "*-eval") == ["beta-eval"] and names("--since", "1h", "--user", me) == names()
+    assert names("--user", "nobody") == []
+    bad = kit("ps", "--since", "soon")
+    assert bad.returncode == 2 and bad.stderr.startswith("kit: --since: not an age: 'soon'")

@@ -152,3 +152,13 @@ def test_an_array_script_converts_into_a_job_that_runs_as_the_script(cluster, tm
     job_dir = Path(run.stdout.split("job dir: ")[1].splitlines()[0].strip())
     for i in range(5):
         assert (job_dir / "tasks" / str(i) / "logs" / "rank-0.r0.log").read_text() == by_hand[i]
+
+
+def test_a_container_image_on_the_batch_script_is_carried_to_the_step_and_said(tmp_path):
+    """Issue 29 finding 9: `#SBATCH --container-image=…` would run the batch script in the image
+    (where srun does not exist); kit convert carries it as image (the srun step's) and says so."""
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH --container-image=/images/pt.sqsh\nsrun python3 train.py\n")
+    proc = kit("convert", str(script))
+    assert tomllib.loads(proc.stdout)["image"] == "/images/pt.sqsh"
+    assert "#SBATCH --container-image=/images/pt.sqsh: carried as image: kit puts it on the srun step" in proc.stderr

@@ -37,7 +37,12 @@ def _job(job: str, output_dir: str) -> tuple[Path, str]:
               help="Also look for job directories here (repeatable); jobs kit submitted are always known.")
 @click.option("-t", "--tasks", "expand", is_flag=True,
               help="A row per task of an array job [default: one row per array job, its tasks' states counted].")
-def ps(everything, as_json, output_dirs, expand):
+@click.option("--state", "states", metavar="STATES", help="Only these states, comma-separated (RUNNING,PENDING; "
+              "active: every state not ended).")
+@click.option("--name", metavar="PATTERN", help="Only jobs whose name holds PATTERN (or matches it, with * ? []).")
+@click.option("--since", metavar="AGE", help="Only jobs submitted in the last AGE (90s, 30m, 2h, 1d).")
+@click.option("--user", metavar="USER", help="Only jobs whose directory USER owns.")
+def ps(everything, as_json, output_dirs, expand, states, name, since, user):
     """kit's jobs, newest first, with Slurm's view of them.
 
     JOB is the job id (an array job's tasks are counted in one row; --tasks
@@ -49,7 +54,11 @@ def ps(everything, as_json, output_dirs, expand):
     """
     from kit import listing
 
-    rows = listing.list_jobs([Path(d) for d in output_dirs], everything=everything)
+    wanted = listing.Filter(frozenset(w.strip().upper() for w in states.split(",") if w.strip()) if states else None,
+                            name, _age_seconds(since) if since else None, user)
+    now = time.time()
+    rows = [r for r in listing.list_jobs([Path(d) for d in output_dirs], everything=everything or bool(since))
+            if wanted(r, now)]
     if as_json:
         click.echo(json.dumps([r.as_json() for r in rows], indent=2))
         return 0
@@ -60,6 +69,13 @@ def ps(everything, as_json, output_dirs, expand):
     for line in listing.table(rows if expand else listing.collapse_arrays(rows)):
         click.echo(line)
     return 0
+
+
+def _age_seconds(text: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd]?)", text.strip())
+    if not m:
+        raise KitError(f"not an age: {text!r}", field="--since", hint="e.g. 90s, 30m, 2h or 1d")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
 @click.command()

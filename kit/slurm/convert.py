@@ -117,6 +117,9 @@ def _sbatch_option(c: Converted, name: str, value: str | None) -> None:
             c.fields[key] = int(value)
         else:
             c.fields[key] = value
+        if key == "image":
+            c.not_carried.append(f"{where}: carried as image: kit puts it on the srun step (on the batch script, "
+                                 "pyxis would run the script itself in the image, where srun does not exist)")
         return
     if name == "--gres" and value:
         m = re.fullmatch(r"gpu(?::[A-Za-z0-9_.-]+)?:(\d+)", value)

@@ -12,7 +12,7 @@ from typing import Callable, Iterable
 from kit.core import outcome
 from kit.core import sweep as sweep_lib
 from kit.errors import KitError
-from kit.jobdir import records
+from kit.jobdir import JobDir, records
 from kit.slurm.target import TERMINAL_STATES, Target
 
 @dataclass
@@ -280,9 +280,18 @@ def job_outcome(st: JobStatus, job_dir: Path | None, finished: bool | None = Non
     else:
         code = _STATE_CODES.get(st.state, outcome.LOST)
     meaning = outcome.command_failed(code) if st.state == "FAILED" else outcome.MEANING[code]
+    if st.state == "FAILED" and job_dir is not None and not _any_rank_ran(Path(job_dir), st.restarts):
+        meaning = (f"the job step never started (exit code {code}): srun, its MPI plugin or the container failed "
+                   "before any rank ran; `kit logs JOB --errors` shows the batch log's end")
     if st.state == "CANCELLED" and st.reason == "DependencyNeverSatisfied":
         meaning = f"it never ran: its dependency can never be met ({st.dependency or 'see squeue'})"
     return outcome.Outcome(state=st.state, exit_code=code, meaning=meaning, restarts=st.restarts)
+
+
+def _any_rank_ran(job_dir: Path, run: int) -> bool:
+    """Whether a rank of the run started (a launcher's task record or exit record)."""
+    d = JobDir(job_dir)
+    return bool(d.exit_records(run)) or any(d.run_progress(run).glob("task-*"))
 
 
 def check_after(target: Target, deps: list, label: str, note=lambda msg: None) -> list:
