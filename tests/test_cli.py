@@ -98,6 +98,8 @@ BAD = [
     (["--stop-grace", "4294967296"], "kit: --stop-grace: must be at most 2147483647, got 4294967296"),
     (["--job-name", "n" * 1100], "kit: --job-name: 1100 characters; at most 200"),
     (["--sbatch-arg=--wrap=hostname"], "kit: --sbatch-arg: --wrap is set by kit"),
+    (["--sidecar", "exporter: sleep 1"], "kit: --sidecar: two sidecars named 'exporter'"),
+    (["--sidecar", "w: a", "--sidecar", "w: b"], "kit: --sidecar: two sidecars named 'w'"),
 ]
 
 

@@ -62,7 +62,7 @@ def test_user_lightning_script_in_job_named_bash(cluster, tmp_path):
 
 def test_failing_command_fails_the_job_and_leaves_nothing(cluster, tmp_path):
     proc = kit("launch", "--local", "--nodes", "2", "--heartbeat", "1", "--wait",
-               "--sidecar", "echo sidecar-started; exec sleep 300",
+               "--sidecar", "echo sidecar-started; exec sleep 300", "--sidecar", "watch: echo named; exec sleep 300",
                "--output-dir", str(tmp_path / "jobs"), "--", "bash", "-c", "sleep 3; exit 3", cwd=tmp_path)
     assert proc.returncode == 3, proc.stderr
     job_id = re.search(r"^Submitted job (\d+)$", proc.stdout, re.M).group(1)
@@ -75,6 +75,10 @@ def test_failing_command_fails_the_job_and_leaves_nothing(cluster, tmp_path):
     sidecar_logs = sorted(Path(job_dir, "logs").glob("*.hook1.log"))
     assert [p.name for p in sidecar_logs] == ["node1.r0.hook1.log", "node2.r0.hook1.log"]
     assert all("sidecar-started" in p.read_text() for p in sidecar_logs)
+    # Issue 29 finding 9: `NAME: COMMAND` names a sidecar's log.
+    named = sorted(Path(job_dir, "logs").glob("*.watch.log"))
+    assert [p.name for p in named] == ["node1.r0.watch.log", "node2.r0.watch.log"]
+    assert all(p.read_text() == "named\n" for p in named)
     assert wait_no_processes(job_dir, 5) == []
     assert not (Path(job_dir) / "FINISHED").exists()
 

@@ -94,7 +94,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("debug", SWITCH, COMMAND, "set -x, NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=INFO, CUDA_LAUNCH_BLOCKING=1 "
            "(--env beats each).", default=False),
     Option("sidecars", LIST, COMMAND, "A bash command local rank 0 runs beside the training on each node "
-           "(repeatable).", default=[], flag="--sidecar", metavar="COMMAND"),
+           "(repeatable); 'NAME: COMMAND' names it (its log: logs/<node>.r<run>.NAME.log).", default=[],
+           flag="--sidecar", metavar="COMMAND"),
     Option("output_dir", STR, COMMAND, "Where job directories go.", default="kit-jobs", metavar="DIR",
            default_text="./kit-jobs"),
     Option("command", LIST, COMMAND, "The command every task runs (after --).", flag="command", spec=True),

@@ -204,6 +204,7 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
                    f"{time_seconds} s", hint=f"use a --signal-lead below {time_seconds} or a longer --time")
     command.check_exec_sizes(s, origins)
     _check_env(s, origins)
+    _check_sidecars(s, origins)
     _check_words(s, origins)
     s.output_dir = str(_absolute(s.output_dir, cwd))
     if s.code is not None:
@@ -275,6 +276,30 @@ def _check_env(s: JobSpec, origins: Origins) -> None:
                            hint="leave it out: --gpus-per-node chooses how many GPUs each node's tasks get")
         if key.startswith(("KIT_", "SLURM_")) and key not in USER_KIT_ENV:
             raise KitError(f"{key}: names starting with KIT_ or SLURM_ are reserved", field=origins.label("env"))
+
+
+SIDECAR_NAME = re.compile(r"([A-Za-z][A-Za-z0-9_-]{0,31}): (.*)", re.S)
+BUILTIN_SIDECARS = ("exporter", "gpu-dmon")
+
+
+def sidecar_name(command: str, index: int) -> tuple[str, str]:
+    """(name, command) of a ``--sidecar``: ``NAME: COMMAND`` names it (its log is
+    ``logs/<node>.r<run>.NAME.log``), else it is ``hook<index>``."""
+    m = SIDECAR_NAME.fullmatch(command)
+    return (m.group(1), m.group(2)) if m else (f"hook{index}", command)
+
+
+def _check_sidecars(s: JobSpec, origins: Origins) -> None:
+    seen = set(BUILTIN_SIDECARS)
+    for i, text in enumerate(s.sidecars, 1):
+        name, rest = sidecar_name(text, i)
+        if name in seen:
+            raise KitError(f"two sidecars named {name!r}", field=origins.label("sidecars"),
+                           hint="give each its own name (NAME: COMMAND); " + ", ".join(BUILTIN_SIDECARS)
+                                + " are kit's")
+        if not rest.strip():
+            raise KitError(f"sidecar {name!r} has no command", field=origins.label("sidecars"))
+        seen.add(name)
 
 
 def _check_words(s: JobSpec, origins: Origins) -> None:

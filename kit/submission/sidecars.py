@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kit.core.spec import sidecar_name
 from kit.jobdir import JobDir
 
 
@@ -40,7 +41,7 @@ BUILTIN: tuple[Sidecar, ...] = (
 def for_job(user_hooks: list[str], exporter: bool = True) -> list[Sidecar]:
     """The built-in sidecars (and the exporter) plus the job's own ``--sidecar`` commands."""
     return list(BUILTIN) + ([EXPORTER] if exporter else []) + \
-        [Sidecar(f"hook{i}", cmd) for i, cmd in enumerate(user_hooks, 1)]
+        [Sidecar(*sidecar_name(cmd, i)) for i, cmd in enumerate(user_hooks, 1)]
 
 
 def as_words(sidecars: list[Sidecar]) -> list[str]:
