@@ -8,7 +8,9 @@ with the ways other tools package code (NeMo-Run's `git archive`, a plain copy).
 For a git repository of N files / M MB (committed; one of them edited between jobs):
 1. kit's snapshot + view per job, cold store (first job), unchanged tree (second job) and one file
    edited (third job); target: under 1 s each.
-2. bytes kit adds to its store per job and bytes the view copies; target: 0 for unchanged content.
+2. bytes kit adds to its store per job (target: 0 for unchanged content) and bytes the view copies
+   (every snapshotted file: a view is a copy of its own since issue 28, so that a job writing into
+   its code changes no other job; each copy is checked against its content's name).
 3. the same jobs packaged by `git archive HEAD | tar -x` and by `cp -a` into a job directory.
 4. `--image` pinning of an M MB file: first submission (a copy) and the next (the stat memo).
 """
@@ -43,13 +45,12 @@ def store_bytes(home: Path) -> int:
 
 
 def copied_bytes(view: Path) -> int:
-    """Bytes of regular files in a view that are not hard links into the store."""
+    """Bytes of the regular files in a view (its copies; links to the live tree not counted)."""
     total = 0
     for dirpath, _, names in os.walk(view):
         for n in names:
-            st = os.lstat(os.path.join(dirpath, n))
-            if not os.path.islink(os.path.join(dirpath, n)) and st.st_nlink < 2:
-                total += st.st_size
+            if not os.path.islink(os.path.join(dirpath, n)):
+                total += os.lstat(os.path.join(dirpath, n)).st_size
     return total
 
 
@@ -63,7 +64,7 @@ def kit_job(repo: Path, jobs: Path, i: int) -> tuple[float, int, int]:
     snap = snapshot.take(repo, store=snapshot.store_for(jobs))
     view = jobs / f"kit-{i}" / "code"
     view.parent.mkdir(parents=True)
-    snapshot.materialize(snap, view)
+    snapshot.materialize(snap, view, view.parent / "code.list")
     seconds = time.perf_counter() - t0
     return seconds, store_bytes(home) - before, copied_bytes(view)
 
@@ -134,7 +135,7 @@ def main() -> None:
     print(f"{'--image pin, first submission (copy)':<46}{med('pin1'):>8.3f}s  ({args.mb} MB file)")
     print(f"{'--image pin, next submission (stat memo)':<46}{med('pin2'):>8.3f}s{'':>25}{'< 0.01 s':>16}")
     ok = (all(med(k, 0) < 1.0 for k in ("cold", "unchanged", "edited")) and med("unchanged", 1) == 0
-          and med("unchanged", 2) == 0 and med("pin2") < 0.01)
+          and med("pin2") < 0.01)
     print("targets met" if ok else "TARGETS MISSED")
 
 

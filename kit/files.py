@@ -316,9 +316,11 @@ class StatMemo:
             return None
         return entry[5]
 
-    def put(self, path: str | os.PathLike, st: os.stat_result, value: str) -> None:
+    def put(self, path: str | os.PathLike, st: os.stat_result, value: str, written: bool = False) -> None:
+        """``written``: kit wrote the file itself from the content it hashed (a store's object),
+        so it is memoized at once, not only once it is older than ``RACY``."""
         now = time.time()
-        if now - st.st_mtime_ns / 1e9 > self.RACY and now - st.st_ctime_ns / 1e9 > self.RACY:
+        if written or (now - st.st_mtime_ns / 1e9 > self.RACY and now - st.st_ctime_ns / 1e9 > self.RACY):
             self.data[str(path)] = [*self._key(st), value]
             self.changed = True
 

@@ -159,6 +159,9 @@ def _stored(path: Path, objects: Path, st: os.stat_result, memo: files.StatMemo)
                                        0o555 if st.st_mode & 0o111 else 0o444,
                                        keep=lambda obj, d: files.verify(obj, d))
     memo.put(path, st, digest)
+    name = _object_name(digest, st)
+    with files.open_regular(objects / name) as (_, written):
+        memo.put(f"objects/{name}", written, digest, written=True)
     return digest
 
 

@@ -50,6 +50,9 @@ def pin(image: Path, label: str = "--image", copy: bool = True) -> tuple[Path, s
                     return directory / name, "sha256:" + known
                 digest = _hash(fd) if not copy else _copy(fd, here, memo)
             memo.put(image, st, digest)
+            if copy:  # the copy kit just wrote from what it hashed: trusted while it stays that file
+                with files.open_regular(here / f"sha256-{digest}.sqsh") as (_, written):
+                    memo.put(f"sha256-{digest}.sqsh", written, digest, written=True)
             memo.save()
     except files.NotOwned:
         raise KitError(f"{directory} is not a directory of this user's own", field=label,
