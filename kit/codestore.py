@@ -191,8 +191,7 @@ def materialize(snap: Snapshot, view: Path, listing: Path) -> None:
             continue
         for name in sorted(names):
             if name not in SKIPPED and not os.path.lexists(view / d / name):
-                os.symlink(root / d / name, view / d / name)
-                record += ["l", str(root / d / name), str(d / name)]
+                os.symlink(root / d / name, view / d / name)  # not the snapshot's: never put back
     files.create(listing, b"".join(os.fsencode(v) + b"\0" for v in record), 0o600)
 
 

@@ -850,7 +850,8 @@ kit::hang_report() {
 # snapshot's view (code/) a run, or anyone, wrote to, truncated, chmod-ed,
 # removed or replaced since the view was made (its ctime is newer than
 # code.list's) is put back: a file from its object in the store, checked
-# against its name; a link as it was. Files a run added (__pycache__) stay.
+# against its name; a link as it was. Files a run added (__pycache__) stay,
+# and so do the links to the work tree's ignored entries (not the snapshot's).
 kit::restore_code() {
   local -r list="${KIT_SCRIPTS_DIR}/code.list" view="${KIT_SCRIPTS_DIR}/code"
   local path kind source rel
@@ -896,7 +897,10 @@ kit::restore_entry() {
     cp "${source}" "${new}"
     if [[ "${kind}" == x ]]; then chmod 0555 "${new}"; else chmod 0444 "${new}"; fi
   fi
-  if [[ -d "${view}/${rel}" && ! -L "${view}/${rel}" ]]; then rm -rf "${view:?}/${rel}"; fi
+  if [[ -d "${view}/${rel}" && ! -L "${view}/${rel}" ]]; then  # a run's directory: kept, beside
+    mv -T "${view}/${rel}" "${view}/${rel}.kit-moved-r${KIT_RESTART}-$$"
+    kit::log "code/${rel}: a directory stood where the snapshot has a file: moved to ${rel}.kit-moved-r${KIT_RESTART}-$$"
+  fi
   mv -fT "${new}" "${view}/${rel}"
 }
 
