@@ -154,8 +154,6 @@ def submit_spec(spec: specs.JobSpec, origins: specs.Origins, *, where: str | Non
     ``before_submit(prepared)`` given it to add to (on failure the directory goes), and
     (unless ``dry_run``) submitted."""
     plan = targets.plan(spec, origins, where=where, dry_run=dry_run, cwd=cwd, rerun=rerun)
-    for message in plan.messages:
-        say(message)
     prepared = lib.prepare(plan.job)
     if before_submit is not None:
         try:
@@ -163,6 +161,8 @@ def submit_spec(spec: specs.JobSpec, origins: specs.Origins, *, where: str | Non
         except BaseException:
             shutil.rmtree(prepared.job_dir, ignore_errors=True)
             raise
+    for message in plan.messages:  # once the job is written: an error is the one thing a failed launch says
+        say(message)
     if not dry_run:
         lib.submit(prepared, plan.target)
     return plan, prepared

@@ -141,8 +141,9 @@ def workdir(snap: Snapshot, view: Path, cwd: Path) -> Path:
 
 def live_directories(snap: Snapshot, cwd: Path) -> list[str]:
     """The directories beside the command's start (``cwd``) that the snapshot leaves out
-    (ignored: data, outputs): the job reaches them live, so what it writes there lands in the
-    work tree; a relative path that does not exist at submission is created in the view."""
+    (ignored: data, outputs; hidden ones and packaging metadata left unsaid): the job reaches
+    them live, so what it writes there lands in the work tree; a relative path that does not
+    exist at submission is created in the view."""
     cwd, root = Path(cwd).resolve(), Path(snap.root)
     if not inside(cwd, root):
         return []
@@ -153,7 +154,8 @@ def live_directories(snap: Snapshot, cwd: Path) -> list[str]:
         names = sorted(os.listdir(cwd))
     except OSError:
         return []
-    return [n for n in names if n not in taken and n not in SKIPPED and (cwd / n).is_dir()]
+    return [n for n in names if n not in taken and n not in SKIPPED and not n.startswith(".")
+            and not n.endswith(".egg-info") and (cwd / n).is_dir()]
 
 
 class Damaged(KitError):
