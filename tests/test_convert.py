@@ -162,3 +162,20 @@ def test_a_container_image_on_the_batch_script_is_carried_to_the_step_and_said(t
     proc = kit("convert", str(script))
     assert tomllib.loads(proc.stdout)["image"] == "/images/pt.sqsh"
     assert "#SBATCH --container-image=/images/pt.sqsh: carried as image: kit puts it on the srun step" in proc.stderr
+
+
+def test_a_script_setting_its_parameters_converts_into_the_same_command(tmp_path):
+    """Issue 29 finding 5, seed 003's shape: parameters set as shell variables, then used by the
+    srun line. The job file's command prints what the script prints."""
+    script = tmp_path / "run_distributed.slurm"
+    script.write_text('#!/bin/bash\n#SBATCH --nodes=1\nEPOCHS=2\nBATCH_SIZE=64           # Per-GPU batch size\n'
+                      'LEARNING_RATE=0.01\nDATA_DIR="./data dir"\nCHECKPOINT_DIR="./checkpoints"\nUNUSED=$(false)\n'
+                      "srun python3 -c 'import sys; print(sys.argv[1:])' --epochs $EPOCHS --batch-size $BATCH_SIZE "
+                      '--lr $LEARNING_RATE --data-dir "$DATA_DIR" --checkpoint-dir $CHECKPOINT_DIR\n')
+    proc = kit("convert", str(script))
+    assert proc.returncode == 0, proc.stderr
+    command = tomllib.loads(proc.stdout)["command"]
+    a = subprocess.run(["bash", "-c", FAKE_SRUN + f"source {script}"], cwd=tmp_path, capture_output=True, text=True)
+    b = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
+    assert a.stdout == b.stdout and "'--data-dir', './data dir'" in a.stdout, (a.stdout, b.stdout, command)
+    assert "UNUSED=$(false): a shell variable the command does not use" in proc.stderr

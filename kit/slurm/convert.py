@@ -176,6 +176,8 @@ def _command(c: Converted, words: list[str], line: str) -> None:
         c.not_carried.append(f"{line.strip()}: it uses shell syntax ({syntax}): its text runs under bash -c as "
                              "written (kit passes arguments without a shell)")
         return
+    spans = _spans(line.strip())
+    raw = [line.strip()[a:b] for a, b in spans][skip:] if len(spans) == len(words) + skip else None
     launcher = words[0].rsplit("/", 1)[-1]
     is_torchrun = launcher == "torchrun" or (len(words) > 2 and words[1] == "-m" and
                                              words[2] in ("torch.distributed.run", "torch.distributed.launch"))
@@ -189,12 +191,12 @@ def _command(c: Converted, words: list[str], line: str) -> None:
                                      "PET_MASTER_ADDR and PET_MASTER_PORT for torchrun")
                 i += step
                 continue
-            kept.append(words[i])
+            kept.append(i)
             i += 1
-        words = kept
+        words, raw = [words[k] for k in kept], ([raw[k] for k in kept] if raw else None)
         c.fields.setdefault("ntasks_per_node", 1)
-    if any("$" in w for w in words):
-        c.fields["command"] = ["bash", "-c", _shell_words(words)]
+    if any("$" in w for w in words):  # the words as written: their quotes decide how $VARS expand
+        c.fields["command"] = ["bash", "-c", " ".join(raw) if raw else _shell_words(words)]
         c.not_carried.append(f"{line.strip()}: it holds $VARIABLES, so it runs under bash -c (kit passes "
                              "arguments without a shell)")
     else:
@@ -220,12 +222,15 @@ def _shell_syntax(line: str) -> str | None:
     return None
 
 
-def _after_words(line: str, n: int) -> str:
-    """``line`` from its ``n``-th word on (words as the shell splits them, quotes respected)."""
-    i, quote = 0, None
-    for _ in range(n):
+def _spans(line: str) -> list[tuple[int, int]]:
+    """Where each word of ``line`` is, as the shell splits it (quotes kept with their word)."""
+    out, i, quote = [], 0, None
+    while i < len(line):
         while i < len(line) and line[i] in " \t":
             i += 1
+        if i >= len(line):
+            break
+        start = i
         while i < len(line):
             ch = line[i]
             if quote:
@@ -240,7 +245,14 @@ def _after_words(line: str, n: int) -> str:
             elif ch in " \t":
                 break
             i += 1
-    return line[i:].strip()
+        out.append((start, min(i, len(line))))
+    return out
+
+
+def _after_words(line: str, n: int) -> str:
+    """``line`` from its ``n``-th word on (words as the shell splits them, quotes respected)."""
+    spans = _spans(line)
+    return line[spans[n][0]:].strip() if n < len(spans) else ""
 
 
 def _shell_words(words: list[str]) -> str:
