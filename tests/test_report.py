@@ -159,7 +159,7 @@ def test_without_matplotlib_the_report_is_its_numbers_and_one_line(tmp_path):
                            "http://127.0.0.1:1"], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": f"{hide}:{os.environ.get('PYTHONPATH', '')}"})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr == ("kit: warning: no picture: matplotlib is not installed; pip install 'kit[report]' "
+    assert proc.stderr == ("kit: warning: no picture: matplotlib is not installed; pip install 'kit-slurm[report]' "
                            "(the numbers and report.json need nothing more)\n"), proc.stderr
     assert "samples: 256 (64.0 samples/s)" in proc.stdout
     assert proc.stdout.rstrip().endswith(f"report: {tmp_path / 'job' / 'report.json'}")
