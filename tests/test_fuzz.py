@@ -193,6 +193,21 @@ def recipes(draw) -> str:
     return draw(st.one_of(st.just(text), TEXT))
 
 
+@pytest.fixture(autouse=True, scope="module")
+def no_process_wide_containment():
+    """`kit build` moves its own process into a mount namespace of its own, ties its children to
+    it and turns SIGTERM into an unwinding (kit.cli.build._contain): right for the command, whose
+    process does nothing else, wrong for this test process: the local cluster's daemons would no
+    longer see what later tests mount (a scratch file system's jobs). Builds run in-process here
+    skip it; they unmount as they go."""
+    import kit.cli.build as build_command
+
+    saved = build_command._contain
+    build_command._contain = lambda: None
+    yield
+    build_command._contain = saved
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from images import tiny_rootfs

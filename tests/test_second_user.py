@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -121,18 +122,22 @@ def test_root_does_not_follow_a_planted_slurm_json(cluster, other_user, public, 
 
 
 @pytest.fixture
-def scratch():
-    """A shared scratch directory on a file system of its own (a tmpfs: KIT_HOME elsewhere, as
-    home on NFS and jobs on scratch, so the code store lives beside the jobs), group-writable
-    and not sticky: anyone can rename what lies in it."""
-    mnt = Path(tempfile.mkdtemp(prefix="kit-scratch-"))  # under /tmp: the other user reaches it
-    os.chmod(mnt, 0o755)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0777", "tmpfs", str(mnt)], check=True)
+def scratch(kit_home):
+    """A shared scratch directory under /tmp, group-writable and not sticky (anyone can rename
+    what lies in it), on another file system than the code store's home: a tmpfs mounted on
+    $KIT_HOME/code for the test (as home on NFS, jobs on scratch), so kit keeps the code store
+    beside the jobs. (Mounted there, not on the scratch: the nodes' slurmd must see the jobs,
+    and this process may be in a mount namespace of its own.)"""
+    d = Path(tempfile.mkdtemp(prefix="kit-scratch-"))
+    os.chmod(d, 0o777)
+    code = kit_home / "code"
+    code.mkdir(mode=0o700, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(code)], check=True)
     try:
-        yield mnt
+        yield d
     finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
-        mnt.rmdir()
+        subprocess.run(["umount", "-l", str(code)], check=True)
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_root_rerun_never_runs_a_store_another_user_swapped_in(cluster, other_user, public, scratch, tmp_path):
@@ -152,7 +157,7 @@ def test_root_rerun_never_runs_a_store_another_user_swapped_in(cluster, other_us
     env = {}
     proc = kit("launch", "--local", "--no-exporter", "--wait", "--output-dir", str(shared), "--", "bash", "run.sh",
                cwd=repo, env=env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0, proc.stderr + "".join(p.read_text() for p in shared.glob("*/logs/slurm-*.out"))
     job_dir = Path(proc.stdout.split("job dir: ")[1].splitlines()[0].strip())
     store = shared / f".kit-code-{os.geteuid()}"
     snap = json.loads((job_dir / "job.json").read_text())["snapshot"]

@@ -291,7 +291,7 @@ def job_outcome(st: JobStatus, job_dir: Path | None, finished: bool | None = Non
 def _any_rank_ran(job_dir: Path, run: int) -> bool:
     """Whether a rank of the run started (a launcher's task record or exit record)."""
     d = JobDir(job_dir)
-    return bool(d.exit_records(run)) or any(d.run_progress(run).glob("task-*"))
+    return bool(d.exit_records(run)) or any(d.run_progress(run).glob(JobDir.TASK.format(rank="*")))
 
 
 def check_after(target: Target, deps: list, label: str, note=lambda msg: None) -> list:
