@@ -267,6 +267,14 @@ def owned(path: str | os.PathLike, create: bool = True) -> Iterator[Path]:
         os.close(fd)
 
 
+def sha256_of(fd: int) -> str:
+    """The sha256 of what is left to read from the open file ``fd``."""
+    h = hashlib.sha256()
+    while chunk := os.read(fd, 4 << 20):
+        h.update(chunk)
+    return h.hexdigest()
+
+
 def verify(path: str | os.PathLike, hexdigest: str, memo: "StatMemo | None" = None, key: str | None = None) -> bool:
     """Whether the regular file ``path`` (never through a symlink) holds content whose sha256
     is ``hexdigest``: read and hashed, unless ``memo`` saw this very file (inode, size, times)
@@ -277,12 +285,10 @@ def verify(path: str | os.PathLike, hexdigest: str, memo: "StatMemo | None" = No
         with open_regular(path) as (fd, st):
             if memo is not None and memo.get(key, st) == hexdigest:
                 return True
-            h = hashlib.sha256()
-            while chunk := os.read(fd, 4 << 20):
-                h.update(chunk)
+            found = sha256_of(fd)
     except OSError:
         return False
-    if h.hexdigest() != hexdigest:
+    if found != hexdigest:
         return False
     if memo is not None:
         memo.put(key, st, hexdigest)

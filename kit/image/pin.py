@@ -10,8 +10,6 @@ place, which a hard link would see.
 
 from __future__ import annotations
 
-import hashlib
-import os
 from pathlib import Path
 
 from kit import files
@@ -48,7 +46,7 @@ def pin(image: Path, label: str = "--image", copy: bool = True) -> tuple[Path, s
                 if known and files.verify(here / name, known, memo, key=name):
                     memo.save()
                     return directory / name, "sha256:" + known
-                digest = _hash(fd) if not copy else _copy(fd, here, memo)
+                digest = files.sha256_of(fd) if not copy else _copy(fd, here, memo)
             memo.put(image, st, digest)
             if copy:  # the copy kit just wrote from what it hashed: trusted while it stays that file
                 with files.open_regular(here / f"sha256-{digest}.sqsh") as (_, written):
@@ -60,13 +58,6 @@ def pin(image: Path, label: str = "--image", copy: bool = True) -> tuple[Path, s
     if not copy:
         return image, "sha256:" + digest
     return directory / f"sha256-{digest}.sqsh", "sha256:" + digest
-
-
-def _hash(fd: int) -> str:
-    h = hashlib.sha256()
-    while chunk := os.read(fd, 4 << 20):
-        h.update(chunk)
-    return h.hexdigest()
 
 
 def _copy(fd: int, directory: Path, memo: files.StatMemo) -> str:
