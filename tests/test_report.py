@@ -207,3 +207,76 @@ def test_task_starts_per_node_and_run_from_the_job_directory(tmp_path):
     assert jobdir.task_starts(tmp_path, 1) == {} and jobdir.task_starts(tmp_path, 7) == {}
     assert jobdir.all_task_starts(tmp_path) == [{"run": 0, "node": "node1", "seconds": 1.2},
                                                 {"run": 0, "node": "node2", "seconds": 1.5}]
+
+
+def _backfilled_prometheus(tmp_path, samples: list[tuple[float, float]]):
+    """A real Prometheus holding only ``samples`` of job 9's rank-0 counter (promtool backfills them)."""
+    import shutil
+    import subprocess
+    import time
+    import urllib.request
+
+    from kit.cluster.processes import free_ports
+
+    tmp_path.mkdir()
+    text = "".join(f'training_samples_total{{slurm_job_id="9",node="node1",rank="0"}} {v} {t}\n' for t, v in samples)
+    (tmp_path / "om.txt").write_text(text + "# EOF\n")
+    data = tmp_path / "tsdb"
+    subprocess.run([shutil.which("promtool") or "promtool", "tsdb", "create-blocks-from", "openmetrics",
+                    str(tmp_path / "om.txt"), str(data)], check=True, capture_output=True)
+    (tmp_path / "p.yml").write_text("global:\n  scrape_interval: 1s\n")
+    port = free_ports(1)[0]
+    proc = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'p.yml'}", f"--storage.tsdb.path={data}",
+                             f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(150):
+        try:
+            with urllib.request.urlopen(f"{url}/-/ready", timeout=1):
+                return proc, url
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("prometheus did not start")
+
+
+def test_a_prometheus_that_saw_part_of_the_job_is_not_the_report_s_source(tmp_path):
+    """The CI failure of session 13: Prometheus found a short job's exporter late and held two
+    scrapes of its counter, equal; query_range held them flat over the job and the report said
+    0.0 samples/s for a job that trained. The metrics logs (every poll) are used instead and the
+    report says why; a Prometheus holding the whole job is used, its raw samples read as scraped."""
+    import time
+
+    t0 = float(int(time.time()) - 3 * 3600)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (tmp_path / "job_id").write_text("9\n")
+    (logs / "node1.r0.metrics.jsonl").write_text("".join(json.dumps(
+        {"time": t0 + i, "node": "node1", "samples": [["training_samples_total", {"rank": "0"}, 64.0 * i]]}) + "\n"
+        for i in range(31)))
+    late, url = _backfilled_prometheus(tmp_path / "late", [(t0 + 29, 1856.0), (t0 + 30, 1920.0)])
+    try:
+        summary = report(tmp_path, "9", tmp_path / "r.png", prometheus=url)
+    finally:
+        late.terminate()
+        late.wait(10)
+    assert summary.source.startswith("metrics logs (Prometheus holds part of the job only: "
+                                     "training_samples_total on node1: 1 s of the logs' 30 s)"), summary.source
+    assert (summary.samples, summary.samples_per_second) == (1920.0, 64.0)
+    whole, url = _backfilled_prometheus(tmp_path / "whole", [(t0 + i, 64.0 * i) for i in range(0, 31, 3)])
+    try:
+        summary = report(tmp_path, "9", tmp_path / "r.png", prometheus=url)
+    finally:
+        whole.terminate()
+        whole.wait(10)
+    assert summary.source == f"Prometheus {url}" and (summary.samples, summary.samples_per_second) == (1920.0, 64.0)
+
+
+def test_one_poll_is_no_rate(tmp_path):
+    """A job whose exporter polled once: how many samples it trained is unknown (an increase needs
+    two polls), never 0 at 0.0 samples/s."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "node1.r0.metrics.jsonl").write_text(json.dumps(
+        {"time": 5.0, "node": "node1", "samples": [["training_samples_total", {"rank": "0"}, 64.0]]}) + "\n")
+    summary = report(tmp_path, "9", tmp_path / "r.png")
+    assert (summary.samples, summary.samples_per_second) == (None, None) and "samples: -" in summary.lines()

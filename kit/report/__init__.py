@@ -22,7 +22,7 @@ from kit import jobdir
 from kit.jobdir import JobDir, records
 from kit.errors import KitError
 from kit.report.plot import NoPicture, _plot_tasks, _pyplot, plot
-from kit.report.series import Logs, load_logs, load_prometheus
+from kit.report.series import Logs, load_logs, load_prometheus, missed
 from kit.report.summary import MIN_SECONDS, Summary, summarize
 
 __all__ = ["Logs", "MIN_SECONDS", "NoPicture", "Summary", "TASK_HEADER", "TaskSummary", "report", "report_tasks"]
@@ -37,13 +37,16 @@ def report(job_dir: Path, job: str, out: Path, prometheus: str | None = None,
     if prometheus:
         times = [t for pts in logs.series.values() for t, _ in pts]
         try:
-            from_prometheus = load_prometheus(prometheus, job, min(times), max(times))
+            scraped = load_prometheus(prometheus, job, min(times), max(times))
         except (OSError, ValueError, KeyError, TypeError):
-            from_prometheus = None
-        if from_prometheus and any(from_prometheus.values()):
-            series, source = from_prometheus, f"Prometheus {prometheus}"
-        else:
+            scraped = None
+        lacks = missed(logs.series, scraped) if scraped and any(scraped.values()) else None
+        if not scraped or not any(scraped.values()):
             source = "metrics logs (Prometheus unreachable)"
+        elif lacks:
+            source = f"metrics logs (Prometheus holds part of the job only: {lacks})"
+        else:
+            series, source = scraped, f"Prometheus {prometheus}"
     if logs.damaged:
         source += f"; {logs.damaged} damaged log line(s) skipped"
     summary = summarize(series, job, source, logs, job_dir, min_seconds)

@@ -106,27 +106,56 @@ def load_logs(job_dir: Path) -> Logs:
     return logs
 
 
-# What Prometheus is asked for: every logged metric, per-CPU counters summed per mode.
-def _queries(job: str) -> list[tuple[str, str]]:
+# What Prometheus is asked for: every logged metric's raw samples over the job's span (a range
+# selector, not query_range: query_range fills every step with the last sample within its
+# five-minute look-back, so a series scraped twice looks like one held flat for the whole job).
+def _selector(job: str) -> str:
+    array_id, sep, task = job.partition("_")
+    return f'{{slurm_array_job_id="{array_id}",slurm_array_task_id="{task}"}}' if sep else f'{{slurm_job_id="{job}"}}'
+
+
+def _raw(url: str, query: str, at: float) -> list:
+    q = urllib.parse.urlencode({"query": query, "time": at})
+    with urllib.request.urlopen(f"{url}/api/v1/query?{q}", timeout=10) as r:
+        return json.load(r)["data"]["result"]
+
+
+def load_prometheus(url: str, job: str, start: float, end: float) -> Series:
     from kit.monitor.exporter import LOGGED, LOGGED_SUMMED
 
-    array_id, sep, task = job.partition("_")
-    sel = f'{{slurm_array_job_id="{array_id}",slurm_array_task_id="{task}"}}' if sep else f'{{slurm_job_id="{job}"}}'
-    return ([(name, f"{name}{sel}") for name in LOGGED]
-            + [(name, f"sum by (node, {by}) ({name}{sel})") for name, by in LOGGED_SUMMED.items()])
-
-
-def load_prometheus(url: str, job: str, start: float, end: float, step: float = 1.0) -> Series:
     series: Series = defaultdict(list)
-    for metric, query in _queries(job):
-        q = urllib.parse.urlencode({"query": query, "start": start, "end": end, "step": step})
-        with urllib.request.urlopen(f"{url}/api/v1/query_range?{q}", timeout=10) as r:
-            data = json.load(r)["data"]["result"]
-        for s in data:
+    window = f"[{math.ceil(end - start) + int(GAP)}s]"
+    for name in (*LOGGED, *LOGGED_SUMMED):
+        by = LOGGED_SUMMED.get(name)
+        summed: dict = defaultdict(float)
+        for s in _raw(url, f"{name}{_selector(job)}{window}", end + GAP / 2):
             m = s["metric"]
-            key = (metric, m.get("node", "?"), m.get("gpu") or m.get("rank") or m.get("mode") or "")
-            series[key] = [(float(t), float(v)) for t, v in s["values"]]
+            tag = m.get(by, "") if by else (m.get("gpu") or m.get("rank") or m.get("mode") or "")
+            for t, v in s["values"]:
+                if by:
+                    summed[(name, m.get("node", "?"), tag, float(t))] += float(v)
+                else:
+                    series[(name, m.get("node", "?"), tag)].append((float(t), float(v)))
+        for (metric, node, tag, t), v in summed.items():
+            series[(metric, node, tag)].append((t, v))
+    for points in series.values():
+        points.sort()
     return series
+
+
+def missed(logged: Series, scraped: Series) -> str | None:
+    """What Prometheus lacks of the job the metrics logs hold (a series, or its start or end
+    by more than GAP: a target found late, a scrape interval longer than the job), or None."""
+    for key, points in sorted(logged.items()):
+        if not points:
+            continue
+        got = scraped.get(key) or []
+        name = f"{key[0]} on {key[1]}"
+        if len(got) < min(2, len(points)):
+            return f"{name}: {len(got)} sample(s)"
+        if got[0][0] - points[0][0] > GAP or points[-1][0] - got[-1][0] > GAP:
+            return f"{name}: {got[-1][0] - got[0][0]:.0f} s of the logs' {points[-1][0] - points[0][0]:.0f} s"
+    return None
 
 
 # kit_job_cpu_seconds_total is a sum over the job's live processes: it falls when

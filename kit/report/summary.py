@@ -179,7 +179,8 @@ def summarize(series: Series, job: str, source: str, logs: Logs | None = None,
     times = [t for points in series.values() for t, _ in points]
     duration = (max(times) - min(times)) if times else 0.0
     counted = _of(series, "training_samples_total")
-    samples = sum(increase(points) for points in counted.values()) if counted else None
+    # None: unknown — none reported, or one poll only (an increase needs two)
+    samples = sum(increase(points) for points in counted.values()) if counted and duration else None
     gpus = []
     for (_, node, gpu), points in _of(series, "DCGM_FI_DEV_GPU_UTIL").items():
         values = [v for _, v in points]
@@ -196,7 +197,7 @@ def summarize(series: Series, job: str, source: str, logs: Logs | None = None,
     nodes = sorted({k[1] for k in series if k[0] in ("kit_job_cpu_seconds_total", "node_cpu_seconds_total",
                                                        "kit_job_memory_rss_bytes", "training_samples_total")})
     summary = Summary(job, source, duration, samples,
-                      None if samples is None else (samples / duration if duration else 0.0), gpus,
+                      None if samples is None else samples / duration, gpus,
                       [_node_summary(series, n) for n in nodes])
     losses = sorted(p for k, pts in _of(series, "training_loss").items() if k[2] == "0" for p in pts)
     if losses:
