@@ -37,6 +37,8 @@ INSTALL = {
     "debootstrap": "apt-get install -y debootstrap",
     "umoci": "apt-get install -y umoci",
     "skopeo": "apt-get install -y skopeo",
+    "slurmdbd": "apt-get install -y slurmdbd mariadb-server",
+    "mariadbd": "apt-get install -y slurmdbd mariadb-server",
 }
 
 

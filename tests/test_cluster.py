@@ -31,19 +31,20 @@ def test_up_status_env_down(home, cluster):
 
     proc = kit("cluster", "up", "--nodes", "2", "--cpus-per-node", "2", env=env)
     assert proc.returncode == 0, proc.stderr
-    assert re.match(r"local cluster started: 2 node\(s\) x 2 CPUs in [0-9.]+ s\n", proc.stdout)
+    assert re.match(r"local cluster started: 2 node\(s\) x 2 CPUs, with accounting \(sacct\) in [0-9.]+ s\n",
+                    proc.stdout)
     assert proc.stdout.splitlines()[1] == f"export SLURM_CONF={conf}"
     pids = json.loads((home / "cluster" / "cluster.json").read_text())["pids"]
 
     again = kit("cluster", "up", "--nodes", "2", "--cpus-per-node", "2", env=env)
     assert again.returncode == 0
-    assert again.stdout.splitlines()[0] == "local cluster already running: 2 node(s) x 2 CPUs"
+    assert again.stdout.splitlines()[0] == "local cluster already running: 2 node(s) x 2 CPUs, with accounting (sacct)"
     assert json.loads((home / "cluster" / "cluster.json").read_text())["pids"] == pids
 
     other = kit("cluster", "up", "--nodes", "3", env=env)
     assert other.returncode == 2
     assert other.stderr.splitlines()[0] == ("kit: cluster: already running with 2 node(s), 2 CPUs and 0 GPUs per node, "
-                                            "sharing this machine's network")
+                                            "sharing this machine's network, with accounting")
 
     status = kit("cluster", "status", env=env)
     assert status.returncode == 0
@@ -52,9 +53,9 @@ def test_up_status_env_down(home, cluster):
     # No pyxis and enroot here: the stand-in, and the status says so.
     assert lines[1] == f"  containers: kit's pyxis stand-in {home / 'cluster' / 'spank_kit_pyxis.so'} " \
                        "(no pyxis and enroot installed)"
-    # munged: the cluster's own authentication (issue 18), installed by .ci/setup.
-    assert [line.split()[0] for line in lines[2:]] == ["munged", "slurmctld", "node1", "node2"]
-    assert lines[4].split()[-1] == "idle"
+    # munged: the cluster's own authentication (issue 18); accounting (issue 29): both installed by .ci/setup.
+    assert [line.split()[0] for line in lines[2:]] == ["munged", "mariadbd", "slurmdbd", "slurmctld", "node1", "node2"]
+    assert lines[6].split()[-1] == "idle"
     # What it runs is what the golden files pin (tests/test_cluster_config.py).
     from kit.cluster import config
 
@@ -89,7 +90,7 @@ def test_up_repairs_stale_state(home, cluster):
     for pid in st.pids.values():
         os.kill(pid, signal.SIGKILL)
     # Every killed daemon gone (node2 still dying made `up` keep it, then find it dead: issue 20).
-    wait_for(lambda: not any(_alive(st.pids[n], c) for n, c, _ in c._daemons(st)), 10)
+    wait_for(lambda: not any(_alive(st.pids[n], c) for n, c, _ in c.daemons(st)), 10)
     assert not c.running()
     assert (home / "cluster" / "cluster.json").exists()
     st2, started = c.up(nodes=2, cpus_per_node=2)
@@ -186,7 +187,7 @@ def test_a_lost_state_file_neither_starts_a_second_cluster_nor_hides_the_first(h
 
 def _comm(name: str) -> str:
     """The program of the cluster's daemon ``name`` (munged, slurmctld, nodeK)."""
-    return {"slurmctld": "slurmctld", "munged": "munged"}.get(name, "slurmd")
+    return name if name in ("slurmctld", "munged", "mariadbd", "slurmdbd") else "slurmd"
 
 
 def test_status_names_the_plugin_the_cluster_was_started_with(home, monkeypatch):

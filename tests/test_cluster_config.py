@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from helpers import require
 
-from kit.cluster import config
+from kit.cluster import accounting, config
 
 GOLDEN = Path(__file__).parent / "golden" / "cluster"
 ACCEPT = "KIT_ACCEPT_GOLDEN=1 python -m pytest tests/test_cluster_config.py"
@@ -19,12 +19,15 @@ ROOT = Path("/home/alice/.local/state/kit/cluster")
 SHAPE = SimpleNamespace(nodes=2, cpus_per_node=4, gpus_per_node=2, memory_mb=8000, hostname="login1",
                         ctld_port=6817, node_ports=[6818, 6819])
 PYXIS_SO = "/usr/local/lib/slurm/spank_pyxis.so"
+ACCOUNTED = SimpleNamespace(**vars(SHAPE), auth="munge", dbd_port=6820)
 
 
 def generated() -> dict[str, str]:
     return {
         "slurm.conf": config.slurm_conf(SHAPE, ROOT, "alice", 17),
         "slurm.munge.conf": config.slurm_conf(SimpleNamespace(**vars(SHAPE), auth="munge"), ROOT, "alice", 17),
+        "slurm.accounting.conf": config.slurm_conf(ACCOUNTED, ROOT, "alice", 17),
+        "slurmdbd.conf": accounting.slurmdbd_conf(ACCOUNTED, ROOT, "alice", config.auth_lines(ACCOUNTED, ROOT)),
         "gres.conf": config.gres_conf(SHAPE, ROOT),
         "plugstack.pyxis.conf": config.plugstack_conf(config.PYXIS, ROOT, PYXIS_SO),
         "plugstack.kit-pyxis.conf": config.plugstack_conf(config.STAND_IN, ROOT, f"{ROOT}/spank_kit_pyxis.so"),

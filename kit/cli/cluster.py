@@ -32,8 +32,11 @@ def cluster() -> None:
 @click.option("--isolated-network/--shared-network", default=None,
               help="Each node in a network namespace of its own, at its own address on a bridge kit makes "
                    "(198.18.0.0/15, never routed off this machine; root) [default: as running, else shared].")
+@click.option("--accounting/--no-accounting", default=None,
+              help="Run slurmdbd on a MariaDB of the cluster's own (socket only; its data kept across down/up), "
+                   "so sacct, sreport and sacct-based tools answer [default: as running, else when installed].")
 def up(nodes: int | None, cpus_per_node: int | None, gpus_per_node: int | None, prometheus: bool,
-       isolated_network: bool | None) -> None:
+       isolated_network: bool | None, accounting: bool | None) -> None:
     """Start slurmctld and NODES slurmd daemons.
 
     Idempotent. On a cluster where some daemons died, starts only those
@@ -43,11 +46,13 @@ def up(nodes: int | None, cpus_per_node: int | None, gpus_per_node: int | None, 
     rows_before = c.state() is not None
     t0 = time.monotonic()
     st, started = c.up(nodes=nodes, cpus_per_node=cpus_per_node, gpus_per_node=gpus_per_node,
-                       progress=_progress, prometheus=prometheus, isolated_network=isolated_network)
+                       progress=_progress, prometheus=prometheus, isolated_network=isolated_network,
+                       accounting=accounting)
     what = ("started" if not rows_before else "repaired") if started else "already running"
     click.echo(f"local cluster {what}: {st.nodes} node(s) x {st.cpus_per_node} CPUs"
                + (f" x {st.gpus_per_node} GPUs" if st.gpus_per_node else "")
                + (f", each at its own address ({', '.join(st.network['addresses'].values())})" if st.network else "")
+               + (", with accounting (sacct)" if st.dbd_port else "")
                + (f" in {time.monotonic() - t0:.1f} s" if started else ""))
     click.echo(f"export SLURM_CONF={shlex.quote(str(c.conf))}")
     if st.prometheus_port:

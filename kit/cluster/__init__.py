@@ -6,7 +6,8 @@ its own. GPUs are count-only GRES, so ``--gpus-per-node`` requests schedule.
 Everything lives under ``$KIT_HOME/cluster``; ``up`` is idempotent and
 repairs stale state, ``down`` stops exactly the daemons ``up`` started (by pid).
 This face (:class:`LocalCluster`) runs the daemons; beside it: ``config`` (their
-files), ``state``, ``processes`` (/proc), ``prometheus``, ``plugin`` (pyxis or the stand-in).
+files), ``state``, ``processes`` (/proc), ``prometheus``, ``plugin`` (pyxis or the stand-in),
+``accounting`` (MariaDB and slurmdbd), ``teardown`` (``down``'s steps).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from kit import files
-from kit.cluster import config, layout, network, plugin, processes
+from kit.cluster import accounting as accounting_
+from kit.cluster import config, layout, network, plugin, processes, teardown
 from kit.cluster.prometheus import start as start_prometheus
 from kit.cluster.state import ClusterState, DaemonStatus
 from kit.errors import KitError
@@ -52,11 +54,12 @@ class LocalCluster:
         except (OSError, ValueError, TypeError):
             return None
 
-    def _daemons(self, st: ClusterState) -> list[tuple[str, str, int]]:
+    def daemons(self, st: ClusterState) -> list[tuple[str, str, int]]:
         """(name, comm, port) of every daemon of ``st``."""
         prom = [("prometheus", "prometheus", st.prometheus_port)] if st.prometheus_port else []
         munge = [("munged", "munged", 0)] if st.auth == "munge" else []
-        return munge + [("slurmctld", "slurmctld", st.ctld_port)] + [
+        dbd = [("mariadbd", "mariadbd", 0), ("slurmdbd", "slurmdbd", st.dbd_port)] if st.dbd_port else []
+        return munge + dbd + [("slurmctld", "slurmctld", st.ctld_port)] + [
             (f"node{i}", "slurmd", port) for i, port in enumerate(st.node_ports, 1)] + prom
 
     @property
@@ -69,7 +72,7 @@ class LocalCluster:
 
     def running(self) -> bool:
         st = self.state()
-        return bool(st) and all(processes.alive(st.pids.get(n), c) for n, c, _ in self._daemons(st))
+        return bool(st) and all(processes.alive(st.pids.get(n), c) for n, c, _ in self.daemons(st))
 
     def controller_alive(self) -> bool:
         """Its slurmctld runs (Slurm commands answer, even with a node down)."""
@@ -86,7 +89,7 @@ class LocalCluster:
             node_states = dict(line.split(None, 1) for line in out.splitlines() if " " in line)
         return [DaemonStatus(name, st.pids.get(name), port, processes.alive(st.pids.get(name), comm),
                              node_states.get(name, "").strip())
-                for name, comm, port in self._daemons(st)]
+                for name, comm, port in self.daemons(st)]
 
     @contextmanager
     def _lock(self):
@@ -98,13 +101,14 @@ class LocalCluster:
     # ------------------------------------------------------------ up
     def up(self, nodes: int | None = None, cpus_per_node: int | None = None, gpus_per_node: int | None = None,
            timeout: float = 30.0, progress=lambda msg: None, prometheus: bool = False,
-           isolated_network: bool | None = None) -> tuple[ClusterState, bool]:
+           isolated_network: bool | None = None, accounting: bool | None = None) -> tuple[ClusterState, bool]:
         """Start the cluster, or bring back the daemons of one that died. Returns (state, started_now).
 
         A cluster whose state is here keeps it: only dead daemons are started
         again (slurmctld recovers its jobs and job ids from its saved state),
         so jobs that survived on the other daemons run on. Shape arguments
-        left out (None) mean "as it is" (or 2 nodes, this machine's CPUs, no GPUs).
+        left out (None) mean "as it is" (or 2 nodes, this machine's CPUs, no GPUs; accounting
+        when slurmdbd and MariaDB are installed).
         """
         for tool in REQUIRED:
             if shutil.which(tool) is None:
@@ -127,6 +131,13 @@ class LocalCluster:
                      cpus_per_node or (st.cpus_per_node if st else os.cpu_count() or 1),
                      gpus_per_node if gpus_per_node is not None else (st.gpus_per_node if st else 0))
             isolated = isolated_network if isolated_network is not None else bool(st and st.network)
+            counted = accounting if accounting is not None else (bool(st.dbd_port) if st else not accounting_.missing())
+            if accounting and (lacking := accounting_.missing()):
+                raise KitError(f"{', '.join(lacking)} not found", field="--accounting", exit_code=1,
+                               hint=accounting_.INSTALL_HINT)
+            if not st and accounting is None and not counted:
+                progress(f"no accounting ({', '.join(accounting_.missing())} not installed): sacct and seff will not "
+                         f"answer; {accounting_.INSTALL_HINT}")
             if isolated and (why := network.available()):
                 raise KitError(f"cannot isolate the nodes' network: {why}", field="--isolated-network", exit_code=1)
             for label, value, low in (("--nodes", shape[0], 1), ("--cpus-per-node", shape[1], 1),
@@ -134,13 +145,15 @@ class LocalCluster:
                 if value < low:
                     raise KitError(f"must be at least {low}, got {value}", field=label)
             if st:
-                dead = [(n, c) for n, c, _ in self._daemons(st) if not processes.alive(st.pids.get(n), c)]
-                same = (st.nodes, st.cpus_per_node, st.gpus_per_node) == shape and bool(st.network) == isolated
-                if not same and len(dead) < len(self._daemons(st)):
+                dead = [(n, c) for n, c, _ in self.daemons(st) if not processes.alive(st.pids.get(n), c)]
+                same = (st.nodes, st.cpus_per_node, st.gpus_per_node, bool(st.network), bool(st.dbd_port)) == \
+                    (*shape, isolated, counted)
+                if not same and len(dead) < len(self.daemons(st)):
                     raise KitError(
                         f"already running with {st.nodes} node(s), {st.cpus_per_node} CPUs and "
                         f"{st.gpus_per_node} GPUs per node" + (", each in a network of its own" if st.network
-                                                               else ", sharing this machine's network"),
+                                                               else ", sharing this machine's network")
+                        + (", with accounting" if st.dbd_port else ", without accounting"),
                         field="cluster", hint="run `kit cluster down` first to change its shape")
                 if same:
                     if dead:
@@ -151,15 +164,15 @@ class LocalCluster:
                         self.save(st)
                     return st, bool(dead or resumed)
                 progress("every daemon of the earlier cluster is gone: starting a new one")
-                self._end_job_processes(progress)
+                teardown.end_job_processes(self.conf, progress)
             network.clear_leftover(self.root, progress)
             layout.clean(self.root, self.state_file)
-            st = self._start(*shape, timeout, progress, isolated)
+            st = self._start(*shape, timeout, progress, isolated, counted)
             if prometheus:
                 try:
                     start_prometheus(self, st, timeout, progress)
                 except BaseException:
-                    self._stop(st)
+                    teardown.stop(self, st)
                     raise
                 self.save(st)
             return st, True
@@ -188,26 +201,37 @@ class LocalCluster:
             st.pids[name] = self._read_pid(self.root / "run" / "munged.pid", name)
             self.save(st)
             return
+        if name == "mariadbd":
+            st.pids[name] = accounting_.start_mariadbd(self.root, processes.user(), 60)
+            self.save(st)
+            return
         if name == "slurmctld":
             argv, pidfile, log = ["slurmctld", *(["-c"] if clear else [])], "slurmctld.pid", "slurmctld.log"
+        elif name == "slurmdbd":  # it reads slurmdbd.conf beside SLURM_CONF, the database at MYSQL_UNIX_PORT
+            argv, pidfile, log = ["slurmdbd"], "slurmdbd.pid", "slurmdbd.log"
         else:
             argv, pidfile, log = ["slurmd", "-N", name], f"slurmd-{name}.pid", f"slurmd-{name}.log"
         (self.root / "run" / pidfile).unlink(missing_ok=True)
         env = config.daemon_env(self.root, self.conf, name, st.containers, os.environ.get("PATH", os.defpath))
-        argv = network.enter(network.from_dict(st.network), name, [*argv, "-f", str(self.conf)])
+        if name == "slurmdbd":
+            env.update(accounting_.env(self.root, self.conf))
+        else:
+            argv = network.enter(network.from_dict(st.network), name, [*argv, "-f", str(self.conf)])
         run(argv, env=env, what=name if name.startswith("node") else argv[0], hint=f"see {self.root}/log/{log}")
         st.pids[name] = self._read_pid(self.root / "run" / pidfile, name)
         self.save(st)
+        if name == "slurmdbd":  # slurmctld registers with it at its start
+            accounting_.wait_for(lambda: accounting_.dbd_answers(st), None, name, self.root, 60)
 
     def _restart(self, st: ClusterState, names: list[str], timeout: float, progress) -> None:
         """Start the daemons ``names`` of ``st`` again, with the same config and saved state."""
-        alive = [n for n, c, _ in self._daemons(st) if n not in names]
+        alive = [n for n, c, _ in self.daemons(st) if n not in names]
         progress(f"restarting {', '.join(names)}" + (f" ({', '.join(alive)} kept running)" if alive else ""))
         restart_prometheus = "prometheus" in names
         names = [n for n in names if n != "prometheus"]
         kept = set(alive) - {"prometheus"}
         while names:
-            for name in sorted(names, key=lambda n: (n != "munged", n != "slurmctld")):
+            for name in sorted(names, key=self._start_order):
                 # No -c: slurmctld recovers its jobs and job ids from StateSaveLocation.
                 self._start_daemon(st, name)
             # One that was running when up began may be dying too (killed with the
@@ -221,12 +245,18 @@ class LocalCluster:
             start_prometheus(self, st, timeout, progress)
             self.save(st)
 
+    @staticmethod
+    def _start_order(name: str) -> int:
+        """munged, the database, slurmdbd, slurmctld, then the nodes."""
+        order = ("munged", "mariadbd", "slurmdbd", "slurmctld")
+        return order.index(name) if name in order else len(order)
+
     def _start(self, nodes: int, cpus: int, gpus: int, timeout: float, progress,
-               isolated: bool = False) -> ClusterState:
-        ports = processes.free_ports(nodes + 1)
+               isolated: bool = False, counted: bool = False) -> ClusterState:
+        ports = processes.free_ports(nodes + 2)
         st = ClusterState(nodes=nodes, cpus_per_node=cpus, gpus_per_node=gpus,
                           memory_mb=processes.memory_mb(), hostname=socket.gethostname().split(".")[0],
-                          ctld_port=ports[0], node_ports=ports[1:])
+                          ctld_port=ports[0], node_ports=ports[1:-1], dbd_port=ports[-1] if counted else None)
         # The record first (`down` finds what to remove); a failed start removes it too (no half-made cluster).
         try:
             if isolated:
@@ -248,6 +278,11 @@ class LocalCluster:
             if st.auth == "munge":
                 progress("starting munged (the cluster's own key and socket)")
                 self._start_daemon(st, "munged")
+            if st.dbd_port:
+                progress(f"starting accounting: mariadbd (socket only, data kept in {accounting_.directory(self.root)}), "
+                         f"slurmdbd on port {st.dbd_port}")
+                self._start_daemon(st, "mariadbd")
+                self._start_daemon(st, "slurmdbd")
             progress(f"starting slurmctld on port {st.ctld_port}")
             self._start_daemon(st, "slurmctld", clear=True)
             for i in range(1, nodes + 1):
@@ -255,8 +290,8 @@ class LocalCluster:
                 self._start_daemon(st, f"node{i}")
             self._wait_idle(st, timeout)
         except BaseException:
-            self._stop(st)
-            self._remove_network(lambda msg: None)
+            teardown.stop(self, st)
+            teardown.remove_network(self.root, lambda msg: None)
             self.state_file.unlink(missing_ok=True)
             raise
         return st
@@ -293,7 +328,7 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         out = ""
         while time.monotonic() < deadline:
-            for name, comm, _ in self._daemons(st):
+            for name, comm, _ in self.daemons(st):
                 if name != "prometheus" and not processes.alive(st.pids.get(name), comm):  # prometheus: after the nodes
                     if name in kept:
                         return name
@@ -325,74 +360,25 @@ class LocalCluster:
                 if leftover:
                     progress(f"{self.state_file} is missing or unreadable: stopping {processes.describe(leftover)} "
                              "found running from it")
-                self._end_job_processes(progress)
+                teardown.end_job_processes(self.conf, progress)
                 processes.stop_pids({p: c for p, c in leftover.items() if c == "slurmd"})
                 processes.stop_pids(leftover)
-                self._remove_network(progress)
+                teardown.remove_network(self.root, progress)
                 layout.clean(self.root, self.state_file)
                 return True
             if not force and processes.alive(st.pids.get("slurmctld"), "slurmctld"):
-                active = self._active_jobs()
+                active = teardown.active_jobs(self.target)
                 if active:
                     raise KitError(f"{len(active)} job(s) still active: {', '.join(active)}", field="cluster",
                                    exit_code=1, hint="wait for them, or `kit cluster down --force` to cancel them")
-            self._stop(st, progress)
-            self._end_job_processes(progress)
-            self._remove_network(progress)
+            teardown.stop(self, st, progress)
+            teardown.end_job_processes(self.conf, progress)
+            teardown.remove_network(self.root, progress)
             layout.clean(self.root, self.state_file)
             return True
-
-    def _remove_network(self, progress) -> None:
-        """--isolated-network: whatever still runs in the nodes' namespaces, then the namespaces
-        and the bridge (found by the cluster's directory, record or not)."""
-        net = network.found(self.root)
-        if net is None:
-            return
-        left = network.pids_inside(net)
-        if left:
-            progress(f"ending {len(left)} process(es) left in the nodes' network namespaces")
-            processes.stop_pids({pid: processes.comm(pid) for pid in left}, timeout=5)
-        progress(f"removing the isolated network ({net.bridge} and {len(net.namespaces)} namespace(s))")
-        network.remove(net)
 
     def leftover_daemons(self) -> dict[int, str]:
         """pid -> program of this cluster's daemons found by their command lines
         (each names a file under this cluster's directory), record or not."""
-        return processes.daemons_under(self.root, ("slurmctld", "slurmd", "prometheus", "munged"))
-
-    def _active_jobs(self) -> list[str]:
-        out = self.target.run(["squeue", "--noheader", "--format=%i",
-                               "--states=RUNNING,COMPLETING,PENDING,CONFIGURING,REQUEUED,SUSPENDED"],
-                              check=False).stdout
-        return out.split()
-
-    def _end_job_processes(self, progress) -> None:
-        """TERM, then KILL, every process of this cluster's jobs (slurmstepd and tasks)."""
-        procs = processes.job_processes(str(self.conf))
-        if not procs:
-            return
-        jobs = sorted({j for _, _, j in procs if j}, key=int)
-        progress(f"ending {len(procs)} leftover process(es) of job(s) {', '.join(jobs) or '?'}")
-        tasks = {pid: comm for pid, comm, _ in procs if comm != "slurmstepd"}
-        processes.stop_pids(tasks, timeout=10)
-        processes.stop_pids({pid: comm for pid, comm, _ in procs}, timeout=2)
-
-    def _stop(self, st: ClusterState, progress=lambda msg: None) -> None:
-        ctld_alive = processes.alive(st.pids.get("slurmctld"), "slurmctld")
-        if ctld_alive:
-            jobs = self._active_jobs()
-            if jobs:
-                progress(f"cancelling {len(jobs)} job(s): {', '.join(jobs)}")
-                self.target.run(["scancel", *jobs], check=False)
-                # KillWait (30 s) plus the jobs' own cleanup.
-                deadline = time.monotonic() + 45
-                while time.monotonic() < deadline and self._active_jobs():
-                    time.sleep(0.2)
-        daemons = {st.pids[n]: c for n, c, _ in self._daemons(st) if st.pids.get(n)}
-        if daemons:
-            progress("stopping " + ", ".join(n for n, _, _ in self._daemons(st) if st.pids.get(n)))
-        # slurmd first, so slurmctld does not mark nodes down mid-way.
-        processes.stop_pids({p: c for p, c in daemons.items() if c == "slurmd"})
-        processes.stop_pids({p: c for p, c in daemons.items() if c == "slurmctld"})
-        processes.stop_pids({p: c for p, c in daemons.items() if c == "prometheus"})
-        processes.stop_pids({p: c for p, c in daemons.items() if c == "munged"})
+        return processes.daemons_under(self.root, ("slurmctld", "slurmd", "prometheus", "munged", "mariadbd",
+                                                   "slurmdbd"))

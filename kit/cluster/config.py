@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kit.cluster import accounting
 from kit.core.bash import quote
 
 PARTITION = "local"
@@ -43,6 +44,13 @@ def munged_argv(root: Path) -> list[str]:
             f"--pid-file={root}/run/munged.pid", f"--log-file={root}/log/munged.log", f"--seed-file={m}/munged.seed"]
 
 
+def auth_lines(st, root: Path) -> list[str]:
+    """How every daemon and client authenticates (slurm.conf and slurmdbd.conf alike)."""
+    if getattr(st, "auth", "none") == "munge":
+        return ["AuthType=auth/munge", f"AuthInfo=socket={munge_socket(root)}"]
+    return ["AuthType=auth/none"]
+
+
 def slurm_conf(st, root: Path, user: str, first_job_id: int) -> str:
     """``st``: the cluster's shape and ports (a :class:`kit.cluster.ClusterState`).
 
@@ -51,8 +59,8 @@ def slurm_conf(st, root: Path, user: str, first_job_id: int) -> str:
     machine) trusts whatever uid a client claims, so any local user could act as root."""
     r = root
     network = getattr(st, "network", None)  # --isolated-network: each node at its own address
-    auth = ["AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={munge_socket(r)}"] \
-        if getattr(st, "auth", "none") == "munge" else ["AuthType=auth/none", "CredType=cred/none"]
+    munge = getattr(st, "auth", "none") == "munge"
+    auth = [*auth_lines(st, r), "CredType=cred/munge" if munge else "CredType=cred/none"]
     lines = [
         "# Written by `kit cluster up`: a Slurm cluster of several slurmd on one host.",
         "ClusterName=kit",
@@ -75,8 +83,7 @@ def slurm_conf(st, root: Path, user: str, first_job_id: int) -> str:
         "MpiDefault=none",
         "ReturnToService=2",
         "SlurmdParameters=config_overrides",
-        "JobAcctGatherType=jobacct_gather/none",
-        "AccountingStorageType=accounting_storage/none",
+        *accounting.storage_lines(st, munge_socket(r) if munge else None),
         # KillWait stays Slurm's default (30 s), as on sites: cleanup that
         # needs more than a few seconds (pyxis's enroot remove, checkpoints) gets it here too.
         "MinJobAge=300",

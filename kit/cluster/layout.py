@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 
 from kit import files
-from kit.cluster import config, plugin, processes, state
+from kit.cluster import accounting, config, plugin, processes, state
 
 
 def gpu_device(path: Path) -> None:
@@ -49,6 +49,8 @@ def write(root: Path, conf: Path, st) -> None:
         gpu.parent.mkdir(parents=True, exist_ok=True)
         gpu_device(gpu)
     (r / "gres.conf").write_text(config.gres_conf(st, r))
+    if st.dbd_port:
+        accounting.write(r, st, processes.user(), config.auth_lines(st, r))
     files.write_atomic(conf, config.slurm_conf(st, r, processes.user(), state.next_job_id(root)))
 
 

@@ -153,12 +153,17 @@ def daemons_under(root, programs: tuple[str, ...]) -> dict[int, str]:
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().decode(errors="replace").split("\0")
             with open(f"/proc/{entry}/comm") as f:
                 comm = f.read().strip()
+            if comm not in programs:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+            if comm == "slurmdbd":  # its command line names nothing: its SLURM_CONF does
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    argv += f.read().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if comm in programs and any(prefix in a for a in argv) and alive(int(entry), comm):
+        if any(prefix in a for a in argv) and alive(int(entry), comm):
             found[int(entry)] = comm
     return found

@@ -21,6 +21,7 @@ class ClusterState:
     prometheus_port: int | None = None
     auth: str = "none"  # "munge" (the cluster's own munged) or "none" (no munged installed)
     network: dict | None = None  # --isolated-network: kit.cluster.network.Network as a dict
+    dbd_port: int | None = None  # accounting: slurmdbd's port (None: no accounting)
 
 
 @dataclass
