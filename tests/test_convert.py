@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from helpers import kit
 
+from kit import slurm
+
 DATA = Path(__file__).parent / "data" / "sbatch"
 
 EXPECTED = {
@@ -179,3 +181,42 @@ def test_a_script_setting_its_parameters_converts_into_the_same_command(tmp_path
     b = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
     assert a.stdout == b.stdout and "'--data-dir', './data dir'" in a.stdout, (a.stdout, b.stdout, command)
     assert "UNUSED=$(false): a shell variable the command does not use" in proc.stderr
+
+
+SEED_002 = Path(__file__).parent / "data" / "seed002"
+
+
+def test_seed_002s_prelaunch_and_launcher_convert_into_a_job_that_runs_as_submitted_by_hand(cluster, tmp_path):
+    """Issue 29 done-means 5, seed 002 (lit-gpt on Enroot): the prelaunch exports its environment,
+    then `exec srun --mpi=none ./train-redpajama-launcher.sh` in an if/else whose other branch is an
+    interactive `srun --overlap`; the launcher maps Slurm's variables to ranks and runs the trainer.
+    Before, kit convert took the script's last line (`kill $GPT_TIMESTAMPING_PID`) for the command: a
+    job that trained nothing. Now the job runs the launcher on every task with the exported variables,
+    and each rank prints what it prints when the script is submitted with sbatch by hand."""
+    (tmp_path / "pretrain").mkdir()
+    for name in ("train-redpajama-prelaunch.sh", "train-redpajama-launcher.sh"):
+        (tmp_path / name).write_text((SEED_002 / name).read_text())
+        (tmp_path / name).chmod(0o755)
+    (tmp_path / "pretrain" / "redpajama.py").write_text((SEED_002 / "redpajama.py").read_text())
+    proc = kit("convert", "train-redpajama-prelaunch.sh", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    command = tomllib.loads(proc.stdout)["command"]
+    assert command[:2] == ["bash", "-c"] and command[2].endswith("\n./train-redpajama-launcher.sh"), command
+    assert "export NCCL_DEBUG=\"${NCCL_DEBUG:-WARN}\"" in command[2] and "MASTER_PORT" not in command[2]
+    assert "srun --overlap --nodes=1 --ntasks-per-node=8 ./train-redpajama-launcher.sh: only the training command" \
+        in proc.stderr
+    assert "DEBUG, GPT_GLOBAL_SEED, SLURM_INTERACTIVE: carried, but their $(...) now runs in every task" in proc.stderr
+    (tmp_path / "job.toml").write_text(proc.stdout)
+    hand = cluster.target.run(["sbatch", "--parsable", f"--output={tmp_path / 'by-hand.out'}",
+                               "train-redpajama-prelaunch.sh"], cwd=str(tmp_path)).stdout.strip().split(";")[0]
+    run = kit("launch", "--local", "--wait", "--no-exporter", "-f", "job.toml", "--output-dir", str(tmp_path / "jobs"),
+              cwd=tmp_path, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert slurm.wait(cluster.target, hand, timeout=120).state == "COMPLETED"
+    job_dir = Path(run.stdout.split("job dir: ")[1].splitlines()[0].strip())
+    by_hand = sorted(line for line in (tmp_path / "by-hand.out").read_text().splitlines() if line.startswith("rank "))
+    by_kit = sorted(line for log in (job_dir / "logs").glob("rank-*.log") for line in log.read_text().splitlines()
+                    if line.startswith("rank "))
+    assert len(by_hand) == 4 and by_kit == by_hand, (by_hand, by_kit)
+    assert by_hand[0] == "rank 0 of 4 node 0 local 0 nodes 2 faulthandler 1 nccl WARN INIT,NET debug 0 master True " \
+                         "seeded True"

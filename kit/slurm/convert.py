@@ -28,7 +28,7 @@ FIELDS = {
 INT_FIELDS = {"nodes", "ntasks_per_node", "cpus_per_task", "gpus_per_node"}
 # What kit sets for every task: a script's own value would be wrong (or the same) under kit.
 KIT_SETS = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE",
-            "GROUP_RANK", "OMP_NUM_THREADS"}
+            "GROUP_RANK", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"}
 # torchrun / torch.distributed.launch options kit's PET_* variables give (written with $VARS in scripts).
 RENDEZVOUS = {"--nnodes", "--node_rank", "--node-rank", "--master_addr", "--master-addr", "--master_port",
               "--master-port", "--rdzv_endpoint", "--rdzv-endpoint", "--rdzv_backend", "--rdzv-backend",
@@ -159,11 +159,7 @@ def _command(c: Converted, words: list[str], line: str) -> None:
     as written after srun's options, under ``bash -c``: re-quoting its words would change it."""
     skip = 0
     if words and words[0] == "srun":
-        i = 1
-        dropped = []
-        while i < len(words) and words[i].startswith("-"):
-            name, value, i = _option(words, i)
-            dropped.append(name + (f"={value}" if value is not None else ""))
+        dropped, i = _srun_options(words)
         if dropped:
             c.not_carried.append(f"srun {' '.join(dropped)}: kit runs its own srun from the job's fields")
         words, skip = words[i:], i
@@ -313,6 +309,9 @@ def convert(text: str) -> Converted:
         except ValueError:
             c.not_carried.append(f"{stripped}: not readable")
             continue
+        if words and words[0] == "exec":  # `exec srun ...`: the batch script becomes that step
+            words = words[1:]
+            stripped = _after_words(stripped, 1)
         if not words:
             continue
         if words[0] == "export" and len(words) >= 2:
@@ -334,7 +333,10 @@ def convert(text: str) -> Converted:
             continue
         commands.append((words, stripped))
     sruns = [(w, s) for w, s in commands if w[0] == "srun"]
-    chosen = (sruns or commands)[-1:] if commands else []
+    # An --overlap step shares the job's resources with another (a monitor, an interactive shell):
+    # the training step is the last srun that is not one.
+    main = [(w, s) for w, s in sruns if "--overlap" not in _srun_options(w)[0]]
+    chosen = (main or sruns or commands)[-1:] if commands else []
     for words, stripped in commands:
         if (words, stripped) not in chosen:
             c.not_carried.append(f"{stripped}: only the training command is carried over")
@@ -347,13 +349,20 @@ def convert(text: str) -> Converted:
 
 
 def _carry_assignments(c: Converted, assigned: list[tuple[str, str, int]]) -> None:
-    """The script's variable assignments the command uses (``$NAME``, and what those use in
-    turn), as lines before it in its ``bash -c`` text, in the script's order: a command that
-    uses a variable the job file drops would fail. The rest are listed as not carried."""
+    """The script's variable assignments the command uses (``$NAME``, every exported one — the
+    command's own programs read those — and what those use in turn), as lines before it in its
+    ``bash -c`` text, in the script's order: a command that uses a variable the job file drops
+    would fail. The rest are listed as not carried."""
     command = c.fields.get("command") or []
     used: set[str] = set()
+    for name, text, _ in [a for a in assigned if "$!" in a[1]]:
+        assigned.remove((name, text, _))
+        c.not_carried.append(f"{text}: the pid of a background process kit does not start (kit records and "
+                             "tears down its own sidecars)")
+    if any(text.startswith("export ") for _, text, _ in assigned) and command[:2] != ["bash", "-c"]:
+        c.fields["command"] = command = ["bash", "-c", _shell_words(command)]
     if command[:2] == ["bash", "-c"]:
-        wanted = _names(command[2])
+        wanted = _names(command[2]) | {name for name, text, _ in assigned if text.startswith("export ")}
         for name, text, _ in reversed(assigned):
             if name in wanted and name not in used:
                 used.add(name)
@@ -365,6 +374,20 @@ def _carry_assignments(c: Converted, assigned: list[tuple[str, str, int]]) -> No
     if carried:
         c.fields["command"] = ["bash", "-c", "\n".join([*carried, command[2]])]
         c.not_carried.append(f"{', '.join(sorted(used))}: set by the script, carried into the command's bash -c text")
+    computed = sorted(name for name, text, _ in assigned if name in used and ("$(" in text or "`" in text))
+    if computed:
+        c.not_carried.append(f"{', '.join(computed)}: carried, but their $(...) now runs in every task, not once in the "
+                             "batch script: a value that differs from run to run (a random seed) would differ between "
+                             "ranks; compute it once and pass it with --env")
+
+
+def _srun_options(words: list[str]) -> tuple[list[str], int]:
+    """An srun line's own options (as NAME=VALUE), and the index of its command's first word."""
+    i, options = 1, []
+    while i < len(words) and words[i].startswith("-"):
+        name, value, i = _option(words, i)
+        options.append(name + (f"={value}" if value is not None else ""))
+    return options, i
 
 
 def _names(text: str) -> set[str]:
