@@ -53,7 +53,7 @@ def test_convert_carries_what_kit_has_and_lists_the_rest(tmp_path, name):
     assert all(line.startswith("kit: not carried over: ") for line in proc.stderr.splitlines()), proc.stderr
     for piece in listed:
         assert any(piece in line for line in not_carried), (piece, proc.stderr)
-        assert f"#   " in proc.stdout and piece.split(":")[0] in proc.stdout  # the same list, in the file
+        assert "#   " in proc.stdout and piece.split(":")[0] in proc.stdout  # the same list, in the file
     # The printed job file is one kit launch accepts as it is.
     (tmp_path / "job.toml").write_text(proc.stdout)
     dry = kit("launch", "--dry-run", "-f", str(tmp_path / "job.toml"), "--output-dir", str(tmp_path / "jobs"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kit.report import report
 
 
@@ -280,3 +282,58 @@ def test_one_poll_is_no_rate(tmp_path):
         {"time": 5.0, "node": "node1", "samples": [["training_samples_total", {"rank": "0"}, 64.0]]}) + "\n")
     summary = report(tmp_path, "9", tmp_path / "r.png")
     assert (summary.samples, summary.samples_per_second) == (None, None) and "samples: -" in summary.lines()
+
+
+def _many_nodes_logs(job_dir, nodes: int, slow: str, idle: str) -> None:
+    """A job of ``nodes`` nodes x 2 ranks, 60 polls: every node alike but ``slow`` (half the
+    samples/s) and ``idle`` (its job's CPUs unused)."""
+    logs = job_dir / "logs"
+    logs.mkdir(parents=True)
+    for n in range(1, nodes + 1):
+        node = f"node{n}"
+        rate = 32.0 if node == slow else 64.0
+        busy = 0.05 if node == idle else 3.5 + 0.01 * n
+        lines = []
+        for i in range(61):
+            lines.append(json.dumps({"time": 1000.0 + i, "node": node, "samples": [
+                ["kit_job_cpus", {}, 4.0], ["kit_job_cpu_seconds_total", {}, busy * i],
+                ["kit_job_memory_rss_bytes", {}, 2.0e9 + 1e6 * n], ["kit_job_memory_limit_bytes", {}, 8.0e9],
+                *[["training_samples_total", {"rank": str(2 * (n - 1) + r)}, rate * i] for r in range(2)],
+                *[["training_loss", {"rank": str(2 * (n - 1) + r)}, 2.0 - i / 60] for r in range(2)]]}))
+        (logs / f"{node}.r0.metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("nodes", [32, 64])
+def test_a_report_on_many_nodes_is_a_summary_with_its_outliers_named(tmp_path, nodes):
+    """Issue 30 done-means 4: past 8 nodes the text gives each measure's spread and names the
+    extreme nodes (under 30 lines at 32 nodes, not a line per node), the notes name the slowest and
+    the idle node, each panel draws a band and the outliers alone (a handful of legend entries, not
+    one per node and rank), and report.json keeps every node."""
+    from kit.report.plot import _panels
+    from kit.report.series import load_logs
+
+    _many_nodes_logs(tmp_path, nodes, slow="node17", idle="node29")
+    summary = report(tmp_path, "9", tmp_path / "r.png", min_seconds=30)
+    text = summary.lines()
+    assert len(text) < 30, "\n".join(text)
+    assert not any(line.startswith("node5:") for line in text), "\n".join(text)
+    rates = next(line for line in text if line.startswith("samples/s per node:"))
+    assert rates.startswith("samples/s per node: min 64.0 / median 128.0 / max 128.0 over "
+                            f"{nodes} (lowest: node17 64.0"), rates
+    cpu = next(line for line in text if line.startswith("CPU efficiency per node:"))
+    assert "(lowest: node29 1 %" in cpu, cpu
+    notes = [(n.level, n.text) for n in summary.notes]
+    assert ("warning", "node17: 64.0 samples/s, under 80 % of the median node's 128.0: a slow node") in notes, notes
+    assert any(level == "warning" and text.startswith("node29: the job used 0.05 of 4 allocated cores")
+               for level, text in notes), notes
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert len(saved["nodes"]) == nodes and {n["node"] for n in saved["nodes"]} == {f"node{i}" for i in
+                                                                                    range(1, nodes + 1)}
+    for title, curves in _panels(load_logs(tmp_path).series):
+        assert len(curves) <= 8, (title, [c[0] for c in curves])
+        bands = [c for c in curves if "band" in c[2]]
+        assert bands, (title, [c[0] for c in curves])
+    throughput = dict(_panels(load_logs(tmp_path).series))["Training throughput (samples/s)"]
+    assert [c[0] for c in throughput] == [f"{2 * nodes - 2} ranks: median, min to max", "rank 32 (node17)",
+                                          "rank 33 (node17)"]
+    assert (tmp_path / "r.png").stat().st_size > 20_000

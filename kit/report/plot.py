@@ -6,6 +6,7 @@ from pathlib import Path
 
 from kit import files as kit_files
 from kit.errors import KitError
+from kit.report.many import banded
 from kit.report.series import GIB, Logs, Series, _of, rates
 from kit.report.summary import Summary
 
@@ -36,7 +37,7 @@ def _panels(series: Series) -> list[tuple[str, list[tuple[str, list, dict]]]]:
     out.append(("Step time (s)", lines("training_step_duration_seconds", lambda k: f"rank {k[2]}")))
     out.append(("Training throughput (samples/s)",
                 [(f"rank {k[2]} ({k[1]})", rates(pts), {}) for k, pts in _of(series, "training_samples_total").items()]))
-    return [(title, [c for c in curves if c[1]]) for title, curves in out if any(c[1] for c in curves)]
+    return [(title, banded([c for c in curves if c[1]])) for title, curves in out if any(c[1] for c in curves)]
 
 
 class NoPicture(KitError):
@@ -65,7 +66,12 @@ def plot(series: Series, summary: Summary, out: Path, logs: Logs | None = None) 
                              sharex=True, squeeze=False)
     for ax, (title, curves) in zip(axes[:, 0], panels):
         for label, pts, style in curves:
-            ax.plot([t - t0 for t, _ in pts], [v for _, v in pts], label=label, **style)
+            band = style.get("band")
+            line = ax.plot([t - t0 for t, _ in pts], [v for _, v in pts], label=label,
+                           **{k: v for k, v in style.items() if k != "band"})
+            if band:  # min to max of many nodes' curves, under their median
+                ax.fill_between([t - t0 for t, _, _ in band], [lo for _, lo, _ in band], [hi for _, _, hi in band],
+                                color=line[0].get_color(), alpha=0.25, linewidth=0)
         for run, t in restarts:
             ax.axvline(t - t0, color="red", linewidth=0.8, alpha=0.7)
             if ax is axes[0, 0]:

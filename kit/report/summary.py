@@ -3,10 +3,12 @@ run records, and the notes in the manner of Princeton's jobstats."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.jobdir import records
+from kit.report.many import MANY, grouped, spread
 from kit.report.series import GIB, IDLE_UTIL, Logs, Series, _of, _steady_pairs, increase, mean_rate
 
 # The notes' thresholds (jobstats' where it has one); each note's text carries its own.
@@ -106,20 +108,44 @@ class Summary:
                f"samples: {self.samples:.0f} ({self.samples_per_second:.1f} samples/s)"]
         if self.first_loss is not None:
             out.append(f"loss (rank 0): {self.first_loss:.4g} -> {self.last_loss:.4g}")
-        out += [n.line() for n in self.nodes]
+        out += [n.line() for n in self.nodes] if len(self.nodes) <= MANY else _node_spreads(self.nodes)
         if self.task_starts:
-            by_run: dict[int, list[str]] = {}
-            for t in self.task_starts:
-                by_run.setdefault(t["run"], []).append(f"{t['node']} {t['seconds']:.1f} s")
-            out.append("task start after srun (with an image: the container's start): " +
-                       "; ".join(f"run {run}: {', '.join(v)}" for run, v in sorted(by_run.items())))
+            out += _task_start_lines(self.task_starts)
         if not self.gpus:
             out.append("GPUs: no GPU samples (no NVML on the nodes)")
-        out += [g.line() for g in self.gpus]
+        out += [g.line() for g in self.gpus] if len(self.gpus) <= MANY else _gpu_spreads(self.gpus)
         if self.notes:
             out.append("notes:")
             out += [f"  {n.level.upper()}: {n.text}" for n in self.notes]
         return out
+
+
+def _node_spreads(nodes: list[NodeSummary]) -> list[str]:
+    def of(attr: str) -> dict[str, float]:
+        return {n.node: getattr(n, attr) for n in nodes if getattr(n, attr) is not None}
+    return [spread("CPU efficiency per node", of("cpu_efficiency_percent"), " %", fmt="{:.0f}"),
+            spread("memory peak per node", {k: v / GIB for k, v in of("memory_peak_bytes").items()}, " GiB",
+                   low_first=False, fmt="{:.2f}"),
+            spread("samples/s per node", of("samples_per_second"))]
+
+
+def _gpu_spreads(gpus: list[GpuSummary]) -> list[str]:
+    named = {f"{g.node} gpu{g.gpu}": g for g in gpus}
+    return [spread("GPU mean utilisation", {k: g.mean_util for k, g in named.items()}, " %", fmt="{:.0f}"),
+            spread("GPU idle time", {k: g.idle_seconds for k, g in named.items()}, " s", low_first=False,
+                   fmt="{:.0f}")]
+
+
+def _task_start_lines(starts: list[dict]) -> list[str]:
+    """Seconds from srun to each node's first line, per run: each node's when few, else a spread."""
+    by_run: dict[int, dict[str, float]] = {}
+    for t in starts:
+        by_run.setdefault(t["run"], {})[t["node"]] = t["seconds"]
+    head = "task start after srun (with an image: the container's start)"
+    if max(len(v) for v in by_run.values()) <= MANY:
+        return [f"{head}: " + "; ".join(f"run {run}: {', '.join(f'{n} {s:.1f} s' for n, s in v.items())}"
+                                        for run, v in sorted(by_run.items()))]
+    return [spread(f"{head}, run {run}", v, " s", low_first=False) for run, v in sorted(by_run.items())]
 
 
 def _node_busy(series: Series, node: str) -> float | None:
@@ -224,51 +250,65 @@ def _restarts(summary: Summary, logs: Logs, checkpoints: dict[int, float]) -> No
 
 
 def notes(s: Summary, min_seconds: float = MIN_SECONDS) -> list[Note]:
-    """What an engineer should look at, jobstats-style, each with its threshold."""
-    out: list[Note] = []
+    """What an engineer should look at, jobstats-style, each with its threshold; what a note says
+    of more than a few nodes or GPUs is one note naming them (:func:`kit.report.many.grouped`)."""
+    out: list[tuple[str, str, str, str]] = []  # (level, kind, subject, text): a kind groups its subjects
     if s.duration_seconds < min_seconds:
-        out.append(Note("info", f"the job ran {s.duration_seconds:.0f} s: utilisation notes need "
-                                f"{min_seconds:.0f} s of samples (--min-seconds)"))
+        out.append(("info", "", "", f"the job ran {s.duration_seconds:.0f} s: utilisation notes need "
+                                    f"{min_seconds:.0f} s of samples (--min-seconds)"))
     else:
-        for g in s.gpus:
-            name = f"{g.node} gpu{g.gpu}"
-            if g.no_process_percent is not None and g.no_process_percent >= UNUSED_GPU:
-                out.append(Note("alert", f"{name}: held with no process on it in {g.no_process_percent:.0f} % "
-                                         f"of the samples (at least {UNUSED_GPU:.0f} %): ask for fewer GPUs, "
-                                         f"or check that every rank found its GPU"))
-            if g.mean_util < GPU_ALERT:
-                out.append(Note("alert", f"{name}: mean utilisation {g.mean_util:.1f} %, under {GPU_ALERT:.0f} %"))
-            elif g.mean_util < GPU_WARNING:
-                out.append(Note("warning", f"{name}: mean utilisation {g.mean_util:.1f} %, under {GPU_WARNING:.0f} %"))
-            if g.peak_memory_mib is not None and g.memory_total_mib:
-                share = 100.0 * g.peak_memory_mib / g.memory_total_mib
-                if share < GPU_MEMORY_LOW:
-                    out.append(Note("info", f"{name}: peak memory {share:.0f} % of the GPU's, under "
-                                            f"{GPU_MEMORY_LOW:.0f} %: a larger batch would fit"))
-        for n in s.nodes:
-            if n.cpu_efficiency_percent is not None and n.cpu_efficiency_percent < CPU_LOW:
-                out.append(Note("warning", f"{n.node}: the job used {n.cpu_cores_used:.2f} of "
-                                           f"{n.cpus_allocated:.0f} allocated cores ({n.cpu_efficiency_percent:.0f} %, "
-                                           f"under {CPU_LOW:.0f} %): ask for fewer CPUs, or use them (data loaders)"))
-            if n.memory_peak_percent is not None and n.memory_peak_percent > MEMORY_HIGH:
-                out.append(Note("warning", f"{n.node}: memory peak {n.memory_peak_percent:.0f} % of the "
-                                           f"{n.memory_limit_of}'s, over {MEMORY_HIGH:.0f} %: close to the limit"))
-            elif (n.memory_peak_percent is not None and n.memory_peak_percent < MEMORY_LOW
-                  and n.memory_limit_of == "allocation"):
-                out.append(Note("info", f"{n.node}: memory peak {n.memory_peak_percent:.0f} % of the allocation, "
-                                        f"under {MEMORY_LOW:.0f} %: ask for less"))
+        out += _gpu_notes(s.gpus) + _node_notes(s.nodes)
     if s.runs > 1:
-        out.append(Note("warning", f"{s.runs - 1} restart(s) cost about {s.lost_seconds:.0f} s: "
-                                   f"{s.redone_steps:.0f} step(s) redone from the last checkpoint, "
-                                   f"{s.restart_gap_seconds:.0f} s between runs"))
-    rated = [n for n in s.nodes if n.samples_per_second is not None]
+        out.append(("warning", "", "", f"{s.runs - 1} restart(s) cost about {s.lost_seconds:.0f} s: "
+                                       f"{s.redone_steps:.0f} step(s) redone from the last checkpoint, "
+                                       f"{s.restart_gap_seconds:.0f} s between runs"))
+    rated = sorted((n for n in s.nodes if n.samples_per_second is not None), key=lambda n: n.samples_per_second)
     if len(rated) > 1:
-        ordered = sorted(n.samples_per_second for n in rated)
-        median = (ordered[(len(ordered) - 1) // 2] + ordered[len(ordered) // 2]) / 2
+        median = statistics.median(n.samples_per_second for n in rated)
+        kind = f"slow nodes, under {SLOW_NODE:.0f} % of the median node's {median:.1f} samples/s (the slowest first)"
         for n in rated:
             if median > 0 and n.samples_per_second < SLOW_NODE / 100 * median:
-                out.append(Note("warning", f"{n.node}: {n.samples_per_second:.1f} samples/s, under "
-                                           f"{SLOW_NODE:.0f} % of the median node's {median:.1f}: a slow node"))
+                out.append(("warning", kind, f"{n.node} {n.samples_per_second:.1f}",
+                            f"{n.node}: {n.samples_per_second:.1f} samples/s, under {SLOW_NODE:.0f} % of the "
+                            f"median node's {median:.1f}: a slow node"))
     severity = {"alert": 0, "warning": 1, "info": 2}
-    return sorted(out, key=lambda n: severity[n.level])
+    return sorted(grouped(out, Note), key=lambda n: severity[n.level])
 
+
+def _gpu_notes(gpus: list[GpuSummary]) -> list[tuple[str, str, str, str]]:
+    out = []
+    for g in gpus:
+        name = f"{g.node} gpu{g.gpu}"
+        if g.no_process_percent is not None and g.no_process_percent >= UNUSED_GPU:
+            out.append(("alert", "GPUs held with no process on them", name,
+                        f"{name}: held with no process on it in {g.no_process_percent:.0f} % of the samples "
+                        f"(at least {UNUSED_GPU:.0f} %): ask for fewer GPUs, or check that every rank found its GPU"))
+        level, bound = ("alert", GPU_ALERT) if g.mean_util < GPU_ALERT else ("warning", GPU_WARNING)
+        if g.mean_util < bound:
+            out.append((level, f"GPUs under {bound:.0f} % mean utilisation", f"{name} {g.mean_util:.0f} %",
+                        f"{name}: mean utilisation {g.mean_util:.1f} %, under {bound:.0f} %"))
+        share = 100.0 * g.peak_memory_mib / g.memory_total_mib if g.peak_memory_mib is not None and \
+            g.memory_total_mib else None
+        if share is not None and share < GPU_MEMORY_LOW:
+            out.append(("info", f"GPUs whose peak memory is under {GPU_MEMORY_LOW:.0f} % of theirs", name,
+                        f"{name}: peak memory {share:.0f} % of the GPU's, under {GPU_MEMORY_LOW:.0f} %: "
+                        "a larger batch would fit"))
+    return out
+
+
+def _node_notes(nodes: list[NodeSummary]) -> list[tuple[str, str, str, str]]:
+    out = []
+    for n in nodes:
+        eff, peak = n.cpu_efficiency_percent, n.memory_peak_percent
+        if eff is not None and eff < CPU_LOW:
+            out.append(("warning", f"nodes using under {CPU_LOW:.0f} % of their allocated cores", f"{n.node} {eff:.0f} %",
+                        f"{n.node}: the job used {n.cpu_cores_used:.2f} of {n.cpus_allocated:.0f} allocated cores "
+                        f"({eff:.0f} %, under {CPU_LOW:.0f} %): ask for fewer CPUs, or use them (data loaders)"))
+        if peak is not None and peak > MEMORY_HIGH:
+            out.append(("warning", f"nodes whose memory peak is over {MEMORY_HIGH:.0f} % of their limit", n.node,
+                        f"{n.node}: memory peak {peak:.0f} % of the {n.memory_limit_of}'s, over {MEMORY_HIGH:.0f} %: "
+                        "close to the limit"))
+        elif peak is not None and peak < MEMORY_LOW and n.memory_limit_of == "allocation":
+            out.append(("info", f"nodes whose memory peak is under {MEMORY_LOW:.0f} % of the allocation", n.node,
+                        f"{n.node}: memory peak {peak:.0f} % of the allocation, under {MEMORY_LOW:.0f} %: ask for less"))
+    return out

@@ -1,13 +1,9 @@
 """An existing sbatch script as a kit job file (`kit convert`).
 
-What carries over: the ``#SBATCH`` options kit has fields for, other sbatch
-options as ``sbatch_args``, plain ``export NAME=value`` lines as ``env``, and
-the training command (the ``srun`` line's command, else the script's last
-command). Everything else is listed, with why, never dropped silently:
-rank and address variables kit sets per task, ``--output``/``--error`` (kit
-keeps logs in the job directory), setup lines (``module load``, ``source``,
-``cd``, ``echo``), srun's own options.
-"""
+What carries over: the ``#SBATCH`` options kit has fields for, other sbatch options as
+``sbatch_args``, plain ``export NAME=value`` lines as ``env``, the training command (the last
+``srun`` step that is not ``--overlap``, else the last command) with the variables it uses or
+the script exports. The rest is listed, with why, never dropped silently."""
 
 from __future__ import annotations
 
@@ -332,6 +328,12 @@ def convert(text: str) -> Converted:
                                  "or in a wrapper script the command runs)")
             continue
         commands.append((words, stripped))
+    _choose(c, commands, assigned)
+    return c
+
+
+def _choose(c: Converted, commands: list[tuple[list[str], str]], assigned: list[tuple[str, str, int]]) -> None:
+    """The training command among the script's commands, and the assignments it needs."""
     sruns = [(w, s) for w, s in commands if w[0] == "srun"]
     # An --overlap step shares the job's resources with another (a monitor, an interactive shell):
     # the training step is the last srun that is not one.
@@ -345,7 +347,6 @@ def convert(text: str) -> Converted:
         _carry_assignments(c, [a for a in assigned if a[2] <= commands.index(chosen[0])])
     else:
         c.not_carried.append("no command found: add command = [...]")
-    return c
 
 
 def _carry_assignments(c: Converted, assigned: list[tuple[str, str, int]]) -> None:
