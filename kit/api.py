@@ -1,6 +1,5 @@
 """kit from Python: the calls `kit launch`, `kit ps`, `kit logs`, `kit cancel` and
-`kit report` make, as functions and a job handle (the way submitit and NeMo-Run
-users drive their jobs from a notebook or a pipeline).
+`kit report` make, as functions and a job handle (as submitit and NeMo-Run users drive jobs).
 
     import kit
     job = kit.launch(["python", "-m", "kit.train", "--max-steps", "100"], nodes=2, local=True)
@@ -340,7 +339,9 @@ class Job:
     def wait(self, timeout: float | None = None, poll: float = 1.0) -> Outcome:
         """Block until the job ends (through requeues and controller outages); its outcome,
         as `kit launch --wait` tells it. KitError when ``timeout`` seconds pass first."""
-        end = slurm.wait(self.target, self._submitted(), poll=poll, timeout=timeout)
+        states, index = getattr(self, "array_states", None), self._submitted().rpartition("_")[2]
+        end = slurm.wait(self.target, self.id, poll=poll, timeout=timeout,
+                         status=(lambda: states.status(int(index), poll)) if states else None)
         if end.state != "GONE":
             records.keep_outcome(self.dir, end.state)
         return slurm.job_outcome(end, self.dir, records.work_finished(self.dir))

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from kit import files, jobdir
+from kit import files, jobdir, slurm
 from kit import submission as lib
 from kit.api import Job, launch_with
 from kit.core.outcome import Outcome
@@ -93,8 +93,11 @@ def map(fn: Callable, items: Iterable[Any], **kwargs: Any) -> list[Job]:  # noqa
                   before_submit=write_payloads)
     if job.id is None:  # a dry run
         return [Job(JobDir(job.dir).task(i).path) for i in range(len(payloads))]
-    return [Job(JobDir(job.dir).task(i).path, job_id=f"{job.id}_{i}", target=job.target)
-            for i in range(len(payloads))]
+    jobs = [Job(JobDir(job.dir).task(i).path, job_id=f"{job.id}_{i}", target=job.target) for i in range(len(payloads))]
+    states = slurm.ArrayStates(job.target, job.id, range(len(payloads)))
+    for task in jobs:  # one squeue answers for every task's wait (and result): never one per item
+        task.array_states = states
+    return jobs
 
 
 def _dumps(fn: Callable, call: tuple) -> bytes:

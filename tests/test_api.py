@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 from helpers import REPO, kit, wait_for
@@ -161,11 +162,21 @@ def test_a_function_job_whose_python_differs_is_refused_before_submitting(tmp_pa
         kitlib.submit(print, threading.Lock(), local=True, output_dir=tmp_path / "jobs")
 
 
-def test_map_runs_one_task_per_item_and_returns_results_in_order(cluster, tmp_path):
+def test_map_runs_one_task_per_item_and_returns_results_in_order(cluster, tmp_path, monkeypatch):
+    """Also issue 30 done-means 5: the tasks' Jobs share one squeue per poll for the whole array
+    (never one per item), and a task seen final is never asked for again."""
+    from kit.slurm import status as slurm_status
+
+    asked, squeue = [], slurm_status._squeue_jobs
+    monkeypatch.setattr(slurm_status, "_squeue_jobs", lambda target: asked.append(1) or squeue(target))
+    t0 = time.monotonic()
     jobs = kitlib.map(lambda x: x * x, [3, 1, 4, 1, 5], local=True, output_dir=tmp_path / "jobs", no_exporter=True)
     assert len(jobs) == 5 and len({j.id.split("_")[0] for j in jobs}) == 1  # one array job
     assert [j.result(timeout=300) for j in jobs] == [9, 1, 16, 1, 25]
+    assert len(asked) <= time.monotonic() - t0 + 2, asked  # one a second at most, whatever the items
+    before = len(asked)
     assert all((j.dir / "FINISHED").exists() and j.wait().exit_code == 0 for j in jobs)
+    assert len(asked) == before  # all five known final: no squeue at all
     with pytest.raises(kitlib.KitError, match="one task per item"):
         kitlib.map(abs, [1], array="0-3")
     # Issue 28 finding 5: a rerun of a kit.map task runs that task's call again, as a job of its own.

@@ -24,7 +24,7 @@ def run_bench(name: str, *args: str, timeout: float = 300) -> str:
 def test_every_bench_has_a_quick_mode_run_here():
     here = {p.name for p in BENCH.glob("bench_*.py")} | {"gpu_check.py"}
     tested = {"bench_build.py", "bench_pack.py", "bench_launch.py", "bench_hang.py", "bench_exporter.py",
-              "bench_requeue.py", "bench_container.py", "bench_snapshot.py", "gpu_check.py"}
+              "bench_requeue.py", "bench_container.py", "bench_snapshot.py", "bench_map.py", "gpu_check.py"}
     assert here == tested, f"a bench without a quick run in the suite: {here - tested}"
     for path in [*BENCH.glob("bench_*.py"), BENCH / "gpu_check.py"]:
         assert "--quick" in path.read_text(), path
@@ -49,6 +49,11 @@ def test_bench_hang_quick():
     require("slurmctld")
     require("py-spy")
     assert "last progress -> hang declared" in run_bench("bench_hang.py")
+
+
+def test_bench_map_quick(cluster):
+    out = run_bench("bench_map.py")
+    assert "submit 50 items: kit.map" in out and "then [j.result() for j in jobs]" in out and "with 0 squeue(s)" in out
 
 
 def test_bench_exporter_quick():

@@ -111,7 +111,7 @@ def run_launcher_directly(job_dir: Path) -> subprocess.CompletedProcess:
                           timeout=30)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_command_arguments_reach_the_command_byte_for_byte(tmp_path, data):
     canary = tmp_path / "CANARY"

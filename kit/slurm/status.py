@@ -212,13 +212,15 @@ def follow(check: Callable[[], object], *, what: str, poll: float, timeout: floa
 def wait(target: Target, job_id: str, *, poll: float = 1.0, timeout: float | None = None,
          on_state: Callable[[JobStatus], None] | None = None, outage: float = 900.0,
          on_outage: Callable[[str], None] | None = None, settle: float = 10.0,
-         on_poll: Callable[[JobStatus], None] | None = None) -> JobStatus:
-    """Block until the job reaches a final state (requeues and outages are waited through)."""
+         on_poll: Callable[[JobStatus], None] | None = None,
+         status: Callable[[], JobStatus] | None = None) -> JobStatus:
+    """Block until the job reaches a final state (requeues and outages are waited through);
+    ``status`` asks for its state (default: one squeue for it)."""
     final = _Final(settle)
     last: list = [None]
 
     def check():
-        st = job_status(target, job_id)
+        st = status() if status else job_status(target, job_id)
         if st.shown() != last[0] and on_state:
             on_state(st)
         last[0] = st.shown()
@@ -227,6 +229,24 @@ def wait(target: Target, job_id: str, *, poll: float = 1.0, timeout: float | Non
         return st if final(job_id, st) else None
 
     return follow(check, what=f"job {job_id}", poll=poll, timeout=timeout, outage=outage, on_outage=on_outage)
+
+
+class ArrayStates:
+    """The states of an array job's tasks, shared by their waiters (kit.map's Jobs): the tasks
+    not yet seen final are asked for together, in one squeue, at most once per ``poll``
+    seconds; a task seen final is never asked for again. ``queries`` counts the squeues."""
+
+    def __init__(self, target: Target, array_id: str, indices: Iterable[int], settle: float = 10.0):
+        self.target, self.array_id, self.indices = target, array_id, list(indices)
+        self.known: dict[int, JobStatus] = {}
+        self.final, self.done, self.at, self.queries = _Final(settle), set(), None, 0
+
+    def status(self, index: int, poll: float = 1.0) -> JobStatus:
+        if index not in self.done and (self.at is None or time.monotonic() - self.at >= poll):
+            self.at, self.queries = time.monotonic(), self.queries + 1
+            self.known.update(array_status(self.target, self.array_id, [i for i in self.indices if i not in self.done]))
+            self.done |= {i for i, st in self.known.items() if i not in self.done and self.final(i, st)}
+        return self.known[index]
 
 
 def wait_array(target: Target, array_id: str, indices: Iterable[int], *, poll: float = 1.0,

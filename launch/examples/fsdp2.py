@@ -17,6 +17,11 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+try:  # kit's progress call: the work declared done before a teardown that gloo may abort
+    from kit.train import progress
+except ImportError:
+    progress = None
+
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -62,6 +67,8 @@ def main() -> int:
     print(f"fsdp2 rank={rank} holds {shard} of {full} parameters", flush=True)
     if rank == 0:
         print(f"fsdp2 done first_loss={first:.5f} last_loss={last:.5f}", flush=True)
+    if progress is not None:
+        progress.finished()  # every rank: the work is done, whatever the teardown below does
     # Tear down in order: FSDP's state (and the collectives it holds) first, then every rank
     # together, then the group. gloo on torch 2.13 can abort ("terminate called without an
     # active exception") when a rank exits while a peer still holds work on the group.
