@@ -66,13 +66,14 @@ def scrape(port: int) -> str:
         return r.read().decode()
 
 
-def start_exporter(port: int, log: Path) -> subprocess.Popen:
+def start_exporter(port: int, log: Path, gpus: bool = True) -> subprocess.Popen:
+    """The exporter, once it serves GPU series (``gpus``), or any scrape (where no GPU is)."""
     proc = subprocess.Popen([sys.executable, "-m", "kit.monitor", "--port", str(port), "--bind", "127.0.0.1",
                              "--interval", "0.5", "--no-node"], stdout=log.open("wb"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            if "DCGM_FI_DEV_GPU_UTIL" in scrape(port) or proc.poll() is not None:
+            if "DCGM_FI_DEV_GPU_UTIL" in scrape(port) or not gpus or proc.poll() is not None:
                 break
         except OSError:
             pass
@@ -131,13 +132,14 @@ def run_trainer(gpus: int, steps: int, tmp: Path, cpu: bool = False) -> tuple[bo
 
     precision = "32-true" if cpu else "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
     job = submission.resolve(specs.JobSpec(
-        command=[sys.executable, "-m", "kit.train", "--max-steps", str(steps), "--batch-size", "256",
-                 "--hidden", "1024", "--precision", precision, "--checkpoint-every", "0"],
+        # On CPU the machinery is what is checked (launcher, ranks, teardown): a small model will do.
+        command=[sys.executable, "-m", "kit.train", "--max-steps", str(steps), "--batch-size", "32" if cpu else "256",
+                 "--hidden", "64" if cpu else "1024", "--precision", precision, "--checkpoint-every", "0"],
         output_dir=str(tmp / "jobs"), ntasks_per_node=gpus, exporter=False, code_snapshot=False), cwd=tmp)
     job_dir = submission.prepare(job).job_dir
     (job_dir / "progress" / "r0").mkdir(parents=True)
     port = free_port()
-    exporter = start_exporter(free_port(), tmp / "exporter-train.log")
+    exporter = start_exporter(free_port(), tmp / "exporter-train.log", gpus=not cpu)
     eport = int(exporter.args[exporter.args.index("--port") + 1])
     procs = []
     t0 = time.perf_counter()
