@@ -135,7 +135,8 @@ def test_the_database_survives_down_and_up_and_listens_on_no_port(home):
     assert up.returncode == 0 and "with accounting (sacct)" in up.stdout, up.stderr
     c = LocalCluster(home)
     st = c.state()
-    proc = c.target.run(["sbatch", "--parsable", "--wrap", "sleep 1; exit 5"])
+    out = f"--output={home}/slurm-%j.out"  # not the test's working directory (the checkout)
+    proc = c.target.run(["sbatch", "--parsable", out, "--wrap", "sleep 1; exit 5"])
     job_id = proc.stdout.strip().split(";")[0]
     recorded(c.target, job_id, "FAILED")
     # Only this machine, only the cluster's owner: no TCP listener, a socket in a 0700 directory.
@@ -147,7 +148,7 @@ def test_the_database_survives_down_and_up_and_listens_on_no_port(home):
                             "-e", "select 1"], capture_output=True, text=True)
     assert other.returncode != 0 and "(13)" in other.stderr, other.stdout + other.stderr  # EACCES: the directory
     # A job cancelled by `down` is recorded too (its record is handed over before slurmctld stops).
-    running = c.target.run(["sbatch", "--parsable", "--wrap", "sleep 300"]).stdout.strip().split(";")[0]
+    running = c.target.run(["sbatch", "--parsable", out, "--wrap", "sleep 300"]).stdout.strip().split(";")[0]
     wait_for(state_is(c, running, "RUNNING"), 30, what="the job to run")
     assert kit("cluster", "down", "--force", env=env).returncode == 0
     assert not c.leftover_daemons() and not accounting.db_socket(home / "cluster").exists()
