@@ -163,3 +163,18 @@ def test_the_database_survives_down_and_up_and_listens_on_no_port(home):
     off = kit("cluster", "up", "--no-accounting", env=env)
     assert off.returncode == 0 and "accounting" not in off.stdout and "mariadbd" not in c.state().pids, off.stdout
     assert "accounting_storage/none" in (home / "cluster" / "slurm.conf").read_text()
+
+
+def test_without_the_packages_up_says_so_and_runs_without_accounting(home, monkeypatch):
+    """A machine without slurmdbd or MariaDB: `up` says what is missing and how to install it,
+    and the cluster runs without accounting; asking for it there is one clean error."""
+    monkeypatch.setattr(accounting, "missing", lambda: ["mariadbd", "slurmdbd"])
+    heard = []
+    st, _ = LocalCluster(home).up(nodes=1, cpus_per_node=1, progress=heard.append)
+    assert st.dbd_port is None and "mariadbd" not in st.pids
+    assert "no accounting (mariadbd, slurmdbd not installed): sacct and seff will not answer; install Debian's " \
+           "slurmdbd and MariaDB: apt-get install -y slurmdbd mariadb-server" in heard, heard
+    LocalCluster(home).down()
+    with pytest.raises(accounting.KitError) as e:
+        LocalCluster(home).up(nodes=1, cpus_per_node=1, accounting=True)
+    assert (e.value.field, str(e.value)) == ("--accounting", "mariadbd, slurmdbd not found")
