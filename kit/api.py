@@ -292,10 +292,9 @@ class Job:
     """A submitted kit job (or one task of an array job), reopened from its directory."""
 
     def __init__(self, job_dir: str | Path, *, job_id: str | None = None, target: slurm.Target | None = None,
-                 messages: Iterable[str] = ()):
-        self.dir = Path(job_dir)
+                 messages: Iterable[str] = (), array_states: slurm.ArrayStates | None = None):
+        self.dir, self._target, self._array_states = Path(job_dir), target, array_states  # states: kit.map's
         self.id = job_id or records.job_id_of(self.dir)
-        self._target = target
         self.messages = list(messages)  # what `kit launch` would have printed (warnings, notes)
 
     @classmethod
@@ -339,7 +338,7 @@ class Job:
     def wait(self, timeout: float | None = None, poll: float = 1.0) -> Outcome:
         """Block until the job ends (through requeues and controller outages); its outcome,
         as `kit launch --wait` tells it. KitError when ``timeout`` seconds pass first."""
-        states, index = getattr(self, "array_states", None), self._submitted().rpartition("_")[2]
+        states, index = self._array_states, self._submitted().rpartition("_")[2]
         end = slurm.wait(self.target, self.id, poll=poll, timeout=timeout,
                          status=(lambda: states.status(int(index), poll)) if states else None)
         if end.state != "GONE":

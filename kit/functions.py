@@ -93,11 +93,9 @@ def map(fn: Callable, items: Iterable[Any], **kwargs: Any) -> list[Job]:  # noqa
                   before_submit=write_payloads)
     if job.id is None:  # a dry run
         return [Job(JobDir(job.dir).task(i).path) for i in range(len(payloads))]
-    jobs = [Job(JobDir(job.dir).task(i).path, job_id=f"{job.id}_{i}", target=job.target) for i in range(len(payloads))]
-    states = slurm.ArrayStates(job.target, job.id, range(len(payloads)))
-    for task in jobs:  # one squeue answers for every task's wait (and result): never one per item
-        task.array_states = states
-    return jobs
+    states = slurm.ArrayStates(job.target, job.id, range(len(payloads)))  # one squeue for every task's wait
+    return [Job(JobDir(job.dir).task(i).path, job_id=f"{job.id}_{i}", target=job.target, array_states=states)
+            for i in range(len(payloads))]
 
 
 def _dumps(fn: Callable, call: tuple) -> bytes:

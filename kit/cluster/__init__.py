@@ -131,12 +131,13 @@ class LocalCluster:
                      cpus_per_node or (st.cpus_per_node if st else os.cpu_count() or 1),
                      gpus_per_node if gpus_per_node is not None else (st.gpus_per_node if st else 0))
             isolated = isolated_network if isolated_network is not None else bool(st and st.network)
-            counted = accounting if accounting is not None else (bool(st.dbd_port) if st else not accounting_.missing())
-            if accounting and (lacking := accounting_.missing()):
+            lacking = accounting_.missing()
+            counted = accounting if accounting is not None else (bool(st.dbd_port) if st else not lacking)
+            if accounting and lacking:
                 raise KitError(f"{', '.join(lacking)} not found", field="--accounting", exit_code=1,
                                hint=accounting_.INSTALL_HINT)
             if not st and accounting is None and not counted:
-                progress(f"no accounting ({', '.join(accounting_.missing())} not installed): sacct and seff will not "
+                progress(f"no accounting ({', '.join(lacking)} not installed): sacct and seff will not "
                          f"answer; {accounting_.INSTALL_HINT}")
             if isolated and (why := network.available()):
                 raise KitError(f"cannot isolate the nodes' network: {why}", field="--isolated-network", exit_code=1)
@@ -207,15 +208,13 @@ class LocalCluster:
             return
         if name == "slurmctld":
             argv, pidfile, log = ["slurmctld", *(["-c"] if clear else [])], "slurmctld.pid", "slurmctld.log"
-        elif name == "slurmdbd":  # it reads slurmdbd.conf beside SLURM_CONF, the database at MYSQL_UNIX_PORT
+        elif name == "slurmdbd":
             argv, pidfile, log = ["slurmdbd"], "slurmdbd.pid", "slurmdbd.log"
         else:
             argv, pidfile, log = ["slurmd", "-N", name], f"slurmd-{name}.pid", f"slurmd-{name}.log"
         (self.root / "run" / pidfile).unlink(missing_ok=True)
         env = config.daemon_env(self.root, self.conf, name, st.containers, os.environ.get("PATH", os.defpath))
-        if name == "slurmdbd":
-            env.update(accounting_.env(self.root, self.conf))
-        else:
+        if name != "slurmdbd":  # slurmdbd has no -f: it reads slurmdbd.conf beside SLURM_CONF
             argv = network.enter(network.from_dict(st.network), name, [*argv, "-f", str(self.conf)])
         run(argv, env=env, what=name if name.startswith("node") else argv[0], hint=f"see {self.root}/log/{log}")
         st.pids[name] = self._read_pid(self.root / "run" / pidfile, name)

@@ -113,11 +113,6 @@ def start_mariadbd(root: Path, user: str, timeout: float) -> int:
     return proc.pid
 
 
-def env(root: Path, conf: Path) -> dict[str, str]:
-    """slurmdbd's environment: its config's directory and the database's socket."""
-    return {"SLURM_CONF": str(conf), "MYSQL_UNIX_PORT": str(db_socket(root))}
-
-
 def wait_for(ready, proc, name: str, root: Path, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not ready():

@@ -159,13 +159,16 @@ def enroot_wrapper(root: Path, node: str, enroot: str) -> str:
 
 
 def daemon_env(root: Path, conf: Path, name: str, containers: str | None, path: str) -> dict[str, str]:
-    """The environment a daemon starts with: its slurm.conf and, for a slurmd,
-    where its node keeps containers: under real pyxis its node's enroot
-    wrapper first on ``PATH``; under the stand-in ``KIT_PYXIS_DATA`` (its
+    """The environment a daemon starts with: its slurm.conf; for slurmdbd, the accounting
+    database's socket; for a slurmd, where its node keeps containers: under real pyxis its
+    node's enroot wrapper first on ``PATH``; under the stand-in ``KIT_PYXIS_DATA`` (its
     slurmstepd reads it), the same directory as enroot's data path."""
     env = {"SLURM_CONF": str(conf)}
-    if name != "slurmctld" and containers == PYXIS:
+    node = name.startswith("node")
+    if name == "slurmdbd":
+        env["MYSQL_UNIX_PORT"] = str(accounting.db_socket(root))
+    elif node and containers == PYXIS:
         env["PATH"] = f"{enroot_bin(root, name)}:{path}"
-    elif name != "slurmctld" and containers == STAND_IN:
+    elif node and containers == STAND_IN:
         env["KIT_PYXIS_DATA"] = str(enroot_paths(root, name)["ENROOT_DATA_PATH"])
     return env

@@ -40,10 +40,9 @@ def report(job_dir: Path, job: str, out: Path, prometheus: str | None = None,
             scraped = load_prometheus(prometheus, job, min(times), max(times))
         except (OSError, ValueError, KeyError, TypeError):
             scraped = None
-        lacks = missed(logs.series, scraped) if scraped and any(scraped.values()) else None
         if not scraped or not any(scraped.values()):
             source = "metrics logs (Prometheus unreachable)"
-        elif lacks:
+        elif lacks := missed(logs.series, scraped):
             source = f"metrics logs (Prometheus holds part of the job only: {lacks})"
         else:
             series, source = scraped, f"Prometheus {prometheus}"

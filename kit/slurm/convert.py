@@ -356,10 +356,10 @@ def _carry_assignments(c: Converted, assigned: list[tuple[str, str, int]]) -> No
     would fail. The rest are listed as not carried."""
     command = c.fields.get("command") or []
     used: set[str] = set()
-    for name, text, _ in [a for a in assigned if "$!" in a[1]]:
-        assigned.remove((name, text, _))
+    for _, text, _ in (a for a in assigned if "$!" in a[1]):
         c.not_carried.append(f"{text}: the pid of a background process kit does not start (kit records and "
                              "tears down its own sidecars)")
+    assigned = [a for a in assigned if "$!" not in a[1]]
     if any(text.startswith("export ") for _, text, _ in assigned) and command[:2] != ["bash", "-c"]:
         c.fields["command"] = command = ["bash", "-c", _shell_words(command)]
     if command[:2] == ["bash", "-c"]:

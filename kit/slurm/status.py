@@ -234,16 +234,16 @@ def wait(target: Target, job_id: str, *, poll: float = 1.0, timeout: float | Non
 class ArrayStates:
     """The states of an array job's tasks, shared by their waiters (kit.map's Jobs): the tasks
     not yet seen final are asked for together, in one squeue, at most once per ``poll``
-    seconds; a task seen final is never asked for again. ``queries`` counts the squeues."""
+    seconds; a task seen final is never asked for again."""
 
     def __init__(self, target: Target, array_id: str, indices: Iterable[int], settle: float = 10.0):
         self.target, self.array_id, self.indices = target, array_id, list(indices)
         self.known: dict[int, JobStatus] = {}
-        self.final, self.done, self.at, self.queries = _Final(settle), set(), None, 0
+        self.final, self.done, self.at = _Final(settle), set(), None
 
     def status(self, index: int, poll: float = 1.0) -> JobStatus:
         if index not in self.done and (self.at is None or time.monotonic() - self.at >= poll):
-            self.at, self.queries = time.monotonic(), self.queries + 1
+            self.at = time.monotonic()
             self.known.update(array_status(self.target, self.array_id, [i for i in self.indices if i not in self.done]))
             self.done |= {i for i, st in self.known.items() if i not in self.done and self.final(i, st)}
         return self.known[index]
