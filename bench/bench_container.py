@@ -1,21 +1,25 @@
-"""Container benchmark: the README's main job with and without its image, side by side.
+"""Container benchmark: the README's main job on the host and in its image, in both of pyxis's
+modes (create: the image unpacked on each node first; squashfuse: read through FUSE), side by side.
 
-    python bench/bench_container.py [--image cpu-lightning.sqsh] [--pairs 3] [--steps 300] [--quick]
+    python bench/bench_container.py [--image cpu-lightning.sqsh] [--rounds 3] [--steps 100] [--quick]
 
---quick: one pair of 10-step jobs (the test suite's run: the bench keeps working).
+--quick: one round of 10-step jobs (the test suite's run: the bench keeps working).
 
-Needs the local cluster (`kit cluster up --nodes 2`) and a kit-built image
-(the README's first command makes both). Each pair runs the same 2-node
-`python3 -m kit.train` job twice, once in the image (through whichever
-container plugin the cluster runs: `kit cluster status` says) and once on the
-host, in alternating order so both see the same machine load. Printed per job
-and as medians:
+Needs the local cluster (`kit cluster up --nodes 2`) and a kit-built image (the README's
+first command makes both); it runs on whichever container plugin the cluster runs (real
+pyxis + enroot, or kit's stand-in: `kit cluster status` says), switching the cluster's mode
+with `kit cluster up --create/--squashfuse` between jobs and back to what it was at the end.
+Each round runs the same 2-node `python3 -m kit.train` job once per mode, in rotating
+order so all see the same machine load. Per job and as medians, from the step's start
+(prelaunch's clock just before srun, progress/r0/step-start):
 
-- wall time of `kit launch --wait` (submission to the end);
-- the task start, as `kit report` shows it (kit.jobdir.task_starts): from the
-  step's start (prelaunch, just before srun) to the slowest node's first task
-  line (inside the container: the container's start);
-- the ratio image/host of both.
+- per node, srun -> the command's first line (inside the container: after its start);
+- srun -> the first training step (rank 0's `step=1`: imports, rendezvous, the first batch);
+- the job's end -> the next job can start: `kit launch --wait`'s wall time minus the
+  training's end (create mode's `enroot remove` runs after the tasks, inside the job).
+
+Then the targets of issue 30: the first step in squashfuse mode <= 1.3x create mode's, and
+create mode's removal <= 1 s or out of the job's wall time.
 """
 
 from __future__ import annotations
@@ -31,53 +35,111 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from kit import jobdir  # noqa: E402
+from kit.jobdir import JobDir  # noqa: E402
+
+MODES = ("host", "create", "squashfuse")
+# Each output line stamped with the node's clock (the same clock as step-start: one machine).
+STAMP = 'while IFS= read -r line; do printf "%s %s\\n" "$EPOCHREALTIME" "$line"; done'
 
 
-def run_job(out: Path, steps: int, image: Path | None) -> tuple[float, float]:
-    argv = [sys.executable, "-m", "kit", "launch", "--local", "--nodes", "2", "--wait", "--heartbeat", "0",
-            "--output-dir", str(out), *(["--image", str(image)] if image else []), "--",
-            "python3", "-m", "kit.train", "--max-steps", str(steps), "--step-delay", "0.02"]
-    t0 = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
+def command(steps: int) -> list[str]:
+    train = f"python3 -u -m kit.train --max-steps {steps} --log-every 1000 --checkpoint-every 0"
+    return ["bash", "-c", f'printf "%s first-line\\n" "$EPOCHREALTIME"; {train} 2>&1 | {STAMP}']
+
+
+def kit(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        sys.exit(f"kit {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
+    return proc
+
+
+def set_mode(mode: str) -> None:
+    if mode != "host":
+        kit("cluster", "up", "--squashfuse" if mode == "squashfuse" else "--create")
+
+
+def stamps(job_dir: Path, rank: int) -> list[tuple[float, str]]:
+    (log,) = [path for _, r, path in JobDir(job_dir).rank_logs(0) if r == rank]
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        head, _, rest = line.partition(" ")
+        try:
+            out.append((float(head.replace(",", ".")), rest))
+        except ValueError:
+            continue
+    return out
+
+
+def run_job(out: Path, steps: int, image: Path | None) -> dict:
+    argv = ["launch", "--local", "--nodes", "2", "--wait", "--heartbeat", "0", "--output-dir", str(out),
+            *(["--image", str(image)] if image else []), "--", *command(steps)]
+    t0 = time.time()
+    proc = kit(*argv, check=False)
+    ended = time.time()
     if proc.returncode != 0:
         sys.exit(f"job failed ({proc.returncode}):\n{proc.stderr}")
     job_dir = Path(re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1))
-    starts = jobdir.task_starts(job_dir, 0)  # what kit report shows: srun to each node's first task
-    if not starts:
-        sys.exit(f"no task starts recorded in {job_dir}/progress/r0")
-    return wall, max(starts.values())
+    step = float((JobDir(job_dir).run_progress(0) / JobDir.STEP_START).read_text().strip())
+    first = {}
+    for rank in (0, 1):
+        lines = stamps(job_dir, rank)
+        first[rank] = next(t for t, text in lines if text == "first-line") - step
+    lines = stamps(job_dir, 0)
+    first_step = next(t for t, text in lines if "step=1 " in text) - step
+    done = next(t for t, text in lines if "done at step=" in text)
+    return {"wall": ended - t0, "first_line": first, "first_step": first_step, "after": ended - done}
+
+
+def report(results: dict[str, list[dict]]) -> None:
+    med = {m: {k: statistics.median(r[k] if k != "first_line" else max(r[k].values()) for r in rs)
+               for k in ("wall", "first_line", "first_step", "after")} for m, rs in results.items() if rs}
+    print(f"{'median':<12} {'first line':>10} {'first step':>10} {'after end':>10} {'wall':>8}")
+    for mode, m in med.items():
+        print(f"{mode:<12} {m['first_line']:>9.2f}s {m['first_step']:>9.2f}s {m['after']:>9.2f}s {m['wall']:>7.1f}s")
+    if "create" in med and "squashfuse" in med:
+        ratio = med["squashfuse"]["first_step"] / med["create"]["first_step"]
+        print(f"first step, squashfuse / create: {ratio:.2f} (target <= 1.3): {'met' if ratio <= 1.3 else 'MISSED'}")
+    if "create" in med and "host" in med:
+        extra = med["create"]["after"] - med["host"]["after"]
+        print(f"create mode's end beyond the host's (the removal inside the job): {extra:+.2f} s "
+              f"(target <= 1 s): {'met' if extra <= 1.0 else 'MISSED'}")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--image", type=Path, default=REPO / "cpu-lightning.sqsh")
-    p.add_argument("--pairs", type=int, default=3)
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated, of " + ", ".join(MODES))
     p.add_argument("--output-dir", type=Path, default=Path("/tmp/kit-bench-container"))
-    p.add_argument("--quick", action="store_true", help="one pair of 10-step jobs (the test suite's run)")
+    p.add_argument("--quick", action="store_true", help="one round of 10-step jobs (the test suite's run)")
     args = p.parse_args()
     if args.quick:
-        args.pairs, args.steps = 1, 10
+        args.rounds, args.steps = 1, 10
+    modes = [m for m in args.modes.split(",") if m]
+    if not set(modes) <= set(MODES):
+        sys.exit(f"--modes: of {', '.join(MODES)}")
     if not args.image.is_file():
         sys.exit(f"no image {args.image}: kit build containers/cpu-lightning.toml -o {args.image}")
-    status = subprocess.run([sys.executable, "-m", "kit", "cluster", "status"], capture_output=True, text=True)
+    status = kit("cluster", "status", check=False)
     if status.returncode != 0:
         sys.exit("the local cluster is not running: kit cluster up --nodes 2")
     print(next((line.strip() for line in status.stdout.splitlines() if "containers:" in line), "containers: ?"))
-    results: dict[str, list[tuple[float, float]]] = {"image": [], "host": []}
-    for i in range(args.pairs):
-        order = ("image", "host") if i % 2 == 0 else ("host", "image")
-        for kind in order:
-            wall, start = run_job(args.output_dir, args.steps, args.image if kind == "image" else None)
-            results[kind].append((wall, start))
-            print(f"pair {i + 1} {kind:<5}: wall {wall:6.1f} s, task start {start:5.1f} s after srun", flush=True)
-    med = {k: (statistics.median(w for w, _ in v), statistics.median(s for _, s in v)) for k, v in results.items()}
-    print(f"median wall time: image {med['image'][0]:.1f} s, host {med['host'][0]:.1f} s, "
-          f"ratio {med['image'][0] / med['host'][0]:.2f}")
-    print(f"median task start after srun: image {med['image'][1]:.1f} s, host {med['host'][1]:.1f} s "
-          f"(the container's start cost: {med['image'][1] - med['host'][1]:.1f} s)")
+    was = "squashfuse" if "squashfuse mode" in status.stdout else "create"
+    results: dict[str, list[dict]] = {m: [] for m in modes}
+    try:
+        for i in range(args.rounds):
+            for mode in modes[i % len(modes):] + modes[:i % len(modes)]:
+                set_mode(mode)
+                r = run_job(args.output_dir, args.steps, None if mode == "host" else args.image)
+                results[mode].append(r)
+                lines = ", ".join(f"node{k + 1} {v:.2f} s" for k, v in sorted(r["first_line"].items()))
+                print(f"round {i + 1} {mode:<10}: first line {lines}; first step {r['first_step']:.2f} s; "
+                      f"end -> job's end {r['after']:.2f} s; wall {r['wall']:.1f} s", flush=True)
+    finally:
+        set_mode(was)
+    report(results)
     return 0
 
 

@@ -8,11 +8,15 @@
 issue 13 measured) and benchmarks on its tree.
 
 For every choice: mksquashfs time (all cores, -all-root, as kit packs), image
-size, and unpack time (`unsquashfs` into a fresh directory after dropping the
+size, unpack time (`unsquashfs` into a fresh directory after dropping the
 page cache, which is what `enroot create` does at every job start on every
-node). Then kit's default against enroot's own `-comp lzo -noD`, with the
-targets of issue 13: size <= 0.4x, pack <= 0.25x, unpack <= 1.0x. Runs of the
-choices are interleaved so all see the same machine load.
+node: pyxis's create mode), and the read through FUSE (pyxis's squashfuse
+mode: a fresh `squashfuse` mount, page cache dropped, then `import torch,
+lightning` in the tree when it has them, else every file read). Then kit's
+default against enroot's own `-comp lzo -noD`, with the targets of issue 13
+(size <= 0.4x, pack <= 0.25x, unpack <= 1.0x), and against zstd-fast (kit's
+default before issue 30) through FUSE. Runs of the choices are interleaved
+so all see the same machine load.
 """
 
 from __future__ import annotations
@@ -34,7 +38,10 @@ from common import tiny_rootfs  # noqa: E402
 
 from kit.image.recipe import COMPRESSION, DEFAULT_COMPRESSION  # noqa: E402
 
-CHOICES = ("enroot", "lz4-fast", "zstd-fast", "zstd")
+CHOICES = ("enroot", "lz4", "lz4-fast", "zstd-fast", "zstd")
+# In a tree with Python, torch and Lightning: what a training job reads at its start.
+IMPORT = ("mount -t proc proc \"$1/proc\" && mount -t tmpfs tmpfs \"$1/tmp\" && mount --rbind /dev \"$1/dev\" && "
+          "chroot \"$1\" python3 -c 'import torch, lightning'")
 
 
 def drop_caches() -> bool:
@@ -50,6 +57,33 @@ def timed(argv) -> float:
     t0 = time.perf_counter()
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - t0
+
+
+def read_all(root: Path) -> None:
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            with open(path, "rb") as f:
+                while f.read(1 << 20):
+                    pass
+
+
+def fuse_read(image: Path, mnt: Path, python: bool) -> float | None:
+    """Seconds to read through a fresh squashfuse mount of ``image`` (None without squashfuse or root)."""
+    if not shutil.which("squashfuse") or os.geteuid() != 0:
+        return None
+    mnt.mkdir(exist_ok=True)
+    subprocess.run(["squashfuse", str(image), str(mnt)], check=True)
+    try:
+        drop_caches()
+        t0 = time.perf_counter()
+        if python:
+            subprocess.run(["unshare", "-m", "sh", "-c", IMPORT, "sh", str(mnt)], check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        else:
+            read_all(mnt)
+        return time.perf_counter() - t0
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
 
 
 def main() -> None:
@@ -72,7 +106,8 @@ def main() -> None:
     if not rootfs.is_dir():
         sys.exit(f"no root filesystem at {rootfs}: run containers/bases/debian-bookworm.sh first")
     tree = int(subprocess.run(["du", "-sb", str(rootfs)], capture_output=True, text=True).stdout.split()[0])
-    pack, unpack, size = ({c: [] for c in choices} for _ in range(3))
+    pack, unpack, size, fuse = ({c: [] for c in choices} for _ in range(4))
+    python = (rootfs / "usr" / "bin" / "python3").exists() and any(rootfs.glob("usr/*/lib/python3*/*-packages/torch"))
     cold = True
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -86,20 +121,28 @@ def main() -> None:
                 cold = drop_caches() and cold
                 unpack[c].append(timed(["unsquashfs", "-no-progress", "-d", str(tmp / f"{c}.out"), str(image)]))
                 shutil.rmtree(tmp / f"{c}.out")
+                fuse[c].append(fuse_read(image, tmp / "mnt", python))
                 image.unlink()
     med = statistics.median
     print(f"tree: {rootfs} ({tree / 2**20:.0f} MiB), runs: {args.runs}, cores: {os.cpu_count()}, "
           f"page cache {'dropped before each unpack' if cold else 'NOT dropped (no permission): unpack times are warm'}")
-    print(f"{'choice':<12}{'mksquashfs options':<44}{'pack':>9}{'size':>10}{'unpack':>9}")
+    what = "import torch, lightning" if python else "read every file"
+    print(f"{'choice':<12}{'mksquashfs options':<44}{'pack':>9}{'size':>10}{'unpack':>9}   through FUSE ({what})")
     for c in choices:
+        read = "-" if None in fuse[c] else f"{med(fuse[c]):.2f}s"
         print(f"{c:<12}{' '.join(COMPRESSION[c]):<44}{med(pack[c]):>8.2f}s{med(size[c]) / 2**20:>7.0f}MiB"
-              f"{med(unpack[c]):>8.2f}s")
+              f"{med(unpack[c]):>8.2f}s   {read:>8}")
     new, old = DEFAULT_COMPRESSION, "enroot"
     ratios = {"size": (med(size[new]) / med(size[old]), 0.40), "pack": (med(pack[new]) / med(pack[old]), 0.25),
               "unpack": (med(unpack[new]) / med(unpack[old]), 1.0)}
     print(f"default {new!r} against enroot's -comp lzo -noD:")
     for what, (ratio, target) in ratios.items():
         print(f"  {what:<7}{ratio:>6.2f}x   target <= {target:.2f}x   {'met' if ratio <= target else 'MISSED'}")
+    if "zstd-fast" in choices and new != "zstd-fast" and None not in fuse[new] + fuse["zstd-fast"]:
+        ratio = med(fuse[new]) / med(fuse["zstd-fast"])
+        print(f"default {new!r} against 'zstd-fast' through FUSE: {ratio:.2f}x the time, "
+              f"{med(size[new]) / med(size['zstd-fast']):.2f}x the size, {med(pack[new]) / med(pack['zstd-fast']):.2f}x "
+              "the pack time")
     scratch.cleanup()
 
 

@@ -118,6 +118,26 @@ readonly KIT_RANK_LOG="${KIT_LOG_DIR}/rank-${RANK}.r${KIT_RESTART:-0}.log"
 # The command touches this file as it makes progress (see kit::answer_hang).
 export KIT_PROGRESS_FILE="${KIT_PROGRESS_DIR:?is not set: launcher.sh runs in the step that prelaunch.sh starts}/rank-${RANK}"
 
+# kit::container_mode: how this task's container holds the image, in KIT_MODE:
+# "squashfuse" when its root is a FUSE file system (pyxis with use_squashfuse=1:
+# the squashfs read through squashfuse, never unpacked), "create" for another
+# root (enroot create's unpacked copy; the stand-in's overlay), "host" without
+# an image. From the last mountinfo entry for "/".
+KIT_MODE=host
+kit::container_mode() {
+  local line fs=
+  local -a fields
+  [[ "${KIT_CONTAINER:-0}" == 1 ]] || return 0
+  while IFS= read -r line; do
+    read -r -a fields <<<"${line}"
+    if [[ "${fields[4]-}" == / && "${line}" == *" - "* ]]; then
+      fs="${line#* - }"
+      fs="${fs%% *}"
+    fi
+  done </proc/self/mountinfo
+  if [[ "${fs}" == fuse.* ]]; then KIT_MODE=squashfuse; else KIT_MODE=create; fi
+}
+
 # kit::descendants PID: PID and every process below it, one per line.
 kit::descendants() {
   kit::tree "$1"
@@ -314,7 +334,8 @@ KIT_DRAIN_PIDS+=("$!")
 kit::start "${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&-
 KIT_MAIN_PID=$!
 exec {KIT_LOG_FD}>&-
-printf '%s %s %s\n' "${KIT_NODE}" "${KIT_MAIN_PID}" "${KIT_STARTED_AT}" >"${KIT_PROGRESS_DIR}/task-${RANK}"
+kit::container_mode
+printf '%s %s %s %s\n' "${KIT_NODE}" "${KIT_MAIN_PID}" "${KIT_STARTED_AT}" "${KIT_MODE}" >"${KIT_PROGRESS_DIR}/task-${RANK}"
 kit::watch_prelaunch &
 KIT_BG_PIDS+=("$!")
 if (( ${KIT_HANG_TIMEOUT:-0} > 0 )); then

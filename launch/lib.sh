@@ -74,8 +74,40 @@ kit::spawn() {
   KIT_BG_PIDS+=("$!")
 }
 
-# kit::tree PID: PID and every process below it, in KIT_TREE (no fork: the
-# teardown calls it and must not find its own helpers).
+# The container runtime's processes below this task ("pid:start" each): what was
+# already below it when this script began. pyxis in squashfuse mode keeps enroot's
+# squashfuse and fuse-overlayfs (and the stopped shell that holds them) below the
+# node's first task for the step's whole life: they serve the container's root, and
+# stopping them unmounts it under every task of the node. Never the job's: the
+# teardown leaves them to pyxis and Slurm.
+KIT_RUNTIME=()
+
+# kit::start_time PID: PID's start time (/proc/PID/stat's 22nd field) in
+# KIT_START_TIME: with the pid, it names one process for good.
+KIT_START_TIME=
+kit::start_time() {
+  local stat
+  local -a fields
+  KIT_START_TIME=
+  { read -r stat </proc/"$1"/stat; } 2>/dev/null || return 1
+  read -r -a fields <<<"${stat##*) }"
+  KIT_START_TIME="${fields[19]-}"
+}
+
+# kit::runtime_own PID: true when PID is one of KIT_RUNTIME (the same process).
+kit::runtime_own() {
+  local entry
+  for entry in "${KIT_RUNTIME[@]}"; do
+    if [[ "${entry%%:*}" == "$1" ]]; then
+      kit::start_time "$1" && [[ "${KIT_START_TIME}" == "${entry#*:}" ]]
+      return
+    fi
+  done
+  return 1
+}
+
+# kit::tree PID: PID and every process below it, the runtime's left out, in
+# KIT_TREE (no fork: the teardown calls it and must not find its own helpers).
 kit::tree() {
   local pid file
   local -a queue=("$1") children
@@ -83,6 +115,7 @@ kit::tree() {
   while (( ${#queue[@]} > 0 )); do
     pid="${queue[0]}"
     queue=("${queue[@]:1}")
+    if (( ${#KIT_TREE[@]} > 0 )) && kit::runtime_own "${pid}"; then continue; fi
     KIT_TREE+=("${pid}")
     for file in /proc/"${pid}"/task/*/children; do
       children=()
@@ -93,7 +126,8 @@ kit::tree() {
 }
 
 # kit::sweep_tree: stop every process still below this script (orphans it
-# adopted included) but the rank log's writers, until none is left.
+# adopted included) but the rank log's writers and the container runtime's
+# (KIT_RUNTIME), until none is left.
 kit::sweep_tree() {
   local pid round
   local -a pids
@@ -135,7 +169,12 @@ kit::sweep() {
 # not get it.
 KIT_NAP_FD=
 kit::lib_init() {
+  local pid
   KIT_TASK_TOKEN="${SLURM_JOB_ID:-0}.${SLURM_STEP_ID:-0}.${SLURM_PROCID:-0}.$$"
+  kit::tree "$$"
+  for pid in "${KIT_TREE[@]:1}"; do
+    if kit::start_time "${pid}"; then KIT_RUNTIME+=("${pid}:${KIT_START_TIME}"); fi
+  done
   exec {KIT_NAP_FD}<> <(:)
 }
 

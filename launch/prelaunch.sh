@@ -425,6 +425,34 @@ kit::saving() {
   return 1
 }
 
+# The watchdog polls every KIT_HANG_TIMEOUT/60 s (1 to 15 s): a hang is declared
+# at most 1/60 of the timeout late, and a 64-node job with the default timeout
+# costs the file system 64 reads every 15 s, not every second.
+readonly KIT_WATCH_EVERY=$(( KIT_HANG_TIMEOUT < 120 ? 1 : (KIT_HANG_TIMEOUT > 900 ? 15 : KIT_HANG_TIMEOUT / 60) ))
+
+# kit::progress_times WITH_JOINED: each rank's progress file time (µs) in
+# touched[rank] (the caller's), and with WITH_JOINED=1 the ranks that joined
+# the rendezvous in joined[rank]. Each file is looked up by its name (find with
+# the files as its starting points: one stat each, no listing of the
+# directory): on a shared file system a poll costs one metadata read per rank.
+kit::progress_times() {
+  local name stamp sec frac rank
+  local -a paths=()
+  touched=() joined=()
+  for (( rank = 0; rank < KIT_WORLD_SIZE; rank++ )); do
+    paths+=("${KIT_PROGRESS_DIR}/rank-${rank}")
+    if (( $1 )); then paths+=("${KIT_PROGRESS_DIR}/joined-${rank}"); fi
+  done
+  while read -r name stamp; do
+    case "${name}" in
+      rank-*)
+        sec="${stamp%.*}" frac="${stamp#*.}000000"
+        touched["${name#rank-}"]=$(( sec * 1000000 + 10#${frac:0:6} )) ;;
+      joined-*) joined["${name#joined-}"]=1 ;;
+    esac
+  done < <(find "${paths[@]}" -maxdepth 0 -printf '%f %T@\n' 2>/dev/null)
+}
+
 # kit::watch_progress STEP_PID: the hang watchdog, in the background while the
 # step runs. Each rank's command touches its KIT_PROGRESS_FILE as it makes
 # progress; once any rank of this job has ever done so, a rank whose file is
@@ -437,22 +465,16 @@ kit::saving() {
 kit::watch_progress() {
   local -r step_pid="$1" start_us="${EPOCHREALTIME/./}"
   local -r hang_us=$(( KIT_HANG_TIMEOUT * 1000000 )) first_us=$(( KIT_FIRST_PROGRESS_TIMEOUT * 1000000 ))
-  local armed=0 now name stamp sec frac rank last limit saving suspect="" suspect_last=0 tries why
+  local armed=0 now rank last limit saving suspect="" suspect_last=0 tries why
   local -A touched=() joined=()
   kit::helper_traps
   if [[ -e "${KIT_JOB_DIR}/progress/seen" ]]; then armed=1; fi
   while [[ -z "${suspect}" ]]; do
-    kit::nap 1
+    kit::nap "${KIT_WATCH_EVERY}"
     kit::running "${step_pid}" || return 0
-    touched=() joined=()
-    while read -r name stamp; do
-      case "${name}" in
-        rank-*)
-          sec="${stamp%.*}" frac="${stamp#*.}000000"
-          touched["${name#rank-}"]=$(( sec * 1000000 + 10#${frac:0:6} )) ;;
-        joined-*) joined["${name#joined-}"]=1 ;;
-      esac
-    done < <(find "${KIT_PROGRESS_DIR}" -maxdepth 1 \( -name 'rank-*' -o -name 'joined-*' \) -printf '%f %T@\n' 2>/dev/null)
+    now="${EPOCHREALTIME/./}"
+    # Who joined the rendezvous matters only once no rank has reported progress in time.
+    kit::progress_times $(( ! armed && now - start_us > first_us ))
     now="${EPOCHREALTIME/./}" saving=""
     if (( ! armed )); then
       if (( ${#touched[@]} == 0 )); then

@@ -37,7 +37,7 @@ def test_bench_build_quick():
 
 def test_bench_pack_quick():
     out = run_bench("bench_pack.py")
-    assert "default 'zstd-fast' against enroot's" in out
+    assert "default 'lz4' against enroot's" in out and "against 'zstd-fast' through FUSE" in out
 
 
 def test_bench_launch_quick():

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, kit, require
+from helpers import kit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from images import tiny_rootfs

@@ -198,8 +198,8 @@ def test_task_starts_per_node_and_run_from_the_job_directory(tmp_path):
     r0.mkdir(parents=True)
     r1.mkdir()
     (r0 / "step-start").write_text("1000.5\n")
-    (r0 / "task-0").write_text("node1 123 1001.7\n")
-    (r0 / "task-1").write_text("node2 124 1002.0\n")
+    (r0 / "task-0").write_text("node1 123 1001.7 squashfuse\n")
+    (r0 / "task-1").write_text("node2 124 1002.0 nonsense\n")  # a mode kit never writes: unknown
     (r0 / "task-2").write_text("node1 125 1001.9\n")   # node1's first task counts
     (r0 / "task-3").write_text("node3 126\n")           # an older launcher: no start
     (r0 / "task-4").write_text("../x 1 1001\n")         # not a node name
@@ -207,8 +207,8 @@ def test_task_starts_per_node_and_run_from_the_job_directory(tmp_path):
     (r1 / "task-0").write_text("node1 1 2000\n")
     assert jobdir.task_starts(tmp_path, 0) == {"node1": 1.2, "node2": 1.5}
     assert jobdir.task_starts(tmp_path, 1) == {} and jobdir.task_starts(tmp_path, 7) == {}
-    assert jobdir.all_task_starts(tmp_path) == [{"run": 0, "node": "node1", "seconds": 1.2},
-                                                {"run": 0, "node": "node2", "seconds": 1.5}]
+    assert jobdir.all_task_starts(tmp_path) == [{"run": 0, "node": "node1", "seconds": 1.2, "mode": "squashfuse"},
+                                                {"run": 0, "node": "node2", "seconds": 1.5, "mode": None}]
 
 
 def _backfilled_prometheus(tmp_path, samples: list[tuple[float, float]]):

@@ -35,8 +35,12 @@ def cluster() -> None:
 @click.option("--accounting/--no-accounting", default=None,
               help="Run slurmdbd on a MariaDB of the cluster's own (socket only; its data kept across down/up), "
                    "so sacct, sreport and sacct-based tools answer [default: as running, else when installed].")
+@click.option("--squashfuse/--create", "squashfuse", default=None,
+              help="How container jobs hold their image, as pyxis's use_squashfuse: read through squashfuse and "
+                   "fuse-overlayfs, never unpacked (--squashfuse), or unpacked on each node first (--create); "
+                   "changes a running cluster from its next job step [default: as running, else --create].")
 def up(nodes: int | None, cpus_per_node: int | None, gpus_per_node: int | None, prometheus: bool,
-       isolated_network: bool | None, accounting: bool | None) -> None:
+       isolated_network: bool | None, accounting: bool | None, squashfuse: bool | None) -> None:
     """Start slurmctld and NODES slurmd daemons.
 
     Idempotent. On a cluster where some daemons died, starts only those
@@ -47,7 +51,7 @@ def up(nodes: int | None, cpus_per_node: int | None, gpus_per_node: int | None, 
     t0 = time.monotonic()
     st, started = c.up(nodes=nodes, cpus_per_node=cpus_per_node, gpus_per_node=gpus_per_node,
                        progress=_progress, prometheus=prometheus, isolated_network=isolated_network,
-                       accounting=accounting)
+                       accounting=accounting, squashfuse=squashfuse)
     what = ("started" if not rows_before else "repaired") if started else "already running"
     click.echo(f"local cluster {what}: {st.nodes} node(s) x {st.cpus_per_node} CPUs"
                + (f" x {st.gpus_per_node} GPUs" if st.gpus_per_node else "")

@@ -106,12 +106,15 @@ def pyxis_runtime(root: Path) -> Path:
     return root / "enroot" / "pyxis"
 
 
-def plugstack_conf(containers: str | None, root: Path, plugin: str | None) -> str:
+def plugstack_conf(containers: str | None, root: Path, plugin: str | None, squashfuse: bool = False) -> str:
+    """The plugin line; ``squashfuse``: pyxis's ``use_squashfuse=1`` (the stand-in takes it too),
+    read by each new step's slurmstepd."""
     lines = ["# SPANK plugins of kit's local cluster"]
+    mode = " use_squashfuse=1" if squashfuse else ""
     if containers == PYXIS:
-        lines.append(f"required {plugin} runtime_path={pyxis_runtime(root)}")
+        lines.append(f"required {plugin} runtime_path={pyxis_runtime(root)}{mode}")
     elif containers == STAND_IN:
-        lines.append(f"required {plugin}")
+        lines.append(f"required {plugin}{mode}")
     return "\n".join(lines) + "\n"
 
 

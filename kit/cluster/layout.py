@@ -41,8 +41,7 @@ def write(root: Path, conf: Path, st) -> None:
             fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
             with os.fdopen(fd, "wb") as f:
                 f.write(os.urandom(1024))
-    so = plugin.plugin_of(root, st) if st.containers else None
-    (r / "plugstack.conf").write_text(config.plugstack_conf(st.containers, r, so))
+    write_plugstack(r, st)
     if st.containers == config.PYXIS:
         plugin.write_enroot_wrappers(r, st.nodes)
     for gpu in config.gpu_files(st, r):
@@ -52,6 +51,12 @@ def write(root: Path, conf: Path, st) -> None:
     if st.dbd_port:
         accounting.write(r, st, processes.user(), config.auth_lines(st, r))
     files.write_atomic(conf, config.slurm_conf(st, r, processes.user(), state.next_job_id(root)))
+
+
+def write_plugstack(root: Path, st) -> None:
+    """plugstack.conf for ``st`` (each new step's slurmstepd reads it: a mode change needs no restart)."""
+    so = plugin.plugin_of(root, st) if st.containers else None
+    files.write_atomic(root / "plugstack.conf", config.plugstack_conf(st.containers, root, so, st.squashfuse))
 
 
 def clean(root: Path, state_file: Path) -> None:

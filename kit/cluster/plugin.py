@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 from kit.cluster import config
+from kit.errors import KitError
 from kit.runner import run
 
 PYXIS_PATHS = ("/usr/local/lib/slurm/spank_pyxis.so", "/usr/lib/x86_64-linux-gnu/slurm/spank_pyxis.so",
@@ -44,12 +45,32 @@ def prepare(root: Path, progress) -> str | None:
     return "kit-pyxis"
 
 def description(root: Path, st) -> str:
-    """Which plugin runs container jobs (``kit cluster status``)."""
+    """Which plugin runs container jobs, and in which mode (``kit cluster status``)."""
     if st is None or not st.containers:
         return "none (kit's stand-in needs gcc and libslurm-dev; real pyxis needs enroot too)"
     if st.containers == config.PYXIS:
-        return f"pyxis {plugin_of(root, st)}, each node with its own enroot paths under {root / 'enroot'}"
-    return f"kit's pyxis stand-in {plugin_of(root, st)} (no pyxis and enroot installed)"
+        which = f"pyxis {plugin_of(root, st)}, each node with its own enroot paths under {root / 'enroot'}"
+    else:
+        which = f"kit's pyxis stand-in {plugin_of(root, st)} (no pyxis and enroot installed)"
+    return f"{which}; {mode_description(st.squashfuse)}"
+
+
+def mode_description(squashfuse: bool) -> str:
+    if squashfuse:
+        return ("squashfuse mode (use_squashfuse=1: images started from the squashfs through squashfuse and "
+                "fuse-overlayfs, never unpacked)")
+    return "create mode (each node unpacks the image before the step: enroot create)"
+
+
+FUSE_TOOLS = ("squashfuse", "fuse-overlayfs")
+
+
+def check_squashfuse() -> None:
+    """What squashfuse mode needs on the nodes, or one error that names what to install."""
+    lacking = [tool for tool in FUSE_TOOLS if shutil.which(tool) is None]
+    if lacking or not os.path.exists("/dev/fuse"):
+        raise KitError(f"{', '.join(lacking) or '/dev/fuse'} not found", field="--squashfuse", exit_code=1,
+                       hint="squashfuse mode runs images through FUSE: apt-get install -y squashfuse fuse-overlayfs")
 
 def plugin_of(root: Path, st) -> str | None:
     """The plugin ``st`` was started with (a state from before it was recorded: found again)."""

@@ -22,6 +22,7 @@ class ClusterState:
     auth: str = "none"  # "munge" (the cluster's own munged) or "none" (no munged installed)
     network: dict | None = None  # --isolated-network: kit.cluster.network.Network as a dict
     dbd_port: int | None = None  # accounting: slurmdbd's port (None: no accounting)
+    squashfuse: bool = False  # containers started from the squashfs through FUSE (pyxis use_squashfuse=1)
 
 
 @dataclass

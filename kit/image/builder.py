@@ -2,7 +2,7 @@
 
 The build unpacks the base into a private root, applies the steps, writes
 enroot's metadata files and kit's own ``/.kit/image.json``, and packs the
-root with ``mksquashfs -all-root`` (zstd level 3 with 1 MiB blocks unless told
+root with ``mksquashfs -all-root`` (lz4 with 128 KiB blocks unless told
 otherwise; ``enroot`` gives enroot's own ``-comp lzo -noD``), with fixed timestamps so the same recipe and inputs give the same
 bytes. Builds are cached by a digest of everything that goes in (the recipe,
 and the size and mtime of every input file): an unchanged rebuild is a no-op.

@@ -36,17 +36,19 @@ from kit.image import REGISTRY_REF
 
 # mksquashfs options per --compression choice.
 COMPRESSION = {
-    "zstd-fast": ["-comp", "zstd", "-Xcompression-level", "3", "-b", "1M"],  # kit's default (bench/bench_pack.py)
+    "lz4": ["-comp", "lz4", "-b", "128K"],  # kit's default: read fastest through FUSE (bench/bench_pack.py)
+    "zstd-fast": ["-comp", "zstd", "-Xcompression-level", "3", "-b", "1M"],  # smallest fast to pack and unpack
     "lz4-fast": ["-comp", "lz4", "-b", "1M"],
     "enroot": ["-comp", "lzo", "-noD"],  # enroot's default ENROOT_SQUASH_OPTIONS
     "lzo": ["-comp", "lzo"],
-    "lz4": ["-comp", "lz4"],
     "zstd": ["-comp", "zstd"],
     "gzip": ["-comp", "gzip"],
     "xz": ["-comp", "xz"],
     "none": ["-noI", "-noD", "-noF", "-noX"],
 }
-DEFAULT_COMPRESSION = "zstd-fast"  # measured against enroot's options: bench/bench_pack.py
+# Measured (bench/bench_pack.py): pyxis's squashfuse mode reads the image through FUSE at every
+# job start, where zstd's decompression costs 2x lz4's; lz4 unpacks as fast for create mode.
+DEFAULT_COMPRESSION = "lz4"
 BASE_KINDS = ("rootfs", "tarball", "oci", "docker-archive", "squashfs", "image")
 STEP_KINDS = ("copy", "env", "workdir", "run", "pip", "kit")
 TOP_KEYS = ("description", "base", "steps", "entrypoint", "cmd", "labels", "volumes")

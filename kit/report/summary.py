@@ -110,7 +110,7 @@ class Summary:
             out.append(f"loss (rank 0): {self.first_loss:.4g} -> {self.last_loss:.4g}")
         out += [n.line() for n in self.nodes] if len(self.nodes) <= MANY else _node_spreads(self.nodes)
         if self.task_starts:
-            out += _task_start_lines(self.task_starts)
+            out += _task_start_lines(self.task_starts) + _mode_lines(self.task_starts)
         if not self.gpus:
             out.append("GPUs: no GPU samples (no NVML on the nodes)")
         out += [g.line() for g in self.gpus] if len(self.gpus) <= MANY else _gpu_spreads(self.gpus)
@@ -146,6 +146,21 @@ def _task_start_lines(starts: list[dict]) -> list[str]:
         return [f"{head}: " + "; ".join(f"run {run}: {', '.join(f'{n} {s:.1f} s' for n, s in v.items())}"
                                         for run, v in sorted(by_run.items()))]
     return [spread(f"{head}, run {run}", v, " s", low_first=False) for run, v in sorted(by_run.items())]
+
+
+MODE_WORDS = {"squashfuse": "squashfuse mode (pyxis use_squashfuse=1: the image read through FUSE, not unpacked)",
+              "create": "create mode (the image unpacked on the node before the task)"}
+
+
+def _mode_lines(starts: list[dict]) -> list[str]:
+    """How the nodes' containers held the image (the last run's word for each node)."""
+    last = {t["node"]: t.get("mode") for t in sorted(starts, key=lambda t: t["run"])}
+    by_mode: dict[str, list[str]] = {}
+    for node, mode in last.items():
+        if mode in MODE_WORDS:
+            by_mode.setdefault(mode, []).append(node)
+    return [f"container: {MODE_WORDS[mode]} on " + (", ".join(nodes) if len(nodes) <= MANY else f"{len(nodes)} nodes")
+            for mode, nodes in sorted(by_mode.items())]
 
 
 def _node_busy(series: Series, node: str) -> float | None:

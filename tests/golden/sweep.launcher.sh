@@ -124,8 +124,40 @@ kit::spawn() {
   KIT_BG_PIDS+=("$!")
 }
 
-# kit::tree PID: PID and every process below it, in KIT_TREE (no fork: the
-# teardown calls it and must not find its own helpers).
+# The container runtime's processes below this task ("pid:start" each): what was
+# already below it when this script began. pyxis in squashfuse mode keeps enroot's
+# squashfuse and fuse-overlayfs (and the stopped shell that holds them) below the
+# node's first task for the step's whole life: they serve the container's root, and
+# stopping them unmounts it under every task of the node. Never the job's: the
+# teardown leaves them to pyxis and Slurm.
+KIT_RUNTIME=()
+
+# kit::start_time PID: PID's start time (/proc/PID/stat's 22nd field) in
+# KIT_START_TIME: with the pid, it names one process for good.
+KIT_START_TIME=
+kit::start_time() {
+  local stat
+  local -a fields
+  KIT_START_TIME=
+  { read -r stat </proc/"$1"/stat; } 2>/dev/null || return 1
+  read -r -a fields <<<"${stat##*) }"
+  KIT_START_TIME="${fields[19]-}"
+}
+
+# kit::runtime_own PID: true when PID is one of KIT_RUNTIME (the same process).
+kit::runtime_own() {
+  local entry
+  for entry in "${KIT_RUNTIME[@]}"; do
+    if [[ "${entry%%:*}" == "$1" ]]; then
+      kit::start_time "$1" && [[ "${KIT_START_TIME}" == "${entry#*:}" ]]
+      return
+    fi
+  done
+  return 1
+}
+
+# kit::tree PID: PID and every process below it, the runtime's left out, in
+# KIT_TREE (no fork: the teardown calls it and must not find its own helpers).
 kit::tree() {
   local pid file
   local -a queue=("$1") children
@@ -133,6 +165,7 @@ kit::tree() {
   while (( ${#queue[@]} > 0 )); do
     pid="${queue[0]}"
     queue=("${queue[@]:1}")
+    if (( ${#KIT_TREE[@]} > 0 )) && kit::runtime_own "${pid}"; then continue; fi
     KIT_TREE+=("${pid}")
     for file in /proc/"${pid}"/task/*/children; do
       children=()
@@ -143,7 +176,8 @@ kit::tree() {
 }
 
 # kit::sweep_tree: stop every process still below this script (orphans it
-# adopted included) but the rank log's writers, until none is left.
+# adopted included) but the rank log's writers and the container runtime's
+# (KIT_RUNTIME), until none is left.
 kit::sweep_tree() {
   local pid round
   local -a pids
@@ -185,7 +219,12 @@ kit::sweep() {
 # not get it.
 KIT_NAP_FD=
 kit::lib_init() {
+  local pid
   KIT_TASK_TOKEN="${SLURM_JOB_ID:-0}.${SLURM_STEP_ID:-0}.${SLURM_PROCID:-0}.$$"
+  kit::tree "$$"
+  for pid in "${KIT_TREE[@]:1}"; do
+    if kit::start_time "${pid}"; then KIT_RUNTIME+=("${pid}:${KIT_START_TIME}"); fi
+  done
   exec {KIT_NAP_FD}<> <(:)
 }
 
@@ -389,6 +428,26 @@ readonly KIT_RANK_LOG="${KIT_LOG_DIR}/rank-${RANK}.r${KIT_RESTART:-0}.log"
 # The command touches this file as it makes progress (see kit::answer_hang).
 export KIT_PROGRESS_FILE="${KIT_PROGRESS_DIR:?is not set: launcher.sh runs in the step that prelaunch.sh starts}/rank-${RANK}"
 
+# kit::container_mode: how this task's container holds the image, in KIT_MODE:
+# "squashfuse" when its root is a FUSE file system (pyxis with use_squashfuse=1:
+# the squashfs read through squashfuse, never unpacked), "create" for another
+# root (enroot create's unpacked copy; the stand-in's overlay), "host" without
+# an image. From the last mountinfo entry for "/".
+KIT_MODE=host
+kit::container_mode() {
+  local line fs=
+  local -a fields
+  [[ "${KIT_CONTAINER:-0}" == 1 ]] || return 0
+  while IFS= read -r line; do
+    read -r -a fields <<<"${line}"
+    if [[ "${fields[4]-}" == / && "${line}" == *" - "* ]]; then
+      fs="${line#* - }"
+      fs="${fs%% *}"
+    fi
+  done </proc/self/mountinfo
+  if [[ "${fs}" == fuse.* ]]; then KIT_MODE=squashfuse; else KIT_MODE=create; fi
+}
+
 # kit::descendants PID: PID and every process below it, one per line.
 kit::descendants() {
   kit::tree "$1"
@@ -585,7 +644,8 @@ KIT_DRAIN_PIDS+=("$!")
 kit::start "${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&-
 KIT_MAIN_PID=$!
 exec {KIT_LOG_FD}>&-
-printf '%s %s %s\n' "${KIT_NODE}" "${KIT_MAIN_PID}" "${KIT_STARTED_AT}" >"${KIT_PROGRESS_DIR}/task-${RANK}"
+kit::container_mode
+printf '%s %s %s %s\n' "${KIT_NODE}" "${KIT_MAIN_PID}" "${KIT_STARTED_AT}" "${KIT_MODE}" >"${KIT_PROGRESS_DIR}/task-${RANK}"
 kit::watch_prelaunch &
 KIT_BG_PIDS+=("$!")
 if (( ${KIT_HANG_TIMEOUT:-0} > 0 )); then

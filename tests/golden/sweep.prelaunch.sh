@@ -86,8 +86,40 @@ kit::spawn() {
   KIT_BG_PIDS+=("$!")
 }
 
-# kit::tree PID: PID and every process below it, in KIT_TREE (no fork: the
-# teardown calls it and must not find its own helpers).
+# The container runtime's processes below this task ("pid:start" each): what was
+# already below it when this script began. pyxis in squashfuse mode keeps enroot's
+# squashfuse and fuse-overlayfs (and the stopped shell that holds them) below the
+# node's first task for the step's whole life: they serve the container's root, and
+# stopping them unmounts it under every task of the node. Never the job's: the
+# teardown leaves them to pyxis and Slurm.
+KIT_RUNTIME=()
+
+# kit::start_time PID: PID's start time (/proc/PID/stat's 22nd field) in
+# KIT_START_TIME: with the pid, it names one process for good.
+KIT_START_TIME=
+kit::start_time() {
+  local stat
+  local -a fields
+  KIT_START_TIME=
+  { read -r stat </proc/"$1"/stat; } 2>/dev/null || return 1
+  read -r -a fields <<<"${stat##*) }"
+  KIT_START_TIME="${fields[19]-}"
+}
+
+# kit::runtime_own PID: true when PID is one of KIT_RUNTIME (the same process).
+kit::runtime_own() {
+  local entry
+  for entry in "${KIT_RUNTIME[@]}"; do
+    if [[ "${entry%%:*}" == "$1" ]]; then
+      kit::start_time "$1" && [[ "${KIT_START_TIME}" == "${entry#*:}" ]]
+      return
+    fi
+  done
+  return 1
+}
+
+# kit::tree PID: PID and every process below it, the runtime's left out, in
+# KIT_TREE (no fork: the teardown calls it and must not find its own helpers).
 kit::tree() {
   local pid file
   local -a queue=("$1") children
@@ -95,6 +127,7 @@ kit::tree() {
   while (( ${#queue[@]} > 0 )); do
     pid="${queue[0]}"
     queue=("${queue[@]:1}")
+    if (( ${#KIT_TREE[@]} > 0 )) && kit::runtime_own "${pid}"; then continue; fi
     KIT_TREE+=("${pid}")
     for file in /proc/"${pid}"/task/*/children; do
       children=()
@@ -105,7 +138,8 @@ kit::tree() {
 }
 
 # kit::sweep_tree: stop every process still below this script (orphans it
-# adopted included) but the rank log's writers, until none is left.
+# adopted included) but the rank log's writers and the container runtime's
+# (KIT_RUNTIME), until none is left.
 kit::sweep_tree() {
   local pid round
   local -a pids
@@ -147,7 +181,12 @@ kit::sweep() {
 # not get it.
 KIT_NAP_FD=
 kit::lib_init() {
+  local pid
   KIT_TASK_TOKEN="${SLURM_JOB_ID:-0}.${SLURM_STEP_ID:-0}.${SLURM_PROCID:-0}.$$"
+  kit::tree "$$"
+  for pid in "${KIT_TREE[@]:1}"; do
+    if kit::start_time "${pid}"; then KIT_RUNTIME+=("${pid}:${KIT_START_TIME}"); fi
+  done
   exec {KIT_NAP_FD}<> <(:)
 }
 
@@ -696,6 +735,34 @@ kit::saving() {
   return 1
 }
 
+# The watchdog polls every KIT_HANG_TIMEOUT/60 s (1 to 15 s): a hang is declared
+# at most 1/60 of the timeout late, and a 64-node job with the default timeout
+# costs the file system 64 reads every 15 s, not every second.
+readonly KIT_WATCH_EVERY=$(( KIT_HANG_TIMEOUT < 120 ? 1 : (KIT_HANG_TIMEOUT > 900 ? 15 : KIT_HANG_TIMEOUT / 60) ))
+
+# kit::progress_times WITH_JOINED: each rank's progress file time (µs) in
+# touched[rank] (the caller's), and with WITH_JOINED=1 the ranks that joined
+# the rendezvous in joined[rank]. Each file is looked up by its name (find with
+# the files as its starting points: one stat each, no listing of the
+# directory): on a shared file system a poll costs one metadata read per rank.
+kit::progress_times() {
+  local name stamp sec frac rank
+  local -a paths=()
+  touched=() joined=()
+  for (( rank = 0; rank < KIT_WORLD_SIZE; rank++ )); do
+    paths+=("${KIT_PROGRESS_DIR}/rank-${rank}")
+    if (( $1 )); then paths+=("${KIT_PROGRESS_DIR}/joined-${rank}"); fi
+  done
+  while read -r name stamp; do
+    case "${name}" in
+      rank-*)
+        sec="${stamp%.*}" frac="${stamp#*.}000000"
+        touched["${name#rank-}"]=$(( sec * 1000000 + 10#${frac:0:6} )) ;;
+      joined-*) joined["${name#joined-}"]=1 ;;
+    esac
+  done < <(find "${paths[@]}" -maxdepth 0 -printf '%f %T@\n' 2>/dev/null)
+}
+
 # kit::watch_progress STEP_PID: the hang watchdog, in the background while the
 # step runs. Each rank's command touches its KIT_PROGRESS_FILE as it makes
 # progress; once any rank of this job has ever done so, a rank whose file is
@@ -708,22 +775,16 @@ kit::saving() {
 kit::watch_progress() {
   local -r step_pid="$1" start_us="${EPOCHREALTIME/./}"
   local -r hang_us=$(( KIT_HANG_TIMEOUT * 1000000 )) first_us=$(( KIT_FIRST_PROGRESS_TIMEOUT * 1000000 ))
-  local armed=0 now name stamp sec frac rank last limit saving suspect="" suspect_last=0 tries why
+  local armed=0 now rank last limit saving suspect="" suspect_last=0 tries why
   local -A touched=() joined=()
   kit::helper_traps
   if [[ -e "${KIT_JOB_DIR}/progress/seen" ]]; then armed=1; fi
   while [[ -z "${suspect}" ]]; do
-    kit::nap 1
+    kit::nap "${KIT_WATCH_EVERY}"
     kit::running "${step_pid}" || return 0
-    touched=() joined=()
-    while read -r name stamp; do
-      case "${name}" in
-        rank-*)
-          sec="${stamp%.*}" frac="${stamp#*.}000000"
-          touched["${name#rank-}"]=$(( sec * 1000000 + 10#${frac:0:6} )) ;;
-        joined-*) joined["${name#joined-}"]=1 ;;
-      esac
-    done < <(find "${KIT_PROGRESS_DIR}" -maxdepth 1 \( -name 'rank-*' -o -name 'joined-*' \) -printf '%f %T@\n' 2>/dev/null)
+    now="${EPOCHREALTIME/./}"
+    # Who joined the rendezvous matters only once no rank has reported progress in time.
+    kit::progress_times $(( ! armed && now - start_us > first_us ))
     now="${EPOCHREALTIME/./}" saving=""
     if (( ! armed )); then
       if (( ${#touched[@]} == 0 )); then

@@ -14,6 +14,12 @@
  * image's /etc/environment override the task's except those named in
  * --container-env; errors in pyxis' words.
  *
+ * With use_squashfuse=1 on its plugstack.conf line (as pyxis), a container
+ * without --container-name is started from the squashfs file through FUSE,
+ * as enroot does then: the node's first task runs `squashfuse` and
+ * `fuse-overlayfs` below itself, and they must live as long as the step (a
+ * teardown that stops them unmounts the root under the tasks).
+ *
  * The container lives in a mount namespace of the step's slurmstepd: when
  * the step ends, nothing is left mounted. It runs rootful (no user
  * namespace, no seccomp filter): a stand-in for machines without pyxis and
@@ -26,9 +32,12 @@
 #include <stdarg.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -45,6 +54,7 @@ SPANK_PLUGIN(kit_pyxis, 1);
 
 static char *opt_image, *opt_mounts, *opt_workdir, *opt_env, *opt_name;
 static int opt_writable, opt_mount_home, opt_remap_root;
+static int use_squashfuse;  /* plugstack.conf: use_squashfuse=1, pyxis's setting */
 
 static int set_str(char **dst, const char *val)
 {
@@ -90,9 +100,26 @@ static struct spank_option options[] = {
 	SPANK_OPTIONS_TABLE_END
 };
 
+/* pyxis's boolean words for a plugstack.conf setting (-1: none of them). */
+static int parse_bool(const char *v)
+{
+	for (const char **t = (const char *[]){ "1", "true", "yes", "y", "on", NULL }; *t; t++)
+		if (strcasecmp(v, *t) == 0)
+			return 1;
+	for (const char **f = (const char *[]){ "0", "false", "no", "n", "off", NULL }; *f; f++)
+		if (strcasecmp(v, *f) == 0)
+			return 0;
+	return -1;
+}
+
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
-	(void)ac; (void)av;
+	for (int i = 0; i < ac; i++) {
+		if (strncmp(av[i], "use_squashfuse=", 15) == 0 && (use_squashfuse = parse_bool(av[i] + 15)) >= 0)
+			continue;
+		slurm_error(TAG ": plugstack.conf: unknown or invalid setting: %s", av[i]);
+		return -1;
+	}
 	for (struct spank_option *o = options; o->name; o++)
 		if (spank_option_register(sp, o) != ESPANK_SUCCESS) {
 			slurm_error(TAG ": cannot register --%s", o->name);
@@ -401,7 +428,7 @@ static void default_workdir(const char *root, const char *home, char *out, size_
  * interrupted unpack leaves no half container behind. */
 static int unpack(const char *image, const char *dir)
 {
-	char tmp[4096];
+	char tmp[4200];
 	snprintf(tmp, sizeof(tmp), "%s.new", dir);
 	pid_t pid = fork();
 	if (pid < 0)
@@ -422,21 +449,69 @@ static int unpack(const char *image, const char *dir)
 
 static char root[256];
 static char workdir[4096];
-static int ready, reused;
+static int ready, reused, direct;
 
-/* The step's container, made once per node by slurmstepd before its tasks
- * start: they inherit its mount namespace and share the container. */
-static int make_container(spank_t sp)
+/* Start PROG's FUSE daemon (in the foreground, so it lives as long as the mount) below the
+ * calling process, as enroot does below pyxis's first task, and wait until DIR is mounted. */
+static pid_t fuse_daemon(const char *prog, const char *opts, const char *src, const char *dir)
 {
-	const char *base = BASE;
-	char dir[4096], upper[256], work[256], image_dir[256], opts[1024], target[4096];
+	struct stat before, now;
+	if (stat(dir, &before) < 0)
+		return -1;
+	pid_t pid = fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		int null = open("/dev/null", O_RDWR);
+		if (null >= 0) {
+			dup2(null, 0);
+			dup2(null, 1);
+			dup2(null, 2);
+		}
+		closefrom(3);
+		setsid();
+		execlp(prog, prog, "-f", "-o", opts, src, dir, (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; i < 1000; i++) {  /* 10 s */
+		if (stat(dir, &now) == 0 && now.st_dev != before.st_dev)
+			return pid;
+		if (waitpid(pid, NULL, WNOHANG) == pid)
+			return -1;
+		usleep(10000);
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	return -1;
+}
 
-	if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-		return fail(TAG ": cannot make a mount namespace: %m");
-	if (mkdir_p(base, 0755) < 0 || mount("tmpfs", base, "tmpfs", 0, "mode=0755") < 0)
-		return fail(TAG ": cannot mount a tmpfs on %s: %m", base);
-	snprintf(root, sizeof(root), "%s/root", base);
-	mkdir_p(root, 0755);
+/* The image through FUSE: squashfuse for the squashfs, fuse-overlayfs over it; their pids
+ * in BASE/fuse.pids for slurm_spank_exit. */
+static int mount_squashfuse(void)
+{
+	char image_dir[256], opts[1024], path[256];
+	snprintf(image_dir, sizeof(image_dir), "%s/image", BASE);
+	pid_t lower = fuse_daemon("squashfuse", "allow_other", opt_image, image_dir);
+	if (lower < 0)
+		return fail(TAG ": --container-image: squashfuse cannot mount %s (is squashfuse installed?)", opt_image);
+	snprintf(opts, sizeof(opts), "allow_other,lowerdir=%s,upperdir=%s/upper,workdir=%s/work", image_dir, BASE, BASE);
+	pid_t over = fuse_daemon("fuse-overlayfs", opts, "fuse-overlayfs", root);
+	if (over < 0)
+		return fail(TAG ": fuse-overlayfs cannot mount %s (is fuse-overlayfs installed?)", root);
+	snprintf(path, sizeof(path), "%s/fuse.pids", BASE);
+	FILE *f = fopen(path, "w");
+	if (f) {
+		fprintf(f, "%d %d\n", (int)over, (int)lower);
+		fclose(f);
+	}
+	return 0;
+}
+
+/* The image's root on ROOT: a named container's kept directory, the squashfs through a
+ * loop device and an overlay, or (direct) through FUSE. */
+static int mount_image(const char *base)
+{
+	char dir[4096], upper[256], work[256], image_dir[256], opts[1024];
 	if (opt_name && *opt_name) {
 		/* pyxis_NAME in the node's data directory, kept after the job. */
 		const char *data = getenv("KIT_PYXIS_DATA");
@@ -452,20 +527,29 @@ static int make_container(spank_t sp)
 		}
 		if (mount(dir, root, NULL, MS_BIND | MS_REC, NULL) < 0)
 			return fail(TAG ": bind %s: %m", dir);
-	} else {
-		snprintf(image_dir, sizeof(image_dir), "%s/image", base);
-		snprintf(upper, sizeof(upper), "%s/upper", base);
-		snprintf(work, sizeof(work), "%s/work", base);
-		mkdir_p(image_dir, 0755);
-		mkdir_p(upper, 0755);
-		mkdir_p(work, 0755);
-		if (run_mount(opt_image, image_dir) < 0)
-			return fail(TAG ": --container-image: cannot mount %s as squashfs", opt_image);
-		snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s", image_dir, upper, work);
-		if (mount("overlay", root, "overlay", 0, opts) < 0)
-			return fail(TAG ": overlay on %s: %m", root);
+		return 0;
 	}
+	snprintf(image_dir, sizeof(image_dir), "%s/image", base);
+	snprintf(upper, sizeof(upper), "%s/upper", base);
+	snprintf(work, sizeof(work), "%s/work", base);
+	mkdir_p(image_dir, 0755);
+	mkdir_p(upper, 0755);
+	mkdir_p(work, 0755);
+	if (direct)
+		return mount_squashfuse();
+	if (run_mount(opt_image, image_dir) < 0)
+		return fail(TAG ": --container-image: cannot mount %s as squashfs", opt_image);
+	snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s", image_dir, upper, work);
+	if (mount("overlay", root, "overlay", 0, opts) < 0)
+		return fail(TAG ": overlay on %s: %m", root);
+	return 0;
+}
 
+/* What pyxis puts in the container once its root is there: /proc, /dev, /sys, /tmp, /run,
+ * the host's files, the home directory, the user's mounts, the batch script; read-only. */
+static int finish_container(spank_t sp)
+{
+	char target[4096];
 	snprintf(target, sizeof(target), "%s/proc", root);
 	mkdir_p(target, 0555);
 	if (mount("proc", target, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
@@ -502,13 +586,76 @@ static int make_container(spank_t sp)
 		return -1;
 	if (!opt_writable && mount(NULL, root, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) < 0)
 		return fail(TAG ": read-only root: %m");
+	return 0;
+}
 
+static void set_workdir(void)
+{
 	char user[512] = "", home[512] = "", shell[512] = "";
 	image_user(root, getuid(), user, home, shell, sizeof(user));
 	if (opt_workdir && *opt_workdir)
 		snprintf(workdir, sizeof(workdir), "%s", opt_workdir);
 	else
 		default_workdir(root, home, workdir, sizeof(workdir));
+}
+
+/* The step's mount namespace, made once per node by slurmstepd before its tasks start:
+ * they inherit it and share the container. Its root is mounted here too, but under direct
+ * squashfuse startup, where the node's first task mounts it (start_direct). */
+static int make_container(spank_t sp)
+{
+	const char *base = BASE;
+	if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		return fail(TAG ": cannot make a mount namespace: %m");
+	if (mkdir_p(base, 0755) < 0 || mount("tmpfs", base, "tmpfs", 0, "mode=0755") < 0)
+		return fail(TAG ": cannot mount a tmpfs on %s: %m", base);
+	snprintf(root, sizeof(root), "%s/root", base);
+	mkdir_p(root, 0755);
+	/* As pyxis: direct startup only for a temporary container from a squashfs path. */
+	direct = use_squashfuse && !(opt_name && *opt_name) && opt_image && strspn(opt_image, "./") > 0;
+	if (direct) {
+		slurm_info("pyxis: skipping container creation (squashfuse enabled)");  /* pyxis's words */
+		return 0;
+	}
+	if (mount_image(base) < 0 || finish_container(sp) < 0)
+		return -1;
+	set_workdir();
+	return 0;
+}
+
+/* Direct startup, in each task before it starts: the first task of the node (under a lock
+ * in the step's tmpfs) mounts the root, its FUSE daemons below itself; the others wait for
+ * it and take its outcome (BASE/setup: "ok", or the failure). */
+static int start_direct(spank_t sp)
+{
+	char lock[256], state[256];
+	snprintf(lock, sizeof(lock), "%s/setup.lock", BASE);
+	snprintf(state, sizeof(state), "%s/setup", BASE);
+	int fd = open(lock, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+	if (fd < 0 || flock(fd, LOCK_EX) < 0)
+		return fail(TAG ": container setup lock: %m");
+	FILE *f = fopen(state, "r");
+	if (f) {
+		char line[1024] = "";
+		if (!fgets(line, sizeof(line), f))
+			line[0] = '\0';
+		fclose(f);
+		line[strcspn(line, "\n")] = '\0';
+		if (strcmp(line, "ok") != 0)
+			fail("%s", line[0] ? line : TAG ": the container was not set up");
+	} else {
+		slurm_info("pyxis: starting container from squashfs: %s", opt_image);  /* pyxis's words */
+		int rc = mount_image(BASE) < 0 || finish_container(sp) < 0 ? -1 : 0;
+		f = fopen(state, "w");
+		if (f) {
+			fprintf(f, "%s\n", rc == 0 ? "ok" : failure);
+			fclose(f);
+		}
+	}
+	close(fd);
+	if (failure[0])
+		return -1;
+	set_workdir();
 	return 0;
 }
 
@@ -526,7 +673,7 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	(void)ac; (void)av;
 	if (!opt_image && !opt_name)
 		return 0;
-	if (!ready) {
+	if (!ready || (direct && start_direct(sp) < 0)) {
 		slurm_error("%s", failure[0] ? failure : TAG ": the container was not set up");
 		return -1;
 	}
@@ -546,6 +693,22 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	return 0;
 }
 
+/* Direct startup: the FUSE daemons end with the step (they may have outlived the task
+ * that started them, as enroot's do). */
+static void stop_fuse_daemons(void)
+{
+	int pids[2] = { 0, 0 };
+	FILE *f = fopen(BASE "/fuse.pids", "r");
+	if (!f)
+		return;
+	if (fscanf(f, "%d %d", &pids[0], &pids[1]) != 2)
+		pids[0] = pids[1] = 0;
+	fclose(f);
+	for (int i = 0; i < 2; i++)
+		if (pids[i] > 1)
+			kill(pids[i], SIGTERM);
+}
+
 /* The step is over: take the container down now (the namespace would go with
  * slurmstepd a moment later), so its loop device is free when srun returns. */
 int slurm_spank_exit(spank_t sp, int ac, char **av)
@@ -555,6 +718,8 @@ int slurm_spank_exit(spank_t sp, int ac, char **av)
 		return 0;
 	umount2(root, MNT_DETACH);
 	umount2(BASE "/image", MNT_DETACH);
+	if (direct)
+		stop_fuse_daemons();
 	umount2(BASE, MNT_DETACH);
 	return 0;
 }

@@ -1,0 +1,281 @@
+"""What a job costs as it grows (issue 30 item 3): the same light job on 2, 8, 32 and 64 nodes of
+a local cluster of the bench's own, kit against a bare `sbatch` + `srun` of the same command,
+measured side by side in one run.
+
+    python bench/bench_scale.py [--nodes 2,8,32,64] [--restarts 4] [--quick]
+
+--quick: 2 and 4 nodes, no restarts (the suite's run: the bench keeps working).
+
+The command (one task per node) writes its start time, reports progress through
+kit.train.progress once a second for --seconds, declares its work finished and writes its end
+time. Per N it prints:
+
+- submit -> every rank running: from just before `kit launch` (or `sbatch`) to the last
+  rank's first line; and the growth per node from the smallest N >= 8 to the largest, kit's
+  against bare srun's (target: kit's <= bare's + 50 ms per node);
+- teardown: the last rank's end -> the run's end (prelaunch's record after srun returned;
+  bare: the batch script's line after srun) (target: <= 2 s at 64);
+- the hang watchdog's reads of the progress directory per minute, counted with strace on the
+  batch step (target: <= 1 per rank per poll, no directory listing);
+- the exporter targets Prometheus has for the job (one per node, all up);
+- `kit ps` and `kit report` wall time on the job; with --restarts R (the largest N only), on a
+  job of R restarts (target: kit ps <= 0.5 s at 64 nodes with 4 restarts);
+- peak memory of kit's own processes per node (launcher, sidecars, exporter, prelaunch on the
+  batch node): median and largest node.
+
+The cluster lives under a KIT_HOME of the bench's own (a temporary directory, or --kit-home)
+and is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from common import wait_for  # noqa: E402
+
+from kit.cluster import LocalCluster  # noqa: E402
+from kit.jobdir import JobDir  # noqa: E402
+
+# The light command: start and end stamps in OUT; progress through kit.train.progress; on the
+# warning signal (restarts), a checkpoint of the run's number and a clean stop.
+COMMAND = '''
+import os, signal, sys, time
+out, seconds = sys.argv[1], float(sys.argv[2])
+rank, restart = os.environ.get("SLURM_PROCID", "0"), int(os.environ.get("KIT_RESTART", "0"))
+with open(f"{out}/start-{rank}.r{restart}", "w") as f:
+    f.write(repr(time.time()))
+from kit.train import progress
+stop = []
+signal.signal(signal.SIGUSR1, lambda *a: stop.append(1))
+for i in range(int(seconds)):
+    progress.step(i + 1)
+    if stop:
+        if rank == "0":
+            progress.checkpoint_saved(restart + 1)
+        sys.exit(0)
+    time.sleep(1)
+progress.finished()
+with open(f"{out}/end-{rank}.r{restart}", "w") as f:
+    f.write(repr(time.time()))
+'''
+
+
+def stamps(out: Path, kind: str, run: int = 0) -> list[float]:
+    return [float(p.read_text()) for p in out.glob(f"{kind}-*.r{run}")]
+
+
+class Sampler(threading.Thread):
+    """Peak RSS of kit's own processes per node while job JOB runs (its environment names
+    the job and the node; the command itself and Slurm's daemons are not kit's)."""
+
+    def __init__(self, job: str):
+        super().__init__(daemon=True)
+        self.job, self.peak, self.done = job, {}, threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.5):
+            per_node: dict[str, int] = {}
+            for proc in psutil.process_iter(["name", "cmdline"]):
+                try:
+                    if proc.info["name"] in ("slurmstepd", "slurmd") or "bench-scale-command" in " ".join(
+                            proc.info["cmdline"] or []):
+                        continue
+                    env = proc.environ()
+                    if env.get("SLURM_JOB_ID") != self.job:
+                        continue
+                    node = env.get("SLURMD_NODENAME", "?")
+                    per_node[node] = per_node.get(node, 0) + proc.memory_info().rss
+                except (psutil.Error, OSError):
+                    continue
+            for node, rss in per_node.items():
+                self.peak[node] = max(self.peak.get(node, 0), rss)
+
+
+def kit_cli(env: dict, *args: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "kit", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    return proc, time.perf_counter() - t0
+
+
+def batch_step_pids(job: str) -> list[int]:
+    """The batch step's processes (prelaunch, its helpers): below `slurmstepd: [JOB.batch]`."""
+    for proc in psutil.process_iter(["cmdline"]):
+        if f"[{job}.batch]" in " ".join(proc.info["cmdline"] or []):
+            return [c.pid for c in proc.children(recursive=True)]
+    return []
+
+
+def watchdog_reads(job: str, progress_dir: Path, seconds: float) -> tuple[int, int]:
+    """(file operations on the progress directory's entries, listings of it) by the batch
+    step over ``seconds``, counted with strace."""
+    pids = batch_step_pids(job)
+    if not pids:
+        return -1, -1
+    log = Path(tempfile.mkstemp(prefix="kit-bench-strace-")[1])
+    argv = ["strace", "-f", "-qq", "-y", "-e", "trace=openat,open,stat,lstat,newfstatat,statx,access,faccessat2,"
+            "getdents64", "-o", str(log)] + [f"-p{p}" for p in pids]
+    tracer = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(seconds)
+    tracer.terminate()
+    tracer.wait(10)
+    text = log.read_text(errors="replace")
+    log.unlink()
+    where = str(progress_dir)
+    ops = listings = 0
+    for line in text.splitlines():
+        if where not in line:
+            continue
+        if "getdents64(" in line:
+            listings += 1 if "= 0" not in line else 0
+        else:
+            ops += 1
+    return ops, listings
+
+
+def prometheus_targets(port: int, job: str) -> tuple[int, int]:
+    """(targets of job JOB Prometheus has, of them up)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/targets?state=active", timeout=10) as r:
+        active = json.load(r)["data"]["activeTargets"]
+    mine = [t for t in active if t.get("labels", {}).get("slurm_job_id") == job]
+    return len(mine), sum(1 for t in mine if t.get("health") == "up")
+
+
+def kit_job(cluster: LocalCluster, env: dict, n: int, work: Path, seconds: float, restarts: int = 0) -> dict:
+    out = work / f"kit-{n}-{restarts}"
+    out.mkdir(parents=True)
+    cmd = work / "command.py"
+    extra = ["--max-restarts", str(restarts)] if restarts else []
+    t0 = time.time()
+    proc, _ = kit_cli(env, "launch", "--local", "--nodes", str(n), "--ntasks-per-node", "1", "--hang-timeout", "60",
+                      "--output-dir", str(work / "jobs"), *extra, "--", "python3", str(cmd), str(out),
+                      str(seconds), "bench-scale-command")
+    if proc.returncode != 0:
+        sys.exit(f"kit launch failed:\n{proc.stderr}")
+    job = re.search(r"Submitted job (\d+)", proc.stdout + proc.stderr).group(1)
+    job_dir = Path(re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1))
+    sampler = Sampler(job)
+    sampler.start()
+    wait_for(lambda: len(stamps(out, "start")) == n, 300, poll=0.05)
+    r = {"job": job, "job_dir": job_dir, "running": max(stamps(out, "start")) - t0}
+    r["reads"] = watchdog_reads(job, JobDir(job_dir).run_progress(0), min(10.0, seconds / 2))
+    port = cluster.state().prometheus_port
+    try:
+        r["targets"] = wait_for(lambda: (t := prometheus_targets(port, job))[1] == n and t, 30, poll=1)
+    except TimeoutError:
+        r["targets"] = prometheus_targets(port, job)
+    for i in range(restarts):  # the warning, as Slurm sends it before the time limit
+        wait_for(lambda: len(stamps(out, "start", i)) == n, 300, poll=0.2)
+        time.sleep(2)
+        subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=env, check=True)
+        wait_for(lambda: len(stamps(out, "start", i + 1)) == n, 300, poll=0.2)
+    runs = JobDir(job_dir).path / "runs.jsonl"
+    wait_for(lambda: len(stamps(out, "end", restarts)) == n and runs.exists()
+             and len(runs.read_text().splitlines()) == restarts + 1, 600, poll=0.1)
+    sampler.done.set()
+    sampler.join()
+    r["teardown"] = runs.stat().st_mtime - max(stamps(out, "end", restarts))
+    r["memory"] = sampler.peak
+    _, r["ps"] = kit_cli(env, "ps", "--output-dir", str(work / "jobs"))
+    rep, r["report"] = kit_cli(env, "report", str(job_dir), timeout=600)
+    if rep.returncode != 0:
+        sys.exit(f"kit report failed:\n{rep.stderr}")
+    r["report_lines"] = len(rep.stdout.splitlines())
+    return r
+
+
+def bare_job(env: dict, n: int, work: Path, seconds: float) -> dict:
+    out = work / f"bare-{n}"
+    out.mkdir(parents=True)
+    script = (f"#!/bin/bash\nsrun python3 {work / 'command.py'} {out} {seconds} bench-scale-command\n"
+              f"python3 -c 'import time; print(repr(time.time()))' > {out}/srun-returned\n")
+    t0 = time.time()
+    subprocess.run(["sbatch", "-N", str(n), "--ntasks-per-node", "1", f"--output={out}/slurm.out"],
+                   input=script, text=True, env=env, check=True, capture_output=True)
+    wait_for(lambda: len(stamps(out, "start")) == n, 300, poll=0.05)
+    running = max(stamps(out, "start")) - t0
+    wait_for(lambda: (out / "srun-returned").exists() and (out / "srun-returned").read_text().strip(), 300, poll=0.1)
+    return {"running": running, "teardown": float((out / "srun-returned").read_text()) - max(stamps(out, "end"))}
+
+
+def mib(b: float) -> str:
+    return f"{b / 2 ** 20:.0f} MiB"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", default="2,8,32,64")
+    p.add_argument("--restarts", type=int, default=4, help="restarts of a second job at the largest N")
+    p.add_argument("--seconds", type=float, default=20.0, help="how long each rank runs")
+    p.add_argument("--kit-home", type=Path, default=None)
+    p.add_argument("--quick", action="store_true", help="2 and 4 nodes, no restarts (the suite's run)")
+    args = p.parse_args()
+    if args.quick:
+        args.nodes, args.restarts, args.seconds = "2,4", 0, 8.0
+    sizes = [int(x) for x in args.nodes.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="kit-bench-scale-"))
+    home = args.kit_home or work / "home"
+    (work / "command.py").write_text(COMMAND)
+    env = {**os.environ, "KIT_HOME": str(home)}
+    cluster = LocalCluster(home)
+    rows = {}
+    try:
+        for n in sizes:
+            if cluster.state() is not None:
+                cluster.down(force=True)
+            t0 = time.perf_counter()
+            cluster.up(nodes=n, cpus_per_node=1, prometheus=True, accounting=False)
+            up = time.perf_counter() - t0
+            env["SLURM_CONF"] = str(cluster.conf)
+            bare = bare_job(env, n, work, args.seconds)
+            mine = kit_job(cluster, env, n, work, args.seconds)
+            rows[n] = (up, mine, bare)
+            mem = sorted(mine["memory"].values())
+            ops, listings = mine["reads"]
+            print(f"{n:>3} nodes: up {up:.1f} s; submit -> all running: kit {mine['running']:.2f} s, bare srun "
+                  f"{bare['running']:.2f} s; teardown: kit {mine['teardown']:.2f} s, bare {bare['teardown']:.2f} s; "
+                  f"watchdog: {ops} progress-file reads and {listings} directory listing(s) in "
+                  f"{min(10.0, args.seconds / 2):.0f} s; Prometheus targets {mine['targets'][1]}/{n} up; kit ps "
+                  f"{mine['ps']:.2f} s, kit report {mine['report']:.2f} s ({mine['report_lines']} lines); kit's "
+                  f"memory per node: median {mib(statistics.median(mem)) if mem else '-'}, largest "
+                  f"{mib(mem[-1]) if mem else '-'}", flush=True)
+        if args.restarts:
+            n = sizes[-1]
+            again = kit_job(cluster, env, n, work, args.seconds, restarts=args.restarts)
+            print(f"{n:>3} nodes, {args.restarts} restarts: kit ps {again['ps']:.2f} s (target <= 0.5 s), "
+                  f"kit report {again['report']:.2f} s ({again['report_lines']} lines)")
+        grown = [n for n in sizes if n >= 8] or sizes
+        lo, hi = grown[0], sizes[-1]
+        if hi > lo:
+            kit_slope = (rows[hi][1]["running"] - rows[lo][1]["running"]) / (hi - lo)
+            bare_slope = (rows[hi][2]["running"] - rows[lo][2]["running"]) / (hi - lo)
+            extra = (kit_slope - bare_slope) * 1000
+            print(f"submit -> all running, {lo} -> {hi} nodes: kit {kit_slope * 1000:+.1f} ms per node, bare srun "
+                  f"{bare_slope * 1000:+.1f} ms per node: kit's own growth {extra:+.1f} ms per node "
+                  f"(target <= 50): {'met' if extra <= 50 else 'MISSED'}")
+            print(f"teardown at {hi} nodes: {rows[hi][1]['teardown']:.2f} s (target <= 2 s): "
+                  f"{'met' if rows[hi][1]['teardown'] <= 2 else 'MISSED'}")
+    finally:
+        if cluster.state() is not None:
+            cluster.down(force=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
