@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -52,14 +51,21 @@ from common import wait_for  # noqa: E402
 from kit.cluster import LocalCluster  # noqa: E402
 from kit.jobdir import JobDir  # noqa: E402
 
+HANG_TIMEOUT = 60      # seconds: the watchdog polls every second below 120 s (KIT_WATCH_EVERY)
+
+TRACED = 5.0           # seconds of the batch step's file operations counted
+
 # The light command: start and end stamps in OUT; progress through kit.train.progress; on the
 # warning signal (restarts), a checkpoint of the run's number and a clean stop.
 COMMAND = '''
 import os, signal, sys, time
 out, seconds = sys.argv[1], float(sys.argv[2])
 rank, restart = os.environ.get("SLURM_PROCID", "0"), int(os.environ.get("KIT_RESTART", "0"))
-with open(f"{out}/start-{rank}.r{restart}", "w") as f:
-    f.write(repr(time.time()))
+def stamp(kind):
+    with open(f"{out}/.{kind}-{rank}", "w") as f:
+        f.write(repr(time.time()))
+    os.replace(f"{out}/.{kind}-{rank}", f"{out}/{kind}-{rank}.r{restart}")
+stamp("start")
 from kit.train import progress
 stop = []
 signal.signal(signal.SIGUSR1, lambda *a: stop.append(1))
@@ -71,8 +77,7 @@ for i in range(int(seconds)):
         sys.exit(0)
     time.sleep(1)
 progress.finished()
-with open(f"{out}/end-{rank}.r{restart}", "w") as f:
-    f.write(repr(time.time()))
+stamp("end")
 '''
 
 
@@ -84,27 +89,30 @@ class Sampler(threading.Thread):
     """Peak RSS of kit's own processes per node while job JOB runs (its environment names
     the job and the node; the command itself and Slurm's daemons are not kit's)."""
 
-    def __init__(self, job: str):
+    def __init__(self, job: str, conf: str):
         super().__init__(daemon=True)
-        self.job, self.peak, self.done = job, {}, threading.Event()
+        self.conf = conf
+        self.job, self.peak, self.largest, self.done = job, {}, {}, threading.Event()
 
     def run(self) -> None:
         while not self.done.wait(0.5):
-            per_node: dict[str, int] = {}
+            per_node: dict[str, dict[str, int]] = {}
             for proc in psutil.process_iter(["name", "cmdline"]):
                 try:
-                    if proc.info["name"] in ("slurmstepd", "slurmd") or "bench-scale-command" in " ".join(
-                            proc.info["cmdline"] or []):
+                    words = proc.info["cmdline"] or []
+                    if proc.info["name"] in ("slurmstepd", "slurmd", "srun") or "bench-scale-command" in words:
                         continue
-                    env = proc.environ()
-                    if env.get("SLURM_JOB_ID") != self.job:
+                    if not of_job(env := proc.environ(), self.job, self.conf):
                         continue
-                    node = env.get("SLURMD_NODENAME", "?")
-                    per_node[node] = per_node.get(node, 0) + proc.memory_info().rss
+                    what = per_node.setdefault(env.get("SLURMD_NODENAME", "?"), {})
+                    name = " ".join(os.path.basename(w) for w in words[:3])[:60] or proc.info["name"]
+                    what[name] = what.get(name, 0) + proc.memory_info().rss
                 except (psutil.Error, OSError):
                     continue
-            for node, rss in per_node.items():
-                self.peak[node] = max(self.peak.get(node, 0), rss)
+            for node, what in per_node.items():
+                total = sum(what.values())
+                if total > self.peak.get(node, 0):
+                    self.peak[node], self.largest[node] = total, max(what.items(), key=lambda kv: kv[1])
 
 
 def kit_cli(env: dict, *args: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess, float]:
@@ -114,20 +122,54 @@ def kit_cli(env: dict, *args: str, timeout: float = 600) -> tuple[subprocess.Com
     return proc, time.perf_counter() - t0
 
 
-def batch_step_pids(job: str) -> list[int]:
-    """The batch step's processes (prelaunch, its helpers): below `slurmstepd: [JOB.batch]`."""
+def wait_idle(env: dict, n: int) -> None:
+    """Until every node is idle: a job submitted while the last one's nodes are still completing
+    waits for Slurm's next scheduling pass, which would be timed as kit's (or srun's) cost."""
+    def idle():
+        out = subprocess.run(["sinfo", "--noheader", "--Node", "--format=%t"], env=env, capture_output=True,
+                             text=True).stdout.split()
+        return len(out) == n and set(out) == {"idle"}
+    wait_for(idle, 120, poll=0.1)
+
+
+def of_job(env: dict, job: str, conf: str) -> bool:
+    """Whether a process's environment is job JOB's of the bench's cluster (job ids of another
+    cluster on this machine may be the same)."""
+    return env.get("SLURM_JOB_ID") == job and env.get("SLURM_CONF") == conf
+
+
+def batch_script(job: str, conf: str) -> psutil.Process | None:
+    """The batch script's process (Slurm's copy of it, slurm_script)."""
     for proc in psutil.process_iter(["cmdline"]):
-        if f"[{job}.batch]" in " ".join(proc.info["cmdline"] or []):
-            return [c.pid for c in proc.children(recursive=True)]
-    return []
+        try:
+            if any(w.endswith("/slurm_script") for w in proc.info["cmdline"] or []) and \
+                    of_job(proc.environ(), job, conf):
+                return proc
+        except (psutil.Error, OSError):
+            continue
+    return None
 
 
-def watchdog_reads(job: str, progress_dir: Path, seconds: float) -> tuple[int, int]:
-    """(file operations on the progress directory's entries, listings of it) by the batch
-    step over ``seconds``, counted with strace."""
-    pids = batch_step_pids(job)
+def batch_start(job: str, conf: str) -> float:
+    """When job JOB's batch script started (its process's start, to 10 ms)."""
+    return wait_for(lambda: (p := batch_script(job, conf)) and p.create_time(), 300, poll=0.05)
+
+
+def batch_step_pids(job: str, conf: str) -> list[int]:
+    """The batch script and what runs below it."""
+    proc = batch_script(job, conf)
+    try:
+        return [proc.pid] + [c.pid for c in proc.children(recursive=True)] if proc else []
+    except psutil.Error:
+        return []
+
+
+def watchdog_reads(job: str, conf: str, progress_dir: Path, seconds: float) -> tuple[int, int, int]:
+    """(file operations on the progress directory's entries, listings of it, polls: operations
+    on rank 0's progress file) by the batch step over ``seconds``, counted with strace."""
+    pids = batch_step_pids(job, conf)
     if not pids:
-        return -1, -1
+        return -1, -1, 0
     log = Path(tempfile.mkstemp(prefix="kit-bench-strace-")[1])
     argv = ["strace", "-f", "-qq", "-y", "-e", "trace=openat,open,stat,lstat,newfstatat,statx,access,faccessat2,"
             "getdents64", "-o", str(log)] + [f"-p{p}" for p in pids]
@@ -138,7 +180,7 @@ def watchdog_reads(job: str, progress_dir: Path, seconds: float) -> tuple[int, i
     text = log.read_text(errors="replace")
     log.unlink()
     where = str(progress_dir)
-    ops = listings = 0
+    ops = listings = polls = 0
     for line in text.splitlines():
         if where not in line:
             continue
@@ -146,7 +188,8 @@ def watchdog_reads(job: str, progress_dir: Path, seconds: float) -> tuple[int, i
             listings += 1 if "= 0" not in line else 0
         else:
             ops += 1
-    return ops, listings
+            polls += f'{where}/{JobDir.RANK_PROGRESS.format(rank=0)}"' in line
+    return ops, listings, polls
 
 
 def prometheus_targets(port: int, job: str) -> tuple[int, int]:
@@ -162,19 +205,21 @@ def kit_job(cluster: LocalCluster, env: dict, n: int, work: Path, seconds: float
     out.mkdir(parents=True)
     cmd = work / "command.py"
     extra = ["--max-restarts", str(restarts)] if restarts else []
+    wait_idle(env, n)
     t0 = time.time()
-    proc, _ = kit_cli(env, "launch", "--local", "--nodes", str(n), "--ntasks-per-node", "1", "--hang-timeout", "60",
-                      "--output-dir", str(work / "jobs"), *extra, "--", "python3", str(cmd), str(out),
-                      str(seconds), "bench-scale-command")
+    proc, _ = kit_cli(env, "launch", "--local", "--json", "--nodes", str(n), "--ntasks-per-node", "1",
+                      "--hang-timeout", str(HANG_TIMEOUT), "--output-dir", str(work / "jobs"), *extra, "--",
+                      "python3", str(cmd), str(out), str(seconds), "bench-scale-command")
     if proc.returncode != 0:
         sys.exit(f"kit launch failed:\n{proc.stderr}")
-    job = re.search(r"Submitted job (\d+)", proc.stdout + proc.stderr).group(1)
-    job_dir = Path(re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1))
-    sampler = Sampler(job)
+    submitted = json.loads(proc.stdout)
+    job, job_dir = str(submitted["job_id"]), JobDir(submitted["job_dir"])
+    sampler = Sampler(job, env["SLURM_CONF"])
     sampler.start()
+    began = batch_start(job, env["SLURM_CONF"])
     wait_for(lambda: len(stamps(out, "start")) == n, 300, poll=0.05)
-    r = {"job": job, "job_dir": job_dir, "running": max(stamps(out, "start")) - t0}
-    r["reads"] = watchdog_reads(job, JobDir(job_dir).run_progress(0), min(10.0, seconds / 2))
+    r = {"job": job, "job_dir": job_dir, "scheduled": began - t0, "running": max(stamps(out, "start")) - began}
+    r["reads"] = watchdog_reads(job, env["SLURM_CONF"], job_dir.run_progress(0), TRACED)
     port = cluster.state().prometheus_port
     try:
         r["targets"] = wait_for(lambda: (t := prometheus_targets(port, job))[1] == n and t, 30, poll=1)
@@ -185,15 +230,15 @@ def kit_job(cluster: LocalCluster, env: dict, n: int, work: Path, seconds: float
         time.sleep(2)
         subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=env, check=True)
         wait_for(lambda: len(stamps(out, "start", i + 1)) == n, 300, poll=0.2)
-    runs = JobDir(job_dir).path / "runs.jsonl"
+    runs = job_dir / JobDir.RUNS
     wait_for(lambda: len(stamps(out, "end", restarts)) == n and runs.exists()
              and len(runs.read_text().splitlines()) == restarts + 1, 600, poll=0.1)
     sampler.done.set()
     sampler.join()
     r["teardown"] = runs.stat().st_mtime - max(stamps(out, "end", restarts))
-    r["memory"] = sampler.peak
+    r["memory"], r["largest"] = sampler.peak, sampler.largest
     _, r["ps"] = kit_cli(env, "ps", "--output-dir", str(work / "jobs"))
-    rep, r["report"] = kit_cli(env, "report", str(job_dir), timeout=600)
+    rep, r["report"] = kit_cli(env, "report", str(job_dir.path), timeout=600)
     if rep.returncode != 0:
         sys.exit(f"kit report failed:\n{rep.stderr}")
     r["report_lines"] = len(rep.stdout.splitlines())
@@ -205,13 +250,24 @@ def bare_job(env: dict, n: int, work: Path, seconds: float) -> dict:
     out.mkdir(parents=True)
     script = (f"#!/bin/bash\nsrun python3 {work / 'command.py'} {out} {seconds} bench-scale-command\n"
               f"python3 -c 'import time; print(repr(time.time()))' > {out}/srun-returned\n")
+    wait_idle(env, n)
     t0 = time.time()
-    subprocess.run(["sbatch", "-N", str(n), "--ntasks-per-node", "1", f"--output={out}/slurm.out"],
-                   input=script, text=True, env=env, check=True, capture_output=True)
+    job = subprocess.run(["sbatch", "--parsable", "-N", str(n), "--ntasks-per-node", "1", f"--output={out}/slurm.out"],
+                         input=script, text=True, env=env, check=True, capture_output=True).stdout.split(";")[0].strip()
+    began = batch_start(job, env["SLURM_CONF"])
     wait_for(lambda: len(stamps(out, "start")) == n, 300, poll=0.05)
-    running = max(stamps(out, "start")) - t0
+    running = max(stamps(out, "start")) - began
     wait_for(lambda: (out / "srun-returned").exists() and (out / "srun-returned").read_text().strip(), 300, poll=0.1)
-    return {"running": running, "teardown": float((out / "srun-returned").read_text()) - max(stamps(out, "end"))}
+    return {"scheduled": began - t0, "running": running, "teardown": float((out / "srun-returned").read_text()) - max(stamps(out, "end"))}
+
+
+def biggest(r: dict) -> str:
+    """The node whose kit processes peaked highest, and its largest process."""
+    if not r["memory"]:
+        return "-"
+    node = max(r["memory"], key=r["memory"].get)
+    name, rss = r["largest"][node]
+    return f"{mib(r['memory'][node])} on {node} ({name}: {mib(rss)})"
 
 
 def mib(b: float) -> str:
@@ -243,18 +299,22 @@ def main() -> int:
             cluster.up(nodes=n, cpus_per_node=1, prometheus=True, accounting=False)
             up = time.perf_counter() - t0
             env["SLURM_CONF"] = str(cluster.conf)
+            # every node answered once before anything is timed (a first step pays for the nodes' start)
+            subprocess.run(["srun", "-N", str(n), "--ntasks-per-node", "1", "true"], env=env, check=True, timeout=300)
             bare = bare_job(env, n, work, args.seconds)
             mine = kit_job(cluster, env, n, work, args.seconds)
             rows[n] = (up, mine, bare)
             mem = sorted(mine["memory"].values())
-            ops, listings = mine["reads"]
-            print(f"{n:>3} nodes: up {up:.1f} s; submit -> all running: kit {mine['running']:.2f} s, bare srun "
-                  f"{bare['running']:.2f} s; teardown: kit {mine['teardown']:.2f} s, bare {bare['teardown']:.2f} s; "
-                  f"watchdog: {ops} progress-file reads and {listings} directory listing(s) in "
-                  f"{min(10.0, args.seconds / 2):.0f} s; Prometheus targets {mine['targets'][1]}/{n} up; kit ps "
+            ops, listings, polls = mine["reads"]
+            per_rank = ops / max(polls, 1) / n
+            print(f"{n:>3} nodes: up {up:.1f} s; submit -> batch script: kit {mine['scheduled']:.2f} s, bare "
+                  f"{bare['scheduled']:.2f} s (Slurm's scheduling); batch script -> all running: kit "
+                  f"{mine['running']:.2f} s, bare srun {bare['running']:.2f} s; teardown: kit {mine['teardown']:.2f} s, bare {bare['teardown']:.2f} s; "
+                  f"watchdog: {ops * 60 / TRACED:.0f} progress-file operations a minute ({per_rank:.2f} per rank per "
+                  f"poll, {polls} polls), {listings} directory listing(s); Prometheus targets {mine['targets'][1]}/{n} up; kit ps "
                   f"{mine['ps']:.2f} s, kit report {mine['report']:.2f} s ({mine['report_lines']} lines); kit's "
                   f"memory per node: median {mib(statistics.median(mem)) if mem else '-'}, largest "
-                  f"{mib(mem[-1]) if mem else '-'}", flush=True)
+                  f"{biggest(mine)}", flush=True)
         if args.restarts:
             n = sizes[-1]
             again = kit_job(cluster, env, n, work, args.seconds, restarts=args.restarts)
@@ -266,7 +326,7 @@ def main() -> int:
             kit_slope = (rows[hi][1]["running"] - rows[lo][1]["running"]) / (hi - lo)
             bare_slope = (rows[hi][2]["running"] - rows[lo][2]["running"]) / (hi - lo)
             extra = (kit_slope - bare_slope) * 1000
-            print(f"submit -> all running, {lo} -> {hi} nodes: kit {kit_slope * 1000:+.1f} ms per node, bare srun "
+            print(f"batch script -> all running, {lo} -> {hi} nodes: kit {kit_slope * 1000:+.1f} ms per node, bare srun "
                   f"{bare_slope * 1000:+.1f} ms per node: kit's own growth {extra:+.1f} ms per node "
                   f"(target <= 50): {'met' if extra <= 50 else 'MISSED'}")
             print(f"teardown at {hi} nodes: {rows[hi][1]['teardown']:.2f} s (target <= 2 s): "

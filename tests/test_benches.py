@@ -5,6 +5,7 @@ numbers are the bench's to print, never asserted here: a bench that no longer ru
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,8 @@ def run_bench(name: str, *args: str, timeout: float = 300) -> str:
 def test_every_bench_has_a_quick_mode_run_here():
     here = {p.name for p in BENCH.glob("bench_*.py")} | {"gpu_check.py"}
     tested = {"bench_build.py", "bench_pack.py", "bench_launch.py", "bench_hang.py", "bench_exporter.py",
-              "bench_requeue.py", "bench_container.py", "bench_snapshot.py", "bench_map.py", "gpu_check.py"}
+              "bench_requeue.py", "bench_container.py", "bench_snapshot.py", "bench_map.py", "bench_scale.py",
+              "gpu_check.py"}
     assert here == tested, f"a bench without a quick run in the suite: {here - tested}"
     for path in [*BENCH.glob("bench_*.py"), BENCH / "gpu_check.py"]:
         assert "--quick" in path.read_text(), path
@@ -54,6 +56,21 @@ def test_bench_hang_quick():
 def test_bench_map_quick(cluster):
     out = run_bench("bench_map.py")
     assert "submit 50 items: kit.map" in out and "then [j.result() for j in jobs]" in out and "with 0 squeue(s)" in out
+
+
+def test_bench_scale_quick():
+    """2 and 4 nodes of a cluster of the bench's own: every line printed; what is not a timing is
+    held here: the watchdog stats each rank's file at most once a poll and never lists the
+    directory, and Prometheus has every node's exporter up."""
+    require("slurmctld")
+    require("prometheus")
+    require("strace")
+    out = run_bench("bench_scale.py", timeout=400)
+    rows = [line for line in out.splitlines() if re.match(r" *\d+ nodes: ", line)]
+    assert len(rows) == 2 and "teardown at 4 nodes:" in out and "kit's own growth" in out, out
+    for row, n in zip(rows, (2, 4)):
+        per_rank = float(re.search(r"\(([\d.]+) per rank per poll, (\d+) polls\)", row).group(1))
+        assert 0 < per_rank <= 1 and " 0 directory listing(s)" in row and f"targets {n}/{n} up" in row, row
 
 
 def test_bench_exporter_quick():
