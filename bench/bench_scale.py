@@ -18,7 +18,7 @@ time. Per N it prints:
 - the hang watchdog's reads of the progress directory per minute, counted with strace on the
   batch step (target: <= 1 per rank per poll, no directory listing);
 - the exporter targets Prometheus has for the job (one per node, all up);
-- `kit ps` and `kit report` wall time on the job; with --restarts R (the largest N only), on a
+- `kit ps`, `kit logs` and `kit report` wall time on the job; with --restarts R (the largest N only), on a
   job of R restarts (target: kit ps <= 0.5 s at 64 nodes with 4 restarts);
 - peak memory of kit's own processes per node (launcher, sidecars, exporter, prelaunch on the
   batch node): median and largest node.
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -71,6 +72,7 @@ stop = []
 signal.signal(signal.SIGUSR1, lambda *a: stop.append(1))
 for i in range(int(seconds)):
     progress.step(i + 1)
+    print(f"rank {rank} step {i + 1}", flush=True)
     if stop:
         if rank == "0":
             progress.checkpoint_saved(restart + 1)
@@ -218,7 +220,10 @@ def kit_job(cluster: LocalCluster, env: dict, n: int, work: Path, seconds: float
     sampler.start()
     began = batch_start(job, env["SLURM_CONF"])
     wait_for(lambda: len(stamps(out, "start")) == n, 300, poll=0.05)
-    r = {"job": job, "job_dir": job_dir, "scheduled": began - t0, "running": max(stamps(out, "start")) - began}
+    last = max(stamps(out, "start"))
+    step_start = float((job_dir.run_progress(0) / JobDir.STEP_START).read_text())
+    r = {"job": job, "job_dir": job_dir, "scheduled": began - t0, "running": last - began,
+         "prelaunch": step_start - began, "step": last - step_start}
     r["reads"] = watchdog_reads(job, env["SLURM_CONF"], job_dir.run_progress(0), TRACED)
     port = cluster.state().prometheus_port
     try:
@@ -238,6 +243,8 @@ def kit_job(cluster: LocalCluster, env: dict, n: int, work: Path, seconds: float
     r["teardown"] = runs.stat().st_mtime - max(stamps(out, "end", restarts))
     r["memory"], r["largest"] = sampler.peak, sampler.largest
     _, r["ps"] = kit_cli(env, "ps", "--output-dir", str(work / "jobs"))
+    logs, r["logs"] = kit_cli(env, "logs", str(job_dir.path))
+    r["log_lines"] = len(logs.stdout.splitlines())
     rep, r["report"] = kit_cli(env, "report", str(job_dir.path), timeout=600)
     if rep.returncode != 0:
         sys.exit(f"kit report failed:\n{rep.stderr}")
@@ -280,6 +287,7 @@ def main() -> int:
     p.add_argument("--restarts", type=int, default=4, help="restarts of a second job at the largest N")
     p.add_argument("--seconds", type=float, default=20.0, help="how long each rank runs")
     p.add_argument("--kit-home", type=Path, default=None)
+    p.add_argument("--keep", action="store_true", help="keep the jobs' directories (their reports) and say where")
     p.add_argument("--quick", action="store_true", help="2 and 4 nodes, no restarts (the suite's run)")
     args = p.parse_args()
     if args.quick:
@@ -312,13 +320,14 @@ def main() -> int:
                   f"{mine['running']:.2f} s, bare srun {bare['running']:.2f} s; teardown: kit {mine['teardown']:.2f} s, bare {bare['teardown']:.2f} s; "
                   f"watchdog: {ops * 60 / TRACED:.0f} progress-file operations a minute ({per_rank:.2f} per rank per "
                   f"poll, {polls} polls), {listings} directory listing(s); Prometheus targets {mine['targets'][1]}/{n} up; kit ps "
-                  f"{mine['ps']:.2f} s, kit report {mine['report']:.2f} s ({mine['report_lines']} lines); kit's "
+                  f"{mine['ps']:.2f} s, kit logs {mine['logs']:.2f} s ({mine['log_lines']} lines), kit report {mine['report']:.2f} s ({mine['report_lines']} lines); kit's "
                   f"memory per node: median {mib(statistics.median(mem)) if mem else '-'}, largest "
                   f"{biggest(mine)}", flush=True)
         if args.restarts:
             n = sizes[-1]
             again = kit_job(cluster, env, n, work, args.seconds, restarts=args.restarts)
-            print(f"{n:>3} nodes, {args.restarts} restarts: kit ps {again['ps']:.2f} s (target <= 0.5 s), "
+            print(f"{n:>3} nodes, {args.restarts} restarts: kit ps {again['ps']:.2f} s (target <= 0.5 s: "
+                  f"{'met' if again['ps'] <= 0.5 else 'MISSED'}), kit logs {again['logs']:.2f} s, "
                   f"kit report {again['report']:.2f} s ({again['report_lines']} lines)")
         grown = [n for n in sizes if n >= 8] or sizes
         lo, hi = grown[0], sizes[-1]
@@ -326,14 +335,20 @@ def main() -> int:
             kit_slope = (rows[hi][1]["running"] - rows[lo][1]["running"]) / (hi - lo)
             bare_slope = (rows[hi][2]["running"] - rows[lo][2]["running"]) / (hi - lo)
             extra = (kit_slope - bare_slope) * 1000
-            print(f"batch script -> all running, {lo} -> {hi} nodes: kit {kit_slope * 1000:+.1f} ms per node, bare srun "
-                  f"{bare_slope * 1000:+.1f} ms per node: kit's own growth {extra:+.1f} ms per node "
-                  f"(target <= 50): {'met' if extra <= 50 else 'MISSED'}")
+            slope = {part: (rows[hi][1][part] - rows[lo][1][part]) / (hi - lo) * 1000 for part in ("prelaunch", "step")}
+            print(f"batch script -> all running, {lo} -> {hi} nodes: kit {kit_slope * 1000:+.1f} ms per node "
+                  f"(prelaunch before srun {slope['prelaunch']:+.1f}, srun -> every launcher's command "
+                  f"{slope['step']:+.1f}), bare srun {bare_slope * 1000:+.1f} ms per node: kit's own growth "
+                  f"{extra:+.1f} ms per node (target <= 50): {'met' if extra <= 50 else 'MISSED'}")
             print(f"teardown at {hi} nodes: {rows[hi][1]['teardown']:.2f} s (target <= 2 s): "
                   f"{'met' if rows[hi][1]['teardown'] <= 2 else 'MISSED'}")
+        print(f"the {sizes[-1]}-node job's report: {rows[sizes[-1]][1]['job_dir'].path / JobDir.REPORT}"
+              if args.keep else "")
     finally:
         if cluster.state() is not None:
             cluster.down(force=True)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

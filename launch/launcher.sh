@@ -119,23 +119,22 @@ readonly KIT_RANK_LOG="${KIT_LOG_DIR}/rank-${RANK}.r${KIT_RESTART:-0}.log"
 export KIT_PROGRESS_FILE="${KIT_PROGRESS_DIR:?is not set: launcher.sh runs in the step that prelaunch.sh starts}/rank-${RANK}"
 
 # kit::container_mode: how this task's container holds the image, in KIT_MODE:
-# "squashfuse" when its root is a FUSE file system (pyxis with use_squashfuse=1:
-# the squashfs read through squashfuse, never unpacked), "create" for another
-# root (enroot create's unpacked copy; the stand-in's overlay), "host" without
-# an image. From the last mountinfo entry for "/".
+# "squashfuse" (pyxis with use_squashfuse=1: the squashfs read through
+# squashfuse, never unpacked), "create" (enroot create's unpacked copy; the
+# stand-in's), "host" without an image. The root's file system does not tell
+# (enroot lays a kernel overlay over the squashfuse mount); the runtime's
+# squashfuse daemon does: it runs below the node's first task of the step, so
+# it is found below this task's slurmstepd, before any command has started.
 KIT_MODE=host
 kit::container_mode() {
-  local line fs=
-  local -a fields
+  local pid comm
   [[ "${KIT_CONTAINER:-0}" == 1 ]] || return 0
-  while IFS= read -r line; do
-    read -r -a fields <<<"${line}"
-    if [[ "${fields[4]-}" == / && "${line}" == *" - "* ]]; then
-      fs="${line#* - }"
-      fs="${fs%% *}"
-    fi
-  done </proc/self/mountinfo
-  if [[ "${fs}" == fuse.* ]]; then KIT_MODE=squashfuse; else KIT_MODE=create; fi
+  KIT_MODE=create
+  kit::tree "${PPID}" all
+  for pid in "${KIT_TREE[@]}"; do
+    { read -r comm <"/proc/${pid}/comm"; } 2>/dev/null || continue
+    if [[ "${comm}" == squashfuse ]]; then KIT_MODE=squashfuse; return 0; fi
+  done
 }
 
 # kit::descendants PID: PID and every process below it, one per line.

@@ -76,9 +76,10 @@ kit::spawn() {
 
 # The container runtime's processes below this task ("pid:start" each): what was
 # already below it when this script began. pyxis in squashfuse mode keeps enroot's
-# squashfuse and fuse-overlayfs (and the stopped shell that holds them) below the
-# node's first task for the step's whole life: they serve the container's root, and
-# stopping them unmounts it under every task of the node. Never the job's: the
+# squashfuse (with fuse-overlayfs where enroot has no native overlay) and the
+# stopped shells that hold them below the node's first task for the step's whole
+# life: they serve the container's root, and stopping them unmounts it under
+# every task of the node. Never the job's: the
 # teardown leaves them to pyxis and Slurm.
 KIT_RUNTIME=()
 
@@ -106,8 +107,9 @@ kit::runtime_own() {
   return 1
 }
 
-# kit::tree PID: PID and every process below it, the runtime's left out, in
-# KIT_TREE (no fork: the teardown calls it and must not find its own helpers).
+# kit::tree PID [all]: PID and every process below it, the runtime's left out
+# (with "all": kept), in KIT_TREE (no fork: the teardown calls it and must not
+# find its own helpers).
 kit::tree() {
   local pid file
   local -a queue=("$1") children
@@ -115,7 +117,7 @@ kit::tree() {
   while (( ${#queue[@]} > 0 )); do
     pid="${queue[0]}"
     queue=("${queue[@]:1}")
-    if (( ${#KIT_TREE[@]} > 0 )) && kit::runtime_own "${pid}"; then continue; fi
+    if [[ "${2-}" != all ]] && (( ${#KIT_TREE[@]} > 0 )) && kit::runtime_own "${pid}"; then continue; fi
     KIT_TREE+=("${pid}")
     for file in /proc/"${pid}"/task/*/children; do
       children=()
