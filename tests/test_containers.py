@@ -54,7 +54,8 @@ def container_mode(cluster, mode: str):
 
 
 def fuse_daemons() -> list[str]:
-    """squashfuse and fuse-overlayfs processes on this machine (the runtime's, under squashfuse mode)."""
+    """squashfuse (and fuse-overlayfs, where enroot has no native overlay) processes on this
+    machine: the runtime's, under squashfuse mode."""
     out = subprocess.run(["pgrep", "-a", "-x", "squashfuse|fuse-overlayfs"], capture_output=True, text=True).stdout
     return out.splitlines()
 
@@ -321,9 +322,19 @@ def test_container_flags_in_the_dry_run(cpu_image, tmp_path):
     assert f"--container-workdir={job_dir}/code/src" in srun and f"--chdir={job_dir}/code/src" in out["sbatch_argv"]
 
 
-def test_a_failed_and_a_cancelled_two_node_container_job_leave_nothing(cluster, cpu_image, tmp_path):
-    """Issue 12 done-means 3 (success: the main job's test): no process, mount, loop
-    device or container filesystem after a failure and after scancel."""
+@pytest.mark.parametrize("mode", ["create", "squashfuse"])
+def test_a_failed_and_a_cancelled_two_node_container_job_leave_nothing(cluster, cpu_image, tmp_path, mode):
+    """No process, mount, loop device or container filesystem after a failure and after
+    scancel (success: the main job's test), in each of pyxis's modes. The failing rank's own
+    code is its task's: the launcher's teardown (in its EXIT trap, after the failed command)
+    leaves the runtime's FUSE daemons alone — it once stopped them, and the task died 126
+    of its root gone ("Transport endpoint is not connected")."""
+    with container_mode(cluster, mode):
+        failed_and_cancelled(cluster, cpu_image, tmp_path)
+    assert fuse_daemons() == []
+
+
+def failed_and_cancelled(cluster, cpu_image, tmp_path):
     loops_before, mounts_before = loops_and_mounts()
 
     class W:
@@ -333,6 +344,9 @@ def test_a_failed_and_a_cancelled_two_node_container_job_leave_nothing(cluster, 
                     command=["bash", "-c", 'if [ "$RANK" = 1 ]; then exit 3; fi; sleep 60'])
     end = slurm.wait(cluster.target, failed["job_id"], timeout=180)
     assert (end.state, end.exit_code) == ("FAILED", 3), read_logs(failed["job_dir"])
+    logs = read_logs(failed["job_dir"])
+    assert "task 1: Exited with exit code 3" in logs and "Transport endpoint" not in logs, logs
+    assert "left below the task" not in logs, logs  # the runtime's processes are not the job's
     assert_nothing_left(cluster, W(failed))
     cancelled = submit(tmp_path, "--nodes", "2", "--image", str(cpu_image), command=["bash", "-c", 'echo "ready-$RANK"; sleep 300'])
     wait_for(lambda: all(f"ready-{r}" in read_logs(cancelled["job_dir"]) for r in (0, 1)), 120,

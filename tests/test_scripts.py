@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import require, task_env
+from helpers import REPO, require, task_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -76,6 +76,39 @@ def test_bash_n_and_shellcheck(name, tmp_path):
     subprocess.run(["bash", "-n", str(path)], check=True)
     proc = subprocess.run(["shellcheck", "--severity=style", str(path)], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout == "", proc.stdout
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n.endswith(".sh")])
+def test_every_return_in_the_generated_scripts_names_its_status(name):
+    """The teardown runs in the EXIT trap, where a bare `return` gives the status of the command
+    before the trap: after a failed command, a test that held returned false (kit::runtime_own
+    did, and the launcher stopped the container runtime's FUSE daemons under the task)."""
+    text = generated(next(k for k in sorted(JOBS, key=len, reverse=True) if name.startswith(k)))[name]
+    bare = [f"{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1)
+            if re.search(r"(^\s*|[;&|{]\s*)return\s*($|[;}])", line.split("#", 1)[0])]
+    assert bare == [], "\n".join(bare)
+
+
+def test_the_runtime_is_told_apart_in_the_exit_trap_of_a_failed_command():
+    """lib.sh's kit::runtime_own, called from an EXIT trap after a command failed: the runtime's
+    process is still its own (a bare `return` there returned the failed command's status)."""
+    script = f"""set -euo pipefail
+source {REPO / 'launch' / 'lib.sh'}
+sleep 30 &
+pid=$!
+kit::start_time "$pid"
+KIT_RUNTIME=("$pid:$KIT_START_TIME")
+finish() {{
+  if kit::runtime_own "$pid"; then echo own; else echo "not own"; fi
+  kit::tree $$
+  echo "tree: ${{#KIT_TREE[@]}}"
+  kill "$pid"
+}}
+trap finish EXIT
+false
+"""
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.splitlines() == ["own", "tree: 1"], proc.stdout + proc.stderr
 
 
 def test_dry_run_job_dir_is_complete_and_sbatch_argv_recorded(tmp_path):

@@ -36,8 +36,8 @@ def cluster() -> None:
               help="Run slurmdbd on a MariaDB of the cluster's own (socket only; its data kept across down/up), "
                    "so sacct, sreport and sacct-based tools answer [default: as running, else when installed].")
 @click.option("--squashfuse/--create", "squashfuse", default=None,
-              help="How container jobs hold their image, as pyxis's use_squashfuse: read through squashfuse and "
-                   "fuse-overlayfs, never unpacked (--squashfuse), or unpacked on each node first (--create); "
+              help="How container jobs hold their image, as pyxis's use_squashfuse: read through squashfuse, never "
+                   "unpacked (--squashfuse), or unpacked on each node first (--create); "
                    "changes a running cluster from its next job step [default: as running, else --create].")
 def up(nodes: int | None, cpus_per_node: int | None, gpus_per_node: int | None, prometheus: bool,
        isolated_network: bool | None, accounting: bool | None, squashfuse: bool | None) -> None:

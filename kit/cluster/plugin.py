@@ -57,12 +57,14 @@ def description(root: Path, st) -> str:
 
 def mode_description(squashfuse: bool) -> str:
     if squashfuse:
-        return ("squashfuse mode (use_squashfuse=1: images started from the squashfs through squashfuse and "
-                "fuse-overlayfs, never unpacked)")
+        return ("squashfuse mode (use_squashfuse=1: images started from the squashfs, read through squashfuse "
+                "under an overlay, never unpacked)")
     return "create mode (each node unpacks the image before the step: enroot create)"
 
 
-FUSE_TOOLS = ("squashfuse", "fuse-overlayfs")
+# enroot's default (ENROOT_NATIVE_OVERLAYFS) and the stand-in lay a kernel overlay over the
+# squashfuse mount; fuse-overlayfs is needed only where a site turns that off.
+FUSE_TOOLS = ("squashfuse",)
 
 
 def check_squashfuse() -> None:
@@ -70,7 +72,7 @@ def check_squashfuse() -> None:
     lacking = [tool for tool in FUSE_TOOLS if shutil.which(tool) is None]
     if lacking or not os.path.exists("/dev/fuse"):
         raise KitError(f"{', '.join(lacking) or '/dev/fuse'} not found", field="--squashfuse", exit_code=1,
-                       hint="squashfuse mode runs images through FUSE: apt-get install -y squashfuse fuse-overlayfs")
+                       hint="squashfuse mode reads images through FUSE: apt-get install -y squashfuse")
 
 def plugin_of(root: Path, st) -> str | None:
     """The plugin ``st`` was started with (a state from before it was recorded: found again)."""

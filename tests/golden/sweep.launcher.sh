@@ -146,12 +146,15 @@ kit::start_time() {
 }
 
 # kit::runtime_own PID: true when PID is one of KIT_RUNTIME (the same process).
+# Every return names its status: the teardown runs in the EXIT trap, where a
+# bare `return` gives the status of the command that ran before the trap (a
+# failed command's), not of the test before it.
 kit::runtime_own() {
   local entry
   for entry in "${KIT_RUNTIME[@]}"; do
     if [[ "${entry%%:*}" == "$1" ]]; then
-      kit::start_time "$1" && [[ "${KIT_START_TIME}" == "${entry#*:}" ]]
-      return
+      if kit::start_time "$1" && [[ "${KIT_START_TIME}" == "${entry#*:}" ]]; then return 0; fi
+      return 1
     fi
   done
   return 1

@@ -16,9 +16,9 @@
  *
  * With use_squashfuse=1 on its plugstack.conf line (as pyxis), a container
  * without --container-name is started from the squashfs file through FUSE,
- * as enroot does then: the node's first task runs `squashfuse` and
- * `fuse-overlayfs` below itself, and they must live as long as the step (a
- * teardown that stops them unmounts the root under the tasks).
+ * as enroot does then: the node's first task runs `squashfuse` below itself
+ * (the overlay's lower layer), and it must live as long as the step (a
+ * teardown that stops it takes the image away under the tasks).
  *
  * The container lives in a mount namespace of the step's slurmstepd: when
  * the step ends, nothing is left mounted. It runs rootful (no user
@@ -485,30 +485,26 @@ static pid_t fuse_daemon(const char *prog, const char *opts, const char *src, co
 	return -1;
 }
 
-/* The image through FUSE: squashfuse for the squashfs, fuse-overlayfs over it; their pids
- * in BASE/fuse.pids for slurm_spank_exit. */
-static int mount_squashfuse(void)
+/* The squashfs through FUSE on DIR: squashfuse, its pid in BASE/fuse.pids for
+ * slurm_spank_exit. */
+static int mount_squashfuse(const char *dir)
 {
-	char image_dir[256], opts[1024], path[256];
-	snprintf(image_dir, sizeof(image_dir), "%s/image", BASE);
-	pid_t lower = fuse_daemon("squashfuse", "allow_other", opt_image, image_dir);
+	char path[256];
+	pid_t lower = fuse_daemon("squashfuse", "allow_other", opt_image, dir);
 	if (lower < 0)
 		return fail(TAG ": --container-image: squashfuse cannot mount %s (is squashfuse installed?)", opt_image);
-	snprintf(opts, sizeof(opts), "allow_other,lowerdir=%s,upperdir=%s/upper,workdir=%s/work", image_dir, BASE, BASE);
-	pid_t over = fuse_daemon("fuse-overlayfs", opts, "fuse-overlayfs", root);
-	if (over < 0)
-		return fail(TAG ": fuse-overlayfs cannot mount %s (is fuse-overlayfs installed?)", root);
 	snprintf(path, sizeof(path), "%s/fuse.pids", BASE);
 	FILE *f = fopen(path, "w");
 	if (f) {
-		fprintf(f, "%d %d\n", (int)over, (int)lower);
+		fprintf(f, "%d\n", (int)lower);
 		fclose(f);
 	}
 	return 0;
 }
 
-/* The image's root on ROOT: a named container's kept directory, the squashfs through a
- * loop device and an overlay, or (direct) through FUSE. */
+/* The image's root on ROOT: a named container's kept directory, or an overlay over the
+ * squashfs, mounted through a loop device or (direct) through squashfuse — as enroot does
+ * with its default ENROOT_NATIVE_OVERLAYFS (a kernel overlay, no fuse-overlayfs). */
 static int mount_image(const char *base)
 {
 	char dir[4096], upper[256], work[256], image_dir[256], opts[1024];
@@ -535,10 +531,12 @@ static int mount_image(const char *base)
 	mkdir_p(image_dir, 0755);
 	mkdir_p(upper, 0755);
 	mkdir_p(work, 0755);
-	if (direct)
-		return mount_squashfuse();
-	if (run_mount(opt_image, image_dir) < 0)
+	if (direct) {
+		if (mount_squashfuse(image_dir) < 0)
+			return -1;
+	} else if (run_mount(opt_image, image_dir) < 0) {
 		return fail(TAG ": --container-image: cannot mount %s as squashfs", opt_image);
+	}
 	snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s", image_dir, upper, work);
 	if (mount("overlay", root, "overlay", 0, opts) < 0)
 		return fail(TAG ": overlay on %s: %m", root);
@@ -697,16 +695,15 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
  * that started them, as enroot's do). */
 static void stop_fuse_daemons(void)
 {
-	int pids[2] = { 0, 0 };
+	int pid = 0;
 	FILE *f = fopen(BASE "/fuse.pids", "r");
 	if (!f)
 		return;
-	if (fscanf(f, "%d %d", &pids[0], &pids[1]) != 2)
-		pids[0] = pids[1] = 0;
+	if (fscanf(f, "%d", &pid) != 1)
+		pid = 0;
 	fclose(f);
-	for (int i = 0; i < 2; i++)
-		if (pids[i] > 1)
-			kill(pids[i], SIGTERM);
+	if (pid > 1)
+		kill(pid, SIGTERM);
 }
 
 /* The step is over: take the container down now (the namespace would go with
