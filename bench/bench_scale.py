@@ -124,6 +124,26 @@ def kit_cli(env: dict, *args: str, timeout: float = 600) -> tuple[subprocess.Com
     return proc, time.perf_counter() - t0
 
 
+def kit_cpu(job: str, conf: str) -> dict[str, float]:
+    """CPU seconds kit's processes have used per node so far (the launchers, their helpers, the
+    sidecars; the command and Slurm's daemons left out): what a node spends on kit to start a
+    rank. On one machine every node's share runs on the same cores."""
+    per_node: dict[str, float] = {}
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            words = proc.info["cmdline"] or []
+            if proc.info["name"] in ("slurmstepd", "slurmd", "srun") or "bench-scale-command" in words:
+                continue
+            if not of_job(env := proc.environ(), job, conf):
+                continue
+            t = proc.cpu_times()
+            node = env.get("SLURMD_NODENAME", "?")
+            per_node[node] = per_node.get(node, 0.0) + t.user + t.system + t.children_user + t.children_system
+        except (psutil.Error, OSError):
+            continue
+    return per_node
+
+
 def wait_idle(env: dict, n: int) -> None:
     """Until every node is idle: a job submitted while the last one's nodes are still completing
     waits for Slurm's next scheduling pass, which would be timed as kit's (or srun's) cost."""
@@ -152,9 +172,18 @@ def batch_script(job: str, conf: str) -> psutil.Process | None:
     return None
 
 
+def started(pid: int) -> float:
+    """When process PID started, on time.time()'s clock to a clock tick: /proc/PID/stat's start
+    (ticks since boot) on a boot time taken from CLOCK_BOOTTIME (psutil's create_time() rests on
+    /proc/stat's btime, a whole second)."""
+    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    booted = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return booted + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def batch_start(job: str, conf: str) -> float:
-    """When job JOB's batch script started (its process's start, to 10 ms)."""
-    return wait_for(lambda: (p := batch_script(job, conf)) and p.create_time(), 300, poll=0.05)
+    """When job JOB's batch script started."""
+    return wait_for(lambda: (p := batch_script(job, conf)) and started(p.pid), 300, poll=0.05)
 
 
 def batch_step_pids(job: str, conf: str) -> list[int]:
@@ -202,16 +231,15 @@ def prometheus_targets(port: int, job: str) -> tuple[int, int]:
     return len(mine), sum(1 for t in mine if t.get("health") == "up")
 
 
-def kit_job(cluster: LocalCluster, env: dict, n: int, work: Path, seconds: float, restarts: int = 0) -> dict:
-    out = work / f"kit-{n}-{restarts}"
+def launched(env: dict, n: int, work: Path, seconds: float, name: str, *flags: str) -> dict:
+    """`kit launch` of the light command on N nodes, timed until every rank runs."""
+    out = work / name
     out.mkdir(parents=True)
-    cmd = work / "command.py"
-    extra = ["--max-restarts", str(restarts)] if restarts else []
     wait_idle(env, n)
     t0 = time.time()
     proc, _ = kit_cli(env, "launch", "--local", "--json", "--nodes", str(n), "--ntasks-per-node", "1",
-                      "--hang-timeout", str(HANG_TIMEOUT), "--output-dir", str(work / "jobs"), *extra, "--",
-                      "python3", str(cmd), str(out), str(seconds), "bench-scale-command")
+                      "--hang-timeout", str(HANG_TIMEOUT), "--output-dir", str(work / "jobs"), *flags, "--",
+                      "python3", str(work / "command.py"), str(out), str(seconds), "bench-scale-command")
     if proc.returncode != 0:
         sys.exit(f"kit launch failed:\n{proc.stderr}")
     submitted = json.loads(proc.stdout)
@@ -220,10 +248,26 @@ def kit_job(cluster: LocalCluster, env: dict, n: int, work: Path, seconds: float
     sampler.start()
     began = batch_start(job, env["SLURM_CONF"])
     wait_for(lambda: len(stamps(out, "start")) == n, 300, poll=0.05)
+    r_cpu = kit_cpu(job, env["SLURM_CONF"])
     last = max(stamps(out, "start"))
     step_start = float((job_dir.run_progress(0) / JobDir.STEP_START).read_text())
-    r = {"job": job, "job_dir": job_dir, "scheduled": began - t0, "running": last - began,
-         "prelaunch": step_start - began, "step": last - step_start}
+    return {"job": job, "job_dir": job_dir, "out": out, "sampler": sampler, "scheduled": began - t0,
+            "running": last - began, "prelaunch": step_start - began, "step": last - step_start, "cpu": r_cpu}
+
+
+def without_exporter(env: dict, n: int, work: Path, seconds: float) -> dict:
+    """The same job with --no-exporter, to its end: what kit's start costs without the sidecar."""
+    r = launched(env, n, work, seconds, f"kit-{n}-bare-launcher", "--no-exporter")
+    runs = r["job_dir"] / JobDir.RUNS
+    wait_for(lambda: runs.exists(), 600, poll=0.1)
+    r["sampler"].done.set()
+    return r
+
+
+def kit_job(cluster: LocalCluster, env: dict, n: int, work: Path, seconds: float, restarts: int = 0) -> dict:
+    r = launched(env, n, work, seconds, f"kit-{n}-{restarts}",
+                 *(["--max-restarts", str(restarts)] if restarts else []))
+    job, job_dir, out, sampler = r["job"], r["job_dir"], r["out"], r["sampler"]
     r["reads"] = watchdog_reads(job, env["SLURM_CONF"], job_dir.run_progress(0), TRACED)
     port = cluster.state().prometheus_port
     try:
@@ -240,7 +284,12 @@ def kit_job(cluster: LocalCluster, env: dict, n: int, work: Path, seconds: float
              and len(runs.read_text().splitlines()) == restarts + 1, 600, poll=0.1)
     sampler.done.set()
     sampler.join()
-    r["teardown"] = runs.stat().st_mtime - max(stamps(out, "end", restarts))
+    last_end = max(stamps(out, "end", restarts))
+    r["teardown"] = runs.stat().st_mtime - last_end
+    # The exit records (each launcher's last act, "time(ns) rank rc how") split it: the
+    # launchers' own teardown, then srun's return and prelaunch's conclusion.
+    launchers_done = max(int(p.read_text().split()[0]) / 1e9 for p in job_dir.exit_records(restarts))
+    r["launchers"], r["after_step"] = launchers_done - last_end, runs.stat().st_mtime - launchers_done
     r["memory"], r["largest"] = sampler.peak, sampler.largest
     _, r["ps"] = kit_cli(env, "ps", "--output-dir", str(work / "jobs"))
     logs, r["logs"] = kit_cli(env, "logs", str(job_dir.path))
@@ -266,6 +315,10 @@ def bare_job(env: dict, n: int, work: Path, seconds: float) -> dict:
     running = max(stamps(out, "start")) - began
     wait_for(lambda: (out / "srun-returned").exists() and (out / "srun-returned").read_text().strip(), 300, poll=0.1)
     return {"scheduled": began - t0, "running": running, "teardown": float((out / "srun-returned").read_text()) - max(stamps(out, "end"))}
+
+
+def cpu_ms(r: dict) -> str:
+    return f"{statistics.median(r['cpu'].values()) * 1000:.0f}" if r["cpu"] else "-"
 
 
 def biggest(r: dict) -> str:
@@ -311,13 +364,18 @@ def main() -> int:
             subprocess.run(["srun", "-N", str(n), "--ntasks-per-node", "1", "true"], env=env, check=True, timeout=300)
             bare = bare_job(env, n, work, args.seconds)
             mine = kit_job(cluster, env, n, work, args.seconds)
+            mine["no_exporter"] = without_exporter(env, n, work, args.seconds)["running"]
             rows[n] = (up, mine, bare)
             mem = sorted(mine["memory"].values())
             ops, listings, polls = mine["reads"]
             per_rank = ops / max(polls, 1) / n
             print(f"{n:>3} nodes: up {up:.1f} s; submit -> batch script: kit {mine['scheduled']:.2f} s, bare "
                   f"{bare['scheduled']:.2f} s (Slurm's scheduling); batch script -> all running: kit "
-                  f"{mine['running']:.2f} s, bare srun {bare['running']:.2f} s; teardown: kit {mine['teardown']:.2f} s, bare {bare['teardown']:.2f} s; "
+                  f"{mine['running']:.2f} s (without the exporter {mine['no_exporter']:.2f} s), bare srun "
+                  f"{bare['running']:.2f} s (kit's CPU per node by then: "
+                  f"median {cpu_ms(mine)} ms); teardown: kit {mine['teardown']:.2f} s (launchers "
+                  f"{mine['launchers']:.2f} s, then srun's return and prelaunch {mine['after_step']:.2f} s), bare "
+                  f"{bare['teardown']:.2f} s; "
                   f"watchdog: {ops * 60 / TRACED:.0f} progress-file operations a minute ({per_rank:.2f} per rank per "
                   f"poll, {polls} polls), {listings} directory listing(s); Prometheus targets {mine['targets'][1]}/{n} up; kit ps "
                   f"{mine['ps']:.2f} s, kit logs {mine['logs']:.2f} s ({mine['log_lines']} lines), kit report {mine['report']:.2f} s ({mine['report_lines']} lines); kit's "
@@ -336,12 +394,22 @@ def main() -> int:
             bare_slope = (rows[hi][2]["running"] - rows[lo][2]["running"]) / (hi - lo)
             extra = (kit_slope - bare_slope) * 1000
             slope = {part: (rows[hi][1][part] - rows[lo][1][part]) / (hi - lo) * 1000 for part in ("prelaunch", "step")}
+            lean = (rows[hi][1]["no_exporter"] - rows[lo][1]["no_exporter"]) / (hi - lo) * 1000 - bare_slope * 1000
+            print(f"batch script -> all running, {lo} -> {hi} nodes, without the exporter sidecar: kit's own growth "
+                  f"{lean:+.1f} ms per node beyond bare srun's")
             print(f"batch script -> all running, {lo} -> {hi} nodes: kit {kit_slope * 1000:+.1f} ms per node "
                   f"(prelaunch before srun {slope['prelaunch']:+.1f}, srun -> every launcher's command "
                   f"{slope['step']:+.1f}), bare srun {bare_slope * 1000:+.1f} ms per node: kit's own growth "
                   f"{extra:+.1f} ms per node (target <= 50): {'met' if extra <= 50 else 'MISSED'}")
+            tear = {part: (rows[hi][1][part] - rows[lo][1][part]) / (hi - lo) * 1000 for part in ("launchers", "after_step")}
             print(f"teardown at {hi} nodes: {rows[hi][1]['teardown']:.2f} s (target <= 2 s): "
-                  f"{'met' if rows[hi][1]['teardown'] <= 2 else 'MISSED'}")
+                  f"{'met' if rows[hi][1]['teardown'] <= 2 else 'MISSED'}; from {lo} nodes it grows "
+                  f"{tear['launchers']:+.1f} ms per node in the launchers' teardown, {tear['after_step']:+.1f} in "
+                  f"srun's return and prelaunch's conclusion")
+            cpu = statistics.median(rows[hi][1]["cpu"].values()) if rows[hi][1]["cpu"] else 0.0
+            print(f"kit's CPU per node to start a rank: {cpu * 1000:.0f} ms; {hi} nodes on this machine's "
+                  f"{os.cpu_count()} cores: {cpu * hi / (os.cpu_count() or 1):.1f} s of the start that separate "
+                  f"nodes spend in parallel")
         print(f"the {sizes[-1]}-node job's report: {rows[sizes[-1]][1]['job_dir'].path / JobDir.REPORT}"
               if args.keep else "")
     finally:

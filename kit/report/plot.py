@@ -62,7 +62,7 @@ def plot(series: Series, summary: Summary, out: Path, logs: Logs | None = None) 
     plt = _pyplot()
     t0 = min((t for pts in series.values() for t, _ in pts), default=0.0)
     restarts = sorted((run, span[0]) for run, span in (logs.runs.items() if logs else ()) if run > 0)
-    fig, axes = plt.subplots(max(len(panels), 1), 1, figsize=(10, 2.6 * max(len(panels), 1) + 0.6),
+    fig, axes = plt.subplots(max(len(panels), 1), 1, figsize=(13, 2.6 * max(len(panels), 1) + 0.6),
                              sharex=True, squeeze=False)
     for ax, (title, curves) in zip(axes[:, 0], panels):
         for label, pts, style in curves:
@@ -78,7 +78,9 @@ def plot(series: Series, summary: Summary, out: Path, logs: Logs | None = None) 
                 ax.annotate(f"run {run}", (t - t0, 1.0), xycoords=("data", "axes fraction"), color="red",
                             fontsize="small", va="bottom")
         ax.set_title(title)
-        ax.legend(fontsize="small", ncol=4)
+        # Beside the panel, never over it: many nodes' labels ("61 nodes, whole node: median,
+        # min to max") are wider than a panel's corner.
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     if not panels:
         axes[0, 0].set_axis_off()
     axes[-1, 0].set_xlabel("seconds since the first sample" + ("; red lines: restarts" if restarts else ""))

@@ -15,7 +15,12 @@ first word becomes ``finished``).
 callback feeds (``$KIT_METRICS_DIR/rank-<R>.json``): kit ps's STEP, LOSS and
 SAMPLES/S, the exporter's ``training_*`` metrics and kit report's curves.
 
-Each call is one small write of a local file: no collective, no shared state.
+Each call is one small write of a local file: no collective, no shared state. The
+heartbeat is written at most once a second (more often when ``$KIT_HANG_TIMEOUT`` is
+under a minute: its sixtieth): the watchdog reads it no more often, and on a shared
+file system every write is metadata work for servers every user shares (a trainer
+that reports every batch of 1,000 nodes x 8 ranks would otherwise write tens of
+thousands of files a second). A save's mark and ``finished()`` are written at once.
 """
 
 from __future__ import annotations
@@ -36,6 +41,27 @@ def _write(path: str | None, text: str) -> None:
         pass  # a full or gone filesystem must not stop the training
 
 
+_BEAT = {"at": None, "kind": None}  # the last progress-file write: when (monotonic), and which kind
+
+
+def _beat_every() -> float:
+    try:
+        timeout = float(os.environ.get("KIT_HANG_TIMEOUT", "0"))
+    except ValueError:
+        timeout = 0.0
+    return min(1.0, timeout / 60) if timeout > 0 else 1.0
+
+
+def _progress(kind: str, text: str) -> None:
+    """Write the progress file: a step line no sooner than _beat_every() after the last step
+    line (a save's mark or ``finished`` is always written, and a step after either too)."""
+    now = time.monotonic()
+    if kind == "step" and _BEAT["kind"] == "step" and now - _BEAT["at"] < _beat_every():
+        return
+    _write(os.environ.get("KIT_PROGRESS_FILE"), text)
+    _BEAT["at"], _BEAT["kind"] = now, kind
+
+
 _METRICS = {"samples_total": 0.0, "written_at": 0.0, "written_samples": 0.0}
 METRICS_INTERVAL = 1.0  # seconds between two writes of the rank's metrics file
 
@@ -45,7 +71,7 @@ def step(n: int, *, loss: float | None = None, samples: int | None = None, max_s
     ``loss`` (this step's), ``samples`` (this step's, on this rank) or ``max_steps`` —
     the training metrics kit ps, the exporter and kit report show, as for the reference
     trainer. Cheap: the metrics file is rewritten at most once a second."""
-    _write(os.environ.get("KIT_PROGRESS_FILE"), f"step {n}\n")
+    _progress("step", f"step {n}\n")
     directory = os.environ.get("KIT_METRICS_DIR")
     if not directory or (loss is None and samples is None and max_steps is None):
         return
@@ -89,7 +115,7 @@ def _write_pending() -> None:
 
 def checkpointing(n: int) -> None:
     """This rank starts saving a checkpoint at step ``n`` (the watchdog allows it longer)."""
-    _write(os.environ.get("KIT_PROGRESS_FILE"), f"checkpointing {n}\n")
+    _progress("checkpointing", f"checkpointing {n}\n")
 
 
 def checkpoint_saved(n: int) -> None:
@@ -104,4 +130,4 @@ def finished() -> None:
     destructors abort now and then) does not make the job FAILED, nor is the job requeued;
     and the hang watchdog no longer waits for progress from this rank."""
     _write_pending()
-    _write(os.environ.get("KIT_PROGRESS_FILE"), "finished\n")
+    _progress("finished", "finished\n")

@@ -1,0 +1,63 @@
+"""kit.train.progress on its own (no cluster): what each call writes, and how often the
+heartbeat reaches the file system."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+
+@pytest.fixture
+def progress(tmp_path, monkeypatch):
+    """A fresh kit.train.progress writing into tmp_path, with its writes counted."""
+    from kit import files
+    from kit.train import progress as module
+
+    module = importlib.reload(module)
+    writes = []
+    real = files.write_atomic
+
+    def counted(path, text, *args, **kwargs):
+        writes.append((str(path), text))
+        return real(path, text, *args, **kwargs)
+
+    monkeypatch.setattr(files, "write_atomic", counted)
+    monkeypatch.setenv("KIT_PROGRESS_FILE", str(tmp_path / "rank-0"))
+    monkeypatch.delenv("KIT_METRICS_DIR", raising=False)
+    monkeypatch.delenv("KIT_HANG_TIMEOUT", raising=False)
+    module.writes = writes
+    return module
+
+
+def test_the_heartbeat_is_written_at_most_once_a_second(progress, tmp_path, monkeypatch):
+    """1,000 steps in a burst: one write, not 1,000 (on a shared file system each is a create
+    and a rename). After the interval the next step is written again."""
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    for n in range(1000):
+        progress.step(n)
+    assert progress.writes == [(str(tmp_path / "rank-0"), "step 0\n")]
+    clock[0] += 1.0
+    progress.step(1000)
+    assert progress.writes[-1][1] == "step 1000\n" and len(progress.writes) == 2
+
+
+def test_a_save_mark_and_finished_are_written_at_once_and_the_step_after_a_save_too(progress, tmp_path, monkeypatch):
+    """The watchdog reads a save's mark and `finished` from the file's first line: never
+    held back; nor the step that ends the save (until it is written the save looks ongoing)."""
+    monkeypatch.setattr(progress.time, "monotonic", lambda: 5.0)
+    progress.step(1)
+    progress.checkpointing(1)
+    progress.step(2)
+    progress.step(3)   # within the interval of step 2's write: held back
+    progress.finished()
+    assert [text for _, text in progress.writes] == ["step 1\n", "checkpointing 1\n", "step 2\n", "finished\n"]
+    assert (tmp_path / "rank-0").read_text() == "finished\n"
+
+
+@pytest.mark.parametrize("timeout, every", [("30", 0.5), ("900", 1.0), ("0", 1.0), ("nonsense", 1.0)])
+def test_a_short_hang_timeout_gets_a_finer_heartbeat(progress, monkeypatch, timeout, every):
+    """The heartbeat's interval is at most a sixtieth of --hang-timeout (the watchdog's own poll)."""
+    monkeypatch.setenv("KIT_HANG_TIMEOUT", timeout)
+    assert progress._beat_every() == every
