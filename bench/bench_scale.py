@@ -4,7 +4,8 @@ measured side by side in one run.
 
     python bench/bench_scale.py [--nodes 2,8,32,64] [--restarts 4] [--quick]
 
---quick: 2 and 4 nodes, no restarts (the suite's run: the bench keeps working).
+--quick: 2 and 4 nodes, no restarts, no job without the exporter (the suite's run: the bench keeps
+working).
 
 The command (one task per node) writes its start time, reports progress through
 kit.train.progress once a second for --seconds, declares its work finished and writes its end
@@ -317,6 +318,10 @@ def bare_job(env: dict, n: int, work: Path, seconds: float) -> dict:
     return {"scheduled": began - t0, "running": running, "teardown": float((out / "srun-returned").read_text()) - max(stamps(out, "end"))}
 
 
+def without(r: dict) -> str:
+    return "" if r["no_exporter"] != r["no_exporter"] else f" (without the exporter {r['no_exporter']:.2f} s)"
+
+
 def cpu_ms(r: dict) -> str:
     return f"{statistics.median(r['cpu'].values()) * 1000:.0f}" if r["cpu"] else "-"
 
@@ -341,7 +346,7 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=20.0, help="how long each rank runs")
     p.add_argument("--kit-home", type=Path, default=None)
     p.add_argument("--keep", action="store_true", help="keep the jobs' directories (their reports) and say where")
-    p.add_argument("--quick", action="store_true", help="2 and 4 nodes, no restarts (the suite's run)")
+    p.add_argument("--quick", action="store_true", help="2 and 4 nodes, no restarts, no job without the exporter (the suite's run)")
     args = p.parse_args()
     if args.quick:
         args.nodes, args.restarts, args.seconds = "2,4", 0, 8.0
@@ -364,14 +369,15 @@ def main() -> int:
             subprocess.run(["srun", "-N", str(n), "--ntasks-per-node", "1", "true"], env=env, check=True, timeout=300)
             bare = bare_job(env, n, work, args.seconds)
             mine = kit_job(cluster, env, n, work, args.seconds)
-            mine["no_exporter"] = without_exporter(env, n, work, args.seconds)["running"]
+            mine["no_exporter"] = (float("nan") if args.quick
+                                   else without_exporter(env, n, work, args.seconds)["running"])
             rows[n] = (up, mine, bare)
             mem = sorted(mine["memory"].values())
             ops, listings, polls = mine["reads"]
             per_rank = ops / max(polls, 1) / n
             print(f"{n:>3} nodes: up {up:.1f} s; submit -> batch script: kit {mine['scheduled']:.2f} s, bare "
                   f"{bare['scheduled']:.2f} s (Slurm's scheduling); batch script -> all running: kit "
-                  f"{mine['running']:.2f} s (without the exporter {mine['no_exporter']:.2f} s), bare srun "
+                  f"{mine['running']:.2f} s{without(mine)}, bare srun "
                   f"{bare['running']:.2f} s (kit's CPU per node by then: "
                   f"median {cpu_ms(mine)} ms); teardown: kit {mine['teardown']:.2f} s (launchers "
                   f"{mine['launchers']:.2f} s, then srun's return and prelaunch {mine['after_step']:.2f} s), bare "
@@ -394,9 +400,10 @@ def main() -> int:
             bare_slope = (rows[hi][2]["running"] - rows[lo][2]["running"]) / (hi - lo)
             extra = (kit_slope - bare_slope) * 1000
             slope = {part: (rows[hi][1][part] - rows[lo][1][part]) / (hi - lo) * 1000 for part in ("prelaunch", "step")}
-            lean = (rows[hi][1]["no_exporter"] - rows[lo][1]["no_exporter"]) / (hi - lo) * 1000 - bare_slope * 1000
-            print(f"batch script -> all running, {lo} -> {hi} nodes, without the exporter sidecar: kit's own growth "
-                  f"{lean:+.1f} ms per node beyond bare srun's")
+            if not args.quick:
+                lean = (rows[hi][1]["no_exporter"] - rows[lo][1]["no_exporter"]) / (hi - lo) * 1000 - bare_slope * 1000
+                print(f"batch script -> all running, {lo} -> {hi} nodes, without the exporter sidecar: kit's own "
+                      f"growth {lean:+.1f} ms per node beyond bare srun's")
             print(f"batch script -> all running, {lo} -> {hi} nodes: kit {kit_slope * 1000:+.1f} ms per node "
                   f"(prelaunch before srun {slope['prelaunch']:+.1f}, srun -> every launcher's command "
                   f"{slope['step']:+.1f}), bare srun {bare_slope * 1000:+.1f} ms per node: kit's own growth "

@@ -52,7 +52,8 @@ def test_up_status_env_down(home, cluster):
     assert lines[0] == f"local cluster: running ({home / 'cluster'})"
     # No pyxis and enroot here: the stand-in, and the status says so.
     assert lines[1] == f"  containers: kit's pyxis stand-in {home / 'cluster' / 'spank_kit_pyxis.so'} " \
-                       "(no pyxis and enroot installed)"
+                       "(no pyxis and enroot installed); create mode (each node unpacks the image before the step: " \
+                       "enroot create)"
     # munged: the cluster's own authentication (issue 18); accounting (issue 29): both installed by .ci/setup.
     assert [line.split()[0] for line in lines[2:]] == ["munged", "mariadbd", "slurmdbd", "slurmctld", "node1", "node2"]
     assert lines[6].split()[-1] == "idle"

@@ -67,7 +67,9 @@ def test_a_plain_script_seen_through_the_progress_call_alone(cluster, tmp_path):
     from helpers import kit, wait_for
 
     example = Path(__file__).resolve().parent.parent / "launch" / "examples" / "ddp_plain.py"
-    w = launch_wait(tmp_path, "--nodes", "2", "--ntasks-per-node", "2",
+    # --hang-timeout 60: the watchdog polls every second (at the default 900 s, every 15 s: this
+    # short job could end before its first poll).
+    w = launch_wait(tmp_path, "--nodes", "2", "--ntasks-per-node", "2", "--hang-timeout", "60",
                     command=[sys.executable, str(example), "--step-delay", "0.05"])
 
     def running_row():
@@ -77,7 +79,8 @@ def test_a_plain_script_seen_through_the_progress_call_alone(cluster, tmp_path):
 
     row = wait_for(running_row, 120, poll=0.5, what="kit ps showing the plain script's step and samples/s")
     assert row["loss"] is not None and row["max_steps"] == 3 * 4096 // 4 // 64, row
-    assert (w.job_dir / "progress" / "seen").exists()  # the hang watchdog is armed by the same calls
+    # The hang watchdog is armed by the same calls, at its next poll.
+    wait_for((w.job_dir / "progress" / "seen").exists, 10, poll=0.2, what="the watchdog armed")
     check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
     rep = kit("report", str(w.job_dir), "--prometheus", "http://127.0.0.1:1")
     assert rep.returncode == 0, rep.stderr
