@@ -151,7 +151,7 @@ kit::dump_stacks() {
   local -a pids
   mapfile -t pids < <(kit::descendants "$1")
   { read -r progress <"${KIT_PROGRESS_FILE}"; } 2>/dev/null || true
-  printf 'rank=%s node=%s time=%s\nprogress=%s\n' "${RANK}" "${KIT_NODE}" "$(date +%Y-%m-%dT%H:%M:%S%z)" "${progress}"
+  printf 'rank=%s node=%s time=%s\nprogress=%s\n' "${RANK}" "${KIT_NODE}" "$(printf '%(%Y-%m-%dT%H:%M:%S%z)T' -1)" "${progress}"
   for pid in "${pids[@]}"; do
     printf 'process %s state %s wchan=%s: %s\n' "${pid}" \
       "$(awk '$1 == "State:" { $1 = ""; sub(/^ /, ""); print }' /proc/"${pid}"/status 2>/dev/null)" \
@@ -364,7 +364,7 @@ fi
 # kit::record_exit RC HOW: the one writer of this rank's exit record (logs/exit.r<run>.rank-<R>:
 # "time rank rc self|stopped|warned"; kit.jobdir.failures.rank_ends reads it).
 kit::record_exit() {
-  printf '%s %s %s %s\n' "$(date +%s%N)" "${RANK}" "$1" "$2" >"${KIT_LOG_DIR}/exit.r${KIT_RESTART:-0}.rank-${RANK}"
+  printf '%s000 %s %s %s\n' "${EPOCHREALTIME//[.,]/}" "${RANK}" "$1" "$2" >"${KIT_LOG_DIR}/exit.r${KIT_RESTART:-0}.rank-${RANK}"
 }
 KIT_HOW=self
 if (( KIT_STOPPING )); then

@@ -11,8 +11,11 @@
 set -euo pipefail
 
 # ---- kit's shared bash functions (launch/lib.sh, pasted into both scripts) ----
+# The teardown may run after the container's root is gone (Slurm stopped the step's
+# processes, the runtime's FUSE daemon with them): what it needs is bash's own (printf's
+# time format, EPOCHREALTIME, kit::nap), never a program from the image.
 kit::log() {
-  printf '[kit %s %s] %s\n' "$(date +%Y-%m-%dT%H:%M:%S%z)" "${KIT_WHO:-?}" "$*" >&2
+  printf '[kit %(%Y-%m-%dT%H:%M:%S%z)T %s] %s\n' -1 "${KIT_WHO:-?}" "$*" >&2
 }
 
 kit::die() {
@@ -152,9 +155,13 @@ kit::sweep_tree() {
     kit::tree "$$"
     pids=()
     for pid in "${KIT_TREE[@]:1}"; do
-      if [[ " ${KIT_DRAIN_PIDS[*]} " != *" ${pid} "* ]]; then pids+=("${pid}"); fi
+      # A process that has already exited (a zombie not yet reaped) is not left running.
+      if [[ " ${KIT_DRAIN_PIDS[*]} " != *" ${pid} "* ]] && kit::running "${pid}"; then pids+=("${pid}"); fi
     done
     (( ${#pids[@]} > 0 )) || return 0
+    # What a stopped command's group is still taking down (a child reparented to this
+    # script as it exits) goes by itself in a moment: only what stays is left behind.
+    if (( round == 0 )) && kit::await_exit 10 "${pids[@]}"; then continue; fi
     kit::log "stopping ${#pids[@]} process(es) left below the task: ${pids[*]}"
     KIT_STOP_TIMEOUT=2 kit::stop "${pids[@]}"
   done
@@ -216,16 +223,13 @@ kit::running() {
   [[ "${stat:0:1}" != Z ]]
 }
 
-# kit::stop PID...: TERM each process (its group if it leads one), wait up
-# to KIT_STOP_TIMEOUT seconds for all of them, KILL what is left, reap.
-kit::stop() {
-  local pid alive tries
-  local -r timeout_ticks=$(( ${KIT_STOP_TIMEOUT:-5} * 20 ))
-  (( $# > 0 )) || return 0
-  for pid in "$@"; do
-    kill -TERM -- "-${pid}" 2>/dev/null || kill -TERM "${pid}" 2>/dev/null || true
-  done
-  for (( tries = 0; tries < timeout_ticks; tries++ )); do
+# kit::await_exit TICKS PID...: wait up to TICKS x 50 ms until none of PIDs runs;
+# true when none does.
+kit::await_exit() {
+  local -r ticks="$1"
+  local pid tries alive
+  shift
+  for (( tries = 0; tries <= ticks; tries++ )); do
     alive=0
     for pid in "$@"; do
       if kit::running "${pid}"; then
@@ -233,9 +237,22 @@ kit::stop() {
         break
       fi
     done
-    (( alive )) || break
-    sleep 0.05
+    (( alive )) || return 0
+    (( tries == ticks )) || kit::nap 0.05
   done
+  return 1
+}
+
+# kit::stop PID...: TERM each process (its group if it leads one), wait up
+# to KIT_STOP_TIMEOUT seconds for all of them, KILL what is left, reap.
+kit::stop() {
+  local pid
+  local -r timeout_ticks=$(( ${KIT_STOP_TIMEOUT:-5} * 20 ))
+  (( $# > 0 )) || return 0
+  for pid in "$@"; do
+    kill -TERM -- "-${pid}" 2>/dev/null || kill -TERM "${pid}" 2>/dev/null || true
+  done
+  kit::await_exit "${timeout_ticks}" "$@" || true
   for pid in "$@"; do
     kill -KILL -- "-${pid}" 2>/dev/null || kill -KILL "${pid}" 2>/dev/null || true
   done
@@ -269,7 +286,7 @@ kit::cleanup() {
   for pid in "${KIT_DRAIN_PIDS[@]}"; do
     for (( tries = 0; tries < 20; tries++ )); do
       kit::running "${pid}" || break
-      sleep 0.05
+      kit::nap 0.05
     done
     kit::stop "${pid}"
   done
