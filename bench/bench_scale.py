@@ -100,14 +100,10 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         while not self.done.wait(0.5):
             per_node: dict[str, dict[str, int]] = {}
-            for proc in psutil.process_iter(["name", "cmdline"]):
+            for proc, env in kit_processes(self.job, self.conf):
                 try:
-                    words = proc.info["cmdline"] or []
-                    if proc.info["name"] in ("slurmstepd", "slurmd", "srun") or "bench-scale-command" in words:
-                        continue
-                    if not of_job(env := proc.environ(), self.job, self.conf):
-                        continue
                     what = per_node.setdefault(env.get("SLURMD_NODENAME", "?"), {})
+                    words = proc.info["cmdline"] or []
                     name = " ".join(os.path.basename(w) for w in words[:3])[:60] or proc.info["name"]
                     what[name] = what.get(name, 0) + proc.memory_info().rss
                 except (psutil.Error, OSError):
@@ -125,23 +121,33 @@ def kit_cli(env: dict, *args: str, timeout: float = 600) -> tuple[subprocess.Com
     return proc, time.perf_counter() - t0
 
 
+def kit_processes(job: str, conf: str):
+    """(process, its environment) of kit's processes of job JOB: the launchers, their helpers,
+    the sidecars; the command and Slurm's own left out."""
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            if proc.info["name"] in ("slurmstepd", "slurmd", "srun") or \
+                    "bench-scale-command" in (proc.info["cmdline"] or []):
+                continue
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        if of_job(env, job, conf):
+            yield proc, env
+
+
 def kit_cpu(job: str, conf: str) -> dict[str, float]:
     """CPU seconds kit's processes have used per node so far (the launchers, their helpers, the
     sidecars; the command and Slurm's daemons left out): what a node spends on kit to start a
     rank. On one machine every node's share runs on the same cores."""
     per_node: dict[str, float] = {}
-    for proc in psutil.process_iter(["name", "cmdline"]):
+    for proc, env in kit_processes(job, conf):
         try:
-            words = proc.info["cmdline"] or []
-            if proc.info["name"] in ("slurmstepd", "slurmd", "srun") or "bench-scale-command" in words:
-                continue
-            if not of_job(env := proc.environ(), job, conf):
-                continue
             t = proc.cpu_times()
-            node = env.get("SLURMD_NODENAME", "?")
-            per_node[node] = per_node.get(node, 0.0) + t.user + t.system + t.children_user + t.children_system
         except (psutil.Error, OSError):
             continue
+        node = env.get("SLURMD_NODENAME", "?")
+        per_node[node] = per_node.get(node, 0.0) + t.user + t.system + t.children_user + t.children_system
     return per_node
 
 

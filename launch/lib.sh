@@ -272,10 +272,7 @@ kit::cleanup() {
   kit::sweep
   kit::sweep_tree
   for pid in "${KIT_DRAIN_PIDS[@]}"; do
-    for (( tries = 0; tries < 20; tries++ )); do
-      kit::running "${pid}" || break
-      kit::nap 0.05
-    done
+    kit::await_exit 20 "${pid}" || true
     kit::stop "${pid}"
   done
   exit "${rc}"
