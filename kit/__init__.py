@@ -1,13 +1,15 @@
 """kit: launch multi-node PyTorch Lightning jobs on Slurm, with containers and metrics.
 
 From Python (kit.api; loaded on first use, so that ``import kit`` stays light for the
-exporter and the trainer): ``kit.launch``, ``kit.submit``, ``kit.Job``, ``kit.jobs``, ``kit.KitError``.
+exporter and the trainer): ``kit.launch``, ``kit.submit``, ``kit.Job`` (a function job's: ``kit.FunctionJob``), ``kit.jobs``, ``kit.KitError``.
 """
 
-__version__ = "0.1.0"
+from kit import version as _version
+
+__version__ = _version.__version__
 
 _API = {"launch", "Job", "jobs", "Outcome"}
-_FUNCTIONS = {"submit", "map", "RemoteError"}
+_FUNCTIONS = {"submit", "map", "RemoteError", "FunctionJob"}
 
 
 def __getattr__(name: str):

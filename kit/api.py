@@ -374,20 +374,20 @@ class Job:
         return "".join(parts)
 
     def rerun(self, wait: bool = False, **edits: Any) -> Job:
-        """A new job with this one's resolved spec, ``edits`` applied (as `kit rerun --edit`)."""
-        return rerun(self.dir, edits, wait=wait)
+        """A new job with this one's resolved spec, ``edits`` applied (as `kit rerun --edit`),
+        of this one's kind (a :class:`kit.FunctionJob`'s rerun is one)."""
+        job = rerun(self.dir, edits)
+        job = type(self)(job.dir, job_id=job.id, target=job._target)
+        if wait:
+            job.wait()
+        return job
 
     def result(self, timeout: float | None = None) -> Any:
-        """A function job's (:func:`submit`) rank 0 return value, after its end."""
-        return self.results(timeout)[0]
+        """A function job's results are :class:`kit.FunctionJob`'s (``kit.FunctionJob.from_dir(d)``)."""
+        raise KitError(f"{self.dir}: a kit.Job has no return value; open a function job (kit.submit, kit.map) as "
+                       "kit.FunctionJob", field="JOB", hint=f"kit.FunctionJob.from_dir({str(self.dir)!r}).result()")
 
-    def results(self, timeout: float | None = None) -> list:
-        """Every rank's return value, by rank, after the job's end; the first rank that raised
-        raises :class:`kit.RemoteError` here (its node and traceback with it)."""
-        from kit import functions
-
-        end = self.wait(timeout)
-        return functions.results(self.dir, self.id, end)
+    results = result
 
     def report(self, prometheus: str | None = None) -> dict:
         """The numbers of `kit report` (report.json's), the picture written beside them."""

@@ -20,7 +20,7 @@ from kit.errors import KitError
 from kit.image import info
 from kit.jobdir import JobDir
 
-__all__ = ["RemoteError", "check_image_python", "map", "results", "submit"]
+__all__ = ["FunctionJob", "RemoteError", "check_image_python", "map", "results", "submit"]
 
 
 class RemoteError(KitError):
@@ -32,6 +32,21 @@ class RemoteError(KitError):
         where = last_frames(self.traceback)
         super().__init__(f"rank {self.rank} on {self.node} raised {self.type}: {record.get('message', '')}"
                          + (f"\n{where}" if where else ""), field="fn", exit_code=1, detail=self.traceback.rstrip())
+
+
+class FunctionJob(Job):
+    """A function job (:func:`submit`, one task of :func:`map`): a :class:`kit.Job` whose ranks
+    leave return values. ``kit.FunctionJob(job_dir)`` reopens one from its directory."""
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Rank 0's return value, after the job's end."""
+        return self.results(timeout)[0]
+
+    def results(self, timeout: float | None = None) -> list:
+        """Every rank's return value, by rank, after the job's end; the first rank that raised
+        raises :class:`kit.RemoteError` here (its node and traceback with it)."""
+        end = self.wait(timeout)
+        return results(self.dir, self.id, end)
 
 
 def last_frames(traceback: str, count: int = 3) -> str:
@@ -47,7 +62,7 @@ def last_frames(traceback: str, count: int = 3) -> str:
     return "\n".join(out)
 
 
-def submit(fn: Callable, *args: Any, **kwargs: Any) -> Job:
+def submit(fn: Callable, *args: Any, **kwargs: Any) -> FunctionJob:
     """Run ``fn(*args)`` on every rank of a job (``nodes=``, ``ntasks_per_node=``, ``image=``
     and every other `kit launch` option as in :func:`launch`), with the launcher's variables set;
     ``job.result()`` is rank 0's return value, ``job.results()`` every rank's. The call is
@@ -64,10 +79,11 @@ def submit(fn: Callable, *args: Any, **kwargs: Any) -> Job:
     def write_payload(prepared: lib.PreparedJob) -> None:
         files.write_atomic(prepared.job_dir / JobDir.FUNCTION, payload, 0o600)
 
-    return launch_with([python, "-m", "kit.train.function"], kwargs, before_submit=write_payload)
+    job = launch_with([python, "-m", "kit.train.function"], kwargs, before_submit=write_payload)
+    return FunctionJob(job.dir, job_id=job.id, messages=job.messages)
 
 
-def map(fn: Callable, items: Iterable[Any], **kwargs: Any) -> list[Job]:  # noqa: A001 - kit.map, as submitit's map_array
+def map(fn: Callable, items: Iterable[Any], **kwargs: Any) -> list[FunctionJob]:  # noqa: A001 - kit.map, as submitit's map_array
     """``fn(item)`` for each item, as one Slurm array job (a task per item, each its own unit of
     work: own directory, requeue and port; every `kit launch` option as in :func:`launch`,
     ``nodes=`` per task). Returns a Job per task, in the items' order: ``[j.result() for j in jobs]``."""
@@ -92,9 +108,9 @@ def map(fn: Callable, items: Iterable[Any], **kwargs: Any) -> list[Job]:  # noqa
     job = launch_with([python, "-m", "kit.train.function"], {**kwargs, "array": f"0-{len(payloads) - 1}"},
                   before_submit=write_payloads)
     if job.id is None:  # a dry run
-        return [Job(JobDir(job.dir).task(i).path) for i in range(len(payloads))]
+        return [FunctionJob(JobDir(job.dir).task(i).path) for i in range(len(payloads))]
     states = slurm.ArrayStates(job.target, job.id, range(len(payloads)))  # one squeue for every task's wait
-    return [Job(JobDir(job.dir).task(i).path, job_id=f"{job.id}_{i}", target=job.target, array_states=states)
+    return [FunctionJob(JobDir(job.dir).task(i).path, job_id=f"{job.id}_{i}", target=job.target, array_states=states)
             for i in range(len(payloads))]
 
 

@@ -194,7 +194,10 @@ def test_a_function_job_reruns_and_a_rank_that_never_returned_is_not_finished(cl
     assert job.result(timeout=300) == 42
     proc = kit("rerun", str(job.dir), "--wait", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    again = kitlib.Job.from_dir(proc.stdout.split("job dir: ")[1].splitlines()[0].strip())
+    again_dir = proc.stdout.split("job dir: ")[1].splitlines()[0].strip()
+    with pytest.raises(kitlib.KitError, match="kit.FunctionJob"):  # a plain Job says where a function job's results are
+        kitlib.Job.from_dir(again_dir).result()
+    again = kitlib.FunctionJob.from_dir(again_dir)
     assert again.dir != job.dir and again.result(timeout=300) == 42
 
     def leaves():

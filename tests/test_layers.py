@@ -137,3 +137,237 @@ def test_every_package_ships():
     listed = set(tomllib.loads((KIT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(KIT.parent).parts) for p in KIT.rglob("__init__.py")}
     assert found - listed == set()
+
+
+# ------------------------------------------------------------------ issue 31: the whole import graph
+# Every kit module sits in a layer; an import may go to its own package or to a lower (or the same)
+# layer, never higher, and the graph of modules has no circle. A module names the layer of the
+# longest prefix listed here; one that matches none is an error (a new room is placed on purpose).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("kit.version", "kit.errors", "kit.files", "kit.home"),   # no kit import at all
+    ("kit.runner", "kit.jobdir"),                              # processes; the job directory's names
+    ("kit.core", "kit.monitor", "kit.codestore"),              # the job model; the exporter (runs in images)
+    ("kit.train", "kit.image", "kit.slurm", "kit.report", "kit.snapshot"),
+    ("kit.submission", "kit.cluster"),                         # a job written and submitted; the local cluster
+    ("kit.targets",),                                          # where a job goes
+    ("kit.listing",),                                          # the jobs a user has
+    ("kit.trim", "kit.api"),                                   # kit.Job, kit.launch
+    ("kit.functions",),                                        # kit.submit / kit.map: FunctionJob(Job)
+    ("kit.cli", "kit.__main__", "kit"),                        # the commands; `kit` re-exports the API lazily
+)
+
+
+def layer_of(module: str) -> int:
+    best = None
+    for rank, prefixes in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and (best is None or len(p) > len(best[1])):
+                best = (rank, p)
+    assert best is not None, f"{module} is in no layer of tests/test_layers.py's LAYERS"
+    return best[0]
+
+
+def room_of(module: str) -> str:
+    """The package a module belongs to (``kit.slurm.status`` -> ``kit.slurm``; ``kit.files`` -> itself)."""
+    return ".".join(module.split(".")[:2])
+
+
+def module_names(root: Path) -> dict[str, Path]:
+    out = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _absolute(module: str, path: Path, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    if path.name != "__init__.py":
+        base = base[:-1]
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _known(name: str, modules: dict) -> str:
+    """The longest known module that ``name`` (a module or a name inside one) starts with."""
+    while name not in modules and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def import_edges(module: str, path: Path, modules: dict) -> tuple[set[str], list[str]]:
+    """(the kit modules ``module`` imports, the private names of other rooms it reads).
+
+    Counts imports at any depth (inside functions too), absolute and relative, ``importlib.import_module``
+    and ``__import__`` with a literal name, and a module reached as an attribute of an imported one
+    (``import kit`` then ``kit.api.launch``)."""
+    edges, private, bound = set(), [], {}
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "kit":
+                    edges.add(_known(a.name, modules))
+                    bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else "kit"
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(module, path, node)
+            if base.split(".")[0] != "kit":
+                continue
+            for a in node.names:
+                target = _known(f"{base}.{a.name}", modules)
+                edges.add(target)
+                if target == f"{base}.{a.name}":
+                    bound[a.asname or a.name] = target
+                if a.name.startswith("_") and not a.name.startswith("__") and room_of(target) != room_of(module):
+                    private.append(f"{module}: {base}.{a.name}")
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if name in ("import_module", "__import__") and str(node.args[0].value).startswith("kit"):
+                edges.add(_known(str(node.args[0].value), modules))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            chain, value = [node.attr], node.value
+            while isinstance(value, ast.Attribute):
+                chain.insert(0, value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and value.id in bound:
+                dotted = bound[value.id]
+                for part in chain:
+                    if f"{dotted}.{part}" not in modules:
+                        if part.startswith("_") and not part.startswith("__") and room_of(dotted) != room_of(module):
+                            private.append(f"{module}: {dotted}.{part}")
+                        break
+                    dotted = f"{dotted}.{part}"
+                    edges.add(dotted)
+    return edges - {module}, private
+
+
+def import_graph(root: Path = KIT) -> tuple[dict[str, set[str]], list[str]]:
+    modules = module_names(root)
+    graph, private = {}, []
+    for module, path in modules.items():
+        graph[module], p = import_edges(module, path, modules)
+        private += p
+    return graph, private
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle per strongly connected component of more than one module (Tarjan)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def layer_violations(root: Path = KIT) -> list[str]:
+    """Every circle, every upward import and every private name read across rooms, in words."""
+    graph, private = import_graph(root)
+    bad = [f"circle: {' -> '.join(c)}" for c in cycles(graph)]
+    for module, targets in sorted(graph.items()):
+        for t in sorted(targets):
+            if room_of(t) != room_of(module) and layer_of(t) > layer_of(module):
+                bad.append(f"upward: {module} (layer {layer_of(module)}) imports {t} (layer {layer_of(t)})")
+    return bad + [f"private: {p}" for p in private]
+
+
+def test_the_import_graph_has_no_circle_and_nothing_imports_upward():
+    assert layer_violations() == []
+
+
+PLANTED = {  # file -> a line planted at its end, each one a kind of import the rule must refuse
+    "kit/core/spec.py": "from ..slurm import commands as _planted",                       # relative, upward
+    "kit/image/info.py": "from kit import api as _planted",                               # image -> api
+    "kit/slurm/status.py": "import kit.cluster as _planted",                              # slurm -> cluster
+    "kit/image/recipe.py": "import importlib\n_planted = importlib.import_module('kit.submission')",
+    "kit/jobdir/layout.py": "def _planted():\n    import kit.api\n    return kit.api",    # inside a function
+    "kit/submission/sidecars.py": "from kit.slurm import status as _s\n_planted = _s._final_states",  # private attribute
+    "kit/cluster/config.py": "from kit.cluster import layout as _planted",                # a circle in one room
+    "kit/core/values.py": "from kit import __version__ as _planted",                      # the root, from below
+    "kit/report/series.py": "import kit\n_planted = kit.cli.report",                      # a module as an attribute
+    "kit/files.py": "_planted = __import__('kit.api')",                                   # __import__
+}
+
+
+def test_each_planted_import_is_refused(tmp_path):
+    """The rule sees each kind of forbidden import: planted one at a time in a copy of kit/."""
+    import shutil
+
+    copy = tmp_path / "kit"
+    shutil.copytree(KIT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert layer_violations(copy) == []
+    for rel, line in PLANTED.items():
+        target = tmp_path / rel
+        original = target.read_text()
+        target.write_text(original + "\n" + line + "\n")
+        try:
+            assert layer_violations(copy) != [], f"{rel}: {line!r} was not refused"
+        finally:
+            target.write_text(original)
+
+
+def where_things_live() -> list[tuple[list[str], list[str]]]:
+    """The README's "Where things live" rows: (the paths of the first cell, the names in backticks of the second)."""
+    import re
+
+    text = (KIT.parent / "README.md").read_text()
+    table = text.split("## Where things live", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in table.splitlines():
+        cells = line.split("|")
+        if len(cells) < 4 or cells[1].strip() in ("where", "---"):
+            continue
+        rows.append((re.findall(r"`([^`]+)`", cells[1]), re.findall(r"`([^`]+)`", cells[2])))
+    return rows
+
+
+def test_the_readme_names_every_room_and_module_that_exists():
+    """Each path of "Where things live" exists; each ``name.py`` (or ``dir/name.c``) a row names is a file in one
+    of that row's directories; and every package and top-level module of kit/ is in some row."""
+    rows = where_things_live()
+    assert len(rows) >= 10
+    named = set()
+    for paths, names in rows:
+        for p in paths:
+            assert (KIT.parent / p).exists(), f"README names {p}: no such path"
+            named.add(p.rstrip("/"))
+        dirs = {KIT.parent / p if p.endswith("/") else (KIT.parent / p).parent for p in paths}
+        for n in names:
+            if n.endswith((".py", ".c", ".sh")) and " " not in n:
+                found = (KIT.parent / n).is_file() or any((d / n).is_file() for d in dirs)
+                assert found, f"README row {paths} names {n}: in none of {sorted(map(str, dirs))}"
+    rooms = {f"kit/{p.name}" for p in KIT.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    modules = {f"kit/{p.name}" for p in KIT.glob("*.py") if p.name not in ("__init__.py", "__main__.py")}
+    assert rooms | modules <= named, f"not in the README's table: {sorted((rooms | modules) - named)}"
+
+
+def test_every_package_opens_with_what_it_owns():
+    """Every package's __init__.py and every top-level module starts with a docstring (its room's one line)."""
+    for path in [*KIT.rglob("__init__.py"), *KIT.glob("*.py")]:
+        assert ast.get_docstring(ast.parse(path.read_text())), f"{path.relative_to(KIT.parent)} has no opening docstring"

@@ -115,3 +115,26 @@ def test_a_job_file_sweep_table_and_after_list(tmp_path):
     f.write_text('command = ["x"]\n[sweep]\nlr = [true]\n')
     with pytest.raises(KitError, match="lr: values are strings or numbers"):
         specs.load_job_file(f)
+
+
+def test_a_checked_plan_cannot_be_assigned_and_keeps_what_the_user_asked(tmp_path, monkeypatch):
+    """plan's value is final: the spec resolve checked refuses assignment, and what is decided after the
+    check (the pinned image, the checked dependencies) are fields of their own, set by dataclasses.replace."""
+    import dataclasses
+
+    monkeypatch.setenv("KIT_HOME", str(tmp_path / "home"))
+    image = tmp_path / "img.sqsh"
+    image.write_bytes(b"hsqs" + bytes(200))
+    spec = specs.JobSpec(command=["true"], image=str(image), after=["123:ok"], output_dir=str(tmp_path / "out"),
+                         code_snapshot=False)
+    planned = launch.plan(spec, cwd=tmp_path).job  # a dry run: the image hashed, not copied
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        planned.spec.image = "/elsewhere.sqsh"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        planned.image = "/elsewhere.sqsh"
+    assert planned.spec.after == ["123:ok"] and planned.after == ("123:ok",)
+    pinned = launch.pin_code_and_image(launch.resolve(spec, cwd=tmp_path), specs.Origins(), launch.Rerun())
+    assert pinned.spec.image == str(image) == pinned.image_source
+    assert pinned.image == str(tmp_path / "home" / "images" / f"sha256-{pinned.image_digest[7:]}.sqsh")
+    record = launch.spec_record(dataclasses.replace(pinned, after=planned.after))
+    assert record["image"] == pinned.image and record["after"] == ["123:ok"]

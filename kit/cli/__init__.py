@@ -16,7 +16,7 @@ import sys
 
 import click
 
-from kit import __version__
+from kit.version import __version__
 from kit.errors import KitError
 
 

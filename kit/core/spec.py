@@ -28,13 +28,16 @@ def _to_dict(self) -> dict[str, Any]:
     return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
-# Everything that describes one job, a field per option of kit.core.options (the one
-# declaration of each). ``None``: not given (a default applies).
-JobSpec = dataclasses.make_dataclass(
-    "JobSpec", [(o.name, o.python_type | None, field(default=None)) for o in options.SPEC_OPTIONS],
-    namespace={"to_dict": _to_dict, "__doc__": "Everything that describes one job (kit.core.options). "
-                                               "``None``: not given (a default applies).",
-               "__module__": __name__})
+def _spec_class(name: str, doc: str, frozen: bool = False) -> type:
+    return dataclasses.make_dataclass(
+        name, [(o.name, o.python_type | None, field(default=None)) for o in options.SPEC_OPTIONS], frozen=frozen,
+        namespace={"to_dict": _to_dict, "__doc__": doc, "__module__": __name__})
+
+
+# A field per option of kit.core.options (its one declaration). CheckedSpec: once resolve checked it,
+# never assigned again (FrozenInstanceError); what is decided later is a field of ResolvedJob's.
+JobSpec = _spec_class("JobSpec", "Everything that describes one job. ``None``: not given (a default applies).")
+CheckedSpec = _spec_class("CheckedSpec", "A JobSpec as resolve checked it: frozen.", frozen=True)
 
 FIELD_NAMES = tuple(o.name for o in options.SPEC_OPTIONS)
 DEFAULTS: dict[str, Any] = {o.name: o.default for o in options.SPEC_OPTIONS if o.default is not None}
@@ -151,9 +154,10 @@ def merge(base: JobSpec, override: JobSpec, base_origins: Origins) -> tuple[JobS
 # ---------------------------------------------------------------- resolving
 @dataclass(frozen=True)
 class ResolvedJob:
-    """A validated spec with every default filled in."""
+    """A validated spec with every default filled in, frozen; what is decided after the check is a
+    field of its own, set with ``dataclasses.replace`` (the spec keeps what the user asked for)."""
 
-    spec: JobSpec
+    spec: CheckedSpec
     time_seconds: int | None
     port_low: int
     port_high: int
@@ -163,8 +167,10 @@ class ResolvedJob:
     params: tuple = field(default=())  # per task index (in tasks order): {NAME: value} of a sweep
     workdir: str | None = None  # where the command starts (absolute): the submission directory
     snapshot: Any = None  # the code snapshot (kit.snapshot.Snapshot) every run runs, if any
+    image: str | None = None  # what the job runs: the checked image reference, then its pinned copy
     image_digest: str | None = None  # sha256 of an --image file, pinned at submission
-    image_source: str | None = None  # the --image path as given (spec.image names the pinned copy)
+    image_source: str | None = None  # the --image path as given (a rerun's: the first job's)
+    after: tuple[str, ...] = ()  # the --after dependencies checked, as "JOBID:kind"
 
 
 def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None = None) -> ResolvedJob:
@@ -218,9 +224,9 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
     _check_container(s, origins, warnings)
     if s.time is None and any(n in origins for n in ("signal", "signal_lead", "max_restarts")):
         warnings.append("no --time given: the preemption warning only fires if the partition has a time limit")
-    return ResolvedJob(spec=s, time_seconds=time_seconds, port_low=low, port_high=high,
+    return ResolvedJob(spec=CheckedSpec(**{n: getattr(s, n) for n in FIELD_NAMES}), time_seconds=time_seconds, port_low=low, port_high=high,
                        warnings=tuple(warnings), tasks=tasks, params=params,
-                       workdir=str((cwd or Path.cwd()).absolute()))
+                       workdir=str((cwd or Path.cwd()).absolute()), image=s.image)
 
 
 def _err(origins: Origins, name: str, message: str, hint: str | None = None) -> KitError:
@@ -371,9 +377,6 @@ def _copy(value: Any) -> Any:
     return value
 
 
-# What one execve may carry in all (arguments and environment): a quarter of
-# the default 8 MiB stack is Linux's limit; kit keeps half of it for the
-# environment Slurm, pyxis and kit add on the nodes.
 def _check_no_nul(s: JobSpec, origins: Origins) -> None:
     def check(name: str, value: str) -> None:
         if "\0" in value:

@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import kit
+from kit.version import __version__
 from kit.image import base, enroot, fingerprint, is_squashfs, layers, rootpath, runtime, steps, unpack
 from kit.image.info import METADATA, image_metadata
 from kit.image.recipe import COMPRESSION, DEFAULT_COMPRESSION, Recipe
@@ -44,7 +44,7 @@ def cache_dir() -> Path:
 
 
 def digest(recipe: Recipe, compression: str) -> str:
-    inputs = {"kit": kit.__version__, "recipe": recipe.as_dict(), "compression": compression}
+    inputs = {"kit": __version__, "recipe": recipe.as_dict(), "compression": compression}
     if recipe.base.kind not in ("image", "scratch", "stage"):
         inputs["base"] = fingerprint.of_path(Path(recipe.base.value))
     inputs["copies"] = [fingerprint.of_source(Path(v[0])) for k, v in recipe.steps if k == "copy"]
@@ -316,7 +316,7 @@ def _write_metadata(root: Path, config: unpack.ImageConfig, recipe: Recipe, key:
     enroot.write(root, config)
     version_file = rootpath.inside(root, f"{runtime.IMAGE_PREFIX}/VERSION")
     meta = {
-        "kit_version": kit.__version__,
+        "kit_version": __version__,
         "digest": key,
         "recipe": recipe.path.name,
         "description": recipe.description,

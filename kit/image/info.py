@@ -20,12 +20,14 @@ def read_file(image: Path, inner: str) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def image_has(image: Path, paths: list[str]) -> set[str]:
-    """Which of ``paths`` (relative to the image root) exist in the image."""
+def image_has(image: Path, paths: list[str], *, shown: str | None = None, field: str | None = None) -> set[str]:
+    """Which of ``paths`` (relative to the image root) exist in the image; an unreadable image is
+    named ``shown`` (the file the user gave, where ``image`` is its pinned copy), for ``field``."""
     proc = run(["unsquashfs", "-l", "-d", "/", str(image), *paths], check=False, timeout=120)
     if proc.returncode != 0 and not proc.stdout.strip():
-        raise KitError(f"cannot read {image}: truncated or damaged (unsquashfs exit {proc.returncode})",
-                       detail=tail(proc.stderr or ""), hint="build it again, or copy it again if it was copied")
+        raise KitError(f"cannot read {shown or image}: truncated or damaged (unsquashfs exit {proc.returncode})",
+                       field=field, detail=tail(proc.stderr or ""),
+                       hint="build it again, or copy it again if it was copied")
     listed = {line.strip().lstrip("/") for line in proc.stdout.splitlines()}
     return {p for p in paths if p.strip("/") in listed}
 

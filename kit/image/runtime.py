@@ -11,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-import kit
+from kit.version import __version__
 from kit.image import rootpath
 
 IMAGE_PREFIX = "/opt/kit"
@@ -19,7 +19,7 @@ PTH_NAME = "kit-runtime.pth"
 
 
 def package_dir() -> Path:
-    return Path(kit.__file__).resolve().parent
+    return Path(__file__).resolve().parent.parent
 
 
 def package_files() -> list[Path]:
@@ -50,7 +50,7 @@ def install(dest_root: Path) -> Path:
         target = pydir / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
-    rootpath.write_text(dest_root, f"{IMAGE_PREFIX}/VERSION", kit.__version__ + "\n")
+    rootpath.write_text(dest_root, f"{IMAGE_PREFIX}/VERSION", __version__ + "\n")
     return pydir
 
 
@@ -58,7 +58,7 @@ def bundle() -> Path:
     """kit's runtime laid out for mounting at /opt/kit (under $KIT_HOME/runtime)."""
     from kit.home import kit_home
 
-    base = kit_home() / "runtime" / kit.__version__
+    base = kit_home() / "runtime" / __version__
     ready = base / "opt" / "kit" / "VERSION"
     if not ready.exists():
         tmp = base.with_name(f".{base.name}.tmp{os.getpid()}")

@@ -42,11 +42,11 @@ def sbatch_argv(job: ResolvedJob, job_dir: Path, chdir: str | Path | None = None
             opts["--" + name.replace("_", "-")] = str(value)
     if job.time_seconds is not None or s.max_restarts:
         opts["--signal"] = f"B:{s.signal}@{s.signal_lead}"
-    if s.after:
+    if job.after:
         # Slurm's --dependency: a comma means all of them; a dependency that can
         # never be met cancels the job (it never pends forever).
         opts["--dependency"] = ",".join(f"after{kind}:{job_id}" for job_id, _, kind in
-                                        (a.partition(":") for a in s.after))
+                                        (a.partition(":") for a in job.after))
         opts["--kill-on-invalid-dep"] = "yes"
     argv = ["sbatch", "--parsable"]
     argv += [f"{k}={v}" for k, v in sorted(opts.items())]

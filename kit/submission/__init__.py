@@ -18,8 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit import __version__, files, slurm
+from kit import files, slurm
 from kit import snapshot as snapshots
+from kit.version import __version__
 from kit.core import bash, outcome
 from kit.core import sweep as sweep_lib
 from kit.core.spec import ResolvedJob, parse_after
@@ -62,7 +63,7 @@ def step(job: ResolvedJob, job_dir: Path) -> Step:
 def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[str]]:
     """(srun container flags, --container-env candidates) for a job with an image."""
     s = job.spec
-    if not s.image:
+    if not job.image:
         return [], []
     from kit.image.runtime import IMAGE_PREFIX
 
@@ -83,18 +84,13 @@ def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[st
         if not any(pyxis.covers(m.dst, root) for m in job.mounts):
             mounts.insert(0, pyxis.Mount(root, root))
         workdir = workdir or str(start_dir(job, job_dir))
-    if not s.image.startswith("docker://"):
+    if not job.image.startswith("docker://"):
         from kit.image import info, runtime
 
-        image = Path(s.image)
-        shown = job.image_source or s.image  # the file the user named (the job runs its pinned copy)
-        try:
-            found = info.image_has(image, ["bin/bash", "usr/bin/bash", "usr/bin/tee", "bin/tee", "opt/kit/VERSION"])
-        except KitError as e:
-            e.field = "--image"
-            e.message = e.message.replace(str(image), shown)
-            e.args = (e.message,)
-            raise
+        image = Path(job.image)
+        shown = job.image_source or job.image  # the file the user named (the job runs its pinned copy)
+        found = info.image_has(image, ["bin/bash", "usr/bin/bash", "usr/bin/tee", "bin/tee", "opt/kit/VERSION"],
+                               shown=shown, field="--image")
         missing = [tool for tool in ("bash", "tee") if not found & {f"bin/{tool}", f"usr/bin/{tool}"}]
         if missing:
             raise KitError(f"{shown} has no {' or '.join(missing)}, which launcher.sh needs inside the container",
@@ -107,7 +103,7 @@ def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[st
         if workdir is None:
             meta = info.image_metadata(image) or {}
             workdir = (meta.get("config") or {}).get("workdir") or None
-    flags = pyxis.srun_flags(image=s.image, mounts=mounts, workdir=workdir, name=s.container_name,
+    flags = pyxis.srun_flags(image=job.image, mounts=mounts, workdir=workdir, name=s.container_name,
                              writable=s.container_writable, mount_home=s.container_mount_home,
                              remap_root=s.container_remap_root)
     names = sorted(set(pyxis.JOB_VARIABLES) | set(s.env) | set(s.container_env))
@@ -136,7 +132,7 @@ def render_scripts(job: ResolvedJob, job_dir: Path, the_step: Step | None = None
         "port_high": str(job.port_high),
         "master_interface": bash.quote(s.master_interface or ""),
         "srun_args": bash.array(the_step.srun_args),
-        "container": "1" if s.image else "0",
+        "container": "1" if job.image else "0",
         "container_env": bash.array(the_step.container_env),
         "signal": bash.quote(s.signal),
         "debug": "1" if s.debug else "0",
@@ -144,7 +140,7 @@ def render_scripts(job: ResolvedJob, job_dir: Path, the_step: Step | None = None
         "exporter_ports": bash.quote(s.exporter_ports),
         "prometheus_targets": bash.quote(s.prometheus_targets or ""),
         # Outside a container the exporter runs on the Python that has kit (this one).
-        "host_python": bash.quote("" if s.image else sys.executable),
+        "host_python": bash.quote("" if job.image else sys.executable),
     })
     per_node = s.ntasks_per_node == 1
     launcher = bash.render(bash.template(JobDir.LAUNCHER), {
@@ -171,8 +167,7 @@ def resolve(spec, origins=None, *, cwd: Path | None = None) -> ResolvedJob:
     if not job.spec.image:
         return job
     image, mounts = pyxis.check_container(job.spec, origins)
-    job.spec.image = image
-    return dataclasses.replace(job, mounts=tuple(mounts))
+    return dataclasses.replace(job, image=image, mounts=tuple(mounts))
 
 
 @dataclass
@@ -224,8 +219,7 @@ def plan(spec, origins=None, *, target: slurm.Target | None = None, target_note:
                          note=lambda msg: said.append(f"warning: {msg}"), gpus_per_node=s.gpus_per_node)
         slurm.check_stop_grace(target, s.stop_grace, origins.label("stop_grace"))
         deps = slurm.check_after(target, deps, origins.label("after"), note=said.append)
-    job.spec.after = [f"{job_id}:{kind}" for job_id, kind, _ in deps]
-    return Plan(job, target, said)
+    return Plan(dataclasses.replace(job, after=tuple(f"{job_id}:{kind}" for job_id, kind, _ in deps)), target, said)
 
 
 @dataclass(frozen=True)
@@ -247,13 +241,12 @@ def pin_code_and_image(job: ResolvedJob, origins, rerun: Rerun, dry_run: bool = 
         snapshot = snapshots.take(Path(job.workdir), s.code, store=snapshots.store_for(Path(s.output_dir)),
                                   label=origins.label("code"), exclude=(Path(s.output_dir),))
     changes: dict = {"snapshot": snapshot if s.code_snapshot else None}
-    if s.image and "://" not in s.image:
+    if job.image and "://" not in job.image:
         from kit.image import pin
 
-        pinned, digest = pin.pin(Path(s.image), origins.label("image"), copy=not dry_run)
-        same = rerun.image_source is not None and pinned == Path(s.image)  # a rerun's pinned copy, again
-        changes.update(image_digest=digest, image_source=rerun.image_source if same else s.image)
-        s.image = str(pinned)
+        pinned, digest = pin.pin(Path(job.image), origins.label("image"), copy=not dry_run)
+        same = rerun.image_source is not None and pinned == Path(job.image)  # a rerun's pinned copy, again
+        changes.update(image=str(pinned), image_digest=digest, image_source=rerun.image_source if same else job.image)
     return dataclasses.replace(job, **changes)
 
 
@@ -312,7 +305,9 @@ def spec_record(job: ResolvedJob) -> dict:
     """``job.json``: the resolved spec, and what was fixed at submission (the directory the
     command starts in, the code snapshot, the image file's digest)."""
     record = job.spec.to_dict()
-    record["workdir"] = job.workdir
+    record.update(workdir=job.workdir, after=list(job.after))  # the dependencies as checked
+    if job.image:
+        record["image"] = job.image  # the pinned copy: a rerun runs the same bytes
     if job.snapshot is not None:
         record["snapshot"] = job.snapshot.record()
     if job.image_digest:
@@ -364,7 +359,7 @@ def submit(prepared: PreparedJob, target: slurm.Target) -> PreparedJob:
     """Submit with sbatch --parsable; on failure the job directory is removed."""
     s = prepared.job.spec
     try:
-        if s.image and s.prometheus_targets and s.exporter:
+        if prepared.job.image and s.prometheus_targets and s.exporter:
             # pyxis mounts it into the container: it must exist when the job starts.
             try:
                 Path(s.prometheus_targets).mkdir(parents=True, exist_ok=True)

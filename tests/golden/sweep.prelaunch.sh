@@ -145,6 +145,22 @@ kit::tree() {
   done
 }
 
+# kit::describe PID...: "PID (its command line, cut at 60 characters)" for each,
+# comma-separated, in KIT_DESCRIBED (no fork: the teardown calls it).
+KIT_DESCRIBED=
+kit::describe() {
+  local pid text
+  local -a args out
+  for pid in "$@"; do
+    args=()
+    { mapfile -d '' -t args <"/proc/${pid}/cmdline"; } 2>/dev/null || true
+    text="${args[*]}"
+    out+=("${pid} (${text:0:60})")
+  done
+  KIT_DESCRIBED="${out[0]-}"
+  for text in "${out[@]:1}"; do KIT_DESCRIBED+=", ${text}"; done
+}
+
 # kit::sweep_tree: stop every process still below this script (orphans it
 # adopted included) but the rank log's writers and the container runtime's
 # (KIT_RUNTIME), until none is left.
@@ -162,7 +178,8 @@ kit::sweep_tree() {
     # What a stopped command's group is still taking down (a child reparented to this
     # script as it exits) goes by itself in a moment: only what stays is left behind.
     if (( round == 0 )) && kit::await_exit 10 "${pids[@]}"; then continue; fi
-    kit::log "stopping ${#pids[@]} process(es) left below the task: ${pids[*]}"
+    kit::describe "${pids[@]}"
+    kit::log "stopping ${#pids[@]} process(es) left below the task: ${KIT_DESCRIBED}"
     KIT_STOP_TIMEOUT=2 kit::stop "${pids[@]}"
   done
 }
