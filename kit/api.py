@@ -24,74 +24,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterable
 
-from kit import files, jobdir, listing, slurm, targets
+from kit import files, jobdir, joblogs, listing, slurm, targets
 from kit import snapshot as snapshots
 from kit import submission as lib
-from kit.core import options, sweep as sweep_lib
+from kit.core import keywords
 from kit.core import spec as specs
 from kit.core.outcome import Outcome
 from kit.errors import KitError
-from kit.jobdir import JobDir, failures, records
+from kit.jobdir import JobDir, records
 
 __all__ = ["Job", "Outcome", "cancel", "jobs", "launch", "launch_with", "python_names", "rerun", "submit_spec"]
 
-
-def python_names() -> dict[str, options.Option]:
-    """Each keyword :func:`launch` takes -> its option (``--no-exporter`` -> ``no_exporter``)."""
-    out = {}
-    for o in options.OPTIONS:
-        if o.name == "command":
-            continue
-        flags = [flag for flag, _, _ in o.choices] if o.kind == options.CHOICE else [o.label]
-        for flag in flags:
-            out[flag.lstrip("-").replace("-", "_")] = o
-    return out
-
-
-def _field_value(name: str, o: options.Option, value: Any) -> Any:
-    """A keyword's value as the job spec holds it (the command line's types, Python's shapes)."""
-    def bad(kind: str) -> KitError:
-        return KitError(f"expected {kind}, got {type(value).__name__} {value!r}", field=o.label,
-                        hint=f"e.g. kit.launch(..., {name}=...) as the README's option table says")
-    if o.kind in options.BOOLS:
-        if not isinstance(value, bool):
-            raise bad("True or False")
-        return (not value) if o.kind == options.OFF else value
-    if o.kind == options.INT:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad("a whole number")
-        return value
-    if o.kind == options.STR:
-        if o.name in ("mem", "time") and isinstance(value, int) and not isinstance(value, bool):
-            return str(value)
-        if isinstance(value, os.PathLike):
-            return os.fspath(value)
-        if not isinstance(value, str):
-            raise bad("a string")
-        return value
-    if o.kind == options.TABLE:  # env: {"K": "v"}, or ["K=v", ...] as --env takes them
-        if isinstance(value, dict):
-            return {str(k): str(v) for k, v in value.items()}
-        return dict(specs.parse_env_item(item) for item in _strings(value, bad))
-    if o.kind == options.SWEEP:  # {"lr": [0.1, 0.01]}, or ["lr=0.1,0.01", ...] as --sweep takes them
-        if isinstance(value, dict):
-            return dict(sweep_lib.check_sweep(k, v if isinstance(v, list) else [v], o.label) for k, v in value.items())
-        return dict(sweep_lib.parse_sweep_item(item, o.label) for item in _strings(value, bad))
-    items = _strings(value, bad)  # LIST
-    if o.name == "container_env":
-        return [n for item in items for n in item.split(",") if n]
-    return items
-
-
-def _strings(value: Any, bad) -> list[str]:
-    if isinstance(value, (str, os.PathLike)):
-        return [os.fspath(value)]
-    if not isinstance(value, Iterable) or isinstance(value, dict):
-        raise bad("a string or a list of strings")
-    out = [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value]
-    if not all(isinstance(v, str) for v in out):
-        raise bad("a list of strings")
-    return out
+python_names = keywords.python_names
 
 
 def launch(command: list[str] | str | None = None, **kwargs: Any) -> Job:
@@ -104,11 +48,11 @@ def launch(command: list[str] | str | None = None, **kwargs: Any) -> Job:
 
 def launch_with(command, kwargs: dict, before_submit=None) -> Job:
     """:func:`launch` with its keywords as a dict, and ``before_submit`` (see :func:`submit_spec`)."""
-    fields, where = _fields(kwargs)
+    fields, where = keywords.fields(kwargs)
     if isinstance(command, str):
         command = ["bash", "-c", command]
     if command is not None:
-        fields["command"] = _strings(command, lambda kind: KitError(f"expected {kind}", field="command"))
+        fields["command"] = keywords.strings(command, lambda kind: KitError(f"expected {kind}", field="command"))
     job_file, dry_run, wait = fields.pop("job_file", None), fields.pop("dry_run", False), fields.pop("wait", False)
     fields.pop("as_json", None)
     fields.pop("parsable", None)
@@ -119,29 +63,6 @@ def launch_with(command, kwargs: dict, before_submit=None) -> Job:
     if wait and not dry_run:
         job.wait()
     return job
-
-
-def _fields(kwargs: dict) -> tuple[dict[str, Any], str | None]:
-    """Keywords -> (job spec fields as the command line would give them, "local"/"site"/None)."""
-    names = python_names()
-    unknown = sorted(set(kwargs) - set(names))
-    if unknown:
-        raise KitError(f"unknown option {unknown[0]!r}", field=unknown[0],
-                       hint="kit.launch takes `kit launch`'s options, dashes as underscores: " + ", ".join(sorted(names)))
-    fields: dict[str, Any] = {}
-    where = None
-    for name, value in kwargs.items():
-        o = names[name]
-        if o.kind == options.CHOICE:
-            if value is True:
-                if where is not None:
-                    raise KitError("give one of " + ", ".join(f for f, _, _ in o.choices), field=f"--{name}")
-                where = name
-            elif value is not False and value is not None:
-                raise KitError(f"expected True or False, got {value!r}", field=f"--{name}")
-        elif value is not None:
-            fields[o.name] = _field_value(name, o, value)
-    return fields, where
 
 
 def submit_spec(spec: specs.JobSpec, origins: specs.Origins, *, where: str | None = None, dry_run: bool = False,
@@ -259,33 +180,14 @@ def cancel(job_dir: Path, reason: str | None = None) -> dict:
         raise KitError(f"{job_dir} was never submitted (no job_id in it)", field="JOB",
                        hint="a --dry-run writes the directory only")
     target = targets.target_of(job_dir)
-    now = unit_states(target, job_dir, job_id)
-    end = ended(now)
+    now = joblogs.unit_states(target, job_dir, job_id)
+    end = joblogs.ended(now)
     if end:
         raise KitError(f"job {job_id} already ended ({end}): nothing to cancel", field="JOB", exit_code=1)
     rec = records.record_cancel(job_dir, reason, tasks=None if now.keys() == {None} else
-                                [i for i, state in now.items() if not _final(state)])
+                                [i for i, state in now.items() if not joblogs.final(state)])
     slurm.cancel(target, job_id)
     return rec
-
-
-def unit_states(target: slurm.Target, job_dir: Path, job_id: str) -> dict[int | None, str]:
-    """Slurm's state of the job ({None: state}), or of each task of an array job."""
-    indices = records.task_indices(job_dir)
-    if indices:
-        return {i: st.state for i, st in slurm.array_status(target, job_id, indices).items()}
-    return {None: slurm.job_status(target, job_id).state}
-
-
-def _final(state: str) -> bool:
-    return state in slurm.TERMINAL_STATES or state == "GONE"
-
-
-def ended(states: dict[int | None, str]) -> str | None:
-    """The end state(s) once the job (every task of an array job) has ended, else None."""
-    if not all(_final(state) for state in states.values()):
-        return None
-    return ", ".join(sorted(set(states.values())))
 
 
 class Job:
@@ -335,15 +237,16 @@ class Job:
         """The training's latest step, loss and samples/s (what `kit ps` shows)."""
         return records.training_progress(self.dir)
 
-    def wait(self, timeout: float | None = None, poll: float = 1.0) -> Outcome:
+    def wait(self, timeout: float | None = None, poll: float = 1.0, *, on_state=None, on_outage=None,
+             on_poll=None) -> Outcome:
         """Block until the job ends (through requeues and controller outages); its outcome,
-        as `kit launch --wait` tells it. KitError when ``timeout`` seconds pass first."""
+        as `kit launch --wait` tells it (which calls this, with ``on_state``/``on_outage``/``on_poll``
+        to print as it goes). KitError when ``timeout`` seconds pass first."""
         states, index = self._array_states, self._submitted().rpartition("_")[2]
-        end = slurm.wait(self.target, self.id, poll=poll, timeout=timeout,
+        end = slurm.wait(self.target, self.id, poll=poll, timeout=timeout, on_state=on_state,
+                         on_outage=on_outage, on_poll=on_poll,
                          status=(lambda: states.status(int(index), poll)) if states else None)
-        if end.state != "GONE":
-            records.keep_outcome(self.dir, end.state)
-        return slurm.job_outcome(end, self.dir, records.work_finished(self.dir))
+        return slurm.observe(end, self.dir)
 
     def __await__(self):
         return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
@@ -353,25 +256,35 @@ class Job:
         self._submitted()
         return cancel(self.dir, reason)
 
-    def logs(self, rank: int | None = None, run: int | None = None, errors: bool = False) -> str:
-        """A run's rank logs (all ranks, each line prefixed ``R: ``, or one rank's); with
-        ``errors``, per run the first rank that failed by itself and its last lines."""
-        runs = records.runs(self.dir)
+    def logs(self, rank: int | None = None, run: int | None = None, errors: bool = False, *,
+             node: str | None = None, sidecar: str | None = None) -> str:
+        """A run's rank logs (all ranks, each line prefixed ``R: ``, or one rank's; ``node``: that
+        node's ranks; ``sidecar``: a sidecar's log); with ``errors``, per run the first rank that failed
+        by itself and its last lines. `kit logs` prints the same, streamed (:meth:`feed_logs`)."""
         if errors:
-            out = []
-            for r in runs if run is None else [run]:
-                f = failures.failure_tail(self.dir, r)
-                if f is not None:
-                    out.append(f"run {r}: {f.headline()}\n" + f.text)
-            return "\n".join(out)
-        run = run if run is not None else (runs[-1] if runs else 0)
-        ranks = [rank] if rank is not None else records.ranks(self.dir, run)
-        parts = []
-        for r in ranks:
-            path = JobDir(self.dir).rank_log(r, run)
-            text = path.read_text(errors="replace") if path.is_file() else ""
-            parts.append(text if rank is not None else "".join(f"{r}: {line}\n" for line in text.splitlines()))
-        return "".join(parts)
+            return "\n".join(self.errors([run] if run is not None else None))
+        parts: list[bytes] = []
+        self.feed_logs(parts.append, rank=rank, run=run, node=node, sidecar=sidecar,
+                       prefixed=rank is None and node is None and sidecar is None or None)
+        return b"".join(parts).decode(errors="replace")
+
+    def feed_logs(self, write, *, rank: int | None = None, run: int | None = None, node: str | None = None,
+                  sidecar: str | None = None, prefixed: bool | None = None, say=lambda note: None) -> None:
+        """The logs :meth:`logs` means, fed to ``write`` a chunk (bytes) at a time; ``say`` hears first
+        what the reader should know (the batch log stands in for ranks that left none)."""
+        selection = joblogs.select(self.dir, rank, node, run, sidecar, prefixed)
+        if selection.note:
+            say(selection.note)
+        joblogs.feed(selection, write)
+
+    def errors(self, runs: list[int] | None = None) -> list[str]:
+        """Per run (every run, or ``runs``), the first rank that failed by itself: a headline and its
+        log's last lines (a log of gigabytes is read from its end)."""
+        return list(joblogs.errors(self.dir, runs))
+
+    def follow(self, write, on_outage=lambda message: None) -> str:
+        """Feed the batch logs to ``write`` as they grow, every run, until the job has ended; how it ended."""
+        return joblogs.follow(self.dir, self._submitted(), write, on_outage)
 
     def rerun(self, wait: bool = False, **edits: Any) -> Job:
         """A new job with this one's resolved spec, ``edits`` applied (as `kit rerun --edit`),
@@ -389,11 +302,18 @@ class Job:
 
     results = result
 
-    def report(self, prometheus: str | None = None) -> dict:
-        """The numbers of `kit report` (report.json's), the picture written beside them."""
+    def summarize(self, prometheus: str | None = None, output: str | Path | None = None,
+                  min_seconds: float | None = None, notice=lambda e: None):
+        """What `kit report` prints and writes: a single job's summary (``.lines()``), or an array
+        job's table of tasks; the picture at ``output`` (default: the job directory's report.png),
+        its numbers beside it (report.json); ``notice`` hears what could not be drawn."""
         from kit.cluster import LocalCluster
-        from kit.report import report as make_report
+        from kit.report import MIN_SECONDS, report_job
 
-        summary = make_report(self.dir, self._submitted(), self.dir / JobDir.REPORT,
-                              prometheus or LocalCluster().prometheus_url())
-        return asdict(summary)
+        return report_job(self.dir, self.id or self.dir.name, Path(output) if output else self.dir / JobDir.REPORT,
+                          prometheus or LocalCluster().prometheus_url(),
+                          MIN_SECONDS if min_seconds is None else min_seconds, notice)
+
+    def report(self, prometheus: str | None = None, **kwargs: Any) -> dict:
+        """The numbers of `kit report` (report.json's), the picture written beside them."""
+        return asdict(self.summarize(prometheus, **kwargs))

@@ -36,7 +36,7 @@ def _steady(pts):
 def _rate(pts, resets: bool = True):
     """Mean rate over the steady pairs. A fall is a counter starting again from 0 (its new
     value counts) for counters that reset; the job's CPU counter is a sum over live processes,
-    whose fall is a process leaving the sum (it counts nothing: issue 20 finding 2)."""
+    whose fall is a process leaving the sum (it counts nothing)."""
     pairs = _steady(pts)
     dt = sum(b[0] - a[0] for a, b in pairs)
     return sum((b[1] - a[1]) if b[1] >= a[1] else (b[1] if resets else 0.0) for a, b in pairs) / dt if dt else None

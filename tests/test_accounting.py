@@ -1,4 +1,4 @@
-"""The local cluster's accounting (issue 29 item 8): Debian's slurmdbd on a MariaDB of the
+"""The local cluster's accounting: Debian's slurmdbd on a MariaDB of the
 cluster's own, so `sacct`, sacct-based efficiency reports and submitit answer as on a site;
 its data outlives `down`/`up`; the database listens on no port and only its owner reaches it."""
 
@@ -129,6 +129,7 @@ def _socket_inodes(pid: int) -> set[str]:
     return out
 
 
+@pytest.mark.cluster  # starts a cluster of its own
 def test_the_database_survives_down_and_up_and_listens_on_no_port(home):
     env = {"KIT_HOME": str(home)}
     up = kit("cluster", "up", "--nodes", "1", "--cpus-per-node", "1", env=env)
@@ -165,6 +166,7 @@ def test_the_database_survives_down_and_up_and_listens_on_no_port(home):
     assert "accounting_storage/none" in (home / "cluster" / "slurm.conf").read_text()
 
 
+@pytest.mark.cluster  # starts a cluster of its own
 def test_without_the_packages_up_says_so_and_runs_without_accounting(home, monkeypatch):
     """A machine without slurmdbd or MariaDB: `up` says what is missing and how to install it,
     and the cluster runs without accounting; asking for it there is one clean error."""

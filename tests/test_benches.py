@@ -1,4 +1,4 @@
-"""Every bench's --quick mode runs in the suite, so none rots (issue 20 finding 7). The
+"""Every bench's --quick mode runs in the suite, so none rots. The
 numbers are the bench's to print, never asserted here: a bench that no longer runs fails.
 (bench_container.py's quick run is in test_containers.py, beside the image it needs.)"""
 
@@ -92,7 +92,7 @@ def test_bench_snapshot_quick():
 
 
 def test_gpu_check_says_no_gpu_here_and_checks_the_exporter_on_the_test_library(tmp_path):
-    """bench/gpu_check.py (issue 23): here, with no GPU, it says so and exits 0; on the test
+    """bench/gpu_check.py: here, with no GPU, it says so and exits 0; on the test
     NVML library (the real binding) its exporter check runs as on a GPU machine."""
     from fake_gpus import FakeGpus
 

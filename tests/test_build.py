@@ -1,4 +1,4 @@
-"""kit build and kit inspect (issue 3, done-means 2-4), on real mksquashfs,
+"""kit build and kit inspect, on real mksquashfs,
 with umoci and skopeo as the reference unpackers."""
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def _host_state(d: Path) -> dict:
 
 
 def test_symlinks_in_a_base_redirect_writes_within_the_image_never_onto_the_host(tmp_path):
-    """Issue 9 item 1: an untrusted base's symlinks to host paths (a file, a
+    """An untrusted base's symlinks to host paths (a file, a
     directory, an archive member under one) are resolved inside the image."""
     host = tmp_path / "host"
     (host / "dir").mkdir(parents=True)
@@ -191,7 +191,7 @@ copy = ["motd", "/opt/rel/{host.relative_to("/")}/dir/via-dotdot"]
 
 @pytest.mark.parametrize("source", ["../outside.txt", "ABS", "link-out", "sub/../../outside.txt"])
 def test_copy_sources_outside_the_build_context_are_refused(tmp_path, tiny, source):
-    """Issue 9 item 3: a recipe copies only from its own directory."""
+    """A recipe copies only from its own directory."""
     (tmp_path / "outside.txt").write_text("host secret\n")
     ctx = tmp_path / "ctx"
     (ctx / "sub").mkdir(parents=True)

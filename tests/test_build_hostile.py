@@ -1,4 +1,4 @@
-"""Issue 18, the image half: hostile tars (ADD and base layers), Dockerfiles that try to
+"""Hostile tars (ADD and base layers), Dockerfiles that try to
 act on the host, stale copy layers, concurrent builds and --prune, Docker's ARG/heredoc/
 .dockerignore/BOM rules, and builds stopped by TERM or KILL at random points.
 
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import kit
+from helpers import kit, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from images import tiny_rootfs
@@ -61,7 +61,7 @@ def host_mounts() -> list[str]:
     return [line for line in Path("/proc/mounts").read_text().splitlines() if line.split()[2] == "overlay"]
 
 
-# ------------------------------------------------------------------ hostile tars (done-means 1)
+# ------------------------------------------------------------------ hostile tars
 class Victim:
     """A host file and directory a hostile archive aims at: content, owner, mode and mtime."""
 
@@ -121,7 +121,7 @@ def write_tar(path: Path, members) -> None:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_hostile_tars_never_change_a_host_file(tmp_path_factory, data):
-    """Done-means 1: generated archives (hard links, symlinks, .., absolute names, device
+    """Generated archives (hard links, symlinks, .., absolute names, device
     nodes, a name written through an earlier link) through ADD and as a base layer: the
     victim's content, owner, mode and mtime, and its directory, stay as they were."""
     where = tmp_path_factory.mktemp("hostile")
@@ -165,7 +165,7 @@ def test_a_member_under_an_earlier_file_is_refused_in_one_line(tmp_path):
 
 
 def test_add_of_a_hard_link_to_a_host_file_is_refused_in_one_line(tmp_path, tiny):
-    """Finding 1's two reproductions, through `kit build`: a hard link to a host file then a
+    """Two escapes, reproduced through `kit build`: a hard link to a host file then a
     regular member of the same name; a hard link with mode 0755 and uid 4321."""
     victim = Victim(tmp_path)
     up = "../" * 12 + str(victim.file).lstrip("/")
@@ -182,9 +182,9 @@ def test_add_of_a_hard_link_to_a_host_file_is_refused_in_one_line(tmp_path, tiny
         assert not (tmp_path / "o.sqsh").exists()
 
 
-# ------------------------------------------------------------------ Dockerfile routes to the host (done-means 3)
+# ------------------------------------------------------------------ Dockerfile routes to the host
 def test_a_dockerfile_cannot_reach_the_host(tmp_path, debian_base):
-    """Finding 5: RUN cannot see host processes (/proc/<pid>/root), break out of its root
+    """RUN cannot see host processes (/proc/<pid>/root), break out of its root
     (chroot escape), make a device node or write /sys; KIT pip takes no options, URLs or
     source trees; FROM cannot name a host directory outside the context."""
     victim = Victim(tmp_path)
@@ -229,9 +229,9 @@ def test_a_dockerfile_cannot_reach_the_host(tmp_path, debian_base):
             proc.stderr
 
 
-# ------------------------------------------------------------------ stale and shared layers (done-means 2)
+# ------------------------------------------------------------------ stale and shared layers
 def test_a_changed_copy_source_rebuilds_its_step(tmp_path, tiny, kit_home):
-    """Finding 2: content, size or mtime of a TOML copy source changed: the step runs again."""
+    """Content, size or mtime of a TOML copy source changed: the step runs again."""
     ctx = tmp_path / "r"
     ctx.mkdir()
     (ctx / "payload.txt").write_text("one\n")
@@ -259,7 +259,7 @@ def _start_build(args: list[str], log: Path) -> subprocess.Popen:
 
 
 def test_concurrent_builds_and_a_prune_share_the_cache(tmp_path, tiny, kit_home):
-    """Finding 3: two builds of one recipe 1 s apart both succeed with the same digest;
+    """Two builds of one recipe 1 s apart both succeed with the same digest;
     `--prune --cache-size 0` during a build leaves it working."""
     recipe = tmp_path / "r.toml"
     recipe.write_text(f'[base]\nrootfs = "{tiny}"\n'
@@ -267,7 +267,7 @@ def test_concurrent_builds_and_a_prune_share_the_cache(tmp_path, tiny, kit_home)
                       '[[steps]]\nrun = "ls /stepA && sleep 2 && echo b > /stepB"\n'
                       '[[steps]]\nrun = "ls /stepB && cat /stepA /stepB > /both"\n')
     first = _start_build([str(recipe), "-o", str(tmp_path / "a.sqsh")], tmp_path / "a.log")
-    time.sleep(1)
+    wait_for(lambda: "[2/" in (tmp_path / "a.log").read_text(), 60, what="the first build inside its first step")
     second = _start_build([str(recipe), "-o", str(tmp_path / "b.sqsh")], tmp_path / "b.log")
     outs = [first.communicate(timeout=120)[0], second.communicate(timeout=120)[0]]
     assert first.returncode == 0 and second.returncode == 0, (tmp_path / "a.log").read_text() + (tmp_path / "b.log").read_text()
@@ -286,7 +286,7 @@ def test_concurrent_builds_and_a_prune_share_the_cache(tmp_path, tiny, kit_home)
     assert read_file(tmp_path / "c.sqsh", "both") == "A\nb\n"
 
 
-# ------------------------------------------------------------------ Docker's rules (done-means 4: findings 8-10)
+# ------------------------------------------------------------------ Docker's rules
 def test_arg_heredoc_dockerignore_and_bom_follow_docker(tmp_path, tiny, kit_home):
     text = ("\ufeffFROM rootfs:root\n"
             "ARG VERSION=1.2.3\n"
@@ -311,7 +311,7 @@ def test_arg_heredoc_dockerignore_and_bom_follow_docker(tmp_path, tiny, kit_home
     assert read_file(out, "version") == "v=9\n"
 
 
-# ------------------------------------------------------------------ stopped builds (done-means 5)
+# ------------------------------------------------------------------ stopped builds
 def _leftovers(home: Path, outdir: Path) -> list[str]:
     layers = home / "cache" / "layers"
     found = [p.name for p in layers.iterdir() if p.name.startswith((".new-", ".old-"))] if layers.is_dir() else []
@@ -338,7 +338,7 @@ def _marked_processes(marker: str) -> list[str]:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["TERM", "KILL"])
 def test_a_stopped_build_leaves_nothing_and_the_next_one_cleans_up(tmp_path, tiny, sig):
-    """Finding 17: TERM or KILL at random points: nothing mounted, no process left; the
+    """TERM or KILL at random points: nothing mounted, no process left; the
     next build and --prune remove every leftover. A RUN that ignores INT and TERM dies too."""
     home = tmp_path / "home"
     env = {**os.environ, "KIT_HOME": str(home)}
@@ -377,7 +377,7 @@ def test_a_stopped_build_leaves_nothing_and_the_next_one_cleans_up(tmp_path, tin
 
 
 def test_a_full_cache_keeps_the_image(tmp_path, tiny):
-    """Finding 17: ENOSPC while keeping the image in the cache: the image is there, the
+    """ENOSPC while keeping the image in the cache: the image is there, the
     cache holds no partial file, and the build says so."""
     home = tmp_path / "home"
     home.mkdir()

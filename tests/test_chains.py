@@ -1,4 +1,4 @@
-"""Chains of stages with --after (issue 10, done-means 3), on the real local cluster."""
+"""Chains of stages with --after, on the real local cluster."""
 
 from __future__ import annotations
 

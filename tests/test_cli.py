@@ -1,5 +1,5 @@
 """The command line: help everywhere, exact messages and exit codes for bad input,
-and nothing written or submitted when input is bad (done-means 7)."""
+and nothing written or submitted when input is bad."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ BAD = [
 
 
 def test_an_owned_sbatch_option_hint_reads_as_a_sentence(tmp_path):
-    """Issue 28 finding 16: not "use kit's the command after -- … instead"."""
+    """Not "use kit's the command after -- … instead"."""
     proc = kit("launch", "--dry-run", "--output-dir", str(tmp_path), "--sbatch-arg=--wrap=hostname", "--", "true")
     assert proc.stderr.splitlines()[1] == "hint: kit sets it itself: the command after -- (kit writes the batch script)"
     proc = kit("launch", "--dry-run", "--output-dir", str(tmp_path), "--sbatch-arg=-N3", "--", "true")
@@ -180,7 +180,7 @@ def test_unknown_partition_submits_nothing(cluster, target, tmp_path):
 
 @pytest.mark.parametrize("bad", ["prom,targets", "prom targets"])
 def test_the_local_clusters_targets_path_is_validated_like_a_given_one(cluster, tmp_path, monkeypatch, bad):
-    """Issue 21: the local cluster's Prometheus targets directory is chosen before the job
+    """The local cluster's Prometheus targets directory is chosen before the job
     is validated, so a path pyxis cannot mount (a comma or a space in KIT_HOME) is refused
     with the other checks, nothing written, instead of a broken --container-mounts."""
     from kit import targets
@@ -214,7 +214,7 @@ def test_local_without_a_cluster_says_how_to_start_one(tmp_path):
 
 
 def test_launch_help_is_a_map_grouped_by_topic_in_the_readmes_order():
-    """Issue 11: every option in one topic group (none left over), --help prints the
+    """Every option in one topic group (none left over), --help prints the
     groups with their purpose, and the README's option table has the same groups in
     the same order, each option under its own group."""
     import re
@@ -249,7 +249,7 @@ def test_launch_help_is_a_map_grouped_by_topic_in_the_readmes_order():
 
 
 def test_requests_slurm_could_never_run_are_refused_before_submission(cluster, tmp_path):
-    """Issue 18 finding 23: more nodes or CPUs than the partition has (Slurm would queue
+    """More nodes or CPUs than the partition has (Slurm would queue
     the job for good), a stop grace that Slurm's KillWait cuts short: exit 2, nothing written."""
     out = tmp_path / "jobs"
     cases = [
@@ -261,7 +261,7 @@ def test_requests_slurm_could_never_run_are_refused_before_submission(cluster, t
                                  "processes 30 s (KillWait) after it signals them"),
         (["--mem", "64T"], "kit: --mem: 1 node(s) with 64T of memory each: the default partition has 0 such node(s) "
                            f"(its largest has {cluster.state().memory_mb} MB for jobs); the job would wait forever"),
-        # Issue 28 finding 10: GPUs are checked as CPUs are, and named (not blamed on --cpus-per-task).
+        # GPUs are checked as CPUs are, and named (not blamed on --cpus-per-task).
         (["--gpus-per-node", "4"], "kit: --gpus-per-node: 1 node(s) with 4 GPUs each: the default partition has 0 "
                                    "such node(s) (its largest has 2 GPUs); Slurm would refuse the job"),
         (["--gpus-per-node", "2", "--env", "CUDA_VISIBLE_DEVICES=1"],
@@ -275,7 +275,7 @@ def test_requests_slurm_could_never_run_are_refused_before_submission(cluster, t
 
 
 def test_parsable_prints_only_the_job_id(cluster, tmp_path):
-    """Issue 19 finding 11: `kit launch --parsable` prints the id alone, as sbatch does."""
+    """`kit launch --parsable` prints the id alone, as sbatch does."""
     proc = kit("launch", "--local", "--parsable", "--wait", "--output-dir", str(tmp_path / "jobs"), "--", "true")
     assert proc.returncode == 0, proc.stderr
     assert re.fullmatch(r"\d+\n", proc.stdout), proc.stdout
@@ -285,7 +285,7 @@ def test_parsable_prints_only_the_job_id(cluster, tmp_path):
 
 
 def test_a_per_task_variable_in_an_argument_without_a_shell_is_warned(tmp_path):
-    """Issue 19 finding 7: `--node_rank=$SLURM_NODEID` with no shell reaches torchrun literally."""
+    """`--node_rank=$SLURM_NODEID` with no shell reaches torchrun literally."""
     out = tmp_path / "jobs"
     plain = kit("launch", "--dry-run", "--output-dir", str(out), "--", "torchrun", "--node_rank=$SLURM_NODEID",
                 "--nproc-per-node", "2", "train.py", "--global_rank", "${RANK}")
@@ -299,7 +299,7 @@ def test_a_per_task_variable_in_an_argument_without_a_shell_is_warned(tmp_path):
 
 
 def test_a_drained_node_is_named_at_launch_and_cluster_up_resumes_it(cluster, tmp_path):
-    """Issue 19 finding 9: a job needing a node Slurm drained is warned about (with Slurm's
+    """A job needing a node Slurm drained is warned about (with Slurm's
     reason), and `kit cluster up` (documented as repairing) resumes the node."""
     env = {**os.environ, **cluster.target.env}
     subprocess.run(["scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=kit test"], env=env, check=True)
@@ -331,7 +331,7 @@ def test_a_drained_node_is_named_at_launch_and_cluster_up_resumes_it(cluster, tm
 
 
 def test_launch_inside_an_salloc_allocation_says_it_submits_a_separate_job(cluster, tmp_path):
-    """Issue 19 finding 9: `kit launch` typed in an salloc shell submits its own job: kit says so."""
+    """`kit launch` typed in an salloc shell submits its own job: kit says so."""
     kit_cmd = f"{sys.executable} -m kit launch --local --parsable --output-dir {tmp_path / 'jobs'} -- true"
     proc = subprocess.run(["salloc", "--nodes", "1", "bash", "-c", kit_cmd], capture_output=True, text=True,
                           env={**os.environ, **cluster.target.env}, timeout=120)
@@ -345,7 +345,7 @@ def test_launch_inside_an_salloc_allocation_says_it_submits_a_separate_job(clust
 
 
 def test_every_launch_option_is_declared_once_in_the_option_table(tmp_path):
-    """Issue 21: kit.core.options is the one declaration; the JobSpec fields, defaults, job-file
+    """kit.core.options is the one declaration; the JobSpec fields, defaults, job-file
     types, minimums, Click options and their [default: …] help all come from it."""
     import dataclasses
 
@@ -376,7 +376,7 @@ def test_every_launch_option_is_declared_once_in_the_option_table(tmp_path):
 
 
 def test_no_hint_names_the_unrelated_pypi_project():
-    """Issue 28 finding 16: `pip install 'kit[...]'` installs an unrelated project (PyPI's kit);
+    """`pip install 'kit[...]'` installs an unrelated project (PyPI's kit);
     the distribution is kit-slurm. No hint, message or README line names the other."""
     bad = []
     for path in [*(REPO / "kit").rglob("*.py"), REPO / "README.md", *(REPO / "containers").glob("*.md")]:
@@ -387,7 +387,7 @@ def test_no_hint_names_the_unrelated_pypi_project():
 
 
 def test_a_recipe_hint_has_no_literal_escape(tmp_path):
-    """Finding 16: the [base] hint is one readable line, not a literal backslash-n."""
+    """The [base] hint is one readable line, not a literal backslash-n."""
     recipe = tmp_path / "r.toml"
     recipe.write_text("[base]\n")
     proc = kit("build", str(recipe), "-o", str(tmp_path / "out.sqsh"))
@@ -396,7 +396,7 @@ def test_a_recipe_hint_has_no_literal_escape(tmp_path):
 
 
 def test_a_step_that_never_started_is_told_so(cluster, tmp_path):
-    """Issue 29 finding 9: with `--mpi pmix` (listed by Debian's Slurm, no PMIx library on the nodes)
+    """With `--mpi pmix` (listed by Debian's Slurm, no PMIx library on the nodes)
     srun fails before any rank runs: --wait says the step never started, not that the command failed."""
     proc = kit("launch", "--local", "--wait", "--no-exporter", "--mpi", "pmix", "--output-dir", str(tmp_path / "jobs"),
                "--", "true", timeout=180)
@@ -405,7 +405,7 @@ def test_a_step_that_never_started_is_told_so(cluster, tmp_path):
 
 
 def test_ps_filters_by_state_name_age_and_owner(cluster, tmp_path):
-    """Issue 29 finding 9: `kit ps --state/--name/--since/--user` narrow the list."""
+    """`kit ps --state/--name/--since/--user` narrow the list."""
     import pwd
 
     out = str(tmp_path / "jobs")

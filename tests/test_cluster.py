@@ -54,7 +54,7 @@ def test_up_status_env_down(home, cluster):
     assert lines[1] == f"  containers: kit's pyxis stand-in {home / 'cluster' / 'spank_kit_pyxis.so'} " \
                        "(no pyxis and enroot installed); create mode (each node unpacks the image before the step: " \
                        "enroot create)"
-    # munged: the cluster's own authentication (issue 18); accounting (issue 29): both installed by .ci/setup.
+    # munged: the cluster's own authentication; accounting: both installed by .ci/setup.
     assert [line.split()[0] for line in lines[2:]] == ["munged", "mariadbd", "slurmdbd", "slurmctld", "node1", "node2"]
     assert lines[6].split()[-1] == "idle"
     # What it runs is what the golden files pin (tests/test_cluster_config.py).
@@ -90,7 +90,7 @@ def test_up_repairs_stale_state(home, cluster):
     # A crash: every daemon killed hard, pid files, spool and state left behind.
     for pid in st.pids.values():
         os.kill(pid, signal.SIGKILL)
-    # Every killed daemon gone (node2 still dying made `up` keep it, then find it dead: issue 20).
+    # Every killed daemon gone (node2 still dying made `up` keep it, then find it dead).
     wait_for(lambda: not any(_alive(st.pids[n], c) for n, c, _ in c.daemons(st)), 10)
     assert not c.running()
     assert (home / "cluster" / "cluster.json").exists()
@@ -110,7 +110,7 @@ def test_up_repairs_stale_state(home, cluster):
 
 
 def test_up_restarts_a_daemon_that_dies_while_the_others_restart(home, cluster):
-    """Issue 20 finding 6: slurmctld and node1 killed, node2 killed a moment later (still
+    """slurmctld and node1 killed, node2 killed a moment later (still
     alive when `up` looks): `up` restarts node2 too, saying so, instead of failing with
     "node2 exited while starting"."""
     c = LocalCluster(home)
@@ -161,7 +161,7 @@ def test_an_unreadable_state_file_is_not_started_over(home):
 
 @pytest.mark.parametrize("damage", ["corrupt", "missing"])
 def test_a_lost_state_file_neither_starts_a_second_cluster_nor_hides_the_first(home, cluster, damage):
-    """Issue 9 item 8: with cluster.json damaged or gone, `up` refuses and
+    """With cluster.json damaged or gone, `up` refuses and
     names the daemons still running; `down` finds them by their directory."""
     c = LocalCluster(home)
     st, _ = c.up(nodes=2, cpus_per_node=1)
@@ -192,7 +192,7 @@ def _comm(name: str) -> str:
 
 
 def test_status_names_the_plugin_the_cluster_was_started_with(home, monkeypatch):
-    """Issue 20 finding 4: the plugin is recorded at `up`, not looked up again in the
+    """The plugin is recorded at `up`, not looked up again in the
     caller's environment (`pyxis None` without KIT_PYXIS_PLUGIN)."""
     from dataclasses import asdict
 

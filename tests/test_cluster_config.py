@@ -1,5 +1,5 @@
 """What `kit cluster up` generates, for kit's stand-in and for real pyxis + enroot,
-pinned by golden files that need neither installed (issue 12, done-means 1)."""
+pinned by golden files that need neither installed."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def test_the_enroot_wrapper_gives_each_node_its_own_paths_and_enroot_its_helpers
     real.parent.mkdir()
     real.write_text('#!/bin/sh\necho "args=$*"\nenv | grep ^ENROOT_ | sort\nenroot-nsenter\n')
     real.chmod(0o755)
-    # enroot's helpers live beside it: found from a PATH without that directory (issue 20 finding 1).
+    # enroot's helpers live beside it: found from a PATH without that directory.
     helper = real.parent / "enroot-nsenter"
     helper.write_text('#!/bin/sh\necho "helper found"\n')
     helper.chmod(0o755)

@@ -1,4 +1,4 @@
-"""Issue 28 done-means 2: a job that writes into its code changes no later job's code. The code
+"""A job that writes into its code changes no later job's code. The code
 view is a copy of its own (never the store's objects), and at each run's start prelaunch puts
 back whatever a run changed, so the next launch, a held job released after it and a requeue of
 the same job all run the submitted content."""
@@ -84,7 +84,7 @@ def test_a_job_writing_into_its_code_changes_no_later_run(cluster, tmp_path):
 
 
 def test_relative_outputs_follow_one_rule_said_at_launch(cluster, tmp_path):
-    """Issue 29 finding 7: a directory the work tree holds but the snapshot leaves out (ignored:
+    """A directory the work tree holds but the snapshot leaves out (ignored:
     outputs/) is the work tree's, linked live; a relative path that does not exist at submission
     is created in the job's own code/. kit launch says so when such a directory is there."""
     repo = tmp_path / "repo"

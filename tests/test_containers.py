@@ -1,4 +1,4 @@
-"""Container jobs on the local cluster (issue 3, done-means 1 and 4): the
+"""Container jobs on the local cluster: the
 shipped CPU recipe built on a locally made Debian base, run as a 2-node
 Lightning DDP job through the pyxis flags kit puts on the srun step."""
 
@@ -62,7 +62,7 @@ def fuse_daemons() -> list[str]:
 
 @pytest.mark.parametrize("mode", ["create", "squashfuse"])
 def test_two_node_lightning_job_runs_inside_the_image(cluster, cpu_image, tmp_path, mode):
-    """The README's main job in each of pyxis's modes (issue 30 item 1). In squashfuse mode
+    """The README's main job in each of pyxis's modes. In squashfuse mode
     the node's first task has the runtime's FUSE daemons below it for the whole step: the
     job ends COMPLETED 0 (a teardown that stopped them failed it with the root gone:
     "Transport endpoint is not connected"), and nothing of them is left after it."""
@@ -102,7 +102,7 @@ def two_node_lightning_job(cluster, cpu_image, tmp_path, mode):
     assert (host / "ckpt" / "last.ckpt").stat().st_size > 0  # written through the mount
     assert wait_no_processes(job_dir, 5) == []
     assert released((loops_before, mounts_before))
-    # kit report on this, the README's main job (issue 11 done-means 5): the exporter in the
+    # kit report on this, the README's main job: the exporter in the
     # container saw the job's processes; panels for what was measured, numbers from the logs.
     from report_check import check
 
@@ -113,7 +113,7 @@ def two_node_lightning_job(cluster, cpu_image, tmp_path, mode):
                                  "Training throughput (samples/s)"], summary["panels"]
     want = check(Path(job_dir), summary, rep.stdout)
     assert all(n["cpu_cores_used"] > 0 and n["memory_peak_bytes"] > 50 * 2 ** 20 for n in want["nodes"].values())
-    # The container's start, per node and run (issue 20 finding 3), in report.json, the text and kit ps.
+    # The container's start, per node and run, in report.json, the text and kit ps.
     starts = summary["task_starts"]
     assert sorted(t["node"] for t in starts) == ["node1", "node2"] and {t["run"] for t in starts} == {0}, starts
     assert all(0 < t["seconds"] < 300 for t in starts), starts
@@ -143,7 +143,7 @@ def image_listing(image: Path) -> list[str]:
 
 
 def test_the_dockerfile_builds_the_same_image_as_the_toml_recipe(cluster, cpu_image, tmp_path):
-    """Issue 13 done-means 1: containers/cpu-lightning.Dockerfile and .toml give the same file
+    """containers/cpu-lightning.Dockerfile and .toml give the same file
     tree and enroot metadata (the Dockerfile's build finds the TOML build's layers in the
     cache: same steps, same keys), and the README's main job runs in the Dockerfile's image."""
     from kit.image.builder import cache_dir
@@ -169,7 +169,7 @@ def test_the_dockerfile_builds_the_same_image_as_the_toml_recipe(cluster, cpu_im
 
 
 def test_console_scripts_are_on_path_and_torchrun_forms_one_world_in_the_image(cluster, cpu_image, tmp_path):
-    """Issue 19 done-means 1: every console script the image's pip step installed runs (none
+    """Every console script the image's pip step installed runs (none
     exits 126 or 127: on PATH, its #! naming the image's python), and the README's torchrun
     example with --image, as written there, forms one world of 4 on 2 nodes."""
     listing = subprocess.run(["unsquashfs", "-lc", str(cpu_image), "usr/local/bin"], capture_output=True,
@@ -218,7 +218,7 @@ def test_container_workdir_must_exist(cluster, cpu_image, tmp_path):
     # directory" (the stand-in says it with its own tag): the words both plugins share.
     assert re.search(r"(pyxis|kit-pyxis): couldn't chdir to /not/there: No such file or directory",
                      read_logs(job_dir)), read_logs(job_dir)
-    # No rank started (issue 19 finding 8): kit logs and --errors show the batch log's story.
+    # No rank started: kit logs and --errors show the batch log's story.
     logs = kit("logs", job_dir)
     assert logs.returncode == 0 and "couldn't chdir to /not/there" in logs.stdout, logs.stdout + logs.stderr
     assert logs.stderr.startswith("kit: no rank of run 0 has a log")
@@ -296,7 +296,7 @@ def test_container_flags_in_the_dry_run(cpu_image, tmp_path):
     srun = out["srun_argv"]
     mounts = [a for a in srun if a.startswith("--container-mounts=")]
     assert mounts == [f"--container-mounts={job_dir}:{job_dir},/tmp:/scratch:ro,tmpfs:/fast"]
-    # A dry run hashes the image file, copies nothing (issue 28 finding 12): the flags name the file given.
+    # A dry run hashes the image file, copies nothing: the flags name the file given.
     spec = json.loads((Path(job_dir) / "job.json").read_text())
     assert spec["image_source"] == str(cpu_image) and spec["image_digest"].startswith("sha256:")
     assert spec["image"] == str(cpu_image)
@@ -400,7 +400,7 @@ def test_login_environment_and_default_workdir_follow_pyxis(cluster, cpu_image, 
     proc = srun(cluster, f"--container-image={base_image}", "bash", "-c", look)
     host = [Path("/etc/hostname").read_text().strip() if Path("/etc/hostname").exists() else "",
             Path("/etc/machine-id").read_text().strip() if Path("/etc/machine-id").exists() else "no-machine-id"]
-    # /tmp is a tmpfs of mode 0755, as enroot 4.1.2 makes it (issue 28 finding 16), not 1777.
+    # /tmp is a tmpfs of mode 0755, as enroot 4.1.2 makes it, not 1777.
     assert proc.stdout.split("\n")[:4] == ["sys-ro", *host, "tmp=755"], proc.stdout + proc.stderr
     # The cpu image: WORKDIR /workspace through its /etc/rc; its ENV PATH (/etc/environment)
     # wins over the login PATH; TERM listed in --container-env keeps the task's value.
@@ -457,7 +457,7 @@ def test_a_named_container_persists_on_its_node_with_its_writes(cluster, base_im
 
 
 def test_a_node_repaired_from_a_shell_with_another_path_still_runs_containers(cluster, base_image, tmp_path):
-    """Issue 20 finding 1: node2's slurmd dies; `kit cluster up` repairs it from a shell whose
+    """node2's slurmd dies; `kit cluster up` repairs it from a shell whose
     PATH lacks enroot's directory (nothing under /usr/local: enroot built from source lives
     there) and Slurm's own tools are found by kit; container jobs on both nodes
     still run (real pyxis: the per-node enroot wrapper puts enroot's helpers on PATH itself)."""
@@ -484,7 +484,7 @@ def test_a_node_repaired_from_a_shell_with_another_path_still_runs_containers(cl
 
 
 def test_bench_container_quick(cluster, cpu_image, tmp_path):
-    """bench/bench_container.py --quick runs (issue 20 finding 7): one pair of 10-step jobs."""
+    """bench/bench_container.py --quick runs: one pair of 10-step jobs."""
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_container.py"), "--quick", "--image",
                            str(cpu_image), "--output-dir", str(tmp_path / "jobs")], capture_output=True, text=True,
                           timeout=600)
@@ -512,7 +512,7 @@ def test_container_options_on_sbatch_and_salloc_follow_pyxis(cluster, cpu_image,
 
 
 def test_a_function_job_runs_in_a_kit_built_image(cluster, cpu_image, tmp_path):
-    """Issue 22 finding 2 under an image: the call is unpickled by the image's python3 (same
+    """Under an image: the call is unpickled by the image's python3 (same
     minor version, cloudpickle built in: checked from the image's file list before submitting)."""
     import kit as kitlib
 
@@ -542,7 +542,7 @@ def _image_with_marker(debian_base: Path, out: Path, marker: str) -> None:
 
 
 def test_a_held_job_runs_the_code_and_image_it_was_submitted_with(cluster, debian_base, tmp_path):
-    """Issue 22 done-means 3 and 4: a job held in the queue while its script is edited, its
+    """A job held in the queue while its script is edited, its
     ignored data changed and its image file rebuilt in place runs the submitted script and
     image (by content) and the data as it is now; so does its requeued run, after another
     edit and a commit; job.json names the commit, the tree's cleanliness, the snapshot and the

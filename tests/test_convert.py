@@ -1,4 +1,4 @@
-"""`kit convert` on the seed documents' sbatch scripts (issue 19 finding 13): the job file
+"""`kit convert` on the seed documents' sbatch scripts: the job file
 it prints is accepted by `kit launch -f` as is, carries what kit has fields for, and lists
 plainly everything else (never dropped silently)."""
 
@@ -68,7 +68,7 @@ def test_convert_of_a_missing_or_unreadable_script_is_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stderr.startswith("kit: SCRIPT: cannot read ") and "Traceback" not in proc.stderr
 
 
-# Issue 28 finding 6: srun lines with shell syntax. Each runs as the script runs it and as the
+# srun lines with shell syntax. Each runs as the script runs it and as the
 # job file kit convert wrote runs it; the outputs (and the files the line writes) are the same.
 SHELL_LINES = {
     "substitution": """srun --ntasks-per-node=1 python3 -c 'import sys; print("args", sys.argv[1:])' """
@@ -117,7 +117,7 @@ def test_a_converted_shell_line_runs_on_the_cluster(cluster, tmp_path):
 
 
 def test_convert_output_is_printable_and_reads_back(tmp_path):
-    """Finding 15: a not-carried line with control characters is escaped (in the file and on the
+    """A not-carried line with control characters is escaped (in the file and on the
     terminal); a character above U+FFFF is a valid TOML escape; `$(...)` in an #SBATCH line is
     listed as that line, nothing of it carried."""
     script = tmp_path / "job.sbatch"
@@ -136,7 +136,7 @@ def test_convert_output_is_printable_and_reads_back(tmp_path):
 
 
 def test_an_array_script_converts_into_a_job_that_runs_as_the_script(cluster, tmp_path):
-    """Issue 29 finding 5: the seed's array script sets LR and BATCH_SIZE from the task id, then
+    """The seed's array script sets LR and BATCH_SIZE from the task id, then
     runs `python train.py --lr $LR ...`; the job file carries the assignments, and each task of
     the converted job prints what the script prints by hand for that task id."""
     text = (DATA / "array_lr.sbatch").read_text().replace("--array=0-9", "--array=0-4").replace("--gres=gpu:1", "")
@@ -157,7 +157,7 @@ def test_an_array_script_converts_into_a_job_that_runs_as_the_script(cluster, tm
 
 
 def test_a_container_image_on_the_batch_script_is_carried_to_the_step_and_said(tmp_path):
-    """Issue 29 finding 9: `#SBATCH --container-image=…` would run the batch script in the image
+    """`#SBATCH --container-image=…` would run the batch script in the image
     (where srun does not exist); kit convert carries it as image (the srun step's) and says so."""
     script = tmp_path / "job.sbatch"
     script.write_text("#!/bin/bash\n#SBATCH --container-image=/images/pt.sqsh\nsrun python3 train.py\n")
@@ -167,7 +167,7 @@ def test_a_container_image_on_the_batch_script_is_carried_to_the_step_and_said(t
 
 
 def test_a_script_setting_its_parameters_converts_into_the_same_command(tmp_path):
-    """Issue 29 finding 5, seed 003's shape: parameters set as shell variables, then used by the
+    """Seed 003's shape: parameters set as shell variables, then used by the
     srun line. The job file's command prints what the script prints."""
     script = tmp_path / "run_distributed.slurm"
     script.write_text('#!/bin/bash\n#SBATCH --nodes=1\nEPOCHS=2\nBATCH_SIZE=64           # Per-GPU batch size\n'
@@ -187,7 +187,7 @@ SEED_002 = Path(__file__).parent / "data" / "seed002"
 
 
 def test_seed_002s_prelaunch_and_launcher_convert_into_a_job_that_runs_as_submitted_by_hand(cluster, tmp_path):
-    """Issue 29 done-means 5, seed 002 (lit-gpt on Enroot): the prelaunch exports its environment,
+    """Seed 002 (lit-gpt on Enroot): the prelaunch exports its environment,
     then `exec srun --mpi=none ./train-redpajama-launcher.sh` in an if/else whose other branch is an
     interactive `srun --overlap`; the launcher maps Slurm's variables to ranks and runs the trainer.
     Before, kit convert took the script's last line (`kill $GPT_TIMESTAMPING_PID`) for the command: a

@@ -1,4 +1,4 @@
-"""`kit build` from a Dockerfile (issue 13): the parser, its errors, and real builds
+"""`kit build` from a Dockerfile: the parser, its errors, and real builds
 on the Debian base (stages, COPY --from, .dockerignore, --chmod, heredocs, ARG)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Day two (issue 11): kit logs and kit cancel on the real local cluster,
+"""Day two: kit logs and kit cancel on the real local cluster,
 with SLURM_CONF unset (no `eval "$(kit cluster env)"`)."""
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ time.sleep(30)
 
 
 def test_logs_errors_shows_a_torchrun_childs_error_and_rank_points_at_node(cluster, tmp_path):
-    """Issue 19 finding 8: under torchrun (one task per node) --errors shows the child's
+    """Under torchrun (one task per node) --errors shows the child's
     RuntimeError, not only torchrun's ChildFailedError; --rank 3 (a child, not a kit rank)
     says kit's ranks are its tasks and points at --node."""
     (tmp_path / "child.py").write_text(TORCHRUN_CHILD)
@@ -132,7 +132,7 @@ dist.barrier()
 
 
 def test_logs_errors_under_torchrun_shows_the_root_cause_before_its_victims(cluster, tmp_path):
-    """Issue 29 finding 3: child rank 3 raises while the others wait in a barrier and then fail
+    """Child rank 3 raises while the others wait in a barrier and then fail
     with "Connection closed by peer"; --errors names rank 3, its local rank and node first, and
     shows its traceback, not a victim's."""
     (tmp_path / "victims.py").write_text(TORCHRUN_VICTIMS)
@@ -177,7 +177,7 @@ def test_logs_follow_reads_across_a_requeue_until_the_job_ends(cluster, tmp_path
 def test_wait_on_a_terminal_shows_live_progress_and_ctrl_c_leaves_the_job_running(cluster, tmp_path):
     """Under `script` (a pty): the live line carries the step; Ctrl-C stops waiting only.
     The child starts with SIGINT ignored, as every child of a shell's background job does
-    (`pytest ... &`: Python then installs no KeyboardInterrupt handler, issue 20 finding 6):
+    (`pytest ... &`: Python then installs no KeyboardInterrupt handler):
     kit launch --wait on a terminal puts Python's handler back."""
     import re
     import shlex
@@ -229,7 +229,7 @@ def _rank0(job_dir: Path) -> dict:
 
 
 def test_ps_lists_a_running_and_a_finished_job_with_their_states_and_steps(cluster, tmp_path):
-    """Done-means 1, with SLURM_CONF unset; and with a Slurm that does not answer,
+    """kit ps with SLURM_CONF unset; and with a Slurm that does not answer,
     the states come from the job directories (marked as such)."""
     train = [sys.executable, "-m", "kit.train"]
     done = submit(tmp_path, "--nodes", "2", command=[*train, "--max-steps", "30"])
@@ -279,7 +279,7 @@ def test_ps_lists_a_running_and_a_finished_job_with_their_states_and_steps(clust
 
 
 def test_a_job_launched_after_eval_kit_cluster_env_is_followed_from_a_fresh_shell(cluster, tmp_path):
-    """Issue 19 finding 3: the README's `eval "$(kit cluster env)"`, then a plain `kit launch`
+    """The README's `eval "$(kit cluster env)"`, then a plain `kit launch`
     (no --local); later, from a shell without SLURM_CONF, kit ps tells the job's true state
     and kit cancel cancels it."""
     env_line = kit_plain("cluster", "env").stdout.strip()

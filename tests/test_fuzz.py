@@ -1,4 +1,4 @@
-"""The CLI fuzz test (issue 9): every command driven with generated arguments
+"""The CLI fuzz test: every command driven with generated arguments
 and files. Whatever comes in, kit exits 0, 1 or 2, never with a traceback,
 creates nothing outside the output directory it was given, and submits
 nothing when it exits 2.

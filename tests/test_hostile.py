@@ -1,4 +1,4 @@
-"""Hostile and broken input (issue 9): kit writes only what it owns, shared
+"""Hostile and broken input: kit writes only what it owns, shared
 state cannot be planted or held by another user, bad input is one clear line.
 
 Another user is played by an unnamed uid through ``setpriv`` (the tests run
@@ -60,7 +60,7 @@ def shared():
 
 
 def test_port_locks_planted_or_held_by_another_user_are_not_used(cluster, tmp_path, shared):
-    """Issue 9 item 4: another user pre-creates the lock directories (the old
+    """Another user pre-creates the lock directories (the old
     shared one and this user's own name) with symlinks to a victim path and
     locks held on the rest: the job neither writes through the links nor
     fails for want of a port."""
@@ -109,7 +109,7 @@ def _escaped(marker: str) -> list[int]:
 
 
 def test_processes_that_leave_the_group_do_not_survive_the_job(cluster, tmp_path):
-    """Issue 9 item 10 and issue 18 finding 18: a sidecar and a command that start
+    """A sidecar and a command that start
     daemons of their own (setsid, so outside the process group kit stops; `env -i`,
     so without the task's token; double-forked, so orphaned) leave nothing."""
     daemons = ("setsid sleep 428 </dev/null >/dev/null 2>&1 & "
@@ -134,7 +134,7 @@ def _exporter(args: list[str], stderr) -> subprocess.Popen:
 
 
 def test_exporter_on_a_full_disk_serves_and_removes_its_target(tmp_path, full_disk):
-    """Issue 9 item 8: its log and stderr on a full disk (the job directory):
+    """Its log and stderr on a full disk (the job directory):
     it serves, and its stop removes the target file it wrote elsewhere."""
     targets = tmp_path / "targets"
     with open(full_disk / "exporter.log", "w") as err:
@@ -155,7 +155,7 @@ def test_exporter_on_a_full_disk_serves_and_removes_its_target(tmp_path, full_di
 
 
 def test_exporter_replaces_planted_symlinks_in_a_shared_targets_directory(tmp_path):
-    """Issue 18 finding 6: another user plants its target's name (predictable: job, node,
+    """Another user plants its target's name (predictable: job, node,
     port) as a symlink to a file of root's in a shared targets directory. The exporter
     replaces the name; the file it pointed to is untouched."""
     targets = tmp_path / "targets"
@@ -250,7 +250,7 @@ def test_a_targets_directory_that_cannot_be_made_is_one_line(cluster, tmp_path, 
 
 
 def test_a_disk_that_fills_after_sbatch_still_names_the_submitted_job(cluster, tmp_path):
-    """Issue 18 finding 14: the job directory's disk fills between sbatch and kit's
+    """The job directory's disk fills between sbatch and kit's
     record of the job id. kit says the job was submitted, with its id (exit 1), and
     does not pretend nothing happened."""
     small = tmp_path / "small"

@@ -1,4 +1,4 @@
-"""Nodes with their own network (issue 23, done-means 3): `kit cluster up --isolated-network`
+"""Nodes with their own network: `kit cluster up --isolated-network`
 runs each slurmd in a network namespace of its own, at its own address on a bridge; jobs
 rendezvous across it, the exporters are scraped at their nodes' addresses by the real
 Prometheus, and `down` leaves no namespace, link or process."""
@@ -23,6 +23,8 @@ from kit.cluster import LocalCluster, network
 from kit.errors import KitError
 
 
+
+pytestmark = pytest.mark.cluster  # every test here starts a cluster of its own (or fails to)
 
 @pytest.fixture(scope="module")
 def isolated(tmp_path_factory):
@@ -121,7 +123,7 @@ PROBE = ('echo "gloo=${GLOO_SOCKET_IFNAME-} ip=$(command -v ip || echo none)"; '
 
 def test_a_ddp_job_in_kits_image_forms_one_world_where_the_host_name_is_loopback(isolated, cpu_image, tmp_path,
                                                                                  loopback_hostname):
-    """Issue 28 finding 4 (done-means 4): kit's own image has no `ip`; the launcher still finds
+    """kit's own image has no `ip`; the launcher still finds
     the interface that reaches the master (/proc/net/route), so the two nodes form one world
     on their addresses, also with a bridge, a second address and an interface after eth0 on
     each node."""
@@ -158,7 +160,7 @@ def test_down_leaves_no_namespace_link_or_process(isolated):
 
 
 def test_up_after_a_crash_that_lost_the_cluster_directory(tmp_path):
-    """Issue 28 finding 8: the daemons killed and the cluster's directory lost, its network stays
+    """The daemons killed and the cluster's directory lost, its network stays
     behind; the next `up --isolated-network` removes it and starts at once (not "File exists",
     no half-written record to repair from)."""
     c = LocalCluster(tmp_path / "home")
@@ -180,7 +182,7 @@ def test_up_after_a_crash_that_lost_the_cluster_directory(tmp_path):
 
 
 def test_a_failed_start_leaves_no_record_to_repair_from(tmp_path, monkeypatch):
-    """Finding 8's second half: a start that fails (here: the bridge cannot be made) removes what
+    """A start that fails (here: the bridge cannot be made) removes what
     it made and its record, so the next `up` starts afresh."""
     c = LocalCluster(tmp_path / "home")
 

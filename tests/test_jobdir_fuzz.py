@@ -1,4 +1,4 @@
-"""Damaged and hostile job directories (issue 18 done-means 6): every file kit
+"""Damaged and hostile job directories: every file kit
 reads back from a job directory — missing, empty, truncated, a FIFO, a
 symlink (to /dev/zero, to a file outside, a loop), a directory, nested
 100,000 deep, huge numbers, a huge sparse file, NUL bytes, terminal escapes —
@@ -298,7 +298,7 @@ def test_logs_names_must_be_names(seed):
 
 
 def test_ps_without_any_slurm_keeps_each_rows_problem_in_its_row(seed, tmp_path, monkeypatch):
-    """Issue 18 finding 13: no site Slurm, no local cluster (another KIT_HOME), one job directory
+    """No site Slurm, no local cluster (another KIT_HOME), one job directory
     without its slurm.json and one with an empty job_id: kit ps answers, each row marked."""
     out = tmp_path / "jobs"
     for name in ("no-record", "empty-id"):

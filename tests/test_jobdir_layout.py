@@ -1,4 +1,4 @@
-"""The job directory has one owner (issue 21): kit.jobdir.JobDir names every file; the bash
+"""The job directory has one owner: kit.jobdir.JobDir names every file; the bash
 templates use the same names, and no other module of kit spells one."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ DISTINCT = {JobDir.PRELAUNCH, JobDir.LAUNCHER, JobDir.SPEC, JobDir.SBATCH, JobDi
 
 
 def test_no_module_outside_kit_jobdir_spells_a_job_directory_file():
-    """Done-means 2 of issue 21: grep finds the names in kit/jobdir and the templates only.
+    """grep finds the names in kit/jobdir and the templates only.
     (Docstrings and comments may name them; code asks JobDir.)"""
     bad = []
     for path in sorted(KIT.rglob("*.py")):

@@ -1,4 +1,4 @@
-"""Real jobs on the real local cluster: done-means 1, 2, 3 and 5 of the launch issue."""
+"""Real jobs on the real local cluster: submitted, run, ended and recorded as the README says."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_failing_command_fails_the_job_and_leaves_nothing(cluster, tmp_path):
     sidecar_logs = sorted(Path(job_dir, "logs").glob("*.hook1.log"))
     assert [p.name for p in sidecar_logs] == ["node1.r0.hook1.log", "node2.r0.hook1.log"]
     assert all("sidecar-started" in p.read_text() for p in sidecar_logs)
-    # Issue 29 finding 9: `NAME: COMMAND` names a sidecar's log.
+    # `NAME: COMMAND` names a sidecar's log.
     named = sorted(Path(job_dir, "logs").glob("*.watch.log"))
     assert [p.name for p in named] == ["node1.r0.watch.log", "node2.r0.watch.log"]
     assert all(p.read_text() == "named\n" for p in named)
@@ -170,7 +170,7 @@ def test_debug_toggles_reach_every_rank(cluster, tmp_path):
     job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
     logs = read_logs(job_dir)
     # TORCH_DISTRIBUTED_DEBUG=INFO, not DETAIL: with DETAIL every DDP job segfaults in _ddp_init_helper
-    # on torch 2.13 + gloo (issue 19 finding 10).
+    # on torch 2.13 + gloo.
     assert sorted(re.findall(r"^(\d): debug-env (.*)$", logs, re.M)) == [
         ("0", "1 INFO INFO 1 1"), ("1", "1 INFO INFO 1 1")]
     assert "+ srun " in logs  # set -x in prelaunch

@@ -90,7 +90,7 @@ def test_a_signal_reaching_the_launcher_and_the_command_at_once_keeps_the_exit_s
 
 
 def test_a_command_without_a_handler_is_never_sent_the_warning_and_is_stopped_by_prelaunch(tmp_path):
-    """Issue 19 finding 2: USR1 would kill a command with no handler for it (exit 138):
+    """USR1 would kill a command with no handler for it (exit 138):
     the launcher never sends it, says so after the grace, and stops the command only when
     prelaunch asks (progress/r<K>/stop, before the time limit): a stop, not a failure."""
     proc, job_dir = start(tmp_path, ["sleep", "60"], {"KIT_SIGNAL_GRACE": "1"})
@@ -125,7 +125,7 @@ def test_a_command_given_the_warning_is_recorded_as_warned(tmp_path):
 
 def test_term_stops_the_command_and_is_not_recorded_as_a_failure(tmp_path):
     proc, job_dir = start(tmp_path, ["sleep", "60"])
-    time.sleep(0.5)
+    wait_for(lambda: (job_dir / "progress" / "r0" / "task-1").exists(), 10, what="the command to start")
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGTERM

@@ -1,4 +1,4 @@
-"""Any launcher through kit's launcher forms one correct world (issue 10):
+"""Any launcher through kit's launcher forms one correct world:
 torchrun started once per node, and plain torch.distributed with kit's ranks."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def test_a_plain_torch_distributed_script_gets_four_distinct_ranks(cluster, tmp_
 
 
 def test_a_plain_script_seen_through_the_progress_call_alone(cluster, tmp_path):
-    """Issue 19 finding 6: ddp_plain.py reports with kit.train.progress.step(n, loss=, samples=)
+    """ddp_plain.py reports with kit.train.progress.step(n, loss=, samples=)
     only (no Lightning): kit ps shows its step, loss and samples/s while it runs, the hang
     watchdog is armed by it, and kit report draws its loss and throughput; a job that
     reports no samples reads `samples: -`, not 0."""

@@ -1,5 +1,5 @@
 """Each room has one job: the scheduler-neutral core imports nothing that knows
-Slurm, pyxis, the local cluster or the launch room (issue 12)."""
+Slurm, pyxis, the local cluster or the launch room."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_the_cluster_config_renders_without_daemons_or_slurm():
     assert bad == []
 
 
-# ------------------------------------------------------------------ issue 21: the layer rules in code
+# ------------------------------------------------------------------ the layer rules in code
 BOTTOM = ("kit.errors", "kit.files", "kit.home", "kit.jobdir")  # modules every layer may use
 
 
@@ -109,7 +109,7 @@ def test_the_rules_can_fail():
     assert "kit.cluster" in {package_of(n) for n in kit_imports(KIT / "targets.py")}
 
 
-# Sizes a reader can hold in mind (issue 21). A module or function past them needs a line
+# Sizes a reader can hold in mind. A module or function past them needs a line
 # here saying why; none does today.
 LONG_MODULES: dict[str, str] = {}
 LONG_FUNCTIONS: dict[str, str] = {}
@@ -139,7 +139,7 @@ def test_every_package_ships():
     assert found - listed == set()
 
 
-# ------------------------------------------------------------------ issue 31: the whole import graph
+# ------------------------------------------------------------------ the whole import graph
 # Every kit module sits in a layer; an import may go to its own package or to a lower (or the same)
 # layer, never higher, and the graph of modules has no circle. A module names the layer of the
 # longest prefix listed here; one that matches none is an error (a new room is placed on purpose).
@@ -150,7 +150,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kit.train", "kit.image", "kit.slurm", "kit.report", "kit.snapshot"),
     ("kit.submission", "kit.cluster"),                         # a job written and submitted; the local cluster
     ("kit.targets",),                                          # where a job goes
-    ("kit.listing",),                                          # the jobs a user has
+    ("kit.listing", "kit.joblogs"),                            # the jobs a user has; a job's logs
     ("kit.trim", "kit.api"),                                   # kit.Job, kit.launch
     ("kit.functions",),                                        # kit.submit / kit.map: FunctionJob(Job)
     ("kit.cli", "kit.__main__", "kit"),                        # the commands; `kit` re-exports the API lazily
@@ -371,3 +371,25 @@ def test_every_package_opens_with_what_it_owns():
     """Every package's __init__.py and every top-level module starts with a docstring (its room's one line)."""
     for path in [*KIT.rglob("__init__.py"), *KIT.glob("*.py")]:
         assert ast.get_docstring(ast.parse(path.read_text())), f"{path.relative_to(KIT.parent)} has no opening docstring"
+
+
+def test_every_test_that_starts_a_cluster_is_marked():
+    """`-m 'not cluster'` runs no test that starts Slurm daemons: a test whose own code starts a local
+    cluster (``LocalCluster(...).up``, ``kit cluster up`` that succeeds) carries the ``cluster`` mark, by its
+    fixtures (conftest marks ``cluster`` and ``three``), a decorator or its module's ``pytestmark``."""
+    import re
+
+    starts = re.compile(r"LocalCluster\([^)]*\)\.up\(|\bc\.up\(|\.up\(nodes=")
+    bad = []
+    for path in sorted((KIT.parent / "tests").glob("test_*.py")):
+        text = path.read_text()
+        tree = ast.parse(text)
+        module_marked = re.search(r"^pytestmark = pytest\.mark\.cluster", text, re.M) is not None
+        for node in tree.body:
+            if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
+                continue
+            marked = module_marked or {"cluster", "three"} & {a.arg for a in node.args.args} or any(
+                "mark.cluster" in ast.unparse(d) for d in node.decorator_list)
+            if starts.search(ast.get_source_segment(text, node)) and not marked:
+                bad.append(f"{path.name}::{node.name}")
+    assert bad == []

@@ -1,4 +1,4 @@
-"""Metrics of real jobs (issue 4, done-means 1 and 4): a real Prometheus finds both
+"""Metrics of real jobs: a real Prometheus finds both
 nodes' exporters through file_sd during a 2-node job; nothing is left afterwards;
 killing an exporter never stops the training."""
 
@@ -10,7 +10,6 @@ import re
 import signal
 import socket
 import sys
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -84,7 +83,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def check_report(cluster, job_dir: str, logs: list[Path]) -> None:
-    """Issue 4 done-means 5 and issue 11 done-means 5: kit report on a CPU job draws
+    """kit report on a CPU job draws
     the CPU, memory, loss, step time and throughput panels and no empty one; every
     number of its summary is computed again here from the JSONL logs."""
     from helpers import kit
@@ -130,7 +129,7 @@ GPU_RANK = ('echo "rank=$RANK local=$LOCAL_RANK cvd=${CUDA_VISIBLE_DEVICES-unset
 
 
 def test_a_two_node_two_gpu_job_through_the_real_nvml_binding(cluster, tmp_path):
-    """Issue 23 done-means 2 (and 1 in a job): 2 nodes x 2 GPUs on the local cluster, the
+    """2 nodes x 2 GPUs on the local cluster, the
     exporters reading the test NVML library through nvidia-ml-py. One rank per GPU as Slurm
     binds them; the series carry the job's ids for exactly its GPUs (each node's NVML shows 4,
     Slurm gave the job 2); gpu_compute_processes counts the ranks' pids the library reports;
@@ -184,8 +183,10 @@ def test_a_two_node_two_gpu_job_through_the_real_nvml_binding(cluster, tmp_path)
     def firing(name):
         return query(cluster, f'ALERTS{{alertname="{name}",alertstate="firing",slurm_job_id="{job_id}"}}')
 
-    # An Xid on node2's GPU 0: the alert fires in Prometheus.
-    time.sleep(3)
+    # An Xid on node2's GPU 0 (once node2's exporter watches for them): the alert fires in Prometheus.
+    exporter_log = Path(job_dir) / "logs" / "node2.r0.exporter.log"
+    wait_for(lambda: exporter_log.exists() and "watching XID events on 2 GPU(s)" in exporter_log.read_text(), 60,
+             what="node2's exporter to watch for XID events")
     fleet["node2"].xid(0, 79)
     alert = wait_for(lambda: firing("KitGpuXidError"), 60, what="KitGpuXidError to fire")
     assert {(a["metric"]["node"], a["metric"]["gpu"]) for a in alert} == {("node2", "0")}, alert
@@ -199,7 +200,8 @@ def test_a_two_node_two_gpu_job_through_the_real_nvml_binding(cluster, tmp_path)
     fleet["node2"].lost.clear()
     fleet["node2"].write()
 
-    time.sleep(5)  # a few more polls
+    # node2's GPU 1 back: the job's metrics see it before the job ends.
+    wait_for(lambda: series("gpu_lost").get(("node2", "1")) == 0, 60, what="node2's GPU 1 back in Prometheus")
     (job_dir / "stop").write_text("")
     end = slurm.wait(cluster.target, job_id, timeout=120)
     assert (end.state, end.exit_code) == ("COMPLETED", 0), read_logs(job_dir)

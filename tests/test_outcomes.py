@@ -1,4 +1,4 @@
-"""Every way a job ends tells the truth (the lifecycle issue, done-means 1, 2 and 6).
+"""Every way a job ends tells the truth (state, marker and exit code).
 
 One case per row of the README's outcome table that the session cluster can
 show in seconds; the rows that need a real time limit are in
@@ -231,7 +231,7 @@ def test_reference_trainer_requeued_resumes_and_completes(cluster, tmp_path):
     # reads last.ckpt. A save is reported at the next batch's start, once the file is
     # written (kit.train.metrics.ProgressCallback): a stop between the two leaves the
     # record one save (20 steps) behind the file, the safe side (seen in a full run);
-    # once in CI it was one save ahead (unexplained, see issue 8's notes).
+    # once in CI it was one save ahead (unexplained).
     recorded = runs(w.job_dir)[0]["checkpoint_step"]
     assert resumed - 20 <= recorded <= resumed + 20, (recorded, resumed, read_logs(w.job_dir)[-3000:])
 
@@ -249,7 +249,7 @@ def test_wait_is_not_fooled_by_strings_and_site_export_none(cluster, tmp_path):
 
 
 def test_a_save_marked_on_one_rank_covers_the_ranks_waiting_for_it(cluster, tmp_path):
-    """Issue 18 finding 11: rank 0 marks `checkpointing` and saves for 8 s; rank 1 waits
+    """Rank 0 marks `checkpointing` and saves for 8 s; rank 1 waits
     in the barrier with no progress of its own. The hang timeout is 3 s, the first-progress
     (saving) timeout 60 s: no hang, the job finishes. The README says one rank is enough."""
     save = ('for i in $(seq 10); do echo "step $i" >"$KIT_PROGRESS_FILE"; sleep 0.2; done; '
@@ -262,7 +262,7 @@ def test_a_save_marked_on_one_rank_covers_the_ranks_waiting_for_it(cluster, tmp_
     assert not (w.job_dir / "hang" / "r0" / "report").exists()
 
 
-# A plain DDP loop reporting through the documented call only (issue 19 done-means 6).
+# A plain DDP loop reporting through the documented call only.
 BLAME = """
 import time, torch, torch.distributed as dist
 from kit.train import progress
@@ -280,7 +280,7 @@ for step in range(100000):
 
 
 def test_the_hang_report_blames_the_rank_outside_the_collective(cluster, tmp_path):
-    """Issue 19 finding 4: rank 1 stuck in user code, rank 0 waiting for it in all_reduce
+    """Rank 1 stuck in user code, rank 0 waiting for it in all_reduce
     (and reporting progress earlier): the report names rank 1 and its node, and the
     requeue decides about that node."""
     from helpers import require
@@ -316,7 +316,7 @@ dist.init_process_group("gloo")
 
 
 def test_a_rank_that_never_reaches_the_rendezvous_is_caught(cluster, tmp_path):
-    """Issue 19 finding 4: no rank ever reports progress, so only the rendezvous tells: rank 0
+    """No rank ever reports progress, so only the rendezvous tells: rank 0
     serves it and waits, rank 1 never comes. Caught once the first-progress timeout passes
     (torch's own would wait 30 minutes); the report names rank 1 and its node."""
     (tmp_path / "rendezvous.py").write_text(RENDEZVOUS)
@@ -358,7 +358,7 @@ dist.init_process_group("gloo")
 
 
 def test_a_rendezvous_reached_late_is_still_watched(cluster, tmp_path):
-    """Issue 29 finding 2: the launcher marked `joined` only within first-progress + 10 s of the
+    """The launcher marked `joined` only within first-progress + 10 s of the
     task's start; rank 0 serving the rendezvous later was never marked, no rank had joined, and
     the job hung until cancelled. Now rank 0 is marked late, and rank 1 is named."""
     (tmp_path / "late.py").write_text(LATE)
@@ -383,7 +383,7 @@ if os.environ["RANK"] == "1":
 
 
 def test_work_declared_finished_then_a_teardown_abort_is_finished_and_the_chain_goes_on(cluster, tmp_path):
-    """Issue 19 finding 5: every rank called kit.train.progress.finished(), then one died in
+    """Every rank called kit.train.progress.finished(), then one died in
     its teardown (SIGABRT, 134): the job is COMPLETED with exit 0, the abort is told in the
     batch log and runs.jsonl, and a stage launched --after it runs."""
     (tmp_path / "teardown.py").write_text(TEARDOWN)
@@ -403,7 +403,7 @@ def test_work_declared_finished_then_a_teardown_abort_is_finished_and_the_chain_
               ends=["failed"])
 
 
-# Issue 29 finding 1: a DDP model; at step 20 rank 1 is stuck in code of its own, rank 0 waits
+# A DDP model; at step 20 rank 1 is stuck in code of its own, rank 0 waits
 # for it in the way named. Rank 1 reports last (the oldest report is the waiting rank's).
 STUCK = """
 import os, sys, time, torch, torch.distributed as dist
@@ -455,7 +455,7 @@ STUCK_CASES = [("sleep", "backward"), ("busy", "all_reduce"), ("read", "barrier"
 
 
 def test_the_stuck_rank_is_named_whatever_the_others_wait_in(cluster, tmp_path):
-    """Issue 29 done-means 1: rank 1 stuck in a sleep, a busy loop or a blocking read; rank 0 waiting
+    """Rank 1 stuck in a sleep, a busy loop or a blocking read; rank 0 waiting
     in DDP's backward, all_reduce, a barrier or a DataLoader. Every report names rank 1 and its node,
     and the requeue decides about that node, never the healthy one. The cases run side by side."""
     from helpers import require

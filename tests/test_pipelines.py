@@ -1,4 +1,4 @@
-"""Issue 28 finding 3 (done-means 3): no generated script has a pipeline whose early reader can
+"""No generated script has a pipeline whose early reader can
 fail it. Under `set -o pipefail` a reader that quits before its input ends (`head`, `grep -q`,
 `awk '{…; exit}'`) makes its writer die of SIGPIPE whenever the writer writes again, and the
 pipeline fails with 141 (FACTS.md: 9 of 2,000 times with three interfaces). A static check lists
@@ -100,7 +100,7 @@ def test_no_pipeline_in_launch_has_an_early_reader():
         for n, stages in pipelines(path.read_text()):
             listed.append(f"{path.name}:{n}: " + " | ".join(s[:40] for s in stages))
             bad += [f"{path.name}:{n}: {why}" for why in early_readers(stages)]
-    print("\n".join(listed))  # the list done-means 3 asks for (pytest -s shows it)
+    print("\n".join(listed))  # every pipeline, listed (pytest -s shows it)
     assert len(listed) >= 10, listed  # the scan sees the scripts' pipelines
     assert bad == [], "\n".join(bad)
 

@@ -1,4 +1,4 @@
-"""The preemption plan, on real time limits (done-means 4; issue 19 finding 2).
+"""The preemption plan, on real time limits (the README's outcome table).
 
 Six 1-minute jobs run side by side, each told to expect the warning 45 s
 before its limit: one that resumes after a requeue, one with no retry
@@ -138,7 +138,7 @@ def test_time_limit_without_acting_on_the_warning_is_a_timeout(cluster, jobs):
 
 
 def test_a_command_without_a_handler_is_requeued_before_the_limit_and_finishes(cluster, jobs):
-    """Issue 19 finding 2: a loop with no USR1 handler is never killed by the warning;
+    """A loop with no USR1 handler is never killed by the warning;
     kit stops it shortly before the limit and requeues it, the next run starts without
     Slurm's 2-minute hold after a requeue, resumes from the saved step, and ends its work
     by itself after that run's warning: COMPLETED, FINISHED, exit 0."""
@@ -170,7 +170,7 @@ def test_a_command_without_a_handler_is_requeued_before_the_limit_and_finishes(c
 
 
 def test_a_function_job_is_stopped_before_the_limit_requeued_and_finishes(cluster, jobs):
-    """Issue 22 finding 2: a function job keeps kit's semantics: run 0 outlasts the limit (no
+    """A function job keeps kit's semantics: run 0 outlasts the limit (no
     handler for the warning: stopped before it, requeued), run 1 returns; its result is run 1's,
     FINISHED only then."""
     job = jobs["function"]

@@ -1,4 +1,4 @@
-"""Hangs and dead daemons (the lifecycle issue, done-means 3, 5 and 6).
+"""Hangs and dead daemons: each ends the job with the truth, and nothing is left.
 
 Each test gets a throw-away 3-node cluster of its own (its own KIT_HOME), so
 killing its daemons never touches the session's cluster.
@@ -116,7 +116,7 @@ def test_killed_slurmd_comes_back_with_up_and_the_job_completes(three, tmp_path)
 def test_wait_rides_through_a_controller_restart(three, tmp_path):
     w = launch_wait(tmp_path, "--nodes", "2", command=[*TRAIN, "--max-steps", "500"], env=three.env)
     wait_for(trained_to(w.job_dir, 20), 120, what="training")
-    # kit logs -f rides through it too (issue 18 finding 12), printing the job's lines all along.
+    # kit logs -f rides through it too, printing the job's lines all along.
     follow = subprocess.Popen([sys.executable, "-m", "kit", "logs", "-f", str(w.job_dir)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env={**os.environ, **three.env})
     ctld = three.state().pids["slurmctld"]
@@ -135,7 +135,7 @@ def test_wait_rides_through_a_controller_restart(three, tmp_path):
 
 
 def test_down_with_a_dead_controller_ends_every_job_process(three, tmp_path):
-    # A sidecar's daemon that cleared its environment and left the session (finding 18): no token, no SLURM_CONF.
+    # A sidecar's daemon that cleared its environment and left the session: no token, no SLURM_CONF.
     w = launch_wait(tmp_path, "--nodes", "2", "--sidecar", "env -i setsid sleep 433 & exec sleep 300",
                     command=[*TRAIN, "--max-steps", "100000"], env=three.env)
     wait_for(trained_to(w.job_dir, 10), 120, what="training")

@@ -50,7 +50,7 @@ def test_an_ambiguous_job_id_is_refused_with_the_candidates(tmp_path):
 
 
 def test_damaged_metrics_logs_are_skipped_and_counted(tmp_path):
-    """Issue 9: a job that filled its disk, or logs damaged otherwise: lines
+    """A job that filled its disk, or logs damaged otherwise: lines
     are skipped and counted, never a traceback."""
     from helpers import kit
 
@@ -143,7 +143,7 @@ def test_notes_flag_waste_restarts_and_a_slow_node_with_their_thresholds(tmp_pat
 
 
 def test_without_matplotlib_the_report_is_its_numbers_and_one_line(tmp_path):
-    """Issue 19 finding 12: `pip install kit` without the report extra: kit report prints its
+    """`pip install kit` without the report extra: kit report prints its
     summary, writes report.json, and says in one line what to install for the picture."""
     import os
     import subprocess
@@ -170,7 +170,7 @@ def test_without_matplotlib_the_report_is_its_numbers_and_one_line(tmp_path):
 
 
 def test_a_falling_job_cpu_counter_is_no_restart_and_never_over_the_allocation(tmp_path):
-    """Issue 20 finding 2: under pyxis the first task's process carries `enroot create`'s
+    """Under pyxis the first task's process carries `enroot create`'s
     CPU time (here 30 s) until it exits mid-run; the job's CPU counter then falls. One run,
     one core busy of 2: 50 %, not the fall read as a restart from 0 (which gave 114 %)."""
     logs = tmp_path / "logs"
@@ -305,7 +305,7 @@ def _many_nodes_logs(job_dir, nodes: int, slow: str, idle: str) -> None:
 
 @pytest.mark.parametrize("nodes", [32, 64])
 def test_a_report_on_many_nodes_is_a_summary_with_its_outliers_named(tmp_path, nodes):
-    """Issue 30 done-means 4: past 8 nodes the text gives each measure's spread and names the
+    """Past 8 nodes the text gives each measure's spread and names the
     extreme nodes (under 30 lines at 32 nodes, not a line per node), the notes name the slowest and
     the idle node, each panel draws a band and the outliers alone (a handful of legend entries, not
     one per node and rank), and report.json keeps every node."""

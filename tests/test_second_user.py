@@ -1,4 +1,4 @@
-"""Issue 18 done-means 3: a real second Linux user (created here, removed after) cannot
+"""A real second Linux user (created here, removed after) cannot
 run commands as root through the local cluster, read a job's --env values, or make root's
 day-two commands load a Slurm configuration it planted."""
 
@@ -141,7 +141,7 @@ def scratch(kit_home):
 
 
 def test_root_rerun_never_runs_a_store_another_user_swapped_in(cluster, other_user, public, scratch, tmp_path):
-    """Issue 28 finding 1: in a group-writable, non-sticky output directory another user renames
+    """In a group-writable, non-sticky output directory another user renames
     root's code store away and puts their own in its place — the same manifest (its digest is
     what root's job records) and an object of that name holding their code. Root's `kit rerun`
     refuses the store in one line, runs nothing of theirs and submits nothing."""

@@ -1,4 +1,4 @@
-"""Code snapshots and image pins (issue 22, done-means 3 and 5's no-copy half), without a cluster:
+"""Code snapshots and image pins, without a cluster:
 what a snapshot holds, how a view lays it out, the size limit, the store's sharing."""
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def test_a_job_never_snapshots_earlier_jobs(home, tmp_path):
 
 
 def test_a_job_writing_its_view_changes_no_store_object(home, tmp_path):
-    """Issue 28 finding 2: a view is a copy of its own. Whatever a job does to it (append, truncate,
+    """A view is a copy of its own. Whatever a job does to it (append, truncate,
     chmod, replace) the next snapshot of the untouched tree lays out the submitted content."""
     repo = make_repo(tmp_path / "repo")
     snap = snapshot.take(repo, store=home / "code")

@@ -1,4 +1,4 @@
-"""Arrays and sweeps (issue 10): every task is its own unit of work, run on
+"""Arrays and sweeps: every task is its own unit of work, run on
 the real local cluster."""
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def test_a_hostile_sweep_value_reaches_the_command_byte_for_byte(tmp_path):
 
 
 def test_cancelled_array_tasks_stay_cancelled_once_slurm_forgets_them(cluster, tmp_path):
-    """Issue 18 finding 15: `kit cancel ARRAY` records which tasks it ended; the job
+    """`kit cancel ARRAY` records which tasks it ended; the job
     directory alone (what kit ps reads once Slurm forgets, MinJobAge later) then tells
     CANCELLED for those and COMPLETED for the task that had finished before."""
     from kit import listing
@@ -181,7 +181,7 @@ def test_cancelled_array_tasks_stay_cancelled_once_slurm_forgets_them(cluster, t
     # kit ps's row for a task Slurm no longer knows (no status) comes from that record.
     rows = [listing._row(f"{w.job_id}_{i}", task_dir(w, i), w.job_dir, "n", None, None) for i in (0, 1)]
     assert [(r.state, r.state_from) for r in rows] == [("COMPLETED", "job directory"), ("CANCELLED", "job directory")]
-    # kit ps: one row for the array, its tasks counted; --tasks a row per task (issue 19 finding 11).
+    # kit ps: one row for the array, its tasks counted; --tasks a row per task.
     table = kit("ps", "--all", "--output-dir", str(w.job_dir.parent)).stdout.splitlines()
     mine = [line.split(None, 2) for line in table if line.startswith(f"{w.job_id} ") or line.startswith(f"{w.job_id}_")]
     assert len(mine) == 1 and mine[0][2].startswith("CANCELLED [1 CANCELLED, 1 COMPLETED]"), table

@@ -1,4 +1,4 @@
-"""Issue 28 finding 12 (done-means 7): `kit trim` frees the pinned images and code snapshots no
+"""`kit trim` frees the pinned images and code snapshots no
 job needs, and keeps those a held job and a requeueable one (ended unfinished, still known to
 Slurm) use, and those of a job named with --keep."""
 

@@ -34,7 +34,7 @@ if __name__ == "__main__":
     # Lightning leaves the process group up; gloo's threads then die unjoined at exit now and then
     # (SIGABRT, "terminate called without an active exception", torch 2.13): what this script tests
     # is the rank mapping, so it ends the group as torch asks. kit's answer for scripts that do not
-    # is issue 19 finding 5 (work declared finished, then a crash in teardown).
+    # is the case of work declared finished, then a crash in teardown.
     import torch.distributed as dist
 
     if dist.is_initialized():

@@ -160,17 +160,14 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
             seen["printed"] = now
 
     try:
-        end = slurm.wait(target, job_id, poll=0.5, on_state=lambda st: say(st.shown()), on_outage=say,
-                         on_poll=progress)
+        result = api.Job(job_dir, job_id=job_id, target=target).wait(
+            poll=0.5, on_state=lambda st: say(st.shown()), on_outage=say, on_poll=progress)
     except KeyboardInterrupt:
         where = shlex.quote(str(job_dir))  # the directory, not the id: it works whatever --output-dir was
         say(f"stopped waiting; the job goes on. Follow it: kit logs -f {where}; cancel it: kit cancel {where}")
         return 130
     if live and seen["line"]:
         click.echo("\r\x1b[K", nl=False, err=True)
-    if end.state != "GONE":
-        records.keep_outcome(job_dir, end.state)
-    result = slurm.job_outcome(end, job_dir, records.work_finished(job_dir))
     click.echo(f"kit: job {job_id} {result.describe()}", err=True)
     return result.exit_code
 
@@ -178,7 +175,7 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
 def wait_and_report_tasks(target: slurm.Target, prepared: lib.PreparedJob) -> int:
     """--wait on an array job: every task to its end, one line per task; the
     exit code is 0 when every task finished, else the lowest-index failing task's."""
-    from kit.jobdir import JobDir, records
+    from kit.jobdir import JobDir
 
     job_id, job = prepared.job_id, prepared.job
     params = job.params or ({},) * len(job.tasks.indices)
@@ -191,10 +188,7 @@ def wait_and_report_tasks(target: slurm.Target, prepared: lib.PreparedJob) -> in
                             on_state=lambda i, st: say(f"task {i}: {st.shown()}"))
     codes = []
     for i in job.tasks.indices:
-        task = JobDir(prepared.job_dir).task(i).path
-        if ends[i].state != "GONE":
-            records.keep_outcome(task, ends[i].state)
-        result = slurm.job_outcome(ends[i], task, records.work_finished(task))
+        result = slurm.observe(ends[i], JobDir(prepared.job_dir).task(i).path)
         codes.append(result.exit_code)
         label = f" ({names[i]})" if names[i] else ""
         click.echo(f"kit: job {job_id}_{i}{label} {result.describe()}", err=True)

@@ -28,30 +28,17 @@ def report(job, output, prometheus, min_seconds, output_dir):
     marked; notes flag idle or unused GPUs, unused cores and memory, time lost
     to restarts and a slow node, each with its threshold.
     """
-    from kit.cluster import LocalCluster
+    from kit import api
     from kit.jobdir import JobDir, records
-    from kit.report import report as make_report
 
     if output and Path(output).suffix.lower() not in FORMATS:
         raise KitError(f"{output}: the report is a picture: name it .png, .svg or .pdf", field="--output",
                        hint="a .json summary is written next to it")
-    job_dir = records.find_job_dir(job, output_dir)
-    job_id = records.job_id_of(job_dir) or job_dir.name
-    prometheus = prometheus or LocalCluster().prometheus_url()
-    out = Path(output) if output else job_dir / JobDir.REPORT
+    job = api.Job.from_dir(records.find_job_dir(job, output_dir))
+    out = Path(output) if output else job.dir / JobDir.REPORT
     missing: list[KitError] = []
-    tasks = records.task_indices(job_dir)
-    if tasks:  # an array job or sweep: a table of its tasks
-        from kit.report import TASK_HEADER, report_tasks
-
-        click.echo(f"job {job_id}: {len(tasks)} task(s)")
-        click.echo(TASK_HEADER)
-        for row in report_tasks(job_dir, job_id, out, notice=missing.append):
-            click.echo(row.line())
-    else:
-        summary = make_report(job_dir, job_id, out, prometheus, min_seconds, notice=missing.append)
-        for line in summary.lines():
-            click.echo(line)
+    for line in job.summarize(prometheus, out, min_seconds, notice=missing.append).lines():
+        click.echo(line)
     for e in missing:  # one line, the hint naming the extra; the numbers above stand
         click.echo(f"kit: warning: {e.message}" + (f"; {e.hint}" if e.hint else ""), err=True)
     click.echo(f"report: {out.with_suffix('.json') if missing else out}")

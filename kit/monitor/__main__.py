@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     sources = []
     if not args.no_gpu:
         sources.append(GpuSource(hostname=socket.gethostname(), hostname_label=args.hostname_label,
-                                 minors=job_gpus(os.environ)))
+                                 minors=job_gpus(os.environ), say=say))
     if not args.no_node:
         sources.append(NodeSource())
     sources.append(TrainingSource(Path(args.training_dir) if args.training_dir else None))

@@ -112,8 +112,10 @@ class GpuSource:
     name = "gpu"
 
     def __init__(self, nvml=None, hostname: str = "", hostname_label: str = "Hostname", events: bool = True,
-                 minors: set[int] | None = None):
+                 minors: set[int] | None = None, say=None):
         self._nvml = nvml
+        self._say = say  # a line for the exporter's log (watching XIDs), or None
+        self.watching = threading.Event()  # set once the XID thread has registered its GPUs
         self.minors = minors  # serve only these GPUs (the job's: job_gpus); None: every one
         self.hostname = hostname
         self.hostname_label = hostname_label
@@ -248,6 +250,9 @@ class GpuSource:
                     continue
         except Exception:
             return
+        self.watching.set()  # NVML gives an event set only what happens from now on
+        if self._say:
+            self._say(f"watching XID events on {len(by_handle)} GPU(s)")
         while not self._stop.is_set():
             try:
                 event = n.nvmlEventSetWait_v2(event_set, 500)

@@ -25,7 +25,17 @@ from kit.report.plot import NoPicture, _plot_tasks, _pyplot, plot
 from kit.report.series import Logs, load_logs, load_prometheus, missed
 from kit.report.summary import MIN_SECONDS, Summary, summarize
 
-__all__ = ["Logs", "MIN_SECONDS", "NoPicture", "Summary", "TASK_HEADER", "TaskSummary", "report", "report_tasks"]
+__all__ = ["Logs", "MIN_SECONDS", "NoPicture", "Summary", "TASK_HEADER", "TaskSummary", "TaskTable", "report",
+           "report_job", "report_tasks"]
+
+
+def report_job(job_dir: Path, job: str, out: Path, prometheus: str | None = None,
+               min_seconds: float = MIN_SECONDS, notice=lambda e: None) -> Summary | TaskTable:
+    """`kit report` and ``Job.report()``: a single job's summary and panels, or an array job's
+    table of tasks; ``out`` the picture, its .json the numbers (``report.json``)."""
+    if records.task_indices(job_dir):
+        return TaskTable(job, report_tasks(job_dir, job, out, notice))
+    return report(job_dir, job, out, prometheus, min_seconds, notice)
 
 
 def report(job_dir: Path, job: str, out: Path, prometheus: str | None = None,
@@ -79,6 +89,17 @@ class TaskSummary:
 
 TASK_HEADER = f"{'task':>5}  {'parameters':<30}  {'end':<10}  {'restarts':>8}  {'final loss':>10}  " \
               f"{'samples/s':>10}  {'time (s)':>8}"
+
+
+@dataclass
+class TaskTable:
+    """An array job's report: a row per task (report.json: ``{"job", "tasks"}``)."""
+
+    job: str
+    tasks: list[TaskSummary]
+
+    def lines(self) -> list[str]:
+        return [f"job {self.job}: {len(self.tasks)} task(s)", TASK_HEADER, *(row.line() for row in self.tasks)]
 
 
 def _task_summary(d: Path) -> tuple[TaskSummary, list]:

@@ -308,6 +308,16 @@ def job_outcome(st: JobStatus, job_dir: Path | None, finished: bool | None = Non
     return outcome.Outcome(state=st.state, exit_code=code, meaning=meaning, restarts=st.restarts)
 
 
+def observe(end: JobStatus, job_dir: Path) -> outcome.Outcome:
+    """The one place an end seen is recorded and told: Slurm's final state kept in the job directory
+    (``outcome.json``: told the same once Slurm forgets the job), then what it means (:func:`job_outcome`,
+    with the work's own record of being finished). ``kit launch --wait``, ``Job.wait`` and an array's
+    tasks all end here."""
+    if end.state != "GONE":
+        records.keep_outcome(job_dir, end.state)
+    return job_outcome(end, job_dir, records.work_finished(job_dir))
+
+
 def _any_rank_ran(job_dir: Path, run: int) -> bool:
     """Whether a rank of the run started (a launcher's task record or exit record)."""
     d = JobDir(job_dir)

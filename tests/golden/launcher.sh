@@ -166,6 +166,7 @@ kit::runtime_own() {
 # kit::tree PID [all]: PID and every process below it, the runtime's left out
 # (with "all": kept), in KIT_TREE (no fork: the teardown calls it and must not
 # find its own helpers).
+KIT_TREE=()
 kit::tree() {
   local pid file
   local -a queue=("$1") children
@@ -183,17 +184,33 @@ kit::tree() {
   done
 }
 
-# kit::describe PID...: "PID (its command line, cut at 60 characters)" for each,
-# comma-separated, in KIT_DESCRIBED (no fork: the teardown calls it).
+# kit::describe PID...: "PID (its state, parent and command line, its last 70
+# characters)" for each, comma-separated, in KIT_DESCRIBED; KIT_OWN_FORKS: those
+# of them that are forks of this script not yet gone (a helper's subshell: the
+# same command line). No fork: the teardown calls it.
 KIT_DESCRIBED=
+KIT_OWN_FORKS=()
+KIT_OWN_START=
 kit::describe() {
-  local pid text
-  local -a args out
+  local pid text stat own comm
+  local -a args out fields
+  { mapfile -d '' -t args <"/proc/$$/cmdline"; } 2>/dev/null || args=()
+  own="${args[*]}"
+  if kit::start_time "$$"; then KIT_OWN_START="${KIT_START_TIME}"; fi
+  { read -r text _ </proc/uptime; } 2>/dev/null || text="?"
+  KIT_OWN_START+=", now ${text/./}"
+  KIT_OWN_FORKS=()
   for pid in "$@"; do
-    args=()
+    args=() fields=()
     { mapfile -d '' -t args <"/proc/${pid}/cmdline"; } 2>/dev/null || true
+    { read -r stat <"/proc/${pid}/stat"; } 2>/dev/null || stat=""
+    comm="${stat#* (}"
+    comm="${comm%%) *}"
+    read -r -a fields <<<"${stat##*) }"
     text="${args[*]}"
-    out+=("${pid} (${text:0:60})")
+    if [[ "${text}" == "${own}" ]]; then KIT_OWN_FORKS+=("${pid}"); fi
+    if (( ${#text} > 70 )); then text="…${text: -70}"; fi
+    out+=("${pid} (${comm}, ${fields[0]-?}, parent ${fields[1]-?}, started at tick ${fields[19]-?} of this task's ${KIT_OWN_START-?}: ${text})")
   done
   KIT_DESCRIBED="${out[0]-}"
   for text in "${out[@]:1}"; do KIT_DESCRIBED+=", ${text}"; done
@@ -201,7 +218,8 @@ kit::describe() {
 
 # kit::sweep_tree: stop every process still below this script (orphans it
 # adopted included) but the rank log's writers and the container runtime's
-# (KIT_RUNTIME), until none is left.
+# (KIT_RUNTIME), until none is left. What the command left is said as such;
+# a fork of this script (a helper's subshell outliving its helper) is kit's own.
 kit::sweep_tree() {
   local pid round
   local -a pids
@@ -217,7 +235,11 @@ kit::sweep_tree() {
     # script as it exits) goes by itself in a moment: only what stays is left behind.
     if (( round == 0 )) && kit::await_exit 10 "${pids[@]}"; then continue; fi
     kit::describe "${pids[@]}"
-    kit::log "stopping ${#pids[@]} process(es) left below the task: ${KIT_DESCRIBED}"
+    if (( ${#KIT_OWN_FORKS[@]} == ${#pids[@]} )); then
+      kit::log "stopping ${#pids[@]} of this launcher's own subshell(s) still running: ${KIT_DESCRIBED}"
+    else
+      kit::log "stopping ${#pids[@]} process(es) left below the task: ${KIT_DESCRIBED}"
+    fi
     KIT_STOP_TIMEOUT=2 kit::stop "${pids[@]}"
   done
 }
@@ -268,6 +290,8 @@ kit::helper_traps() {
   trap 'exit 0' TERM
   trap '' USR1 USR2
   trap - INT EXIT
+  # Named for ps and the teardown's log (the kernel keeps 15 bytes): "kit:answer_hang".
+  { printf '%s' "kit:${FUNCNAME[1]#kit::}" >"/proc/${BASHPID}/comm"; } 2>/dev/null || true
 }
 
 # kit::running PID: true while PID exists and is not a zombie.

@@ -128,6 +128,7 @@ kit::runtime_own() {
 # kit::tree PID [all]: PID and every process below it, the runtime's left out
 # (with "all": kept), in KIT_TREE (no fork: the teardown calls it and must not
 # find its own helpers).
+KIT_TREE=()
 kit::tree() {
   local pid file
   local -a queue=("$1") children
@@ -145,17 +146,33 @@ kit::tree() {
   done
 }
 
-# kit::describe PID...: "PID (its command line, cut at 60 characters)" for each,
-# comma-separated, in KIT_DESCRIBED (no fork: the teardown calls it).
+# kit::describe PID...: "PID (its state, parent and command line, its last 70
+# characters)" for each, comma-separated, in KIT_DESCRIBED; KIT_OWN_FORKS: those
+# of them that are forks of this script not yet gone (a helper's subshell: the
+# same command line). No fork: the teardown calls it.
 KIT_DESCRIBED=
+KIT_OWN_FORKS=()
+KIT_OWN_START=
 kit::describe() {
-  local pid text
-  local -a args out
+  local pid text stat own comm
+  local -a args out fields
+  { mapfile -d '' -t args <"/proc/$$/cmdline"; } 2>/dev/null || args=()
+  own="${args[*]}"
+  if kit::start_time "$$"; then KIT_OWN_START="${KIT_START_TIME}"; fi
+  { read -r text _ </proc/uptime; } 2>/dev/null || text="?"
+  KIT_OWN_START+=", now ${text/./}"
+  KIT_OWN_FORKS=()
   for pid in "$@"; do
-    args=()
+    args=() fields=()
     { mapfile -d '' -t args <"/proc/${pid}/cmdline"; } 2>/dev/null || true
+    { read -r stat <"/proc/${pid}/stat"; } 2>/dev/null || stat=""
+    comm="${stat#* (}"
+    comm="${comm%%) *}"
+    read -r -a fields <<<"${stat##*) }"
     text="${args[*]}"
-    out+=("${pid} (${text:0:60})")
+    if [[ "${text}" == "${own}" ]]; then KIT_OWN_FORKS+=("${pid}"); fi
+    if (( ${#text} > 70 )); then text="…${text: -70}"; fi
+    out+=("${pid} (${comm}, ${fields[0]-?}, parent ${fields[1]-?}, started at tick ${fields[19]-?} of this task's ${KIT_OWN_START-?}: ${text})")
   done
   KIT_DESCRIBED="${out[0]-}"
   for text in "${out[@]:1}"; do KIT_DESCRIBED+=", ${text}"; done
@@ -163,7 +180,8 @@ kit::describe() {
 
 # kit::sweep_tree: stop every process still below this script (orphans it
 # adopted included) but the rank log's writers and the container runtime's
-# (KIT_RUNTIME), until none is left.
+# (KIT_RUNTIME), until none is left. What the command left is said as such;
+# a fork of this script (a helper's subshell outliving its helper) is kit's own.
 kit::sweep_tree() {
   local pid round
   local -a pids
@@ -179,7 +197,11 @@ kit::sweep_tree() {
     # script as it exits) goes by itself in a moment: only what stays is left behind.
     if (( round == 0 )) && kit::await_exit 10 "${pids[@]}"; then continue; fi
     kit::describe "${pids[@]}"
-    kit::log "stopping ${#pids[@]} process(es) left below the task: ${KIT_DESCRIBED}"
+    if (( ${#KIT_OWN_FORKS[@]} == ${#pids[@]} )); then
+      kit::log "stopping ${#pids[@]} of this launcher's own subshell(s) still running: ${KIT_DESCRIBED}"
+    else
+      kit::log "stopping ${#pids[@]} process(es) left below the task: ${KIT_DESCRIBED}"
+    fi
     KIT_STOP_TIMEOUT=2 kit::stop "${pids[@]}"
   done
 }
@@ -230,6 +252,8 @@ kit::helper_traps() {
   trap 'exit 0' TERM
   trap '' USR1 USR2
   trap - INT EXIT
+  # Named for ps and the teardown's log (the kernel keeps 15 bytes): "kit:answer_hang".
+  { printf '%s' "kit:${FUNCNAME[1]#kit::}" >"/proc/${BASHPID}/comm"; } 2>/dev/null || true
 }
 
 # kit::running PID: true while PID exists and is not a zombie.
@@ -429,6 +453,29 @@ KIT_PORT_LOCK_FD=  # the lock that claims MASTER_PORT (kit::pick_port)
 # Either one means the work is not known to be finished.
 KIT_WARNED=0
 KIT_BATCH=0  # 1: run by sbatch (ENVIRONMENT=BATCH), 0: by hand inside salloc
+# The runs so far (kit::catch_up_runs): the last one runs.jsonl records, the run
+# being caught up, the checkpoint step this run starts from, whether the step
+# advanced past the last run's (a run that did not is not a restart spent well).
+declare MASTER_ADDR MASTER_PORT  # the rendezvous (kit::decide_master), unless --env gave them
+KIT_LAST_RUN=
+KIT_RUN=
+KIT_START_STEP=
+KIT_RUN_ADVANCED=true
+KIT_END_CODE=  # the job's exit code once a requeue was refused (kit::requeue)
+KIT_FIRST_NODE=  # the allocation's first node, and what its probe said (kit::decide_master)
+KIT_PROBE=
+KIT_STEP_ARGS=()  # srun's arguments, the --container-env names set here
+KIT_SET_NAMES=()
+KIT_STEP_RC=0  # the step's exit code: the first failing rank's (kit::run_step), then the job's (kit::conclude)
+KIT_FIRST_RC=
+KIT_SUSPECT_NODE=  # the node a hang report names
+declare -A KIT_RECORD=()  # a runs.jsonl record's fields (kit::read_run)
+# The hang watchdog's (kit::watch_progress, in a background subshell of its own): each rank's
+# progress time (µs) and who joined the rendezvous, the rank it suspects, since when and why.
+declare -A KIT_TOUCHED=() KIT_JOINED=()
+KIT_SUSPECT=
+KIT_SUSPECT_LAST=0
+KIT_WHY=
 
 # ---------------------------------------------------------------- functions
 
@@ -662,19 +709,31 @@ kit::append_run() {
     "$1" "$2" "$3" "$4" "$5" "$(date +%s)" "${6:+, \"teardown_exit_code\": ${6}}" >>"${KIT_RUNS_FILE}"
 }
 
-# kit::run_record RUN: that run's last record in runs.jsonl (status 1: none).
-kit::run_record() {
-  grep -F "{\"run\": $1," "${KIT_RUNS_FILE}" 2>/dev/null | tail -n 1 | grep .
+# kit::read_run RUN|last: the last record of run RUN (or the file's last record) in
+# runs.jsonl, its fields in KIT_RECORD (run, end, exit_code, checkpoint_step,
+# advanced, time); status 1: none. The one reader of runs.jsonl in bash: the lines
+# kit::append_run writes, which are json.dumps's (a test pins the pair); a torn
+# or foreign line is skipped, as Python's reader skips it.
+kit::read_run() {
+  local line found=""
+  local -r re='^\{"run": ([0-9]+), "end": "([a-z_-]+)", "exit_code": (-?[0-9]+), "checkpoint_step": (-?[0-9]+), "advanced": (true|false|null), "time": ([0-9]+)[,}]'
+  KIT_RECORD=()
+  [[ -r "${KIT_RUNS_FILE}" ]] || return 1
+  while IFS= read -r line || [[ -n "${line}" ]]; do
+    if [[ "${line}" =~ ${re} ]] && [[ "$1" == last || "${BASH_REMATCH[1]}" == "$1" ]]; then found="${line}"; fi
+  done <"${KIT_RUNS_FILE}"
+  [[ -n "${found}" && "${found}" =~ ${re} ]] || return 1
+  KIT_RECORD=([run]="${BASH_REMATCH[1]}" [end]="${BASH_REMATCH[2]}" [exit_code]="${BASH_REMATCH[3]}"
+              [checkpoint_step]="${BASH_REMATCH[4]}" [advanced]="${BASH_REMATCH[5]}" [time]="${BASH_REMATCH[6]}")
 }
 
 # kit::stalled: true when this run (KIT_RUN_ADVANCED) and the run before it
 # (its line in runs.jsonl) both went without the checkpoint step advancing
 # (only for commands that report one).
 kit::stalled() {
-  local previous
   [[ "${KIT_RUN_ADVANCED}" == false && -e "${KIT_CHECKPOINT_STEP_FILE}" ]] || return 1
-  previous="$(kit::run_record "$(( KIT_RESTART - 1 ))")" || return 1
-  [[ "${previous}" == *'"advanced": false'* ]]
+  kit::read_run "$(( KIT_RESTART - 1 ))" || return 1
+  [[ "${KIT_RECORD[advanced]}" == false ]]
 }
 
 # kit::requeue WHY [NODE]: requeue the job within the retry budget, with NODE
@@ -728,9 +787,10 @@ kit::requeue() {
 
 # kit::first_failure: the exit code of the rank whose command failed first in
 # this run (srun itself reports the highest code, often that of a rank it
-# stopped because another one failed).
+# stopped because another one failed): by time, then rank, as
+# kit.jobdir.failures.first_failure decides it (a test holds the pair to one answer).
 kit::first_failure() {
-  kit::rank_ends | awk '$4 == "self" && $3 != 0' | sort -n | awk 'NR == 1 { print $3; found = 1 } END { exit !found }'
+  kit::rank_ends | awk '$4 == "self" && $3 != 0' | sort -k1,1n -k2,2n | awk 'NR == 1 { print $3; found = 1 } END { exit !found }'
 }
 
 # kit::all_ranks_done: did every rank's command end by itself with 0 in this run?
@@ -777,14 +837,14 @@ kit::saving() {
 readonly KIT_WATCH_EVERY=$(( KIT_HANG_TIMEOUT < 120 ? 1 : (KIT_HANG_TIMEOUT > 900 ? 15 : KIT_HANG_TIMEOUT / 60) ))
 
 # kit::progress_times WITH_JOINED: each rank's progress file time (µs) in
-# touched[rank] (the caller's), and with WITH_JOINED=1 the ranks that joined
-# the rendezvous in joined[rank]. Each file is looked up by its name (find with
+# KIT_TOUCHED[rank], and with WITH_JOINED=1 the ranks that joined the
+# rendezvous in KIT_JOINED[rank]. Each file is looked up by its name (find with
 # the files as its starting points: one stat each, no listing of the
 # directory): on a shared file system a poll costs one metadata read per rank.
 kit::progress_times() {
   local name stamp sec frac rank
   local -a paths=()
-  touched=() joined=()
+  KIT_TOUCHED=() KIT_JOINED=()
   for (( rank = 0; rank < KIT_WORLD_SIZE; rank++ )); do
     paths+=("${KIT_PROGRESS_DIR}/rank-${rank}")
     if (( $1 )); then paths+=("${KIT_PROGRESS_DIR}/joined-${rank}"); fi
@@ -793,8 +853,8 @@ kit::progress_times() {
     case "${name}" in
       rank-*)
         sec="${stamp%.*}" frac="${stamp#*.}000000"
-        touched["${name#rank-}"]=$(( sec * 1000000 + 10#${frac:0:6} )) ;;
-      joined-*) joined["${name#joined-}"]=1 ;;
+        KIT_TOUCHED["${name#rank-}"]=$(( sec * 1000000 + 10#${frac:0:6} )) ;;
+      joined-*) KIT_JOINED["${name#joined-}"]=1 ;;
     esac
   done < <(find "${paths[@]}" -maxdepth 0 -printf '%f %T@\n' 2>/dev/null)
 }
@@ -810,65 +870,90 @@ kit::progress_times() {
 # answer), names the suspect, then lets the launchers stop their commands.
 kit::watch_progress() {
   local -r step_pid="$1" start_us="${EPOCHREALTIME/./}"
-  local -r hang_us=$(( KIT_HANG_TIMEOUT * 1000000 )) first_us=$(( KIT_FIRST_PROGRESS_TIMEOUT * 1000000 ))
-  local armed=0 now rank last limit saving suspect="" suspect_last=0 tries why
-  local -A touched=() joined=()
+  local -r first_us=$(( KIT_FIRST_PROGRESS_TIMEOUT * 1000000 ))
+  local armed=0 now
   kit::helper_traps
   if [[ -e "${KIT_JOB_DIR}/progress/seen" ]]; then armed=1; fi
-  while [[ -z "${suspect}" ]]; do
+  while [[ -z "${KIT_SUSPECT}" ]]; do
     kit::nap "${KIT_WATCH_EVERY}"
     kit::running "${step_pid}" || return 0
     now="${EPOCHREALTIME/./}"
     # Who joined the rendezvous matters only once no rank has reported progress in time.
     kit::progress_times $(( ! armed && now - start_us > first_us ))
-    now="${EPOCHREALTIME/./}" saving=""
     if (( ! armed )); then
-      if (( ${#touched[@]} == 0 )); then
-        # No rank has reported progress: only the rendezvous tells. A rank that
-        # has not joined it (kit::watch_rendezvous) while another has hangs before it.
-        if (( now - start_us > first_us && ${#joined[@]} > 0 && ${#joined[@]} < KIT_WORLD_SIZE )); then
-          for (( rank = 0; rank < KIT_WORLD_SIZE; rank++ )); do
-            [[ -n "${joined[${rank}]-}" ]] || break
-          done
-          suspect="${rank}" suspect_last="${start_us}"
-          why="has not joined the rendezvous (port ${MASTER_PORT}) $(( (now - start_us) / 1000000 )) s after the step started, while ${#joined[@]} rank(s) wait in it"
-        fi
+      if (( ${#KIT_TOUCHED[@]} == 0 )); then
+        kit::rendezvous_suspect "${start_us}"
         continue
       fi
       armed=1
       : >"${KIT_JOB_DIR}/progress/seen"
     fi
-    for (( rank = 0; rank < KIT_WORLD_SIZE; rank++ )); do
-      if [[ -n "${touched[${rank}]-}" ]]; then
-        last="${touched[${rank}]}" limit="${hang_us}"
-      else
-        last="${start_us}" limit="${first_us}"
-      fi
-      (( now - last > limit )) || continue
-      # A rank that declared its work finished waits for the others, rightly.
-      if kit::declared_finished "${rank}"; then continue; fi
-      # A save on any rank: the longer first-progress timeout applies to all.
-      if (( now - last <= first_us )); then
-        if [[ -z "${saving}" ]]; then
-          saving=no
-          if kit::saving; then saving=yes; fi
-        fi
-        [[ "${saving}" == no ]] || continue
-      fi
-      if [[ -z "${suspect}" ]] || (( last < suspect_last )); then suspect="${rank}" suspect_last="${last}"; fi
-    done
-    why="made no progress for $(( (now - suspect_last) / 1000000 )) s"
+    kit::progress_suspect "${start_us}"
   done
+  kit::stop_the_hang "${step_pid}"
+}
+
+# kit::rendezvous_suspect STEP_START_US: no rank has reported progress, so only the
+# rendezvous tells: a rank that has not joined it (kit::watch_rendezvous) while
+# another has, KIT_FIRST_PROGRESS_TIMEOUT after the step started, hangs before it.
+kit::rendezvous_suspect() {
+  local -r start_us="$1" now="${EPOCHREALTIME/./}"
+  local rank
+  if (( now - start_us > KIT_FIRST_PROGRESS_TIMEOUT * 1000000 && ${#KIT_JOINED[@]} > 0 && ${#KIT_JOINED[@]} < KIT_WORLD_SIZE )); then
+    for (( rank = 0; rank < KIT_WORLD_SIZE; rank++ )); do
+      [[ -n "${KIT_JOINED[${rank}]-}" ]] || break
+    done
+    KIT_SUSPECT="${rank}" KIT_SUSPECT_LAST="${start_us}"
+    KIT_WHY="has not joined the rendezvous (port ${MASTER_PORT}) $(( (now - start_us) / 1000000 )) s after the step started, while ${#KIT_JOINED[@]} rank(s) wait in it"
+  fi
+  return 0
+}
+
+# kit::progress_suspect STEP_START_US: the rank whose progress is oldest past
+# KIT_HANG_TIMEOUT (KIT_FIRST_PROGRESS_TIMEOUT for one that never reported, and
+# for all while a rank saves a checkpoint), if any, in KIT_SUSPECT.
+kit::progress_suspect() {
+  local -r start_us="$1" now="${EPOCHREALTIME/./}"
+  local -r hang_us=$(( KIT_HANG_TIMEOUT * 1000000 )) first_us=$(( KIT_FIRST_PROGRESS_TIMEOUT * 1000000 ))
+  local rank last limit saving=""
+  for (( rank = 0; rank < KIT_WORLD_SIZE; rank++ )); do
+    if [[ -n "${KIT_TOUCHED[${rank}]-}" ]]; then
+      last="${KIT_TOUCHED[${rank}]}" limit="${hang_us}"
+    else
+      last="${start_us}" limit="${first_us}"
+    fi
+    (( now - last > limit )) || continue
+    # A rank that declared its work finished waits for the others, rightly.
+    if kit::declared_finished "${rank}"; then continue; fi
+    # A save on any rank: the longer first-progress timeout applies to all.
+    if (( now - last <= first_us )); then
+      if [[ -z "${saving}" ]]; then
+        saving=no
+        if kit::saving; then saving=yes; fi
+      fi
+      [[ "${saving}" == no ]] || continue
+    fi
+    if [[ -z "${KIT_SUSPECT}" ]] || (( last < KIT_SUSPECT_LAST )); then KIT_SUSPECT="${rank}" KIT_SUSPECT_LAST="${last}"; fi
+  done
+  KIT_WHY="made no progress for $(( (now - KIT_SUSPECT_LAST) / 1000000 )) s"
+  return 0
+}
+
+# kit::stop_the_hang STEP_PID: every rank's stacks asked for (the launchers answer),
+# the report written, then the launchers stop their commands; a step that outlives
+# that is killed.
+kit::stop_the_hang() {
+  local -r step_pid="$1"
+  local tries name
   mkdir -p "${KIT_HANG_DIR}"
-  printf 'rank=%s\n' "${suspect}" >"${KIT_HANG_DIR}/request"
-  kit::log "rank ${suspect} ${why}: collecting every rank's stacks"
+  printf 'rank=%s\n' "${KIT_SUSPECT}" >"${KIT_HANG_DIR}/request"
+  kit::log "rank ${KIT_SUSPECT} ${KIT_WHY}: collecting every rank's stacks"
   for (( tries = 0; tries < 150; tries++ )); do
     [[ "$(find "${KIT_HANG_DIR}" -maxdepth 1 -name 'rank-*.txt' | wc -l)" -lt "${KIT_WORLD_SIZE}" ]] || break
     kit::nap 0.1
   done
-  kit::hang_report "${suspect}" "${why}"
+  kit::hang_report "${KIT_SUSPECT}" "${KIT_WHY}"
   : >"${KIT_HANG_DIR}/stop"
-  # The launchers stop their commands now; should the step outlive that, end it.
   for (( tries = 0; tries < 30; tries++ )); do
     kit::running "${step_pid}" || return 0
     kit::nap 1
@@ -1006,9 +1091,7 @@ kit::restore_entry() {
 # left no line in runs.jsonl: say so, so the record has every run.
 kit::catch_up_runs() {
   KIT_LAST_RUN=""
-  if [[ -e "${KIT_RUNS_FILE}" ]]; then
-    KIT_LAST_RUN="$(tail -n 1 "${KIT_RUNS_FILE}" | sed -n 's/^{"run": \([0-9]*\),.*/\1/p')"
-  fi
+  if kit::read_run last; then KIT_LAST_RUN="${KIT_RECORD[run]}"; fi
   for (( KIT_RUN = ${KIT_LAST_RUN:--1} + 1; KIT_RUN < KIT_RESTART; KIT_RUN++ )); do
     kit::append_run "${KIT_RUN}" killed -1 "$(kit::checkpoint_step)" null
   done
@@ -1019,6 +1102,7 @@ kit::catch_up_runs() {
 
 # The rendezvous address and port, decided on the allocation's first node (or given by --env).
 kit::decide_master() {
+  local kit_name
   for kit_name in MASTER_ADDR MASTER_PORT; do
     if ! kit::given_env "${kit_name}"; then unset "${kit_name}"; fi
   done
@@ -1045,9 +1129,10 @@ kit::start_heartbeat() {
   fi
 }
 
-# kit::run_step: the srun step of launcher.sh, watched for hangs; its exit code in rc
-# (the first failing rank's, when srun reports another).
+# kit::run_step: the srun step of launcher.sh, watched for hangs; its exit code in
+# KIT_STEP_RC (the first failing rank's, when srun reports another).
 kit::run_step() {
+  local name
   KIT_STEP_ARGS=("${KIT_SRUN_ARGS[@]}")
   if (( ${#KIT_CONTAINER_ENV[@]} > 0 )); then
     KIT_SET_NAMES=()
@@ -1073,7 +1158,7 @@ kit::run_step() {
   fi
   kit::wait_for "${KIT_MAIN_PID}"
   KIT_MAIN_PID=
-  rc="${KIT_RC}"
+  KIT_STEP_RC="${KIT_RC}"
   # srun turns a TERM of its own (every process of the batch step gets one when
   # the job is cancelled, requeued or out of time) into SIGKILL for the tasks, so
   # their sidecars may not have cleaned up: no exporter target of this run may
@@ -1081,17 +1166,17 @@ kit::run_step() {
   if [[ -n "${KIT_PROMETHEUS_TARGETS-}" ]]; then
     rm -f "${KIT_PROMETHEUS_TARGETS}/kit-${SLURM_JOB_ID}-"*.json
   fi
-  if (( rc != 0 )) && KIT_FIRST_RC="$(kit::first_failure)" && [[ "${KIT_FIRST_RC}" != "${rc}" ]]; then
-    kit::log "srun exited ${rc}; the first rank to fail exited ${KIT_FIRST_RC}"
-    rc="${KIT_FIRST_RC}"
+  if (( KIT_STEP_RC != 0 )) && KIT_FIRST_RC="$(kit::first_failure)" && [[ "${KIT_FIRST_RC}" != "${KIT_STEP_RC}" ]]; then
+    kit::log "srun exited ${KIT_STEP_RC}; the first rank to fail exited ${KIT_FIRST_RC}"
+    KIT_STEP_RC="${KIT_FIRST_RC}"
   fi
   if [[ -n "${KIT_PORT_LOCK_FD}" ]]; then exec {KIT_PORT_LOCK_FD}>&-; fi
 }
 
-# kit::conclude RC: what the run's end means (finished, requeued, failed, ...), recorded
-# in runs.jsonl; exits with the job's code.
+# kit::conclude: what the run's end (KIT_STEP_RC) means (finished, requeued,
+# failed, ...), recorded in runs.jsonl; exits with the job's code.
 kit::conclude() {
-  local rc="$1"
+  local -r rc="${KIT_STEP_RC}"
   if [[ -e "${KIT_HANG_DIR}/report" ]]; then
     KIT_SUSPECT_NODE="$(sed -n 's/^node=//p' "${KIT_HANG_DIR}/report")"
     kit::record_run hang "${rc}"
@@ -1100,54 +1185,24 @@ kit::conclude() {
       exit "${KIT_END_CODE:-${KIT_EXIT_HUNG}}"
     fi
   elif [[ -e "${KIT_FINISHED_FILE}" ]] || kit::all_ranks_declared; then
-    # The command said its work is done (FINISHED, or every rank through
-    # kit.train.progress.finished()). A rank that then died of a signal (torch's
-    # teardown aborts now and then: 134) is told, but the work stays finished
-    # and the job ends COMPLETED, so that what waits for it (--after) runs. A
-    # code of the command's own (1-127: a wrapper's next stage failed) still
-    # fails the job.
-    if (( rc == 0 || rc > 128 )); then
-      if [[ ! -e "${KIT_FINISHED_FILE}" ]]; then : >"${KIT_FINISHED_FILE}"; fi
-    fi
-    if (( rc > 128 )); then
-      kit::record_run finished 0 "${rc}"
-      kit::log "step ended with exit ${rc} (a signal) after its work was declared finished: a failure in teardown; the work is finished: exiting 0"
-      rc=0
-    elif (( rc != 0 )); then
-      kit::record_run failed "${rc}"
-      kit::log "step ended with exit ${rc} after the work was declared finished: a command failed after it"
-    else
-      kit::record_run finished 0
-      kit::log "step ended with exit 0; the work is finished"
-    fi
+    kit::conclude_declared
   elif (( KIT_WARNED && rc == 0 )) && kit::all_ranks_done; then
     # Warned, but no command was given the signal or stopped: it ended its work by itself.
     : >"${KIT_FINISHED_FILE}"
     kit::record_run finished 0
     kit::log "step ended with exit 0 after the warning, every command by itself; the work is finished"
   elif (( KIT_WARNED )); then
-    kit::record_run warned "${rc}"
-    if ! kit::requeue "step ended with exit ${rc} after the warning"; then
-      # Stopped before the work was done: never report success, and blame no
-      # command for the signal kit or Slurm stopped it with.
-      if [[ -n "${KIT_END_CODE}" ]]; then
-        rc="${KIT_END_CODE}"
-      elif KIT_FIRST_RC="$(kit::first_failure)"; then
-        rc="${KIT_FIRST_RC}"
-      else
-        rc="${KIT_EXIT_BUDGET_SPENT}"
-      fi
-    fi
+    kit::conclude_warned
   elif (( KIT_STOPPING )); then
     kit::record_run stopped "${rc}"
     kit::log "step ended with exit ${rc} after a stop signal; the work is not finished"
-    if (( rc == 0 )); then rc=143; fi
+    if (( rc == 0 )); then KIT_STEP_RC=143; fi
   elif [[ -e "${KIT_JOB_DIR}/function.pkl" ]] && (( rc == 0 )); then
     # A function job (kit.submit, kit.map) is finished only when every rank returned
     # (declared above): a rank that left through os._exit(0) did not.
     kit::record_run incomplete 0
     kit::log "srun exited 0, but not every rank returned from the function (a rank exited without returning): the work is not finished"
-    rc="${KIT_EXIT_INCOMPLETE}"
+    KIT_STEP_RC="${KIT_EXIT_INCOMPLETE}"
   elif (( rc == 0 )) && kit::all_ranks_done; then
     : >"${KIT_FINISHED_FILE}"
     kit::record_run finished 0
@@ -1155,12 +1210,53 @@ kit::conclude() {
   elif (( rc == 0 )); then
     kit::record_run incomplete 0
     kit::log "srun exited 0, but not every rank's command ended with 0 by itself (a node failed, or a task was killed): the work is not finished"
-    rc="${KIT_EXIT_INCOMPLETE}"
+    KIT_STEP_RC="${KIT_EXIT_INCOMPLETE}"
   else
     kit::record_run failed "${rc}"
     kit::log "step ended with exit ${rc}"
   fi
-  exit "${rc}"
+  exit "${KIT_STEP_RC}"
+}
+
+# kit::conclude_declared: the command said its work is done (FINISHED, or every
+# rank through kit.train.progress.finished()). A rank that then died of a signal
+# (torch's teardown aborts now and then: 134) is told, but the work stays
+# finished and the job ends COMPLETED, so that what waits for it (--after) runs.
+# A code of the command's own (1-127: a wrapper's next stage failed) still fails
+# the job.
+kit::conclude_declared() {
+  local -r rc="${KIT_STEP_RC}"
+  if (( rc == 0 || rc > 128 )); then
+    if [[ ! -e "${KIT_FINISHED_FILE}" ]]; then : >"${KIT_FINISHED_FILE}"; fi
+  fi
+  if (( rc > 128 )); then
+    kit::record_run finished 0 "${rc}"
+    kit::log "step ended with exit ${rc} (a signal) after its work was declared finished: a failure in teardown; the work is finished: exiting 0"
+    KIT_STEP_RC=0
+  elif (( rc != 0 )); then
+    kit::record_run failed "${rc}"
+    kit::log "step ended with exit ${rc} after the work was declared finished: a command failed after it"
+  else
+    kit::record_run finished 0
+    kit::log "step ended with exit 0; the work is finished"
+  fi
+}
+
+# kit::conclude_warned: the run ended after the time-limit warning: requeued if
+# it may be; else stopped before the work was done: never report success, and
+# blame no command for the signal kit or Slurm stopped it with.
+kit::conclude_warned() {
+  local -r rc="${KIT_STEP_RC}"
+  kit::record_run warned "${rc}"
+  if ! kit::requeue "step ended with exit ${rc} after the warning"; then
+    if [[ -n "${KIT_END_CODE}" ]]; then
+      KIT_STEP_RC="${KIT_END_CODE}"
+    elif KIT_FIRST_RC="$(kit::first_failure)"; then
+      KIT_STEP_RC="${KIT_FIRST_RC}"
+    else
+      KIT_STEP_RC="${KIT_EXIT_BUDGET_SPENT}"
+    fi
+  fi
 }
 
 # ---------------------------------------------------------------- main
@@ -1173,7 +1269,7 @@ kit::batch() {
   kit::decide_master
   kit::start_heartbeat
   kit::run_step
-  kit::conclude "${rc}"
+  kit::conclude
 }
 
 kit::main() {

@@ -1,0 +1,204 @@
+"""A job's logs, for `kit logs` and ``Job.logs()`` alike: which logs a request means (a run's
+ranks, one rank, a node's ranks, a sidecar's, the batch log when no rank has one), each fed
+a chunk at a time (a log of gigabytes is never held whole), the first failure of each run,
+and the batch logs followed as they grow until the job has ended."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from kit import files, slurm, targets
+from kit.errors import KitError
+from kit.jobdir import JobDir, failures, records
+
+Write = Callable[[bytes], None]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The logs a request means: (path, line prefix) each; ``note``: what to tell first (the batch
+    log stands in for ranks that left none)."""
+
+    parts: tuple[tuple[Path, str], ...]
+    note: str = ""
+    text: str = ""  # what stands in for the parts (the batch log's end)
+
+
+def select(job_dir: Path, rank: int | None = None, node: str | None = None, run: int | None = None,
+           sidecar: str | None = None, prefixed: bool | None = None) -> Selection:
+    """The logs of run ``run`` (default: the latest) that ``rank``/``node``/``sidecar`` name; each
+    rank's lines prefixed ``R: `` when ``prefixed`` (None: when more than one rank is chosen)."""
+    done = records.runs(job_dir)
+    run = run if run is not None else (done[-1] if done else 0)
+    d = JobDir(job_dir)
+    if sidecar is not None:
+        paths = d.sidecar_logs(node, run, sidecar)
+        if not paths:
+            raise KitError(f"no {sidecar!r} sidecar log of run {run}", field="--sidecar")
+        return Selection(tuple((p, p.name.split(".")[0] + ": " if len(paths) > 1 else "") for p in paths))
+    present = records.ranks(job_dir, run)
+    if not present and rank is None and node is None:
+        return _batch_instead(job_dir, run)
+    chosen = present
+    if rank is not None:
+        chosen = [r for r in chosen if r == rank]
+        if not chosen and present:
+            raise KitError(f"run {run} has no rank {rank}: kit's ranks are its tasks, "
+                           f"{present[0]}-{present[-1]} here", field="--rank",
+                           hint="with a per-node launcher (torchrun: one task per node) a task's log holds every "
+                                "process it started: kit logs --node NAME")
+    if node is not None:
+        chosen = [r for r in chosen if records.node_of(job_dir, run, r) == node]
+    if not chosen:
+        raise KitError(f"no rank log of run {run} matches", field="JOB",
+                       hint=f"runs with logs: {', '.join(map(str, done)) or 'none yet'}")
+    many = len(chosen) > 1 if prefixed is None else prefixed
+    return Selection(tuple((d.rank_log(r, run), f"{r}: " if many else "") for r in chosen))
+
+
+def _batch_instead(job_dir: Path, run: int) -> Selection:
+    """No rank of the run left a log (the step failed before any started, or it has not
+    started yet): the batch log is where its story is (its last 40 lines)."""
+    tail = batch_tail(job_dir, 40)
+    if not tail:
+        raise KitError(f"no log of run {run} yet", field="JOB", exit_code=1,
+                       hint="the job has not started (kit ps shows why it waits)")
+    return Selection((), text=tail + "\n",
+                     note=f"no rank of run {run} has a log (the step failed before any started, or has not "
+                          "started): the end of the batch log")
+
+
+def batch_tail(job_dir: Path, lines: int) -> str:
+    """The last ``lines`` of the job's batch log(s), read from the end."""
+    text = ""
+    for path in JobDir(job_dir).batch_logs():
+        try:
+            text += files.tail(path, 256 << 10).decode(errors="replace")
+        except OSError:
+            continue
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def feed(selection: Selection, write: Write) -> None:
+    """Each selected log to ``write`` as it is, a chunk at a time, each line prefixed (the batch
+    log standing in for ranks: its last 40 lines)."""
+    if selection.text:
+        write(selection.text.encode())
+    for path, prefix in selection.parts:
+        _feed_prefixed(path, prefix.encode(), write)
+
+
+def _feed_prefixed(path: Path, prefix: bytes, write: Write) -> None:
+    at_line_start = True
+
+    def chunk(data: bytes) -> None:
+        nonlocal at_line_start
+        if prefix:
+            head = prefix if at_line_start else b""
+            data = head + data.replace(b"\n", b"\n" + prefix)
+            at_line_start = data.endswith(b"\n" + prefix)
+            if at_line_start:
+                data = data[:-len(prefix)]
+        write(data)
+
+    try:
+        files.copy_out(path, chunk)
+    except OSError as e:
+        raise KitError(f"cannot read {path}: {e.strerror}", field="JOB", exit_code=1) from None
+    if not at_line_start and prefix:
+        write(b"\n")
+
+
+def errors(job_dir: Path, runs: list[int] | None = None) -> Iterator[str]:
+    """Per run, the first rank that failed by itself: a headline, then its log's last lines
+    (indented); a run that failed with no rank failing: the batch log's end; else nothing."""
+    numbers = records.runs(job_dir) if runs is None else runs
+    found = False
+    for run in numbers:
+        failure = failures.failure_tail(job_dir, run)
+        if failure is None:
+            continue
+        found = True
+        try:
+            when = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(failure.end.time))
+        except (OverflowError, OSError, ValueError):
+            when = "an unreadable time"
+        yield f"run {run}: {failure.headline()}, at {when}"
+        yield from ("  " + line for line in failure.text.splitlines())
+    if found:
+        return
+    end = records.last_run(job_dir) or {}
+    if end.get("end") == "failed" and end.get("exit_code") not in (0, None):
+        # A step that failed before any rank ran (srun, the container, MPI): the batch log says why.
+        yield (f"run {end.get('run', '?')} failed (exit code {end.get('exit_code')}) with no rank failing by "
+               "itself: the end of the batch log")
+        yield from ("  " + line for line in batch_tail(job_dir, 20).splitlines())
+
+
+def unit_states(target: slurm.Target, job_dir: Path, job_id: str) -> dict[int | None, str]:
+    """Slurm's state of the job ({None: state}), or of each task of an array job."""
+    indices = records.task_indices(job_dir)
+    if indices:
+        return {i: st.state for i, st in slurm.array_status(target, job_id, indices).items()}
+    return {None: slurm.job_status(target, job_id).state}
+
+
+def final(state: str) -> bool:
+    return state in slurm.TERMINAL_STATES or state == "GONE"
+
+
+def ended(states: dict[int | None, str]) -> str | None:
+    """The end state(s) once the job (every task of an array job) has ended, else None."""
+    if not all(final(state) for state in states.values()):
+        return None
+    return ", ".join(sorted(set(states.values())))
+
+
+def follow(job_dir: Path, job_id: str, write: Write, on_outage=lambda message: None) -> str:
+    """Feed the batch log(s) to ``write`` as they grow (srun's rank-prefixed lines, every run:
+    Slurm appends a requeued run to the same file) until the job has ended; an array job's
+    tasks' logs with each line prefixed ``task I: ``. Through a controller outage the logs go
+    on (as ``--wait`` waits through one). Returns how it ended."""
+    target = targets.target_of(job_dir)
+    indices = records.task_indices(job_dir)
+    offsets: dict[Path, int] = {}
+    ended_at: list[float | None] = [None]
+
+    def check() -> str | None:
+        if _feed_new(job_dir, indices, offsets, write):
+            ended_at[0] = None
+        end = ended(unit_states(target, job_dir, job_id))  # ControllerUnreachable: follow() asks again
+        if not end:
+            ended_at[0] = None
+            return None
+        ended_at[0] = ended_at[0] or time.monotonic()
+        return end if time.monotonic() - ended_at[0] > 1.0 else None  # the last lines are in
+
+    return slurm.follow(check, what=f"job {job_id}", poll=0.5, timeout=None, outage=900.0, on_outage=on_outage)
+
+
+def _feed_new(job_dir: Path, indices: list[int], offsets: dict[Path, int], write: Write) -> bool:
+    """What the batch logs gained since ``offsets`` (whole lines) to ``write``; True if any."""
+    grew = False
+    paths = [(p, b"") for p in JobDir(job_dir).batch_logs()]
+    paths += [(p, f"task {i}: ".encode()) for i in indices for p in JobDir(job_dir).task(i).batch_logs()]
+    for path, prefix in paths:
+        try:
+            with files.open_regular(path) as (fd, _):
+                os.lseek(fd, offsets.get(path, 0), os.SEEK_SET)
+                data = os.read(fd, 16 << 20)
+        except OSError:
+            continue
+        cut = data.rfind(b"\n") + 1  # whole lines only
+        if cut:
+            chunk = data[:cut]
+            if prefix:
+                chunk = b"".join(prefix + line for line in chunk.splitlines(keepends=True))
+            write(chunk)
+            offsets[path] = offsets.get(path, 0) + cut
+            grew = True
+    return grew

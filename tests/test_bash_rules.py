@@ -1,0 +1,219 @@
+"""Rules for the bash half (launch/), as tests/test_layers.py has them for the Python: a function a
+reader can hold (at most 60 lines), and no function that hands a result to another through a global
+the script does not declare in its state (top-level assignments: the values block, lib.sh's state)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+LAUNCH = Path(__file__).resolve().parent.parent / "launch"
+FUNCTION = re.compile(r"^([a-z_:]+)\(\) \{\s*$")
+NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+MAX_FUNCTION_LINES = 60
+
+
+def functions(text: str) -> list[tuple[str, int, int, list[str]]]:
+    """(name, first line, last line, body lines) of every top-level function (``name() {`` … ``}``)."""
+    out, current = [], None
+    for number, line in enumerate(text.splitlines(), 1):
+        if current is None:
+            m = FUNCTION.match(line)
+            if m:
+                current = (m.group(1), number, [])
+        elif line == "}":
+            out.append((current[0], current[1], number, current[2]))
+            current = None
+        else:
+            current[2].append(line)
+    return out
+
+
+def code_lines(lines: list[str]) -> list[str]:
+    """``lines`` without the bodies of here-documents (another language's text: a python3 - <<'PY' block)."""
+    out, end = [], None
+    for line in lines:
+        if end is not None:
+            if line.strip() == end:
+                end = None
+            continue
+        out.append(line)
+        m = re.search(r"<<-?\s*'?\"?(" + NAME + r")'?\"?\s*$", line)
+        if m and "<<<" not in line:
+            end = m.group(1)
+    return out
+
+
+def words(line: str) -> list[str]:
+    """The line's shell words, comments dropped (a line shlex cannot split: split on blanks)."""
+    try:
+        return shlex.split(line, comments=True)
+    except ValueError:
+        return line.split("#", 1)[0].split()
+
+
+def assigned(line: str) -> list[str]:
+    """Names the line assigns in the shell running it: ``NAME=…``/``NAME+=…`` standing alone (not a
+    prefix of a command: ``NAME=v cmd`` sets it for cmd only), the names ``read``/``mapfile``/``printf -v``
+    fill, and loop variables. ``local``/``declare``/``export``/``readonly`` lines are declarations."""
+    w = words(line)
+    if not w or w[0] in ("local", "declare", "export", "readonly"):
+        return []
+    out, i = [], 0
+    while i < len(w) and re.fullmatch(NAME + r"(\[[^]]*\])?\+?=.*", w[i], re.S):
+        i += 1
+    if i and (i == len(w) or w[i] in (";", "&&", "||", "then", "do")):
+        out += [re.match(NAME, x).group(0) for x in w[:i]]
+    for k, word in enumerate(w):
+        if word in ("read", "mapfile", "readarray") and (k == 0 or w[k - 1] in ("|", "&&", "||", ";", "!", "if",
+                                                                                 "while", "until", "{", "then")):
+            rest = [x for x in w[k + 1:] if x not in ("<", "<<<")]
+            options_with_value = {"-d", "-u", "-t", "-n", "-N", "-p", "-C", "-c", "-s", "-O", "-i"}
+            j = 0
+            while j < len(rest) and rest[j].startswith("-"):
+                j += 2 if rest[j] in options_with_value - ({"-t"} if word != "read" else set()) else 1
+            names = []
+            for x in rest[j:]:
+                if not re.fullmatch(NAME, x):
+                    break
+                names.append(x)
+            out += names if word == "read" else names[:1]
+        if word == "printf" and k + 2 < len(w) and w[k + 1] == "-v":
+            out.append(re.match(NAME, w[k + 2]).group(0))
+        if word == "for" and k + 1 < len(w):
+            m = re.match(r"(?:\(\(\s*)?(" + NAME + ")", w[k + 1])
+            if m:
+                out.append(m.group(1))
+    return out
+
+
+def declared_at_top(*texts: str) -> set[str]:
+    """The script's state: every name assigned or declared outside a function."""
+    names = set()
+    for text in texts:
+        inside = {n for _, a, b, _ in functions(text) for n in range(a, b + 1)}
+        for number, line in enumerate(text.splitlines(), 1):
+            if number in inside:
+                continue
+            w = words(line)
+            if w and w[0] in ("declare", "readonly", "export", "local"):
+                names.update(re.match(NAME, x).group(0) for x in w[1:] if re.match(NAME, x))
+            names.update(assigned(line))
+    return names
+
+
+def violations(scripts: dict[str, str], lib: str) -> list[str]:
+    bad = []
+    for name, text in scripts.items():
+        top = declared_at_top(text, lib if name != "lib.sh" else "")
+        for fn, first, last, body in functions(text):
+            if last - first + 1 > MAX_FUNCTION_LINES:
+                bad.append(f"{name}:{first} {fn} is {last - first + 1} lines (at most {MAX_FUNCTION_LINES})")
+            body = code_lines(body)
+            local = set()
+            for line in body:
+                w = words(line)
+                if w and w[0] in ("local", "declare"):
+                    local.update(re.match(NAME, x).group(0) for x in w[1:] if re.match(NAME, x))
+            for line in body:
+                for var in assigned(line):
+                    if var not in local and var not in top and var != "_":
+                        bad.append(f"{name}:{first} {fn} assigns {var}: neither local nor declared in the state")
+    return sorted(set(bad))
+
+
+def templates() -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(LAUNCH.glob("*.sh"))}
+
+
+def test_every_bash_function_is_short_and_declares_what_it_assigns():
+    scripts = templates()
+    assert violations(scripts, scripts["lib.sh"]) == []
+
+
+def test_the_rules_see_a_long_function_and_an_undeclared_global():
+    lib = "KIT_STATE=\n"
+    ok = "f() {\n  local x\n  x=1\n  KIT_STATE=2\n  read -r x _ <<<\"a b\"\n  KIT_T=3 true\n}\n"
+    assert violations({"a.sh": ok}, lib) == []
+    assert violations({"a.sh": "f() {\n  rc=1\n}\n"}, lib) == ["a.sh:1 f assigns rc: neither local nor declared in the state"]
+    assert violations({"a.sh": "f() {\n  read -r -a line <x\n}\n"}, lib)[0].endswith("assigns line: neither local nor "
+                                                                                    "declared in the state")
+    assert violations({"a.sh": "f() {\n  for i in 1 2; do :; done\n}\n"}, lib) != []
+    long = "f() {\n" + "  :\n" * 60 + "}\n"
+    assert violations({"a.sh": long}, lib) == ["a.sh:1 f is 62 lines (at most 60)"]
+
+
+# ------------------------------------------------------------------ facts bash and Python share
+def bash_functions(*names: str) -> str:
+    """The text of the named functions of prelaunch.sh (to run them alone)."""
+    text = (LAUNCH / "prelaunch.sh").read_text().splitlines()
+    out = []
+    for name, first, last, _ in functions("\n".join(text)):
+        if name in names:
+            out += text[first - 1:last]
+    assert len([n for n in names if f"{n}() {{" in "\n".join(out)]) == len(names), names
+    return "\n".join(out) + "\n"
+
+
+def run_bash(script: str, env: dict) -> str:
+    import subprocess
+
+    proc = subprocess.run(["bash", "-c", "set -euo pipefail\n" + script], env={"PATH": "/usr/bin:/bin", **env},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_the_run_record_bash_writes_is_what_json_dumps_writes_and_bash_reads_it_back(tmp_path):
+    """runs.jsonl's one bash writer (kit::append_run) writes json.dumps's text; its one bash reader
+    (kit::read_run) reads json.dumps's records, skips a torn line and finds a run's last record."""
+    import json
+
+    runs = tmp_path / "runs.jsonl"
+    fns = bash_functions("kit::append_run", "kit::read_run")
+    run_bash(fns + 'declare -A KIT_RECORD=()\nkit::append_run 0 killed -1 -1 null\nkit::append_run 1 finished 0 12 true 134\n',
+             {"KIT_RUNS_FILE": str(runs)})
+    lines = runs.read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [json.dumps(r) for r in records] == lines
+    assert records[0] == {"run": 0, "end": "killed", "exit_code": -1, "checkpoint_step": -1, "advanced": None,
+                          "time": records[0]["time"]}
+    assert records[1]["teardown_exit_code"] == 134 and records[1]["advanced"] is True
+    written = [{"run": 0, "end": "warned", "exit_code": 143, "checkpoint_step": 5, "advanced": True, "time": 100},
+               {"run": 1, "end": "hang", "exit_code": 1, "checkpoint_step": 5, "advanced": False, "time": 200},
+               {"run": 1, "end": "failed", "exit_code": 3, "checkpoint_step": 5, "advanced": False, "time": 201},
+               {"run": 2, "end": "finished", "exit_code": 0, "checkpoint_step": 9, "advanced": True, "time": 300,
+                "teardown_exit_code": 134}]
+    runs.write_text("".join(json.dumps(r) + "\n" for r in written) + '{"run": 3, "end": "fin')
+    out = run_bash(fns + 'declare -A KIT_RECORD=()\nfor r in 1 last 0 7; do\n'
+                   '  if kit::read_run "$r"; then echo "$r ${KIT_RECORD[run]} ${KIT_RECORD[end]} ${KIT_RECORD[exit_code]} '
+                   '${KIT_RECORD[checkpoint_step]} ${KIT_RECORD[advanced]} ${KIT_RECORD[time]}"; else echo "$r none"; fi\n'
+                   'done\n', {"KIT_RUNS_FILE": str(runs)})
+    assert out.splitlines() == ["1 1 failed 3 5 false 201", "last 2 finished 0 9 true 300",
+                                "0 0 warned 143 5 true 100", "7 none"]
+
+
+def test_the_first_failing_rank_is_one_rule_in_bash_and_python(tmp_path):
+    """prelaunch's kit::first_failure (awk) and kit.jobdir.failures.first_failure (Python) pick the same
+    rank's code from the same exit records: by time, then rank; only ranks that failed by themselves."""
+    import random
+
+    from kit.jobdir import failures
+    from kit.jobdir.layout import JobDir
+
+    fns = bash_functions("kit::rank_ends", "kit::first_failure")
+    rng = random.Random(31)
+    for case in range(40):
+        job = tmp_path / f"job{case}"
+        logs = JobDir(job).logs
+        logs.mkdir(parents=True)
+        times = [rng.choice([1_000_000_000, 1_000_000_000, 2_000_000_000, 3_000_000_000]) for _ in range(12)]
+        for rank, t in enumerate(times):
+            how = rng.choice(["self", "self", "stopped", "warned"])
+            code = rng.choice([0, 0, 1, 3, 143, 137])
+            (logs / f"exit.r0.rank-{rank}").write_text(f"{t} {rank} {code} {how}\n")
+        out = run_bash(fns + "if kit::first_failure; then :; else echo none; fi\n",
+                       {"KIT_LOG_DIR": str(logs), "KIT_RESTART": "0"}).strip()
+        first = failures.first_failure(job, 0)
+        assert out == (str(first.exit_code) if first else "none"), case
