@@ -27,7 +27,7 @@ from typing import Any, Iterable
 from kit import files, jobdir, joblogs, listing, slurm, targets
 from kit import snapshot as snapshots
 from kit import submission as lib
-from kit.core import keywords
+from kit.core import keywords, options
 from kit.core import spec as specs
 from kit.core.outcome import Outcome
 from kit.errors import KitError
@@ -147,7 +147,7 @@ def rerun(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = (), *, wa
 
 def _edit(item: str) -> tuple[str, Any]:
     """``KEY=VALUE``, the value read as TOML (``4``, ``true``, ``["a", "b"]``), else as a string."""
-    import tomllib
+    tomllib = files.tomllib  # Python 3.11's, or tomli before it
 
     key, sep, value = item.partition("=")
     if not sep or not key:
@@ -161,7 +161,7 @@ def _edit(item: str) -> tuple[str, Any]:
                        hint='give a plain value, e.g. --edit nodes=4 or --edit \'command=["python", "t.py"]\'') from None
 
 
-def jobs(*, output_dirs: Iterable[str | Path] = ("kit-jobs",), everything: bool = False) -> list[Job]:
+def jobs(*, output_dirs: Iterable[str | Path] = (options.OUTPUT_DIR,), everything: bool = False) -> list[Job]:
     """The jobs `kit ps` lists, newest first (an array job's tasks each as a Job)."""
     rows = listing.list_jobs([Path(d) for d in output_dirs], everything=everything)
     out = []

@@ -17,7 +17,7 @@ from kit import submission as lib
 from kit.api import Job, launch_with
 from kit.core.outcome import Outcome
 from kit.errors import KitError
-from kit.image import info
+from kit.image import info, is_reference
 from kit.jobdir import JobDir
 
 __all__ = ["FunctionJob", "RemoteError", "check_image_python", "map", "results", "submit"]
@@ -138,7 +138,7 @@ def _function_python(image) -> str:
     """The Python a function job runs on: this one, or the image's python3 (checked)."""
     if image is None:
         return sys.executable
-    if not str(image).startswith("docker://"):
+    if not is_reference(str(image)):
         check_image_python(Path(os.fspath(image)))
     return "python3"
 

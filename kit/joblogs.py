@@ -131,11 +131,11 @@ def errors(job_dir: Path, runs: list[int] | None = None) -> Iterator[str]:
         yield from ("  " + line for line in failure.text.splitlines())
     if found:
         return
-    end = records.last_run(job_dir) or {}
-    if end.get("end") == "failed" and end.get("exit_code") not in (0, None):
+    end = records.last_run(job_dir)
+    if end is not None and end.end == "failed" and end.exit_code != 0:
         # A step that failed before any rank ran (srun, the container, MPI): the batch log says why.
-        yield (f"run {end.get('run', '?')} failed (exit code {end.get('exit_code')}) with no rank failing by "
-               "itself: the end of the batch log")
+        yield (f"run {end.run} failed (exit code {end.exit_code}) with no rank failing by itself: the end of the "
+               "batch log")
         yield from ("  " + line for line in batch_tail(job_dir, 20).splitlines())
 
 

@@ -1,6 +1,6 @@
 """Which Slurm a job goes to: the site's, or kit's local cluster.
 
-The one place that knows both, so that ``kit/launch`` need not know the local
+The one place that knows both, so that ``kit/submission`` need not know the local
 cluster: the commands and the job-following code (``kit ps``, ``kit logs``,
 ``kit cancel``) ask here. :func:`plan` is the launch's first library call: the
 target is chosen *before* the job is resolved and validated, so everything that

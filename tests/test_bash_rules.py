@@ -180,6 +180,12 @@ def test_the_run_record_bash_writes_is_what_json_dumps_writes_and_bash_reads_it_
     assert records[0] == {"run": 0, "end": "killed", "exit_code": -1, "checkpoint_step": -1, "advanced": None,
                           "time": records[0]["time"]}
     assert records[1]["teardown_exit_code"] == 134 and records[1]["advanced"] is True
+    from kit.jobdir.records import RunRecord, run_records
+
+    typed = run_records(tmp_path)  # Python's one parser reads what bash wrote, typed
+    assert [(r.run, r.end, r.exit_code, r.checkpoint_step, r.advanced, r.teardown_exit_code) for r in typed] == \
+        [(0, "killed", -1, -1, None, None), (1, "finished", 0, 12, True, 134)]
+    assert RunRecord.parse({"run": 0, "end": "failed", "exit_code": True}) is None  # a bool is no exit code
     written = [{"run": 0, "end": "warned", "exit_code": 143, "checkpoint_step": 5, "advanced": True, "time": 100},
                {"run": 1, "end": "hang", "exit_code": 1, "checkpoint_step": 5, "advanced": False, "time": 200},
                {"run": 1, "end": "failed", "exit_code": 3, "checkpoint_step": 5, "advanced": False, "time": 201},

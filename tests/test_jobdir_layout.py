@@ -85,5 +85,5 @@ def test_no_module_outside_kit_jobdir_spells_a_job_directory_file():
 def test_one_parser_per_record(tmp_path):
     """runs.jsonl: torn and damaged lines skipped by the one reader everything uses."""
     (tmp_path / JobDir.RUNS).write_text('{"run": 0, "end": "requeued"}\n{"run": 1,\n[1]\n{"run": 1, "end": "finished"}\n')
-    assert [r["end"] for r in records.run_records(tmp_path)] == ["requeued", "finished"]
-    assert records.last_run(tmp_path)["run"] == 1 and records.run_records(tmp_path / "none") == []
+    assert [r.end for r in records.run_records(tmp_path)] == ["requeued", "finished"]
+    assert records.last_run(tmp_path).run == 1 and records.run_records(tmp_path / "none") == []

@@ -4,6 +4,7 @@ Slurm, pyxis, the local cluster or the launch room."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 KIT = Path(__file__).resolve().parent.parent / "kit"
@@ -203,8 +204,14 @@ def import_edges(module: str, path: Path, modules: dict) -> tuple[set[str], list
     Counts imports at any depth (inside functions too), absolute and relative, ``importlib.import_module``
     and ``__import__`` with a literal name, and a module reached as an attribute of an imported one
     (``import kit`` then ``kit.api.launch``)."""
+    return _edges(module, path.name == "__init__.py", path.read_text(), frozenset(modules))
+
+
+@functools.lru_cache(maxsize=None)
+def _edges(module: str, is_package: bool, text: str, modules: frozenset) -> tuple[set[str], list[str]]:
+    path = Path("__init__.py" if is_package else "module.py")
     edges, private, bound = set(), [], {}
-    tree = ast.parse(path.read_text())
+    tree = ast.parse(text)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:

@@ -337,3 +337,36 @@ def test_a_report_on_many_nodes_is_a_summary_with_its_outliers_named(tmp_path, n
     assert [c[0] for c in throughput] == [f"{2 * nodes - 2} ranks: median, min to max", "rank 32 (node17)",
                                           "rank 33 (node17)"]
     assert (tmp_path / "r.png").stat().st_size > 20_000
+
+
+def test_kit_report_and_job_report_write_the_same_numbers_for_a_job_and_an_array(tmp_path, monkeypatch):
+    """`kit report` is parse + Job.summarize + print: the same report.json as Job.report() for a single
+    job and for an array job (its task table), and the same lines."""
+    import kit as kitlib
+    from helpers import kit
+
+    monkeypatch.setenv("KIT_HOME", str(tmp_path / "home"))  # no local cluster: no Prometheus
+    sample = lambda t, rate: json.dumps({"time": t, "node": "node1", "samples": [  # noqa: E731
+        ["training_samples_total", {"rank": "0"}, rate * (t - 1000)], ["training_loss", {"rank": "0"}, 1 / t]]})
+    single = tmp_path / "single"
+    (single / "logs").mkdir(parents=True)
+    (single / "job_id").write_text("41\n")
+    (single / "logs" / "node1.r0.metrics.jsonl").write_text("\n".join(sample(1000 + i, 32) for i in range(8)) + "\n")
+    array = tmp_path / "array"
+    array.mkdir()
+    (array / "job_id").write_text("42\n")
+    for i in (0, 1):
+        task = array / "tasks" / str(i)
+        (task / "logs").mkdir(parents=True)
+        (task / "params.json").write_text(json.dumps({"lr": str(0.1 * (i + 1))}))
+        (task / "logs" / "node1.r0.metrics.jsonl").write_text("\n".join(sample(1000 + t, 16 * (i + 1))
+                                                                         for t in range(6)) + "\n")
+    for job_dir in (single, array):
+        cli = kit("report", str(job_dir), "--min-seconds", "0", env={"KIT_HOME": str(tmp_path / "home")})
+        assert cli.returncode == 0, cli.stderr
+        from_cli = json.loads((job_dir / "report.json").read_text())
+        (job_dir / "report.json").unlink()
+        job = kitlib.Job.from_dir(job_dir)
+        assert job.report(min_seconds=0) == from_cli == json.loads((job_dir / "report.json").read_text())
+        assert cli.stdout.splitlines()[:-1] == job.summarize(min_seconds=0).lines()
+    assert [t["params"] for t in from_cli["tasks"]] == [{"lr": "0.1"}, {"lr": "0.2"}]

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import click
 
+from kit.core.options import OUTPUT_DIR
 from kit.errors import KitError
 
-_OUTPUT_DIR = click.option("--output-dir", default="kit-jobs", show_default=True,
+_OUTPUT_DIR = click.option("--output-dir", default=OUTPUT_DIR, show_default=True,
                            help="Where to look up a job id.")
 
 
@@ -30,7 +31,7 @@ def _job(job: str, output_dir: str) -> tuple[Path, str]:
 @click.option("-a", "--all", "everything", is_flag=True,
               help="Every job kit knows [default: active jobs, and ended ones submitted in the last 24 hours].")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per job, as a list.")
-@click.option("--output-dir", "output_dirs", multiple=True, default=("kit-jobs",), show_default=True,
+@click.option("--output-dir", "output_dirs", multiple=True, default=(OUTPUT_DIR,), show_default=True,
               help="Also look for job directories here (repeatable); jobs kit submitted are always known.")
 @click.option("-t", "--tasks", "expand", is_flag=True,
               help="A row per task of an array job [default: one row per array job, its tasks' states counted].")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from kit.core.options import OUTPUT_DIR
 from kit.errors import KitError
 
 FORMATS = (".png", ".svg", ".pdf")
@@ -19,7 +20,7 @@ FORMATS = (".png", ".svg", ".pdf")
               help="Read from this Prometheus [default: the local cluster's, else the job's metrics logs].")
 @click.option("--min-seconds", type=click.FloatRange(0), default=300.0, show_default=True,
               help="Utilisation notes need this many seconds of samples (shorter jobs say too little).")
-@click.option("--output-dir", default="kit-jobs", show_default=True, help="Where to look up a job id.")
+@click.option("--output-dir", default=OUTPUT_DIR, show_default=True, help="Where to look up a job id.")
 def report(job, output, prometheus, min_seconds, output_dir):
     """What JOB (an id or a job directory) used of what it held: panels, a summary and notes.
 

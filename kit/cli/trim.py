@@ -6,9 +6,11 @@ from pathlib import Path
 
 import click
 
+from kit.core.options import OUTPUT_DIR
+
 
 @click.command()
-@click.option("--output-dir", "output_dirs", multiple=True, default=("kit-jobs",), show_default=True,
+@click.option("--output-dir", "output_dirs", multiple=True, default=(OUTPUT_DIR,), show_default=True,
               help="Also look here for jobs, and for a code store beside them (repeatable).")
 @click.option("--keep", "keep", multiple=True, metavar="JOB",
               help="Keep this job directory's image and code too, for a later kit rerun (repeatable).")

@@ -75,6 +75,8 @@ GROUPS: tuple[tuple[str, str], ...] = (
     (SUBMISSION, "Where the job goes, and what kit launch prints or waits for."),
 )
 
+OUTPUT_DIR = "kit-jobs"  # where job directories go, and where the commands look a job id up
+
 OPTIONS: tuple[Option, ...] = (
     # Resources
     Option("nodes", INT, RESOURCES, "Number of nodes.", default=1, minimum=1),
@@ -96,7 +98,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("sidecars", LIST, COMMAND, "A bash command local rank 0 runs beside the training on each node "
            "(repeatable); 'NAME: COMMAND' names it (its log: logs/<node>.r<run>.NAME.log).", default=[],
            flag="--sidecar", metavar="COMMAND"),
-    Option("output_dir", STR, COMMAND, "Where job directories go.", default="kit-jobs", metavar="DIR",
+    Option("output_dir", STR, COMMAND, "Where job directories go.", default=OUTPUT_DIR, metavar="DIR",
            default_text="./kit-jobs"),
     Option("command", LIST, COMMAND, "The command every task runs (after --).", flag="command", spec=True),
     Option("code", STR, COMMAND, "Snapshot this directory's files (it must contain the one kit launch runs in); "

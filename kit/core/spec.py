@@ -251,12 +251,11 @@ def _check_counts(s: JobSpec, origins: Origins) -> None:
         if value is not None and value < low:
             raise _err(origins, name, f"must be at least {low}, got {value}")
 
-    at_least("gpus_per_node", 0)
-    if s.ntasks_per_node is None:
-        s.ntasks_per_node = max(s.gpus_per_node, 1)
-    for option in options.SPEC_OPTIONS:
+    for option in options.SPEC_OPTIONS:  # each option's minimum, from its one declaration
         if option.minimum is not None:
             at_least(option.name, option.minimum)
+    if s.ntasks_per_node is None:
+        s.ntasks_per_node = max(s.gpus_per_node, 1)
     if s.gpus_per_node and s.ntasks_per_node not in (1, s.gpus_per_node):
         raise _err(origins, "ntasks_per_node",
                    f"{s.ntasks_per_node} tasks per node do not match {s.gpus_per_node} GPUs per node",

@@ -15,6 +15,12 @@ SQUASHFS_MAGIC = b"hsqs"
 REGISTRY_REF = re.compile(r"docker://(([^@/#]+)@)?(([^#]+)#)?([a-z0-9/._-]+)(:([A-Za-z0-9._:-]+))?\Z")
 
 
+def is_reference(image: str) -> bool:
+    """A registry reference (``docker://…``, pulled by enroot; any scheme is one, checked against
+    :data:`REGISTRY_REF`), not an image file: the one test of it."""
+    return "://" in image
+
+
 def is_squashfs(path: str | Path) -> bool:
     """Whether ``path`` is a squashfs image (by its magic bytes)."""
     try:

@@ -111,9 +111,32 @@ def task_indices(job_dir: Path) -> list[int]:
     return JobDir(job_dir).task_indices()
 
 
-def run_records(job_dir: Path) -> list[dict]:
-    """``runs.jsonl``: one record per run, how it ended (``run``, ``end``, ``exit_code``,
-    ``checkpoint_step``, …), in order; torn or damaged lines skipped. The one parser."""
+@dataclass(frozen=True)
+class RunRecord:
+    """One line of ``runs.jsonl``: how a run ended. prelaunch's kit::append_run writes it (json.dumps's
+    text, tests/test_bash_rules.py pins the pair); :func:`run_records` is its one parser."""
+
+    run: int
+    end: str  # finished, failed, warned, stopped, hang, incomplete, killed, ...
+    exit_code: int | None = None  # None: not recorded
+    checkpoint_step: int = -1  # at the run's end; -1: the command reports none
+    advanced: bool | None = None  # did the checkpoint step advance in the run (None: unknown, a killed run)
+    time: int | None = None
+    teardown_exit_code: int | None = None  # a step that failed after its work was finished
+
+    @classmethod
+    def parse(cls, rec: object) -> RunRecord | None:
+        """A record from its JSON value: ``run`` and ``end`` needed, every field of its type (else None)."""
+        if not isinstance(rec, dict) or type(rec.get("run")) is not int or not isinstance(rec.get("end"), str):
+            return None
+        types = {"exit_code": int, "checkpoint_step": int, "advanced": bool, "time": int, "teardown_exit_code": int}
+        if any(k in rec and rec[k] is not None and type(rec[k]) is not t for k, t in types.items()):
+            return None
+        return cls(**{k: rec[k] for k in ("run", "end", *types) if rec.get(k) is not None})
+
+
+def run_records(job_dir: Path) -> list[RunRecord]:
+    """``runs.jsonl``: one record per run, how it ended, in order; torn or damaged lines skipped."""
     try:
         lines = files.read_text(Path(job_dir) / JobDir.RUNS).splitlines()
     except OSError:
@@ -121,15 +144,15 @@ def run_records(job_dir: Path) -> list[dict]:
     out = []
     for line in lines:
         try:
-            rec = files.loads(line)
+            rec = RunRecord.parse(files.loads(line))
         except ValueError:
             continue
-        if isinstance(rec, dict):
+        if rec is not None:
             out.append(rec)
     return out
 
 
-def last_run(job_dir: Path) -> dict | None:
+def last_run(job_dir: Path) -> RunRecord | None:
     """The last record of ``runs.jsonl`` (how the latest run ended), if any."""
     records = run_records(job_dir)
     return records[-1] if records else None
@@ -203,8 +226,8 @@ def recorded_state(job_dir: Path) -> str:
         return "COMPLETED" if work_finished(job_dir) else "FAILED"
     if cancelled(job_dir):
         return "CANCELLED"
-    end = (last_run(job_dir) or {}).get("end")
-    return "FAILED" if end in ("failed", "hang", "incomplete") else "ENDED"
+    last = last_run(job_dir)
+    return "FAILED" if last and last.end in ("failed", "hang", "incomplete") else "ENDED"
 
 
 def work_finished(job_dir: Path) -> bool:
@@ -213,7 +236,7 @@ def work_finished(job_dir: Path) -> bool:
     if not finished(job_dir):
         return False
     last = last_run(job_dir)
-    return last is None or last.get("exit_code", 0) == 0
+    return last is None or last.exit_code in (0, None)
 
 
 def array_job_dir(job_dir: Path) -> Path | None:

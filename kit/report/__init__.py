@@ -104,7 +104,7 @@ class TaskTable:
 
 def _task_summary(d: Path) -> tuple[TaskSummary, list]:
     params = records.params(d)
-    ends = [str(rec.get("end", "?")) for rec in records.run_records(d)]
+    ends = [rec.end for rec in records.run_records(d)]
     end = "finished" if records.finished(d) else (ends[-1] if ends else "not run")
     try:
         series = load_logs(d).series

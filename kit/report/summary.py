@@ -206,13 +206,7 @@ def _node_summary(series: Series, node: str) -> NodeSummary:
 
 def _checkpoint_steps(job_dir: Path | None) -> dict[int, float]:
     """Each run's checkpoint step at its end (``runs.jsonl``; -1: none)."""
-    out = {}
-    for rec in records.run_records(job_dir) if job_dir else []:
-        try:
-            out[int(rec["run"])] = float(rec["checkpoint_step"])
-        except (ValueError, KeyError, TypeError, OverflowError):
-            continue
-    return out
+    return {rec.run: float(rec.checkpoint_step) for rec in (records.run_records(job_dir) if job_dir else [])}
 
 
 def summarize(series: Series, job: str, source: str, logs: Logs | None = None,

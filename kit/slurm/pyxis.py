@@ -19,7 +19,7 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit.image import REGISTRY_REF, is_squashfs
+from kit.image import REGISTRY_REF, is_reference, is_squashfs
 from kit.errors import KitError
 
 # Mount options kit lets through (enroot's bind-mount options).
@@ -97,7 +97,7 @@ def covers(dst: str, path: str) -> bool:
 
 def check_image(image: str, label: str = "--image") -> str:
     """A registry reference, or an absolute path of a squashfs file (returned absolute)."""
-    if image.startswith("docker://") or "://" in image:
+    if is_reference(image):
         if not REGISTRY_REF.match(image):
             raise KitError(f"not an image reference: {image!r}", field=label,
                            hint="write docker://[USER@][REGISTRY#]IMAGE[:TAG] or the path of a .sqsh")

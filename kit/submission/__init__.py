@@ -1,6 +1,8 @@
 """Turning a job spec into a job directory and an sbatch submission.
 
-:func:`prepare` validates nothing itself (give it a :class:`ResolvedJob`); it
+:func:`plan` resolves and checks a spec once and returns a frozen value (what is decided after
+the check: the pinned image, the checked dependencies, the code snapshot, are its own fields).
+:func:`prepare` validates nothing itself (give it a plan's :class:`ResolvedJob`); it
 writes the job directory atomically: ``prelaunch.sh``, ``launcher.sh``,
 ``job.json`` (the resolved spec) and ``sbatch.json`` (the exact argv).
 :func:`submit` hands it to sbatch and records the job id.
@@ -25,6 +27,7 @@ from kit.core import bash, outcome
 from kit.core import sweep as sweep_lib
 from kit.core.spec import ResolvedJob, parse_after
 from kit.errors import KitError
+from kit.image import is_reference
 from kit.jobdir import JobDir, records
 from kit.submission import sidecars
 from kit.slurm import pyxis
@@ -84,7 +87,7 @@ def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[st
         if not any(pyxis.covers(m.dst, root) for m in job.mounts):
             mounts.insert(0, pyxis.Mount(root, root))
         workdir = workdir or str(start_dir(job, job_dir))
-    if not job.image.startswith("docker://"):
+    if not is_reference(job.image):
         from kit.image import info, runtime
 
         image = Path(job.image)
@@ -241,7 +244,7 @@ def pin_code_and_image(job: ResolvedJob, origins, rerun: Rerun, dry_run: bool = 
         snapshot = snapshots.take(Path(job.workdir), s.code, store=snapshots.store_for(Path(s.output_dir)),
                                   label=origins.label("code"), exclude=(Path(s.output_dir),))
     changes: dict = {"snapshot": snapshot if s.code_snapshot else None}
-    if job.image and "://" not in job.image:
+    if job.image and not is_reference(job.image):
         from kit.image import pin
 
         pinned, digest = pin.pin(Path(job.image), origins.label("image"), copy=not dry_run)

@@ -184,21 +184,18 @@ kit::tree() {
   done
 }
 
-# kit::describe PID...: "PID (its state, parent and command line, its last 70
+# kit::describe PID...: "PID (its name, state, parent, age and command line, its last 70
 # characters)" for each, comma-separated, in KIT_DESCRIBED; KIT_OWN_FORKS: those
 # of them that are forks of this script not yet gone (a helper's subshell: the
 # same command line). No fork: the teardown calls it.
 KIT_DESCRIBED=
 KIT_OWN_FORKS=()
-KIT_OWN_START=
 kit::describe() {
-  local pid text stat own comm
+  local pid text stat own comm now
   local -a args out fields
   { mapfile -d '' -t args <"/proc/$$/cmdline"; } 2>/dev/null || args=()
   own="${args[*]}"
-  if kit::start_time "$$"; then KIT_OWN_START="${KIT_START_TIME}"; fi
-  { read -r text _ </proc/uptime; } 2>/dev/null || text="?"
-  KIT_OWN_START+=", now ${text/./}"
+  { read -r now _ </proc/uptime; } 2>/dev/null || now=0.00
   KIT_OWN_FORKS=()
   for pid in "$@"; do
     args=() fields=()
@@ -210,7 +207,9 @@ kit::describe() {
     text="${args[*]}"
     if [[ "${text}" == "${own}" ]]; then KIT_OWN_FORKS+=("${pid}"); fi
     if (( ${#text} > 70 )); then text="…${text: -70}"; fi
-    out+=("${pid} (${comm}, ${fields[0]-?}, parent ${fields[1]-?}, started at tick ${fields[19]-?} of this task's ${KIT_OWN_START-?}: ${text})")
+    # Its age from its start time (clock ticks since boot; 100 a second) and /proc/uptime.
+    stat=$(( ${now/./} - ${fields[19]:-0} ))
+    out+=("${pid} (${comm}, state ${fields[0]-?}, parent ${fields[1]-?} of launcher $$, started $(( stat / 100 )).$(( stat % 100 / 10 )) s ago: ${text})")
   done
   KIT_DESCRIBED="${out[0]-}"
   for text in "${out[@]:1}"; do KIT_DESCRIBED+=", ${text}"; done
@@ -247,16 +246,20 @@ kit::sweep_tree() {
 # kit::sweep: stop every process still carrying this task's token, scanning
 # again until a scan finds none (one can fork between a scan and the stop).
 kit::sweep() {
-  local path round
+  local path round listing
   local -a pids
   command -v grep >/dev/null 2>&1 || return 0
   for (( round = 0; round < 5; round++ )); do
     pids=()
+    # A command substitution, not a process substitution: bash reaps it before going on. A
+    # process substitution's process was still exiting (EOF comes when grep closes its output)
+    # when kit::sweep_tree looked, and was taken for a process the command left behind.
+    listing="$(grep -lzxF -e "KIT_TASK_TOKEN=${KIT_TASK_TOKEN}" /proc/[0-9]*/environ 2>/dev/null)" || true
     while IFS= read -r path; do
       path="${path#/proc/}"
       path="${path%/environ}"
-      if [[ "${path}" != "$$" ]]; then pids+=("${path}"); fi
-    done < <(grep -lzxF -e "KIT_TASK_TOKEN=${KIT_TASK_TOKEN}" /proc/[0-9]*/environ 2>/dev/null)
+      if [[ -n "${path}" && "${path}" != "$$" ]]; then pids+=("${path}"); fi
+    done <<<"${listing}"
     (( ${#pids[@]} > 0 )) || return 0
     kit::log "stopping ${#pids[@]} process(es) the command or a sidecar left running: ${pids[*]}"
     KIT_STOP_TIMEOUT=2 kit::stop "${pids[@]}"
