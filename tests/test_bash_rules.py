@@ -124,7 +124,20 @@ def violations(scripts: dict[str, str], lib: str) -> list[str]:
 
 
 def templates() -> dict[str, str]:
-    return {p.name: p.read_text() for p in sorted(LAUNCH.glob("*.sh"))}
+    """launch/'s scripts as kit renders them: prelaunch.sh with its parts (prelaunch_*.sh) pasted in, whose
+    state block they share; launcher.sh; lib.sh."""
+    from kit.submission import prelaunch_template
+
+    return {"prelaunch.sh": prelaunch_template(), "launcher.sh": (LAUNCH / "launcher.sh").read_text(),
+            "lib.sh": (LAUNCH / "lib.sh").read_text()}
+
+
+def test_every_template_is_a_script_or_a_part_kit_renders():
+    """A new file in launch/ is pasted somewhere (a template nobody renders would escape the rules)."""
+    from kit.submission import PRELAUNCH_PARTS
+
+    rendered = {"prelaunch.sh", "launcher.sh", "lib.sh", *(f"prelaunch_{p}.sh" for p in PRELAUNCH_PARTS)}
+    assert {p.name for p in LAUNCH.glob("*.sh")} == rendered
 
 
 def test_every_bash_function_is_short_and_declares_what_it_assigns():
@@ -146,8 +159,8 @@ def test_the_rules_see_a_long_function_and_an_undeclared_global():
 
 # ------------------------------------------------------------------ facts bash and Python share
 def bash_functions(*names: str) -> str:
-    """The text of the named functions of prelaunch.sh (to run them alone)."""
-    text = (LAUNCH / "prelaunch.sh").read_text().splitlines()
+    """The text of the named functions of prelaunch.sh, its parts pasted in (to run them alone)."""
+    text = templates()["prelaunch.sh"].splitlines()
     out = []
     for name, first, last, _ in functions("\n".join(text)):
         if name in names:

@@ -159,13 +159,13 @@ def busy_node(tmp_path):
 
 
 def run_in(ns: str, path: Path, body: str) -> str:
-    """``body`` in bash on the node, strict mode, kit's lib.sh and prelaunch's lookup loaded."""
+    """``body`` in bash on the node, strict mode, kit's lib.sh and prelaunch's lookup (its step part) loaded."""
     harness = textwrap.dedent("""\
         set -euo pipefail
         source {lib}
         eval "$(sed -n '/^kit::master_addr()/,/^}}/p' {prelaunch})"
         {body}
-        """).format(lib=LAUNCH / "lib.sh", prelaunch=LAUNCH / "prelaunch.sh", body=body)
+        """).format(lib=LAUNCH / "lib.sh", prelaunch=LAUNCH / "prelaunch_step.sh", body=body)
     proc = subprocess.run(["ip", "netns", "exec", ns, "bash", "-c", harness], capture_output=True, text=True,
                           env={**os.environ, "PATH": f"{path}:{os.environ['PATH']}"}, timeout=600)
     assert proc.returncode == 0, proc.stderr

@@ -111,6 +111,28 @@ false
     assert proc.stdout.splitlines() == ["own", "tree: 1"], proc.stdout + proc.stderr
 
 
+def test_a_fork_that_runs_the_exit_trap_tears_nothing_down():
+    """kit::cleanup run in a fork of the script (a helper signalled before its first command runs
+    carries the EXIT trap: it once ran a second teardown beside the script's) touches nothing; the
+    script's own cleanup still stops its background processes."""
+    script = f"""set -euo pipefail
+source {REPO / 'launch' / 'lib.sh'}
+kit::lib_init
+kit::spawn sleeper sleep 30
+sleeper="${{KIT_BG_PIDS[0]}}"
+( kit::cleanup )
+kit::running "$sleeper" && echo "alive after the fork's cleanup"
+trap kit::cleanup EXIT
+exit 0
+"""
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.splitlines() == ["alive after the fork's cleanup"], \
+        proc.stdout + proc.stderr
+    sleepers = subprocess.run(["pgrep", "-f", "^sleep 30$"], capture_output=True, text=True).stdout.split()
+    assert not [pid for pid in sleepers if Path(f"/proc/{pid}/environ").exists()
+                and b"KIT_TASK_TOKEN" in Path(f"/proc/{pid}/environ").read_bytes()], "the script's cleanup left it"
+
+
 def test_dry_run_job_dir_is_complete_and_sbatch_argv_recorded(tmp_path):
     job = launch.resolve(specs.JobSpec(command=["true"], output_dir=str(tmp_path)))
     prepared = launch.prepare(job)
@@ -211,7 +233,9 @@ def test_every_variable_prelaunch_exports_is_kept_by_container_env():
     every variable prelaunch.sh exports must be in that list (KIT_PYTHON is host-only)."""
     from kit.slurm import pyxis
 
-    text = (Path(__file__).parent.parent / "launch" / "prelaunch.sh").read_text()
+    from kit.submission import prelaunch_template
+
+    text = prelaunch_template()  # its parts pasted in
     exported = set(re.findall(r"\bexport ([A-Z][A-Z0-9_]*)", text))
     exported |= {n for line in re.findall(r"\bexport ([A-Z][A-Z0-9_ ]*)$", text, re.M) for n in line.split()}
     exported -= {"KIT_PYTHON"}  # host-only: outside a container

@@ -113,13 +113,24 @@ def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[st
     return flags, names
 
 
+PRELAUNCH_PARTS = ("step", "watchdog", "ending")  # launch/prelaunch_<part>.sh: its functions by concern
+
+
+def prelaunch_template() -> str:
+    """prelaunch.sh with its parts pasted in (their slots filled with the rest)."""
+    text = bash.template(JobDir.PRELAUNCH)
+    for part in PRELAUNCH_PARTS:
+        text = text.replace("{{ %s }}" % part, bash.template(f"prelaunch_{part}.sh").rstrip("\n"), 1)
+    return text
+
+
 def render_scripts(job: ResolvedJob, job_dir: Path, the_step: Step | None = None) -> dict[str, str]:
     """The text of prelaunch.sh and launcher.sh for ``job`` living in ``job_dir``: every slot
     a quoted value or an array body; the bash that uses them lives in the templates."""
     s = job.spec
     the_step = the_step or step(job, job_dir)
     lib = bash.template("lib.sh").rstrip("\n")  # shared functions, included whole (no side effects)
-    prelaunch = bash.render(bash.template(JobDir.PRELAUNCH), {
+    prelaunch = bash.render(prelaunch_template(), {
         "kit_version": __version__,
         "lib": lib,
         "job_dir": bash.quote(job_dir),

@@ -358,6 +358,10 @@ kit::cleanup() {
   local -r rc=$?
   local pid tries
   trap - EXIT
+  # Only this script tears down. A helper forked with `&` carries the EXIT trap until its
+  # first command (kit::helper_traps) runs: a signal in that instant (the teardown's own TERM
+  # to a helper just forked by kit::on_signal) made the fork run a second teardown.
+  if [[ "${BASHPID}" != "$$" ]]; then exit "${rc}"; fi
   if [[ -n "${KIT_MAIN_PID}" ]] && kit::running "${KIT_MAIN_PID}"; then
     kit::stop "${KIT_MAIN_PID}"
   fi

@@ -320,6 +320,10 @@ kit::cleanup() {
   local -r rc=$?
   local pid tries
   trap - EXIT
+  # Only this script tears down. A helper forked with `&` carries the EXIT trap until its
+  # first command (kit::helper_traps) runs: a signal in that instant (the teardown's own TERM
+  # to a helper just forked by kit::on_signal) made the fork run a second teardown.
+  if [[ "${BASHPID}" != "$$" ]]; then exit "${rc}"; fi
   if [[ -n "${KIT_MAIN_PID}" ]] && kit::running "${KIT_MAIN_PID}"; then
     kit::stop "${KIT_MAIN_PID}"
   fi
@@ -480,8 +484,9 @@ KIT_SUSPECT=
 KIT_SUSPECT_LAST=0
 KIT_WHY=
 
-# ---------------------------------------------------------------- functions
-
+# ---------------------------------------------------------------- functions, by concern
+# ---- prelaunch_step.sh (pasted into prelaunch.sh): the step — where the rendezvous is,
+# the code as submitted restored, srun running launcher.sh on every node.
 # kit::master_addr: this node's address for the rendezvous, never a Slurm
 # NodeName (often not resolvable). --master-interface pins an interface.
 kit::master_addr() {
@@ -625,204 +630,139 @@ kit::prepare() {
   fi
 }
 
-kit::on_signal() {
-  if [[ "$1" == "${KIT_WARNING_SIGNAL}" ]]; then
-    kit::log "got SIG$1: the time limit is near; passing it to the job step"
-    kit::pass_warning
-    if (( ! KIT_WARNED && KIT_RESTART < KIT_MAX_RESTARTS )); then
-      kit::stop_before_limit &
-      KIT_BG_PIDS+=("$!")
-    fi
-    KIT_WARNED=1
+# kit::restore_code: every run runs the code as submitted. Whatever in the
+# snapshot's view (code/) a run, or anyone, wrote to, truncated, chmod-ed,
+# removed or replaced since the view was made (its ctime is newer than
+# code.list's) is put back: a file from its object in the store, checked
+# against its name; a link as it was. Files a run added (__pycache__) stay,
+# and so do the links to the work tree's ignored entries (not the snapshot's).
+kit::restore_code() {
+  local -r list="${KIT_SCRIPTS_DIR}/code.list" view="${KIT_SCRIPTS_DIR}/code"
+  local path kind source rel
+  local -A changed=()
+  local -a restored=()
+  [[ -f "${list}" ]] || return 0
+  while IFS= read -r -d '' path; do changed["${path}"]=1; done \
+    < <(find "${view}" -mindepth 1 -cnewer "${list}" -print0 2>/dev/null)
+  while IFS= read -r -d '' kind && IFS= read -r -d '' source && IFS= read -r -d '' rel; do
+    path="${view}/${rel}"
+    if [[ -z "${changed["${path}"]-}" ]] && [[ -L "${path}" || -e "${path}" ]]; then continue; fi
+    kit::restore_entry "${kind}" "${source}" "${view}" "${rel}"
+    restored+=("${rel}")
+  done <"${list}"
+  if (( ${#restored[@]} > 0 )); then
+    touch "${list}"
+    kit::log "code/: put back ${#restored[@]} path(s) changed since the job was submitted: ${restored[*]:0:8}"
+  fi
+}
+
+# kit::restore_entry KIND SOURCE VIEW REL: put VIEW/REL back (KIND f or x: a copy of the
+# object SOURCE, read-only, executable for x; l: a symlink to SOURCE), through a new
+# name renamed over it; a directory on its way that is no longer one is made again.
+kit::restore_entry() {
+  local -r kind="$1" source="$2" view="$3" rel="$4"
+  local dir="${view}" part sum new
+  local -a parts=()
+  IFS=/ read -r -a parts <<<"${rel}"
+  for part in "${parts[@]:0:${#parts[@]}-1}"; do
+    dir+="/${part}"
+    if [[ -L "${dir}" || ( -e "${dir}" && ! -d "${dir}" ) ]]; then rm -f "${dir}"; fi
+    if [[ ! -d "${dir}" ]]; then mkdir "${dir}"; fi
+  done
+  new="${dir}/.kit-restore.$$"
+  rm -rf "${new}"
+  if [[ "${kind}" == l ]]; then
+    ln -s "${source}" "${new}"
   else
-    KIT_STOPPING=1
-    kit::log "got SIG$1: stopping the job step (cancelled, requeued, preempted or at the time limit)"
-    kit::forward "$1"
+    sum="$(sha256sum <"${source}")" || kit::die "code/${rel}: cannot read its object ${source}"
+    local -r want="${source##*/}"
+    [[ "${sum%% *}" == "${want%.x}" ]] \
+      || kit::die "code/${rel}: its object ${source} does not hold what its name says: not run"
+    cp "${source}" "${new}"
+    if [[ "${kind}" == x ]]; then chmod 0555 "${new}"; else chmod 0444 "${new}"; fi
   fi
+  if [[ -d "${view}/${rel}" && ! -L "${view}/${rel}" ]]; then  # a run's directory: kept, beside
+    mv -T "${view}/${rel}" "${view}/${rel}.kit-moved-r${KIT_RESTART}-$$"
+    kit::log "code/${rel}: a directory stood where the snapshot has a file: moved to ${rel}.kit-moved-r${KIT_RESTART}-$$"
+  fi
+  mv -fT "${new}" "${view}/${rel}"
 }
 
-# kit::pass_warning: hand the warning to the step by a file each launcher
-# watches (progress/r<K>/warning): the launcher gives it to its command once
-# the command handles it. Signalling srun would not do: slurmstepd passes a
-# forwarded signal to every process of the step at once, so a command still
-# importing (or a sidecar) would die of it. A warning that comes before the
-# step exists waits in the file (Slurm may send it up to a minute early).
-kit::pass_warning() {
-  mkdir -p "${KIT_PROGRESS_DIR}"
-  printf '%s\n' "${KIT_WARNING_SIGNAL}" >"${KIT_PROGRESS_DIR}/.warning"
-  mv -f "${KIT_PROGRESS_DIR}/.warning" "${KIT_PROGRESS_DIR}/warning"
-}
-
-# kit::stop_before_limit: with a restart left, a step still running shortly
-# before the time limit (its command has no handler for the warning, or did
-# not stop on it) is stopped by kit, so that the run is requeued and resumes
-# from its last checkpoint instead of being killed by Slurm at the limit. The
-# launchers stop their commands (TERM; KILL after the stop grace) when
-# progress/r<K>/stop appears. The limit is read again before acting: an
-# admin may have extended it. Nothing is stopped when the requeue would be
-# refused (the checkpoint step stalled): the command may yet finish.
-kit::stop_before_limit() {
-  local end left
-  kit::helper_traps
-  while :; do
-    end="$(squeue --noheader --jobs="${SLURM_JOB_ID}" --format=%e 2>/dev/null | awk 'NR == 1')" || end=""
-    end="$(date -d "${end}" +%s 2>/dev/null)" || end=$(( $(date +%s) + KIT_SIGNAL_LEAD ))
-    left=$(( end - $(date +%s) - KIT_LIMIT_MARGIN ))
-    (( left > 0 )) || break
-    kit::nap "$(( left < 30 ? left : 30 ))"
+# The rendezvous address and port, decided on the allocation's first node (or given by --env).
+kit::decide_master() {
+  local kit_name
+  for kit_name in MASTER_ADDR MASTER_PORT; do
+    if ! kit::given_env "${kit_name}"; then unset "${kit_name}"; fi
   done
-  KIT_RUN_ADVANCED=false
-  if (( $(kit::checkpoint_step) > KIT_START_STEP )); then KIT_RUN_ADVANCED=true; fi
-  if kit::stalled; then
-    kit::log "$(( end - $(date +%s) )) s before the time limit: the checkpoint step has not advanced, so a requeue would be refused: letting the step run on"
-    return 0
-  fi
-  kit::log "the job step still runs $(( end - $(date +%s) )) s before the time limit: stopping it, to requeue the job"
-  mkdir -p "${KIT_PROGRESS_DIR}"
-  : >"${KIT_PROGRESS_DIR}/.stop"
-  mv -f "${KIT_PROGRESS_DIR}/.stop" "${KIT_PROGRESS_DIR}/stop"
-}
-
-# kit::checkpoint_step: the step of the newest checkpoint, as the command
-# reports it in KIT_CHECKPOINT_STEP_FILE; -1 when it reports none.
-kit::checkpoint_step() {
-  local step=""
-  if [[ -r "${KIT_CHECKPOINT_STEP_FILE}" ]]; then
-    read -r step <"${KIT_CHECKPOINT_STEP_FILE}" || true
-  fi
-  if [[ "${step}" =~ ^[0-9]{1,18}$ ]]; then printf '%s\n' "$(( 10#${step} ))"; else printf '%s\n' -1; fi
-}
-
-# kit::record_run END RC [TEARDOWN]: one line per run in runs.jsonl (how it
-# ended, the checkpoint step it ended at, and whether that advanced during the
-# run; TEARDOWN: the code of a step that failed after its work was finished).
-kit::record_run() {
-  local -r end="$1" rc="$2" teardown="${3-}"
-  local -r step="$(kit::checkpoint_step)"
-  local advanced=false
-  if (( step > KIT_START_STEP )); then advanced=true; fi
-  kit::append_run "${KIT_RESTART}" "${end}" "${rc}" "${step}" "${advanced}" "${teardown}"
-  KIT_RUN_ADVANCED="${advanced}"
-}
-
-# kit::append_run RUN END RC STEP ADVANCED [TEARDOWN]: the one writer of runs.jsonl's
-# records (kit.jobdir.records.run_records is their one reader in Python).
-kit::append_run() {
-  printf '{"run": %d, "end": "%s", "exit_code": %d, "checkpoint_step": %d, "advanced": %s, "time": %d%s}\n' \
-    "$1" "$2" "$3" "$4" "$5" "$(date +%s)" "${6:+, \"teardown_exit_code\": ${6}}" >>"${KIT_RUNS_FILE}"
-}
-
-# kit::read_run RUN|last: the last record of run RUN (or the file's last record) in
-# runs.jsonl, its fields in KIT_RECORD (run, end, exit_code, checkpoint_step,
-# advanced, time); status 1: none. The one reader of runs.jsonl in bash: the lines
-# kit::append_run writes, which are json.dumps's (a test pins the pair); a torn
-# or foreign line is skipped, as Python's reader skips it.
-kit::read_run() {
-  local line found=""
-  local -r re='^\{"run": ([0-9]+), "end": "([a-z_-]+)", "exit_code": (-?[0-9]+), "checkpoint_step": (-?[0-9]+), "advanced": (true|false|null), "time": ([0-9]+)[,}]'
-  KIT_RECORD=()
-  [[ -r "${KIT_RUNS_FILE}" ]] || return 1
-  while IFS= read -r line || [[ -n "${line}" ]]; do
-    if [[ "${line}" =~ ${re} ]] && [[ "$1" == last || "${BASH_REMATCH[1]}" == "$1" ]]; then found="${line}"; fi
-  done <"${KIT_RUNS_FILE}"
-  [[ -n "${found}" && "${found}" =~ ${re} ]] || return 1
-  KIT_RECORD=([run]="${BASH_REMATCH[1]}" [end]="${BASH_REMATCH[2]}" [exit_code]="${BASH_REMATCH[3]}"
-              [checkpoint_step]="${BASH_REMATCH[4]}" [advanced]="${BASH_REMATCH[5]}" [time]="${BASH_REMATCH[6]}")
-}
-
-# kit::stalled: true when this run (KIT_RUN_ADVANCED) and the run before it
-# (its line in runs.jsonl) both went without the checkpoint step advancing
-# (only for commands that report one).
-kit::stalled() {
-  [[ "${KIT_RUN_ADVANCED}" == false && -e "${KIT_CHECKPOINT_STEP_FILE}" ]] || return 1
-  kit::read_run "$(( KIT_RESTART - 1 ))" || return 1
-  [[ "${KIT_RECORD[advanced]}" == false ]]
-}
-
-# kit::requeue WHY [NODE]: requeue the job within the retry budget, with NODE
-# (a suspect) left out of the next run where the partition has nodes to
-# spare. Returns 1 when the budget is spent or the requeue failed.
-kit::requeue() {
-  local -r why="$1" suspect="${2-}"
-  local excluded total
-  if kit::stalled; then
-    kit::log "${why}; the checkpoint step did not advance in this run or the one before (still $(kit::checkpoint_step)): not requeueing again"
-    KIT_END_CODE="${KIT_EXIT_NO_PROGRESS}"
-    return 1
-  fi
-  if (( KIT_RESTART >= KIT_MAX_RESTARTS )); then
-    kit::log "${why}; retry budget spent (${KIT_MAX_RESTARTS} restarts), not requeueing"
-    return 1
-  fi
-  kit::log "${why}; requeueing (restart $(( KIT_RESTART + 1 )) of ${KIT_MAX_RESTARTS})"
-  kit::stop_background
-  # Slurm TERMs the batch step for the requeue about to be asked: the scontrol
-  # and sinfo below must not die of it (one did, and the suspect stayed in the
-  # next run's nodes).
-  trap '' TERM INT
-  if ! scontrol requeue "${SLURM_JOB_ID}"; then
-    kit::log "scontrol requeue failed"
-    return 1
-  fi
-  # Slurm holds a requeued job for its credential lifetime (BeginTime = the
-  # batch script's end + 121 s by default) unless the job already has a later
-  # begin time: giving it one a few seconds ahead (past this script's end, and
-  # past the second in which the old run's credential was revoked) starts the
-  # next run as soon as the scheduler next looks.
-  if ! scontrol update JobId="${SLURM_JOB_ID}" StartTime="now+${KIT_REQUEUE_DELAY}" 2>/dev/null; then
-    kit::log "the next run waits for Slurm's hold after a requeue (scontrol update StartTime was refused)"
-  fi
-  if [[ -n "${suspect}" ]]; then
-    # The line that starts with ReqNodeList: no job name or path can stand there.
-    excluded="$(scontrol show job "${SLURM_JOB_ID}" 2>/dev/null | sed -n 's/^ *ReqNodeList=[^ ]* ExcNodeList=\([^ ]*\)$/\1/p' | awk 'NR == 1')" || excluded=""
-    [[ "${excluded}" == "(null)" ]] && excluded=""
-    excluded="${excluded:+${excluded},}${suspect}"
-    total="$(sinfo --noheader --partition="${SLURM_JOB_PARTITION-}" --format=%D 2>/dev/null | awk '{ n += $1 } END { print n + 0 }')"
-    if (( total - $(scontrol show hostnames "${excluded}" | wc -l) >= ${SLURM_JOB_NUM_NODES:-1} )) \
-      && scontrol update JobId="${SLURM_JOB_ID}" ExcNodeList="${excluded}"; then
-      kit::log "the next run leaves out ${excluded}"
+  if [[ -z "${MASTER_ADDR-}" || -z "${MASTER_PORT-}" ]]; then
+    if (( KIT_BATCH )) || [[ -n "${SLURMD_NODENAME-}" ]]; then
+      if [[ -z "${MASTER_ADDR-}" ]]; then MASTER_ADDR="$(kit::master_addr)"; fi
+      if [[ -z "${MASTER_PORT-}" ]]; then kit::pick_port; fi
     else
-      kit::log "the next run may use ${suspect} again: the partition has no node to spare"
+      KIT_FIRST_NODE="$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | awk 'NR == 1')"
+      KIT_PROBE="$(srun --nodes=1 --ntasks=1 --overlap --nodelist="${KIT_FIRST_NODE}" bash "$0" --master-probe)"
+      if [[ -z "${MASTER_ADDR-}" ]]; then MASTER_ADDR="${KIT_PROBE% *}"; fi
+      if [[ -z "${MASTER_PORT-}" ]]; then MASTER_PORT="${KIT_PROBE#* }"; fi
     fi
   fi
-  exit 0
+  export MASTER_ADDR MASTER_PORT
 }
 
-# kit::first_failure: the exit code of the rank whose command failed first in
-# this run (srun itself reports the highest code, often that of a rank it
-# stopped because another one failed): by time, then rank, as
-# kit.jobdir.failures.first_failure decides it (a test holds the pair to one answer).
-kit::first_failure() {
-  kit::rank_ends | awk '$4 == "self" && $3 != 0' | sort -k1,1n -k2,2n | awk 'NR == 1 { print $3; found = 1 } END { exit !found }'
+# kit::start_heartbeat: a line in the batch log every --heartbeat seconds (batch mode).
+kit::start_heartbeat() {
+  if (( KIT_BATCH && KIT_HEARTBEAT_SECONDS > 0 )); then
+    # shellcheck disable=SC2016  # expanded by the heartbeat's own bash
+    kit::spawn heartbeat bash -c 'while sleep "$1"; do printf "[kit %s prelaunch] heartbeat\n" "$(date +%Y-%m-%dT%H:%M:%S%z)"; done' \
+      heartbeat "${KIT_HEARTBEAT_SECONDS}"
+  fi
 }
 
-# kit::all_ranks_done: did every rank's command end by itself with 0 in this run?
-kit::all_ranks_done() {
-  kit::rank_ends | awk -v world="${KIT_WORLD_SIZE}" '$4 == "self" && $3 == 0 { n++ } END { exit !(n == world) }'
+# kit::run_step: the srun step of launcher.sh, watched for hangs; its exit code in
+# KIT_STEP_RC (the first failing rank's, when srun reports another).
+kit::run_step() {
+  local name
+  KIT_STEP_ARGS=("${KIT_SRUN_ARGS[@]}")
+  if (( ${#KIT_CONTAINER_ENV[@]} > 0 )); then
+    KIT_SET_NAMES=()
+    for name in "${KIT_CONTAINER_ENV[@]}"; do
+      if [[ -v "${name}" ]]; then KIT_SET_NAMES+=("${name}"); fi
+    done
+    KIT_STEP_ARGS+=("--container-env=$(IFS=,; printf '%s' "${KIT_SET_NAMES[*]}")")
+  fi
+  kit::handle_signals
+  if (( KIT_STOPPING )); then
+    kit::log "stopped before the job step started"
+    exit 143
+  fi
+  mkdir -p "${KIT_PROGRESS_DIR}"
+  kit::log "job ${SLURM_JOB_ID} run ${KIT_RESTART}: ${SLURM_JOB_NUM_NODES:-?} node(s), MASTER_ADDR=${MASTER_ADDR} MASTER_PORT=${MASTER_PORT}"
+  # The step's start, for the time to each node's first task (the container's start: kit report, kit ps).
+  printf '%s\n' "${EPOCHREALTIME/,/.}" >"${KIT_PROGRESS_DIR}/step-start"
+  srun "${KIT_STEP_ARGS[@]}" "${KIT_SCRIPTS_DIR}/launcher.sh" &
+  KIT_MAIN_PID=$!
+  if (( KIT_HANG_TIMEOUT > 0 )); then
+    kit::watch_progress "${KIT_MAIN_PID}" &
+    KIT_BG_PIDS+=("$!")
+  fi
+  kit::wait_for "${KIT_MAIN_PID}"
+  KIT_MAIN_PID=
+  KIT_STEP_RC="${KIT_RC}"
+  # srun turns a TERM of its own (every process of the batch step gets one when
+  # the job is cancelled, requeued or out of time) into SIGKILL for the tasks, so
+  # their sidecars may not have cleaned up: no exporter target of this run may
+  # outlive it.
+  if [[ -n "${KIT_PROMETHEUS_TARGETS-}" ]]; then
+    rm -f "${KIT_PROMETHEUS_TARGETS}/kit-${SLURM_JOB_ID}-"*.json
+  fi
+  if (( KIT_STEP_RC != 0 )) && KIT_FIRST_RC="$(kit::first_failure)" && [[ "${KIT_FIRST_RC}" != "${KIT_STEP_RC}" ]]; then
+    kit::log "srun exited ${KIT_STEP_RC}; the first rank to fail exited ${KIT_FIRST_RC}"
+    KIT_STEP_RC="${KIT_FIRST_RC}"
+  fi
+  if [[ -n "${KIT_PORT_LOCK_FD}" ]]; then exec {KIT_PORT_LOCK_FD}>&-; fi
 }
 
-# kit::declared_finished RANK: has RANK declared its work finished in this run
-# (kit.train.progress.finished(): its progress file's first word)?
-kit::declared_finished() {
-  local word=""
-  { read -r word _ <"${KIT_PROGRESS_DIR}/rank-$1"; } 2>/dev/null || return 1
-  [[ "${word}" == finished ]]
-}
-
-# kit::all_ranks_declared: has every rank declared its work finished in this run?
-kit::all_ranks_declared() {
-  local rank
-  for (( rank = 0; rank < KIT_WORLD_SIZE; rank++ )); do
-    kit::declared_finished "${rank}" || return 1
-  done
-}
-
-# kit::rank_ends: the launchers' records of how each rank ended in this run.
-kit::rank_ends() {
-  local -a files=("${KIT_LOG_DIR}/exit.r${KIT_RESTART}.rank-"*)
-  [[ -e "${files[0]}" ]] || return 0
-  cat "${files[@]}"
-}
+# ---- prelaunch_watchdog.sh (pasted into prelaunch.sh): the hang watchdog — each rank's
+# progress read, a suspect named, every rank's stacks collected, the step stopped.
 # kit::saving: true when some rank's progress file says it is saving a checkpoint.
 kit::saving() {
   local file line
@@ -1030,66 +970,207 @@ kit::hang_report() {
   kit::log "hang: $(sed -n 's/^summary=//p' "${KIT_HANG_DIR}/report"); stopping the job step"
 }
 
-# ---------------------------------------------------------------- the code
-# kit::restore_code: every run runs the code as submitted. Whatever in the
-# snapshot's view (code/) a run, or anyone, wrote to, truncated, chmod-ed,
-# removed or replaced since the view was made (its ctime is newer than
-# code.list's) is put back: a file from its object in the store, checked
-# against its name; a link as it was. Files a run added (__pycache__) stay,
-# and so do the links to the work tree's ignored entries (not the snapshot's).
-kit::restore_code() {
-  local -r list="${KIT_SCRIPTS_DIR}/code.list" view="${KIT_SCRIPTS_DIR}/code"
-  local path kind source rel
-  local -A changed=()
-  local -a restored=()
-  [[ -f "${list}" ]] || return 0
-  while IFS= read -r -d '' path; do changed["${path}"]=1; done \
-    < <(find "${view}" -mindepth 1 -cnewer "${list}" -print0 2>/dev/null)
-  while IFS= read -r -d '' kind && IFS= read -r -d '' source && IFS= read -r -d '' rel; do
-    path="${view}/${rel}"
-    if [[ -z "${changed["${path}"]-}" ]] && [[ -L "${path}" || -e "${path}" ]]; then continue; fi
-    kit::restore_entry "${kind}" "${source}" "${view}" "${rel}"
-    restored+=("${rel}")
-  done <"${list}"
-  if (( ${#restored[@]} > 0 )); then
-    touch "${list}"
-    kit::log "code/: put back ${#restored[@]} path(s) changed since the job was submitted: ${restored[*]:0:8}"
-  fi
-}
-
-# kit::restore_entry KIND SOURCE VIEW REL: put VIEW/REL back (KIND f or x: a copy of the
-# object SOURCE, read-only, executable for x; l: a symlink to SOURCE), through a new
-# name renamed over it; a directory on its way that is no longer one is made again.
-kit::restore_entry() {
-  local -r kind="$1" source="$2" view="$3" rel="$4"
-  local dir="${view}" part sum new
-  local -a parts=()
-  IFS=/ read -r -a parts <<<"${rel}"
-  for part in "${parts[@]:0:${#parts[@]}-1}"; do
-    dir+="/${part}"
-    if [[ -L "${dir}" || ( -e "${dir}" && ! -d "${dir}" ) ]]; then rm -f "${dir}"; fi
-    if [[ ! -d "${dir}" ]]; then mkdir "${dir}"; fi
-  done
-  new="${dir}/.kit-restore.$$"
-  rm -rf "${new}"
-  if [[ "${kind}" == l ]]; then
-    ln -s "${source}" "${new}"
+# ---- prelaunch_ending.sh (pasted into prelaunch.sh): the ending — signals and the warning,
+# runs.jsonl (the one writer and reader), how the run ended, the requeue.
+kit::on_signal() {
+  if [[ "$1" == "${KIT_WARNING_SIGNAL}" ]]; then
+    kit::log "got SIG$1: the time limit is near; passing it to the job step"
+    kit::pass_warning
+    if (( ! KIT_WARNED && KIT_RESTART < KIT_MAX_RESTARTS )); then
+      kit::stop_before_limit &
+      KIT_BG_PIDS+=("$!")
+    fi
+    KIT_WARNED=1
   else
-    sum="$(sha256sum <"${source}")" || kit::die "code/${rel}: cannot read its object ${source}"
-    local -r want="${source##*/}"
-    [[ "${sum%% *}" == "${want%.x}" ]] \
-      || kit::die "code/${rel}: its object ${source} does not hold what its name says: not run"
-    cp "${source}" "${new}"
-    if [[ "${kind}" == x ]]; then chmod 0555 "${new}"; else chmod 0444 "${new}"; fi
+    KIT_STOPPING=1
+    kit::log "got SIG$1: stopping the job step (cancelled, requeued, preempted or at the time limit)"
+    kit::forward "$1"
   fi
-  if [[ -d "${view}/${rel}" && ! -L "${view}/${rel}" ]]; then  # a run's directory: kept, beside
-    mv -T "${view}/${rel}" "${view}/${rel}.kit-moved-r${KIT_RESTART}-$$"
-    kit::log "code/${rel}: a directory stood where the snapshot has a file: moved to ${rel}.kit-moved-r${KIT_RESTART}-$$"
-  fi
-  mv -fT "${new}" "${view}/${rel}"
 }
 
-# ---------------------------------------------------------------- one run
+# kit::pass_warning: hand the warning to the step by a file each launcher
+# watches (progress/r<K>/warning): the launcher gives it to its command once
+# the command handles it. Signalling srun would not do: slurmstepd passes a
+# forwarded signal to every process of the step at once, so a command still
+# importing (or a sidecar) would die of it. A warning that comes before the
+# step exists waits in the file (Slurm may send it up to a minute early).
+kit::pass_warning() {
+  mkdir -p "${KIT_PROGRESS_DIR}"
+  printf '%s\n' "${KIT_WARNING_SIGNAL}" >"${KIT_PROGRESS_DIR}/.warning"
+  mv -f "${KIT_PROGRESS_DIR}/.warning" "${KIT_PROGRESS_DIR}/warning"
+}
+
+# kit::stop_before_limit: with a restart left, a step still running shortly
+# before the time limit (its command has no handler for the warning, or did
+# not stop on it) is stopped by kit, so that the run is requeued and resumes
+# from its last checkpoint instead of being killed by Slurm at the limit. The
+# launchers stop their commands (TERM; KILL after the stop grace) when
+# progress/r<K>/stop appears. The limit is read again before acting: an
+# admin may have extended it. Nothing is stopped when the requeue would be
+# refused (the checkpoint step stalled): the command may yet finish.
+kit::stop_before_limit() {
+  local end left
+  kit::helper_traps
+  while :; do
+    end="$(squeue --noheader --jobs="${SLURM_JOB_ID}" --format=%e 2>/dev/null | awk 'NR == 1')" || end=""
+    end="$(date -d "${end}" +%s 2>/dev/null)" || end=$(( $(date +%s) + KIT_SIGNAL_LEAD ))
+    left=$(( end - $(date +%s) - KIT_LIMIT_MARGIN ))
+    (( left > 0 )) || break
+    kit::nap "$(( left < 30 ? left : 30 ))"
+  done
+  KIT_RUN_ADVANCED=false
+  if (( $(kit::checkpoint_step) > KIT_START_STEP )); then KIT_RUN_ADVANCED=true; fi
+  if kit::stalled; then
+    kit::log "$(( end - $(date +%s) )) s before the time limit: the checkpoint step has not advanced, so a requeue would be refused: letting the step run on"
+    return 0
+  fi
+  kit::log "the job step still runs $(( end - $(date +%s) )) s before the time limit: stopping it, to requeue the job"
+  mkdir -p "${KIT_PROGRESS_DIR}"
+  : >"${KIT_PROGRESS_DIR}/.stop"
+  mv -f "${KIT_PROGRESS_DIR}/.stop" "${KIT_PROGRESS_DIR}/stop"
+}
+
+# kit::checkpoint_step: the step of the newest checkpoint, as the command
+# reports it in KIT_CHECKPOINT_STEP_FILE; -1 when it reports none.
+kit::checkpoint_step() {
+  local step=""
+  if [[ -r "${KIT_CHECKPOINT_STEP_FILE}" ]]; then
+    read -r step <"${KIT_CHECKPOINT_STEP_FILE}" || true
+  fi
+  if [[ "${step}" =~ ^[0-9]{1,18}$ ]]; then printf '%s\n' "$(( 10#${step} ))"; else printf '%s\n' -1; fi
+}
+
+# kit::record_run END RC [TEARDOWN]: one line per run in runs.jsonl (how it
+# ended, the checkpoint step it ended at, and whether that advanced during the
+# run; TEARDOWN: the code of a step that failed after its work was finished).
+kit::record_run() {
+  local -r end="$1" rc="$2" teardown="${3-}"
+  local -r step="$(kit::checkpoint_step)"
+  local advanced=false
+  if (( step > KIT_START_STEP )); then advanced=true; fi
+  kit::append_run "${KIT_RESTART}" "${end}" "${rc}" "${step}" "${advanced}" "${teardown}"
+  KIT_RUN_ADVANCED="${advanced}"
+}
+
+# kit::append_run RUN END RC STEP ADVANCED [TEARDOWN]: the one writer of runs.jsonl's
+# records (kit.jobdir.records.run_records is their one reader in Python).
+kit::append_run() {
+  printf '{"run": %d, "end": "%s", "exit_code": %d, "checkpoint_step": %d, "advanced": %s, "time": %d%s}\n' \
+    "$1" "$2" "$3" "$4" "$5" "$(date +%s)" "${6:+, \"teardown_exit_code\": ${6}}" >>"${KIT_RUNS_FILE}"
+}
+
+# kit::read_run RUN|last: the last record of run RUN (or the file's last record) in
+# runs.jsonl, its fields in KIT_RECORD (run, end, exit_code, checkpoint_step,
+# advanced, time); status 1: none. The one reader of runs.jsonl in bash: the lines
+# kit::append_run writes, which are json.dumps's (a test pins the pair); a torn
+# or foreign line is skipped, as Python's reader skips it.
+kit::read_run() {
+  local line found=""
+  local -r re='^\{"run": ([0-9]+), "end": "([a-z_-]+)", "exit_code": (-?[0-9]+), "checkpoint_step": (-?[0-9]+), "advanced": (true|false|null), "time": ([0-9]+)[,}]'
+  KIT_RECORD=()
+  [[ -r "${KIT_RUNS_FILE}" ]] || return 1
+  while IFS= read -r line || [[ -n "${line}" ]]; do
+    if [[ "${line}" =~ ${re} ]] && [[ "$1" == last || "${BASH_REMATCH[1]}" == "$1" ]]; then found="${line}"; fi
+  done <"${KIT_RUNS_FILE}"
+  [[ -n "${found}" && "${found}" =~ ${re} ]] || return 1
+  KIT_RECORD=([run]="${BASH_REMATCH[1]}" [end]="${BASH_REMATCH[2]}" [exit_code]="${BASH_REMATCH[3]}"
+              [checkpoint_step]="${BASH_REMATCH[4]}" [advanced]="${BASH_REMATCH[5]}" [time]="${BASH_REMATCH[6]}")
+}
+
+# kit::stalled: true when this run (KIT_RUN_ADVANCED) and the run before it
+# (its line in runs.jsonl) both went without the checkpoint step advancing
+# (only for commands that report one).
+kit::stalled() {
+  [[ "${KIT_RUN_ADVANCED}" == false && -e "${KIT_CHECKPOINT_STEP_FILE}" ]] || return 1
+  kit::read_run "$(( KIT_RESTART - 1 ))" || return 1
+  [[ "${KIT_RECORD[advanced]}" == false ]]
+}
+
+# kit::requeue WHY [NODE]: requeue the job within the retry budget, with NODE
+# (a suspect) left out of the next run where the partition has nodes to
+# spare. Returns 1 when the budget is spent or the requeue failed.
+kit::requeue() {
+  local -r why="$1" suspect="${2-}"
+  local excluded total
+  if kit::stalled; then
+    kit::log "${why}; the checkpoint step did not advance in this run or the one before (still $(kit::checkpoint_step)): not requeueing again"
+    KIT_END_CODE="${KIT_EXIT_NO_PROGRESS}"
+    return 1
+  fi
+  if (( KIT_RESTART >= KIT_MAX_RESTARTS )); then
+    kit::log "${why}; retry budget spent (${KIT_MAX_RESTARTS} restarts), not requeueing"
+    return 1
+  fi
+  kit::log "${why}; requeueing (restart $(( KIT_RESTART + 1 )) of ${KIT_MAX_RESTARTS})"
+  kit::stop_background
+  # Slurm TERMs the batch step for the requeue about to be asked: the scontrol
+  # and sinfo below must not die of it (one did, and the suspect stayed in the
+  # next run's nodes).
+  trap '' TERM INT
+  if ! scontrol requeue "${SLURM_JOB_ID}"; then
+    kit::log "scontrol requeue failed"
+    return 1
+  fi
+  # Slurm holds a requeued job for its credential lifetime (BeginTime = the
+  # batch script's end + 121 s by default) unless the job already has a later
+  # begin time: giving it one a few seconds ahead (past this script's end, and
+  # past the second in which the old run's credential was revoked) starts the
+  # next run as soon as the scheduler next looks.
+  if ! scontrol update JobId="${SLURM_JOB_ID}" StartTime="now+${KIT_REQUEUE_DELAY}" 2>/dev/null; then
+    kit::log "the next run waits for Slurm's hold after a requeue (scontrol update StartTime was refused)"
+  fi
+  if [[ -n "${suspect}" ]]; then
+    # The line that starts with ReqNodeList: no job name or path can stand there.
+    excluded="$(scontrol show job "${SLURM_JOB_ID}" 2>/dev/null | sed -n 's/^ *ReqNodeList=[^ ]* ExcNodeList=\([^ ]*\)$/\1/p' | awk 'NR == 1')" || excluded=""
+    [[ "${excluded}" == "(null)" ]] && excluded=""
+    excluded="${excluded:+${excluded},}${suspect}"
+    total="$(sinfo --noheader --partition="${SLURM_JOB_PARTITION-}" --format=%D 2>/dev/null | awk '{ n += $1 } END { print n + 0 }')"
+    if (( total - $(scontrol show hostnames "${excluded}" | wc -l) >= ${SLURM_JOB_NUM_NODES:-1} )) \
+      && scontrol update JobId="${SLURM_JOB_ID}" ExcNodeList="${excluded}"; then
+      kit::log "the next run leaves out ${excluded}"
+    else
+      kit::log "the next run may use ${suspect} again: the partition has no node to spare"
+    fi
+  fi
+  exit 0
+}
+
+# kit::first_failure: the exit code of the rank whose command failed first in
+# this run (srun itself reports the highest code, often that of a rank it
+# stopped because another one failed): by time, then rank, as
+# kit.jobdir.failures.first_failure decides it (a test holds the pair to one answer).
+kit::first_failure() {
+  kit::rank_ends | awk '$4 == "self" && $3 != 0' | sort -k1,1n -k2,2n | awk 'NR == 1 { print $3; found = 1 } END { exit !found }'
+}
+
+# kit::all_ranks_done: did every rank's command end by itself with 0 in this run?
+kit::all_ranks_done() {
+  kit::rank_ends | awk -v world="${KIT_WORLD_SIZE}" '$4 == "self" && $3 == 0 { n++ } END { exit !(n == world) }'
+}
+
+# kit::declared_finished RANK: has RANK declared its work finished in this run
+# (kit.train.progress.finished(): its progress file's first word)?
+kit::declared_finished() {
+  local word=""
+  { read -r word _ <"${KIT_PROGRESS_DIR}/rank-$1"; } 2>/dev/null || return 1
+  [[ "${word}" == finished ]]
+}
+
+# kit::all_ranks_declared: has every rank declared its work finished in this run?
+kit::all_ranks_declared() {
+  local rank
+  for (( rank = 0; rank < KIT_WORLD_SIZE; rank++ )); do
+    kit::declared_finished "${rank}" || return 1
+  done
+}
+
+# kit::rank_ends: the launchers' records of how each rank ended in this run.
+kit::rank_ends() {
+  local -a files=("${KIT_LOG_DIR}/exit.r${KIT_RESTART}.rank-"*)
+  [[ -e "${files[0]}" ]] || return 0
+  cat "${files[@]}"
+}
+
 # A run that Slurm ended with SIGKILL (after KillWait, or with its node)
 # left no line in runs.jsonl: say so, so the record has every run.
 kit::catch_up_runs() {
@@ -1101,79 +1182,6 @@ kit::catch_up_runs() {
   KIT_START_STEP="$(kit::checkpoint_step)"
   KIT_RUN_ADVANCED=true
   KIT_END_CODE=
-}
-
-# The rendezvous address and port, decided on the allocation's first node (or given by --env).
-kit::decide_master() {
-  local kit_name
-  for kit_name in MASTER_ADDR MASTER_PORT; do
-    if ! kit::given_env "${kit_name}"; then unset "${kit_name}"; fi
-  done
-  if [[ -z "${MASTER_ADDR-}" || -z "${MASTER_PORT-}" ]]; then
-    if (( KIT_BATCH )) || [[ -n "${SLURMD_NODENAME-}" ]]; then
-      if [[ -z "${MASTER_ADDR-}" ]]; then MASTER_ADDR="$(kit::master_addr)"; fi
-      if [[ -z "${MASTER_PORT-}" ]]; then kit::pick_port; fi
-    else
-      KIT_FIRST_NODE="$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | awk 'NR == 1')"
-      KIT_PROBE="$(srun --nodes=1 --ntasks=1 --overlap --nodelist="${KIT_FIRST_NODE}" bash "$0" --master-probe)"
-      if [[ -z "${MASTER_ADDR-}" ]]; then MASTER_ADDR="${KIT_PROBE% *}"; fi
-      if [[ -z "${MASTER_PORT-}" ]]; then MASTER_PORT="${KIT_PROBE#* }"; fi
-    fi
-  fi
-  export MASTER_ADDR MASTER_PORT
-}
-
-# kit::start_heartbeat: a line in the batch log every --heartbeat seconds (batch mode).
-kit::start_heartbeat() {
-  if (( KIT_BATCH && KIT_HEARTBEAT_SECONDS > 0 )); then
-    # shellcheck disable=SC2016  # expanded by the heartbeat's own bash
-    kit::spawn heartbeat bash -c 'while sleep "$1"; do printf "[kit %s prelaunch] heartbeat\n" "$(date +%Y-%m-%dT%H:%M:%S%z)"; done' \
-      heartbeat "${KIT_HEARTBEAT_SECONDS}"
-  fi
-}
-
-# kit::run_step: the srun step of launcher.sh, watched for hangs; its exit code in
-# KIT_STEP_RC (the first failing rank's, when srun reports another).
-kit::run_step() {
-  local name
-  KIT_STEP_ARGS=("${KIT_SRUN_ARGS[@]}")
-  if (( ${#KIT_CONTAINER_ENV[@]} > 0 )); then
-    KIT_SET_NAMES=()
-    for name in "${KIT_CONTAINER_ENV[@]}"; do
-      if [[ -v "${name}" ]]; then KIT_SET_NAMES+=("${name}"); fi
-    done
-    KIT_STEP_ARGS+=("--container-env=$(IFS=,; printf '%s' "${KIT_SET_NAMES[*]}")")
-  fi
-  kit::handle_signals
-  if (( KIT_STOPPING )); then
-    kit::log "stopped before the job step started"
-    exit 143
-  fi
-  mkdir -p "${KIT_PROGRESS_DIR}"
-  kit::log "job ${SLURM_JOB_ID} run ${KIT_RESTART}: ${SLURM_JOB_NUM_NODES:-?} node(s), MASTER_ADDR=${MASTER_ADDR} MASTER_PORT=${MASTER_PORT}"
-  # The step's start, for the time to each node's first task (the container's start: kit report, kit ps).
-  printf '%s\n' "${EPOCHREALTIME/,/.}" >"${KIT_PROGRESS_DIR}/step-start"
-  srun "${KIT_STEP_ARGS[@]}" "${KIT_SCRIPTS_DIR}/launcher.sh" &
-  KIT_MAIN_PID=$!
-  if (( KIT_HANG_TIMEOUT > 0 )); then
-    kit::watch_progress "${KIT_MAIN_PID}" &
-    KIT_BG_PIDS+=("$!")
-  fi
-  kit::wait_for "${KIT_MAIN_PID}"
-  KIT_MAIN_PID=
-  KIT_STEP_RC="${KIT_RC}"
-  # srun turns a TERM of its own (every process of the batch step gets one when
-  # the job is cancelled, requeued or out of time) into SIGKILL for the tasks, so
-  # their sidecars may not have cleaned up: no exporter target of this run may
-  # outlive it.
-  if [[ -n "${KIT_PROMETHEUS_TARGETS-}" ]]; then
-    rm -f "${KIT_PROMETHEUS_TARGETS}/kit-${SLURM_JOB_ID}-"*.json
-  fi
-  if (( KIT_STEP_RC != 0 )) && KIT_FIRST_RC="$(kit::first_failure)" && [[ "${KIT_FIRST_RC}" != "${KIT_STEP_RC}" ]]; then
-    kit::log "srun exited ${KIT_STEP_RC}; the first rank to fail exited ${KIT_FIRST_RC}"
-    KIT_STEP_RC="${KIT_FIRST_RC}"
-  fi
-  if [[ -n "${KIT_PORT_LOCK_FD}" ]]; then exec {KIT_PORT_LOCK_FD}>&-; fi
 }
 
 # kit::conclude: what the run's end (KIT_STEP_RC) means (finished, requeued,

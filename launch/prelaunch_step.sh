@@ -1,0 +1,275 @@
+# ---- prelaunch_step.sh (pasted into prelaunch.sh): the step — where the rendezvous is,
+# the code as submitted restored, srun running launcher.sh on every node.
+# kit::master_addr: this node's address for the rendezvous, never a Slurm
+# NodeName (often not resolvable). --master-interface pins an interface.
+kit::master_addr() {
+  local addr
+  local -a candidates=()
+  if [[ -n "${KIT_MASTER_IFACE}" ]]; then
+    addr="$(ip -o -4 addr show dev "${KIT_MASTER_IFACE}" 2>/dev/null | awk '!found { split($4, a, "/"); print a[1]; found = 1 }')" || addr=""
+    [[ -n "${addr}" ]] || kit::die "--master-interface ${KIT_MASTER_IFACE}: no IPv4 address on $(hostname)"
+    printf '%s\n' "${addr}"
+    return 0
+  fi
+  local -a here=()
+  # The name's address when it is one of this node's own (a name can resolve to an address
+  # this node does not have: a node in a network namespace of its own), else the node's first.
+  mapfile -t here < <(hostname -I 2>/dev/null | tr ' ' '\n')
+  mapfile -t candidates < <(getent ahostsv4 "$(hostname)" 2>/dev/null | awk '{ print $1 }'; printf '%s\n' "${here[@]}")
+  for addr in "${candidates[@]}"; do
+    case "${addr}" in
+      "" | 127.* | *:*) ;;
+      *)
+        if (( ${#here[@]} == 0 )) || [[ " ${here[*]} " == *" ${addr} "* ]]; then
+          printf '%s\n' "${addr}"
+          return 0
+        fi
+        ;;
+    esac
+  done
+  printf '127.0.0.1\n'
+}
+
+# kit::port_free PORT: can a server bind PORT on this node right now?
+kit::port_free() {
+  local -r port="$1"
+  if command -v python3 >/dev/null 2>&1; then
+    python3 - "${port}" 2>/dev/null <<'PY'
+import socket, sys
+port = int(sys.argv[1])
+for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+    try:
+        s = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:
+        continue
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, port))  # an error (exit 1) when the port is taken
+    s.close()
+PY
+  else
+    if awk -v p="$(printf ':%04X' "${port}")" '$2 ~ p"$" && $4 == "0A" { found = 1 } END { exit !found }' \
+      /proc/net/tcp /proc/net/tcp6 2>/dev/null; then
+      return 1
+    fi
+  fi
+}
+
+# kit::port_lock_dir: this user's private directory of port locks
+# (${TMPDIR}/kit-ports-UID, mode 0700), printed when it is safe to use: a
+# directory, not a symlink, owned by this user and writable by no one else.
+# Anything else (another user planted it) is not used at all.
+kit::port_lock_dir() {
+  local -r dir="${TMPDIR:-/tmp}/kit-ports-${EUID}"
+  local mode
+  mkdir -m 0700 "${dir}" 2>/dev/null || true
+  if [[ -d "${dir}" && ! -L "${dir}" && -O "${dir}" ]] && mode="$(stat -c %a "${dir}" 2>/dev/null)" \
+    && (( (8#${mode} & 8#022) == 0 )); then
+    printf '%s\n' "${dir}"
+    return 0
+  fi
+  kit::log "warning: ${dir} is not a private directory of this user (owner, mode or symlink): choosing the port without a lock"
+  return 1
+}
+
+# kit::pick_port: a MASTER_PORT in the range that binds now. The scan starts
+# at a point drawn from the job id, and a lock file claims the port until the
+# job's processes end (they inherit the descriptor), so two of this user's
+# jobs starting together on one node cannot both take it before the
+# rendezvous binds. Another user's jobs are kept apart by the bind check and
+# their different starting points. A lock that is held is skipped.
+kit::pick_port() {
+  local -r span=$(( KIT_PORT_HIGH - KIT_PORT_LOW + 1 ))
+  local -r start=$(( (SLURM_JOB_ID * 7919 + KIT_RESTART * 104729) % span ))
+  local i port fd lock_dir
+  lock_dir="$(kit::port_lock_dir)" || lock_dir=""
+  for (( i = 0; i < span; i++ )); do
+    port=$(( KIT_PORT_LOW + (start + i) % span ))
+    fd=""
+    if [[ -n "${lock_dir}" ]]; then
+      { exec {fd}>>"${lock_dir}/${port}"; } 2>/dev/null || continue
+      if ! flock -n "${fd}" 2>/dev/null; then exec {fd}>&-; continue; fi
+    fi
+    if kit::port_free "${port}"; then
+      KIT_PORT_LOCK_FD="${fd}"
+      MASTER_PORT="${port}"
+      return 0
+    fi
+    if [[ -n "${fd}" ]]; then exec {fd}>&-; fi
+  done
+  kit::die "no free port in ${KIT_PORT_LOW}-${KIT_PORT_HIGH} on $(hostname); widen --port-range"
+}
+
+# kit::master_probe: run by srun on the allocation's first node when prelaunch itself is
+# not on it (salloc): that node's address and a port free there.
+kit::master_probe() {
+  kit::pick_port
+  printf '%s %s\n' "$(kit::master_addr)" "${MASTER_PORT}"
+}
+
+# kit::prepare: checks and settings before anything runs: inside an allocation, the
+# debug toggles and --env, and nothing to run when the work is done or the budget spent.
+kit::prepare() {
+  [[ -n "${SLURM_JOB_ID-}" ]] \
+    || kit::die "prelaunch.sh runs inside a Slurm allocation: submit it with sbatch, or run it under salloc"
+  mkdir -p "${KIT_LOG_DIR}"
+
+  if [[ "${ENVIRONMENT-}" == BATCH ]]; then KIT_BATCH=1; fi
+
+  # Debug toggles: --debug when the job was made, or DEBUG=1 at submission.
+  export PYTHONFAULTHANDLER=1
+  if kit::truthy "${DEBUG:-{{ debug }}}"; then
+    export DEBUG=1
+    export NCCL_DEBUG="${NCCL_DEBUG:-INFO}"
+    # INFO, not DETAIL: with DETAIL every DDP job segfaults (torch 2.13 + gloo).
+    export TORCH_DISTRIBUTED_DEBUG="${TORCH_DISTRIBUTED_DEBUG:-INFO}"
+    export CUDA_LAUNCH_BLOCKING="${CUDA_LAUNCH_BLOCKING:-1}"
+    set -x
+  else
+    export DEBUG=0
+  fi
+
+  # The job's own variables (--env), exported after the debug toggles: --env beats each.
+  for kit_kv in "${KIT_ENV[@]}"; do export "${kit_kv%%=*}=${kit_kv#*=}"; done
+
+  if [[ -e "${KIT_FINISHED_FILE}" ]]; then
+    kit::log "${KIT_FINISHED_FILE} exists: the work is done, not running it again"
+    exit 0
+  fi
+  # Slurm requeues by itself too (node failure, scontrol requeue, preemption):
+  # the budget counts every run, whoever requeued it.
+  if (( KIT_RESTART > KIT_MAX_RESTARTS )); then
+    kit::log "run ${KIT_RESTART}: requeued more often than --max-restarts ${KIT_MAX_RESTARTS}; retry budget spent, not running"
+    exit "${KIT_EXIT_BUDGET_SPENT}"
+  fi
+}
+
+# kit::restore_code: every run runs the code as submitted. Whatever in the
+# snapshot's view (code/) a run, or anyone, wrote to, truncated, chmod-ed,
+# removed or replaced since the view was made (its ctime is newer than
+# code.list's) is put back: a file from its object in the store, checked
+# against its name; a link as it was. Files a run added (__pycache__) stay,
+# and so do the links to the work tree's ignored entries (not the snapshot's).
+kit::restore_code() {
+  local -r list="${KIT_SCRIPTS_DIR}/code.list" view="${KIT_SCRIPTS_DIR}/code"
+  local path kind source rel
+  local -A changed=()
+  local -a restored=()
+  [[ -f "${list}" ]] || return 0
+  while IFS= read -r -d '' path; do changed["${path}"]=1; done \
+    < <(find "${view}" -mindepth 1 -cnewer "${list}" -print0 2>/dev/null)
+  while IFS= read -r -d '' kind && IFS= read -r -d '' source && IFS= read -r -d '' rel; do
+    path="${view}/${rel}"
+    if [[ -z "${changed["${path}"]-}" ]] && [[ -L "${path}" || -e "${path}" ]]; then continue; fi
+    kit::restore_entry "${kind}" "${source}" "${view}" "${rel}"
+    restored+=("${rel}")
+  done <"${list}"
+  if (( ${#restored[@]} > 0 )); then
+    touch "${list}"
+    kit::log "code/: put back ${#restored[@]} path(s) changed since the job was submitted: ${restored[*]:0:8}"
+  fi
+}
+
+# kit::restore_entry KIND SOURCE VIEW REL: put VIEW/REL back (KIND f or x: a copy of the
+# object SOURCE, read-only, executable for x; l: a symlink to SOURCE), through a new
+# name renamed over it; a directory on its way that is no longer one is made again.
+kit::restore_entry() {
+  local -r kind="$1" source="$2" view="$3" rel="$4"
+  local dir="${view}" part sum new
+  local -a parts=()
+  IFS=/ read -r -a parts <<<"${rel}"
+  for part in "${parts[@]:0:${#parts[@]}-1}"; do
+    dir+="/${part}"
+    if [[ -L "${dir}" || ( -e "${dir}" && ! -d "${dir}" ) ]]; then rm -f "${dir}"; fi
+    if [[ ! -d "${dir}" ]]; then mkdir "${dir}"; fi
+  done
+  new="${dir}/.kit-restore.$$"
+  rm -rf "${new}"
+  if [[ "${kind}" == l ]]; then
+    ln -s "${source}" "${new}"
+  else
+    sum="$(sha256sum <"${source}")" || kit::die "code/${rel}: cannot read its object ${source}"
+    local -r want="${source##*/}"
+    [[ "${sum%% *}" == "${want%.x}" ]] \
+      || kit::die "code/${rel}: its object ${source} does not hold what its name says: not run"
+    cp "${source}" "${new}"
+    if [[ "${kind}" == x ]]; then chmod 0555 "${new}"; else chmod 0444 "${new}"; fi
+  fi
+  if [[ -d "${view}/${rel}" && ! -L "${view}/${rel}" ]]; then  # a run's directory: kept, beside
+    mv -T "${view}/${rel}" "${view}/${rel}.kit-moved-r${KIT_RESTART}-$$"
+    kit::log "code/${rel}: a directory stood where the snapshot has a file: moved to ${rel}.kit-moved-r${KIT_RESTART}-$$"
+  fi
+  mv -fT "${new}" "${view}/${rel}"
+}
+
+# The rendezvous address and port, decided on the allocation's first node (or given by --env).
+kit::decide_master() {
+  local kit_name
+  for kit_name in MASTER_ADDR MASTER_PORT; do
+    if ! kit::given_env "${kit_name}"; then unset "${kit_name}"; fi
+  done
+  if [[ -z "${MASTER_ADDR-}" || -z "${MASTER_PORT-}" ]]; then
+    if (( KIT_BATCH )) || [[ -n "${SLURMD_NODENAME-}" ]]; then
+      if [[ -z "${MASTER_ADDR-}" ]]; then MASTER_ADDR="$(kit::master_addr)"; fi
+      if [[ -z "${MASTER_PORT-}" ]]; then kit::pick_port; fi
+    else
+      KIT_FIRST_NODE="$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | awk 'NR == 1')"
+      KIT_PROBE="$(srun --nodes=1 --ntasks=1 --overlap --nodelist="${KIT_FIRST_NODE}" bash "$0" --master-probe)"
+      if [[ -z "${MASTER_ADDR-}" ]]; then MASTER_ADDR="${KIT_PROBE% *}"; fi
+      if [[ -z "${MASTER_PORT-}" ]]; then MASTER_PORT="${KIT_PROBE#* }"; fi
+    fi
+  fi
+  export MASTER_ADDR MASTER_PORT
+}
+
+# kit::start_heartbeat: a line in the batch log every --heartbeat seconds (batch mode).
+kit::start_heartbeat() {
+  if (( KIT_BATCH && KIT_HEARTBEAT_SECONDS > 0 )); then
+    # shellcheck disable=SC2016  # expanded by the heartbeat's own bash
+    kit::spawn heartbeat bash -c 'while sleep "$1"; do printf "[kit %s prelaunch] heartbeat\n" "$(date +%Y-%m-%dT%H:%M:%S%z)"; done' \
+      heartbeat "${KIT_HEARTBEAT_SECONDS}"
+  fi
+}
+
+# kit::run_step: the srun step of launcher.sh, watched for hangs; its exit code in
+# KIT_STEP_RC (the first failing rank's, when srun reports another).
+kit::run_step() {
+  local name
+  KIT_STEP_ARGS=("${KIT_SRUN_ARGS[@]}")
+  if (( ${#KIT_CONTAINER_ENV[@]} > 0 )); then
+    KIT_SET_NAMES=()
+    for name in "${KIT_CONTAINER_ENV[@]}"; do
+      if [[ -v "${name}" ]]; then KIT_SET_NAMES+=("${name}"); fi
+    done
+    KIT_STEP_ARGS+=("--container-env=$(IFS=,; printf '%s' "${KIT_SET_NAMES[*]}")")
+  fi
+  kit::handle_signals
+  if (( KIT_STOPPING )); then
+    kit::log "stopped before the job step started"
+    exit 143
+  fi
+  mkdir -p "${KIT_PROGRESS_DIR}"
+  kit::log "job ${SLURM_JOB_ID} run ${KIT_RESTART}: ${SLURM_JOB_NUM_NODES:-?} node(s), MASTER_ADDR=${MASTER_ADDR} MASTER_PORT=${MASTER_PORT}"
+  # The step's start, for the time to each node's first task (the container's start: kit report, kit ps).
+  printf '%s\n' "${EPOCHREALTIME/,/.}" >"${KIT_PROGRESS_DIR}/step-start"
+  srun "${KIT_STEP_ARGS[@]}" "${KIT_SCRIPTS_DIR}/launcher.sh" &
+  KIT_MAIN_PID=$!
+  if (( KIT_HANG_TIMEOUT > 0 )); then
+    kit::watch_progress "${KIT_MAIN_PID}" &
+    KIT_BG_PIDS+=("$!")
+  fi
+  kit::wait_for "${KIT_MAIN_PID}"
+  KIT_MAIN_PID=
+  KIT_STEP_RC="${KIT_RC}"
+  # srun turns a TERM of its own (every process of the batch step gets one when
+  # the job is cancelled, requeued or out of time) into SIGKILL for the tasks, so
+  # their sidecars may not have cleaned up: no exporter target of this run may
+  # outlive it.
+  if [[ -n "${KIT_PROMETHEUS_TARGETS-}" ]]; then
+    rm -f "${KIT_PROMETHEUS_TARGETS}/kit-${SLURM_JOB_ID}-"*.json
+  fi
+  if (( KIT_STEP_RC != 0 )) && KIT_FIRST_RC="$(kit::first_failure)" && [[ "${KIT_FIRST_RC}" != "${KIT_STEP_RC}" ]]; then
+    kit::log "srun exited ${KIT_STEP_RC}; the first rank to fail exited ${KIT_FIRST_RC}"
+    KIT_STEP_RC="${KIT_FIRST_RC}"
+  fi
+  if [[ -n "${KIT_PORT_LOCK_FD}" ]]; then exec {KIT_PORT_LOCK_FD}>&-; fi
+}
