@@ -286,10 +286,13 @@ class Job:
         """Feed the batch logs to ``write`` as they grow, every run, until the job has ended; how it ended."""
         return joblogs.follow(self.dir, self._submitted(), write, on_outage)
 
-    def rerun(self, wait: bool = False, **edits: Any) -> Job:
-        """A new job with this one's resolved spec, ``edits`` applied (as `kit rerun --edit`),
-        of this one's kind (a :class:`kit.FunctionJob`'s rerun is one)."""
-        job = rerun(self.dir, edits)
+    def rerun(self, *items: str, wait: bool = False, **edits: Any) -> Job:
+        """A new job with this one's resolved spec, ``edits`` applied (``nodes=4``; or ``items`` as
+        `kit rerun --edit` takes them: ``"nodes=4"``), of this one's kind (a :class:`kit.FunctionJob`'s
+        rerun is one)."""
+        if items and edits:
+            raise KitError("give the edits as KEY=VALUE strings or as keywords, not both", field="--edit")
+        job = rerun(self.dir, list(items) if items else edits)
         job = type(self)(job.dir, job_id=job.id, target=job._target)
         if wait:
             job.wait()

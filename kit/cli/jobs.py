@@ -89,7 +89,7 @@ def cancel(job, reason, output_dir):
     from kit.jobdir import records
 
     job_dir, job_id = _job(job, output_dir)
-    rec = api.cancel(job_dir, reason)
+    rec = api.Job(job_dir, job_id=job_id).cancel(reason)
     why = f" ({rec['reason']})" if rec["reason"] else ""
     click.echo(f"cancelled job {job_id}{why}; recorded in {job_dir / records.CANCEL_RECORD}")
 
@@ -149,7 +149,7 @@ def rerun(job, edits, wait_, output_dir):
     from kit.cli.launch import wait_and_report
 
     job_dir, _ = _job(job, output_dir)
-    new = api.rerun(job_dir, list(edits))
+    new = api.Job(job_dir).rerun(*edits)
     click.echo(f"Submitted job {new.id}")
     click.echo(f"job dir: {new.dir}")
     return wait_and_report(new.target, new.id, new.dir) if wait_ else 0
