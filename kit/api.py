@@ -264,8 +264,10 @@ class Job:
         if errors:
             return "\n".join(self.errors([run] if run is not None else None))
         parts: list[bytes] = []
-        self.feed_logs(parts.append, rank=rank, run=run, node=node, sidecar=sidecar,
-                       prefixed=rank is None and node is None and sidecar is None or None)
+        selection = joblogs.select(self.dir, rank, node, run, sidecar,
+                                   prefixed=rank is None and node is None and sidecar is None or None,
+                                   batch_instead=False)
+        joblogs.feed(selection, parts.append)
         return b"".join(parts).decode(errors="replace")
 
     def feed_logs(self, write, *, rank: int | None = None, run: int | None = None, node: str | None = None,

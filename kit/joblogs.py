@@ -29,9 +29,11 @@ class Selection:
 
 
 def select(job_dir: Path, rank: int | None = None, node: str | None = None, run: int | None = None,
-           sidecar: str | None = None, prefixed: bool | None = None) -> Selection:
+           sidecar: str | None = None, prefixed: bool | None = None, batch_instead: bool = True) -> Selection:
     """The logs of run ``run`` (default: the latest) that ``rank``/``node``/``sidecar`` name; each
-    rank's lines prefixed ``R: `` when ``prefixed`` (None: when more than one rank is chosen)."""
+    rank's lines prefixed ``R: `` when ``prefixed`` (None: when more than one rank is chosen). No rank
+    log yet: the batch log's end with ``batch_instead`` (`kit logs`; KitError when there is none
+    either), else nothing (``Job.logs()``: "" until a rank writes)."""
     done = records.runs(job_dir)
     run = run if run is not None else (done[-1] if done else 0)
     d = JobDir(job_dir)
@@ -42,7 +44,7 @@ def select(job_dir: Path, rank: int | None = None, node: str | None = None, run:
         return Selection(tuple((p, p.name.split(".")[0] + ": " if len(paths) > 1 else "") for p in paths))
     present = records.ranks(job_dir, run)
     if not present and rank is None and node is None:
-        return _batch_instead(job_dir, run)
+        return _batch_instead(job_dir, run) if batch_instead else Selection(())
     chosen = present
     if rank is not None:
         chosen = [r for r in chosen if r == rank]
