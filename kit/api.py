@@ -168,7 +168,7 @@ def jobs(*, output_dirs: Iterable[str | Path] = (options.OUTPUT_DIR,), everythin
     for row in rows:
         array_id, sep, task = row.id.partition("_")
         unit = JobDir(row.job_dir).task(int(task)).path if sep and task.isdigit() else Path(row.job_dir)
-        out.append(Job(unit, job_id=row.id))
+        out.append(Job(unit, job_id=row.id, row=row))
     return out
 
 
@@ -194,8 +194,10 @@ class Job:
     """A submitted kit job (or one task of an array job), reopened from its directory."""
 
     def __init__(self, job_dir: str | Path, *, job_id: str | None = None, target: slurm.Target | None = None,
-                 messages: Iterable[str] = (), array_states: slurm.ArrayStates | None = None):
+                 messages: Iterable[str] = (), array_states: slurm.ArrayStates | None = None,
+                 row: listing.JobRow | None = None):
         self.dir, self._target, self._array_states = Path(job_dir), target, array_states  # states: kit.map's
+        self.row = row  # what kit.jobs() saw of it (kit ps's row: state, run, step, loss, ...), else None
         self.id = job_id or records.job_id_of(self.dir)
         self.messages = list(messages)  # what `kit launch` would have printed (warnings, notes)
 

@@ -50,13 +50,13 @@ def ps(everything, as_json, output_dirs, expand, states, name, since, user):
     (or does not answer); it is the end Slurm gave it when kit last saw it,
     else COMPLETED only with the job's FINISHED marker.
     """
-    from kit import listing
+    from kit import api, listing
 
     wanted = listing.Filter(frozenset(w.strip().upper() for w in states.split(",") if w.strip()) if states else None,
                             name, _age_seconds(since) if since else None, user)
     now = time.time()
-    rows = [r for r in listing.list_jobs([Path(d) for d in output_dirs], everything=everything or bool(since))
-            if wanted(r, now)]
+    rows = [j.row for j in api.jobs(output_dirs=output_dirs, everything=everything or bool(since))
+            if wanted(j.row, now)]
     if as_json:
         click.echo(json.dumps([r.as_json() for r in rows], indent=2))
         return 0
