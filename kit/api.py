@@ -266,17 +266,17 @@ class Job:
         if errors:
             return "\n".join(self.errors([run] if run is not None else None))
         parts: list[bytes] = []
-        selection = joblogs.select(self.dir, rank, node, run, sidecar,
-                                   prefixed=rank is None and node is None and sidecar is None or None,
-                                   batch_instead=False)
-        joblogs.feed(selection, parts.append)
+        self.feed_logs(parts.append, rank=rank, run=run, node=node, sidecar=sidecar, batch_instead=False,
+                       prefixed=rank is None and node is None and sidecar is None or None)
         return b"".join(parts).decode(errors="replace")
 
     def feed_logs(self, write, *, rank: int | None = None, run: int | None = None, node: str | None = None,
-                  sidecar: str | None = None, prefixed: bool | None = None, say=lambda note: None) -> None:
+                  sidecar: str | None = None, prefixed: bool | None = None, batch_instead: bool = True,
+                  say=lambda note: None) -> None:
         """The logs :meth:`logs` means, fed to ``write`` a chunk (bytes) at a time; ``say`` hears first
-        what the reader should know (the batch log stands in for ranks that left none)."""
-        selection = joblogs.select(self.dir, rank, node, run, sidecar, prefixed)
+        what the reader should know (the batch log stands in for ranks that left none, with
+        ``batch_instead``: see :func:`kit.joblogs.select`)."""
+        selection = joblogs.select(self.dir, rank, node, run, sidecar, prefixed, batch_instead)
         if selection.note:
             say(selection.note)
         joblogs.feed(selection, write)
