@@ -33,6 +33,9 @@ readonly KIT_WORLD_SIZE={{ world_size }}
 # Exit codes prelaunch decides itself (kit.core.outcome; the README's table): KIT_EXIT_<NAME>.
 readonly -a KIT_EXIT_CODES=( {{ exit_codes }} )
 for kit_kv in "${KIT_EXIT_CODES[@]}"; do declare -r "KIT_EXIT_${kit_kv%%=*}=${kit_kv#*=}"; done
+# How a run ends: kit.core.ending's table, rows in order (when|end|code|flags|requeue|says);
+# kit::conclude applies the first whose facts hold.
+readonly -a KIT_ENDINGS=( {{ endings }} )
 readonly KIT_HEARTBEAT_SECONDS={{ heartbeat }}
 readonly KIT_PORT_LOW={{ port_low }}
 readonly KIT_PORT_HIGH={{ port_high }}

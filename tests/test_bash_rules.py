@@ -236,3 +236,35 @@ def test_the_first_failing_rank_is_one_rule_in_bash_and_python(tmp_path):
                        {"KIT_LOG_DIR": str(logs), "KIT_RESTART": "0"}).strip()
         first = failures.first_failure(job, 0)
         assert out == (str(first.exit_code) if first else "none"), case
+
+
+def test_how_a_run_ended_is_one_table_that_bash_and_python_read_alike():
+    """kit.core.ending's rows, rendered into prelaunch.sh, pick in bash (kit::ending over kit::run_facts's
+    words) the row Python's conclude picks, for every combination of a run's facts; and the picks are the
+    rules kit keeps: a hang is never finished, a run is finished only when declared or when every rank
+    ended by itself with 0 (never for a function job without declaring), a stop never exits 0."""
+    import itertools
+
+    from kit.core import bash, ending
+
+    combos = [dict(zip(ending.FLAGS, bits), rc=rc)
+              for bits in itertools.product("01", repeat=len(ending.FLAGS)) for rc in ending.RC]
+    lines = [" ".join(f"{k}={v}" for k, v in facts.items()) for facts in combos]
+    fns = bash_functions("kit::facts_hold", "kit::ending")
+    out = run_bash(f"readonly -a KIT_ENDINGS=( {bash.array(ending.as_bash())} )\n" + fns +
+                   'while IFS= read -r facts; do kit::ending "${facts}"; done <<"FACTS"\n' + "\n".join(lines) +
+                   "\nFACTS\n", {})
+    picked = out.splitlines()
+    assert len(picked) == len(combos) == 192
+    for facts, row in zip(combos, picked):
+        want = ending.conclude(facts)
+        assert row == want.row(), facts
+        if facts["hang"] == "1":
+            assert want.end == "hang" and want.requeue
+        if want.end == "finished":
+            assert facts["declared"] == "1" or (facts["all_done"] == "1" and facts["rc"] == "zero"
+                                                 and facts["function"] == "0")
+        if facts["stopping"] == "1" and facts["declared"] == facts["warned"] == facts["hang"] == "0":
+            assert want.code != "0" and want.end == "stopped"
+        assert want.code != "0" or want.end == "finished"
+    assert {e.end for e in ending.ENDINGS} <= {"finished", "failed", "warned", "stopped", "hang", "incomplete"}

@@ -23,7 +23,7 @@ from pathlib import Path
 from kit import files, slurm
 from kit import snapshot as snapshots
 from kit.version import __version__
-from kit.core import bash, outcome
+from kit.core import bash, ending, outcome
 from kit.core import sweep as sweep_lib
 from kit.core.spec import ResolvedJob, parse_after
 from kit.errors import KitError
@@ -139,6 +139,7 @@ def render_scripts(job: ResolvedJob, job_dir: Path, the_step: Step | None = None
         "stop_grace": str(s.stop_grace),
         "world_size": str(s.nodes * s.ntasks_per_node),
         "exit_codes": bash.array(f"{name}={code}" for name, code in outcome.PRELAUNCH_CODES.items()),
+        "endings": bash.array(ending.as_bash()),
         "hang_timeout": str(s.hang_timeout),
         "first_progress_timeout": str(s.first_progress_timeout),
         "heartbeat": str(s.heartbeat),

@@ -410,6 +410,9 @@ readonly KIT_WORLD_SIZE=16
 # Exit codes prelaunch decides itself (kit.core.outcome; the README's table): KIT_EXIT_<NAME>.
 readonly -a KIT_EXIT_CODES=( BUDGET_SPENT=75 NO_PROGRESS=76 HUNG=77 INCOMPLETE=70 )
 for kit_kv in "${KIT_EXIT_CODES[@]}"; do declare -r "KIT_EXIT_${kit_kv%%=*}=${kit_kv#*=}"; done
+# How a run ends: kit.core.ending's table, rows in order (when|end|code|flags|requeue|says);
+# kit::conclude applies the first whose facts hold.
+readonly -a KIT_ENDINGS=( 'hang=1|hang|refusal HUNG|suspect|the step was stopped because a rank made no progress|the step ended after a hang: every rank'"'"'s stacks are in {hang_dir}' 'declared=1 rc=zero|finished|0|mark||step ended with exit 0; the work is finished' 'declared=1 rc=signal|finished|0|mark teardown||step ended with exit {rc} (a signal) after its work was declared finished: a failure in teardown; the work is finished: exiting 0' 'declared=1|failed|rc|||step ended with exit {rc} after the work was declared finished: a command failed after it' 'warned=1 rc=zero all_done=1 function=0|finished|0|mark||step ended with exit 0 after the warning, every command by itself; the work is finished' 'warned=1|warned|refusal first_failure BUDGET_SPENT||step ended with exit {rc} after the warning|' 'stopping=1 rc=zero|stopped|143|||step ended with exit {rc} after a stop signal; the work is not finished' 'stopping=1|stopped|rc|||step ended with exit {rc} after a stop signal; the work is not finished' 'function=1 rc=zero|incomplete|INCOMPLETE|||srun exited 0, but not every rank returned from the function (a rank exited without returning): the work is not finished' 'rc=zero all_done=1|finished|0|mark||step ended with exit 0; the work is finished' 'rc=zero|incomplete|INCOMPLETE|||srun exited 0, but not every rank'"'"'s command ended with 0 by itself (a node failed, or a task was killed): the work is not finished' '|failed|rc|||step ended with exit {rc}' )
 readonly KIT_HEARTBEAT_SECONDS=60
 readonly KIT_PORT_LOW=29500
 readonly KIT_PORT_HIGH=30499
@@ -1184,90 +1187,84 @@ kit::catch_up_runs() {
   KIT_END_CODE=
 }
 
-# kit::conclude: what the run's end (KIT_STEP_RC) means (finished, requeued,
-# failed, ...), recorded in runs.jsonl; exits with the job's code.
+# kit::run_facts: the facts of this run's end that kit.core.ending's table reads, as name=value
+# words: hang declared warned stopping function all_done (0 or 1), rc (zero, own or signal).
+kit::run_facts() {
+  local -r rc="${KIT_STEP_RC}"
+  local class=own
+  if (( rc == 0 )); then class=zero; elif (( rc > 128 )); then class=signal; fi
+  printf 'hang=%d declared=%d warned=%d stopping=%d function=%d all_done=%d rc=%s\n' \
+    "$(kit::holds test -e "${KIT_HANG_DIR}/report")" "$(kit::holds kit::work_declared)" \
+    "${KIT_WARNED}" "${KIT_STOPPING}" "$(kit::holds test -e "${KIT_JOB_DIR}/function.pkl")" \
+    "$(kit::holds kit::all_ranks_done)" "${class}"
+}
+
+# kit::holds COMMAND...: 1 when COMMAND succeeds, else 0.
+kit::holds() {
+  if "$@"; then printf '1\n'; else printf '0\n'; fi
+}
+
+# kit::work_declared: FINISHED is there, or every rank declared its work finished.
+kit::work_declared() {
+  [[ -e "${KIT_FINISHED_FILE}" ]] || kit::all_ranks_declared
+}
+
+# kit::facts_hold WHEN FACTS: does every name=value word of WHEN stand in FACTS?
+kit::facts_hold() {
+  local fact
+  local -a wanted=()
+  read -r -a wanted <<<"$1"
+  for fact in "${wanted[@]}"; do
+    [[ " $2 " == *" ${fact} "* ]] || return 1
+  done
+  return 0
+}
+
+# kit::ending FACTS: the first row of KIT_ENDINGS whose facts hold in FACTS.
+kit::ending() {
+  local row when
+  for row in "${KIT_ENDINGS[@]}"; do
+    when="${row%%|*}"
+    if kit::facts_hold "${when}" "$1"; then printf '%s\n' "${row}"; return 0; fi
+  done
+  return 1
+}
+
+# kit::conclude: how the run ended (KIT_STEP_RC and the facts around it), by the first row of
+# kit.core.ending's table that holds: recorded in runs.jsonl, told, FINISHED written or the job
+# requeued as the row says; exits with the job's code.
 kit::conclude() {
   local -r rc="${KIT_STEP_RC}"
-  if [[ -e "${KIT_HANG_DIR}/report" ]]; then
-    KIT_SUSPECT_NODE="$(sed -n 's/^node=//p' "${KIT_HANG_DIR}/report")"
-    kit::record_run hang "${rc}"
-    kit::log "the step ended after a hang: every rank's stacks are in ${KIT_HANG_DIR}"
-    if ! kit::requeue "the step was stopped because a rank made no progress" "${KIT_SUSPECT_NODE}"; then
-      exit "${KIT_END_CODE:-${KIT_EXIT_HUNG}}"
-    fi
-  elif [[ -e "${KIT_FINISHED_FILE}" ]] || kit::all_ranks_declared; then
-    kit::conclude_declared
-  elif (( KIT_WARNED && rc == 0 )) && kit::all_ranks_done; then
-    # Warned, but no command was given the signal or stopped: it ended its work by itself.
-    : >"${KIT_FINISHED_FILE}"
-    kit::record_run finished 0
-    kit::log "step ended with exit 0 after the warning, every command by itself; the work is finished"
-  elif (( KIT_WARNED )); then
-    kit::conclude_warned
-  elif (( KIT_STOPPING )); then
-    kit::record_run stopped "${rc}"
-    kit::log "step ended with exit ${rc} after a stop signal; the work is not finished"
-    if (( rc == 0 )); then KIT_STEP_RC=143; fi
-  elif [[ -e "${KIT_JOB_DIR}/function.pkl" ]] && (( rc == 0 )); then
-    # A function job (kit.submit, kit.map) is finished only when every rank returned
-    # (declared above): a rank that left through os._exit(0) did not.
-    kit::record_run incomplete 0
-    kit::log "srun exited 0, but not every rank returned from the function (a rank exited without returning): the work is not finished"
-    KIT_STEP_RC="${KIT_EXIT_INCOMPLETE}"
-  elif (( rc == 0 )) && kit::all_ranks_done; then
-    : >"${KIT_FINISHED_FILE}"
-    kit::record_run finished 0
-    kit::log "step ended with exit 0; the work is finished"
-  elif (( rc == 0 )); then
-    kit::record_run incomplete 0
-    kit::log "srun exited 0, but not every rank's command ended with 0 by itself (a node failed, or a task was killed): the work is not finished"
-    KIT_STEP_RC="${KIT_EXIT_INCOMPLETE}"
-  else
-    kit::record_run failed "${rc}"
-    kit::log "step ended with exit ${rc}"
-  fi
-  exit "${KIT_STEP_RC}"
+  local facts row when end code flags why says
+  facts="$(kit::run_facts)"
+  row="$(kit::ending "${facts}")"
+  IFS='|' read -r when end code flags why says <<<"${row}"
+  kit::log "the run ended with ${facts}: ${end} (${when:-any other end})"
+  if [[ " ${flags} " == *" mark "* && ! -e "${KIT_FINISHED_FILE}" ]]; then : >"${KIT_FINISHED_FILE}"; fi
+  if [[ " ${flags} " == *" suspect "* ]]; then KIT_SUSPECT_NODE="$(sed -n 's/^node=//p' "${KIT_HANG_DIR}/report")"; fi
+  if [[ " ${flags} " == *" teardown "* ]]; then kit::record_run "${end}" 0 "${rc}"; else kit::record_run "${end}" "${rc}"; fi
+  says="${says//\{rc\}/${rc}}"
+  if [[ -n "${says}" ]]; then kit::log "${says//\{hang_dir\}/${KIT_HANG_DIR}}"; fi
+  if [[ -n "${why}" ]]; then kit::requeue "${why//\{rc\}/${rc}}" "${KIT_SUSPECT_NODE}" || true; fi
+  exit "$(kit::ending_code "${code}")"
 }
 
-# kit::conclude_declared: the command said its work is done (FINISHED, or every
-# rank through kit.train.progress.finished()). A rank that then died of a signal
-# (torch's teardown aborts now and then: 134) is told, but the work stays
-# finished and the job ends COMPLETED, so that what waits for it (--after) runs.
-# A code of the command's own (1-127: a wrapper's next stage failed) still fails
-# the job.
-kit::conclude_declared() {
-  local -r rc="${KIT_STEP_RC}"
-  if (( rc == 0 || rc > 128 )); then
-    if [[ ! -e "${KIT_FINISHED_FILE}" ]]; then : >"${KIT_FINISHED_FILE}"; fi
-  fi
-  if (( rc > 128 )); then
-    kit::record_run finished 0 "${rc}"
-    kit::log "step ended with exit ${rc} (a signal) after its work was declared finished: a failure in teardown; the work is finished: exiting 0"
-    KIT_STEP_RC=0
-  elif (( rc != 0 )); then
-    kit::record_run failed "${rc}"
-    kit::log "step ended with exit ${rc} after the work was declared finished: a command failed after it"
-  else
-    kit::record_run finished 0
-    kit::log "step ended with exit 0; the work is finished"
-  fi
-}
-
-# kit::conclude_warned: the run ended after the time-limit warning: requeued if
-# it may be; else stopped before the work was done: never report success, and
-# blame no command for the signal kit or Slurm stopped it with.
-kit::conclude_warned() {
-  local -r rc="${KIT_STEP_RC}"
-  kit::record_run warned "${rc}"
-  if ! kit::requeue "step ended with exit ${rc} after the warning"; then
-    if [[ -n "${KIT_END_CODE}" ]]; then
-      KIT_STEP_RC="${KIT_END_CODE}"
-    elif KIT_FIRST_RC="$(kit::first_failure)"; then
-      KIT_STEP_RC="${KIT_FIRST_RC}"
-    else
-      KIT_STEP_RC="${KIT_EXIT_BUDGET_SPENT}"
-    fi
-  fi
+# kit::ending_code WORDS: the job's exit code, the first of WORDS that gives one (kit.core.ending.Ending.code):
+# rc, a number, refusal (a refused requeue's code), first_failure, or a KIT_EXIT_<NAME>.
+kit::ending_code() {
+  local word name
+  local -a words=()
+  read -r -a words <<<"$1"
+  for word in "${words[@]}"; do
+    case "${word}" in
+      rc) printf '%s\n' "${KIT_STEP_RC}"; return 0 ;;
+      refusal) if [[ -n "${KIT_END_CODE}" ]]; then printf '%s\n' "${KIT_END_CODE}"; return 0; fi ;;
+      first_failure) if kit::first_failure; then return 0; fi ;;
+      [0-9]*) printf '%s\n' "${word}"; return 0 ;;
+      *) name="KIT_EXIT_${word}"; printf '%s\n' "${!name}"; return 0 ;;
+    esac
+  done
+  printf '%s\n' "${KIT_EXIT_INCOMPLETE}"
 }
 
 # ---------------------------------------------------------------- main
