@@ -123,6 +123,7 @@ kit::batch() {
   trap kit::cleanup EXIT
   kit::trap TERM INT "${KIT_WARNING_SIGNAL}"
   kit::catch_up_runs
+  kit::tracker_env
   kit::restore_code
   kit::decide_master
   kit::start_heartbeat

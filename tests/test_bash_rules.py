@@ -268,3 +268,28 @@ def test_how_a_run_ended_is_one_table_that_bash_and_python_read_alike():
             assert want.code != "0" and want.end == "stopped"
         assert want.code != "0" or want.end == "finished"
     assert {e.end for e in ending.ENDINGS} <= {"finished", "failed", "warned", "stopped", "hang", "incomplete"}
+
+
+def test_the_tracker_identity_bash_gives_is_pythons_and_a_users_own_is_kept(tmp_path, monkeypatch):
+    """prelaunch's kit::tracker_env gives the run id kit.jobdir's JobDir.tracker_run_id names (a job, an array
+    task), reads back the MLflow run kit.train.trackers wrote (json.dumps's text), passes KIT_RESUME_STEP, and
+    keeps what the job's environment already set."""
+    from kit.jobdir import JobDir
+    from kit.train import trackers
+
+    job = tmp_path / "train-20261125-000000-abcdef"
+    task = JobDir(job).task(3).path
+    task.mkdir(parents=True)
+    fns = bash_functions("kit::tracker_env")
+    show = 'kit::tracker_env\necho "$WANDB_RUN_ID $WANDB_NAME $WANDB_RESUME ${MLFLOW_RUN_ID-none} $KIT_RESUME_STEP $WANDB_DIR"\n'
+    for where in (job, task):
+        env = {"KIT_SCRIPTS_DIR": str(job), "KIT_JOB_DIR": str(where), "KIT_START_STEP": "-1"}
+        rid = JobDir(where).tracker_run_id
+        assert run_bash(fns + show, env).split() == [rid, rid, "allow", "none", "-1", str(where / "tracker")]
+    monkeypatch.setenv("KIT_TRACKER_DIR", str(job / "tracker"))
+    trackers.remember_mlflow_run("0123456789abcdef0123456789abcdef", "file:/x")
+    env = {"KIT_SCRIPTS_DIR": str(job), "KIT_JOB_DIR": str(job), "KIT_START_STEP": "40"}
+    assert run_bash(fns + show, env).split()[3:5] == ["0123456789abcdef0123456789abcdef", "40"]
+    mine = {**env, "WANDB_RUN_ID": "mine", "WANDB_RESUME": "must", "MLFLOW_RUN_ID": "theirs"}
+    assert run_bash(fns + show, mine).split()[:4] == ["mine", job.name, "must", "theirs"]
+    assert job.name == "train-20261125-000000-abcdef" and JobDir(task).tracker_run_id == f"{job.name}-t3"

@@ -61,3 +61,22 @@ def test_a_short_hang_timeout_gets_a_finer_heartbeat(progress, monkeypatch, time
     """The heartbeat's interval is at most a sixtieth of --hang-timeout (the watchdog's own poll)."""
     monkeypatch.setenv("KIT_HANG_TIMEOUT", timeout)
     assert progress._beat_every() == every
+
+
+def test_new_step_is_true_once_per_step_for_the_whole_job_per_tracker(tmp_path, monkeypatch):
+    """kit.train.trackers.new_step: a requeued run (a new process) replaying from an older checkpoint is told
+    not to log the steps the job's earlier runs logged; within one run a step may repeat; each tracker keeps
+    its own record; outside a kit job (no $KIT_TRACKER_DIR) the process's own record serves."""
+    from kit.train import trackers
+
+    monkeypatch.setenv("KIT_TRACKER_DIR", str(tmp_path))
+    monkeypatch.setattr(trackers, "_STATE", {})
+    assert [s for s in range(5, 30, 5) if trackers.new_step(s)] == [5, 10, 15, 20, 25]
+    assert trackers.new_step(25)  # the same run logs step 25's epoch metrics apart
+    monkeypatch.setattr(trackers, "_STATE", {})  # the next run: a new process
+    assert [s for s in range(20, 45, 5) if trackers.new_step(s)] == [30, 35, 40]
+    assert trackers.logged_step() == 40 and trackers.logged_step("mlflow") == -1
+    assert trackers.new_step(20, "mlflow")  # another tracker's record is its own
+    monkeypatch.delenv("KIT_TRACKER_DIR")
+    monkeypatch.setattr(trackers, "_STATE", {})
+    assert trackers.new_step(3) and trackers.logged_step() == 3

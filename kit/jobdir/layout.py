@@ -42,6 +42,10 @@ class JobDir:
     METRICS = "metrics"
     CHECKPOINTS = "checkpoints"     # the reference trainer's
     PROFILES = "profiles"           # the reference trainer's --profile-steps traces: rank-<R>.json
+    TRACKER = "tracker"             # the job's one tracker run ($KIT_TRACKER_DIR): W&B's files, TensorBoard's
+    TRACKER_STEP = "logged_step.{tracker}"  # tracker/: the highest step the job's runs logged to a tracker
+    TRACKER_MLFLOW = "mlflow.json"  # tracker/: the MLflow run the first run made (run_id, tracking_uri)
+    TRACKER_TENSORBOARD = "tensorboard"  # tracker/: TensorBoard's one log directory for the job
     REPORT = "report.png"           # kit report's picture (report.json beside it)
     FUNCTION = "function.pkl"       # kit.submit: the call every rank makes (cloudpickle)
     RESULTS = "results"             # kit.submit: each rank's return value or exception
@@ -136,7 +140,8 @@ class JobDir:
         what the templates' paths are checked against."""
         top = {cls.PRELAUNCH, cls.LAUNCHER, cls.SPEC, cls.SBATCH, cls.COMMAND, cls.SWEEP, cls.PARAMS, cls.JOB_ID,
                cls.SLURM, cls.CANCELLED, cls.OUTCOME, cls.RERUN_OF, cls.CODE, cls.CODE_LIST, cls.FUNCTION, cls.FINISHED, cls.RUNS, cls.CHECKPOINT_STEP, cls.LOGS,
-               cls.TASKS, cls.PROGRESS, cls.HANG, cls.METRICS, cls.CHECKPOINTS, cls.PROFILES, cls.REPORT}
+               cls.TASKS, cls.PROGRESS, cls.HANG, cls.METRICS, cls.CHECKPOINTS, cls.PROFILES, cls.REPORT,
+               cls.TRACKER}
         run = {cls.STEP_START, cls.WARNING, cls.STOP, cls.RANK_PROGRESS, cls.TASK, cls.WARNED, cls.JOINED}
         hang = {cls.HANG_REQUEST, cls.HANG_STACKS, cls.HANG_REPORT, cls.HANG_STOP}
         logs = {cls.BATCH_LOG, cls.RANK_LOG, cls.NODE_LOG, cls.SIDECAR_LOG, cls.METRICS_LOG, cls.GPU_DMON_LOG,
@@ -145,7 +150,8 @@ class JobDir:
                        f"{cls.METRICS}/{{node}}", f"{cls.METRICS}/{{node}}/{cls.RANK_METRICS}", f"{cls.TASKS}/{{index}}",
                        f"{cls.PROFILES}/{cls.RANK_METRICS}"}
                 | {f"{cls.PROGRESS}/{cls.RUN}/{n}" for n in run} | {f"{cls.HANG}/{cls.RUN}/{n}" for n in hang}
-                | {f"{cls.LOGS}/{n}" for n in logs} | {f"{cls.RESULTS}/{cls.RESULT}", f"{cls.RESULTS}/{cls.ERROR}"})
+                | {f"{cls.LOGS}/{n}" for n in logs} | {f"{cls.RESULTS}/{cls.RESULT}", f"{cls.RESULTS}/{cls.ERROR}"}
+                | {f"{cls.TRACKER}/{n}" for n in (cls.TRACKER_STEP, cls.TRACKER_MLFLOW, cls.TRACKER_TENSORBOARD)})
 
     def task_record(self, run: int, rank: int | str) -> Path:
         return self.run_progress(run) / self.TASK.format(rank=rank)
@@ -173,6 +179,16 @@ class JobDir:
         pattern = re.compile(re.escape(self.RESULT).replace(r"\{rank\}", r"(\d+)"))
         return sorted(int(m.group(1)) for p in (self.path / self.RESULTS).glob(self.RESULT.format(rank="*"))
                       if (m := pattern.fullmatch(p.name)))
+
+    @property
+    def tracker_run_id(self) -> str:
+        """The job's one tracker run id (W&B's run id and name): the job directory's name, an array task's
+        ``NAME-t<index>``; the same in every run and requeue, a new one for a rerun (a new directory).
+        prelaunch's kit::tracker_env spells the same rule (a test holds the pair)."""
+        parent = self.path.parent
+        if parent.name == self.TASKS and self.path.name.isdigit():
+            return f"{parent.parent.name}-t{self.path.name}"
+        return self.path.name
 
     def task_indices(self) -> list[int]:
         """An array job's task indices (its ``tasks/<index>/``); [] for a single job."""

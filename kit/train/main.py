@@ -17,12 +17,16 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from kit.jobdir import JobDir
-from kit.train import preempt
+from kit.train import preempt, trackers
 from kit.train import progress as kit_progress
 
 
 def log(msg: str) -> None:
     print(f"kit.train[rank {os.environ.get('RANK', '0')}]: {msg}", flush=True)
+
+
+# Where --logger's runs go: W&B's project, MLflow's experiment (the run itself is the job's: kit.train.trackers).
+TRACKER_ARGS = {"wandb": {"project": "kit"}, "mlflow": {"experiment_name": "kit"}, "tensorboard": {}}
 
 
 class Regression(L.LightningModule):
@@ -50,6 +54,7 @@ class Regression(L.LightningModule):
         if self.first_loss is None:
             self.first_loss = value
         self.last_loss = value
+        self.log("loss", loss.detach())  # to the --logger trackers (nothing without one)
         return loss
 
     def configure_optimizers(self):
@@ -187,7 +192,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile-steps", type=parse_step_range, default=None, metavar="A-B",
                    help="torch.profiler on every rank for steps A-B: a Chrome trace per rank in "
                         "$KIT_JOB_DIR/profiles/.")
+    p.add_argument("--logger", type=parse_loggers, default=[], metavar="KIND[,KIND]",
+                   help="Log to wandb, mlflow and/or tensorboard: the job's one run across requeues, no step "
+                        "logged twice (kit.train.trackers).")
     return p.parse_args(argv)
+
+
+def parse_loggers(text: str) -> list[str]:
+    kinds = [k for k in text.split(",") if k]
+    bad = [k for k in kinds if k not in trackers.KINDS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown logger {bad[0]!r}: one of {', '.join(trackers.KINDS)}")
+    return kinds
 
 
 def main(argv=None) -> int:
@@ -222,6 +238,7 @@ def main(argv=None) -> int:
         callbacks.append(StepDelay(args.step_delay))
     if args.profile_steps:
         callbacks.append(StepProfiler(*args.profile_steps, job_dir / JobDir.PROFILES))
+    loggers = [trackers.lightning_logger(kind, **TRACKER_ARGS[kind]) for kind in args.logger]
     plugins = []
     if SLURMEnvironment.detect():
         # kit requeues from the batch script; Lightning's own requeue would race it.
@@ -231,7 +248,8 @@ def main(argv=None) -> int:
         strategy=DDPStrategy(process_group_backend="nccl" if gpu else "gloo") if world > 1 else "auto",
         plugins=plugins, precision=args.precision, max_steps=args.max_steps,
         gradient_clip_val=args.gradient_clip_val, accumulate_grad_batches=args.accumulate_grad_batches,
-        callbacks=callbacks, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=callbacks, logger=loggers or False, log_every_n_steps=args.log_every,
+        enable_progress_bar=False, enable_model_summary=False,
         enable_checkpointing=bool(args.checkpoint_every), default_root_dir=str(job_dir),
         max_epochs=-1,
     )
@@ -241,7 +259,7 @@ def main(argv=None) -> int:
     resume = str(last) if last.exists() else None
     if resume:
         step = torch.load(resume, map_location="cpu", weights_only=False).get("global_step", "?")
-        log(f"resuming from {last} at step {step}")
+        log(f"resuming from {last} at step {step} (kit: {trackers.resumed_step()})")
     trainer.fit(model, data, ckpt_path=resume)
     step = trainer.global_step
     if trainer.global_rank == 0:

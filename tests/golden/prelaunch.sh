@@ -633,6 +633,25 @@ kit::prepare() {
   fi
 }
 
+# kit::tracker_env: the job's one tracker run, the same in every run and requeue (kit.train.trackers):
+# W&B's run id, resume mode, name and directory, TensorBoard's directory (KIT_TRACKER_DIR), the MLflow
+# run the first run made, and the checkpoint step this run resumes from (-1: none). A value the job's
+# environment has (--env, or the shell kit launch ran in) is kept.
+kit::tracker_env() {
+  local id="${KIT_SCRIPTS_DIR##*/}" line=""
+  if [[ "${KIT_JOB_DIR}" != "${KIT_SCRIPTS_DIR}" ]]; then id+="-t${KIT_JOB_DIR##*/}"; fi
+  export KIT_TRACKER_DIR="${KIT_JOB_DIR}/tracker"
+  mkdir -p "${KIT_TRACKER_DIR}"
+  export WANDB_RUN_ID="${WANDB_RUN_ID:-${id}}" WANDB_RESUME="${WANDB_RESUME:-allow}"
+  export WANDB_NAME="${WANDB_NAME:-${id}}" WANDB_DIR="${WANDB_DIR:-${KIT_TRACKER_DIR}}"
+  if [[ -z "${MLFLOW_RUN_ID-}" && -r "${KIT_TRACKER_DIR}/mlflow.json" ]]; then
+    read -r line <"${KIT_TRACKER_DIR}/mlflow.json" || true
+    # json.dumps's text, as kit.train.trackers writes it (a test pins the pair).
+    if [[ "${line}" =~ ^\{\"run_id\":\ \"([0-9a-f]{32})\" ]]; then export MLFLOW_RUN_ID="${BASH_REMATCH[1]}"; fi
+  fi
+  export KIT_RESUME_STEP="${KIT_START_STEP}"
+}
+
 # kit::restore_code: every run runs the code as submitted. Whatever in the
 # snapshot's view (code/) a run, or anyone, wrote to, truncated, chmod-ed,
 # removed or replaced since the view was made (its ctime is newer than
@@ -1273,6 +1292,7 @@ kit::batch() {
   trap kit::cleanup EXIT
   kit::trap TERM INT "${KIT_WARNING_SIGNAL}"
   kit::catch_up_runs
+  kit::tracker_env
   kit::restore_code
   kit::decide_master
   kit::start_heartbeat

@@ -1,0 +1,190 @@
+"""One experiment-tracker run per kit job, across its runs and requeues; no step logged twice.
+
+The batch script gives every rank of every run the job's identity (prelaunch's kit::tracker_env):
+
+- ``WANDB_RUN_ID`` and ``WANDB_NAME``: the job directory's name (an array task's ``NAME-t<index>``),
+  ``WANDB_RESUME=allow``, ``WANDB_DIR`` the job's ``tracker/`` — so ``wandb.init()`` opens the job's
+  one run in every run and requeue (``kit rerun`` makes a new job, so a new run);
+- ``MLFLOW_RUN_ID`` once the job's first run made its MLflow run (:func:`remember_mlflow_run`):
+  ``mlflow.start_run()`` resumes it;
+- ``KIT_TRACKER_DIR`` (TensorBoard's one log directory is its ``tensorboard/``) and
+  ``KIT_RESUME_STEP``: the checkpoint step this run resumes from (-1: none).
+
+A value the job's environment already has (``--env``, or the shell ``kit launch`` ran in) is kept.
+
+A requeued run resumes from its last checkpoint, which may be older than the last step the lost
+run logged. :func:`new_step` (rank 0) is true once per step for the whole job — the highest step
+logged is kept in the job directory — so the steps a tracker sees stay strictly increasing and none
+is logged twice: the lost run's values stand for the steps it logged, the new run's follow. The
+Lightning loggers of :func:`lightning_logger` do this by themselves.
+
+No torch or Lightning import until a Lightning logger is asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from kit import files
+from kit.jobdir import JobDir
+
+KINDS = ("wandb", "mlflow", "tensorboard")
+
+
+def tracker_dir() -> Path | None:
+    """The job's tracker directory (``$KIT_TRACKER_DIR``), None outside a kit job."""
+    path = os.environ.get("KIT_TRACKER_DIR")
+    return Path(path) if path else None
+
+
+def resumed_step() -> int | None:
+    """The checkpoint step this run resumed from (``$KIT_RESUME_STEP``); None for a first run
+    or a command that reports no checkpoint step."""
+    try:
+        step = int(os.environ.get("KIT_RESUME_STEP", "-1"))
+    except ValueError:
+        return None
+    return step if step >= 0 else None
+
+
+def logged_step(tracker: str = "all") -> int:
+    """The highest step the job's runs logged so far to ``tracker`` (-1: none)."""
+    d = tracker_dir()
+    try:
+        recorded = int(files.read_text(d / JobDir.TRACKER_STEP.format(tracker=tracker), 64).strip()) if d else -1
+    except (OSError, ValueError):
+        recorded = -1
+    return max(recorded, _STATE.get(tracker, {}).get("high", -1))
+
+
+# Per tracker: the highest step the job's earlier runs logged (read once, at this process's first step),
+# and this process's own highest.
+_STATE: dict[str, dict] = {}
+
+
+def new_step(step: int, tracker: str = "all") -> bool:
+    """False for a step the job's earlier runs already logged to ``tracker`` (a requeued run replaying
+    from its checkpoint), else True, recording it first (rank 0, the one that logs): a run stopped
+    between the record and the log loses that step (a gap of one log interval) rather than log it
+    twice. One run may log a step more than once (Lightning logs a step's epoch metrics apart).
+    ``tracker``: one name per tracker a script logs to apart ("all": one record for all)."""
+    if tracker not in _STATE:
+        _STATE[tracker] = {"before": logged_step(tracker), "high": -1}
+    state = _STATE[tracker]
+    if step <= state["before"]:
+        return False
+    if step > state["high"]:
+        state["high"] = step
+        d = tracker_dir()
+        if d is not None:
+            try:
+                files.write_atomic(d / JobDir.TRACKER_STEP.format(tracker=tracker), f"{step}\n")
+            except OSError:
+                pass  # the log still goes to the tracker; a later run may then repeat a step
+    return True
+
+
+def remember_mlflow_run(run_id: str, tracking_uri: str | None = None) -> None:
+    """Keep the MLflow run the job's first run made (later runs get ``MLFLOW_RUN_ID``)."""
+    d = tracker_dir()
+    if d is None or (d / JobDir.TRACKER_MLFLOW).exists():
+        return
+    # One line, run_id first: prelaunch reads it with a pattern (tests/test_bash_rules.py pins the pair).
+    files.write_atomic(d / JobDir.TRACKER_MLFLOW, json.dumps({"run_id": run_id, "tracking_uri": tracking_uri}) + "\n")
+
+
+def mlflow_run() -> dict:
+    """The job's MLflow run as remembered ({} before its first run made one)."""
+    d = tracker_dir()
+    try:
+        rec = files.read_json(d / JobDir.TRACKER_MLFLOW, 4096) if d else {}
+    except (OSError, ValueError):
+        return {}
+    return rec if isinstance(rec, dict) else {}
+
+
+def mlflow_start_run(**kwargs: Any):
+    """``mlflow.start_run()`` as the job's one MLflow run: the first run makes it and kit keeps its id,
+    later runs resume it (``MLFLOW_RUN_ID``)."""
+    import mlflow
+
+    run = mlflow.start_run(**kwargs)
+    remember_mlflow_run(run.info.run_id, mlflow.get_tracking_uri())
+    return run
+
+
+def tensorboard_dir() -> Path:
+    """TensorBoard's one log directory for the job (``$KIT_TRACKER_DIR/tensorboard``; outside a kit job
+    ``./tensorboard``): every run writes its event files there."""
+    return (tracker_dir() or Path.cwd()) / JobDir.TRACKER_TENSORBOARD
+
+
+def lightning_logger(kind: str, **kwargs: Any):
+    """A Lightning logger (``wandb``, ``mlflow`` or ``tensorboard``) that is the job's one run and
+    never logs a step twice; ``kwargs`` go to Lightning's logger (``project=``, ``experiment_name=``,
+    ``tracking_uri=``, …)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown logger {kind!r}: one of {', '.join(KINDS)}")
+    d = tracker_dir() or Path.cwd()
+    if kind == "wandb":
+        from lightning.pytorch.loggers import WandbLogger
+
+        kwargs.setdefault("save_dir", str(d))
+        inner = WandbLogger(**kwargs)  # id, resume and name come from kit's WANDB_* variables
+    elif kind == "mlflow":
+        from lightning.pytorch.loggers import MLFlowLogger
+
+        kwargs.setdefault("run_id", os.environ.get("MLFLOW_RUN_ID") or None)
+        kwargs.setdefault("tracking_uri", os.environ.get("MLFLOW_TRACKING_URI") or None)
+        inner = MLFlowLogger(**kwargs)
+    else:
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        kwargs.setdefault("save_dir", str(tensorboard_dir().parent))
+        kwargs.setdefault("name", JobDir.TRACKER_TENSORBOARD)
+        kwargs.setdefault("version", "")  # one directory for the job, not version_<N> per run
+        inner = TensorBoardLogger(**kwargs)
+    return _once_only(inner, kind)
+
+
+def _once_only(inner, kind: str):
+    from lightning.pytorch.loggers.logger import Logger
+    from lightning.pytorch.utilities import rank_zero_only
+
+    class OnceOnly(Logger):
+        """``inner``, with every step logged once per job (:func:`new_step`)."""
+
+        def __init__(self):
+            super().__init__()
+            self.inner, self.kind = inner, kind
+
+        name = property(lambda self: self.inner.name)
+        version = property(lambda self: self.inner.version)
+        save_dir = property(lambda self: self.inner.save_dir)
+        log_dir = property(lambda self: getattr(self.inner, "log_dir", None))
+        experiment = property(lambda self: self.inner.experiment)
+
+        @rank_zero_only
+        def log_metrics(self, metrics, step=None):
+            if step is None or new_step(int(step), self.kind):
+                self.inner.log_metrics(metrics, step)
+            if self.kind == "mlflow":
+                remember_mlflow_run(self.inner.run_id, getattr(self.inner, "_tracking_uri", None))
+
+        @rank_zero_only
+        def log_hyperparams(self, params, *args, **kwargs):
+            self.inner.log_hyperparams(params, *args, **kwargs)
+
+        def save(self):
+            self.inner.save()
+
+        def finalize(self, status):
+            self.inner.finalize(status)
+
+        def after_save_checkpoint(self, checkpoint_callback):
+            self.inner.after_save_checkpoint(checkpoint_callback)
+
+    return OnceOnly()

@@ -1,0 +1,120 @@
+"""One tracker run per job across requeues, and no step logged twice (issue 32), on the local cluster with
+the trackers offline (W&B offline mode, an MLflow file: store, TensorBoard event files).
+
+Two 2-node jobs side by side, each stopped twice: kit's reference trainer logging to all three through
+``--logger`` (stopped first by the time-limit warning: it saves and kit requeues it; then requeued by an
+admin after a periodic checkpoint older than the last step it logged), and a user's own plain-PyTorch
+trainer using the README's lines (requeued by an admin twice, each time past its last checkpoint)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import check_end, launch_wait, release_requeued, scontrol, wait_for
+from tracker_check import mlflow_runs, strictly_increasing, tensorboard_steps, wandb_offline_runs
+
+from kit.jobdir import JobDir
+
+pytestmark = pytest.mark.cluster
+TRAIN = [sys.executable, "-m", "kit.train", "--max-steps", "80", "--checkpoint-every", "20", "--log-every", "5",
+         "--step-delay", "0.1", "--logger", "wandb,mlflow,tensorboard"]
+USER = [sys.executable, str(Path(__file__).parent / "user_tracker_script.py")]
+
+
+def offline_env(tmp: Path) -> dict:
+    return {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "MLFLOW_TRACKING_URI": f"file:{tmp / 'mlruns'}",
+            "MLFLOW_ALLOW_FILE_STORE": "true"}
+
+
+@pytest.fixture(scope="module")
+def jobs(cluster, tmp_path_factory):
+    lightning, user = tmp_path_factory.mktemp("lightning"), tmp_path_factory.mktemp("user")
+    hold = user / "hold"
+    hold.touch()
+    return {"lightning": (lightning, launch_wait(lightning, "--nodes", "2", "--max-restarts", "3",
+                                                 command=TRAIN, env=offline_env(lightning))),
+            "user": (user, launch_wait(user, "--nodes", "2", "--max-restarts", "3", command=USER,
+                                       env={**offline_env(user), "HOLD_FILE": str(hold)}))}
+
+
+def rank0_log(w, run: int) -> str:
+    path = w.job_dir / "logs" / f"rank-0.r{run}.log"
+    return path.read_text() if path.exists() else ""
+
+
+def logged_past(w, run: int, pattern: str, step: int):
+    """Wait until rank 0 of ``run`` logged a step >= ``step`` (``pattern``'s group 1)."""
+    return wait_for(lambda: any(int(s) >= step for s in re.findall(pattern, rank0_log(w, run))), 120,
+                    what=f"run {run} to reach step {step}")
+
+
+def check_one_run(w, tmp: Path, wandb_key: str, runs: int, checkpoint_every: int,
+                  first: int) -> list[int]:
+    """One W&B run id (the job's) in every run's offline files, one MLflow run, one TensorBoard directory;
+    in each the steps strictly increasing (none logged twice), and in MLflow's (written at each call) and
+    TensorBoard's from the first step to the last, no gap beyond the checkpoint interval (a run stopped between
+    kit's record of a step and the tracker's write loses that one). W&B's are a part of them: its service
+    exits on Slurm's SIGTERM without writing what it holds ("forced shutdown"), so a run stopped by a
+    requeue may leave nothing there (README, "Experiment trackers"). Returns MLflow's steps."""
+    tracker = w.job_dir / JobDir.TRACKER
+    wandb_runs = wandb_offline_runs(tracker / "wandb", wandb_key)
+    assert len(wandb_runs) == runs and {run_id for run_id, _ in wandb_runs} - {None} == {JobDir(w.job_dir).tracker_run_id}
+    wandb_steps = [s for _, run in wandb_runs for s in run]
+    mlflow = mlflow_runs(tmp / "mlruns")
+    assert len(mlflow) == 1, mlflow
+    run_id, steps = next(iter(mlflow.items()))
+    assert (tracker / JobDir.TRACKER_MLFLOW).read_text().startswith('{"run_id": "%s"' % run_id)
+    board = tracker / JobDir.TRACKER_TENSORBOARD
+    assert not [p for p in board.iterdir() if p.is_dir()]  # one directory: no version_<N> per run
+    for logged in (steps, tensorboard_steps(board)):
+        assert strictly_increasing(logged) and max(b - a for a, b in zip(logged, logged[1:])) <= checkpoint_every, \
+            logged
+        assert logged[0] == first and logged[-1] == steps[-1], logged
+    assert strictly_increasing(wandb_steps) and wandb_steps[-1] == steps[-1], (wandb_steps, steps)
+    return steps
+
+
+def test_reference_trainer_keeps_one_run_per_tracker_through_a_warning_and_an_admin_requeue(cluster, jobs):
+    tmp, w = jobs["lightning"]
+    logged_past(w, 0, r"step=(\d+) loss", 25)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", w.job_id], env={**os.environ, **cluster.target.env},
+                   check=True)
+    # The warning: the trainer saves where it is and stops; kit requeues it (no hold).
+    saved = int(wait_for(lambda: re.search(r"saved last.ckpt at step (\d+)", rank0_log(w, 0)), 60,
+                         what="the save on the warning").group(1))
+    logged_past(w, 1, r"step=(\d+) loss", (saved // 20 + 1) * 20 + 9)  # past the next periodic checkpoint
+    scontrol(cluster, "requeue", w.job_id)
+    release_requeued(cluster, w.job_id, w.job_dir, restarts=2)
+    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["warned", "stopped", "finished"])
+    resumed = [re.search(r"resuming from \S+ at step (\d+) \(kit: (\d+)\)", rank0_log(w, run)).groups()
+               for run in (1, 2)]
+    assert [int(a) for a, b in resumed] == [int(b) for a, b in resumed]  # KIT_RESUME_STEP is the checkpoint's
+    assert int(resumed[0][0]) == saved
+    steps = check_one_run(w, tmp, "trainer/global_step", runs=3, checkpoint_every=20, first=4)
+    # The second requeue resumed from a checkpoint older than the last step logged: those steps were not
+    # logged again (the lost run's values stand), and the log goes on past them.
+    before_second = [s for s in steps if s < int(resumed[1][0]) + 20]
+    assert int(resumed[1][0]) < max(before_second) and steps[-1] == 79
+
+
+def test_a_users_own_trainer_keeps_one_run_per_tracker_with_the_readme_lines(cluster, jobs):
+    tmp, w = jobs["user"]
+    (tmp / "hold").unlink()
+    logged_past(w, 0, r"user: logged step (\d+)", 15)
+    scontrol(cluster, "requeue", w.job_id)
+    release_requeued(cluster, w.job_id, w.job_dir, restarts=1)
+    logged_past(w, 1, r"user: logged step (\d+)", 35)
+    scontrol(cluster, "requeue", w.job_id)
+    release_requeued(cluster, w.job_id, w.job_dir, restarts=2)
+    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["stopped", "stopped", "finished"])
+    resumed = [re.search(r"user: resuming at step (\d+) \(kit: (\S+)\)", rank0_log(w, run)).groups() for run in (0, 1, 2)]
+    assert resumed[0] == ("0", "None") and all(a == b for a, b in resumed[1:]), resumed
+    lost = [int(s) for s in re.findall(r"user: logged step (\d+)", rank0_log(w, 1))]
+    assert int(resumed[2][0]) < max(lost)  # the last requeue went back past steps already logged
+    steps = check_one_run(w, tmp, "_step", runs=3, checkpoint_every=10, first=5)
+    assert set(steps) <= set(range(5, 61, 5)) and steps[-1] == 60, steps
