@@ -123,7 +123,9 @@ def rerun(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = (), *, wa
         origins[field] = f"--edit {name}"
     if "sbatch_args" not in edited:  # a hold was for that submission: the rerun runs
         spec.sbatch_args = [a for a in spec.sbatch_args if a not in ("--hold", "-H")]
-    record = json.dumps({"job_dir": str(source.resolve()), "job_id": records.job_id_of(source)}) + "\n"
+    # The rerun is a new job, so a new tracker run: the record names the one it reruns.
+    record = json.dumps({"job_dir": str(source.resolve()), "job_id": records.job_id_of(source),
+                         "tracker_run_id": JobDir(source).tracker_run_id}) + "\n"
     # The same code (the snapshot, started at the same place) unless an edit turned it off.
     snapshot = recorded.get("snapshot") if not edited & {"code", "code_snapshot"} else None
     workdir, image_source = recorded.get("workdir"), recorded.get("image_source")

@@ -227,6 +227,9 @@ def test_rerun_submits_the_resolved_spec_again_with_edits(cluster, tmp_path):
     old_spec, new_spec = (json.loads((d / JobDir.SPEC).read_text()) for d in (first.dir, new_dir))
     assert new_spec.pop("nodes") == 2 and old_spec.pop("nodes") == 1 and new_spec == old_spec
     assert (new_dir / "FINISHED").exists() and new_dir != first.dir
+    # A rerun is a new job, so a new tracker run; it records the one it reruns.
+    assert JobDir(new_dir).tracker_run_id == new_dir.name != JobDir(first.dir).tracker_run_id
+    assert json.loads((new_dir / JobDir.RERUN_OF).read_text())["tracker_run_id"] == first.dir.name
     rows = json.loads(kit("ps", "--json", "--output-dir", str(tmp_path / "jobs")).stdout)
     assert {r["job_dir"]: r["rerun_of"] for r in rows}[str(new_dir.resolve())] == first.id
     again = first.rerun(wait=True, time=30)

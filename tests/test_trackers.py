@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import check_end, launch_wait, release_requeued, scontrol, wait_for
+from helpers import check_end, kit, launch_wait, release_requeued, scontrol, wait_for
 from tracker_check import mlflow_runs, strictly_increasing, tensorboard_steps, wandb_offline_runs
 
 from kit.jobdir import JobDir
@@ -76,6 +76,13 @@ def check_one_run(w, tmp: Path, wandb_key: str, runs: int, checkpoint_every: int
             logged
         assert logged[0] == first and logged[-1] == steps[-1], logged
     assert strictly_increasing(wandb_steps) and wandb_steps[-1] == steps[-1], (wandb_steps, steps)
+    # kit report goes from the job to each dashboard: the W&B run (and its offline parts), the MLflow run, TensorBoard.
+    report = kit("report", str(w.job_dir), "-o", str(tmp / "report.png"))
+    assert report.returncode == 0, report.stderr
+    rid = JobDir(w.job_dir).tracker_run_id
+    assert f"tracker: W&B run {rid}; {runs} part(s) offline: wandb sync {tracker / 'wandb'}/offline-run-*" in report.stdout
+    assert f"tracker: MLflow run {run_id} at file:{tmp / 'mlruns'}" in report.stdout, report.stdout
+    assert f"tracker: TensorBoard: tensorboard --logdir {board}" in report.stdout
     return steps
 
 

@@ -155,3 +155,46 @@ def function_payloads(source: Path) -> dict[Path, bytes]:
             except OSError as e:
                 raise KitError(f"cannot read {path}: {e.strerror}", field="JOB") from None
     return out
+
+
+_WANDB_RUN_DIR = re.compile(r"(offline-)?run-\d{8}_\d{6}-(.+)")
+
+
+def tracker_runs(job_dir: Path) -> dict:
+    """The job's tracker runs, as the trackers' own files in its ``tracker/`` tell them (kit.train.trackers):
+    W&B's run ids (from its run directories' names: a user's own id too) and how many parts are offline
+    (``wandb sync`` uploads them), the MLflow run the first run made, TensorBoard's directory. {} for none."""
+    d = JobDir(job_dir)
+    out: dict = {}
+    ids, offline = set(), 0
+    for p in (d / JobDir.TRACKER / "wandb").glob("*run-*"):
+        m = _WANDB_RUN_DIR.fullmatch(p.name)
+        if m and p.is_dir() and not p.is_symlink():
+            ids.add(m.group(2))
+            offline += bool(m.group(1))
+    if ids:
+        out["wandb"] = {"run_ids": sorted(ids), "offline_parts": offline, "dir": str(d / JobDir.TRACKER / "wandb")}
+    try:
+        mlflow = files.read_json(d / JobDir.TRACKER / JobDir.TRACKER_MLFLOW, 4096)
+    except (OSError, ValueError):
+        mlflow = None
+    if isinstance(mlflow, dict) and isinstance(mlflow.get("run_id"), str):
+        out["mlflow"] = {"run_id": mlflow["run_id"], "tracking_uri": str(mlflow.get("tracking_uri") or "")}
+    board = d / JobDir.TRACKER / JobDir.TRACKER_TENSORBOARD
+    if any(board.glob("events.out.tfevents.*")):
+        out["tensorboard"] = {"dir": str(board)}
+    return out
+
+
+def tracker_lines(runs: dict) -> list[str]:
+    """:func:`tracker_runs` as a report's lines: where to go from the report to each dashboard."""
+    out = []
+    if "wandb" in runs:
+        w = runs["wandb"]
+        sync = f"; {w['offline_parts']} part(s) offline: wandb sync {w['dir']}/offline-run-*" if w["offline_parts"] else ""
+        out.append(f"W&B run {', '.join(w['run_ids'])}{sync}")
+    if "mlflow" in runs:
+        out.append(f"MLflow run {runs['mlflow']['run_id']} at {runs['mlflow']['tracking_uri'] or '(default store)'}")
+    if "tensorboard" in runs:
+        out.append(f"TensorBoard: tensorboard --logdir {runs['tensorboard']['dir']}")
+    return out

@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.jobdir import records
+from kit.jobdir import records, tracker_lines, tracker_runs
 from kit.report.many import MANY, grouped, spread
 from kit.report.series import GIB, IDLE_UTIL, Logs, Series, _of, _steady_pairs, increase, mean_rate
 
@@ -100,6 +100,7 @@ class Summary:
     # Per run and node: seconds from the step's start to the first task's first line
     # (srun's launch, and under an image the container's start: kit.jobdir.task_starts).
     task_starts: list[dict] = field(default_factory=list)
+    trackers: dict = field(default_factory=dict)  # the job's tracker runs (kit.jobdir.tracker_runs)
 
     def lines(self) -> list[str]:
         out = [f"job {self.job} (data: {self.source})",
@@ -114,6 +115,7 @@ class Summary:
         if not self.gpus:
             out.append("GPUs: no GPU samples (no NVML on the nodes)")
         out += [g.line() for g in self.gpus] if len(self.gpus) <= MANY else _gpu_spreads(self.gpus)
+        out += [f"tracker: {line}" for line in tracker_lines(self.trackers)]
         if self.notes:
             out.append("notes:")
             out += [f"  {n.level.upper()}: {n.text}" for n in self.notes]
@@ -241,6 +243,7 @@ def summarize(series: Series, job: str, source: str, logs: Logs | None = None,
     summary.mean_step_seconds = sum(steps) / len(steps) if steps else None
     if logs is not None and logs.runs:
         _restarts(summary, logs, _checkpoint_steps(job_dir))
+    summary.trackers = tracker_runs(job_dir) if job_dir else {}
     summary.notes = notes(summary, min_seconds)
     return summary
 
