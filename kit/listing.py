@@ -40,6 +40,8 @@ class JobRow:
     finished: bool           # the FINISHED marker: the work is done
     task_start: dict | None = None  # the latest run's seconds from srun to each node's first task (container start)
     rerun_of: str | None = None  # kit rerun: the id of the job this one reruns
+    tflops: float | None = None  # rank 0's device, the latest: the model's TFLOP/s (kit.train.mfu)
+    mfu: float | None = None     # of that device's peak (None: n/a)
 
     @property
     def active(self) -> bool:
@@ -79,7 +81,7 @@ def _row(name: str, unit_dir: Path, job_dir: Path, job_name: str, st: slurm.JobS
                   samples_per_second=p.samples_per_second if state == "RUNNING" else None,
                   submitted=records.submitted_at(job_dir), job_dir=str(job_dir),
                   finished=records.finished(unit_dir), task_start=jobdir.task_starts(unit_dir, run) or None,
-                  rerun_of=records.rerun_of(job_dir))
+                  rerun_of=records.rerun_of(job_dir), tflops=p.tflops, mfu=p.mfu)
 
 
 def list_jobs(output_dirs: list[Path], *, everything: bool = False, now: float | None = None) -> list[JobRow]:

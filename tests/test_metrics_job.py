@@ -84,7 +84,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def check_report(cluster, job_dir: str, logs: list[Path]) -> None:
     """kit report on a CPU job draws
-    the CPU, memory, loss, step time and throughput panels and no empty one; every
+    the CPU, memory, loss, step time, model TFLOP/s and throughput panels and no empty one (no MFU on a CPU); every
     number of its summary is computed again here from the JSONL logs."""
     from helpers import kit
     from report_check import check
@@ -94,7 +94,8 @@ def check_report(cluster, job_dir: str, logs: list[Path]) -> None:
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(out.with_suffix(".json").read_text())
     assert summary["panels"] == ["CPU (cores busy)", "Memory (GiB)", "Training loss", "Step time (s)",
-                                 "Training throughput (samples/s)"]
+                                 "Model TFLOP/s per device", "Training throughput (samples/s)"]  # no MFU on a CPU
+    assert summary["tflops"] > 0 and summary["mfu"] is None
     assert png_size(out)[0] == 1040 and out.stat().st_size > 40_000  # 13 in at 80 dpi: legends beside the panels
     assert summary["source"] == "metrics logs (Prometheus unreachable)"
     want = check(Path(job_dir), summary, proc.stdout)

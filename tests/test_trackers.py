@@ -8,6 +8,7 @@ trainer using the README's lines (requeued by an admin twice, each time past its
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -125,3 +126,16 @@ def test_a_users_own_trainer_keeps_one_run_per_tracker_with_the_readme_lines(clu
     assert int(resumed[2][0]) < max(lost)  # the last requeue went back past steps already logged
     steps = check_one_run(w, tmp, "_step", runs=3, checkpoint_every=10, first=5)
     assert set(steps) <= set(range(5, 61, 5)) and steps[-1] == 60, steps
+
+
+def test_the_reference_trainers_tflops_are_measured_and_its_mfu_on_a_cpu_is_na(cluster, jobs):
+    """MFU on this machine's CPUs: rank 0's achieved TFLOP/s in kit ps --json and kit report, MFU "n/a" (None),
+    never 0 (the H100 case: tests/test_mfu.py, through the NVML test library)."""
+    tmp, w = jobs["lightning"]
+    assert w.proc.wait(timeout=300) is not None  # the job ended (its own test drove it)
+    rows = json.loads(kit("ps", "--json", "--output-dir", str(tmp / "jobs")).stdout)
+    row = next(r for r in rows if r["job_dir"] == str(w.job_dir.resolve()))
+    assert row["tflops"] > 0 and row["mfu"] is None, row
+    report = kit("report", str(w.job_dir), "-o", str(tmp / "report.png"))
+    assert re.search(r"model FLOP/s \(rank 0's device\): [0-9.e+-]+ TFLOP/s, MFU n/a \(a CPU", report.stdout), \
+        report.stdout

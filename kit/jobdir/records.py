@@ -317,6 +317,8 @@ class Progress:
     max_steps: int | None = None
     loss: float | None = None
     samples_per_second: float | None = None  # the job's: every rank of the latest run
+    tflops: float | None = None  # rank 0's device: the model's achieved TFLOP/s (kit.train.mfu)
+    mfu: float | None = None     # rank 0's device: of its peak (None: n/a, a CPU or an unknown GPU)
 
 
 def _rank_files(job_dir: Path) -> dict[int, dict]:
@@ -351,7 +353,8 @@ def training_progress(job_dir: Path) -> Progress:
              if "samples_per_second" in f and abs(f["last_step_timestamp_seconds"] - t0) <= 30]
     return Progress(step=int(zero["step"]) if "step" in zero else None,
                     max_steps=int(zero["max_steps"]) if "max_steps" in zero else None,
-                    loss=zero.get("loss"), samples_per_second=sum(rates) if rates else None)
+                    loss=zero.get("loss"), samples_per_second=sum(rates) if rates else None,
+                    tflops=zero.get("tflops"), mfu=zero.get("mfu"))
 
 
 def progress_words(p: Progress) -> list[str]:
@@ -363,4 +366,6 @@ def progress_words(p: Progress) -> list[str]:
         words.append(f"loss {p.loss:.4g}")
     if p.samples_per_second is not None:
         words.append(f"{p.samples_per_second:.0f} samples/s")
+    if p.tflops is not None:
+        words.append(f"{p.tflops:.3g} TFLOP/s/device, MFU " + (f"{100 * p.mfu:.0f}%" if p.mfu is not None else "n/a"))
     return words

@@ -45,7 +45,8 @@ RESERVED_LABELS = ("job", "instance")
 # What the JSONL log keeps of each poll (enough for `kit report`).
 LOGGED = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_POWER_USAGE",
           "DCGM_FI_DEV_GPU_TEMP", "gpu_compute_processes", "training_step", "training_loss", "training_samples_total",
-          "training_tokens_total", "training_step_duration_seconds", "node_load1", "node_memory_MemAvailable_bytes",
+          "training_tokens_total", "training_step_duration_seconds", "training_tflops", "training_mfu", "node_load1",
+          "node_memory_MemAvailable_bytes",
           "node_memory_MemTotal_bytes", "kit_job_cpu_seconds_total", "kit_job_memory_rss_bytes", "kit_job_processes",
           "kit_job_cpus", "kit_job_memory_limit_bytes")
 # Logged summed over one label (per-CPU counters: one value per mode, not per CPU and mode).

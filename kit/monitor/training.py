@@ -22,6 +22,9 @@ FIELDS: tuple[tuple[str, Spec], ...] = (
     ("last_step_timestamp_seconds",
      Spec("training_last_step_timestamp_seconds", "gauge", "When the last step ended (Unix time).")),
     ("learning_rate", Spec("training_learning_rate", "gauge", "The learning rate of the first parameter group.")),
+    ("tflops", Spec("training_tflops", "gauge", "The model's achieved TFLOP/s on the rank's device (kit.train.mfu).")),
+    ("mfu", Spec("training_mfu", "gauge", "Model FLOPs utilisation: training_tflops over the device's dense peak "
+                                         "for its precision (kit.monitor.peaks); absent on a CPU or an unknown GPU.")),
 )
 
 

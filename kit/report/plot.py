@@ -35,6 +35,8 @@ def _panels(series: Series) -> list[tuple[str, list[tuple[str, list, dict]]]]:
     out.append(("Memory (GiB)", mem))
     out.append(("Training loss", lines("training_loss", lambda k: f"rank {k[2]}")))
     out.append(("Step time (s)", lines("training_step_duration_seconds", lambda k: f"rank {k[2]}")))
+    out.append(("Model TFLOP/s per device", lines("training_tflops", lambda k: f"rank {k[2]}")))
+    out.append(("MFU (of the device's peak)", lines("training_mfu", lambda k: f"rank {k[2]}")))
     out.append(("Training throughput (samples/s)",
                 [(f"rank {k[2]} ({k[1]})", rates(pts), {}) for k, pts in _of(series, "training_samples_total").items()]))
     return [(title, banded([c for c in curves if c[1]])) for title, curves in out if any(c[1] for c in curves)]

@@ -101,6 +101,8 @@ class Summary:
     # (srun's launch, and under an image the container's start: kit.jobdir.task_starts).
     task_starts: list[dict] = field(default_factory=list)
     trackers: dict = field(default_factory=dict)  # the job's tracker runs (kit.jobdir.tracker_runs)
+    tflops: float | None = None  # rank 0's device, mean over the job: the model's TFLOP/s (kit.train.mfu)
+    mfu: float | None = None     # of the device's peak (kit.monitor.peaks); None: n/a
 
     def lines(self) -> list[str]:
         out = [f"job {self.job} (data: {self.source})",
@@ -109,6 +111,9 @@ class Summary:
                f"samples: {self.samples:.0f} ({self.samples_per_second:.1f} samples/s)"]
         if self.first_loss is not None:
             out.append(f"loss (rank 0): {self.first_loss:.4g} -> {self.last_loss:.4g}")
+        if self.tflops is not None:
+            out.append(f"model FLOP/s (rank 0's device): {self.tflops:.3g} TFLOP/s, MFU " +
+                       (f"{100 * self.mfu:.0f} %" if self.mfu is not None else "n/a (a CPU, or a GPU kit has no peak for)"))
         out += [n.line() for n in self.nodes] if len(self.nodes) <= MANY else _node_spreads(self.nodes)
         if self.task_starts:
             out += _task_start_lines(self.task_starts) + _mode_lines(self.task_starts)
@@ -239,6 +244,9 @@ def summarize(series: Series, job: str, source: str, logs: Logs | None = None,
     losses = sorted(p for k, pts in _of(series, "training_loss").items() if k[2] == "0" for p in pts)
     if losses:
         summary.first_loss, summary.last_loss = losses[0][1], losses[-1][1]
+    for name, attr in (("training_tflops", "tflops"), ("training_mfu", "mfu")):
+        values = [v for k, pts in _of(series, name).items() if k[2] == "0" for _, v in pts]
+        setattr(summary, attr, statistics.fmean(values) if values else None)
     steps = [v for pts in _of(series, "training_step_duration_seconds").values() for _, v in pts]
     summary.mean_step_seconds = sum(steps) / len(steps) if steps else None
     if logs is not None and logs.runs:

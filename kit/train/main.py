@@ -230,7 +230,7 @@ def main(argv=None) -> int:
     progress = Progress(args.log_every)
     callbacks = [preemption, progress, reporter]
     if os.environ.get("KIT_METRICS_DIR"):
-        callbacks.append(MetricsCallback())
+        callbacks.append(MetricsCallback(count_flops=True))
     if args.checkpoint_every:
         callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.checkpoint_every,
                                          save_last=True, save_top_k=0))

@@ -30,6 +30,7 @@ import os
 import time
 
 from kit import files, jobdir
+from kit.train import mfu
 
 
 def _write(path: str | None, text: str) -> None:
@@ -66,15 +67,22 @@ _METRICS = {"samples_total": 0.0, "written_at": 0.0, "written_samples": 0.0}
 METRICS_INTERVAL = 1.0  # seconds between two writes of the rank's metrics file
 
 
-def step(n: int, *, loss: float | None = None, samples: int | None = None, max_steps: int | None = None) -> None:
+def step(n: int, *, loss: float | None = None, samples: int | None = None, max_steps: int | None = None,
+         flops: float | None = None, precision: str | None = None) -> None:
     """This rank finished step ``n``: the heartbeat of kit's hang watchdog, and — with
     ``loss`` (this step's), ``samples`` (this step's, on this rank) or ``max_steps`` —
     the training metrics kit ps, the exporter and kit report show, as for the reference
-    trainer. Cheap: the metrics file is rewritten at most once a second."""
+    trainer; ``flops`` (this step's on this rank's device) and ``precision`` (``bf16``,
+    ``bf16-mixed``, ``fp32``, …) give its TFLOP/s and MFU (:mod:`kit.train.mfu`). Cheap: the
+    metrics file is rewritten at most once a second."""
     _progress("step", f"step {n}\n")
     directory = os.environ.get("KIT_METRICS_DIR")
-    if not directory or (loss is None and samples is None and max_steps is None):
+    if not directory or (loss is None and samples is None and max_steps is None and flops is None):
         return
+    if flops is not None:
+        if "throughput" not in _METRICS:
+            _METRICS["throughput"] = mfu.Throughput(precision=precision, gpu_name=mfu.device_name())
+        _METRICS["throughput"].step(flops)
     now = time.time()
     if samples is not None:
         _METRICS["samples_total"] += samples
@@ -85,6 +93,7 @@ def step(n: int, *, loss: float | None = None, samples: int | None = None, max_s
         values["samples_total"] = _METRICS["samples_total"]
     if max_steps is not None:
         values["max_steps"] = max_steps
+    values.update(_METRICS.get("rates", {}))
     if not _METRICS.get("at_exit"):
         atexit.register(_write_pending)
         _METRICS["at_exit"] = True
@@ -94,6 +103,10 @@ def step(n: int, *, loss: float | None = None, samples: int | None = None, max_s
     if samples is not None and _METRICS["written_at"]:
         values["samples_per_second"] = (_METRICS["samples_total"] - _METRICS["written_samples"]) / \
             (now - _METRICS["written_at"])
+    if "throughput" in _METRICS:  # this rank's TFLOP/s since the last write (and MFU), kept until the next
+        seconds = now - _METRICS["written_at"] if _METRICS["written_at"] else 0.0
+        _METRICS["rates"] = _METRICS["throughput"].values(seconds) or _METRICS.get("rates", {})
+        values.update(_METRICS["rates"])
     try:
         jobdir.write_rank_metrics(directory, int(os.environ.get("RANK", "0")), values)
     except (OSError, ValueError):

@@ -1,0 +1,94 @@
+"""MFU (issue 32): the peak table keyed by NVML's name, the FLOPs of a step, TFLOP/s and MFU from a rank's
+metrics to the exporter and kit ps's words; the GPU's name from NVML (the test library naming an H100), and
+"n/a" — never 0 — on a CPU or a GPU the table does not know."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fake_gpus import FakeGpus, preload
+
+from kit.monitor import peaks
+
+
+@pytest.mark.parametrize("name, model", [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H100 NVL", "H100 NVL"),
+    ("NVIDIA H200", "H200 SXM"), ("NVIDIA H200 NVL", "H200 NVL"), ("NVIDIA A100-SXM4-80GB", "A100"),
+    ("NVIDIA A100 80GB PCIe", "A100"), ("NVIDIA L40S", "L40S"), ("NVIDIA B200", "B200"), ("NVIDIA GB200", "GB200"),
+    ("Tesla V100-SXM2-32GB", None), ("", None), (None, None)])
+def test_the_peak_table_knows_each_model_by_nvmls_name_and_no_other(name, model):
+    known = peaks.model_of(name)
+    assert (known[0] if known else None) == model
+    if model:  # every model has every precision, dense bf16 far above fp32, each row with its source
+        bf16, fp16, fp32 = (peaks.peak_tflops(name, p) for p in ("bf16-mixed", "16-mixed", "32-true"))
+        assert bf16 == fp16 and bf16 > 3 * fp32 > 0 and known[2].startswith("NVIDIA")
+    else:
+        assert peaks.peak_tflops(name, "bf16") is None and peaks.mfu(100.0, name, "bf16") is None
+
+
+def test_precisions_in_lightnings_and_torchs_spellings():
+    assert [peaks.precision_of(p) for p in ("bf16-mixed", "bf16-true", "torch.bfloat16", "16-mixed", "32-true",
+                                            "32", "64-true", "transformer-engine", None)] == \
+        ["bf16", "bf16", "bf16", "fp16", "fp32", "fp32", None, None, None]
+    assert peaks.peak_tflops("NVIDIA H100 80GB HBM3", "bf16-mixed") == 989.5  # the datasheet's 1,979 sparse / 2
+    assert peaks.peak_tflops("NVIDIA H100 80GB HBM3", "64-true") is None
+
+
+def test_the_reference_models_flops_per_step_are_the_6n_rule():
+    """flop_counter's forward x 3 for kit.train's MLP: 6 x its weights x the batch (biases aside)."""
+    import torch
+
+    from kit.train import mfu
+    from kit.train.main import Regression
+
+    model = Regression(features=32, hidden=64)
+    batch = (torch.randn(64, 32), torch.randn(64, 1))
+    assert mfu.flops_per_step(model, batch) == 6 * (32 * 64 + 64 * 1) * 64
+    assert all(p.grad is None for p in model.parameters())  # counting did not touch the training
+
+
+def test_mfu_against_the_h100_nvml_names_and_na_on_a_cpu(tmp_path, monkeypatch):
+    from kit.train import mfu
+
+    gpus = FakeGpus(tmp_path / "nvml-state", count=2)
+    preload()
+    for k, v in gpus.env().items():
+        monkeypatch.setenv(k, v)
+    name = mfu.nvml_name("1")
+    assert name == "NVIDIA H100 80GB HBM3" and mfu.nvml_name("GPU-00000000-fake") == name
+    assert mfu.nvml_name("7") is None  # no such GPU: no name, no MFU
+    on_gpu = mfu.Throughput(flops_per_step=4e13, precision="bf16-mixed", gpu_name=name)
+    for _ in range(10):
+        on_gpu.step()
+    values = on_gpu.values(1.0)
+    assert values["tflops"] == pytest.approx(400.0) and values["mfu"] == pytest.approx(400.0 / 989.5)
+    assert on_gpu.values(1.0) == {}  # counted afresh after each write
+    on_cpu = mfu.Throughput(flops_per_step=4e9, precision="32-true", gpu_name=mfu.device_name())
+    on_cpu.step()
+    assert on_cpu.values(2.0) == {"tflops": pytest.approx(0.002)}  # no "mfu": n/a, not 0
+
+
+def test_tflops_and_mfu_from_a_ranks_file_to_the_exporter_and_kit_ps(tmp_path, monkeypatch):
+    from kit.jobdir import JobDir, records, write_rank_metrics
+    from kit.monitor.training import TrainingSource
+    from kit.train import progress
+
+    metrics = tmp_path / "job" / JobDir.METRICS / "node1"
+    write_rank_metrics(metrics, 0, {"step": 5, "last_step_timestamp_seconds": 1.0, "tflops": 412.0, "mfu": 0.4164})
+    write_rank_metrics(metrics, 1, {"step": 5, "last_step_timestamp_seconds": 1.0, "tflops": 0.002})
+    served = {(s.spec.name, s.labels["rank"]): s.value for s in TrainingSource(metrics).poll().samples}
+    assert served[("training_tflops", "0")] == 412.0 and served[("training_mfu", "0")] == 0.4164
+    assert ("training_mfu", "1") not in served and served[("training_tflops", "1")] == 0.002
+    p = records.training_progress(tmp_path / "job")
+    assert (p.tflops, p.mfu) == (412.0, 0.4164) and "412 TFLOP/s/device, MFU 42%" in records.progress_words(p)
+    assert "MFU n/a" in " ".join(records.progress_words(records.Progress(tflops=0.002)))
+    # Any script: progress.step(n, flops=...) — on this CPU, TFLOP/s and no MFU.
+    monkeypatch.setenv("KIT_METRICS_DIR", str(tmp_path / "mine"))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(progress, "_METRICS", {"samples_total": 0.0, "written_at": 0.0, "written_samples": 0.0})
+    monkeypatch.setattr(progress, "METRICS_INTERVAL", 0.0)
+    for n in range(1, 4):
+        progress.step(n, flops=1e9, precision="fp32")
+    written = json.loads((tmp_path / "mine" / JobDir.RANK_METRICS.format(rank=0)).read_text())
+    assert written["tflops"] > 0 and "mfu" not in written
