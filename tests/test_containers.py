@@ -110,7 +110,8 @@ def two_node_lightning_job(cluster, cpu_image, tmp_path, mode):
     assert rep.returncode == 0, rep.stderr
     summary = json.loads((Path(job_dir) / "report.json").read_text())
     assert summary["panels"] == ["CPU (cores busy)", "Memory (GiB)", "Training loss", "Step time (s)",
-                                 "Training throughput (samples/s)"], summary["panels"]
+                                 "Model TFLOP/s per device", "Training throughput (samples/s)"], summary["panels"]
+    assert summary["tflops"] > 0 and summary["mfu"] is None  # measured in the image; on CPUs no MFU
     want = check(Path(job_dir), summary, rep.stdout)
     assert all(n["cpu_cores_used"] > 0 and n["memory_peak_bytes"] > 50 * 2 ** 20 for n in want["nodes"].values())
     # The container's start, per node and run, in report.json, the text and kit ps.

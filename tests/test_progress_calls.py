@@ -80,3 +80,16 @@ def test_new_step_is_true_once_per_step_for_the_whole_job_per_tracker(tmp_path, 
     monkeypatch.delenv("KIT_TRACKER_DIR")
     monkeypatch.setattr(trackers, "_STATE", {})
     assert trackers.new_step(3) and trackers.logged_step() == 3
+
+
+def test_resumed_step_is_the_checkpoint_step_prelaunch_passed_or_none(monkeypatch):
+    """progress.resumed_step: $KIT_RESUME_STEP (the checkpoint step the run began from), None for -1 (no
+    checkpoint), a damaged value or outside a kit job."""
+    from kit.train import progress, trackers
+
+    monkeypatch.delenv("KIT_RESUME_STEP", raising=False)
+    seen = [progress.resumed_step()]
+    for value in ("-1", "40", "x", "0"):
+        monkeypatch.setenv("KIT_RESUME_STEP", value)
+        seen.append(progress.resumed_step())
+    assert seen == [None, None, 40, None, 0] and trackers.resumed_step is progress.resumed_step

@@ -126,6 +126,17 @@ def _write_pending() -> None:
             pass
 
 
+def resumed_step() -> int | None:
+    """The checkpoint step this run resumed from (``$KIT_RESUME_STEP``, prelaunch's: the step in
+    ``$KIT_CHECKPOINT_STEP_FILE`` when the run began); None for a first run or a command that reports
+    no checkpoint step. A tracker's steps past it were logged by a lost run (kit.train.trackers.new_step)."""
+    try:
+        step = int(os.environ.get("KIT_RESUME_STEP", "-1"))
+    except ValueError:
+        return None
+    return step if step >= 0 else None
+
+
 def checkpointing(n: int) -> None:
     """This rank starts saving a checkpoint at step ``n`` (the watchdog allows it longer)."""
     _progress("checkpointing", f"checkpointing {n}\n")

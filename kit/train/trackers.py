@@ -30,6 +30,9 @@ from typing import Any
 
 from kit import files
 from kit.jobdir import JobDir
+from kit.train import progress
+
+resumed_step = progress.resumed_step  # the checkpoint step this run resumed from (None: none)
 
 KINDS = ("wandb", "mlflow", "tensorboard")
 
@@ -38,16 +41,6 @@ def tracker_dir() -> Path | None:
     """The job's tracker directory (``$KIT_TRACKER_DIR``), None outside a kit job."""
     path = os.environ.get("KIT_TRACKER_DIR")
     return Path(path) if path else None
-
-
-def resumed_step() -> int | None:
-    """The checkpoint step this run resumed from (``$KIT_RESUME_STEP``); None for a first run
-    or a command that reports no checkpoint step."""
-    try:
-        step = int(os.environ.get("KIT_RESUME_STEP", "-1"))
-    except ValueError:
-        return None
-    return step if step >= 0 else None
 
 
 def logged_step(tracker: str = "all") -> int:
