@@ -92,4 +92,5 @@ def test_resumed_step_is_the_checkpoint_step_prelaunch_passed_or_none(monkeypatc
     for value in ("-1", "40", "x", "0"):
         monkeypatch.setenv("KIT_RESUME_STEP", value)
         seen.append(progress.resumed_step())
-    assert seen == [None, None, 40, None, 0] and trackers.resumed_step is progress.resumed_step
+    # trackers says the same (compared by value: another test here reloads kit.train.progress)
+    assert seen == [None, None, 40, None, 0] and trackers.resumed_step() == 0
