@@ -184,17 +184,3 @@ def tracker_runs(job_dir: Path) -> dict:
     if any(board.glob("events.out.tfevents.*")):
         out["tensorboard"] = {"dir": str(board)}
     return out
-
-
-def tracker_lines(runs: dict) -> list[str]:
-    """:func:`tracker_runs` as a report's lines: where to go from the report to each dashboard."""
-    out = []
-    if "wandb" in runs:
-        w = runs["wandb"]
-        sync = f"; {w['offline_parts']} part(s) offline: wandb sync {w['dir']}/offline-run-*" if w["offline_parts"] else ""
-        out.append(f"W&B run {', '.join(w['run_ids'])}{sync}")
-    if "mlflow" in runs:
-        out.append(f"MLflow run {runs['mlflow']['run_id']} at {runs['mlflow']['tracking_uri'] or '(default store)'}")
-    if "tensorboard" in runs:
-        out.append(f"TensorBoard: tensorboard --logdir {runs['tensorboard']['dir']}")
-    return out

@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.jobdir import records, tracker_lines, tracker_runs
+from kit.jobdir import records, tracker_runs
 from kit.report.many import MANY, grouped, spread
 from kit.report.series import GIB, IDLE_UTIL, Logs, Series, _of, _steady_pairs, increase, mean_rate
 
@@ -209,6 +209,20 @@ def _node_summary(series: Series, node: str) -> NodeSummary:
         memory_limit_of=limit_of,
         memory_peak_percent=100.0 * peak / limit if peak is not None and limit else None,
         samples_per_second=sum(rank_rates) if rank_rates else None)
+
+
+def tracker_lines(runs: dict) -> list[str]:
+    """:func:`kit.jobdir.tracker_runs` as the report's lines: where to go from the report to each dashboard."""
+    out = []
+    if "wandb" in runs:
+        w = runs["wandb"]
+        sync = f"; {w['offline_parts']} part(s) offline: wandb sync {w['dir']}/offline-run-*" if w["offline_parts"] else ""
+        out.append(f"W&B run {', '.join(w['run_ids'])}{sync}")
+    if "mlflow" in runs:
+        out.append(f"MLflow run {runs['mlflow']['run_id']} at {runs['mlflow']['tracking_uri'] or '(default store)'}")
+    if "tensorboard" in runs:
+        out.append(f"TensorBoard: tensorboard --logdir {runs['tensorboard']['dir']}")
+    return out
 
 
 def _checkpoint_steps(job_dir: Path | None) -> dict[int, float]:

@@ -89,16 +89,6 @@ def remember_mlflow_run(run_id: str, tracking_uri: str | None = None) -> None:
     files.write_atomic(d / JobDir.TRACKER_MLFLOW, json.dumps({"run_id": run_id, "tracking_uri": tracking_uri}) + "\n")
 
 
-def mlflow_run() -> dict:
-    """The job's MLflow run as remembered ({} before its first run made one)."""
-    d = tracker_dir()
-    try:
-        rec = files.read_json(d / JobDir.TRACKER_MLFLOW, 4096) if d else {}
-    except (OSError, ValueError):
-        return {}
-    return rec if isinstance(rec, dict) else {}
-
-
 def mlflow_start_run(**kwargs: Any):
     """``mlflow.start_run()`` as the job's one MLflow run: the first run makes it and kit keeps its id,
     later runs resume it (``MLFLOW_RUN_ID``)."""
@@ -136,8 +126,8 @@ def lightning_logger(kind: str, **kwargs: Any):
     else:
         from lightning.pytorch.loggers import TensorBoardLogger
 
-        kwargs.setdefault("save_dir", str(tensorboard_dir().parent))
-        kwargs.setdefault("name", JobDir.TRACKER_TENSORBOARD)
+        kwargs.setdefault("save_dir", str(d))
+        kwargs.setdefault("name", JobDir.TRACKER_TENSORBOARD)  # d/tensorboard: tensorboard_dir()
         kwargs.setdefault("version", "")  # one directory for the job, not version_<N> per run
         inner = TensorBoardLogger(**kwargs)
     return _once_only(inner, kind)
