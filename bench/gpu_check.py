@@ -8,6 +8,10 @@
    NCCL, each rank started through a generated `launcher.sh` with the variables srun would
    give it set by hand; the exporter's utilisation while it trains.
 3. The launcher's teardown: after the ranks end, no process of theirs is left.
+4. MFU (issue 32): one rank of the reference trainer with a model large enough to load the GPU;
+   the TFLOP/s and MFU its metrics file reports, against a bare bf16 matrix product's TFLOP/s
+   measured here (a rate above the matrix product's is a wrong FLOP count) and NVML's name
+   matched in kit's peak table.
 
 Without an NVIDIA GPU (no driver, or NVML sees none) it says so and exits 0. With GPUs that
 NVML sees but torch does not, it says so and exits 1 (--exporter-only: step 1 alone).
@@ -122,19 +126,30 @@ def check_exporter(gpus: int, tmp: Path) -> tuple[bool, list[str]]:
     return ok, lines
 
 
-def run_trainer(gpus: int, steps: int, tmp: Path, cpu: bool = False) -> tuple[bool, list[str]]:
+def rank_metrics(job_dir: Path) -> list[dict]:
+    """Every rank's last metrics file (``metrics/<node>/rank-<R>.json``)."""
+    from kit import jobdir
+
+    return [m for f in sorted(job_dir.glob("metrics/*/rank-*.json"))
+            if (m := jobdir.read_rank_metrics(f.read_text())) is not None]
+
+
+def run_trainer(gpus: int, steps: int, tmp: Path, cpu: bool = False,
+                model: tuple[str, ...] = ()) -> tuple[bool, list[str], Path]:
     """``gpus`` ranks of the reference trainer through launcher.sh (``cpu``: on CPU with gloo,
-    to check this path where no GPU is)."""
+    to check this path where no GPU is; ``model``: the trainer's size arguments). Returns the
+    job directory too."""
     import torch
 
     from kit import submission
     from kit.core import spec as specs
 
     precision = "32-true" if cpu else "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+    # On CPU the machinery is what is checked (launcher, ranks, teardown): a small model will do.
+    model = model or (("--batch-size", "32", "--hidden", "64") if cpu else ("--batch-size", "256", "--hidden", "1024"))
     job = submission.resolve(specs.JobSpec(
-        # On CPU the machinery is what is checked (launcher, ranks, teardown): a small model will do.
-        command=[sys.executable, "-m", "kit.train", "--max-steps", str(steps), "--batch-size", "32" if cpu else "256",
-                 "--hidden", "64" if cpu else "1024", "--precision", precision, "--checkpoint-every", "0"],
+        command=[sys.executable, "-m", "kit.train", "--max-steps", str(steps), *model, "--precision", precision,
+                 "--checkpoint-every", "0"],
         output_dir=str(tmp / "jobs"), ntasks_per_node=gpus, exporter=False, code_snapshot=False), cwd=tmp)
     job_dir = submission.prepare(job).job_dir
     (job_dir / "progress" / "r0").mkdir(parents=True)
@@ -184,10 +199,58 @@ def run_trainer(gpus: int, steps: int, tmp: Path, cpu: bool = False) -> tuple[bo
             except OSError:
                 pass
     lines.append(f"  processes left after the ranks ended: {len(left)}")
-    ok = codes == [0] * gpus and done and not left
+    lines += [f"  rank 0: {f.strip()}" for f in outputs[0].splitlines() if "FLOPs per step" in f][:1]
+    metrics = rank_metrics(job_dir)
+    lines.append("  metrics files: " + "; ".join(
+        f"rank {i}: {m.get('tflops', 'no')} TFLOP/s, MFU {m.get('mfu', 'n/a')}" for i, m in enumerate(metrics)))
+    ok = codes == [0] * gpus and done and not left and len(metrics) == gpus
     if not ok:
         lines.append("  rank 0's output (end):\n" + outputs[0][-2000:])
-    return ok, lines
+    return ok, lines, job_dir
+
+
+def matmul_tflops() -> float:
+    """A bare bf16 8192^3 matrix product's TFLOP/s here (the mean of 10 after 3 warm-ups)."""
+    import torch
+
+    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    torch.cuda.synchronize()
+    seconds = (time.perf_counter() - t0) / 10
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * 8192 ** 3 / seconds / 1e12
+
+
+def check_mfu(tmp: Path) -> tuple[bool, list[str]]:
+    """Step 4: one rank with a model that loads the GPU; its TFLOP/s and MFU are sane."""
+    import torch
+
+    from kit.monitor import peaks
+
+    name = torch.cuda.get_device_name(0)
+    bare = matmul_tflops()
+    os.makedirs(tmp / "mfu", exist_ok=True)
+    model = ("--features", "4096", "--hidden", "16384", "--batch-size", "4096", "--samples", "65536")
+    trained, lines, job_dir = run_trainer(1, 600, tmp / "mfu", model=model)
+    metrics = rank_metrics(job_dir)
+    tflops = float(metrics[0].get("tflops", 0)) if metrics else 0.0
+    mfu = metrics[0].get("mfu") if metrics else None
+    peak = peaks.peak_tflops(name, "bf16-mixed")
+    lines.append(f"  {name}: kit's peak table says {peak} TFLOP/s bf16 dense; a bare bf16 8192^3 matrix product "
+                 f"here: {bare:.0f} TFLOP/s ({bare / peak:.2f} of the peak)" if peak else
+                 f"  {name}: not in kit's peak table (MFU n/a); bare bf16 matrix product {bare:.0f} TFLOP/s")
+    lines.append(f"  the trainer's rate: {tflops:.1f} TFLOP/s, MFU {mfu}; "
+                 f"{tflops / bare:.2f} of the bare matrix product's rate")
+    sane = 0 < tflops <= bare * 1.05 and (mfu is None if peak is None else 0 < float(mfu) < 1)
+    if not sane:
+        lines.append("  <- a rate above the bare matrix product's, or an MFU outside (0, 1): a wrong FLOP count")
+    return trained and sane, lines
 
 
 def main() -> int:
@@ -202,7 +265,7 @@ def main() -> int:
         args.steps = 20
     if args.cpu_path:
         with tempfile.TemporaryDirectory(prefix="kit-gpu-check-") as tmp:
-            ok, lines = run_trainer(2, args.steps, Path(tmp), cpu=True)
+            ok, lines, _ = run_trainer(2, args.steps, Path(tmp), cpu=True)
         print("trainer path on CPU (2 ranks, gloo): " + ("ok" if ok else "FAILED"))
         print("\n".join(lines))
         return 0 if ok else 1
@@ -227,11 +290,15 @@ def main() -> int:
         names = {torch.cuda.get_device_name(i) for i in range(gpus)}
         print(f"2. reference trainer on CUDA ({', '.join(sorted(names))}), torch {torch.__version__}, "
               f"CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")
-        trained, lines = run_trainer(gpus, args.steps, tmp)
+        trained, lines, _ = run_trainer(gpus, args.steps, tmp)
         print("\n".join(lines))
-        print("3. result: " + ("every check passed" if ok and trained else "FAILED"))
-        print(json.dumps({"gpus": gpus, "driver": driver, "exporter_ok": ok, "trainer_ok": trained}))
-        return 0 if ok and trained else 1
+        measured, lines = check_mfu(tmp)
+        print("4. MFU of the reference trainer: " + ("ok" if measured else "FAILED"))
+        print("\n".join(lines))
+        print("result: " + ("every check passed" if ok and trained and measured else "FAILED"))
+        print(json.dumps({"gpus": gpus, "driver": driver, "exporter_ok": ok, "trainer_ok": trained,
+                          "mfu_ok": measured}))
+        return 0 if ok and trained and measured else 1
 
 
 if __name__ == "__main__":

@@ -109,3 +109,15 @@ def test_gpu_check_says_no_gpu_here_and_checks_the_exporter_on_the_test_library(
     bad = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--exporter-only"], capture_output=True,
                          text=True, timeout=120, env={**os.environ, **gpus.env()})
     assert bad.returncode == 1 and "DCGM_FI_DEV_POWER_USAGE                      7/8 GPUs  <- MISSING" in bad.stdout
+
+
+def test_a_checkout_run_without_installing_finds_the_templates():
+    """gpu_check.py is copied to a GPU box with the checkout and run there without installing kit
+    (its `kit.templates` is the install's name for launch/): the templates are read from launch/."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from kit.core import bash; "
+            "import importlib.util as u; print(u.find_spec('kit.templates') is None, "
+            "bash.template('lib.sh') == open(sys.argv[1] + '/launch/lib.sh').read())")
+    proc = subprocess.run([sys.executable, "-S", "-c", code, str(BENCH.parent)], capture_output=True, text=True,
+                          timeout=60)  # -S: no site-packages, so not the editable install's finder
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "True"]

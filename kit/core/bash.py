@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import shlex
 from importlib import resources
+from pathlib import Path
 from typing import Iterable, Mapping
 
 _SLOT = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
@@ -39,9 +40,18 @@ def exports(env: Mapping[str, str]) -> str:
     return "\n".join(f"export {k}={quote(v)}" for k, v in sorted(env.items()))
 
 
+def templates_dir() -> Path:
+    """Where the generated scripts' templates are: the package's ``kit.templates`` once kit is installed,
+    else ``launch/`` beside the package (a checkout run without installing, as a bench copied to a GPU box)."""
+    try:
+        return Path(str(resources.files("kit.templates")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent.parent / "launch"
+
+
 def template(name: str) -> str:
     """The text of a template shipped in the package (``launch/`` in the source tree)."""
-    return resources.files("kit.templates").joinpath(name).read_text(encoding="utf-8")
+    return (templates_dir() / name).read_text(encoding="utf-8")
 
 
 def render(text: str, values: Mapping[str, str]) -> str:

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 from kit.version import __version__
+from kit.core import bash
 from kit.image import rootpath
 
 IMAGE_PREFIX = "/opt/kit"
@@ -26,13 +27,9 @@ def package_files() -> list[Path]:
     """Every file of the installed kit package, templates included, sorted."""
     root = package_dir()
     files = [p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
-    try:
-        from importlib import resources
-        tpl = Path(str(resources.files("kit.templates")))
-        if not str(tpl).startswith(str(root)):
-            files += [p for p in tpl.iterdir() if p.is_file() and p.suffix in (".sh", ".py")]
-    except (ModuleNotFoundError, TypeError):
-        pass
+    tpl = bash.templates_dir()
+    if not str(tpl).startswith(str(root)):
+        files += [p for p in tpl.iterdir() if p.is_file() and p.suffix in (".sh", ".py")]
     return sorted(files)
 
 
