@@ -38,11 +38,14 @@ for step in range(start + 1, 61):
     loss.backward()
     opt.step()
     progress.step(step, loss=float(loss))
-    if rank0 and step % 5 == 0 and trackers.new_step(step):
-        run.log({"loss": float(loss)}, step=step)
-        mlflow.log_metric("loss", float(loss), step=step)
-        writer.add_scalar("loss", float(loss), step)
-        writer.flush()
+    if rank0 and step % 5 == 0:  # the README's lines, one per tracker
+        if trackers.new_step(step, "wandb"):
+            run.log({"loss": float(loss)}, step=step)
+        if trackers.new_step(step, "mlflow"):
+            mlflow.log_metric("loss", float(loss), step=step)
+        if trackers.new_step(step, "tensorboard"):
+            writer.add_scalar("loss", float(loss), step)
+            writer.flush()
         print(f"user: logged step {step}", flush=True)
     if step % 10 == 0 and rank0:
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt)

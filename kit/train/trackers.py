@@ -13,10 +13,13 @@ The batch script gives every rank of every run the job's identity (prelaunch's k
 A value the job's environment already has (``--env``, or the shell ``kit launch`` ran in) is kept.
 
 A requeued run resumes from its last checkpoint, which may be older than the last step the lost
-run logged. :func:`new_step` (rank 0) is true once per step for the whole job — the highest step
-logged is kept in the job directory — so the steps a tracker sees stay strictly increasing and none
-is logged twice: the lost run's values stand for the steps it logged, the new run's follow. The
-Lightning loggers of :func:`lightning_logger` do this by themselves.
+run logged. :func:`new_step` (rank 0) is true once per step for the whole job, so the steps a tracker
+sees stay strictly increasing and none is logged twice: the lost run's values stand for the steps the
+tracker has, the new run's follow. What a tracker has: for W&B, what its own files hold
+(:mod:`kit.train.wandb_log`: its service loses its last second on a hard stop, and the new run logs
+those steps again where they come after the checkpoint); for the others, the highest step logged, which
+kit keeps in the job directory (MLflow writes at each call; TensorBoard at each flush). The Lightning
+loggers of :func:`lightning_logger` do this by themselves.
 
 No torch or Lightning import until a Lightning logger is asked for.
 """
@@ -30,7 +33,7 @@ from typing import Any
 
 from kit import files
 from kit.jobdir import JobDir
-from kit.train import progress
+from kit.train import progress, wandb_log
 
 resumed_step = progress.resumed_step  # the checkpoint step this run resumed from (None: none)
 
@@ -58,14 +61,26 @@ def logged_step(tracker: str = "all") -> int:
 _STATE: dict[str, dict] = {}
 
 
+def held_step(tracker: str) -> int:
+    """The highest step ``tracker`` has of the job's earlier runs: W&B's from its own files when they are
+    there (``WANDB_DIR``, ``WANDB_RUN_ID``), else kit's record (:func:`logged_step`)."""
+    if tracker == "wandb":
+        root = os.environ.get("WANDB_DIR") or tracker_dir()
+        held = wandb_log.held_step(Path(root) / "wandb", os.environ.get("WANDB_RUN_ID", "")) if root else None
+        if held is not None:
+            return held
+    return logged_step(tracker)
+
+
 def new_step(step: int, tracker: str = "all") -> bool:
-    """False for a step the job's earlier runs already logged to ``tracker`` (a requeued run replaying
-    from its checkpoint), else True, recording it first (rank 0, the one that logs): a run stopped
-    between the record and the log loses that step (a gap of one log interval) rather than log it
-    twice. One run may log a step more than once (Lightning logs a step's epoch metrics apart).
-    ``tracker``: one name per tracker a script logs to apart ("all": one record for all)."""
+    """False for a step ``tracker`` already has of the job's earlier runs (a requeued run replaying from
+    its checkpoint; :func:`held_step`), else True, recording it first (rank 0, the one that logs): a run
+    stopped between the record and the log loses that step (a gap of one log interval) rather than log
+    it twice. One run may log a step more than once (Lightning logs a step's epoch metrics apart).
+    ``tracker``: ``"wandb"``, ``"mlflow"``, ``"tensorboard"``, or any name for one a script logs to apart
+    ("all": one record for all; W&B's steps then come from kit's record, not W&B's files)."""
     if tracker not in _STATE:
-        _STATE[tracker] = {"before": logged_step(tracker), "high": -1}
+        _STATE[tracker] = {"before": held_step(tracker), "high": -1}
     state = _STATE[tracker]
     if step <= state["before"]:
         return False

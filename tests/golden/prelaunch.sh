@@ -635,8 +635,9 @@ kit::prepare() {
 
 # kit::tracker_env: the job's one tracker run, the same in every run and requeue (kit.train.trackers):
 # W&B's run id, resume mode, name and directory, TensorBoard's directory (KIT_TRACKER_DIR), the MLflow
-# run the first run made, and the checkpoint step this run resumes from (-1: none). A value the job's
-# environment has (--env, or the shell kit launch ran in) is kept.
+# run the first run made, and the checkpoint step this run resumes from (-1: none); W&B writes its
+# transaction log every second (it loses what it holds on Slurm's SIGTERM: kit.train.wandb_log). A value
+# the job's environment has (--env, or the shell kit launch ran in) is kept.
 kit::tracker_env() {
   local id="${KIT_SCRIPTS_DIR##*/}" line=""
   if [[ "${KIT_JOB_DIR}" != "${KIT_SCRIPTS_DIR}" ]]; then id+="-t${KIT_JOB_DIR##*/}"; fi
@@ -644,6 +645,7 @@ kit::tracker_env() {
   mkdir -p "${KIT_TRACKER_DIR}"
   export WANDB_RUN_ID="${WANDB_RUN_ID:-${id}}" WANDB_RESUME="${WANDB_RESUME:-allow}"
   export WANDB_NAME="${WANDB_NAME:-${id}}" WANDB_DIR="${WANDB_DIR:-${KIT_TRACKER_DIR}}"
+  export WANDB__TRANSACTION_LOG_FLUSH_INTERVAL="${WANDB__TRANSACTION_LOG_FLUSH_INTERVAL:-1}"
   if [[ -z "${MLFLOW_RUN_ID-}" && -r "${KIT_TRACKER_DIR}/mlflow.json" ]]; then
     read -r line <"${KIT_TRACKER_DIR}/mlflow.json" || true
     # json.dumps's text, as kit.train.trackers writes it (a test pins the pair).
