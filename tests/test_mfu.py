@@ -69,6 +69,28 @@ def test_mfu_against_the_h100_nvml_names_and_na_on_a_cpu(tmp_path, monkeypatch):
     assert on_cpu.values(2.0) == {"tflops": pytest.approx(0.002)}  # no "mfu": n/a, not 0
 
 
+def test_the_device_a_script_trains_on_is_the_one_measured(tmp_path, monkeypatch):
+    """On a GPU node (NVML's test library naming H100s, torch's CUDA answering for GPU 1 of them): by default
+    the current CUDA device, "cuda:0" the first visible one; a script on the node's CPU ("cpu") is n/a, never
+    measured against the GPU."""
+    import sys
+    import types
+
+    from kit.train import mfu
+
+    for k, v in FakeGpus(tmp_path / "nvml-state", count=2).env().items():
+        monkeypatch.setenv(k, v)
+    preload()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    cuda = types.SimpleNamespace(is_available=lambda: True, current_device=lambda: 0,
+                                 get_device_name=lambda i: "torch's name")
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert [mfu.device_name(d) for d in (None, "cuda", "cuda:0", "cpu", "meta")] == [h100, h100, h100, None, None]
+    cuda.is_available = lambda: False
+    assert mfu.device_name() is None and mfu.device_name("cuda:0") is None
+
+
 def test_tflops_and_mfu_from_a_ranks_file_to_the_exporter_and_kit_ps(tmp_path, monkeypatch):
     from kit.jobdir import JobDir, records, write_rank_metrics
     from kit.monitor.training import TrainingSource

@@ -50,13 +50,16 @@ def nvml_name(device: str) -> str | None:
         pynvml.nvmlShutdown()
 
 
-def device_name() -> str | None:
-    """NVML's name of the CUDA device this process trains on; None when it trains on no CUDA device (a CPU:
-    MFU is then "n/a"). torch must already be imported by the caller (this module never imports it)."""
+def device_name(device: object = None) -> str | None:
+    """NVML's name of the CUDA device this process trains on: ``device`` (torch's device, or its text:
+    ``"cuda:1"``, ``"cpu"``), else torch's current CUDA device; None on any other device or where CUDA is
+    not there (MFU is then "n/a": a script that trains on the CPU of a GPU node is not measured against the
+    GPU). torch must already be imported by the caller (this module never imports it)."""
     torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available():
+    kind, _, number = str(device if device is not None else "cuda").partition(":")
+    if kind != "cuda" or torch is None or not torch.cuda.is_available():
         return None
-    index = torch.cuda.current_device()
+    index = int(number) if number.isdigit() else torch.cuda.current_device()
     visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     physical = visible[index] if index < len(visible) else str(index)
     return nvml_name(physical) or torch.cuda.get_device_name(index)

@@ -68,20 +68,21 @@ METRICS_INTERVAL = 1.0  # seconds between two writes of the rank's metrics file
 
 
 def step(n: int, *, loss: float | None = None, samples: int | None = None, max_steps: int | None = None,
-         flops: float | None = None, precision: str | None = None) -> None:
+         flops: float | None = None, precision: str | None = None, device: object = None) -> None:
     """This rank finished step ``n``: the heartbeat of kit's hang watchdog, and — with
     ``loss`` (this step's), ``samples`` (this step's, on this rank) or ``max_steps`` —
     the training metrics kit ps, the exporter and kit report show, as for the reference
     trainer; ``flops`` (this step's on this rank's device) and ``precision`` (``bf16``,
-    ``bf16-mixed``, ``fp32``, …) give its TFLOP/s and MFU (:mod:`kit.train.mfu`). Cheap: the
-    metrics file is rewritten at most once a second."""
+    ``bf16-mixed``, ``fp32``, …) give its TFLOP/s and MFU (:mod:`kit.train.mfu`) on ``device``
+    (torch's device or ``"cuda:1"``, ``"cpu"``; by default torch's current CUDA device, where CUDA is).
+    Cheap: the metrics file is rewritten at most once a second."""
     _progress("step", f"step {n}\n")
     directory = os.environ.get("KIT_METRICS_DIR")
     if not directory or (loss is None and samples is None and max_steps is None and flops is None):
         return
     if flops is not None:
         if "throughput" not in _METRICS:
-            _METRICS["throughput"] = mfu.Throughput(precision=precision, gpu_name=mfu.device_name())
+            _METRICS["throughput"] = mfu.Throughput(precision=precision, gpu_name=mfu.device_name(device))
         _METRICS["throughput"].step(flops)
     now = time.time()
     if samples is not None:
