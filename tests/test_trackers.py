@@ -1,7 +1,7 @@
 """One tracker run per job across requeues, and no step logged twice (issue 32), on the local cluster with
 the trackers offline (W&B offline mode, an MLflow file: store, TensorBoard event files).
 
-Two 2-node jobs side by side, each stopped twice: kit's reference trainer logging to all three through
+Two 2-node jobs side by side (the user's driven by a thread), each stopped twice: kit's reference trainer logging to all three through
 ``--logger`` (stopped first by the time-limit warning: it saves and kit requeues it; then requeued by an
 admin after a periodic checkpoint older than the last step it logged), and a user's own plain-PyTorch
 trainer using the README's lines (requeued by an admin twice, each time past its last checkpoint)."""
@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -34,13 +35,38 @@ def offline_env(tmp: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def jobs(cluster, tmp_path_factory):
+    """Both jobs launched at once; the user's job is driven (requeued twice) by a thread while the reference
+    trainer's test drives its own: the two run side by side, the user's test checks its end."""
     lightning, user = tmp_path_factory.mktemp("lightning"), tmp_path_factory.mktemp("user")
-    hold = user / "hold"
-    hold.touch()
-    return {"lightning": (lightning, launch_wait(lightning, "--nodes", "2", "--max-restarts", "3",
-                                                 command=TRAIN, env=offline_env(lightning))),
-            "user": (user, launch_wait(user, "--nodes", "2", "--max-restarts", "3", command=USER,
-                                       env={**offline_env(user), "HOLD_FILE": str(hold)}))}
+    out = {"lightning": (lightning, launch_wait(lightning, "--nodes", "2", "--max-restarts", "3",
+                                                command=TRAIN, env=offline_env(lightning))),
+           "user": (user, launch_wait(user, "--nodes", "2", "--max-restarts", "3", command=USER,
+                                      env=offline_env(user)))}
+    driver = Driver(cluster, out["user"][1])
+    driver.start()
+    out["user driver"] = driver
+    yield out
+    driver.join(300)
+
+
+class Driver(threading.Thread):
+    """Requeues the user's job by an admin twice, each time past its last checkpoint (its error, if any, is kept
+    for the test to raise)."""
+
+    def __init__(self, cluster, w):
+        super().__init__(daemon=True)
+        self.cluster, self.w, self.error = cluster, w, None
+
+    def run(self):
+        try:
+            logged_past(self.w, 0, r"user: logged step (\d+)", 15)
+            scontrol(self.cluster, "requeue", self.w.job_id)
+            release_requeued(self.cluster, self.w.job_id, self.w.job_dir, restarts=1)
+            logged_past(self.w, 1, r"user: logged step (\d+)", 35)
+            scontrol(self.cluster, "requeue", self.w.job_id)
+            release_requeued(self.cluster, self.w.job_id, self.w.job_dir, restarts=2)
+        except BaseException as e:  # raised by the test
+            self.error = e
 
 
 def rank0_log(w, run: int) -> str:
@@ -111,13 +137,11 @@ def test_reference_trainer_keeps_one_run_per_tracker_through_a_warning_and_an_ad
 
 def test_a_users_own_trainer_keeps_one_run_per_tracker_with_the_readme_lines(cluster, jobs):
     tmp, w = jobs["user"]
-    (tmp / "hold").unlink()
-    logged_past(w, 0, r"user: logged step (\d+)", 15)
-    scontrol(cluster, "requeue", w.job_id)
-    release_requeued(cluster, w.job_id, w.job_dir, restarts=1)
-    logged_past(w, 1, r"user: logged step (\d+)", 35)
-    scontrol(cluster, "requeue", w.job_id)
-    release_requeued(cluster, w.job_id, w.job_dir, restarts=2)
+    driver = jobs["user driver"]
+    driver.join(300)
+    assert not driver.is_alive()
+    if driver.error:
+        raise driver.error
     check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["stopped", "stopped", "finished"])
     resumed = [re.search(r"user: resuming at step (\d+) \(kit: (\S+)\)", rank0_log(w, run)).groups() for run in (0, 1, 2)]
     assert resumed[0] == ("0", "None") and all(a == b for a, b in resumed[1:]), resumed

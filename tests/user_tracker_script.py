@@ -14,8 +14,6 @@ from torch.utils.tensorboard import SummaryWriter
 from kit.train import progress, trackers
 
 job = Path(os.environ["KIT_JOB_DIR"])
-while os.environ.get("HOLD_FILE") and Path(os.environ["HOLD_FILE"]).exists():
-    time.sleep(0.2)  # the test's hold: started beside another job, it trains when its test begins
 ckpt = job / "user.ckpt"
 model = torch.nn.Linear(8, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
