@@ -146,7 +146,7 @@ def test_every_package_ships():
 # longest prefix listed here; one that matches none is an error (a new room is placed on purpose).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("kit.version", "kit.errors", "kit.files", "kit.home"),   # no kit import at all
-    ("kit.runner", "kit.jobdir"),                              # processes; the job directory's names
+    ("kit.runner", "kit.jobdir", "kit.remote"),                # processes; the job directory's names; ssh
     ("kit.core", "kit.monitor", "kit.codestore"),              # the job model; the exporter (runs in images)
     ("kit.train", "kit.image", "kit.slurm", "kit.report", "kit.snapshot"),
     ("kit.submission", "kit.cluster"),                         # a job written and submitted; the local cluster

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 
 import click
 
+from kit import remote
 from kit.version import __version__
 from kit.errors import KitError
 
@@ -48,7 +50,9 @@ COMMANDS = {"launch": "kit.cli.launch:launch", "ps": "kit.cli.jobs:ps", "logs": 
 @click.group(name="kit", cls=_LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kit")
 @click.option("-v", "--verbose", is_flag=True, help="Log every external command kit runs.")
-def cli(verbose: bool) -> None:
+@click.option("--host", metavar="LOGIN", help="Run the command on this login node, through ssh [$KIT_HOST]: "
+              "ps, logs, cancel, report, rerun, cluster status.")
+def cli(verbose: bool, host: str | None) -> None:
     """Launch multi-node PyTorch Lightning jobs on Slurm.
 
     \b
@@ -58,6 +62,33 @@ def cli(verbose: bool) -> None:
     """
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
                         format="kit: %(name)s: %(message)s")
+    if host:  # main() sends the login node's commands there before Click sees them: this one is the laptop's
+        command = click.get_current_context().invoked_subcommand
+        if command == "launch":
+            raise KitError("kit launch does not run over SSH yet (its code snapshot must travel first)",
+                           field="--host", hint="launch on the login node: ssh LOGIN, then kit launch …")
+        raise KitError(f"kit {command} runs here, not on the login node", field="--host",
+                       hint=f"run it without --host (over SSH: {', '.join(remote.COMMANDS)}; `cluster status`)")
+
+
+def _on_the_login_node(args: list[str]) -> tuple[str, list[str]] | None:
+    """(host, the command's arguments) when ``args`` ask for a command the login node runs: ``--host`` among
+    kit's own options, or ``KIT_HOST`` set; None otherwise."""
+    host, rest, i = None, [], 0
+    while i < len(args) and args[i].startswith("-"):
+        if args[i] == "--host" and i + 1 < len(args):
+            host, i = args[i + 1], i + 2
+        elif args[i].startswith("--host="):
+            host, i = args[i].split("=", 1)[1], i + 1
+        else:
+            rest.append(args[i])
+            i += 1
+    command = args[i:i + 2]
+    runs_there = bool(command) and command[0] in remote.COMMANDS and (command[0] != "cluster" or command[1:] == ["status"])
+    if any(a in ("-h", "--help", "--version") for a in rest) or not runs_there:
+        return None  # help and version are the laptop's; a laptop command with --host is refused by cli()
+    host = host or os.environ.get("KIT_HOST")
+    return (host, rest + args[i:]) if host else None
 
 
 def _usage_error(e: click.UsageError) -> KitError:
@@ -72,12 +103,28 @@ def _usage_error(e: click.UsageError) -> KitError:
     return KitError(message.rstrip("."), field=field, hint=f"see `{command} --help`")
 
 
+def _follows(args: list[str]) -> bool:
+    """``kit logs -f``: a command whose output goes on (ridden through a dropped connection)."""
+    words = [a for a in args if not a.startswith("--host")]
+    return "logs" in words and any(a in ("-f", "--follow") for a in words)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if any("\x00" in a for a in args):  # only possible in-process; no path or value may hold one
         click.echo("kit: an argument contains a NUL byte", err=True)
         sys.exit(2)
+    refused = remote.refuse_other_version()
+    if refused is not None:  # this kit runs on a login node for a client of another version
+        click.echo(refused.format(), err=True)
+        sys.exit(refused.exit_code)
+    if os.environ.pop(remote.VERSION_VARIABLE, None) is not None:
+        remote.watch_input_end()
     try:
+        there = _on_the_login_node(args)
+        if there is not None:
+            host, rest = there
+            sys.exit(remote.run(remote.Host.of(host), rest, follow=_follows(rest)))
         rv = cli.main(args=argv, prog_name="kit", standalone_mode=False)
     except KitError as e:
         click.echo(e.format(), err=True)

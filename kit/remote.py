@@ -1,0 +1,227 @@
+"""kit from a laptop: a kit command run on the login node through the system's OpenSSH client.
+
+``kit --host LOGIN CMD …`` (or ``KIT_HOST``) runs ``kit CMD …`` on ``LOGIN`` as ``ssh LOGIN`` reaches it, so
+the user's ``~/.ssh/config`` applies as it is: Host aliases, ProxyJump, IdentityFile, the agent, their own
+ControlMaster. kit never prompts (``BatchMode=yes``): a password or a second factor is entered once, in a
+master connection the user starts (``ssh -fNM LOGIN``), which every call then reuses.
+
+One connection per call, at most. Where the user's configuration has no ControlMaster of its own, kit's
+calls share one master (``ControlMaster=auto``, ``ControlPath=~/.ssh/kit-%C``, kept ``ControlPersist``
+seconds after the last call): the first call opens it, the next ones open nothing. In reuse-only mode
+(``KIT_SSH_REUSE_ONLY=1``, for sites that cap connections or ask a second factor) a call without a live
+master fails with one line naming the command that starts one.
+
+What crosses: the command's arguments, and nothing of the laptop's environment (``ssh -T``, no
+``SendEnv`` of kit's own; the user's configuration may send ``LANG``). kit on the login node is
+``KIT_REMOTE_KIT`` (default ``kit``, found on the login shell's PATH); it refuses a client of another
+version before it does anything (``KIT_CLIENT_VERSION``), and ends when the connection does (its
+standard input closes).
+
+``KIT_SSH``: the ssh command, split as a shell would (default ``ssh``; e.g. ``ssh -F ~/.ssh/cluster``).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kit.errors import KitError
+from kit.version import __version__
+
+# The commands that run on the login node (the rest run where kit is called).
+COMMANDS = ("ps", "logs", "cancel", "report", "rerun", "cluster")
+CONTROL_PATH = "~/.ssh/kit-%C"
+PERSIST = "600"
+RIDE_THROUGH = 600  # seconds a followed log waits for its connection to come back
+INSTALL = "pip install kit-slurm"
+VERSION_VARIABLE = "KIT_CLIENT_VERSION"
+
+
+@dataclass(frozen=True)
+class Host:
+    """A login node as ``ssh`` reaches it, and how kit talks to it."""
+
+    name: str
+    ssh: tuple[str, ...] = ("ssh",)
+    remote_kit: tuple[str, ...] = ("kit",)
+    reuse_only: bool = False
+    env: dict = field(default_factory=dict, compare=False)  # the process environment ssh runs in
+
+    @classmethod
+    def of(cls, name: str, environ: dict | None = None) -> "Host":
+        """``name`` with kit's ``KIT_SSH``, ``KIT_REMOTE_KIT`` and ``KIT_SSH_REUSE_ONLY`` from ``environ``."""
+        env = dict(os.environ if environ is None else environ)
+        name = name.strip()
+        if not name or name.startswith("-") or any(c.isspace() for c in name):
+            raise KitError(f"not a host: {name!r}", field="--host",
+                           hint="a name ssh knows: a Host alias of ~/.ssh/config, or user@login.example.org")
+        try:
+            ssh = tuple(shlex.split(env.get("KIT_SSH") or "ssh"))
+            remote = tuple(shlex.split(env.get("KIT_REMOTE_KIT") or "kit"))
+        except ValueError as e:
+            raise KitError(f"KIT_SSH or KIT_REMOTE_KIT: {e}", field="--host") from None
+        reuse = env.get("KIT_SSH_REUSE_ONLY", "").lower() in ("1", "yes", "true")
+        return cls(name, ssh or ("ssh",), remote or ("kit",), reuse, env)
+
+
+def config(host: Host) -> dict[str, str]:
+    """What ssh will use for ``host`` (``ssh -G``): the user's configuration, resolved."""
+    proc = subprocess.run([*host.ssh, "-G", host.name], capture_output=True, text=True, env=host.env)
+    if proc.returncode != 0:
+        raise KitError(f"ssh cannot read its configuration for {host.name}: {_last_line(proc.stderr)}",
+                       field="--host", exit_code=1)
+    out = {}
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        out.setdefault(key.lower(), value)
+    return out
+
+
+def control_options(host: Host, resolved: dict[str, str]) -> list[str]:
+    """kit's shared master, unless the user's configuration has a ControlMaster of its own."""
+    if resolved.get("controlpath", "none") != "none" and resolved.get("controlmaster", "false") != "false":
+        return []
+    try:  # where ssh puts kit's master socket (ssh's ~ is the account's home, not $HOME)
+        (Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh").mkdir(mode=0o700, exist_ok=True)
+    except (KeyError, OSError) as e:
+        raise KitError(f"cannot make ~/.ssh for kit's master connection: {e}", field="--host", exit_code=1,
+                       hint="set a ControlMaster and ControlPath of your own for this host in ~/.ssh/config") from None
+    return ["-o", "ControlMaster=auto", "-o", f"ControlPath={CONTROL_PATH}", "-o", f"ControlPersist={PERSIST}"]
+
+
+def master_command(host: Host, options: list[str]) -> str:
+    """The command a user runs to start the master kit's calls reuse."""
+    path = [o for o in options if o.startswith("ControlPath=")]
+    return shlex.join([*host.ssh, "-fNM", *(["-o", path[0]] if path else []), host.name])
+
+
+def master_alive(host: Host, options: list[str]) -> bool:
+    path = [o for o in options if o.startswith("ControlPath=")]
+    proc = subprocess.run([*host.ssh, *(["-o", path[0]] if path else []), "-O", "check", host.name],
+                          capture_output=True, env=host.env)
+    return proc.returncode == 0
+
+
+def remote_command(host: Host, argv: list[str]) -> str:
+    """The command line the login node's shell runs: kit, told the client's version, with ``argv`` (exit 127
+    and nothing said when there is no such kit there: the client says it, once)."""
+    found = f"command -v {shlex.quote(host.remote_kit[0])} >/dev/null 2>&1 || exit 127"
+    return f"{found}; {VERSION_VARIABLE}={shlex.quote(__version__)} exec {shlex.join([*host.remote_kit, *argv])}"
+
+
+def ssh_argv(host: Host, argv: list[str], options: list[str]) -> list[str]:
+    return [*host.ssh, "-T", "-o", "BatchMode=yes", *options, host.name, "--", remote_command(host, argv)]
+
+
+def run(host: Host, argv: list[str], *, follow: bool = False) -> int:
+    """``kit ARGV`` on the login node, its output here as it comes; its exit code. An SSH failure is one
+    :class:`KitError` (exit 1) saying what ssh said and what to do. ``follow`` (``logs -f``): a dropped
+    connection is opened again and the command run again, its output going on from the byte it had reached
+    (a followed log only grows), for up to :data:`RIDE_THROUGH` seconds."""
+    options = control_options(host, config(host))
+    if host.reuse_only:
+        if not master_alive(host, options):
+            raise KitError(f"no SSH master connection to {host.name} to reuse (KIT_SSH_REUSE_ONLY)",
+                           field="--host", exit_code=1,
+                           hint=f"start one (it asks for your password or second factor once): "
+                                f"{master_command(host, options)}")
+        options = [*options, "-o", "ControlMaster=no"]
+    shown, deadline = 0, None
+    while True:
+        code, tail, shown = _once(host, argv, options, skip=shown)
+        if not (follow and code == 255):
+            return _checked(host, code, tail, options)
+        deadline = deadline or time.monotonic() + RIDE_THROUGH
+        if time.monotonic() > deadline or (host.reuse_only and not master_alive(host, options)):
+            return _checked(host, code, tail, options)
+        time.sleep(1)
+
+
+def _once(host: Host, argv: list[str], options: list[str], skip: int) -> tuple[int, list[str], int]:
+    """One connection: (ssh's exit code, its last stderr lines, the bytes of stdout shown so far, counting
+    the ``skip`` bytes an earlier connection showed, which are not shown again)."""
+    proc = subprocess.Popen(ssh_argv(host, argv, options), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=host.env)
+    tail: list[str] = []
+    forward = threading.Thread(target=_forward, args=(proc.stderr, tail), daemon=True)
+    forward.start()
+    seen = 0
+    try:
+        while chunk := os.read(proc.stdout.fileno(), 65536):
+            new = chunk[max(0, skip - seen):]
+            seen += len(chunk)
+            if new:
+                sys.stdout.buffer.write(new)
+                sys.stdout.buffer.flush()
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait()
+        raise
+    finally:
+        proc.stdin.close()  # the login node's kit ends when its input does
+        proc.stdout.close()
+    forward.join(5)
+    return code, tail, max(seen, skip)
+
+
+def _forward(stream, tail: list[str]) -> None:
+    """The remote side's stderr to ours, line by line; ssh's own last lines kept for diagnosis."""
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace")
+        tail.append(line)
+        del tail[:-20]
+        sys.stderr.write(line)
+        sys.stderr.flush()
+
+
+def _checked(host: Host, code: int, tail: list[str], options: list[str]) -> int:
+    said = "".join(tail)
+    if code == 255:  # ssh's own failure: nothing ran there
+        if "REMOTE HOST IDENTIFICATION HAS CHANGED" in said or "Host key verification failed" in said:
+            raise KitError(f"ssh refused {host.name}: its host key is not the one known for it", field="--host",
+                           exit_code=1, hint="if the login node's key really changed, check its fingerprint with "
+                                             "your site and update ~/.ssh/known_hosts (ssh-keygen -R HOST)")
+        raise KitError(f"ssh could not reach {host.name}: {_last_line(said) or 'exit 255'}", field="--host",
+                       exit_code=1, hint=f"check that `{shlex.join([*host.ssh, host.name])}` works without a prompt "
+                                         f"(kit never prompts), or start a master: {master_command(host, options)}")
+    if code == 127 and not said.strip():  # remote_command's own "not there"
+        raise KitError(f"kit is not installed on {host.name} ({shlex.join(host.remote_kit)}: not found)",
+                       field="--host", exit_code=1,
+                       hint=f"install it there: {INSTALL}=={__version__} (or set KIT_REMOTE_KIT to its path)")
+    return code
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def refuse_other_version(environ: dict | None = None) -> KitError | None:
+    """On the login node: a client of another kit version is refused before anything is done."""
+    theirs = (os.environ if environ is None else environ).get(VERSION_VARIABLE)
+    if theirs is None or theirs == __version__:
+        return None
+    return KitError(f"kit {__version__} here, kit {theirs} on the client", field="--host", exit_code=2,
+                    hint=f"use one version on both: {INSTALL}=={theirs} here, or {INSTALL}=={__version__} there")
+
+
+def watch_input_end() -> None:
+    """On the login node: end this kit when the connection does (its standard input closes), so a
+    ``logs -f`` whose client went away does not stay behind."""
+    def watch():
+        try:
+            while os.read(0, 65536):  # the descriptor itself: no buffered reader's lock at exit
+                pass
+        except OSError:
+            pass
+        os._exit(130)
+
+    threading.Thread(target=watch, daemon=True).start()

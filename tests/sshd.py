@@ -1,0 +1,127 @@
+"""Real OpenSSH servers for the tests (Debian's openssh-server), on loopback ports of their own.
+
+:class:`Servers` starts a login sshd and a jump sshd, key-only, ``LogLevel VERBOSE`` (each accepted
+connection is one ``Accepted publickey`` line in its log: the tests count them), and writes a client
+configuration as a user's ``~/.ssh/config`` would have it: ``kit-login`` reached through ``kit-jump``
+(ProxyJump), ``kit-direct`` straight, and ``kit-moved``: the login node with a host key other than the
+one known for it. The login sshd gives its sessions the local cluster's environment (``SetEnv``), as a
+site's login node has Slurm's configuration at its default path. Everything lives in one temporary
+directory; :meth:`Servers.stop` ends the servers and any master connection the tests left.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+SSHD = "/usr/sbin/sshd"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def keygen(path: Path) -> str:
+    """A new ed25519 key at ``path``; its public line."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "kit-test", "-f", str(path)], check=True)
+    return Path(f"{path}.pub").read_text().strip()
+
+
+class Servers:
+    def __init__(self, root: Path, login_env: dict[str, str]):
+        self.root = root
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.ports = {"login": free_port(), "jump": free_port()}
+        self.made_run_dir = not Path("/run/sshd").exists()
+        self.dot_ssh = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh"  # kit makes it for its master's socket
+        self.made_dot_ssh = not self.dot_ssh.exists()
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+        self.client_key = root / "id_ed25519"
+        public = keygen(self.client_key)
+        (root / "authorized_keys").write_text(public + "\n")
+        for name in ("login", "jump", "other"):
+            keygen(root / f"host_{name}")
+        self.config = root / "ssh_config"
+        self.login_env = login_env
+        self._write_client_config()
+
+    def _write_client_config(self) -> None:
+        known = self.root / "known_hosts"
+        moved = self.root / "known_hosts.moved"
+        key = lambda name: " ".join((self.root / f"host_{name}.pub").read_text().split()[:2])  # noqa: E731
+        known.write_text(f"[127.0.0.1]:{self.ports['login']} {key('login')}\n"
+                         f"[127.0.0.1]:{self.ports['jump']} {key('jump')}\n")
+        moved.write_text(f"[127.0.0.1]:{self.ports['login']} {key('other')}\n")
+        common = (f"  HostName 127.0.0.1\n  User {getpass.getuser()}\n  IdentityFile {self.client_key}\n"
+                  f"  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n  UpdateHostKeys no\n")
+        self.config.write_text(
+            f"Host kit-login\n  Port {self.ports['login']}\n  ProxyJump kit-jump\n{common}  UserKnownHostsFile {known}\n"
+            f"Host kit-direct\n  Port {self.ports['login']}\n{common}  UserKnownHostsFile {known}\n"
+            f"Host kit-jump\n  Port {self.ports['jump']}\n{common}  UserKnownHostsFile {known}\n"
+            f"Host kit-moved\n  Port {self.ports['login']}\n{common}  UserKnownHostsFile {moved}\n")
+
+    def start(self) -> "Servers":
+        for name, port in self.ports.items():
+            cfg = self.root / f"sshd_{name}.conf"
+            setenv = ("SetEnv " + " ".join(f'{k}="{v}"' for k, v in self.login_env.items()) + "\n"
+                      if name == "login" and self.login_env else "")
+            cfg.write_text(
+                f"Port {port}\nListenAddress 127.0.0.1\nHostKey {self.root / f'host_{name}'}\n"
+                f"AuthorizedKeysFile {self.root / 'authorized_keys'}\nPubkeyAuthentication yes\n"
+                "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
+                "UsePAM no\nStrictModes no\nLogLevel VERBOSE\nAllowTcpForwarding yes\nMaxStartups 50\n"
+                f"PidFile {self.root / f'sshd_{name}.pid'}\n{setenv}")
+            log = open(self.root / f"sshd_{name}.log", "wb")
+            self.procs[name] = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdout=log,
+                                                stderr=subprocess.STDOUT)
+        for name, port in self.ports.items():
+            deadline = time.monotonic() + 15
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline or self.procs[name].poll() is not None:
+                        raise RuntimeError(f"sshd {name} did not start: {self.log(name)}")
+                    time.sleep(0.05)
+        return self
+
+    def log(self, name: str) -> str:
+        path = self.root / f"sshd_{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def accepted(self, name: str) -> int:
+        """Connections the server accepted so far (one ``Accepted publickey`` line each)."""
+        return self.log(name).count("Accepted publickey")
+
+    def ssh(self) -> list[str]:
+        return ["ssh", "-F", str(self.config)]
+
+    def close_masters(self) -> None:
+        for host in ("kit-login", "kit-direct"):
+            for path in (["-o", "ControlPath=~/.ssh/kit-%C"], []):
+                subprocess.run([*self.ssh(), *path, "-O", "exit", host], capture_output=True, timeout=10)
+
+    def stop(self) -> None:
+        self.close_masters()
+        for proc in self.procs.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self.made_run_dir:
+            shutil.rmtree("/run/sshd", ignore_errors=True)
+        if self.made_dot_ssh:
+            shutil.rmtree(self.dot_ssh, ignore_errors=True)

@@ -1,0 +1,156 @@
+"""kit from a laptop (issue 33): kit commands run on the login node through the system's OpenSSH client,
+against real sshd servers on loopback (tests/sshd.py): a login node reached through a jump host
+(ProxyJump), key-only, every accepted connection counted in the servers' logs."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import kit, require, submit, wait_for
+from sshd import SSHD, Servers
+
+from kit import slurm
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def hosts(cluster, tmp_path_factory):
+    require(SSHD)
+    root = tmp_path_factory.mktemp("ssh")
+    root.chmod(0o700)
+    login_env = {**cluster.target.env, "KIT_HOME": os.environ["KIT_HOME"], "PATH": os.environ["PATH"]}
+    servers = Servers(root, login_env).start()
+    yield servers
+    servers.stop()
+
+
+@pytest.fixture
+def laptop(hosts):
+    """The laptop's environment for kit: its ssh configuration (as ~/.ssh/config would be), kit on the login
+    node found by its path, and no master connection left from another test."""
+    hosts.close_masters()
+    return {"KIT_SSH": " ".join(hosts.ssh()), "KIT_REMOTE_KIT": f"{sys.executable} -m kit"}
+
+
+def counted(hosts, run):
+    """``run()``'s result and the connections it opened: (to the login node, to the jump host)."""
+    before = hosts.accepted("login"), hosts.accepted("jump")
+    out = run()
+    time.sleep(0.3)  # the servers' log lines
+    return out, (hosts.accepted("login") - before[0], hosts.accepted("jump") - before[1])
+
+
+def test_ps_logs_report_and_cancel_through_a_jump_host_one_connection_at_most(cluster, hosts, laptop, tmp_path):
+    job = submit(tmp_path, "--nodes", "1", command=["bash", "-c", "echo hello from the job; sleep 300"])
+    job_dir = Path(job["job_dir"])
+    wait_for(lambda: "hello from the job" in "".join(p.read_text() for p in (job_dir / "logs").glob("rank-0*")),
+             60, what="the job's first line")
+    ps, opened = counted(hosts, lambda: kit("--host", "kit-login", "ps", "--output-dir", str(tmp_path / "jobs"),
+                                            env=laptop))
+    assert ps.returncode == 0, ps.stderr
+    assert job["job_id"] in ps.stdout and "RUNNING" in ps.stdout
+    assert opened == (1, 1)  # the first call opens kit's master (through the jump host) and keeps it
+    for args in (("logs", str(job_dir)), ("cluster", "status"), ("report", str(job_dir), "-o", str(tmp_path / "r.png"))):
+        out, opened = counted(hosts, lambda: kit("--host", "kit-login", *args, env=laptop))
+        assert out.returncode == 0, (args, out.stderr)
+        assert opened == (0, 0), args  # the master serves every later call
+    assert "hello from the job" in kit("--host", "kit-login", "logs", str(job_dir), env=laptop).stdout
+    cancel = kit("--host", "kit-login", "cancel", job["job_id"], "--output-dir", str(tmp_path / "jobs"), env=laptop)
+    assert cancel.returncode == 0, cancel.stderr
+    slurm.wait(cluster.target, job["job_id"], timeout=60)
+    assert slurm.job_status(cluster.target, job["job_id"]).state == "CANCELLED"
+
+
+def test_kit_host_from_the_environment_and_a_command_that_runs_here(hosts, laptop, tmp_path):
+    """KIT_HOST sends the login node's commands there; a command that is the laptop's (build) says so."""
+    out = kit("cluster", "status", env={**laptop, "KIT_HOST": "kit-login"})
+    assert out.returncode == 0 and "node" in out.stdout.lower(), out.stderr
+    here = kit("--host", "kit-login", "build", str(tmp_path / "x.toml"), env=laptop)
+    assert here.returncode == 2 and "kit: --host: kit build runs here" in here.stderr, here.stderr
+
+
+def test_reuse_only_needs_a_master_and_names_the_command_that_starts_one(hosts, laptop):
+    env = {**laptop, "KIT_SSH_REUSE_ONLY": "1"}
+    (out, opened) = counted(hosts, lambda: kit("--host", "kit-login", "cluster", "status", env=env))
+    assert out.returncode == 1 and opened == (0, 0), out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert lines[0] == "kit: --host: no SSH master connection to kit-login to reuse (KIT_SSH_REUSE_ONLY)", lines
+    start = re.search(r"start one .*: (ssh -F \S+ -fNM -o 'ControlPath=~/.ssh/kit-%C' kit-login)$", lines[1])
+    assert start, lines
+    subprocess.run(start.group(1), shell=True, check=True, timeout=30)  # as the user would (their 2FA, once)
+    for _ in range(3):
+        out, opened = counted(hosts, lambda: kit("--host", "kit-login", "cluster", "status", env=env))
+        assert out.returncode == 0 and opened == (0, 0), out.stderr
+
+
+def test_a_changed_host_key_is_refused_and_nothing_runs(hosts, laptop):
+    out, opened = counted(hosts, lambda: kit("--host", "kit-moved", "cluster", "status", env=laptop))
+    assert out.returncode == 1 and opened == (0, 0), out.stderr
+    assert "kit: --host: ssh refused kit-moved: its host key is not the one known for it" in out.stderr
+
+
+def test_kit_missing_there_or_of_another_version_is_refused_in_one_line(hosts, laptop):
+    missing = kit("--host", "kit-direct", "ps", env={**laptop, "KIT_REMOTE_KIT": "/nonexistent/kit"})
+    assert missing.returncode == 1, missing.stderr
+    assert missing.stderr.startswith("kit: --host: kit is not installed on kit-direct"), missing.stderr
+    assert "hint: install it there: pip install kit-slurm==" in missing.stderr
+    other = kit("--host", "kit-direct", "ps", env={
+        **laptop, "KIT_REMOTE_KIT": f"env KIT_CLIENT_VERSION=0.0.1 {sys.executable} -m kit"})
+    assert other.returncode == 2 and re.search(r"kit: --host: kit \S+ here, kit 0\.0\.1 on the client", other.stderr), \
+        other.stderr
+
+
+def test_logs_follow_streams_and_a_client_that_goes_away_leaves_nothing_there(cluster, hosts, laptop, tmp_path):
+    job = submit(tmp_path, "--nodes", "1",
+                 command=["bash", "-c", "for i in $(seq 1 200); do echo line $i; sleep 0.1; done"])
+    follow = subprocess.Popen([sys.executable, "-m", "kit", "--host", "kit-login", "logs", "-f", job["job_dir"]],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, **laptop}, start_new_session=True)
+    seen = []
+    for line in follow.stdout:
+        seen.append(line)
+        if "line 20" in line:
+            break
+    os.killpg(follow.pid, signal.SIGKILL)  # the laptop's side dies (a closed lid)
+    follow.wait()
+    assert any("line 1" in s for s in seen)
+
+    def left():
+        ps = subprocess.run(["pgrep", "-f", f"kit logs -f {job['job_dir']}"], capture_output=True, text=True)
+        return ps.stdout.split()
+
+    wait_for(lambda: not left(), 30, what="the login node's kit logs -f to end")
+    subprocess.run(["scancel", job["job_id"]], env={**os.environ, **cluster.target.env}, check=False)
+
+
+def test_logs_follow_rides_through_a_dropped_connection_without_a_line_twice(cluster, hosts, laptop, tmp_path):
+    """The master connection is killed mid-follow (a network drop): kit connects again and the log goes on
+    from where it was — every line once, in order, to the job's end."""
+    job = submit(tmp_path, "--nodes", "1",
+                 command=["bash", "-c", "for i in $(seq 1 150); do echo line $i; sleep 0.1; done"])
+    before = hosts.accepted("login")
+    follow = subprocess.Popen([sys.executable, "-m", "kit", "--host", "kit-login", "logs", "-f", job["job_dir"]],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, **laptop})
+    lines = []
+    for line in follow.stdout:
+        lines.append(line)
+        if "line 30" in line:
+            break
+    check = subprocess.run([*hosts.ssh(), "-o", "ControlPath=~/.ssh/kit-%C", "-O", "check", "kit-login"],
+                           capture_output=True, text=True)
+    master = int(re.search(r"pid=(\d+)", check.stderr).group(1))
+    os.kill(master, signal.SIGKILL)
+    lines += follow.stdout.readlines()
+    assert follow.wait(120) == 0, follow.stderr.read()
+    numbered = [int(m.group(1)) for line in lines if (m := re.search(r"line (\d+)$", line.rstrip()))]
+    assert numbered == list(range(1, 151)), numbered
+    assert hosts.accepted("login") - before == 2  # the first master, and the one after the drop
