@@ -36,7 +36,7 @@ from kit.errors import KitError
 from kit.version import __version__
 
 # The commands that run on the login node (the rest run where kit is called).
-COMMANDS = ("ps", "logs", "cancel", "report", "rerun", "cluster")
+COMMANDS = ("launch", "ps", "logs", "cancel", "report", "rerun", "cluster")
 CONTROL_PATH = "~/.ssh/kit-%C"
 PERSIST = "600"
 RIDE_THROUGH = 600  # seconds a followed log waits for its connection to come back
@@ -120,11 +120,9 @@ def ssh_argv(host: Host, argv: list[str], options: list[str]) -> list[str]:
     return [*host.ssh, "-T", "-o", "BatchMode=yes", *options, host.name, "--", remote_command(host, argv)]
 
 
-def run(host: Host, argv: list[str], *, follow: bool = False) -> int:
-    """``kit ARGV`` on the login node, its output here as it comes; its exit code. An SSH failure is one
-    :class:`KitError` (exit 1) saying what ssh said and what to do. ``follow`` (``logs -f``): a dropped
-    connection is opened again and the command run again, its output going on from the byte it had reached
-    (a followed log only grows), for up to :data:`RIDE_THROUGH` seconds."""
+def connection_options(host: Host) -> list[str]:
+    """The ssh options of one call: kit's shared master (or the user's), and in reuse-only mode, never a
+    connection of its own (:class:`KitError` naming the command that starts a master when none is up)."""
     options = control_options(host, config(host))
     if host.reuse_only:
         if not master_alive(host, options):
@@ -133,25 +131,59 @@ def run(host: Host, argv: list[str], *, follow: bool = False) -> int:
                            hint=f"start one (it asks for your password or second factor once): "
                                 f"{master_command(host, options)}")
         options = [*options, "-o", "ControlMaster=no"]
+    return options
+
+
+def run(host: Host, argv: list[str], *, follow: bool = False) -> int:
+    """``kit ARGV`` on the login node, its output here as it comes; its exit code. An SSH failure is one
+    :class:`KitError` (exit 1) saying what ssh said and what to do. ``follow`` (``logs -f``): a dropped
+    connection is opened again and the command run again, its output going on from the byte it had reached
+    (a followed log only grows), for up to :data:`RIDE_THROUGH` seconds."""
+    options = connection_options(host)
     shown, deadline = 0, None
     while True:
-        code, tail, shown = _once(host, argv, options, skip=shown)
+        proc = subprocess.Popen(ssh_argv(host, argv, options), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=host.env)
+        tail = forward_stderr(proc)
+        code = pass_through(proc, skip=shown)
+        shown, said = proc.shown, tail.join()
         if not (follow and code == 255):
-            return _checked(host, code, tail, options)
+            return checked(host, code, said, options)
         deadline = deadline or time.monotonic() + RIDE_THROUGH
         if time.monotonic() > deadline or (host.reuse_only and not master_alive(host, options)):
-            return _checked(host, code, tail, options)
+            return checked(host, code, said, options)
         time.sleep(1)
 
 
-def _once(host: Host, argv: list[str], options: list[str], skip: int) -> tuple[int, list[str], int]:
-    """One connection: (ssh's exit code, its last stderr lines, the bytes of stdout shown so far, counting
-    the ``skip`` bytes an earlier connection showed, which are not shown again)."""
-    proc = subprocess.Popen(ssh_argv(host, argv, options), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=host.env)
-    tail: list[str] = []
-    forward = threading.Thread(target=_forward, args=(proc.stderr, tail), daemon=True)
-    forward.start()
+class _Stderr(threading.Thread):
+    """The remote side's stderr to ours, line by line; the last lines kept (ssh's own, for diagnosis)."""
+
+    def __init__(self, stream):
+        super().__init__(daemon=True)
+        self.stream, self.tail = stream, []
+
+    def run(self):
+        for raw in iter(self.stream.readline, b""):
+            line = raw.decode(errors="replace")
+            self.tail.append(line)
+            del self.tail[:-20]
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+    def join(self, timeout: float | None = 5) -> str:
+        super().join(timeout)
+        return "".join(self.tail)
+
+
+def forward_stderr(proc) -> _Stderr:
+    thread = _Stderr(proc.stderr)
+    thread.start()
+    return thread
+
+
+def pass_through(proc, skip: int = 0) -> int:
+    """``proc``'s stdout to ours as it comes, but for its first ``skip`` bytes (an earlier connection showed
+    them); ssh's exit code. ``proc.shown``: the bytes shown so far, the skipped ones counted."""
     seen = 0
     try:
         while chunk := os.read(proc.stdout.fileno(), 65536):
@@ -168,22 +200,12 @@ def _once(host: Host, argv: list[str], options: list[str], skip: int) -> tuple[i
     finally:
         proc.stdin.close()  # the login node's kit ends when its input does
         proc.stdout.close()
-    forward.join(5)
-    return code, tail, max(seen, skip)
+    proc.shown = max(seen, skip)
+    return code
 
 
-def _forward(stream, tail: list[str]) -> None:
-    """The remote side's stderr to ours, line by line; ssh's own last lines kept for diagnosis."""
-    for raw in iter(stream.readline, b""):
-        line = raw.decode(errors="replace")
-        tail.append(line)
-        del tail[:-20]
-        sys.stderr.write(line)
-        sys.stderr.flush()
-
-
-def _checked(host: Host, code: int, tail: list[str], options: list[str]) -> int:
-    said = "".join(tail)
+def checked(host: Host, code: int, said: str, options: list[str]) -> int:
+    """ssh's exit code, or the :class:`KitError` its failure is (ssh's own 255, no kit there)."""
     if code == 255:  # ssh's own failure: nothing ran there
         if "REMOTE HOST IDENTIFICATION HAS CHANGED" in said or "Host key verification failed" in said:
             raise KitError(f"ssh refused {host.name}: its host key is not the one known for it", field="--host",

@@ -154,3 +154,47 @@ def test_logs_follow_rides_through_a_dropped_connection_without_a_line_twice(clu
     numbered = [int(m.group(1)) for line in lines if (m := re.search(r"line (\d+)$", line.rstrip()))]
     assert numbered == list(range(1, 151)), numbered
     assert hosts.accepted("login") - before == 2  # the first master, and the one after the drop
+
+
+def test_launch_sends_the_code_as_the_objects_the_login_node_lacks(cluster, hosts, laptop, tmp_path):
+    """A laptop's git work tree launched through the jump host: the first launch sends every file, an unchanged
+    tree none, a one-file edit that file; the job runs the laptop's code from the directory that stands for the
+    laptop's; nothing of the laptop's environment reaches it but what --env names."""
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / "src" / "train.py").write_text(
+        "import os\nprint('code version 1', open('../data.txt').read().strip(), "
+        "os.environ.get('LAPTOP_SECRET'), os.environ.get('TOKEN'), flush=True)\n")
+    (repo / "data.txt").write_text("tracked data\n")
+    (repo / "README").write_text("a user's repository\n")
+    for args in (["init", "-q"], ["add", "."], ["-c", "user.email=u@x", "-c", "user.name=u", "commit", "-qm", "one"]):
+        subprocess.run(["git", *args], cwd=repo, check=True)
+    env = {**laptop, "KIT_HOME": str(tmp_path / "laptop-home"), "LAPTOP_SECRET": "from-the-laptop-shell"}
+    out_dir = tmp_path / "login-jobs"
+
+    def launch():
+        return counted(hosts, lambda: kit("--host", "kit-login", "launch", "--local", "--nodes", "1", "--wait",
+                                          "--output-dir", str(out_dir), "--env", "TOKEN=t0ken", "--",
+                                          sys.executable, "train.py", env=env, cwd=repo / "src", timeout=180))
+
+    def sent(proc) -> int:
+        return int(re.search(r"kit: code sha256:\S+: sent (\d+) object\(s\)", proc.stderr).group(1))
+
+    first, opened = launch()
+    assert first.returncode == 0, first.stderr
+    assert sent(first) == 3 and opened == (1, 1), (first.stderr, opened)
+    job_dir = Path(re.search(r"job dir: (\S+)", first.stdout).group(1))
+    assert job_dir.parent == out_dir and not job_dir.stat().st_mode & 0o077
+    log = "".join(p.read_text() for p in (job_dir / "logs").glob("rank-0*"))
+    assert "code version 1 tracked data None t0ken" in log, log
+    again, opened = launch()
+    assert again.returncode == 0 and sent(again) == 0 and opened == (0, 0), again.stderr
+    (repo / "src" / "train.py").write_text((repo / "src" / "train.py").read_text().replace("version 1", "version 2"))
+    edited, _ = launch()
+    assert edited.returncode == 0 and sent(edited) == 1, edited.stderr
+    job_dir = Path(re.search(r"job dir: (\S+)", edited.stdout).group(1))
+    assert "code version 2" in "".join(p.read_text() for p in (job_dir / "logs").glob("rank-0*"))
+    # On the login node: the store and the trees under its KIT_HOME, the jobs in their output directory.
+    home = Path(os.environ["KIT_HOME"])
+    [tree] = list((home / "trees").iterdir())
+    assert len(list(tree.iterdir())) == 2  # one per content the laptop sent

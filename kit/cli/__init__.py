@@ -14,6 +14,7 @@ import importlib
 import logging
 import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -44,14 +45,14 @@ class _LazyGroup(click.Group):
 COMMANDS = {"launch": "kit.cli.launch:launch", "ps": "kit.cli.jobs:ps", "logs": "kit.cli.jobs:logs",
             "cancel": "kit.cli.jobs:cancel", "rerun": "kit.cli.jobs:rerun", "build": "kit.cli.build:build", "inspect": "kit.cli.build:inspect",
             "cluster": "kit.cli.cluster:cluster", "exporter": "kit.cli.exporter:exporter",
-            "report": "kit.cli.report:report", "convert": "kit.cli.convert:convert", "trim": "kit.cli.trim:trim"}
+            "report": "kit.cli.report:report", "remote-launch": "kit.cli.launch:remote_launch", "convert": "kit.cli.convert:convert", "trim": "kit.cli.trim:trim"}
 
 
 @click.group(name="kit", cls=_LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kit")
 @click.option("-v", "--verbose", is_flag=True, help="Log every external command kit runs.")
 @click.option("--host", metavar="LOGIN", help="Run the command on this login node, through ssh [$KIT_HOST]: "
-              "ps, logs, cancel, report, rerun, cluster status.")
+              "launch, ps, logs, cancel, report, rerun, cluster status.")
 def cli(verbose: bool, host: str | None) -> None:
     """Launch multi-node PyTorch Lightning jobs on Slurm.
 
@@ -64,9 +65,6 @@ def cli(verbose: bool, host: str | None) -> None:
                         format="kit: %(name)s: %(message)s")
     if host:  # main() sends the login node's commands there before Click sees them: this one is the laptop's
         command = click.get_current_context().invoked_subcommand
-        if command == "launch":
-            raise KitError("kit launch does not run over SSH yet (its code snapshot must travel first)",
-                           field="--host", hint="launch on the login node: ssh LOGIN, then kit launch …")
         raise KitError(f"kit {command} runs here, not on the login node", field="--host",
                        hint=f"run it without --host (over SSH: {', '.join(remote.COMMANDS)}; `cluster status`)")
 
@@ -118,12 +116,17 @@ def main(argv: list[str] | None = None) -> None:
     if refused is not None:  # this kit runs on a login node for a client of another version
         click.echo(refused.format(), err=True)
         sys.exit(refused.exit_code)
-    if os.environ.pop(remote.VERSION_VARIABLE, None) is not None:
-        remote.watch_input_end()
+    if os.environ.pop(remote.VERSION_VARIABLE, None) is not None and "remote-launch" not in args[:2]:
+        remote.watch_input_end()  # (remote-launch reads its input first, then watches it)
     try:
         there = _on_the_login_node(args)
         if there is not None:
             host, rest = there
+            command = [a for a in rest if not a.startswith("-")][:1]
+            if command == ["launch"]:
+                from kit import remote_launch
+
+                sys.exit(remote_launch.launch(remote.Host.of(host), rest[rest.index("launch") + 1:], Path.cwd()))
             sys.exit(remote.run(remote.Host.of(host), rest, follow=_follows(rest)))
         rv = cli.main(args=argv, prog_name="kit", standalone_mode=False)
     except KitError as e:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import sys
@@ -195,3 +196,20 @@ def wait_and_report_tasks(target: slurm.Target, prepared: lib.PreparedJob) -> in
     finished = sum(1 for c in codes if c == 0)
     say(f"{finished} of {len(codes)} task(s) finished")
     return next((c for c in codes if c != 0), 0)
+
+
+@click.command(name="remote-launch", hidden=True,
+               context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+@click.option("--tree", required=True, help="The laptop's tree, by name (under $KIT_HOME/trees).")
+@click.option("--cwd", "where", required=True, help="The laptop's directory, relative to its tree.")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def remote_launch(tree, where, args):
+    """The login node's side of `kit --host LOGIN launch` (kit.remote_launch): the code received, then launched."""
+    from kit import remote, remote_launch as received
+
+    top, here = received.receive(tree, where)
+    argv = received.launch_argv(list(args), top)
+    remote.watch_input_end()
+    here.mkdir(parents=True, exist_ok=True)  # the laptop's directory held no file of the snapshot
+    os.chdir(here)
+    return launch.main(args=argv, prog_name="kit launch", standalone_mode=False)

@@ -1,0 +1,229 @@
+"""``kit --host LOGIN launch …`` from a laptop: the job's code travels as its content-addressed objects.
+
+The laptop takes the code snapshot as a local launch would (the git work tree, or ``--code DIR``) into its
+own store, and opens one connection (:mod:`kit.remote`) to ``kit remote-launch`` on the login node, which
+speaks a short protocol on its standard input and output before it launches:
+
+1. laptop → login: one JSON line: the snapshot's digest and its manifest (paths, modes, objects);
+2. login → laptop: one JSON line: the objects its store (``$KIT_HOME/code``) lacks;
+3. laptop → login: each of those, a JSON line (name, size) and its bytes; the login node keeps an object
+   only when its content hashes to its name, and a manifest only when it hashes to the digest;
+4. the login node lays the snapshot out as a tree of its own (``$KIT_HOME/trees/<tree>/<manifest>``, links
+   to its store's objects, read-only; one per content, so two launches never share a half-made one; the
+   last three kept), and runs ``kit launch --code <that tree> …`` from the directory that stands for the
+   laptop's: relative paths (a job file, a script) mean what they meant on the laptop. Its output
+   comes back as it comes.
+
+An unchanged tree sends no object; a one-file edit sends that file. Paths the job names by absolute path
+(``--image``, ``--mount``) and ``--output-dir`` are the login node's (a relative ``--output-dir`` is
+under the login home; without one, ``~/kit-jobs``). Nothing of the laptop's environment crosses but the
+command line (``--env NAME=VALUE`` travels inside the SSH channel, and lands 0700 in the job directory as
+on a local launch).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from kit import codestore, files, remote
+from kit import snapshot as snapshots
+from kit.errors import KitError
+from kit.home import kit_home
+
+LINE_LIMIT = 1 << 30  # a manifest of 200,000 paths fits
+KEEP_TREES = 3
+CHUNK = 1 << 20
+
+
+# ---------------------------------------------------------------- the laptop's side
+def _option(argv: list[str], name: str) -> str | None:
+    head = argv[:argv.index("--")] if "--" in argv else argv
+    for i, a in enumerate(head):
+        if a == name and i + 1 < len(head):
+            return head[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _without_option(argv: list[str], name: str) -> list[str]:
+    cut = argv.index("--") if "--" in argv else len(argv)
+    head, out, i = argv[:cut], [], 0
+    while i < len(head):
+        if head[i] == name:
+            i += 2
+            continue
+        if not head[i].startswith(name + "="):
+            out.append(head[i])
+        i += 1
+    return out + argv[cut:]
+
+
+def launch(host: remote.Host, argv: list[str], cwd: Path) -> int:
+    """``kit launch ARGV`` on the login node, with the code of ``cwd`` (or ``--code DIR``) sent first."""
+    head = argv[:argv.index("--")] if "--" in argv else argv
+    if "--no-code-snapshot" in head or any(a in ("-h", "--help") for a in head):
+        return remote.run(host, ["launch", *argv])
+    snap = snapshots.take(cwd, _option(argv, "--code"), store=snapshots.store_for(kit_home()))
+    if snap is None:
+        raise KitError(f"{cwd} is in no git work tree: over SSH the job's code must travel", field="--host",
+                       hint="launch from your repository, or give --code DIR (--no-code-snapshot: run what is "
+                            "on the login node)")
+    root = Path(snap.root)
+    where = str(Path(cwd).resolve().relative_to(root)) if codestore.inside(Path(cwd).resolve(), root) else "."
+    tree = f"{''.join(c if c.isalnum() or c in '-_.' else '_' for c in root.name)[:40].lstrip('.') or 'tree'}-" \
+           f"{hashlib.sha256(f'{socket.gethostname()}:{root}'.encode()).hexdigest()[:12]}"
+    with codestore.opened(Path(snap.store), create=False) as (_, objects, manifests):
+        manifest = files.read_bytes(manifests / (snap.digest.split(":")[1] + ".json"), LINE_LIMIT)
+        wanted = {value + (".x" if kind == "x" else "") for _, kind, value in codestore.entries(snap, manifests)
+                  if kind in ("f", "x")}
+        options = remote.connection_options(host)
+        proc = subprocess.Popen(remote.ssh_argv(host, ["remote-launch", "--tree", tree, "--cwd", where,
+                                                       *_without_option(argv, "--code")], options),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=host.env)
+        tail = remote.forward_stderr(proc)
+        try:
+            sent = _send(proc, snap.digest, manifest, objects, wanted)
+            if sent is not None:
+                print(f"kit: code {snap.digest[:19]}: sent {sent[0]} object(s), {snapshots.mib(sent[1])}, "
+                      f"to {host.name}", file=sys.stderr, flush=True)
+            code = remote.pass_through(proc)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return remote.checked(host, code, tail.join(), options)
+
+
+def _send(proc, digest: str, manifest: bytes, objects: Path, wanted: set[str]) -> tuple[int, int] | None:
+    """Steps 1-3; (objects, bytes) sent, or None when the login node said no before asking (its error
+    is on stderr)."""
+    try:
+        proc.stdin.write(json.dumps({"digest": digest, "manifest": manifest.decode("utf-8", "surrogateescape")},
+                                    ensure_ascii=True).encode() + b"\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline(LINE_LIMIT)
+        missing = json.loads(line)["missing"] if line.strip() else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if missing is None:
+        return None
+    count = size = 0
+    for name in missing:
+        if name not in wanted:
+            raise KitError(f"the login node asked for {name!r}, which is not this snapshot's", field="--host",
+                           exit_code=1)
+        with files.open_regular(objects / name) as (fd, st):
+            proc.stdin.write(json.dumps({"name": name, "size": st.st_size}).encode() + b"\n")
+            while chunk := os.read(fd, CHUNK):
+                proc.stdin.write(chunk)
+        count, size = count + 1, size + st.st_size
+    proc.stdin.flush()
+    return count, size
+
+
+# ---------------------------------------------------------------- the login node's side
+def receive(tree: str, where: str) -> tuple[Path, Path]:
+    """Steps 1-4 on the login node: the snapshot's objects and manifest into ``$KIT_HOME/code``, its tree
+    laid out; (the tree, the directory in it that stands for the laptop's: ``where``)."""
+    if not tree or "/" in tree or tree.startswith(".") or Path(where).is_absolute() or ".." in Path(where).parts:
+        raise KitError(f"not a tree name or place: {tree!r}, {where!r}", field="remote-launch")
+    try:
+        header = json.loads(sys.stdin.buffer.readline(LINE_LIMIT))
+        digest, manifest = header["digest"], header["manifest"].encode("utf-8", "surrogateescape")
+    except (ValueError, KeyError, AttributeError, TypeError):
+        raise KitError("the laptop sent no snapshot", field="remote-launch") from None
+    hexdigest = digest.partition(":")[2] if isinstance(digest, str) else ""
+    if hashlib.sha256(manifest).hexdigest() != hexdigest:
+        raise KitError("the snapshot's manifest does not hash to its name", field="remote-launch")
+    store = kit_home() / "code"
+    with codestore.opened(store, create=True) as (_, objects, manifests):
+        path = manifests / f"{hexdigest}.json"
+        if not files.verify(path, hexdigest):
+            files.write_atomic(path, manifest, 0o600)
+        snap = codestore.Snapshot(digest, str(store), str(store), "directory", 0, 0)
+        entries = codestore.entries(snap, manifests)
+        names = sorted({v + (".x" if k == "x" else "") for _, k, v in entries if k in ("f", "x")})
+        missing = [n for n in names if not os.path.lexists(objects / n)]
+        sys.stdout.buffer.write(json.dumps({"missing": missing}).encode() + b"\n")
+        sys.stdout.buffer.flush()
+        for _ in missing:
+            _receive_object(objects, set(missing))
+        top = _lay_out(kit_home() / "trees" / tree, hexdigest[:16], entries, objects)
+    return top, top / where
+
+
+def _receive_object(objects: Path, expected: set[str]) -> None:
+    try:
+        head = json.loads(sys.stdin.buffer.readline(4096))
+        name, size = head["name"], int(head["size"])
+    except (ValueError, KeyError, TypeError):
+        raise KitError("the laptop's objects stopped short", field="remote-launch") from None
+    if name not in expected or size < 0:
+        raise KitError(f"an object that was not asked for: {name!r}", field="remote-launch")
+    tmp = objects / f".in-{secrets.token_hex(8)}"
+    h = hashlib.sha256()
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as w:
+        left = size
+        while left:
+            chunk = sys.stdin.buffer.read(min(left, CHUNK))
+            if not chunk:
+                break
+            h.update(chunk)
+            w.write(chunk)
+            left -= len(chunk)
+    if left or h.hexdigest() != name.removesuffix(".x"):
+        os.unlink(tmp)
+        raise KitError(f"the object {name[:12]} did not arrive whole, or is not what its name says",
+                       field="remote-launch")
+    os.chmod(tmp, 0o555 if name.endswith(".x") else 0o444)
+    os.rename(tmp, objects / name)
+
+
+def _lay_out(trees: Path, name: str, entries, objects: Path) -> Path:
+    """The snapshot as a directory (``trees/<name>``), made once per content: links to the store's objects
+    (a copy where a link cannot be made), the snapshot's symlinks; the oldest beyond :data:`KEEP_TREES` go."""
+    top = trees / name
+    if not top.is_dir():
+        trees.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = trees / f".{name}-{secrets.token_hex(4)}"
+        tmp.mkdir(mode=0o755)
+        for rel, kind, value in entries:
+            dest = tmp / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if kind == "l":
+                os.symlink(value, dest)
+            elif kind in ("f", "x"):
+                source = objects / (value + (".x" if kind == "x" else ""))
+                try:
+                    os.link(source, dest, follow_symlinks=False)
+                except OSError:
+                    shutil.copy2(source, dest, follow_symlinks=False)
+        try:
+            os.rename(tmp, top)
+        except OSError:  # another launch of the same content made it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    os.utime(top)
+    old = sorted((p for p in trees.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                 key=lambda p: p.stat().st_mtime)[:-KEEP_TREES]
+    for p in old:
+        shutil.rmtree(p, ignore_errors=True)
+    return top
+
+
+def launch_argv(argv: list[str], tree_dir: Path) -> list[str]:
+    """The launch's arguments on the login node: its code the tree, its output directory the login node's
+    (relative: under the login home; none given: ``~/kit-jobs``)."""
+    out = _option(argv, "--output-dir")
+    home = Path.home()
+    output = home / "kit-jobs" if out is None else (home / out if not Path(out).is_absolute() else Path(out))
+    rest = _without_option(argv, "--output-dir")
+    return ["--code", str(tree_dir), "--output-dir", str(output), *rest]
