@@ -10,9 +10,10 @@ speaks a short protocol on its standard input and output before it launches:
    only when its content hashes to its name, and a manifest only when it hashes to the digest;
 4. the login node lays the snapshot out as a tree of its own (``$KIT_HOME/trees/<tree>/<manifest>``, links
    to its store's objects, read-only; one per content, so two launches never share a half-made one; the
-   last three kept), and runs ``kit launch --code <that tree> …`` from the directory that stands for the
-   laptop's: relative paths (a job file, a script) mean what they meant on the laptop. Its output
-   comes back as it comes.
+   last three kept), and runs ``kit launch …`` from the directory that stands for the laptop's, with the
+   snapshot as the laptop took it (its git commit and dirtiness in ``job.json``; not taken again there):
+   relative paths (a job file, a script) mean what they meant on the laptop. Its output comes back as it
+   comes.
 
 An unchanged tree sends no object; a one-file edit sends that file. Paths the job names by absolute path
 (``--image``, ``--mount``) and ``--output-dir`` are the login node's (a relative ``--output-dir`` is
@@ -91,7 +92,8 @@ def launch(host: remote.Host, argv: list[str], cwd: Path) -> int:
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=host.env)
         tail = remote.forward_stderr(proc)
         try:
-            sent = _send(proc, snap.digest, manifest, objects, wanted)
+            about = {k: getattr(snap, k) for k in ("digest", "source", "files", "bytes", "commit", "dirty")}
+            sent = _send(proc, about, manifest, objects, wanted)
             if sent is not None:
                 print(f"kit: code {snap.digest[:19]}: sent {sent[0]} object(s), {snapshots.mib(sent[1])}, "
                       f"to {host.name}", file=sys.stderr, flush=True)
@@ -103,11 +105,11 @@ def launch(host: remote.Host, argv: list[str], cwd: Path) -> int:
     return remote.checked(host, code, tail.join(), options)
 
 
-def _send(proc, digest: str, manifest: bytes, objects: Path, wanted: set[str]) -> tuple[int, int] | None:
+def _send(proc, about: dict, manifest: bytes, objects: Path, wanted: set[str]) -> tuple[int, int] | None:
     """Steps 1-3; (objects, bytes) sent, or None when the login node said no before asking (its error
     is on stderr)."""
     try:
-        proc.stdin.write(json.dumps({"digest": digest, "manifest": manifest.decode("utf-8", "surrogateescape")},
+        proc.stdin.write(json.dumps({**about, "manifest": manifest.decode("utf-8", "surrogateescape")},
                                     ensure_ascii=True).encode() + b"\n")
         proc.stdin.flush()
         line = proc.stdout.readline(LINE_LIMIT)
@@ -131,14 +133,18 @@ def _send(proc, digest: str, manifest: bytes, objects: Path, wanted: set[str]) -
 
 
 # ---------------------------------------------------------------- the login node's side
-def receive(tree: str, where: str) -> tuple[Path, Path]:
+def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path]:
     """Steps 1-4 on the login node: the snapshot's objects and manifest into ``$KIT_HOME/code``, its tree
-    laid out; (the tree, the directory in it that stands for the laptop's: ``where``)."""
+    laid out; (the snapshot, as the laptop took it, rooted at the tree; the directory in the tree that
+    stands for the laptop's: ``where``)."""
     if not tree or "/" in tree or tree.startswith(".") or Path(where).is_absolute() or ".." in Path(where).parts:
         raise KitError(f"not a tree name or place: {tree!r}, {where!r}", field="remote-launch")
     try:
         header = json.loads(sys.stdin.buffer.readline(LINE_LIMIT))
         digest, manifest = header["digest"], header["manifest"].encode("utf-8", "surrogateescape")
+        about = (str(header["source"]), int(header["files"]), int(header["bytes"]),
+                 header["commit"] if isinstance(header["commit"], str) else None,
+                 header["dirty"] if isinstance(header["dirty"], bool) else None)
     except (ValueError, KeyError, AttributeError, TypeError):
         raise KitError("the laptop sent no snapshot", field="remote-launch") from None
     hexdigest = digest.partition(":")[2] if isinstance(digest, str) else ""
@@ -158,7 +164,7 @@ def receive(tree: str, where: str) -> tuple[Path, Path]:
         for _ in missing:
             _receive_object(objects, set(missing))
         top = _lay_out(kit_home() / "trees" / tree, hexdigest[:16], entries, objects)
-    return top, top / where
+    return codestore.Snapshot(digest, str(top), str(store), *about), top / where
 
 
 def _receive_object(objects: Path, expected: set[str]) -> None:
@@ -219,11 +225,10 @@ def _lay_out(trees: Path, name: str, entries, objects: Path) -> Path:
     return top
 
 
-def launch_argv(argv: list[str], tree_dir: Path) -> list[str]:
-    """The launch's arguments on the login node: its code the tree, its output directory the login node's
-    (relative: under the login home; none given: ``~/kit-jobs``)."""
+def launch_argv(argv: list[str]) -> list[str]:
+    """The launch's arguments on the login node: its output directory the login node's (relative: under the
+    login home; none given: ``~/kit-jobs``)."""
     out = _option(argv, "--output-dir")
     home = Path.home()
     output = home / "kit-jobs" if out is None else (home / out if not Path(out).is_absolute() else Path(out))
-    rest = _without_option(argv, "--output-dir")
-    return ["--code", str(tree_dir), "--output-dir", str(output), *rest]
+    return ["--output-dir", str(output), *_without_option(argv, "--output-dir")]

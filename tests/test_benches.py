@@ -26,7 +26,7 @@ def test_every_bench_has_a_quick_mode_run_here():
     here = {p.name for p in BENCH.glob("bench_*.py")} | {"gpu_check.py"}
     tested = {"bench_build.py", "bench_pack.py", "bench_launch.py", "bench_hang.py", "bench_exporter.py",
               "bench_requeue.py", "bench_container.py", "bench_snapshot.py", "bench_map.py", "bench_scale.py",
-              "gpu_check.py"}
+              "gpu_check.py", "bench_remote.py"}  # bench_remote's quick run: tests/test_remote.py (its sshd)
     assert here == tested, f"a bench without a quick run in the suite: {here - tested}"
     for path in [*BENCH.glob("bench_*.py"), BENCH / "gpu_check.py"]:
         assert "--quick" in path.read_text(), path

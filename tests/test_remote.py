@@ -4,6 +4,7 @@ against real sshd servers on loopback (tests/sshd.py): a login node reached thro
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -187,6 +188,9 @@ def test_launch_sends_the_code_as_the_objects_the_login_node_lacks(cluster, host
     assert job_dir.parent == out_dir and not job_dir.stat().st_mode & 0o077
     log = "".join(p.read_text() for p in (job_dir / "logs").glob("rank-0*"))
     assert "code version 1 tracked data None t0ken" in log, log
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    recorded = json.loads((job_dir / "job.json").read_text())["snapshot"]
+    assert (recorded["commit"], recorded["dirty"], recorded["files"]) == (head, False, 3), recorded
     again, opened = launch()
     assert again.returncode == 0 and sent(again) == 0 and opened == (0, 0), again.stderr
     (repo / "src" / "train.py").write_text((repo / "src" / "train.py").read_text().replace("version 1", "version 2"))
@@ -198,3 +202,15 @@ def test_launch_sends_the_code_as_the_objects_the_login_node_lacks(cluster, host
     home = Path(os.environ["KIT_HOME"])
     [tree] = list((home / "trees").iterdir())
     assert len(list(tree.iterdir())) == 2  # one per content the laptop sent
+
+
+def test_bench_remote_quick(hosts, laptop, tmp_path):
+    """bench/bench_remote.py --quick against this module's login host (straight, no jump): every line printed,
+    and an unchanged repository sends no object the second time."""
+    proc = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "bench" / "bench_remote.py"), "--quick",
+                           "--host", "kit-direct"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **laptop})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for call in ("launch --dry-run", "launch", "ps"):
+        assert re.search(rf"^{re.escape(call)} +\d+\.\d+s +\d+\.\d+s +\d+\.\d+s +\+", proc.stdout, re.M), proc.stdout
+    assert re.search(r"unchanged \d+\.\d+ s \(0 objects", proc.stdout), proc.stdout

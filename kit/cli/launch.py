@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import shlex
@@ -80,6 +81,10 @@ def _env_item(item: str) -> tuple[str, str]:
         raise e.with_field("--env") from None
 
 
+# remote-launch: the code snapshot the laptop sent (kit.remote_launch), which the launch runs.
+RECEIVED: contextvars.ContextVar[lib.Rerun | None] = contextvars.ContextVar("received", default=None)
+
+
 @click.command(cls=GroupedCommand, groups=GROUPS, context_settings={"allow_interspersed_args": False})
 @_click_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -99,7 +104,7 @@ def launch(job_file, where, dry_run, wait, as_json, parsable, **values):
     base, origins = (specs.load_job_file(job_file) if job_file else (specs.JobSpec(), specs.Origins()))
     given = _given(values)
     spec, origins = specs.merge(base, given, origins)
-    plan, prepared = api.submit_spec(spec, origins, where=where, dry_run=dry_run,
+    plan, prepared = api.submit_spec(spec, origins, where=where, dry_run=dry_run, rerun=RECEIVED.get(),
                                      say=lambda message: click.echo(f"kit: {message}", err=True))
     if dry_run:
         if as_json:
@@ -207,9 +212,10 @@ def remote_launch(tree, where, args):
     """The login node's side of `kit --host LOGIN launch` (kit.remote_launch): the code received, then launched."""
     from kit import remote, remote_launch as received
 
-    top, here = received.receive(tree, where)
-    argv = received.launch_argv(list(args), top)
+    snap, here = received.receive(tree, where)
+    argv = received.launch_argv(list(args))
     remote.watch_input_end()
     here.mkdir(parents=True, exist_ok=True)  # the laptop's directory held no file of the snapshot
     os.chdir(here)
+    RECEIVED.set(lib.Rerun(snapshot=snap))  # the job runs the snapshot the laptop sent, as it was taken there
     return launch.main(args=argv, prog_name="kit launch", standalone_mode=False)
