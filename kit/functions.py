@@ -5,6 +5,8 @@ return value or exception in ``results/``; :func:`results` reads them back."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import pickle
 import re
@@ -12,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from kit import files, jobdir, slurm
+from kit import files, jobdir, remote, slurm
 from kit import submission as lib
 from kit.api import Job, launch_with
 from kit.core.outcome import Outcome
@@ -20,13 +22,14 @@ from kit.errors import KitError
 from kit.image import info, is_reference
 from kit.jobdir import JobDir
 
-__all__ = ["FunctionJob", "RemoteError", "check_image_python", "map", "results", "submit"]
+__all__ = ["FunctionJob", "HostedFunctionJob", "RemoteError", "check_image_python", "map", "results", "submit"]
 
 
 class RemoteError(KitError):
     """A function job's call raised on a rank: ``rank``, ``node``, ``type`` and the remote ``traceback``."""
 
     def __init__(self, record: dict):
+        self.record = record
         self.rank, self.node = record.get("rank"), record.get("node")
         self.type, self.traceback = record.get("type"), str(record.get("traceback") or "")
         where = last_frames(self.traceback)
@@ -62,18 +65,28 @@ def last_frames(traceback: str, count: int = 3) -> str:
     return "\n".join(out)
 
 
-def submit(fn: Callable, *args: Any, **kwargs: Any) -> FunctionJob:
+def submit(fn: Callable, *args: Any, host: str | None = None, **kwargs: Any) -> "FunctionJob | HostedFunctionJob":
     """Run ``fn(*args)`` on every rank of a job (``nodes=``, ``ntasks_per_node=``, ``image=``
     and every other `kit launch` option as in :func:`launch`), with the launcher's variables set;
     ``job.result()`` is rank 0's return value, ``job.results()`` every rank's. The call is
     pickled with cloudpickle into the job directory; the job's Python (this one, or the
-    image's python3) must be the same minor version and have cloudpickle: checked first."""
+    image's python3) must be the same minor version and have cloudpickle: checked first.
+    ``host=``: submitted from here to that login node through ssh (:mod:`kit.remote`): the call is
+    pickled here, its Python there must be this one's minor version (refused before anything is sent),
+    and ``result()`` brings the value back (:class:`HostedFunctionJob`)."""
     try:
         payload = _dumps(fn, (fn, args, {}))
     except Exception as e:  # what cloudpickle raises for an unpicklable call varies
         raise KitError(f"cannot pickle {getattr(fn, '__name__', fn)!r} and its arguments: {e}", field="fn",
                        hint="a function job's call travels pickled: pass plain data, open files and connections "
                             "inside the function") from None
+    if host is not None:
+        return HostedFunctionJob.submit(remote.Host.of(host), payload, kwargs)
+    return submit_payload(payload, kwargs)
+
+
+def submit_payload(payload: bytes, kwargs: dict) -> FunctionJob:
+    """:func:`submit` of a call already pickled (``payload``)."""
     python = _function_python(kwargs.get("image"))
 
     def write_payload(prepared: lib.PreparedJob) -> None:
@@ -161,6 +174,12 @@ def check_image_python(image: Path) -> None:
 def results(job_dir: Path, job_id: str | None, end: Outcome) -> list:
     """Every rank's return value from a function job that ended with ``end``, by rank; the first
     rank that raised (by time) raises RemoteError. Loaded only from the caller's own files."""
+    return [pickle.loads(data) for data in result_payloads(job_dir, job_id, end)]
+
+
+def result_payloads(job_dir: Path, job_id: str | None, end: Outcome) -> list[bytes]:
+    """:func:`results` still pickled (a login node hands them to the laptop that submitted the call,
+    unpickling nothing of the user's itself)."""
     jobdir.own(job_dir)
     job = JobDir(job_dir)
     errors = sorted((p for p in job.errors()), key=lambda p: p.stat().st_mtime)
@@ -173,5 +192,50 @@ def results(job_dir: Path, job_id: str | None, end: Outcome) -> list:
     out = []
     for rank in ranks:
         with open(jobdir.own(job.result(rank)), "rb") as f:
-            out.append(pickle.load(f))
+            out.append(f.read())
     return out
+
+
+PYTHON = "%d.%d" % sys.version_info[:2]
+
+
+class HostedFunctionJob:
+    """A function job submitted from here to a login node (``kit.submit(fn, host=…)``): its id and its
+    directory there; ``result()``/``results()`` wait for it there and bring the values back, one SSH
+    connection each (:mod:`kit.remote`); a rank that raised raises :class:`RemoteError` here."""
+
+    def __init__(self, host: remote.Host, job_id: str, job_dir: str):
+        self.host, self.id, self.dir = host, job_id, job_dir
+
+    def __repr__(self) -> str:
+        return f"HostedFunctionJob({self.host.name}, {self.id}, {self.dir})"
+
+    @classmethod
+    def submit(cls, host: remote.Host, payload: bytes, kwargs: dict) -> "HostedFunctionJob":
+        try:
+            header = json.dumps({"kwargs": kwargs, "size": len(payload)}).encode() + b"\n"
+        except TypeError as e:
+            raise KitError(f"a keyword cannot travel to {host.name}: {e}", field="host",
+                           hint="give plain values (numbers, strings, lists, dicts); paths are the login node's") from None
+        with remote.Session(host, ["remote-submit"]) as session:
+            theirs = session.read_json().get("python")
+            if theirs != PYTHON:
+                raise KitError(f"the Python of kit on {host.name} is {theirs}, this one is {PYTHON}: the call is "
+                               "pickled here and unpickled there", field="host",
+                               hint="use the same Python minor version on both sides (nothing was sent)")
+            session.send(header + payload)
+            made = session.read_json()
+        return cls(host, str(made["job_id"]), str(made["job_dir"]))
+
+    def results(self, timeout: float | None = None) -> list:
+        argv = ["remote-result", self.dir, "--job-id", self.id, *(["--timeout", str(timeout)] if timeout else [])]
+        with remote.Session(self.host, argv) as session:
+            record = session.read_json()
+        if "error" in record:
+            raise RemoteError(record["error"])
+        if "kit_error" in record:
+            raise KitError(record["kit_error"], field="JOB", exit_code=1, hint=record.get("hint"))
+        return [pickle.loads(base64.b64decode(data)) for data in record["results"]]
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self.results(timeout)[0]

@@ -22,6 +22,7 @@ standard input closes).
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shlex
@@ -40,6 +41,7 @@ COMMANDS = ("launch", "ps", "logs", "cancel", "report", "rerun", "cluster")
 CONTROL_PATH = "~/.ssh/kit-%C"
 PERSIST = "600"
 RIDE_THROUGH = 600  # seconds a followed log waits for its connection to come back
+READS_INPUT = ("remote-launch", "remote-submit")  # kit there reads its input first, then watches it
 INSTALL = "pip install kit-slurm"
 VERSION_VARIABLE = "KIT_CLIENT_VERSION"
 
@@ -156,23 +158,78 @@ def run(host: Host, argv: list[str], *, follow: bool = False) -> int:
 
 
 class _Stderr(threading.Thread):
-    """The remote side's stderr to ours, line by line; the last lines kept (ssh's own, for diagnosis)."""
+    """The remote side's stderr to ours (``echo``), line by line; the last lines kept (ssh's own, for
+    diagnosis)."""
 
-    def __init__(self, stream):
+    def __init__(self, stream, echo: bool = True):
         super().__init__(daemon=True)
-        self.stream, self.tail = stream, []
+        self.stream, self.tail, self.echo = stream, [], echo
 
     def run(self):
         for raw in iter(self.stream.readline, b""):
             line = raw.decode(errors="replace")
             self.tail.append(line)
             del self.tail[:-20]
-            sys.stderr.write(line)
-            sys.stderr.flush()
+            if self.echo:
+                sys.stderr.write(line)
+                sys.stderr.flush()
 
     def join(self, timeout: float | None = 5) -> str:
         super().join(timeout)
         return "".join(self.tail)
+
+
+class Session:
+    """One connection running ``kit ARGV`` on the login node for the Python API: JSON lines on its output
+    (:meth:`read_json`), bytes to its input (:meth:`send`). A failure — ssh's, or kit's there (its
+    ``kit: …`` line) — is a :class:`KitError` here; the input is closed (and kit there ends) on leaving."""
+
+    def __init__(self, host: Host, argv: list[str]):
+        self.host, self.argv = host, argv
+
+    def __enter__(self) -> "Session":
+        self.options = connection_options(self.host)
+        self.proc = subprocess.Popen(ssh_argv(self.host, self.argv, self.options), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.host.env)
+        self.err = _Stderr(self.proc.stderr, echo=False)
+        self.err.start()
+        return self
+
+    def read_json(self) -> dict:
+        line = self.proc.stdout.readline(1 << 30)
+        try:
+            value = json.loads(line) if line.strip() else None
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            self.fail()
+        return value
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except OSError:
+            self.fail()
+
+    def fail(self):
+        code = self.proc.wait()
+        said = self.err.join()
+        checked(self.host, code, said, self.options)  # ssh's own failures, no kit there
+        theirs = [line[5:].strip() for line in said.splitlines() if line.startswith("kit: ")]
+        raise KitError(theirs[0] if theirs else f"kit on {self.host.name} ended with exit {code}", field="host",
+                       exit_code=code or 1, detail="\n".join(said.splitlines()[1:]) or None)
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def forward_stderr(proc) -> _Stderr:

@@ -214,3 +214,33 @@ def test_bench_remote_quick(hosts, laptop, tmp_path):
     for call in ("launch --dry-run", "launch", "ps"):
         assert re.search(rf"^{re.escape(call)} +\d+\.\d+s +\d+\.\d+s +\d+\.\d+s +\+", proc.stdout, re.M), proc.stdout
     assert re.search(r"unchanged \d+\.\d+ s \(0 objects", proc.stdout), proc.stdout
+
+
+def _add_nodes(a, b):
+    return a + b + int(os.environ["SLURM_NNODES"])
+
+
+def _fails():
+    raise ValueError("raised on the cluster")
+
+
+def test_a_function_submitted_from_the_laptop_brings_its_value_back(cluster, hosts, laptop, tmp_path, monkeypatch):
+    """kit.submit(fn, host=...): pickled here, run on the cluster, its value (or its remote exception) back here
+    through the master; a Python of another minor version there is refused before anything is sent."""
+    import kit as kitlib
+    from kit import functions
+
+    for key, value in laptop.items():
+        monkeypatch.setenv(key, value)
+    before = hosts.accepted("login")
+    job = kitlib.submit(_add_nodes, 2, 3, host="kit-login", local=True, nodes=1, output_dir=str(tmp_path / "fn"))
+    assert Path(job.dir).parent == tmp_path / "fn" and job.result(timeout=120) == 6
+    failing = kitlib.submit(_fails, host="kit-login", local=True, output_dir=str(tmp_path / "fn"))
+    with pytest.raises(kitlib.RemoteError) as raised:
+        failing.result(timeout=120)
+    assert raised.value.type == "ValueError" and "raised on the cluster" in str(raised.value)
+    assert hosts.accepted("login") - before <= 1  # one master for every call
+    monkeypatch.setattr(functions, "PYTHON", "3.99")
+    with pytest.raises(kitlib.KitError, match=r"is 3\.\d+, this one is 3\.99"):
+        kitlib.submit(_add_nodes, 1, 2, host="kit-login", local=True, output_dir=str(tmp_path / "refused"))
+    assert not (tmp_path / "refused").exists()

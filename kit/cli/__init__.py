@@ -45,7 +45,8 @@ class _LazyGroup(click.Group):
 COMMANDS = {"launch": "kit.cli.launch:launch", "ps": "kit.cli.jobs:ps", "logs": "kit.cli.jobs:logs",
             "cancel": "kit.cli.jobs:cancel", "rerun": "kit.cli.jobs:rerun", "build": "kit.cli.build:build", "inspect": "kit.cli.build:inspect",
             "cluster": "kit.cli.cluster:cluster", "exporter": "kit.cli.exporter:exporter",
-            "report": "kit.cli.report:report", "remote-launch": "kit.cli.launch:remote_launch", "convert": "kit.cli.convert:convert", "trim": "kit.cli.trim:trim"}
+            "report": "kit.cli.report:report", "remote-launch": "kit.cli.launch:remote_launch",
+            "remote-submit": "kit.cli.remote:remote_submit", "remote-result": "kit.cli.remote:remote_result", "convert": "kit.cli.convert:convert", "trim": "kit.cli.trim:trim"}
 
 
 @click.group(name="kit", cls=_LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
@@ -116,8 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     if refused is not None:  # this kit runs on a login node for a client of another version
         click.echo(refused.format(), err=True)
         sys.exit(refused.exit_code)
-    if os.environ.pop(remote.VERSION_VARIABLE, None) is not None and "remote-launch" not in args[:2]:
-        remote.watch_input_end()  # (remote-launch reads its input first, then watches it)
+    if os.environ.pop(remote.VERSION_VARIABLE, None) is not None and not set(remote.READS_INPUT) & set(args[:2]):
+        remote.watch_input_end()  # (remote-launch and remote-submit read their input first, then watch it)
     try:
         there = _on_the_login_node(args)
         if there is not None:

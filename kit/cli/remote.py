@@ -1,0 +1,58 @@
+"""The login node's side of the Python API over SSH (``kit.submit(fn, host=…)``; :mod:`kit.remote`):
+hidden commands that speak JSON lines to the laptop's :class:`kit.remote.Session`."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from kit import functions, remote
+from kit.errors import KitError
+
+
+def _say(value: dict) -> None:
+    sys.stdout.write(json.dumps(value) + "\n")
+    sys.stdout.flush()
+
+
+@click.command(name="remote-submit", hidden=True)
+def remote_submit():
+    """The login node's side of kit.submit(fn, host=...): its Python first (the laptop refuses another minor
+    version before it sends anything), then the pickled call and its keywords, submitted here."""
+    _say({"python": functions.PYTHON})
+    try:
+        header = json.loads(sys.stdin.buffer.readline(1 << 20))
+        kwargs, size = header["kwargs"], int(header["size"])
+        payload = sys.stdin.buffer.read(size)
+    except (ValueError, KeyError, TypeError):
+        raise KitError("the laptop sent no call", field="remote-submit") from None
+    if not isinstance(kwargs, dict) or len(payload) != size:
+        raise KitError("the laptop's call stopped short", field="remote-submit")
+    remote.watch_input_end()
+    out = kwargs.get("output_dir")
+    kwargs["output_dir"] = str(Path.home() / (out if out is not None else "kit-jobs"))  # absolute stays absolute
+    job = functions.submit_payload(payload, kwargs)
+    _say({"job_id": job.id, "job_dir": str(job.dir)})
+
+
+@click.command(name="remote-result", hidden=True)
+@click.argument("job_dir")
+@click.option("--job-id", required=True, help="The job's Slurm id.")
+@click.option("--timeout", type=float, default=None, help="Seconds to wait for its end.")
+def remote_result(job_dir, job_id, timeout):
+    """The login node's side of a hosted function job's result(): waits for its end here, then hands the
+    ranks' pickled values to the laptop (nothing of the user's is unpickled here)."""
+    job = functions.FunctionJob(job_dir, job_id=job_id)
+    try:
+        end = job.wait(timeout)
+        data = functions.result_payloads(Path(job_dir), job_id, end)
+    except functions.RemoteError as e:
+        _say({"error": e.record})
+    except KitError as e:
+        _say({"kit_error": e.message, "hint": e.hint})
+    else:
+        _say({"results": [base64.b64encode(d).decode() for d in data]})
