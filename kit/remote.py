@@ -238,12 +238,15 @@ def forward_stderr(proc) -> _Stderr:
     return thread
 
 
-def pass_through(proc, skip: int = 0) -> int:
+def pass_through(proc, skip: int = 0, keep: bytearray | None = None) -> int:
     """``proc``'s stdout to ours as it comes, but for its first ``skip`` bytes (an earlier connection showed
-    them); ssh's exit code. ``proc.shown``: the bytes shown so far, the skipped ones counted."""
+    them); ssh's exit code. ``proc.shown``: the bytes shown so far, the skipped ones counted; ``keep``: gets
+    the first 64 KiB of what came."""
     seen = 0
     try:
         while chunk := os.read(proc.stdout.fileno(), 65536):
+            if keep is not None and len(keep) < 65536:
+                keep += chunk[:65536 - len(keep)]
             new = chunk[max(0, skip - seen):]
             seen += len(chunk)
             if new:

@@ -27,11 +27,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from kit import codestore, files, remote
@@ -97,12 +99,43 @@ def launch(host: remote.Host, argv: list[str], cwd: Path) -> int:
             if sent is not None:
                 print(f"kit: code {snap.digest[:19]}: sent {sent[0]} object(s), {snapshots.mib(sent[1])}, "
                       f"to {host.name}", file=sys.stderr, flush=True)
-            code = remote.pass_through(proc)
+            shown = bytearray()
+            code = remote.pass_through(proc, keep=shown)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return remote.checked(host, code, tail.join(), options)
+    said = tail.join()
+    submitted = _submitted(bytes(shown).decode(errors="replace"))
+    if code == 255 and submitted and "--wait" in head:  # the job is in: only the connection went
+        return ride_through(host, *submitted)
+    return remote.checked(host, code, said, options)
+
+
+def _submitted(text: str) -> tuple[str, str] | None:
+    """(job id, job directory) from what ``kit launch`` printed (its lines, or ``--json``)."""
+    job_id, job_dir = re.search(r"^Submitted job (\S+)$", text, re.M), re.search(r"^job dir: (.+)$", text, re.M)
+    if job_id and job_dir:
+        return job_id.group(1), job_dir.group(1)
+    try:
+        made = json.loads(text.splitlines()[0])
+        return str(made["job_id"]), str(made["job_dir"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def ride_through(host: remote.Host, job_id: str, job_dir: str) -> int:
+    """``--wait`` after its connection dropped: connect again (for up to :data:`kit.remote.RIDE_THROUGH`
+    seconds) and wait for the job there (``kit remote-wait``); the job's exit code, as ``--wait`` gives it."""
+    deadline = time.monotonic() + remote.RIDE_THROUGH
+    print(f"kit: job {job_id}: the connection to {host.name} dropped; waiting again", file=sys.stderr, flush=True)
+    while True:
+        try:
+            return remote.run(host, ["remote-wait", job_dir, "--job-id", job_id])
+        except KitError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(2)
 
 
 def _send(proc, about: dict, manifest: bytes, objects: Path, wanted: set[str]) -> tuple[int, int] | None:

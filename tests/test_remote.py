@@ -136,7 +136,7 @@ def test_logs_follow_rides_through_a_dropped_connection_without_a_line_twice(clu
     """The master connection is killed mid-follow (a network drop): kit connects again and the log goes on
     from where it was — every line once, in order, to the job's end."""
     job = submit(tmp_path, "--nodes", "1",
-                 command=["bash", "-c", "for i in $(seq 1 150); do echo line $i; sleep 0.1; done"])
+                 command=["bash", "-c", "for i in $(seq 1 80); do echo line $i; sleep 0.1; done"])
     before = hosts.accepted("login")
     follow = subprocess.Popen([sys.executable, "-m", "kit", "--host", "kit-login", "logs", "-f", job["job_dir"]],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -153,7 +153,7 @@ def test_logs_follow_rides_through_a_dropped_connection_without_a_line_twice(clu
     lines += follow.stdout.readlines()
     assert follow.wait(120) == 0, follow.stderr.read()
     numbered = [int(m.group(1)) for line in lines if (m := re.search(r"line (\d+)$", line.rstrip()))]
-    assert numbered == list(range(1, 151)), numbered
+    assert numbered == list(range(1, 81)), numbered
     assert hosts.accepted("login") - before == 2  # the first master, and the one after the drop
 
 
@@ -244,3 +244,28 @@ def test_a_function_submitted_from_the_laptop_brings_its_value_back(cluster, hos
     with pytest.raises(kitlib.KitError, match=r"is 3\.\d+, this one is 3\.99"):
         kitlib.submit(_add_nodes, 1, 2, host="kit-login", local=True, output_dir=str(tmp_path / "refused"))
     assert not (tmp_path / "refused").exists()
+
+
+def test_launch_wait_rides_through_a_dropped_master(cluster, hosts, laptop, tmp_path):
+    """The master is killed while `kit --host … launch --wait` waits: kit connects again, waits for the same job
+    (never launching it twice) and exits with its code."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "job.sh").write_text("echo started; sleep 12; echo done\n")
+    for args in (["init", "-q"], ["add", "."], ["-c", "user.email=u@x", "-c", "user.name=u", "commit", "-qm", "one"]):
+        subprocess.run(["git", *args], cwd=repo, check=True)
+    before = hosts.accepted("login")
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "--host", "kit-login", "launch", "--local", "--wait",
+                             "--output-dir", str(tmp_path / "jobs"), "--", "bash", "job.sh"], cwd=repo,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **laptop, "KIT_HOME": str(tmp_path / "laptop-home")})
+    submitted = proc.stdout.readline()
+    assert submitted.startswith("Submitted job "), submitted + proc.stderr.read()
+    check = subprocess.run([*hosts.ssh(), "-o", "ControlPath=~/.ssh/kit-%C", "-O", "check", "kit-login"],
+                           capture_output=True, text=True)
+    os.kill(int(re.search(r"pid=(\d+)", check.stderr).group(1)), signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "the connection to kit-login dropped; waiting again" in err and "ended COMPLETED" in err, err
+    assert len(list((tmp_path / "jobs").iterdir())) == 1  # launched once
+    assert hosts.accepted("login") - before == 2

@@ -56,3 +56,15 @@ def remote_result(job_dir, job_id, timeout):
         _say({"kit_error": e.message, "hint": e.hint})
     else:
         _say({"results": [base64.b64encode(d).decode() for d in data]})
+
+
+@click.command(name="remote-wait", hidden=True)
+@click.argument("job_dir")
+@click.option("--job-id", required=True, help="The job's Slurm id.")
+def remote_wait(job_dir, job_id):
+    """The login node's side of `kit --host LOGIN launch --wait` after a dropped connection: wait for the job
+    again, as --wait does, and exit with its code."""
+    from kit import api
+    from kit.cli.launch import wait_and_report
+
+    return wait_and_report(api.Job(job_dir, job_id=job_id).target, job_id, job_dir)
