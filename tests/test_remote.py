@@ -269,3 +269,26 @@ def test_launch_wait_rides_through_a_dropped_master(cluster, hosts, laptop, tmp_
     assert "the connection to kit-login dropped; waiting again" in err and "ended COMPLETED" in err, err
     assert len(list((tmp_path / "jobs").iterdir())) == 1  # launched once
     assert hosts.accepted("login") - before == 2
+
+
+def test_the_main_job_and_a_sweep_from_the_laptop_through_the_jump_host(cluster, cpu_image, hosts, laptop, tmp_path):
+    """The README's main job (2 nodes in kit's image, metrics, report) and a sweep, launched from a laptop's
+    repository through ProxyJump, then reported from there."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "notes.txt").write_text("a user's repository\n")
+    for args in (["init", "-q"], ["add", "."], ["-c", "user.email=u@x", "-c", "user.name=u", "commit", "-qm", "one"]):
+        subprocess.run(["git", *args], cwd=repo, check=True)
+    env = {**laptop, "KIT_HOME": str(tmp_path / "laptop-home")}
+    main = kit("--host", "kit-login", "launch", "--local", "--nodes", "2", "--image", str(cpu_image), "--wait",
+               "--output-dir", str(tmp_path / "jobs"), "--", "python3", "-m", "kit.train", "--max-steps", "30",
+               "--step-delay", "0.05", env=env, cwd=repo, timeout=300)
+    assert main.returncode == 0, main.stderr
+    job_dir = re.search(r"^job dir: (.+)$", main.stdout, re.M).group(1)
+    report = kit("--host", "kit-login", "report", job_dir, "-o", str(tmp_path / "report.png"), env=env)
+    assert report.returncode == 0 and "nodes" in report.stdout.lower(), report.stderr
+    assert (tmp_path / "report.png").stat().st_size > 0  # written on the login node (here, the same disk)
+    sweep = kit("--host", "kit-login", "launch", "--local", "--sweep", "x=1,2", "--wait", "--output-dir",
+                str(tmp_path / "jobs"), "--", "bash", "-c", "echo sweep x={x}", env=env, cwd=repo, timeout=300)
+    assert sweep.returncode == 0, sweep.stderr
+    assert len(re.findall(r"kit: job \S+_\d \(x=\d\) ended COMPLETED", sweep.stderr)) == 2, sweep.stderr
