@@ -18,6 +18,7 @@ the objects it sends (target 0) and its time (target <= 1 s).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
@@ -72,7 +73,22 @@ def measure(host: str, here: dict, env: dict, small: Path, out: Path, runs: int)
         lines.append(f"{call:<18} {med['local']:>7.2f}s {med['ssh, master']:>11.2f}s {med['ssh, no master']:>14.2f}s"
                      f"   +{med['ssh, master'] - med['local']:.2f} s (target 0.5) / "
                      f"+{med['ssh, no master'] - med['local']:.2f} s (target 1.5)")
-    return lines  # the jobs print a line and end
+    settle(here, out)
+    return lines
+
+
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED", "RESIZING"}
+
+
+def settle(here: dict, out: Path, timeout: float = 180) -> None:
+    """Wait until the bench's jobs (each prints a line) have ended: none writes into its directory after."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = json.loads(kit(["ps", "--json", "--all", "--output-dir", str(out)], here, out.parent)[1].stdout)
+        if not [r for r in rows if str(r.get("state", "")).rstrip("*").split(" ")[0] in ACTIVE]:
+            return
+        time.sleep(1)
+    raise SystemExit(f"the bench's jobs in {out} did not end in {timeout:.0f} s")
 
 
 def unchanged_tree(host: str, here: dict, env: dict, big: Path, out: Path) -> list[str]:

@@ -40,6 +40,7 @@ from kit import codestore, files, remote
 from kit import snapshot as snapshots
 from kit.errors import KitError
 from kit.home import kit_home
+from kit.image import pin
 
 LINE_LIMIT = 1 << 30  # a manifest of 200,000 paths fits
 KEEP_TREES = 3
@@ -86,19 +87,25 @@ def launch(host: remote.Host, argv: list[str], cwd: Path) -> int:
            f"{hashlib.sha256(f'{socket.gethostname()}:{root}'.encode()).hexdigest()[:12]}"
     with codestore.opened(Path(snap.store), create=False) as (_, objects, manifests):
         manifest = files.read_bytes(manifests / (snap.digest.split(":")[1] + ".json"), LINE_LIMIT)
-        wanted = {value + (".x" if kind == "x" else "") for _, kind, value in codestore.entries(snap, manifests)
-                  if kind in ("f", "x")}
+        sources = {name: objects / name for name in
+                   {v + (".x" if k == "x" else "") for _, k, v in codestore.entries(snap, manifests) if k in ("f", "x")}}
+        about = {k: getattr(snap, k) for k in ("digest", "source", "files", "bytes", "commit", "dirty")}
+        image = _laptop_image(argv, Path(cwd))
+        if image is not None:  # sent as the login node's pinned copy, by content, unless it is there
+            about["image"], sources[f"image:sha256-{image[1].partition(':')[2]}.sqsh"] = image[1], image[0]
         options = remote.connection_options(host)
         proc = subprocess.Popen(remote.ssh_argv(host, ["remote-launch", "--tree", tree, "--cwd", where,
                                                        *_without_option(argv, "--code")], options),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=host.env)
         tail = remote.forward_stderr(proc)
         try:
-            about = {k: getattr(snap, k) for k in ("digest", "source", "files", "bytes", "commit", "dirty")}
-            sent = _send(proc, about, manifest, objects, wanted)
+            sent = _send(proc, about, manifest, sources)
             if sent is not None:
                 print(f"kit: code {snap.digest[:19]}: sent {sent[0]} object(s), {snapshots.mib(sent[1])}, "
                       f"to {host.name}", file=sys.stderr, flush=True)
+                if image is not None:
+                    print(f"kit: image {image[1][:19]}: " + (f"sent {snapshots.mib(sent[2])}" if sent[2] is not None
+                          else "already there"), file=sys.stderr, flush=True)
             shown = bytearray()
             code = remote.pass_through(proc, keep=shown)
         finally:
@@ -138,9 +145,21 @@ def ride_through(host: remote.Host, job_id: str, job_dir: str) -> int:
         time.sleep(2)
 
 
-def _send(proc, about: dict, manifest: bytes, objects: Path, wanted: set[str]) -> tuple[int, int] | None:
-    """Steps 1-3; (objects, bytes) sent, or None when the login node said no before asking (its error
-    is on stderr)."""
+def _laptop_image(argv: list[str], cwd: Path) -> tuple[Path, str] | None:
+    """``--image FILE`` when FILE is on the laptop: (its path, ``sha256:<hex>``, from the stat memo when
+    unchanged); None for a registry reference or a path only the login node has."""
+    from kit.image import is_reference, pin
+
+    given = _option(argv, "--image")
+    if not given or is_reference(given):
+        return None
+    path = (cwd / Path(given).expanduser()).absolute()
+    return (path, pin.pin(path, copy=False)[1]) if path.is_file() else None
+
+
+def _send(proc, about: dict, manifest: bytes, sources: dict[str, Path]) -> tuple[int, int, int | None] | None:
+    """Steps 1-3: (code objects, their bytes, the image's bytes or None) sent, or None when the login node
+    said no before asking (its error is on stderr)."""
     try:
         proc.stdin.write(json.dumps({**about, "manifest": manifest.decode("utf-8", "surrogateescape")},
                                     ensure_ascii=True).encode() + b"\n")
@@ -152,24 +171,28 @@ def _send(proc, about: dict, manifest: bytes, objects: Path, wanted: set[str]) -
     if missing is None:
         return None
     count = size = 0
+    image = None
     for name in missing:
-        if name not in wanted:
-            raise KitError(f"the login node asked for {name!r}, which is not this snapshot's", field="--host",
+        if name not in sources:
+            raise KitError(f"the login node asked for {name!r}, which is not this launch's", field="--host",
                            exit_code=1)
-        with files.open_regular(objects / name) as (fd, st):
+        with files.open_regular(sources[name], follow=name.startswith("image:")) as (fd, st):
             proc.stdin.write(json.dumps({"name": name, "size": st.st_size}).encode() + b"\n")
             while chunk := os.read(fd, CHUNK):
                 proc.stdin.write(chunk)
-        count, size = count + 1, size + st.st_size
+        if name.startswith("image:"):
+            image = st.st_size
+        else:
+            count, size = count + 1, size + st.st_size
     proc.stdin.flush()
-    return count, size
+    return count, size, image
 
 
 # ---------------------------------------------------------------- the login node's side
-def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path]:
+def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path, Path | None]:
     """Steps 1-4 on the login node: the snapshot's objects and manifest into ``$KIT_HOME/code``, its tree
-    laid out; (the snapshot, as the laptop took it, rooted at the tree; the directory in the tree that
-    stands for the laptop's: ``where``)."""
+    laid out, the laptop's image (if any) pinned; (the snapshot, as the laptop took it, rooted at the tree;
+    the directory in the tree that stands for the laptop's: ``where``; the image's pinned copy)."""
     if not tree or "/" in tree or tree.startswith(".") or Path(where).is_absolute() or ".." in Path(where).parts:
         raise KitError(f"not a tree name or place: {tree!r}, {where!r}", field="remote-launch")
     try:
@@ -178,6 +201,8 @@ def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path]:
         about = (str(header["source"]), int(header["files"]), int(header["bytes"]),
                  header["commit"] if isinstance(header["commit"], str) else None,
                  header["dirty"] if isinstance(header["dirty"], bool) else None)
+        image = header.get("image")
+        image = f"sha256-{_hex(image)}.sqsh" if image is not None else None
     except (ValueError, KeyError, AttributeError, TypeError):
         raise KitError("the laptop sent no snapshot", field="remote-launch") from None
     hexdigest = digest.partition(":")[2] if isinstance(digest, str) else ""
@@ -192,15 +217,27 @@ def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path]:
         entries = codestore.entries(snap, manifests)
         names = sorted({v + (".x" if k == "x" else "") for _, k, v in entries if k in ("f", "x")})
         missing = [n for n in names if not os.path.lexists(objects / n)]
+        images = pin.pins()
+        if image is not None and not (images / image).is_file():
+            missing.append(f"image:{image}")
         sys.stdout.buffer.write(json.dumps({"missing": missing}).encode() + b"\n")
         sys.stdout.buffer.flush()
         for _ in missing:
-            _receive_object(objects, set(missing))
+            _receive_object(objects, images, set(missing))
         top = _lay_out(kit_home() / "trees" / tree, hexdigest[:16], entries, objects)
-    return codestore.Snapshot(digest, str(top), str(store), *about), top / where
+    return (codestore.Snapshot(digest, str(top), str(store), *about), top / where,
+            images / image if image is not None else None)
 
 
-def _receive_object(objects: Path, expected: set[str]) -> None:
+def _hex(digest) -> str:
+    hexdigest = digest.partition(":")[2] if isinstance(digest, str) and digest.startswith("sha256:") else ""
+    if len(hexdigest) != 64 or not all(c in "0123456789abcdef" for c in hexdigest):
+        raise ValueError(f"not a digest: {digest!r}")
+    return hexdigest
+
+
+def _receive_object(objects: Path, images: Path, expected: set[str]) -> None:
+    """One object (or ``image:`` the image) from the laptop, kept only when it hashes to its name."""
     try:
         head = json.loads(sys.stdin.buffer.readline(4096))
         name, size = head["name"], int(head["size"])
@@ -208,7 +245,10 @@ def _receive_object(objects: Path, expected: set[str]) -> None:
         raise KitError("the laptop's objects stopped short", field="remote-launch") from None
     if name not in expected or size < 0:
         raise KitError(f"an object that was not asked for: {name!r}", field="remote-launch")
-    tmp = objects / f".in-{secrets.token_hex(8)}"
+    into, final = (images, name.removeprefix("image:")) if name.startswith("image:") else (objects, name)
+    if into is images:
+        images.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = into / f".in-{secrets.token_hex(8)}"
     h = hashlib.sha256()
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as w:
         left = size
@@ -219,12 +259,12 @@ def _receive_object(objects: Path, expected: set[str]) -> None:
             h.update(chunk)
             w.write(chunk)
             left -= len(chunk)
-    if left or h.hexdigest() != name.removesuffix(".x"):
+    if left or h.hexdigest() != final.removesuffix(".x").removeprefix("sha256-").removesuffix(".sqsh"):
         os.unlink(tmp)
-        raise KitError(f"the object {name[:12]} did not arrive whole, or is not what its name says",
+        raise KitError(f"the object {final[:19]} did not arrive whole, or is not what its name says",
                        field="remote-launch")
-    os.chmod(tmp, 0o555 if name.endswith(".x") else 0o444)
-    os.rename(tmp, objects / name)
+    os.chmod(tmp, 0o555 if final.endswith(".x") else 0o444)
+    os.rename(tmp, into / final)
 
 
 def _lay_out(trees: Path, name: str, entries, objects: Path) -> Path:
@@ -258,10 +298,13 @@ def _lay_out(trees: Path, name: str, entries, objects: Path) -> Path:
     return top
 
 
-def launch_argv(argv: list[str]) -> list[str]:
+def launch_argv(argv: list[str], image: Path | None = None) -> list[str]:
     """The launch's arguments on the login node: its output directory the login node's (relative: under the
-    login home; none given: ``~/kit-jobs``)."""
+    login home; none given: ``~/kit-jobs``); the laptop's image, its pinned copy here."""
     out = _option(argv, "--output-dir")
     home = Path.home()
     output = home / "kit-jobs" if out is None else (home / out if not Path(out).is_absolute() else Path(out))
-    return ["--output-dir", str(output), *_without_option(argv, "--output-dir")]
+    rest = _without_option(argv, "--output-dir")
+    if image is not None:
+        rest = ["--image", str(image), *_without_option(rest, "--image")]
+    return ["--output-dir", str(output), *rest]

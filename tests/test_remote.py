@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -280,10 +281,21 @@ def test_the_main_job_and_a_sweep_from_the_laptop_through_the_jump_host(cluster,
     for args in (["init", "-q"], ["add", "."], ["-c", "user.email=u@x", "-c", "user.name=u", "commit", "-qm", "one"]):
         subprocess.run(["git", *args], cwd=repo, check=True)
     env = {**laptop, "KIT_HOME": str(tmp_path / "laptop-home")}
-    main = kit("--host", "kit-login", "launch", "--local", "--nodes", "2", "--image", str(cpu_image), "--wait",
+    image = tmp_path / "laptop-image.sqsh"  # the laptop's own build: content no pinned copy there has yet
+    shutil.copyfile(cpu_image, image)
+    with open(image, "ab") as f:
+        f.write(b"\0" * 4096)  # past the filesystem's end: unread, but another digest
+    main = kit("--host", "kit-login", "launch", "--local", "--nodes", "2", "--image", str(image), "--wait",
                "--output-dir", str(tmp_path / "jobs"), "--", "python3", "-m", "kit.train", "--max-steps", "30",
                "--step-delay", "0.05", env=env, cwd=repo, timeout=300)
     assert main.returncode == 0, main.stderr
+    assert re.search(r"^kit: image sha256:\S+: sent \d+\.\d MiB$", main.stderr, re.M), main.stderr
+    pinned = json.loads((Path(re.search(r"^job dir: (.+)$", main.stdout, re.M).group(1)) / "job.json").read_text())
+    assert Path(pinned["image"]).parent == Path(os.environ["KIT_HOME"]) / "images", pinned["image"]
+    again = kit("--host", "kit-login", "launch", "--local", "--dry-run", "--image", str(image), "--output-dir",
+                str(tmp_path / "jobs"), "--", "true", env=env, cwd=repo)
+    assert again.returncode == 0 and re.search(r"^kit: image sha256:\S+: already there$", again.stderr, re.M), \
+        again.stderr
     job_dir = re.search(r"^job dir: (.+)$", main.stdout, re.M).group(1)
     report = kit("--host", "kit-login", "report", job_dir, "-o", str(tmp_path / "report.png"), env=env)
     assert report.returncode == 0 and "nodes" in report.stdout.lower(), report.stderr

@@ -212,8 +212,8 @@ def remote_launch(tree, where, args):
     """The login node's side of `kit --host LOGIN launch` (kit.remote_launch): the code received, then launched."""
     from kit import remote, remote_launch as received
 
-    snap, here = received.receive(tree, where)
-    argv = received.launch_argv(list(args))
+    snap, here, image = received.receive(tree, where)
+    argv = received.launch_argv(list(args), image)
     remote.watch_input_end()
     here.mkdir(parents=True, exist_ok=True)  # the laptop's directory held no file of the snapshot
     os.chdir(here)
