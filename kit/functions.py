@@ -96,10 +96,12 @@ def submit_payload(payload: bytes, kwargs: dict) -> FunctionJob:
     return FunctionJob(job.dir, job_id=job.id, messages=job.messages)
 
 
-def map(fn: Callable, items: Iterable[Any], **kwargs: Any) -> list[FunctionJob]:  # noqa: A001 - kit.map, as submitit's map_array
+def map(fn: Callable, items: Iterable[Any], host: str | None = None,  # noqa: A001 - kit.map, as submitit's
+        **kwargs: Any) -> "list[FunctionJob] | list[HostedFunctionJob]":
     """``fn(item)`` for each item, as one Slurm array job (a task per item, each its own unit of
     work: own directory, requeue and port; every `kit launch` option as in :func:`launch`,
-    ``nodes=`` per task). Returns a Job per task, in the items' order: ``[j.result() for j in jobs]``."""
+    ``nodes=`` per task). Returns a Job per task, in the items' order: ``[j.result() for j in jobs]``.
+    ``host=``: from here to that login node, as :func:`submit` does."""
     if "array" in kwargs:
         raise KitError("kit.map makes the array itself: one task per item", field="--array",
                        hint="leave out array=; to run at most K at once, map over fewer items at a time")
@@ -112,6 +114,13 @@ def map(fn: Callable, items: Iterable[Any], **kwargs: Any) -> list[FunctionJob]:
                            field="fn") from None
     if not payloads:
         raise KitError("no items to map over", field="items")
+    if host is not None:
+        return HostedFunctionJob.map(remote.Host.of(host), payloads, kwargs)
+    return map_payloads(payloads, kwargs)
+
+
+def map_payloads(payloads: list[bytes], kwargs: dict) -> list[FunctionJob]:
+    """:func:`map` of calls already pickled (one per item)."""
     python = _function_python(kwargs.get("image"))
 
     def write_payloads(prepared: lib.PreparedJob) -> None:
@@ -212,8 +221,15 @@ class HostedFunctionJob:
 
     @classmethod
     def submit(cls, host: remote.Host, payload: bytes, kwargs: dict) -> "HostedFunctionJob":
+        return cls.map(host, [payload], kwargs, array=False)[0]
+
+    @classmethod
+    def map(cls, host: remote.Host, payloads: list[bytes], kwargs: dict,
+            array: bool = True) -> "list[HostedFunctionJob]":
+        """The calls (one, or one array task per item) submitted on ``host``: ``kit remote-submit`` says its
+        Python first, and the calls go only when it is this one's minor version."""
         try:
-            header = json.dumps({"kwargs": kwargs, "size": len(payload)}).encode() + b"\n"
+            header = json.dumps({"kwargs": kwargs, "sizes": [len(p) for p in payloads], "map": array}).encode()
         except TypeError as e:
             raise KitError(f"a keyword cannot travel to {host.name}: {e}", field="host",
                            hint="give plain values (numbers, strings, lists, dicts); paths are the login node's") from None
@@ -223,9 +239,9 @@ class HostedFunctionJob:
                 raise KitError(f"the Python of kit on {host.name} is {theirs}, this one is {PYTHON}: the call is "
                                "pickled here and unpickled there", field="host",
                                hint="use the same Python minor version on both sides (nothing was sent)")
-            session.send(header + payload)
+            session.send(header + b"\n" + b"".join(payloads))
             made = session.read_json()
-        return cls(host, str(made["job_id"]), str(made["job_dir"]))
+        return [cls(host, str(job_id), str(job_dir)) for job_id, job_dir in made["jobs"]]
 
     def results(self, timeout: float | None = None) -> list:
         argv = ["remote-result", self.dir, "--job-id", self.id, *(["--timeout", str(timeout)] if timeout else [])]

@@ -225,9 +225,13 @@ def _fails():
     raise ValueError("raised on the cluster")
 
 
+def _square(x):
+    return x * x
+
+
 def test_a_function_submitted_from_the_laptop_brings_its_value_back(cluster, hosts, laptop, tmp_path, monkeypatch):
-    """kit.submit(fn, host=...): pickled here, run on the cluster, its value (or its remote exception) back here
-    through the master; a Python of another minor version there is refused before anything is sent."""
+    """kit.submit(fn, host=...) and kit.map: pickled here, run on the cluster, the values (or a remote exception)
+    back here through the master; a Python of another minor version there is refused before anything is sent."""
     import kit as kitlib
     from kit import functions
 
@@ -240,6 +244,9 @@ def test_a_function_submitted_from_the_laptop_brings_its_value_back(cluster, hos
     with pytest.raises(kitlib.RemoteError) as raised:
         failing.result(timeout=120)
     assert raised.value.type == "ValueError" and "raised on the cluster" in str(raised.value)
+    tasks = kitlib.map(_square, [2, 3, 4], host="kit-login", local=True, output_dir=str(tmp_path / "fn"))
+    assert [t.id.split("_")[1] for t in tasks] == ["0", "1", "2"]  # one array job, a task per item
+    assert [t.result(timeout=120) for t in tasks] == [4, 9, 16]
     assert hosts.accepted("login") - before <= 1  # one master for every call
     monkeypatch.setattr(functions, "PYTHON", "3.99")
     with pytest.raises(kitlib.KitError, match=r"is 3\.\d+, this one is 3\.99"):

@@ -21,22 +21,23 @@ def _say(value: dict) -> None:
 
 @click.command(name="remote-submit", hidden=True)
 def remote_submit():
-    """The login node's side of kit.submit(fn, host=...): its Python first (the laptop refuses another minor
-    version before it sends anything), then the pickled call and its keywords, submitted here."""
+    """The login node's side of kit.submit(fn, host=...) and kit.map(fn, items, host=...): its Python first
+    (the laptop refuses another minor version before it sends anything), then the pickled calls and their
+    keywords, submitted here (one job, or an array task per call)."""
     _say({"python": functions.PYTHON})
     try:
-        header = json.loads(sys.stdin.buffer.readline(1 << 20))
-        kwargs, size = header["kwargs"], int(header["size"])
-        payload = sys.stdin.buffer.read(size)
+        header = json.loads(sys.stdin.buffer.readline(1 << 24))
+        kwargs, sizes, array = header["kwargs"], [int(n) for n in header["sizes"]], bool(header["map"])
+        payloads = [sys.stdin.buffer.read(n) for n in sizes]
     except (ValueError, KeyError, TypeError):
         raise KitError("the laptop sent no call", field="remote-submit") from None
-    if not isinstance(kwargs, dict) or len(payload) != size:
-        raise KitError("the laptop's call stopped short", field="remote-submit")
+    if not isinstance(kwargs, dict) or [len(p) for p in payloads] != sizes or not sizes or (not array and len(sizes) > 1):
+        raise KitError("the laptop's calls stopped short", field="remote-submit")
     remote.watch_input_end()
     out = kwargs.get("output_dir")
     kwargs["output_dir"] = str(Path.home() / (out if out is not None else "kit-jobs"))  # absolute stays absolute
-    job = functions.submit_payload(payload, kwargs)
-    _say({"job_id": job.id, "job_dir": str(job.dir)})
+    jobs = functions.map_payloads(payloads, kwargs) if array else [functions.submit_payload(payloads[0], kwargs)]
+    _say({"jobs": [[job.id, str(job.dir)] for job in jobs]})
 
 
 @click.command(name="remote-result", hidden=True)
