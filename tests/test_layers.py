@@ -400,3 +400,15 @@ def test_every_test_that_starts_a_cluster_is_marked():
             if starts.search(ast.get_source_segment(text, node)) and not marked:
                 bad.append(f"{path.name}::{node.name}")
     assert bad == []
+
+
+def test_no_command_module_shadows_a_name_the_cli_package_imports():
+    """A submodule kit/cli/NAME.py, once imported, becomes the attribute NAME of kit.cli, replacing whatever
+    kit/cli/__init__.py imported as NAME (kit.cli.remote once replaced kit.remote: every later main() failed)."""
+    names = set()
+    for node in ast.parse((KIT / "cli" / "__init__.py").read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kit"):
+            names.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    assert names and names & {p.stem for p in (KIT / "cli").glob("*.py")} == set()

@@ -28,7 +28,10 @@ def hosts(cluster, tmp_path_factory):
     require(SSHD)
     root = tmp_path_factory.mktemp("ssh")
     root.chmod(0o700)
-    login_env = {**cluster.target.env, "KIT_HOME": os.environ["KIT_HOME"], "PATH": os.environ["PATH"]}
+    # The login account's home is a directory of its own: the last test finds there nothing kit wrote.
+    (root / "login-home").mkdir()
+    login_env = {**cluster.target.env, "KIT_HOME": os.environ["KIT_HOME"], "PATH": os.environ["PATH"],
+                 "HOME": str(root / "login-home")}
     servers = Servers(root, login_env).start()
     yield servers
     servers.stop()
@@ -311,3 +314,13 @@ def test_the_main_job_and_a_sweep_from_the_laptop_through_the_jump_host(cluster,
                 str(tmp_path / "jobs"), "--", "bash", "-c", "echo sweep x={x}", env=env, cwd=repo, timeout=300)
     assert sweep.returncode == 0, sweep.stderr
     assert len(re.findall(r"kit: job \S+_\d \(x=\d\) ended COMPLETED", sweep.stderr)) == 2, sweep.stderr
+
+
+def test_zz_nothing_was_written_on_the_login_node_outside_kit_home_and_the_output_directories(hosts, laptop):
+    """After every call above (launches, a function job, logs, ps, report, cancel): the login account's home
+    holds nothing (kit's store, trees and pinned images are under $KIT_HOME; the jobs under the output
+    directories the calls named)."""
+    home = hosts.root / "login-home"
+    assert sorted(p.name for p in home.iterdir()) == [], list(home.rglob("*"))[:20]
+    made = kit("--host", "kit-direct", "cluster", "status", env=laptop)  # the session's HOME is that directory
+    assert made.returncode == 0, made.stderr

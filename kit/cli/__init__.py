@@ -46,8 +46,8 @@ COMMANDS = {"launch": "kit.cli.launch:launch", "ps": "kit.cli.jobs:ps", "logs": 
             "cancel": "kit.cli.jobs:cancel", "rerun": "kit.cli.jobs:rerun", "build": "kit.cli.build:build", "inspect": "kit.cli.build:inspect",
             "cluster": "kit.cli.cluster:cluster", "exporter": "kit.cli.exporter:exporter",
             "report": "kit.cli.report:report", "remote-launch": "kit.cli.launch:remote_launch",
-            "remote-submit": "kit.cli.remote:remote_submit", "remote-result": "kit.cli.remote:remote_result",
-            "remote-wait": "kit.cli.remote:remote_wait", "convert": "kit.cli.convert:convert", "trim": "kit.cli.trim:trim"}
+            "remote-submit": "kit.cli.remote_side:remote_submit", "remote-result": "kit.cli.remote_side:remote_result",
+            "remote-wait": "kit.cli.remote_side:remote_wait", "convert": "kit.cli.convert:convert", "trim": "kit.cli.trim:trim"}
 
 
 @click.group(name="kit", cls=_LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from kit import files as kit_files
 from kit.errors import KitError
+from kit.home import kit_home
 from kit.report.many import banded
 from kit.report.series import GIB, Logs, Series, _of, rates
 from kit.report.summary import Summary
@@ -47,7 +49,16 @@ class NoPicture(KitError):
 
 
 def _pyplot():
-    """matplotlib's pyplot, drawing to files (Agg); NoPicture when it is not installed."""
+    """matplotlib's pyplot, drawing to files (Agg); NoPicture when it is not installed. Its font cache and
+    configuration live under $KIT_HOME (``matplotlib/``), not in the home directory (MPLCONFIGDIR, unless set):
+    kit writes nothing outside its own directories and the jobs' (a login node's home is the user's)."""
+    if not os.environ.get("MPLCONFIGDIR"):
+        mine = kit_home() / "matplotlib"
+        try:
+            mine.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.environ["MPLCONFIGDIR"] = str(mine)
+        except OSError:
+            pass  # matplotlib then finds a place of its own, as it does anywhere
     try:
         import matplotlib
     except ModuleNotFoundError:

@@ -1,5 +1,6 @@
-"""The login node's side of the Python API over SSH (``kit.submit(fn, host=…)``; :mod:`kit.remote`):
-hidden commands that speak JSON lines to the laptop's :class:`kit.remote.Session`."""
+"""The login node's side of the Python API over SSH (``kit.submit(fn, host=…)``; :mod:`kit.remote`): hidden
+commands that speak JSON lines to the laptop's :class:`kit.remote.Session`. (Not ``kit/cli/remote.py``: a
+submodule of that name would replace ``kit.remote`` in ``kit.cli``'s namespace once loaded.)"""
 
 from __future__ import annotations
 
