@@ -9,7 +9,9 @@ is printed by rank 0 and falls. Runs on GPUs too (nccl) when they are there.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -73,9 +75,17 @@ def main() -> int:
     # together, then the group. gloo on torch 2.13 can abort ("terminate called without an
     # active exception") when a rank exits while a peer still holds work on the group.
     del model, opt
+    loss = mean = None  # the loop's last tensors
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
-    return 0
+    # Then leave without the interpreter's finalization: gloo's C++ worker threads may still hold work
+    # whose tensors the finalization frees, taking the GIL from a C++ thread as it goes, and the process
+    # aborts ("terminate called without an active exception", SIGABRT; the mechanism pytorch/pytorch#179291
+    # describes). It failed this example's torchrun once in a full suite, after the work was done.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
