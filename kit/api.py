@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterable
 
-from kit import files, jobdir, joblogs, listing, slurm, targets
+from kit import files, hosted, jobdir, joblogs, listing, slurm, targets
 from kit import snapshot as snapshots
 from kit import submission as lib
 from kit.core import keywords, options
@@ -38,11 +38,14 @@ __all__ = ["Job", "Outcome", "cancel", "jobs", "launch", "launch_with", "python_
 python_names = keywords.python_names
 
 
-def launch(command: list[str] | str | None = None, **kwargs: Any) -> Job:
+def launch(command: list[str] | str | None = None, *, host: str | None = None, **kwargs: Any) -> Job:
     """Submit ``command`` (a list of words; a string is run by ``bash -c``) as `kit launch`
     does, with the same options and checks; returns its :class:`Job` (not submitted:
     ``dry_run=True``; ``wait=True``: after its end). ``json`` and ``parsable`` shape what the
-    command prints and change nothing here."""
+    command prints and change nothing here. ``host``: launched on that login node, this
+    directory's code sent there (:mod:`kit.hosted`; a :class:`kit.hosted.HostedJob`)."""
+    if host is not None:
+        return hosted.launch(host, command, kwargs)
     return launch_with(command, kwargs)
 
 
@@ -163,8 +166,14 @@ def _edit(item: str) -> tuple[str, Any]:
                        hint='give a plain value, e.g. --edit nodes=4 or --edit \'command=["python", "t.py"]\'') from None
 
 
-def jobs(*, output_dirs: Iterable[str | Path] = (options.OUTPUT_DIR,), everything: bool = False) -> list[Job]:
-    """The jobs `kit ps` lists, newest first (an array job's tasks each as a Job)."""
+def jobs(*, output_dirs: Iterable[str | Path] | None = None, everything: bool = False,
+         host: str | None = None) -> list[Job]:
+    """The jobs `kit ps` lists, newest first (an array job's tasks each as a Job); ``host``: on that login
+    node (relative output directories under its home; by default ``~/kit-jobs``, where launches from here
+    go)."""
+    if host is not None:
+        return hosted.jobs(host, output_dirs or ("kit-jobs",), everything)
+    output_dirs = (options.OUTPUT_DIR,) if output_dirs is None else output_dirs
     rows = listing.list_jobs([Path(d) for d in output_dirs], everything=everything)
     out = []
     for row in rows:
@@ -193,9 +202,21 @@ def cancel(job_dir: Path, reason: str | None = None) -> dict:
 
 
 class Job:
-    """A submitted kit job (or one task of an array job), reopened from its directory."""
+    """A submitted kit job (or one task of an array job), reopened from its directory; with ``host=``, one
+    on that login node (a :class:`kit.hosted.HostedJob`: the same methods, each a call there)."""
 
-    def __init__(self, job_dir: str | Path, *, job_id: str | None = None, target: slurm.Target | None = None,
+    hosted_kind = hosted.HostedJob  # what kit.Job(..., host=) is
+
+    def __new__(cls, job_dir: str | Path = "", *, host: str | None = None, job_id: str | None = None, **kwargs):
+        if host is not None:
+            if kwargs:
+                raise KitError(f"kit.Job(..., host=) takes a job directory and job_id, not {', '.join(kwargs)}",
+                               field="host")
+            return cls.hosted_kind(host, job_dir, job_id=job_id)
+        return super().__new__(cls)
+
+    def __init__(self, job_dir: str | Path, *, host: None = None, job_id: str | None = None,
+                 target: slurm.Target | None = None,
                  messages: Iterable[str] = (), array_states: slurm.ArrayStates | None = None,
                  row: listing.JobRow | None = None):
         self.dir, self._target, self._array_states = Path(job_dir), target, array_states  # states: kit.map's

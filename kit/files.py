@@ -38,6 +38,12 @@ except ModuleNotFoundError:  # pragma: no cover
 RECORD_LIMIT = 16 << 20  # a record kit wrote (job.json, runs.jsonl, ...) is far smaller
 
 
+def safe_name(name: str, limit: int = 40) -> str:
+    """``name`` as one path component of letters, digits, ``-``, ``_`` and ``.`` (others become ``_``), at most
+    ``limit`` characters, no leading or trailing dot ("" when nothing is left)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:limit].strip(".")
+
+
 @contextlib.contextmanager
 def replacing(path: str | os.PathLike, mode: int = 0o644) -> Iterator[IO[bytes]]:
     """A binary file that becomes ``path`` (with ``mode``) when the block ends

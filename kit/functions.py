@@ -19,6 +19,7 @@ from kit import submission as lib
 from kit.api import Job, launch_with
 from kit.core.outcome import Outcome
 from kit.errors import KitError
+from kit.hosted import HostedJob
 from kit.image import info, is_reference
 from kit.jobdir import JobDir
 
@@ -208,16 +209,10 @@ def result_payloads(job_dir: Path, job_id: str | None, end: Outcome) -> list[byt
 PYTHON = "%d.%d" % sys.version_info[:2]
 
 
-class HostedFunctionJob:
+class HostedFunctionJob(HostedJob):
     """A function job submitted from here to a login node (``kit.submit(fn, host=…)``): its id and its
     directory there; ``result()``/``results()`` wait for it there and bring the values back, one SSH
     connection each (:mod:`kit.remote`); a rank that raised raises :class:`RemoteError` here."""
-
-    def __init__(self, host: remote.Host, job_id: str, job_dir: str):
-        self.host, self.id, self.dir = host, job_id, job_dir
-
-    def __repr__(self) -> str:
-        return f"HostedFunctionJob({self.host.name}, {self.id}, {self.dir})"
 
     @classmethod
     def submit(cls, host: remote.Host, payload: bytes, kwargs: dict) -> "HostedFunctionJob":
@@ -241,12 +236,28 @@ class HostedFunctionJob:
                                hint="use the same Python minor version on both sides (nothing was sent)")
             session.send(header + b"\n" + b"".join(payloads))
             made = session.read_json()
-        return [cls(host, str(job_id), str(job_dir)) for job_id, job_dir in made["jobs"]]
+        jobs = [cls(host, str(job_dir), job_id=str(job_id)) for job_id, job_dir in made["jobs"]]
+        if array:
+            shared: dict[str, dict] = {}  # the tasks' results as they come, by index (see results)
+            for job in jobs:
+                job.batch = shared
+        return jobs
+
+    batch: "dict[str, dict] | None" = None
 
     def results(self, timeout: float | None = None) -> list:
-        argv = ["remote-result", self.dir, "--job-id", self.id, *(["--timeout", str(timeout)] if timeout else [])]
-        with remote.Session(self.host, argv) as session:
-            record = session.read_json()
+        """Every rank's value; a kit.map task's call brings with it those of every task that has ended by
+        then (each read once), so a loop over the tasks makes a call per batch, not per task."""
+        index = self.id.rpartition("_")[2]
+        record = self.batch.get(index) if self.batch is not None else None
+        if record is None:
+            argv = ["remote-result", self.dir, "--job-id", self.id, *(["--timeout", str(timeout)] if timeout else []),
+                    *(["--batch"] if self.batch is not None else [])]
+            with remote.Session(self.host, argv) as session:
+                record = session.read_json()
+            if "tasks" in record:
+                self.batch.update(record["tasks"])
+                record = record["tasks"][index]
         if "error" in record:
             raise RemoteError(record["error"])
         if "kit_error" in record:
@@ -255,3 +266,6 @@ class HostedFunctionJob:
 
     def result(self, timeout: float | None = None) -> Any:
         return self.results(timeout)[0]
+
+
+FunctionJob.hosted_kind = HostedFunctionJob  # kit.FunctionJob(job_dir, host=…)

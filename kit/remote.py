@@ -22,6 +22,7 @@ standard input closes).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import pwd
@@ -113,9 +114,15 @@ def master_alive(host: Host, options: list[str]) -> bool:
 
 def remote_command(host: Host, argv: list[str]) -> str:
     """The command line the login node's shell runs: kit, told the client's version, with ``argv`` (exit 127
-    and nothing said when there is no such kit there: the client says it, once)."""
+    and nothing said when there is no such kit there: the client says it, once). The login shell may be csh:
+    it is only asked to run ``sh -c`` with one single-quoted word, which the sh, bash, dash and csh families
+    read the same; a script with what csh would not pass on in it (``!``, a newline) travels as base64."""
     found = f"command -v {shlex.quote(host.remote_kit[0])} >/dev/null 2>&1 || exit 127"
-    return f"{found}; {VERSION_VARIABLE}={shlex.quote(__version__)} exec {shlex.join([*host.remote_kit, *argv])}"
+    script = f"{found}; {VERSION_VARIABLE}={shlex.quote(__version__)} exec {shlex.join([*host.remote_kit, *argv])}"
+    if "!" in script or "\n" in script:
+        encoded = base64.b64encode(script.encode("utf-8", "surrogateescape")).decode()
+        return f"exec sh -c 'eval \"$(printf %s {encoded} | base64 -d)\"'"
+    return f"exec sh -c {shlex.quote(script)}"
 
 
 def ssh_argv(host: Host, argv: list[str], options: list[str]) -> list[str]:
@@ -232,16 +239,21 @@ class Session:
             self.proc.wait()
 
 
-def forward_stderr(proc) -> _Stderr:
-    thread = _Stderr(proc.stderr)
+def forward_stderr(proc, echo: bool = True) -> _Stderr:
+    thread = _Stderr(proc.stderr, echo)
     thread.start()
     return thread
 
 
-def pass_through(proc, skip: int = 0, keep: bytearray | None = None) -> int:
-    """``proc``'s stdout to ours as it comes, but for its first ``skip`` bytes (an earlier connection showed
-    them); ssh's exit code. ``proc.shown``: the bytes shown so far, the skipped ones counted; ``keep``: gets
-    the first 64 KiB of what came."""
+def show(data: bytes) -> None:
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+def pass_through(proc, skip: int = 0, keep: bytearray | None = None, write=show) -> int:
+    """``proc``'s stdout to ``write`` (ours) as it comes, but for its first ``skip`` bytes (an earlier
+    connection showed them); ssh's exit code. ``proc.shown``: the bytes shown so far, the skipped ones
+    counted; ``keep``: gets the first 64 KiB of what came."""
     seen = 0
     try:
         while chunk := os.read(proc.stdout.fileno(), 65536):
@@ -250,8 +262,7 @@ def pass_through(proc, skip: int = 0, keep: bytearray | None = None) -> int:
             new = chunk[max(0, skip - seen):]
             seen += len(chunk)
             if new:
-                sys.stdout.buffer.write(new)
-                sys.stdout.buffer.flush()
+                write(new)
         code = proc.wait()
     except KeyboardInterrupt:
         proc.terminate()

@@ -40,7 +40,7 @@ from kit import codestore, files, remote
 from kit import snapshot as snapshots
 from kit.errors import KitError
 from kit.home import kit_home
-from kit.image import pin
+from kit.image import is_reference, pin
 
 LINE_LIMIT = 1 << 30  # a manifest of 200,000 paths fits
 KEEP_TREES = 3
@@ -74,8 +74,45 @@ def _without_option(argv: list[str], name: str) -> list[str]:
 def launch(host: remote.Host, argv: list[str], cwd: Path) -> int:
     """``kit launch ARGV`` on the login node, with the code of ``cwd`` (or ``--code DIR``) sent first."""
     head = argv[:argv.index("--")] if "--" in argv else argv
-    if "--no-code-snapshot" in head or any(a in ("-h", "--help") for a in head):
+    if any(a in ("-h", "--help") for a in head):
         return remote.run(host, ["launch", *argv])
+    code, shown, said, options = _launched(host, argv, cwd, say=lambda line: print(line, file=sys.stderr, flush=True))
+    submitted = _submitted(bytes(shown).decode(errors="replace"))
+    if code == 255 and submitted and "--wait" in head:  # the job is in: only the connection went
+        return ride_through(host, *submitted)
+    return remote.checked(host, code, said, options)
+
+
+def launch_call(host: remote.Host, argv: list[str], cwd: Path) -> tuple[dict, list[str]]:
+    """``kit.launch(..., host=)``: ``kit launch --json ARGV`` there as :func:`launch` runs it; (what it printed,
+    the lines it and the code's transfer said). A failure there is its ``kit: …`` line as a :class:`KitError`."""
+    said_here: list[str] = []
+    code, shown, said, options = _launched(host, ["--json", *argv], cwd, say=said_here.append, echo=False)
+    remote.checked(host, code, said, options)
+    theirs = [line[5:].strip() for line in said.splitlines() if line.startswith("kit: ")]
+    if code != 0:
+        raise KitError(theirs[0] if theirs else f"kit launch on {host.name} ended with exit {code}", field="host",
+                       exit_code=code, detail="\n".join(said.splitlines()[1:]) or None)
+    try:
+        return json.loads(bytes(shown).decode().splitlines()[0]), [*said_here, *theirs]
+    except (ValueError, IndexError) as e:
+        raise KitError(f"kit launch on {host.name} printed no job: {e}", field="host", exit_code=1) from None
+
+
+def _launched(host: remote.Host, argv: list[str], cwd: Path, say, echo: bool = True):
+    """``kit launch ARGV`` there, its code sent first (unless ``--no-code-snapshot``); (ssh's exit code, the
+    first 64 KiB of its output, what it said on stderr, the connection's options). ``echo``: its output and
+    its stderr shown here as they come."""
+    head = argv[:argv.index("--")] if "--" in argv else argv
+    options = remote.connection_options(host)
+    shown = bytearray()
+    write = remote.show if echo else (lambda data: None)
+    if "--no-code-snapshot" in head:
+        proc = subprocess.Popen(remote.ssh_argv(host, ["launch", *argv], options), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=host.env)
+        tail = remote.forward_stderr(proc, echo)
+        code = remote.pass_through(proc, keep=shown, write=write)
+        return code, shown, tail.join(), options
     snap = snapshots.take(cwd, _option(argv, "--code"), store=snapshots.store_for(kit_home()))
     if snap is None:
         raise KitError(f"{cwd} is in no git work tree: over SSH the job's code must travel", field="--host",
@@ -83,7 +120,7 @@ def launch(host: remote.Host, argv: list[str], cwd: Path) -> int:
                             "on the login node)")
     root = Path(snap.root)
     where = str(Path(cwd).resolve().relative_to(root)) if codestore.inside(Path(cwd).resolve(), root) else "."
-    tree = f"{''.join(c if c.isalnum() or c in '-_.' else '_' for c in root.name)[:40].lstrip('.') or 'tree'}-" \
+    tree = f"{files.safe_name(root.name, 40) or 'tree'}-" \
            f"{hashlib.sha256(f'{socket.gethostname()}:{root}'.encode()).hexdigest()[:12]}"
     with codestore.opened(Path(snap.store), create=False) as (_, objects, manifests):
         manifest = files.read_bytes(manifests / (snap.digest.split(":")[1] + ".json"), LINE_LIMIT)
@@ -93,30 +130,23 @@ def launch(host: remote.Host, argv: list[str], cwd: Path) -> int:
         image = _laptop_image(argv, Path(cwd))
         if image is not None:  # sent as the login node's pinned copy, by content, unless it is there
             about["image"], sources[f"image:sha256-{image[1].partition(':')[2]}.sqsh"] = image[1], image[0]
-        options = remote.connection_options(host)
         proc = subprocess.Popen(remote.ssh_argv(host, ["remote-launch", "--tree", tree, "--cwd", where,
                                                        *_without_option(argv, "--code")], options),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=host.env)
-        tail = remote.forward_stderr(proc)
+        tail = remote.forward_stderr(proc, echo)
         try:
             sent = _send(proc, about, manifest, sources)
             if sent is not None:
-                print(f"kit: code {snap.digest[:19]}: sent {sent[0]} object(s), {snapshots.mib(sent[1])}, "
-                      f"to {host.name}", file=sys.stderr, flush=True)
+                say(f"kit: code {snap.digest[:19]}: sent {sent[0]} object(s), {snapshots.mib(sent[1])}, to {host.name}")
                 if image is not None:
-                    print(f"kit: image {image[1][:19]}: " + (f"sent {snapshots.mib(sent[2])}" if sent[2] is not None
-                          else "already there"), file=sys.stderr, flush=True)
-            shown = bytearray()
-            code = remote.pass_through(proc, keep=shown)
+                    say(f"kit: image {image[1][:19]}: " + (f"sent {snapshots.mib(sent[2])}" if sent[2] is not None
+                                                           else "already there"))
+            code = remote.pass_through(proc, keep=shown, write=write)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    said = tail.join()
-    submitted = _submitted(bytes(shown).decode(errors="replace"))
-    if code == 255 and submitted and "--wait" in head:  # the job is in: only the connection went
-        return ride_through(host, *submitted)
-    return remote.checked(host, code, said, options)
+    return code, shown, tail.join(), options
 
 
 def _submitted(text: str) -> tuple[str, str] | None:
@@ -148,8 +178,6 @@ def ride_through(host: remote.Host, job_id: str, job_dir: str) -> int:
 def _laptop_image(argv: list[str], cwd: Path) -> tuple[Path, str] | None:
     """``--image FILE`` when FILE is on the laptop: (its path, ``sha256:<hex>``, from the stat memo when
     unchanged); None for a registry reference or a path only the login node has."""
-    from kit.image import is_reference, pin
-
     given = _option(argv, "--image")
     if not given or is_reference(given):
         return None

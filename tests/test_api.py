@@ -329,3 +329,43 @@ def test_a_held_job_says_so_with_the_release_command_and_its_rerun_runs(cluster,
     assert f"kit: job {w.job_id}: PENDING, held (JobHeldUser): it never starts by itself; release it with " \
            f"`scontrol release {w.job_id}`" in err, err
     assert code == 80
+
+
+def test_every_keyword_travels_as_the_command_line_that_reads_back_the_same_fields():
+    """kit.launch(..., host=) runs `kit launch` there with the keywords spelled as its command line
+    (keywords.as_argv): for every option, each of its shapes, the command line reads back the fields the
+    keywords give here."""
+    from kit.cli.launch import _given
+    from kit.core import keywords, options
+    from kit.core import spec as specs
+
+    samples = {options.INT: [3], options.STR: ["x y", "it's"], options.LIST: [["a", "b c"], "one"],
+               options.TABLE: [{"A": "1", "B": "x=y z"}, ["C=3"]], options.SWEEP: [{"lr": [0.1, 0.01]}, ["n=a b,c"]],
+               options.SWITCH: [True, False], options.FLAG: [True, False], options.OFF: [True, False]}
+    names = api.python_names()
+    checked = 0
+    for name, o in names.items():
+        if o.kind == options.CHOICE:
+            shapes = [True]
+        elif name == "job_file" or name in ("mem", "time"):
+            shapes = ["10"]
+        else:
+            shapes = samples[o.kind]
+        for value in shapes:
+            kwargs = {name: value}
+            argv = keywords.as_argv(["python", "t.py", "--flag"], kwargs)
+            params = launch_command.make_context("kit launch", list(argv)).params
+            fields, where = keywords.fields(kwargs)
+            assert params["where"] == where and params["command"] == ("python", "t.py", "--flag"), (name, argv)
+            # dry_run=False, no_exporter=False: the command line spells them by leaving the flag out
+            unsaid = (o.kind == options.FLAG and value is False) or (o.kind == options.OFF and value is False)
+            spec = specs.JobSpec(command=["python", "t.py", "--flag"],
+                                 **{k: v for k, v in fields.items() if k in specs.FIELD_NAMES and not unsaid})
+            assert _given(params) == spec, (name, value, argv)
+            for k, v in fields.items():
+                if k not in specs.FIELD_NAMES:
+                    assert params[k] == v or (unsaid and not params[k]), (name, value, argv)
+            checked += 1
+    assert checked >= len(names) + 30  # every option, most in two shapes
+    with pytest.raises(kitlib.KitError, match="a value with a comma"):
+        keywords.as_argv(None, {"sweep": {"s": ["a,b", "c"]}})

@@ -193,7 +193,7 @@ def test_debug_toggles_reach_every_rank(cluster, tmp_path):
 
 
 def test_the_command_gets_default_signal_dispositions(cluster, tmp_path):
-    """The launcher re-executes itself through python3 to become a child subreaper; Python
+    """The launcher re-executes itself through perl or python3 to become a child subreaper; Python
     ignores SIGPIPE and SIGXFSZ at its start and ignored signals survive exec. The command
     must not inherit that (a pipe's reader gone must end a writer; gloo's sockets too)."""
     proc = kit("launch", "--local", "--nodes", "2", "--wait", "--output-dir", str(tmp_path / "jobs"), "--",

@@ -140,3 +140,42 @@ def test_a_failing_command_is_recorded_for_prelaunch(tmp_path):
     (record,) = (job_dir / "logs").glob("exit.r0.rank-1")
     _, rank, rc, how = record.read_text().split()
     assert (rank, rc, how) == ("1", "5", "self")
+
+
+ORPHAN = ("import os, sys, time\n"
+          "mask = int(sys.argv[1], 16)  # the bash before it read its own (Python's are its start's)\n"
+          "r, w = os.pipe()\n"
+          "if os.fork() == 0:\n"
+          "    if os.fork() == 0:\n"
+          "        time.sleep(0.5)\n"
+          "        os.write(w, str(os.getppid()).encode())\n"
+          "        os._exit(0)\n"
+          "    os._exit(0)\n"
+          "os.wait()\n"
+          "print('sigpipe', mask >> 12 & 1, 'xfsz', mask >> 24 & 1, 'orphan-parent', os.read(r, 32).decode(), flush=True)\n")
+
+
+@pytest.mark.parametrize("helper", ["perl", "python3", "neither"])
+def test_the_launcher_adopts_orphans_and_the_command_gets_default_dispositions(tmp_path, helper):
+    """The launcher re-executes itself through perl (or python3 where there is no perl: an image without it) to
+    become a child subreaper: a process its command orphans is re-parented to it, and the command starts with
+    the signal dispositions the launcher had (Python ignores SIGPIPE and SIGXFSZ at its start). Without either,
+    it still runs the command."""
+    import shutil
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for d in (Path("/usr/bin"), Path("/bin")):
+        for p in d.iterdir():
+            if not p.name.startswith(("perl", "python")) and not (bin_dir / p.name).exists():
+                (bin_dir / p.name).symlink_to(p)
+    if helper != "neither":
+        (bin_dir / helper).symlink_to(shutil.which("perl") if helper == "perl" else sys.executable)
+    read_mask = 'while read -r k v; do if [[ $k == SigIgn: ]]; then m=$v; fi; done </proc/$$/status; exec "$0" -c "$1" "$m"'
+    proc, job_dir = start(tmp_path, ["bash", "-c", read_mask, sys.executable, ORPHAN], extra_env={"PATH": str(bin_dir)})
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    line = next(l for l in out.splitlines() if "orphan-parent" in l)
+    words = line.split()
+    assert words[1:4:2] == ["0", "0"], line  # SIGPIPE, SIGXFSZ not ignored
+    assert (words[-1] == str(proc.pid)) == (helper != "neither"), (line, proc.pid)

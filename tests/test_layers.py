@@ -151,7 +151,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kit.train", "kit.image", "kit.slurm", "kit.report", "kit.snapshot"),
     ("kit.submission", "kit.cluster"),                         # a job written and submitted; the local cluster
     ("kit.targets",),                                          # where a job goes
-    ("kit.listing", "kit.joblogs", "kit.remote_launch"),       # the jobs a user has; a job's logs; code over ssh
+    ("kit.listing", "kit.joblogs", "kit.remote_launch", "kit.hosted"),  # the jobs a user has; a job's logs;
+                                                                          # code and jobs over ssh
     ("kit.trim", "kit.api"),                                   # kit.Job, kit.launch
     ("kit.functions",),                                        # kit.submit / kit.map: FunctionJob(Job)
     ("kit.cli", "kit.__main__", "kit"),                        # the commands; `kit` re-exports the API lazily

@@ -18,7 +18,7 @@ import pytest
 from helpers import kit, require, submit, wait_for
 from sshd import SSHD, Servers
 
-from kit import slurm
+from kit import remote, slurm
 
 pytestmark = pytest.mark.cluster
 
@@ -249,12 +249,92 @@ def test_a_function_submitted_from_the_laptop_brings_its_value_back(cluster, hos
     assert raised.value.type == "ValueError" and "raised on the cluster" in str(raised.value)
     tasks = kitlib.map(_square, [2, 3, 4], host="kit-login", local=True, output_dir=str(tmp_path / "fn"))
     assert [t.id.split("_")[1] for t in tasks] == ["0", "1", "2"]  # one array job, a task per item
+    wait_for(lambda: all(kitlib.Job(t.dir).done() for t in tasks), 120, what="every task ended")
+    calls = []
+    session = remote.Session
+    monkeypatch.setattr(remote, "Session", lambda host, argv: calls.append(argv[0]) or session(host, argv))
     assert [t.result(timeout=120) for t in tasks] == [4, 9, 16]
+    assert calls == ["remote-result"]  # the first task's call brought every ended task's value
+    assert [t.result() for t in tasks] == [4, 9, 16] and len(calls) == 1  # each read once
     assert hosts.accepted("login") - before <= 1  # one master for every call
     monkeypatch.setattr(functions, "PYTHON", "3.99")
     with pytest.raises(kitlib.KitError, match=r"is 3\.\d+, this one is 3\.99"):
         kitlib.submit(_add_nodes, 1, 2, host="kit-login", local=True, output_dir=str(tmp_path / "refused"))
     assert not (tmp_path / "refused").exists()
+
+
+def _kill_master(hosts) -> None:
+    check = subprocess.run([*hosts.ssh(), "-o", "ControlPath=~/.ssh/kit-%C", "-O", "check", "kit-login"],
+                           capture_output=True, text=True)
+    os.kill(int(re.search(r"pid=(\d+)", check.stderr).group(1)), signal.SIGKILL)
+
+
+def _wait_through_a_killed_master(hosts, repo: Path, env: dict, *args: str) -> tuple[int, str]:
+    """`kit --host kit-login launch --local --wait ARGS` from ``repo``, the master killed once the job is
+    submitted: (its exit code, its stderr)."""
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "--host", "kit-login", "launch", "--local", "--wait", *args],
+                            cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **env})
+    submitted = proc.stdout.readline()
+    assert submitted.startswith("Submitted job "), submitted + proc.stderr.read()
+    _kill_master(hosts)
+    _, err = proc.communicate(timeout=300)
+    return proc.returncode, err
+
+
+def test_python_launch_jobs_and_job_on_the_login_node(cluster, hosts, laptop, tmp_path, monkeypatch):
+    """kit.launch(..., host=), kit.jobs(host=) and kit.Job(dir, host=) give what the same calls give on the
+    login node itself, through one master; a wait rides through a killed master; a bad keyword is refused
+    here, before any connection."""
+    import threading
+
+    import kit as kitlib
+    from kit.hosted import HostedJob
+
+    for key, value in laptop.items():
+        monkeypatch.setenv(key, value)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "job.sh").write_text("echo one; echo token=$TOKEN; sleep 3; echo two\n")
+    for args in (["init", "-q"], ["add", "."], ["-c", "user.email=u@x", "-c", "user.name=u", "commit", "-qm", "one"]):
+        subprocess.run(["git", *args], cwd=repo, check=True)
+    monkeypatch.chdir(repo)
+    out = str(tmp_path / "jobs")
+    with pytest.raises(kitlib.KitError, match="unknown option 'nodez'"):
+        kitlib.launch(["true"], host="kit-login", nodez=2)
+    before = hosts.accepted("login")
+    job = kitlib.launch(["bash", "job.sh"], host="kit-login", local=True, nodes=1, output_dir=out,
+                        env={"TOKEN": "s3cret"}, wait=True)
+    assert isinstance(job, HostedJob) and job.id and Path(job.dir).parent == Path(out)
+    here = kitlib.Job(job.dir)  # the login node's own answers (the same disk)
+    assert job.state() == here.state() == "COMPLETED" and job.done()
+    assert job.logs() == here.logs() and "0: token=s3cret" in job.logs()
+    assert job.progress() == here.progress() and job.errors() == here.errors() == []
+    assert job.wait(timeout=60).exit_code == 0
+    listed = kitlib.jobs(host="kit-login", output_dirs=[out])
+    assert [(j.id, j.dir) for j in listed] == [(j.id, str(j.dir)) for j in kitlib.jobs(output_dirs=[out])]
+    assert listed[0].row["state"] == "COMPLETED" and listed[0].row["job_dir"] == job.dir
+    reopened = kitlib.Job(job.dir, host="kit-login", job_id=job.id)
+    numbers = reopened.report(output=tmp_path / "report.png")
+    assert numbers["job"] == job.id and (tmp_path / "report.png").read_bytes() == (Path(job.dir) / "report.png").read_bytes()
+    again = job.rerun(wait=True)
+    assert isinstance(again, HostedJob) and again.id != job.id and "0: two" in again.logs()
+    with pytest.raises(kitlib.KitError, match="no job"):
+        kitlib.Job(str(tmp_path / "nothing"), host="kit-login").state()
+    dry = kitlib.launch("true", host="kit-login", local=True, dry_run=True, output_dir=out)
+    assert dry.id is None and (Path(dry.dir) / "prelaunch.sh").is_file()
+    assert hosts.accepted("login") - before == 1  # every call above through one master
+    long = kitlib.launch("echo up; sleep 300", host="kit-login", local=True, output_dir=out)
+    wait_for(lambda: long.state() == "RUNNING", 60, what="the long job running")
+    ended = []
+    waiter = threading.Thread(target=lambda: ended.append(long.wait(timeout=180)), daemon=True)
+    waiter.start()
+    time.sleep(1)
+    _kill_master(hosts)
+    record = long.cancel(reason="from the laptop")
+    assert record["reason"] == "from the laptop"
+    waiter.join(120)
+    assert ended and ended[0].state == "CANCELLED", ended
 
 
 def test_launch_wait_rides_through_a_dropped_master(cluster, hosts, laptop, tmp_path):
@@ -266,17 +346,9 @@ def test_launch_wait_rides_through_a_dropped_master(cluster, hosts, laptop, tmp_
     for args in (["init", "-q"], ["add", "."], ["-c", "user.email=u@x", "-c", "user.name=u", "commit", "-qm", "one"]):
         subprocess.run(["git", *args], cwd=repo, check=True)
     before = hosts.accepted("login")
-    proc = subprocess.Popen([sys.executable, "-m", "kit", "--host", "kit-login", "launch", "--local", "--wait",
-                             "--output-dir", str(tmp_path / "jobs"), "--", "bash", "job.sh"], cwd=repo,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **laptop, "KIT_HOME": str(tmp_path / "laptop-home")})
-    submitted = proc.stdout.readline()
-    assert submitted.startswith("Submitted job "), submitted + proc.stderr.read()
-    check = subprocess.run([*hosts.ssh(), "-o", "ControlPath=~/.ssh/kit-%C", "-O", "check", "kit-login"],
-                           capture_output=True, text=True)
-    os.kill(int(re.search(r"pid=(\d+)", check.stderr).group(1)), signal.SIGKILL)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    code, err = _wait_through_a_killed_master(hosts, repo, {**laptop, "KIT_HOME": str(tmp_path / "laptop-home")},
+                                              "--output-dir", str(tmp_path / "jobs"), "--", "bash", "job.sh")
+    assert code == 0, err
     assert "the connection to kit-login dropped; waiting again" in err and "ended COMPLETED" in err, err
     assert len(list((tmp_path / "jobs").iterdir())) == 1  # launched once
     assert hosts.accepted("login") - before == 2
@@ -309,11 +381,15 @@ def test_the_main_job_and_a_sweep_from_the_laptop_through_the_jump_host(cluster,
     job_dir = re.search(r"^job dir: (.+)$", main.stdout, re.M).group(1)
     report = kit("--host", "kit-login", "report", job_dir, "-o", str(tmp_path / "report.png"), env=env)
     assert report.returncode == 0 and "nodes" in report.stdout.lower(), report.stderr
-    assert (tmp_path / "report.png").stat().st_size > 0  # written on the login node (here, the same disk)
-    sweep = kit("--host", "kit-login", "launch", "--local", "--sweep", "x=1,2", "--wait", "--output-dir",
-                str(tmp_path / "jobs"), "--", "bash", "-c", "echo sweep x={x}", env=env, cwd=repo, timeout=300)
-    assert sweep.returncode == 0, sweep.stderr
-    assert len(re.findall(r"kit: job \S+_\d \(x=\d\) ended COMPLETED", sweep.stderr)) == 2, sweep.stderr
+    # made there (in the job directory), its picture and numbers written here
+    assert (tmp_path / "report.png").read_bytes() == (Path(job_dir) / "report.png").read_bytes()
+    assert json.loads((tmp_path / "report.json").read_text())["job"] == main.stdout.split()[2]  # Submitted job ID
+    # a sweep's --wait, its master killed while it waits: it waits again for every task there
+    code, err = _wait_through_a_killed_master(hosts, repo, env, "--sweep", "x=1,2", "--output-dir",
+                                              str(tmp_path / "jobs"), "--", "bash", "-c", "echo sweep x={x}; sleep 8")
+    assert code == 0, err
+    assert "dropped; waiting again" in err and "2 of 2 task(s) finished" in err, err
+    assert len(re.findall(r"kit: job \S+_\d \(x=\d\) ended COMPLETED", err)) == 2, err
 
 
 def test_zz_nothing_was_written_on_the_login_node_outside_kit_home_and_the_output_directories(hosts, laptop):

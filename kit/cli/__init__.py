@@ -47,7 +47,8 @@ COMMANDS = {"launch": "kit.cli.launch:launch", "ps": "kit.cli.jobs:ps", "logs": 
             "cluster": "kit.cli.cluster:cluster", "exporter": "kit.cli.exporter:exporter",
             "report": "kit.cli.report:report", "remote-launch": "kit.cli.launch:remote_launch",
             "remote-submit": "kit.cli.remote_side:remote_submit", "remote-result": "kit.cli.remote_side:remote_result",
-            "remote-wait": "kit.cli.remote_side:remote_wait", "convert": "kit.cli.convert:convert", "trim": "kit.cli.trim:trim"}
+            "remote-wait": "kit.cli.remote_side:remote_wait", "remote-call": "kit.cli.remote_side:remote_call",
+            "convert": "kit.cli.convert:convert", "trim": "kit.cli.trim:trim"}
 
 
 @click.group(name="kit", cls=_LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
@@ -129,6 +130,10 @@ def main(argv: list[str] | None = None) -> None:
                 from kit import remote_launch
 
                 sys.exit(remote_launch.launch(remote.Host.of(host), rest[rest.index("launch") + 1:], Path.cwd()))
+            if command == ["report"] and any(a in ("-o", "--output") or a.startswith("--output=") for a in rest):
+                from kit.cli.report import report_here  # the picture comes here
+
+                sys.exit(report_here(remote.Host.of(host), rest[rest.index("report") + 1:]))
             sys.exit(remote.run(remote.Host.of(host), rest, follow=_follows(rest)))
         rv = cli.main(args=argv, prog_name="kit", standalone_mode=False)
     except KitError as e:

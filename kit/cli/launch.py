@@ -9,6 +9,7 @@ import shlex
 import signal
 import sys
 import time
+from pathlib import Path
 
 import click
 
@@ -124,7 +125,7 @@ def launch(job_file, where, dry_run, wait, as_json, parsable, **values):
     if not wait:
         return 0
     if prepared.job.tasks is not None:
-        return wait_and_report_tasks(plan.target, prepared)
+        return wait_and_report_tasks(plan.target, prepared.job_id, prepared.job_dir)
     return wait_and_report(plan.target, prepared.job_id, prepared.job_dir)
 
 
@@ -178,23 +179,23 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
     return result.exit_code
 
 
-def wait_and_report_tasks(target: slurm.Target, prepared: lib.PreparedJob) -> int:
+def wait_and_report_tasks(target: slurm.Target, job_id: str, job_dir) -> int:
     """--wait on an array job: every task to its end, one line per task; the
     exit code is 0 when every task finished, else the lowest-index failing task's."""
-    from kit.jobdir import JobDir
+    from kit.jobdir import JobDir, records
 
-    job_id, job = prepared.job_id, prepared.job
-    params = job.params or ({},) * len(job.tasks.indices)
-    names = {i: " ".join(f"{k}={shlex.quote(v)}" for k, v in p.items()) for i, p in zip(job.tasks.indices, params)}
+    indices = records.task_indices(Path(job_dir))
+    names = {i: " ".join(f"{k}={shlex.quote(str(v))}" for k, v in records.params(JobDir(job_dir).task(i).path).items())
+             for i in indices}
 
     def say(msg: str) -> None:
         click.echo(f"kit: job {job_id}: {msg}", err=True)
 
-    ends = slurm.wait_array(target, job_id, job.tasks.indices, poll=0.5, on_outage=say,
+    ends = slurm.wait_array(target, job_id, indices, poll=0.5, on_outage=say,
                             on_state=lambda i, st: say(f"task {i}: {st.shown()}"))
     codes = []
-    for i in job.tasks.indices:
-        result = slurm.observe(ends[i], JobDir(prepared.job_dir).task(i).path)
+    for i in indices:
+        result = slurm.observe(ends[i], JobDir(job_dir).task(i).path)
         codes.append(result.exit_code)
         label = f" ({names[i]})" if names[i] else ""
         click.echo(f"kit: job {job_id}_{i}{label} {result.describe()}", err=True)

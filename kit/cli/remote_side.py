@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import asdict
 import sys
 from pathlib import Path
 
@@ -45,19 +46,47 @@ def remote_submit():
 @click.argument("job_dir")
 @click.option("--job-id", required=True, help="The job's Slurm id.")
 @click.option("--timeout", type=float, default=None, help="Seconds to wait for its end.")
-def remote_result(job_dir, job_id, timeout):
+@click.option("--batch", is_flag=True, help="An array task: also the results of every task already ended.")
+def remote_result(job_dir, job_id, timeout, batch):
     """The login node's side of a hosted function job's result(): waits for its end here, then hands the
-    ranks' pickled values to the laptop (nothing of the user's is unpickled here)."""
+    ranks' pickled values to the laptop (nothing of the user's is unpickled here). ``--batch`` (kit.map's
+    tasks): with them, by index, those of the array's other tasks that have ended too, their states asked
+    for in one query, so that ``[j.result() for j in jobs]`` makes a call per batch, not per task."""
+    from kit import slurm
+    from kit.jobdir import JobDir, records
+
     job = functions.FunctionJob(job_dir, job_id=job_id)
+    array_id, _, index = job_id.partition("_")
+    array_dir = Path(job_dir).parent.parent
+    states = None
+    if batch and index.isdigit() and records.task_indices(array_dir):
+        states = slurm.ArrayStates(job.target, array_id, records.task_indices(array_dir))
+        job = functions.FunctionJob(job_dir, job_id=job_id, target=job.target, array_states=states)
     try:
         end = job.wait(timeout)
-        data = functions.result_payloads(Path(job_dir), job_id, end)
-    except functions.RemoteError as e:
-        _say({"error": e.record})
     except KitError as e:
-        _say({"kit_error": e.message, "hint": e.hint})
-    else:
-        _say({"results": [base64.b64encode(d).decode() for d in data]})
+        return _say({"kit_error": e.message, "hint": e.hint})
+    record = _result_record(Path(job_dir), job_id, end)
+    if states is None:
+        return _say(record)
+    pending = [i for i in states.indices if i not in states.done]
+    if pending:
+        states.status(pending[0], poll=0)  # one query for every task not yet seen ended
+    tasks = {index: record}
+    for i in sorted(states.done - {int(index)}):
+        task = JobDir(array_dir).task(i).path
+        tasks[str(i)] = _result_record(task, f"{array_id}_{i}", slurm.observe(states.known[i], task))
+    _say({"tasks": tasks})
+
+
+def _result_record(job_dir: Path, job_id: str, end) -> dict:
+    try:
+        data = functions.result_payloads(job_dir, job_id, end)
+    except functions.RemoteError as e:
+        return {"error": e.record}
+    except KitError as e:
+        return {"kit_error": e.message, "hint": e.hint}
+    return {"results": [base64.b64encode(d).decode() for d in data]}
 
 
 @click.command(name="remote-wait", hidden=True)
@@ -65,8 +94,91 @@ def remote_result(job_dir, job_id, timeout):
 @click.option("--job-id", required=True, help="The job's Slurm id.")
 def remote_wait(job_dir, job_id):
     """The login node's side of `kit --host LOGIN launch --wait` after a dropped connection: wait for the job
-    again, as --wait does, and exit with its code."""
+    (every task of an array job) again, as --wait does, and exit with its code."""
     from kit import api
-    from kit.cli.launch import wait_and_report
+    from kit.cli.launch import wait_and_report, wait_and_report_tasks
+    from kit.jobdir import records
 
-    return wait_and_report(api.Job(job_dir, job_id=job_id).target, job_id, job_dir)
+    target = api.Job(job_dir, job_id=job_id).target
+    if records.task_indices(Path(job_dir)):
+        return wait_and_report_tasks(target, job_id, job_dir)
+    return wait_and_report(target, job_id, job_dir)
+
+
+def _job(call: dict):
+    from kit import api
+
+    from kit.jobdir import records
+
+    given = str(call["dir"])  # a directory (relative: under the login home) or a job id
+    job_dir = Path(given) if Path(given).is_absolute() else Path.home() / given
+    if not job_dir.is_dir():
+        job_dir = records.find_job_dir(given, _under_home(call.get("output_dir") or "kit-jobs"))
+    return api.Job(job_dir, job_id=call.get("id"))
+
+
+def _under_home(d: str) -> str:
+    return d if Path(d).is_absolute() else str(Path.home() / d)
+
+
+def _report(job, a: dict) -> dict:
+    """kit report there, and what the laptop needs of it: lines, warnings, numbers, the picture's bytes."""
+    from kit.jobdir import JobDir
+
+    out = job.dir / (Path(JobDir.REPORT).stem + a.get("suffix", ".png"))
+    missing: list[KitError] = []
+    summary = job.summarize(a.get("prometheus"), out, a.get("min_seconds"), notice=missing.append)
+    picture = out.read_bytes() if a.get("send") and out.is_file() and not missing else b""
+    return {"lines": summary.lines(), "warnings": [e.message + (f"; {e.hint}" if e.hint else "") for e in missing],
+            "numbers": asdict(summary), "picture": str(out), "picture_bytes": base64.b64encode(picture).decode()}
+
+
+def _jobs(a: dict) -> list:
+    from kit import api
+
+    return [[str(j.dir), j.row.as_json()] for j in
+            api.jobs(output_dirs=[_under_home(d) for d in a["output_dirs"]], everything=bool(a.get("everything")))]
+
+
+def _rerun(job, a: dict) -> dict:
+    new = job.rerun(*a.get("items") or (), **a.get("edits") or {})
+    return {"id": new.id, "dir": str(new.dir)}
+
+
+def _state(job, a: dict) -> list:
+    state = job.state()
+    return [str(state), getattr(state, "note", "")]
+
+
+# What the laptop's kit.Job(…, host=) may ask: each a function of the job (or none) and the call's arguments.
+CALLS = {
+    "state": _state,
+    "progress": lambda job, a: asdict(job.progress()),
+    "wait": lambda job, a: asdict(job.wait(a.get("timeout"))),
+    "cancel": lambda job, a: job.cancel(a.get("reason")),
+    "logs": lambda job, a: job.logs(a.get("rank"), a.get("run"), bool(a.get("errors")), node=a.get("node"),
+                                    sidecar=a.get("sidecar")),
+    "errors": lambda job, a: job.errors(a.get("runs")),
+    "rerun": _rerun,
+    "report": _report,
+}
+
+
+@click.command(name="remote-call", hidden=True)
+@click.argument("request")
+def remote_call(request):
+    """The login node's side of kit.Job(..., host=) and kit.jobs(host=): one call (JSON: its name, the job's
+    directory and id, its arguments), its value as one JSON line (or the KitError it raised)."""
+    try:
+        call = json.loads(request)
+        name, args = call["call"], call
+        if name != "jobs" and name not in CALLS:
+            raise KeyError(name)
+    except (ValueError, KeyError, TypeError):
+        raise KitError(f"not a call kit knows: {request[:200]!r}", field="remote-call") from None
+    try:
+        value = _jobs(args) if name == "jobs" else CALLS[name](_job(call), args)
+    except KitError as e:
+        _say({"kit_error": e.message, "hint": e.hint, "field": e.field, "exit_code": e.exit_code})
+    else:
+        _say({"value": value})

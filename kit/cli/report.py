@@ -43,3 +43,19 @@ def report(job, output, prometheus, min_seconds, output_dir):
     for e in missing:  # one line, the hint naming the extra; the numbers above stand
         click.echo(f"kit: warning: {e.message}" + (f"; {e.hint}" if e.hint else ""), err=True)
     click.echo(f"report: {out.with_suffix('.json') if missing else out}")
+
+
+def report_here(host, args: list[str]) -> int:
+    """``kit --host LOGIN report JOB -o FILE``: the report made there, its picture (and numbers) written here."""
+    from kit import hosted
+
+    with report.make_context("kit report", list(args)) as ctx:
+        p = ctx.params
+    got = hosted.HostedJob(host, p["job"]).fetch_report(p["prometheus"], p["output"], p["min_seconds"],
+                                                        output_dir=p["output_dir"])
+    for line in got["lines"]:
+        click.echo(line)
+    for warning in got["warnings"]:
+        click.echo(f"kit: warning: {warning}", err=True)
+    click.echo(f"report: {Path(p['output']).with_suffix('.json') if got['warnings'] else p['output']}")
+    return 0

@@ -92,3 +92,35 @@ def fields(kwargs: dict) -> tuple[dict[str, Any], str | None]:
         elif value is not None:
             fields[o.name] = field_value(name, o, value)
     return fields, where
+
+
+def as_argv(command: list[str] | str | None, kwargs: dict) -> list[str]:
+    """:func:`kit.launch`'s call as `kit launch`'s command line (``kit.launch(..., host=)`` runs that on the
+    login node): checked here first, as :func:`fields` checks it, and spelled so that the command line reads
+    back the same fields."""
+    given, where = fields(kwargs)
+    argv = [f"--{where}"] if where else []
+    for name, value in given.items():
+        o = options.BY_NAME[name]
+        if o.kind == options.SWITCH:
+            argv.append(o.label if value else f"--no-{o.label[2:]}")
+        elif o.kind in (options.FLAG, options.OFF):
+            if value is (o.kind == options.FLAG):
+                argv.append(o.label)
+        elif o.kind == options.TABLE:
+            argv += [w for k, v in value.items() for w in (o.label, f"{k}={v}")]
+        elif o.kind == options.SWEEP:
+            for k, values in value.items():
+                if any("," in v for v in values):
+                    raise KitError(f"{k}: a value with a comma cannot be given on the command line", field=o.label,
+                                   hint="over --host the sweep travels as `kit launch --sweep NAME=V1,V2`")
+                argv += [o.label, f"{k}={','.join(values)}"]
+        elif o.kind == options.LIST:
+            argv += [w for item in value for w in (o.label, item)]
+        else:
+            argv += [o.label, str(value)]
+    if isinstance(command, str):
+        command = ["bash", "-c", command]
+    if command is not None:
+        argv += ["--", *strings(command, lambda kind: KitError(f"expected {kind}", field="command"))]
+    return argv

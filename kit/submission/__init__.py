@@ -267,7 +267,7 @@ def pin_code_and_image(job: ResolvedJob, origins, rerun: Rerun, dry_run: bool = 
 
 def _new_job_dir(out_dir: Path, job_name: str) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_name)[:40].strip(".") or "job"
+    safe = files.safe_name(job_name) or "job"
     return out_dir / f"{safe}-{stamp}-{secrets.token_hex(3)}"
 
 
