@@ -99,15 +99,18 @@ def control_options(host: Host, resolved: dict[str, str]) -> list[str]:
     return ["-o", "ControlMaster=auto", "-o", f"ControlPath={CONTROL_PATH}", "-o", f"ControlPersist={PERSIST}"]
 
 
+def _control_path(options: list[str]) -> list[str]:
+    """kit's ``-o ControlPath=…`` among ``options`` ([] where the user's configuration names its own)."""
+    return [w for o in options if o.startswith("ControlPath=") for w in ("-o", o)][:2]
+
+
 def master_command(host: Host, options: list[str]) -> str:
     """The command a user runs to start the master kit's calls reuse."""
-    path = [o for o in options if o.startswith("ControlPath=")]
-    return shlex.join([*host.ssh, "-fNM", *(["-o", path[0]] if path else []), host.name])
+    return shlex.join([*host.ssh, "-fNM", *_control_path(options), host.name])
 
 
 def master_alive(host: Host, options: list[str]) -> bool:
-    path = [o for o in options if o.startswith("ControlPath=")]
-    proc = subprocess.run([*host.ssh, *(["-o", path[0]] if path else []), "-O", "check", host.name],
+    proc = subprocess.run([*host.ssh, *_control_path(options), "-O", "check", host.name],
                           capture_output=True, env=host.env)
     return proc.returncode == 0
 
