@@ -101,3 +101,33 @@ def test_each_slurmd_under_pyxis_starts_with_its_wrapper_first_on_path():
     # The stand-in keeps named containers where enroot would: the node's data path.
     assert config.daemon_env(ROOT, conf, "node1", "kit-pyxis", "/usr/bin") == {
         "SLURM_CONF": str(conf), "KIT_PYXIS_DATA": f"{ROOT}/enroot/node1/data"}
+
+
+def test_kit_reads_the_sites_pyxis_settings_from_plugstack_conf_and_its_includes(tmp_path):
+    """What kit reads of a site's pyxis (kit.slurm.pyxis.plugstack_settings): the pyxis line's settings,
+    found through `include` globs, comments left out; None where the file cannot be read or loads no pyxis;
+    and whether a named container is removed by the job epilog (container_scope=job, not squashfuse)."""
+    from kit.cluster import config
+    from kit.slurm import pyxis
+
+    (tmp_path / "plugstack.conf.d").mkdir()
+    (tmp_path / "plugstack.conf").write_text("# site plugins\nrequired /usr/lib/spank_other.so x=1\n"
+                                             "include plugstack.conf.d/*.conf  # pyxis's own file\n")
+    (tmp_path / "plugstack.conf.d" / "pyxis.conf").write_text(
+        "optional /usr/local/lib/slurm/spank_pyxis.so runtime_path=/run/pyxis container_scope=job # scope\n")
+    settings = pyxis.plugstack_settings(tmp_path / "plugstack.conf")
+    assert settings == {"runtime_path": "/run/pyxis", "container_scope": "job"}
+    assert pyxis.epilog_removes(settings)
+    assert not pyxis.epilog_removes({**settings, "use_squashfuse": "true"})
+    assert pyxis.epilog_removes({**settings, "use_squashfuse": "0"})
+    assert not pyxis.epilog_removes({"container_scope": "global"}) and not pyxis.epilog_removes(None)
+    assert pyxis.plugstack_settings(tmp_path / "missing.conf") is None
+    (tmp_path / "other.conf").write_text("required /usr/lib/spank_other.so\n")
+    assert pyxis.plugstack_settings(tmp_path / "other.conf") is None
+    # kit's own cluster says what kit's launches read, for real pyxis and the stand-in
+    for containers, plugin in ((config.PYXIS, "/opt/lib/spank_pyxis.so"), (config.STAND_IN, "/c/spank_kit_pyxis.so")):
+        for squashfuse in (False, True):
+            (tmp_path / "kit.conf").write_text(config.plugstack_conf(containers, tmp_path, plugin, squashfuse, "job"))
+            assert pyxis.epilog_removes(pyxis.plugstack_settings(tmp_path / "kit.conf")) is not squashfuse
+        (tmp_path / "kit.conf").write_text(config.plugstack_conf(containers, tmp_path, plugin))
+        assert not pyxis.epilog_removes(pyxis.plugstack_settings(tmp_path / "kit.conf"))

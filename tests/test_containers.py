@@ -53,6 +53,17 @@ def container_mode(cluster, mode: str):
         cluster.up(squashfuse=before)
 
 
+@contextlib.contextmanager
+def container_scope(cluster, scope: str):
+    """The session's cluster under pyxis's ``container_scope`` (each new step and job epilog reads it)."""
+    before = cluster.state().container_scope
+    cluster.up(container_scope=scope)
+    try:
+        yield
+    finally:
+        cluster.up(container_scope=before)
+
+
 def fuse_daemons() -> list[str]:
     """squashfuse (and fuse-overlayfs, where enroot has no native overlay) processes on this
     machine: the runtime's, under squashfuse mode."""
@@ -441,28 +452,67 @@ def test_a_named_container_persists_on_its_node_with_its_writes(cluster, base_im
     name = f"kit-test-{os.getpid()}"
     kept = cluster.root / "enroot" / "node1" / "data" / f"pyxis_{name}"
     try:
-        first = srun(cluster, "-w", "node1", f"--container-image={base_image}", f"--container-name={name}",
-                     "--container-writable", "bash", "-c", "echo written-by-the-first > /root/note; cat /etc/debian_version")
-        assert first.returncode == 0, first.stderr
-        assert (kept / "root" / "note").read_text() == "written-by-the-first\n"
-        second = srun(cluster, "-w", "node1", f"--container-name={name}", "cat", "/root/note")
-        assert second.returncode == 0, second.stderr
-        assert second.stdout == "written-by-the-first\n"
-        # pyxis says so in the slurmd log, not on srun's stderr (PYXIS.md).
-        log = (cluster.root / "log" / "slurmd-node1.log").read_text(errors="replace")
-        assert "pyxis: reusing existing container filesystem" in log
-        assert "reusing existing container filesystem" not in second.stderr, second.stderr
-        # Read-only unless --container-writable, also when reused.
-        third = srun(cluster, "-w", "node1", f"--container-name={name}", "bash", "-c", "touch /root/x || echo refused")
-        assert third.stdout.strip().endswith("refused"), third.stdout + third.stderr
-        # Another node has no such container and no image was given: a clear error, exit 1.
-        missing = srun(cluster, "-w", "node2", f"--container-name={name}", "true")
-        assert missing.returncode == 1 and "pyxis" in missing.stderr, missing.stderr
-        if cluster.state().containers == "kit-pyxis":  # the stand-in's own words
-            assert f"pyxis: error: no container named {name} on this node" in missing.stderr, missing.stderr
+        with container_scope(cluster, "global"):
+            _persist_and_reuse(cluster, base_image, name, kept)
     finally:
         # What `kit cluster down` does for every node (tests/test_cluster.py checks it).
         subprocess.run(["rm", "-rf", str(kept)], check=True)
+
+
+def _persist_and_reuse(cluster, base_image, name: str, kept: Path) -> None:
+    """The named container's life in pyxis's global scope (see the test above)."""
+    first = srun(cluster, "-w", "node1", f"--container-image={base_image}", f"--container-name={name}",
+                 "--container-writable", "bash", "-c", "echo written-by-the-first > /root/note; cat /etc/debian_version")
+    assert first.returncode == 0, first.stderr
+    assert (kept / "root" / "note").read_text() == "written-by-the-first\n"
+    second = srun(cluster, "-w", "node1", f"--container-name={name}", "cat", "/root/note")
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == "written-by-the-first\n"
+    # pyxis says so in the slurmd log, not on srun's stderr (PYXIS.md).
+    log = (cluster.root / "log" / "slurmd-node1.log").read_text(errors="replace")
+    assert "pyxis: reusing existing container filesystem" in log
+    assert "reusing existing container filesystem" not in second.stderr, second.stderr
+    # Read-only unless --container-writable, also when reused.
+    third = srun(cluster, "-w", "node1", f"--container-name={name}", "bash", "-c", "touch /root/x || echo refused")
+    assert third.stdout.strip().endswith("refused"), third.stdout + third.stderr
+    # Another node has no such container and no image was given: a clear error, exit 1.
+    missing = srun(cluster, "-w", "node2", f"--container-name={name}", "true")
+    assert missing.returncode == 1 and "pyxis" in missing.stderr, missing.stderr
+    if cluster.state().containers == "kit-pyxis":  # the stand-in's own words
+        assert f"pyxis: error: no container named {name} on this node" in missing.stderr, missing.stderr
+
+
+def test_under_container_scope_job_kit_names_the_container_and_the_job_epilog_removes_it(cluster, base_image,
+                                                                                          tmp_path):
+    """pyxis's container_scope=job in create mode: kit names the container (pyxis_JOBID_kit on each node, as
+    pyxis names a job's), so that the job epilog, not the step, removes it: the job ends COMPLETED, its
+    containers are there while it runs and gone after, on every node, and the nodes stay up. A name the user
+    gives is theirs; in pyxis's global scope kit names nothing."""
+    from kit import api, slurm
+    from kit.slurm import pyxis
+
+    data = [cluster.root / "enroot" / f"node{i}" / "data" for i in (1, 2)]
+    with container_scope(cluster, "global"):  # pyxis's default: named containers stay
+        assert not pyxis.epilog_removes(slurm.pyxis_settings(cluster.target))
+    with container_scope(cluster, "job"):
+        assert slurm.pyxis_settings(cluster.target)["container_scope"] == "job"
+        job = submit(tmp_path, "--nodes", "2", "--image", str(base_image), "--no-exporter",
+                     command=["bash", "-c", "sleep 4; echo ran in $(cat /etc/debian_version)"])
+        job_dir, job_id = Path(job["job_dir"]), job["job_id"]
+        assert "--container-name=kit" in (job_dir / "prelaunch.sh").read_text()
+        kept = [d / f"pyxis_{job_id}_kit" for d in data]
+        wait_for(lambda: all(k.is_dir() for k in kept), 120, what="the job's named container on both nodes")
+        end = api.Job(job_dir).wait(timeout=180)
+        assert (end.state, end.exit_code) == ("COMPLETED", 0), read_logs(job_dir)
+        assert "ran in 12." in read_logs(job_dir)
+        wait_for(lambda: not any(k.exists() for k in kept), 30, what="the job epilog removing its containers")
+        assert not [p.name for d in data for p in d.iterdir() if p.name.startswith(f"pyxis_{job_id}")]
+        mine = submit(tmp_path, "--image", str(base_image), "--container-name", "mine", "--dry-run", command=["true"])
+        assert "--container-name=mine" in " ".join(mine["sbatch_argv"]) or \
+            "--container-name=mine" in (Path(mine["job_dir"]) / "prelaunch.sh").read_text()
+    nodes = subprocess.run(["sinfo", "-h", "-o", "%t"], env={**os.environ, **cluster.target.env},
+                           capture_output=True, text=True).stdout.split()
+    assert set(nodes) == {"idle"}, nodes
 
 
 def test_a_node_repaired_from_a_shell_with_another_path_still_runs_containers(cluster, base_image, tmp_path):
@@ -498,7 +548,7 @@ def test_bench_container_quick(cluster, cpu_image, tmp_path):
                            str(cpu_image), "--output-dir", str(tmp_path / "jobs")], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "first step, squashfuse / create:" in proc.stdout and "create mode's end beyond the host's" in proc.stdout, proc.stdout
+    assert "first step, squashfuse / create:" in proc.stdout and "create mode's end of the job beyond the host's" in proc.stdout, proc.stdout
 
 
 def test_container_options_on_sbatch_and_salloc_follow_pyxis(cluster, cpu_image, tmp_path):

@@ -39,8 +39,13 @@ def cluster() -> None:
               help="How container jobs hold their image, as pyxis's use_squashfuse: read through squashfuse, never "
                    "unpacked (--squashfuse), or unpacked on each node first (--create); "
                    "changes a running cluster from its next job step [default: as running, else --create].")
+@click.option("--container-scope", type=click.Choice(["global", "job"]), default=None,
+              help="pyxis's container_scope: job makes named containers the job's, removed by the job epilog "
+                   "(kit then names create-mode containers, so that their removal is out of the job's steps) "
+                   "[default: as running, else global, pyxis's].")
 def up(nodes: int | None, cpus_per_node: int | None, gpus_per_node: int | None, prometheus: bool,
-       isolated_network: bool | None, accounting: bool | None, squashfuse: bool | None) -> None:
+       isolated_network: bool | None, accounting: bool | None, squashfuse: bool | None,
+       container_scope: str | None) -> None:
     """Start slurmctld and NODES slurmd daemons.
 
     Idempotent. On a cluster where some daemons died, starts only those
@@ -51,7 +56,7 @@ def up(nodes: int | None, cpus_per_node: int | None, gpus_per_node: int | None, 
     t0 = time.monotonic()
     st, started = c.up(nodes=nodes, cpus_per_node=cpus_per_node, gpus_per_node=gpus_per_node,
                        progress=_progress, prometheus=prometheus, isolated_network=isolated_network,
-                       accounting=accounting, squashfuse=squashfuse)
+                       accounting=accounting, squashfuse=squashfuse, container_scope=container_scope)
     what = ("started" if not rows_before else "repaired") if started else "already running"
     click.echo(f"local cluster {what}: {st.nodes} node(s) x {st.cpus_per_node} CPUs"
                + (f" x {st.gpus_per_node} GPUs" if st.gpus_per_node else "")

@@ -102,15 +102,14 @@ class LocalCluster:
     def up(self, nodes: int | None = None, cpus_per_node: int | None = None, gpus_per_node: int | None = None,
            timeout: float = 30.0, progress=lambda msg: None, prometheus: bool = False,
            isolated_network: bool | None = None, accounting: bool | None = None,
-           squashfuse: bool | None = None) -> tuple[ClusterState, bool]:
+           squashfuse: bool | None = None, container_scope: str | None = None) -> tuple[ClusterState, bool]:
         """Start the cluster, or bring back the daemons of one that died. Returns (state, started_now).
 
-        A cluster whose state is here keeps it: only dead daemons are started
-        again (slurmctld recovers its jobs and job ids from its saved state),
-        so jobs that survived on the other daemons run on. Shape arguments
-        left out (None) mean "as it is" (or 2 nodes, this machine's CPUs, no GPUs; accounting
-        when slurmdbd and MariaDB are installed; create mode). The container mode changes on a
-        running cluster too: each new step's slurmstepd reads it.
+        A cluster whose state is here keeps it: only dead daemons are started again (slurmctld recovers
+        its jobs and job ids from its saved state), so jobs that survived on the other daemons run on.
+        Shape arguments left out (None) mean "as it is" (or 2 nodes, this machine's CPUs, no GPUs;
+        accounting when slurmdbd and MariaDB are installed; create mode; pyxis's global container
+        scope). Container mode and scope change on a running cluster too: each new step reads them.
         """
         for tool in REQUIRED:
             if shutil.which(tool) is None:
@@ -133,9 +132,7 @@ class LocalCluster:
                      cpus_per_node or (st.cpus_per_node if st else os.cpu_count() or 1),
                      gpus_per_node if gpus_per_node is not None else (st.gpus_per_node if st else 0))
             isolated = isolated_network if isolated_network is not None else bool(st and st.network)
-            fuse = squashfuse if squashfuse is not None else bool(st and st.squashfuse)
-            if fuse:
-                plugin.check_squashfuse()
+            mode = plugin.choose_mode(squashfuse, container_scope, st)
             lacking = accounting_.missing()
             counted = accounting if accounting is not None else (bool(st.dbd_port) if st else not lacking)
             if accounting and lacking:
@@ -162,12 +159,12 @@ class LocalCluster:
                         + (", with accounting" if st.dbd_port else ", without accounting"),
                         field="cluster", hint="run `kit cluster down` first to change its shape")
                 if same:
-                    return st, self._repair(st, dead, fuse, prometheus, timeout, progress)
+                    return st, self._repair(st, dead, mode, prometheus, timeout, progress)
                 progress("every daemon of the earlier cluster is gone: starting a new one")
                 teardown.end_job_processes(self.conf, progress)
             network.clear_leftover(self.root, progress)
             layout.clean(self.root, self.state_file)
-            st = self._start(*shape, timeout, progress, isolated, counted, fuse)
+            st = self._start(*shape, timeout, progress, isolated, counted, mode)
             if prometheus:
                 try:
                     start_prometheus(self, st, timeout, progress)
@@ -177,15 +174,17 @@ class LocalCluster:
                 self.save(st)
             return st, True
 
-    def _repair(self, st: ClusterState, dead, fuse: bool, prometheus: bool, timeout: float, progress) -> bool:
-        """`up` on a running cluster of the same shape: switch the container mode (the next
-        step's slurmstepd reads it), start the dead daemons, resume held nodes, add Prometheus.
-        Returns whether anything was started or resumed."""
-        if st.squashfuse != fuse:
-            st.squashfuse = fuse
+    def _repair(self, st: ClusterState, dead, mode: tuple[bool, str], prometheus: bool, timeout: float,
+                progress) -> bool:
+        """`up` on a running cluster of the same shape: switch the container mode and scope (the
+        next step's slurmstepd reads them), start the dead daemons, resume held nodes, add
+        Prometheus. Returns whether anything was started or resumed."""
+        if (st.squashfuse, st.container_scope) != mode:
+            plugin.check_scope(st.containers, mode[1])
+            st.squashfuse, st.container_scope = mode
             layout.write_plugstack(self.root, st)
             self.save(st)
-            progress(f"containers from the next job step on: {plugin.mode_description(fuse)}")
+            progress(f"containers from the next job step on: {plugin.mode_description(*mode)}")
         if dead:
             self._restart(st, [n for n, _ in dead], timeout, progress)
         resumed = self._resume_nodes(progress)
@@ -267,12 +266,12 @@ class LocalCluster:
         return order.index(name) if name in order else len(order)
 
     def _start(self, nodes: int, cpus: int, gpus: int, timeout: float, progress,
-               isolated: bool = False, counted: bool = False, fuse: bool = False) -> ClusterState:
+               isolated: bool = False, counted: bool = False, mode: tuple[bool, str] = (False, "global")) -> ClusterState:
         ports = processes.free_ports(nodes + 2)
         st = ClusterState(nodes=nodes, cpus_per_node=cpus, gpus_per_node=gpus,
                           memory_mb=processes.memory_mb(), hostname=socket.gethostname().split(".")[0],
                           ctld_port=ports[0], node_ports=ports[1:-1], dbd_port=ports[-1] if counted else None,
-                          squashfuse=fuse)
+                          squashfuse=mode[0], container_scope=mode[1])
         # The record first (`down` finds what to remove); a failed start removes it too (no half-made cluster).
         try:
             if isolated:
@@ -283,6 +282,7 @@ class LocalCluster:
                          + ", ".join(f"{n} {a}" for n, a in net.addresses.items()))
                 network.create(net)
             st.containers = plugin.prepare(self.root, progress)
+            plugin.check_scope(st.containers, st.container_scope)
             if st.containers:
                 st.container_plugin = plugin.plugin_of(self.root, st)
             st.auth = "munge" if shutil.which("munged") else "none"

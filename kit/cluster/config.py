@@ -106,15 +106,17 @@ def pyxis_runtime(root: Path) -> Path:
     return root / "enroot" / "pyxis"
 
 
-def plugstack_conf(containers: str | None, root: Path, plugin: str | None, squashfuse: bool = False) -> str:
-    """The plugin line; ``squashfuse``: pyxis's ``use_squashfuse=1`` (the stand-in takes it too),
-    read by each new step's slurmstepd."""
+def plugstack_conf(containers: str | None, root: Path, plugin: str | None, squashfuse: bool = False,
+                   scope: str = "global") -> str:
+    """The plugin line; ``squashfuse``: pyxis's ``use_squashfuse=1``; ``scope``: its ``container_scope``
+    (job: named containers are the job's, removed by the job epilog) — the stand-in takes both, and finds
+    the nodes' data directories in its epilog through ``kit_data=``. Read by each new step's slurmstepd."""
     lines = ["# SPANK plugins of kit's local cluster"]
-    mode = " use_squashfuse=1" if squashfuse else ""
+    mode = (" use_squashfuse=1" if squashfuse else "") + (" container_scope=job" if scope == "job" else "")
     if containers == PYXIS:
         lines.append(f"required {plugin} runtime_path={pyxis_runtime(root)}{mode}")
     elif containers == STAND_IN:
-        lines.append(f"required {plugin}{mode}")
+        lines.append(f"required {plugin}{mode}" + (f" kit_data={root / 'enroot'}" if scope == "job" else ""))
     return "\n".join(lines) + "\n"
 
 

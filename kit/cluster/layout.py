@@ -56,7 +56,8 @@ def write(root: Path, conf: Path, st) -> None:
 def write_plugstack(root: Path, st) -> None:
     """plugstack.conf for ``st`` (each new step's slurmstepd reads it: a mode change needs no restart)."""
     so = plugin.plugin_of(root, st) if st.containers else None
-    files.write_atomic(root / "plugstack.conf", config.plugstack_conf(st.containers, root, so, st.squashfuse))
+    files.write_atomic(root / "plugstack.conf", config.plugstack_conf(st.containers, root, so, st.squashfuse,
+                                                                      st.container_scope))
 
 
 def clean(root: Path, state_file: Path) -> None:

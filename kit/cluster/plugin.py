@@ -52,14 +52,49 @@ def description(root: Path, st) -> str:
         which = f"pyxis {plugin_of(root, st)}, each node with its own enroot paths under {root / 'enroot'}"
     else:
         which = f"kit's pyxis stand-in {plugin_of(root, st)} (no pyxis and enroot installed)"
-    return f"{which}; {mode_description(st.squashfuse)}"
+    return f"{which}; {mode_description(st.squashfuse, st.container_scope)}"
 
 
-def mode_description(squashfuse: bool) -> str:
+def mode_description(squashfuse: bool, scope: str = "global") -> str:
     if squashfuse:
-        return ("squashfuse mode (use_squashfuse=1: images started from the squashfs, read through squashfuse "
+        mode = ("squashfuse mode (use_squashfuse=1: images started from the squashfs, read through squashfuse "
                 "under an overlay, never unpacked)")
-    return "create mode (each node unpacks the image before the step: enroot create)"
+    else:
+        mode = "create mode (each node unpacks the image before the step: enroot create)"
+    if scope == "job":
+        mode += ("; container_scope=job (named containers are the job's, removed by the job epilog: kit names "
+                 "create-mode containers so that their removal is out of the job's steps)")
+    return mode
+
+
+SCOPES = ("global", "job")  # pyxis's container_scope
+# pyxis's job epilog runs enroot with this PATH (pyxis_slurmd.c, job_epilog_fixup).
+EPILOG_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
+
+
+def choose_mode(squashfuse: bool | None, scope: str | None, st) -> tuple[bool, str]:
+    """(squashfuse, container scope) for ``kit cluster up``: as given, else as running, else create mode and
+    pyxis's global scope; squashfuse mode's tools checked."""
+    fuse = squashfuse if squashfuse is not None else bool(st and st.squashfuse)
+    if fuse:
+        check_squashfuse()
+    scope = scope or (st.container_scope if st else "global")
+    if scope not in SCOPES:
+        raise KitError(f"expected one of {', '.join(SCOPES)}, got {scope!r}", field="--container-scope")
+    return fuse, scope
+
+
+def check_scope(containers: str | None, scope: str) -> None:
+    """container_scope=job with real pyxis needs an enroot its job epilog finds (on EPILOG_PATH, configured
+    for this cluster's per-node directories: .ci/real-pyxis installs one); without it every job's epilog
+    would fail, and Slurm drain the node."""
+    if scope != "job" or containers != config.PYXIS:
+        return
+    if not any(os.access(os.path.join(d, "enroot"), os.X_OK) for d in EPILOG_PATH):
+        raise KitError(f"pyxis's job epilog runs enroot from {':'.join(EPILOG_PATH)}, and none is there",
+                       field="--container-scope", exit_code=1,
+                       hint="install enroot there as a site does (.ci/real-pyxis does, with the per-node paths "
+                            "of kit's cluster in its enroot.conf.d), or keep --container-scope global")
 
 
 # enroot's default (ENROOT_NATIVE_OVERLAYFS) and the stand-in lay a kernel overlay over the

@@ -23,6 +23,7 @@ class ClusterState:
     network: dict | None = None  # --isolated-network: kit.cluster.network.Network as a dict
     dbd_port: int | None = None  # accounting: slurmdbd's port (None: no accounting)
     squashfuse: bool = False  # containers started from the squashfs through FUSE (pyxis use_squashfuse=1)
+    container_scope: str = "global"  # pyxis's container_scope: "job" removes named containers in the job epilog
 
 
 @dataclass

@@ -171,6 +171,8 @@ class ResolvedJob:
     image_digest: str | None = None  # sha256 of an --image file, pinned at submission
     image_source: str | None = None  # the --image path as given (a rerun's: the first job's)
     after: tuple[str, ...] = ()  # the --after dependencies checked, as "JOBID:kind"
+    container_name: str | None = None  # the name pyxis keeps the container under: the user's, or kit's where
+                                       # the site's pyxis removes a job's named containers in its epilog
 
 
 def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None = None) -> ResolvedJob:

@@ -10,6 +10,7 @@ from pathlib import Path
 from kit.core.spec import ResolvedJob
 from kit.errors import KitError
 from kit.jobdir import JobDir
+from kit.slurm import pyxis
 from kit.slurm.target import Target
 
 def _escape_filename_pattern(path: str) -> str:
@@ -152,11 +153,25 @@ def gpu_count(gres: str) -> int:
     return sum(int(m.group(1)) for m in re.finditer(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)", gres))
 
 
+def slurm_config(target: Target) -> str:
+    """``scontrol show config``'s text ("" when it does not answer)."""
+    return target.run(["scontrol", "show", "config"], what="scontrol", check=False).stdout
+
+
 def kill_wait(target: Target) -> int | None:
     """Slurm's KillWait (seconds between a job's TERM and its KILL), or None if unknown."""
-    out = target.run(["scontrol", "show", "config"], what="scontrol", check=False).stdout
-    m = re.search(r"^KillWait\s*=\s*(\d+)", out, re.M)
+    m = re.search(r"^KillWait\s*=\s*(\d+)", slurm_config(target), re.M)
     return int(m.group(1)) if m else None
+
+
+def pyxis_settings(target: Target) -> dict[str, str] | None:
+    """The settings of the cluster's pyxis (its plugstack.conf line: PlugStackConfig, else the one beside
+    slurm.conf); None where that file cannot be read here."""
+    text = slurm_config(target)
+    m = re.search(r"^PlugStackConfig\s*=\s*(/\S+)", text, re.M)
+    conf = re.search(r"^SLURM_CONF\s*=\s*(/\S+)", text, re.M)
+    path = m.group(1) if m else (str(Path(conf.group(1)).parent / "plugstack.conf") if conf else None)
+    return pyxis.plugstack_settings(Path(path)) if path else None
 
 
 def check_stop_grace(target: Target, grace: int, label: str) -> None:

@@ -147,3 +147,38 @@ def check_container(spec, origins) -> tuple[str, list[Mount]]:
         check_mount_path(spec.prometheus_targets, "the targets directory (mounted into the container)",
                          origins.label("prometheus_targets"))
     return image, mounts
+
+
+# The container kit names where the site's pyxis removes a job's named containers in its job epilog.
+KIT_CONTAINER = "kit"
+
+
+def plugstack_settings(path: Path, _depth: int = 0) -> dict[str, str] | None:
+    """The ``KEY=VALUE`` settings on pyxis's line of a plugstack.conf (its ``include``s followed); None
+    when the file cannot be read here (a configless site's login node) or loads no pyxis."""
+    from kit import files
+
+    try:
+        text = files.read_text(path, 1 << 20)
+    except (OSError, UnicodeError):
+        return None
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].split()
+        if len(words) >= 2 and words[0] == "include" and _depth < 4:
+            pattern = words[1] if os.path.isabs(words[1]) else str(path.parent / words[1])
+            for found in sorted(Path("/").glob(pattern.lstrip("/"))):
+                settings = plugstack_settings(found, _depth + 1)
+                if settings is not None:
+                    return settings
+        elif len(words) >= 2 and words[0] in ("required", "optional") and "pyxis" in Path(words[1]).name:
+            return dict(w.split("=", 1) for w in words[2:] if "=" in w)
+    return None
+
+
+def epilog_removes(settings: dict[str, str] | None) -> bool:
+    """Whether a named container is removed by pyxis's job epilog, out of the job's steps, where an unnamed
+    one costs its step an ``enroot remove``: ``container_scope=job`` in create mode (in squashfuse mode an
+    unnamed container is started from the image directly and has nothing to remove)."""
+    if not settings or settings.get("container_scope") != "job":
+        return False
+    return settings.get("use_squashfuse", "0").lower() not in ("1", "true", "yes", "y", "on")

@@ -106,8 +106,8 @@ def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[st
         if workdir is None:
             meta = info.image_metadata(image) or {}
             workdir = (meta.get("config") or {}).get("workdir") or None
-    flags = pyxis.srun_flags(image=job.image, mounts=mounts, workdir=workdir, name=s.container_name,
-                             writable=s.container_writable, mount_home=s.container_mount_home,
+    flags = pyxis.srun_flags(image=job.image, mounts=mounts, workdir=workdir, name=job.container_name or
+                             s.container_name, writable=s.container_writable, mount_home=s.container_mount_home,
                              remap_root=s.container_remap_root)
     names = sorted(set(pyxis.JOB_VARIABLES) | set(s.env) | set(s.container_env))
     return flags, names
@@ -131,8 +131,7 @@ def render_scripts(job: ResolvedJob, job_dir: Path, the_step: Step | None = None
     the_step = the_step or step(job, job_dir)
     lib = bash.template("lib.sh").rstrip("\n")  # shared functions, included whole (no side effects)
     prelaunch = bash.render(prelaunch_template(), {
-        "kit_version": __version__,
-        "lib": lib,
+        "kit_version": __version__, "lib": lib,
         "job_dir": bash.quote(job_dir),
         "max_restarts": str(s.max_restarts),
         "signal_lead": str(s.signal_lead),
@@ -233,6 +232,8 @@ def plan(spec, origins=None, *, target: slurm.Target | None = None, target_note:
                           origins.label("gpus_per_node")),
                          note=lambda msg: said.append(f"warning: {msg}"), gpus_per_node=s.gpus_per_node)
         slurm.check_stop_grace(target, s.stop_grace, origins.label("stop_grace"))
+        if job.image and not s.container_name and pyxis.epilog_removes(slurm.pyxis_settings(target)):
+            job = dataclasses.replace(job, container_name=pyxis.KIT_CONTAINER)  # removed after the job, not in it
         deps = slurm.check_after(target, deps, origins.label("after"), note=said.append)
     return Plan(dataclasses.replace(job, after=tuple(f"{job_id}:{kind}" for job_id, kind, _ in deps)), target, said)
 

@@ -9,7 +9,9 @@
  * /sys (read-only), /dev, /tmp, /run, the host's /etc/hosts, /etc/hostname,
  * /etc/resolv.conf and /etc/machine-id, and the --container-mounts binds and their flags;
  * --container-name keeps the container's root filesystem in the node's data
- * directory (KIT_PYXIS_DATA, set by `kit cluster up`) for later jobs; the
+ * directory (KIT_PYXIS_DATA, set by `kit cluster up`) for later jobs (with
+ * container_scope=job, as pyxis: for the job's later steps, removed by the job
+ * epilog, which finds the directory through kit_data=); the
  * task loses LANG, LANGUAGE and LC_ALL, and the login variables and the
  * image's /etc/environment override the task's except those named in
  * --container-env; errors in pyxis' words.
@@ -28,6 +30,7 @@
  * Built by `kit cluster up` against Debian's libslurm-dev headers.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <fcntl.h>
@@ -55,6 +58,9 @@ SPANK_PLUGIN(kit_pyxis, 1);
 static char *opt_image, *opt_mounts, *opt_workdir, *opt_env, *opt_name;
 static int opt_writable, opt_mount_home, opt_remap_root;
 static int use_squashfuse;  /* plugstack.conf: use_squashfuse=1, pyxis's setting */
+static int job_scope;       /* plugstack.conf: container_scope=job, pyxis's: named containers are the job's */
+static char *kit_data;      /* plugstack.conf: kit_data=DIR, the nodes' enroot directories (DIR/NODE/data) */
+static uint32_t job_id;
 
 static int set_str(char **dst, const char *val)
 {
@@ -112,14 +118,30 @@ static int parse_bool(const char *v)
 	return -1;
 }
 
-int slurm_spank_init(spank_t sp, int ac, char **av)
+/* The plugstack.conf line's settings (pyxis's use_squashfuse and container_scope; kit_data). */
+static int parse_config(int ac, char **av)
 {
 	for (int i = 0; i < ac; i++) {
 		if (strncmp(av[i], "use_squashfuse=", 15) == 0 && (use_squashfuse = parse_bool(av[i] + 15)) >= 0)
 			continue;
+		if (strcmp(av[i], "container_scope=job") == 0 || strcmp(av[i], "container_scope=global") == 0) {
+			job_scope = strcmp(av[i] + 16, "job") == 0;
+			continue;
+		}
+		if (strncmp(av[i], "kit_data=/", 10) == 0) {
+			kit_data = av[i] + 9;
+			continue;
+		}
 		slurm_error(TAG ": plugstack.conf: unknown or invalid setting: %s", av[i]);
 		return -1;
 	}
+	return 0;
+}
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+	if (parse_config(ac, av) < 0)
+		return -1;
 	for (struct spank_option *o = options; o->name; o++)
 		if (spank_option_register(sp, o) != ESPANK_SUCCESS) {
 			slurm_error(TAG ": cannot register --%s", o->name);
@@ -513,7 +535,10 @@ static int mount_image(const char *base)
 		const char *data = getenv("KIT_PYXIS_DATA");
 		if (!data || !*data)
 			return fail(TAG ": --container-name: KIT_PYXIS_DATA is not set for this slurmd (kit cluster up sets it)");
-		snprintf(dir, sizeof(dir), "%s/pyxis_%s", data, opt_name);
+		if (job_scope)  /* pyxis's name for it; the job epilog removes it */
+			snprintf(dir, sizeof(dir), "%s/pyxis_%u_%s", data, (unsigned)job_id, opt_name);
+		else
+			snprintf(dir, sizeof(dir), "%s/pyxis_%s", data, opt_name);
 		if (access(dir, F_OK) == 0) {
 			reused = 1;
 		} else if (!opt_image) {
@@ -662,6 +687,8 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	(void)ac; (void)av;
 	if (spank_context() != S_CTX_REMOTE || (!opt_image && !opt_name))
 		return 0;
+	if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
+		job_id = 0;
 	ready = make_container(sp) == 0;
 	return 0;
 }
@@ -719,4 +746,47 @@ int slurm_spank_exit(spank_t sp, int ac, char **av)
 		stop_fuse_daemons();
 	umount2(BASE, MNT_DETACH);
 	return 0;
+}
+
+/* container_scope=job (as pyxis's slurm_spank_job_epilog): the job's named containers
+ * (pyxis_JOBID_NAME in the node's data directory) are removed once the job has ended on
+ * the node, out of its steps. A failure is an error, which drains the node, as pyxis's. */
+int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
+{
+	uint32_t id;
+	char data[4096], prefix[64], path[4096 + 256];
+	if (parse_config(ac, av) < 0)
+		return -1;
+	if (!job_scope || !kit_data)
+		return 0;
+	const char *node = getenv("SLURMD_NODENAME");
+	if (spank_get_item(sp, S_JOB_ID, &id) != ESPANK_SUCCESS || !node || !*node || strchr(node, '/') ||
+	    node[0] == '.') {
+		slurm_error(TAG ": epilog: no job id or node name");
+		return -1;
+	}
+	snprintf(data, sizeof(data), "%s/%s/data", kit_data, node);
+	snprintf(prefix, sizeof(prefix), "pyxis_%u_", (unsigned)id);
+	DIR *d = opendir(data);
+	if (!d)
+		return errno == ENOENT ? 0 : (slurm_error(TAG ": epilog: %s: %m", data), -1);
+	int rc = 0;
+	for (struct dirent *e; (e = readdir(d));) {
+		if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", data, e->d_name);
+		/* rm follows no symbolic link and, here, crosses into no other file system */
+		pid_t pid = fork();
+		if (pid == 0) {
+			execl("/bin/rm", "rm", "-rf", "--one-file-system", "--", path, (char *)NULL);
+			_exit(127);
+		}
+		int status = 0;
+		if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+			slurm_error(TAG ": epilog: couldn't remove %s", path);
+			rc = -1;
+		}
+	}
+	closedir(d);
+	return rc;
 }
