@@ -27,7 +27,9 @@ class Sidecar:
 # It runs at nice 19: it watches the training and must yield to it, yet keep
 # answering on a node whose cores the job keeps busy. (SCHED_IDLE was tried: on
 # 2 cores kept busy by 2 processes it did not serve one scrape in 40 s; at nice 19
-# it served from 14 s on, p50 117 ms; at nice 0 from 1 s, p50 5 ms.)
+# it served from 14 s on, p50 117 ms; at nice 0 from 1 s, p50 5 ms.) In a session
+# of its own (kit::start's setsid), it nices its autogroup too (kit.monitor's
+# yield_cpu): there a process's nice weighs only inside its group.
 EXPORTER = Sidecar("exporter", 'exec nice -n 19 "${KIT_PYTHON:-python3}" -m kit.monitor --port "${KIT_EXPORTER_PORTS}" '
                                f'--log "${{KIT_NODE_LOG_PREFIX}}{JobDir.METRICS_SUFFIX}" --exit-with-parent')
 BUILTIN: tuple[Sidecar, ...] = (
