@@ -297,7 +297,10 @@ def test_bad_build_input(tmp_path, tiny):
 
     missing = kit("build", str(tmp_path / "nope.toml"), "-o", str(tmp_path / "out.sqsh"))
     assert (missing.returncode, missing.stderr.splitlines()[0]) == (2, f"kit: RECIPE: no such recipe: {tmp_path}/nope.toml")
-    registry = build('[base]\nimage = "docker://nvcr.io#nvidia/pytorch:24.08-py3"\n')
+    # without enroot (a machine with one, e.g. after .ci/real-pyxis, would try the registry)
+    no_enroot = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if not os.path.exists(f"{d}/enroot"))
+    recipe = write_recipe(tmp_path / "r.toml", '[base]\nimage = "docker://nvcr.io#nvidia/pytorch:24.08-py3"\n')
+    registry = kit("build", str(recipe), "-o", str(tmp_path / "out.sqsh"), env={**os.environ, "PATH": no_enroot})
     assert registry.returncode == 2
     assert error_lines(registry.stderr)[0] == (
         f"kit: {tmp_path}/r.toml: base: cannot pull docker://nvcr.io#nvidia/pytorch:24.08-py3: enroot is not installed")

@@ -137,8 +137,11 @@ def row_node_failure_without_requeue(cluster, tmp_path):
     scontrol(cluster, "update", f"NodeName={node}", "State=DOWN", "Reason=kit-test")
     try:
         check_end(cluster, w, state="NODE_FAIL", code=outcome.NODE_FAILED, finished=False, log=None, ends=None)
-        # srun may exit 0 when its node fails, before the stop reaches prelaunch: never "finished".
-        assert [r["end"] for r in runs(w.job_dir)] in (["incomplete"], ["stopped"])
+        # srun may exit 0 when its node fails, before the stop reaches prelaunch: never "finished". Slurm may
+        # also kill the batch script before its trap writes anything (seen once in a loaded full suite; a
+        # node that really fails leaves no record either): the end is then Slurm's NODE_FAIL alone, which
+        # check_end held above (state, exit code, no FINISHED).
+        assert [r["end"] for r in runs(w.job_dir)] in ([], ["incomplete"], ["stopped"])
     finally:
         resume(cluster, node)
 
