@@ -107,7 +107,6 @@ def remote_wait(job_dir, job_id):
 
 def _job(call: dict):
     from kit import api
-
     from kit.jobdir import records
 
     given = str(call["dir"])  # a directory (relative: under the login home) or a job id
