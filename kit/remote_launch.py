@@ -127,11 +127,11 @@ def _launched(host: remote.Host, argv: list[str], cwd: Path, say, echo: bool = T
         sources = {name: objects / name for name in
                    {v + (".x" if k == "x" else "") for _, k, v in codestore.entries(snap, manifests) if k in ("f", "x")}}
         about = {k: getattr(snap, k) for k in ("digest", "source", "files", "bytes", "commit", "dirty")}
+        about["argv"] = _without_option(argv, "--code")  # in the channel's data: never on the login node's ps
         image = _laptop_image(argv, Path(cwd))
         if image is not None:  # sent as the login node's pinned copy, by content, unless it is there
             about["image"], sources[f"image:sha256-{image[1].partition(':')[2]}.sqsh"] = image[1], image[0]
-        proc = subprocess.Popen(remote.ssh_argv(host, ["remote-launch", "--tree", tree, "--cwd", where,
-                                                       *_without_option(argv, "--code")], options),
+        proc = subprocess.Popen(remote.ssh_argv(host, ["remote-launch", "--tree", tree, "--cwd", where], options),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=host.env)
         tail = remote.forward_stderr(proc, echo)
         try:
@@ -217,10 +217,11 @@ def _send(proc, about: dict, manifest: bytes, sources: dict[str, Path]) -> tuple
 
 
 # ---------------------------------------------------------------- the login node's side
-def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path, Path | None]:
+def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path, Path | None, list[str]]:
     """Steps 1-4 on the login node: the snapshot's objects and manifest into ``$KIT_HOME/code``, its tree
     laid out, the laptop's image (if any) pinned; (the snapshot, as the laptop took it, rooted at the tree;
-    the directory in the tree that stands for the laptop's: ``where``; the image's pinned copy)."""
+    the directory in the tree that stands for the laptop's: ``where``; the image's pinned copy; the launch's
+    arguments, which came in the header, not on the command line: a ``--env`` secret stays off ``ps``)."""
     if not tree or "/" in tree or tree.startswith(".") or Path(where).is_absolute() or ".." in Path(where).parts:
         raise KitError(f"not a tree name or place: {tree!r}, {where!r}", field="remote-launch")
     try:
@@ -231,6 +232,9 @@ def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path, Path | Non
                  header["dirty"] if isinstance(header["dirty"], bool) else None)
         image = header.get("image")
         image = f"sha256-{_hex(image)}.sqsh" if image is not None else None
+        argv = header["argv"]
+        if not isinstance(argv, list) or not all(isinstance(a, str) and "\x00" not in a for a in argv):
+            raise TypeError
     except (ValueError, KeyError, AttributeError, TypeError):
         raise KitError("the laptop sent no snapshot", field="remote-launch") from None
     hexdigest = digest.partition(":")[2] if isinstance(digest, str) else ""
@@ -254,7 +258,7 @@ def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path, Path | Non
             _receive_object(objects, images, set(missing))
         top = _lay_out(kit_home() / "trees" / tree, hexdigest[:16], entries, objects)
     return (codestore.Snapshot(digest, str(top), str(store), *about), top / where,
-            images / image if image is not None else None)
+            images / image if image is not None else None, argv)
 
 
 def _hex(digest) -> str:

@@ -293,6 +293,12 @@ def test_python_launch_jobs_and_job_on_the_login_node(cluster, hosts, laptop, tm
 
     for key, value in laptop.items():
         monkeypatch.setenv(key, value)
+    # kit there through a wrapper that records its command line (what the login node's ps shows)
+    seen = tmp_path / "argv-there"
+    wrapper = tmp_path / "kit-there"
+    wrapper.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {seen}\nexec {sys.executable} -m kit "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("KIT_REMOTE_KIT", str(wrapper))
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "job.sh").write_text("echo one; echo token=$TOKEN; sleep 3; echo two\n")
@@ -309,6 +315,7 @@ def test_python_launch_jobs_and_job_on_the_login_node(cluster, hosts, laptop, tm
     here = kitlib.Job(job.dir)  # the login node's own answers (the same disk)
     assert job.state() == here.state() == "COMPLETED" and job.done()
     assert job.logs() == here.logs() and "0: token=s3cret" in job.logs()
+    assert "remote-launch" in seen.read_text() and "s3cret" not in seen.read_text()  # in the channel, not on ps
     assert job.progress() == here.progress() and job.errors() == here.errors() == []
     assert job.wait(timeout=60).exit_code == 0
     listed = kitlib.jobs(host="kit-login", output_dirs=[out])
