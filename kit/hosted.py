@@ -91,20 +91,11 @@ class HostedJob:
     def wait(self, timeout: float | None = None) -> Outcome:
         """The job's outcome once it ends; a dropped connection is opened again (for up to
         :data:`kit.remote.RIDE_THROUGH` seconds) and the wait goes on there."""
-        deadline, end = None, None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = None if end is None else max(0.0, end - time.monotonic())
-            try:
-                return Outcome(**self._call("wait", timeout=left))
-            except KitError as e:
-                if "ssh could not reach" not in e.message:
-                    raise
-                deadline = deadline or time.monotonic() + remote.RIDE_THROUGH
-                if time.monotonic() > deadline:
-                    raise
-                print(f"kit: job {self.id}: the connection to {self.host.name} dropped; waiting again",
-                      file=sys.stderr, flush=True)
-            time.sleep(2)
+        end = None if timeout is None else time.monotonic() + timeout
+        return remote.riding_through(
+            lambda: Outcome(**self._call("wait", timeout=None if end is None else max(0.0, end - time.monotonic()))),
+            note=lambda: print(f"kit: job {self.id}: the connection to {self.host.name} dropped; waiting again",
+                               file=sys.stderr, flush=True))
 
     def cancel(self, reason: str | None = None) -> dict:
         return self._call("cancel", reason=reason)

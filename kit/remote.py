@@ -226,9 +226,7 @@ class Session:
         code = self.proc.wait()
         said = self.err.join()
         checked(self.host, code, said, self.options)  # ssh's own failures, no kit there
-        theirs = [line[5:].strip() for line in said.splitlines() if line.startswith("kit: ")]
-        raise KitError(theirs[0] if theirs else f"kit on {self.host.name} ended with exit {code}", field="host",
-                       exit_code=code or 1, detail="\n".join(said.splitlines()[1:]) or None)
+        raise failure(self.host, code, said)
 
     def __exit__(self, *exc) -> None:
         try:
@@ -285,14 +283,41 @@ def checked(host: Host, code: int, said: str, options: list[str]) -> int:
             raise KitError(f"ssh refused {host.name}: its host key is not the one known for it", field="--host",
                            exit_code=1, hint="if the login node's key really changed, check its fingerprint with "
                                              "your site and update ~/.ssh/known_hosts (ssh-keygen -R HOST)")
-        raise KitError(f"ssh could not reach {host.name}: {_last_line(said) or 'exit 255'}", field="--host",
-                       exit_code=1, hint=f"check that `{shlex.join([*host.ssh, host.name])}` works without a prompt "
-                                         f"(kit never prompts), or start a master: {master_command(host, options)}")
+        raise Unreachable(f"ssh could not reach {host.name}: {_last_line(said) or 'exit 255'}", field="--host",
+                          exit_code=1, hint=f"check that `{shlex.join([*host.ssh, host.name])}` works without a "
+                                            f"prompt (kit never prompts), or start a master: "
+                                            f"{master_command(host, options)}")
     if code == 127 and not said.strip():  # remote_command's own "not there"
         raise KitError(f"kit is not installed on {host.name} ({shlex.join(host.remote_kit)}: not found)",
                        field="--host", exit_code=1,
                        hint=f"install it there: {INSTALL}=={__version__} (or set KIT_REMOTE_KIT to its path)")
     return code
+
+
+class Unreachable(KitError):
+    """ssh could not reach the login node (its own failure, exit 255): nothing ran there."""
+
+
+def failure(host: Host, code: int, said: str) -> KitError:
+    """kit there failed (not ssh): its ``kit: …`` line (the rest of what it said as the detail)."""
+    theirs = [line[5:].strip() for line in said.splitlines() if line.startswith("kit: ")]
+    return KitError(theirs[0] if theirs else f"kit on {host.name} ended with exit {code}", field="host",
+                    exit_code=code or 1, detail="\n".join(said.splitlines()[1:]) or None)
+
+
+def riding_through(attempt, note=lambda: None):
+    """``attempt()``, made again while it fails for want of a connection (:class:`Unreachable`), for up to
+    :data:`RIDE_THROUGH` seconds from the first such failure; ``note()`` told before each new attempt."""
+    deadline = None
+    while True:
+        try:
+            return attempt()
+        except Unreachable:
+            deadline = deadline or time.monotonic() + RIDE_THROUGH
+            if time.monotonic() > deadline:
+                raise
+            note()
+        time.sleep(2)
 
 
 def _last_line(text: str) -> str:

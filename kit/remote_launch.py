@@ -33,7 +33,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from kit import codestore, files, remote
@@ -89,12 +88,11 @@ def launch_call(host: remote.Host, argv: list[str], cwd: Path) -> tuple[dict, li
     said_here: list[str] = []
     code, shown, said, options = _launched(host, ["--json", *argv], cwd, say=said_here.append, echo=False)
     remote.checked(host, code, said, options)
-    theirs = [line[5:].strip() for line in said.splitlines() if line.startswith("kit: ")]
     if code != 0:
-        raise KitError(theirs[0] if theirs else f"kit launch on {host.name} ended with exit {code}", field="host",
-                       exit_code=code, detail="\n".join(said.splitlines()[1:]) or None)
+        raise remote.failure(host, code, said)
     try:
-        return json.loads(bytes(shown).decode().splitlines()[0]), [*said_here, *theirs]
+        return json.loads(bytes(shown).decode().splitlines()[0]), [
+            *said_here, *(line[5:].strip() for line in said.splitlines() if line.startswith("kit: "))]
     except (ValueError, IndexError) as e:
         raise KitError(f"kit launch on {host.name} printed no job: {e}", field="host", exit_code=1) from None
 
@@ -164,15 +162,8 @@ def _submitted(text: str) -> tuple[str, str] | None:
 def ride_through(host: remote.Host, job_id: str, job_dir: str) -> int:
     """``--wait`` after its connection dropped: connect again (for up to :data:`kit.remote.RIDE_THROUGH`
     seconds) and wait for the job there (``kit remote-wait``); the job's exit code, as ``--wait`` gives it."""
-    deadline = time.monotonic() + remote.RIDE_THROUGH
     print(f"kit: job {job_id}: the connection to {host.name} dropped; waiting again", file=sys.stderr, flush=True)
-    while True:
-        try:
-            return remote.run(host, ["remote-wait", job_dir, "--job-id", job_id])
-        except KitError:
-            if time.monotonic() > deadline:
-                raise
-        time.sleep(2)
+    return remote.riding_through(lambda: remote.run(host, ["remote-wait", job_dir, "--job-id", job_id]))
 
 
 def _laptop_image(argv: list[str], cwd: Path) -> tuple[Path, str] | None:

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from kit.cluster import LocalCluster
+from kit.cluster import LocalCluster, plugin
 
 
 def _progress(msg: str) -> None:
@@ -39,7 +39,7 @@ def cluster() -> None:
               help="How container jobs hold their image, as pyxis's use_squashfuse: read through squashfuse, never "
                    "unpacked (--squashfuse), or unpacked on each node first (--create); "
                    "changes a running cluster from its next job step [default: as running, else --create].")
-@click.option("--container-scope", type=click.Choice(["global", "job"]), default=None,
+@click.option("--container-scope", type=click.Choice(plugin.SCOPES), default=None,
               help="pyxis's container_scope: job makes named containers the job's, removed by the job epilog "
                    "(kit then names create-mode containers, so that their removal is out of the job's steps) "
                    "[default: as running, else global, pyxis's].")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import asdict
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -58,9 +58,9 @@ def remote_result(job_dir, job_id, timeout, batch):
     job = functions.FunctionJob(job_dir, job_id=job_id)
     array_id, _, index = job_id.partition("_")
     array_dir = Path(job_dir).parent.parent
-    states = None
-    if batch and index.isdigit() and records.task_indices(array_dir):
-        states = slurm.ArrayStates(job.target, array_id, records.task_indices(array_dir))
+    states, indices = None, records.task_indices(array_dir) if batch and index.isdigit() else []
+    if indices:
+        states = slurm.ArrayStates(job.target, array_id, indices)
         job = functions.FunctionJob(job_dir, job_id=job_id, target=job.target, array_states=states)
     try:
         end = job.wait(timeout)

@@ -158,25 +158,26 @@ def slurm_config(target: Target) -> str:
     return target.run(["scontrol", "show", "config"], what="scontrol", check=False).stdout
 
 
-def kill_wait(target: Target) -> int | None:
-    """Slurm's KillWait (seconds between a job's TERM and its KILL), or None if unknown."""
-    m = re.search(r"^KillWait\s*=\s*(\d+)", slurm_config(target), re.M)
+def kill_wait(target: Target, config: str | None = None) -> int | None:
+    """Slurm's KillWait (seconds between a job's TERM and its KILL), or None if unknown; ``config``:
+    :func:`slurm_config`'s text, when the caller has it."""
+    m = re.search(r"^KillWait\s*=\s*(\d+)", slurm_config(target) if config is None else config, re.M)
     return int(m.group(1)) if m else None
 
 
-def pyxis_settings(target: Target) -> dict[str, str] | None:
+def pyxis_settings(target: Target, config: str | None = None) -> dict[str, str] | None:
     """The settings of the cluster's pyxis (its plugstack.conf line: PlugStackConfig, else the one beside
-    slurm.conf); None where that file cannot be read here."""
-    text = slurm_config(target)
+    slurm.conf); None where that file cannot be read here. ``config`` as for :func:`kill_wait`."""
+    text = slurm_config(target) if config is None else config
     m = re.search(r"^PlugStackConfig\s*=\s*(/\S+)", text, re.M)
     conf = re.search(r"^SLURM_CONF\s*=\s*(/\S+)", text, re.M)
     path = m.group(1) if m else (str(Path(conf.group(1)).parent / "plugstack.conf") if conf else None)
     return pyxis.plugstack_settings(Path(path)) if path else None
 
 
-def check_stop_grace(target: Target, grace: int, label: str) -> None:
+def check_stop_grace(target: Target, grace: int, label: str, config: str | None = None) -> None:
     """kit's grace between a stop's TERM and its KILL must end before Slurm's own KILL."""
-    wait = kill_wait(target)
+    wait = kill_wait(target, config)
     if wait is not None and grace >= wait:
         raise KitError(f"a grace of {grace} s would be cut short: Slurm kills a job's processes {wait} s "
                        "(KillWait) after it signals them", field=label, hint=f"use a --stop-grace below {wait}")

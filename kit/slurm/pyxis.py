@@ -19,6 +19,7 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
+from kit import files
 from kit.image import REGISTRY_REF, is_reference, is_squashfs
 from kit.errors import KitError
 
@@ -156,8 +157,6 @@ KIT_CONTAINER = "kit"
 def plugstack_settings(path: Path, _depth: int = 0) -> dict[str, str] | None:
     """The ``KEY=VALUE`` settings on pyxis's line of a plugstack.conf (its ``include``s followed); None
     when the file cannot be read here (a configless site's login node) or loads no pyxis."""
-    from kit import files
-
     try:
         text = files.read_text(path, 1 << 20)
     except (OSError, UnicodeError):

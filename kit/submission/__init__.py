@@ -231,8 +231,8 @@ def plan(spec, origins=None, *, target: slurm.Target | None = None, target_note:
                          (origins.label("nodes"), origins.label("cpus_per_task"), origins.label("mem"),
                           origins.label("gpus_per_node")),
                          note=lambda msg: said.append(f"warning: {msg}"), gpus_per_node=s.gpus_per_node)
-        slurm.check_stop_grace(target, s.stop_grace, origins.label("stop_grace"))
-        if job.image and not s.container_name and pyxis.epilog_removes(slurm.pyxis_settings(target)):
+        slurm.check_stop_grace(target, s.stop_grace, origins.label("stop_grace"), config := slurm.slurm_config(target))
+        if job.image and not s.container_name and pyxis.epilog_removes(slurm.pyxis_settings(target, config)):
             job = dataclasses.replace(job, container_name=pyxis.KIT_CONTAINER)  # removed after the job, not in it
         deps = slurm.check_after(target, deps, origins.label("after"), note=said.append)
     return Plan(dataclasses.replace(job, after=tuple(f"{job_id}:{kind}" for job_id, kind, _ in deps)), target, said)
