@@ -12,10 +12,11 @@ seconds after the last call): the first call opens it, the next ones open nothin
 master fails with one line naming the command that starts one.
 
 What crosses: the command's arguments, and nothing of the laptop's environment (``ssh -T``, no
-``SendEnv`` of kit's own; the user's configuration may send ``LANG``). kit on the login node is
-``KIT_REMOTE_KIT`` (default ``kit``, found on the login shell's PATH); it refuses a client of another
-version before it does anything (``KIT_CLIENT_VERSION``), and ends when the connection does (its
-standard input closes).
+``SendEnv`` of kit's own; the user's configuration may send ``LANG``). The arguments travel as the first
+line of the channel's data (``kit remote-args`` reads them), never on the login node's command line, where
+every user's ``ps`` would show a ``--env`` secret. kit on the login node is ``KIT_REMOTE_KIT`` (default
+``kit``, found on the login shell's PATH); it refuses a client of another version before it does anything
+(``KIT_CLIENT_VERSION``), and ends when the connection does (its standard input closes).
 
 ``KIT_SSH``: the ssh command, split as a shell would (default ``ssh``; e.g. ``ssh -F ~/.ssh/cluster``).
 """
@@ -45,6 +46,8 @@ RIDE_THROUGH = 600  # seconds a followed log waits for its connection to come ba
 READS_INPUT = ("remote-launch", "remote-submit")  # kit there reads its input first, then watches it
 INSTALL = "pip install kit-slurm"
 VERSION_VARIABLE = "KIT_CLIENT_VERSION"
+ARGS_COMMAND = "remote-args"  # the login node's kit reads its arguments from its input (read_args)
+ARGS_LIMIT = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -115,21 +118,46 @@ def master_alive(host: Host, options: list[str]) -> bool:
     return proc.returncode == 0
 
 
-def remote_command(host: Host, argv: list[str]) -> str:
-    """The command line the login node's shell runs: kit, told the client's version, with ``argv`` (exit 127
-    and nothing said when there is no such kit there: the client says it, once). The login shell may be csh:
-    it is only asked to run ``sh -c`` with one single-quoted word, which the sh, bash, dash and csh families
-    read the same; a script with what csh would not pass on in it (``!``, a newline) travels as base64."""
+def remote_command(host: Host) -> str:
+    """The command line the login node's shell runs: kit, told the client's version, reading its arguments
+    from its input (:func:`start`, :func:`read_args`); exit 127 and nothing said when there is no such kit
+    there (the client says it, once). The login shell may be csh: it is only asked to run ``sh -c`` with one
+    single-quoted word, which the sh, bash, dash and csh families read the same; a script with what csh would
+    not pass on in it (``!``, a newline: ``KIT_REMOTE_KIT`` may hold them) travels as base64."""
     found = f"command -v {shlex.quote(host.remote_kit[0])} >/dev/null 2>&1 || exit 127"
-    script = f"{found}; {VERSION_VARIABLE}={shlex.quote(__version__)} exec {shlex.join([*host.remote_kit, *argv])}"
+    script = f"{found}; {VERSION_VARIABLE}={shlex.quote(__version__)} exec {shlex.join([*host.remote_kit, ARGS_COMMAND])}"
     if "!" in script or "\n" in script:
         encoded = base64.b64encode(script.encode("utf-8", "surrogateescape")).decode()
         return f"exec sh -c 'eval \"$(printf %s {encoded} | base64 -d)\"'"
     return f"exec sh -c {shlex.quote(script)}"
 
 
-def ssh_argv(host: Host, argv: list[str], options: list[str]) -> list[str]:
-    return [*host.ssh, "-T", "-o", "BatchMode=yes", *options, host.name, "--", remote_command(host, argv)]
+def ssh_argv(host: Host, options: list[str]) -> list[str]:
+    return [*host.ssh, "-T", "-o", "BatchMode=yes", *options, host.name, "--", remote_command(host)]
+
+
+def start(host: Host, argv: list[str], options: list[str]) -> subprocess.Popen:
+    """``kit ARGV`` on the login node: ssh started, ``argv`` its input's first line (JSON); its input, output
+    and stderr pipes, for the caller to go on with."""
+    proc = subprocess.Popen(ssh_argv(host, options), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=host.env)
+    try:
+        proc.stdin.write(json.dumps(argv, ensure_ascii=True).encode() + b"\n")
+        proc.stdin.flush()
+    except OSError:  # ssh ended at once: its exit code and its words say why
+        pass
+    return proc
+
+
+def read_args() -> list[str]:
+    """On the login node: the arguments the client sent as its input's first line (:func:`start`)."""
+    try:
+        argv = json.loads(sys.stdin.buffer.readline(ARGS_LIMIT))
+    except ValueError:
+        argv = None
+    if not isinstance(argv, list) or not all(isinstance(a, str) and "\x00" not in a for a in argv):
+        raise KitError("the client sent no command", field=ARGS_COMMAND, exit_code=2)
+    return argv
 
 
 def connection_options(host: Host) -> list[str]:
@@ -154,8 +182,7 @@ def run(host: Host, argv: list[str], *, follow: bool = False) -> int:
     options = connection_options(host)
     shown, deadline = 0, None
     while True:
-        proc = subprocess.Popen(ssh_argv(host, argv, options), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=host.env)
+        proc = start(host, argv, options)
         tail = forward_stderr(proc)
         code = pass_through(proc, skip=shown)
         shown, said = proc.shown, tail.join()
@@ -199,8 +226,7 @@ class Session:
 
     def __enter__(self) -> "Session":
         self.options = connection_options(self.host)
-        self.proc = subprocess.Popen(ssh_argv(self.host, self.argv, self.options), stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.host.env)
+        self.proc = start(self.host, self.argv, self.options)
         self.err = _Stderr(self.proc.stderr, echo=False)
         self.err.start()
         return self

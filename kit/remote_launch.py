@@ -18,8 +18,9 @@ speaks a short protocol on its standard input and output before it launches:
 An unchanged tree sends no object; a one-file edit sends that file. Paths the job names by absolute path
 (``--image``, ``--mount``) and ``--output-dir`` are the login node's (a relative ``--output-dir`` is
 under the login home; without one, ``~/kit-jobs``). Nothing of the laptop's environment crosses but the
-command line (``--env NAME=VALUE`` travels inside the SSH channel, and lands 0700 in the job directory as
-on a local launch).
+command line, which travels inside the SSH channel as every ``--host`` call's does (:func:`kit.remote.start`:
+never on the login node's command line; a ``--env NAME=VALUE`` lands 0700 in the job directory as on a
+local launch).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import re
 import secrets
 import shutil
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -106,8 +106,7 @@ def _launched(host: remote.Host, argv: list[str], cwd: Path, say, echo: bool = T
     shown = bytearray()
     write = remote.show if echo else (lambda data: None)
     if "--no-code-snapshot" in head:
-        proc = subprocess.Popen(remote.ssh_argv(host, ["launch", *argv], options), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=host.env)
+        proc = remote.start(host, ["launch", *argv], options)
         tail = remote.forward_stderr(proc, echo)
         code = remote.pass_through(proc, keep=shown, write=write)
         return code, shown, tail.join(), options
@@ -125,12 +124,11 @@ def _launched(host: remote.Host, argv: list[str], cwd: Path, say, echo: bool = T
         sources = {name: objects / name for name in
                    {v + (".x" if k == "x" else "") for _, k, v in codestore.entries(snap, manifests) if k in ("f", "x")}}
         about = {k: getattr(snap, k) for k in ("digest", "source", "files", "bytes", "commit", "dirty")}
-        about["argv"] = _without_option(argv, "--code")  # in the channel's data: never on the login node's ps
         image = _laptop_image(argv, Path(cwd))
         if image is not None:  # sent as the login node's pinned copy, by content, unless it is there
             about["image"], sources[f"image:sha256-{image[1].partition(':')[2]}.sqsh"] = image[1], image[0]
-        proc = subprocess.Popen(remote.ssh_argv(host, ["remote-launch", "--tree", tree, "--cwd", where], options),
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=host.env)
+        proc = remote.start(host, ["remote-launch", "--tree", tree, "--cwd", where, "--",
+                                   *_without_option(argv, "--code")], options)
         tail = remote.forward_stderr(proc, echo)
         try:
             sent = _send(proc, about, manifest, sources)
@@ -208,11 +206,10 @@ def _send(proc, about: dict, manifest: bytes, sources: dict[str, Path]) -> tuple
 
 
 # ---------------------------------------------------------------- the login node's side
-def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path, Path | None, list[str]]:
+def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path, Path | None]:
     """Steps 1-4 on the login node: the snapshot's objects and manifest into ``$KIT_HOME/code``, its tree
     laid out, the laptop's image (if any) pinned; (the snapshot, as the laptop took it, rooted at the tree;
-    the directory in the tree that stands for the laptop's: ``where``; the image's pinned copy; the launch's
-    arguments, which came in the header, not on the command line: a ``--env`` secret stays off ``ps``)."""
+    the directory in the tree that stands for the laptop's: ``where``; the image's pinned copy)."""
     if not tree or "/" in tree or tree.startswith(".") or Path(where).is_absolute() or ".." in Path(where).parts:
         raise KitError(f"not a tree name or place: {tree!r}, {where!r}", field="remote-launch")
     try:
@@ -223,9 +220,6 @@ def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path, Path | Non
                  header["dirty"] if isinstance(header["dirty"], bool) else None)
         image = header.get("image")
         image = f"sha256-{_hex(image)}.sqsh" if image is not None else None
-        argv = header["argv"]
-        if not isinstance(argv, list) or not all(isinstance(a, str) and "\x00" not in a for a in argv):
-            raise TypeError
     except (ValueError, KeyError, AttributeError, TypeError):
         raise KitError("the laptop sent no snapshot", field="remote-launch") from None
     hexdigest = digest.partition(":")[2] if isinstance(digest, str) else ""
@@ -249,7 +243,7 @@ def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path, Path | Non
             _receive_object(objects, images, set(missing))
         top = _lay_out(kit_home() / "trees" / tree, hexdigest[:16], entries, objects)
     return (codestore.Snapshot(digest, str(top), str(store), *about), top / where,
-            images / image if image is not None else None, argv)
+            images / image if image is not None else None)
 
 
 def _hex(digest) -> str:

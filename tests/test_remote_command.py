@@ -1,11 +1,13 @@
-"""What kit asks the login node's shell to run (kit.remote.remote_command), without an sshd: the command's
-arguments arrive byte for byte whatever the login shell (bash, dash, tcsh: csh parses the same single-quoted
-`sh -c` word; what it would not pass on travels as base64), and a kit that is not there is exit 127 with nothing
-said."""
+"""What kit asks the login node's shell to run (kit.remote.start), without an sshd: a stand-in for ssh runs the
+command it is given with a login shell of each family (bash, dash, tcsh: csh parses the same single-quoted `sh -c`
+word; what it would not pass on travels as base64). The command's arguments never appear on the login node's command
+line — they are the channel's first line, which kit there reads (`kit remote-args`) — and arrive byte for byte; a
+kit that is not there is exit 127 with nothing said."""
 
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 
@@ -13,25 +15,46 @@ from kit import remote
 from kit.version import __version__
 
 TRICKY = ["ps", "a b", "it's", '"quoted"', "$HOME", "`id`", "semi;colon", "back\\slash", "*", "", "--", "ünï",
-          "~", "{a,b}", "%1", "a=b"]
-CSH_TRICKY = ["bang!", "!!", "!$", "new\nline", "it's!"]  # what csh would not pass on in a single-quoted word
+          "~", "{a,b}", "%1", "a=b", "bang!", "!!", "!$", "new\nline", "it's!", "--env=TOKEN=s3cret"]
 SHELLS = ["bash", "dash", "tcsh"]  # tcsh: the csh of Debian (.ci/setup installs it)
+# kit there: says the client's version, the command line it was given, and the arguments it read
+THERE = ("import os, sys; from kit import remote; "
+         "sys.stdout.write('\\0'.join([os.environ['KIT_CLIENT_VERSION'], *sys.argv[1:], '|', *remote.read_args()]))")
 
 
-@pytest.mark.parametrize("tricky", [TRICKY, TRICKY + CSH_TRICKY], ids=["plain", "base64"])
+def _host(tmp_path, shell: str, remote_kit: tuple[str, ...]) -> remote.Host:
+    """A host whose "ssh" runs the remote command with ``shell`` here, recording that command."""
+    fake = tmp_path / "ssh"
+    fake.write_text("import os, sys\n"
+                    f"open({str(tmp_path / 'command')!r}, 'w').write(sys.argv[-1])\n"
+                    "os.execvp(sys.argv[1], [sys.argv[1], '-c', sys.argv[-1]])\n")
+    return remote.Host("login", ssh=(sys.executable, str(fake), shell), remote_kit=remote_kit)
+
+
+@pytest.mark.parametrize("kit_there", ["plain", "base64"])
 @pytest.mark.parametrize("shell", SHELLS)
-def test_arguments_reach_kit_there_byte_for_byte_and_it_is_told_the_clients_version(shell, tricky):
-    host = remote.Host("login", remote_kit=("sh", "-c", 'printf "%s\\0" "$KIT_CLIENT_VERSION" "$@"', "kit"))
-    command = remote.remote_command(host, tricky)
-    assert ("base64 -d" in command) == (tricky is not TRICKY)  # the plain form stays readable where it can
-    out = subprocess.run([shell, "-c", command], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\0")[:-1] == [__version__, *tricky]
+def test_arguments_reach_kit_there_byte_for_byte_off_its_command_line(tmp_path, shell, kit_there):
+    # A KIT_REMOTE_KIT with a "!" in it (csh would expand it): the command travels as base64.
+    prefix = ("env", "KIT_NOTE=hi!") if kit_there == "base64" else ()
+    host = _host(tmp_path, shell, (*prefix, sys.executable, "-c", THERE))
+    proc = remote.start(host, TRICKY, [])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    command = (tmp_path / "command").read_text()
+    assert ("base64 -d" in command) == (kit_there == "base64")  # the plain form stays readable where it can
+    assert out.decode().split("\0") == [__version__, remote.ARGS_COMMAND, "|", *TRICKY]
+    assert "s3cret" not in command and "TOKEN" not in command  # not on the login node's `ps`
 
 
 @pytest.mark.parametrize("shell", SHELLS)
-@pytest.mark.parametrize("argv", [["ps"], ["logs", "bang!"]])
-def test_no_kit_there_is_127_and_silence(shell, argv):
-    host = remote.Host("login", remote_kit=("/nonexistent/kit",))
-    out = subprocess.run([shell, "-c", remote.remote_command(host, argv)], capture_output=True, text=True)
-    assert (out.returncode, out.stdout, out.stderr) == (127, "", "")
+def test_no_kit_there_is_127_and_silence(tmp_path, shell):
+    proc = remote.start(_host(tmp_path, shell, ("/nonexistent/kit",)), ["logs", "bang!"], [])
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (127, b"", b"")
+
+
+def test_kit_there_refuses_input_that_is_no_command():
+    for given in (b"", b"not json\n", b'{"argv": 1}\n', b'["ps", 3]\n', b'["a\\u0000b"]\n'):
+        proc = subprocess.run([sys.executable, "-m", "kit", remote.ARGS_COMMAND], input=given, capture_output=True,
+                              env={"PATH": "/usr/bin:/bin", remote.VERSION_VARIABLE: __version__})
+        assert (proc.returncode, proc.stderr) == (2, b"kit: remote-args: the client sent no command\n"), given

@@ -119,9 +119,11 @@ def main(argv: list[str] | None = None) -> None:
     if refused is not None:  # this kit runs on a login node for a client of another version
         click.echo(refused.format(), err=True)
         sys.exit(refused.exit_code)
-    if os.environ.pop(remote.VERSION_VARIABLE, None) is not None and not set(remote.READS_INPUT) & set(args[:2]):
-        remote.watch_input_end()  # (remote-launch and remote-submit read their input first, then watch it)
     try:
+        if os.environ.pop(remote.VERSION_VARIABLE, None) is not None:  # on a login node, for a client
+            args = remote.read_args() if args == [remote.ARGS_COMMAND] else args
+            if not set(remote.READS_INPUT) & set(args[:2]):
+                remote.watch_input_end()  # (remote-launch and remote-submit read their input first, then watch it)
         there = _on_the_login_node(args)
         if there is not None:
             host, rest = there
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
 
                 sys.exit(report_here(remote.Host.of(host), rest[rest.index("report") + 1:]))
             sys.exit(remote.run(remote.Host.of(host), rest, follow=_follows(rest)))
-        rv = cli.main(args=argv, prog_name="kit", standalone_mode=False)
+        rv = cli.main(args=args, prog_name="kit", standalone_mode=False)
     except KitError as e:
         click.echo(e.format(), err=True)
         sys.exit(e.exit_code)

@@ -207,13 +207,14 @@ def wait_and_report_tasks(target: slurm.Target, job_id: str, job_dir) -> int:
 @click.command(name="remote-launch", hidden=True)
 @click.option("--tree", required=True, help="The laptop's tree, by name (under $KIT_HOME/trees).")
 @click.option("--cwd", "where", required=True, help="The laptop's directory, relative to its tree.")
-def remote_launch(tree, where):
-    """The login node's side of `kit --host LOGIN launch` (kit.remote_launch): the code and the launch's
-    arguments received (on standard input), then launched."""
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def remote_launch(tree, where, args):
+    """The login node's side of `kit --host LOGIN launch` (kit.remote_launch): the code received (on standard
+    input), then launched with ARGS (after ``--``)."""
     from kit import remote, remote_launch as received
 
-    snap, here, image, args = received.receive(tree, where)
-    argv = received.launch_argv(args, image)
+    snap, here, image = received.receive(tree, where)
+    argv = received.launch_argv(list(args), image)
     remote.watch_input_end()
     here.mkdir(parents=True, exist_ok=True)  # the laptop's directory held no file of the snapshot
     os.chdir(here)
