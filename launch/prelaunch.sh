@@ -9,6 +9,11 @@
 # Its exit code is the step's.
 # shellcheck disable=SC2317  # functions run from traps look unreachable to shellcheck
 set -euo pipefail
+# The warning signal can come as the script starts (Slurm warned a requeued run 33 ms after
+# starting it): noted from this first command on, not left to kill the script before
+# kit::batch sets its traps, which act on it then (kit::early_warning).
+KIT_EARLY_WARNING=0
+trap 'KIT_EARLY_WARNING=1' {{ signal }}
 
 {{ lib }}
 kit::lib_init
@@ -122,6 +127,7 @@ kit::batch() {
   kit::prepare
   trap kit::cleanup EXIT
   kit::trap TERM INT "${KIT_WARNING_SIGNAL}"
+  kit::early_warning
   kit::catch_up_runs
   kit::tracker_env
   kit::restore_code

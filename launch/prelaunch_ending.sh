@@ -16,6 +16,15 @@ kit::on_signal() {
   fi
 }
 
+# kit::early_warning: a warning that came before kit::batch set its traps
+# (prelaunch's first command noted it) is acted on as if it came now.
+kit::early_warning() {
+  if (( KIT_EARLY_WARNING )); then
+    kit::log "the warning signal came as the script started"
+    KIT_SIGNALS+=("${KIT_WARNING_SIGNAL}")
+  fi
+}
+
 # kit::pass_warning: hand the warning to the step by a file each launcher
 # watches (progress/r<K>/warning): the launcher gives it to its command once
 # the command handles it. Signalling srun would not do: slurmstepd passes a

@@ -401,7 +401,10 @@ def test_a_step_that_never_started_is_told_so(cluster, tmp_path):
     proc = kit("launch", "--local", "--wait", "--no-exporter", "--mpi", "pmix", "--output-dir", str(tmp_path / "jobs"),
                "--", "true", timeout=180)
     assert proc.returncode != 0 and "ended FAILED: the job step never started" in proc.stderr, proc.stderr
-    assert "the command failed" not in proc.stderr
+    assert "the command failed" not in proc.stderr and "srun, its MPI plugin or the container failed" in proc.stderr
+    # A batch script killed by a signal before any rank ran (128+N) is told as that signal.
+    killed = slurm.job_outcome(slurm.JobStatus("1", "FAILED", exit_code=138), tmp_path / "jobs")
+    assert "the batch script ended by SIGUSR1 before any rank ran" in killed.meaning, killed.meaning
 
 
 def test_ps_filters_by_state_name_age_and_owner(cluster, tmp_path):

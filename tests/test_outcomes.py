@@ -203,6 +203,27 @@ def test_outcome_row(row, cluster, tmp_path):
     row(cluster, tmp_path)
 
 
+def test_a_warning_as_the_batch_script_starts_is_kept_and_acted_on(cluster, tmp_path):
+    """Slurm may send the warning signal as a run starts (it warned a requeued run 33 ms after starting it, before
+    prelaunch had set its traps: the batch script died of it, FAILED 138 with restarts left). Here it comes while
+    prelaunch's first external command runs (a mkdir on PATH that signals its parent, the batch script): the
+    warning is kept and handed to the command, which ends its work on it."""
+    bin_dir, flag = tmp_path / "bin", tmp_path / "signalled"
+    bin_dir.mkdir()
+    (bin_dir / "mkdir").write_text(
+        "#!/bin/sh\n"
+        f"if [ ! -e {flag} ] && tr '\\0' ' ' </proc/$PPID/cmdline | grep -q slurm_script; then\n"
+        f"  : >{flag}; kill -USR1 $PPID; sleep 0.2\n"
+        "fi\n"
+        'exec /bin/mkdir "$@"\n')
+    (bin_dir / "mkdir").chmod(0o755)
+    w = launch_wait(tmp_path, "--max-restarts", "0", env={"PATH": f"{bin_dir}:{os.environ['PATH']}"},
+                    command=["bash", "-c", 'trap "exit 0" USR1; touch "$KIT_FINISHED_FILE"; sleep 300 & wait'])
+    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log="the warning signal came as the script started",
+              ends=["finished"])
+    assert flag.exists() and "got SIGUSR1: the time limit is near" in read_logs(w.job_dir)
+
+
 TRAIN = [sys.executable, "-m", "kit.train", "--max-steps", "400", "--step-delay", "0.03", "--log-every", "10",
          "--checkpoint-every", "20"]
 

@@ -4,6 +4,7 @@ for an end through controller outages, and what an end means (the outcome table)
 from __future__ import annotations
 
 import json
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -301,8 +302,7 @@ def job_outcome(st: JobStatus, job_dir: Path | None, finished: bool | None = Non
         code = _STATE_CODES.get(st.state, outcome.LOST)
     meaning = outcome.command_failed(code) if st.state == "FAILED" else outcome.MEANING[code]
     if st.state == "FAILED" and job_dir is not None and not _any_rank_ran(Path(job_dir), st.restarts):
-        meaning = (f"the job step never started (exit code {code}): srun, its MPI plugin or the container failed "
-                   "before any rank ran; `kit logs JOB --errors` shows the batch log's end")
+        meaning = _never_started(code)
     if st.state == "CANCELLED" and st.reason == "DependencyNeverSatisfied":
         meaning = f"it never ran: its dependency can never be met ({st.dependency or 'see squeue'})"
     return outcome.Outcome(state=st.state, exit_code=code, meaning=meaning, restarts=st.restarts)
@@ -316,6 +316,18 @@ def observe(end: JobStatus, job_dir: Path) -> outcome.Outcome:
     if end.state != "GONE":
         records.keep_outcome(job_dir, end.state)
     return job_outcome(end, job_dir, records.work_finished(job_dir))
+
+
+def _never_started(code: int) -> str:
+    """A failed job no rank of whose last run started: a signal that ended the batch script (128+N) is named."""
+    try:
+        name = signal.Signals(code - 128).name if 128 < code < 128 + signal.NSIG else None
+    except ValueError:
+        name = None
+    why = (f"the batch script ended by {name}" if name else
+           "srun, its MPI plugin or the container failed")
+    return (f"the job step never started (exit code {code}): {why} before any rank ran; `kit logs JOB --errors` "
+            "shows the batch log's end")
 
 
 def _any_rank_ran(job_dir: Path, run: int) -> bool:

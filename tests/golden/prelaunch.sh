@@ -9,6 +9,11 @@
 # Its exit code is the step's.
 # shellcheck disable=SC2317  # functions run from traps look unreachable to shellcheck
 set -euo pipefail
+# The warning signal can come as the script starts (Slurm warned a requeued run 33 ms after
+# starting it): noted from this first command on, not left to kill the script before
+# kit::batch sets its traps, which act on it then (kit::early_warning).
+KIT_EARLY_WARNING=0
+trap 'KIT_EARLY_WARNING=1' USR1
 
 # ---- kit's shared bash functions (launch/lib.sh, pasted into both scripts) ----
 # The teardown may run after the container's root is gone (Slurm stopped the step's
@@ -1012,6 +1017,15 @@ kit::on_signal() {
   fi
 }
 
+# kit::early_warning: a warning that came before kit::batch set its traps
+# (prelaunch's first command noted it) is acted on as if it came now.
+kit::early_warning() {
+  if (( KIT_EARLY_WARNING )); then
+    kit::log "the warning signal came as the script started"
+    KIT_SIGNALS+=("${KIT_WARNING_SIGNAL}")
+  fi
+}
+
 # kit::pass_warning: hand the warning to the step by a file each launcher
 # watches (progress/r<K>/warning): the launcher gives it to its command once
 # the command handles it. Signalling srun would not do: slurmstepd passes a
@@ -1293,6 +1307,7 @@ kit::batch() {
   kit::prepare
   trap kit::cleanup EXIT
   kit::trap TERM INT "${KIT_WARNING_SIGNAL}"
+  kit::early_warning
   kit::catch_up_runs
   kit::tracker_env
   kit::restore_code
