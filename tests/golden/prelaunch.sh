@@ -9,9 +9,10 @@
 # Its exit code is the step's.
 # shellcheck disable=SC2317  # functions run from traps look unreachable to shellcheck
 set -euo pipefail
-# The warning signal can come as the script starts (Slurm warned a requeued run 33 ms after
-# starting it): noted from this first command on, not left to kill the script before
-# kit::batch sets its traps, which act on it then (kit::early_warning).
+# The warning signal can come as the script starts (Slurm sends it from a periodic check: a
+# short limit's requeued run was warned 33 ms after it started): noted from this first
+# command on, not left to kill the script before kit::batch sets its traps, which act on it
+# then (kit::early_warning).
 KIT_EARLY_WARNING=0
 trap 'KIT_EARLY_WARNING=1' USR1
 
