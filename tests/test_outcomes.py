@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import (Waiting, check_end, job_processes, launch_wait, read_logs, release_requeued, runs, scancel,
+from helpers import (Waiting, check_end, hastened, job_processes, launch_wait, read_logs, release_requeued, runs, scancel,
                       scontrol, state_is, wait_for)
 
 from kit import slurm
@@ -186,9 +186,10 @@ def row_no_progress(cluster, tmp_path):
     # does not advance it ends the retries, with budget left.
     # Each requeue is prelaunch's: it releases Slurm's hold after a requeue itself.
     w = launch_wait(tmp_path, "--max-restarts", "5", "--hang-timeout", "3", command=["bash", "-c", NO_PROGRESS])
-    check_end(cluster, w, state="FAILED", code=outcome.NO_PROGRESS, finished=False,
-              log="the checkpoint step did not advance in this run or the one before (still 5): not requeueing again",
-              ends=["hang", "hang", "hang"])
+    with hastened(cluster, w.job_id):
+        check_end(cluster, w, state="FAILED", code=outcome.NO_PROGRESS, finished=False,
+                  log="the checkpoint step did not advance in this run or the one before (still 5): not requeueing "
+                      "again", ends=["hang", "hang", "hang"])
     assert [r["advanced"] for r in runs(w.job_dir)] == [True, False, False]
 
 

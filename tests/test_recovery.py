@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import check_end, kit, launch_wait, read_logs, require, wait_for, wait_no_processes
+from helpers import check_end, hastened, kit, launch_wait, read_logs, require, wait_for, wait_no_processes
 
 from kit import slurm
 from kit.cluster import LocalCluster
@@ -78,8 +78,9 @@ def test_hung_rank_is_caught_dumped_and_requeued_off_its_node(three, tmp_path):
     wait_for(lambda: f"the next run leaves out {suspect}" in read_logs(w.job_dir), 15, what="the exclusion")
     assert f"hang: rank 1 on {suspect}" in read_logs(w.job_dir)
     assert suspect in slurm.job_status(three.target, w.job_id).excluded_nodes
-    err = check_end(three, w, state="COMPLETED", code=0, finished=True, log="done at step=300",
-                    ends=["hang", "finished"])
+    with hastened(three, w.job_id):
+        err = check_end(three, w, state="COMPLETED", code=0, finished=True, log="done at step=300",
+                        ends=["hang", "finished"])
     assert "after 1 restart(s)" in err
     assert suspect not in hostnames(three, slurm.job_status(three.target, w.job_id).nodes)
     resumed = int(re.search(r"resuming from .*last.ckpt at step (\d+)",

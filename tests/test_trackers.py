@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from helpers import check_end, kit, launch_wait, release_requeued, scontrol, wait_for
+from helpers import check_end, hastened, kit, launch_wait, release_requeued, scontrol, wait_for
 from tracker_check import mlflow_runs, strictly_increasing, tensorboard_steps, wandb_offline_runs
 
 from kit.jobdir import JobDir
@@ -120,7 +120,8 @@ def test_reference_trainer_keeps_one_run_per_tracker_through_a_warning_and_an_ad
     # The warning: the trainer saves where it is and stops; kit requeues it (no hold).
     saved = int(wait_for(lambda: re.search(r"saved last.ckpt at step (\d+)", rank0_log(w, 0)), 60,
                          what="the save on the warning").group(1))
-    logged_past(w, 1, r"step=(\d+) loss", (saved // 20 + 1) * 20 + 9)  # past the next periodic checkpoint
+    with hastened(cluster, w.job_id):
+        logged_past(w, 1, r"step=(\d+) loss", (saved // 20 + 1) * 20 + 9)  # past the next periodic checkpoint
     scontrol(cluster, "requeue", w.job_id)
     release_requeued(cluster, w.job_id, w.job_dir, restarts=2)
     check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["warned", "stopped", "finished"])
