@@ -89,6 +89,20 @@ def row_cancelled_while_running(cluster, tmp_path):
               log="after a stop signal; the work is not finished", ends=["stopped"])
 
 
+def row_cancelled_after_the_warning(cluster, tmp_path):
+    # A cancel after the warning, restarts left: cancelled, never requeued (Slurm requeues even a cancelled
+    # batch job when asked, which would undo the user's cancel).
+    w = launch_wait(tmp_path, "--max-restarts", "2", command=["bash", "-c", HOLD])
+    wait_ready(w)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", w.job_id], env={**os.environ, **cluster.target.env},
+                   check=True)
+    wait_for(lambda: "got SIGUSR1" in read_logs(w.job_dir), 30, what="the warning")
+    scancel(cluster, w.job_id)
+    check_end(cluster, w, state="CANCELLED", code=outcome.CANCELLED, finished=False,
+              log="a stop signal came that was not the time limit", ends=["warned"])
+    assert slurm.job_status(cluster.target, w.job_id).restarts == 0
+
+
 def row_requeued_by_admin(cluster, tmp_path):
     # scontrol requeue is what preemption with PreemptMode=REQUEUE does.
     cmd = f'if [ "$KIT_RESTART" = 0 ]; then {HOLD}; fi; echo second run'
@@ -194,7 +208,7 @@ def row_no_progress(cluster, tmp_path):
 
 
 ROWS = [row_completed, row_command_failed, row_cancelled_while_pending, row_cancelled_while_starting,
-        row_cancelled_while_running, row_requeued_by_admin, row_requeued_beyond_the_budget,
+        row_cancelled_while_running, row_cancelled_after_the_warning, row_requeued_by_admin, row_requeued_beyond_the_budget,
         row_node_failure_without_requeue, row_node_failure_requeued, row_rank_killed, row_hang_with_budget_spent,
         row_no_progress]
 

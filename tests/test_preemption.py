@@ -97,7 +97,9 @@ def test_warning_checkpoints_requeues_and_resumes_from_the_saved_step(cluster, j
     merged = read_logs(job_dir)
     assert "run 0: 2 node(s)" in merged and "run 1: 2 node(s)" in merged
     subprocess.run(["scancel", job_id], env={**os.environ, **cluster.target.env}, check=True)
-    slurm.wait(cluster.target, job_id, timeout=90)
+    # Cancelled, also when the second run's warning came first: never requeued after the cancel.
+    end = slurm.wait(cluster.target, job_id, timeout=90)
+    assert end.state == "CANCELLED" and end.restarts == 1, (end, read_logs(job_dir)[-3000:])
     assert wait_no_processes(job_dir, 5) == []
 
 

@@ -1125,6 +1125,15 @@ kit::stalled() {
   [[ "${KIT_RECORD[advanced]}" == false ]]
 }
 
+# kit::slurm_reason: Slurm's reason for the job's state as its batch script ends: TimeLimit
+# when its stop signal was the time limit's; None for a cancel, an admin's requeue or a
+# preemption (Slurm shows each such job COMPLETING). Nothing when Slurm does not answer. Only
+# a stop at the time limit may be followed by kit's requeue: Slurm requeues even a cancelled
+# batch job when asked, so a requeue after a user's scancel would undo the cancel.
+kit::slurm_reason() {
+  squeue --noheader --jobs="${SLURM_JOB_ID}" --format=%r 2>/dev/null | awk 'NR == 1' || true
+}
+
 # kit::requeue WHY [NODE]: requeue the job within the retry budget, with NODE
 # (a suspect) left out of the next run where the partition has nodes to
 # spare. Returns 1 when the budget is spent or the requeue failed.
@@ -1138,6 +1147,10 @@ kit::requeue() {
   fi
   if (( KIT_RESTART >= KIT_MAX_RESTARTS )); then
     kit::log "${why}; retry budget spent (${KIT_MAX_RESTARTS} restarts), not requeueing"
+    return 1
+  fi
+  if (( KIT_STOPPING )) && [[ "$(kit::slurm_reason)" != TimeLimit ]]; then
+    kit::log "${why}; a stop signal came that was not the time limit (a cancel, or a requeue or preemption Slurm carries out itself): not requeueing"
     return 1
   fi
   kit::log "${why}; requeueing (restart $(( KIT_RESTART + 1 )) of ${KIT_MAX_RESTARTS})"
