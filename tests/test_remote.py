@@ -111,6 +111,11 @@ def test_kit_missing_there_or_of_another_version_is_refused_in_one_line(hosts, l
         **laptop, "KIT_REMOTE_KIT": f"env KIT_CLIENT_VERSION=0.0.1 {sys.executable} -m kit"})
     assert other.returncode == 2 and re.search(r"kit: --host: kit \S+ here, kit 0\.0\.1 on the client", other.stderr), \
         other.stderr
+    # A KIT_HOST in the login node's own environment (dotfiles shared with the laptop): the command runs there,
+    # never on to another host (which would be itself, again and again).
+    relayed = kit("--host", "kit-direct", "ps", "--output-dir", "/nonexistent/kit-jobs", env={
+        **laptop, "KIT_REMOTE_KIT": f"env KIT_HOST=kit-direct {sys.executable} -m kit"})
+    assert relayed.returncode == 0 and "kit-direct" not in relayed.stderr, relayed.stdout + relayed.stderr
 
 
 def test_logs_follow_streams_and_a_client_that_goes_away_leaves_nothing_there(cluster, hosts, laptop, tmp_path):

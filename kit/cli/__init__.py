@@ -120,11 +120,14 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(refused.format(), err=True)
         sys.exit(refused.exit_code)
     try:
-        if os.environ.pop(remote.VERSION_VARIABLE, None) is not None:  # on a login node, for a client
+        serving = os.environ.pop(remote.VERSION_VARIABLE, None) is not None  # on a login node, for a client
+        if serving:
             args = remote.read_args() if args == [remote.ARGS_COMMAND] else args
             if not set(remote.READS_INPUT) & set(args[:2]):
                 remote.watch_input_end()  # (remote-launch and remote-submit read their input first, then watch it)
-        there = _on_the_login_node(args)
+        # A client's command runs here, never on to another host: a KIT_HOST of the login node's own
+        # environment (dotfiles shared with the laptop) would otherwise have it call itself again and again.
+        there = None if serving else _on_the_login_node(args)
         if there is not None:
             host, rest = there
             command = [a for a in rest if not a.startswith("-")][:1]
