@@ -49,7 +49,7 @@ kit::stop_before_limit() {
   local end left
   kit::helper_traps
   while :; do
-    end="$(squeue --noheader --jobs="${SLURM_JOB_ID}" --format=%e 2>/dev/null | awk 'NR == 1')" || end=""
+    end="$(kit::job_field %e)"
     end="$(date -d "${end}" +%s 2>/dev/null)" || end=$(( $(date +%s) + KIT_SIGNAL_LEAD ))
     left=$(( end - $(date +%s) - KIT_LIMIT_MARGIN ))
     (( left > 0 )) || break
@@ -123,18 +123,20 @@ kit::stalled() {
   [[ "${KIT_RECORD[advanced]}" == false ]]
 }
 
-# kit::slurm_reason: Slurm's reason for the job's state as its batch script ends: TimeLimit
-# when its stop signal was the time limit's; None for a cancel, an admin's requeue or a
-# preemption (Slurm shows each such job COMPLETING). Nothing when Slurm does not answer. Only
-# a stop at the time limit may be followed by kit's requeue: Slurm requeues even a cancelled
-# batch job when asked, so a requeue after a user's scancel would undo the cancel.
-kit::slurm_reason() {
-  squeue --noheader --jobs="${SLURM_JOB_ID}" --format=%r 2>/dev/null | awk 'NR == 1' || true
+# kit::job_field FORMAT: one squeue field of this job (%e its end, %r its state's reason);
+# nothing when Slurm does not answer.
+kit::job_field() {
+  squeue --noheader --jobs="${SLURM_JOB_ID}" --format="$1" 2>/dev/null | awk 'NR == 1' || true
 }
 
 # kit::requeue WHY [NODE]: requeue the job within the retry budget, with NODE
 # (a suspect) left out of the next run where the partition has nodes to
-# spare. Returns 1 when the budget is spent or the requeue failed.
+# spare. Returns 1 when the budget is spent, the checkpoint step stalled, a
+# stop signal was not the time limit's, or the requeue failed. After a stop
+# signal Slurm's reason (%r) tells: TimeLimit at the time limit; None for a
+# cancel, an admin's requeue or a preemption (each job then shows COMPLETING),
+# and Slurm requeues even a cancelled batch job when asked: a requeue then would
+# undo the user's cancel. No answer: no requeue.
 kit::requeue() {
   local -r why="$1" suspect="${2-}"
   local excluded total
@@ -147,7 +149,7 @@ kit::requeue() {
     kit::log "${why}; retry budget spent (${KIT_MAX_RESTARTS} restarts), not requeueing"
     return 1
   fi
-  if (( KIT_STOPPING )) && [[ "$(kit::slurm_reason)" != TimeLimit ]]; then
+  if (( KIT_STOPPING )) && [[ "$(kit::job_field %r)" != TimeLimit ]]; then
     kit::log "${why}; a stop signal came that was not the time limit (a cancel, or a requeue or preemption Slurm carries out itself): not requeueing"
     return 1
   fi

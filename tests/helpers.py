@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,8 +139,13 @@ def release_requeued(cluster, job_id: str, job_dir, restarts: int = 1) -> None:
     assert wait_no_processes(job_dir, 45) == []
     wait_for(lambda: not stepds_of(job_id), 45, what="the earlier run's slurmstepd to end")
     time.sleep(2)
+    start_now(cluster, job_id, check=True)
+
+
+def start_now(cluster, job_id: str, check: bool = False) -> None:
+    """A pending job's begin time set to now: slurmctld looks at it at once."""
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
-                   env={**os.environ, **cluster.target.env}, check=True, capture_output=True)
+                   env={**os.environ, **cluster.target.env}, check=check, capture_output=True)
 
 
 @contextlib.contextmanager
@@ -148,8 +154,6 @@ def hastened(cluster, job_id: str):
     not at the scheduler's next pass (backfill's, up to 30 s later): one ``scontrol update StartTime=now`` then,
     which makes slurmctld look at the job, as that pass would. A test's speed only: the gap itself is
     bench_requeue's, and test_preemption's runs come without this help."""
-    import threading
-
     stop = threading.Event()
     env = {**os.environ, **cluster.target.env}
 
@@ -163,8 +167,7 @@ def hastened(cluster, job_id: str):
                 continue
             if time.mktime(time.strptime(begin, "%Y-%m-%dT%H:%M:%S")) < time.time() - 1:
                 poked.add(begin)
-                subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env,
-                               capture_output=True)
+                start_now(cluster, job_id)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()

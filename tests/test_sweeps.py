@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from helpers import kit, launch_wait, read_logs, runs, stepds_of, wait_for, wait_no_processes
+from helpers import kit, launch_wait, read_logs, runs, start_now, stepds_of, wait_for, wait_no_processes
 
 from kit import slurm
 
@@ -98,8 +98,7 @@ def test_an_array_task_at_its_time_limit_requeues_and_resumes_alone(cluster, tmp
         assert wait_no_processes(t0, 45) == []
         wait_for(lambda: not stepds_of(raw), 45, what="task 0's first run to end")
         time.sleep(2)
-        subprocess.run(["scontrol", "update", f"JobId={raw}", "StartTime=now"],
-                       env={**os.environ, **cluster.target.env}, check=True, capture_output=True)
+        start_now(cluster, raw, check=True)
         wait_for(lambda: re.search(r"resuming from \S+ at step (\d+)", read_logs(t0)), 90,
                  what="task 0's second run to resume")
         resumed = int(re.search(r"resuming from \S+ at step (\d+)", read_logs(t0)).group(1))
