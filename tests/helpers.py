@@ -44,6 +44,29 @@ INSTALL = {
 }
 
 
+def listening(pid: int) -> set[str]:
+    """The ``address:port`` of every TCP socket process ``pid`` listens on, in its own network namespace
+    (``/proc/PID/net/tcp`` and ``tcp6``): ``0.0.0.0`` or ``::`` for every address."""
+    import ipaddress
+
+    mine = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                mine.add(target[8:-1])
+    out = set()
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in mine:  # LISTEN
+                    addr, port = fields[1].split(":")
+                    raw = b"".join(bytes.fromhex(addr[i:i + 8])[::-1] for i in range(0, len(addr), 8))
+                    out.add(f"{ipaddress.ip_address(raw)}:{int(port, 16)}")
+    return out
+
+
 def require(tool: str) -> str:
     path = shutil.which(tool)
     if path is None:

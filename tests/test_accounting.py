@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 import pytest
-from helpers import kit, require, state_is, submit, wait_for
+from helpers import kit, listening, require, state_is, submit, wait_for
 
 from kit import slurm
 from kit.cluster import LocalCluster, accounting
@@ -106,29 +106,6 @@ def test_submitit_sees_completed_failed_and_cancelled_jobs_and_its_wait_returns(
     assert out["states"][:2] == ["COMPLETED", "FAILED"] and out["states"][2].startswith("CANCELLED"), out
 
 
-def _listening_tcp_inodes() -> set[str]:
-    inodes = set()
-    for name in ("tcp", "tcp6"):
-        with open(f"/proc/net/{name}") as f:
-            for line in f.readlines()[1:]:
-                fields = line.split()
-                if fields[3] == "0A":  # LISTEN
-                    inodes.add(fields[9])
-    return inodes
-
-
-def _socket_inodes(pid: int) -> set[str]:
-    out = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            out.add(target[8:-1])
-    return out
-
-
 @pytest.mark.cluster  # starts a cluster of its own
 def test_the_database_survives_down_and_up_and_listens_on_no_port(home):
     env = {"KIT_HOME": str(home)}
@@ -143,7 +120,7 @@ def test_the_database_survives_down_and_up_and_listens_on_no_port(home):
     before = sacct(c.target, job_id)[0].split("|")[1:]
     assert before[0] == "FAILED" and before[2] == "5:0", before
     # Only this machine, only the cluster's owner: no TCP listener, a socket in a 0700 directory.
-    assert not _listening_tcp_inodes() & _socket_inodes(st.pids["mariadbd"])
+    assert listening(st.pids["mariadbd"]) == set()
     d = accounting.directory(home / "cluster")
     assert stat.S_IMODE(d.stat().st_mode) == 0o700 and accounting.db_socket(home / "cluster").is_socket()
     assert stat.S_IMODE((home / "cluster" / "slurmdbd.conf").stat().st_mode) == 0o600

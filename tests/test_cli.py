@@ -221,9 +221,11 @@ def test_launch_help_is_a_map_grouped_by_topic_in_the_readmes_order():
 
     import click
 
+    from kit.cli.help import option_name
     from kit.cli.launch import GROUPS, launch
 
-    groups = launch.grouped(click.Context(launch))
+    ctx = click.Context(launch)
+    groups = launch.grouped(ctx)
     assert [title for title, _, _ in groups] == [title for title, _, _ in GROUPS]  # no "Other options"
     help_text = kit("launch", "--help").stdout
     sections = [line[:-1] for line in help_text.splitlines() if line.endswith(":") and not line.startswith(" ")]
@@ -242,7 +244,7 @@ def test_launch_help_is_a_map_grouped_by_topic_in_the_readmes_order():
     assert list(readme_groups) == [title for title, _, _ in GROUPS]
     for title, _, params in groups:
         for p in params:
-            if p.name == "help":
+            if option_name(ctx, p) == "help":
                 continue
             name = max(p.opts, key=len)
             assert f"`{name}" in readme_groups[title] or f", {name}" in readme_groups[title], (title, name)

@@ -9,7 +9,7 @@ import signal
 import subprocess
 
 import pytest
-from helpers import kit, require, wait_for
+from helpers import kit, listening, require, wait_for
 
 from kit.cluster import LocalCluster
 from kit.cluster.processes import alive as _alive
@@ -21,6 +21,21 @@ def home(tmp_path):
     home = tmp_path / "home"
     yield home
     LocalCluster(home).down(force=True)
+
+
+def test_every_daemon_listens_on_its_own_address_alone(cluster):
+    """Slurm's daemons bind every address of the machine unless told (CommunicationParameters):
+    slurmctld and slurmdbd bind loopback alone, and so do the slurmds where the host's name resolves
+    to loopback (a site's node name resolves to its own address; Slurm binds that one)."""
+    from kit.cluster import config
+
+    st = cluster.state()
+    assert listening(st.pids["slurmctld"]) == {f"127.0.0.1:{st.ctld_port}"}
+    assert listening(st.pids["slurmdbd"]) == {f"127.0.0.1:{st.dbd_port}"}
+    assert st.nodes_bound == config.loopback_host(st.hostname)
+    expected = "127.0.0.1" if st.nodes_bound else "0.0.0.0"
+    assert [listening(st.pids[f"node{i}"]) for i in range(1, st.nodes + 1)] == \
+        [{f"{expected}:{port}"} for port in st.node_ports]
 
 
 def test_up_status_env_down(home, cluster):

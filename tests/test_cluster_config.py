@@ -25,7 +25,8 @@ ACCOUNTED = SimpleNamespace(**vars(SHAPE), auth="munge", dbd_port=6820)
 def generated() -> dict[str, str]:
     return {
         "slurm.conf": config.slurm_conf(SHAPE, ROOT, "alice", 17),
-        "slurm.munge.conf": config.slurm_conf(SimpleNamespace(**vars(SHAPE), auth="munge"), ROOT, "alice", 17),
+        "slurm.munge.conf": config.slurm_conf(SimpleNamespace(**vars(SHAPE), auth="munge", nodes_bound=True), ROOT,
+                                              "alice", 17),
         "slurm.accounting.conf": config.slurm_conf(ACCOUNTED, ROOT, "alice", 17),
         "slurmdbd.conf": accounting.slurmdbd_conf(ACCOUNTED, ROOT, "alice", config.auth_lines(ACCOUNTED, ROOT)),
         "gres.conf": config.gres_conf(SHAPE, ROOT),
@@ -131,3 +132,25 @@ def test_kit_reads_the_sites_pyxis_settings_from_plugstack_conf_and_its_includes
             assert pyxis.epilog_removes(pyxis.plugstack_settings(tmp_path / "kit.conf")) is not squashfuse
         (tmp_path / "kit.conf").write_text(config.plugstack_conf(containers, tmp_path, plugin))
         assert not pyxis.epilog_removes(pyxis.plugstack_settings(tmp_path / "kit.conf"))
+
+
+def test_auth_none_only_where_every_port_is_loopbacks():
+    """Without munged Slurm trusts the uid a client claims: the cluster starts so only where its nodes
+    bind loopback (the host name resolves there, no isolated network); else one line with the fix."""
+    import pytest
+
+    from kit.errors import KitError
+
+    said = []
+    local = SimpleNamespace(hostname="localhost", network=None)
+    config.choose_auth(local, False, said.append)
+    assert (local.auth, local.nodes_bound) == ("none", True) and "munged not found" in said[0]
+    for st in (SimpleNamespace(hostname="203.0.113.9", network=None),
+               SimpleNamespace(hostname="localhost", network={"host": "198.18.0.1"})):
+        config.choose_auth(st, True, said.append)
+        assert st.auth == "munge" and st.nodes_bound is False
+        with pytest.raises(KitError) as e:
+            config.choose_auth(st, False, said.append)
+        assert str(e.value).startswith("munged not found, and the nodes would listen ") and "apt-get install -y munge" in \
+            e.value.hint
+    assert config.loopback_host("127.0.1.1") and not config.loopback_host("no-such-host.invalid")

@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import ALL_REDUCE, kit, read_logs, require
+from helpers import ALL_REDUCE, kit, listening, read_logs, require
 
 from kit.cluster import LocalCluster, network
 from kit.errors import KitError
@@ -60,6 +60,20 @@ def test_each_node_has_its_own_address(isolated):
         seen = subprocess.run(["ip", "-n", ns, "-o", "-4", "addr", "show", "dev", "eth0"], capture_output=True,
                               text=True).stdout
         assert f" {net.addresses[node]}/24 " in seen
+
+
+def test_the_host_daemons_listen_on_the_bridge_address_alone(isolated):
+    """slurmctld and slurmdbd bind the host's end of the bridge, never every address of the machine
+    (Slurm's default, reachable from any other cluster's namespace); each slurmd listens in its own
+    namespace, which holds its address and loopback alone."""
+    st = isolated.state()
+    net = network.from_dict(st.network)
+    assert listening(st.pids["slurmctld"]) == {f"{net.host}:{st.ctld_port}"}
+    assert listening(st.pids["slurmdbd"]) == {f"{net.host}:{st.dbd_port}"}
+    for i, port in enumerate(st.node_ports, 1):
+        pid = st.pids[f"node{i}"]
+        assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+        assert listening(pid) == {f"0.0.0.0:{port}"}
 
 
 def test_a_two_node_trainer_job_rendezvouses_across_the_bridge_and_is_scraped_there(isolated, tmp_path):

@@ -4,6 +4,7 @@ day-two commands load a Slurm configuration it planted."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pwd
@@ -123,6 +124,17 @@ def test_root_does_not_follow_a_planted_slurm_json(cluster, other_user, public, 
 
 
 @pytest.fixture
+def under_tmp():
+    """A directory of root's under /tmp that the other user can enter (pytest's own is root's 0700)."""
+    d = Path(tempfile.mkdtemp(prefix="kit-test-"))
+    os.chmod(d, 0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
 def scratch(kit_home):
     """A shared scratch directory under /tmp, group-writable and not sticky (anyone can rename
     what lies in it), on another file system than the code store's home: a tmpfs mounted on
@@ -180,3 +192,47 @@ def test_root_rerun_never_runs_a_store_another_user_swapped_in(cluster, other_us
     assert again.returncode != 0 and "Traceback" not in again.stderr, again.stderr
     assert again.stderr.startswith("kit: JOB: ") and "not a directory of this user's own" in again.stderr, again.stderr
     assert not marker.exists() and set(shared.iterdir()) == before  # nothing ran, nothing written
+
+
+def test_a_requeue_puts_back_the_code_it_hashed_never_a_store_swapped_between(other_user, under_tmp):
+    """On a requeue prelaunch puts back a snapshot file a run changed (kit::restore_entry). In a
+    group-writable, non-sticky output directory another user renames root's code store away and
+    puts theirs in its place the moment prelaunch has hashed the object (here: as the hash ends,
+    through a sha256sum on PATH). What is put back is what was hashed — root's code, never theirs
+    — and the next entry is refused with the store, now another owner's, named."""
+    from test_bash_rules import LAUNCH, bash_functions
+
+    tmp_path = under_tmp
+    shared = tmp_path / "scratch"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # group-writable and not sticky: anyone can rename what lies in it
+    honest = b"echo honest\n"
+    name = hashlib.sha256(honest).hexdigest()
+    store = shared / ".kit-code-0"
+    (store / "objects").mkdir(parents=True, mode=0o700)
+    os.chmod(store, 0o700)
+    (store / "objects" / name).write_bytes(honest)
+    view = tmp_path / "job" / "code"
+    view.mkdir(parents=True)
+    swap = tmp_path / "swap.sh"  # theirs: root's store renamed away, theirs put in its place
+    swap.write_text(f"set -e; cd {shared}; mv .kit-code-0 .moved-away; mkdir -p .kit-code-0/objects\n"
+                    f"echo 'touch {tmp_path}/ran-their-code' > .kit-code-0/objects/{name}; chmod -R go-w .kit-code-0\n")
+    os.chmod(swap, 0o644)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sha256sum").write_text(
+        "#!/bin/bash\n/usr/bin/sha256sum \"$@\"\n"
+        f"if [[ ! -e {shared}/.moved-away ]]; then su {other_user.pw_name} -s /bin/sh -c 'sh {swap}' >&2; fi\n")
+    os.chmod(bin_dir / "sha256sum", 0o755)
+    fns = (LAUNCH / "lib.sh").read_text() + bash_functions("kit::owned_store", "kit::restore_entry")
+    script = fns + f'KIT_RESTART=1\nkit::restore_entry f "{store}/objects/{name}" "{view}" run.sh\n' \
+                   f'kit::restore_entry f "{store}/objects/{name}" "{view}" tool.sh\n'
+    proc = subprocess.run(["bash", "-c", "set -euo pipefail\n" + script], capture_output=True, text=True,
+                          env={"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"}, timeout=60)
+    assert (shared / ".moved-away").is_dir(), proc.stderr  # the other user's swap happened
+    put_back = (view / "run.sh").read_bytes() if (view / "run.sh").exists() else None
+    assert put_back == honest, (put_back, proc.stderr)
+    assert proc.returncode == 2 and not (view / "tool.sh").exists(), proc.stderr
+    assert (f"error: code/: the code store {store}/objects is not a directory of this user's own that only its "
+            "owner can write: not run") in proc.stderr, proc.stderr
+    assert [p.name for p in view.iterdir()] == ["run.sh"]  # no copy of theirs left behind

@@ -231,6 +231,8 @@ class LocalCluster:
         env = config.daemon_env(self.root, self.conf, name, st.containers, os.environ.get("PATH", os.defpath))
         if name != "slurmdbd":  # slurmdbd has no -f: it reads slurmdbd.conf beside SLURM_CONF
             argv = network.enter(network.from_dict(st.network), name, [*argv, "-f", str(self.conf)])
+        if name in ("slurmctld", "slurmdbd"):
+            argv = config.bound_to(network.host_address(st), argv)
         run(argv, env=env, what=name if name.startswith("node") else argv[0], hint=f"see {self.root}/log/{log}")
         st.pids[name] = self._read_pid(self.root / "run" / pidfile, name)
         self.save(st)
@@ -285,10 +287,7 @@ class LocalCluster:
             plugin.check_scope(st.containers, st.container_scope)
             if st.containers:
                 st.container_plugin = plugin.plugin_of(self.root, st)
-            st.auth = "munge" if shutil.which("munged") else "none"
-            if st.auth == "none":
-                progress("munged not found: the cluster trusts the uid every local client claims "
-                         "(install munge to let only real uids through)")
+            config.choose_auth(st, shutil.which("munged") is not None, progress)
             layout.write(self.root, self.conf, st)
             self.save(st)
             if st.auth == "munge":

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from kit import files
+from kit.cluster import network
 from kit.errors import KitError
 
 PROGRAMS = ("mariadbd", "mariadb-install-db", "slurmdbd")
@@ -52,16 +53,10 @@ def storage_lines(st, munge_socket: Path | None) -> list[str]:
     if not getattr(st, "dbd_port", None):
         return ["JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none"]
     lines = ["JobAcctGatherType=jobacct_gather/linux", "AccountingStorageType=accounting_storage/slurmdbd",
-             f"AccountingStorageHost={dbd_address(st)}", f"AccountingStoragePort={st.dbd_port}"]
+             f"AccountingStorageHost={network.host_address(st)}", f"AccountingStoragePort={st.dbd_port}"]
     if munge_socket:  # auth/munge's socket for the connections to slurmdbd (slurm.conf(5))
         lines.append(f"AccountingStoragePass={munge_socket}")
     return lines
-
-
-def dbd_address(st) -> str:
-    """Where slurmctld and every client (a job's ``sacct`` on an isolated node too) reach slurmdbd."""
-    network = getattr(st, "network", None)
-    return network["host"] if network else "127.0.0.1"
 
 
 def slurmdbd_conf(st, root: Path, user: str, auth: list[str]) -> str:
@@ -70,8 +65,9 @@ def slurmdbd_conf(st, root: Path, user: str, auth: list[str]) -> str:
         "# Written by `kit cluster up`: the local cluster's accounting daemon.",
         *auth,
         "DbdHost=localhost",
-        f"DbdAddr={dbd_address(st)}",
+        f"DbdAddr={network.host_address(st)}",
         f"DbdPort={st.dbd_port}",
+        "CommunicationParameters=NoInAddrAny",  # started kit.cluster.config.bound_to its DbdAddr
         f"SlurmUser={user}",
         f"LogFile={root}/log/slurmdbd.log",
         f"PidFile={root}/run/slurmdbd.pid",
@@ -125,7 +121,7 @@ def wait_for(ready, proc, name: str, root: Path, timeout: float) -> None:
 
 
 def dbd_answers(st) -> bool:
-    return _connects(socket.AF_INET, (dbd_address(st), st.dbd_port))
+    return _connects(socket.AF_INET, (network.host_address(st), st.dbd_port))
 
 
 def _connects(family: int, address) -> bool:

@@ -15,10 +15,13 @@
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from pathlib import Path
 
-from kit.cluster import accounting
+from kit.cluster import accounting, network
 from kit.core.bash import quote
+from kit.errors import KitError
 
 PARTITION = "local"
 PYXIS, STAND_IN = "pyxis", "kit-pyxis"
@@ -44,6 +47,41 @@ def munged_argv(root: Path) -> list[str]:
             f"--pid-file={root}/run/munged.pid", f"--log-file={root}/log/munged.log", f"--seed-file={m}/munged.seed"]
 
 
+def bound_to(address: str, argv: list[str]) -> list[str]:
+    """``argv`` in a UTS namespace of its own whose host name is ``address``. With ``NoCtldInAddrAny`` /
+    ``NoInAddrAny`` a Slurm 22.05 daemon binds the address its host name resolves to (``slurm_setup_addr``),
+    never ``SlurmctldHost``'s or ``DbdAddr``'s (measured); a dotted quad resolves to itself, and
+    slurmctld takes a ``SlurmctldHost`` of ``localhost`` as its own whatever the host name."""
+    return ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', address, *argv]
+
+
+def loopback_host(hostname: str) -> bool:
+    """Whether ``hostname`` resolves to loopback addresses alone (Debian's 127.0.1.1 included)."""
+    try:
+        infos = socket.getaddrinfo(hostname, None, socket.AF_INET)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+def choose_auth(st, munged: bool, progress) -> None:
+    """``st.auth`` and ``st.nodes_bound``. slurmctld and slurmdbd always bind their one address; the
+    slurmds (and Slurm's clients, which share the switch) bind the host name's address when that is
+    loopback on a shared network; in an isolated network each slurmd is alone in its namespace.
+    ``auth/none`` trusts whatever uid a client claims: only where every port is loopback's."""
+    st.nodes_bound = not getattr(st, "network", None) and loopback_host(st.hostname)
+    st.auth = "munge" if munged else "none"
+    if st.auth == "none" and not st.nodes_bound:
+        where = ("in an isolated network" if getattr(st, "network", None)
+                 else f"where this host's name ({st.hostname}) resolves, not loopback")
+        raise KitError(f"munged not found, and the nodes would listen {where}: any peer could claim to be root",
+                       field="cluster",
+                       hint="install munge (apt-get install -y munge): the cluster then starts its own munged")
+    if st.auth == "none":
+        progress("munged not found: the cluster trusts the uid every local client claims "
+                 "(install munge to let only real uids through)")
+
+
 def auth_lines(st, root: Path) -> list[str]:
     """How every daemon and client authenticates (slurm.conf and slurmdbd.conf alike)."""
     if getattr(st, "auth", "none") == "munge":
@@ -58,14 +96,16 @@ def slurm_conf(st, root: Path, user: str, first_job_id: int) -> str:
     (a client's uid is the kernel's word, not the client's); ``none`` (no munged on this
     machine) trusts whatever uid a client claims, so any local user could act as root."""
     r = root
-    network = getattr(st, "network", None)  # --isolated-network: each node at its own address
+    net = getattr(st, "network", None)  # --isolated-network: each node at its own address
     munge = getattr(st, "auth", "none") == "munge"
     auth = [*auth_lines(st, r), "CredType=cred/munge" if munge else "CredType=cred/none"]
     lines = [
         "# Written by `kit cluster up`: a Slurm cluster of several slurmd on one host.",
         "ClusterName=kit",
-        f"SlurmctldHost={st.hostname}({network['host'] if network else '127.0.0.1'})",
+        f"SlurmctldHost=localhost({network.host_address(st)})",  # slurmctld runs bound_to that address
         f"SlurmctldPort={st.ctld_port}",
+        # Never every address of the machine (Slurm's default): see bound_to and choose_auth.
+        "CommunicationParameters=NoCtldInAddrAny" + (",NoInAddrAny" if getattr(st, "nodes_bound", False) else ""),
         *auth,
         f"SlurmUser={user}",
         f"SlurmdUser={user}",
@@ -94,7 +134,7 @@ def slurm_conf(st, root: Path, user: str, first_job_id: int) -> str:
     ]
     gres = f" Gres=gpu:{st.gpus_per_node}" if st.gpus_per_node else ""
     for i, port in enumerate(st.node_ports, 1):
-        addr = network["addresses"][f"node{i}"] if network else "127.0.0.1"
+        addr = net["addresses"][f"node{i}"] if net else "127.0.0.1"
         lines.append(f"NodeName=node{i} NodeHostname={st.hostname} NodeAddr={addr} Port={port} "
                      f"CPUs={st.cpus_per_node} RealMemory={st.memory_mb}{gres} State=UNKNOWN")
     lines.append(f"PartitionName={PARTITION} Nodes=node[1-{st.nodes}] Default=YES MaxTime=INFINITE State=UP")

@@ -16,6 +16,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -169,6 +170,13 @@ def from_dict(data: dict | None) -> Network | None:
     return Network(**data) if isinstance(data, dict) else None
 
 
+def host_address(st) -> str:
+    """The host's one address in the cluster (``st``: a ClusterState): the isolated network's host end,
+    else loopback. slurmctld and slurmdbd bind it alone; the nodes and every client reach them there."""
+    net = getattr(st, "network", None)
+    return net["host"] if net else "127.0.0.1"
+
+
 def available() -> str | None:
     """Why an isolated network cannot be made here (None: it can)."""
     if os.geteuid() != 0:
@@ -176,4 +184,6 @@ def available() -> str | None:
     for tool in ("ip", "nsenter"):
         if subprocess.run(["which", tool], capture_output=True).returncode != 0:
             return f"{tool} not found (apt-get install -y iproute2 util-linux)"
+    if shutil.which("munged") is None:  # auth/none is loopback's alone: off it, any peer could claim root
+        return "munged not found: without it Slurm trusts the uid every client claims (apt-get install -y munge)"
     return None

@@ -20,6 +20,7 @@ class ClusterState:
     container_plugin: str | None = None  # the SPANK plugin the cluster was started with
     prometheus_port: int | None = None
     auth: str = "none"  # "munge" (the cluster's own munged) or "none" (no munged installed)
+    nodes_bound: bool = False  # the slurmds and clients bind the host name's loopback address (NoInAddrAny)
     network: dict | None = None  # --isolated-network: kit.cluster.network.Network as a dict
     dbd_port: int | None = None  # accounting: slurmdbd's port (None: no accounting)
     squashfuse: bool = False  # containers started from the squashfs through FUSE (pyxis use_squashfuse=1)

@@ -686,9 +686,26 @@ kit::restore_code() {
   fi
 }
 
+# kit::owned_store OBJECT: the store holding OBJECT (its objects/ and the store itself) is a
+# directory of this user's own that no one else can write, as kit launch checks (kit.files.owned);
+# else the run stops. A store renamed away after this check is caught by kit::restore_entry's hash
+# of what it copied.
+kit::owned_store() {
+  local -r objects="${1%/*}"
+  local dir owner mode
+  for dir in "${objects}" "${objects%/*}"; do
+    owner="" mode=""
+    if [[ ! -L "${dir}" && -d "${dir}" ]]; then read -r owner mode < <(stat -c '%u %a' -- "${dir}"); fi
+    if [[ "${owner}" != "${EUID}" ]] || (( 8#${mode:-22} & 8#022 )); then
+      kit::die "code/: the code store ${dir} is not a directory of this user's own that only its owner can write: not run"
+    fi
+  done
+}
+
 # kit::restore_entry KIND SOURCE VIEW REL: put VIEW/REL back (KIND f or x: a copy of the
 # object SOURCE, read-only, executable for x; l: a symlink to SOURCE), through a new
-# name renamed over it; a directory on its way that is no longer one is made again.
+# name renamed over it; a directory on its way that is no longer one is made again. What is
+# hashed is the copy that runs, never the object opened a second time.
 kit::restore_entry() {
   local -r kind="$1" source="$2" view="$3" rel="$4"
   local dir="${view}" part sum new
@@ -704,11 +721,14 @@ kit::restore_entry() {
   if [[ "${kind}" == l ]]; then
     ln -s "${source}" "${new}"
   else
-    sum="$(sha256sum <"${source}")" || kit::die "code/${rel}: cannot read its object ${source}"
+    kit::owned_store "${source}"
+    (umask 077 && cat -- "${source}" >"${new}") 2>/dev/null || kit::die "code/${rel}: cannot read its object ${source}"
+    sum="$(sha256sum <"${new}")"
     local -r want="${source##*/}"
-    [[ "${sum%% *}" == "${want%.x}" ]] \
-      || kit::die "code/${rel}: its object ${source} does not hold what its name says: not run"
-    cp "${source}" "${new}"
+    if [[ "${sum%% *}" != "${want%.x}" ]]; then
+      rm -f "${new}"
+      kit::die "code/${rel}: its object ${source} does not hold what its name says: not run"
+    fi
     if [[ "${kind}" == x ]]; then chmod 0555 "${new}"; else chmod 0444 "${new}"; fi
   fi
   if [[ -d "${view}/${rel}" && ! -L "${view}/${rel}" ]]; then  # a run's directory: kept, beside
