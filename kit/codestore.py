@@ -5,6 +5,7 @@ takes snapshots into the store)."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 from dataclasses import asdict, dataclass
@@ -48,6 +49,7 @@ def opened(store: Path, *, create: bool, field: str = "--code"):
             objects = stack.enter_context(files.owned(top / "objects", create))
             d = d.parent / "manifests"
             manifests = stack.enter_context(files.owned(top / "manifests", create))
+            stack.enter_context(locked(top, exclusive=False))
             yield top, objects, manifests
     except files.NotOwned:
         raise KitError(f"{d} is not a directory of this user's own that only its owner can write: its contents "
@@ -58,6 +60,19 @@ def opened(store: Path, *, create: bool, field: str = "--code"):
             raise
         raise KitError(f"the code store {d} is gone", field=field,
                        hint="--edit code_snapshot=false runs the code as it is now") from None
+
+
+@contextlib.contextmanager
+def locked(top: Path, exclusive: bool):
+    """The store ``top`` (a checked, opened directory) locked: shared while a launch stores a snapshot or
+    lays one out (its objects are in use before its manifest names them), exclusive while `kit trim`
+    decides what no manifest names and removes it (it removed an object a launch was reusing)."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
 
 
 def inside(path: Path, root: Path) -> bool:

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kit import jobdir, slurm, targets
+from kit.core.text import printable
 from kit.errors import KitError
 from kit.jobdir import JobDir, records
 
@@ -130,6 +131,29 @@ class Filter:
     since: float | None = None
     user: str | None = None
 
+    # What a row's STATE can say: Slurm's words, kit's own (ENDED: the directory's end, Slurm forgot the
+    # job; GONE, UNKNOWN) and ``active`` (every state not ended).
+    STATES = slurm.TERMINAL_STATES | slurm.LIVE_STATES | {"ENDED", "GONE", "UNKNOWN", "ACTIVE"}
+
+    @classmethod
+    def checked(cls, states: str | None = None, name: str | None = None, since: float | None = None,
+                user: str | None = None) -> "Filter":
+        """The filter `kit ps` was given: a state no job can be in, or a user this machine does not know,
+        is refused (it would list nothing, silently)."""
+        wanted = frozenset(w.strip().upper() for w in states.split(",") if w.strip()) if states else None
+        unknown = sorted((wanted or set()) - cls.STATES)
+        if unknown:
+            raise KitError(f"no job is ever in state {', '.join(unknown)}", field="--state",
+                           hint="one or more of: active, " + ", ".join(sorted(s.lower() for s in cls.STATES
+                                                                              if s != "ACTIVE")))
+        if user is not None:
+            try:
+                pwd.getpwnam(user)
+            except KeyError:
+                raise KitError(f"no user {user!r} on this machine", field="--user",
+                               hint="a login name, as `ls -l` shows a job directory's owner") from None
+        return cls(wanted, name, since, user)
+
     def __call__(self, r: JobRow, now: float) -> bool:
         if self.states and not (r.state.upper() in self.states or ("ACTIVE" in self.states and r.active)):
             return False
@@ -157,12 +181,6 @@ def _age(seconds: float) -> str:
 
 
 COLUMNS = ("JOB", "NAME", "STATE", "NODES", "RUN", "STEP", "LOSS", "SAMPLES/S", "AGE", "DIR")
-
-
-def printable(text: str) -> str:
-    """``text`` with control characters escaped (``\\x1b``): a job name from another user's
-    job.json must not clear or retitle the terminal of whoever lists it."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def table(rows: list[JobRow], now: float | None = None) -> list[str]:

@@ -73,6 +73,15 @@ def limit() -> int:
 
 
 # ---------------------------------------------------------------- taking
+def require_workdir(snapshotted: bool, workdir: Path, label: str) -> None:
+    """Without a snapshot a job runs its code where it was launched: that directory must still be there
+    (a rerun with ``--edit code_snapshot=false`` of a job whose directory is gone would submit a job
+    that fails at once, 127)."""
+    if not snapshotted and not workdir.is_dir():
+        raise KitError(f"the job would run its code in {workdir}, which is gone", field=label,
+                       hint="launch it anew from where its code is now (kit launch … from that directory)")
+
+
 def take(cwd: Path, code_dir: str | None = None, *, store: Path, label: str = "--code",
          exclude: tuple[Path, ...] = ()) -> Snapshot | None:
     """Snapshot ``code_dir`` (given: any directory containing ``cwd``), else ``cwd``'s git work

@@ -116,7 +116,7 @@ def _trim_store(store: Path, needed: set[str], out: Trimmed) -> None:
     if not store.is_dir():
         return
     try:
-        with files.owned(store, create=False) as top:
+        with files.owned(store, create=False) as top, codestore.locked(top, exclusive=True):
             manifests, objects = top / "manifests", top / "objects"
             keep_objects = set()
             for m in sorted(manifests.glob("*.json")) if manifests.is_dir() else []:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import os
 import re
 import subprocess
@@ -305,6 +306,25 @@ def test_job_logs_errors_reads_only_the_end_of_a_huge_log(tmp_path):
     code, peak_kib = map(int, proc.stderr.split()[-2:])
     assert code == 0 and proc.stdout.rstrip("\n") == text, proc.stderr
     assert peak_kib < 50 << 10, f"kit logs --errors peaked at {peak_kib >> 10} MiB resident"
+
+
+def test_a_rerun_without_a_snapshot_whose_directory_is_gone_is_refused_before_submission(cluster, tmp_path):
+    """`kit rerun --edit code_snapshot=false` (kit's hint when a snapshot is gone) runs the code where the
+    job was launched: that directory gone, it is refused in one line (it submitted a job that ended 127)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "run.sh").write_text("echo ran\n")
+    first = kit("launch", "--local", "--no-exporter", "--wait", "--output-dir", str(tmp_path / "jobs"), "--",
+                "bash", "run.sh", cwd=work)
+    assert first.returncode == 0, first.stderr
+    job_dir = first.stdout.split("job dir: ")[1].splitlines()[0].strip()
+    shutil.rmtree(work)
+    before = sorted((tmp_path / "jobs").iterdir())
+    proc = kit("rerun", job_dir, "--edit", "code_snapshot=false", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        f"kit: --edit code_snapshot: the job would run its code in {work}, which is gone",
+        "hint: launch it anew from where its code is now (kit launch … from that directory)"], proc.stderr
+    assert sorted((tmp_path / "jobs").iterdir()) == before  # nothing written, nothing submitted
 
 
 def test_a_held_job_says_so_with_the_release_command_and_its_rerun_runs(cluster, tmp_path):

@@ -292,4 +292,11 @@ def test_the_tracker_identity_bash_gives_is_pythons_and_a_users_own_is_kept(tmp_
     assert run_bash(fns + show, env).split()[3:5] == ["0123456789abcdef0123456789abcdef", "40"]
     mine = {**env, "WANDB_RUN_ID": "mine", "WANDB_RESUME": "must", "MLFLOW_RUN_ID": "theirs"}
     assert run_bash(fns + show, mine).split()[:4] == ["mine", job.name, "must", "theirs"]
+    # MLflow 3 refuses a file store unless MLFLOW_ALLOW_FILE_STORE says yes: a job naming one gets it.
+    allow = 'kit::tracker_env\necho "${MLFLOW_ALLOW_FILE_STORE-unset}"\n'
+    for uri, user, seen in (("file:/x/mlruns", None, "true"), ("/x/mlruns", None, "true"),
+                            ("sqlite:///x.db", None, "unset"), (None, None, "unset"), ("file:/x", "false", "false")):
+        given = {**env, **({"MLFLOW_TRACKING_URI": uri} if uri else {}),
+                 **({"MLFLOW_ALLOW_FILE_STORE": user} if user else {})}
+        assert run_bash(fns + allow, given).strip() == seen, (uri, user)
     assert job.name == "train-20261125-000000-abcdef" and JobDir(task).tracker_run_id == f"{job.name}-t3"

@@ -100,6 +100,7 @@ BAD = [
     (["--sbatch-arg=--wrap=hostname"], "kit: --sbatch-arg: --wrap is set by kit"),
     (["--sidecar", "exporter: sleep 1"], "kit: --sidecar: two sidecars named 'exporter'"),
     (["--sidecar", "w: a", "--sidecar", "w: b"], "kit: --sidecar: two sidecars named 'w'"),
+    (["--sidecar", "a/b: sleep 1"], "kit: --sidecar: sidecar name 'a/b' is not a name"),
 ]
 
 
@@ -430,3 +431,33 @@ def test_ps_filters_by_state_name_age_and_owner(cluster, tmp_path):
     assert names("--user", "nobody") == []
     bad = kit("ps", "--since", "soon")
     assert bad.returncode == 2 and bad.stderr.startswith("kit: --since: not an age: 'soon'")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--state", "RUNNNING"], "kit: --state: no job is ever in state RUNNNING"),
+    (["--state", "active,done"], "kit: --state: no job is ever in state DONE"),
+    (["--user", "no-such-user-here"], "kit: --user: no user 'no-such-user-here' on this machine"),
+])
+def test_a_ps_filter_that_could_match_nothing_is_one_line_and_exit_2(tmp_path, args, message):
+    """A misspelt state or an unknown user would list nothing, said as "no jobs": refused instead."""
+    proc = kit("ps", "--output-dir", str(tmp_path), *args, env={"KIT_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0] == message and len(lines) == 2 and lines[1].startswith("hint: "), lines
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
+    """`kit --host … logs | head -1`: the output written outside Click's own (kit.remote streams a login
+    node's bytes) to a pipe nobody reads any more ends kit quietly, as Click ends a command's own."""
+    import subprocess
+    import sys
+
+    script = ("import sys, kit.cli as c\n"
+              "def stream(**kw):\n    sys.stdout.buffer.write(b'x' * 200000)\n    sys.stdout.buffer.flush()\n"
+              "c.cli.main = stream\nc.main(['ps'])\n")
+    for args in ([sys.executable, "-c", script], [sys.executable, "-m", "kit", "launch", "--help"]):
+        r, w = os.pipe()
+        os.close(r)
+        proc = subprocess.run(args, stdout=w, stderr=subprocess.PIPE, text=True, timeout=60)
+        os.close(w)
+        assert proc.returncode == 1 and proc.stderr == "", proc.stderr

@@ -370,3 +370,17 @@ def test_kit_report_and_job_report_write_the_same_numbers_for_a_job_and_an_array
         assert job.report(min_seconds=0) == from_cli == json.loads((job_dir / "report.json").read_text())
         assert cli.stdout.splitlines()[:-1] == job.summarize(min_seconds=0).lines()
     assert [t["params"] for t in from_cli["tasks"]] == [{"lr": "0.1"}, {"lr": "0.2"}]
+
+
+def test_tracker_ids_with_terminal_escapes_are_shown_escaped(tmp_path):
+    """A tracker's run id and URI come from files the job's code wrote (tracker/): `kit report` shows them
+    with their control characters escaped, never as escapes a terminal acts on."""
+    from kit.jobdir import JobDir, tracker_runs
+    from kit.report.summary import tracker_lines
+
+    tracker = tmp_path / JobDir.TRACKER
+    (tracker / "wandb" / "run-20261126_000000-ab\x1b]2;owned\x07cd").mkdir(parents=True)
+    (tracker / JobDir.TRACKER_MLFLOW).write_text(json.dumps({"run_id": "r\x1b[2J", "tracking_uri": "file:/x\x1b[0m"}))
+    lines = tracker_lines(tracker_runs(tmp_path))
+    assert lines[0] == "W&B run ab\\x1b]2;owned\\x07cd" and lines[1] == "MLflow run r\\x1b[2J at file:/x\\x1b[0m", lines
+    assert not any(c in "".join(lines) for c in "\x1b\x07")

@@ -80,3 +80,50 @@ def test_trim_frees_what_no_job_needs_and_keeps_held_and_requeueable_jobs(cluste
     scancel(cluster, held.id)
     proc = kit("trim", "--output-dir", str(out), "--dry-run")
     assert proc.returncode == 0 and proc.stdout.startswith("kit trim: would free "), proc.stderr
+
+
+def test_trim_waits_for_a_launch_reusing_objects_before_its_manifest_names_them(tmp_path, monkeypatch):
+    """A launch reuses an object already in the store (an old one, which no manifest names any more) and
+    names it in its manifest only once every object is stored. `kit trim` in between removed it, and the
+    launch then failed ("lost the object"). The launch holds the store shared while it stores; trim takes
+    it exclusive, so it waits, then sees the new manifest and keeps what it names."""
+    import threading
+    import time
+
+    from kit import snapshot as snapshots
+
+    monkeypatch.setenv("KIT_HOME", str(tmp_path / "home"))
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.py").write_text("print('mine')\n")
+    snap = snapshots.take(work, str(work), store=tmp_path / "home" / "code")
+    store = Path(snap.store)
+    manifest = store / "manifests" / (snap.digest.split(":")[1] + ".json")
+    text = manifest.read_bytes()
+    manifest.unlink()  # the earlier job's snapshot trimmed: its object is old and no manifest names it
+    (obj,) = list((store / "objects").iterdir())
+    monkeypatch.setattr(trimming, "_old", lambda p: p.parent.name == "objects")  # old objects, new manifests
+    reusing, trimming_started, done = threading.Event(), threading.Event(), []
+
+    def launch():
+        from kit import codestore, files
+
+        with codestore.opened(store, create=False) as (_, objects, manifests):
+            assert (objects / obj.name).exists()  # reused, not written again
+            reusing.set()
+            trimming_started.wait(10)
+            time.sleep(0.5)  # trim is under way meanwhile
+            files.write_atomic(manifests / manifest.name, text, 0o600)
+
+    def trim():
+        reusing.wait(10)
+        trimming_started.set()
+        done.append(trimming.trim([tmp_path / "jobs"]))
+
+    threads = [threading.Thread(target=launch), threading.Thread(target=trim)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert done and obj.exists() and manifest.exists(), done
+    assert done[0].objects == 0

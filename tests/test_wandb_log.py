@@ -124,3 +124,25 @@ def test_new_step_takes_w_and_b_steps_from_w_and_b_and_the_others_from_kits_reco
     monkeypatch.setattr(trackers, "_STATE", {})
     (tmp_path / "logged_step.wandb").write_text("44\n")
     assert [s for s in range(30, 50) if trackers.new_step(s, "wandb")] == [45, 46, 47, 48, 49]
+
+
+def test_a_step_w_and_b_could_not_hold_is_no_step_and_a_held_step_is_never_silent(tmp_path, monkeypatch, capsys):
+    """A history record whose step is Infinity, NaN, 1e300 or a fraction (a job's code wrote it) is no step
+    (it raised OverflowError in the tracker gate); a whole step is. A step the gate holds back because
+    earlier runs logged it is said once on stderr, never silently dropped."""
+    from wandb.proto import wandb_internal_pb2
+
+    def history(value: str) -> bytes:
+        record = wandb_internal_pb2.Record()
+        item = record.history.item.add()
+        item.key, item.value_json = "_step", value
+        return record.SerializeToString()
+
+    assert [wandb_log.step_of(history(v)) for v in ("Infinity", "-Infinity", "NaN", "1e300", "2.5", "-3")] == \
+        [None] * 6
+    assert wandb_log.step_of(history("12")) == 12 and wandb_log.step_of(history("12.0")) == 12
+    monkeypatch.setattr(trackers, "_STATE", {})
+    monkeypatch.setattr(trackers, "held_step", lambda tracker: 10 ** 15)
+    assert [trackers.new_step(s, "wandb") for s in (1, 2)] == [False, False]
+    err = capsys.readouterr().err
+    assert err.count("kit.train: step 1 and later steps up to 1000000000000000 are not logged to wandb") == 1, err

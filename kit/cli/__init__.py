@@ -152,6 +152,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
+    except BrokenPipeError:  # whoever read kit's output left (`kit --host … logs | head -1`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at the interpreter's exit
+        sys.exit(1)  # as Click exits for a command's own output
     except OSError as e:
         if logging.getLogger().isEnabledFor(logging.DEBUG):
             raise

@@ -16,7 +16,8 @@ def convert(script):
     kit convert train_ddp.sbatch > job.toml && kit launch -f job.toml
     """
     from kit import files
-    from kit.slurm.convert import convert as convert_script, shown
+    from kit.core.text import printable
+    from kit.slurm.convert import convert as convert_script
 
     try:
         text = files.read_bytes(script, 1 << 20, follow=True).decode("utf-8", errors="replace")
@@ -27,5 +28,5 @@ def convert(script):
     result = convert_script(text)
     click.echo(result.toml(script), nl=False)
     for item in result.not_carried:
-        click.echo(f"kit: not carried over: {shown(item)}", err=True)
+        click.echo(f"kit: not carried over: {printable(item)}", err=True)
     return 0

@@ -52,8 +52,7 @@ def ps(everything, as_json, output_dirs, expand, states, name, since, user):
     """
     from kit import api, listing
 
-    wanted = listing.Filter(frozenset(w.strip().upper() for w in states.split(",") if w.strip()) if states else None,
-                            name, _age_seconds(since) if since else None, user)
+    wanted = listing.Filter.checked(states, name, _age_seconds(since) if since else None, user)
     now = time.time()
     rows = [j.row for j in api.jobs(output_dirs=output_dirs, everything=everything or bool(since))
             if wanted(j.row, now)]

@@ -290,22 +290,23 @@ BUILTIN_SIDECARS = ("exporter", "gpu-dmon")
 
 
 def sidecar_name(command: str, index: int) -> tuple[str, str]:
-    """(name, command) of a ``--sidecar``: ``NAME: COMMAND`` names it (its log is
-    ``logs/<node>.r<run>.NAME.log``), else it is ``hook<index>``."""
+    """(name, command) of a ``--sidecar``: ``NAME: COMMAND`` names it (logs/<node>.r<run>.NAME.log), else ``hook<index>``."""
     m = SIDECAR_NAME.fullmatch(command)
     return (m.group(1), m.group(2)) if m else (f"hook{index}", command)
 
 
 def _check_sidecars(s: JobSpec, origins: Origins) -> None:
-    seen = set(BUILTIN_SIDECARS)
+    seen, field = set(BUILTIN_SIDECARS), origins.label("sidecars")
     for i, text in enumerate(s.sidecars, 1):
         name, rest = sidecar_name(text, i)
+        if (meant := re.match(r"([^\s:]+): ", text)) and name == f"hook{i}":  # a NAME its log cannot carry
+            raise KitError(f"sidecar name {meant.group(1)!r} is not a name", field=field,
+                           hint="a letter, then up to 31 letters, digits, _ or - (NAME: COMMAND)")
         if name in seen:
-            raise KitError(f"two sidecars named {name!r}", field=origins.label("sidecars"),
-                           hint="give each its own name (NAME: COMMAND); " + ", ".join(BUILTIN_SIDECARS)
-                                + " are kit's")
+            raise KitError(f"two sidecars named {name!r}", field=field, hint="give each its own name (NAME: "
+                           "COMMAND); " + ", ".join(BUILTIN_SIDECARS) + " are kit's")
         if not rest.strip():
-            raise KitError(f"sidecar {name!r} has no command", field=origins.label("sidecars"))
+            raise KitError(f"sidecar {name!r} has no command", field=field)
         seen.add(name)
 
 

@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kit.core.text import printable
 from kit.jobdir import records, tracker_runs
 from kit.report.many import MANY, grouped, spread
 from kit.report.series import GIB, IDLE_UTIL, Logs, Series, _of, _steady_pairs, increase, mean_rate
@@ -212,7 +213,8 @@ def _node_summary(series: Series, node: str) -> NodeSummary:
 
 
 def tracker_lines(runs: dict) -> list[str]:
-    """:func:`kit.jobdir.tracker_runs` as the report's lines: where to go from the report to each dashboard."""
+    """:func:`kit.jobdir.tracker_runs` as the report's lines: where to go from the report to each dashboard.
+    Every value comes from files the job's code wrote: shown printable (a run id may hold escapes)."""
     out = []
     if "wandb" in runs:
         w = runs["wandb"]
@@ -222,7 +224,7 @@ def tracker_lines(runs: dict) -> list[str]:
         out.append(f"MLflow run {runs['mlflow']['run_id']} at {runs['mlflow']['tracking_uri'] or '(default store)'}")
     if "tensorboard" in runs:
         out.append(f"TensorBoard: tensorboard --logdir {runs['tensorboard']['dir']}")
-    return out
+    return [printable(line) for line in out]
 
 
 def _checkpoint_steps(job_dir: Path | None) -> dict[int, float]:

@@ -17,9 +17,9 @@ from kit.slurm.commands import (check_fits, check_mpi, check_partition, check_st
 from kit.slurm.status import (SETTLING_STATES, ArrayStates, ControllerUnreachable, JobStatus, State, array_status, check_after,
                               follow, job_outcome, job_status, observe, statuses, wait,
                               wait_array)
-from kit.slurm.target import RANK_MAPPING, TERMINAL_STATES, Target
+from kit.slurm.target import LIVE_STATES, RANK_MAPPING, TERMINAL_STATES, Target
 
-__all__ = ["ArrayStates", "RANK_MAPPING", "SETTLING_STATES", "TERMINAL_STATES", "ControllerUnreachable", "JobStatus", "State", "Target",
+__all__ = ["ArrayStates", "LIVE_STATES", "RANK_MAPPING", "SETTLING_STATES", "TERMINAL_STATES", "ControllerUnreachable", "JobStatus", "State", "Target",
            "array_status", "cancel", "check_after", "check_fits", "check_mpi", "check_partition", "check_stop_grace",
            "follow", "job_outcome", "job_status", "observe", "kill_wait", "mpi_types", "partitions", "pyxis_settings",
            "sbatch_argv", "slurm_config", "srun_args", "statuses", "submit", "wait", "wait_array"]

@@ -12,6 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from kit.core import spec as specs
+from kit.core.text import printable
 
 # sbatch option (long name, short letter) -> kit job-file field.
 FIELDS = {
@@ -39,13 +40,13 @@ class Converted:
     not_carried: list[str] = field(default_factory=list)  # "WHAT: why"
 
     def toml(self, source: str) -> str:
-        lines = [f"# kit job file, from {shown(source)} by kit convert (kit launch -f THIS_FILE)"]
+        lines = [f"# kit job file, from {printable(source)} by kit convert (kit launch -f THIS_FILE)"]
         for name, value in self.fields.items():
             lines.append(f"{name} = {_toml(value)}")
         if self.not_carried:
             lines.append("")
             lines.append("# Not carried over:")
-            lines += [f"#   {shown(item)}" for item in self.not_carried]
+            lines += [f"#   {printable(item)}" for item in self.not_carried]
         return "\n".join(lines) + "\n"
 
 
@@ -61,12 +62,6 @@ def _toml(value) -> str:
     text = str(value)
     return '"' + "".join(c if c.isprintable() and c not in '"\\' else
                          f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}" for c in text) + '"'
-
-
-def shown(text: str) -> str:
-    """``text`` with what a terminal or a TOML comment cannot hold (control characters, lone
-    surrogates) written as escapes, so a listed line is one printable line."""
-    return "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in text)
 
 
 def _logical_lines(text: str) -> list[str]:

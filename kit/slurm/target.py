@@ -22,6 +22,11 @@ TERMINAL_STATES = frozenset({
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
     "BOOT_FAIL", "DEADLINE",
 })
+# Slurm 22.05's other job states (squeue(1) JOB STATE CODES): a job between submission and its end.
+LIVE_STATES = frozenset({
+    "PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+    "RESIZING", "RESV_DEL_HOLD", "REVOKED", "SIGNALING", "SPECIAL_EXIT", "STAGE_OUT", "STOPPED",
+})
 
 
 @dataclass(frozen=True)

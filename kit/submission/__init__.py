@@ -2,9 +2,8 @@
 
 :func:`plan` resolves and checks a spec once and returns a frozen value (what is decided after
 the check: the pinned image, the checked dependencies, the code snapshot, are its own fields).
-:func:`prepare` validates nothing itself (give it a plan's :class:`ResolvedJob`); it
-writes the job directory atomically: ``prelaunch.sh``, ``launcher.sh``,
-``job.json`` (the resolved spec) and ``sbatch.json`` (the exact argv).
+:func:`prepare` validates nothing itself (give it a plan's :class:`ResolvedJob`); it writes the job
+directory atomically: ``prelaunch.sh``, ``launcher.sh``, ``job.json`` (the resolved spec) and ``sbatch.json``.
 :func:`submit` hands it to sbatch and records the job id.
 """
 
@@ -253,6 +252,7 @@ def pin_code_and_image(job: ResolvedJob, origins, rerun: Rerun, dry_run: bool = 
     fixed now, so that a pending or requeued job runs what was submitted."""
     s = job.spec
     snapshot = rerun.snapshot
+    snapshots.require_workdir(s.code_snapshot, Path(job.workdir), origins.label("code_snapshot"))
     if s.code_snapshot and snapshot is None:
         snapshot = snapshots.take(Path(job.workdir), s.code, store=snapshots.store_for(Path(s.output_dir)),
                                   label=origins.label("code"), exclude=(Path(s.output_dir),))

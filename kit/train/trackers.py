@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,10 @@ def new_step(step: int, tracker: str = "all") -> bool:
         _STATE[tracker] = {"before": held_step(tracker), "high": -1}
     state = _STATE[tracker]
     if step <= state["before"]:
+        if not state.get("said"):  # never silently: a held step far ahead would stop every log of this run
+            state["said"] = True
+            print(f"kit.train: step {step} and later steps up to {state['before']} are not logged to {tracker}: "
+                  "the job's earlier runs logged them (a requeue replaying from its checkpoint)", file=sys.stderr)
         return False
     if step > state["high"]:
         state["high"] = step

@@ -66,9 +66,12 @@ def step_of(payload: bytes) -> int | None:
     items = {i.key or "/".join(i.nested_key): i.value_json for i in record.history.item}
     for key in STEP_KEYS:
         try:
-            return int(float(items[key]))
+            value = float(items[key])
         except (KeyError, ValueError):
             continue
+        # A step is a whole number W&B can hold (int64): Infinity, NaN or 1e300 is no step of a run.
+        if value.is_integer() and 0 <= value < 2 ** 63:
+            return int(value)
     return None
 
 

@@ -657,6 +657,10 @@ kit::tracker_env() {
     # json.dumps's text, as kit.train.trackers writes it (a test pins the pair).
     if [[ "${line}" =~ ^\{\"run_id\":\ \"([0-9a-f]{32})\" ]]; then export MLFLOW_RUN_ID="${BASH_REMATCH[1]}"; fi
   fi
+  # MLflow 3 refuses a file store unless told (its "maintenance mode"): a job that names one gets it.
+  if [[ -z "${MLFLOW_ALLOW_FILE_STORE+set}" && ( "${MLFLOW_TRACKING_URI-}" == file:* || "${MLFLOW_TRACKING_URI-}" == /* ) ]]; then
+    export MLFLOW_ALLOW_FILE_STORE=true
+  fi
   export KIT_RESUME_STEP="${KIT_START_STEP}"
 }
 
