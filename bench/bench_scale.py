@@ -79,6 +79,9 @@ for i in range(int(seconds)):
             progress.checkpoint_saved(restart + 1)
         sys.exit(0)
     time.sleep(1)
+while os.path.exists(f"{out}/hold"):  # the bench is still looking at the running job (its Prometheus targets)
+    progress.step(int(seconds))  # alive, for the hang watchdog
+    time.sleep(0.5)
 progress.finished()
 stamp("end")
 '''
@@ -238,10 +241,13 @@ def prometheus_targets(port: int, job: str) -> tuple[int, int]:
     return len(mine), sum(1 for t in mine if t.get("health") == "up")
 
 
-def launched(env: dict, n: int, work: Path, seconds: float, name: str, *flags: str) -> dict:
-    """`kit launch` of the light command on N nodes, timed until every rank runs."""
+def launched(env: dict, n: int, work: Path, seconds: float, name: str, *flags: str, hold: bool = False) -> dict:
+    """`kit launch` of the light command on N nodes, timed until every rank runs; ``hold``: its ranks end only
+    once ``out/hold`` is removed."""
     out = work / name
     out.mkdir(parents=True)
+    if hold:
+        (out / "hold").touch()
     wait_idle(env, n)
     t0 = time.time()
     proc, _ = kit_cli(env, "launch", "--local", "--json", "--nodes", str(n), "--ntasks-per-node", "1",
@@ -273,14 +279,15 @@ def without_exporter(env: dict, n: int, work: Path, seconds: float) -> dict:
 
 def kit_job(cluster: LocalCluster, env: dict, n: int, work: Path, seconds: float, restarts: int = 0) -> dict:
     r = launched(env, n, work, seconds, f"kit-{n}-{restarts}",
-                 *(["--max-restarts", str(restarts)] if restarts else []))
+                 *(["--max-restarts", str(restarts)] if restarts else []), hold=True)
     job, job_dir, out, sampler = r["job"], r["job_dir"], r["out"], r["sampler"]
     r["reads"] = watchdog_reads(job, env["SLURM_CONF"], job_dir.run_progress(0), TRACED)
     port = cluster.state().prometheus_port
-    try:
+    try:  # the job runs on until this is seen (a short --quick job could end before Prometheus's first scrape)
         r["targets"] = wait_for(lambda: (t := prometheus_targets(port, job))[1] == n and t, 30, poll=1)
     except TimeoutError:
         r["targets"] = prometheus_targets(port, job)
+    (out / "hold").unlink()
     for i in range(restarts):  # the warning, as Slurm sends it before the time limit
         wait_for(lambda: len(stamps(out, "start", i)) == n, 300, poll=0.2)
         time.sleep(2)

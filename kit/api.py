@@ -191,6 +191,7 @@ def cancel(job_dir: Path, reason: str | None = None) -> dict:
         raise KitError(f"{job_dir} was never submitted (no job_id in it)", field="JOB",
                        hint="a --dry-run writes the directory only")
     target = targets.target_of(job_dir)
+    _same_owner(target, job_dir, job_id)
     now = joblogs.unit_states(target, job_dir, job_id)
     end = joblogs.ended(now)
     if end:
@@ -199,6 +200,21 @@ def cancel(job_dir: Path, reason: str | None = None) -> dict:
                                 [i for i, state in now.items() if not joblogs.final(state)])
     slurm.cancel(target, job_id)
     return rec
+
+
+def _same_owner(target: slurm.Target, job_dir: Path, job_id: str) -> None:
+    """A job directory of another user's names whatever id its owner wrote in it: acting on it (root's
+    ``kit cancel DIR``) is for that owner's job alone."""
+    owner = jobdir.owner(job_dir)
+    if owner == os.geteuid():
+        return
+    user = slurm.statuses(target, [job_id.partition("_")[0]]).get(job_id.partition("_")[0])
+    if user is None or user.user_id != owner:
+        theirs = "no job Slurm knows" if user is None or user.user_id is None else \
+            f"{jobdir.owner_name(user.user_id)}'s job"
+        raise KitError(f"{job_dir} is {jobdir.owner_name(owner)}'s, and job {job_id} is {theirs}: "
+                       "not acted on", field="JOB",
+                       hint="a job directory names whatever id its owner wrote there: give the job's own directory")
 
 
 class Job:

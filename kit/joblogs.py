@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from kit import files, slurm, targets
+from kit import files, jobdir, slurm, targets
 from kit.errors import KitError
 from kit.jobdir import JobDir, failures, records
 
@@ -120,7 +120,12 @@ def errors(job_dir: Path, runs: list[int] | None = None) -> Iterator[str]:
     (indented); a run that failed with no rank failing: the batch log's end; else nothing."""
     numbers = records.runs(job_dir) if runs is None else runs
     found = False
+    hung = {h["run"]: h for h in jobdir.hangs(job_dir)}
     for run in numbers:
+        if run in hung:  # the watchdog stopped every rank: the hang is the failure, its stacks the lines
+            found = True
+            yield f"run {run}: hang: {hung[run]['summary']}"
+            yield from ("  " + line for line in _stacks(hung[run]["stacks"]))
         failure = failures.failure_tail(job_dir, run)
         if failure is None:
             continue
@@ -139,6 +144,18 @@ def errors(job_dir: Path, runs: list[int] | None = None) -> Iterator[str]:
         yield (f"run {end.run} failed (exit code {end.exit_code}) with no rank failing by itself: the end of the "
                "batch log")
         yield from ("  " + line for line in batch_tail(job_dir, 20).splitlines())
+
+
+def _stacks(path: str | None, lines: int = 60) -> list[str]:
+    """The first ``lines`` lines of a hung rank's stacks file (its process states, then py-spy's stacks)."""
+    if path is None:
+        return []
+    try:
+        text = files.read_text(Path(path), 1 << 20)
+    except (OSError, ValueError):
+        return []
+    out = text.splitlines()
+    return out[:lines] + ([f"... ({len(out) - lines} more lines in {path})"] if len(out) > lines else [])
 
 
 def unit_states(target: slurm.Target, job_dir: Path, job_id: str) -> dict[int | None, str]:

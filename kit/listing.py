@@ -110,7 +110,7 @@ def list_jobs(output_dirs: list[Path], *, everything: bool = False, now: float |
                 problem = e.message
         for d in group:
             known[d] = (found, problem)
-    rows = []
+    rows, mine = [], {d: jobdir.owner(d) == os.geteuid() for d in dirs}
     for d in dirs:
         found, problem = known[d]
         job_name = records.job_name(d)
@@ -118,7 +118,9 @@ def list_jobs(output_dirs: list[Path], *, everything: bool = False, now: float |
             row = _row(name, unit, d, job_name, found.get(name), problem)
             if everything or row.active or row.state == "UNKNOWN" or (now - (row.submitted or 0)) < RECENT:
                 rows.append(row)
-    return rows
+    # Another user's directory naming the id of one of this user's own (a shared output directory): not a row.
+    own_ids = {r.id for r in rows if mine[Path(r.job_dir)]}
+    return [r for r in rows if mine[Path(r.job_dir)] or r.id not in own_ids]
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,9 @@ def trim(output_dirs: list[Path], keep: list[Path] = (), dry_run: bool = False) 
     for d in needed:
         jobdir.own(d)
     rows = listing.list_jobs([Path(d) for d in output_dirs], everything=True)
-    for row in rows:
+    for row in rows:  # another user's directory in a shared output directory uses nothing of this user's
+        if jobdir.owner(Path(row.job_dir)) != os.geteuid():
+            continue
         if row.active or row.state == "UNKNOWN" or (row.state_from == "slurm" and not row.finished):
             needed.append(Path(row.job_dir))
     out = Trimmed(kept_for=sorted({str(d) for d in needed}), dry_run=dry_run)

@@ -180,7 +180,7 @@ kit::in_collective() {
 # is a rank in code of its own while the other ranks wait for it (in a
 # collective, DDP's backward, a DataLoader: kit::in_collective).
 kit::hang_report() {
-  local rank="$1" why="$2" node="" dump last="" file
+  local rank="$1" why="$2" node="" dump last="" file summary
   local -a waiting=() elsewhere=()
   dump="$(grep -l -E '^process [0-9]+ state [TtD] ' "${KIT_HANG_DIR}"/rank-*.txt 2>/dev/null | awk 'NR == 1')" || true
   if [[ -n "${dump}" ]]; then
@@ -195,14 +195,17 @@ kit::hang_report() {
       dump="$(printf '%s\n' "${elsewhere[@]}" | sort -V | awk 'NR == 1')"
       rank="${dump##*/rank-}" rank="${rank%.txt}"
       why="is in code of its own while ${#waiting[@]} rank(s) wait for it (its stacks: ${dump##*/})"
+    elif (( ${#waiting[@]} + ${#elsewhere[@]} == 0 && KIT_WORLD_SIZE > 1 )) && [[ "${why}" == "made no progress"* ]]; then
+      rank=unknown  # progress alone: every rank stops at once in a collective, the one that waits too
     fi
   fi
   { read -r node _ <"${KIT_PROGRESS_DIR}/task-${rank}"; } 2>/dev/null || node=""
   { read -r last <"${KIT_PROGRESS_DIR}/rank-${rank}"; } 2>/dev/null || true
-  {
-    printf 'rank=%s\nnode=%s\n' "${rank}" "${node}"
-    printf 'summary=rank %s on %s %s (last progress: %s)\n' "${rank}" "${node:-?}" "${why}" "${last:-none}"
-  } >"${KIT_HANG_DIR}/.report"
+  summary="rank ${rank} on ${node:-?} ${why} (last progress: ${last:-none})"
+  if [[ "${rank}" == unknown ]]; then
+    summary="no rank named: the ranks ${why}, and no rank's Python stacks could be taken (py-spy, in kit-slurm[train], where the command runs; see hang/${KIT_HANG_DIR##*/}/rank-*.txt)"
+  fi
+  printf 'rank=%s\nnode=%s\nsummary=%s\n' "${rank}" "${node}" "${summary}" >"${KIT_HANG_DIR}/.report"
   mv -f "${KIT_HANG_DIR}/.report" "${KIT_HANG_DIR}/report"
   kit::log "hang: $(sed -n 's/^summary=//p' "${KIT_HANG_DIR}/report"); stopping the job step"
 }

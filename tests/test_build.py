@@ -339,3 +339,26 @@ def test_the_output_must_be_a_regular_file(tmp_path, tiny):
         assert "is not a regular file" in error_lines(proc.stderr)[0] or "is a directory" in proc.stderr, proc.stderr
     assert target.read_text() == "keep me\n"
     assert os.path.exists("/dev/full") and not os.path.isfile("/dev/full")
+
+
+def test_a_pip_step_says_what_it_collects_and_installs():
+    """A pip step of torch is minutes: the build says each package pip collects, downloads and installs
+    (kit.image.steps.SAY, the builder's progress), and keeps the whole output for a failure's message."""
+    import sys
+
+    from kit.image import steps
+
+    said = []
+    token = steps.SAY.set(said.append)
+    try:
+        code, out = steps._narrated([sys.executable, "-c", "print('Collecting torch==2.13.0');"
+                                     "print('  Downloading torch-2.13.0-cp311-none-linux_x86_64.whl (190.1 MB)');"
+                                     "print('Requirement already satisfied: x');"
+                                     "print('Installing collected packages: ' + ', '.join(['p%d' % i for i in range(40)]))"],
+                                    {"PATH": "/usr/bin:/bin"})
+    finally:
+        steps.SAY.reset(token)
+    assert code == 0 and out.count("\n") == 4
+    assert said[:2] == ["pip: collecting torch==2.13.0", "pip: downloading torch-2.13.0-cp311-none-linux_x86_64.whl "
+                                                        "(190.1 MB)"], said
+    assert len(said) == 3 and said[2].startswith("pip: installing collected packages p0, p1") and said[2].endswith("...")

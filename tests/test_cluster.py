@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 from helpers import kit, listening, require, wait_for
@@ -40,7 +41,9 @@ def test_every_daemon_listens_on_its_own_address_alone(cluster):
 
 def test_up_status_env_down(home, cluster):
     env = {"KIT_HOME": str(home)}
-    conf = home / "cluster" / "slurm.conf"
+    public = LocalCluster(home).public  # root's cluster: what its clients read, where every user can
+    assert public.parent == Path("/run/kit") and public.name.startswith("cluster-")
+    conf = public / "slurm.conf"
     proc = kit("cluster", "status", env=env)
     assert proc.returncode == 1 and proc.stdout.startswith("local cluster: not running")
 
@@ -66,7 +69,7 @@ def test_up_status_env_down(home, cluster):
     lines = status.stdout.splitlines()
     assert lines[0] == f"local cluster: running ({home / 'cluster'})"
     # No pyxis and enroot here: the stand-in, and the status says so.
-    assert lines[1] == f"  containers: kit's pyxis stand-in {home / 'cluster' / 'spank_kit_pyxis.so'} " \
+    assert lines[1] == f"  containers: kit's pyxis stand-in {public / 'spank_kit_pyxis.so'} " \
                        "(no pyxis and enroot installed); create mode (each node unpacks the image before the step: " \
                        "enroot create)"
     # munged: the cluster's own authentication; accounting: both installed by .ci/setup.
@@ -75,8 +78,8 @@ def test_up_status_env_down(home, cluster):
     # What it runs is what the golden files pin (tests/test_cluster_config.py).
     from kit.cluster import config
 
-    assert (home / "cluster" / "plugstack.conf").read_text() == config.plugstack_conf(
-        "kit-pyxis", home / "cluster", str(home / "cluster" / "spank_kit_pyxis.so"))
+    assert (public / "plugstack.conf").read_text() == config.plugstack_conf(
+        "kit-pyxis", home / "cluster", str(public / "spank_kit_pyxis.so"))
     assert "KillWait" not in conf.read_text() and not (home / "cluster" / "enroot").exists()
 
     assert kit("cluster", "env", env=env).stdout == f"export SLURM_CONF={conf}\n"
@@ -92,7 +95,7 @@ def test_up_status_env_down(home, cluster):
     assert down.returncode == 0 and down.stdout == "local cluster stopped\n"
     for name, pid in pids.items():
         assert not _alive(pid, _comm(name))
-    assert not named.exists()
+    assert not named.exists() and not public.exists()  # nothing of it left where every user reads
     # Exactly its own daemons: the session's cluster still runs.
     assert cluster.running() and cluster.state().pids == session_pids
     assert kit("cluster", "down", env=env).stdout == "local cluster: not running\n"

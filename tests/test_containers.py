@@ -28,16 +28,23 @@ def small_image(tmp_path_factory) -> Path:
     return out
 
 
-def released(before: tuple[str, list[str]], timeout: float = 30) -> bool:
-    """True once the loop devices and mounts are as ``before``: srun returns when the tasks
+def released(cluster, before: tuple[list[str], list[str]], timeout: float = 30) -> bool:
+    """True once the cluster's loop devices and mounts are as ``before``: srun returns when the tasks
     end, and slurmstepd takes the container down just after (its mount namespace)."""
-    wait_for(lambda: loops_and_mounts() == before, timeout, poll=0.2, what="the container's loop device and mounts to go")
+    wait_for(lambda: loops_and_mounts(cluster) == before, timeout, poll=0.2,
+             what="the container's loop device and mounts to go")
     return True
 
 
-def loops_and_mounts() -> tuple[str, list[str]]:
-    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
-    mounts = [line for line in Path("/proc/mounts").read_text().splitlines() if "kit-pyxis" in line]
+def loops_and_mounts(cluster) -> tuple[list[str], list[str]]:
+    """The loop devices of this cluster's images (their files under its KIT_HOME) and the mounts of them or
+    of its directories: another cluster on the machine (CI may run one beside) has its own."""
+    home = str(cluster.home)
+    loops = [line for line in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout.splitlines()
+             if home in line]
+    devices = {line.split(":")[0] for line in loops}
+    mounts = [line for line in Path("/proc/mounts").read_text().splitlines()
+              if line.split()[0] in devices or ("kit-pyxis" in line and home in line)]
     return loops, mounts
 
 
@@ -64,11 +71,11 @@ def container_scope(cluster, scope: str):
         cluster.up(container_scope=before)
 
 
-def fuse_daemons() -> list[str]:
-    """squashfuse (and fuse-overlayfs, where enroot has no native overlay) processes on this
-    machine: the runtime's, under squashfuse mode."""
+def fuse_daemons(cluster) -> list[str]:
+    """squashfuse (and fuse-overlayfs, where enroot has no native overlay) processes of this cluster's
+    jobs (their image or mount point under its KIT_HOME): the runtime's, under squashfuse mode."""
     out = subprocess.run(["pgrep", "-a", "-x", "squashfuse|fuse-overlayfs"], capture_output=True, text=True).stdout
-    return out.splitlines()
+    return [line for line in out.splitlines() if str(cluster.home) in line]
 
 
 @pytest.mark.parametrize("mode", ["create", "squashfuse"])
@@ -83,13 +90,13 @@ def test_two_node_lightning_job_runs_inside_the_image(cluster, cpu_image, tmp_pa
 
 def two_node_lightning_job(cluster, cpu_image, tmp_path, mode):
     assert cluster.state().containers in ("kit-pyxis", "pyxis")
-    assert fuse_daemons() == []
+    assert fuse_daemons(cluster) == []
     slurmd_log = cluster.root / "log" / "slurmd-node1.log"
     slurmd_log_at = slurmd_log.stat().st_size
     host = tmp_path / "host-data"
     host.mkdir()
     (host / "from-host.txt").write_text("host file\n")
-    loops_before, mounts_before = loops_and_mounts()
+    loops_before, mounts_before = loops_and_mounts(cluster)
     probe = ('echo "rank=$RANK marker=$(cat /.kit/image.json | head -c 1) pwd=$(pwd) '
              'pu=$PYTHONUNBUFFERED ma=$MASTER_ADDR mp=$MASTER_PORT host=$(cat /data/from-host.txt)" '
              '> "/data/probe-$RANK.txt"; '
@@ -112,7 +119,7 @@ def two_node_lightning_job(cluster, cpu_image, tmp_path, mode):
     assert "done at step=30" in logs
     assert (host / "ckpt" / "last.ckpt").stat().st_size > 0  # written through the mount
     assert wait_no_processes(job_dir, 5) == []
-    assert released((loops_before, mounts_before))
+    assert released(cluster, (loops_before, mounts_before))
     # kit report on this, the README's main job: the exporter in the
     # container saw the job's processes; panels for what was measured, numbers from the logs.
     from report_check import check
@@ -144,7 +151,7 @@ def two_node_lightning_job(cluster, cpu_image, tmp_path, mode):
         skipped = "skipping container creation (squashfuse enabled)" in f.read()
     assert skipped == (mode == "squashfuse")
     assert "Transport endpoint is not connected" not in logs
-    wait_for(lambda: fuse_daemons() == [], 30, what="the step's FUSE daemons to end with it")
+    wait_for(lambda: fuse_daemons(cluster) == [], 30, what="the step's FUSE daemons to end with it")
 
 
 def image_listing(image: Path) -> list[str]:
@@ -343,7 +350,7 @@ def test_a_failed_and_a_cancelled_two_node_container_job_leave_nothing(cluster, 
     of its root gone ("Transport endpoint is not connected")."""
     with container_mode(cluster, mode):
         failed_and_cancelled(cluster, cpu_image, tmp_path)
-    assert fuse_daemons() == []
+    assert fuse_daemons(cluster) == []
 
 
 def stray_teardown_lines(logs: str) -> list[str]:
@@ -353,7 +360,7 @@ def stray_teardown_lines(logs: str) -> list[str]:
 
 
 def failed_and_cancelled(cluster, cpu_image, tmp_path):
-    loops_before, mounts_before = loops_and_mounts()
+    loops_before, mounts_before = loops_and_mounts(cluster)
 
     class W:
         def __init__(self, job):
@@ -376,7 +383,7 @@ def failed_and_cancelled(cluster, cpu_image, tmp_path):
     assert not stray_teardown_lines(read_logs(cancelled["job_dir"])), \
         read_logs(cancelled["job_dir"])
     assert_nothing_left(cluster, W(cancelled))
-    assert released((loops_before, mounts_before))
+    assert released(cluster, (loops_before, mounts_before))
 
 
 @pytest.fixture(scope="module")
@@ -434,7 +441,7 @@ def test_login_environment_and_default_workdir_follow_pyxis(cluster, cpu_image, 
 def test_tasks_of_a_node_share_one_container(cluster, cpu_image):
     """PYXIS.md: one container per node per step, shared by that node's tasks (a shared
     /tmp, and with --container-writable a shared root filesystem)."""
-    loops_before, mounts_before = loops_and_mounts()
+    loops_before, mounts_before = loops_and_mounts(cluster)
     share = ('if [ "$SLURM_PROCID" = 0 ]; then echo from-0 > /tmp/shared; echo from-0 > /opt/shared; fi; '
              'for i in $(seq 100); do [ -e /tmp/shared ] && [ -e /opt/shared ] && break; sleep 0.1; done; '
              'echo "task $SLURM_PROCID sees $(cat /tmp/shared /opt/shared 2>/dev/null | tr "\\n" " ")"')
@@ -442,7 +449,7 @@ def test_tasks_of_a_node_share_one_container(cluster, cpu_image):
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == ["task 0 sees from-0 from-0 ", "task 1 sees from-0 from-0 "], proc.stdout
     # The container lived in the step's own mount namespace: nothing of it is left.
-    assert released((loops_before, mounts_before))
+    assert released(cluster, (loops_before, mounts_before))
 
 
 def test_a_named_container_persists_on_its_node_with_its_writes(cluster, base_image, tmp_path):

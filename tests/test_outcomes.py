@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import (Waiting, check_end, hastened, job_processes, launch_wait, read_logs, release_requeued, runs, scancel,
-                      scontrol, state_is, wait_for)
+from helpers import (Waiting, check_end, hastened, job_processes, kit, launch_wait, read_logs, release_requeued, runs,
+                      scancel, scontrol, state_is, wait_for)
 
 from kit import slurm
 from kit.core import outcome
@@ -345,6 +345,29 @@ def test_the_hang_report_blames_the_rank_outside_the_collective(cluster, tmp_pat
         w.finish()
 
 
+def test_without_stacks_a_hang_names_no_rank_and_is_told_in_errors_and_report(cluster, tmp_path):
+    """The same hang where no stack can be taken (no py-spy where the command runs: a user of an older
+    `kit-slurm[train]`): the rank that reported last is the stuck one, so progress alone would blame the
+    waiting rank 0. The report names no rank, and says why; `kit logs --errors` and `kit report` tell
+    the hang."""
+    (tmp_path / "blame.py").write_text(BLAME)
+    w = launch_wait(tmp_path, "--nodes", "2", "--hang-timeout", "4", "--first-progress-timeout", "120",
+                    "--max-restarts", "0", "--no-exporter", command=[sys.executable, str(tmp_path / "blame.py")],
+                    env={"PATH": "/usr/bin:/bin"})  # the interpreter by its path; no py-spy on PATH
+    check_end(cluster, w, state="FAILED", code=outcome.HUNG, finished=False,
+              log="retry budget spent (0 restarts), not requeueing", ends=["hang"])
+    fields = dict(line.split("=", 1) for line in (w.job_dir / "hang" / "r0" / "report").read_text().splitlines())
+    assert fields["rank"] == "unknown" and fields["node"] == "", fields
+    assert fields["summary"].startswith("no rank named: the ranks made no progress for ") and \
+        "no rank's Python stacks could be taken (py-spy, in kit-slurm[train]" in fields["summary"], fields
+    assert "py-spy not found" in (w.job_dir / "hang" / "r0" / "rank-1.txt").read_text()
+    errors = kit("logs", str(w.job_dir), "--errors")
+    assert errors.returncode == 0 and errors.stdout.startswith(f"run 0: hang: {fields['summary']}\n"), errors.stdout
+    rep = kit("report", str(w.job_dir), "--prometheus", "http://127.0.0.1:1")
+    assert f"  ALERT: run 0 hung: {fields['summary']}; every rank's stacks in hang/r0/ (kit logs --errors)" in \
+        rep.stdout.splitlines(), rep.stdout + rep.stderr
+
+
 # Rank 1 never reaches the rendezvous; rank 0 waits in it. Neither reports progress.
 RENDEZVOUS = """
 import os, time, torch.distributed as dist
@@ -369,6 +392,10 @@ def test_a_rank_that_never_reaches_the_rendezvous_is_caught(cluster, tmp_path):
     assert "has not joined the rendezvous" in fields["summary"] and "while 1 rank(s) wait in it" in fields["summary"]
     assert (w.job_dir / "progress" / "r0" / "joined-0").exists()
     assert not (w.job_dir / "progress" / "r0" / "joined-1").exists()
+    errors = kit("logs", str(w.job_dir), "--errors").stdout.splitlines()  # the hang, then the blamed rank's stacks
+    stacks = (w.job_dir / "hang" / "r0" / "rank-1.txt").read_text().splitlines()
+    assert errors[:1 + min(len(stacks), 60)] == [f"run 0: hang: {fields['summary']}"] + \
+        ["  " + line for line in stacks[:60]], errors
 
 
 def test_a_rendezvous_that_every_rank_joins_is_no_hang_without_progress_reports(cluster, tmp_path):

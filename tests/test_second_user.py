@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import kit, require
+from helpers import kit, require, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_a_second_user_cannot_run_as_root_through_the_local_cluster(cluster, oth
         path = public / f"{name}.conf"
         path.write_text("\n".join(line for line in text.splitlines() if not line.startswith(("PlugStackConfig",
                                                                                                "AuthInfo")))
-                        + (f"\nAuthInfo=socket={cluster.root}/munge/munge.socket\n" if name == "munge" else "\n"))
+                        + (f"\nAuthInfo=socket={cluster.public}/munge/munge.socket\n" if name == "munge" else "\n"))
         os.chmod(path, 0o644)
         # A root shell, were it given, comes in 1-3 s here; srun refused retries until killed.
         proc = as_user(other_user, f"SLURM_CONF={path} LD_PRELOAD={lib} timeout 15 srun -N1 -t 1 sh -c "
@@ -236,3 +236,54 @@ def test_a_requeue_puts_back_the_code_it_hashed_never_a_store_swapped_between(ot
     assert (f"error: code/: the code store {store}/objects is not a directory of this user's own that only its "
             "owner can write: not run") in proc.stderr, proc.stderr
     assert [p.name for p in view.iterdir()] == ["run.sh"]  # no copy of theirs left behind
+
+
+def test_a_directory_planted_with_roots_job_id_is_not_believed(cluster, other_user, under_tmp):
+    """In a group-writable, non-sticky output directory another user plants job directories naming the ids
+    of root's running jobs, with logs of their own. Root's `kit logs ID` shows root's own job, `kit ps` lists
+    it once, `kit cancel PLANTED` is refused (the directory is theirs, the job root's: nothing cancelled),
+    a command acting on their directory says whose it is, and `kit trim` is not stopped by it."""
+    shared = under_tmp / "scratch"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    launched = []
+    for name in ("mine", "other"):
+        proc = kit("launch", "--local", "--no-exporter", "--job-name", name, "--output-dir", str(shared), "--",
+                   "bash", "-c", f"echo honest-{name}; sleep 300")
+        assert proc.returncode == 0, proc.stderr
+        job_dir = Path(proc.stdout.split("job dir: ")[1].splitlines()[0].strip())
+        launched.append((job_dir, (job_dir / "job_id").read_text().strip()))
+    (mine, mine_id), (other, other_id) = launched
+    try:
+        for d in (mine, other):
+            wait_for(lambda d=d: b"honest-" in b"".join(p.read_bytes() for p in (d / "logs").glob("*")), 120,
+                     what="the job to run")
+        planted = as_user(other_user, f"""set -e; cd {shared}
+            for id in {mine_id} {other_id}; do
+              mkdir -p planted-$id/logs; echo $id > planted-$id/job_id
+              for f in {' '.join(p.name for p in (mine / 'logs').iterdir())}; do echo "0: PLANTED" > planted-$id/logs/$f; done
+            done""")
+        assert planted.returncode == 0, planted.stderr
+        logs = kit("logs", mine_id, "--output-dir", str(shared))
+        assert logs.returncode == 0 and "honest-mine" in logs.stdout and "PLANTED" not in logs.stdout, logs.stdout
+        rows = json.loads(kit("ps", "--json", "--output-dir", str(shared)).stdout)
+        assert sorted(r["job_dir"] for r in rows if r["id"] in (mine_id, other_id)) == sorted(
+            str(d.resolve()) for d in (mine, other)), rows
+        refused = kit("cancel", str(shared / f"planted-{other_id}"))
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.splitlines()[:2] == [
+            f"kit: note: {shared / f'planted-{other_id}'} is {other_user.pw_name}'s job directory, not yours",
+            f"kit: JOB: {shared / f'planted-{other_id}'} is {other_user.pw_name}'s, and job {other_id} is root's "
+            "job: not acted on"], refused.stderr
+        assert squeue_state(cluster, other_id) == "RUNNING"
+        trimmed = kit("trim", "--output-dir", str(shared))
+        assert trimmed.returncode == 0, trimmed.stderr
+    finally:
+        for _, job_id in launched:
+            subprocess.run(["scancel", job_id], env={**os.environ, "SLURM_CONF": str(cluster.conf)}, check=False)
+
+
+def squeue_state(cluster, job_id: str) -> str:
+    proc = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
+                          env={**os.environ, "SLURM_CONF": str(cluster.conf)})
+    return proc.stdout.strip()

@@ -12,7 +12,23 @@ if [[ -x "${dest}/usr/bin/python3" ]]; then
 fi
 tmp="${dest}.tmp.$$"
 trap 'rm -rf "${tmp}"' EXIT
-debootstrap --variant=minbase --include=python3-minimal,python3-venv bookworm "${tmp}" "${mirror}" >&2
+log="${dest}.debootstrap.log"
+echo "debootstrap: a minimal Debian bookworm with Python 3.11 from ${mirror} (~45 s; every line in ${log})" >&2
+# Each phase once (debootstrap says one line per package: ~570), its errors and warnings as they come.
+status=0
+debootstrap --variant=minbase --include=python3-minimal,python3-venv bookworm "${tmp}" "${mirror}" 2>&1 \
+  | tee "${log}" \
+  | awk 'BEGIN { said["Retrieving"] = "retrieving and checking packages…"; said["Extracting"] = "extracting…"
+               said["Unpacking"] = "unpacking…"; said["Configuring"] = "configuring…"; said["Base"] = "done" }
+         /^I: (Retrieving|Validating|Extracting|Unpacking|Configuring|Base system)/ {
+           phase = $2 == "Validating" ? "Retrieving" : $2
+           if (phase != last) { print "  " said[phase]; fflush(); last = phase } }
+         /^[EW]: / { print; fflush() }' >&2 || status=$?
+if (( status != 0 )); then
+  echo "debootstrap failed (exit ${status}): the end of ${log}:" >&2
+  tail -n 20 "${log}" >&2
+  exit "${status}"
+fi
 # Keep the base small and free of per-build state.
 rm -rf "${tmp}/var/cache/apt/archives/"*.deb "${tmp}/var/lib/apt/lists/"*
 mv "${tmp}" "${dest}"

@@ -88,9 +88,13 @@ def status() -> int:
 
 @cluster.command()
 def env() -> None:
-    """Print the export line that points Slurm's commands at the local cluster."""
+    """Print what a login shell needs to use the local cluster (SLURM_CONF; PATH where Slurm is elsewhere):
+    yours, else root's on this machine, which serves every local user."""
+    from kit.cluster import public
+
     c = LocalCluster()
-    click.echo(f"export SLURM_CONF={shlex.quote(str(c.conf))}")
+    for line in public.login_lines(c.conf, c.state() is not None):
+        click.echo(line)
 
 
 @cluster.command()

@@ -17,9 +17,15 @@ _OUTPUT_DIR = click.option("--output-dir", default=OUTPUT_DIR, show_default=True
 
 
 def _job(job: str, output_dir: str) -> tuple[Path, str]:
+    import os
+
+    from kit import jobdir
     from kit.jobdir import records
 
     job_dir = records.find_job_dir(job, output_dir)
+    owner = jobdir.owner(job_dir)
+    if owner != os.geteuid():  # what it says (its id, its logs) is its owner's word
+        click.echo(f"kit: note: {job_dir} is {jobdir.owner_name(owner)}'s job directory, not yours", err=True)
     job_id = records.job_id_of(job_dir)
     if job_id is None:
         raise KitError(f"{job_dir} was never submitted (no job_id in it)", field="JOB",

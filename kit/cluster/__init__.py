@@ -3,11 +3,11 @@
 Debian's slurm-wlm runs several slurmd on one host with ``slurmd -N NAME``:
 each NodeName (node1, node2, ...) gets NodeHostname = this host and a port of
 its own. GPUs are count-only GRES, so ``--gpus-per-node`` requests schedule.
-Everything lives under ``$KIT_HOME/cluster``; ``up`` is idempotent and
-repairs stale state, ``down`` stops exactly the daemons ``up`` started (by pid).
-This face (:class:`LocalCluster`) runs the daemons; beside it: ``config`` (their
-files), ``state``, ``processes`` (/proc), ``prometheus``, ``plugin`` (pyxis or the stand-in),
-``accounting`` (MariaDB and slurmdbd), ``teardown`` (``down``'s steps).
+Everything lives under ``$KIT_HOME/cluster`` but what its clients read (``public``); ``up`` is idempotent
+and repairs stale state, ``down`` stops exactly the daemons ``up`` started (by pid).
+This face (:class:`LocalCluster`) runs the daemons; beside it: ``config`` (their files), ``state``,
+``processes`` (/proc), ``prometheus``, ``plugin`` (pyxis or the stand-in), ``accounting`` (MariaDB
+and slurmdbd), ``teardown`` (``down``'s steps).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from kit import files
 from kit.cluster import accounting as accounting_
-from kit.cluster import config, layout, network, plugin, processes, teardown
+from kit.cluster import config, layout, network, plugin, processes, public, teardown
 from kit.cluster.prometheus import start as start_prometheus
 from kit.cluster.state import ClusterState, DaemonStatus
 from kit.errors import KitError
@@ -40,7 +40,8 @@ class LocalCluster:
     def __init__(self, home: Path | None = None):
         self.home = home or kit_home()
         self.root = self.home / "cluster"
-        self.conf = self.root / "slurm.conf"
+        self.public = public.of(self.root)  # what its clients read (kit.cluster.public)
+        self.conf = self.public / "slurm.conf"
         self.state_file = self.root / "cluster.json"
 
     # ------------------------------------------------------------ state
@@ -182,7 +183,7 @@ class LocalCluster:
         if (st.squashfuse, st.container_scope) != mode:
             plugin.check_scope(st.containers, mode[1])
             st.squashfuse, st.container_scope = mode
-            layout.write_plugstack(self.root, st)
+            layout.write_plugstack(self.root, self.public, st)
             self.save(st)
             progress(f"containers from the next job step on: {plugin.mode_description(*mode)}")
         if dead:
@@ -213,7 +214,7 @@ class LocalCluster:
         """Start slurmctld (``clear``: without its saved state) or slurmd ``name``; record its pid."""
         if name == "munged":
             (self.root / "run" / "munged.pid").unlink(missing_ok=True)
-            run(config.munged_argv(self.root), what="munged", hint=f"see {self.root}/log/munged.log")
+            run(config.munged_argv(self.root, self.public), what="munged", hint=f"see {self.root}/log/munged.log")
             st.pids[name] = self._read_pid(self.root / "run" / "munged.pid", name)
             self.save(st)
             return
@@ -283,10 +284,10 @@ class LocalCluster:
                 progress(f"isolated network: bridge {net.bridge} at {net.host}, "
                          + ", ".join(f"{n} {a}" for n, a in net.addresses.items()))
                 network.create(net)
-            st.containers = plugin.prepare(self.root, progress)
+            st.containers = plugin.prepare(self.root, progress, self.public)
             plugin.check_scope(st.containers, st.container_scope)
             if st.containers:
-                st.container_plugin = plugin.plugin_of(self.root, st)
+                st.container_plugin = plugin.plugin_of(self.root, st, self.public)
             config.choose_auth(st, shutil.which("munged") is not None, progress)
             layout.write(self.root, self.conf, st)
             self.save(st)

@@ -78,8 +78,10 @@ def slurmdbd_conf(st, root: Path, user: str, auth: list[str]) -> str:
     ]) + "\n"
 
 
-def write(root: Path, st, user: str, auth: list[str]) -> None:
-    """The database's directory (made once: its data outlives `down`) and slurmdbd.conf (0600)."""
+def write(root: Path, st, user: str, auth: list[str], public: Path | None = None) -> None:
+    """The database's directory (made once: its data outlives `down`) and slurmdbd.conf (0600) in ``public``
+    (slurm.conf's directory: slurmdbd reads it there; default ``root``)."""
+    public = public or root
     d = directory(root)
     d.mkdir(mode=0o700, exist_ok=True)
     os.chmod(d, 0o700)
@@ -95,7 +97,7 @@ def write(root: Path, st, user: str, auth: list[str]) -> None:
             raise KitError("mariadb-install-db failed", field="cluster", exit_code=1,
                            detail=(proc.stdout + proc.stderr)[-2000:], hint="or `kit cluster up --no-accounting`")
         aside.rename(d / "data")
-    conf = root / "slurmdbd.conf"
+    conf = public / "slurmdbd.conf"  # beside slurm.conf, its owner's alone
     files.write_atomic(conf, slurmdbd_conf(st, root, user, auth))
     os.chmod(conf, 0o600)  # slurmdbd refuses a config others can read (it may hold a password)
 

@@ -35,15 +35,16 @@ def choose_containers(pyxis: str | None, enroot: str | None, can_build_stand_in:
     return STAND_IN if can_build_stand_in else None
 
 
-def munge_socket(root: Path) -> Path:
-    """The socket of the cluster's own munged (``auth/munge``)."""
-    return root / "munge" / "munge.socket"
+def munge_socket(public: Path) -> Path:
+    """The socket of the cluster's own munged (``auth/munge``), in the directory its clients read."""
+    return public / "munge" / "munge.socket"
 
 
-def munged_argv(root: Path) -> list[str]:
-    """The cluster's own munged: its key, socket, pid, log and seed under the cluster's directory."""
+def munged_argv(root: Path, public: Path) -> list[str]:
+    """The cluster's own munged: its key, pid, log and seed under the cluster's (private) directory, its
+    socket where every client reaches it."""
     m = root / "munge"
-    return ["munged", "--force", f"--key-file={m}/munge.key", f"--socket={munge_socket(root)}",
+    return ["munged", "--force", f"--key-file={m}/munge.key", f"--socket={munge_socket(public)}",
             f"--pid-file={root}/run/munged.pid", f"--log-file={root}/log/munged.log", f"--seed-file={m}/munged.seed"]
 
 
@@ -82,23 +83,25 @@ def choose_auth(st, munged: bool, progress) -> None:
                  "(install munge to let only real uids through)")
 
 
-def auth_lines(st, root: Path) -> list[str]:
+def auth_lines(st, public: Path) -> list[str]:
     """How every daemon and client authenticates (slurm.conf and slurmdbd.conf alike)."""
     if getattr(st, "auth", "none") == "munge":
-        return ["AuthType=auth/munge", f"AuthInfo=socket={munge_socket(root)}"]
+        return ["AuthType=auth/munge", f"AuthInfo=socket={munge_socket(public)}"]
     return ["AuthType=auth/none"]
 
 
-def slurm_conf(st, root: Path, user: str, first_job_id: int) -> str:
-    """``st``: the cluster's shape and ports (a :class:`kit.cluster.ClusterState`).
+def slurm_conf(st, root: Path, user: str, first_job_id: int, public: Path | None = None) -> str:
+    """``st``: the cluster's shape and ports (a :class:`kit.cluster.ClusterState`); ``root`` its directory
+    (state, logs: the owner's alone); ``public`` where its clients read (slurm.conf's own directory: the
+    plugin stack, munged's socket; default ``root``).
 
     ``st.auth`` ``munge``: every request is authenticated by the cluster's own munged
     (a client's uid is the kernel's word, not the client's); ``none`` (no munged on this
     machine) trusts whatever uid a client claims, so any local user could act as root."""
-    r = root
+    r, public = root, public or root
     net = getattr(st, "network", None)  # --isolated-network: each node at its own address
     munge = getattr(st, "auth", "none") == "munge"
-    auth = [*auth_lines(st, r), "CredType=cred/munge" if munge else "CredType=cred/none"]
+    auth = [*auth_lines(st, public), "CredType=cred/munge" if munge else "CredType=cred/none"]
     lines = [
         "# Written by `kit cluster up`: a Slurm cluster of several slurmd on one host.",
         "ClusterName=kit",
@@ -110,12 +113,12 @@ def slurm_conf(st, root: Path, user: str, first_job_id: int) -> str:
         f"SlurmUser={user}",
         f"SlurmdUser={user}",
         f"StateSaveLocation={r}/state",
-        f"SlurmdSpoolDir={r}/spool/%n",
+        f"SlurmdSpoolDir={public}/spool/%n",  # the job's user runs its batch script from there
         f"SlurmctldPidFile={r}/run/slurmctld.pid",
         f"SlurmdPidFile={r}/run/slurmd-%n.pid",
         f"SlurmctldLogFile={r}/log/slurmctld.log",
         f"SlurmdLogFile={r}/log/slurmd-%n.log",
-        f"PlugStackConfig={r}/plugstack.conf",
+        f"PlugStackConfig={public}/plugstack.conf",
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         "SelectType=select/cons_tres",
@@ -123,7 +126,7 @@ def slurm_conf(st, root: Path, user: str, first_job_id: int) -> str:
         "MpiDefault=none",
         "ReturnToService=2",
         "SlurmdParameters=config_overrides",
-        *accounting.storage_lines(st, munge_socket(r) if munge else None),
+        *accounting.storage_lines(st, munge_socket(public) if munge else None),
         # KillWait stays Slurm's default (30 s), as on sites: cleanup that
         # needs more than a few seconds (pyxis's enroot remove, checkpoints) gets it here too.
         "MinJobAge=300",

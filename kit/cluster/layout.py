@@ -10,6 +10,7 @@ from pathlib import Path
 
 from kit import files
 from kit.cluster import accounting, config, plugin, processes, state
+from kit.cluster import public as public_
 
 
 def gpu_device(path: Path) -> None:
@@ -28,12 +29,20 @@ def gpu_device(path: Path) -> None:
 
 
 def write(root: Path, conf: Path, st) -> None:
-    """The cluster's directory for ``st``: its directories, munge key, plugin stack, GPU device
-    files, gres.conf and slurm.conf (0700: its owner's alone)."""
-    r = root
+    """The cluster's directory for ``st``: its directories, munge key, GPU device files (0700: its owner's
+    alone); beside ``conf``, what every client reads: slurm.conf, the plugin stack, gres.conf (0644), and
+    slurmdbd.conf (0600)."""
+    r, public = root, conf.parent
     os.chmod(r, 0o700)  # the cluster's config, state and logs are its owner's alone
-    for sub in ("log", "run", "state", *(f"spool/node{i}" for i in range(1, st.nodes + 1))):
-        (r / sub).mkdir(parents=True, exist_ok=True)
+    public_.make(root, public)
+    for sub in ("log", "run", "state"):
+        (r / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(r / sub, 0o700)
+    # slurmd's spool (each job's user runs its batch script from it) and munged's socket: every user's.
+    shared = [public / "spool", *(public / "spool" / f"node{i}" for i in range(1, st.nodes + 1))]
+    for d in shared + ([config.munge_socket(public).parent] if st.auth == "munge" else []):
+        d.mkdir(exist_ok=True)
+        os.chmod(d, 0o755)
     if st.auth == "munge":
         (r / "munge").mkdir(mode=0o700, exist_ok=True)
         key = r / "munge" / "munge.key"
@@ -41,27 +50,31 @@ def write(root: Path, conf: Path, st) -> None:
             fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
             with os.fdopen(fd, "wb") as f:
                 f.write(os.urandom(1024))
-    write_plugstack(r, st)
+    write_plugstack(r, public, st)
     if st.containers == config.PYXIS:
         plugin.write_enroot_wrappers(r, st.nodes)
     for gpu in config.gpu_files(st, r):
         gpu.parent.mkdir(parents=True, exist_ok=True)
         gpu_device(gpu)
-    (r / "gres.conf").write_text(config.gres_conf(st, r))
+    files.write_atomic(public / "gres.conf", config.gres_conf(st, r), 0o644)
     if st.dbd_port:
-        accounting.write(r, st, processes.user(), config.auth_lines(st, r))
-    files.write_atomic(conf, config.slurm_conf(st, r, processes.user(), state.next_job_id(root)))
+        accounting.write(r, st, processes.user(), config.auth_lines(st, public), public)
+    files.write_atomic(conf, config.slurm_conf(st, r, processes.user(), state.next_job_id(root), public), 0o644)
 
 
-def write_plugstack(root: Path, st) -> None:
-    """plugstack.conf for ``st`` (each new step's slurmstepd reads it: a mode change needs no restart)."""
+def write_plugstack(root: Path, public: Path, st) -> None:
+    """plugstack.conf for ``st`` beside slurm.conf (every client reads it; each new step's slurmstepd too:
+    a mode change needs no restart)."""
     so = plugin.plugin_of(root, st) if st.containers else None
-    files.write_atomic(root / "plugstack.conf", config.plugstack_conf(st.containers, root, so, st.squashfuse,
-                                                                      st.container_scope))
+    files.write_atomic(public / "plugstack.conf", config.plugstack_conf(st.containers, root, so, st.squashfuse,
+                                                                        st.container_scope), 0o644)
 
 
 def clean(root: Path, state_file: Path) -> None:
-    """Remove the cluster's runtime state; the next job id is kept (ids are never reused)."""
+    """Remove the cluster's runtime state and its clients' directory; the next job id is kept (ids are
+    never reused)."""
+    if public_.of(root) != root:
+        shutil.rmtree(public_.of(root), ignore_errors=True)
     next_id = max(state.saved_job_id_sequence(root / "state" / "job_state"), state.next_job_id(root))
     if next_id > 1:
         (root / "next_job_id").write_text(f"{next_id}\n")

@@ -165,7 +165,7 @@ def _build(recipe: Recipe, output: Path, *, compression: str, use_cache: bool, p
             config = base.unpack_base(recipe, root, work, progress, copy=not overlay, stage_images=stage_images)
             for i, (kind, value) in enumerate(recipe.steps, 2):
                 progress(f"[{i}/{total}] {kind}: {steps.STEPS[kind].describe(value)}")
-                steps.STEPS[kind].apply(root, value, config, recipe.step_label(i - 2, kind), stage_images)
+                _apply(kind, root, value, config, recipe.step_label(i - 2, kind), stage_images, progress)
         _finish_config(recipe, config)
         _write_metadata(root, config, recipe, key, compression)
         progress(f"[{total}/{total}] mksquashfs ({compression}) -> {output}")
@@ -230,6 +230,15 @@ def _place(src: Path, dst: Path) -> None:
         raise
 
 
+def _apply(kind: str, root: Path, value, config, label: str, stage_images: dict[str, Path], progress) -> None:
+    """One step on ``root``; what a long step says of itself (pip's packages) goes to ``progress``, indented."""
+    token = steps.SAY.set(lambda message: progress(f"  {message}"))
+    try:
+        steps.STEPS[kind].apply(root, value, config, label, stage_images)
+    finally:
+        steps.SAY.reset(token)
+
+
 def _layered_root(recipe: Recipe, root: Path, work: Path, progress, stage_images: dict[str, Path],
                   total: int, use_cache: bool, claim: layers.Claim) -> unpack.ImageConfig | None:
     """Every step from the layer cache, or run into a new layer (kit.image.layers);
@@ -272,7 +281,7 @@ def _layered_root(recipe: Recipe, root: Path, work: Path, progress, stage_images
             try:
                 layers.mount(lowers, tmp / "diff", tmp / "work", merged)
                 try:
-                    steps.STEPS[kind].apply(merged, value, config, recipe.step_label(i - 2, kind), stage_images)
+                    _apply(kind, merged, value, config, recipe.step_label(i - 2, kind), stage_images, progress)
                 finally:
                     layers.umount(merged)
             except BaseException:

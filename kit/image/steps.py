@@ -5,13 +5,16 @@ code runs it inside the image, isolated (:func:`isolate_argv`)."""
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 from kit import files
 from kit.errors import KitError
@@ -136,6 +139,26 @@ def _place_scripts(root: Path, target: Path, python: str) -> None:
     shutil.rmtree(bin_dir)
 
 
+# Where a long step says what it does (the builder's progress, for the step it runs).
+SAY: contextvars.ContextVar[Callable[[str], None]] = contextvars.ContextVar("say", default=lambda message: None)
+_PIP_SAYS = re.compile(r"(Collecting|Processing|Downloading|Installing collected packages:|Successfully installed) ?(.*)")
+
+
+def _narrated(argv: list[str], env: dict) -> tuple[int, str]:
+    """pip's exit code and output, each package it collects, downloads and installs said as it goes (a
+    torch install is minutes of silence otherwise)."""
+    lines = []
+    with subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, errors="replace", preexec_fn=preexec()) as proc:
+        for line in proc.stdout:
+            lines.append(line)
+            m = _PIP_SAYS.match(line.strip())
+            if m:
+                what = m.group(2) if len(m.group(2)) <= 100 else m.group(2)[:97] + "..."
+                SAY.get()(f"pip: {m.group(1).rstrip(':').lower()} {what}".rstrip())
+    return proc.returncode, "".join(lines)
+
+
 def _step_pip(root: Path, packages: list[str], config, label: str) -> None:
     version, site_dir, python = _image_python(root, config, label)
     host = "%d.%d" % sys.version_info[:2]
@@ -150,13 +173,12 @@ def _step_pip(root: Path, packages: list[str], config, label: str) -> None:
     # Binary wheels only: installing a wheel unpacks it, so no package's code (a setup.py, a
     # build backend) runs on this host as root. The requirements were checked when the
     # recipe was read (kit.image.recipe.pip_requirements): no pip options, URLs or sources.
-    argv = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+    argv = [sys.executable, "-m", "pip", "install", "--progress-bar", "off", "--disable-pip-version-check",
             "--no-warn-script-location", "--no-compile", "--only-binary", ":all:", "--target", str(target),
             "--", *packages]
-    proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, preexec_fn=preexec())
-    if proc.returncode != 0:
-        raise KitError(f"pip install failed (exit {proc.returncode})", field=label, detail=tail(proc.stdout),
+    returncode, output = _narrated(argv, env)
+    if returncode != 0:
+        raise KitError(f"pip install failed (exit {returncode})", field=label, detail=tail(output),
                        hint="a pip step installs binary wheels only (no package code runs on the building "
                             "host); for a package with no wheel, use a RUN step with the image's own pip")
     _place_scripts(root, target, python)
@@ -166,6 +188,7 @@ def _step_pip(root: Path, packages: list[str], config, label: str) -> None:
     # its .pyc, as pip leaves it.
     added = [str(target / name) for name in sorted(set(os.listdir(target)) - before)]
     if added:
+        SAY.get()(f"compiling what pip added ({len(added)} entries) with every core")
         subprocess.run([sys.executable, "-m", "compileall", "-qq", "-j", "0", "-s", str(root), "-p", "/", *added],
                        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        preexec_fn=preexec())

@@ -131,6 +131,24 @@ def all_task_starts(job_dir: str | Path) -> list[dict]:
             for node, (seconds, mode) in sorted(_node_starts(job_dir, run).items())]
 
 
+def owner(path: Path) -> int | None:
+    """The uid owning ``path`` (never through a symlink), None when it cannot be read."""
+    try:
+        return os.lstat(path).st_uid
+    except OSError:
+        return None
+
+
+def owner_name(uid: int | None) -> str:
+    """A uid as a person reads it: the login name, else ``uid N``."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name if uid is not None else "an unknown user"
+    except KeyError:
+        return f"uid {uid}"
+
+
 def own(path: Path) -> Path:
     """``path`` when this user owns it and no one else can write it: a pickle is code, and a
     result is loaded only from a job directory of the caller's own (root included)."""
@@ -183,4 +201,24 @@ def tracker_runs(job_dir: Path) -> dict:
     board = d / JobDir.TRACKER / JobDir.TRACKER_TENSORBOARD
     if any(board.glob("events.out.tfevents.*")):
         out["tensorboard"] = {"dir": str(board)}
+    return out
+
+
+def hangs(job_dir: Path) -> list[dict]:
+    """Each run's hang, as prelaunch's watchdog reported it (``hang/r<run>/report``): ``run``, ``rank`` (a
+    number, or ``unknown`` when no rank could be named), ``node``, ``summary``, and the blamed rank's stacks
+    file (``stacks``: None when no rank was named or it wrote none). [] when no run hung."""
+    d = JobDir(job_dir)
+    out = []
+    for run in d.run_dirs(JobDir.HANG):
+        report = d.path / JobDir.HANG / JobDir.RUN.format(run=run) / JobDir.HANG_REPORT
+        try:
+            lines = files.read_text(report, 1 << 16).splitlines()
+        except (OSError, ValueError):
+            continue
+        fields = dict(line.partition("=")[::2] for line in lines if "=" in line)
+        rank = fields.get("rank", "unknown")
+        stacks = report.parent / JobDir.HANG_STACKS.format(rank=rank)
+        out.append({"run": run, "rank": rank, "node": fields.get("node", ""), "summary": fields.get("summary", ""),
+                    "stacks": str(stacks) if rank.isdigit() and stacks.is_file() else None})
     return out

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit import files
+from kit import files, jobdir
 from kit.errors import KitError
 from kit.jobdir import JobDir, rank_of_metrics_file, read_rank_metrics, read_task_record
 
@@ -43,6 +43,8 @@ def find_job_dir(job: str, output_dir: str | Path) -> Path:
                 matches.append(p.parent)
         except OSError:
             continue
+    mine = [m for m in matches if jobdir.owner(m) == os.geteuid()]
+    matches = mine or matches  # in a shared output directory anyone may write a directory naming any id
     if not matches:
         raise KitError(f"no job directory for job {job} under {output_dir}", field="JOB",
                        hint="give the job directory itself, or --output-dir where it lives")

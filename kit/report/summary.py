@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.core.text import printable
-from kit.jobdir import records, tracker_runs
+from kit.jobdir import hangs, records, tracker_runs
 from kit.report.many import MANY, grouped, spread
 from kit.report.series import GIB, IDLE_UTIL, Logs, Series, _of, _steady_pairs, increase, mean_rate
 
@@ -102,6 +102,7 @@ class Summary:
     # (srun's launch, and under an image the container's start: kit.jobdir.task_starts).
     task_starts: list[dict] = field(default_factory=list)
     trackers: dict = field(default_factory=dict)  # the job's tracker runs (kit.jobdir.tracker_runs)
+    hangs: list[dict] = field(default_factory=list)  # each run's hang: run, rank (or unknown), node, summary
     tflops: float | None = None  # rank 0's device, mean over the job: the model's TFLOP/s (kit.train.mfu)
     mfu: float | None = None     # of the device's peak (kit.monitor.peaks); None: n/a
 
@@ -268,6 +269,7 @@ def summarize(series: Series, job: str, source: str, logs: Logs | None = None,
     if logs is not None and logs.runs:
         _restarts(summary, logs, _checkpoint_steps(job_dir))
     summary.trackers = tracker_runs(job_dir) if job_dir else {}
+    summary.hangs = [{k: h[k] for k in ("run", "rank", "node", "summary")} for h in hangs(job_dir)] if job_dir else []
     summary.notes = notes(summary, min_seconds)
     return summary
 
@@ -294,6 +296,8 @@ def notes(s: Summary, min_seconds: float = MIN_SECONDS) -> list[Note]:
                                     f"{min_seconds:.0f} s of samples (--min-seconds)"))
     else:
         out += _gpu_notes(s.gpus) + _node_notes(s.nodes)
+    out += [("alert", "", "", f"run {h['run']} hung: {printable(h['summary'])}; every rank's stacks in hang/r{h['run']}/ "
+                              f"(kit logs --errors)") for h in s.hangs]
     if s.runs > 1:
         out.append(("warning", "", "", f"{s.runs - 1} restart(s) cost about {s.lost_seconds:.0f} s: "
                                        f"{s.redone_steps:.0f} step(s) redone from the last checkpoint, "

@@ -32,6 +32,7 @@ class JobStatus:
     excluded_nodes: str = ""
     dependency: str = ""
     detail: str = ""          # Slurm's longer word on the reason (squeue's %R: "ReqNodeNotAvail, UnavailableNodes:node2")
+    user_id: int | None = None  # whose job it is
 
     @property
     def held(self) -> bool:
@@ -106,7 +107,8 @@ def _status_of(target: Target, j: dict, name: str) -> JobStatus:
                      nodes=str(j.get("nodes") or ""), reason=str(j.get("state_reason") or ""),
                      detail=str(j.get("state_description") or ""),
                      start_time=int(j.get("start_time") or 0), end_time=int(j.get("end_time") or 0),
-                     excluded_nodes=str(j.get("excluded_nodes") or ""), dependency=str(j.get("dependency") or ""))
+                     excluded_nodes=str(j.get("excluded_nodes") or ""), dependency=str(j.get("dependency") or ""),
+                     user_id=j["user_id"] if isinstance(j.get("user_id"), int) else None)
 
 
 def _by_name(found: list[dict]) -> dict[str, dict]:

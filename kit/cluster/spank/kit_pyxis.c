@@ -23,9 +23,11 @@
  * teardown that stops it takes the image away under the tasks).
  *
  * The container lives in a mount namespace of the step's slurmstepd: when
- * the step ends, nothing is left mounted. It runs rootful (no user
- * namespace, no seccomp filter): a stand-in for machines without pyxis and
- * enroot; nothing kit generates depends on it.
+ * the step ends, nothing is left mounted. A root task runs in it as root; an
+ * ordinary user's task enters it through a user namespace of its own that maps
+ * the user to themselves (enroot's way for unprivileged users: no chroot with
+ * privileges the user does not have). No seccomp filter: a stand-in for machines
+ * without pyxis and enroot; nothing kit generates depends on it.
  *
  * Built by `kit cluster up` against Debian's libslurm-dev headers.
  */
@@ -42,6 +44,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -579,9 +582,14 @@ static int finish_container(spank_t sp)
 		return fail(TAG ": proc: %m");
 	if (bind_mount(root, "/dev", "/dev", 0) < 0 || bind_mount(root, "/sys", "/sys", MS_RDONLY) < 0)
 		return -1;
-	/* As enroot 4.1.2: /tmp a tmpfs of mode 0755 owned by the task's user (not 1777). */
+	/* As enroot 4.1.2: /tmp a tmpfs of mode 0755 owned by the task's user (not 1777): the job's user, not
+	 * slurmstepd's root that makes it (an ordinary user's task could not write its own /tmp). */
 	char tmpfs_opts[64];
-	snprintf(tmpfs_opts, sizeof(tmpfs_opts), "mode=0755,uid=%u,gid=%u", (unsigned)getuid(), (unsigned)getgid());
+	uid_t uid = getuid();
+	gid_t gid = getgid();
+	if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS || spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS)
+		uid = getuid(), gid = getgid();
+	snprintf(tmpfs_opts, sizeof(tmpfs_opts), "mode=0755,uid=%u,gid=%u", (unsigned)uid, (unsigned)gid);
 	for (const char **t = (const char *[]){ "/tmp", "/run", NULL }; *t; t++) {
 		snprintf(target, sizeof(target), "%s%s", root, *t);
 		if (mkdir_p(target, 0755) < 0 || mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs_opts) < 0)
@@ -652,6 +660,9 @@ static int make_container(spank_t sp)
 static int start_direct(spank_t sp)
 {
 	char lock[256], state[256];
+	if (geteuid() != 0)  /* its mounts are made in the task: this stand-in makes them as root alone */
+		return fail(TAG ": squashfuse mode starts root's containers only here (kit's stand-in; real enroot "
+		            "starts anyone's): an ordinary user's need create mode (kit cluster up --create)");
 	snprintf(lock, sizeof(lock), "%s/setup.lock", BASE);
 	snprintf(state, sizeof(state), "%s/setup", BASE);
 	int fd = open(lock, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
@@ -693,6 +704,40 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	return 0;
 }
 
+/* Write TEXT to the /proc file PATH (a user namespace's maps). */
+static int write_proc(const char *path, const char *text)
+{
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	ssize_t len = (ssize_t)strlen(text);
+	int ok = fd >= 0 && write(fd, text, (size_t)len) == len;
+	if (fd >= 0)
+		close(fd);
+	return ok ? 0 : -1;
+}
+
+/* A task of an ordinary user enters the image as enroot does for one: slurmstepd has already switched to
+ * the user, so the task makes a user namespace of its own mapping the user to themselves (uid and gid as
+ * on the host: its processes are the user's there) and chroots with the capability it holds in it. Root's
+ * tasks chroot as they are. */
+static int enter_as_user(void)
+{
+	uid_t uid = geteuid();
+	gid_t gid = getegid();
+	char map[64];
+	if (uid == 0)
+		return 0;
+	/* Set-user-id transitions left the task undumpable: its /proc files root's, its maps unwritable. */
+	if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) < 0 || unshare(CLONE_NEWUSER) < 0)
+		return fail(TAG ": cannot make a user namespace for uid %u: %m", (unsigned)uid);
+	snprintf(map, sizeof(map), "%u %u 1\n", (unsigned)uid, (unsigned)uid);
+	if (write_proc("/proc/self/uid_map", map) < 0)
+		return fail(TAG ": cannot map uid %u into its user namespace: %m", (unsigned)uid);
+	snprintf(map, sizeof(map), "%u %u 1\n", (unsigned)gid, (unsigned)gid);
+	if (write_proc("/proc/self/setgroups", "deny") < 0 || write_proc("/proc/self/gid_map", map) < 0)
+		return fail(TAG ": cannot map gid %u into its user namespace: %m", (unsigned)gid);
+	return 0;
+}
+
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
 	(void)ac; (void)av;
@@ -706,6 +751,10 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	if (reused && spank_get_item(sp, S_TASK_ID, &task) == ESPANK_SUCCESS && task == 0)
 		slurm_info("pyxis: reusing existing container filesystem");  /* pyxis's words, to the slurmd log */
 	apply_environment(sp, root);
+	if (enter_as_user() < 0) {
+		slurm_error("%s", failure);
+		return -1;
+	}
 	if (chdir(root) < 0 || chroot(".") < 0) {
 		slurm_error(TAG ": chroot %s: %m", root);
 		return -1;

@@ -1,0 +1,75 @@
+"""The client side of a local cluster: what every user of it reads (slurm.conf and the files beside it,
+munged's socket). A site keeps it in /etc/slurm; root's local cluster keeps it in /run/kit/cluster-<id>
+(its own directory, under ~root, is 0700 and stays so: state, logs, the munge key, the database)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import stat
+from pathlib import Path
+
+from kit.errors import KitError
+
+MACHINE = Path("/run/kit")
+
+
+def of(root: Path) -> Path:
+    """Where the cluster at ``root`` keeps what its clients read: for root's cluster a directory every
+    local user can reach, whatever the path of root's own; for another user's, its own directory."""
+    if os.geteuid() != 0:
+        return root
+    return MACHINE / f"cluster-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
+
+
+def make(root: Path, public: Path) -> None:
+    """``public`` (and /run/kit) as directories of root's that every user can enter and none other can
+    change: one that is not (a symlink, another owner's, writable by others) is refused."""
+    if public == root:
+        return
+    for d in (public.parent, public):
+        try:
+            d.mkdir(mode=0o755)
+        except FileExistsError:
+            pass
+        st = os.lstat(d)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise KitError(f"{d} is not a directory of root's that only root can change: the cluster's clients "
+                           "would read their configuration from it", field="cluster", hint=f"remove {d}")
+        os.chmod(d, 0o755)
+
+
+def clusters() -> list[Path]:
+    """The slurm.conf of every root's local cluster on this machine, newest first: files of root's in
+    directories of root's that no one else can change (others' are not believed)."""
+    found = []
+    for conf in MACHINE.glob("cluster-*/slurm.conf"):
+        try:
+            checked = [os.lstat(p) for p in (MACHINE, conf.parent, conf)]
+        except OSError:
+            continue
+        if all(st.st_uid == 0 and not st.st_mode & 0o022 and not stat.S_ISLNK(st.st_mode) for st in checked):
+            found.append((checked[2].st_mtime, conf))
+    return [conf for _, conf in sorted(found, reverse=True)]
+
+
+def login_lines(own_conf: Path, own_running: bool) -> list[str]:
+    """What a login shell needs to use the local cluster (``kit cluster env``): its SLURM_CONF, and PATH where
+    Slurm's commands are not on a login shell's. The caller's own cluster when it has one; else root's on
+    this machine (the newest, when several run)."""
+    import shutil
+
+    if own_running:
+        conf = own_conf
+    else:
+        found = clusters()
+        if not found:
+            raise KitError("no local cluster runs on this machine", field="cluster",
+                           hint="root starts one for every local user with `kit cluster up`; yours: the same")
+        conf = found[0]
+    lines = [f"export SLURM_CONF={shlex.quote(str(conf))}"]
+    sbatch = shutil.which("sbatch")
+    if sbatch and os.path.dirname(sbatch) not in ("/usr/local/bin", "/usr/bin", "/bin"):
+        lines.append(f"export PATH={shlex.quote(os.path.dirname(sbatch))}:\"$PATH\"")
+    return lines

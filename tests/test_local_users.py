@@ -1,0 +1,123 @@
+"""The local cluster serves every local user, as a site does: an ordinary user (created here, removed
+after, with everything they own) with kit installed as a login node's user has it — a venv of Debian's
+Python (`python3` here is root's, under /root, which no other user can run), kit's login-side
+dependencies only — reaches root's cluster through what `kit cluster env` prints, and runs Slurm's
+commands, `kit launch`, a sweep, `kit ps`, `kit logs` and `sacct` there; their jobs run as their own uid.
+What is root's stays root's: the munge key, slurmdbd's configuration, the database, the cluster's state."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from helpers import REPO, read_logs
+
+from kit.cluster import accounting, public
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def user():
+    """An ordinary user with a home (Debian's dotfiles: ~/.bashrc returns early when not interactive) and kit
+    in ~/venv, installed from a wheel of this checkout."""
+    name = f"kitl{os.getpid() % 100000}"
+    subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True, capture_output=True)
+    wheels = Path(tempfile.mkdtemp(prefix="kit-wheel-"))
+    try:
+        src = wheels / "src"
+        shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv*", "tests", "bases", "build",
+                                                                   "*.egg-info", "__pycache__", "kit-jobs", "*.sqsh"))
+        subprocess.run([os.environ.get("KIT_TEST_PYTHON", "/usr/bin/python3"), "-m", "pip", "wheel", "-q",
+                        "--no-deps", str(src), "-w", str(wheels)], check=True, capture_output=True)
+        os.chmod(wheels, 0o755)
+        for w in wheels.glob("*.whl"):
+            os.chmod(w, 0o644)
+        entry = pwd.getpwnam(name)
+        proc = as_user(entry, f"/usr/bin/python3 -m venv ~/venv && ~/venv/bin/pip install -q "
+                              f"--disable-pip-version-check {wheels}/*.whl", timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        yield entry
+    finally:
+        subprocess.run(["pkill", "-KILL", "-u", name], check=False)
+        subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
+        shutil.rmtree(wheels, ignore_errors=True)
+
+
+def as_user(user, command: str, timeout: float = 120, env: str = "") -> subprocess.CompletedProcess:
+    """``command`` in a login-like shell of ``user`` (their home, their PATH with ~/venv/bin first)."""
+    return subprocess.run(["su", "-", user.pw_name, "-s", "/bin/bash", "-c",
+                           f'export PATH="$HOME/venv/bin:$PATH" {env}; cd ~ && {command}'],
+                          capture_output=True, text=True, timeout=timeout, cwd="/")
+
+
+def test_what_is_roots_stays_roots(cluster, user):
+    """The client side is every user's (slurm.conf, the plugin stack, munged's socket, the spool); the munge
+    key, slurmdbd's configuration, the database and the cluster's own directory are root's alone."""
+    assert cluster.public.parent == public.MACHINE and cluster.conf.parent == cluster.public
+    for path in (cluster.conf, cluster.public / "plugstack.conf"):
+        assert os.stat(path).st_mode & 0o777 == 0o644, path
+    secret = [cluster.root / "munge" / "munge.key", cluster.public / "slurmdbd.conf", accounting.directory(cluster.root),
+              cluster.root / "state", cluster.root]
+    for path in secret:
+        st = os.stat(path)
+        assert st.st_uid == 0 and not st.st_mode & 0o077, (path, oct(st.st_mode))
+    proc = as_user(user, " ; ".join(f"{'ls' if p.is_dir() else 'cat'} {p} >/dev/null 2>&1 || echo refused"
+                                    for p in secret))
+    assert proc.stdout.split() == ["refused"] * len(secret), proc.stdout + proc.stderr
+
+
+def test_an_ordinary_user_runs_slurm_and_kit_on_roots_cluster(cluster, user):
+    """`kit cluster env` (theirs: root's cluster, found where every user reads), then Slurm's own commands and
+    kit's, as that user: each job runs as their uid, kit ps, kit logs and sacct see it."""
+    env = as_user(user, "kit cluster env")
+    assert env.returncode == 0 and env.stdout.splitlines() == public.login_lines(cluster.conf, False), env
+    conf = f"; export SLURM_CONF={cluster.conf}"  # a site's login shell has it; the newest of several is ours
+    slurm = as_user(user, "sinfo -h -o %D && sbatch --wait -N2 -o slurm.out --wrap 'srun -l id -u' && sort slurm.out",
+                    env=conf)
+    uid = user.pw_uid
+    assert slurm.returncode == 0 and slurm.stdout.split()[0] == "2", slurm.stdout + slurm.stderr
+    assert slurm.stdout.splitlines()[-2:] == [f"0: {uid}", f"1: {uid}"], slurm.stdout
+
+    launched = as_user(user, "kit launch --nodes 2 --wait --no-exporter --json -- bash -c 'echo rank $RANK uid $(id -u)'",
+                       env=conf)
+    assert launched.returncode == 0, launched.stderr
+    job = json.loads(launched.stdout.splitlines()[0])
+    assert Path(job["job_dir"]).is_relative_to(user.pw_dir) and os.stat(job["job_dir"]).st_uid == uid
+    logs = as_user(user, f"kit logs {job['job_id']}", env=conf)
+    assert sorted(logs.stdout.splitlines()) == [f"0: rank 0 uid {uid}", f"1: rank 1 uid {uid}"], logs.stdout + logs.stderr
+    sweep = as_user(user, "kit launch --sweep LR=0.1,0.2 --wait --no-exporter -- bash -c 'echo lr $LR'", env=conf)
+    assert sweep.returncode == 0, sweep.stderr
+    ps = as_user(user, "kit ps --json", env=conf)
+    rows = json.loads(ps.stdout)
+    assert {r["id"]: r["state"] for r in rows}[str(job["job_id"])] == "COMPLETED", rows
+    assert len([r for r in rows if "_" in r["id"] and r["state"] == "COMPLETED"]) == 2, rows
+    accounted = as_user(user, f"sacct -n -X -j {job['job_id']} -o state,user%20", env=conf)
+    assert accounted.stdout.split() == ["COMPLETED", user.pw_name], accounted.stdout + accounted.stderr
+
+
+def test_an_ordinary_users_main_job_runs_in_kits_image(cluster, user, cpu_image):
+    """The README's main job as an ordinary user: 2 nodes in kit's image (the stand-in enters it through a
+    user namespace of the task's own, as enroot does for an unprivileged user: it ran chroot after Slurm had
+    dropped root, and failed), its ranks the user's uid on the host, then `kit report`."""
+    image = Path(user.pw_dir) / "cpu-lightning.sqsh"
+    shutil.copyfile(cpu_image, image)
+    os.chown(image, user.pw_uid, user.pw_gid)
+    conf = f"; export SLURM_CONF={cluster.conf}"
+    job = as_user(user, f"kit launch --nodes 2 --image {image} --wait --json -- bash -c 'echo uid $(id -u) in "
+                        f"$(cat /etc/debian_version) && exec python3 -m kit.train --max-steps 30 --step-delay 0.02'",
+                  env=conf, timeout=600)
+    job_dir = json.loads(job.stdout.splitlines()[0])["job_dir"]
+    assert job.returncode == 0, job.stderr + read_logs(job_dir)
+    logs = as_user(user, f"kit logs {job_dir}", env=conf).stdout
+    assert [line for line in logs.splitlines() if " uid " in line] and all(
+        f"uid {user.pw_uid} in 12." in line for line in logs.splitlines() if " uid " in line), logs
+    assert (Path(job_dir) / "FINISHED").exists()
+    report = as_user(user, f"kit report {job_dir}", env=conf, timeout=300)
+    assert report.returncode == 0 and report.stdout.startswith("job "), report.stdout + report.stderr
