@@ -166,6 +166,35 @@ def test_a_container_image_on_the_batch_script_is_carried_to_the_step_and_said(t
     assert "#SBATCH --container-image=/images/pt.sqsh: carried as image: kit puts it on the srun step" in proc.stderr
 
 
+def test_the_sbatch_command_lines_options_count_over_the_scripts(tmp_path):
+    """Seed 002 gives nodes, GPUs and pyxis's flags on sbatch's command line, not in #SBATCH lines:
+    `kit convert SCRIPT -- SBATCH-OPTIONS` reads them (over the script's own, as sbatch does), pyxis's
+    flags as kit's container fields, a mount with what a relative path in the code view means; and a
+    `python` command in an image with python3 alone runs python3."""
+    root = tmp_path / "root" / "usr" / "bin"
+    root.mkdir(parents=True)
+    for tool in ("bash", "tee", "python3"):
+        (root / tool).write_text("")
+    image = tmp_path / "py3.sqsh"
+    subprocess.run(["mksquashfs", str(tmp_path / "root"), str(image), "-quiet", "-no-progress"], check=True)
+    script = tmp_path / "prelaunch.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --time=30\nsrun python train.py\n")
+    proc = kit("convert", str(script), "--", "--nodes=4", "--gpus-per-node=8", "--ntasks-per-node=8",
+               f"--container-image={image}", "--no-container-mount-home", "--container-remap-root",
+               "--container-workdir=/w/lit-gpt", "--container-mounts=/w/lit-gpt:/w/lit-gpt,/w/data:/w/lit-gpt/data")
+    assert proc.returncode == 0, proc.stderr
+    job = tomllib.loads(proc.stdout)
+    assert (job["nodes"], job["gpus_per_node"], job["ntasks_per_node"], job["time"]) == (4, 8, 8, "30")
+    assert (job["image"], job["container_workdir"], job["container_mount_home"], job["container_remap_root"]) == \
+        (str(image), "/w/lit-gpt", False, True)
+    assert job["mounts"] == ["/w/lit-gpt:/w/lit-gpt", "/w/data:/w/lit-gpt/data"] and "sbatch_args" not in job
+    assert job["command"] == ["python3", "train.py"], job
+    assert f"kit: not carried over: python: {image} has python3 alone: the command runs python3" in proc.stderr
+    assert "a relative path such as data/ is the work tree's own" in proc.stderr
+    stray = kit("convert", str(script), "--", "--nodes=2", "./prelaunch.sh")
+    assert "sbatch ./prelaunch.sh: not an option" in stray.stderr and tomllib.loads(stray.stdout)["nodes"] == 2
+
+
 def test_a_script_setting_its_parameters_converts_into_the_same_command(tmp_path):
     """Seed 003's shape: parameters set as shell variables, then used by the
     srun line. The job file's command prints what the script prints."""

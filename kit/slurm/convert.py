@@ -7,12 +7,16 @@ the script exports. The rest is listed, with why, never dropped silently."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kit.core import spec as specs
 from kit.core.text import printable
+from kit.slurm import shellwords
+from kit.errors import KitError
 
 # sbatch option (long name, short letter) -> kit job-file field.
 FIELDS = {
@@ -64,20 +68,6 @@ def _toml(value) -> str:
                          f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}" for c in text) + '"'
 
 
-def _logical_lines(text: str) -> list[str]:
-    """The script's lines with backslash continuations joined."""
-    out, current = [], ""
-    for raw in text.splitlines():
-        if raw.rstrip().endswith("\\") and not raw.lstrip().startswith("#"):
-            current += raw.rstrip()[:-1] + " "
-            continue
-        out.append(current + raw)
-        current = ""
-    if current:
-        out.append(current)
-    return out
-
-
 def _option(words: list[str], i: int) -> tuple[str, str | None, int]:
     """(name, value, next index) of the sbatch/srun option at ``words[i]``."""
     word = words[i]
@@ -97,8 +87,30 @@ def _option(words: list[str], i: int) -> tuple[str, str | None, int]:
     return name, None, i + 1
 
 
-def _sbatch_option(c: Converted, name: str, value: str | None) -> None:
-    where = f"#SBATCH {name}" + (f"={value}" if value is not None else "")
+# pyxis's options as kit's job fields: (field, how the value is kept).
+CONTAINER_FIELDS = {
+    "--container-mounts": ("mounts", "list"), "--container-workdir": ("container_workdir", "str"),
+    "--container-name": ("container_name", "str"), "--container-env": ("container_env", "list"),
+    "--container-writable": ("container_writable", True), "--container-readonly": ("container_writable", False),
+    "--container-mount-home": ("container_mount_home", True), "--no-container-mount-home": ("container_mount_home", False),
+    "--container-remap-root": ("container_remap_root", True), "--no-container-remap-root": ("container_remap_root", False),
+}
+
+
+def _sbatch_option(c: Converted, name: str, value: str | None, origin: str = "#SBATCH") -> None:
+    where = f"{origin} {name}" + (f"={value}" if value is not None else "")
+    if name in CONTAINER_FIELDS:
+        key, kind = CONTAINER_FIELDS[name]
+        if isinstance(kind, bool):
+            c.fields[key] = kind
+        elif value is not None:
+            c.fields[key] = [v for v in value.split(",") if v] if kind == "list" else value
+        if key == "mounts":
+            c.not_carried.append(f"{where}: carried as mounts; the job starts in its code view (a copy of the "
+                                 "work tree at submission, under the job directory), where a relative path such "
+                                 "as data/ is the work tree's own (linked when the snapshot leaves it out), not "
+                                 "a mount's: give the command the mount's absolute path")
+        return
     if name in FIELDS and value is not None:
         key = FIELDS[name]
         if key in INT_FIELDS:
@@ -156,14 +168,14 @@ def _command(c: Converted, words: list[str], line: str) -> None:
         words, skip = words[i:], i
     if not words:
         return
-    syntax = _shell_syntax(line)
+    syntax = shellwords.shell_syntax(line)
     if syntax:
-        text = _after_words(line.strip(), skip)
+        text = shellwords.after_words(line.strip(), skip)
         c.fields["command"] = ["bash", "-c", text]
         c.not_carried.append(f"{line.strip()}: it uses shell syntax ({syntax}): its text runs under bash -c as "
                              "written (kit passes arguments without a shell)")
         return
-    spans = _spans(line.strip())
+    spans = shellwords.spans(line.strip())
     raw = [line.strip()[a:b] for a, b in spans][skip:] if len(spans) == len(words) + skip else None
     launcher = words[0].rsplit("/", 1)[-1]
     is_torchrun = launcher == "torchrun" or (len(words) > 2 and words[1] == "-m" and
@@ -183,82 +195,63 @@ def _command(c: Converted, words: list[str], line: str) -> None:
         words, raw = [words[k] for k in kept], ([raw[k] for k in kept] if raw else None)
         c.fields.setdefault("ntasks_per_node", 1)
     if any("$" in w for w in words):  # the words as written: their quotes decide how $VARS expand
-        c.fields["command"] = ["bash", "-c", " ".join(raw) if raw else _shell_words(words)]
+        c.fields["command"] = ["bash", "-c", " ".join(raw) if raw else shellwords.shell_words(words)]
         c.not_carried.append(f"{line.strip()}: it holds $VARIABLES, so it runs under bash -c (kit passes "
                              "arguments without a shell)")
     else:
         c.fields["command"] = words
 
 
-def _shell_syntax(line: str) -> str | None:
-    """What makes ``line`` more than words for a shell (outside quotes), if anything."""
-    lex = shlex.shlex(line, posix=True, punctuation_chars=True)
-    lex.whitespace_split = True
-    try:
-        tokens = list(lex)
-    except ValueError:
-        return "unbalanced quotes"
-    operators = sorted({t for t in tokens if t and all(ch in "();<>|&" for ch in t)})
-    if operators:
-        return ", ".join(f"'{op}'" for op in operators)
-    unquoted = re.sub(r"'[^']*'", "", line)
-    if "`" in unquoted:
-        return "backticks"
-    if "$(" in unquoted:
-        return "$(...)"
-    return None
-
-
-def _spans(line: str) -> list[tuple[int, int]]:
-    """Where each word of ``line`` is, as the shell splits it (quotes kept with their word)."""
-    out, i, quote = [], 0, None
-    while i < len(line):
-        while i < len(line) and line[i] in " \t":
-            i += 1
-        if i >= len(line):
-            break
-        start = i
-        while i < len(line):
-            ch = line[i]
-            if quote:
-                if ch == quote:
-                    quote = None
-                elif ch == "\\" and quote == '"':
-                    i += 1
-            elif ch in "'\"":
-                quote = ch
-            elif ch == "\\":
-                i += 1
-            elif ch in " \t":
-                break
-            i += 1
-        out.append((start, min(i, len(line))))
-    return out
-
-
-def _after_words(line: str, n: int) -> str:
-    """``line`` from its ``n``-th word on (words as the shell splits them, quotes respected)."""
-    spans = _spans(line)
-    return line[spans[n][0]:].strip() if n < len(spans) else ""
-
-
-def _shell_words(words: list[str]) -> str:
-    """``words`` as one bash command line in which ``$VARIABLES`` still expand (double quotes)."""
-    out = []
-    for w in words:
-        if re.fullmatch(r"[A-Za-z0-9_@%+=:,./${}-]+", w):
-            out.append(w)
-        else:
-            out.append('"' + w.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"')
-    return " ".join(out)
-
-
-def convert(text: str) -> Converted:
-    """The job-file fields of the sbatch script ``text``, and what did not carry over."""
+def convert(text: str, sbatch_args: list[str] | tuple[str, ...] = (), inspect=None) -> Converted:
+    """The job-file fields of the sbatch script ``text`` submitted with ``sbatch_args`` (the options its
+    user puts on sbatch's command line: they win over its #SBATCH lines, as in sbatch), and what did not
+    carry over. ``inspect(image, paths)``: which of ``paths`` an image file has (``python`` runs as
+    ``python3`` in an image with python3 alone)."""
     c = Converted()
+    _script(c, text)
+    i, words = 0, list(sbatch_args)
+    while i < len(words):
+        if not words[i].startswith("-"):
+            c.not_carried.append(f"sbatch {' '.join(words[i:])}: not an option (the script is kit convert's first "
+                                 "argument; what follows -- is sbatch's options)")
+            break
+        name, value, i = _option(words, i)
+        _sbatch_option(c, name, value, origin="sbatch")
+    if inspect is not None:
+        _python3(c, inspect)
+    return c
+
+
+PYTHONS = ("usr/bin/python", "bin/python", "usr/local/bin/python", "usr/bin/python3", "bin/python3",
+           "usr/local/bin/python3")
+
+
+def _python3(c: Converted, inspect) -> None:
+    """A command that runs ``python`` in an image that has python3 alone (Debian's, kit's) runs python3."""
+    command, image = c.fields.get("command"), c.fields.get("image")
+    if not command or not isinstance(image, str) or not os.path.isfile(image):
+        return
+    text = command[2] if command[:2] == ["bash", "-c"] else None
+    if (command[0] != "python" if text is None else not re.search(r"(?<![\w/.-])python(?=\s)", text)):
+        return
+    try:
+        found = {p.rsplit("/", 1)[1] for p in inspect(Path(image), list(PYTHONS))}
+    except KitError:
+        return  # an image it cannot read: kit launch says so
+    if "python" in found or "python3" not in found:
+        return
+    if text is None:
+        command[0] = "python3"
+    else:
+        command[2] = re.sub(r"(?<![\w/.-])python(?=\s)", "python3", text)
+    c.not_carried.append(f"python: {image} has python3 alone: the command runs python3")
+
+
+def _script(c: Converted, text: str) -> None:
+    """The fields of the script's #SBATCH lines and commands into ``c``."""
     commands: list[tuple[list[str], str]] = []
     assigned: list[tuple[str, str, int]] = []  # NAME=value lines: (name, text, commands before it)
-    for line in _logical_lines(text):
+    for line in shellwords.logical_lines(text):
         stripped = line.strip()
         if stripped.startswith("#SBATCH"):
             try:
@@ -302,7 +295,7 @@ def convert(text: str) -> Converted:
             continue
         if words and words[0] == "exec":  # `exec srun ...`: the batch script becomes that step
             words = words[1:]
-            stripped = _after_words(stripped, 1)
+            stripped = shellwords.after_words(stripped, 1)
         if not words:
             continue
         if words[0] == "export" and len(words) >= 2:
@@ -313,7 +306,7 @@ def convert(text: str) -> Converted:
                 elif eq and "$" not in value and "`" not in value and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                     c.fields.setdefault("env", {})[name] = value
                 elif eq and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                    text = f"export {item}" if items else f"export {name}={_double_quoted(value)}"
+                    text = f"export {item}" if items else f"export {name}={shellwords.double_quoted(value)}"
                     assigned.append((name, text, len(commands)))
                 else:
                     c.not_carried.append(f"export {item}: not a variable kit can carry")
@@ -324,7 +317,6 @@ def convert(text: str) -> Converted:
             continue
         commands.append((words, stripped))
     _choose(c, commands, assigned)
-    return c
 
 
 def _choose(c: Converted, commands: list[tuple[list[str], str]], assigned: list[tuple[str, str, int]]) -> None:
@@ -356,13 +348,13 @@ def _carry_assignments(c: Converted, assigned: list[tuple[str, str, int]]) -> No
                              "tears down its own sidecars)")
     assigned = [a for a in assigned if "$!" not in a[1]]
     if any(text.startswith("export ") for _, text, _ in assigned) and command[:2] != ["bash", "-c"]:
-        c.fields["command"] = command = ["bash", "-c", _shell_words(command)]
+        c.fields["command"] = command = ["bash", "-c", shellwords.shell_words(command)]
     if command[:2] == ["bash", "-c"]:
-        wanted = _names(command[2]) | {name for name, text, _ in assigned if text.startswith("export ")}
+        wanted = shellwords.names(command[2]) | {name for name, text, _ in assigned if text.startswith("export ")}
         for name, text, _ in reversed(assigned):
             if name in wanted and name not in used:
                 used.add(name)
-                wanted |= _names(text.split("=", 1)[1])
+                wanted |= shellwords.names(text.split("=", 1)[1])
     carried = [text for name, text, _ in assigned if name in used]
     for name, text, _ in assigned:
         if name not in used:
@@ -386,9 +378,3 @@ def _srun_options(words: list[str]) -> tuple[list[str], int]:
     return options, i
 
 
-def _names(text: str) -> set[str]:
-    return set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", text))
-
-
-def _double_quoted(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'
