@@ -159,7 +159,7 @@ class LocalCluster:
                                                                else ", sharing this machine's network")
                         + (", with accounting" if st.dbd_port else ", without accounting"),
                         field="cluster", hint="run `kit cluster down` first to change its shape")
-                if same:
+                if same and (self.conf.exists() or len(dead) < len(self.daemons(st))):  # after a reboot: /run's gone
                     return st, self._repair(st, dead, mode, prometheus, timeout, progress)
                 progress("every daemon of the earlier cluster is gone: starting a new one")
                 teardown.end_job_processes(self.conf, progress)
