@@ -153,4 +153,5 @@ def test_auth_none_only_where_every_port_is_loopbacks():
             config.choose_auth(st, False, said.append)
         assert str(e.value).startswith("munged not found, and the nodes would listen ") and "apt-get install -y munge" in \
             e.value.hint
-    assert config.loopback_host("127.0.1.1") and not config.loopback_host("no-such-host.invalid")
+    assert config.loopback_host("127.0.0.1") and not config.loopback_host("127.0.1.1")  # NodeAddr's alone
+    assert not config.loopback_host("no-such-host.invalid")

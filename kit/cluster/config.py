@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 from pathlib import Path
 
@@ -57,12 +56,13 @@ def bound_to(address: str, argv: list[str]) -> list[str]:
 
 
 def loopback_host(hostname: str) -> bool:
-    """Whether ``hostname`` resolves to loopback addresses alone (Debian's 127.0.1.1 included)."""
+    """Whether ``hostname`` resolves to 127.0.0.1 alone, the nodes' NodeAddr: with ``NoInAddrAny`` a slurmd
+    binds what the host name resolves to, so Debian's 127.0.1.1 would leave slurmctld no slurmd to reach."""
     try:
         infos = socket.getaddrinfo(hostname, None, socket.AF_INET)
     except OSError:
         return False
-    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+    return bool(infos) and {i[4][0] for i in infos} == {"127.0.0.1"}
 
 
 def choose_auth(st, munged: bool, progress) -> None:
