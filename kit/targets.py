@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kit import files, slurm
 from kit import submission as lib
-from kit.cluster import LocalCluster
+from kit.cluster import LocalCluster, public
 from kit.core import spec as specs
 from kit.errors import KitError
 from kit.jobdir import JobDir, records
@@ -92,7 +92,7 @@ def unavailable(target: slurm.Target) -> str | None:
     conf = Path(target.conf)
     if not conf.is_file():
         return f"its slurm.conf {conf} is gone"
-    if target.name == "local" and not LocalCluster(conf.parent.parent).controller_alive():
+    if target.name == "local" and not LocalCluster(public.home_of(conf)).controller_alive():
         return "the local cluster is not running"
     return None
 def select_target(where: str | None, needs_containers: bool = False) -> tuple[slurm.Target, str | None]:

@@ -123,7 +123,7 @@ def test_the_database_survives_down_and_up_and_listens_on_no_port(home):
     assert listening(st.pids["mariadbd"]) == set()
     d = accounting.directory(home / "cluster")
     assert stat.S_IMODE(d.stat().st_mode) == 0o700 and accounting.db_socket(home / "cluster").is_socket()
-    assert stat.S_IMODE((home / "cluster" / "slurmdbd.conf").stat().st_mode) == 0o600
+    assert stat.S_IMODE((c.public / "slurmdbd.conf").stat().st_mode) == 0o600
     other = subprocess.run(["runuser", "-u", "nobody", "--", "mariadb", f"--socket={accounting.db_socket(home / 'cluster')}",
                             "-e", "select 1"], capture_output=True, text=True)
     assert other.returncode != 0 and "(13)" in other.stderr, other.stdout + other.stderr  # EACCES: the directory
@@ -142,7 +142,7 @@ def test_the_database_survives_down_and_up_and_listens_on_no_port(home):
     assert kit("cluster", "down", env=env).returncode == 0
     off = kit("cluster", "up", "--no-accounting", env=env)
     assert off.returncode == 0 and "accounting" not in off.stdout and "mariadbd" not in c.state().pids, off.stdout
-    assert "accounting_storage/none" in (home / "cluster" / "slurm.conf").read_text()
+    assert "accounting_storage/none" in c.conf.read_text()
 
 
 @pytest.mark.cluster  # starts a cluster of its own

@@ -174,7 +174,7 @@ def test_an_unreadable_state_file_is_not_started_over(home):
     assert proc.returncode == 1
     assert proc.stderr.splitlines()[0] == \
         f"kit: cluster: {home / 'cluster' / 'cluster.json'} is unreadable: not starting a second cluster over it"
-    assert not (home / "cluster" / "slurm.conf").exists()
+    assert not LocalCluster(home).conf.exists()
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "missing"])

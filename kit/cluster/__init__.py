@@ -396,5 +396,5 @@ class LocalCluster:
     def leftover_daemons(self) -> dict[int, str]:
         """pid -> program of this cluster's daemons found by their command lines
         (each names a file under this cluster's directory), record or not."""
-        return processes.daemons_under(self.root, ("slurmctld", "slurmd", "prometheus", "munged", "mariadbd",
-                                                   "slurmdbd"))
+        return processes.daemons_under((self.root, self.public), ("slurmctld", "slurmd", "prometheus", "munged",
+                                                                  "mariadbd", "slurmdbd"))

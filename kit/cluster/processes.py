@@ -145,9 +145,10 @@ def memory_mb() -> int:
     return 1024
 
 
-def daemons_under(root, programs: tuple[str, ...]) -> dict[int, str]:
-    """pid -> program of the live ``programs`` whose command line names a file under ``root``."""
-    prefix = f"{root}/"
+def daemons_under(roots, programs: tuple[str, ...]) -> dict[int, str]:
+    """pid -> program of the live ``programs`` whose command line names a file under one of ``roots`` (the
+    cluster's directory, and the one its clients read, where its slurm.conf is)."""
+    prefixes = tuple(f"{r}/" for r in roots)
     found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -164,6 +165,6 @@ def daemons_under(root, programs: tuple[str, ...]) -> dict[int, str]:
                     argv += f.read().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if any(prefix in a for a in argv) and alive(int(entry), comm):
+        if any(p in a for a in argv for p in prefixes) and alive(int(entry), comm):
             found[int(entry)] = comm
     return found

@@ -23,6 +23,20 @@ def of(root: Path) -> Path:
     return MACHINE / f"cluster-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
 
 
+HOME = "kit-home"  # in a cluster's public directory: the KIT_HOME whose cluster it is
+
+
+def home_of(conf: Path) -> Path:
+    """The KIT_HOME of the local cluster whose slurm.conf is ``conf``: its own directory's parent, or for
+    root's cluster the one its public directory names (a file of root's, as the directory checks)."""
+    if conf.parent.parent != MACHINE:
+        return conf.parent.parent
+    try:
+        return Path((conf.parent / HOME).read_text().strip())
+    except OSError:
+        return conf.parent.parent
+
+
 def make(root: Path, public: Path) -> None:
     """``public`` (and /run/kit) as directories of root's that every user can enter and none other can
     change: one that is not (a symlink, another owner's, writable by others) is refused."""
@@ -38,6 +52,7 @@ def make(root: Path, public: Path) -> None:
             raise KitError(f"{d} is not a directory of root's that only root can change: the cluster's clients "
                            "would read their configuration from it", field="cluster", hint=f"remove {d}")
         os.chmod(d, 0o755)
+    (public / HOME).write_text(f"{root.parent}\n")
 
 
 def clusters() -> list[Path]:
