@@ -352,8 +352,8 @@ def test_without_stacks_a_hang_names_no_rank_and_is_told_in_errors_and_report(cl
     the hang."""
     (tmp_path / "blame.py").write_text(BLAME)
     w = launch_wait(tmp_path, "--nodes", "2", "--hang-timeout", "4", "--first-progress-timeout", "120",
-                    "--max-restarts", "0", "--no-exporter", command=[sys.executable, str(tmp_path / "blame.py")],
-                    env={"PATH": "/usr/bin:/bin"})  # the interpreter by its path; no py-spy on PATH
+                    "--max-restarts", "0", command=[sys.executable, str(tmp_path / "blame.py")],
+                    env={"PATH": "/usr/bin:/bin"})  # the interpreters by their paths (KIT_PYTHON); no py-spy on PATH
     check_end(cluster, w, state="FAILED", code=outcome.HUNG, finished=False,
               log="retry budget spent (0 restarts), not requeueing", ends=["hang"])
     fields = dict(line.split("=", 1) for line in (w.job_dir / "hang" / "r0" / "report").read_text().splitlines())
