@@ -208,7 +208,8 @@ def _same_owner(target: slurm.Target, job_dir: Path, job_id: str) -> None:
     owner = jobdir.owner(job_dir)
     if owner == os.geteuid():
         return
-    user = slurm.statuses(target, [job_id.partition("_")[0]]).get(job_id.partition("_")[0])
+    base = job_id.partition("_")[0]  # an array task's: the array's owner
+    user = slurm.statuses(target, [base]).get(base)
     if user is None or user.user_id != owner:
         theirs = "no job Slurm knows" if user is None or user.user_id is None else \
             f"{jobdir.owner_name(user.user_id)}'s job"

@@ -164,14 +164,7 @@ class Filter:
             return False
         if self.since is not None and (r.submitted is None or now - r.submitted > self.since):
             return False
-        return self.user is None or _owner(r.job_dir) == self.user
-
-
-def _owner(path: str) -> str | None:
-    try:
-        return pwd.getpwuid(os.stat(path).st_uid).pw_name
-    except (OSError, KeyError):
-        return None
+        return self.user is None or jobdir.owner_name(jobdir.owner(Path(r.job_dir))) == self.user
 
 
 def _age(seconds: float) -> str:

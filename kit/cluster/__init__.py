@@ -183,7 +183,7 @@ class LocalCluster:
         if (st.squashfuse, st.container_scope) != mode:
             plugin.check_scope(st.containers, mode[1])
             st.squashfuse, st.container_scope = mode
-            layout.write_plugstack(self.root, self.public, st)
+            layout.write_plugstack(self.root, st)
             self.save(st)
             progress(f"containers from the next job step on: {plugin.mode_description(*mode)}")
         if dead:
@@ -284,10 +284,10 @@ class LocalCluster:
                 progress(f"isolated network: bridge {net.bridge} at {net.host}, "
                          + ", ".join(f"{n} {a}" for n, a in net.addresses.items()))
                 network.create(net)
-            st.containers = plugin.prepare(self.root, progress, self.public)
+            st.containers = plugin.prepare(self.root, progress)
             plugin.check_scope(st.containers, st.container_scope)
             if st.containers:
-                st.container_plugin = plugin.plugin_of(self.root, st, self.public)
+                st.container_plugin = plugin.plugin_of(self.root, st)
             config.choose_auth(st, shutil.which("munged") is not None, progress)
             layout.write(self.root, self.conf, st)
             self.save(st)

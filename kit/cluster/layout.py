@@ -34,7 +34,7 @@ def write(root: Path, conf: Path, st) -> None:
     slurmdbd.conf (0600)."""
     r, public = root, conf.parent
     os.chmod(r, 0o700)  # the cluster's config, state and logs are its owner's alone
-    public_.make(root, public)
+    public_.make(root)
     for sub in ("log", "run", "state"):
         (r / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(r / sub, 0o700)
@@ -50,7 +50,7 @@ def write(root: Path, conf: Path, st) -> None:
             fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
             with os.fdopen(fd, "wb") as f:
                 f.write(os.urandom(1024))
-    write_plugstack(r, public, st)
+    write_plugstack(r, st)
     if st.containers == config.PYXIS:
         plugin.write_enroot_wrappers(r, st.nodes)
     for gpu in config.gpu_files(st, r):
@@ -62,19 +62,20 @@ def write(root: Path, conf: Path, st) -> None:
     files.write_atomic(conf, config.slurm_conf(st, r, processes.user(), state.next_job_id(root), public), 0o644)
 
 
-def write_plugstack(root: Path, public: Path, st) -> None:
+def write_plugstack(root: Path, st) -> None:
     """plugstack.conf for ``st`` beside slurm.conf (every client reads it; each new step's slurmstepd too:
     a mode change needs no restart)."""
     so = plugin.plugin_of(root, st) if st.containers else None
-    files.write_atomic(public / "plugstack.conf", config.plugstack_conf(st.containers, root, so, st.squashfuse,
+    files.write_atomic(public_.of(root) / "plugstack.conf", config.plugstack_conf(st.containers, root, so, st.squashfuse,
                                                                         st.container_scope), 0o644)
 
 
 def clean(root: Path, state_file: Path) -> None:
     """Remove the cluster's runtime state and its clients' directory; the next job id is kept (ids are
     never reused)."""
-    if public_.of(root) != root:
-        shutil.rmtree(public_.of(root), ignore_errors=True)
+    public = public_.of(root)
+    if public != root:
+        shutil.rmtree(public, ignore_errors=True)
     next_id = max(state.saved_job_id_sequence(root / "state" / "job_state"), state.next_job_id(root))
     if next_id > 1:
         (root / "next_job_id").write_text(f"{next_id}\n")

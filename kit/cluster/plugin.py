@@ -25,10 +25,9 @@ def pyxis_plugin() -> str | None:
 
 
 
-def prepare(root: Path, progress, public: Path | None = None) -> str | None:
-    """Real pyxis when it and enroot are installed, else kit's stand-in, built now into ``public`` (where the
-    cluster's clients read: srun and sbatch load it too; default ``root``)."""
-    public = public or root
+def prepare(root: Path, progress) -> str | None:
+    """Real pyxis when it and enroot are installed, else kit's stand-in, built now into the cluster's public
+    directory (srun and sbatch load it too)."""
     cc = shutil.which("gcc") or shutil.which("cc")
     choice = config.choose_containers(pyxis_plugin(), shutil.which("enroot"),
                                       cc is not None and Path("/usr/include/slurm/spank.h").exists())
@@ -40,8 +39,8 @@ def prepare(root: Path, progress, public: Path | None = None) -> str | None:
         progress("container jobs disabled: building kit's pyxis stand-in needs gcc and "
                  "libslurm-dev (apt-get install -y gcc libslurm-dev)")
         return None
-    public_.make(root, public)
-    out = public / "spank_kit_pyxis.so"
+    public_.make(root)
+    out = public_.of(root) / "spank_kit_pyxis.so"
     src = Path(__file__).parent / "spank" / "kit_pyxis.c"
     run([cc, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(out), str(src)], what="cluster",
         hint="the stand-in SPANK plugin did not compile")
@@ -113,12 +112,11 @@ def check_squashfuse() -> None:
         raise KitError(f"{', '.join(lacking) or '/dev/fuse'} not found", field="--squashfuse", exit_code=1,
                        hint="squashfuse mode reads images through FUSE: apt-get install -y squashfuse")
 
-def plugin_of(root: Path, st, public: Path | None = None) -> str | None:
-    """The plugin ``st`` was started with (a state from before it was recorded: found again; the stand-in is
-    built into ``public``, default ``root``)."""
+def plugin_of(root: Path, st) -> str | None:
+    """The plugin ``st`` was started with (a state from before it was recorded: found again)."""
     if st.container_plugin:
         return st.container_plugin
-    return pyxis_plugin() if st.containers == config.PYXIS else str((public or root) / "spank_kit_pyxis.so")
+    return pyxis_plugin() if st.containers == config.PYXIS else str(public_.of(root) / "spank_kit_pyxis.so")
 
 
 def write_enroot_wrappers(root: Path, nodes: int) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
+import shutil
 import stat
 from pathlib import Path
 
@@ -37,9 +38,11 @@ def home_of(conf: Path) -> Path:
         return conf.parent.parent
 
 
-def make(root: Path, public: Path) -> None:
-    """``public`` (and /run/kit) as directories of root's that every user can enter and none other can
-    change: one that is not (a symlink, another owner's, writable by others) is refused."""
+def make(root: Path) -> None:
+    """The cluster at ``root``'s public directory (and /run/kit) as directories of root's that every user can
+    enter and none other can change: one that is not (a symlink, another owner's, writable by others) is
+    refused."""
+    public = of(root)
     if public == root:
         return
     for d in (public.parent, public):
@@ -73,8 +76,6 @@ def login_lines(own_conf: Path, own_running: bool) -> list[str]:
     """What a login shell needs to use the local cluster (``kit cluster env``): its SLURM_CONF, and PATH where
     Slurm's commands are not on a login shell's. The caller's own cluster when it has one; else root's on
     this machine (the newest, when several run)."""
-    import shutil
-
     if own_running:
         conf = own_conf
     else:

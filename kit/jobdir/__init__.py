@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 from pathlib import Path
 
@@ -141,8 +142,6 @@ def owner(path: Path) -> int | None:
 
 def owner_name(uid: int | None) -> str:
     """A uid as a person reads it: the login name, else ``uid N``."""
-    import pwd
-
     try:
         return pwd.getpwuid(uid).pw_name if uid is not None else "an unknown user"
     except KeyError:
