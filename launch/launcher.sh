@@ -133,7 +133,7 @@ kit::container_mode() {
   KIT_MODE=create
   kit::tree "${PPID}" all
   for pid in "${KIT_TREE[@]}"; do
-    { read -r comm <"/proc/${pid}/comm"; } 2>/dev/null || continue
+    { read -r comm <"${KIT_PROC}/${pid}/comm"; } 2>&"${KIT_NULL_FD}" || continue
     if [[ "${comm}" == squashfuse ]]; then KIT_MODE=squashfuse; return 0; fi
   done
 }
@@ -151,25 +151,25 @@ kit::dump_stacks() {
   local pid exe spy progress=""
   local -a pids
   mapfile -t pids < <(kit::descendants "$1")
-  { read -r progress <"${KIT_PROGRESS_FILE}"; } 2>/dev/null || true
+  { read -r progress <"${KIT_PROGRESS_FILE}"; } 2>&"${KIT_NULL_FD}" || true
   printf 'rank=%s node=%s time=%s\nprogress=%s\n' "${RANK}" "${KIT_NODE}" "$(printf '%(%Y-%m-%dT%H:%M:%S%z)T' -1)" "${progress}"
   for pid in "${pids[@]}"; do
     printf 'process %s state %s wchan=%s: %s\n' "${pid}" \
-      "$(awk '$1 == "State:" { $1 = ""; sub(/^ /, ""); print }' /proc/"${pid}"/status 2>/dev/null)" \
-      "$(cat /proc/"${pid}"/wchan 2>/dev/null)" "$(kit::cmdline "${pid}")"
+      "$(awk '$1 == "State:" { $1 = ""; sub(/^ /, ""); print }' "${KIT_PROC}/${pid}"/status 2>&"${KIT_NULL_FD}")" \
+      "$(cat "${KIT_PROC}/${pid}"/wchan 2>&"${KIT_NULL_FD}")" "$(kit::cmdline "${pid}")"
   done
   spy="${KIT_PY_SPY:-$(command -v py-spy || true)}"
   if [[ -z "${spy}" ]]; then
     printf 'stacks: py-spy not found (pip install py-spy where the command runs): kernel stacks only\n'
   fi
   for pid in "${pids[@]}"; do
-    exe="$(readlink /proc/"${pid}"/exe 2>/dev/null)" || continue
+    exe="$(readlink "${KIT_PROC}/${pid}"/exe 2>&"${KIT_NULL_FD}")" || continue
     if [[ -n "${spy}" && "${exe##*/}" == python* ]]; then
       printf '\n--- py-spy dump --pid %s\n' "${pid}"
       timeout 20 "${spy}" dump --nonblocking --pid "${pid}" 2>&1 || printf '(py-spy failed: exit %s)\n' "$?"
     elif [[ -z "${spy}" ]]; then
       printf '\n--- /proc/%s/stack\n' "${pid}"
-      cat /proc/"${pid}"/stack 2>&1 || true
+      cat "${KIT_PROC}/${pid}"/stack 2>&1 || true
     fi
   done
 }
@@ -206,16 +206,16 @@ kit::deliver() {
   kit::helper_traps
   # Until it execs, the command's process is a fork of this script and shows
   # this script's handlers: it counts only once its command line is its own.
-  mine="$(tr '\0' ' ' </proc/$$/cmdline)"
+  mine="$(tr '\0' ' ' <"${KIT_PROC}/$$/cmdline")"
   while [[ ! -e "${KIT_PROGRESS_DIR}/stop" ]]; do
     caught=""
     while read -r key value rest; do
       if [[ "${key}" == SigCgt: ]]; then caught="${value}"; fi
-    done 2>/dev/null </proc/"${pid}"/status || return 0
+    done 2>&"${KIT_NULL_FD}" <"${KIT_PROC}/${pid}"/status || return 0
     [[ -n "${caught}" ]] || return 0
-    if (( (16#${caught} >> bit) & 1 )) && [[ "$(tr '\0' ' ' </proc/"${pid}"/cmdline 2>/dev/null)" != "${mine}" ]]; then
+    if (( (16#${caught} >> bit) & 1 )) && [[ "$(tr '\0' ' ' <"${KIT_PROC}/${pid}"/cmdline 2>&"${KIT_NULL_FD}")" != "${mine}" ]]; then
       : >"${KIT_PROGRESS_DIR}/warned-${RANK}"
-      if kill -s "${sig}" "${pid}" 2>/dev/null; then
+      if kill -s "${sig}" "${pid}" 2>&"${KIT_NULL_FD}"; then
         kit::log "sent SIG${sig} to the command (pid ${pid})"
       else
         rm -f "${KIT_PROGRESS_DIR}/warned-${RANK}"
@@ -268,10 +268,10 @@ kit::watch_rendezvous() {
     if (( SECONDS < slow )); then kit::nap 2; else kit::nap 10; fi
     kit::tree "${KIT_MAIN_PID}"
     fds=()
-    for pid in "${KIT_TREE[@]}"; do fds+=("/proc/${pid}/fd"); done
-    inodes=" $(find "${fds[@]}" -maxdepth 1 -lname 'socket:*' -printf '%l ' 2>/dev/null | tr -d 'socket:[]') "
+    for pid in "${KIT_TREE[@]}"; do fds+=("${KIT_PROC}/${pid}/fd"); done
+    inodes=" $(find "${fds[@]}" -maxdepth 1 -lname 'socket:*' -printf '%l ' 2>&"${KIT_NULL_FD}" | tr -d 'socket:[]') "
     if awk -v p="${port}" -v mine="${inodes}" 'FNR > 1 && ($2 ~ p"$" || $3 ~ p"$") && index(mine, " " $10 " ") { found = 1 }
-        END { exit !found }' /proc/net/tcp /proc/net/tcp6 2>/dev/null; then
+        END { exit !found }' "${KIT_PROC}"/net/tcp "${KIT_PROC}"/net/tcp6 2>&"${KIT_NULL_FD}"; then
       : >"${KIT_PROGRESS_DIR}/joined-${RANK}"
       return 0
     fi
@@ -288,19 +288,19 @@ kit::kill_after() {
   kit::nap "${grace}"
   kit::running "${pid}" || return 0
   kit::log "the command did not stop ${grace} s after the stop signal: killing it"
-  kill -KILL -- "-${pid}" 2>/dev/null || kill -KILL "${pid}" 2>/dev/null || true
+  kill -KILL -- "-${pid}" 2>&"${KIT_NULL_FD}" || kill -KILL "${pid}" 2>&"${KIT_NULL_FD}" || true
 }
 kit::on_signal() {
   if [[ "$1" != "${KIT_WARNING_SIGNAL:-USR1}" ]]; then
     if (( ! KIT_STOPPING )) && [[ -n "${KIT_MAIN_PID}" ]]; then
-      kit::kill_after "${KIT_STOP_GRACE}" "${KIT_MAIN_PID}" &
+      kit::kill_after "${KIT_STOP_GRACE}" "${KIT_MAIN_PID}" <&"${KIT_NULL_FD}" &
       KIT_BG_PIDS+=("$!")
     fi
     KIT_STOPPING=1
     kit::forward "$1"
   elif [[ -n "${KIT_MAIN_PID}" ]]; then
     kit::log "got SIG$1: passing it to the command once it handles it"
-    kit::deliver "$1" "${KIT_MAIN_PID}" &
+    kit::deliver "$1" "${KIT_MAIN_PID}" <&"${KIT_NULL_FD}" &
     KIT_BG_PIDS+=("$!")
   else
     KIT_WARNING_PENDING=1
@@ -315,7 +315,7 @@ if (( LOCAL_RANK == 0 )); then
   for (( i = 0; i < ${#KIT_SIDECARS[@]}; i += 3 )); do
     name="${KIT_SIDECARS[i]}"
     needs="${KIT_SIDECARS[i + 1]}"
-    if [[ -n "${needs}" ]] && ! command -v "${needs}" >/dev/null 2>&1; then
+    if [[ -n "${needs}" ]] && ! command -v "${needs}" >&"${KIT_NULL_FD}" 2>&1; then
       kit::log "sidecar ${name}: ${needs} not found, not started"
       continue
     fi
@@ -331,18 +331,26 @@ if (( KIT_STOPPING )); then exit 143; fi
 # runs in a group of its own, so each signal reaches it once, from this script.
 exec {KIT_LOG_FD}> >(trap '' INT TERM HUP USR1 USR2; exec tee -a "${KIT_RANK_LOG}")
 KIT_DRAIN_PIDS+=("$!")
-kit::start "${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&-
+# This rank's exit record (logs/exit.r<run>.rank-<R>: "time rank rc self|stopped|warned", empty
+# while the rank runs; kit.jobdir.failures.rank_ends reads it), opened before the command starts:
+# under pyxis's squashfuse mode the step's signal also stops the runtime's squashfuse, and a
+# path through the image's root may then fail; this descriptor needs none.
+exec {KIT_EXIT_FD}>"${KIT_LOG_DIR}/exit.r${KIT_RESTART:-0}.rank-${RANK}"
+kit::start "${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&- {KIT_EXIT_FD}>&-
 KIT_MAIN_PID=$!
 exec {KIT_LOG_FD}>&-
 kit::container_mode
 printf '%s %s %s %s\n' "${KIT_NODE}" "${KIT_MAIN_PID}" "${KIT_STARTED_AT}" "${KIT_MODE}" >"${KIT_PROGRESS_DIR}/task-${RANK}"
-kit::watch_prelaunch &
+# From here on this script reads /proc through its working directory (lib.sh's KIT_PROC): the
+# command has its own, and what the teardown needs must not depend on the image's root.
+if cd /proc; then KIT_PROC=.; fi
+kit::watch_prelaunch <&"${KIT_NULL_FD}" &
 KIT_BG_PIDS+=("$!")
 if (( ${KIT_HANG_TIMEOUT:-0} > 0 )); then
-  kit::answer_hang &
+  kit::answer_hang <&"${KIT_NULL_FD}" &
   KIT_BG_PIDS+=("$!")
   if (( ${WORLD_SIZE:-1} > 1 )); then
-    kit::watch_rendezvous &
+    kit::watch_rendezvous <&"${KIT_NULL_FD}" &
     KIT_BG_PIDS+=("$!")
   fi
 fi
@@ -362,10 +370,9 @@ fi
 # gives the job its code, and the work is finished only when every rank
 # says its command ended by itself with 0 (srun alone may exit 0 after a
 # node failure killed its tasks): not stopped, and not given the warning.
-# kit::record_exit RC HOW: the one writer of this rank's exit record (logs/exit.r<run>.rank-<R>:
-# "time rank rc self|stopped|warned"; kit.jobdir.failures.rank_ends reads it).
+# kit::record_exit RC HOW: the one writer of this rank's exit record (KIT_EXIT_FD, above).
 kit::record_exit() {
-  printf '%s000 %s %s %s\n' "${EPOCHREALTIME//[.,]/}" "${RANK}" "$1" "$2" >"${KIT_LOG_DIR}/exit.r${KIT_RESTART:-0}.rank-${RANK}"
+  printf '%s000 %s %s %s\n' "${EPOCHREALTIME//[.,]/}" "${RANK}" "$1" "$2" >&"${KIT_EXIT_FD}"
 }
 KIT_HOW=self
 if (( KIT_STOPPING )); then

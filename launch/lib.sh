@@ -26,7 +26,7 @@ kit::route_iface() {
     if (( len > best_len || (len == best_len && metric < best_metric) )); then
       best="${iface}" best_len="${len}" best_metric="${metric}"
     fi
-  done </proc/net/route
+  done <"${KIT_PROC}/net/route"
   if [[ -n "${best}" && "${best}" != lo ]]; then printf '%s\n' "${best}"; fi
 }
 
@@ -40,7 +40,7 @@ kit::bits() {
 # kit::cmdline PID: PID's command line, words separated by spaces, at most 400 characters.
 kit::cmdline() {
   local text=""
-  text="$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null)" || true
+  text="$(tr '\0' ' ' <"${KIT_PROC}/$1/cmdline" 2>&"${KIT_NULL_FD}")" || true
   printf '%s' "${text:0:400}"
 }
 
@@ -61,10 +61,10 @@ KIT_TASK_TOKEN=  # set by kit::lib_init
 # kit::start CMD...: start CMD in the background, in its own process group
 # when setsid exists (so teardown reaches its children too), with the token.
 kit::start() {
-  if command -v setsid >/dev/null 2>&1; then
-    KIT_TASK_TOKEN="${KIT_TASK_TOKEN}" setsid "$@" {KIT_NAP_FD}<&- &
+  if command -v setsid >&"${KIT_NULL_FD}" 2>&1; then
+    KIT_TASK_TOKEN="${KIT_TASK_TOKEN}" setsid "$@" {KIT_NAP_FD}<&- {KIT_NULL_FD}<&- &
   else
-    KIT_TASK_TOKEN="${KIT_TASK_TOKEN}" "$@" {KIT_NAP_FD}<&- &
+    KIT_TASK_TOKEN="${KIT_TASK_TOKEN}" "$@" {KIT_NAP_FD}<&- {KIT_NULL_FD}<&- &
   fi
 }
 
@@ -73,7 +73,7 @@ kit::start() {
 KIT_BG_PIDS=()
 kit::spawn() {
   shift
-  kit::start "$@" </dev/null
+  kit::start "$@" <&"${KIT_NULL_FD}"
   KIT_BG_PIDS+=("$!")
 }
 
@@ -93,7 +93,7 @@ kit::start_time() {
   local stat
   local -a fields
   KIT_START_TIME=
-  { read -r stat </proc/"$1"/stat; } 2>/dev/null || return 1
+  { read -r stat <"${KIT_PROC}/$1/stat"; } 2>&"${KIT_NULL_FD}" || return 1
   read -r -a fields <<<"${stat##*) }"
   KIT_START_TIME="${fields[19]-}"
 }
@@ -126,9 +126,9 @@ kit::tree() {
     queue=("${queue[@]:1}")
     if [[ "${2-}" != all ]] && (( ${#KIT_TREE[@]} > 0 )) && kit::runtime_own "${pid}"; then continue; fi
     KIT_TREE+=("${pid}")
-    for file in /proc/"${pid}"/task/*/children; do
+    for file in "${KIT_PROC}/${pid}"/task/*/children; do
       children=()
-      { read -r -a children <"${file}"; } 2>/dev/null || true
+      { read -r -a children <"${file}"; } 2>&"${KIT_NULL_FD}" || true
       queue+=("${children[@]}")
     done
   done
@@ -143,14 +143,14 @@ KIT_OWN_FORKS=()
 kit::describe() {
   local pid text stat own comm now
   local -a args out fields
-  { mapfile -d '' -t args <"/proc/$$/cmdline"; } 2>/dev/null || args=()
+  { mapfile -d '' -t args <"${KIT_PROC}/$$/cmdline"; } 2>&"${KIT_NULL_FD}" || args=()
   own="${args[*]}"
-  { read -r now _ </proc/uptime; } 2>/dev/null || now=0.00
+  { read -r now _ <"${KIT_PROC}/uptime"; } 2>&"${KIT_NULL_FD}" || now=0.00
   KIT_OWN_FORKS=()
   for pid in "$@"; do
     args=() fields=()
-    { mapfile -d '' -t args <"/proc/${pid}/cmdline"; } 2>/dev/null || true
-    { read -r stat <"/proc/${pid}/stat"; } 2>/dev/null || stat=""
+    { mapfile -d '' -t args <"${KIT_PROC}/${pid}/cmdline"; } 2>&"${KIT_NULL_FD}" || true
+    { read -r stat <"${KIT_PROC}/${pid}/stat"; } 2>&"${KIT_NULL_FD}" || stat=""
     comm="${stat#* (}"
     comm="${comm%%) *}"
     read -r -a fields <<<"${stat##*) }"
@@ -195,35 +195,56 @@ kit::sweep_tree() {
 
 # kit::sweep: stop every process still carrying this task's token, scanning
 # again until a scan finds none (one can fork between a scan and the stop).
+# bash's own reads, no program: under pyxis's squashfuse mode the image may be
+# gone by now (its programs with it), and no child of this script is left to
+# be taken for one the command left behind.
 kit::sweep() {
-  local path round listing
-  local -a pids
-  command -v grep >/dev/null 2>&1 || return 0
+  local file round pid
+  local -a pids words
   for (( round = 0; round < 5; round++ )); do
     pids=()
-    # A command substitution, not a process substitution: bash reaps it before going on. A
-    # process substitution's process was still exiting (EOF comes when grep closes its output)
-    # when kit::sweep_tree looked, and was taken for a process the command left behind.
-    listing="$(grep -lzxF -e "KIT_TASK_TOKEN=${KIT_TASK_TOKEN}" /proc/[0-9]*/environ 2>/dev/null)" || true
-    while IFS= read -r path; do
-      path="${path#/proc/}"
-      path="${path%/environ}"
-      if [[ -n "${path}" && "${path}" != "$$" ]]; then pids+=("${path}"); fi
-    done <<<"${listing}"
+    for file in "${KIT_PROC}"/[0-9]*/environ; do
+      pid="${file#"${KIT_PROC}"/}"
+      pid="${pid%/environ}"
+      [[ "${pid}" != "$$" ]] || continue
+      { mapfile -d '' -t words <"${file}"; } 2>&"${KIT_NULL_FD}" || continue
+      if kit::has_word "KIT_TASK_TOKEN=${KIT_TASK_TOKEN}" "${words[@]}"; then pids+=("${pid}"); fi
+    done
     (( ${#pids[@]} > 0 )) || return 0
     kit::log "stopping ${#pids[@]} process(es) the command or a sidecar left running: ${pids[*]}"
     KIT_STOP_TIMEOUT=2 kit::stop "${pids[@]}"
   done
 }
 
+# kit::has_word WORD WORDS...: true when WORD is one of WORDS.
+kit::has_word() {
+  local -r word="$1"
+  local each
+  shift
+  for each in "$@"; do
+    if [[ "${each}" == "${word}" ]]; then return 0; fi
+  done
+  return 1
+}
+
 # kit::lib_init: what this file needs set up, called once by the script that includes it
-# (the file itself only defines: including it has no side effects). KIT_NAP_FD: a pipe that
+# (the file itself only defines: including it has no side effects). KIT_NULL_FD: /dev/null,
+# opened now: the teardown's redirections need no path (under pyxis's squashfuse mode a
+# signalled step may have lost the image's root, /dev's mount point in it), nor does a helper
+# started with `&` (without job control bash opens /dev/null for its input unless given one:
+# a helper started on the stop signal then never ran, and the stuck command waited out KillWait). KIT_NAP_FD: a pipe that
 # no one writes to: `read -t` on it is a sleep that a trapped signal interrupts at once, with
 # no child process and no `wait` builtin (see kit::wait_for). Programs this script starts do
 # not get it.
 KIT_NAP_FD=
+KIT_NULL_FD=
+# Where this script reads /proc: "/proc", or "." once a launcher has made /proc its working
+# directory (a signalled squashfuse-mode step may take the image's root, the mount point of
+# /proc in it, away: a path from "/" then fails, one from the working directory does not).
+KIT_PROC=/proc
 kit::lib_init() {
   local pid
+  exec {KIT_NULL_FD}<>/dev/null
   KIT_TASK_TOKEN="${SLURM_JOB_ID:-0}.${SLURM_STEP_ID:-0}.${SLURM_PROCID:-0}.$$"
   kit::tree "$$"
   for pid in "${KIT_TREE[@]:1}"; do
@@ -244,13 +265,13 @@ kit::helper_traps() {
   trap '' USR1 USR2
   trap - INT EXIT
   # Named for ps and the teardown's log (the kernel keeps 15 bytes): "kit:answer_hang".
-  { printf '%s' "kit:${FUNCNAME[1]#kit::}" >"/proc/${BASHPID}/comm"; } 2>/dev/null || true
+  { printf '%s' "kit:${FUNCNAME[1]#kit::}" >"${KIT_PROC}/${BASHPID}/comm"; } 2>&"${KIT_NULL_FD}" || true
 }
 
 # kit::running PID: true while PID exists and is not a zombie.
 kit::running() {
   local stat
-  { read -r stat </proc/"$1"/stat; } 2>/dev/null || return 1
+  { read -r stat <"${KIT_PROC}/$1/stat"; } 2>&"${KIT_NULL_FD}" || return 1
   stat="${stat##*) }"
   [[ "${stat:0:1}" != Z ]]
 }
@@ -282,14 +303,14 @@ kit::stop() {
   local -r timeout_ticks=$(( ${KIT_STOP_TIMEOUT:-5} * 20 ))
   (( $# > 0 )) || return 0
   for pid in "$@"; do
-    kill -TERM -- "-${pid}" 2>/dev/null || kill -TERM "${pid}" 2>/dev/null || true
+    kill -TERM -- "-${pid}" 2>&"${KIT_NULL_FD}" || kill -TERM "${pid}" 2>&"${KIT_NULL_FD}" || true
   done
   kit::await_exit "${timeout_ticks}" "$@" || true
   for pid in "$@"; do
-    kill -KILL -- "-${pid}" 2>/dev/null || kill -KILL "${pid}" 2>/dev/null || true
+    kill -KILL -- "-${pid}" 2>&"${KIT_NULL_FD}" || kill -KILL "${pid}" 2>&"${KIT_NULL_FD}" || true
   done
   for pid in "$@"; do
-    wait "${pid}" 2>/dev/null || true
+    wait "${pid}" 2>&"${KIT_NULL_FD}" || true
   done
 }
 
@@ -329,7 +350,7 @@ kit::cleanup() {
 # kit::forward SIG: pass a signal on to the main process.
 kit::forward() {
   if [[ -n "${KIT_MAIN_PID}" ]]; then
-    kill -s "$1" "${KIT_MAIN_PID}" 2>/dev/null || true
+    kill -s "$1" "${KIT_MAIN_PID}" 2>&"${KIT_NULL_FD}" || true
   fi
 }
 

@@ -9,12 +9,15 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, assert_nothing_left, kit, read_logs, submit, wait_for, wait_no_processes
+from helpers import REPO, Waiting, assert_nothing_left, kit, read_logs, submit, wait_for, wait_no_processes
 
 from kit import slurm
 
@@ -351,6 +354,64 @@ def test_a_failed_and_a_cancelled_two_node_container_job_leave_nothing(cluster, 
     with container_mode(cluster, mode):
         failed_and_cancelled(cluster, cpu_image, tmp_path)
     assert fuse_daemons(cluster) == []
+
+
+STOPPING = """
+import os, signal, sys, time
+rank = os.environ["RANK"]
+def stuck(sig, frame):
+    print(f"rank {rank}: SIGTERM, not stopping (a rank waiting on a peer that is gone)", flush=True)
+def handler(sig, frame):
+    time.sleep(1.5)  # the step's signal reached every process of the step by now
+    try:
+        open("/dev/null").close()
+        seen = "ok"
+    except OSError as e:
+        seen = e.strerror
+    print(f"rank {rank}: handler: /dev/null: {seen}", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stuck if rank == "0" else handler)
+print(f"ready-{rank}", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.parametrize("mode", ["create", "squashfuse"])
+def test_a_cancelled_container_step_ends_in_seconds_with_every_rank_recorded(cluster, cpu_image, tmp_path, mode):
+    """PYXIS.md, squashfuse mode: the step's SIGTERM also reaches the runtime's FUSE daemons, and every
+    path through the image's root fails from then on (/dev/null, /proc, the job directory's mount
+    point). The job directory is where users keep it, under the image's root (not the container's
+    /tmp tmpfs). Rank 0 ignores SIGTERM (a rank waiting on a peer that is gone): its launcher kills it
+    after --stop-grace (3 s) all the same; rank 1's handler finds the image gone (squashfuse mode) and
+    exits; each launcher records how its rank ended, and the cancel ends in seconds, not at KillWait
+    (30 s). Before the launcher kept its descriptors and read /proc from its working directory: 32.6 s,
+    both exit records empty ("cannot redirect standard input from /dev/null": its killer never ran)."""
+    out = Path(tempfile.mkdtemp(prefix="kit-test-", dir="/var/tmp"))
+    try:
+        with container_mode(cluster, mode):
+            proc = kit("launch", "--local", "--json", "--nodes", "2", "--image", str(cpu_image), "--output-dir",
+                       str(out), "--", "python3", "-c", STOPPING, cwd=tmp_path)
+            assert proc.returncode == 0, proc.stderr
+            job = json.loads(proc.stdout)
+            job_dir = Path(job["job_dir"])
+            wait_for(lambda: all(f"ready-{r}" in read_logs(job_dir) for r in (0, 1)), 120, what="both ranks ready")
+            start = time.monotonic()
+            subprocess.run(["scancel", job["job_id"]], env={**os.environ, **cluster.target.env}, check=True)
+            assert slurm.wait(cluster.target, job["job_id"], timeout=120).state == "CANCELLED"
+            took = time.monotonic() - start
+        logs = read_logs(job_dir)
+        assert took < 20, f"the cancel took {took:.1f} s (KillWait: 30 s)\n{logs}"
+        assert "the command did not stop 3 s after the stop signal: killing it" in logs, logs
+        records = {r: (job_dir / "logs" / f"exit.r0.rank-{r}").read_text().split()[1:] for r in (0, 1)}
+        assert records == {0: ["0", "137", "stopped"], 1: ["1", "143", "stopped"]}, records
+        seen = "Transport endpoint is not connected" if mode == "squashfuse" else "ok"
+        assert f"rank 1: handler: /dev/null: {seen}" in logs, logs
+        assert "cannot redirect" not in logs, logs
+        assert_nothing_left(cluster, Waiting(None, job["job_id"], job_dir))
+        wait_for(lambda: fuse_daemons(cluster) == [], 30, what="the step's FUSE daemons to end with it")
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def stray_teardown_lines(logs: str) -> list[str]:

@@ -163,6 +163,7 @@ def run_in(ns: str, path: Path, body: str) -> str:
     harness = textwrap.dedent("""\
         set -euo pipefail
         source {lib}
+        kit::lib_init
         eval "$(sed -n '/^kit::master_addr()/,/^}}/p' {prelaunch})"
         {body}
         """).format(lib=LAUNCH / "lib.sh", prelaunch=LAUNCH / "prelaunch_step.sh", body=body)

@@ -94,6 +94,7 @@ def test_the_runtime_is_told_apart_in_the_exit_trap_of_a_failed_command():
     process is still its own (a bare `return` there returned the failed command's status)."""
     script = f"""set -euo pipefail
 source {REPO / 'launch' / 'lib.sh'}
+kit::lib_init
 sleep 30 &
 pid=$!
 kit::start_time "$pid"

@@ -77,7 +77,7 @@ kit::route_iface() {
     if (( len > best_len || (len == best_len && metric < best_metric) )); then
       best="${iface}" best_len="${len}" best_metric="${metric}"
     fi
-  done </proc/net/route
+  done <"${KIT_PROC}/net/route"
   if [[ -n "${best}" && "${best}" != lo ]]; then printf '%s\n' "${best}"; fi
 }
 
@@ -91,7 +91,7 @@ kit::bits() {
 # kit::cmdline PID: PID's command line, words separated by spaces, at most 400 characters.
 kit::cmdline() {
   local text=""
-  text="$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null)" || true
+  text="$(tr '\0' ' ' <"${KIT_PROC}/$1/cmdline" 2>&"${KIT_NULL_FD}")" || true
   printf '%s' "${text:0:400}"
 }
 
@@ -112,10 +112,10 @@ KIT_TASK_TOKEN=  # set by kit::lib_init
 # kit::start CMD...: start CMD in the background, in its own process group
 # when setsid exists (so teardown reaches its children too), with the token.
 kit::start() {
-  if command -v setsid >/dev/null 2>&1; then
-    KIT_TASK_TOKEN="${KIT_TASK_TOKEN}" setsid "$@" {KIT_NAP_FD}<&- &
+  if command -v setsid >&"${KIT_NULL_FD}" 2>&1; then
+    KIT_TASK_TOKEN="${KIT_TASK_TOKEN}" setsid "$@" {KIT_NAP_FD}<&- {KIT_NULL_FD}<&- &
   else
-    KIT_TASK_TOKEN="${KIT_TASK_TOKEN}" "$@" {KIT_NAP_FD}<&- &
+    KIT_TASK_TOKEN="${KIT_TASK_TOKEN}" "$@" {KIT_NAP_FD}<&- {KIT_NULL_FD}<&- &
   fi
 }
 
@@ -124,7 +124,7 @@ kit::start() {
 KIT_BG_PIDS=()
 kit::spawn() {
   shift
-  kit::start "$@" </dev/null
+  kit::start "$@" <&"${KIT_NULL_FD}"
   KIT_BG_PIDS+=("$!")
 }
 
@@ -144,7 +144,7 @@ kit::start_time() {
   local stat
   local -a fields
   KIT_START_TIME=
-  { read -r stat </proc/"$1"/stat; } 2>/dev/null || return 1
+  { read -r stat <"${KIT_PROC}/$1/stat"; } 2>&"${KIT_NULL_FD}" || return 1
   read -r -a fields <<<"${stat##*) }"
   KIT_START_TIME="${fields[19]-}"
 }
@@ -177,9 +177,9 @@ kit::tree() {
     queue=("${queue[@]:1}")
     if [[ "${2-}" != all ]] && (( ${#KIT_TREE[@]} > 0 )) && kit::runtime_own "${pid}"; then continue; fi
     KIT_TREE+=("${pid}")
-    for file in /proc/"${pid}"/task/*/children; do
+    for file in "${KIT_PROC}/${pid}"/task/*/children; do
       children=()
-      { read -r -a children <"${file}"; } 2>/dev/null || true
+      { read -r -a children <"${file}"; } 2>&"${KIT_NULL_FD}" || true
       queue+=("${children[@]}")
     done
   done
@@ -194,14 +194,14 @@ KIT_OWN_FORKS=()
 kit::describe() {
   local pid text stat own comm now
   local -a args out fields
-  { mapfile -d '' -t args <"/proc/$$/cmdline"; } 2>/dev/null || args=()
+  { mapfile -d '' -t args <"${KIT_PROC}/$$/cmdline"; } 2>&"${KIT_NULL_FD}" || args=()
   own="${args[*]}"
-  { read -r now _ </proc/uptime; } 2>/dev/null || now=0.00
+  { read -r now _ <"${KIT_PROC}/uptime"; } 2>&"${KIT_NULL_FD}" || now=0.00
   KIT_OWN_FORKS=()
   for pid in "$@"; do
     args=() fields=()
-    { mapfile -d '' -t args <"/proc/${pid}/cmdline"; } 2>/dev/null || true
-    { read -r stat <"/proc/${pid}/stat"; } 2>/dev/null || stat=""
+    { mapfile -d '' -t args <"${KIT_PROC}/${pid}/cmdline"; } 2>&"${KIT_NULL_FD}" || true
+    { read -r stat <"${KIT_PROC}/${pid}/stat"; } 2>&"${KIT_NULL_FD}" || stat=""
     comm="${stat#* (}"
     comm="${comm%%) *}"
     read -r -a fields <<<"${stat##*) }"
@@ -246,35 +246,56 @@ kit::sweep_tree() {
 
 # kit::sweep: stop every process still carrying this task's token, scanning
 # again until a scan finds none (one can fork between a scan and the stop).
+# bash's own reads, no program: under pyxis's squashfuse mode the image may be
+# gone by now (its programs with it), and no child of this script is left to
+# be taken for one the command left behind.
 kit::sweep() {
-  local path round listing
-  local -a pids
-  command -v grep >/dev/null 2>&1 || return 0
+  local file round pid
+  local -a pids words
   for (( round = 0; round < 5; round++ )); do
     pids=()
-    # A command substitution, not a process substitution: bash reaps it before going on. A
-    # process substitution's process was still exiting (EOF comes when grep closes its output)
-    # when kit::sweep_tree looked, and was taken for a process the command left behind.
-    listing="$(grep -lzxF -e "KIT_TASK_TOKEN=${KIT_TASK_TOKEN}" /proc/[0-9]*/environ 2>/dev/null)" || true
-    while IFS= read -r path; do
-      path="${path#/proc/}"
-      path="${path%/environ}"
-      if [[ -n "${path}" && "${path}" != "$$" ]]; then pids+=("${path}"); fi
-    done <<<"${listing}"
+    for file in "${KIT_PROC}"/[0-9]*/environ; do
+      pid="${file#"${KIT_PROC}"/}"
+      pid="${pid%/environ}"
+      [[ "${pid}" != "$$" ]] || continue
+      { mapfile -d '' -t words <"${file}"; } 2>&"${KIT_NULL_FD}" || continue
+      if kit::has_word "KIT_TASK_TOKEN=${KIT_TASK_TOKEN}" "${words[@]}"; then pids+=("${pid}"); fi
+    done
     (( ${#pids[@]} > 0 )) || return 0
     kit::log "stopping ${#pids[@]} process(es) the command or a sidecar left running: ${pids[*]}"
     KIT_STOP_TIMEOUT=2 kit::stop "${pids[@]}"
   done
 }
 
+# kit::has_word WORD WORDS...: true when WORD is one of WORDS.
+kit::has_word() {
+  local -r word="$1"
+  local each
+  shift
+  for each in "$@"; do
+    if [[ "${each}" == "${word}" ]]; then return 0; fi
+  done
+  return 1
+}
+
 # kit::lib_init: what this file needs set up, called once by the script that includes it
-# (the file itself only defines: including it has no side effects). KIT_NAP_FD: a pipe that
+# (the file itself only defines: including it has no side effects). KIT_NULL_FD: /dev/null,
+# opened now: the teardown's redirections need no path (under pyxis's squashfuse mode a
+# signalled step may have lost the image's root, /dev's mount point in it), nor does a helper
+# started with `&` (without job control bash opens /dev/null for its input unless given one:
+# a helper started on the stop signal then never ran, and the stuck command waited out KillWait). KIT_NAP_FD: a pipe that
 # no one writes to: `read -t` on it is a sleep that a trapped signal interrupts at once, with
 # no child process and no `wait` builtin (see kit::wait_for). Programs this script starts do
 # not get it.
 KIT_NAP_FD=
+KIT_NULL_FD=
+# Where this script reads /proc: "/proc", or "." once a launcher has made /proc its working
+# directory (a signalled squashfuse-mode step may take the image's root, the mount point of
+# /proc in it, away: a path from "/" then fails, one from the working directory does not).
+KIT_PROC=/proc
 kit::lib_init() {
   local pid
+  exec {KIT_NULL_FD}<>/dev/null
   KIT_TASK_TOKEN="${SLURM_JOB_ID:-0}.${SLURM_STEP_ID:-0}.${SLURM_PROCID:-0}.$$"
   kit::tree "$$"
   for pid in "${KIT_TREE[@]:1}"; do
@@ -295,13 +316,13 @@ kit::helper_traps() {
   trap '' USR1 USR2
   trap - INT EXIT
   # Named for ps and the teardown's log (the kernel keeps 15 bytes): "kit:answer_hang".
-  { printf '%s' "kit:${FUNCNAME[1]#kit::}" >"/proc/${BASHPID}/comm"; } 2>/dev/null || true
+  { printf '%s' "kit:${FUNCNAME[1]#kit::}" >"${KIT_PROC}/${BASHPID}/comm"; } 2>&"${KIT_NULL_FD}" || true
 }
 
 # kit::running PID: true while PID exists and is not a zombie.
 kit::running() {
   local stat
-  { read -r stat </proc/"$1"/stat; } 2>/dev/null || return 1
+  { read -r stat <"${KIT_PROC}/$1/stat"; } 2>&"${KIT_NULL_FD}" || return 1
   stat="${stat##*) }"
   [[ "${stat:0:1}" != Z ]]
 }
@@ -333,14 +354,14 @@ kit::stop() {
   local -r timeout_ticks=$(( ${KIT_STOP_TIMEOUT:-5} * 20 ))
   (( $# > 0 )) || return 0
   for pid in "$@"; do
-    kill -TERM -- "-${pid}" 2>/dev/null || kill -TERM "${pid}" 2>/dev/null || true
+    kill -TERM -- "-${pid}" 2>&"${KIT_NULL_FD}" || kill -TERM "${pid}" 2>&"${KIT_NULL_FD}" || true
   done
   kit::await_exit "${timeout_ticks}" "$@" || true
   for pid in "$@"; do
-    kill -KILL -- "-${pid}" 2>/dev/null || kill -KILL "${pid}" 2>/dev/null || true
+    kill -KILL -- "-${pid}" 2>&"${KIT_NULL_FD}" || kill -KILL "${pid}" 2>&"${KIT_NULL_FD}" || true
   done
   for pid in "$@"; do
-    wait "${pid}" 2>/dev/null || true
+    wait "${pid}" 2>&"${KIT_NULL_FD}" || true
   done
 }
 
@@ -380,7 +401,7 @@ kit::cleanup() {
 # kit::forward SIG: pass a signal on to the main process.
 kit::forward() {
   if [[ -n "${KIT_MAIN_PID}" ]]; then
-    kill -s "$1" "${KIT_MAIN_PID}" 2>/dev/null || true
+    kill -s "$1" "${KIT_MAIN_PID}" 2>&"${KIT_NULL_FD}" || true
   fi
 }
 
@@ -510,7 +531,7 @@ kit::container_mode() {
   KIT_MODE=create
   kit::tree "${PPID}" all
   for pid in "${KIT_TREE[@]}"; do
-    { read -r comm <"/proc/${pid}/comm"; } 2>/dev/null || continue
+    { read -r comm <"${KIT_PROC}/${pid}/comm"; } 2>&"${KIT_NULL_FD}" || continue
     if [[ "${comm}" == squashfuse ]]; then KIT_MODE=squashfuse; return 0; fi
   done
 }
@@ -528,25 +549,25 @@ kit::dump_stacks() {
   local pid exe spy progress=""
   local -a pids
   mapfile -t pids < <(kit::descendants "$1")
-  { read -r progress <"${KIT_PROGRESS_FILE}"; } 2>/dev/null || true
+  { read -r progress <"${KIT_PROGRESS_FILE}"; } 2>&"${KIT_NULL_FD}" || true
   printf 'rank=%s node=%s time=%s\nprogress=%s\n' "${RANK}" "${KIT_NODE}" "$(printf '%(%Y-%m-%dT%H:%M:%S%z)T' -1)" "${progress}"
   for pid in "${pids[@]}"; do
     printf 'process %s state %s wchan=%s: %s\n' "${pid}" \
-      "$(awk '$1 == "State:" { $1 = ""; sub(/^ /, ""); print }' /proc/"${pid}"/status 2>/dev/null)" \
-      "$(cat /proc/"${pid}"/wchan 2>/dev/null)" "$(kit::cmdline "${pid}")"
+      "$(awk '$1 == "State:" { $1 = ""; sub(/^ /, ""); print }' "${KIT_PROC}/${pid}"/status 2>&"${KIT_NULL_FD}")" \
+      "$(cat "${KIT_PROC}/${pid}"/wchan 2>&"${KIT_NULL_FD}")" "$(kit::cmdline "${pid}")"
   done
   spy="${KIT_PY_SPY:-$(command -v py-spy || true)}"
   if [[ -z "${spy}" ]]; then
     printf 'stacks: py-spy not found (pip install py-spy where the command runs): kernel stacks only\n'
   fi
   for pid in "${pids[@]}"; do
-    exe="$(readlink /proc/"${pid}"/exe 2>/dev/null)" || continue
+    exe="$(readlink "${KIT_PROC}/${pid}"/exe 2>&"${KIT_NULL_FD}")" || continue
     if [[ -n "${spy}" && "${exe##*/}" == python* ]]; then
       printf '\n--- py-spy dump --pid %s\n' "${pid}"
       timeout 20 "${spy}" dump --nonblocking --pid "${pid}" 2>&1 || printf '(py-spy failed: exit %s)\n' "$?"
     elif [[ -z "${spy}" ]]; then
       printf '\n--- /proc/%s/stack\n' "${pid}"
-      cat /proc/"${pid}"/stack 2>&1 || true
+      cat "${KIT_PROC}/${pid}"/stack 2>&1 || true
     fi
   done
 }
@@ -583,16 +604,16 @@ kit::deliver() {
   kit::helper_traps
   # Until it execs, the command's process is a fork of this script and shows
   # this script's handlers: it counts only once its command line is its own.
-  mine="$(tr '\0' ' ' </proc/$$/cmdline)"
+  mine="$(tr '\0' ' ' <"${KIT_PROC}/$$/cmdline")"
   while [[ ! -e "${KIT_PROGRESS_DIR}/stop" ]]; do
     caught=""
     while read -r key value rest; do
       if [[ "${key}" == SigCgt: ]]; then caught="${value}"; fi
-    done 2>/dev/null </proc/"${pid}"/status || return 0
+    done 2>&"${KIT_NULL_FD}" <"${KIT_PROC}/${pid}"/status || return 0
     [[ -n "${caught}" ]] || return 0
-    if (( (16#${caught} >> bit) & 1 )) && [[ "$(tr '\0' ' ' </proc/"${pid}"/cmdline 2>/dev/null)" != "${mine}" ]]; then
+    if (( (16#${caught} >> bit) & 1 )) && [[ "$(tr '\0' ' ' <"${KIT_PROC}/${pid}"/cmdline 2>&"${KIT_NULL_FD}")" != "${mine}" ]]; then
       : >"${KIT_PROGRESS_DIR}/warned-${RANK}"
-      if kill -s "${sig}" "${pid}" 2>/dev/null; then
+      if kill -s "${sig}" "${pid}" 2>&"${KIT_NULL_FD}"; then
         kit::log "sent SIG${sig} to the command (pid ${pid})"
       else
         rm -f "${KIT_PROGRESS_DIR}/warned-${RANK}"
@@ -645,10 +666,10 @@ kit::watch_rendezvous() {
     if (( SECONDS < slow )); then kit::nap 2; else kit::nap 10; fi
     kit::tree "${KIT_MAIN_PID}"
     fds=()
-    for pid in "${KIT_TREE[@]}"; do fds+=("/proc/${pid}/fd"); done
-    inodes=" $(find "${fds[@]}" -maxdepth 1 -lname 'socket:*' -printf '%l ' 2>/dev/null | tr -d 'socket:[]') "
+    for pid in "${KIT_TREE[@]}"; do fds+=("${KIT_PROC}/${pid}/fd"); done
+    inodes=" $(find "${fds[@]}" -maxdepth 1 -lname 'socket:*' -printf '%l ' 2>&"${KIT_NULL_FD}" | tr -d 'socket:[]') "
     if awk -v p="${port}" -v mine="${inodes}" 'FNR > 1 && ($2 ~ p"$" || $3 ~ p"$") && index(mine, " " $10 " ") { found = 1 }
-        END { exit !found }' /proc/net/tcp /proc/net/tcp6 2>/dev/null; then
+        END { exit !found }' "${KIT_PROC}"/net/tcp "${KIT_PROC}"/net/tcp6 2>&"${KIT_NULL_FD}"; then
       : >"${KIT_PROGRESS_DIR}/joined-${RANK}"
       return 0
     fi
@@ -665,19 +686,19 @@ kit::kill_after() {
   kit::nap "${grace}"
   kit::running "${pid}" || return 0
   kit::log "the command did not stop ${grace} s after the stop signal: killing it"
-  kill -KILL -- "-${pid}" 2>/dev/null || kill -KILL "${pid}" 2>/dev/null || true
+  kill -KILL -- "-${pid}" 2>&"${KIT_NULL_FD}" || kill -KILL "${pid}" 2>&"${KIT_NULL_FD}" || true
 }
 kit::on_signal() {
   if [[ "$1" != "${KIT_WARNING_SIGNAL:-USR1}" ]]; then
     if (( ! KIT_STOPPING )) && [[ -n "${KIT_MAIN_PID}" ]]; then
-      kit::kill_after "${KIT_STOP_GRACE}" "${KIT_MAIN_PID}" &
+      kit::kill_after "${KIT_STOP_GRACE}" "${KIT_MAIN_PID}" <&"${KIT_NULL_FD}" &
       KIT_BG_PIDS+=("$!")
     fi
     KIT_STOPPING=1
     kit::forward "$1"
   elif [[ -n "${KIT_MAIN_PID}" ]]; then
     kit::log "got SIG$1: passing it to the command once it handles it"
-    kit::deliver "$1" "${KIT_MAIN_PID}" &
+    kit::deliver "$1" "${KIT_MAIN_PID}" <&"${KIT_NULL_FD}" &
     KIT_BG_PIDS+=("$!")
   else
     KIT_WARNING_PENDING=1
@@ -692,7 +713,7 @@ if (( LOCAL_RANK == 0 )); then
   for (( i = 0; i < ${#KIT_SIDECARS[@]}; i += 3 )); do
     name="${KIT_SIDECARS[i]}"
     needs="${KIT_SIDECARS[i + 1]}"
-    if [[ -n "${needs}" ]] && ! command -v "${needs}" >/dev/null 2>&1; then
+    if [[ -n "${needs}" ]] && ! command -v "${needs}" >&"${KIT_NULL_FD}" 2>&1; then
       kit::log "sidecar ${name}: ${needs} not found, not started"
       continue
     fi
@@ -708,18 +729,26 @@ if (( KIT_STOPPING )); then exit 143; fi
 # runs in a group of its own, so each signal reaches it once, from this script.
 exec {KIT_LOG_FD}> >(trap '' INT TERM HUP USR1 USR2; exec tee -a "${KIT_RANK_LOG}")
 KIT_DRAIN_PIDS+=("$!")
-kit::start "${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&-
+# This rank's exit record (logs/exit.r<run>.rank-<R>: "time rank rc self|stopped|warned", empty
+# while the rank runs; kit.jobdir.failures.rank_ends reads it), opened before the command starts:
+# under pyxis's squashfuse mode the step's signal also stops the runtime's squashfuse, and a
+# path through the image's root may then fail; this descriptor needs none.
+exec {KIT_EXIT_FD}>"${KIT_LOG_DIR}/exit.r${KIT_RESTART:-0}.rank-${RANK}"
+kit::start "${KIT_COMMAND[@]}" >&"${KIT_LOG_FD}" 2>&1 {KIT_LOG_FD}>&- {KIT_EXIT_FD}>&-
 KIT_MAIN_PID=$!
 exec {KIT_LOG_FD}>&-
 kit::container_mode
 printf '%s %s %s %s\n' "${KIT_NODE}" "${KIT_MAIN_PID}" "${KIT_STARTED_AT}" "${KIT_MODE}" >"${KIT_PROGRESS_DIR}/task-${RANK}"
-kit::watch_prelaunch &
+# From here on this script reads /proc through its working directory (lib.sh's KIT_PROC): the
+# command has its own, and what the teardown needs must not depend on the image's root.
+if cd /proc; then KIT_PROC=.; fi
+kit::watch_prelaunch <&"${KIT_NULL_FD}" &
 KIT_BG_PIDS+=("$!")
 if (( ${KIT_HANG_TIMEOUT:-0} > 0 )); then
-  kit::answer_hang &
+  kit::answer_hang <&"${KIT_NULL_FD}" &
   KIT_BG_PIDS+=("$!")
   if (( ${WORLD_SIZE:-1} > 1 )); then
-    kit::watch_rendezvous &
+    kit::watch_rendezvous <&"${KIT_NULL_FD}" &
     KIT_BG_PIDS+=("$!")
   fi
 fi
@@ -739,10 +768,9 @@ fi
 # gives the job its code, and the work is finished only when every rank
 # says its command ended by itself with 0 (srun alone may exit 0 after a
 # node failure killed its tasks): not stopped, and not given the warning.
-# kit::record_exit RC HOW: the one writer of this rank's exit record (logs/exit.r<run>.rank-<R>:
-# "time rank rc self|stopped|warned"; kit.jobdir.failures.rank_ends reads it).
+# kit::record_exit RC HOW: the one writer of this rank's exit record (KIT_EXIT_FD, above).
 kit::record_exit() {
-  printf '%s000 %s %s %s\n' "${EPOCHREALTIME//[.,]/}" "${RANK}" "$1" "$2" >"${KIT_LOG_DIR}/exit.r${KIT_RESTART:-0}.rank-${RANK}"
+  printf '%s000 %s %s %s\n' "${EPOCHREALTIME//[.,]/}" "${RANK}" "$1" "$2" >&"${KIT_EXIT_FD}"
 }
 KIT_HOW=self
 if (( KIT_STOPPING )); then

@@ -18,9 +18,11 @@
  *
  * With use_squashfuse=1 on its plugstack.conf line (as pyxis), a container
  * without --container-name is started from the squashfs file through FUSE,
- * as enroot does then: the node's first task runs `squashfuse` below itself
- * (the overlay's lower layer), and it must live as long as the step (a
- * teardown that stops it takes the image away under the tasks).
+ * as enroot does then: the node's first task runs `squashfuse` (the overlay's
+ * lower layer) and `fuse-overlayfs` (the root, where installed) below itself,
+ * and they must live as long as the step (a teardown that stops them takes
+ * the image away under the tasks; so does the step's own signal, which
+ * reaches them as every process of the step).
  *
  * The container lives in a mount namespace of the step's slurmstepd: when
  * the step ends, nothing is left mounted. A root task runs in it as root; an
@@ -477,7 +479,8 @@ static char workdir[4096];
 static int ready, reused, direct;
 
 /* Start PROG's FUSE daemon (in the foreground, so it lives as long as the mount) below the
- * calling process, as enroot does below pyxis's first task, and wait until DIR is mounted. */
+ * calling process, as enroot does below pyxis's first task, and wait until DIR is mounted.
+ * SRC NULL: PROG takes the mount point alone (fuse-overlayfs). */
 static pid_t fuse_daemon(const char *prog, const char *opts, const char *src, const char *dir)
 {
 	struct stat before, now;
@@ -495,7 +498,10 @@ static pid_t fuse_daemon(const char *prog, const char *opts, const char *src, co
 		}
 		closefrom(3);
 		setsid();
-		execlp(prog, prog, "-f", "-o", opts, src, dir, (char *)NULL);
+		if (src)
+			execlp(prog, prog, "-f", "-o", opts, src, dir, (char *)NULL);
+		else
+			execlp(prog, prog, "-f", "-o", opts, dir, (char *)NULL);
 		_exit(127);
 	}
 	for (int i = 0; i < 1000; i++) {  /* 10 s */
@@ -510,20 +516,60 @@ static pid_t fuse_daemon(const char *prog, const char *opts, const char *src, co
 	return -1;
 }
 
-/* The squashfs through FUSE on DIR: squashfuse, its pid in BASE/fuse.pids for
- * slurm_spank_exit. */
+/* Record a FUSE daemon's pid in BASE/fuse.pids, for slurm_spank_exit. */
+static void record_fuse_daemon(pid_t pid)
+{
+	FILE *f = fopen(BASE "/fuse.pids", "a");
+	if (f) {
+		fprintf(f, "%d\n", (int)pid);
+		fclose(f);
+	}
+}
+
+/* Whether PROG is on PATH (slurmd's: kit cluster up gives it the host's). */
+static int on_path(const char *prog)
+{
+	const char *path = getenv("PATH");
+	char dir[4096], file[4352];
+	for (const char *p = path ? path : "/usr/bin:/bin"; *p;) {
+		size_t len = strcspn(p, ":");
+		snprintf(dir, sizeof(dir), "%.*s", (int)len, p);
+		snprintf(file, sizeof(file), "%s/%s", dir[0] ? dir : ".", prog);
+		if (access(file, X_OK) == 0)
+			return 1;
+		p += len + (p[len] == ':');
+	}
+	return 0;
+}
+
+/* The squashfs through FUSE on DIR: squashfuse. */
 static int mount_squashfuse(const char *dir)
 {
-	char path[256];
 	pid_t lower = fuse_daemon("squashfuse", "allow_other", opt_image, dir);
 	if (lower < 0)
 		return fail(TAG ": --container-image: squashfuse cannot mount %s (is squashfuse installed?)", opt_image);
-	snprintf(path, sizeof(path), "%s/fuse.pids", BASE);
-	FILE *f = fopen(path, "w");
-	if (f) {
-		fprintf(f, "%d\n", (int)lower);
-		fclose(f);
+	record_fuse_daemon(lower);
+	return 0;
+}
+
+/* The container's root over the squashfuse mount, as enroot lays it here: fuse-overlayfs (a second
+ * daemon below the task: PYXIS.md, "squashfuse mode") where installed, else a kernel overlay. With
+ * both daemons in the step, its signal takes the root away as on real pyxis: every path through
+ * it fails from then on, /dev/null and the job directory's mount points included. */
+static int mount_overlay(const char *opts)
+{
+	if (on_path("fuse-overlayfs")) {
+		/* fsname: the image, which names the daemon in a process listing as squashfuse's does */
+		char fuse_opts[8192];
+		snprintf(fuse_opts, sizeof(fuse_opts), "%s,allow_other,fsname=%s", opts, opt_image);
+		pid_t upper = fuse_daemon("fuse-overlayfs", fuse_opts, NULL, root);
+		if (upper < 0)
+			return fail(TAG ": fuse-overlayfs cannot mount the container's root on %s", root);
+		record_fuse_daemon(upper);
+		return 0;
 	}
+	if (mount("overlay", root, "overlay", 0, opts) < 0)
+		return fail(TAG ": overlay on %s: %m", root);
 	return 0;
 }
 
@@ -566,6 +612,8 @@ static int mount_image(const char *base)
 		return fail(TAG ": --container-image: cannot mount %s as squashfs", opt_image);
 	}
 	snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s", image_dir, upper, work);
+	if (direct)
+		return mount_overlay(opts);
 	if (mount("overlay", root, "overlay", 0, opts) < 0)
 		return fail(TAG ": overlay on %s: %m", root);
 	return 0;
@@ -775,11 +823,10 @@ static void stop_fuse_daemons(void)
 	FILE *f = fopen(BASE "/fuse.pids", "r");
 	if (!f)
 		return;
-	if (fscanf(f, "%d", &pid) != 1)
-		pid = 0;
+	while (fscanf(f, "%d", &pid) == 1)
+		if (pid > 1)
+			kill(pid, SIGTERM);
 	fclose(f);
-	if (pid > 1)
-		kill(pid, SIGTERM);
 }
 
 /* The step is over: take the container down now (the namespace would go with
