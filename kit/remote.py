@@ -48,6 +48,8 @@ INSTALL = "pip install kit-slurm"
 VERSION_VARIABLE = "KIT_CLIENT_VERSION"
 ARGS_COMMAND = "remote-args"  # the login node's kit reads its arguments from its input (read_args)
 ARGS_LIMIT = 1 << 24
+FOUND = "kit-found-at "  # remote_command's word, where kit is not on the login shell's PATH but installed
+WHERE_USERS_INSTALL = ("$HOME/venv/bin", "$HOME/.venv/bin", "$HOME/.local/bin")
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,12 @@ def remote_command(host: Host) -> str:
     there (the client says it, once). The login shell may be csh: it is only asked to run ``sh -c`` with one
     single-quoted word, which the sh, bash, dash and csh families read the same; a script with what csh would
     not pass on in it (``!``, a newline: ``KIT_REMOTE_KIT`` may hold them) travels as base64."""
-    found = f"command -v {shlex.quote(host.remote_kit[0])} >/dev/null 2>&1 || exit 127"
+    name = host.remote_kit[0]
+    probe = ""
+    if "/" not in name:  # where users install it: said, so that the client tells why the shell did not find it
+        probe = "".join(f'[ -x "{d}/{name}" ] && echo "{FOUND}{d}/{name}" >&2; ' for d in WHERE_USERS_INSTALL
+                        if shlex.quote(name) == name)
+    found = f"command -v {shlex.quote(name)} >/dev/null 2>&1 || {{ {probe}exit 127; }}"
     script = f"{found}; {VERSION_VARIABLE}={shlex.quote(__version__)} exec {shlex.join([*host.remote_kit, ARGS_COMMAND])}"
     if "!" in script or "\n" in script:
         encoded = base64.b64encode(script.encode("utf-8", "surrogateescape")).decode()
@@ -207,7 +214,7 @@ class _Stderr(threading.Thread):
             line = raw.decode(errors="replace")
             self.tail.append(line)
             del self.tail[:-20]
-            if self.echo:
+            if self.echo and not line.startswith(FOUND):  # remote_command's word to this side (checked)
                 sys.stderr.write(line)
                 sys.stderr.flush()
 
@@ -313,7 +320,16 @@ def checked(host: Host, code: int, said: str, options: list[str]) -> int:
                           exit_code=1, hint=f"check that `{shlex.join([*host.ssh, host.name])}` works without a "
                                             f"prompt (kit never prompts), or start a master: "
                                             f"{master_command(host, options)}")
-    if code == 127 and not said.strip():  # remote_command's own "not there"
+    lines = said.strip().splitlines()
+    if code == 127 and all(line.startswith(FOUND) for line in lines):  # remote_command's own "not there"
+        if lines:
+            path = lines[0][len(FOUND):]
+            raise KitError(f"kit is not on the login shell's PATH on {host.name}, but installed at {path}",
+                           field="--host", exit_code=1,
+                           hint=f"`ssh {host.name} CMD` runs a shell that is not interactive, and ~/.bashrc stops "
+                                "at its interactive guard (Debian's returns at its top): put "
+                                f"`export PATH=\"{os.path.dirname(path)}:$PATH\"` above that line, or set "
+                                f"KIT_REMOTE_KIT={path} here")
         raise KitError(f"kit is not installed on {host.name} ({shlex.join(host.remote_kit)}: not found)",
                        field="--host", exit_code=1,
                        hint=f"install it there: {INSTALL}=={__version__} (or set KIT_REMOTE_KIT to its path)")

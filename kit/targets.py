@@ -129,5 +129,16 @@ def select_target(where: str | None, needs_containers: bool = False) -> tuple[sl
         return slurm.Target(conf=env_conf, name="site"), None
     if local.running():
         return local_target(), f"no site Slurm configured: using the local cluster ({local.conf})"
+    machine = public.clusters() if os.geteuid() != 0 else []  # root's own cluster is `local`
+    if machine:
+        # Root's local cluster serves every user of the machine, as a site's Slurm does: a login shell through
+        # `ssh host cmd` has no SLURM_CONF from dotfiles that return before their exports.
+        return (slurm.Target(conf=str(machine[0]), name="site"),
+                f"no site Slurm configured: using this machine's local cluster ({machine[0]})")
+    if os.geteuid() != 0:
+        raise KitError("no Slurm to submit to: no slurm.conf in SLURM_CONF or the usual places "
+                       f"({', '.join(SITE_CONFS)}), and no local cluster runs on this machine",
+                       hint="set SLURM_CONF to your site's slurm.conf (its admins know where it is), or use "
+                            "--dry-run to only write the scripts")
     raise KitError("no Slurm to submit to: no site slurm.conf and no local cluster",
                    hint="start one with `kit cluster up`, or use --dry-run to only write the scripts")

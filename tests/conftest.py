@@ -8,11 +8,14 @@ command that installs it; nothing is skipped. Helpers live in helpers.py.
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import REPO, require
+from helpers import REPO, as_user, require
 
 from kit import slurm
 from kit.cluster import LocalCluster
@@ -110,3 +113,30 @@ def full_disk(tmp_path):
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+@pytest.fixture(scope="session")
+def user():
+    """An ordinary user with a home (Debian's dotfiles: ~/.bashrc returns early when not interactive) and kit
+    in ~/venv, installed from a wheel of this checkout."""
+    name = f"kitl{os.getpid() % 100000}"
+    subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True, capture_output=True)
+    wheels = Path(tempfile.mkdtemp(prefix="kit-wheel-"))
+    try:
+        src = wheels / "src"
+        shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv*", "tests", "bases", "build",
+                                                                   "*.egg-info", "__pycache__", "kit-jobs", "*.sqsh"))
+        subprocess.run([os.environ.get("KIT_TEST_PYTHON", "/usr/bin/python3"), "-m", "pip", "wheel", "-q",
+                        "--no-deps", str(src), "-w", str(wheels)], check=True, capture_output=True)
+        os.chmod(wheels, 0o755)
+        for w in wheels.glob("*.whl"):
+            os.chmod(w, 0o644)
+        entry = pwd.getpwnam(name)
+        proc = as_user(entry, f"/usr/bin/python3 -m venv ~/venv && ~/venv/bin/pip install -q "
+                              f"--disable-pip-version-check {wheels}/*.whl", timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        yield entry
+    finally:
+        subprocess.run(["pkill", "-KILL", "-u", name], check=False)
+        subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
+        shutil.rmtree(wheels, ignore_errors=True)

@@ -286,3 +286,10 @@ def check_end(cluster, w: Waiting, *, state: str, code: int, finished: bool, log
         assert [r["end"] for r in runs(w.job_dir)] == ends
     assert_nothing_left(cluster, w)
     return err
+
+
+def as_user(user, command: str, timeout: float = 120, env: str = "") -> subprocess.CompletedProcess:
+    """``command`` in a login-like shell of ``user`` (their home, their PATH with ~/venv/bin first)."""
+    return subprocess.run(["su", "-", user.pw_name, "-s", "/bin/bash", "-c",
+                           f'export PATH="$HOME/venv/bin:$PATH" {env}; cd ~ && {command}'],
+                          capture_output=True, text=True, timeout=timeout, cwd="/")

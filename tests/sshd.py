@@ -7,6 +7,10 @@ configuration as a user's ``~/.ssh/config`` would have it: ``kit-login`` reached
 one known for it. The login sshd gives its sessions the local cluster's environment (``SetEnv``), as a
 site's login node has Slurm's configuration at its default path. Everything lives in one temporary
 directory; :meth:`Servers.stop` ends the servers and any master connection the tests left.
+
+With ``user`` (an ordinary account, `pwd` entry), the login node is theirs as a site's is: the client logs
+in as them with a key in their own ``~/.ssh/authorized_keys``, and their sessions get no environment from
+the server: what their login side needs is in their own dotfiles.
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ def keygen(path: Path) -> str:
 
 
 class Servers:
-    def __init__(self, root: Path, login_env: dict[str, str]):
+    def __init__(self, root: Path, login_env: dict[str, str], user=None):
         self.root = root
+        self.user = user
         self.procs: dict[str, subprocess.Popen] = {}
         self.ports = {"login": free_port(), "jump": free_port()}
         self.made_run_dir = not Path("/run/sshd").exists()
@@ -48,11 +53,26 @@ class Servers:
         self.client_key = root / "id_ed25519"
         public = keygen(self.client_key)
         (root / "authorized_keys").write_text(public + "\n")
+        if user is not None:
+            self._authorize(user, public)
         for name in ("login", "jump", "other"):
             keygen(root / f"host_{name}")
         self.config = root / "ssh_config"
         self.login_env = login_env
         self._write_client_config()
+
+    @staticmethod
+    def _authorize(user, public: str) -> None:
+        """``public`` in ``user``'s own ~/.ssh/authorized_keys (theirs, 0600), their account unlocked for a key
+        login (useradd leaves it locked: "!", which sshd without PAM refuses)."""
+        subprocess.run(["usermod", "-p", "*", user.pw_name], check=True, capture_output=True)
+        dot_ssh = Path(user.pw_dir) / ".ssh"
+        dot_ssh.mkdir(mode=0o700, exist_ok=True)
+        keys = dot_ssh / "authorized_keys"
+        keys.write_text(public + "\n")
+        for path, mode in ((dot_ssh, 0o700), (keys, 0o600)):
+            os.chown(path, user.pw_uid, user.pw_gid)
+            os.chmod(path, mode)
 
     def _write_client_config(self) -> None:
         known = self.root / "known_hosts"
@@ -61,13 +81,15 @@ class Servers:
         known.write_text(f"[127.0.0.1]:{self.ports['login']} {key('login')}\n"
                          f"[127.0.0.1]:{self.ports['jump']} {key('jump')}\n")
         moved.write_text(f"[127.0.0.1]:{self.ports['login']} {key('other')}\n")
-        common = (f"  HostName 127.0.0.1\n  User {getpass.getuser()}\n  IdentityFile {self.client_key}\n"
+        common = (f"  HostName 127.0.0.1\n  IdentityFile {self.client_key}\n"
                   f"  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n  UpdateHostKeys no\n")
+        me = f"  User {getpass.getuser()}\n"
+        login = f"  User {self.user.pw_name}\n" if self.user is not None else me
         self.config.write_text(
-            f"Host kit-login\n  Port {self.ports['login']}\n  ProxyJump kit-jump\n{common}  UserKnownHostsFile {known}\n"
-            f"Host kit-direct\n  Port {self.ports['login']}\n{common}  UserKnownHostsFile {known}\n"
-            f"Host kit-jump\n  Port {self.ports['jump']}\n{common}  UserKnownHostsFile {known}\n"
-            f"Host kit-moved\n  Port {self.ports['login']}\n{common}  UserKnownHostsFile {moved}\n")
+            f"Host kit-login\n  Port {self.ports['login']}\n  ProxyJump kit-jump\n{login}{common}  UserKnownHostsFile {known}\n"
+            f"Host kit-direct\n  Port {self.ports['login']}\n{login}{common}  UserKnownHostsFile {known}\n"
+            f"Host kit-jump\n  Port {self.ports['jump']}\n{me}{common}  UserKnownHostsFile {known}\n"
+            f"Host kit-moved\n  Port {self.ports['login']}\n{login}{common}  UserKnownHostsFile {moved}\n")
 
     def start(self) -> "Servers":
         for name, port in self.ports.items():
@@ -76,7 +98,7 @@ class Servers:
                       if name == "login" and self.login_env else "")
             cfg.write_text(
                 f"Port {port}\nListenAddress 127.0.0.1\nHostKey {self.root / f'host_{name}'}\n"
-                f"AuthorizedKeysFile {self.root / 'authorized_keys'}\nPubkeyAuthentication yes\n"
+                f"AuthorizedKeysFile {self._keys_file(name)}\nPubkeyAuthentication yes\n"
                 "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
                 "UsePAM no\nStrictModes no\nLogLevel VERBOSE\nAllowTcpForwarding yes\nMaxStartups 50\n"
                 f"PidFile {self.root / f'sshd_{name}.pid'}\n{setenv}")
@@ -94,6 +116,10 @@ class Servers:
                         raise RuntimeError(f"sshd {name} did not start: {self.log(name)}")
                     time.sleep(0.05)
         return self
+
+    def _keys_file(self, name: str) -> str:
+        """The login node's: the user's own (relative to their home), when it is theirs."""
+        return ".ssh/authorized_keys" if name == "login" and self.user is not None else str(self.root / "authorized_keys")
 
     def log(self, name: str) -> str:
         path = self.root / f"sshd_{name}.log"
