@@ -293,3 +293,15 @@ def as_user(user, command: str, timeout: float = 120, env: str = "") -> subproce
     return subprocess.run(["su", "-", user.pw_name, "-s", "/bin/bash", "-c",
                            f'export PATH="$HOME/venv/bin:$PATH" {env}; cd ~ && {command}'],
                           capture_output=True, text=True, timeout=timeout, cwd="/")
+
+
+@contextlib.contextmanager
+def container_mode(cluster, mode: str):
+    """The session's cluster in pyxis's ``mode`` ("create", "squashfuse") for what runs inside;
+    then back as it was (each new step's slurmstepd reads the mode: no restart)."""
+    before = cluster.state().squashfuse
+    cluster.up(squashfuse=mode == "squashfuse")
+    try:
+        yield
+    finally:
+        cluster.up(squashfuse=before)

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, Waiting, assert_nothing_left, kit, read_logs, submit, wait_for, wait_no_processes
+from helpers import (REPO, Waiting, assert_nothing_left, container_mode, kit, read_logs, submit, wait_for,
+                     wait_no_processes)
 
 from kit import slurm
 
@@ -49,18 +50,6 @@ def loops_and_mounts(cluster) -> tuple[list[str], list[str]]:
     mounts = [line for line in Path("/proc/mounts").read_text().splitlines()
               if line.split()[0] in devices or ("kit-pyxis" in line and home in line)]
     return loops, mounts
-
-
-@contextlib.contextmanager
-def container_mode(cluster, mode: str):
-    """The session's cluster in pyxis's ``mode`` ("create", "squashfuse") for what runs inside;
-    then back as it was (each new step's slurmstepd reads the mode: no restart)."""
-    before = cluster.state().squashfuse
-    cluster.up(squashfuse=mode == "squashfuse")
-    try:
-        yield
-    finally:
-        cluster.up(squashfuse=before)
 
 
 @contextlib.contextmanager

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 from pathlib import Path
 
 import pytest
-from helpers import as_user, read_logs
+from helpers import REPO, as_user, container_mode, read_logs
 
 from kit.cluster import accounting, public
 
@@ -65,13 +66,28 @@ def test_an_ordinary_user_runs_slurm_and_kit_on_roots_cluster(cluster, user):
     assert accounted.stdout.split() == ["COMPLETED", user.pw_name], accounted.stdout + accounted.stderr
 
 
-def test_an_ordinary_users_main_job_runs_in_kits_image(cluster, user, cpu_image):
-    """The README's main job as an ordinary user: 2 nodes in kit's image (the stand-in enters it through a
-    user namespace of the task's own, as enroot does for an unprivileged user: it ran chroot after Slurm had
-    dropped root, and failed), its ranks the user's uid on the host, then `kit report`."""
+@pytest.fixture(scope="module")
+def user_image(user, cpu_image) -> Path:
+    """kit's image, the user's copy (in their home, theirs)."""
     image = Path(user.pw_dir) / "cpu-lightning.sqsh"
     shutil.copyfile(cpu_image, image)
     os.chown(image, user.pw_uid, user.pw_gid)
+    return image
+
+
+@pytest.mark.parametrize("mode", ["create", "squashfuse"])
+def test_an_ordinary_users_main_job_runs_in_kits_image(cluster, user, user_image, mode):
+    """The README's main job as an ordinary user in each of pyxis's modes: 2 nodes in kit's image (the stand-in
+    enters it through a user namespace of the task's own, as enroot does for an unprivileged user: it ran chroot
+    after Slurm had dropped root, and failed; in squashfuse mode the node's first task mounts the image in that
+    namespace through its FUSE daemons, and its other tasks join it), its ranks the user's uid on the host, then
+    `kit report`."""
+    with container_mode(cluster, mode):
+        main_job_as(cluster, user, user_image, mode)
+
+
+def main_job_as(cluster, user, user_image, mode):
+    image = user_image
     conf = f"; export SLURM_CONF={cluster.conf}"
     job = as_user(user, f"kit launch --nodes 2 --image {image} --wait --json -- bash -c 'echo uid $(id -u) in "
                         f"$(cat /etc/debian_version) && exec python3 -m kit.train --max-steps 30 --step-delay 0.02'",
@@ -84,3 +100,68 @@ def test_an_ordinary_users_main_job_runs_in_kits_image(cluster, user, cpu_image)
     assert (Path(job_dir) / "FINISHED").exists()
     report = as_user(user, f"kit report {job_dir}", env=conf, timeout=300)
     assert report.returncode == 0 and report.stdout.startswith("job "), report.stdout + report.stderr
+    assert f"container: {mode} mode (" in report.stdout, report.stdout
+
+
+FUNCTIONS = """
+import json, os, sys
+import kit
+
+def where(tag):
+    import os
+    return [tag, int(os.environ["RANK"]), os.getuid()]
+
+def square(x):
+    return x * x
+
+image = sys.argv[1]
+job = kit.submit(where, "f", nodes=2, image=image, no_exporter=True)
+tasks = kit.map(square, [1, 2, 3], image=image, no_exporter=True)
+print(json.dumps({"submit": job.results(timeout=600), "map": [t.result(timeout=600) for t in tasks]}))
+"""
+
+
+def test_an_ordinary_users_torchrun_and_function_jobs_run_in_kits_image(cluster, user, user_image):
+    """As the user, in kit's image: the README's torchrun example (one world of 4 on 2 nodes, their examples
+    mounted), then kit.submit (2 ranks) and kit.map (3 tasks) from their venv's Python, each call run as them."""
+    examples = Path(user.pw_dir) / "examples"
+    shutil.copytree(REPO / "launch" / "examples", examples)
+    script = Path(user.pw_dir) / "functions.py"
+    script.write_text(FUNCTIONS)
+    for path in (examples, *examples.iterdir(), script):
+        os.chown(path, user.pw_uid, user.pw_gid)
+    conf = f"; export SLURM_CONF={cluster.conf}"
+    torchrun = as_user(user, f"kit launch --nodes 2 --ntasks-per-node 1 --image {user_image} --wait --no-exporter "
+                             f"--mount {examples}:/examples -- torchrun --nproc-per-node 2 /examples/fsdp2.py",
+                       env=conf, timeout=600)
+    assert torchrun.returncode == 0, torchrun.stderr
+    logs = as_user(user, f"kit logs {torchrun.stdout.split()[2]}", env=conf).stdout
+    assert "world=4" in logs and "fsdp2 done" in logs, logs
+    calls = as_user(user, f"python3 functions.py {user_image}", env=conf, timeout=900)
+    assert calls.returncode == 0, calls.stderr
+    got = json.loads(calls.stdout.splitlines()[-1])
+    assert got == {"submit": [["f", 0, user.pw_uid], ["f", 1, user.pw_uid]], "map": [1, 4, 9]}, got
+
+
+HANG_THEN_DONE = ('if [ "$KIT_RESTART" = 0 ]; then echo "step 1" >"$KIT_PROGRESS_FILE"; echo hanging; sleep 300; '
+                  'else echo "run $KIT_RESTART done as $(id -u)"; fi')
+
+
+def test_an_ordinary_users_hung_job_is_caught_and_requeued(cluster, user):
+    """As the user, with no SLURM_CONF (kit finds root's cluster of the machine itself): a job whose first run
+    hangs after its first progress is caught by the watchdog (the hang report and its stacks theirs), requeued by
+    their own prelaunch, and its second run completes."""
+    conf = ""
+    job = as_user(user, f"kit launch --nodes 2 --hang-timeout 3 --max-restarts 1 --no-exporter --wait --json -- "
+                        f"bash -c {shlex.quote(HANG_THEN_DONE)}", env=conf, timeout=600)
+    assert "using this machine's local cluster" in job.stderr, job.stderr
+    first = json.loads(job.stdout.splitlines()[0])
+    assert job.returncode == 0, job.stderr + read_logs(first["job_dir"])
+    job_dir = Path(first["job_dir"])
+    runs = [json.loads(line) for line in (job_dir / "runs.jsonl").read_text().splitlines()]
+    assert [r["end"] for r in runs] == ["hang", "finished"], runs
+    assert (job_dir / "hang" / "r0").is_dir() and os.stat(job_dir / "hang" / "r0").st_uid == user.pw_uid
+    logs = as_user(user, f"kit logs {job_dir} --errors", env=conf).stdout
+    assert "hang" in logs.lower(), logs
+    assert f"run 1 done as {user.pw_uid}" in as_user(user, f"kit logs {job_dir}", env=conf).stdout
+

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from kit.errors import KitError
@@ -29,8 +31,10 @@ def convert(script, sbatch_args):
         raise KitError(f"no such script: {script}", field="SCRIPT") from None
     except OSError as e:
         raise KitError(f"cannot read {script}: {e.strerror}", field="SCRIPT") from None
-    result = convert_script(text, sbatch_args, inspect=image_has)
+    result = convert_script(text, sbatch_args, inspect=image_has, cwd=os.getcwd())
     click.echo(result.toml(script), nl=False)
+    for item in result.changed:
+        click.echo(f"kit: changed: {printable(item)}", err=True)
     for item in result.not_carried:
         click.echo(f"kit: not carried over: {printable(item)}", err=True)
     return 0

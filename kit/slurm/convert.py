@@ -3,7 +3,8 @@
 What carries over: the ``#SBATCH`` options kit has fields for, other sbatch options as
 ``sbatch_args``, plain ``export NAME=value`` lines as ``env``, the training command (the last
 ``srun`` step that is not ``--overlap``, else the last command) with the variables it uses or
-the script exports. The rest is listed, with why, never dropped silently."""
+the script exports. What changes on the way (a mount's relative path, python as python3, a line run
+under ``bash -c``) and the rest are listed, with why, never dropped silently."""
 
 from __future__ import annotations
 
@@ -42,15 +43,15 @@ SETUP_WORDS = ("module", "source", ".", "cd", "echo", "printf", "conda", "ml", "
 class Converted:
     fields: dict = field(default_factory=dict)
     not_carried: list[str] = field(default_factory=list)  # "WHAT: why"
+    changed: list[str] = field(default_factory=list)  # carried, but not as it was: "WHAT: how"
 
     def toml(self, source: str) -> str:
         lines = [f"# kit job file, from {printable(source)} by kit convert (kit launch -f THIS_FILE)"]
         for name, value in self.fields.items():
             lines.append(f"{name} = {_toml(value)}")
-        if self.not_carried:
-            lines.append("")
-            lines.append("# Not carried over:")
-            lines += [f"#   {printable(item)}" for item in self.not_carried]
+        for title, items in (("Carried over, changed:", self.changed), ("Not carried over:", self.not_carried)):
+            if items:
+                lines += ["", f"# {title}"] + [f"#   {printable(item)}" for item in items]
         return "\n".join(lines) + "\n"
 
 
@@ -106,7 +107,7 @@ def _sbatch_option(c: Converted, name: str, value: str | None, origin: str = "#S
         elif value is not None:
             c.fields[key] = [v for v in value.split(",") if v] if kind == "list" else value
         if key == "mounts":
-            c.not_carried.append(f"{where}: carried as mounts; the job starts in its code view (a copy of the "
+            c.changed.append(f"{where}: carried as mounts; the job starts in its code view (a copy of the "
                                  "work tree at submission, under the job directory), where a relative path such "
                                  "as data/ is the work tree's own (linked when the snapshot leaves it out), not "
                                  "a mount's: give the command the mount's absolute path")
@@ -121,7 +122,7 @@ def _sbatch_option(c: Converted, name: str, value: str | None, origin: str = "#S
         else:
             c.fields[key] = value
         if key == "image":
-            c.not_carried.append(f"{where}: carried as image: kit puts it on the srun step (on the batch script, "
+            c.changed.append(f"{where}: carried as image: kit puts it on the srun step (on the batch script, "
                                  "pyxis would run the script itself in the image, where srun does not exist)")
         return
     if name == "--gres" and value:
@@ -172,7 +173,7 @@ def _command(c: Converted, words: list[str], line: str) -> None:
     if syntax:
         text = shellwords.after_words(line.strip(), skip)
         c.fields["command"] = ["bash", "-c", text]
-        c.not_carried.append(f"{line.strip()}: it uses shell syntax ({syntax}): its text runs under bash -c as "
+        c.changed.append(f"{line.strip()}: it uses shell syntax ({syntax}): its text runs under bash -c as "
                              "written (kit passes arguments without a shell)")
         return
     spans = shellwords.spans(line.strip())
@@ -196,17 +197,18 @@ def _command(c: Converted, words: list[str], line: str) -> None:
         c.fields.setdefault("ntasks_per_node", 1)
     if any("$" in w for w in words):  # the words as written: their quotes decide how $VARS expand
         c.fields["command"] = ["bash", "-c", " ".join(raw) if raw else shellwords.shell_words(words)]
-        c.not_carried.append(f"{line.strip()}: it holds $VARIABLES, so it runs under bash -c (kit passes "
+        c.changed.append(f"{line.strip()}: it holds $VARIABLES, so it runs under bash -c (kit passes "
                              "arguments without a shell)")
     else:
         c.fields["command"] = words
 
 
-def convert(text: str, sbatch_args: list[str] | tuple[str, ...] = (), inspect=None) -> Converted:
+def convert(text: str, sbatch_args: list[str] | tuple[str, ...] = (), inspect=None,
+            cwd: str | None = None) -> Converted:
     """The job-file fields of the sbatch script ``text`` submitted with ``sbatch_args`` (the options its
     user puts on sbatch's command line: they win over its #SBATCH lines, as in sbatch), and what did not
     carry over. ``inspect(image, paths)``: which of ``paths`` an image file has (``python`` runs as
-    ``python3`` in an image with python3 alone)."""
+    ``python3`` in an image with python3 alone); ``cwd``: where the job will be submitted from."""
     c = Converted()
     _script(c, text)
     i, words = 0, list(sbatch_args)
@@ -219,7 +221,20 @@ def convert(text: str, sbatch_args: list[str] | tuple[str, ...] = (), inspect=No
         _sbatch_option(c, name, value, origin="sbatch")
     if inspect is not None:
         _python3(c, inspect)
+    _workdir(c, cwd)
     return c
+
+
+def _workdir(c: Converted, cwd: str | None) -> None:
+    """A container working directory that is the directory the job is submitted from: kit starts there in the
+    job's code view instead (the snapshot), so that the job runs the code it was submitted with."""
+    workdir = c.fields.get("container_workdir")
+    if not workdir or not cwd or os.path.realpath(workdir) != os.path.realpath(cwd):
+        return
+    del c.fields["container_workdir"]
+    c.changed.append(f"--container-workdir={workdir}: the directory you submit from: kit starts the job in its code "
+                     "view of it (a copy taken at submission, under the job directory), so the job runs the code "
+                     "it was submitted with, not what the directory holds when it starts")
 
 
 PYTHONS = ("usr/bin/python", "bin/python", "usr/local/bin/python", "usr/bin/python3", "bin/python3",
@@ -244,7 +259,7 @@ def _python3(c: Converted, inspect) -> None:
         command[0] = "python3"
     else:
         command[2] = re.sub(r"(?<![\w/.-])python(?=\s)", "python3", text)
-    c.not_carried.append(f"python: {image} has python3 alone: the command runs python3")
+    c.changed.append(f"python: {image} has python3 alone: the command runs python3")
 
 
 def _script(c: Converted, text: str) -> None:
@@ -361,10 +376,10 @@ def _carry_assignments(c: Converted, assigned: list[tuple[str, str, int]]) -> No
             c.not_carried.append(f"{text}: a shell variable the command does not use (kit's --env takes values)")
     if carried:
         c.fields["command"] = ["bash", "-c", "\n".join([*carried, command[2]])]
-        c.not_carried.append(f"{', '.join(sorted(used))}: set by the script, carried into the command's bash -c text")
+        c.changed.append(f"{', '.join(sorted(used))}: set by the script, carried into the command's bash -c text")
     computed = sorted(name for name, text, _ in assigned if name in used and ("$(" in text or "`" in text))
     if computed:
-        c.not_carried.append(f"{', '.join(computed)}: carried, but their $(...) now runs in every task, not once in the "
+        c.changed.append(f"{', '.join(computed)}: carried, but their $(...) now runs in every task, not once in the "
                              "batch script: a value that differs from run to run (a random seed) would differ between "
                              "ranks; compute it once and pass it with --env")
 

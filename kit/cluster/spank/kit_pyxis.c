@@ -48,6 +48,7 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -59,6 +60,7 @@ SPANK_PLUGIN(kit_pyxis, 1);
 
 #define TAG "kit-pyxis"
 #define BASE "/tmp/kit-pyxis"  /* a tmpfs in the step's own mount namespace */
+#define USER_BASE BASE "/user"  /* the job's user's, in it: their squashfuse-mode container (start_direct_user) */
 
 static char *opt_image, *opt_mounts, *opt_workdir, *opt_env, *opt_name;
 static int opt_writable, opt_mount_home, opt_remap_root;
@@ -203,6 +205,9 @@ static int make_target(const char *dst, int is_dir)
 		if (mkdir_p(parent, 0755) < 0)
 			return -1;
 	}
+	struct stat st;
+	if (lstat(dst, &st) == 0)  /* there already (an image's file: an ordinary user may not write it) */
+		return 0;
 	int fd = open(dst, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return -1;
@@ -241,6 +246,23 @@ static unsigned long mount_flag(const char *f)
 	return 0;
 }
 
+/* The flags PATH's mount has that a bind remount must keep: in a user namespace the kernel refuses to clear
+ * those it locked (nosuid, nodev, noexec, the atime ones of a mount from outside it). */
+static unsigned long kept_flags(const char *path)
+{
+	struct statvfs v;
+	if (statvfs(path, &v) < 0)
+		return 0;
+	unsigned long out = 0;
+	const unsigned long map[][2] = { { ST_NOSUID, MS_NOSUID }, { ST_NODEV, MS_NODEV }, { ST_NOEXEC, MS_NOEXEC },
+					 { ST_NOATIME, MS_NOATIME }, { ST_NODIRATIME, MS_NODIRATIME },
+					 { ST_RELATIME, MS_RELATIME }, { ST_RDONLY, MS_RDONLY } };
+	for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
+		if (v.f_flag & map[i][0])
+			out |= map[i][1];
+	return out;
+}
+
 static int bind_mount(const char *root, const char *src, const char *dst, unsigned long flags)
 {
 	char target[4096];
@@ -258,7 +280,7 @@ static int bind_mount(const char *root, const char *src, const char *dst, unsign
 		fail(TAG ": bind %s:%s: %m", src, dst);
 		return -1;
 	}
-	if (flags && mount(NULL, target, NULL, MS_REMOUNT | MS_BIND | flags, NULL) < 0) {
+	if (flags && mount(NULL, target, NULL, MS_REMOUNT | MS_BIND | flags | kept_flags(target), NULL) < 0) {
 		fail(TAG ": mount flags of %s: %m", dst);
 		return -1;
 	}
@@ -266,7 +288,14 @@ static int bind_mount(const char *root, const char *src, const char *dst, unsign
 }
 
 /* SRC:DST[:FLAGS] entries, comma separated; FLAGS joined with '+'. */
-static int user_mounts(const char *root)
+/* Under a tmpfs the container gets (/tmp, /run): made there once it is mounted. */
+static int under_tmpfs(const char *dst)
+{
+	return strncmp(dst, "/tmp/", 5) == 0 || strncmp(dst, "/run/", 5) == 0;
+}
+
+/* The --container-mounts entries mounted under ROOT, or with TARGETS_ONLY their mount points made there alone. */
+static int user_mounts_as(const char *root, int targets_only)
 {
 	if (!opt_mounts || !*opt_mounts)
 		return 0;
@@ -288,6 +317,14 @@ static int user_mounts(const char *root)
 			for (char *f = strtok_r(flags, "+", &fsave); f; f = strtok_r(NULL, "+", &fsave))
 				mflags |= mount_flag(f);
 		}
+		if (targets_only) {
+			char target[4096];
+			struct stat st;
+			snprintf(target, sizeof(target), "%s%s", root, dst);
+			if (!under_tmpfs(dst) && stat(src, &st) == 0)
+				make_target(target, strcmp(src, "tmpfs") == 0 || S_ISDIR(st.st_mode));
+			continue;
+		}
 		if (strcmp(src, "tmpfs") == 0) {
 			char target[4096];
 			snprintf(target, sizeof(target), "%s%s", root, dst);
@@ -301,6 +338,26 @@ static int user_mounts(const char *root)
 	}
 	free(all);
 	return rc;
+}
+
+static int user_mounts(const char *root)
+{
+	return user_mounts_as(root, 0);
+}
+
+static const char *const HOST_FILES[] = { "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/etc/machine-id", NULL };
+
+/* An ordinary user's container: the mount points it will need, made in the overlay's upper layer (theirs) before
+ * it is mounted, where the image's directories (root's, unmapped in their namespace) would refuse them. */
+static void make_targets_in(const char *upper)
+{
+	char target[4096];
+	for (const char *const *f = HOST_FILES; *f; f++) {
+		snprintf(target, sizeof(target), "%s%s", upper, *f);
+		if (access(*f, R_OK) == 0)
+			make_target(target, 0);
+	}
+	user_mounts_as(upper, 1);
 }
 
 static int kept(const char *name)
@@ -516,10 +573,12 @@ static pid_t fuse_daemon(const char *prog, const char *opts, const char *src, co
 	return -1;
 }
 
-/* Record a FUSE daemon's pid in BASE/fuse.pids, for slurm_spank_exit. */
+static const char *fuse_pids = BASE "/fuse.pids";  /* USER_BASE's for an ordinary user's container */
+
+/* Record a FUSE daemon's pid in fuse_pids, for slurm_spank_exit. */
 static void record_fuse_daemon(pid_t pid)
 {
-	FILE *f = fopen(BASE "/fuse.pids", "a");
+	FILE *f = fopen(fuse_pids, "a");
 	if (f) {
 		fprintf(f, "%d\n", (int)pid);
 		fclose(f);
@@ -542,9 +601,49 @@ static int on_path(const char *prog)
 	return 0;
 }
 
+/* The squashfs through FUSE on DIR for an ordinary user's task, in its user and mount namespaces: the FUSE
+ * mount made here (the task holds the capability in them until it execs), through the device node the step
+ * made for the job's user (make_container: /dev/fuse may be root's alone, as on machines without udev's
+ * 0666 rule), and squashfuse serving it through the descriptor (libfuse's /dev/fd/N), below the task. */
+static int mount_squashfuse_user(const char *dir)
+{
+	char opts[128];
+	int fd = open(USER_BASE "/fuse", O_RDWR);
+	if (fd < 0)
+		return fail(TAG ": cannot open the step's FUSE device %s: %m", USER_BASE "/fuse");
+	snprintf(opts, sizeof(opts), "fd=%d,rootmode=40000,user_id=%u,group_id=%u", fd, (unsigned)geteuid(),
+		 (unsigned)getegid());
+	if (mount("squashfuse", dir, "fuse.squashfuse", MS_RDONLY | MS_NOSUID | MS_NODEV, opts) < 0) {
+		close(fd);
+		return fail(TAG ": cannot mount FUSE on %s in the container's namespace: %m", dir);
+	}
+	pid_t pid = fork();
+	if (pid == 0) {
+		int null = open("/dev/null", O_RDWR);
+		dup2(fd, 3);
+		if (null >= 0) {
+			dup2(null, 0);
+			dup2(null, 1);
+			dup2(null, 2);
+		}
+		closefrom(4);
+		setsid();
+		execlp("squashfuse", "squashfuse", "-f", opt_image, "/dev/fd/3", (char *)NULL);
+		_exit(127);
+	}
+	close(fd);
+	struct stat st;
+	if (pid < 0 || stat(dir, &st) < 0)  /* answered by squashfuse once it serves; ENOTCONN when it failed */
+		return fail(TAG ": --container-image: squashfuse cannot serve %s (is squashfuse installed?)", opt_image);
+	record_fuse_daemon(pid);
+	return 0;
+}
+
 /* The squashfs through FUSE on DIR: squashfuse. */
 static int mount_squashfuse(const char *dir)
 {
+	if (geteuid() != 0)
+		return mount_squashfuse_user(dir);
 	pid_t lower = fuse_daemon("squashfuse", "allow_other", opt_image, dir);
 	if (lower < 0)
 		return fail(TAG ": --container-image: squashfuse cannot mount %s (is squashfuse installed?)", opt_image);
@@ -599,12 +698,19 @@ static int mount_image(const char *base)
 			return fail(TAG ": bind %s: %m", dir);
 		return 0;
 	}
+	int user = direct && geteuid() != 0;
 	snprintf(image_dir, sizeof(image_dir), "%s/image", base);
-	snprintf(upper, sizeof(upper), "%s/upper", base);
-	snprintf(work, sizeof(work), "%s/work", base);
+	/* An ordinary user's overlay layers on a tmpfs of their namespace's own (the step's is root's). */
+	snprintf(dir, sizeof(dir), "%s/rw", base);
+	if (user && (mkdir_p(dir, 0700) < 0 || mount("tmpfs", dir, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700") < 0))
+		return fail(TAG ": tmpfs for the container's writable layer: %m");
+	snprintf(upper, sizeof(upper), "%s%s/upper", base, user ? "/rw" : "");
+	snprintf(work, sizeof(work), "%s%s/work", base, user ? "/rw" : "");
 	mkdir_p(image_dir, 0755);
 	mkdir_p(upper, 0755);
 	mkdir_p(work, 0755);
+	if (user)
+		make_targets_in(upper);
 	if (direct) {
 		if (mount_squashfuse(image_dir) < 0)
 			return -1;
@@ -612,7 +718,7 @@ static int mount_image(const char *base)
 		return fail(TAG ": --container-image: cannot mount %s as squashfs", opt_image);
 	}
 	snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s", image_dir, upper, work);
-	if (direct)
+	if (direct && !user)
 		return mount_overlay(opts);
 	if (mount("overlay", root, "overlay", 0, opts) < 0)
 		return fail(TAG ": overlay on %s: %m", root);
@@ -626,8 +732,12 @@ static int finish_container(spank_t sp)
 	char target[4096];
 	snprintf(target, sizeof(target), "%s/proc", root);
 	mkdir_p(target, 0555);
-	if (mount("proc", target, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+	if (geteuid() != 0) {  /* a user namespace owns no pid namespace to mount a proc of: the host's, bound */
+		if (bind_mount(root, "/proc", "/proc", 0) < 0)
+			return -1;
+	} else if (mount("proc", target, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
 		return fail(TAG ": proc: %m");
+	}
 	if (bind_mount(root, "/dev", "/dev", 0) < 0 || bind_mount(root, "/sys", "/sys", MS_RDONLY) < 0)
 		return -1;
 	/* As enroot 4.1.2: /tmp a tmpfs of mode 0755 owned by the task's user (not 1777): the job's user, not
@@ -643,8 +753,7 @@ static int finish_container(spank_t sp)
 		if (mkdir_p(target, 0755) < 0 || mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs_opts) < 0)
 			return fail(TAG ": tmpfs on %s: %m", *t);
 	}
-	for (const char **f = (const char *[]){ "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/etc/machine-id",
-						NULL }; *f; f++)
+	for (const char *const *f = HOST_FILES; *f; f++)
 		if (access(*f, R_OK) == 0)
 			bind_mount(root, *f, *f, MS_RDONLY);  /* the host's, as pyxis gives them */
 	if (opt_mount_home) {
@@ -663,7 +772,7 @@ static int finish_container(spank_t sp)
 	    spank_get_item(sp, S_JOB_ARGV, &argc, &argv) == ESPANK_SUCCESS && argc > 0 &&
 	    bind_mount(root, argv[0], argv[0], MS_RDONLY | MS_NOSUID | MS_NODEV) < 0)
 		return -1;
-	if (!opt_writable && mount(NULL, root, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) < 0)
+	if (!opt_writable && mount(NULL, root, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | kept_flags(root), NULL) < 0)
 		return fail(TAG ": read-only root: %m");
 	return 0;
 }
@@ -694,6 +803,14 @@ static int make_container(spank_t sp)
 	direct = use_squashfuse && !(opt_name && *opt_name) && opt_image && strspn(opt_image, "./") > 0;
 	if (direct) {
 		slurm_info("pyxis: skipping container creation (squashfuse enabled)");  /* pyxis's words */
+		uid_t uid = 0;
+		gid_t gid = 0;
+		struct stat fuse;
+		if (spank_get_item(sp, S_JOB_UID, &uid) == ESPANK_SUCCESS && uid != 0 &&
+		    spank_get_item(sp, S_JOB_GID, &gid) == ESPANK_SUCCESS &&
+		    (mkdir(USER_BASE, 0700) < 0 || chown(USER_BASE, uid, gid) < 0 || stat("/dev/fuse", &fuse) < 0 ||
+		     mknod(USER_BASE "/fuse", S_IFCHR | 0600, fuse.st_rdev) < 0 || chown(USER_BASE "/fuse", uid, gid) < 0))
+			return fail(TAG ": cannot make %s and its FUSE device for uid %u: %m", USER_BASE, (unsigned)uid);
 		return 0;
 	}
 	if (mount_image(base) < 0 || finish_container(sp) < 0)
@@ -705,12 +822,15 @@ static int make_container(spank_t sp)
 /* Direct startup, in each task before it starts: the first task of the node (under a lock
  * in the step's tmpfs) mounts the root, its FUSE daemons below itself; the others wait for
  * it and take its outcome (BASE/setup: "ok", or the failure). */
+static int enter_as_user(void);
+static int start_direct_user(spank_t sp);
+static int in_user_namespace;  /* the task is in its container's user namespace already (start_direct_user) */
+
 static int start_direct(spank_t sp)
 {
 	char lock[256], state[256];
-	if (geteuid() != 0)  /* its mounts are made in the task: this stand-in makes them as root alone */
-		return fail(TAG ": squashfuse mode starts root's containers only here (kit's stand-in; real enroot "
-		            "starts anyone's): an ordinary user's need create mode (kit cluster up --create)");
+	if (geteuid() != 0)
+		return start_direct_user(sp);
 	snprintf(lock, sizeof(lock), "%s/setup.lock", BASE);
 	snprintf(state, sizeof(state), "%s/setup", BASE);
 	int fd = open(lock, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
@@ -767,15 +887,15 @@ static int write_proc(const char *path, const char *text)
  * the user, so the task makes a user namespace of its own mapping the user to themselves (uid and gid as
  * on the host: its processes are the user's there) and chroots with the capability it holds in it. Root's
  * tasks chroot as they are. */
-static int enter_as_user(void)
+static int enter_as_user_with(int flags)
 {
 	uid_t uid = geteuid();
 	gid_t gid = getegid();
 	char map[64];
-	if (uid == 0)
+	if (uid == 0 || in_user_namespace)
 		return 0;
 	/* Set-user-id transitions left the task undumpable: its /proc files root's, its maps unwritable. */
-	if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) < 0 || unshare(CLONE_NEWUSER) < 0)
+	if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) < 0 || unshare(CLONE_NEWUSER | flags) < 0)
 		return fail(TAG ": cannot make a user namespace for uid %u: %m", (unsigned)uid);
 	snprintf(map, sizeof(map), "%u %u 1\n", (unsigned)uid, (unsigned)uid);
 	if (write_proc("/proc/self/uid_map", map) < 0)
@@ -783,6 +903,88 @@ static int enter_as_user(void)
 	snprintf(map, sizeof(map), "%u %u 1\n", (unsigned)gid, (unsigned)gid);
 	if (write_proc("/proc/self/setgroups", "deny") < 0 || write_proc("/proc/self/gid_map", map) < 0)
 		return fail(TAG ": cannot map gid %u into its user namespace: %m", (unsigned)gid);
+	in_user_namespace = 1;
+	return 0;
+}
+
+static int enter_as_user(void)
+{
+	return enter_as_user_with(0);
+}
+
+/* Join the user and mount namespaces of process PID (the container's squashfuse, the node's first task's). */
+static int join_container(pid_t pid)
+{
+	char path[64];
+	int fds[2];
+	const char *names[2] = { "user", "mnt" };
+	for (int i = 0; i < 2; i++) {
+		snprintf(path, sizeof(path), "/proc/%d/ns/%s", (int)pid, names[i]);
+		if ((fds[i] = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+			return fail(TAG ": cannot open the container's %s namespace (%s): %m", names[i], path);
+	}
+	int rc = setns(fds[0], CLONE_NEWUSER) < 0 || setns(fds[1], CLONE_NEWNS) < 0 ? -1 : 0;
+	int err = errno;
+	close(fds[0]);
+	close(fds[1]);
+	errno = err;
+	if (rc < 0)
+		return fail(TAG ": cannot join the node's container: %m");
+	in_user_namespace = 1;
+	return 0;
+}
+
+/* Direct startup for an ordinary user's tasks, as enroot does for them: the node's first task makes a user
+ * namespace mapping the user to themselves with a mount namespace of its own, mounts the image there through
+ * its FUSE daemons (below itself, as root's), and says the squashfuse daemon's pid in USER_BASE/setup ("ok PID");
+ * the node's other tasks join that daemon's namespaces. */
+static int start_direct_user(spank_t sp)
+{
+	char lock[256], state[256], line[1024] = "";
+	snprintf(lock, sizeof(lock), "%s/setup.lock", USER_BASE);
+	snprintf(state, sizeof(state), "%s/setup", USER_BASE);
+	snprintf(root, sizeof(root), "%s/root", USER_BASE);
+	fuse_pids = USER_BASE "/fuse.pids";
+	int fd = open(lock, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+	if (fd < 0 || flock(fd, LOCK_EX) < 0)
+		return fail(TAG ": container setup lock %s: %m", lock);
+	FILE *f = fopen(state, "r");
+	if (f) {
+		if (!fgets(line, sizeof(line), f))
+			line[0] = '\0';
+		fclose(f);
+		line[strcspn(line, "\n")] = '\0';
+		int pid = 0;
+		if (sscanf(line, "ok %d", &pid) == 1 && pid > 1)
+			join_container(pid);
+		else
+			fail("%s", line[0] ? line : TAG ": the container was not set up");
+	} else {
+		slurm_info("pyxis: starting container from squashfs: %s", opt_image);  /* pyxis's words */
+		int rc = enter_as_user_with(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
+			 mkdir_p(root, 0755) < 0 || mount_image(USER_BASE) < 0 || finish_container(sp) < 0 ? -1 : 0;
+		if (rc < 0 && !failure[0])
+			fail(TAG ": cannot set up the container's namespaces: %m");
+		int pid = 0;
+		FILE *pids = fopen(fuse_pids, "r");
+		if (pids) {
+			if (fscanf(pids, "%d", &pid) != 1)
+				pid = 0;
+			fclose(pids);
+		}
+		f = fopen(state, "w");
+		if (f) {
+			if (rc == 0)
+				fprintf(f, "ok %d\n", pid);
+			else
+				fprintf(f, "%s\n", failure);
+			fclose(f);
+		}
+	}
+	close(fd);
+	if (failure[0])
+		return -1;
+	set_workdir();
 	return 0;
 }
 
@@ -817,15 +1019,20 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 
 /* Direct startup: the FUSE daemons end with the step (they may have outlived the task
  * that started them, as enroot's do). */
-static void stop_fuse_daemons(void)
+static void stop_fuse_daemons(const char *path, uid_t owner)
 {
 	int pid = 0;
-	FILE *f = fopen(BASE "/fuse.pids", "r");
+	char proc[64];
+	struct stat st;
+	FILE *f = fopen(path, "r");
 	if (!f)
 		return;
-	while (fscanf(f, "%d", &pid) == 1)
-		if (pid > 1)
+	while (fscanf(f, "%d", &pid) == 1) {
+		/* A file the job's user could write: only their own processes are signalled from it. */
+		snprintf(proc, sizeof(proc), "/proc/%d", pid);
+		if (pid > 1 && stat(proc, &st) == 0 && st.st_uid == owner)
 			kill(pid, SIGTERM);
+	}
 	fclose(f);
 }
 
@@ -833,13 +1040,17 @@ static void stop_fuse_daemons(void)
  * slurmstepd a moment later), so its loop device is free when srun returns. */
 int slurm_spank_exit(spank_t sp, int ac, char **av)
 {
-	(void)sp; (void)ac; (void)av;
+	(void)ac; (void)av;
 	if (spank_context() != S_CTX_REMOTE || !ready)
 		return 0;
 	umount2(root, MNT_DETACH);
 	umount2(BASE "/image", MNT_DETACH);
-	if (direct)
-		stop_fuse_daemons();
+	uid_t uid = 0;
+	if (direct) {
+		stop_fuse_daemons(BASE "/fuse.pids", 0);
+		if (spank_get_item(sp, S_JOB_UID, &uid) == ESPANK_SUCCESS && uid != 0)
+			stop_fuse_daemons(USER_BASE "/fuse.pids", uid);
+	}
 	umount2(BASE, MNT_DETACH);
 	return 0;
 }
