@@ -4,6 +4,7 @@ submitting and cancelling."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -80,8 +81,9 @@ def srun_args(job: ResolvedJob, container_flags: list[str] = ()) -> list[str]:
 
 
 def partitions(target: Target) -> list[str]:
-    out = target.run(["sinfo", "--noheader", "--format=%R"], what="slurm",
-                     hint="is Slurm reachable? For kit's local cluster run: kit cluster up").stdout
+    where = "For kit's local cluster run: kit cluster up" if os.geteuid() == 0 else \
+        "Its configuration: SLURM_CONF (your site's admins know where it is)"
+    out = target.run(["sinfo", "--noheader", "--format=%R"], what="slurm", hint=f"is Slurm reachable? {where}").stdout
     return sorted({line.strip() for line in out.splitlines() if line.strip()})
 
 
