@@ -366,36 +366,63 @@ while True:
 """
 
 
-@pytest.mark.parametrize("mode", ["create", "squashfuse"])
-def test_a_cancelled_container_step_ends_in_seconds_with_every_rank_recorded(cluster, cpu_image, tmp_path, mode):
-    """PYXIS.md, squashfuse mode: the step's SIGTERM also reaches the runtime's FUSE daemons, and every
-    path through the image's root fails from then on (/dev/null, /proc, the job directory's mount
-    point). The job directory is where users keep it, under the image's root (not the container's
-    /tmp tmpfs). Rank 0 ignores SIGTERM (a rank waiting on a peer that is gone): its launcher kills it
-    after --stop-grace (3 s) all the same; rank 1's handler finds the image gone (squashfuse mode) and
-    exits; each launcher records how its rank ended, and the cancel ends in seconds, not at KillWait
-    (30 s). Before the launcher kept its descriptors and read /proc from its working directory: 32.6 s,
-    both exit records empty ("cannot redirect standard input from /dev/null": its killer never ran)."""
-    out = Path(tempfile.mkdtemp(prefix="kit-test-", dir="/var/tmp"))
+@contextlib.contextmanager
+def stand_in_setting(cluster, setting: str):
+    """One more setting on the stand-in's plugstack.conf line (each new step reads it); then the file as it was."""
+    if cluster.state().containers != "kit-pyxis":
+        pytest.skip(f"{setting} is a setting of kit's stand-in; on real pyxis the site's enroot.conf decides")
+    conf = cluster.public / "plugstack.conf"
+    before = conf.read_text()
+    conf.write_text("".join(f"{line} {setting}\n" if line.startswith("required ") else f"{line}\n"
+                            for line in before.splitlines()))
     try:
-        with container_mode(cluster, mode):
+        yield
+    finally:
+        conf.write_text(before)
+
+
+# What rank 1's handler finds at /dev/null 1.5 s after the step's signal, in each mode: the image's root is gone
+# under squashfuse mode — through enroot's default kernel overlay a path whose dentries pointed into squashfuse
+# is stale (real pyxis 0.24 + enroot 4.1.2 here: the same), through fuse-overlayfs (ENROOT_NATIVE_OVERLAYFS=no,
+# the stand-in's native_overlayfs=0) every path from "/" fails.
+SEEN = {"create": "ok", "squashfuse": "Stale file handle",
+        "squashfuse-fuse-overlayfs": "Transport endpoint is not connected"}
+
+
+@pytest.mark.parametrize("mode", list(SEEN))
+def test_a_cancelled_container_step_ends_in_seconds_with_every_rank_recorded(cluster, cpu_image, tmp_path, mode):
+    """PYXIS.md, squashfuse mode: the step's SIGTERM also reaches the runtime's FUSE daemons, and paths
+    through the image's root fail from then on (/dev/null, /proc, the job directory's mount point). The job
+    directory is where users keep it, under the image's root (not the container's /tmp tmpfs). Rank 0
+    ignores SIGTERM (a rank waiting on a peer that is gone): its launcher kills it after --stop-grace (3 s)
+    all the same; rank 1's handler finds the image gone and exits; each launcher records how its rank
+    ended, and the cancel ends in seconds, not at KillWait (30 s). Before the launcher kept its descriptors
+    and read /proc from its working directory, under fuse-overlayfs: 32.6 s, both exit records empty
+    ("cannot redirect standard input from /dev/null": its killer never ran)."""
+    out = Path(tempfile.mkdtemp(prefix="kit-test-", dir="/var/tmp"))
+    overlay = stand_in_setting(cluster, "native_overlayfs=0") if mode.endswith("fuse-overlayfs") else \
+        contextlib.nullcontext()
+    try:
+        with container_mode(cluster, mode.split("-")[0]), overlay:
             proc = kit("launch", "--local", "--json", "--nodes", "2", "--image", str(cpu_image), "--output-dir",
                        str(out), "--", "python3", "-c", STOPPING, cwd=tmp_path)
             assert proc.returncode == 0, proc.stderr
             job = json.loads(proc.stdout)
             job_dir = Path(job["job_dir"])
             wait_for(lambda: all(f"ready-{r}" in read_logs(job_dir) for r in (0, 1)), 120, what="both ranks ready")
-            start = time.monotonic()
+            start = time.time()
             subprocess.run(["scancel", job["job_id"]], env={**os.environ, **cluster.target.env}, check=True)
             assert slurm.wait(cluster.target, job["job_id"], timeout=120).state == "CANCELLED"
-            took = time.monotonic() - start
         logs = read_logs(job_dir)
-        assert took < 20, f"the cancel took {took:.1f} s (KillWait: 30 s)\n{logs}"
         assert "the command did not stop 3 s after the stop signal: killing it" in logs, logs
-        records = {r: (job_dir / "logs" / f"exit.r0.rank-{r}").read_text().split()[1:] for r in (0, 1)}
-        assert records == {0: ["0", "137", "stopped"], 1: ["1", "143", "stopped"]}, records
-        seen = "Transport endpoint is not connected" if mode == "squashfuse" else "ok"
-        assert f"rank 1: handler: /dev/null: {seen}" in logs, logs
+        records = {r: (job_dir / "logs" / f"exit.r0.rank-{r}").read_text().split() for r in (0, 1)}
+        assert {r: words[1:] for r, words in records.items()} == {0: ["0", "137", "stopped"], 1: ["1", "143", "stopped"]}, \
+            records
+        # Each launcher ended seconds after the cancel (the stop grace: 3 s), not at KillWait (30 s); what pyxis
+        # does after the tasks (create mode's removal of the unpacked image) is pyxis's.
+        took = max(int(words[0]) / 1e9 for words in records.values()) - start
+        assert took < 15, f"the ranks ended {took:.1f} s after the cancel (KillWait: 30 s)\n{logs}"
+        assert f"rank 1: handler: /dev/null: {SEEN[mode]}" in logs, logs
         assert "cannot redirect" not in logs, logs
         assert_nothing_left(cluster, Waiting(None, job["job_id"], job_dir))
         wait_for(lambda: fuse_daemons(cluster) == [], 30, what="the step's FUSE daemons to end with it")

@@ -19,8 +19,8 @@
  * With use_squashfuse=1 on its plugstack.conf line (as pyxis), a container
  * without --container-name is started from the squashfs file through FUSE,
  * as enroot does then: the node's first task runs `squashfuse` (the overlay's
- * lower layer) and `fuse-overlayfs` (the root, where installed) below itself,
- * and they must live as long as the step (a teardown that stops them takes
+ * lower layer; with native_overlayfs=0 also `fuse-overlayfs`, the root) below
+ * itself, and they must live as long as the step (a teardown that stops them takes
  * the image away under the tasks; so does the step's own signal, which
  * reaches them as every process of the step).
  *
@@ -65,6 +65,7 @@ SPANK_PLUGIN(kit_pyxis, 1);
 static char *opt_image, *opt_mounts, *opt_workdir, *opt_env, *opt_name;
 static int opt_writable, opt_mount_home, opt_remap_root;
 static int use_squashfuse;  /* plugstack.conf: use_squashfuse=1, pyxis's setting */
+static int native_overlayfs = 1;  /* plugstack.conf: native_overlayfs=0, as a site's ENROOT_NATIVE_OVERLAYFS=no */
 static int job_scope;       /* plugstack.conf: container_scope=job, pyxis's: named containers are the job's */
 static char *kit_data;      /* plugstack.conf: kit_data=DIR, the nodes' enroot directories (DIR/NODE/data) */
 static uint32_t job_id;
@@ -135,6 +136,8 @@ static int parse_config(int ac, char **av)
 			job_scope = strcmp(av[i] + 16, "job") == 0;
 			continue;
 		}
+		if (strncmp(av[i], "native_overlayfs=", 17) == 0 && (native_overlayfs = parse_bool(av[i] + 17)) >= 0)
+			continue;
 		if (strncmp(av[i], "kit_data=/", 10) == 0) {
 			kit_data = av[i] + 9;
 			continue;
@@ -651,13 +654,16 @@ static int mount_squashfuse(const char *dir)
 	return 0;
 }
 
-/* The container's root over the squashfuse mount, as enroot lays it here: fuse-overlayfs (a second
- * daemon below the task: PYXIS.md, "squashfuse mode") where installed, else a kernel overlay. With
- * both daemons in the step, its signal takes the root away as on real pyxis: every path through
- * it fails from then on, /dev/null and the job directory's mount points included. */
+/* The container's root over the squashfuse mount, as enroot lays it: a kernel overlay (its default
+ * ENROOT_NATIVE_OVERLAYFS: a path whose lower files are gone fails "Stale file handle" once the step's
+ * signal has stopped squashfuse), or with native_overlayfs=0 fuse-overlayfs, a second daemon below the
+ * task (PYXIS.md): signalled with the step, it takes the root away, and every path through it fails from
+ * then on, /dev/null and the job directory's mount points included. */
 static int mount_overlay(const char *opts)
 {
-	if (on_path("fuse-overlayfs")) {
+	if (!native_overlayfs) {
+		if (!on_path("fuse-overlayfs"))
+			return fail(TAG ": native_overlayfs=0: fuse-overlayfs is not installed on this node");
 		/* fsname: the image, which names the daemon in a process listing as squashfuse's does */
 		char fuse_opts[8192];
 		snprintf(fuse_opts, sizeof(fuse_opts), "%s,allow_other,fsname=%s", opts, opt_image);
