@@ -128,9 +128,9 @@ def remote_command(host: Host) -> str:
     not pass on in it (``!``, a newline: ``KIT_REMOTE_KIT`` may hold them) travels as base64."""
     name = host.remote_kit[0]
     probe = ""
-    if "/" not in name:  # where users install it: said, so that the client tells why the shell did not find it
-        probe = "".join(f'[ -x "{d}/{name}" ] && echo "{FOUND}{d}/{name}" >&2; ' for d in WHERE_USERS_INSTALL
-                        if shlex.quote(name) == name)
+    if "/" not in name and shlex.quote(name) == name:  # where users install it: said, so that the client tells
+        # why the shell did not find it
+        probe = "".join(f'[ -x "{d}/{name}" ] && echo "{FOUND}{d}/{name}" >&2; ' for d in WHERE_USERS_INSTALL)
     found = f"command -v {shlex.quote(name)} >/dev/null 2>&1 || {{ {probe}exit 127; }}"
     script = f"{found}; {VERSION_VARIABLE}={shlex.quote(__version__)} exec {shlex.join([*host.remote_kit, ARGS_COMMAND])}"
     if "!" in script or "\n" in script:

@@ -538,32 +538,41 @@ static char root[256];
 static char workdir[4096];
 static int ready, reused, direct;
 
-/* Start PROG's FUSE daemon (in the foreground, so it lives as long as the mount) below the
- * calling process, as enroot does below pyxis's first task, and wait until DIR is mounted.
- * SRC NULL: PROG takes the mount point alone (fuse-overlayfs). */
-static pid_t fuse_daemon(const char *prog, const char *opts, const char *src, const char *dir)
+/* Fork ARGV as a daemon below the calling process (as enroot's live below pyxis's first task): no input or
+ * output, a session of its own, and KEEP (when >= 0) as its descriptor 3. */
+static pid_t spawn_daemon(char *const argv[], int keep)
 {
-	struct stat before, now;
-	if (stat(dir, &before) < 0)
-		return -1;
 	pid_t pid = fork();
-	if (pid < 0)
-		return -1;
 	if (pid == 0) {
+		if (keep >= 0)
+			dup2(keep, 3);
 		int null = open("/dev/null", O_RDWR);
 		if (null >= 0) {
 			dup2(null, 0);
 			dup2(null, 1);
 			dup2(null, 2);
 		}
-		closefrom(3);
+		closefrom(keep >= 0 ? 4 : 3);
 		setsid();
-		if (src)
-			execlp(prog, prog, "-f", "-o", opts, src, dir, (char *)NULL);
-		else
-			execlp(prog, prog, "-f", "-o", opts, dir, (char *)NULL);
+		execvp(argv[0], argv);
 		_exit(127);
 	}
+	return pid;
+}
+
+/* Start PROG's FUSE daemon (in the foreground, so it lives as long as the mount) below the
+ * calling process, and wait until DIR is mounted. SRC NULL: PROG takes the mount point alone
+ * (fuse-overlayfs). */
+static pid_t fuse_daemon(const char *prog, const char *opts, const char *src, const char *dir)
+{
+	struct stat before, now;
+	if (stat(dir, &before) < 0)
+		return -1;
+	char *const with_src[] = { (char *)prog, "-f", "-o", (char *)opts, (char *)src, (char *)dir, NULL };
+	char *const without[] = { (char *)prog, "-f", "-o", (char *)opts, (char *)dir, NULL };
+	pid_t pid = spawn_daemon(src ? with_src : without, -1);
+	if (pid < 0)
+		return -1;
 	for (int i = 0; i < 1000; i++) {  /* 10 s */
 		if (stat(dir, &now) == 0 && now.st_dev != before.st_dev)
 			return pid;
@@ -577,31 +586,18 @@ static pid_t fuse_daemon(const char *prog, const char *opts, const char *src, co
 }
 
 static const char *fuse_pids = BASE "/fuse.pids";  /* USER_BASE's for an ordinary user's container */
+static pid_t squashfuse_pid;  /* the first daemon recorded: whose namespaces an ordinary user's later tasks join */
 
 /* Record a FUSE daemon's pid in fuse_pids, for slurm_spank_exit. */
 static void record_fuse_daemon(pid_t pid)
 {
+	if (!squashfuse_pid)
+		squashfuse_pid = pid;
 	FILE *f = fopen(fuse_pids, "a");
 	if (f) {
 		fprintf(f, "%d\n", (int)pid);
 		fclose(f);
 	}
-}
-
-/* Whether PROG is on PATH (slurmd's: kit cluster up gives it the host's). */
-static int on_path(const char *prog)
-{
-	const char *path = getenv("PATH");
-	char dir[4096], file[4352];
-	for (const char *p = path ? path : "/usr/bin:/bin"; *p;) {
-		size_t len = strcspn(p, ":");
-		snprintf(dir, sizeof(dir), "%.*s", (int)len, p);
-		snprintf(file, sizeof(file), "%s/%s", dir[0] ? dir : ".", prog);
-		if (access(file, X_OK) == 0)
-			return 1;
-		p += len + (p[len] == ':');
-	}
-	return 0;
 }
 
 /* The squashfs through FUSE on DIR for an ordinary user's task, in its user and mount namespaces: the FUSE
@@ -620,20 +616,8 @@ static int mount_squashfuse_user(const char *dir)
 		close(fd);
 		return fail(TAG ": cannot mount FUSE on %s in the container's namespace: %m", dir);
 	}
-	pid_t pid = fork();
-	if (pid == 0) {
-		int null = open("/dev/null", O_RDWR);
-		dup2(fd, 3);
-		if (null >= 0) {
-			dup2(null, 0);
-			dup2(null, 1);
-			dup2(null, 2);
-		}
-		closefrom(4);
-		setsid();
-		execlp("squashfuse", "squashfuse", "-f", opt_image, "/dev/fd/3", (char *)NULL);
-		_exit(127);
-	}
+	char *const argv[] = { "squashfuse", "-f", opt_image, "/dev/fd/3", NULL };
+	pid_t pid = spawn_daemon(argv, fd);
 	close(fd);
 	struct stat st;
 	if (pid < 0 || stat(dir, &st) < 0)  /* answered by squashfuse once it serves; ENOTCONN when it failed */
@@ -662,14 +646,13 @@ static int mount_squashfuse(const char *dir)
 static int mount_overlay(const char *opts)
 {
 	if (!native_overlayfs) {
-		if (!on_path("fuse-overlayfs"))
-			return fail(TAG ": native_overlayfs=0: fuse-overlayfs is not installed on this node");
 		/* fsname: the image, which names the daemon in a process listing as squashfuse's does */
 		char fuse_opts[8192];
 		snprintf(fuse_opts, sizeof(fuse_opts), "%s,allow_other,fsname=%s", opts, opt_image);
 		pid_t upper = fuse_daemon("fuse-overlayfs", fuse_opts, NULL, root);
 		if (upper < 0)
-			return fail(TAG ": fuse-overlayfs cannot mount the container's root on %s", root);
+			return fail(TAG ": native_overlayfs=0: fuse-overlayfs cannot mount the container's root on %s (is "
+				    "fuse-overlayfs installed?)", root);
 		record_fuse_daemon(upper);
 		return 0;
 	}
@@ -828,35 +811,50 @@ static int make_container(spank_t sp)
 /* Direct startup, in each task before it starts: the first task of the node (under a lock
  * in the step's tmpfs) mounts the root, its FUSE daemons below itself; the others wait for
  * it and take its outcome (BASE/setup: "ok", or the failure). */
-static int enter_as_user(void);
-static int start_direct_user(spank_t sp);
-static int in_user_namespace;  /* the task is in its container's user namespace already (start_direct_user) */
+static int enter_user_container(void);
+static int join_container(pid_t pid);
+static int in_user_namespace;  /* the task is in its container's user namespace already (start_direct) */
 
+/* Direct startup, in each task before it starts: the first task of the node (under a lock in the step's
+ * tmpfs) mounts the root, its FUSE daemons below itself; the others wait for it and take its outcome
+ * (BASE/setup: "ok PID", PID its squashfuse, or the failure). An ordinary user's tasks do the same in
+ * USER_BASE, as enroot does for them: the first makes a user namespace mapping the user to themselves with a
+ * mount namespace of its own and mounts the image there; the others join that squashfuse's namespaces. */
 static int start_direct(spank_t sp)
 {
+	int user = geteuid() != 0;
+	const char *base = user ? USER_BASE : BASE;
 	char lock[256], state[256];
-	if (geteuid() != 0)
-		return start_direct_user(sp);
-	snprintf(lock, sizeof(lock), "%s/setup.lock", BASE);
-	snprintf(state, sizeof(state), "%s/setup", BASE);
+	snprintf(lock, sizeof(lock), "%s/setup.lock", base);
+	snprintf(state, sizeof(state), "%s/setup", base);
+	if (user) {
+		snprintf(root, sizeof(root), "%s/root", base);
+		fuse_pids = USER_BASE "/fuse.pids";
+	}
 	int fd = open(lock, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
 	if (fd < 0 || flock(fd, LOCK_EX) < 0)
-		return fail(TAG ": container setup lock: %m");
+		return fail(TAG ": container setup lock %s: %m", lock);
 	FILE *f = fopen(state, "r");
 	if (f) {
 		char line[1024] = "";
+		int pid = 0;
 		if (!fgets(line, sizeof(line), f))
 			line[0] = '\0';
 		fclose(f);
 		line[strcspn(line, "\n")] = '\0';
-		if (strcmp(line, "ok") != 0)
+		if (sscanf(line, "ok %d", &pid) != 1)
 			fail("%s", line[0] ? line : TAG ": the container was not set up");
+		else if (user)
+			join_container(pid);
 	} else {
 		slurm_info("pyxis: starting container from squashfs: %s", opt_image);  /* pyxis's words */
-		int rc = mount_image(BASE) < 0 || finish_container(sp) < 0 ? -1 : 0;
+		int rc = (user && enter_user_container() < 0) || mount_image(base) < 0 || finish_container(sp) < 0 ? -1 : 0;
 		f = fopen(state, "w");
 		if (f) {
-			fprintf(f, "%s\n", rc == 0 ? "ok" : failure);
+			if (rc == 0)
+				fprintf(f, "ok %d\n", (int)squashfuse_pid);
+			else
+				fprintf(f, "%s\n", failure);
 			fclose(f);
 		}
 	}
@@ -891,9 +889,9 @@ static int write_proc(const char *path, const char *text)
 
 /* A task of an ordinary user enters the image as enroot does for one: slurmstepd has already switched to
  * the user, so the task makes a user namespace of its own mapping the user to themselves (uid and gid as
- * on the host: its processes are the user's there) and chroots with the capability it holds in it. Root's
- * tasks chroot as they are. */
-static int enter_as_user_with(int flags)
+ * on the host: its processes are the user's there) and chroots with the capability it holds in it (FLAGS:
+ * namespaces to unshare with it; none once in the container's). Root's tasks chroot as they are. */
+static int enter_as_user(int flags)
 {
 	uid_t uid = geteuid();
 	gid_t gid = getegid();
@@ -913,11 +911,6 @@ static int enter_as_user_with(int flags)
 	return 0;
 }
 
-static int enter_as_user(void)
-{
-	return enter_as_user_with(0);
-}
-
 /* Join the user and mount namespaces of process PID (the container's squashfuse, the node's first task's). */
 static int join_container(pid_t pid)
 {
@@ -926,8 +919,12 @@ static int join_container(pid_t pid)
 	const char *names[2] = { "user", "mnt" };
 	for (int i = 0; i < 2; i++) {
 		snprintf(path, sizeof(path), "/proc/%d/ns/%s", (int)pid, names[i]);
-		if ((fds[i] = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-			return fail(TAG ": cannot open the container's %s namespace (%s): %m", names[i], path);
+		if ((fds[i] = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+			fail(TAG ": cannot open the container's %s namespace (%s): %m", names[i], path);
+			if (i)
+				close(fds[0]);
+			return -1;
+		}
 	}
 	int rc = setns(fds[0], CLONE_NEWUSER) < 0 || setns(fds[1], CLONE_NEWNS) < 0 ? -1 : 0;
 	int err = errno;
@@ -940,57 +937,14 @@ static int join_container(pid_t pid)
 	return 0;
 }
 
-/* Direct startup for an ordinary user's tasks, as enroot does for them: the node's first task makes a user
- * namespace mapping the user to themselves with a mount namespace of its own, mounts the image there through
- * its FUSE daemons (below itself, as root's), and says the squashfuse daemon's pid in USER_BASE/setup ("ok PID");
- * the node's other tasks join that daemon's namespaces. */
-static int start_direct_user(spank_t sp)
+/* The first of an ordinary user's tasks on the node: its user namespace (the user mapped to themselves) with a
+ * mount namespace of its own, private, and the container's root directory in USER_BASE. */
+static int enter_user_container(void)
 {
-	char lock[256], state[256], line[1024] = "";
-	snprintf(lock, sizeof(lock), "%s/setup.lock", USER_BASE);
-	snprintf(state, sizeof(state), "%s/setup", USER_BASE);
-	snprintf(root, sizeof(root), "%s/root", USER_BASE);
-	fuse_pids = USER_BASE "/fuse.pids";
-	int fd = open(lock, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
-	if (fd < 0 || flock(fd, LOCK_EX) < 0)
-		return fail(TAG ": container setup lock %s: %m", lock);
-	FILE *f = fopen(state, "r");
-	if (f) {
-		if (!fgets(line, sizeof(line), f))
-			line[0] = '\0';
-		fclose(f);
-		line[strcspn(line, "\n")] = '\0';
-		int pid = 0;
-		if (sscanf(line, "ok %d", &pid) == 1 && pid > 1)
-			join_container(pid);
-		else
-			fail("%s", line[0] ? line : TAG ": the container was not set up");
-	} else {
-		slurm_info("pyxis: starting container from squashfs: %s", opt_image);  /* pyxis's words */
-		int rc = enter_as_user_with(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
-			 mkdir_p(root, 0755) < 0 || mount_image(USER_BASE) < 0 || finish_container(sp) < 0 ? -1 : 0;
-		if (rc < 0 && !failure[0])
-			fail(TAG ": cannot set up the container's namespaces: %m");
-		int pid = 0;
-		FILE *pids = fopen(fuse_pids, "r");
-		if (pids) {
-			if (fscanf(pids, "%d", &pid) != 1)
-				pid = 0;
-			fclose(pids);
-		}
-		f = fopen(state, "w");
-		if (f) {
-			if (rc == 0)
-				fprintf(f, "ok %d\n", pid);
-			else
-				fprintf(f, "%s\n", failure);
-			fclose(f);
-		}
-	}
-	close(fd);
-	if (failure[0])
+	if (enter_as_user(CLONE_NEWNS) < 0)
 		return -1;
-	set_workdir();
+	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 || mkdir_p(root, 0755) < 0)
+		return fail(TAG ": cannot set up the container's namespaces: %m");
 	return 0;
 }
 
@@ -1007,7 +961,7 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	if (reused && spank_get_item(sp, S_TASK_ID, &task) == ESPANK_SUCCESS && task == 0)
 		slurm_info("pyxis: reusing existing container filesystem");  /* pyxis's words, to the slurmd log */
 	apply_environment(sp, root);
-	if (enter_as_user() < 0) {
+	if (enter_as_user(0) < 0) {
 		slurm_error("%s", failure);
 		return -1;
 	}
