@@ -259,13 +259,22 @@ def runs(job_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def named_containers(cluster, node: str, uid: int | None = None) -> Path:
+    """Where ``node`` of ``cluster`` keeps the named containers of ``uid`` (default: this process's)."""
+    from kit.cluster import config
+
+    return config.named_containers(cluster.root, cluster.public, cluster.state().containers, node,
+                                   os.getuid() if uid is None else uid)
+
+
 def assert_nothing_left(cluster, w: Waiting) -> None:
     assert wait_no_processes(w.job_dir, 15) == []
     assert list(cluster.prometheus_targets.glob(f"kit-{w.job_id}-*")) == []
     assert str(w.job_dir) not in Path("/proc/mounts").read_text()
     # Under real pyxis: no container filesystem of the job left in any node's enroot data
     # (pyxis_<job>.<step>; named ones are kept on purpose and removed by `kit cluster down`).
-    assert list((cluster.root / "enroot").glob(f"node*/data/pyxis_{w.job_id}.*")) == []
+    nodes = [f"node{i}" for i in range(1, cluster.state().nodes + 1)]
+    assert [p for n in nodes for p in named_containers(cluster, n).glob(f"pyxis_{w.job_id}.*")] == []
     for port in set(re.findall(r"MASTER_PORT=(\d+)", read_logs(w.job_dir))):
         lock = Path(os.environ.get("TMPDIR", "/tmp"), f"kit-ports-{os.geteuid()}", port)
         if lock.exists():

@@ -88,7 +88,7 @@ def test_up_status_env_down(home, cluster):
     assert run.returncode == 0 and len(run.stdout.splitlines()) == 2
 
     # A named container (kept on its node by --container-name) goes with the cluster.
-    named = home / "cluster" / "enroot" / "node1" / "data" / "pyxis_kept"
+    named = home / "cluster" / "enroot" / "node1" / "data" / "user-0" / "pyxis_kept"
     (named / "root").mkdir(parents=True)
     session_pids = dict(cluster.state().pids)
     down = kit("cluster", "down", env=env)

@@ -35,6 +35,7 @@ def generated() -> dict[str, str]:
         "plugstack.none.conf": config.plugstack_conf(None, ROOT, None),
         "enroot.node1.sh": config.enroot_wrapper(ROOT, "node1", "/usr/bin/enroot"),
         "enroot.node2.sh": config.enroot_wrapper(ROOT, "node2", "/opt/enroot 4/bin/enroot"),
+        "prolog.sh": config.prolog(ROOT),
     }
 
 
@@ -62,6 +63,9 @@ def test_slurm_conf_keeps_slurms_killwait_and_pyxis_gets_a_runtime_path_of_its_o
     assert "KillWait" not in conf  # Slurm's default, 30 s: room for pyxis's enroot remove
     assert f"PlugStackConfig={ROOT}/plugstack.conf" in conf
     assert generated()["plugstack.pyxis.conf"].splitlines()[1] == f"required {PYXIS_SO} runtime_path={ROOT}/enroot/pyxis"
+    # Real pyxis's nodes run the prolog (each job user's own enroot directory); the stand-in's make their own.
+    pyxis = config.slurm_conf(SimpleNamespace(**vars(SHAPE), containers="pyxis"), ROOT, "alice", 17)
+    assert f"Prolog={ROOT}/prolog" in pyxis.splitlines() and "Prolog" not in conf
 
 
 def test_the_enroot_wrapper_gives_each_node_its_own_paths_and_enroot_its_helpers(tmp_path):
@@ -76,7 +80,7 @@ def test_the_enroot_wrapper_gives_each_node_its_own_paths_and_enroot_its_helpers
     helper = real.parent / "enroot-nsenter"
     helper.write_text('#!/bin/sh\necho "helper found"\n')
     helper.chmod(0o755)
-    root = tmp_path / "cluster"
+    root = tmp_path / "cluster"  # the cluster's public directory
     for node in ("node1", "node2"):
         wrapper = config.enroot_bin(root, node) / "enroot"
         wrapper.parent.mkdir(parents=True)
@@ -88,10 +92,39 @@ def test_the_enroot_wrapper_gives_each_node_its_own_paths_and_enroot_its_helpers
     path = f"{config.enroot_bin(root, 'node2')}:/usr/bin:/bin"
     out = subprocess.run(["env", "-i", f"PATH={path}", "enroot", "create", "--name", "pyxis_1.0", "x y.sqsh"],
                          capture_output=True, text=True, check=True).stdout.splitlines()
-    assert out == ["args=create --name pyxis_1.0 x y.sqsh",
-                   f"ENROOT_CACHE_PATH={root}/enroot/node2/cache",
-                   f"ENROOT_DATA_PATH={root}/enroot/node2/data",
-                   f"ENROOT_RUNTIME_PATH={root}/enroot/node2/runtime", "helper found"]
+    mine = f"{root}/enroot/node2/user-{os.getuid()}"  # the user's own, which the prolog makes
+    assert out == ["args=create --name pyxis_1.0 x y.sqsh", f"ENROOT_CACHE_PATH={mine}/cache",
+                   f"ENROOT_DATA_PATH={mine}/data", f"ENROOT_RUNTIME_PATH={mine}/runtime", "helper found"]
+
+
+def test_the_prolog_makes_each_job_users_own_enroot_directory_where_only_root_writes(tmp_path):
+    """Real pyxis's prolog (root, before a job's first step on a node): user-UID in the node's directory, theirs
+    and 0700, made once (a second run, or a second job beside it, leaves it as it is); nothing for what is not a
+    uid and a node name. The node's directory is root's alone, so no user makes another's first."""
+    require("shellcheck")
+    if os.geteuid() != 0:
+        pytest.skip("the prolog runs as root (slurmd's)")
+    public = tmp_path / "public dir"
+    (public / "enroot" / "node2").mkdir(parents=True)
+    script = public / "prolog"
+    script.write_text(config.prolog(public))
+    script.chmod(0o755)
+    lint = subprocess.run(["shellcheck", "--severity=style", str(script)], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout
+
+    def run(uid: str, node: str = "node2") -> int:
+        env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_UID": uid, "SLURM_JOB_GID": "4321", "SLURMD_NODENAME": node}
+        return subprocess.run([str(script)], env=env).returncode
+
+    mine = public / "enroot" / "node2" / "user-1234"
+    assert run("1234") == 0
+    info = mine.stat()
+    assert (info.st_uid, info.st_gid, info.st_mode & 0o7777) == (1234, 4321, 0o700)
+    (mine / "data").mkdir()  # enroot's, as the user
+    assert run("1234") == 0 and (mine / "data").is_dir()
+    for uid, node in (("../1", "node2"), ("", "node2"), ("5", "../node2"), ("5", "")):
+        assert run(uid, node) == 0
+    assert sorted(p.name for p in (public / "enroot").rglob("*")) == ["data", "node2", "user-1234"]
 
 
 def test_each_slurmd_under_pyxis_starts_with_its_wrapper_first_on_path():

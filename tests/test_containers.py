@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import (REPO, Waiting, assert_nothing_left, container_mode, kit, read_logs, submit, wait_for,
-                     wait_no_processes)
+from helpers import (REPO, Waiting, assert_nothing_left, container_mode, kit, named_containers, read_logs, submit,
+                     wait_for, wait_no_processes)
 
 from kit import slurm
 
@@ -534,7 +534,7 @@ def test_a_named_container_persists_on_its_node_with_its_writes(cluster, base_im
     after the job, with its writes when writable; a later job with the name reuses it
     ("pyxis: reusing existing container filesystem"), even when given another image."""
     name = f"kit-test-{os.getpid()}"
-    kept = cluster.root / "enroot" / "node1" / "data" / f"pyxis_{name}"
+    kept = named_containers(cluster, "node1") / f"pyxis_{name}"
     try:
         with container_scope(cluster, "global"):
             _persist_and_reuse(cluster, base_image, name, kept)
@@ -575,7 +575,7 @@ def test_under_container_scope_job_kit_names_the_container_and_the_job_epilog_re
     from kit import api, slurm
     from kit.slurm import pyxis
 
-    data = [cluster.root / "enroot" / f"node{i}" / "data" for i in (1, 2)]
+    data = [named_containers(cluster, f"node{i}") for i in (1, 2)]
     with container_scope(cluster, "global"):  # pyxis's default: named containers stay
         assert not pyxis.epilog_removes(slurm.pyxis_settings(cluster.target))
     with container_scope(cluster, "job"):

@@ -10,7 +10,10 @@
   would otherwise share one enroot data path, and two nodes of a job collide
   on pyxis's ``pyxis_<job>.<step>`` container. pyxis clears the environment of
   the enroot commands it runs except ``PATH``, so each slurmd gets its own
-  wrapper first on its ``PATH``, setting that node's ``ENROOT_*_PATH``.
+  wrapper first on its ``PATH``, setting that node's ``ENROOT_*_PATH``: the
+  job's user's own directories on that node, which the ``prolog`` makes (as a
+  site's enroot.conf names ``user-$(id -u)`` directories, made here by root in a
+  directory only root writes, so that no user makes another's first).
 """
 
 from __future__ import annotations
@@ -119,6 +122,7 @@ def slurm_conf(st, root: Path, user: str, first_job_id: int, public: Path | None
         f"SlurmctldLogFile={r}/log/slurmctld.log",
         f"SlurmdLogFile={r}/log/slurmd-%n.log",
         f"PlugStackConfig={public}/plugstack.conf",
+        *([f"Prolog={public}/prolog"] if getattr(st, "containers", None) == PYXIS else []),
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         "SelectType=select/cons_tres",
@@ -144,20 +148,21 @@ def slurm_conf(st, root: Path, user: str, first_job_id: int, public: Path | None
     return "\n".join(lines) + "\n"
 
 
-def pyxis_runtime(root: Path) -> Path:
-    """pyxis's own runtime directory, one per cluster (plugstack ``runtime_path=``)."""
-    return root / "enroot" / "pyxis"
+def pyxis_runtime(public: Path) -> Path:
+    """pyxis's own runtime directory, one per cluster (plugstack ``runtime_path=``), where the job's
+    user reaches it (the cluster's public directory)."""
+    return public / "enroot" / "pyxis"
 
 
 def plugstack_conf(containers: str | None, root: Path, plugin: str | None, squashfuse: bool = False,
-                   scope: str = "global") -> str:
+                   scope: str = "global", public: Path | None = None) -> str:
     """The plugin line; ``squashfuse``: pyxis's ``use_squashfuse=1``; ``scope``: its ``container_scope``
     (job: named containers are the job's, removed by the job epilog) — the stand-in takes both, and finds
     the nodes' data directories in its epilog through ``kit_data=``. Read by each new step's slurmstepd."""
     lines = ["# SPANK plugins of kit's local cluster"]
     mode = (" use_squashfuse=1" if squashfuse else "") + (" container_scope=job" if scope == "job" else "")
     if containers == PYXIS:
-        lines.append(f"required {plugin} runtime_path={pyxis_runtime(root)}{mode}")
+        lines.append(f"required {plugin} runtime_path={pyxis_runtime(public or root)}{mode}")
     elif containers == STAND_IN:
         lines.append(f"required {plugin}{mode}" + (f" kit_data={root / 'enroot'}" if scope == "job" else ""))
     return "\n".join(lines) + "\n"
@@ -180,30 +185,64 @@ def gpu_files(st, root: Path) -> list[Path]:
     return [root / "dev" / f"node{i}" / f"gpu{g}" for i in range(1, st.nodes + 1) for g in range(st.gpus_per_node)]
 
 
-def enroot_paths(root: Path, node: str) -> dict[str, Path]:
-    """A node's own enroot directories (its containers, named ones included, live in data)."""
-    base = root / "enroot" / node
-    return {"ENROOT_DATA_PATH": base / "data", "ENROOT_RUNTIME_PATH": base / "runtime",
-            "ENROOT_CACHE_PATH": base / "cache"}
+def stand_in_data(root: Path, node: str) -> Path:
+    """Where the stand-in's slurmstepd (root) keeps ``node``'s named containers."""
+    return root / "enroot" / node / "data"
 
 
-def enroot_bin(root: Path, node: str) -> Path:
+ENROOT_DIRS = {"ENROOT_CACHE_PATH": "cache", "ENROOT_DATA_PATH": "data", "ENROOT_RUNTIME_PATH": "runtime"}
+
+
+def enroot_node(public: Path, node: str) -> Path:
+    """Real pyxis: ``node``'s enroot directory (root's, 0755), where every user reads: its wrapper in
+    ``bin``, each job user's directories in ``user-UID`` (theirs, 0700, made by the :func:`prolog`)."""
+    return public / "enroot" / node
+
+
+def enroot_bin(public: Path, node: str) -> Path:
     """The directory put first on ``node``'s slurmd PATH (it holds the wrapper)."""
-    return root / "enroot" / node / "bin"
+    return enroot_node(public, node) / "bin"
 
 
-def enroot_wrapper(root: Path, node: str, enroot: str) -> str:
-    """The ``enroot`` that ``node``'s pyxis runs: the real one, with the node's paths, and
-    enroot's own directory on ``PATH`` (its helpers, ``enroot-nsenter`` and the others,
+def enroot_wrapper(public: Path, node: str, enroot: str) -> str:
+    """The ``enroot`` that ``node``'s pyxis runs: the real one, with the node's paths of the user it
+    runs as, and enroot's own directory on ``PATH`` (its helpers, ``enroot-nsenter`` and the others,
     are found through it: a slurmd restarted from a shell without it still runs containers)."""
-    exports = "\n".join(f"export {name}={quote(str(path))}" for name, path in enroot_paths(root, node).items())
+    exports = "\n".join(f'export {name}="${{base}}/{sub}"' for name, sub in ENROOT_DIRS.items())
     return (f"#!/usr/bin/env bash\n"
             f"# Written by `kit cluster up`: enroot for {node} of kit's local cluster, whose slurmd\n"
-            f"# has this directory first on its PATH.\n"
+            f"# has this directory first on its PATH; the directories are the user's own (the prolog's).\n"
             f"set -euo pipefail\n"
+            f"base={quote(str(enroot_node(public, node)))}/user-\"${{UID}}\"\n"
             f"{exports}\n"
             f"export PATH={quote(str(Path(enroot).parent))}:\"${{PATH}}\"\n"
             f"exec {quote(enroot)} \"$@\"\n")
+
+
+def named_containers(root: Path, public: Path, containers: str | None, node: str, uid: int) -> Path:
+    """Where ``node`` keeps user ``uid``'s named containers (``pyxis_NAME``): their own enroot data path
+    under real pyxis, the stand-in's data directory's ``user-UID`` (a name is its user's alone)."""
+    if containers == PYXIS:
+        return enroot_node(public, node) / f"user-{uid}" / ENROOT_DIRS["ENROOT_DATA_PATH"]
+    return stand_in_data(root, node) / f"user-{uid}"
+
+
+def prolog(public: Path) -> str:
+    """Slurm's ``Prolog`` under real pyxis (root, on each node before the job's first step there): the
+    job's user's own enroot directory on that node, made in a directory only root writes and then
+    handed over whole (under a temporary name: a second job of theirs starting beside it finds one or
+    the other, and a failed prolog would drain the node)."""
+    return ("#!/usr/bin/env bash\n"
+            "# Written by `kit cluster up`: the job's user's enroot directory on this node (theirs, 0700).\n"
+            "set -euo pipefail\n"
+            '[[ "${SLURM_JOB_UID:-}" =~ ^[0-9]+$ && "${SLURMD_NODENAME:-}" =~ ^[A-Za-z0-9_-]+$ ]] || exit 0\n'
+            f'dir={quote(str(public / "enroot"))}/"${{SLURMD_NODENAME}}"\n'
+            '[[ -d "${dir}/user-${SLURM_JOB_UID}" ]] && exit 0\n'
+            'new=$(mktemp -d "${dir}/.user-${SLURM_JOB_UID}.XXXXXX")\n'
+            'if (( EUID == 0 )); then\n'
+            '    chown "${SLURM_JOB_UID}:${SLURM_JOB_GID:-$(id -g "${SLURM_JOB_UID}")}" "${new}"\n'
+            'fi\n'
+            'mv -T "${new}" "${dir}/user-${SLURM_JOB_UID}" 2>/dev/null || rmdir "${new}"\n')
 
 
 def daemon_env(root: Path, conf: Path, name: str, containers: str | None, path: str) -> dict[str, str]:
@@ -216,7 +255,7 @@ def daemon_env(root: Path, conf: Path, name: str, containers: str | None, path: 
     if name == "slurmdbd":
         env["MYSQL_UNIX_PORT"] = str(accounting.db_socket(root))
     elif node and containers == PYXIS:
-        env["PATH"] = f"{enroot_bin(root, name)}:{path}"
+        env["PATH"] = f"{enroot_bin(conf.parent, name)}:{path}"
     elif node and containers == STAND_IN:
-        env["KIT_PYXIS_DATA"] = str(enroot_paths(root, name)["ENROOT_DATA_PATH"])
+        env["KIT_PYXIS_DATA"] = str(stand_in_data(root, name))
     return env

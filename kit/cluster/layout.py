@@ -52,7 +52,7 @@ def write(root: Path, conf: Path, st) -> None:
                 f.write(os.urandom(1024))
     write_plugstack(r, st)
     if st.containers == config.PYXIS:
-        plugin.write_enroot_wrappers(r, st.nodes)
+        plugin.write_enroot_wrappers(public, st.nodes)
     for gpu in config.gpu_files(st, r):
         gpu.parent.mkdir(parents=True, exist_ok=True)
         gpu_device(gpu)
@@ -66,8 +66,9 @@ def write_plugstack(root: Path, st) -> None:
     """plugstack.conf for ``st`` beside slurm.conf (every client reads it; each new step's slurmstepd too:
     a mode change needs no restart)."""
     so = plugin.plugin_of(root, st) if st.containers else None
-    files.write_atomic(public_.of(root) / "plugstack.conf", config.plugstack_conf(st.containers, root, so, st.squashfuse,
-                                                                        st.container_scope), 0o644)
+    public = public_.of(root)
+    files.write_atomic(public / "plugstack.conf", config.plugstack_conf(st.containers, root, so, st.squashfuse,
+                                                                        st.container_scope, public), 0o644)
 
 
 def clean(root: Path, state_file: Path) -> None:

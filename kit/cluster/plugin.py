@@ -7,6 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
+from kit import files
 from kit.cluster import config
 from kit.cluster import public as public_
 from kit.errors import KitError
@@ -33,7 +34,7 @@ def prepare(root: Path, progress) -> str | None:
                                       cc is not None and Path("/usr/include/slurm/spank.h").exists())
     if choice == config.PYXIS:
         progress(f"container jobs: pyxis ({pyxis_plugin()}), enroot ({shutil.which('enroot')}), "
-                 f"each node with its own enroot paths under {root / 'enroot'}")
+                 f"each node with its own enroot paths under {public_.of(root) / 'enroot'}")
         return choice
     if choice is None:
         progress("container jobs disabled: building kit's pyxis stand-in needs gcc and "
@@ -52,7 +53,7 @@ def description(root: Path, st) -> str:
     if st is None or not st.containers:
         return "none (kit's stand-in needs gcc and libslurm-dev; real pyxis needs enroot too)"
     if st.containers == config.PYXIS:
-        which = f"pyxis {plugin_of(root, st)}, each node with its own enroot paths under {root / 'enroot'}"
+        which = f"pyxis {plugin_of(root, st)}, each node with its own enroot paths under {public_.of(root) / 'enroot'}"
     else:
         which = f"kit's pyxis stand-in {plugin_of(root, st)} (no pyxis and enroot installed)"
     return f"{which}; {mode_description(st.squashfuse, st.container_scope)}"
@@ -119,14 +120,13 @@ def plugin_of(root: Path, st) -> str | None:
     return pyxis_plugin() if st.containers == config.PYXIS else str(public_.of(root) / "spank_kit_pyxis.so")
 
 
-def write_enroot_wrappers(root: Path, nodes: int) -> None:
-    """Real pyxis: each node's own enroot directories, and the wrapper first on its slurmd's PATH."""
+def write_enroot_wrappers(public: Path, nodes: int) -> None:
+    """Real pyxis: each node's enroot directory where every user reaches it (root's: the prolog makes each
+    job user's own in it), the wrapper first on its slurmd's PATH, and the prolog."""
     enroot = shutil.which("enroot")
-    config.pyxis_runtime(root).mkdir(parents=True, exist_ok=True)
+    config.pyxis_runtime(public).mkdir(parents=True, exist_ok=True)
     for i in range(1, nodes + 1):
-        wrapper = config.enroot_bin(root, f"node{i}") / "enroot"
+        wrapper = config.enroot_bin(public, f"node{i}") / "enroot"
         wrapper.parent.mkdir(parents=True, exist_ok=True)
-        wrapper.write_text(config.enroot_wrapper(root, f"node{i}", enroot))
-        wrapper.chmod(0o755)
-        for path in config.enroot_paths(root, f"node{i}").values():
-            path.mkdir(parents=True, exist_ok=True)
+        files.write_atomic(wrapper, config.enroot_wrapper(public, f"node{i}", enroot), 0o755)
+    files.write_atomic(public / "prolog", config.prolog(public), 0o755)

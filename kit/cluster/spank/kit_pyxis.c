@@ -69,6 +69,7 @@ static int native_overlayfs = 1;  /* plugstack.conf: native_overlayfs=0, as a si
 static int job_scope;       /* plugstack.conf: container_scope=job, pyxis's: named containers are the job's */
 static char *kit_data;      /* plugstack.conf: kit_data=DIR, the nodes' enroot directories (DIR/NODE/data) */
 static uint32_t job_id;
+static uid_t job_uid;       /* the job's user: named containers are theirs (DATA/user-UID), as enroot's data path */
 
 static int set_str(char **dst, const char *val)
 {
@@ -668,10 +669,13 @@ static int mount_image(const char *base)
 {
 	char dir[4096], upper[256], work[256], image_dir[256], opts[1024];
 	if (opt_name && *opt_name) {
-		/* pyxis_NAME in the node's data directory, kept after the job. */
-		const char *data = getenv("KIT_PYXIS_DATA");
-		if (!data || !*data)
+		/* pyxis_NAME in the job's user's data directory on the node, kept after the job: a name is its
+		 * user's alone, as with enroot's per-user data path (another user's same name is another container). */
+		const char *node_data = getenv("KIT_PYXIS_DATA");
+		char data[4096];
+		if (!node_data || !*node_data)
 			return fail(TAG ": --container-name: KIT_PYXIS_DATA is not set for this slurmd (kit cluster up sets it)");
+		snprintf(data, sizeof(data), "%s/user-%u", node_data, (unsigned)job_uid);
 		if (job_scope)  /* pyxis's name for it; the job epilog removes it */
 			snprintf(dir, sizeof(dir), "%s/pyxis_%u_%s", data, (unsigned)job_id, opt_name);
 		else
@@ -680,7 +684,7 @@ static int mount_image(const char *base)
 			reused = 1;
 		} else if (!opt_image) {
 			return fail("pyxis: error: no container named %s on this node, and --container-image is not set", opt_name);
-		} else if (mkdir_p(data, 0755) < 0 || unpack(opt_image, dir) < 0) {
+		} else if (mkdir_p(data, 0700) < 0 || unpack(opt_image, dir) < 0) {
 			return fail(TAG ": --container-image: cannot unpack %s into %s", opt_image, dir);
 		}
 		if (mount(dir, root, NULL, MS_BIND | MS_REC, NULL) < 0)
@@ -872,6 +876,8 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 		return 0;
 	if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
 		job_id = 0;
+	if (spank_get_item(sp, S_JOB_UID, &job_uid) != ESPANK_SUCCESS)
+		job_uid = getuid();
 	ready = make_container(sp) == 0;
 	return 0;
 }
@@ -1021,18 +1027,19 @@ int slurm_spank_exit(spank_t sp, int ac, char **av)
 int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 {
 	uint32_t id;
+	uid_t uid;
 	char data[4096], prefix[64], path[4096 + 256];
 	if (parse_config(ac, av) < 0)
 		return -1;
 	if (!job_scope || !kit_data)
 		return 0;
 	const char *node = getenv("SLURMD_NODENAME");
-	if (spank_get_item(sp, S_JOB_ID, &id) != ESPANK_SUCCESS || !node || !*node || strchr(node, '/') ||
-	    node[0] == '.') {
-		slurm_error(TAG ": epilog: no job id or node name");
+	if (spank_get_item(sp, S_JOB_ID, &id) != ESPANK_SUCCESS || spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
+	    !node || !*node || strchr(node, '/') || node[0] == '.') {
+		slurm_error(TAG ": epilog: no job id, user or node name");
 		return -1;
 	}
-	snprintf(data, sizeof(data), "%s/%s/data", kit_data, node);
+	snprintf(data, sizeof(data), "%s/%s/data/user-%u", kit_data, node, (unsigned)uid);
 	snprintf(prefix, sizeof(prefix), "pyxis_%u_", (unsigned)id);
 	DIR *d = opendir(data);
 	if (!d)
