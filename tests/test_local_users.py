@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import REPO, as_user, container_mode, named_containers, read_logs
+from helpers import REPO, as_user, container_mode, named_containers, read_logs, wait_for
 
 from kit.cluster import accounting, public
 
@@ -82,12 +82,44 @@ def test_an_ordinary_users_main_job_runs_in_kits_image(cluster, user, user_image
     enters it through a user namespace of the task's own, as enroot does for an unprivileged user: it ran chroot
     after Slurm had dropped root, and failed; in squashfuse mode the node's first task mounts the image in that
     namespace through its FUSE daemons, and its other tasks join it), its ranks the user's uid on the host, then
-    `kit report`."""
+    `kit report`. Then a failed and a cancelled 2-node job of theirs in the image: each ends in its true state,
+    and nothing of the user's is left running (their FUSE daemons included) nor mounted."""
     if mode == "squashfuse" and cluster.state().containers == "pyxis" and os.stat("/dev/fuse").st_mode & 0o006 != 0o006:
         pytest.skip("real enroot opens /dev/fuse as the job's user, for whom this machine's is closed (Debian's is "
                     "0666): real pyxis cannot start squashfuse mode for an ordinary user here")
     with container_mode(cluster, mode):
         main_job_as(cluster, user, user_image, mode)
+        failed_and_cancelled_as(cluster, user, user_image)
+
+
+def failed_and_cancelled_as(cluster, user, image):
+    conf = f"; export SLURM_CONF={cluster.conf}"
+    failed = as_user(user, f"kit launch --nodes 2 --image {image} --wait --json --no-exporter -- bash -c "
+                           "'if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 60'", env=conf, timeout=300)
+    job_dir = json.loads(failed.stdout.splitlines()[0])["job_dir"]
+    assert failed.returncode == 3 and "FAILED" in failed.stderr, failed.stderr + read_logs(job_dir)
+    nothing_of_theirs_left(user)
+    running = as_user(user, f"kit launch --nodes 2 --image {image} --json --no-exporter -- bash -c "
+                            "'echo \"ready-$RANK\"; sleep 300'", env=conf, timeout=120)
+    assert running.returncode == 0, running.stderr
+    job = json.loads(running.stdout.splitlines()[0])
+    wait_for(lambda: all(f"ready-{r}" in read_logs(job["job_dir"]) for r in (0, 1)), 120, what="both ranks ready")
+    cancel = as_user(user, f"kit cancel {job['job_id']}", env=conf)
+    assert cancel.returncode == 0, cancel.stderr
+
+    def state() -> str:
+        rows = json.loads(as_user(user, "kit ps --json", env=conf).stdout)
+        return {r["id"]: r["state"] for r in rows}.get(str(job["job_id"]), "")
+    wait_for(lambda: state() == "CANCELLED", 120, poll=1, what="the cancelled job's end")
+    nothing_of_theirs_left(user)
+
+
+def nothing_of_theirs_left(user) -> None:
+    """No process of the user's (the test made the user: every one is its own) and no mount of theirs."""
+    def processes() -> str:
+        return subprocess.run(["pgrep", "-a", "-u", str(user.pw_uid)], capture_output=True, text=True).stdout
+    wait_for(lambda: processes() == "", 30, what=f"no process of {user.pw_name} left")
+    assert user.pw_dir not in Path("/proc/self/mountinfo").read_text()
 
 
 def main_job_as(cluster, user, user_image, mode):
