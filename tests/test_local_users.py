@@ -179,6 +179,30 @@ def test_an_ordinary_users_torchrun_and_function_jobs_run_in_kits_image(cluster,
     assert got == {"submit": [["f", 0, user.pw_uid], ["f", 1, user.pw_uid]], "map": [1, 4, 9]}, got
 
 
+@pytest.mark.parametrize("mode", ["create", "squashfuse"])
+def test_a_container_mounts_only_what_its_user_can_reach(cluster, user, user_image, tmp_path, mode):
+    """--container-mounts opens each source as the job's user, as enroot does in their namespace: the stand-in
+    resolved the paths as slurmstepd's root, so a file readable by all behind a directory closed to the user
+    (another user's job directory under their 0700 home) was theirs to read through a mount. Theirs mounts."""
+    if mode == "squashfuse" and cluster.state().containers == "pyxis" and os.stat("/dev/fuse").st_mode & 0o006 != 0o006:
+        pytest.skip("real pyxis cannot start squashfuse mode for an ordinary user here (see the main job's test)")
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    (closed / "secret").write_text("not theirs\n")
+    (closed / "secret").chmod(0o644)
+    own = Path(user.pw_dir) / "own.txt"
+    own.write_text("theirs\n")
+    os.chown(own, user.pw_uid, user.pw_gid)
+    conf = f"; export SLURM_CONF={cluster.conf}"
+    srun = f"srun -N1 --container-image={user_image} --container-workdir=/tmp"
+    with container_mode(cluster, mode):
+        refused = as_user(user, f"{srun} --container-mounts={closed}/secret:/x cat /x", env=conf, timeout=180)
+        assert refused.returncode != 0 and "not theirs" not in refused.stdout, refused.stdout + refused.stderr
+        assert "Permission denied" in refused.stderr, refused.stderr
+        mounted = as_user(user, f"{srun} --container-mounts={own}:/x cat /x", env=conf, timeout=180)
+        assert (mounted.returncode, mounted.stdout) == (0, "theirs\n"), mounted.stderr
+
+
 def test_a_named_container_is_its_users_own(cluster, user, user_image):
     """--container-name (pyxis's global scope: kept on the node after the job) names the user's own container, as
     enroot's data path is each user's: the stand-in kept the node's names in one directory, so an ordinary user's

@@ -45,8 +45,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <grp.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/types.h>
@@ -70,6 +72,8 @@ static int job_scope;       /* plugstack.conf: container_scope=job, pyxis's: nam
 static char *kit_data;      /* plugstack.conf: kit_data=DIR, the nodes' enroot directories (DIR/NODE/data) */
 static uint32_t job_id;
 static uid_t job_uid;       /* the job's user: named containers are theirs (DATA/user-UID), as enroot's data path */
+static gid_t job_gid, *job_gids;  /* and their groups: the paths they name are opened as them (open_as_user) */
+static int job_ngids;
 
 static int set_str(char **dst, const char *val)
 {
@@ -267,28 +271,77 @@ static unsigned long kept_flags(const char *path)
 	return out;
 }
 
+/* PATH opened (O_PATH) with the job's user's credentials, as enroot mounts what its user names: a child that is
+ * them opens it and hands the descriptor back. slurmstepd is root here, and a path it resolved itself would
+ * reach what the user cannot (a file behind a directory closed to them); the mount is then of that descriptor. */
+static int open_as_user(const char *path)
+{
+	if (job_uid == 0 || geteuid() != 0)
+		return open(path, O_PATH | O_CLOEXEC);
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv) < 0)
+		return -1;
+	pid_t pid = fork();
+	if (pid == 0) {
+		int fd = -1, err = 0;
+		if (setgroups(job_ngids, job_gids) < 0 || setgid(job_gid) < 0 || setuid(job_uid) < 0 ||
+		    (fd = open(path, O_PATH | O_CLOEXEC)) < 0)
+			err = errno;
+		char cbuf[CMSG_SPACE(sizeof(int))] = { 0 };
+		struct iovec iov = { .iov_base = &err, .iov_len = sizeof(err) };
+		struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+		if (fd >= 0) {
+			msg.msg_control = cbuf;
+			msg.msg_controllen = sizeof(cbuf);
+			struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+			c->cmsg_level = SOL_SOCKET;
+			c->cmsg_type = SCM_RIGHTS;
+			c->cmsg_len = CMSG_LEN(sizeof(int));
+			memcpy(CMSG_DATA(c), &fd, sizeof(int));
+		}
+		_exit(sendmsg(sv[1], &msg, 0) < 0);
+	}
+	close(sv[1]);
+	int fd = -1, err = EIO;
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = { .iov_base = &err, .iov_len = sizeof(err) };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+	if (pid > 0 && recvmsg(sv[0], &msg, MSG_CMSG_CLOEXEC) > 0 && err == 0) {
+		struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+		if (c && c->cmsg_type == SCM_RIGHTS)
+			memcpy(&fd, CMSG_DATA(c), sizeof(int));
+	}
+	close(sv[0]);
+	if (pid > 0)
+		waitpid(pid, NULL, 0);
+	errno = fd < 0 ? err : 0;
+	return fd;
+}
+
 static int bind_mount(const char *root, const char *src, const char *dst, unsigned long flags)
 {
-	char target[4096];
+	char target[4096], from[64];
 	struct stat st;
-	if (stat(src, &st) < 0) {
-		fail(TAG ": --container-mounts: source does not exist: %s", src);
+	int fd = open_as_user(src);
+	if (fd < 0 || fstat(fd, &st) < 0) {
+		fail(TAG ": --container-mounts: source %s: %m", src);
+		if (fd >= 0)
+			close(fd);
 		return -1;
 	}
+	snprintf(from, sizeof(from), "/proc/self/fd/%d", fd);
 	snprintf(target, sizeof(target), "%s%s", root, dst);
-	if (make_target(target, S_ISDIR(st.st_mode)) < 0) {
+	int rc = -1;
+	if (make_target(target, S_ISDIR(st.st_mode)) < 0)
 		fail(TAG ": cannot create mount point %s: %m", dst);
-		return -1;
-	}
-	if (mount(src, target, NULL, MS_BIND | MS_REC, NULL) < 0) {
+	else if (mount(from, target, NULL, MS_BIND | MS_REC, NULL) < 0)
 		fail(TAG ": bind %s:%s: %m", src, dst);
-		return -1;
-	}
-	if (flags && mount(NULL, target, NULL, MS_REMOUNT | MS_BIND | flags | kept_flags(target), NULL) < 0) {
+	else if (flags && mount(NULL, target, NULL, MS_REMOUNT | MS_BIND | flags | kept_flags(target), NULL) < 0)
 		fail(TAG ": mount flags of %s: %m", dst);
-		return -1;
-	}
-	return 0;
+	else
+		rc = 0;
+	close(fd);
+	return rc;
 }
 
 /* SRC:DST[:FLAGS] entries, comma separated; FLAGS joined with '+'. */
@@ -878,6 +931,10 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 		job_id = 0;
 	if (spank_get_item(sp, S_JOB_UID, &job_uid) != ESPANK_SUCCESS)
 		job_uid = getuid();
+	if (spank_get_item(sp, S_JOB_GID, &job_gid) != ESPANK_SUCCESS)
+		job_gid = getgid();
+	if (spank_get_item(sp, S_JOB_SUPPLEMENTARY_GIDS, &job_gids, &job_ngids) != ESPANK_SUCCESS)
+		job_gids = NULL, job_ngids = 0;
 	ready = make_container(sp) == 0;
 	return 0;
 }
