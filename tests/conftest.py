@@ -118,7 +118,7 @@ def full_disk(tmp_path):
 @pytest.fixture(scope="session")
 def user():
     """An ordinary user with a home (Debian's dotfiles: ~/.bashrc returns early when not interactive) and kit
-    in ~/venv, installed from a wheel of this checkout."""
+    in ~/venv, installed from a wheel of this checkout with its report extra (matplotlib)."""
     name = f"kitl{os.getpid() % 100000}"
     subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True, capture_output=True)
     wheels = Path(tempfile.mkdtemp(prefix="kit-wheel-"))
@@ -132,8 +132,9 @@ def user():
         for w in wheels.glob("*.whl"):
             os.chmod(w, 0o644)
         entry = pwd.getpwnam(name)
+        [wheel] = wheels.glob("*.whl")  # with the report extra: `kit report` there draws its picture
         proc = as_user(entry, f"/usr/bin/python3 -m venv ~/venv && ~/venv/bin/pip install -q "
-                              f"--disable-pip-version-check {wheels}/*.whl", timeout=300)
+                              f"--disable-pip-version-check '{wheel}[report]'", timeout=300)
         assert proc.returncode == 0, proc.stderr
         yield entry
     finally:

@@ -6,7 +6,9 @@ configuration as a user's ``~/.ssh/config`` would have it: ``kit-login`` reached
 (ProxyJump), ``kit-direct`` straight, and ``kit-moved``: the login node with a host key other than the
 one known for it. The login sshd gives its sessions the local cluster's environment (``SetEnv``), as a
 site's login node has Slurm's configuration at its default path. Everything lives in one temporary
-directory; :meth:`Servers.stop` ends the servers and any master connection the tests left.
+directory (but sshd's privilege separation directory, /run/sshd, which every sshd of the machine shares and
+which is made if missing and left); :meth:`Servers.stop` ends the servers and any master connection the tests
+left.
 
 With ``user`` (an ordinary account, `pwd` entry), the login node is theirs as a site's is: the client logs
 in as them with a key in their own ``~/.ssh/authorized_keys``, and their sessions get no environment from
@@ -18,7 +20,6 @@ from __future__ import annotations
 import getpass
 import os
 import pwd
-import shutil
 import signal
 import socket
 import subprocess
@@ -46,7 +47,6 @@ class Servers:
         self.user = user
         self.procs: dict[str, subprocess.Popen] = {}
         self.ports = {"login": free_port(), "jump": free_port()}
-        self.made_run_dir = not Path("/run/sshd").exists()
         self.dot_ssh = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh"  # kit makes it for its master's socket
         self.made_dot_ssh = not self.dot_ssh.exists()
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
@@ -147,7 +147,11 @@ class Servers:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if self.made_run_dir:
-            shutil.rmtree("/run/sshd", ignore_errors=True)
+        # /run/sshd stays: every sshd on the machine needs it for each new connection (another suite's, or a
+        # bench's, beside this one: removing it closed their connections at key exchange). ~/.ssh goes only when
+        # empty (another run's master sockets keep it).
         if self.made_dot_ssh:
-            shutil.rmtree(self.dot_ssh, ignore_errors=True)
+            try:
+                self.dot_ssh.rmdir()
+            except OSError:
+                pass

@@ -1,12 +1,15 @@
 """kit from a laptop (issue 33): kit commands run on the login node through the system's OpenSSH client,
 against real sshd servers on loopback (tests/sshd.py): a login node reached through a jump host
-(ProxyJump), key-only, every accepted connection counted in the servers' logs."""
+(ProxyJump), key-only, every accepted connection counted in the servers' logs. The login account is an
+ordinary user's (the session's ``user``: kit in their ~/venv, their jobs on root's local cluster), as on a
+site; the site's login shell gives them SLURM_CONF (the server's SetEnv here). The laptop is this process."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -15,34 +18,58 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import kit, require, submit, wait_for
+from helpers import REPO, as_user, kit, require, wait_for
 from sshd import SSHD, Servers
 
-from kit import remote, slurm
+from kit import slurm
 
 pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture(scope="module")
-def hosts(cluster, tmp_path_factory):
+def hosts(cluster, user, tmp_path_factory):
     require(SSHD)
     root = tmp_path_factory.mktemp("ssh")
     root.chmod(0o700)
-    # The login account's home is a directory of its own: the last test finds there nothing kit wrote.
-    (root / "login-home").mkdir()
-    login_env = {**cluster.target.env, "KIT_HOME": os.environ["KIT_HOME"], "PATH": os.environ["PATH"],
-                 "HOME": str(root / "login-home")}
-    servers = Servers(root, login_env).start()
+    home = Path(user.pw_dir)
+    login_env = {**cluster.target.env, "KIT_HOME": str(home / "kit-home"),
+                 "PATH": f"{home}/venv/bin:/usr/local/bin:/usr/bin:/bin"}
+    servers = Servers(root, login_env, user=user).start()
+    servers.home_before = files_of(home)  # the last test finds nothing else written there
     yield servers
     servers.stop()
 
 
+def files_of(home: Path) -> set[str]:
+    """What the login account's home holds, but for kit's home and the tests' output directories there."""
+    return {str(p.relative_to(home)) for p in home.rglob("*")
+            if p.relative_to(home).parts[0] not in ("kit-home", "remote-tests")}
+
+
 @pytest.fixture
-def laptop(hosts):
+def laptop(hosts, user):
     """The laptop's environment for kit: its ssh configuration (as ~/.ssh/config would be), kit on the login
-    node found by its path, and no master connection left from another test."""
+    node found by its path (the user's venv), and no master connection left from another test."""
     hosts.close_masters()
-    return {"KIT_SSH": " ".join(hosts.ssh()), "KIT_REMOTE_KIT": f"{sys.executable} -m kit"}
+    return {"KIT_SSH": " ".join(hosts.ssh()), "KIT_REMOTE_KIT": f"{user.pw_dir}/venv/bin/kit"}
+
+
+@pytest.fixture
+def there(user, request) -> Path:
+    """An output directory of the test's own on the login node, the user's."""
+    path = Path(user.pw_dir) / "remote-tests" / re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name)
+    for d in (path.parent, path):
+        d.mkdir(mode=0o700, exist_ok=True)
+        os.chown(d, user.pw_uid, user.pw_gid)
+    return path
+
+
+def submit_as(user, hosts, out: Path, *args: str, command: str) -> dict:
+    """`kit launch --json` (the site's Slurm: SLURM_CONF) as the user on the login node: {job_id, job_dir, …}."""
+    env = "".join(f"; export {k}={shlex.quote(v)}" for k, v in hosts.login_env.items())
+    proc = as_user(user, f"kit launch --json --output-dir {out} {' '.join(args)} -- {command}", env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
 
 
 def counted(hosts, run):
@@ -53,22 +80,22 @@ def counted(hosts, run):
     return out, (hosts.accepted("login") - before[0], hosts.accepted("jump") - before[1])
 
 
-def test_ps_logs_report_and_cancel_through_a_jump_host_one_connection_at_most(cluster, hosts, laptop, tmp_path):
-    job = submit(tmp_path, "--nodes", "1", command=["bash", "-c", "echo hello from the job; sleep 300"])
+def test_ps_logs_report_and_cancel_through_a_jump_host_one_connection_at_most(cluster, user, hosts, laptop, there,
+                                                                              tmp_path):
+    job = submit_as(user, hosts, there, "--nodes", "1", command="bash -c 'echo hello from the job; sleep 300'")
     job_dir = Path(job["job_dir"])
     wait_for(lambda: "hello from the job" in "".join(p.read_text() for p in (job_dir / "logs").glob("rank-0*")),
              60, what="the job's first line")
-    ps, opened = counted(hosts, lambda: kit("--host", "kit-login", "ps", "--output-dir", str(tmp_path / "jobs"),
-                                            env=laptop))
+    ps, opened = counted(hosts, lambda: kit("--host", "kit-login", "ps", "--output-dir", str(there), env=laptop))
     assert ps.returncode == 0, ps.stderr
     assert job["job_id"] in ps.stdout and "RUNNING" in ps.stdout
     assert opened == (1, 1)  # the first call opens kit's master (through the jump host) and keeps it
-    for args in (("logs", str(job_dir)), ("cluster", "status"), ("report", str(job_dir), "-o", str(tmp_path / "r.png"))):
+    for args in (("logs", str(job_dir)), ("ps", "--all"), ("report", str(job_dir), "-o", str(tmp_path / "r.png"))):
         out, opened = counted(hosts, lambda: kit("--host", "kit-login", *args, env=laptop))
         assert out.returncode == 0, (args, out.stderr)
         assert opened == (0, 0), args  # the master serves every later call
     assert "hello from the job" in kit("--host", "kit-login", "logs", str(job_dir), env=laptop).stdout
-    cancel = kit("--host", "kit-login", "cancel", job["job_id"], "--output-dir", str(tmp_path / "jobs"), env=laptop)
+    cancel = kit("--host", "kit-login", "cancel", job["job_id"], "--output-dir", str(there), env=laptop)
     assert cancel.returncode == 0, cancel.stderr
     slurm.wait(cluster.target, job["job_id"], timeout=60)
     assert slurm.job_status(cluster.target, job["job_id"]).state == "CANCELLED"
@@ -76,15 +103,16 @@ def test_ps_logs_report_and_cancel_through_a_jump_host_one_connection_at_most(cl
 
 def test_kit_host_from_the_environment_and_a_command_that_runs_here(hosts, laptop, tmp_path):
     """KIT_HOST sends the login node's commands there; a command that is the laptop's (build) says so."""
-    out = kit("cluster", "status", env={**laptop, "KIT_HOST": "kit-login"})
-    assert out.returncode == 0 and "node" in out.stdout.lower(), out.stderr
+    out, opened = counted(hosts, lambda: kit("ps", "--json", env={**laptop, "KIT_HOST": "kit-login"}))
+    assert out.returncode == 0 and isinstance(json.loads(out.stdout), list), out.stderr
+    assert opened == (1, 1)  # there, through the jump host
     here = kit("--host", "kit-login", "build", str(tmp_path / "x.toml"), env=laptop)
     assert here.returncode == 2 and "kit: --host: kit build runs here" in here.stderr, here.stderr
 
 
 def test_reuse_only_needs_a_master_and_names_the_command_that_starts_one(hosts, laptop):
     env = {**laptop, "KIT_SSH_REUSE_ONLY": "1"}
-    (out, opened) = counted(hosts, lambda: kit("--host", "kit-login", "cluster", "status", env=env))
+    (out, opened) = counted(hosts, lambda: kit("--host", "kit-login", "ps", env=env))
     assert out.returncode == 1 and opened == (0, 0), out.stderr
     lines = out.stderr.strip().splitlines()
     assert lines[0] == "kit: --host: no SSH master connection to kit-login to reuse (KIT_SSH_REUSE_ONLY)", lines
@@ -92,12 +120,12 @@ def test_reuse_only_needs_a_master_and_names_the_command_that_starts_one(hosts, 
     assert start, lines
     subprocess.run(start.group(1), shell=True, check=True, timeout=30)  # as the user would (their 2FA, once)
     for _ in range(3):
-        out, opened = counted(hosts, lambda: kit("--host", "kit-login", "cluster", "status", env=env))
+        out, opened = counted(hosts, lambda: kit("--host", "kit-login", "ps", env=env))
         assert out.returncode == 0 and opened == (0, 0), out.stderr
 
 
 def test_a_changed_host_key_is_refused_and_nothing_runs(hosts, laptop):
-    out, opened = counted(hosts, lambda: kit("--host", "kit-moved", "cluster", "status", env=laptop))
+    out, opened = counted(hosts, lambda: kit("--host", "kit-moved", "ps", env=laptop))
     assert out.returncode == 1 and opened == (0, 0), out.stderr
     assert "kit: --host: ssh refused kit-moved: its host key is not the one known for it" in out.stderr
 
@@ -108,44 +136,47 @@ def test_kit_missing_there_or_of_another_version_is_refused_in_one_line(hosts, l
     assert missing.stderr.startswith("kit: --host: kit is not installed on kit-direct"), missing.stderr
     assert "hint: install it there: pip install kit-slurm==" in missing.stderr
     other = kit("--host", "kit-direct", "ps", env={
-        **laptop, "KIT_REMOTE_KIT": f"env KIT_CLIENT_VERSION=0.0.1 {sys.executable} -m kit"})
+        **laptop, "KIT_REMOTE_KIT": f"env KIT_CLIENT_VERSION=0.0.1 {laptop['KIT_REMOTE_KIT']}"})
     assert other.returncode == 2 and re.search(r"kit: --host: kit \S+ here, kit 0\.0\.1 on the client", other.stderr), \
         other.stderr
     # A KIT_HOST in the login node's own environment (dotfiles shared with the laptop): the command runs there,
     # never on to another host (which would be itself, again and again).
     relayed = kit("--host", "kit-direct", "ps", "--output-dir", "/nonexistent/kit-jobs", env={
-        **laptop, "KIT_REMOTE_KIT": f"env KIT_HOST=kit-direct {sys.executable} -m kit"})
+        **laptop, "KIT_REMOTE_KIT": f"env KIT_HOST=kit-direct {laptop['KIT_REMOTE_KIT']}"})
     assert relayed.returncode == 0 and "kit-direct" not in relayed.stderr, relayed.stdout + relayed.stderr
 
 
-def test_logs_follow_streams_and_a_client_that_goes_away_leaves_nothing_there(cluster, hosts, laptop, tmp_path):
-    job = submit(tmp_path, "--nodes", "1",
-                 command=["bash", "-c", "for i in $(seq 1 200); do echo line $i; sleep 0.1; done"])
+def test_logs_follow_streams_and_a_client_that_goes_away_leaves_nothing_there(cluster, user, hosts, laptop, there):
+    job = submit_as(user, hosts, there, "--nodes", "1",
+                    command="bash -c 'for i in $(seq 1 200); do echo line $i; sleep 0.1; done'")
     follow = subprocess.Popen([sys.executable, "-m", "kit", "--host", "kit-login", "logs", "-f", job["job_dir"]],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, **laptop}, start_new_session=True)
+    def left():
+        """The user's kit processes on the login node serving the follow (its command line is `kit remote-args`)."""
+        ps = subprocess.run(["pgrep", "-u", str(user.pw_uid), "-f", "kit (logs -f|remote-)"], capture_output=True,
+                            text=True)
+        return ps.stdout.split()
+
     seen = []
     for line in follow.stdout:
         seen.append(line)
         if "line 20" in line:
             break
+    assert left(), "the login node's side of the follow is not found while it follows"
     os.killpg(follow.pid, signal.SIGKILL)  # the laptop's side dies (a closed lid)
     follow.wait()
     assert any("line 1" in s for s in seen)
-
-    def left():
-        ps = subprocess.run(["pgrep", "-f", f"kit logs -f {job['job_dir']}"], capture_output=True, text=True)
-        return ps.stdout.split()
 
     wait_for(lambda: not left(), 30, what="the login node's kit logs -f to end")
     subprocess.run(["scancel", job["job_id"]], env={**os.environ, **cluster.target.env}, check=False)
 
 
-def test_logs_follow_rides_through_a_dropped_connection_without_a_line_twice(cluster, hosts, laptop, tmp_path):
+def test_logs_follow_rides_through_a_dropped_connection_without_a_line_twice(cluster, user, hosts, laptop, there):
     """The master connection is killed mid-follow (a network drop): kit connects again and the log goes on
     from where it was — every line once, in order, to the job's end."""
-    job = submit(tmp_path, "--nodes", "1",
-                 command=["bash", "-c", "for i in $(seq 1 80); do echo line $i; sleep 0.1; done"])
+    job = submit_as(user, hosts, there, "--nodes", "1",
+                    command="bash -c 'for i in $(seq 1 80); do echo line $i; sleep 0.1; done'")
     before = hosts.accepted("login")
     follow = subprocess.Popen([sys.executable, "-m", "kit", "--host", "kit-login", "logs", "-f", job["job_dir"]],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -166,7 +197,7 @@ def test_logs_follow_rides_through_a_dropped_connection_without_a_line_twice(clu
     assert hosts.accepted("login") - before == 2  # the first master, and the one after the drop
 
 
-def test_launch_sends_the_code_as_the_objects_the_login_node_lacks(cluster, hosts, laptop, tmp_path):
+def test_launch_sends_the_code_as_the_objects_the_login_node_lacks(cluster, hosts, laptop, there, tmp_path):
     """A laptop's git work tree launched through the jump host: the first launch sends every file, an unchanged
     tree none, a one-file edit that file; the job runs the laptop's code from the directory that stands for the
     laptop's; nothing of the laptop's environment reaches it but what --env names."""
@@ -180,12 +211,12 @@ def test_launch_sends_the_code_as_the_objects_the_login_node_lacks(cluster, host
     for args in (["init", "-q"], ["add", "."], ["-c", "user.email=u@x", "-c", "user.name=u", "commit", "-qm", "one"]):
         subprocess.run(["git", *args], cwd=repo, check=True)
     env = {**laptop, "KIT_HOME": str(tmp_path / "laptop-home"), "LAPTOP_SECRET": "from-the-laptop-shell"}
-    out_dir = tmp_path / "login-jobs"
+    out_dir = there
 
     def launch():
-        return counted(hosts, lambda: kit("--host", "kit-login", "launch", "--local", "--nodes", "1", "--wait",
+        return counted(hosts, lambda: kit("--host", "kit-login", "launch", "--nodes", "1", "--wait",
                                           "--output-dir", str(out_dir), "--env", "TOKEN=t0ken", "--",
-                                          sys.executable, "train.py", env=env, cwd=repo / "src", timeout=180))
+                                          "python3", "train.py", env=env, cwd=repo / "src", timeout=180))
 
     def sent(proc) -> int:
         return int(re.search(r"kit: code sha256:\S+: sent (\d+) object\(s\)", proc.stderr).group(1))
@@ -207,65 +238,95 @@ def test_launch_sends_the_code_as_the_objects_the_login_node_lacks(cluster, host
     assert edited.returncode == 0 and sent(edited) == 1, edited.stderr
     job_dir = Path(re.search(r"job dir: (\S+)", edited.stdout).group(1))
     assert "code version 2" in "".join(p.read_text() for p in (job_dir / "logs").glob("rank-0*"))
-    # On the login node: the store and the trees under its KIT_HOME, the jobs in their output directory.
-    home = Path(os.environ["KIT_HOME"])
+    # On the login node: the store and the trees under the user's KIT_HOME, the jobs in their output directory.
+    home = Path(hosts.login_env["KIT_HOME"])
     [tree] = list((home / "trees").iterdir())
     assert len(list(tree.iterdir())) == 2  # one per content the laptop sent
 
 
-def test_bench_remote_quick(hosts, laptop, tmp_path):
-    """bench/bench_remote.py --quick against this module's login host (straight, no jump): every line printed,
-    and an unchanged repository sends no object the second time."""
-    proc = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "bench" / "bench_remote.py"), "--quick",
-                           "--host", "kit-direct"], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **laptop})
+def test_bench_remote_quick(tmp_path):
+    """bench/bench_remote.py --quick with its own 1-node cluster and login sshd: every line printed, and an
+    unchanged repository sends no object the second time. (What SSH adds to a call is measured on one account
+    against itself: the login node's calls here and there are the bench's own, not this module's user's.)"""
+    env = {k: v for k, v in os.environ.items() if k not in ("KIT_SSH", "KIT_REMOTE_KIT", "KIT_HOST")}
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_remote.py"), "--quick"], capture_output=True,
+                          text=True, timeout=600, env={**env, "KIT_HOME": str(tmp_path / "bench-home")})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for call in ("launch --dry-run", "launch", "ps"):
         assert re.search(rf"^{re.escape(call)} +\d+\.\d+s +\d+\.\d+s +\d+\.\d+s +\+", proc.stdout, re.M), proc.stdout
     assert re.search(r"unchanged \d+\.\d+ s \(0 objects", proc.stdout), proc.stdout
 
 
-def _add_nodes(a, b):
+LAPTOP = """
+import json, os, sys, time
+from pathlib import Path
+import kit
+from kit import functions, remote
+
+def add_nodes(a, b):
     return a + b + int(os.environ["SLURM_NNODES"])
 
-
-def _fails():
+def fails():
     raise ValueError("raised on the cluster")
 
-
-def _square(x):
+def square(x):
     return x * x
 
+out, got = sys.argv[1], {}
+job = kit.submit(add_nodes, 2, 3, host="kit-login", nodes=1, output_dir=out + "/fn")
+got["parent"], got["value"] = str(Path(job.dir).parent), job.result(timeout=120)
+failing = kit.submit(fails, host="kit-login", output_dir=out + "/fn")
+try:
+    failing.result(timeout=120)
+except kit.RemoteError as e:
+    got["raised"] = [e.type, str(e)]
+tasks = kit.map(square, [2, 3, 4], host="kit-login", output_dir=out + "/fn")
+got["ids"] = [t.id.split("_")[1] for t in tasks]
+while not all(t.done() for t in tasks):
+    time.sleep(0.5)
+calls, session = [], remote.Session
+remote.Session = lambda host, argv: calls.append(argv[0]) or session(host, argv)
+got["results"], got["calls"] = [t.result(timeout=120) for t in tasks], list(calls)
+got["again"], got["calls_after"] = [t.result() for t in tasks], len(calls)
+functions.PYTHON = "3.99"
+try:
+    kit.submit(add_nodes, 1, 2, host="kit-login", output_dir=out + "/refused")
+except kit.KitError as e:
+    got["refused"] = str(e)
+print(json.dumps(got))
+"""
 
-def test_a_function_submitted_from_the_laptop_brings_its_value_back(cluster, hosts, laptop, tmp_path, monkeypatch):
+
+def test_a_function_submitted_from_the_laptop_brings_its_value_back(cluster, user, hosts, laptop, there, tmp_path):
     """kit.submit(fn, host=...) and kit.map: pickled here, run on the cluster, the values (or a remote exception)
-    back here through the master; a Python of another minor version there is refused before anything is sent."""
-    import kit as kitlib
-    from kit import functions
-
-    for key, value in laptop.items():
-        monkeypatch.setenv(key, value)
+    back here through the master; a Python of another minor version there is refused before anything is sent.
+    The laptop's Python is the login node's minor version (its function runs there): the user's venv's, run
+    here by this process, its functions those of its __main__."""
+    script = tmp_path / "laptop.py"
+    script.write_text(LAPTOP)
     before = hosts.accepted("login")
-    job = kitlib.submit(_add_nodes, 2, 3, host="kit-login", local=True, nodes=1, output_dir=str(tmp_path / "fn"))
-    assert Path(job.dir).parent == tmp_path / "fn" and job.result(timeout=120) == 6
-    failing = kitlib.submit(_fails, host="kit-login", local=True, output_dir=str(tmp_path / "fn"))
-    with pytest.raises(kitlib.RemoteError) as raised:
-        failing.result(timeout=120)
-    assert raised.value.type == "ValueError" and "raised on the cluster" in str(raised.value)
-    tasks = kitlib.map(_square, [2, 3, 4], host="kit-login", local=True, output_dir=str(tmp_path / "fn"))
-    assert [t.id.split("_")[1] for t in tasks] == ["0", "1", "2"]  # one array job, a task per item
-    wait_for(lambda: all(kitlib.Job(t.dir).done() for t in tasks), 120, what="every task ended")
-    calls = []
-    session = remote.Session
-    monkeypatch.setattr(remote, "Session", lambda host, argv: calls.append(argv[0]) or session(host, argv))
-    assert [t.result(timeout=120) for t in tasks] == [4, 9, 16]
-    assert calls == ["remote-result"]  # the first task's call brought every ended task's value
-    assert [t.result() for t in tasks] == [4, 9, 16] and len(calls) == 1  # each read once
+    proc = subprocess.run([f"{user.pw_dir}/venv/bin/python3", str(script), str(there)], capture_output=True,
+                          text=True, timeout=600, cwd=tmp_path,
+                          env={**os.environ, **laptop, "KIT_HOME": str(tmp_path / "laptop-home")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert got["parent"] == str(there / "fn") and got["value"] == 6, got
+    assert got["raised"][0] == "ValueError" and "raised on the cluster" in got["raised"][1], got
+    assert got["ids"] == ["0", "1", "2"], got  # one array job, a task per item
+    assert got["results"] == [4, 9, 16] and got["calls"] == ["remote-result"], got  # one call: every task's value
+    assert got["again"] == [4, 9, 16] and got["calls_after"] == 1, got  # each read once
+    assert re.search(r"is 3\.\d+, this one is 3\.99", got["refused"]), got
     assert hosts.accepted("login") - before <= 1  # one master for every call
-    monkeypatch.setattr(functions, "PYTHON", "3.99")
-    with pytest.raises(kitlib.KitError, match=r"is 3\.\d+, this one is 3\.99"):
-        kitlib.submit(_add_nodes, 1, 2, host="kit-login", local=True, output_dir=str(tmp_path / "refused"))
-    assert not (tmp_path / "refused").exists()
+    assert not (there / "refused").exists()
+
+
+def on_the_login_node(user, hosts, code: str):
+    """The JSON that Python ``code`` prints, run by the user on the login node in their own environment there
+    (the same calls' answers without SSH: a job's files are the user's, which kit trusts from them alone)."""
+    env = "".join(f"; export {k}={shlex.quote(v)}" for k, v in hosts.login_env.items())
+    proc = as_user(user, f"python3 -c {shlex.quote('import json, kit; ' + code)}", env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
 
 
 def _kill_master(hosts) -> None:
@@ -275,19 +336,24 @@ def _kill_master(hosts) -> None:
 
 
 def _wait_through_a_killed_master(hosts, repo: Path, env: dict, *args: str) -> tuple[int, str]:
-    """`kit --host kit-login launch --local --wait ARGS` from ``repo``, the master killed once the job is
+    """`kit --host kit-login launch --wait ARGS` from ``repo``, the master killed once the job is
     submitted: (its exit code, its stderr)."""
-    proc = subprocess.Popen([sys.executable, "-m", "kit", "--host", "kit-login", "launch", "--local", "--wait", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "--host", "kit-login", "launch", "--wait", *args],
                             cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **env})
     submitted = proc.stdout.readline()
     assert submitted.startswith("Submitted job "), submitted + proc.stderr.read()
+    # Once both lines are here (the id, then the directory): a drop between them is issue 42's (today the
+    # launch then says ssh could not reach the host while the job runs; seen here once the login side was
+    # an ordinary user's slower Python), not this test's.
+    where = proc.stdout.readline()
+    assert where.startswith("job dir: "), where + proc.stderr.read()
     _kill_master(hosts)
     _, err = proc.communicate(timeout=300)
     return proc.returncode, err
 
 
-def test_python_launch_jobs_and_job_on_the_login_node(cluster, hosts, laptop, tmp_path, monkeypatch):
+def test_python_launch_jobs_and_job_on_the_login_node(cluster, user, hosts, laptop, there, tmp_path, monkeypatch):
     """kit.launch(..., host=), kit.jobs(host=) and kit.Job(dir, host=) give what the same calls give on the
     login node itself, through one master; a wait rides through a killed master; a bad keyword is refused
     here, before any connection."""
@@ -299,10 +365,11 @@ def test_python_launch_jobs_and_job_on_the_login_node(cluster, hosts, laptop, tm
     for key, value in laptop.items():
         monkeypatch.setenv(key, value)
     # kit there through a wrapper that records its command line (what the login node's ps shows)
-    seen = tmp_path / "argv-there"
-    wrapper = tmp_path / "kit-there"
-    wrapper.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {seen}\nexec {sys.executable} -m kit "$@"\n')
+    seen = there / "argv-there"
+    wrapper = there / "kit-there"
+    wrapper.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {seen}\nexec {laptop["KIT_REMOTE_KIT"]} "$@"\n')
     wrapper.chmod(0o755)
+    os.chown(wrapper, user.pw_uid, user.pw_gid)
     monkeypatch.setenv("KIT_REMOTE_KIT", str(wrapper))
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -310,39 +377,41 @@ def test_python_launch_jobs_and_job_on_the_login_node(cluster, hosts, laptop, tm
     for args in (["init", "-q"], ["add", "."], ["-c", "user.email=u@x", "-c", "user.name=u", "commit", "-qm", "one"]):
         subprocess.run(["git", *args], cwd=repo, check=True)
     monkeypatch.chdir(repo)
-    out = str(tmp_path / "jobs")
+    out = str(there / "jobs")
     with pytest.raises(kitlib.KitError, match="unknown option 'nodez'"):
         kitlib.launch(["true"], host="kit-login", nodez=2)
     before = hosts.accepted("login")
-    job = kitlib.launch(["bash", "job.sh"], host="kit-login", local=True, nodes=1, output_dir=out,
+    job = kitlib.launch(["bash", "job.sh"], host="kit-login", nodes=1, output_dir=out,
                         env={"TOKEN": "s3cret"}, wait=True)
     assert isinstance(job, HostedJob) and job.id and Path(job.dir).parent == Path(out)
-    here = kitlib.Job(job.dir)  # the login node's own answers (the same disk)
-    assert job.state() == here.state() == "COMPLETED" and job.done()
-    assert job.logs() == here.logs() and "0: token=s3cret" in job.logs()
-    assert job.progress() == here.progress() and job.errors() == here.errors() == []
+    here = on_the_login_node(user, hosts, f"j = kit.Job({job.dir!r}); print(json.dumps([j.state(), j.logs(), "
+                                                f"repr(j.progress()), j.errors(), [[k.id, str(k.dir)] for k in "
+                                                f"kit.jobs(output_dirs=[{out!r}])]]))")
+    assert job.state() == here[0] == "COMPLETED" and job.done()
+    assert job.logs() == here[1] and "0: token=s3cret" in job.logs()
+    assert repr(job.progress()) == here[2] and job.errors() == here[3] == []
     assert job.wait(timeout=60).exit_code == 0
     listed = kitlib.jobs(host="kit-login", output_dirs=[out])
-    assert [(j.id, j.dir) for j in listed] == [(j.id, str(j.dir)) for j in kitlib.jobs(output_dirs=[out])]
+    assert [[j.id, j.dir] for j in listed] == here[4]
     assert listed[0].row["state"] == "COMPLETED" and listed[0].row["job_dir"] == job.dir
     reopened = kitlib.Job(job.dir, host="kit-login", job_id=job.id)
     numbers = reopened.report(output=tmp_path / "report.png")
     assert numbers["job"] == job.id and (tmp_path / "report.png").read_bytes() == (Path(job.dir) / "report.png").read_bytes()
     again = job.rerun(wait=True, env={"TOKEN": "r3run"})
     assert isinstance(again, HostedJob) and again.id != job.id and "0: token=r3run" in again.logs()
-    plain = subprocess.run([sys.executable, "-m", "kit", "--host", "kit-login", "launch", "--local", "--wait",
+    plain = subprocess.run([sys.executable, "-m", "kit", "--host", "kit-login", "launch", "--wait",
                             "--no-code-snapshot", "--output-dir", out, "--env", "TOKEN=n0snap", "--", "bash", "-c",
                             "echo token=$TOKEN"], capture_output=True, text=True, env=os.environ, timeout=300)
     assert plain.returncode == 0 and "Submitted job" in plain.stdout, plain.stdout + plain.stderr
-    assert "0: token=n0snap" in kitlib.Job(plain.stdout.split("job dir: ")[1].split()[0]).logs()
+    assert "0: token=n0snap" in kitlib.Job(plain.stdout.split("job dir: ")[1].split()[0], host="kit-login").logs()
     # Every call's arguments came in the channel: the login node's command lines (its `ps`) held none of them.
     assert set(seen.read_text().splitlines()) == {"remote-args"}
     with pytest.raises(kitlib.KitError, match="no job"):
-        kitlib.Job(str(tmp_path / "nothing"), host="kit-login").state()
-    dry = kitlib.launch("true", host="kit-login", local=True, dry_run=True, output_dir=out)
+        kitlib.Job(str(there / "nothing"), host="kit-login").state()
+    dry = kitlib.launch("true", host="kit-login", dry_run=True, output_dir=out)
     assert dry.id is None and (Path(dry.dir) / "prelaunch.sh").is_file()
     assert hosts.accepted("login") - before == 1  # every call above through one master
-    long = kitlib.launch("echo up; sleep 300", host="kit-login", local=True, output_dir=out)
+    long = kitlib.launch("echo up; sleep 300", host="kit-login", output_dir=out)
     wait_for(lambda: long.state() == "RUNNING", 60, what="the long job running")
     ended = []
     waiter = threading.Thread(target=lambda: ended.append(long.wait(timeout=180)), daemon=True)
@@ -355,7 +424,7 @@ def test_python_launch_jobs_and_job_on_the_login_node(cluster, hosts, laptop, tm
     assert ended and ended[0].state == "CANCELLED", ended
 
 
-def test_launch_wait_rides_through_a_dropped_master(cluster, hosts, laptop, tmp_path):
+def test_launch_wait_rides_through_a_dropped_master(cluster, hosts, laptop, there, tmp_path):
     """The master is killed while `kit --host … launch --wait` waits: kit connects again, waits for the same job
     (never launching it twice) and exits with its code."""
     repo = tmp_path / "repo"
@@ -365,14 +434,15 @@ def test_launch_wait_rides_through_a_dropped_master(cluster, hosts, laptop, tmp_
         subprocess.run(["git", *args], cwd=repo, check=True)
     before = hosts.accepted("login")
     code, err = _wait_through_a_killed_master(hosts, repo, {**laptop, "KIT_HOME": str(tmp_path / "laptop-home")},
-                                              "--output-dir", str(tmp_path / "jobs"), "--", "bash", "job.sh")
+                                              "--output-dir", str(there), "--", "bash", "job.sh")
     assert code == 0, err
     assert "the connection to kit-login dropped; waiting again" in err and "ended COMPLETED" in err, err
-    assert len(list((tmp_path / "jobs").iterdir())) == 1  # launched once
+    assert len(list(there.iterdir())) == 1  # launched once
     assert hosts.accepted("login") - before == 2
 
 
-def test_the_main_job_and_a_sweep_from_the_laptop_through_the_jump_host(cluster, cpu_image, hosts, laptop, tmp_path):
+def test_the_main_job_and_a_sweep_from_the_laptop_through_the_jump_host(cluster, cpu_image, hosts, laptop, there,
+                                                                         tmp_path):
     """The README's main job (2 nodes in kit's image, metrics, report) and a sweep, launched from a laptop's
     repository through ProxyJump, then reported from there."""
     repo = tmp_path / "repo"
@@ -385,15 +455,15 @@ def test_the_main_job_and_a_sweep_from_the_laptop_through_the_jump_host(cluster,
     shutil.copyfile(cpu_image, image)
     with open(image, "ab") as f:
         f.write(b"\0" * 4096)  # past the filesystem's end: unread, but another digest
-    main = kit("--host", "kit-login", "launch", "--local", "--nodes", "2", "--image", str(image), "--wait",
-               "--output-dir", str(tmp_path / "jobs"), "--", "python3", "-m", "kit.train", "--max-steps", "30",
+    main = kit("--host", "kit-login", "launch", "--nodes", "2", "--image", str(image), "--wait",
+               "--output-dir", str(there), "--", "python3", "-m", "kit.train", "--max-steps", "30",
                "--step-delay", "0.05", env=env, cwd=repo, timeout=300)
     assert main.returncode == 0, main.stderr
     assert re.search(r"^kit: image sha256:\S+: sent \d+\.\d MiB$", main.stderr, re.M), main.stderr
     pinned = json.loads((Path(re.search(r"^job dir: (.+)$", main.stdout, re.M).group(1)) / "job.json").read_text())
-    assert Path(pinned["image"]).parent == Path(os.environ["KIT_HOME"]) / "images", pinned["image"]
-    again = kit("--host", "kit-login", "launch", "--local", "--dry-run", "--image", str(image), "--output-dir",
-                str(tmp_path / "jobs"), "--", "true", env=env, cwd=repo)
+    assert Path(pinned["image"]).parent == Path(hosts.login_env["KIT_HOME"]) / "images", pinned["image"]
+    again = kit("--host", "kit-login", "launch", "--dry-run", "--image", str(image), "--output-dir",
+                str(there), "--", "true", env=env, cwd=repo)
     assert again.returncode == 0 and re.search(r"^kit: image sha256:\S+: already there$", again.stderr, re.M), \
         again.stderr
     job_dir = re.search(r"^job dir: (.+)$", main.stdout, re.M).group(1)
@@ -404,17 +474,16 @@ def test_the_main_job_and_a_sweep_from_the_laptop_through_the_jump_host(cluster,
     assert json.loads((tmp_path / "report.json").read_text())["job"] == main.stdout.split()[2]  # Submitted job ID
     # a sweep's --wait, its master killed while it waits: it waits again for every task there
     code, err = _wait_through_a_killed_master(hosts, repo, env, "--sweep", "x=1,2", "--output-dir",
-                                              str(tmp_path / "jobs"), "--", "bash", "-c", "echo sweep x={x}; sleep 8")
+                                              str(there), "--", "bash", "-c", "echo sweep x={x}; sleep 8")
     assert code == 0, err
     assert "dropped; waiting again" in err and "2 of 2 task(s) finished" in err, err
     assert len(re.findall(r"kit: job \S+_\d \(x=\d\) ended COMPLETED", err)) == 2, err
 
 
-def test_zz_nothing_was_written_on_the_login_node_outside_kit_home_and_the_output_directories(hosts, laptop):
+def test_zz_nothing_was_written_on_the_login_node_outside_kit_home_and_the_output_directories(hosts, user, laptop):
     """After every call above (launches, a function job, logs, ps, report, cancel): the login account's home
-    holds nothing (kit's store, trees and pinned images are under $KIT_HOME; the jobs under the output
-    directories the calls named)."""
-    home = hosts.root / "login-home"
-    assert sorted(p.name for p in home.iterdir()) == [], list(home.rglob("*"))[:20]
-    made = kit("--host", "kit-direct", "cluster", "status", env=laptop)  # the session's HOME is that directory
+    holds what it held before (kit's store, trees and pinned images are under $KIT_HOME; the jobs under the
+    output directories the calls named)."""
+    made = kit("--host", "kit-direct", "ps", env=laptop)  # the session's HOME is that home
     assert made.returncode == 0, made.stderr
+    assert files_of(Path(user.pw_dir)) - hosts.home_before == set()
