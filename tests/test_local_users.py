@@ -39,10 +39,14 @@ def test_what_is_roots_stays_roots(cluster, user):
 
 
 def test_an_ordinary_user_runs_slurm_and_kit_on_roots_cluster(cluster, user):
-    """`kit cluster env` (theirs: root's cluster, found where every user reads), then Slurm's own commands and
-    kit's, as that user: each job runs as their uid, kit ps, kit logs and sacct see it."""
+    """`kit cluster env` (theirs: root's cluster, found where every user reads; `kit cluster status` names it), then
+    Slurm's own commands and kit's, as that user: each job runs as their uid, kit ps, kit logs and sacct see it."""
     env = as_user(user, "kit cluster env")
     assert env.returncode == 0 and env.stdout.splitlines() == public.login_lines(cluster.conf, False), env
+    status = as_user(user, "kit cluster status")  # theirs is not running; root's is named, with how to use it
+    assert status.returncode == 1 and status.stdout.splitlines()[1] == (
+        f"this machine's local cluster (root's, every local user's): SLURM_CONF={public.clusters()[0]}; use it "
+        'with: eval "$(kit cluster env)"'), status.stdout
     conf = f"; export SLURM_CONF={cluster.conf}"  # a site's login shell has it; the newest of several is ours
     slurm = as_user(user, "sinfo -h -o %D && sbatch --wait -N2 -o slurm.out --wrap 'srun -l id -u' && sort slurm.out",
                     env=conf)

@@ -70,11 +70,16 @@ def up(nodes: int | None, cpus_per_node: int | None, gpus_per_node: int | None, 
 
 @cluster.command()
 def status() -> int:
-    """Show the daemons and node states; exit 1 when the cluster is not running."""
+    """Show the daemons and node states; exit 1 when the cluster is not running (and where root's local
+    cluster of this machine is, when one runs: every local user's)."""
+    from kit.cluster import public
+
     c = LocalCluster()
     rows = c.status()
     if not rows:
         click.echo(f"local cluster: not running (no state under {c.root})")
+        for line in public.elsewhere(c.conf):
+            click.echo(line)
         return 1
     running = c.running()
     click.echo(f"local cluster: {'running' if running else 'degraded'} ({c.root})")

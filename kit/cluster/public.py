@@ -72,6 +72,14 @@ def clusters() -> list[Path]:
     return [conf for _, conf in sorted(found, reverse=True)]
 
 
+def elsewhere(own_conf: Path) -> list[str]:
+    """For ``kit cluster status`` when the caller's own cluster is not running: root's local cluster of this
+    machine, when one runs (every local user's), and how a login shell uses it."""
+    found = [conf for conf in clusters() if conf != own_conf]
+    return [f"this machine's local cluster (root's, every local user's): SLURM_CONF={shlex.quote(str(found[0]))}; "
+            f"use it with: eval \"$(kit cluster env)\""] if found else []
+
+
 def login_lines(own_conf: Path, own_running: bool) -> list[str]:
     """What a login shell needs to use the local cluster (``kit cluster env``): its SLURM_CONF, and PATH where
     Slurm's commands are not on a login shell's. The caller's own cluster when it has one; else root's on
