@@ -183,6 +183,36 @@ def test_an_ordinary_users_torchrun_and_function_jobs_run_in_kits_image(cluster,
     assert got == {"submit": [["f", 0, user.pw_uid], ["f", 1, user.pw_uid]], "map": [1, 4, 9]}, got
 
 
+ENV_PROBE = ('echo "lang=${LANG-unset} language=${LANGUAGE-unset} lc_all=${LC_ALL-unset} user=${USER-unset} '
+             'logname=${LOGNAME-unset} home=${HOME-unset} uid=$(id -u)"\n'
+             'grep " /data " /proc/self/mountinfo | cut -d" " -f6\n'
+             '/data/tool.sh || echo "exec refused"; touch /data/x 2>/dev/null || echo "write refused"\n')
+
+
+def test_an_ordinary_users_environment_and_mount_flags_follow_pyxis(cluster, user, user_image):
+    """As test_containers' root case, for an ordinary user (the same lines from real pyxis 0.24 + enroot 4.1.2 and
+    the stand-in, seen side by side): LANGUAGE dropped, LANG the image's, LC_ALL kept through --env (kit's
+    --container-env), USER, LOGNAME and HOME the user's; ro+nosuid+noexec on their mount honoured."""
+    host = Path(user.pw_dir) / "probe-host"
+    host.mkdir(exist_ok=True)
+    (host / "tool.sh").write_text("#!/bin/sh\necho ran\n")
+    (host / "tool.sh").chmod(0o755)
+    (host / "probe.sh").write_text(ENV_PROBE)
+    for path in (host, *host.iterdir()):
+        os.chown(path, user.pw_uid, user.pw_gid)
+    conf = f"; export SLURM_CONF={cluster.conf} LANG=en_US.UTF-8 LANGUAGE=en"
+    job = as_user(user, f"kit launch --wait --json --no-exporter --image {user_image} --env LC_ALL=C "
+                        f"--mount {host}:/data:ro+nosuid+noexec -- bash /data/probe.sh", env=conf, timeout=300)
+    job_dir = json.loads(job.stdout.splitlines()[0])["job_dir"]
+    assert job.returncode == 0, job.stderr + read_logs(job_dir)
+    out = (Path(job_dir) / "logs" / "rank-0.r0.log").read_text().splitlines()
+    name = user.pw_name
+    assert out[0] == (f"lang=C.UTF-8 language=unset lc_all=C user={name} logname={name} home={user.pw_dir} "
+                      f"uid={user.pw_uid}"), out
+    assert set(out[1].split(",")) >= {"ro", "nosuid", "noexec"}, out
+    assert "exec refused" in out and "write refused" in out and "ran" not in out, out
+
+
 @pytest.mark.parametrize("mode", ["create", "squashfuse"])
 def test_a_container_mounts_only_what_its_user_can_reach(cluster, user, user_image, tmp_path, mode):
     """--container-mounts opens each source as the job's user, as enroot does in their namespace: the stand-in
