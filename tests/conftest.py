@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import REPO, as_user, require
+from helpers import REPO, Person, as_user, require
 
 from kit import slurm
 from kit.cluster import LocalCluster
@@ -141,3 +141,22 @@ def user():
         subprocess.run(["pkill", "-KILL", "-u", name], check=False)
         subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
         shutil.rmtree(wheels, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def user_image(user, cpu_image) -> Path:
+    """kit's image, the ordinary user's copy (in their home, theirs)."""
+    image = Path(user.pw_dir) / "cpu-lightning.sqsh"
+    shutil.copyfile(cpu_image, image)
+    os.chown(image, user.pw_uid, user.pw_gid)
+    return image
+
+
+@pytest.fixture
+def person(user, cluster, request) -> Person:
+    """The ordinary user on the session's cluster, with a fresh directory of theirs for this test."""
+    d = Path(user.pw_dir) / "tests" / request.node.name.translate(str.maketrans("[]/ ", "--__"))
+    d.mkdir(parents=True)
+    for path in (d.parent, d):
+        os.chown(path, user.pw_uid, user.pw_gid)
+    return Person(user, cluster.conf, d)

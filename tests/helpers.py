@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -267,16 +268,19 @@ def named_containers(cluster, node: str, uid: int | None = None) -> Path:
                                    os.getuid() if uid is None else uid)
 
 
-def assert_nothing_left(cluster, w: Waiting) -> None:
+def assert_nothing_left(cluster, w: Waiting, uid: int | None = None) -> None:
+    """No process, exporter target, mount, unnamed container or held port lock of ``w``'s job (its user's:
+    ``uid``, default this process's) is left."""
+    uid = os.geteuid() if uid is None else uid
     assert wait_no_processes(w.job_dir, 15) == []
     assert list(cluster.prometheus_targets.glob(f"kit-{w.job_id}-*")) == []
     assert str(w.job_dir) not in Path("/proc/mounts").read_text()
     # Under real pyxis: no container filesystem of the job left in any node's enroot data
     # (pyxis_<job>.<step>; named ones are kept on purpose and removed by `kit cluster down`).
     nodes = [f"node{i}" for i in range(1, cluster.state().nodes + 1)]
-    assert [p for n in nodes for p in named_containers(cluster, n).glob(f"pyxis_{w.job_id}.*")] == []
+    assert [p for n in nodes for p in named_containers(cluster, n, uid).glob(f"pyxis_{w.job_id}.*")] == []
     for port in set(re.findall(r"MASTER_PORT=(\d+)", read_logs(w.job_dir))):
-        lock = Path(os.environ.get("TMPDIR", "/tmp"), f"kit-ports-{os.geteuid()}", port)
+        lock = Path(os.environ.get("TMPDIR", "/tmp") if uid == os.geteuid() else "/tmp", f"kit-ports-{uid}", port)
         if lock.exists():
             with open(lock) as f:  # the port lock is free again: nobody holds it
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -314,3 +318,54 @@ def container_mode(cluster, mode: str):
         yield
     finally:
         cluster.up(squashfuse=before)
+
+
+@dataclass(frozen=True)
+class Person:
+    """An ordinary user of root's local cluster, as a login node's user: their commands in a login-like shell
+    of theirs (their venv's kit first on PATH, SLURM_CONF as a site's login shell has it), in a directory of
+    their own."""
+
+    entry: object  # pwd.struct_passwd
+    conf: Path
+    dir: Path
+
+    @property
+    def uid(self) -> int:
+        return self.entry.pw_uid
+
+    @property
+    def name(self) -> str:
+        return self.entry.pw_name
+
+    def run(self, argv: list[str], cwd: Path | None = None, env: dict | None = None,
+            timeout: float = 300) -> subprocess.CompletedProcess:
+        """``argv`` as them in ``cwd`` (default: their directory), with ``env``'s values exported first."""
+        exports = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in {"SLURM_CONF": self.conf, **(env or {})}.items())
+        return as_user(self.entry, f"cd {shlex.quote(str(cwd or self.dir))} && export {exports} && exec {shlex.join(argv)}",
+                       timeout=timeout)
+
+    def kit(self, *args: str, cwd: Path | None = None, env: dict | None = None,
+            timeout: float = 300) -> subprocess.CompletedProcess:
+        return self.run(["kit", *args], cwd=cwd, env=env, timeout=timeout)
+
+    def own(self, *paths: Path) -> None:
+        """What the test made for them (files, directories, all below) becomes theirs."""
+        subprocess.run(["chown", "-R", f"{self.uid}:{self.entry.pw_gid}", *map(str, paths)], check=True)
+
+
+def job_dir_of(proc: subprocess.CompletedProcess) -> str:
+    """The job directory `kit launch` printed (its "job dir:" line), or the failure that printed none."""
+    m = re.search(r"^job dir: (.+)$", proc.stdout, re.M)
+    assert m, proc.stdout + proc.stderr
+    return m.group(1)
+
+
+def skip_where_squashfuse_is_closed(cluster, mode: str) -> None:
+    """Real enroot runs squashfuse as the job's user, and libfuse opens /dev/fuse itself: on a machine whose
+    /dev/fuse is root's alone (this one's is 0600; Debian's 0666) real pyxis cannot start squashfuse mode for an
+    ordinary user. The stand-in makes the step's own device node: it runs everywhere."""
+    if mode.startswith("squashfuse") and cluster.state().containers == "pyxis" and \
+            os.stat("/dev/fuse").st_mode & 0o006 != 0o006:
+        pytest.skip("real enroot opens /dev/fuse as the job's user, for whom this machine's is closed (Debian's is "
+                    "0666): real pyxis cannot start squashfuse mode for an ordinary user here")

@@ -1,6 +1,7 @@
-"""Container jobs on the local cluster: the
-shipped CPU recipe built on a locally made Debian base, run as a 2-node
-Lightning DDP job through the pyxis flags kit puts on the srun step."""
+"""Container jobs on the local cluster: the shipped CPU recipe built on a locally made Debian base, run as a
+2-node Lightning DDP job through the pyxis flags kit puts on the srun step. The jobs are an ordinary user's
+(``person``: created by the session, kit in their venv, their image and directories in their home), as on a
+site; root does here what an admin does (builds, the cluster's settings, a node's repair)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import (REPO, Waiting, assert_nothing_left, container_mode, kit, named_containers, read_logs, submit,
-                     wait_for, wait_no_processes)
+from helpers import (REPO, Waiting, assert_nothing_left, container_mode, job_dir_of, kit, named_containers, read_logs,
+                     skip_where_squashfuse_is_closed, wait_for, wait_no_processes)
 
 from kit import slurm
 
@@ -32,23 +33,24 @@ def small_image(tmp_path_factory) -> Path:
     return out
 
 
-def released(cluster, before: tuple[list[str], list[str]], timeout: float = 30) -> bool:
+def released(cluster, person, before: tuple[list[str], list[str]], timeout: float = 30) -> bool:
     """True once the cluster's loop devices and mounts are as ``before``: srun returns when the tasks
     end, and slurmstepd takes the container down just after (its mount namespace)."""
-    wait_for(lambda: loops_and_mounts(cluster) == before, timeout, poll=0.2,
+    wait_for(lambda: loops_and_mounts(cluster, person) == before, timeout, poll=0.2,
              what="the container's loop device and mounts to go")
     return True
 
 
-def loops_and_mounts(cluster) -> tuple[list[str], list[str]]:
-    """The loop devices of this cluster's images (their files under its KIT_HOME) and the mounts of them or
-    of its directories: another cluster on the machine (CI may run one beside) has its own."""
-    home = str(cluster.home)
+def loops_and_mounts(cluster, person) -> tuple[list[str], list[str]]:
+    """The loop devices of this cluster's or the person's images (their files under its KIT_HOME or the
+    person's home) and the mounts of them or of those directories: another cluster on the machine (CI may run
+    one beside) has its own."""
+    homes = (str(cluster.home), person.entry.pw_dir)
     loops = [line for line in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout.splitlines()
-             if home in line]
+             if any(h in line for h in homes)]
     devices = {line.split(":")[0] for line in loops}
     mounts = [line for line in Path("/proc/mounts").read_text().splitlines()
-              if line.split()[0] in devices or ("kit-pyxis" in line and home in line)]
+              if line.split()[0] in devices or ("kit-pyxis" in line and any(h in line for h in homes))]
     return loops, mounts
 
 
@@ -63,46 +65,60 @@ def container_scope(cluster, scope: str):
         cluster.up(container_scope=before)
 
 
-def fuse_daemons(cluster) -> list[str]:
-    """squashfuse (and fuse-overlayfs, where enroot has no native overlay) processes of this cluster's
-    jobs (their image or mount point under its KIT_HOME): the runtime's, under squashfuse mode."""
+def fuse_daemons(person) -> list[str]:
+    """squashfuse (and fuse-overlayfs, where enroot has no native overlay) processes of the person's jobs (the
+    runtime's, under squashfuse mode, run as the job's user), or of root's jobs of their images (named by path,
+    under their home): the test made the person, all those are its."""
     out = subprocess.run(["pgrep", "-a", "-x", "squashfuse|fuse-overlayfs"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if str(cluster.home) in line]
+    uids = subprocess.run(["pgrep", "-u", str(person.uid), "-x", "squashfuse|fuse-overlayfs"], capture_output=True,
+                          text=True).stdout.split()
+    return [line for line in out.splitlines() if line.split()[0] in uids or f"{person.entry.pw_dir}/" in line]
+
+
+def launched(person, *args: str, command: list[str], timeout: float = 300) -> dict:
+    """`kit launch --json ...` as the person, into their jobs directory; returns {job_id, job_dir, ...}."""
+    proc = person.kit("launch", "--json", "--output-dir", str(person.dir / "jobs"), *args, "--", *command,
+                      timeout=timeout)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[0])
 
 
 @pytest.mark.parametrize("mode", ["create", "squashfuse"])
-def test_two_node_lightning_job_runs_inside_the_image(cluster, cpu_image, tmp_path, mode):
-    """The README's main job in each of pyxis's modes. In squashfuse mode
-    the node's first task has the runtime's FUSE daemons below it for the whole step: the
+def test_two_node_lightning_job_runs_inside_the_image(cluster, person, user_image, mode):
+    """The README's main job in each of pyxis's modes, an ordinary user's: its ranks their uid on the host. In
+    squashfuse mode the node's first task has the runtime's FUSE daemons below it for the whole step: the
     job ends COMPLETED 0 (a teardown that stopped them failed it with the root gone:
     "Transport endpoint is not connected"), and nothing of them is left after it."""
+    skip_where_squashfuse_is_closed(cluster, mode)
     with container_mode(cluster, mode):
-        two_node_lightning_job(cluster, cpu_image, tmp_path, mode)
+        two_node_lightning_job(cluster, person, user_image, mode)
 
 
-def two_node_lightning_job(cluster, cpu_image, tmp_path, mode):
+def two_node_lightning_job(cluster, person, image, mode):
     assert cluster.state().containers in ("kit-pyxis", "pyxis")
-    assert fuse_daemons(cluster) == []
+    assert fuse_daemons(person) == []
     slurmd_log = cluster.root / "log" / "slurmd-node1.log"
     slurmd_log_at = slurmd_log.stat().st_size
-    host = tmp_path / "host-data"
+    host = person.dir / "host-data"
     host.mkdir()
     (host / "from-host.txt").write_text("host file\n")
-    loops_before, mounts_before = loops_and_mounts(cluster)
-    probe = ('echo "rank=$RANK marker=$(cat /.kit/image.json | head -c 1) pwd=$(pwd) '
+    person.own(host)
+    loops_before, mounts_before = loops_and_mounts(cluster, person)
+    probe = ('echo "rank=$RANK marker=$(cat /.kit/image.json | head -c 1) pwd=$(pwd) uid=$(id -u) '
              'pu=$PYTHONUNBUFFERED ma=$MASTER_ADDR mp=$MASTER_PORT host=$(cat /data/from-host.txt)" '
              '> "/data/probe-$RANK.txt"; '
              # --step-delay: the training spans several exporter polls, so the report has a throughput to draw
              'exec python3 -m kit.train --max-steps 30 --step-delay 0.1 --checkpoint-every 10 --checkpoint-dir /data/ckpt')
-    proc = kit("launch", "--local", "--nodes", "2", "--wait", "--image", str(cpu_image),
-               "--mount", f"{host}:/data", "--env", "PYTHONUNBUFFERED=from-the-job",
-               "--output-dir", str(tmp_path / "jobs"), "--", "bash", "-c", probe, cwd=tmp_path, timeout=600)
-    job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
+    proc = person.kit("launch", "--nodes", "2", "--wait", "--image", str(image), "--mount", f"{host}:/data",
+                      "--env", "PYTHONUNBUFFERED=from-the-job", "--output-dir", str(person.dir / "jobs"), "--",
+                      "bash", "-c", probe, timeout=600)
+    job_dir = job_dir_of(proc)
     assert proc.returncode == 0, proc.stderr + read_logs(job_dir)
     assert not Path("/.kit/image.json").exists()  # the marker exists only in the image
     for rank in (0, 1):
         line = (host / f"probe-{rank}.txt").read_text()
         assert f"rank={rank} marker={{" in line          # /.kit/image.json was readable: inside the image
+        assert f" uid={person.uid} " in line              # the user's own uid on the host
         assert "pwd=/workspace " in line                   # the image's workdir
         assert "pu=from-the-job " in line                  # the job's value beat the image's ENV (=1)
         assert re.search(r"ma=\S+ mp=\d+ host=host file", line)
@@ -110,13 +126,14 @@ def two_node_lightning_job(cluster, cpu_image, tmp_path, mode):
     assert re.search(r"rank=0 world_size=2", logs) and re.search(r"rank=1 world_size=2", logs)
     assert "done at step=30" in logs
     assert (host / "ckpt" / "last.ckpt").stat().st_size > 0  # written through the mount
+    assert os.stat(host / "ckpt" / "last.ckpt").st_uid == person.uid
     assert wait_no_processes(job_dir, 5) == []
-    assert released(cluster, (loops_before, mounts_before))
+    assert released(cluster, person, (loops_before, mounts_before))
     # kit report on this, the README's main job: the exporter in the
     # container saw the job's processes; panels for what was measured, numbers from the logs.
     from report_check import check
 
-    rep = kit("report", job_dir, "--prometheus", "http://127.0.0.1:1")
+    rep = person.kit("report", job_dir, "--prometheus", "http://127.0.0.1:1")
     assert rep.returncode == 0, rep.stderr
     summary = json.loads((Path(job_dir) / "report.json").read_text())
     assert summary["panels"] == ["CPU (cores busy)", "Memory (GiB)", "Training loss", "Step time (s)",
@@ -129,21 +146,21 @@ def two_node_lightning_job(cluster, cpu_image, tmp_path, mode):
     assert sorted(t["node"] for t in starts) == ["node1", "node2"] and {t["run"] for t in starts} == {0}, starts
     assert all(0 < t["seconds"] < 300 for t in starts), starts
     assert "task start after srun (with an image: the container's start): run 0: node1 " in rep.stdout, rep.stdout
-    rows = json.loads(kit("ps", "--json", "--all", "--output-dir", str(tmp_path / "jobs")).stdout)
+    rows = json.loads(person.kit("ps", "--json", "--all", "--output-dir", str(person.dir / "jobs")).stdout)
     (row,) = [r for r in rows if r["job_dir"] == str(Path(job_dir).resolve())]
     assert sorted(row["task_start"]) == ["node1", "node2"], row
     # Which mode each node ran, from the task itself (its root's file system), in report.json
     # and the text; the status says the cluster's; pyxis's own words in the slurmd log.
     assert [t["mode"] for t in starts] == [mode, mode], starts
     assert f"container: {mode} mode (" in rep.stdout and "on node1, node2" in rep.stdout, rep.stdout
-    status = kit("cluster", "status").stdout
+    status = kit("cluster", "status").stdout  # the admin's view
     assert f"; {mode} mode (" in status, status
     with open(slurmd_log, errors="replace") as f:
         f.seek(slurmd_log_at)
         skipped = "skipping container creation (squashfuse enabled)" in f.read()
     assert skipped == (mode == "squashfuse")
     assert "Transport endpoint is not connected" not in logs
-    wait_for(lambda: fuse_daemons(cluster) == [], 30, what="the step's FUSE daemons to end with it")
+    wait_for(lambda: fuse_daemons(person) == [], 30, what="the step's FUSE daemons to end with it")
 
 
 def image_listing(image: Path) -> list[str]:
@@ -153,59 +170,61 @@ def image_listing(image: Path) -> list[str]:
             and not line.endswith("squashfs-root/.kit/image.json")]
 
 
-def test_the_dockerfile_builds_the_same_image_as_the_toml_recipe(cluster, cpu_image, tmp_path):
+def test_the_dockerfile_builds_the_same_image_as_the_toml_recipe(cluster, cpu_image, person):
     """containers/cpu-lightning.Dockerfile and .toml give the same file
     tree and enroot metadata (the Dockerfile's build finds the TOML build's layers in the
-    cache: same steps, same keys), and the README's main job runs in the Dockerfile's image."""
+    cache: same steps, same keys), and the README's main job runs in the Dockerfile's image (the user's)."""
     from kit.image.builder import cache_dir
 
     # A whole image left in the image cache by an earlier session on the same KIT_HOME
     # (KIT_TEST_CLUSTER) would be taken as it is, and no step would be looked up.
     for cached in cache_dir().glob("*.sqsh"):
         cached.unlink()
-    out = tmp_path / "from-dockerfile.sqsh"
+    out = person.dir / "from-dockerfile.sqsh"
     proc = kit("build", str(REPO / "containers"), "-f", "cpu-lightning.Dockerfile", "-o", str(out), timeout=1200)
     assert proc.returncode == 0, proc.stderr
+    person.own(out)
     assert "cached: pip: " in proc.stderr and "cached: kit: " in proc.stderr, proc.stderr
     assert image_listing(out) == image_listing(cpu_image)
     for name in ("etc/environment", "etc/rc", "etc/fstab"):
         read = [subprocess.run(["unsquashfs", "-cat", str(i), name], capture_output=True, text=True).stdout
                 for i in (out, cpu_image)]
         assert read[0] == read[1], name
-    job = kit("launch", "--local", "--nodes", "2", "--wait", "--image", str(out), "--output-dir", str(tmp_path / "jobs"),
-              "--", "python3", "-m", "kit.train", "--max-steps", "20", cwd=tmp_path, timeout=600)
-    job_dir = re.search(r"^job dir: (.+)$", job.stdout, re.M).group(1)
+    job = person.kit("launch", "--nodes", "2", "--wait", "--image", str(out), "--output-dir", str(person.dir / "jobs"),
+                     "--", "python3", "-m", "kit.train", "--max-steps", "20", timeout=600)
+    job_dir = job_dir_of(job)
     assert job.returncode == 0, job.stderr + read_logs(job_dir)
     assert "done at step=20" in read_logs(job_dir)
 
 
-def test_console_scripts_are_on_path_and_torchrun_forms_one_world_in_the_image(cluster, cpu_image, tmp_path):
+def test_console_scripts_are_on_path_and_torchrun_forms_one_world_in_the_image(cluster, person, user_image):
     """Every console script the image's pip step installed runs (none
     exits 126 or 127: on PATH, its #! naming the image's python), and the README's torchrun
-    example with --image, as written there, forms one world of 4 on 2 nodes."""
-    listing = subprocess.run(["unsquashfs", "-lc", str(cpu_image), "usr/local/bin"], capture_output=True,
+    example with --image, as written there, forms one world of 4 on 2 nodes (the user's copy of the examples)."""
+    listing = subprocess.run(["unsquashfs", "-lc", str(user_image), "usr/local/bin"], capture_output=True,
                              text=True).stdout
     scripts = sorted(line.rsplit("/", 1)[1] for line in listing.splitlines() if "/usr/local/bin/" in line)
     assert {"torchrun", "fabric", "tqdm"} <= set(scripts), listing
     probe = ('for s in /usr/local/bin/*; do timeout 120 "$s" --help </dev/null >/dev/null 2>&1; '
              'echo "script $(basename "$s") $? $(head -c 60 "$s" | head -n 1)"; done')
-    proc = kit("launch", "--local", "--wait", "--image", str(cpu_image), "--output-dir", str(tmp_path / "jobs"),
-               "--", "bash", "-c", probe, cwd=tmp_path, timeout=900)
-    job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
+    proc = person.kit("launch", "--wait", "--image", str(user_image), "--output-dir", str(person.dir / "jobs"),
+                      "--", "bash", "-c", probe, timeout=900)
+    job_dir = job_dir_of(proc)
     assert proc.returncode == 0, proc.stderr + read_logs(job_dir)
     ran = {m.group(1): (int(m.group(2)), m.group(3)) for m in
            re.finditer(r"script (\S+) (\d+) (.*)$", read_logs(job_dir), re.M)}
     assert sorted(ran) == scripts
     assert [name for name, (code, _) in ran.items() if code in (126, 127)] == [], ran
     assert all(line == "#!/usr/bin/python3" for _, line in ran.values() if line.startswith("#!")), ran
-    # The README's example (launch/examples reaches the container through --mount).
+    # The README's example (launch/examples reaches the container through --mount), from the user's checkout.
+    shutil.copytree(REPO / "launch" / "examples", person.dir / "launch" / "examples")
+    person.own(person.dir / "launch")
     readme = (REPO / "README.md").read_text()
     line = next(ln.strip() for ln in readme.splitlines() if "--image" in ln and "torchrun --nproc-per-node 2" in ln)
-    args = shlex.split(line.replace("$PWD", str(REPO)).replace("cpu-lightning.sqsh", str(cpu_image)))
+    args = shlex.split(line.replace("$PWD", str(person.dir)).replace("cpu-lightning.sqsh", str(user_image)))
     assert args[:2] == ["kit", "launch"], line
-    proc = kit("launch", "--local", "--wait", "--output-dir", str(tmp_path / "jobs"), *args[2:], cwd=REPO,
-               timeout=900)
-    job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
+    proc = person.kit("launch", "--wait", "--output-dir", str(person.dir / "jobs"), *args[2:], timeout=900)
+    job_dir = job_dir_of(proc)
     assert proc.returncode == 0, proc.stderr + read_logs(job_dir)
     logs = read_logs(job_dir)
     assert "world=4" in logs and "fsdp2 done" in logs, logs
@@ -220,49 +239,50 @@ def test_an_image_without_bash_is_refused_before_submitting(small_image, tmp_pat
     assert not (tmp_path / "jobs").exists()
 
 
-def test_container_workdir_must_exist(cluster, cpu_image, tmp_path):
-    proc = kit("launch", "--local", "--wait", "--image", str(cpu_image), "--container-workdir", "/not/there",
-               "--output-dir", str(tmp_path / "jobs"), "--", "true", cwd=tmp_path, timeout=120)
-    job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
+def test_container_workdir_must_exist(cluster, person, user_image):
+    proc = person.kit("launch", "--wait", "--image", str(user_image), "--container-workdir", "/not/there",
+                      "--output-dir", str(person.dir / "jobs"), "--", "true", timeout=120)
+    job_dir = job_dir_of(proc)
     assert proc.returncode != 0
     # PYXIS.md: the task fails with pyxis's "couldn't chdir to /not/there: No such file or
     # directory" (the stand-in says it with its own tag): the words both plugins share.
     assert re.search(r"(pyxis|kit-pyxis): couldn't chdir to /not/there: No such file or directory",
                      read_logs(job_dir)), read_logs(job_dir)
     # No rank started: kit logs and --errors show the batch log's story.
-    logs = kit("logs", job_dir)
+    logs = person.kit("logs", job_dir)
     assert logs.returncode == 0 and "couldn't chdir to /not/there" in logs.stdout, logs.stdout + logs.stderr
     assert logs.stderr.startswith("kit: no rank of run 0 has a log")
-    errors = kit("logs", job_dir, "--errors")
+    errors = person.kit("logs", job_dir, "--errors")
     assert errors.stdout.startswith("run 0 failed (exit code ") and "couldn't chdir to /not/there" in errors.stdout, \
         errors.stdout
 
 
-def test_environment_and_mount_flags_follow_pyxis(cluster, cpu_image, tmp_path):
+def test_environment_and_mount_flags_follow_pyxis(cluster, person, user_image):
     """PYXIS.md, "Inside the container": the task loses LANG, LANGUAGE and LC_ALL; the
-    login variables (USER, LOGNAME, HOME as root) and the image's /etc/environment win
-    over the task's values except names in --container-env (kit adds --env names);
-    every accepted mount flag is honoured (ro+nosuid+noexec here)."""
-    host = tmp_path / "host"
+    login variables (USER, LOGNAME, HOME: the job user's, whatever the task had) and the image's
+    /etc/environment win over the task's values except names in --container-env (kit adds --env names);
+    every accepted mount flag is honoured (ro+nosuid+noexec here). The same lines from real pyxis 0.24 +
+    enroot 4.1.2 and the stand-in."""
+    host = person.dir / "host"
     host.mkdir()
     (host / "tool.sh").write_text("#!/bin/sh\necho ran\n")
     (host / "tool.sh").chmod(0o755)
-    probe = ('echo "lang=${LANG-unset} language=${LANGUAGE-unset} lc_all=${LC_ALL-unset} user=$USER '
-             'logname=${LOGNAME-unset} home=$HOME"; '
+    person.own(host)
+    probe = ('echo "lang=${LANG-unset} language=${LANGUAGE-unset} lc_all=${LC_ALL-unset} user=${USER-unset} '
+             'logname=${LOGNAME-unset} home=${HOME-unset} uid=$(id -u)"; '
              'grep " /data " /proc/self/mountinfo | cut -d" " -f6; '
              '/data/tool.sh || echo "exec refused"; touch /data/x 2>/dev/null || echo "write refused"')
-    env = {**os.environ, "LANG": "en_US.UTF-8", "LANGUAGE": "en", "HOME": str(tmp_path), "USER": "alice",
-           "LOGNAME": "alice"}
-    proc = subprocess.run([sys.executable, "-m", "kit", "launch", "--local", "--wait", "--image", str(cpu_image),
-                           "--env", "LC_ALL=C", "--mount", f"{host}:/data:ro+nosuid+noexec",
-                           "--output-dir", str(tmp_path / "jobs"), "--", "bash", "-c", probe],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
+    env = {"LANG": "en_US.UTF-8", "LANGUAGE": "en", "HOME": "/tmp", "USER": "alice", "LOGNAME": "alice"}
+    proc = person.kit("launch", "--wait", "--image", str(user_image), "--env", "LC_ALL=C", "--mount",
+                      f"{host}:/data:ro+nosuid+noexec", "--output-dir", str(person.dir / "jobs"), "--", "bash", "-c",
+                      probe, env=env, timeout=300)
+    job_dir = job_dir_of(proc)
     assert proc.returncode == 0, proc.stderr + read_logs(job_dir)
     out = (Path(job_dir) / "logs" / "rank-0.r0.log").read_text().splitlines()
     # LANGUAGE is removed; LANG is the image's (its ENV), not the task's; LC_ALL came with --env,
     # so kit lists it in --container-env: it is kept.
-    assert out[0] == "lang=C.UTF-8 language=unset lc_all=C user=root logname=root home=/root", out
+    assert out[0] == (f"lang=C.UTF-8 language=unset lc_all=C user={person.name} logname={person.name} "
+                      f"home={person.entry.pw_dir} uid={person.uid}"), out
     assert set(out[1].split(",")) >= {"ro", "nosuid", "noexec"}, out
     assert "exec refused" in out and "write refused" in out and "ran" not in out, out
 
@@ -334,15 +354,17 @@ def test_container_flags_in_the_dry_run(cpu_image, tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["create", "squashfuse"])
-def test_a_failed_and_a_cancelled_two_node_container_job_leave_nothing(cluster, cpu_image, tmp_path, mode):
+def test_a_failed_and_a_cancelled_two_node_container_job_leave_nothing(cluster, person, user_image, mode):
     """No process, mount, loop device or container filesystem after a failure and after
     scancel (success: the main job's test), in each of pyxis's modes. The failing rank's own
     code is its task's: the launcher's teardown (in its EXIT trap, after the failed command)
     leaves the runtime's FUSE daemons alone — it once stopped them, and the task died 126
-    of its root gone ("Transport endpoint is not connected")."""
+    of its root gone ("Transport endpoint is not connected"). Nothing of the user's is left running (the test
+    made them: every process of theirs is its)."""
+    skip_where_squashfuse_is_closed(cluster, mode)
     with container_mode(cluster, mode):
-        failed_and_cancelled(cluster, cpu_image, tmp_path)
-    assert fuse_daemons(cluster) == []
+        failed_and_cancelled(cluster, person, user_image)
+    assert fuse_daemons(person) == []
 
 
 STOPPING = """
@@ -390,7 +412,7 @@ SEEN = {"create": "ok", "squashfuse": "Stale file handle",
 
 
 @pytest.mark.parametrize("mode", list(SEEN))
-def test_a_cancelled_container_step_ends_in_seconds_with_every_rank_recorded(cluster, cpu_image, tmp_path, mode):
+def test_a_cancelled_container_step_ends_in_seconds_with_every_rank_recorded(cluster, person, user_image, mode):
     """PYXIS.md, squashfuse mode: the step's SIGTERM also reaches the runtime's FUSE daemons, and paths
     through the image's root fail from then on (/dev/null, /proc, the job directory's mount point). The job
     directory is where users keep it, under the image's root (not the container's /tmp tmpfs). Rank 0
@@ -398,20 +420,29 @@ def test_a_cancelled_container_step_ends_in_seconds_with_every_rank_recorded(clu
     all the same; rank 1's handler finds the image gone and exits; each launcher records how its rank
     ended, and the cancel ends in seconds, not at KillWait (30 s). Before the launcher kept its descriptors
     and read /proc from its working directory, under fuse-overlayfs: 32.6 s, both exit records empty
-    ("cannot redirect standard input from /dev/null": its killer never ran)."""
+    ("cannot redirect standard input from /dev/null": its killer never ran). The job is the ordinary user's, but
+    under fuse-overlayfs root's: its daemons, mounted by libfuse, fail every path from "/"; an ordinary user's
+    (mounted in their namespace through the step's device) leave the dentries already looked up, the bound /dev
+    among them, and the launcher would not meet the end it must survive."""
+    skip_where_squashfuse_is_closed(cluster, mode)
     out = Path(tempfile.mkdtemp(prefix="kit-test-", dir="/var/tmp"))
+    person.own(out)
+    as_root = mode.endswith("fuse-overlayfs")
+    launch = ["launch", "--json", "--nodes", "2", "--image", str(user_image), "--output-dir", str(out), "--",
+              "python3", "-c", STOPPING]
     overlay = stand_in_setting(cluster, "native_overlayfs=0") if mode.endswith("fuse-overlayfs") else \
         contextlib.nullcontext()
     try:
         with container_mode(cluster, mode.split("-")[0]), overlay:
-            proc = kit("launch", "--local", "--json", "--nodes", "2", "--image", str(cpu_image), "--output-dir",
-                       str(out), "--", "python3", "-c", STOPPING, cwd=tmp_path)
+            proc = kit(*launch, "--local", cwd=out) if as_root else person.kit(*launch)
             assert proc.returncode == 0, proc.stderr
             job = json.loads(proc.stdout)
             job_dir = Path(job["job_dir"])
             wait_for(lambda: all(f"ready-{r}" in read_logs(job_dir) for r in (0, 1)), 120, what="both ranks ready")
             start = time.time()
-            subprocess.run(["scancel", job["job_id"]], env={**os.environ, **cluster.target.env}, check=True)
+            cancel = subprocess.run(["scancel", job["job_id"]], env={**os.environ, **cluster.target.env}) if as_root \
+                else person.run(["scancel", job["job_id"]])
+            assert cancel.returncode == 0
             assert slurm.wait(cluster.target, job["job_id"], timeout=120).state == "CANCELLED"
         logs = read_logs(job_dir)
         assert "the command did not stop 3 s after the stop signal: killing it" in logs, logs
@@ -424,8 +455,8 @@ def test_a_cancelled_container_step_ends_in_seconds_with_every_rank_recorded(clu
         assert took < 15, f"the ranks ended {took:.1f} s after the cancel (KillWait: 30 s)\n{logs}"
         assert f"rank 1: handler: /dev/null: {SEEN[mode]}" in logs, logs
         assert "cannot redirect" not in logs, logs
-        assert_nothing_left(cluster, Waiting(None, job["job_id"], job_dir))
-        wait_for(lambda: fuse_daemons(cluster) == [], 30, what="the step's FUSE daemons to end with it")
+        assert_nothing_left(cluster, Waiting(None, job["job_id"], job_dir), 0 if as_root else person.uid)
+        wait_for(lambda: fuse_daemons(person) == [], 30, what="the step's FUSE daemons to end with it")
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
@@ -436,14 +467,14 @@ def stray_teardown_lines(logs: str) -> list[str]:
     return [line for line in logs.splitlines() if "left below the task" in line or "own subshell" in line]
 
 
-def failed_and_cancelled(cluster, cpu_image, tmp_path):
-    loops_before, mounts_before = loops_and_mounts(cluster)
+def failed_and_cancelled(cluster, person, image):
+    loops_before, mounts_before = loops_and_mounts(cluster, person)
 
     class W:
         def __init__(self, job):
             self.job_id, self.job_dir = job["job_id"], Path(job["job_dir"])
-    failed = submit(tmp_path, "--nodes", "2", "--image", str(cpu_image),
-                    command=["bash", "-c", 'if [ "$RANK" = 1 ]; then exit 3; fi; sleep 60'])
+    failed = launched(person, "--nodes", "2", "--image", str(image),
+                      command=["bash", "-c", 'if [ "$RANK" = 1 ]; then exit 3; fi; sleep 60'])
     end = slurm.wait(cluster.target, failed["job_id"], timeout=180)
     assert (end.state, end.exit_code) == ("FAILED", 3), read_logs(failed["job_dir"])
     logs = read_logs(failed["job_dir"])
@@ -451,105 +482,123 @@ def failed_and_cancelled(cluster, cpu_image, tmp_path):
     # Every node holds the runtime's processes below its rank: none is the job's, and each launcher's
     # teardown is its own (a helper signalled as it was forked once ran a second one beside it).
     assert not stray_teardown_lines(logs), logs
-    assert_nothing_left(cluster, W(failed))
-    cancelled = submit(tmp_path, "--nodes", "2", "--image", str(cpu_image), command=["bash", "-c", 'echo "ready-$RANK"; sleep 300'])
+    assert_nothing_left(cluster, W(failed), person.uid)
+    nothing_of_theirs_left(person)
+    cancelled = launched(person, "--nodes", "2", "--image", str(image),
+                         command=["bash", "-c", 'echo "ready-$RANK"; sleep 300'])
     wait_for(lambda: all(f"ready-{r}" in read_logs(cancelled["job_dir"]) for r in (0, 1)), 120,
              what="both ranks in their containers")
-    subprocess.run(["scancel", cancelled["job_id"]], env={**os.environ, **cluster.target.env}, check=True)
+    assert person.kit("cancel", cancelled["job_dir"]).returncode == 0
     assert slurm.wait(cluster.target, cancelled["job_id"], timeout=120).state == "CANCELLED"
     assert not stray_teardown_lines(read_logs(cancelled["job_dir"])), \
         read_logs(cancelled["job_dir"])
-    assert_nothing_left(cluster, W(cancelled))
-    assert released(cluster, (loops_before, mounts_before))
+    assert_nothing_left(cluster, W(cancelled), person.uid)
+    nothing_of_theirs_left(person)
+    assert released(cluster, person, (loops_before, mounts_before))
+
+
+def nothing_of_theirs_left(person) -> None:
+    """No process of the person's (the test made them: every one is its own) and no mount of their home."""
+    def processes() -> str:
+        return subprocess.run(["pgrep", "-a", "-u", str(person.uid)], capture_output=True, text=True).stdout
+    wait_for(lambda: processes() == "", 30, what=f"no process of {person.name} left")
+    assert person.entry.pw_dir not in Path("/proc/self/mountinfo").read_text()
 
 
 @pytest.fixture(scope="module")
-def base_image(debian_base, tmp_path_factory) -> Path:
-    """The Debian base as an image with no /etc/rc and no PATH in /etc/environment."""
-    out = tmp_path_factory.mktemp("base-image") / "debian.sqsh"
-    subprocess.run(["mksquashfs", str(debian_base), str(out), "-quiet", "-no-progress", "-comp", "lz4"],
+def base_image(debian_base, user) -> Path:
+    """The Debian base as an image with no /etc/rc and no PATH in /etc/environment (the ordinary user's)."""
+    out = Path(user.pw_dir) / "debian.sqsh"
+    subprocess.run(["mksquashfs", str(debian_base), str(out), "-noappend", "-quiet", "-no-progress", "-comp", "lz4"],
                    check=True, timeout=600)
+    os.chown(out, user.pw_uid, user.pw_gid)
     return out
 
 
-def srun(cluster, *args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
-    """srun straight on the local cluster: the container plugin alone, without kit's scripts."""
-    return subprocess.run(["srun", "-N1", *args], env={**os.environ, **cluster.target.env, **(env or {})},
-                          capture_output=True, text=True, timeout=timeout)
+def srun(person, *args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    """srun straight on the local cluster, as the person: the container plugin alone, without kit's scripts."""
+    return person.run(["srun", "-N1", *args], env=env, timeout=timeout)
 
 
 PROBE = 'echo "pwd=$(pwd) shell=${SHELL-unset} term=${TERM-unset} path=$PATH home=$HOME user=$USER"'
 
 
-def test_login_environment_and_default_workdir_follow_pyxis(cluster, cpu_image, base_image):
+def test_login_environment_and_default_workdir_follow_pyxis(cluster, person, user_image, base_image):
     """PYXIS.md, "Inside the container": the login variables (HOME, USER, SHELL, a
     default PATH) win over the task's, /etc/environment wins over them, and names in
     --container-env keep the task's value; the working directory is the image's WORKDIR
-    (from /etc/rc), or HOME for an image without /etc/rc. Values as enroot sets them: PATH
-    from the image's login.defs ENV_SUPATH (as root); TERM from its environ.d (TERM=${TERM}):
-    the task's own, empty when the task has none."""
-    task = {"TERM": "xterm", "SHELL": "/bin/zsh", "PATH": os.environ["PATH"] + ":/host/only", "HOME": "/home/alice"}
-    proc = srun(cluster, f"--container-image={base_image}", "bash", "-c", PROBE, env=task)
+    (from /etc/rc), or HOME for an image without /etc/rc. Values as enroot sets them for an ordinary user: its
+    10-shadow.sh hook puts the user's host entry in the image's passwd and makes their home there (the stand-in
+    left USER and HOME as the task had them, and an image without /etc/rc started them in root's /root); PATH from
+    the image's login.defs ENV_PATH (ENV_SUPATH is root's); TERM from its environ.d (TERM=${TERM}): the task's
+    own, empty when the task has none."""
+    task = {"TERM": "xterm", "SHELL": "/bin/zsh", "PATH": "/usr/bin:/bin:/host/only", "HOME": "/home/alice"}
+    home, name = person.entry.pw_dir, person.name
+    proc = srun(person, f"--container-image={base_image}", "bash", "-c", PROBE, env=task)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["pwd=/root", "shell=/bin/bash", "term=xterm",
-                                   "path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                                   "home=/root", "user=root"], proc.stdout
-    no_term = {k: v for k, v in os.environ.items() if k != "TERM"}
-    proc = subprocess.run(["srun", "-N1", f"--container-image={base_image}", "bash", "-c", 'echo "term=[${TERM-unset}]"'],
-                          env={**no_term, **cluster.target.env}, capture_output=True, text=True, timeout=180)
+    assert proc.stdout.split() == [f"pwd={home}", "shell=/bin/bash", "term=xterm",
+                                   "path=/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games",
+                                   f"home={home}", f"user={name}"], proc.stdout
+    # Who they are in the image: its passwd names them (whoami, getpass and ssh read it), their home theirs.
+    proc = srun(person, f"--container-image={base_image}", "bash", "-c",
+                'echo "$(whoami) $(id -gn) $(stat -c %U:%a ~) $(ls -A ~ | sort | tr "\n" " ")"')
+    assert proc.stdout.split() == [name, name, f"{name}:755", ".bash_logout", ".bashrc", ".profile"], \
+        proc.stdout + proc.stderr
+    proc = person.run(["env", "-u", "TERM", "srun", "-N1", f"--container-image={base_image}", "bash", "-c",
+                       'echo "term=[${TERM-unset}]"'], timeout=180)
     assert proc.stdout.strip() == "term=[]", proc.stdout + proc.stderr
     # /sys read-only; the host's /etc/hostname and /etc/machine-id (PYXIS.md, "Mounts inside").
     look = ('touch /sys/kit-probe 2>/dev/null && echo sys-writable || echo sys-ro; cat /etc/hostname; '
             'cat /etc/machine-id 2>/dev/null || echo no-machine-id; stat -c "tmp=%a" /tmp')
-    proc = srun(cluster, f"--container-image={base_image}", "bash", "-c", look)
+    proc = srun(person, f"--container-image={base_image}", "bash", "-c", look)
     host = [Path("/etc/hostname").read_text().strip() if Path("/etc/hostname").exists() else "",
             Path("/etc/machine-id").read_text().strip() if Path("/etc/machine-id").exists() else "no-machine-id"]
     # /tmp is a tmpfs of mode 0755, as enroot 4.1.2 makes it, not 1777.
     assert proc.stdout.split("\n")[:4] == ["sys-ro", *host, "tmp=755"], proc.stdout + proc.stderr
     # The cpu image: WORKDIR /workspace through its /etc/rc; its ENV PATH (/etc/environment)
     # wins over the login PATH; TERM listed in --container-env keeps the task's value.
-    proc = srun(cluster, f"--container-image={cpu_image}", "--container-env=TERM", "bash", "-c", PROBE, env=task)
+    proc = srun(person, f"--container-image={user_image}", "--container-env=TERM", "bash", "-c", PROBE, env=task)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["pwd=/workspace", "shell=/bin/bash", "term=xterm",
                                    "path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                                   "home=/root", "user=root"], proc.stdout
+                                   f"home={home}", f"user={name}"], proc.stdout
 
 
-def test_tasks_of_a_node_share_one_container(cluster, cpu_image):
+def test_tasks_of_a_node_share_one_container(cluster, person, user_image):
     """PYXIS.md: one container per node per step, shared by that node's tasks (a shared
     /tmp, and with --container-writable a shared root filesystem)."""
-    loops_before, mounts_before = loops_and_mounts(cluster)
-    share = ('if [ "$SLURM_PROCID" = 0 ]; then echo from-0 > /tmp/shared; echo from-0 > /opt/shared; fi; '
-             'for i in $(seq 100); do [ -e /tmp/shared ] && [ -e /opt/shared ] && break; sleep 0.1; done; '
-             'echo "task $SLURM_PROCID sees $(cat /tmp/shared /opt/shared 2>/dev/null | tr "\\n" " ")"')
-    proc = srun(cluster, "-n2", f"--container-image={cpu_image}", "--container-writable", "bash", "-c", share)
+    loops_before, mounts_before = loops_and_mounts(cluster, person)
+    share = ('if [ "$SLURM_PROCID" = 0 ]; then echo from-0 > /tmp/shared; echo from-0 > /var/tmp/shared; fi; '
+             'for i in $(seq 100); do [ -e /tmp/shared ] && [ -e /var/tmp/shared ] && break; sleep 0.1; done; '
+             'echo "task $SLURM_PROCID sees $(cat /tmp/shared /var/tmp/shared 2>/dev/null | tr "\\n" " ")"')
+    proc = srun(person, "-n2", f"--container-image={user_image}", "--container-writable", "bash", "-c", share)
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == ["task 0 sees from-0 from-0 ", "task 1 sees from-0 from-0 "], proc.stdout
     # The container lived in the step's own mount namespace: nothing of it is left.
-    assert released(cluster, (loops_before, mounts_before))
+    assert released(cluster, person, (loops_before, mounts_before))
 
 
-def test_a_named_container_persists_on_its_node_with_its_writes(cluster, base_image, tmp_path):
+def test_a_named_container_persists_on_its_node_with_its_writes(cluster, person, base_image):
     """PYXIS.md: --container-name keeps the container (pyxis_NAME) in the node's data path
     after the job, with its writes when writable; a later job with the name reuses it
     ("pyxis: reusing existing container filesystem"), even when given another image."""
     name = f"kit-test-{os.getpid()}"
-    kept = named_containers(cluster, "node1") / f"pyxis_{name}"
+    kept = named_containers(cluster, "node1", person.uid) / f"pyxis_{name}"
     try:
         with container_scope(cluster, "global"):
-            _persist_and_reuse(cluster, base_image, name, kept)
+            _persist_and_reuse(cluster, person, base_image, name, kept)
     finally:
         # What `kit cluster down` does for every node (tests/test_cluster.py checks it).
         subprocess.run(["rm", "-rf", str(kept)], check=True)
 
 
-def _persist_and_reuse(cluster, base_image, name: str, kept: Path) -> None:
+def _persist_and_reuse(cluster, person, base_image, name: str, kept: Path) -> None:
     """The named container's life in pyxis's global scope (see the test above)."""
-    first = srun(cluster, "-w", "node1", f"--container-image={base_image}", f"--container-name={name}",
-                 "--container-writable", "bash", "-c", "echo written-by-the-first > /root/note; cat /etc/debian_version")
+    first = srun(person, "-w", "node1", f"--container-image={base_image}", f"--container-name={name}",
+                 "--container-writable", "bash", "-c", "echo written-by-the-first > /var/tmp/note; cat /etc/debian_version")
     assert first.returncode == 0, first.stderr
-    assert (kept / "root" / "note").read_text() == "written-by-the-first\n"
-    second = srun(cluster, "-w", "node1", f"--container-name={name}", "cat", "/root/note")
+    assert (kept / "var" / "tmp" / "note").read_text() == "written-by-the-first\n"
+    second = srun(person, "-w", "node1", f"--container-name={name}", "cat", "/var/tmp/note")
     assert second.returncode == 0, second.stderr
     assert second.stdout == "written-by-the-first\n"
     # pyxis says so in the slurmd log, not on srun's stderr (PYXIS.md).
@@ -557,41 +606,40 @@ def _persist_and_reuse(cluster, base_image, name: str, kept: Path) -> None:
     assert "pyxis: reusing existing container filesystem" in log
     assert "reusing existing container filesystem" not in second.stderr, second.stderr
     # Read-only unless --container-writable, also when reused.
-    third = srun(cluster, "-w", "node1", f"--container-name={name}", "bash", "-c", "touch /root/x || echo refused")
+    third = srun(person, "-w", "node1", f"--container-name={name}", "bash", "-c", "touch /var/tmp/x || echo refused")
     assert third.stdout.strip().endswith("refused"), third.stdout + third.stderr
     # Another node has no such container and no image was given: a clear error, exit 1.
-    missing = srun(cluster, "-w", "node2", f"--container-name={name}", "true")
+    missing = srun(person, "-w", "node2", f"--container-name={name}", "true")
     assert missing.returncode == 1 and "pyxis" in missing.stderr, missing.stderr
     if cluster.state().containers == "kit-pyxis":  # the stand-in's own words
         assert f"pyxis: error: no container named {name} on this node" in missing.stderr, missing.stderr
 
 
-def test_under_container_scope_job_kit_names_the_container_and_the_job_epilog_removes_it(cluster, base_image,
-                                                                                          tmp_path):
+def test_under_container_scope_job_kit_names_the_container_and_the_job_epilog_removes_it(cluster, person,
+                                                                                          base_image):
     """pyxis's container_scope=job in create mode: kit names the container (pyxis_JOBID_kit on each node, as
     pyxis names a job's), so that the job epilog, not the step, removes it: the job ends COMPLETED, its
     containers are there while it runs and gone after, on every node, and the nodes stay up. A name the user
     gives is theirs; in pyxis's global scope kit names nothing."""
-    from kit import api, slurm
     from kit.slurm import pyxis
 
-    data = [named_containers(cluster, f"node{i}") for i in (1, 2)]
+    data = [named_containers(cluster, f"node{i}", person.uid) for i in (1, 2)]
     with container_scope(cluster, "global"):  # pyxis's default: named containers stay
         assert not pyxis.epilog_removes(slurm.pyxis_settings(cluster.target))
     with container_scope(cluster, "job"):
         assert slurm.pyxis_settings(cluster.target)["container_scope"] == "job"
-        job = submit(tmp_path, "--nodes", "2", "--image", str(base_image), "--no-exporter",
-                     command=["bash", "-c", "sleep 4; echo ran in $(cat /etc/debian_version)"])
+        job = launched(person, "--nodes", "2", "--image", str(base_image), "--no-exporter",
+                       command=["bash", "-c", "sleep 4; echo ran in $(cat /etc/debian_version)"])
         job_dir, job_id = Path(job["job_dir"]), job["job_id"]
         assert "--container-name=kit" in (job_dir / "prelaunch.sh").read_text()
         kept = [d / f"pyxis_{job_id}_kit" for d in data]
         wait_for(lambda: all(k.is_dir() for k in kept), 120, what="the job's named container on both nodes")
-        end = api.Job(job_dir).wait(timeout=180)
+        end = slurm.wait(cluster.target, job_id, timeout=180)
         assert (end.state, end.exit_code) == ("COMPLETED", 0), read_logs(job_dir)
         assert "ran in 12." in read_logs(job_dir)
         wait_for(lambda: not any(k.exists() for k in kept), 30, what="the job epilog removing its containers")
         assert not [p.name for d in data for p in d.iterdir() if p.name.startswith(f"pyxis_{job_id}")]
-        mine = submit(tmp_path, "--image", str(base_image), "--container-name", "mine", "--dry-run", command=["true"])
+        mine = launched(person, "--image", str(base_image), "--container-name", "mine", "--dry-run", command=["true"])
         assert "--container-name=mine" in " ".join(mine["sbatch_argv"]) or \
             "--container-name=mine" in (Path(mine["job_dir"]) / "prelaunch.sh").read_text()
     nodes = subprocess.run(["sinfo", "-h", "-o", "%t"], env={**os.environ, **cluster.target.env},
@@ -599,10 +647,10 @@ def test_under_container_scope_job_kit_names_the_container_and_the_job_epilog_re
     assert set(nodes) == {"idle"}, nodes
 
 
-def test_a_node_repaired_from_a_shell_with_another_path_still_runs_containers(cluster, base_image, tmp_path):
-    """node2's slurmd dies; `kit cluster up` repairs it from a shell whose
+def test_a_node_repaired_from_a_shell_with_another_path_still_runs_containers(cluster, person, base_image):
+    """node2's slurmd dies; `kit cluster up` (root's) repairs it from a shell whose
     PATH lacks enroot's directory (nothing under /usr/local: enroot built from source lives
-    there) and Slurm's own tools are found by kit; container jobs on both nodes
+    there) and Slurm's own tools are found by kit; the user's container jobs on both nodes
     still run (real pyxis: the per-node enroot wrapper puts enroot's helpers on PATH itself)."""
     import signal
 
@@ -618,10 +666,10 @@ def test_a_node_repaired_from_a_shell_with_another_path_still_runs_containers(cl
     assert up.returncode == 0, up.stdout + up.stderr
     assert "restarting node2" in up.stderr + up.stdout
     assert cluster.running() and cluster.state().pids["node2"] != st.pids["node2"]
-    proc = kit("launch", "--local", "--nodes", "2", "--wait", "--image", str(base_image), "--output-dir",
-               str(tmp_path / "jobs"), "--", "bash", "-c", 'echo "in $(. /etc/os-release; echo $ID) on $SLURMD_NODENAME"',
-               cwd=tmp_path, timeout=300)
-    job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
+    proc = person.kit("launch", "--nodes", "2", "--wait", "--image", str(base_image), "--output-dir",
+                      str(person.dir / "jobs"), "--", "bash", "-c",
+                      'echo "in $(. /etc/os-release; echo $ID) on $SLURMD_NODENAME"', timeout=300)
+    job_dir = job_dir_of(proc)
     assert proc.returncode == 0, proc.stderr + read_logs(job_dir)
     assert sorted(re.findall(r"^\d: in debian on (node\d)$", read_logs(job_dir), re.M)) == ["node1", "node2"]
 
@@ -635,48 +683,66 @@ def test_bench_container_quick(cluster, cpu_image, tmp_path):
     assert "first step, squashfuse / create:" in proc.stdout and "create mode's end of the job beyond the host's" in proc.stdout, proc.stdout
 
 
-def test_container_options_on_sbatch_and_salloc_follow_pyxis(cluster, cpu_image, tmp_path):
+def test_container_options_on_sbatch_and_salloc_follow_pyxis(cluster, person, user_image):
     """PYXIS.md: pyxis takes its flags on sbatch (the batch script itself runs in the image,
     its script bound in from slurmd's spool directory) and on salloc (the allocation's steps
     inherit them). kit puts them on the srun step; a user's own sbatch line may not."""
-    env = {**os.environ, **cluster.target.env}
-    out = tmp_path / "batch.out"
-    sub = subprocess.run(["sbatch", "--parsable", "-N1", f"--container-image={cpu_image}", f"--output={out}",
-                          "--wrap", 'test -e /.kit/image.json && echo "batch inside the image"'],
-                         env=env, capture_output=True, text=True, timeout=60)
+    out = person.dir / "batch.out"
+    sub = person.run(["sbatch", "--parsable", "-N1", f"--container-image={user_image}", f"--output={out}",
+                      "--wrap", 'test -e /.kit/image.json && echo "batch inside the image"'], timeout=60)
     assert sub.returncode == 0, sub.stderr
     end = slurm.wait(cluster.target, sub.stdout.strip().split(";")[0], timeout=180)
     assert end.state == "COMPLETED", out.read_text() if out.exists() else end
     assert out.read_text().strip() == "batch inside the image", out.read_text()
-    alloc = subprocess.run(["salloc", "-N1", f"--container-image={cpu_image}", "srun", "bash", "-c",
-                            'test -e /.kit/image.json && echo "step inside the image"'],
-                           env=env, capture_output=True, text=True, timeout=180)
+    alloc = person.run(["salloc", "-N1", f"--container-image={user_image}", "srun", "bash", "-c",
+                        'test -e /.kit/image.json && echo "step inside the image"'], timeout=180)
     assert alloc.returncode == 0 and alloc.stdout.strip() == "step inside the image", alloc.stdout + alloc.stderr
 
 
-def test_a_function_job_runs_in_a_kit_built_image(cluster, cpu_image, tmp_path):
-    """Under an image: the call is unpickled by the image's python3 (same
-    minor version, cloudpickle built in: checked from the image's file list before submitting)."""
-    import kit as kitlib
+FUNCTIONS = """
+import json, sys
+import kit
 
-    def where_am_i(tag):
-        import os
-        import sys
+def where_am_i(tag):
+    import os
+    import sys
 
-        return {"tag": tag, "rank": int(os.environ["RANK"]), "python": sys.executable,
-                "kit_runtime": os.path.isdir("/opt/kit/python")}
+    return {"tag": tag, "rank": int(os.environ["RANK"]), "uid": os.getuid(), "python": sys.executable,
+            "kit_runtime": os.path.isdir("/opt/kit/python")}
 
-    job = kitlib.submit(where_am_i, "img", nodes=2, image=str(cpu_image), local=True, output_dir=tmp_path / "jobs",
-                        no_exporter=True)
-    results = job.results(timeout=600)
+def square(x):
+    return x * x
+
+image = sys.argv[1]
+job = kit.submit(where_am_i, "img", nodes=2, image=image, no_exporter=True, output_dir="jobs")
+tasks = kit.map(square, [1, 2, 3], image=image, no_exporter=True, output_dir="jobs")
+print(json.dumps({"submit": job.results(timeout=600), "map": [t.result(timeout=600) for t in tasks]}))
+"""
+
+
+def test_a_function_job_runs_in_a_kit_built_image(cluster, person, user_image):
+    """Under an image, from the user's venv's Python: the call is unpickled by the image's python3 (same
+    minor version, cloudpickle built in: checked from the image's file list before submitting), on each rank
+    as them; kit.map's tasks likewise."""
+    (person.dir / "functions.py").write_text(FUNCTIONS)
+    person.own(person.dir / "functions.py")
+    calls = person.run(["python3", "functions.py", str(user_image)], timeout=900)
+    assert calls.returncode == 0, calls.stderr
+    got = json.loads(calls.stdout.splitlines()[-1])
+    results = got["submit"]
     assert [r["rank"] for r in results] == [0, 1] and {r["tag"] for r in results} == {"img"}
-    assert {r["python"] for r in results} == {"/usr/bin/python3"} != {sys.executable}
+    assert {r["uid"] for r in results} == {person.uid}
+    assert {r["python"] for r in results} == {"/usr/bin/python3"} != {f"{person.entry.pw_dir}/venv/bin/python3"}
     assert {r["kit_runtime"] for r in results} == {True} and not Path("/opt/kit/python").exists()  # in the image
+    assert got["map"] == [1, 4, 9], got
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@kit", "-c", "user.name=t", *args],
-                          check=True, capture_output=True, text=True).stdout.strip()
+def _git(repo: Path, *args: str, person=None) -> str:
+    """git in ``repo``, as ``person`` where the repository is theirs (git refuses another owner's)."""
+    argv = ["git", "-C", str(repo), "-c", "user.email=t@kit", "-c", "user.name=t", *args]
+    proc = person.run(argv) if person else subprocess.run(argv, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
 
 
 def _image_with_marker(debian_base: Path, out: Path, marker: str) -> None:
@@ -684,7 +750,7 @@ def _image_with_marker(debian_base: Path, out: Path, marker: str) -> None:
                     "-p", f"etc/kit-test-image f 444 0 0 echo {marker}"], check=True, timeout=600)
 
 
-def test_a_held_job_runs_the_code_and_image_it_was_submitted_with(cluster, debian_base, tmp_path):
+def test_a_held_job_runs_the_code_and_image_it_was_submitted_with(cluster, debian_base, person):
     """A job held in the queue while its script is edited, its
     ignored data changed and its image file rebuilt in place runs the submitted script and
     image (by content) and the data as it is now; so does its requeued run, after another
@@ -692,7 +758,7 @@ def test_a_held_job_runs_the_code_and_image_it_was_submitted_with(cluster, debia
     image digests; kit rerun of it runs the same snapshot and image again."""
     import hashlib
 
-    repo = tmp_path / "repo"
+    repo = person.dir / "repo"
     (repo / "data").mkdir(parents=True)
     (repo / ".gitignore").write_text("data/\n")
     script = ('echo "code=%s image=$(cat /etc/kit-test-image) data=$(cat data/input.txt) run=$KIT_RESTART"; '
@@ -700,16 +766,17 @@ def test_a_held_job_runs_the_code_and_image_it_was_submitted_with(cluster, debia
     (repo / "run.sh").write_text(script % "v1")
     (repo / "data" / "input.txt").write_text("data-1\n")
     (repo / "data" / "hold").write_text("")
-    _git(repo, "init", "-q")
-    _git(repo, "add", "run.sh", ".gitignore")
-    _git(repo, "commit", "-qm", "v1")
-    commit = _git(repo, "rev-parse", "HEAD")
-    image = tmp_path / "img.sqsh"
+    image = person.dir / "img.sqsh"
     _image_with_marker(debian_base, image, "A")
+    person.own(repo, image)
+    _git(repo, "init", "-q", person=person)
+    _git(repo, "add", "run.sh", ".gitignore", person=person)
+    _git(repo, "commit", "-qm", "v1", person=person)
+    commit = _git(repo, "rev-parse", "HEAD", person=person)
     digest_a = "sha256:" + hashlib.sha256(image.read_bytes()).hexdigest()
 
-    proc = kit("launch", "--local", "--image", str(image), "--no-exporter", "--heartbeat", "0",
-               "--sbatch-arg=--hold", "--output-dir", str(tmp_path / "jobs"), "--", "bash", "run.sh", cwd=repo)
+    proc = person.kit("launch", "--image", str(image), "--no-exporter", "--heartbeat", "0", "--sbatch-arg=--hold",
+                      "--output-dir", str(person.dir / "jobs"), "--", "bash", "run.sh", cwd=repo)
     assert proc.returncode == 0, proc.stderr
     job_id = re.search(r"^Submitted job (\d+)$", proc.stdout, re.M).group(1)
     job_dir = Path(re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1))
@@ -717,19 +784,19 @@ def test_a_held_job_runs_the_code_and_image_it_was_submitted_with(cluster, debia
     # While it waits: the script edited, the data changed, the image file rebuilt in place.
     (repo / "run.sh").write_text(script % "v2")
     (repo / "data" / "input.txt").write_text("data-2\n")
-    small = tmp_path / "b-root" / "etc"
+    small = person.dir / "b-root" / "etc"
     small.mkdir(parents=True)
     (small / "kit-test-image").write_text("B\n")
     subprocess.run(["mksquashfs", str(small.parent), str(image), "-noappend", "-quiet", "-no-progress"], check=True)
-    subprocess.run(["scontrol", "release", job_id], env={**os.environ, **cluster.target.env}, check=True)
+    assert person.run(["scontrol", "release", job_id]).returncode == 0  # their own hold, theirs to release
 
     wait_for(lambda: "0: ready" in read_logs(job_dir), 240, what="the first run to start")
     assert "0: code=v1 image=A data=data-2 run=0" in read_logs(job_dir)
-    # Edited and committed again; an admin requeues it: the requeued run runs the snapshot too.
+    # Edited and committed again; they requeue it: the requeued run runs the snapshot too.
     (repo / "run.sh").write_text(script % "v3")
-    _git(repo, "commit", "-qam", "v3")
+    _git(repo, "commit", "-qam", "v3", person=person)
     (repo / "data" / "hold").unlink()
-    subprocess.run(["scontrol", "requeue", job_id], env={**os.environ, **cluster.target.env}, check=True)
+    assert person.run(["scontrol", "requeue", job_id]).returncode == 0
     from helpers import release_requeued
 
     release_requeued(cluster, job_id, job_dir)
@@ -745,9 +812,9 @@ def test_a_held_job_runs_the_code_and_image_it_was_submitted_with(cluster, debia
     assert (job_dir / "code" / "run.sh").read_text() == script % "v1"
 
     # kit rerun: the same resolved spec (but for the hold), snapshot and image, run again from anywhere.
-    proc = kit("rerun", str(job_dir), "--edit", "sbatch_args=[]", "--wait", cwd=tmp_path, timeout=300)
+    proc = person.kit("rerun", str(job_dir), "--edit", "sbatch_args=[]", "--wait", timeout=300)
     assert proc.returncode == 0, proc.stderr
-    again = Path(re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1))
+    again = Path(job_dir_of(proc))
     respec = json.loads((again / "job.json").read_text())
     assert respec.pop("sbatch_args") == [] and spec.pop("sbatch_args") == ["--hold"]
     assert respec == spec, (respec, spec)

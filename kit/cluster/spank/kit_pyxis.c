@@ -46,6 +46,9 @@
 #include <string.h>
 #include <strings.h>
 #include <grp.h>
+#include <linux/openat2.h>
+#include <pwd.h>
+#include <sys/syscall.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -271,13 +274,14 @@ static unsigned long kept_flags(const char *path)
 	return out;
 }
 
-/* PATH opened (O_PATH) with the job's user's credentials, as enroot mounts what its user names: a child that is
- * them opens it and hands the descriptor back. slurmstepd is root here, and a path it resolved itself would
- * reach what the user cannot (a file behind a directory closed to them); the mount is then of that descriptor. */
-static int open_as_user(const char *path)
+/* PATH opened (FLAGS: O_PATH for what is bound, O_RDONLY for an image, read) with the job's user's credentials,
+ * as enroot opens what its user names: a child that is them opens it and hands the descriptor back. slurmstepd
+ * is root here, and a path it resolved itself would reach what the user cannot (a file behind a directory
+ * closed to them, an image only root reads); the mount is then of that descriptor. */
+static int open_as_user(const char *path, int flags)
 {
 	if (job_uid == 0 || geteuid() != 0)
-		return open(path, O_PATH | O_CLOEXEC);
+		return open(path, flags | O_CLOEXEC);
 	int sv[2];
 	if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv) < 0)
 		return -1;
@@ -285,7 +289,7 @@ static int open_as_user(const char *path)
 	if (pid == 0) {
 		int fd = -1, err = 0;
 		if (setgroups(job_ngids, job_gids) < 0 || setgid(job_gid) < 0 || setuid(job_uid) < 0 ||
-		    (fd = open(path, O_PATH | O_CLOEXEC)) < 0)
+		    (fd = open(path, flags | O_CLOEXEC)) < 0)
 			err = errno;
 		char cbuf[CMSG_SPACE(sizeof(int))] = { 0 };
 		struct iovec iov = { .iov_base = &err, .iov_len = sizeof(err) };
@@ -322,7 +326,7 @@ static int bind_mount(const char *root, const char *src, const char *dst, unsign
 {
 	char target[4096], from[64];
 	struct stat st;
-	int fd = open_as_user(src);
+	int fd = open_as_user(src, O_PATH);
 	if (fd < 0 || fstat(fd, &st) < 0) {
 		fail(TAG ": --container-mounts: source %s: %m", src);
 		if (fd >= 0)
@@ -485,13 +489,169 @@ static int image_user(const char *root, uid_t uid, char *name, char *home, char 
 	return rc;
 }
 
+/* PATH (absolute, in the image) opened as if ROOTFD were "/": the image's symlinks, ".." included, stay in
+ * it (slurmstepd is root where this runs in create mode; the image is the user's). */
+static int open_in(int rootfd, const char *path, int flags, mode_t mode)
+{
+	struct open_how how = { .flags = (unsigned long long)(flags | O_CLOEXEC),
+				.mode = (flags & O_CREAT) ? mode : 0,
+				.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS };
+	const char *rel = path + strspn(path, "/");
+	return (int)syscall(SYS_openat2, rootfd, *rel ? rel : ".", &how, sizeof(how));
+}
+
+/* The entry's name: the text before its first ':' (NAME, LEN) is one of NAMES. */
+static int named(const char *line, const char *const *names)
+{
+	size_t len = strcspn(line, ":");
+	for (; *names; names++)
+		if (strlen(*names) == len && strncmp(line, *names, len) == 0)
+			return 1;
+	return 0;
+}
+
+/* The image's /etc/FILE (passwd, group) with FIRST (three entries: root, nobody, the job's user) first and
+ * its own entries after, but for those names and _apt, as enroot's 10-shadow.sh leaves it; written to a
+ * new file renamed over the old one, in the image's /etc. */
+static int write_db(int rootfd, const char *file, const char *first, const char *const *names)
+{
+	char tmp[64], line[4096];
+	int etc = open_in(rootfd, "/etc", O_PATH | O_DIRECTORY, 0);
+	if (etc < 0)
+		return -1;
+	snprintf(tmp, sizeof(tmp), ".%s.kit-pyxis", file);
+	int out = openat(etc, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+	FILE *w = out >= 0 ? fdopen(out, "w") : NULL;
+	if (!w) {
+		if (out >= 0)
+			close(out);
+		close(etc);
+		return -1;
+	}
+	fputs(first, w);
+	snprintf(line, sizeof(line), "/etc/%s", file);
+	int in = open_in(rootfd, line, O_RDONLY, 0);
+	FILE *r = in >= 0 ? fdopen(in, "r") : NULL;
+	while (r && fgets(line, sizeof(line), r))
+		if (!named(line, names) && strncmp(line, "_apt:", 5) != 0)
+			fputs(line, w);
+	if (r)
+		fclose(r);
+	else if (in >= 0)
+		close(in);
+	int rc = fclose(w) == 0 && renameat(etc, tmp, etc, file) == 0 ? 0 : -1;
+	close(etc);
+	return rc;
+}
+
+/* The job user's home directory in the image, made where it is missing (its parents too, theirs, mode from
+ * the image's login.defs UMASK), with the image's /etc/skel files in it. */
+static void make_home(int rootfd, const char *home, uid_t uid, gid_t gid, mode_t mode)
+{
+	char path[4096];
+	int fd = open_in(rootfd, home, O_PATH | O_DIRECTORY, 0);
+	if (fd >= 0) {
+		close(fd);
+		return;
+	}
+	snprintf(path, sizeof(path), "%s", home);
+	for (char *p = path + 1;; p++) {  /* mkdir -p, each directory made in its parent found in the image */
+		if (*p != '/' && *p != '\0')
+			continue;
+		char keep = *p, *name;
+		*p = '\0';
+		name = strrchr(path, '/');
+		*name = '\0';
+		int parent = open_in(rootfd, path[0] ? path : "/", O_PATH | O_DIRECTORY, 0);
+		*name = '/';
+		if (parent < 0)
+			return;
+		if (mkdirat(parent, name + 1, mode) == 0 && (fchownat(parent, name + 1, uid, gid, AT_SYMLINK_NOFOLLOW) < 0 ||
+							    fchmodat(parent, name + 1, mode, 0) < 0))
+			slurm_info(TAG ": %s: %m", path);
+		close(parent);
+		*p = keep;
+		if (!keep)
+			break;
+	}
+	int dir = open_in(rootfd, home, O_RDONLY | O_DIRECTORY, 0);
+	int skel = open_in(rootfd, "/etc/skel", O_RDONLY | O_DIRECTORY, 0);
+	DIR *d = skel >= 0 ? fdopendir(skel) : NULL;
+	struct dirent *e;
+	while (dir >= 0 && d && (e = readdir(d))) {
+		char buf[65536];
+		ssize_t n;
+		int src = e->d_type == DT_REG ? openat(skel, e->d_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
+		int dst = src >= 0 ? openat(dir, e->d_name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644) : -1;
+		while (dst >= 0 && (n = read(src, buf, sizeof(buf))) > 0 && write(dst, buf, (size_t)n) == n)
+			;
+		if (dst >= 0 && fchown(dst, uid, gid) < 0)
+			slurm_info(TAG ": %s/%s: %m", home, e->d_name);
+		if (src >= 0)
+			close(src);
+		if (dst >= 0)
+			close(dst);
+	}
+	if (d)
+		closedir(d);
+	else if (skel >= 0)
+		close(skel);
+	if (dir >= 0)
+		close(dir);
+}
+
+/* enroot's 10-shadow.sh hook, on the container's root ROOT before it is made read-only: root, nobody and the
+ * job's user (their host entry: name, home, shell where the image has it, else /bin/sh) first in the image's
+ * passwd, their groups in its group file, their home made. What the login variables are then read from. */
+static int add_job_user(const char *root)
+{
+	struct passwd *pw = getpwuid(job_uid);
+	struct group *gr = getgrgid(job_gid);
+	if (!pw || !gr)
+		return fail(TAG ": uid %u or gid %u has no entry on the node", (unsigned)job_uid, (unsigned)job_gid);
+	char user[256], home[1024], shell[1024], group[256], entries[4096], path[4096];
+	snprintf(user, sizeof(user), "%s", pw->pw_name);
+	snprintf(home, sizeof(home), "%s", pw->pw_dir);
+	snprintf(group, sizeof(group), "%s", gr->gr_name);
+	int rootfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (rootfd < 0)
+		return fail(TAG ": %s: %m", root);
+	int sh = open_in(rootfd, pw->pw_shell, O_PATH, 0);
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", sh);
+	char *useradd = image_setting(root, "/etc/default/useradd", "SHELL", '=');
+	snprintf(shell, sizeof(shell), "%s", sh >= 0 && access(path, X_OK) == 0 ? pw->pw_shell :
+		 useradd ? useradd : "/bin/sh");
+	free(useradd);
+	if (sh >= 0)
+		close(sh);
+	int n = snprintf(entries, sizeof(entries), "root:x:0:0:root:/root:%s\nnobody:x:65534:65534:nobody:/:/sbin/nologin\n",
+			 shell);
+	if (job_uid != 0 && n > 0 && (size_t)n < sizeof(entries))  /* root's is the first line already */
+		snprintf(entries + n, sizeof(entries) - (size_t)n, "%s:x:%u:%u:%s:%s:%s\n", user, (unsigned)job_uid,
+			 (unsigned)job_gid, pw->pw_gecos, home, shell);
+	const char *users[] = { "root", "nobody", user, NULL };
+	int rc = write_db(rootfd, "passwd", entries, users);
+	n = snprintf(entries, sizeof(entries), "root:x:0:\nnogroup:x:65534:\n");
+	if (job_gid != 0 && n > 0 && (size_t)n < sizeof(entries))
+		snprintf(entries + n, sizeof(entries) - (size_t)n, "%s:x:%u:\n", group, (unsigned)job_gid);
+	const char *groups[] = { "root", "nogroup", group, NULL };
+	rc |= write_db(rootfd, "group", entries, groups);
+	char *umask_text = image_setting(root, "/etc/login.defs", "UMASK", ' ');
+	mode_t mask = umask_text ? (mode_t)strtoul(umask_text, NULL, 8) & 0777 : 077;
+	free(umask_text);
+	make_home(rootfd, home, job_uid, job_gid, 0777 & ~mask);
+	close(rootfd);
+	return rc < 0 ? fail(TAG ": cannot add uid %u to the image's passwd and group: %m", (unsigned)job_uid) : 0;
+}
+
 /*
  * pyxis's environment rules: the task loses LANG, LANGUAGE and LC_ALL; then
  * every variable of the container process wins over the task's value, but for
  * --container-env names: the image's /etc/environment, then the login
  * variables enroot's switchroot sets where that file did not (HOME, SHELL,
- * USER, LOGNAME from the image's passwd entry; PATH from ENV_SUPATH of the
- * image's /etc/login.defs, else /usr/bin:/bin:/usr/sbin:/sbin), and TERM from
+ * USER, LOGNAME from the image's passwd entry, which add_job_user wrote; PATH
+ * from ENV_SUPATH of the image's /etc/login.defs for root, ENV_PATH for an
+ * ordinary user, else glibc's defaults), and TERM from
  * enroot's environ.d (its 10-terminal.env is TERM=${TERM}: the task's own
  * value, empty when the task has none).
  */
@@ -521,9 +681,9 @@ static void apply_environment(spank_t sp, const char *root)
 
 	char user[512] = "", home[512] = "", shell[512] = "";
 	image_user(root, getuid(), user, home, shell, sizeof(user));
-	char *supath = image_setting(root, "/etc/login.defs", "ENV_SUPATH", ' ');
-	const char *login_path = getuid() == 0 ? "/usr/bin:/bin:/usr/sbin:/sbin" : "/usr/local/bin:/usr/bin:/bin";
-	if (getuid() == 0 && supath)
+	char *supath = image_setting(root, "/etc/login.defs", getuid() == 0 ? "ENV_SUPATH" : "ENV_PATH", ' ');
+	const char *login_path = getuid() == 0 ? "/usr/bin:/bin:/usr/sbin:/sbin" : "/usr/bin:/bin";
+	if (supath && *supath)
 		login_path = strncmp(supath, "PATH=", 5) == 0 ? supath + 5 : supath;
 	const char *login[][2] = { { "HOME", home }, { "SHELL", shell }, { "USER", user }, { "LOGNAME", user },
 				   { "PATH", login_path } };
@@ -586,6 +746,17 @@ static int unpack(const char *image, const char *dir)
 	if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
 		return -1;
 	return rename(tmp, dir);
+}
+
+/* The image opened for reading as the job's user (what they cannot read is not theirs to run); PATH names it
+ * for the mount or unsquashfs this process runs. The descriptor, for the caller to close; -1 on failure. */
+static int open_image(char *path, size_t size)
+{
+	int fd = open_as_user(opt_image, O_RDONLY);
+	if (fd < 0)
+		return fail(TAG ": --container-image: cannot open %s: %m", opt_image);
+	snprintf(path, size, "/proc/%d/fd/%d", (int)getpid(), fd);
+	return fd;
 }
 
 static char root[256];
@@ -654,11 +825,12 @@ static void record_fuse_daemon(pid_t pid)
 	}
 }
 
-/* The squashfs through FUSE on DIR for an ordinary user's task, in its user and mount namespaces: the FUSE
- * mount made here (the task holds the capability in them until it execs), through the device node the step
- * made for the job's user (make_container: /dev/fuse may be root's alone, as on machines without udev's
- * 0666 rule), and squashfuse serving it through the descriptor (libfuse's /dev/fd/N), below the task. */
-static int mount_squashfuse_user(const char *dir)
+/* A FUSE file system (TYPE, mount FLAGS) on DIR for an ordinary user's task, in its user and mount namespaces:
+ * the FUSE mount made here (the task holds the capability in them until it execs), through the device node the
+ * step made for the job's user (make_container: /dev/fuse may be root's alone, as on machines without udev's
+ * 0666 rule), and ARGV serving it through the descriptor (its mount point /dev/fd/3: libfuse's), below the task.
+ * Its pid, recorded; -1 when it does not serve. */
+static pid_t user_fuse_daemon(const char *dir, const char *type, unsigned long flags, char *const argv[])
 {
 	char opts[128];
 	int fd = open(USER_BASE "/fuse", O_RDWR);
@@ -666,17 +838,28 @@ static int mount_squashfuse_user(const char *dir)
 		return fail(TAG ": cannot open the step's FUSE device %s: %m", USER_BASE "/fuse");
 	snprintf(opts, sizeof(opts), "fd=%d,rootmode=40000,user_id=%u,group_id=%u", fd, (unsigned)geteuid(),
 		 (unsigned)getegid());
-	if (mount("squashfuse", dir, "fuse.squashfuse", MS_RDONLY | MS_NOSUID | MS_NODEV, opts) < 0) {
+	if (mount(argv[0], dir, type, flags | MS_NOSUID | MS_NODEV, opts) < 0) {
 		close(fd);
 		return fail(TAG ": cannot mount FUSE on %s in the container's namespace: %m", dir);
 	}
-	char *const argv[] = { "squashfuse", "-f", opt_image, "/dev/fd/3", NULL };
 	pid_t pid = spawn_daemon(argv, fd);
 	close(fd);
 	struct stat st;
-	if (pid < 0 || stat(dir, &st) < 0)  /* answered by squashfuse once it serves; ENOTCONN when it failed */
-		return fail(TAG ": --container-image: squashfuse cannot serve %s (is squashfuse installed?)", opt_image);
+	if (pid < 0 || stat(dir, &st) < 0)  /* answered by the daemon once it serves; ENOTCONN when it failed */
+		return -1;
 	record_fuse_daemon(pid);
+	return pid;
+}
+
+/* The squashfs through FUSE on DIR for an ordinary user's task: squashfuse, every file the user's (uid=, gid=),
+ * as enroot's, so that their writable container is theirs to write. */
+static int mount_squashfuse_user(const char *dir)
+{
+	char owner[64];
+	snprintf(owner, sizeof(owner), "uid=%u,gid=%u", (unsigned)geteuid(), (unsigned)getegid());
+	char *const argv[] = { "squashfuse", "-f", "-o", owner, opt_image, "/dev/fd/3", NULL };
+	if (user_fuse_daemon(dir, "fuse.squashfuse", MS_RDONLY, argv) < 0)
+		return fail(TAG ": --container-image: squashfuse cannot serve %s (is squashfuse installed?)", opt_image);
 	return 0;
 }
 
@@ -702,12 +885,16 @@ static int mount_overlay(const char *opts)
 	if (!native_overlayfs) {
 		/* fsname: the image, which names the daemon in a process listing as squashfuse's does */
 		char fuse_opts[8192];
-		snprintf(fuse_opts, sizeof(fuse_opts), "%s,allow_other,fsname=%s", opts, opt_image);
-		pid_t upper = fuse_daemon("fuse-overlayfs", fuse_opts, NULL, root);
+		int user = geteuid() != 0;
+		snprintf(fuse_opts, sizeof(fuse_opts), "%s,%sfsname=%s", opts, user ? "" : "allow_other,", opt_image);
+		char *const argv[] = { "fuse-overlayfs", "-f", "-o", fuse_opts, "/dev/fd/3", NULL };
+		pid_t upper = user ? user_fuse_daemon(root, "fuse.fuse-overlayfs", 0, argv) :
+			fuse_daemon("fuse-overlayfs", fuse_opts, NULL, root);
 		if (upper < 0)
 			return fail(TAG ": native_overlayfs=0: fuse-overlayfs cannot mount the container's root on %s (is "
 				    "fuse-overlayfs installed?)", root);
-		record_fuse_daemon(upper);
+		if (!user)
+			record_fuse_daemon(upper);
 		return 0;
 	}
 	if (mount("overlay", root, "overlay", 0, opts) < 0)
@@ -737,8 +924,15 @@ static int mount_image(const char *base)
 			reused = 1;
 		} else if (!opt_image) {
 			return fail("pyxis: error: no container named %s on this node, and --container-image is not set", opt_name);
-		} else if (mkdir_p(data, 0700) < 0 || unpack(opt_image, dir) < 0) {
-			return fail(TAG ": --container-image: cannot unpack %s into %s", opt_image, dir);
+		} else {
+			char image[64];
+			int fd = open_image(image, sizeof(image));
+			if (fd < 0)
+				return -1;
+			int rc = mkdir_p(data, 0700) < 0 || unpack(image, dir) < 0 ? -1 : 0;
+			close(fd);
+			if (rc < 0)
+				return fail(TAG ": --container-image: cannot unpack %s into %s", opt_image, dir);
 		}
 		if (mount(dir, root, NULL, MS_BIND | MS_REC, NULL) < 0)
 			return fail(TAG ": bind %s: %m", dir);
@@ -760,11 +954,18 @@ static int mount_image(const char *base)
 	if (direct) {
 		if (mount_squashfuse(image_dir) < 0)
 			return -1;
-	} else if (run_mount(opt_image, image_dir) < 0) {
-		return fail(TAG ": --container-image: cannot mount %s as squashfs", opt_image);
+	} else {
+		char image[64];
+		int fd = open_image(image, sizeof(image));
+		if (fd < 0)
+			return -1;
+		int rc = run_mount(image, image_dir);
+		close(fd);
+		if (rc < 0)
+			return fail(TAG ": --container-image: cannot mount %s as squashfs", opt_image);
 	}
 	snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s", image_dir, upper, work);
-	if (direct && !user)
+	if (direct)
 		return mount_overlay(opts);
 	if (mount("overlay", root, "overlay", 0, opts) < 0)
 		return fail(TAG ": overlay on %s: %m", root);
@@ -826,7 +1027,7 @@ static int finish_container(spank_t sp)
 static void set_workdir(void)
 {
 	char user[512] = "", home[512] = "", shell[512] = "";
-	image_user(root, getuid(), user, home, shell, sizeof(user));
+	image_user(root, job_uid, user, home, shell, sizeof(user));
 	if (opt_workdir && *opt_workdir)
 		snprintf(workdir, sizeof(workdir), "%s", opt_workdir);
 	else
@@ -859,7 +1060,7 @@ static int make_container(spank_t sp)
 			return fail(TAG ": cannot make %s and its FUSE device for uid %u: %m", USER_BASE, (unsigned)uid);
 		return 0;
 	}
-	if (mount_image(base) < 0 || finish_container(sp) < 0)
+	if (mount_image(base) < 0 || add_job_user(root) < 0 || finish_container(sp) < 0)
 		return -1;
 	set_workdir();
 	return 0;
@@ -905,7 +1106,8 @@ static int start_direct(spank_t sp)
 			join_container(pid);
 	} else {
 		slurm_info("pyxis: starting container from squashfs: %s", opt_image);  /* pyxis's words */
-		int rc = (user && enter_user_container() < 0) || mount_image(base) < 0 || finish_container(sp) < 0 ? -1 : 0;
+		int rc = (user && enter_user_container() < 0) || mount_image(base) < 0 || add_job_user(root) < 0 ||
+			 finish_container(sp) < 0 ? -1 : 0;
 		f = fopen(state, "w");
 		if (f) {
 			if (rc == 0)
