@@ -58,3 +58,14 @@ def test_kit_there_refuses_input_that_is_no_command():
         proc = subprocess.run([sys.executable, "-m", "kit", remote.ARGS_COMMAND], input=given, capture_output=True,
                               env={"PATH": "/usr/bin:/bin", remote.VERSION_VARIABLE: __version__})
         assert (proc.returncode, proc.stderr) == (2, b"kit: remote-args: the client sent no command\n"), given
+
+
+@pytest.mark.parametrize("argv", [["--host", "", "ps"], ["--host=", "ps"], ["--host", " ", "launch", "--", "true"],
+                                  ["--host", "", "build", "x"]])
+def test_an_empty_host_is_refused_never_run_here(tmp_path, argv):
+    """`--host ''` (a variable that was empty: `kit --host "$LOGIN" ps`) ran the command on the laptop, against
+    whatever Slurm the laptop has. One line, exit 2, nothing run (no job directory written)."""
+    proc = subprocess.run([sys.executable, "-m", "kit", *argv], capture_output=True, text=True, cwd=tmp_path,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert proc.returncode == 2 and proc.stderr.startswith("kit: --host: "), proc.stderr
+    assert "Traceback" not in proc.stderr and list(tmp_path.iterdir()) == [], proc.stderr

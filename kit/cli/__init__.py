@@ -66,7 +66,7 @@ def cli(verbose: bool, host: str | None) -> None:
     """
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
                         format="kit: %(name)s: %(message)s")
-    if host:  # main() sends the login node's commands there before Click sees them: this one is the laptop's
+    if host is not None:  # main() sends the login node's commands there before Click sees them: this one is the laptop's
         command = click.get_current_context().invoked_subcommand
         raise KitError(f"kit {command} runs here, not on the login node", field="--host",
                        hint=f"run it without --host (over SSH: {', '.join(remote.COMMANDS)}; `cluster status`)")
@@ -88,8 +88,9 @@ def _on_the_login_node(args: list[str]) -> tuple[str, list[str]] | None:
     runs_there = bool(command) and command[0] in remote.COMMANDS and (command[0] != "cluster" or command[1:] == ["status"])
     if any(a in ("-h", "--help", "--version") for a in rest) or not runs_there:
         return None  # help and version are the laptop's; a laptop command with --host is refused by cli()
-    host = host or os.environ.get("KIT_HOST")
-    return (host, rest + args[i:]) if host else None
+    if host is None:  # an empty --host is a mistake (Host.of refuses it), never "run here"
+        host = os.environ.get("KIT_HOST") or None
+    return (host, rest + args[i:]) if host is not None else None
 
 
 def _usage_error(e: click.UsageError) -> KitError:
