@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kit import remote, remote_launch, slurm
+from kit import files, remote, remote_launch, slurm
 from kit.core import keywords
 from kit.core.outcome import Outcome
 from kit.errors import KitError
@@ -130,11 +130,11 @@ class HostedJob:
         got = self._call("report", prometheus=prometheus, min_seconds=min_seconds, suffix=suffix,
                          send=output is not None, output_dir=output_dir)
         picture = base64.b64decode(got.pop("picture_bytes") or "")
-        if output is not None:
+        if output is not None:  # as the local report writes them: a new file renamed over the name, never through it
             out = Path(output)
             if picture:
-                out.write_bytes(picture)
-            out.with_suffix(".json").write_text(json.dumps(got["numbers"], indent=1) + "\n")
+                files.write_atomic(out, picture)
+            files.write_atomic(out.with_suffix(".json"), json.dumps(got["numbers"], indent=1) + "\n")
             got["picture"] = str(out) if picture else None
         return got
 

@@ -6,6 +6,7 @@ kit that is not there is exit 127 with nothing said."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -69,3 +70,24 @@ def test_an_empty_host_is_refused_never_run_here(tmp_path, argv):
                           env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert proc.returncode == 2 and proc.stderr.startswith("kit: --host: "), proc.stderr
     assert "Traceback" not in proc.stderr and list(tmp_path.iterdir()) == [], proc.stderr
+
+
+def test_a_hosted_report_is_written_over_planted_links_not_through_them(tmp_path, monkeypatch):
+    """`kit --host … report -o FILE` (HostedJob.fetch_report): the picture and its .json are new files renamed over
+    the names, as the local report writes them. Links another local user planted at both names (a shared
+    directory) were followed: the laptop user's report overwrote the files they point at."""
+    from kit import hosted
+
+    victims = [tmp_path / "victim.png", tmp_path / "victim.json"]
+    for v in victims:
+        v.write_text("theirs\n")
+    out = tmp_path / "shared" / "report.png"
+    out.parent.mkdir()
+    out.symlink_to(victims[0])
+    out.with_suffix(".json").symlink_to(victims[1])
+    monkeypatch.setattr(hosted, "call", lambda *a, **k: {"lines": [], "warnings": [], "numbers": {"samples_per_s": 1},
+                                                         "picture_bytes": "UE5H"})
+    got = hosted.HostedJob("login", "/there/job").fetch_report(output=out)
+    assert [v.read_text() for v in victims] == ["theirs\n", "theirs\n"]
+    assert not out.is_symlink() and out.read_bytes() == b"PNG" and got["picture"] == str(out)
+    assert json.loads(out.with_suffix(".json").read_text()) == {"samples_per_s": 1}
