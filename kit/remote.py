@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kit.core.text import Shown
 from kit.errors import KitError
 from kit.version import __version__
 
@@ -191,7 +192,7 @@ def run(host: Host, argv: list[str], *, follow: bool = False) -> int:
     while True:
         proc = start(host, argv, options)
         tail = forward_stderr(proc)
-        code = pass_through(proc, skip=shown)
+        code = pass_through(proc, skip=shown, write=Shown())
         shown, said = proc.shown, tail.join()
         if not (follow and code == 255):
             return checked(host, code, said, options)
@@ -208,6 +209,7 @@ class _Stderr(threading.Thread):
     def __init__(self, stream, echo: bool = True):
         super().__init__(daemon=True)
         self.stream, self.tail, self.echo = stream, [], echo
+        self.shown = Shown(getattr(sys.stderr, "buffer", None)) if echo else None
 
     def run(self):
         for raw in iter(self.stream.readline, b""):
@@ -215,8 +217,7 @@ class _Stderr(threading.Thread):
             self.tail.append(line)
             del self.tail[:-20]
             if self.echo and not line.startswith(FOUND):  # remote_command's word to this side (checked)
-                sys.stderr.write(line)
-                sys.stderr.flush()
+                self.shown(raw)
 
     def join(self, timeout: float | None = 5) -> str:
         super().join(timeout)
@@ -280,8 +281,8 @@ def forward_stderr(proc, echo: bool = True) -> _Stderr:
 
 
 def show(data: bytes) -> None:
-    sys.stdout.buffer.write(data)
-    sys.stdout.buffer.flush()
+    """``data`` to our standard output (see :class:`Shown`)."""
+    Shown()(data)
 
 
 def pass_through(proc, skip: int = 0, keep: bytearray | None = None, write=show) -> int:

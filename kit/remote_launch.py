@@ -104,7 +104,7 @@ def _launched(host: remote.Host, argv: list[str], cwd: Path, say, echo: bool = T
     head = argv[:argv.index("--")] if "--" in argv else argv
     options = remote.connection_options(host)
     shown = bytearray()
-    write = remote.show if echo else (lambda data: None)
+    write = remote.Shown() if echo else (lambda data: None)
     if "--no-code-snapshot" in head:
         proc = remote.start(host, ["launch", *argv], options)
         tail = remote.forward_stderr(proc, echo)

@@ -6,6 +6,7 @@ kit that is not there is exit 127 with nothing said."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -91,3 +92,29 @@ def test_a_hosted_report_is_written_over_planted_links_not_through_them(tmp_path
     assert [v.read_text() for v in victims] == ["theirs\n", "theirs\n"]
     assert not out.is_symlink() and out.read_bytes() == b"PNG" and got["picture"] == str(out)
     assert json.loads(out.with_suffix(".json").read_text()) == {"samples_per_s": 1}
+
+
+class _Stream(io.BytesIO):
+    def __init__(self, tty: bool):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_the_login_nodes_escape_sequences_reach_a_terminal_as_text():
+    """What `kit --host` relays (remote.run's output and stderr, a launch's lines): a hostile login node's escape
+    sequences (OSC 52 sets the laptop's clipboard; CSI clears the screen; a C1 CSI split between two reads) are
+    written as text to a terminal, never acted on; tabs, line ends, a progress bar's carriage returns and UTF-8
+    text as they came. To a file or a pipe, the bytes as they came (`kit --host … logs > file`)."""
+    from kit.core.text import Shown
+
+    chunks = [b"step 1\tloss 0.5\r\n\x1b]52;c;aGk=\x07 caf\xc3\xa9 \xc2", b"\x9b2J\x00done\n"]
+    tty, pipe = _Stream(True), _Stream(False)
+    for stream in (tty, pipe):
+        shown = Shown(stream)
+        for chunk in chunks:
+            shown(chunk)
+    assert tty.getvalue() == b"step 1\tloss 0.5\r\n\\x1b]52;c;aGk=\\x07 caf\xc3\xa9 \\xc2\\x9b2J\\x00done\n"
+    assert pipe.getvalue() == b"".join(chunks)
