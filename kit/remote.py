@@ -369,12 +369,14 @@ def _last_line(text: str) -> str:
 
 
 def refuse_other_version(environ: dict | None = None) -> KitError | None:
-    """On the login node: a client of another kit version is refused before anything is done."""
+    """On the login node: a client of another kit version is refused before anything is done. The words are
+    read on the client (the laptop): "here" is theirs."""
     theirs = (os.environ if environ is None else environ).get(VERSION_VARIABLE)
     if theirs is None or theirs == __version__:
         return None
-    return KitError(f"kit {__version__} here, kit {theirs} on the client", field="--host", exit_code=2,
-                    hint=f"use one version on both: {INSTALL}=={theirs} here, or {INSTALL}=={__version__} there")
+    return KitError(f"kit {theirs} here, kit {__version__} on the login node", field="--host", exit_code=2,
+                    hint=f"use one version on both: {INSTALL}=={__version__} here, or {INSTALL}=={theirs} on the "
+                         "login node")
 
 
 def watch_input_end() -> None:

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import REPO, Person, as_user, require
+from helpers import REPO, Person, as_user, remove_user, require
 
 from kit import slurm
 from kit.cluster import LocalCluster
@@ -138,9 +138,9 @@ def user():
         assert proc.returncode == 0, proc.stderr
         yield entry
     finally:
-        subprocess.run(["pkill", "-KILL", "-u", name], check=False)
-        subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
         shutil.rmtree(wheels, ignore_errors=True)
+        remove_user(name)
+
 
 
 @pytest.fixture(scope="session")

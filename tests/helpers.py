@@ -369,3 +369,16 @@ def skip_where_squashfuse_is_closed(cluster, mode: str) -> None:
             os.stat("/dev/fuse").st_mode & 0o006 != 0o006:
         pytest.skip("real enroot opens /dev/fuse as the job's user, for whom this machine's is closed (Debian's is "
                     "0666): real pyxis cannot start squashfuse mode for an ordinary user here")
+
+
+def remove_user(name: str, timeout: float = 30) -> None:
+    """The user and everything of theirs gone: their processes killed and waited for (userdel refuses a user
+    who still runs one: a job's last process ending just then left the user behind, silently), then userdel."""
+    deadline = time.monotonic() + timeout
+    while True:
+        subprocess.run(["pkill", "-KILL", "-u", name], check=False)
+        gone = subprocess.run(["userdel", "--remove", name], capture_output=True, text=True)
+        if gone.returncode != 8 or time.monotonic() > deadline:  # 8: a process of theirs still runs
+            break
+        time.sleep(0.5)
+    assert gone.returncode == 0, f"userdel {name}: {gone.stderr}"

@@ -105,6 +105,25 @@ def test_a_container_mounts_only_what_its_user_can_reach(cluster, user, user_ima
             assert run.returncode != 0 and "not theirs" not in run.stdout, run.stdout + run.stderr
 
 
+def test_an_image_with_device_nodes_is_refused_in_create_mode_for_an_ordinary_user(cluster, user, tmp_path):
+    """Real enroot unpacks the image as the job's user in create mode, and unsquashfs cannot make a device node
+    for them ("create_inode: could not create character device …/dev/null, because you're not superuser!"): the
+    container is not made, the task fails. The stand-in ran it (a loop mount as root); it fails the same way now,
+    in enroot's words."""
+    root = tmp_path / "root"
+    (root / "dev").mkdir(parents=True)
+    image = Path(user.pw_dir) / "with-devices.sqsh"
+    subprocess.run(["mksquashfs", str(root), str(image), "-noappend", "-quiet", "-no-progress", "-p",
+                    "dev/null c 666 0 0 1 3"], check=True)
+    os.chown(image, user.pw_uid, user.pw_gid)
+    srun = f"srun -N1 --container-image={image} --container-workdir=/ /bin/true"
+    with container_mode(cluster, "create"):
+        theirs = as_user(user, srun, env=f"; export SLURM_CONF={cluster.conf}", timeout=180)
+        assert theirs.returncode != 0, theirs.stdout + theirs.stderr
+        assert "could not create" in theirs.stderr and "because you're not superuser!" in theirs.stderr, theirs.stderr
+        assert "/dev/null" in theirs.stderr, theirs.stderr
+
+
 @pytest.fixture
 def secret_image():
     """A squashfs image that only root reads (0600), in a directory every user reads."""

@@ -137,8 +137,10 @@ def test_kit_missing_there_or_of_another_version_is_refused_in_one_line(hosts, l
     assert "hint: install it there: pip install kit-slurm==" in missing.stderr
     other = kit("--host", "kit-direct", "ps", env={
         **laptop, "KIT_REMOTE_KIT": f"env KIT_CLIENT_VERSION=0.0.1 {laptop['KIT_REMOTE_KIT']}"})
-    assert other.returncode == 2 and re.search(r"kit: --host: kit \S+ here, kit 0\.0\.1 on the client", other.stderr), \
-        other.stderr
+    # Read on the laptop: "here" is the laptop (0.0.1, as the login node was told), "there" the login node.
+    assert other.returncode == 2 and re.search(r"kit: --host: kit 0\.0\.1 here, kit \S+ on the login node\n"
+                                               r"hint: use one version on both: .*==\S+ here, or .*==0\.0\.1 on "
+                                               r"the login node", other.stderr), other.stderr
     # A KIT_HOST in the login node's own environment (dotfiles shared with the laptop): the command runs there,
     # never on to another host (which would be itself, again and again).
     relayed = kit("--host", "kit-direct", "ps", "--output-dir", "/nonexistent/kit-jobs", env={

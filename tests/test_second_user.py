@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import kit, require, wait_for
+from helpers import kit, remove_user, require, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +24,7 @@ def other_user():
     try:
         yield pwd.getpwnam(name)
     finally:
-        subprocess.run(["pkill", "-KILL", "-u", name], check=False)
-        subprocess.run(["userdel", name], check=False, capture_output=True)
+        remove_user(name)
 
 
 def as_user(user, command: str, timeout: float = 60) -> subprocess.CompletedProcess:

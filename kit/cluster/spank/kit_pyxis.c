@@ -648,7 +648,8 @@ static int add_job_user(const char *root)
  * pyxis's environment rules: the task loses LANG, LANGUAGE and LC_ALL; then
  * every variable of the container process wins over the task's value, but for
  * --container-env names: the image's /etc/environment, then the login
- * variables enroot's switchroot sets where that file did not (HOME, SHELL,
+ * variables enroot's switchroot sets where that file did not (but PATH, where
+ * the image's /etc/profile sets it: the login shell's) (HOME, SHELL,
  * USER, LOGNAME from the image's passwd entry, which add_job_user wrote; PATH
  * from ENV_SUPATH of the image's /etc/login.defs for root, ENV_PATH for an
  * ordinary user, else glibc's defaults), and TERM from
@@ -663,10 +664,13 @@ static void apply_environment(spank_t sp, const char *root)
 			spank_unsetenv(sp, *n);
 	snprintf(path, sizeof(path), "%s/etc/environment", root);
 	FILE *f = fopen(path, "r");
+	/* enroot's switchroot runs the image's login shell (ENROOT_LOGIN_SHELL): an /etc/profile that sets PATH
+	 * (Debian's, by uid: login.defs's values) has the last word over /etc/environment's. */
+	char *profile_path = image_setting(root, "/etc/profile", "PATH", '=');
 	while (f && fgets(line, sizeof(line), f)) {
 		line[strcspn(line, "\n")] = '\0';
 		char *eq = strchr(line, '=');
-		if (!eq || line[0] == '#')
+		if (!eq || line[0] == '#' || (profile_path && strncmp(line, "PATH=", 5) == 0))
 			continue;
 		*eq = '\0';
 		if (strlen(seen) + strlen(line) + 2 < sizeof(seen)) {
@@ -678,6 +682,7 @@ static void apply_environment(spank_t sp, const char *root)
 	}
 	if (f)
 		fclose(f);
+	free(profile_path);
 
 	char user[512] = "", home[512] = "", shell[512] = "";
 	image_user(root, getuid(), user, home, shell, sizeof(user));
@@ -757,6 +762,51 @@ static int open_image(char *path, size_t size)
 		return fail(TAG ": --container-image: cannot open %s: %m", opt_image);
 	snprintf(path, size, "/proc/%d/fd/%d", (int)getpid(), fd);
 	return fd;
+}
+
+/* enroot's create mode unpacks the image as the job's user (unsquashfs): an ordinary user cannot make its device
+ * nodes, and the container is not made. The image's first device node (unsquashfs -lls, nothing unpacked) into
+ * NODE; 1 if it has one, 0 if none, -1 when it cannot be listed. */
+static int device_node(const char *image, char *node, size_t size)
+{
+	int fds[2];
+	if (pipe2(fds, O_CLOEXEC) < 0)
+		return -1;
+	pid_t pid = fork();
+	if (pid == 0) {
+		dup2(fds[1], 1);
+		execlp("unsquashfs", "unsquashfs", "-lls", "-d", "", image, (char *)NULL);
+		_exit(127);
+	}
+	close(fds[1]);
+	FILE *f = pid > 0 ? fdopen(fds[0], "r") : NULL;
+	char line[4096];
+	int found = 0;
+	while (f && fgets(line, sizeof(line), f))  /* read to the end: unsquashfs never meets a closed pipe */
+		if (!found && (line[0] == 'c' || line[0] == 'b') && strrchr(line, ' ')) {
+			line[strcspn(line, "\n")] = '\0';
+			snprintf(node, size, "%s", strrchr(line, ' ') + 1);
+			found = 1;
+		}
+	if (f)
+		fclose(f);
+	else
+		close(fds[0]);
+	int status;
+	if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+		return -1;
+	return found;
+}
+
+/* Create mode (and a named container): enroot unpacks IMAGE as the job's user, which fails on a device node for
+ * an ordinary user (root makes them). pyxis's words with enroot's; -1 then. */
+static int unpacks_as_user(const char *image)
+{
+	char node[4096];
+	if (job_uid == 0 || device_node(image, node, sizeof(node)) != 1)
+		return 0;
+	return fail("pyxis: failed to create container filesystem for image: %s: create_inode: could not create device "
+		    "%s, because you're not superuser!", opt_image, node);
 }
 
 static char root[256];
@@ -929,6 +979,10 @@ static int mount_image(const char *base)
 			int fd = open_image(image, sizeof(image));
 			if (fd < 0)
 				return -1;
+			if (unpacks_as_user(image) < 0) {
+				close(fd);
+				return -1;
+			}
 			int rc = mkdir_p(data, 0700) < 0 || unpack(image, dir) < 0 ? -1 : 0;
 			close(fd);
 			if (rc < 0)
@@ -959,6 +1013,10 @@ static int mount_image(const char *base)
 		int fd = open_image(image, sizeof(image));
 		if (fd < 0)
 			return -1;
+		if (unpacks_as_user(image) < 0) {
+			close(fd);
+			return -1;
+		}
 		int rc = run_mount(image, image_dir);
 		close(fd);
 		if (rc < 0)
