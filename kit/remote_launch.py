@@ -120,10 +120,7 @@ def _launched(host: remote.Host, argv: list[str], cwd: Path, say, echo: bool = T
     tree = f"{files.safe_name(root.name, 40) or 'tree'}-" \
            f"{hashlib.sha256(f'{socket.gethostname()}:{root}'.encode()).hexdigest()[:12]}"
     with codestore.opened(Path(snap.store), create=False) as (_, objects, manifests):
-        manifest = files.read_bytes(manifests / (snap.digest.split(":")[1] + ".json"), LINE_LIMIT)
-        sources = {name: objects / name for name in
-                   {v + (".x" if k == "x" else "") for _, k, v in codestore.entries(snap, manifests) if k in ("f", "x")}}
-        about = {k: getattr(snap, k) for k in ("digest", "source", "files", "bytes", "commit", "dirty")}
+        about, manifest, sources = outgoing(snap, objects, manifests)
         image = _laptop_image(argv, Path(cwd))
         if image is not None:  # sent as the login node's pinned copy, by content, unless it is there
             about["image"], sources[f"image:sha256-{image[1].partition(':')[2]}.sqsh"] = image[1], image[0]
@@ -143,6 +140,14 @@ def _launched(host: remote.Host, argv: list[str], cwd: Path, say, echo: bool = T
                 proc.kill()
                 proc.wait()
     return code, shown, tail.join(), options
+
+
+def outgoing(snap, objects: Path, manifests: Path) -> tuple[dict, bytes, dict[str, Path]]:
+    """What a snapshot sends (:func:`_send`): its header's values, its manifest, its objects by name."""
+    manifest = files.read_bytes(manifests / (snap.digest.split(":")[1] + ".json"), LINE_LIMIT)
+    sources = {name: objects / name for name in
+               {v + (".x" if k == "x" else "") for _, k, v in codestore.entries(snap, manifests) if k in ("f", "x")}}
+    return {k: getattr(snap, k) for k in ("digest", "source", "files", "bytes", "commit", "dirty")}, manifest, sources
 
 
 def _submitted(text: str) -> tuple[str, str] | None:
@@ -218,8 +223,8 @@ def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path, Path | Non
         about = (str(header["source"]), int(header["files"]), int(header["bytes"]),
                  header["commit"] if isinstance(header["commit"], str) else None,
                  header["dirty"] if isinstance(header["dirty"], bool) else None)
-        image = header.get("image")
-        image = f"sha256-{_hex(image)}.sqsh" if image is not None else None
+        image_hex = _hex(header["image"]) if header.get("image") is not None else None
+        image = f"sha256-{image_hex}.sqsh" if image_hex is not None else None
     except (ValueError, KeyError, AttributeError, TypeError):
         raise KitError("the laptop sent no snapshot", field="remote-launch") from None
     hexdigest = digest.partition(":")[2] if isinstance(digest, str) else ""
@@ -233,15 +238,25 @@ def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path, Path | Non
         snap = codestore.Snapshot(digest, str(store), str(store), "directory", 0, 0)
         entries = codestore.entries(snap, manifests)
         names = sorted({v + (".x" if k == "x" else "") for _, k, v in entries if k in ("f", "x")})
-        missing = [n for n in names if not os.path.lexists(objects / n)]
+        # What is there is used only when it holds what its name says (checked, or the very file checked
+        # before: the memo): a damaged object or image is asked for again, not used nor kept forever.
+        memo = files.StatMemo(store / "received-memo.json")
+        memo.data = {k: v for k, v in memo.data.items() if k in {*names, f"image:{image}"}}  # this launch's alone
+        memo.changed = True
+        missing = [n for n in names if not files.verify(objects / n, n.removesuffix(".x"), memo, key=n)]
+        damaged = [n for n in missing if os.path.lexists(objects / n)]
         images = pin.pins()
-        if image is not None and not (images / image).is_file():
+        if image is not None and not files.verify(images / image, image_hex, memo, key=f"image:{image}"):
             missing.append(f"image:{image}")
+        memo.save()
         sys.stdout.buffer.write(json.dumps({"missing": missing}).encode() + b"\n")
         sys.stdout.buffer.flush()
         for _ in missing:
             _receive_object(objects, images, set(missing))
-        top = _lay_out(kit_home() / "trees" / tree, hexdigest[:16], entries, objects)
+        trees = kit_home() / "trees" / tree
+        if damaged:  # its files are links to the damaged objects: laid out again from the whole ones
+            shutil.rmtree(trees / hexdigest[:16], ignore_errors=True)
+        top = _lay_out(trees, hexdigest[:16], entries, objects)
     return (codestore.Snapshot(digest, str(top), str(store), *about), top / where,
             images / image if image is not None else None)
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +120,41 @@ def test_the_login_nodes_escape_sequences_reach_a_terminal_as_text():
             shown(chunk)
     assert tty.getvalue() == b"step 1\tloss 0.5\r\n\\x1b]52;c;aGk=\\x07 caf\xc3\xa9 \\xc2\\x9b2J\\x00done\n"
     assert pipe.getvalue() == b"".join(chunks)
+
+
+def test_a_damaged_object_on_the_login_node_is_asked_for_again(tmp_path, monkeypatch):
+    """The laptop's side of a launch (remote_launch._send) against the login node's (receive, in a process of its
+    own with its KIT_HOME): a snapshot's objects go once; an object there whose content no longer matches its
+    name was taken as present, and every launch of that content ran the damaged file. Now it is asked for again,
+    and the job's tree has the whole file."""
+    from kit import codestore, remote_launch
+    from kit import snapshot as snapshots
+
+    repo, laptop, login = tmp_path / "repo", tmp_path / "laptop", tmp_path / "login"
+    repo.mkdir()
+    (repo / "train.py").write_text("print('whole')\n")
+    (repo / "util.py").write_text("X = 1\n")
+    for args in (["init", "-q"], ["add", "."], ["-c", "user.email=t@kit", "-c", "user.name=t", "commit", "-qm", "1"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True)
+    monkeypatch.setenv("KIT_HOME", str(laptop))
+    snap = snapshots.take(repo, store=snapshots.store_for(laptop))
+
+    def launch() -> int:
+        there = subprocess.Popen([sys.executable, "-c", "from kit.remote_launch import receive; import sys; "
+                                  "print(receive('t', '.')[1], file=sys.stderr)"], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "KIT_HOME": str(login)})
+        with codestore.opened(Path(snap.store), create=False) as (_, objects, manifests):
+            count, _, _ = remote_launch._send(there, *remote_launch.outgoing(snap, objects, manifests))
+        _, err = there.communicate(timeout=60)
+        assert there.returncode == 0, err
+        launch.tree = Path(err.decode().strip())
+        return count
+
+    assert launch() == 2 and launch() == 0
+    [damaged] = [p for p in (login / "code" / "objects").iterdir()
+                 if p.read_bytes() == b"print('whole')\n"]
+    damaged.chmod(0o644)
+    damaged.write_text("print('damaged')\n")
+    assert launch() == 1
+    assert (launch.tree / "train.py").read_text() == "print('whole')\n" == damaged.read_text()
+    assert launch() == 0
