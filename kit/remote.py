@@ -40,7 +40,7 @@ from kit.errors import KitError
 from kit.version import __version__
 
 # The commands that run on the login node (the rest run where kit is called).
-COMMANDS = ("launch", "ps", "logs", "cancel", "report", "rerun", "cluster")
+COMMANDS = ("launch", "ps", "logs", "cancel", "report", "rerun", "trim", "cluster")
 CONTROL_PATH = "~/.ssh/kit-%C"
 PERSIST = "600"
 RIDE_THROUGH = 600  # seconds a followed log waits for its connection to come back

@@ -33,6 +33,7 @@ class Trimmed:
     images: list[str] = field(default_factory=list)   # pinned copies
     snapshots: int = 0                                 # manifests
     objects: int = 0                                   # code objects
+    trees: int = 0                                     # code trees a login node laid out for --host launches
     freed: int = 0                                     # bytes
     kept_for: list[str] = field(default_factory=list)  # the jobs whose pins and snapshots stay
     dry_run: bool = False
@@ -50,14 +51,16 @@ def trim(output_dirs: list[Path], keep: list[Path] = (), dry_run: bool = False) 
         if row.active or row.state == "UNKNOWN" or (row.state_from == "slurm" and not row.finished):
             needed.append(Path(row.job_dir))
     out = Trimmed(kept_for=sorted({str(d) for d in needed}), dry_run=dry_run)
-    images, manifests = set(), {}
+    images, manifests, roots = set(), {}, set()
     for d in dict.fromkeys(needed):
         image, snap = _uses(d)
         if image:
             images.add(image)
         if snap:
             manifests.setdefault(snap.store, set()).add(snap.digest.partition(":")[2])
+            roots.add(snap.root)
     _trim_pins(images, out)
+    _trim_trees(roots, out)
     stores = {str(kit_home() / "code"), *(str(Path(o) / f".kit-code-{os.geteuid()}") for o in output_dirs),
               *manifests}
     for store in sorted(stores):
@@ -111,6 +114,30 @@ def _trim_pins(needed: set[str], out: Trimmed) -> None:
                     out.images.append(str(directory / p.name))
     except files.NotOwned:
         raise KitError(f"{directory} is not a directory of this user's own", field="KIT_HOME", exit_code=1) from None
+
+
+def _trim_trees(needed: set[str], out: Trimmed) -> None:
+    """The trees a login node laid out for ``kit --host … launch`` (``$KIT_HOME/trees/<checkout>/<digest>``,
+    a job's snapshot root): those no needed job runs from, unused for ``GRACE`` (each launch touches its own)."""
+    import shutil
+
+    trees = kit_home() / "trees"
+    if not trees.is_dir():
+        return
+    try:
+        with files.owned(trees, create=False) as top:
+            for group in sorted(p for p in top.iterdir() if p.is_dir() and not p.is_symlink()):
+                for tree in sorted(p for p in group.iterdir() if p.is_dir() and not p.is_symlink()):
+                    if str(trees / group.name / tree.name) in needed or not _old(tree):
+                        continue
+                    out.freed += sum(os.lstat(f).st_size for f in tree.rglob("*") if not f.is_dir())
+                    out.trees += 1
+                    if not out.dry_run:
+                        shutil.rmtree(tree, ignore_errors=True)
+                if not out.dry_run and not any(group.iterdir()):
+                    group.rmdir()
+    except files.NotOwned:
+        raise KitError(f"{trees} is not a directory of this user's own", field="KIT_HOME", exit_code=1) from None
 
 
 def _trim_store(store: Path, needed: set[str], out: Trimmed) -> None:

@@ -127,3 +127,34 @@ def test_trim_waits_for_a_launch_reusing_objects_before_its_manifest_names_them(
         t.join(30)
     assert done and obj.exists() and manifest.exists(), done
     assert done[0].objects == 0
+
+
+def test_trim_frees_the_trees_a_login_node_laid_out_but_those_a_job_runs_from(tmp_path, monkeypatch):
+    """On a login node each `kit --host … launch` lays its snapshot out as a tree ($KIT_HOME/trees/<checkout>/
+    <digest>, the job's snapshot root); only the oldest beyond three per checkout went, so a checkout not launched
+    again kept its trees for ever, and `kit --host … trim` was refused. trim frees every tree no job needs (unused
+    for GRACE), keeps the one a kept job runs from; --dry-run only counts; over --host it runs on the login node."""
+    import os
+
+    from kit.cli import _on_the_login_node
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("KIT_HOME", str(home))
+    trees = home / "trees" / "repo-0123abcd"
+    for name in ("aaaa", "bbbb"):
+        (trees / name / "src").mkdir(parents=True)
+        (trees / name / "src" / "train.py").write_text("print('hi')\n")
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "job.json").write_text(json.dumps({"snapshot": {
+        "digest": "sha256:" + "0" * 64, "root": str(trees / "bbbb"), "store": str(home / "code"), "source": "git",
+        "files": 1, "bytes": 12}}))
+    monkeypatch.setattr(trimming, "_old", lambda p: True)
+    dry = trimming.trim([tmp_path / "jobs"], keep=[job], dry_run=True)
+    assert (dry.trees, dry.freed) == (1, 12) and (trees / "aaaa").is_dir()
+    out = trimming.trim([tmp_path / "jobs"], keep=[job])
+    assert out.trees == 1 and not (trees / "aaaa").exists()
+    assert (trees / "bbbb" / "src" / "train.py").read_text() == "print('hi')\n"
+    monkeypatch.setattr(trimming, "_old", lambda p: os.path.basename(p) != "bbbb")
+    assert trimming.trim([tmp_path / "jobs"]).trees == 0 and (trees / "bbbb").is_dir()  # used lately: kept
+    assert _on_the_login_node(["--host", "login", "trim", "--dry-run"]) == ("login", ["trim", "--dry-run"])

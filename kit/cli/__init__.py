@@ -55,7 +55,7 @@ COMMANDS = {"launch": "kit.cli.launch:launch", "ps": "kit.cli.jobs:ps", "logs": 
 @click.version_option(__version__, prog_name="kit")
 @click.option("-v", "--verbose", is_flag=True, help="Log every external command kit runs.")
 @click.option("--host", metavar="LOGIN", help="Run the command on this login node, through ssh [$KIT_HOST]: "
-              "launch, ps, logs, cancel, report, rerun, cluster status.")
+              "launch, ps, logs, cancel, report, rerun, trim, cluster status.")
 def cli(verbose: bool, host: str | None) -> None:
     """Launch multi-node PyTorch Lightning jobs on Slurm.
 

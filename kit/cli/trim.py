@@ -28,7 +28,8 @@ def trim(output_dirs, keep, dry_run):
     out = lib.trim([Path(d) for d in output_dirs], [Path(k) for k in keep], dry_run=dry_run)
     verb = "would free" if dry_run else "freed"
     click.echo(f"kit trim: {verb} {mib(out.freed)}: {len(out.images)} pinned image(s), {out.snapshots} code "
-               f"snapshot(s), {out.objects} code file(s); kept what {len(out.kept_for)} job(s) still need")
+               f"snapshot(s), {out.objects} code file(s), {out.trees} code tree(s); kept what {len(out.kept_for)} "
+               "job(s) still need")
     for path in out.images:
         click.echo(f"  {'would remove' if dry_run else 'removed'} {path}")
     return 0
