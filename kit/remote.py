@@ -1,29 +1,29 @@
 """kit from a laptop: a kit command run on the login node through the system's OpenSSH client.
 
-``kit --host LOGIN CMD …`` (or ``KIT_HOST``) runs ``kit CMD …`` on ``LOGIN`` as ``ssh LOGIN`` reaches it, so
-the user's ``~/.ssh/config`` applies as it is: Host aliases, ProxyJump, IdentityFile, the agent, their own
-ControlMaster. kit never prompts (``BatchMode=yes``): a password or a second factor is entered once, in a
-master connection the user starts (``ssh -fNM LOGIN``), which every call then reuses.
+``kit --host LOGIN CMD …`` (or ``KIT_HOST``) runs ``kit CMD …`` on ``LOGIN`` as ``ssh LOGIN`` reaches it, so the
+user's ``~/.ssh/config`` applies as it is: Host aliases, ProxyJump, IdentityFile, the agent, their own ControlMaster.
+kit never prompts (``BatchMode=yes``): a password or a second factor is entered once, in a master connection the
+user starts (``ssh -fNM LOGIN``), which every call then reuses.
 
-One connection per call, at most. Where the user's configuration has no ControlMaster of its own, kit's
-calls share one master (``ControlMaster=auto``, ``ControlPath=~/.ssh/kit-%C``, kept ``ControlPersist``
-seconds after the last call): the first call opens it, the next ones open nothing. In reuse-only mode
-(``KIT_SSH_REUSE_ONLY=1``, for sites that cap connections or ask a second factor) a call without a live
-master fails with one line naming the command that starts one.
+One connection per call, at most. Where the user's configuration has no ControlMaster of its own, kit's calls
+share one master (``ControlMaster=auto``, ``ControlPath=~/.ssh/kit-%C``, kept ``ControlPersist`` seconds after
+the last call): the first call opens it, the next ones open nothing. In reuse-only mode (``KIT_SSH_REUSE_ONLY=1``,
+for sites that cap connections or ask a second factor) a call without a live master fails naming the command
+that starts one.
 
-What crosses: the command's arguments, and nothing of the laptop's environment (``ssh -T``, no
-``SendEnv`` of kit's own; the user's configuration may send ``LANG``). The arguments travel as the first
-line of the channel's data (``kit remote-args`` reads them), never on the login node's command line, where
-every user's ``ps`` would show a ``--env`` secret. kit on the login node is ``KIT_REMOTE_KIT`` (default
-``kit``, found on the login shell's PATH); it refuses a client of another version before it does anything
-(``KIT_CLIENT_VERSION``), and ends when the connection does (its standard input closes).
-
+What crosses: the command's arguments, and nothing of the laptop's environment (``ssh -T``, no ``SendEnv`` of
+kit's own; the user's configuration may send ``LANG``). The arguments travel as the first line of the channel's
+data (``kit remote-args`` reads them), never on the login node's command line, where every user's ``ps`` would
+show a ``--env`` secret. kit on the login node is ``KIT_REMOTE_KIT`` (default ``kit``, found on the login shell's
+PATH); it refuses a client of another version before it does anything (``KIT_CLIENT_VERSION``), answers in
+records (:mod:`kit.wire`: a login shell's banner is skipped), and ends when the connection does (its input closes).
 ``KIT_SSH``: the ssh command, split as a shell would (default ``ssh``; e.g. ``ssh -F ~/.ssh/cluster``).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import pwd
@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kit import wire
 from kit.core.text import Shown
 from kit.errors import KitError
 from kit.version import __version__
@@ -152,7 +153,8 @@ def start(host: Host, argv: list[str], options: list[str]) -> subprocess.Popen:
     try:
         proc.stdin.write(json.dumps(argv, ensure_ascii=True).encode() + b"\n")
         proc.stdin.flush()
-    except OSError:  # ssh ended at once: its exit code and its words say why
+        wire.read_from(proc.stdout.fileno())  # kit's hello: what the login shell printed before it, skipped
+    except (OSError, wire.NoRecord):  # ssh ended, or no kit there: its exit code and its words say why
         pass
     return proc
 
@@ -240,14 +242,10 @@ class Session:
         return self
 
     def read_json(self) -> dict:
-        line = self.proc.stdout.readline(1 << 30)
         try:
-            value = json.loads(line) if line.strip() else None
-        except ValueError:
-            value = None
-        if not isinstance(value, dict):
-            self.fail()
-        return value
+            return wire.read(self.proc.stdout)
+        except wire.NoRecord as e:
+            self.fail(str(e))
 
     def send(self, data: bytes) -> None:
         try:
@@ -256,10 +254,21 @@ class Session:
         except OSError:
             self.fail()
 
-    def fail(self):
-        code = self.proc.wait()
+    def fail(self, reason: str = "no answer"):
+        """Always raises: ssh's failure, kit's there (its words), or what was wrong with its answer."""
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()  # kit there ends when its input does
+        try:
+            code = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
         said = self.err.join()
         checked(self.host, code, said, self.options)  # ssh's own failures, no kit there
+        if code == 0 or not said.strip():
+            raise KitError(f"kit on {self.host.name} gave no answer kit can read: {reason}", field="--host",
+                           exit_code=1)
+        raise failure(self.host, code, said)
         raise failure(self.host, code, said)
 
     def __exit__(self, *exc) -> None:
@@ -280,18 +289,13 @@ def forward_stderr(proc, echo: bool = True) -> _Stderr:
     return thread
 
 
-def show(data: bytes) -> None:
-    """``data`` to our standard output (see :class:`Shown`)."""
-    Shown()(data)
-
-
-def pass_through(proc, skip: int = 0, keep: bytearray | None = None, write=show) -> int:
+def pass_through(proc, skip: int = 0, keep: bytearray | None = None, write=None) -> int:
     """``proc``'s stdout to ``write`` (ours) as it comes, but for its first ``skip`` bytes (an earlier
     connection showed them); ssh's exit code. ``proc.shown``: the bytes shown so far, the skipped ones
     counted; ``keep``: gets the first 64 KiB of what came."""
-    seen = 0
+    seen, write = 0, write or Shown()
     try:
-        while chunk := os.read(proc.stdout.fileno(), 65536):
+        while chunk := proc.stdout.read1(65536):  # the buffer start() read the hello through, then the pipe
             if keep is not None and len(keep) < 65536:
                 keep += chunk[:65536 - len(keep)]
             new = chunk[max(0, skip - seen):]

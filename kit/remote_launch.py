@@ -25,17 +25,17 @@ local launch).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-import re
 import secrets
 import shutil
 import socket
 import sys
 from pathlib import Path
 
-from kit import codestore, files, remote
+from kit import codestore, files, remote, wire
 from kit import snapshot as snapshots
 from kit.errors import KitError
 from kit.home import kit_home
@@ -75,10 +75,9 @@ def launch(host: remote.Host, argv: list[str], cwd: Path) -> int:
     head = argv[:argv.index("--")] if "--" in argv else argv
     if any(a in ("-h", "--help") for a in head):
         return remote.run(host, ["launch", *argv])
-    code, shown, said, options = _launched(host, argv, cwd, say=lambda line: print(line, file=sys.stderr, flush=True))
-    submitted = _submitted(bytes(shown).decode(errors="replace"))
-    if code == 255 and submitted and "--wait" in head:  # the job is in: only the connection went
-        return ride_through(host, *submitted)
+    code, job, said, options = _launched(host, argv, cwd, say=lambda line: print(line, file=sys.stderr, flush=True))
+    if code == 255 and job and job.get("job_id") and "--wait" in head:  # the job is in: only the connection went
+        return ride_through(host, str(job["job_id"]), str(job["job_dir"]))
     return remote.checked(host, code, said, options)
 
 
@@ -86,30 +85,30 @@ def launch_call(host: remote.Host, argv: list[str], cwd: Path) -> tuple[dict, li
     """``kit.launch(..., host=)``: ``kit launch --json ARGV`` there as :func:`launch` runs it; (what it printed,
     the lines it and the code's transfer said). A failure there is its ``kit: …`` line as a :class:`KitError`."""
     said_here: list[str] = []
-    code, shown, said, options = _launched(host, ["--json", *argv], cwd, say=said_here.append, echo=False)
+    code, job, said, options = _launched(host, ["--json", *argv], cwd, say=said_here.append, echo=False)
     remote.checked(host, code, said, options)
     if code != 0:
         raise remote.failure(host, code, said)
-    try:
-        return json.loads(bytes(shown).decode().splitlines()[0]), [
-            *said_here, *(line[5:].strip() for line in said.splitlines() if line.startswith("kit: "))]
-    except (ValueError, IndexError) as e:
-        raise KitError(f"kit launch on {host.name} printed no job: {e}", field="host", exit_code=1) from None
+    if not isinstance(job, dict) or "job_dir" not in job:
+        raise KitError(f"kit launch on {host.name} answered no job", field="host", exit_code=1)
+    return job, [*said_here, *(line[5:].strip() for line in said.splitlines() if line.startswith("kit: "))]
 
 
 def _launched(host: remote.Host, argv: list[str], cwd: Path, say, echo: bool = True):
     """``kit launch ARGV`` there, its code sent first (unless ``--no-code-snapshot``); (ssh's exit code, the
-    first 64 KiB of its output, what it said on stderr, the connection's options). ``echo``: its output and
-    its stderr shown here as they come."""
+    job it answered (its ``--json`` dictionary; None when none came), what it said on stderr, the connection's
+    options). ``echo``: its output and its stderr shown here as they come."""
     head = argv[:argv.index("--")] if "--" in argv else argv
     options = remote.connection_options(host)
-    shown = bytearray()
-    write = remote.Shown() if echo else (lambda data: None)
+    write = wire.Records(remote.Shown() if echo else (lambda data: None))
+
+    def job():
+        return next((r["launched"] for r in write.seen if isinstance(r.get("launched"), dict)), None)
     if "--no-code-snapshot" in head:
         proc = remote.start(host, ["launch", *argv], options)
         tail = remote.forward_stderr(proc, echo)
-        code = remote.pass_through(proc, keep=shown, write=write)
-        return code, shown, tail.join(), options
+        code = remote.pass_through(proc, write=write)
+        return code, job(), tail.join(), options
     snap = snapshots.take(cwd, _option(argv, "--code"), store=snapshots.store_for(kit_home()))
     if snap is None:
         raise KitError(f"{cwd} is in no git work tree: over SSH the job's code must travel", field="--host",
@@ -134,12 +133,12 @@ def _launched(host: remote.Host, argv: list[str], cwd: Path, say, echo: bool = T
                 if image is not None:
                     say(f"kit: image {image[1][:19]}: " + (f"sent {snapshots.mib(sent[2])}" if sent[2] is not None
                                                            else "already there"))
-            code = remote.pass_through(proc, keep=shown, write=write)
+            code = remote.pass_through(proc, write=write)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return code, shown, tail.join(), options
+    return code, job(), tail.join(), options
 
 
 def outgoing(snap, objects: Path, manifests: Path) -> tuple[dict, bytes, dict[str, Path]]:
@@ -148,18 +147,6 @@ def outgoing(snap, objects: Path, manifests: Path) -> tuple[dict, bytes, dict[st
     sources = {name: objects / name for name in
                {v + (".x" if k == "x" else "") for _, k, v in codestore.entries(snap, manifests) if k in ("f", "x")}}
     return {k: getattr(snap, k) for k in ("digest", "source", "files", "bytes", "commit", "dirty")}, manifest, sources
-
-
-def _submitted(text: str) -> tuple[str, str] | None:
-    """(job id, job directory) from what ``kit launch`` printed (its lines, or ``--json``)."""
-    job_id, job_dir = re.search(r"^Submitted job (\S+)$", text, re.M), re.search(r"^job dir: (.+)$", text, re.M)
-    if job_id and job_dir:
-        return job_id.group(1), job_dir.group(1)
-    try:
-        made = json.loads(text.splitlines()[0])
-        return str(made["job_id"]), str(made["job_dir"])
-    except (ValueError, KeyError, IndexError, TypeError):
-        return None
 
 
 def ride_through(host: remote.Host, job_id: str, job_dir: str) -> int:
@@ -186,11 +173,12 @@ def _send(proc, about: dict, manifest: bytes, sources: dict[str, Path]) -> tuple
         proc.stdin.write(json.dumps({**about, "manifest": manifest.decode("utf-8", "surrogateescape")},
                                     ensure_ascii=True).encode() + b"\n")
         proc.stdin.flush()
-        line = proc.stdout.readline(LINE_LIMIT)
-        missing = json.loads(line)["missing"] if line.strip() else None
-    except (OSError, ValueError, KeyError, TypeError):
+        missing = wire.read(proc.stdout)["missing"]
+    except (OSError, wire.NoRecord, KeyError):
+        with contextlib.suppress(OSError):
+            proc.stdin.close()  # kit there, if it waits for objects, ends (its error is on stderr)
         return None
-    if missing is None:
+    if not isinstance(missing, list):
         return None
     count = size = 0
     image = None
@@ -249,8 +237,7 @@ def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path, Path | Non
         if image is not None and not files.verify(images / image, image_hex, memo, key=f"image:{image}"):
             missing.append(f"image:{image}")
         memo.save()
-        sys.stdout.buffer.write(json.dumps({"missing": missing}).encode() + b"\n")
-        sys.stdout.buffer.flush()
+        wire.write({"missing": missing})
         for _ in missing:
             _receive_object(objects, images, set(missing))
         trees = kit_home() / "trees" / tree

@@ -146,7 +146,7 @@ def test_every_package_ships():
 # longest prefix listed here; one that matches none is an error (a new room is placed on purpose).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("kit.version", "kit.errors", "kit.files", "kit.home",    # no kit import at all
-     "kit.core.text"),                                         # (text as a terminal shows it)
+     "kit.core.text", "kit.wire"),                             # (text as a terminal shows it; records to a laptop)
     ("kit.runner", "kit.jobdir", "kit.remote"),                # processes; the job directory's names; ssh
     ("kit.core", "kit.monitor", "kit.codestore"),              # the job model; the exporter (runs in images)
     ("kit.train", "kit.image", "kit.slurm", "kit.report", "kit.snapshot"),

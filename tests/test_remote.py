@@ -36,8 +36,19 @@ def hosts(cluster, user, tmp_path_factory):
                  "PATH": f"{home}/venv/bin:/usr/local/bin:/usr/bin:/bin"}
     servers = Servers(root, login_env, user=user).start()
     servers.home_before = files_of(home)  # the last test finds nothing else written there
-    yield servers
-    servers.stop()
+    # A site's login shell greets: its dotfiles print before the command runs (bash sources ~/.bashrc for `ssh
+    # host cmd`; these lines stand above Debian's interactive guard, as sites put them), a JSON-looking line too.
+    bashrc = home / ".bashrc"
+    dotfile = bashrc.read_text()
+    bashrc.write_text(f"echo '{BANNER}'\necho '{{\"job_dir\": \"/not/kits\"}}'\n{dotfile}")
+    try:
+        yield servers
+    finally:
+        bashrc.write_text(dotfile)
+        servers.stop()
+
+
+BANNER = "Welcome to the login node! /home is 93% full."
 
 
 def files_of(home: Path) -> set[str]:
@@ -66,10 +77,17 @@ def there(user, request) -> Path:
 
 def submit_as(user, hosts, out: Path, *args: str, command: str) -> dict:
     """`kit launch --json` (the site's Slurm: SLURM_CONF) as the user on the login node: {job_id, job_dir, …}."""
+    proc = in_the_login_shell(user, hosts, f"kit launch --json --output-dir {out} {' '.join(args)} -- {command}")
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def in_the_login_shell(user, hosts, command: str) -> subprocess.CompletedProcess:
+    """``command`` run by the user in their login shell on the login node, with its environment there (its
+    banner printed first: what ``command`` prints is its last lines)."""
     env = "".join(f"; export {k}={shlex.quote(v)}" for k, v in hosts.login_env.items())
-    proc = as_user(user, f"kit launch --json --output-dir {out} {' '.join(args)} -- {command}", env=env)
+    proc = as_user(user, command, env=env)
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return proc
 
 
 def counted(hosts, run):
@@ -90,6 +108,11 @@ def test_ps_logs_report_and_cancel_through_a_jump_host_one_connection_at_most(cl
     assert ps.returncode == 0, ps.stderr
     assert job["job_id"] in ps.stdout and "RUNNING" in ps.stdout
     assert opened == (1, 1)  # the first call opens kit's master (through the jump host) and keeps it
+    # The login shell's banner (printed before kit ran) is not kit's output: `ps --json` there is JSON here.
+    raw = subprocess.run([*hosts.ssh(), "-T", "kit-login", "true"], capture_output=True, text=True, timeout=60)
+    assert BANNER in raw.stdout, raw  # the login shell does print it
+    rows = json.loads(kit("--host", "kit-login", "ps", "--json", "--output-dir", str(there), env=laptop).stdout)
+    assert [r["id"] for r in rows] == [job["job_id"]] and BANNER not in ps.stdout, ps.stdout
     for args in (("logs", str(job_dir)), ("ps", "--all"), ("report", str(job_dir), "-o", str(tmp_path / "r.png"))):
         out, opened = counted(hosts, lambda: kit("--host", "kit-login", *args, env=laptop))
         assert out.returncode == 0, (args, out.stderr)
@@ -325,9 +348,7 @@ def test_a_function_submitted_from_the_laptop_brings_its_value_back(cluster, use
 def on_the_login_node(user, hosts, code: str):
     """The JSON that Python ``code`` prints, run by the user on the login node in their own environment there
     (the same calls' answers without SSH: a job's files are the user's, which kit trusts from them alone)."""
-    env = "".join(f"; export {k}={shlex.quote(v)}" for k, v in hosts.login_env.items())
-    proc = as_user(user, f"python3 -c {shlex.quote('import json, kit; ' + code)}", env=env)
-    assert proc.returncode == 0, proc.stderr
+    proc = in_the_login_shell(user, hosts, f"python3 -c {shlex.quote('import json, kit; ' + code)}")
     return json.loads(proc.stdout.splitlines()[-1])
 
 

@@ -22,7 +22,7 @@ TRICKY = ["ps", "a b", "it's", '"quoted"', "$HOME", "`id`", "semi;colon", "back\
           "~", "{a,b}", "%1", "a=b", "bang!", "!!", "!$", "new\nline", "it's!", "--env=TOKEN=s3cret"]
 SHELLS = ["bash", "dash", "tcsh"]  # tcsh: the csh of Debian (.ci/setup installs it)
 # kit there: says the client's version, the command line it was given, and the arguments it read
-THERE = ("import os, sys; from kit import remote; "
+THERE = ("import os, sys; from kit import remote, wire; wire.hello(); "
          "sys.stdout.write('\\0'.join([os.environ['KIT_CLIENT_VERSION'], *sys.argv[1:], '|', *remote.read_args()]))")
 
 
@@ -158,3 +158,29 @@ def test_a_damaged_object_on_the_login_node_is_asked_for_again(tmp_path, monkeyp
     assert launch() == 1
     assert (launch.tree / "train.py").read_text() == "print('whole')\n" == damaged.read_text()
     assert launch() == 0
+
+
+def test_kit_theres_answers_are_records_a_banner_cannot_be_taken_for(monkeypatch):
+    """kit.wire: what a login shell prints before kit's hello is skipped (a banner, a motd), never parsed, and
+    bounded (a hostile login node's endless noise, or a 1 GiB line, is refused, not held); text between records
+    reaches the person as it came, the records (even one split across reads) do not."""
+    from kit import wire
+
+    banner = b"Welcome to login1! Quota: 93% of /home used\n{\"job_dir\": \"/not/kits\"}\n"
+    stream = io.BytesIO(banner + wire.record({"kit": "x"}) + wire.record({"missing": ["a"]}))
+    assert wire.read(stream) == {"kit": "x"} and wire.read(stream) == {"missing": ["a"]}
+    with pytest.raises(wire.NoRecord, match="ended"):
+        wire.read(stream)
+    monkeypatch.setattr(wire, "NOISE_LIMIT", 1000)
+    with pytest.raises(wire.NoRecord, match="before kit's answer"):
+        wire.read(io.BytesIO(b"x" * 999 + b"\n" + b"y\n" + wire.record({"kit": "x"})))
+    monkeypatch.setattr(wire, "RECORD_LIMIT", 100)
+    with pytest.raises(wire.NoRecord, match="longer than"):
+        wire.read(io.BytesIO(wire.MARK + b"{" + b" " * 200 + b"}\n"))
+    shown = []
+    records = wire.Records(shown.append)
+    whole = b"Submitted job 7\n" + wire.record({"launched": {"job_id": "7"}}) + b"job dir: /d\nwaiting"
+    for i in range(0, len(whole), 5):  # in pieces, a record split across them
+        records(whole[i:i + 5])
+    assert b"".join(shown) == b"Submitted job 7\njob dir: /d\nwaiting"
+    assert records.seen == [{"launched": {"job_id": "7"}}]

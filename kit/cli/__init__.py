@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from kit import remote
+from kit import remote, wire
 from kit.version import __version__
 from kit.errors import KitError
 
@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         serving = os.environ.pop(remote.VERSION_VARIABLE, None) is not None  # on a login node, for a client
         if serving:
+            wire.hello()  # what the login shell printed before this is skipped by the laptop
             args = remote.read_args() if args == [remote.ARGS_COMMAND] else args
             if not set(remote.READS_INPUT) & set(args[:2]):
                 remote.watch_input_end()  # (remote-launch and remote-submit read their input first, then watch it)

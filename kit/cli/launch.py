@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from kit import submission as lib
-from kit import api, slurm
+from kit import api, slurm, wire
 from kit.core import options
 from kit.core import spec as specs
 from kit.core import sweep as sweep_lib
@@ -107,6 +107,8 @@ def launch(job_file, where, dry_run, wait, as_json, parsable, **values):
     spec, origins = specs.merge(base, given, origins)
     plan, prepared = api.submit_spec(spec, origins, where=where, dry_run=dry_run, rerun=RECEIVED.get(),
                                      say=lambda message: click.echo(f"kit: {message}", err=True))
+    if wire.serving():  # for a laptop (kit --host, kit.launch(host=)): the job in one record, before any line
+        wire.write({"launched": prepared.as_json()})
     if dry_run:
         if as_json:
             click.echo(json.dumps(prepared.as_json()))

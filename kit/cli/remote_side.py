@@ -12,13 +12,12 @@ from pathlib import Path
 
 import click
 
-from kit import functions, remote
+from kit import functions, remote, wire
 from kit.errors import KitError
 
 
 def _say(value: dict) -> None:
-    sys.stdout.write(json.dumps(value) + "\n")
-    sys.stdout.flush()
+    wire.write(value)
 
 
 @click.command(name="remote-submit", hidden=True)

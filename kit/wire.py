@@ -1,0 +1,123 @@
+"""What kit on a login node answers the laptop through ``ssh``: framed records on a channel a login shell shares.
+
+``ssh LOGIN CMD`` runs the user's login shell first, and its dotfiles may print (a banner, a motd, a module
+system's notice). kit there starts by saying :func:`hello` — a record — and the laptop skips what came before it
+(:func:`read`: at most ``NOISE_LIMIT`` bytes of it, never parsed). Every answer is then one record: a line that
+starts with ``MARK`` (a byte no shell banner prints, then ``kit``), JSON after it, at most ``RECORD_LIMIT`` bytes
+(a hostile login node cannot make the laptop hold a 1 GiB line). Text kit prints for a person goes between
+records, as it is; :class:`Records` takes the records out of such a stream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+MARK = b"\x1ekit "
+RECORD_LIMIT = 64 << 20
+NOISE_LIMIT = 1 << 20
+
+
+class NoRecord(Exception):
+    """The stream ended, or what came is not a record kit there wrote (its words say which)."""
+
+
+def record(value: dict) -> bytes:
+    """``value`` as one record: the mark, compact JSON (no newline in it), a newline."""
+    return MARK + json.dumps(value, ensure_ascii=True, separators=(",", ":")).encode() + b"\n"
+
+
+_serving = False
+
+
+def write(value: dict, stream=None) -> None:
+    """One record to ``stream`` (our standard output, after what was printed to it), in one write, flushed."""
+    if stream is None:
+        sys.stdout.flush()
+        stream = sys.stdout.buffer
+    stream.write(record(value))
+    stream.flush()
+
+
+def hello() -> None:
+    """kit there's first record: what came before it on the channel was the login shell's."""
+    from kit.version import __version__
+
+    global _serving
+    _serving = True
+    write({"kit": __version__})
+
+
+def serving() -> bool:
+    """This kit answers a laptop through ssh (it said :func:`hello`)."""
+    return _serving
+
+
+def parse(line: bytes) -> dict:
+    """The record ``line`` holds (it starts with ``MARK``); :class:`NoRecord` if it is not a whole one."""
+    if not line.endswith(b"\n"):
+        raise NoRecord(f"a record longer than {RECORD_LIMIT >> 20} MiB, or cut short")
+    try:
+        value = json.loads(line[len(MARK):])
+    except ValueError:
+        raise NoRecord("a record that is not JSON") from None
+    if not isinstance(value, dict):
+        raise NoRecord("a record that is not an object")
+    return value
+
+
+def read(stream) -> dict:
+    """The next record on the binary ``stream``, lines before it skipped (up to ``NOISE_LIMIT`` bytes)."""
+    noise = 0
+    while True:
+        line = stream.readline(RECORD_LIMIT + len(MARK) + 1)
+        if not line:
+            raise NoRecord("the answer ended")
+        if line.startswith(MARK):
+            return parse(line)
+        noise += len(line)
+        if noise > NOISE_LIMIT:
+            raise NoRecord(f"more than {NOISE_LIMIT >> 20} MiB before kit's answer")
+
+
+def read_from(fd: int) -> dict:
+    """:func:`read` from the descriptor ``fd``, a byte at a time: nothing after the record is taken from the pipe
+    (whoever reads it next, by any means — a buffered reader, ``communicate`` — gets all the rest). For the
+    hello, after a few lines of banner at most."""
+    class Unbuffered:
+        @staticmethod
+        def readline(limit: int) -> bytes:
+            line = bytearray()
+            while len(line) < limit and not line.endswith(b"\n"):
+                byte = os.read(fd, 1)
+                if not byte:
+                    break
+                line += byte
+            return bytes(line)
+    return read(Unbuffered())
+
+
+class Records:
+    """A stream's bytes, as they come, to ``write`` (a person's terminal), but its records, kept in ``seen``
+    (a record split across two chunks is held until its end comes)."""
+
+    def __init__(self, write):
+        self.write, self.pending, self.seen = write, b"", []
+
+    def __call__(self, data: bytes) -> None:
+        data, self.pending, shown = self.pending + data, b"", []
+        while data:
+            end = data.find(b"\n") + 1
+            line, data = (data[:end], data[end:]) if end else (data, b"")
+            if line.startswith(MARK) and end:
+                try:
+                    self.seen.append(parse(line))
+                except NoRecord:
+                    pass
+            elif not end and (line.startswith(MARK) or MARK.startswith(line)) and len(line) <= RECORD_LIMIT:
+                self.pending = line  # perhaps a record: its end is still to come
+            else:
+                shown.append(line)
+        if shown:
+            self.write(b"".join(shown))
