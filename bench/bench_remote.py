@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -137,6 +138,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.files, args.mb, args.runs = 100, 5, 2
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # `timeout`: its cluster stopped too
     with tempfile.TemporaryDirectory(prefix="kit-bench-remote-") as tmp:
         tmp = Path(tmp)
         host, env, stop = (args.host, dict(os.environ), lambda: None) if args.host else own_setup(tmp)
