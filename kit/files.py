@@ -336,6 +336,11 @@ class StatMemo:
             self.data[str(path)] = [*self._key(st), value]
             self.changed = True
 
+    def keep_only(self, keys) -> None:
+        """Forget every entry but ``keys``' (a memo of one use's files stays that use's size)."""
+        kept = {k: v for k, v in self.data.items() if k in set(keys)}
+        self.changed, self.data = self.changed or kept != self.data, kept
+
     def save(self) -> None:
         """Written when something was put (a memo that cannot be written is only slower)."""
         if self.changed:

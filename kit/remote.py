@@ -194,7 +194,7 @@ def run(host: Host, argv: list[str], *, follow: bool = False) -> int:
     while True:
         proc = start(host, argv, options)
         tail = forward_stderr(proc)
-        code = pass_through(proc, skip=shown, write=Shown())
+        code = pass_through(proc, skip=shown)
         shown, said = proc.shown, tail.join()
         if not (follow and code == 255):
             return checked(host, code, said, options)
@@ -211,7 +211,7 @@ class _Stderr(threading.Thread):
     def __init__(self, stream, echo: bool = True):
         super().__init__(daemon=True)
         self.stream, self.tail, self.echo = stream, [], echo
-        self.shown = Shown(getattr(sys.stderr, "buffer", None)) if echo else None
+        self.shown = Shown(sys.stderr.buffer) if echo else None
 
     def run(self):
         for raw in iter(self.stream.readline, b""):
@@ -269,7 +269,6 @@ class Session:
             raise KitError(f"kit on {self.host.name} gave no answer kit can read: {reason}", field="--host",
                            exit_code=1)
         raise failure(self.host, code, said)
-        raise failure(self.host, code, said)
 
     def __exit__(self, *exc) -> None:
         try:
@@ -289,15 +288,13 @@ def forward_stderr(proc, echo: bool = True) -> _Stderr:
     return thread
 
 
-def pass_through(proc, skip: int = 0, keep: bytearray | None = None, write=None) -> int:
-    """``proc``'s stdout to ``write`` (ours) as it comes, but for its first ``skip`` bytes (an earlier
-    connection showed them); ssh's exit code. ``proc.shown``: the bytes shown so far, the skipped ones
-    counted; ``keep``: gets the first 64 KiB of what came."""
+def pass_through(proc, skip: int = 0, write=None) -> int:
+    """``proc``'s stdout to ``write`` (ours, :class:`Shown`) as it comes, but for its first ``skip`` bytes (an
+    earlier connection showed them); ssh's exit code. ``proc.shown``: the bytes shown so far, the skipped ones
+    counted."""
     seen, write = 0, write or Shown()
     try:
         while chunk := proc.stdout.read1(65536):  # the buffer start() read the hello through, then the pipe
-            if keep is not None and len(keep) < 65536:
-                keep += chunk[:65536 - len(keep)]
             new = chunk[max(0, skip - seen):]
             seen += len(chunk)
             if new:

@@ -141,11 +141,15 @@ def _launched(host: remote.Host, argv: list[str], cwd: Path, say, echo: bool = T
     return code, job(), tail.join(), options
 
 
+def object_names(entries) -> list[str]:
+    """The store's object names a snapshot's manifest entries use (an executable's with ``.x``)."""
+    return sorted({v + (".x" if k == "x" else "") for _, k, v in entries if k in ("f", "x")})
+
+
 def outgoing(snap, objects: Path, manifests: Path) -> tuple[dict, bytes, dict[str, Path]]:
     """What a snapshot sends (:func:`_send`): its header's values, its manifest, its objects by name."""
     manifest = files.read_bytes(manifests / (snap.digest.split(":")[1] + ".json"), LINE_LIMIT)
-    sources = {name: objects / name for name in
-               {v + (".x" if k == "x" else "") for _, k, v in codestore.entries(snap, manifests) if k in ("f", "x")}}
+    sources = {name: objects / name for name in object_names(codestore.entries(snap, manifests))}
     return {k: getattr(snap, k) for k in ("digest", "source", "files", "bytes", "commit", "dirty")}, manifest, sources
 
 
@@ -225,12 +229,11 @@ def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path, Path | Non
             files.write_atomic(path, manifest, 0o600)
         snap = codestore.Snapshot(digest, str(store), str(store), "directory", 0, 0)
         entries = codestore.entries(snap, manifests)
-        names = sorted({v + (".x" if k == "x" else "") for _, k, v in entries if k in ("f", "x")})
+        names = object_names(entries)
         # What is there is used only when it holds what its name says (checked, or the very file checked
         # before: the memo): a damaged object or image is asked for again, not used nor kept forever.
         memo = files.StatMemo(store / "received-memo.json")
-        memo.data = {k: v for k, v in memo.data.items() if k in {*names, f"image:{image}"}}  # this launch's alone
-        memo.changed = True
+        memo.keep_only([*names, f"image:{image}"])  # this launch's alone
         missing = [n for n in names if not files.verify(objects / n, n.removesuffix(".x"), memo, key=n)]
         damaged = [n for n in missing if os.path.lexists(objects / n)]
         images = pin.pins()

@@ -790,7 +790,7 @@ def test_a_held_job_runs_the_code_and_image_it_was_submitted_with(cluster, debia
                       "--output-dir", str(person.dir / "jobs"), "--", "bash", "run.sh", cwd=repo)
     assert proc.returncode == 0, proc.stderr
     job_id = re.search(r"^Submitted job (\d+)$", proc.stdout, re.M).group(1)
-    job_dir = Path(re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1))
+    job_dir = Path(job_dir_of(proc))
     assert slurm.job_status(cluster.target, job_id).state == "PENDING"
     # While it waits: the script edited, the data changed, the image file rebuilt in place.
     (repo / "run.sh").write_text(script % "v2")

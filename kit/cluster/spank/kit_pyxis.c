@@ -809,6 +809,20 @@ static int unpacks_as_user(const char *image)
 		    "%s, because you're not superuser!", opt_image, node);
 }
 
+/* The image opened as the job's user (open_image), refused where enroot could not unpack it for them
+ * (unpacks_as_user), then USE(its path, DIR): unsquashfs into a named container, or the loop mount. -1 on any
+ * failure, the first one said. */
+static int from_image(int (*use)(const char *image, const char *dir), const char *dir)
+{
+	char image[64];
+	int fd = open_image(image, sizeof(image));
+	if (fd < 0)
+		return -1;
+	int rc = unpacks_as_user(image) < 0 ? -1 : use(image, dir);
+	close(fd);
+	return rc;
+}
+
 static char root[256];
 static char workdir[4096];
 static int ready, reused, direct;
@@ -974,19 +988,8 @@ static int mount_image(const char *base)
 			reused = 1;
 		} else if (!opt_image) {
 			return fail("pyxis: error: no container named %s on this node, and --container-image is not set", opt_name);
-		} else {
-			char image[64];
-			int fd = open_image(image, sizeof(image));
-			if (fd < 0)
-				return -1;
-			if (unpacks_as_user(image) < 0) {
-				close(fd);
-				return -1;
-			}
-			int rc = mkdir_p(data, 0700) < 0 || unpack(image, dir) < 0 ? -1 : 0;
-			close(fd);
-			if (rc < 0)
-				return fail(TAG ": --container-image: cannot unpack %s into %s", opt_image, dir);
+		} else if (mkdir_p(data, 0700) < 0 || from_image(unpack, dir) < 0) {
+			return fail(TAG ": --container-image: cannot unpack %s into %s", opt_image, dir);
 		}
 		if (mount(dir, root, NULL, MS_BIND | MS_REC, NULL) < 0)
 			return fail(TAG ": bind %s: %m", dir);
@@ -1008,19 +1011,8 @@ static int mount_image(const char *base)
 	if (direct) {
 		if (mount_squashfuse(image_dir) < 0)
 			return -1;
-	} else {
-		char image[64];
-		int fd = open_image(image, sizeof(image));
-		if (fd < 0)
-			return -1;
-		if (unpacks_as_user(image) < 0) {
-			close(fd);
-			return -1;
-		}
-		int rc = run_mount(image, image_dir);
-		close(fd);
-		if (rc < 0)
-			return fail(TAG ": --container-image: cannot mount %s as squashfs", opt_image);
+	} else if (from_image(run_mount, image_dir) < 0) {
+		return fail(TAG ": --container-image: cannot mount %s as squashfs", opt_image);
 	}
 	snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s", image_dir, upper, work);
 	if (direct)
