@@ -17,6 +17,7 @@ raises :class:`kit.KitError` with the command's message (``error.field``,
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -24,14 +25,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterable
 
-from kit import files, hosted, jobdir, joblogs, listing, slurm, targets
+from kit import files, jobdir, joblogs, listing, slurm, targets
 from kit import snapshot as snapshots
 from kit import submission as lib
-from kit.core import keywords, options
+from kit.core import jobfile, keywords, options
 from kit.core import spec as specs
 from kit.core.outcome import Outcome
 from kit.errors import KitError
 from kit.jobdir import JobDir, records
+from kit import remote
+from kit.remote import hosted
 
 __all__ = ["Job", "Outcome", "cancel", "jobs", "launch", "launch_with", "python_names", "rerun", "submit_spec"]
 
@@ -43,27 +46,25 @@ def launch(command: list[str] | str | None = None, *, host: str | None = None, *
     does, with the same options and checks; returns its :class:`Job` (not submitted:
     ``dry_run=True``; ``wait=True``: after its end). ``json`` and ``parsable`` shape what the
     command prints and change nothing here. ``host``: launched on that login node, this
-    directory's code sent there (:mod:`kit.hosted`; a :class:`kit.hosted.HostedJob`)."""
+    directory's code sent there (:mod:`kit.remote.hosted`: the job, a :class:`Job`, is there)."""
     if host is not None:
-        return hosted.launch(host, command, kwargs)
+        host = hosted.host_of(host)
+        job_id, job_dir, messages = hosted.launch(host, command, kwargs)
+        job = Job(job_dir, host=host, job_id=job_id, messages=messages)
+        if kwargs.get("wait") and job_id is not None:
+            job.wait()
+        return job
     return launch_with(command, kwargs)
 
 
 def launch_with(command, kwargs: dict, before_submit=None) -> Job:
     """:func:`launch` with its keywords as a dict, and ``before_submit`` (see :func:`submit_spec`)."""
-    fields, where = keywords.fields(kwargs)
-    if isinstance(command, str):
-        command = ["bash", "-c", command]
-    if command is not None:
-        fields["command"] = keywords.strings(command, lambda kind: KitError(f"expected {kind}", field="command"))
-    job_file, dry_run, wait = fields.pop("job_file", None), fields.pop("dry_run", False), fields.pop("wait", False)
-    fields.pop("as_json", None)
-    fields.pop("parsable", None)
-    base, origins = specs.load_job_file(job_file) if job_file else (specs.JobSpec(), specs.Origins())
-    spec, origins = specs.merge(base, specs.JobSpec(**fields), origins)
-    plan, prepared = submit_spec(spec, origins, where=where, dry_run=dry_run, before_submit=before_submit)
+    request = keywords.request(command, kwargs)
+    spec, origins = request.spec()
+    plan, prepared = submit_spec(spec, origins, where=request.where, dry_run=request.dry_run,
+                                 before_submit=before_submit)
     job = Job(prepared.job_dir, job_id=prepared.job_id, target=plan.target, messages=plan.messages)
-    if wait and not dry_run:
+    if request.wait and not request.dry_run:
         job.wait()
     return job
 
@@ -114,7 +115,7 @@ def rerun(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = (), *, wa
     spec, origins = specs.JobSpec(), specs.Origins()
     for name, value in recorded.items():
         if name in specs.FIELD_NAMES:
-            setattr(spec, name, specs.coerce_value(name, value, f"{spec_file}: {name}"))
+            setattr(spec, name, jobfile.coerce_value(name, value, f"{spec_file}: {name}"))
     edited = set()
     for name, value in (edits.items() if isinstance(edits, dict) else (_edit(item) for item in edits)):
         field = name.replace("-", "_")
@@ -122,7 +123,7 @@ def rerun(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = (), *, wa
         if field not in specs.FIELD_NAMES:
             raise KitError(f"unknown field {name!r}", field="--edit",
                            hint="the fields are the job file's keys: " + ", ".join(specs.FIELD_NAMES))
-        setattr(spec, field, specs.coerce_value(field, value, f"--edit {name}"))
+        setattr(spec, field, jobfile.coerce_value(field, value, f"--edit {name}"))
         origins[field] = f"--edit {name}"
     if "sbatch_args" not in edited:  # a hold was for that submission: the rerun runs
         spec.sbatch_args = [a for a in spec.sbatch_args if a not in ("--hold", "-H")]
@@ -172,7 +173,9 @@ def jobs(*, output_dirs: Iterable[str | Path] | None = None, everything: bool = 
     node (relative output directories under its home; by default ``~/kit-jobs``, where launches from here
     go)."""
     if host is not None:
-        return hosted.jobs(host, output_dirs or ("kit-jobs",), everything)
+        host = hosted.host_of(host)
+        return [Job(unit, host=host, job_id=row["id"], row=listing.JobRow.from_json(row))
+                for unit, row in hosted.jobs(host, output_dirs or ("kit-jobs",), everything)]
     output_dirs = (options.OUTPUT_DIR,) if output_dirs is None else output_dirs
     rows = listing.list_jobs([Path(d) for d in output_dirs], everything=everything)
     out = []
@@ -218,43 +221,50 @@ def _same_owner(target: slurm.Target, job_dir: Path, job_id: str) -> None:
                        hint="a job directory names whatever id its owner wrote there: give the job's own directory")
 
 
+def _or_there(method):
+    """A :class:`Job` method that, for a job on a login node (``host``), is the function of its name in
+    :mod:`kit.remote.hosted`: the same call made there."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        if self.host is None:
+            return method(self, *args, **kwargs)
+        return getattr(hosted, method.__name__)(self, *args, **kwargs)
+    return call
+
+
 class Job:
-    """A submitted kit job (or one task of an array job), reopened from its directory; with ``host=``, one
-    on that login node (a :class:`kit.hosted.HostedJob`: the same methods, each a call there)."""
+    """A submitted kit job (or one task of an array job), reopened from its directory; with ``host=``, one on
+    that login node (``dir`` is its directory there): the same methods, each one call there
+    (:mod:`kit.remote.hosted`)."""
 
-    hosted_kind = hosted.HostedJob  # what kit.Job(..., host=) is
-
-    def __new__(cls, job_dir: str | Path = "", *, host: str | None = None, job_id: str | None = None, **kwargs):
-        if host is not None:
-            if kwargs:
-                raise KitError(f"kit.Job(..., host=) takes a job directory and job_id, not {', '.join(kwargs)}",
-                               field="host")
-            return cls.hosted_kind(host, job_dir, job_id=job_id)
-        return super().__new__(cls)
-
-    def __init__(self, job_dir: str | Path, *, host: None = None, job_id: str | None = None,
+    def __init__(self, job_dir: str | Path, *, host: "str | remote.Host | None" = None, job_id: str | None = None,
                  target: slurm.Target | None = None,
                  messages: Iterable[str] = (), array_states: slurm.ArrayStates | None = None,
                  row: listing.JobRow | None = None):
+        self.host = None if host is None else hosted.host_of(host)
+        if self.host is not None and (target is not None or array_states is not None):
+            raise KitError("a job on a login node has its Slurm there: no target= or array_states=", field="host")
         self.dir, self._target, self._array_states = Path(job_dir), target, array_states  # states: kit.map's
         self.row = row  # what kit.jobs() saw of it (kit ps's row: state, run, step, loss, ...), else None
-        self.id = job_id or records.job_id_of(self.dir)
+        self.id = job_id if job_id or self.host is not None else records.job_id_of(self.dir)
         self.messages = list(messages)  # what `kit launch` would have printed (warnings, notes)
 
     @classmethod
-    def from_dir(cls, job_dir: str | Path) -> Job:
-        """The job in ``job_dir`` (a job directory, or an array task's ``tasks/<i>``)."""
-        if not Path(job_dir).is_dir():
+    def from_dir(cls, job_dir: str | Path, *, host: "str | remote.Host | None" = None) -> Job:
+        """The job in ``job_dir`` (a job directory, or an array task's ``tasks/<i>``; on ``host``: there)."""
+        if host is None and not Path(job_dir).is_dir():
             raise KitError(f"no such job directory: {job_dir}", field="JOB")
-        return cls(job_dir)
+        return cls(job_dir, host=host)
 
     def __repr__(self) -> str:
-        return f"kit.Job({self.id or 'not submitted'}, {str(self.dir)!r})"
+        there = f", host={self.host.name!r}" if self.host is not None else ""
+        return f"kit.Job({self.id or 'not submitted'}, {str(self.dir)!r}{there})"
 
     @property
     def target(self) -> slurm.Target:
+        """The Slurm the job went to (on a login node: its ``conf`` is a path there)."""
         if self._target is None:
-            self._target = targets.target_of(self.dir)
+            self._target = targets.target_of(self.dir) if self.host is None else hosted.target(self)
         return self._target
 
     def _submitted(self) -> str:
@@ -262,6 +272,7 @@ class Job:
             raise KitError(f"{self.dir} was never submitted (a dry run)", field="JOB")
         return self.id
 
+    @_or_there
     def state(self) -> str:
         """Slurm's state (PENDING, RUNNING, COMPLETED, ...), or the job directory's once Slurm forgot it;
         a held job's is ``PENDING`` whose ``.note`` (and repr) says it is held and how to release it."""
@@ -275,10 +286,12 @@ class Job:
     def done(self) -> bool:
         return self.state() in slurm.TERMINAL_STATES | {"ENDED"}
 
+    @_or_there
     def progress(self) -> records.Progress:
         """The training's latest step, loss and samples/s (what `kit ps` shows)."""
         return records.training_progress(self.dir)
 
+    @_or_there
     def wait(self, timeout: float | None = None, poll: float = 1.0, *, on_state=None, on_outage=None,
              on_poll=None) -> Outcome:
         """Block until the job ends (through requeues and controller outages); its outcome,
@@ -293,11 +306,13 @@ class Job:
     def __await__(self):
         return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
 
+    @_or_there
     def cancel(self, reason: str | None = None) -> dict:
         """Cancel it as `kit cancel` does; the cancel record."""
         self._submitted()
         return cancel(self.dir, reason)
 
+    @_or_there
     def logs(self, rank: int | None = None, run: int | None = None, errors: bool = False, *,
              node: str | None = None, sidecar: str | None = None) -> str:
         """A run's rank logs (all ranks, each line prefixed ``R: ``, or one rank's; ``node``: that
@@ -310,6 +325,7 @@ class Job:
                        prefixed=rank is None and node is None and sidecar is None or None)
         return b"".join(parts).decode(errors="replace")
 
+    @_or_there
     def feed_logs(self, write, *, rank: int | None = None, run: int | None = None, node: str | None = None,
                   sidecar: str | None = None, prefixed: bool | None = None, batch_instead: bool = True,
                   say=lambda note: None) -> None:
@@ -321,15 +337,18 @@ class Job:
             say(selection.note)
         joblogs.feed(selection, write)
 
+    @_or_there
     def errors(self, runs: list[int] | None = None) -> list[str]:
         """Per run (every run, or ``runs``), the first rank that failed by itself: a headline and its
         log's last lines (a log of gigabytes is read from its end)."""
         return list(joblogs.errors(self.dir, runs))
 
+    @_or_there
     def follow(self, write, on_outage=lambda message: None) -> str:
         """Feed the batch logs to ``write`` as they grow, every run, until the job has ended; how it ended."""
         return joblogs.follow(self.dir, self._submitted(), write, on_outage)
 
+    @_or_there
     def rerun(self, *items: str, wait: bool = False, **edits: Any) -> Job:
         """A new job with this one's resolved spec, ``edits`` applied (``nodes=4``; or ``items`` as
         `kit rerun --edit` takes them: ``"nodes=4"``), of this one's kind (a :class:`kit.FunctionJob`'s
@@ -349,6 +368,7 @@ class Job:
 
     results = result
 
+    @_or_there
     def summarize(self, prometheus: str | None = None, output: str | Path | None = None,
                   min_seconds: float | None = None, notice=lambda e: None):
         """What `kit report` prints and writes: a single job's summary (``.lines()``), or an array
@@ -361,6 +381,7 @@ class Job:
                           prometheus or LocalCluster().prometheus_url(),
                           MIN_SECONDS if min_seconds is None else min_seconds, notice)
 
+    @_or_there
     def report(self, prometheus: str | None = None, **kwargs: Any) -> dict:
         """The numbers of `kit report` (report.json's), the picture written beside them."""
         return asdict(self.summarize(prometheus, **kwargs))

@@ -19,11 +19,10 @@ from kit import submission as lib
 from kit.api import Job, launch_with
 from kit.core.outcome import Outcome
 from kit.errors import KitError
-from kit.hosted import HostedJob
 from kit.image import info, is_reference
 from kit.jobdir import JobDir
 
-__all__ = ["FunctionJob", "HostedFunctionJob", "RemoteError", "check_image_python", "map", "results", "submit"]
+__all__ = ["FunctionJob", "RemoteError", "check_image_python", "map", "results", "submit"]
 
 
 class RemoteError(KitError):
@@ -46,9 +45,13 @@ class FunctionJob(Job):
         """Rank 0's return value, after the job's end."""
         return self.results(timeout)[0]
 
+    batch: "dict[str, dict] | None" = None  # on a login node, a kit.map's tasks' values as they come
+
     def results(self, timeout: float | None = None) -> list:
         """Every rank's return value, by rank, after the job's end; the first rank that raised
         raises :class:`kit.RemoteError` here (its node and traceback with it)."""
+        if self.host is not None:
+            return _results_there(self, timeout)
         end = self.wait(timeout)
         return results(self.dir, self.id, end)
 
@@ -66,7 +69,7 @@ def last_frames(traceback: str, count: int = 3) -> str:
     return "\n".join(out)
 
 
-def submit(fn: Callable, *args: Any, host: str | None = None, **kwargs: Any) -> "FunctionJob | HostedFunctionJob":
+def submit(fn: Callable, *args: Any, host: str | None = None, **kwargs: Any) -> FunctionJob:
     """Run ``fn(*args)`` on every rank of a job (``nodes=``, ``ntasks_per_node=``, ``image=``
     and every other `kit launch` option as in :func:`launch`), with the launcher's variables set;
     ``job.result()`` is rank 0's return value, ``job.results()`` every rank's. The call is
@@ -74,7 +77,7 @@ def submit(fn: Callable, *args: Any, host: str | None = None, **kwargs: Any) -> 
     image's python3) must be the same minor version and have cloudpickle: checked first.
     ``host=``: submitted from here to that login node through ssh (:mod:`kit.remote`): the call is
     pickled here, its Python there must be this one's minor version (refused before anything is sent),
-    and ``result()`` brings the value back (:class:`HostedFunctionJob`)."""
+    and ``result()`` brings the value back."""
     try:
         payload = _dumps(fn, (fn, args, {}))
     except Exception as e:  # what cloudpickle raises for an unpicklable call varies
@@ -82,7 +85,7 @@ def submit(fn: Callable, *args: Any, host: str | None = None, **kwargs: Any) -> 
                        hint="a function job's call travels pickled: pass plain data, open files and connections "
                             "inside the function") from None
     if host is not None:
-        return HostedFunctionJob.submit(remote.Host.of(host), payload, kwargs)
+        return _submitted_there(remote.Host.of(host), [payload], kwargs, array=False)[0]
     return submit_payload(payload, kwargs)
 
 
@@ -98,7 +101,7 @@ def submit_payload(payload: bytes, kwargs: dict) -> FunctionJob:
 
 
 def map(fn: Callable, items: Iterable[Any], host: str | None = None,  # noqa: A001 - kit.map, as submitit's
-        **kwargs: Any) -> "list[FunctionJob] | list[HostedFunctionJob]":
+        **kwargs: Any) -> list[FunctionJob]:
     """``fn(item)`` for each item, as one Slurm array job (a task per item, each its own unit of
     work: own directory, requeue and port; every `kit launch` option as in :func:`launch`,
     ``nodes=`` per task). Returns a Job per task, in the items' order: ``[j.result() for j in jobs]``.
@@ -116,7 +119,7 @@ def map(fn: Callable, items: Iterable[Any], host: str | None = None,  # noqa: A0
     if not payloads:
         raise KitError("no items to map over", field="items")
     if host is not None:
-        return HostedFunctionJob.map(remote.Host.of(host), payloads, kwargs)
+        return _submitted_there(remote.Host.of(host), payloads, kwargs, array=True)
     return map_payloads(payloads, kwargs)
 
 
@@ -209,63 +212,45 @@ def result_payloads(job_dir: Path, job_id: str | None, end: Outcome) -> list[byt
 PYTHON = "%d.%d" % sys.version_info[:2]
 
 
-class HostedFunctionJob(HostedJob):
-    """A function job submitted from here to a login node (``kit.submit(fn, host=…)``): its id and its
-    directory there; ``result()``/``results()`` wait for it there and bring the values back, one SSH
-    connection each (:mod:`kit.remote`); a rank that raised raises :class:`RemoteError` here."""
-
-    @classmethod
-    def submit(cls, host: remote.Host, payload: bytes, kwargs: dict) -> "HostedFunctionJob":
-        return cls.map(host, [payload], kwargs, array=False)[0]
-
-    @classmethod
-    def map(cls, host: remote.Host, payloads: list[bytes], kwargs: dict,
-            array: bool = True) -> "list[HostedFunctionJob]":
-        """The calls (one, or one array task per item) submitted on ``host``: ``kit remote-submit`` says its
-        Python first, and the calls go only when it is this one's minor version."""
-        try:
-            header = json.dumps({"kwargs": kwargs, "sizes": [len(p) for p in payloads], "map": array}).encode()
-        except TypeError as e:
-            raise KitError(f"a keyword cannot travel to {host.name}: {e}", field="host",
-                           hint="give plain values (numbers, strings, lists, dicts); paths are the login node's") from None
-        with remote.Session(host, ["remote-submit"]) as session:
-            theirs = session.read_json().get("python")
-            if theirs != PYTHON:
-                raise KitError(f"the Python of kit on {host.name} is {theirs}, this one is {PYTHON}: the call is "
-                               "pickled here and unpickled there", field="host",
-                               hint="use the same Python minor version on both sides (nothing was sent)")
-            session.send(header + b"\n" + b"".join(payloads))
-            made = session.read_json()
-        jobs = [cls(host, str(job_dir), job_id=str(job_id)) for job_id, job_dir in made["jobs"]]
-        if array:
-            shared: dict[str, dict] = {}  # the tasks' results as they come, by index (see results)
-            for job in jobs:
-                job.batch = shared
-        return jobs
-
-    batch: "dict[str, dict] | None" = None
-
-    def results(self, timeout: float | None = None) -> list:
-        """Every rank's value; a kit.map task's call brings with it those of every task that has ended by
-        then (each read once), so a loop over the tasks makes a call per batch, not per task."""
-        index = self.id.rpartition("_")[2]
-        record = self.batch.get(index) if self.batch is not None else None
-        if record is None:
-            argv = ["remote-result", self.dir, "--job-id", self.id, *(["--timeout", str(timeout)] if timeout else []),
-                    *(["--batch"] if self.batch is not None else [])]
-            with remote.Session(self.host, argv) as session:
-                record = session.read_json()
-            if "tasks" in record:
-                self.batch.update(record["tasks"])
-                record = record["tasks"][index]
-        if "error" in record:
-            raise RemoteError(record["error"])
-        if "kit_error" in record:
-            raise KitError(record["kit_error"], field="JOB", exit_code=1, hint=record.get("hint"))
-        return [pickle.loads(base64.b64decode(data)) for data in record["results"]]
-
-    def result(self, timeout: float | None = None) -> Any:
-        return self.results(timeout)[0]
+def _submitted_there(host: remote.Host, payloads: list[bytes], kwargs: dict, array: bool) -> list[FunctionJob]:
+    """The calls (one, or one array task per item) submitted on ``host``: ``kit remote-submit`` says its Python
+    first, and the calls go only when it is this one's minor version."""
+    try:
+        header = json.dumps({"kwargs": kwargs, "sizes": [len(p) for p in payloads], "map": array}).encode()
+    except TypeError as e:
+        raise KitError(f"a keyword cannot travel to {host.name}: {e}", field="host",
+                       hint="give plain values (numbers, strings, lists, dicts); paths are the login node's") from None
+    with remote.Session(host, ["remote-submit"]) as session:
+        theirs = session.read_json().get("python")
+        if theirs != PYTHON:
+            raise KitError(f"the Python of kit on {host.name} is {theirs}, this one is {PYTHON}: the call is "
+                           "pickled here and unpickled there", field="host",
+                           hint="use the same Python minor version on both sides (nothing was sent)")
+        session.send(header + b"\n" + b"".join(payloads))
+        made = session.read_json()
+    jobs = [FunctionJob(str(job_dir), host=host, job_id=str(job_id)) for job_id, job_dir in made["jobs"]]
+    if array:
+        shared: dict[str, dict] = {}  # the tasks' results as they come, by index (see _results_there)
+        for job in jobs:
+            job.batch = shared
+    return jobs
 
 
-FunctionJob.hosted_kind = HostedFunctionJob  # kit.FunctionJob(job_dir, host=…)
+def _results_there(job: FunctionJob, timeout: float | None) -> list:
+    """A function job's values from its login node; a kit.map task's call brings with it those of every task
+    that has ended by then (each read once), so a loop over the tasks makes a call per batch, not per task."""
+    index = job.id.rpartition("_")[2]
+    record = job.batch.get(index) if job.batch is not None else None
+    if record is None:
+        argv = ["remote-result", str(job.dir), "--job-id", job.id, *(["--timeout", str(timeout)] if timeout else []),
+                *(["--batch"] if job.batch is not None else [])]
+        with remote.Session(job.host, argv) as session:
+            record = session.read_json()
+        if "tasks" in record:
+            job.batch.update(record["tasks"])
+            record = record["tasks"][index]
+    if "error" in record:
+        raise RemoteError(record["error"])
+    if "kit_error" in record:
+        raise KitError(record["kit_error"], field="JOB", exit_code=1, hint=record.get("hint"))
+    return [pickle.loads(base64.b64decode(data)) for data in record["results"]]

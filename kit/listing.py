@@ -51,6 +51,11 @@ class JobRow:
     def as_json(self) -> dict:
         return {**asdict(self), "active": self.active}
 
+    @classmethod
+    def from_json(cls, value: dict) -> "JobRow":
+        """The row :meth:`as_json` gave (on a login node, for ``kit.jobs(host=)``)."""
+        return cls(**{k: v for k, v in value.items() if k != "active"})
+
 
 def _units(job_dir: Path) -> list[tuple[str, Path]]:
     """(name, directory) for a job, or for each task of an array job."""

@@ -3,9 +3,11 @@
 :class:`Servers` starts a login sshd and a jump sshd, key-only, ``LogLevel VERBOSE`` (each accepted
 connection is one ``Accepted publickey`` line in its log: the tests count them), and writes a client
 configuration as a user's ``~/.ssh/config`` would have it: ``kit-login`` reached through ``kit-jump``
-(ProxyJump), ``kit-direct`` straight, and ``kit-moved``: the login node with a host key other than the
-one known for it. The login sshd gives its sessions the local cluster's environment (``SetEnv``), as a
-site's login node has Slurm's configuration at its default path. Everything lives in one temporary
+(ProxyJump), ``kit-direct`` straight, ``kit-moved``: the login node with a host key other than the
+one known for it, and ``site-a`` and ``site-b``: two sites whose login nodes share one internal name, port and
+user (``login.internal``), each reached through its own bastion (a proxy command to the login sshd for A, to the
+jump sshd for B), each key known under its own alias. The sshds give their sessions the local cluster's
+environment (``SetEnv``), as a site's login node has Slurm's configuration at its default path. Everything lives in one temporary
 directory (but sshd's privilege separation directory, /run/sshd, which every sshd of the machine shares and
 which is made if missing and left); :meth:`Servers.stop` ends the servers and any master connection the tests
 left.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import getpass
 import os
 import pwd
+import re
 import signal
 import socket
 import subprocess
@@ -85,7 +88,14 @@ class Servers:
                   f"  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n  UpdateHostKeys no\n")
         me = f"  User {getpass.getuser()}\n"
         login = f"  User {self.user.pw_name}\n" if self.user is not None else me
+        sites = self.root / "known_hosts.sites"
+        sites.write_text(f"site-a {key('login')}\nsite-b {key('jump')}\n")
+        site = lambda name, port: (f"Host {name}\n  HostName login.internal\n  Port 22\n  HostKeyAlias {name}\n"  # noqa: E731
+                                   f"  ProxyCommand socat - TCP:127.0.0.1:{port}\n{login}  IdentityFile {self.client_key}\n"
+                                   f"  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n  UpdateHostKeys no\n"
+                                   f"  UserKnownHostsFile {sites}\n")
         self.config.write_text(
+            site("site-a", self.ports["login"]) + site("site-b", self.ports["jump"]) +
             f"Host kit-login\n  Port {self.ports['login']}\n  ProxyJump kit-jump\n{login}{common}  UserKnownHostsFile {known}\n"
             f"Host kit-direct\n  Port {self.ports['login']}\n{login}{common}  UserKnownHostsFile {known}\n"
             f"Host kit-jump\n  Port {self.ports['jump']}\n{me}{common}  UserKnownHostsFile {known}\n"
@@ -95,7 +105,7 @@ class Servers:
         for name, port in self.ports.items():
             cfg = self.root / f"sshd_{name}.conf"
             setenv = ("SetEnv " + " ".join(f'{k}="{v}"' for k, v in self.login_env.items()) + "\n"
-                      if name == "login" and self.login_env else "")
+                      if self.login_env else "")  # the jump sshd serves site-b's sessions too
             cfg.write_text(
                 f"Port {port}\nListenAddress 127.0.0.1\nHostKey {self.root / f'host_{name}'}\n"
                 f"AuthorizedKeysFile {self._keys_file(name)}\nPubkeyAuthentication yes\n"
@@ -118,8 +128,11 @@ class Servers:
         return self
 
     def _keys_file(self, name: str) -> str:
-        """The login node's: the user's own (relative to their home), when it is theirs."""
-        return ".ssh/authorized_keys" if name == "login" and self.user is not None else str(self.root / "authorized_keys")
+        """The login node's: the user's own (relative to their home), when it is theirs; the jump sshd takes
+        them too (it is site-b's login node)."""
+        if self.user is None:
+            return str(self.root / "authorized_keys")
+        return ".ssh/authorized_keys" if name == "login" else f"{self.root / 'authorized_keys'} .ssh/authorized_keys"
 
     def log(self, name: str) -> str:
         path = self.root / f"sshd_{name}.log"
@@ -132,9 +145,20 @@ class Servers:
     def ssh(self) -> list[str]:
         return ["ssh", "-F", str(self.config)]
 
+    def control_path(self, host: str) -> list[str]:
+        """The ssh options that name kit's master socket to ``host``."""
+        from kit import remote
+        return ["-o", "ControlPath=" + remote.control_path(remote.Host.of(host, {"KIT_SSH": " ".join(self.ssh())}))]
+
+    def master_pid(self, host: str) -> int | None:
+        check = subprocess.run([*self.ssh(), *self.control_path(host), "-O", "check", host],
+                               capture_output=True, text=True, timeout=10)
+        found = re.search(r"pid=(\d+)", check.stderr)
+        return int(found.group(1)) if check.returncode == 0 and found else None
+
     def close_masters(self) -> None:
-        for host in ("kit-login", "kit-direct"):
-            for path in (["-o", "ControlPath=~/.ssh/kit-%C"], []):
+        for host in ("kit-login", "kit-direct", "kit-moved", "site-a", "site-b"):
+            for path in (self.control_path(host), []):
                 subprocess.run([*self.ssh(), *path, "-O", "exit", host], capture_output=True, timeout=10)
 
     def stop(self) -> None:

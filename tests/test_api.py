@@ -351,13 +351,34 @@ def test_a_held_job_says_so_with_the_release_command_and_its_rerun_runs(cluster,
     assert code == 80
 
 
-def test_every_keyword_travels_as_the_command_line_that_reads_back_the_same_fields():
-    """kit.launch(..., host=) runs `kit launch` there with the keywords spelled as its command line
-    (keywords.as_argv): for every option, each of its shapes, the command line reads back the fields the
-    keywords give here."""
-    from kit.cli.launch import _given
+def _spelled(kwargs: dict) -> list[str]:
+    """The command line a person types for ``kwargs`` (one option's shape)."""
     from kit.core import keywords, options
-    from kit.core import spec as specs
+
+    given, where = keywords.fields(kwargs)
+    argv = [f"--{where}"] if where else []
+    for name, value in given.items():
+        o = options.BY_NAME[name]
+        if o.kind == options.SWITCH:
+            argv.append(o.label if value else f"--no-{o.label[2:]}")
+        elif o.kind in (options.FLAG, options.OFF):
+            argv += [o.label] if value is (o.kind == options.FLAG) else []
+        elif o.kind in (options.TABLE, options.SWEEP):
+            argv += [w for k, v in value.items() for w in (o.label, f"{k}={v if o.kind == options.TABLE else ','.join(v)}")]
+        elif o.kind == options.LIST:
+            argv += [w for item in value for w in (o.label, item)]
+        else:
+            argv += [o.label, str(value)]
+    return [*argv, "--", "python", "t.py", "--flag"]
+
+
+def test_every_keyword_and_option_crosses_as_the_job_files_dictionary_and_reads_back_the_same_job():
+    """A launch crosses to a login node as one jobfile.Request (the job file's dictionary, JSON), never as a
+    command line parsed back: for every option, each of its shapes, given as kit.launch's keyword or on kit
+    launch's command line, the login node reads back the job the launch gives here. A sweep value with a comma
+    crosses too (spelled as a command line, kit.launch(host=) refused it)."""
+    from kit.cli.launch import request_of
+    from kit.core import jobfile, keywords, options
 
     samples = {options.INT: [3], options.STR: ["x y", "it's"], options.LIST: [["a", "b c"], "one"],
                options.TABLE: [{"A": "1", "B": "x=y z"}, ["C=3"]], options.SWEEP: [{"lr": [0.1, 0.01]}, ["n=a b,c"]],
@@ -373,19 +394,18 @@ def test_every_keyword_travels_as_the_command_line_that_reads_back_the_same_fiel
             shapes = samples[o.kind]
         for value in shapes:
             kwargs = {name: value}
-            argv = keywords.as_argv(["python", "t.py", "--flag"], kwargs)
-            params = launch_command.make_context("kit launch", list(argv)).params
-            fields, where = keywords.fields(kwargs)
-            assert params["where"] == where and params["command"] == ("python", "t.py", "--flag"), (name, argv)
-            # dry_run=False, no_exporter=False: the command line spells them by leaving the flag out
-            unsaid = (o.kind == options.FLAG and value is False) or (o.kind == options.OFF and value is False)
-            spec = specs.JobSpec(command=["python", "t.py", "--flag"],
-                                 **{k: v for k, v in fields.items() if k in specs.FIELD_NAMES and not unsaid})
-            assert _given(params) == spec, (name, value, argv)
-            for k, v in fields.items():
-                if k not in specs.FIELD_NAMES:
-                    assert params[k] == v or (unsaid and not params[k]), (name, value, argv)
+            for here in (keywords.request(["python", "t.py", "--flag"], kwargs), request_of(_spelled(kwargs))):
+                there = jobfile.Request.from_json(here.to_json())
+                assert there == here, (name, value, here)
+                assert there.fields["command"] == ["python", "t.py", "--flag"]
+                if name != "job_file":  # (no such file: the spec's check, on either side)
+                    assert there.spec() == here.spec(), (name, value, here)
             checked += 1
     assert checked >= len(names) + 30  # every option, most in two shapes
-    with pytest.raises(kitlib.KitError, match="a value with a comma"):
-        keywords.as_argv(None, {"sweep": {"s": ["a,b", "c"]}})
+    here = keywords.request(None, {"sweep": {"s": ["a,b", "c"]}})
+    spec, _ = jobfile.Request.from_json(here.to_json()).spec()
+    assert spec.sweep == {"s": ["a,b", "c"]}
+    with pytest.raises(kitlib.KitError, match="the laptop sent"):
+        jobfile.Request.from_json('{"fields": [], "dry_run": "yes"}')
+    with pytest.raises(kitlib.KitError, match="unknown key 'nodez'"):
+        jobfile.Request({"nodez": 2}).spec()

@@ -146,17 +146,18 @@ def test_every_package_ships():
 # longest prefix listed here; one that matches none is an error (a new room is placed on purpose).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("kit.version", "kit.errors", "kit.files", "kit.home",    # no kit import at all
-     "kit.core.text", "kit.wire"),                             # (text as a terminal shows it; records to a laptop)
-    ("kit.runner", "kit.jobdir", "kit.remote"),                # processes; the job directory's names; ssh
+     "kit.core.text", "kit.remote.wire"),                      # (text as a terminal shows it; the --host protocol)
+    ("kit.runner", "kit.jobdir", "kit.remote"),                # processes; the job directory's names; ssh, client
     ("kit.core", "kit.monitor", "kit.codestore"),              # the job model; the exporter (runs in images)
     ("kit.train", "kit.image", "kit.slurm", "kit.report", "kit.snapshot"),
     ("kit.submission", "kit.cluster"),                         # a job written and submitted; the local cluster
     ("kit.targets",),                                          # where a job goes
-    ("kit.listing", "kit.joblogs", "kit.remote_launch", "kit.hosted"),  # the jobs a user has; a job's logs;
-                                                                          # code and jobs over ssh
+    ("kit.listing", "kit.joblogs", "kit.remote.transfer", "kit.remote.hosted"),  # the jobs a user has; a job's
+                                                                                  # logs; code and jobs over ssh
     ("kit.trim", "kit.api"),                                   # kit.Job, kit.launch
     ("kit.functions",),                                        # kit.submit / kit.map: FunctionJob(Job)
-    ("kit.cli", "kit.__main__", "kit"),                        # the commands; `kit` re-exports the API lazily
+    ("kit.cli", "kit.remote.server", "kit.__main__", "kit"),   # the commands (and kit there's); `kit` re-exports
+                                                                # the API lazily
 )
 
 

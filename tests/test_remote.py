@@ -139,7 +139,7 @@ def test_reuse_only_needs_a_master_and_names_the_command_that_starts_one(hosts, 
     assert out.returncode == 1 and opened == (0, 0), out.stderr
     lines = out.stderr.strip().splitlines()
     assert lines[0] == "kit: --host: no SSH master connection to kit-login to reuse (KIT_SSH_REUSE_ONLY)", lines
-    start = re.search(r"start one .*: (ssh -F \S+ -fNM -o 'ControlPath=~/.ssh/kit-%C' kit-login)$", lines[1])
+    start = re.search(r"start one .*: (ssh -F \S+ -fNM -o 'ControlPath=~/.ssh/kit-[0-9a-f]{24}' kit-login)$", lines[1])
     assert start, lines
     subprocess.run(start.group(1), shell=True, check=True, timeout=30)  # as the user would (their 2FA, once)
     for _ in range(3):
@@ -148,9 +148,27 @@ def test_reuse_only_needs_a_master_and_names_the_command_that_starts_one(hosts, 
 
 
 def test_a_changed_host_key_is_refused_and_nothing_runs(hosts, laptop):
+    """Refused even while a master to the same host, port and user is up under another alias (with ssh's
+    ``%C`` for a socket, kit-moved reused kit-direct's master: the key was never checked)."""
+    assert kit("--host", "kit-direct", "ps", env=laptop).returncode == 0
+    assert hosts.master_pid("kit-direct")
     out, opened = counted(hosts, lambda: kit("--host", "kit-moved", "ps", env=laptop))
     assert out.returncode == 1 and opened == (0, 0), out.stderr
     assert "kit: --host: ssh refused kit-moved: its host key is not the one known for it" in out.stderr
+
+
+def test_two_sites_behind_their_own_bastions_under_one_internal_name_never_share_a_master(hosts, laptop):
+    """site-a and site-b are both ``login.internal``, port 22, the same user — each reached through its own
+    bastion (A's is the login sshd, B's the jump sshd). Each gets its own master, so each command runs at the
+    site it names (with ssh's ``%C`` for a socket, site-b's commands ran on site A, 4 of 4). The site is told
+    by the server that accepted the connection; `kit logs` of no job writes nothing at either."""
+    for name, opens in (("site-a", (1, 0)), ("site-b", (0, 1))):
+        for expected in (opens, (0, 0)):  # the master, then its reuse
+            out, opened = counted(hosts, lambda: kit("--host", name, "logs", "/no/such/job", env=laptop))  # noqa: B023
+            assert out.returncode not in (0, 255) and "/no/such/job" in out.stderr, out.stderr
+            assert opened == expected, (name, opened, out.stderr)
+    assert None not in {hosts.master_pid("site-a"), hosts.master_pid("site-b")}
+    assert hosts.master_pid("site-a") != hosts.master_pid("site-b")
 
 
 def test_kit_missing_there_or_of_another_version_is_refused_in_one_line(hosts, laptop):
@@ -211,10 +229,7 @@ def test_logs_follow_rides_through_a_dropped_connection_without_a_line_twice(clu
         lines.append(line)
         if "line 30" in line:
             break
-    check = subprocess.run([*hosts.ssh(), "-o", "ControlPath=~/.ssh/kit-%C", "-O", "check", "kit-login"],
-                           capture_output=True, text=True)
-    master = int(re.search(r"pid=(\d+)", check.stderr).group(1))
-    os.kill(master, signal.SIGKILL)
+    os.kill(hosts.master_pid("kit-login"), signal.SIGKILL)
     lines += follow.stdout.readlines()
     assert follow.wait(120) == 0, follow.stderr.read()
     numbered = [int(m.group(1)) for line in lines if (m := re.search(r"line (\d+)$", line.rstrip()))]
@@ -300,6 +315,8 @@ def square(x):
 out, got = sys.argv[1], {}
 job = kit.submit(add_nodes, 2, 3, host="kit-login", nodes=1, output_dir=out + "/fn")
 got["parent"], got["value"] = str(Path(job.dir).parent), job.result(timeout=120)
+got["classes"] = [type(job) is kit.FunctionJob, type(kit.FunctionJob(job.dir, host="kit-login", job_id=job.id))
+                  is kit.FunctionJob, kit.FunctionJob(job.dir, host="kit-login", job_id=job.id).result()]
 failing = kit.submit(fails, host="kit-login", output_dir=out + "/fn")
 try:
     failing.result(timeout=120)
@@ -336,6 +353,7 @@ def test_a_function_submitted_from_the_laptop_brings_its_value_back(cluster, use
     assert proc.returncode == 0, proc.stdout + proc.stderr
     got = json.loads(proc.stdout.splitlines()[-1])
     assert got["parent"] == str(there / "fn") and got["value"] == 6, got
+    assert got["classes"] == [True, True, 6], got  # kit.FunctionJob itself, here or reopened
     assert got["raised"][0] == "ValueError" and "raised on the cluster" in got["raised"][1], got
     assert got["ids"] == ["0", "1", "2"], got  # one array job, a task per item
     assert got["results"] == [4, 9, 16] and got["calls"] == ["remote-result"], got  # one call: every task's value
@@ -353,9 +371,7 @@ def on_the_login_node(user, hosts, code: str):
 
 
 def _kill_master(hosts) -> None:
-    check = subprocess.run([*hosts.ssh(), "-o", "ControlPath=~/.ssh/kit-%C", "-O", "check", "kit-login"],
-                           capture_output=True, text=True)
-    os.kill(int(re.search(r"pid=(\d+)", check.stderr).group(1)), signal.SIGKILL)
+    os.kill(hosts.master_pid("kit-login"), signal.SIGKILL)
 
 
 def _wait_through_a_killed_master(hosts, repo: Path, env: dict, *args: str) -> tuple[int, str]:
@@ -383,7 +399,6 @@ def test_python_launch_jobs_and_job_on_the_login_node(cluster, user, hosts, lapt
     import threading
 
     import kit as kitlib
-    from kit.hosted import HostedJob
 
     for key, value in laptop.items():
         monkeypatch.setenv(key, value)
@@ -406,22 +421,29 @@ def test_python_launch_jobs_and_job_on_the_login_node(cluster, user, hosts, lapt
     before = hosts.accepted("login")
     job = kitlib.launch(["bash", "job.sh"], host="kit-login", nodes=1, output_dir=out,
                         env={"TOKEN": "s3cret"}, wait=True)
-    assert isinstance(job, HostedJob) and job.id and Path(job.dir).parent == Path(out)
-    here = on_the_login_node(user, hosts, f"j = kit.Job({job.dir!r}); print(json.dumps([j.state(), j.logs(), "
+    # The very class a local launch returns: every method and attribute, each call made there.
+    assert type(job) is kitlib.Job and job.host.name == "kit-login" and job.id and job.dir.parent == Path(out)
+    here = on_the_login_node(user, hosts, f"j = kit.Job({str(job.dir)!r}); print(json.dumps([j.state(), j.logs(), "
                                                 f"repr(j.progress()), j.errors(), [[k.id, str(k.dir)] for k in "
-                                                f"kit.jobs(output_dirs=[{out!r}])]]))")
+                                                f"kit.jobs(output_dirs=[{out!r}])], repr(j.target), "
+                                                f"j.logs(rank=0), j.logs(errors=True)]))")
     assert job.state() == here[0] == "COMPLETED" and job.done()
     assert job.logs() == here[1] and "0: token=s3cret" in job.logs()
     assert repr(job.progress()) == here[2] and job.errors() == here[3] == []
+    assert repr(job.target) == here[5] and job.logs(rank=0) == here[6] and job.logs(errors=True) == here[7]
+    fed, followed = [], []
+    job.feed_logs(fed.append, rank=0)
+    assert b"".join(fed).decode() == here[6]
+    assert job.follow(followed.append) == "COMPLETED" and b"token=s3cret" in b"".join(followed)
     assert job.wait(timeout=60).exit_code == 0
     listed = kitlib.jobs(host="kit-login", output_dirs=[out])
-    assert [[j.id, j.dir] for j in listed] == here[4]
-    assert listed[0].row["state"] == "COMPLETED" and listed[0].row["job_dir"] == job.dir
+    assert [[j.id, str(j.dir)] for j in listed] == here[4] and all(type(j) is kitlib.Job for j in listed)
+    assert listed[0].row.state == "COMPLETED" and listed[0].row.job_dir == str(job.dir)
     reopened = kitlib.Job(job.dir, host="kit-login", job_id=job.id)
     numbers = reopened.report(output=tmp_path / "report.png")
     assert numbers["job"] == job.id and (tmp_path / "report.png").read_bytes() == (Path(job.dir) / "report.png").read_bytes()
     again = job.rerun(wait=True, env={"TOKEN": "r3run"})
-    assert isinstance(again, HostedJob) and again.id != job.id and "0: token=r3run" in again.logs()
+    assert type(again) is kitlib.Job and again.host == job.host and again.id != job.id and "0: token=r3run" in again.logs()
     plain = subprocess.run([sys.executable, "-m", "kit", "--host", "kit-login", "launch", "--wait",
                             "--no-code-snapshot", "--output-dir", out, "--env", "TOKEN=n0snap", "--", "bash", "-c",
                             "echo token=$TOKEN"], capture_output=True, text=True, env=os.environ, timeout=300)

@@ -16,14 +16,15 @@ from pathlib import Path
 import pytest
 
 from kit import remote
+from kit.remote import wire
 from kit.version import __version__
 
 TRICKY = ["ps", "a b", "it's", '"quoted"', "$HOME", "`id`", "semi;colon", "back\\slash", "*", "", "--", "ünï",
           "~", "{a,b}", "%1", "a=b", "bang!", "!!", "!$", "new\nline", "it's!", "--env=TOKEN=s3cret"]
 SHELLS = ["bash", "dash", "tcsh"]  # tcsh: the csh of Debian (.ci/setup installs it)
 # kit there: says the client's version, the command line it was given, and the arguments it read
-THERE = ("import os, sys; from kit import remote, wire; wire.hello(); "
-         "sys.stdout.write('\\0'.join([os.environ['KIT_CLIENT_VERSION'], *sys.argv[1:], '|', *remote.read_args()]))")
+THERE = ("import os, sys; from kit.remote import wire; wire.hello(); "
+         "sys.stdout.write('\\0'.join([os.environ['KIT_CLIENT_VERSION'], *sys.argv[1:], '|', *wire.read_args()]))")
 
 
 def _host(tmp_path, shell: str, remote_kit: tuple[str, ...]) -> remote.Host:
@@ -46,7 +47,7 @@ def test_arguments_reach_kit_there_byte_for_byte_off_its_command_line(tmp_path, 
     assert proc.returncode == 0, err
     command = (tmp_path / "command").read_text()
     assert ("base64 -d" in command) == (kit_there == "base64")  # the plain form stays readable where it can
-    assert out.decode().split("\0") == [__version__, remote.ARGS_COMMAND, "|", *TRICKY]
+    assert out.decode().split("\0") == [__version__, wire.ARGS_COMMAND, "|", *TRICKY]
     assert "s3cret" not in command and "TOKEN" not in command  # not on the login node's `ps`
 
 
@@ -59,8 +60,8 @@ def test_no_kit_there_is_127_and_silence(tmp_path, shell):
 
 def test_kit_there_refuses_input_that_is_no_command():
     for given in (b"", b"not json\n", b'{"argv": 1}\n', b'["ps", 3]\n', b'["a\\u0000b"]\n'):
-        proc = subprocess.run([sys.executable, "-m", "kit", remote.ARGS_COMMAND], input=given, capture_output=True,
-                              env={"PATH": "/usr/bin:/bin", remote.VERSION_VARIABLE: __version__})
+        proc = subprocess.run([sys.executable, "-m", "kit", wire.ARGS_COMMAND], input=given, capture_output=True,
+                              env={"PATH": "/usr/bin:/bin", wire.VERSION_VARIABLE: __version__})
         assert (proc.returncode, proc.stderr) == (2, b"kit: remote-args: the client sent no command\n"), given
 
 
@@ -76,10 +77,11 @@ def test_an_empty_host_is_refused_never_run_here(tmp_path, argv):
 
 
 def test_a_hosted_report_is_written_over_planted_links_not_through_them(tmp_path, monkeypatch):
-    """`kit --host … report -o FILE` (HostedJob.fetch_report): the picture and its .json are new files renamed over
+    """`kit --host … report -o FILE` (kit.remote.hosted.summarize): the picture and its .json are new files renamed over
     the names, as the local report writes them. Links another local user planted at both names (a shared
     directory) were followed: the laptop user's report overwrote the files they point at."""
-    from kit import hosted
+    import kit
+    from kit.remote import hosted
 
     victims = [tmp_path / "victim.png", tmp_path / "victim.json"]
     for v in victims:
@@ -90,9 +92,9 @@ def test_a_hosted_report_is_written_over_planted_links_not_through_them(tmp_path
     out.with_suffix(".json").symlink_to(victims[1])
     monkeypatch.setattr(hosted, "call", lambda *a, **k: {"lines": [], "warnings": [], "numbers": {"samples_per_s": 1},
                                                          "picture_bytes": "UE5H"})
-    got = hosted.HostedJob("login", "/there/job").fetch_report(output=out)
+    got = hosted.summarize(kit.Job("/there/job", host="login"), output=out)
     assert [v.read_text() for v in victims] == ["theirs\n", "theirs\n"]
-    assert not out.is_symlink() and out.read_bytes() == b"PNG" and got["picture"] == str(out)
+    assert not out.is_symlink() and out.read_bytes() == b"PNG" and got.picture == str(out)
     assert json.loads(out.with_suffix(".json").read_text()) == {"samples_per_s": 1}
 
 
@@ -123,11 +125,12 @@ def test_the_login_nodes_escape_sequences_reach_a_terminal_as_text():
 
 
 def test_a_damaged_object_on_the_login_node_is_asked_for_again(tmp_path, monkeypatch):
-    """The laptop's side of a launch (remote_launch._send) against the login node's (receive, in a process of its
+    """The laptop's side of a launch (transfer._send) against the login node's (receive, in a process of its
     own with its KIT_HOME): a snapshot's objects go once; an object there whose content no longer matches its
     name was taken as present, and every launch of that content ran the damaged file. Now it is asked for again,
     and the job's tree has the whole file."""
-    from kit import codestore, remote_launch
+    from kit import codestore
+    from kit.remote import transfer
     from kit import snapshot as snapshots
 
     repo, laptop, login = tmp_path / "repo", tmp_path / "laptop", tmp_path / "login"
@@ -140,11 +143,11 @@ def test_a_damaged_object_on_the_login_node_is_asked_for_again(tmp_path, monkeyp
     snap = snapshots.take(repo, store=snapshots.store_for(laptop))
 
     def launch() -> int:
-        there = subprocess.Popen([sys.executable, "-c", "from kit.remote_launch import receive; import sys; "
+        there = subprocess.Popen([sys.executable, "-c", "from kit.remote.transfer import receive; import sys; "
                                   "print(receive('t', '.')[1], file=sys.stderr)"], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "KIT_HOME": str(login)})
         with codestore.opened(Path(snap.store), create=False) as (_, objects, manifests):
-            count, _, _ = remote_launch._send(there, *remote_launch.outgoing(snap, objects, manifests))
+            count, _, _ = transfer._send(there, *transfer.outgoing(snap, objects, manifests))
         _, err = there.communicate(timeout=60)
         assert there.returncode == 0, err
         launch.tree = Path(err.decode().strip())
@@ -161,10 +164,10 @@ def test_a_damaged_object_on_the_login_node_is_asked_for_again(tmp_path, monkeyp
 
 
 def test_kit_theres_answers_are_records_a_banner_cannot_be_taken_for(monkeypatch):
-    """kit.wire: what a login shell prints before kit's hello is skipped (a banner, a motd), never parsed, and
+    """kit.remote.wire: what a login shell prints before kit's hello is skipped (a banner, a motd), never parsed, and
     bounded (a hostile login node's endless noise, or a 1 GiB line, is refused, not held); text between records
     reaches the person as it came, the records (even one split across reads) do not."""
-    from kit import wire
+    from kit.remote import wire
 
     banner = b"Welcome to login1! Quota: 93% of /home used\n{\"job_dir\": \"/not/kits\"}\n"
     stream = io.BytesIO(banner + wire.record({"kit": "x"}) + wire.record({"missing": ["a"]}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kit import submission as launch
+from kit.core import jobfile
 from kit.core import spec as specs
 from kit.errors import KitError
 
@@ -102,7 +103,7 @@ def test_a_job_file_sweep_table_and_after_list(tmp_path):
     f = tmp_path / "job.toml"
     f.write_text('command = ["train", "--lr={lr}"]\nafter = ["12", "13:any"]\narray = "%1"\n'
                  '[sweep]\nlr = [0.1, 0.01]\nopt = ["adam", "sgd"]\n')
-    spec, origins = specs.load_job_file(f)
+    spec, origins = jobfile.load_job_file(f)
     merged, origins = specs.merge(spec, specs.JobSpec(sweep={"opt": ["lion"]}), origins)
     job = launch.resolve(merged, origins)
     assert job.spec.sweep == {"lr": ["0.1", "0.01"], "opt": ["lion"]}  # --sweep wins per name
@@ -111,10 +112,10 @@ def test_a_job_file_sweep_table_and_after_list(tmp_path):
     assert [specs.parse_after(a, "after") for a in job.spec.after] == [("12", "ok"), ("13", "any")]
     f.write_text('command = ["x"]\n[sweep]\nlr = "0.1"\n')
     with pytest.raises(KitError, match="expected a table of lists"):
-        specs.load_job_file(f)
+        jobfile.load_job_file(f)
     f.write_text('command = ["x"]\n[sweep]\nlr = [true]\n')
     with pytest.raises(KitError, match="lr: values are strings or numbers"):
-        specs.load_job_file(f)
+        jobfile.load_job_file(f)
 
 
 def test_a_checked_plan_cannot_be_assigned_and_keeps_what_the_user_asked(tmp_path, monkeypatch):

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import click
 
-from kit import remote, wire
+from kit import remote
+from kit.remote import wire
 from kit.version import __version__
 from kit.errors import KitError
 
@@ -45,10 +46,8 @@ class _LazyGroup(click.Group):
 COMMANDS = {"launch": "kit.cli.launch:launch", "ps": "kit.cli.jobs:ps", "logs": "kit.cli.jobs:logs",
             "cancel": "kit.cli.jobs:cancel", "rerun": "kit.cli.jobs:rerun", "build": "kit.cli.build:build", "inspect": "kit.cli.build:inspect",
             "cluster": "kit.cli.cluster:cluster", "exporter": "kit.cli.exporter:exporter",
-            "report": "kit.cli.report:report", "remote-launch": "kit.cli.launch:remote_launch",
-            "remote-submit": "kit.cli.remote_side:remote_submit", "remote-result": "kit.cli.remote_side:remote_result",
-            "remote-wait": "kit.cli.remote_side:remote_wait", "remote-call": "kit.cli.remote_side:remote_call",
-            "convert": "kit.cli.convert:convert", "trim": "kit.cli.trim:trim"}
+            "report": "kit.cli.report:report",
+            "convert": "kit.cli.convert:convert", "trim": "kit.cli.trim:trim", **wire.SERVER_COMMANDS}
 
 
 @click.group(name="kit", cls=_LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
@@ -116,17 +115,17 @@ def main(argv: list[str] | None = None) -> None:
     if any("\x00" in a for a in args):  # only possible in-process; no path or value may hold one
         click.echo("kit: an argument contains a NUL byte", err=True)
         sys.exit(2)
-    refused = remote.refuse_other_version()
+    refused = wire.refuse_other_version()
     if refused is not None:  # this kit runs on a login node for a client of another version
         click.echo(refused.format(), err=True)
         sys.exit(refused.exit_code)
     try:
-        serving = os.environ.pop(remote.VERSION_VARIABLE, None) is not None  # on a login node, for a client
+        serving = os.environ.pop(wire.VERSION_VARIABLE, None) is not None  # on a login node, for a client
         if serving:
             wire.hello()  # what the login shell printed before this is skipped by the laptop
-            args = remote.read_args() if args == [remote.ARGS_COMMAND] else args
-            if not set(remote.READS_INPUT) & set(args[:2]):
-                remote.watch_input_end()  # (remote-launch and remote-submit read their input first, then watch it)
+            args = wire.read_args() if args == [wire.ARGS_COMMAND] else args
+            if not set(wire.READS_INPUT) & set(args[:2]):
+                wire.watch_input_end()  # (remote-launch and remote-submit read their input first, then watch it)
         # A client's command runs here, never on to another host: a KIT_HOST of the login node's own
         # environment (dotfiles shared with the laptop) would otherwise have it call itself again and again.
         there = None if serving else _on_the_login_node(args)
@@ -134,9 +133,11 @@ def main(argv: list[str] | None = None) -> None:
             host, rest = there
             command = [a for a in rest if not a.startswith("-")][:1]
             if command == ["launch"]:
-                from kit import remote_launch
+                from kit.cli.launch import request_of
+                from kit.remote import transfer
 
-                sys.exit(remote_launch.launch(remote.Host.of(host), rest[rest.index("launch") + 1:], Path.cwd()))
+                request = request_of(rest[rest.index("launch") + 1:])  # read here: a usage error is this side's
+                sys.exit(transfer.launch(remote.Host.of(host), request, Path.cwd()))
             if command == ["report"] and any(a in ("-o", "--output") or a.startswith("--output=") for a in rest):
                 from kit.cli.report import report_here  # the picture comes here
 

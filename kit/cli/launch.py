@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextvars
 import json
-import os
 import shlex
 import signal
 import sys
@@ -14,8 +13,9 @@ from pathlib import Path
 import click
 
 from kit import submission as lib
-from kit import api, slurm, wire
-from kit.core import options
+from kit import api, slurm
+from kit.remote import wire
+from kit.core import jobfile, options
 from kit.core import spec as specs
 from kit.core import sweep as sweep_lib
 from kit.cli.help import GroupedCommand
@@ -99,32 +99,48 @@ def launch(job_file, where, dry_run, wait, as_json, parsable, **values):
     Example:
       kit launch --nodes 2 --time 30 -- python -m kit.train --max-steps 100
     """
-    if parsable and (as_json or dry_run):
-        raise KitError("--parsable prints the submitted job's id: not with " + ("--json" if as_json else "--dry-run"),
-                       field="--parsable")
-    base, origins = (specs.load_job_file(job_file) if job_file else (specs.JobSpec(), specs.Origins()))
-    given = _given(values)
-    spec, origins = specs.merge(base, given, origins)
-    plan, prepared = api.submit_spec(spec, origins, where=where, dry_run=dry_run, rerun=RECEIVED.get(),
-                                     say=lambda message: click.echo(f"kit: {message}", err=True))
+    return launched(_request(job_file, where, dry_run, wait, as_json, parsable, values))
+
+
+def _request(job_file, where, dry_run, wait, as_json, parsable, values: dict) -> jobfile.Request:
+    return jobfile.Request(_given(values).to_dict(), where, job_file, dry_run, wait, as_json, parsable)
+
+
+def request_of(args: list[str]) -> jobfile.Request:
+    """`kit --host LOGIN launch ARGS`: the command line read here, as `kit launch` reads it, into the one request
+    that crosses (a usage error is this side's, before any connection)."""
+    with launch.make_context("kit launch", list(args)) as ctx:
+        p = dict(ctx.params)
+    return _request(*(p.pop(k) for k in ("job_file", "where", "dry_run", "wait", "as_json", "parsable")), p)
+
+
+def launched(request: jobfile.Request) -> int:
+    """`kit launch`'s work once its command line is read (here, or the laptop's on a login node): the job
+    submitted, its id and directory printed (a record first for a laptop), and ``--wait``."""
+    if request.parsable and (request.as_json or request.dry_run):
+        raise KitError("--parsable prints the submitted job's id: not with " + ("--json" if request.as_json
+                                                                               else "--dry-run"), field="--parsable")
+    spec, origins = request.spec()
+    plan, prepared = api.submit_spec(spec, origins, where=request.where, dry_run=request.dry_run,
+                                     rerun=RECEIVED.get(), say=lambda message: click.echo(f"kit: {message}", err=True))
     if wire.serving():  # for a laptop (kit --host, kit.launch(host=)): the job in one record, before any line
         wire.write({"launched": prepared.as_json()})
-    if dry_run:
-        if as_json:
+    if request.dry_run:
+        if request.as_json:
             click.echo(json.dumps(prepared.as_json()))
         else:
             click.echo(shlex.join(prepared.sbatch_argv))
             click.echo(shlex.join(prepared.srun_argv))
             click.echo(f"job dir: {prepared.job_dir}")
         return 0
-    if as_json:
+    if request.as_json:
         click.echo(json.dumps(prepared.as_json()))
-    elif parsable:
+    elif request.parsable:
         click.echo(prepared.job_id)
     else:
         click.echo(f"Submitted job {prepared.job_id}")
         click.echo(f"job dir: {prepared.job_dir}")
-    if not wait:
+    if not request.wait:
         return 0
     if prepared.job.tasks is not None:
         return wait_and_report_tasks(plan.target, prepared.job_id, prepared.job_dir)
@@ -204,21 +220,3 @@ def wait_and_report_tasks(target: slurm.Target, job_id: str, job_dir) -> int:
     finished = sum(1 for c in codes if c == 0)
     say(f"{finished} of {len(codes)} task(s) finished")
     return next((c for c in codes if c != 0), 0)
-
-
-@click.command(name="remote-launch", hidden=True)
-@click.option("--tree", required=True, help="The laptop's tree, by name (under $KIT_HOME/trees).")
-@click.option("--cwd", "where", required=True, help="The laptop's directory, relative to its tree.")
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def remote_launch(tree, where, args):
-    """The login node's side of `kit --host LOGIN launch` (kit.remote_launch): the code received (on standard
-    input), then launched with ARGS (after ``--``)."""
-    from kit import remote, remote_launch as received
-
-    snap, here, image = received.receive(tree, where)
-    argv = received.launch_argv(list(args), image)
-    remote.watch_input_end()
-    here.mkdir(parents=True, exist_ok=True)  # the laptop's directory held no file of the snapshot
-    os.chdir(here)
-    RECEIVED.set(lib.Rerun(snapshot=snap))  # the job runs the snapshot the laptop sent, as it was taken there
-    return launch.main(args=argv, prog_name="kit launch", standalone_mode=False)

@@ -47,15 +47,16 @@ def report(job, output, prometheus, min_seconds, output_dir):
 
 def report_here(host, args: list[str]) -> int:
     """``kit --host LOGIN report JOB -o FILE``: the report made there, its picture (and numbers) written here."""
-    from kit import hosted
+    from kit import api
+    from kit.remote import hosted
 
     with report.make_context("kit report", list(args)) as ctx:
         p = ctx.params
-    got = hosted.HostedJob(host, p["job"]).fetch_report(p["prometheus"], p["output"], p["min_seconds"],
-                                                        output_dir=p["output_dir"])
-    for line in got["lines"]:
+    got = hosted.summarize(api.Job(p["job"], host=host), p["prometheus"], p["output"], p["min_seconds"],
+                           output_dir=p["output_dir"])
+    for line in got.lines():
         click.echo(line)
-    for warning in got["warnings"]:
+    for warning in got.warnings:
         click.echo(f"kit: warning: {warning}", err=True)
-    click.echo(f"report: {Path(p['output']).with_suffix('.json') if got['warnings'] else p['output']}")
+    click.echo(f"report: {Path(p['output']).with_suffix('.json') if got.warnings else p['output']}")
     return 0

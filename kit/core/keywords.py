@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable
 
-from kit.core import options, sweep as sweep_lib
+from kit.core import jobfile, options, sweep as sweep_lib
 from kit.core import spec as specs
 from kit.errors import KitError
 
@@ -94,33 +94,14 @@ def fields(kwargs: dict) -> tuple[dict[str, Any], str | None]:
     return fields, where
 
 
-def as_argv(command: list[str] | str | None, kwargs: dict) -> list[str]:
-    """:func:`kit.launch`'s call as `kit launch`'s command line (``kit.launch(..., host=)`` runs that on the
-    login node): checked here first, as :func:`fields` checks it, and spelled so that the command line reads
-    back the same fields."""
+def request(command: list[str] | str | None, kwargs: dict) -> jobfile.Request:
+    """:func:`kit.launch`'s call as the one request a launch is, here or on a login node: the fields given (the
+    command a string's ``bash -c``), checked here as :func:`fields` checks them."""
     given, where = fields(kwargs)
-    argv = [f"--{where}"] if where else []
-    for name, value in given.items():
-        o = options.BY_NAME[name]
-        if o.kind == options.SWITCH:
-            argv.append(o.label if value else f"--no-{o.label[2:]}")
-        elif o.kind in (options.FLAG, options.OFF):
-            if value is (o.kind == options.FLAG):
-                argv.append(o.label)
-        elif o.kind == options.TABLE:
-            argv += [w for k, v in value.items() for w in (o.label, f"{k}={v}")]
-        elif o.kind == options.SWEEP:
-            for k, values in value.items():
-                if any("," in v for v in values):
-                    raise KitError(f"{k}: a value with a comma cannot be given on the command line", field=o.label,
-                                   hint="over --host the sweep travels as `kit launch --sweep NAME=V1,V2`")
-                argv += [o.label, f"{k}={','.join(values)}"]
-        elif o.kind == options.LIST:
-            argv += [w for item in value for w in (o.label, item)]
-        else:
-            argv += [o.label, str(value)]
     if isinstance(command, str):
         command = ["bash", "-c", command]
     if command is not None:
-        argv += ["--", *strings(command, lambda kind: KitError(f"expected {kind}", field="command"))]
-    return argv
+        given["command"] = strings(command, lambda kind: KitError(f"expected {kind}", field="command"))
+    how = {k: given.pop(k) for k in ("job_file", "dry_run", "wait", "as_json", "parsable") if k in given}
+    return jobfile.Request(given, where, how.get("job_file"), *(bool(how.get(k)) for k in
+                                                                ("dry_run", "wait", "as_json", "parsable")))

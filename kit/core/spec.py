@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from kit import files
 from kit.core import command, options
 from kit.core.command import MAX_ENV_STRING
 from kit.core.values import (ENV_KEY, OWNED_SBATCH, RESERVED_ENV, owned_sbatch_option, parse_after,  # noqa: F401 (re-exported)
@@ -61,79 +60,11 @@ def cli_label(name: str) -> str:
     return option.label if option else "--" + name.replace("_", "-")
 
 
-# ---------------------------------------------------------------- job files
-JOB_FILE_LIMIT = 4 << 20  # a job file is a few lines; /dev/zero is not one
-
-
-def load_job_file(path: str | Path) -> tuple[JobSpec, Origins]:
-    """Read a TOML job file: top-level keys are JobSpec fields (dashes or underscores)."""
-    p = Path(path)
-    label = str(path)
-    try:
-        data = files.read_toml(p, JOB_FILE_LIMIT)
-    except FileNotFoundError:
-        raise KitError(f"no such job file: {path}", field="--job-file",
-                       hint="give the path of a TOML job file (see README: job files)") from None
-    except OSError as e:
-        raise KitError(f"cannot read {path}: {e.strerror}", field="--job-file") from None
-    except ValueError as e:
-        raise KitError(f"not valid TOML: {e}", field=label,
-                       hint="fix the file; TOML strings need quotes, e.g. time = \"1:00:00\"") from None
-    spec = JobSpec()
-    origins = Origins()
-    for key, value in data.items():
-        name = key.replace("-", "_")
-        if name not in FIELD_NAMES:
-            raise KitError(f"unknown key {key!r}", field=label,
-                           hint="valid keys: " + ", ".join(n.replace("_", "-") for n in FIELD_NAMES))
-        setattr(spec, name, coerce_value(name, value, f"{label}: {key}"))
-        origins[name] = f"{label}: {key}"
-    return spec, origins
-
-
 _KINDS = {o.name: o.kind for o in options.SPEC_OPTIONS}
 _INT_FIELDS = {n for n, k in _KINDS.items() if k == options.INT}
 _STR_FIELDS = {n for n, k in _KINDS.items() if k == options.STR}
 _LIST_FIELDS = {n for n, k in _KINDS.items() if k == options.LIST}
 _BOOL_FIELDS = {n for n, k in _KINDS.items() if k in options.BOOLS}
-
-
-def coerce_value(name: str, value: Any, label: str) -> Any:
-    """A job file's (TOML) value for field ``name``, checked against the option's kind."""
-    def bad(kind: str, example: str) -> KitError:
-        return KitError(f"expected {kind}, got {type(value).__name__} {value!r}", field=label,
-                        hint=f"write it as {example}")
-    if name in _INT_FIELDS:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad("a whole number", f"{name.replace('_', '-')} = 2")
-        return value
-    if name in _STR_FIELDS:
-        if name == "mem" and isinstance(value, int) and not isinstance(value, bool):
-            return str(value)
-        if name == "time" and isinstance(value, int) and not isinstance(value, bool):
-            return str(value)
-        if not isinstance(value, str):
-            raise bad("a string", f'{name.replace("_", "-")} = "..."')
-        return value
-    if name in _BOOL_FIELDS:
-        if not isinstance(value, bool):
-            raise bad("true or false", f"{name.replace('_', '-')} = true")
-        return value
-    if name in _LIST_FIELDS:
-        if name == "command" and isinstance(value, str):
-            raise bad("a list of strings", 'command = ["python", "train.py"]')
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise bad("a list of strings", f'{name.replace("_", "-")} = ["..."]')
-        return list(value)
-    if _KINDS[name] == options.TABLE:
-        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-            raise bad("a table of strings", 'env = { KEY = "value" }')
-        return dict(value)
-    if _KINDS[name] == options.SWEEP:
-        if not isinstance(value, dict) or not all(isinstance(v, list) for v in value.values()):
-            raise bad("a table of lists", "[sweep]\nlr = [0.1, 0.01]")
-        return dict(sweep_lib.check_sweep(k, v, label) for k, v in value.items())
-    raise AssertionError(name)  # pragma: no cover
 
 
 def merge(base: JobSpec, override: JobSpec, base_origins: Origins) -> tuple[JobSpec, Origins]:
@@ -396,5 +327,5 @@ def _check_no_nul(s: JobSpec, origins: Origins) -> None:
                 check(name, v)
 
 
-__all__ = ["JobSpec", "ResolvedJob", "Origins", "load_job_file", "merge", "resolve", "parse_mem",
+__all__ = ["JobSpec", "ResolvedJob", "Origins", "merge", "resolve", "parse_mem",
            "parse_time", "parse_env_item", "parse_port_range"]

@@ -1,8 +1,10 @@
 """``kit --host LOGIN launch …`` from a laptop: the job's code travels as its content-addressed objects.
 
 The laptop takes the code snapshot as a local launch would (the git work tree, or ``--code DIR``) into its
-own store, and opens one connection (:mod:`kit.remote`) to ``kit remote-launch`` on the login node, which
-speaks a short protocol on its standard input and output before it launches:
+own store, and opens one connection (:mod:`kit.remote.client`) to ``kit remote-launch`` on the login node, which
+speaks a short protocol on its standard input and output before it launches. The launch itself crosses as
+one :class:`kit.core.jobfile.Request` (the job file's dictionary, JSON, in the arguments): the laptop reads its
+command line (or ``kit.launch``'s keywords) into it, and the login node launches it as a local launch does.
 
 1. laptop → login: one JSON line: the snapshot's digest and its manifest (paths, modes, objects);
 2. login → laptop: one JSON line: the objects its store (``$KIT_HOME/code``) lacks;
@@ -10,7 +12,7 @@ speaks a short protocol on its standard input and output before it launches:
    only when its content hashes to its name, and a manifest only when it hashes to the digest;
 4. the login node lays the snapshot out as a tree of its own (``$KIT_HOME/trees/<tree>/<manifest>``, links
    to its store's objects, read-only; one per content, so two launches never share a half-made one; the
-   last three kept), and runs ``kit launch …`` from the directory that stands for the laptop's, with the
+   last three kept), and launches from the directory that stands for the laptop's, with the
    snapshot as the laptop took it (its git commit and dirtiness in ``job.json``; not taken again there):
    relative paths (a job file, a script) mean what they meant on the laptop. Its output comes back as it
    comes.
@@ -18,7 +20,7 @@ speaks a short protocol on its standard input and output before it launches:
 An unchanged tree sends no object; a one-file edit sends that file. Paths the job names by absolute path
 (``--image``, ``--mount``) and ``--output-dir`` are the login node's (a relative ``--output-dir`` is
 under the login home; without one, ``~/kit-jobs``). Nothing of the laptop's environment crosses but the
-command line, which travels inside the SSH channel as every ``--host`` call's does (:func:`kit.remote.start`:
+request, which travels inside the SSH channel as every ``--host`` call's arguments do (:func:`kit.remote.client.start`:
 never on the login node's command line; a ``--env NAME=VALUE`` lands 0700 in the job directory as on a
 local launch).
 """
@@ -26,6 +28,7 @@ local launch).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -35,7 +38,10 @@ import socket
 import sys
 from pathlib import Path
 
-from kit import codestore, files, remote, wire
+from kit import codestore, files
+from kit.core import jobfile
+from kit.core.text import Shown
+from kit.remote import client, ssh, wire
 from kit import snapshot as snapshots
 from kit.errors import KitError
 from kit.home import kit_home
@@ -47,69 +53,44 @@ CHUNK = 1 << 20
 
 
 # ---------------------------------------------------------------- the laptop's side
-def _option(argv: list[str], name: str) -> str | None:
-    head = argv[:argv.index("--")] if "--" in argv else argv
-    for i, a in enumerate(head):
-        if a == name and i + 1 < len(head):
-            return head[i + 1]
-        if a.startswith(name + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
-def _without_option(argv: list[str], name: str) -> list[str]:
-    cut = argv.index("--") if "--" in argv else len(argv)
-    head, out, i = argv[:cut], [], 0
-    while i < len(head):
-        if head[i] == name:
-            i += 2
-            continue
-        if not head[i].startswith(name + "="):
-            out.append(head[i])
-        i += 1
-    return out + argv[cut:]
-
-
-def launch(host: remote.Host, argv: list[str], cwd: Path) -> int:
-    """``kit launch ARGV`` on the login node, with the code of ``cwd`` (or ``--code DIR``) sent first."""
-    head = argv[:argv.index("--")] if "--" in argv else argv
-    if any(a in ("-h", "--help") for a in head):
-        return remote.run(host, ["launch", *argv])
-    code, job, said, options = _launched(host, argv, cwd, say=lambda line: print(line, file=sys.stderr, flush=True))
-    if code == 255 and job and job.get("job_id") and "--wait" in head:  # the job is in: only the connection went
+def launch(host: ssh.Host, request: jobfile.Request, cwd: Path) -> int:
+    """`kit launch` on the login node, with the code of ``cwd`` (or ``code``) sent first."""
+    code, job, said, options = _launched(host, request, cwd, say=lambda line: print(line, file=sys.stderr, flush=True))
+    if code == 255 and job and job.get("job_id") and request.wait:  # the job is in: only the connection went
         return ride_through(host, str(job["job_id"]), str(job["job_dir"]))
-    return remote.checked(host, code, said, options)
+    return ssh.checked(host, code, said, options)
 
 
-def launch_call(host: remote.Host, argv: list[str], cwd: Path) -> tuple[dict, list[str]]:
-    """``kit.launch(..., host=)``: ``kit launch --json ARGV`` there as :func:`launch` runs it; (what it printed,
-    the lines it and the code's transfer said). A failure there is its ``kit: …`` line as a :class:`KitError`."""
+def launch_call(host: ssh.Host, request: jobfile.Request, cwd: Path) -> tuple[dict, list[str]]:
+    """``kit.launch(..., host=)``: the launch there as :func:`launch` makes it; (the job it answered, the lines
+    it and the code's transfer said). A failure there is its ``kit: …`` line as a :class:`KitError`."""
     said_here: list[str] = []
-    code, job, said, options = _launched(host, ["--json", *argv], cwd, say=said_here.append, echo=False)
-    remote.checked(host, code, said, options)
+    code, job, said, options = _launched(host, dataclasses.replace(request, as_json=True, wait=False), cwd,
+                                         say=said_here.append, echo=False)
+    ssh.checked(host, code, said, options)
     if code != 0:
-        raise remote.failure(host, code, said)
+        raise ssh.failure(host, code, said)
     if not isinstance(job, dict) or "job_dir" not in job:
         raise KitError(f"kit launch on {host.name} answered no job", field="host", exit_code=1)
     return job, [*said_here, *(line[5:].strip() for line in said.splitlines() if line.startswith("kit: "))]
 
 
-def _launched(host: remote.Host, argv: list[str], cwd: Path, say, echo: bool = True):
-    """``kit launch ARGV`` there, its code sent first (unless ``--no-code-snapshot``); (ssh's exit code, the
-    job it answered (its ``--json`` dictionary; None when none came), what it said on stderr, the connection's
-    options). ``echo``: its output and its stderr shown here as they come."""
-    head = argv[:argv.index("--")] if "--" in argv else argv
-    options = remote.connection_options(host)
-    write = wire.Records(remote.Shown() if echo else (lambda data: None))
+def _launched(host: ssh.Host, request: jobfile.Request, cwd: Path, say, echo: bool = True):
+    """The launch there (``kit remote-launch``: ``request`` as JSON), its code sent first (unless
+    ``code_snapshot`` is off); (ssh's exit code, the job it answered (None when none came), what it said on
+    stderr, the connection's options). ``echo``: its output and its stderr shown here as they come."""
+    options = ssh.connection_options(host)
+    write = wire.Records(Shown() if echo else (lambda data: None))
+    sent_request = dataclasses.replace(request, fields={k: v for k, v in request.fields.items() if k != "code"})
 
     def job():
         return next((r["launched"] for r in write.seen if isinstance(r.get("launched"), dict)), None)
-    if "--no-code-snapshot" in head:
-        proc = remote.start(host, ["launch", *argv], options)
-        tail = remote.forward_stderr(proc, echo)
-        code = remote.pass_through(proc, write=write)
+    if request.fields.get("code_snapshot") is False:
+        proc = client.start(host, ["remote-launch", "--job", sent_request.to_json()], options)
+        tail = client.forward_stderr(proc, echo)
+        code = client.pass_through(proc, write=write)
         return code, job(), tail.join(), options
-    snap = snapshots.take(cwd, _option(argv, "--code"), store=snapshots.store_for(kit_home()))
+    snap = snapshots.take(cwd, request.fields.get("code"), store=snapshots.store_for(kit_home()))
     if snap is None:
         raise KitError(f"{cwd} is in no git work tree: over SSH the job's code must travel", field="--host",
                        hint="launch from your repository, or give --code DIR (--no-code-snapshot: run what is "
@@ -120,12 +101,12 @@ def _launched(host: remote.Host, argv: list[str], cwd: Path, say, echo: bool = T
            f"{hashlib.sha256(f'{socket.gethostname()}:{root}'.encode()).hexdigest()[:12]}"
     with codestore.opened(Path(snap.store), create=False) as (_, objects, manifests):
         about, manifest, sources = outgoing(snap, objects, manifests)
-        image = _laptop_image(argv, Path(cwd))
+        image = _laptop_image(request.fields.get("image"), Path(cwd))
         if image is not None:  # sent as the login node's pinned copy, by content, unless it is there
             about["image"], sources[f"image:sha256-{image[1].partition(':')[2]}.sqsh"] = image[1], image[0]
-        proc = remote.start(host, ["remote-launch", "--tree", tree, "--cwd", where, "--",
-                                   *_without_option(argv, "--code")], options)
-        tail = remote.forward_stderr(proc, echo)
+        proc = client.start(host, ["remote-launch", "--tree", tree, "--cwd", where, "--job", sent_request.to_json()],
+                            options)
+        tail = client.forward_stderr(proc, echo)
         try:
             sent = _send(proc, about, manifest, sources)
             if sent is not None:
@@ -133,7 +114,7 @@ def _launched(host: remote.Host, argv: list[str], cwd: Path, say, echo: bool = T
                 if image is not None:
                     say(f"kit: image {image[1][:19]}: " + (f"sent {snapshots.mib(sent[2])}" if sent[2] is not None
                                                            else "already there"))
-            code = remote.pass_through(proc, write=write)
+            code = client.pass_through(proc, write=write)
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -153,17 +134,16 @@ def outgoing(snap, objects: Path, manifests: Path) -> tuple[dict, bytes, dict[st
     return {k: getattr(snap, k) for k in ("digest", "source", "files", "bytes", "commit", "dirty")}, manifest, sources
 
 
-def ride_through(host: remote.Host, job_id: str, job_dir: str) -> int:
-    """``--wait`` after its connection dropped: connect again (for up to :data:`kit.remote.RIDE_THROUGH`
+def ride_through(host: ssh.Host, job_id: str, job_dir: str) -> int:
+    """``--wait`` after its connection dropped: connect again (for up to :data:`kit.remote.client.RIDE_THROUGH`
     seconds) and wait for the job there (``kit remote-wait``); the job's exit code, as ``--wait`` gives it."""
     print(f"kit: job {job_id}: the connection to {host.name} dropped; waiting again", file=sys.stderr, flush=True)
-    return remote.riding_through(lambda: remote.run(host, ["remote-wait", job_dir, "--job-id", job_id]))
+    return client.riding_through(lambda: client.run(host, ["remote-wait", job_dir, "--job-id", job_id]))
 
 
-def _laptop_image(argv: list[str], cwd: Path) -> tuple[Path, str] | None:
+def _laptop_image(given: str | None, cwd: Path) -> tuple[Path, str] | None:
     """``--image FILE`` when FILE is on the laptop: (its path, ``sha256:<hex>``, from the stat memo when
     unchanged); None for a registry reference or a path only the login node has."""
-    given = _option(argv, "--image")
     if not given or is_reference(given):
         return None
     path = (cwd / Path(given).expanduser()).absolute()
@@ -320,13 +300,10 @@ def _lay_out(trees: Path, name: str, entries, objects: Path) -> Path:
     return top
 
 
-def launch_argv(argv: list[str], image: Path | None = None) -> list[str]:
-    """The launch's arguments on the login node: its output directory the login node's (relative: under the
-    login home; none given: ``~/kit-jobs``); the laptop's image, its pinned copy here."""
-    out = _option(argv, "--output-dir")
+def on_the_login_node(request: jobfile.Request, image: Path | None = None) -> jobfile.Request:
+    """The launch as the login node runs it: its output directory the login node's (relative: under the login
+    home; none given: ``~/kit-jobs``); the laptop's image, its pinned copy here."""
+    out = request.fields.get("output_dir")
     home = Path.home()
     output = home / "kit-jobs" if out is None else (home / out if not Path(out).is_absolute() else Path(out))
-    rest = _without_option(argv, "--output-dir")
-    if image is not None:
-        rest = ["--image", str(image), *_without_option(rest, "--image")]
-    return ["--output-dir", str(output), *rest]
+    return request.with_fields(output_dir=str(output), **({"image": str(image)} if image is not None else {}))

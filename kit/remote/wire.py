@@ -6,6 +6,10 @@ system's notice). kit there starts by saying :func:`hello` — a record — and 
 starts with ``MARK`` (a byte no shell banner prints, then ``kit``), JSON after it, at most ``RECORD_LIMIT`` bytes
 (a hostile login node cannot make the laptop hold a 1 GiB line). Text kit prints for a person goes between
 records, as it is; :class:`Records` takes the records out of such a stream.
+
+Before that, what the laptop says: the command's arguments, as the first line of kit's input (``kit remote-args``
+reads them, :func:`read_args`), its own version in ``KIT_CLIENT_VERSION`` (:func:`refuse_other_version`: the
+two versions are one, or nothing is done). kit there ends when its input does (:func:`watch_input_end`).
 """
 
 from __future__ import annotations
@@ -13,10 +17,24 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+
+from kit.errors import KitError
+from kit.version import __version__
 
 MARK = b"\x1ekit "
 RECORD_LIMIT = 64 << 20
 NOISE_LIMIT = 1 << 20
+# The commands that run on the login node (the rest run where kit is called).
+COMMANDS = ("launch", "ps", "logs", "cancel", "report", "rerun", "trim", "cluster")
+# kit there's own commands, which only the laptop calls (kit's command line loads them as its others).
+SERVER_COMMANDS = {name: f"kit.remote.server:{name.replace('-', '_')}"
+                   for name in ("remote-launch", "remote-submit", "remote-result", "remote-wait", "remote-call")}
+READS_INPUT = ("remote-launch", "remote-submit")  # kit there reads its input first, then watches it
+VERSION_VARIABLE = "KIT_CLIENT_VERSION"
+ARGS_COMMAND = "remote-args"  # the login node's kit reads its arguments from its input (read_args)
+ARGS_LIMIT = 1 << 24
+INSTALL = "pip install kit-slurm"
 
 
 class NoRecord(Exception):
@@ -42,8 +60,6 @@ def write(value: dict, stream=None) -> None:
 
 def hello() -> None:
     """kit there's first record: what came before it on the channel was the login shell's."""
-    from kit.version import __version__
-
     global _serving
     _serving = True
     write({"kit": __version__})
@@ -121,3 +137,39 @@ class Records:
                 shown.append(line)
         if shown:
             self.write(b"".join(shown))
+
+
+def read_args() -> list[str]:
+    """On the login node: the arguments the client sent as its input's first line (:func:`kit.remote.client.start`)."""
+    try:
+        argv = json.loads(sys.stdin.buffer.readline(ARGS_LIMIT))
+    except ValueError:
+        argv = None
+    if not isinstance(argv, list) or not all(isinstance(a, str) and "\x00" not in a for a in argv):
+        raise KitError("the client sent no command", field=ARGS_COMMAND, exit_code=2)
+    return argv
+
+
+def refuse_other_version(environ: dict | None = None) -> KitError | None:
+    """On the login node: a client of another kit version is refused before anything is done. The words are
+    read on the client (the laptop): "here" is theirs."""
+    theirs = (os.environ if environ is None else environ).get(VERSION_VARIABLE)
+    if theirs is None or theirs == __version__:
+        return None
+    return KitError(f"kit {theirs} here, kit {__version__} on the login node", field="--host", exit_code=2,
+                    hint=f"use one version on both: {INSTALL}=={__version__} here, or {INSTALL}=={theirs} on the "
+                         "login node")
+
+
+def watch_input_end() -> None:
+    """On the login node: end this kit when the connection does (its standard input closes), so a
+    ``logs -f`` whose client went away does not stay behind."""
+    def watch():
+        try:
+            while os.read(0, 65536):  # the descriptor itself: no buffered reader's lock at exit
+                pass
+        except OSError:
+            pass
+        os._exit(130)
+
+    threading.Thread(target=watch, daemon=True).start()

@@ -1,18 +1,25 @@
-"""The login node's side of the Python API over SSH (``kit.submit(fn, host=…)``; :mod:`kit.remote`): hidden
-commands that speak JSON lines to the laptop's :class:`kit.remote.Session`. (Not ``kit/cli/remote.py``: a
-submodule of that name would replace ``kit.remote`` in ``kit.cli``'s namespace once loaded.)"""
+"""kit on the login node, for a laptop: the hidden commands only the laptop calls (:data:`kit.remote.wire.SERVER_COMMANDS`),
+each the library call a local command or ``kit.Job`` makes, its answer in records (:mod:`kit.remote.wire`) to
+the laptop's :class:`kit.remote.Session`: ``remote-launch`` (a launch with the code the laptop sent),
+``remote-submit`` and ``remote-result`` (``kit.submit``/``kit.map``), ``remote-wait`` (``--wait`` again after a
+dropped connection), ``remote-call`` (a :class:`kit.Job`'s methods, ``kit.jobs``)."""
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import click
 
-from kit import functions, remote, wire
+from kit import functions
+from kit import submission as lib
+from kit.cli.launch import RECEIVED, launched
+from kit.core import jobfile
+from kit.remote import transfer, wire
 from kit.errors import KitError
 
 
@@ -34,7 +41,7 @@ def remote_submit():
         raise KitError("the laptop sent no call", field="remote-submit") from None
     if not isinstance(kwargs, dict) or [len(p) for p in payloads] != sizes or not sizes or (not array and len(sizes) > 1):
         raise KitError("the laptop's calls stopped short", field="remote-submit")
-    remote.watch_input_end()
+    wire.watch_input_end()
     out = kwargs.get("output_dir")
     kwargs["output_dir"] = str(Path.home() / (out if out is not None else "kit-jobs"))  # absolute stays absolute
     jobs = functions.map_payloads(payloads, kwargs) if array else [functions.submit_payload(payloads[0], kwargs)]
@@ -143,6 +150,14 @@ def _rerun(job, a: dict) -> dict:
     return {"id": new.id, "dir": str(new.dir)}
 
 
+def _feed_logs(job, a: dict) -> dict:
+    parts: list[bytes] = []
+    notes: list[str] = []
+    job.feed_logs(parts.append, rank=a.get("rank"), run=a.get("run"), node=a.get("node"), sidecar=a.get("sidecar"),
+                  prefixed=a.get("prefixed"), batch_instead=bool(a.get("batch_instead", True)), say=notes.append)
+    return {"notes": notes, "data": base64.b64encode(b"".join(parts)).decode()}
+
+
 def _state(job, a: dict) -> list:
     state = job.state()
     return [str(state), getattr(state, "note", "")]
@@ -150,12 +165,14 @@ def _state(job, a: dict) -> list:
 
 # What the laptop's kit.Job(…, host=) may ask: each a function of the job (or none) and the call's arguments.
 CALLS = {
+    "target": lambda job, a: asdict(job.target),
     "state": _state,
     "progress": lambda job, a: asdict(job.progress()),
     "wait": lambda job, a: asdict(job.wait(a.get("timeout"))),
     "cancel": lambda job, a: job.cancel(a.get("reason")),
     "logs": lambda job, a: job.logs(a.get("rank"), a.get("run"), bool(a.get("errors")), node=a.get("node"),
                                     sidecar=a.get("sidecar")),
+    "feed_logs": _feed_logs,
     "errors": lambda job, a: job.errors(a.get("runs")),
     "rerun": _rerun,
     "report": _report,
@@ -180,3 +197,22 @@ def remote_call(request):
         _say({"kit_error": e.message, "hint": e.hint, "field": e.field, "exit_code": e.exit_code})
     else:
         _say({"value": value})
+
+
+@click.command(name="remote-launch", hidden=True)
+@click.option("--tree", help="The laptop's tree, by name (under $KIT_HOME/trees); its code comes on standard input.")
+@click.option("--cwd", "where", default=".", help="The laptop's directory, relative to its tree.")
+@click.option("--job", "request", required=True, help="The launch (kit.core.jobfile.Request, JSON).")
+def remote_launch(tree, where, request):
+    """The login node's side of `kit --host LOGIN launch` and `kit.launch(host=)` (:mod:`kit.remote.transfer`):
+    the code received (with ``--tree``), then the launch made as a local one is."""
+    request = jobfile.Request.from_json(request)
+    if tree is None:
+        wire.watch_input_end()
+        return launched(transfer.on_the_login_node(request))
+    snap, here, image = transfer.receive(tree, where)
+    wire.watch_input_end()
+    here.mkdir(parents=True, exist_ok=True)  # the laptop's directory held no file of the snapshot
+    os.chdir(here)
+    RECEIVED.set(lib.Rerun(snapshot=snap))  # the job runs the snapshot the laptop sent, as it was taken there
+    return launched(transfer.on_the_login_node(request, image))
