@@ -4,7 +4,7 @@
     import kit
     job = kit.launch(["python", "-m", "kit.train", "--max-steps", "100"], nodes=2, local=True)
     job.progress()             # step, loss, samples/s
-    end = job.wait()           # Outcome: state, exit_code, meaning (the README's outcome table)
+    end = job.wait()           # Outcome: state, exit_code, meaning (docs/endings.md's table)
 
 Every `kit launch` option is a keyword under its command-line name, dashes as
 underscores (``--output-dir`` -> ``output_dir=``, ``--no-exporter`` ->

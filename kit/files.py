@@ -127,7 +127,13 @@ def read_bytes(path: str | os.PathLike, limit: int = RECORD_LIMIT, follow: bool 
     with open_regular(path, follow) as (fd, st):
         if st.st_size > limit:
             raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
-        return _read_upto(fd, limit + 1)[:limit]
+        return read_fd(fd, limit)
+
+
+def read_fd(fd: int, limit: int) -> bytes:
+    """What the open file ``fd`` holds from where it stands, at most ``limit`` bytes (a file that grew while it
+    was read is cut at ``limit``)."""
+    return _read_upto(fd, limit + 1)[:limit]
 
 
 def _read_upto(fd: int, n: int) -> bytes:

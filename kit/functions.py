@@ -77,7 +77,14 @@ def submit(fn: Callable, *args: Any, host: str | None = None, **kwargs: Any) -> 
     image's python3) must be the same minor version and have cloudpickle: checked first.
     ``host=``: submitted from here to that login node through ssh (:mod:`kit.remote`): the call is
     pickled here, its Python there must be this one's minor version (refused before anything is sent),
-    and ``result()`` brings the value back."""
+    and ``result()`` brings the value back.
+
+    Trust: a result is a pickle, and unpickling runs code. kit loads one only from a file the job's own rank
+    wrote in the job's own ``results/`` directory — a regular file (never a link) of the caller's that no one
+    else can write, the job ended with every rank's — and refuses any other. With ``host=`` the laptop
+    unpickles what the login account sends (at most 45 MiB together): whoever can act as that account (a
+    teammate sharing it, a program it runs, the kit installed there) can run code on the laptop through a
+    result, as they can through its jobs. Use ``host=`` with a login account that is yours alone."""
     try:
         payload = _dumps(fn, (fn, args, {}))
     except Exception as e:  # what cloudpickle raises for an unpicklable call varies
@@ -190,22 +197,34 @@ def results(job_dir: Path, job_id: str | None, end: Outcome) -> list:
     return [pickle.loads(data) for data in result_payloads(job_dir, job_id, end)]
 
 
-def result_payloads(job_dir: Path, job_id: str | None, end: Outcome) -> list[bytes]:
+RESULT_LIMIT = 1 << 30  # per rank, here
+HOSTED_RESULT_LIMIT = 45 << 20  # every rank's together, for a laptop: base64 of it fits one wire record
+
+
+def result_payloads(job_dir: Path, job_id: str | None, end: Outcome, limit: int | None = None) -> list[bytes]:
     """:func:`results` still pickled (a login node hands them to the laptop that submitted the call,
-    unpickling nothing of the user's itself)."""
+    unpickling nothing of the user's itself): only the files the job's own ranks wrote in its own results
+    directory (regular, not links, the caller's, no one else's to write), every rank's, together at most
+    ``limit`` bytes (a laptop's :data:`HOSTED_RESULT_LIMIT`)."""
     jobdir.own(job_dir)
     job = JobDir(job_dir)
     errors = sorted((p for p in job.errors()), key=lambda p: p.stat().st_mtime)
     if errors:
-        raise RemoteError(files.read_json(jobdir.own(errors[0]), 1 << 20))
+        try:
+            record = files.loads(jobdir.read_own(errors[0], 1 << 20))
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            raise KitError(f"{errors[0]}: not the record a rank writes", field="JOB", exit_code=1)
+        raise RemoteError(record)
     ranks = job.result_ranks()
     if end.exit_code != 0 or not ranks or ranks != list(range(len(ranks))):
         raise KitError(f"job {job_id} {end.describe()}: no result from every rank", field="JOB", exit_code=1,
                        hint=f"kit logs {job_dir} --errors")
-    out = []
+    out, left = [], RESULT_LIMIT if limit is None else limit
     for rank in ranks:
-        with open(jobdir.own(job.result(rank)), "rb") as f:
-            out.append(f.read())
+        out.append(jobdir.read_own(job.result(rank), min(left, RESULT_LIMIT)))
+        left -= len(out[-1])
     return out
 
 

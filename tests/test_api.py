@@ -409,3 +409,41 @@ def test_every_keyword_and_option_crosses_as_the_job_files_dictionary_and_reads_
         jobfile.Request.from_json('{"fields": [], "dry_run": "yes"}')
     with pytest.raises(kitlib.KitError, match="unknown key 'nodez'"):
         jobfile.Request({"nodez": 2}).spec()
+
+
+def test_a_result_is_loaded_only_from_a_file_its_rank_wrote_bounded(tmp_path):
+    """What kit unpickles (here, or hands to a laptop) is only a regular file of the caller's in the job's own
+    results directory, no one else's to write, every rank's, bounded: a link planted at a rank's name (to a
+    pickle of the user's own elsewhere), a file others may write, more than a laptop's bound, and an error
+    record that is not one are refused."""
+    import pickle
+
+    from kit import functions
+    from kit.core.outcome import Outcome
+
+    job = tmp_path / "job"
+    (job / JobDir.RESULTS).mkdir(parents=True)
+    job.chmod(0o700)
+    ended = Outcome("COMPLETED", 0, "finished")
+    for rank, value in enumerate([1, "two"]):
+        JobDir(job).result(rank).write_bytes(pickle.dumps(value))
+    assert functions.results(job, "7", ended) == [1, "two"]
+    elsewhere = tmp_path / "elsewhere.pkl"
+    elsewhere.write_bytes(pickle.dumps("planted"))
+    second = JobDir(job).result(1)
+    second.unlink()
+    second.symlink_to(elsewhere)
+    with pytest.raises(kitlib.KitError, match="cannot read .*rank-1.pkl: a symlink"):
+        functions.results(job, "7", ended)
+    second.unlink()
+    second.write_bytes(pickle.dumps("two" * 100))
+    second.chmod(0o664)
+    with pytest.raises(kitlib.KitError, match="not this user's own"):
+        functions.results(job, "7", ended)
+    second.chmod(0o600)
+    with pytest.raises(kitlib.KitError, match=r"rank-1.pkl holds 3\d\d bytes, more than the \d+ kit loads"):
+        functions.result_payloads(job, "7", ended, limit=100)
+    assert len(b"".join(functions.result_payloads(job, "7", ended, limit=functions.HOSTED_RESULT_LIMIT))) < 400
+    JobDir(job).error(1).write_text("[1, 2]")
+    with pytest.raises(kitlib.KitError, match="not the record a rank writes"):
+        functions.results(job, "7", ended)

@@ -216,7 +216,7 @@ def test_local_without_a_cluster_says_how_to_start_one(tmp_path):
 
 def test_launch_help_is_a_map_grouped_by_topic_in_the_readmes_order():
     """Every option in one topic group (none left over), --help prints the
-    groups with their purpose, and the README's option table has the same groups in
+    groups with their purpose, and docs/launch.md's option table has the same groups in
     the same order, each option under its own group."""
     import re
 
@@ -233,7 +233,7 @@ def test_launch_help_is_a_map_grouped_by_topic_in_the_readmes_order():
     assert sections == [title for title, _, _ in GROUPS]
     for title, purpose, _ in GROUPS:
         assert f"{title}:\n  {purpose}\n" in help_text
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "launch.md").read_text()
     table = readme[readme.index("| option | meaning |"):readme.index("A job file uses the option names")]
     readme_groups, current = {}, None
     for row in table.splitlines():
@@ -382,7 +382,7 @@ def test_no_hint_names_the_unrelated_pypi_project():
     """`pip install 'kit[...]'` installs an unrelated project (PyPI's kit);
     the distribution is kit-slurm. No hint, message or README line names the other."""
     bad = []
-    for path in [*(REPO / "kit").rglob("*.py"), REPO / "README.md", *(REPO / "containers").glob("*.md")]:
+    for path in [*(REPO / "kit").rglob("*.py"), REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "containers").glob("*.md")]:
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"pip install ['\"]?kit(\[|['\"\s]|$)", line):
                 bad.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")

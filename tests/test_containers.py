@@ -199,7 +199,7 @@ def test_the_dockerfile_builds_the_same_image_as_the_toml_recipe(cluster, cpu_im
 
 def test_console_scripts_are_on_path_and_torchrun_forms_one_world_in_the_image(cluster, person, user_image):
     """Every console script the image's pip step installed runs (none
-    exits 126 or 127: on PATH, its #! naming the image's python), and the README's torchrun
+    exits 126 or 127: on PATH, its #! naming the image's python), and the manual's torchrun
     example with --image, as written there, forms one world of 4 on 2 nodes (the user's copy of the examples)."""
     listing = subprocess.run(["unsquashfs", "-lc", str(user_image), "usr/local/bin"], capture_output=True,
                              text=True).stdout
@@ -216,10 +216,10 @@ def test_console_scripts_are_on_path_and_torchrun_forms_one_world_in_the_image(c
     assert sorted(ran) == scripts
     assert [name for name, (code, _) in ran.items() if code in (126, 127)] == [], ran
     assert all(line == "#!/usr/bin/python3" for _, line in ran.values() if line.startswith("#!")), ran
-    # The README's example (launch/examples reaches the container through --mount), from the user's checkout.
+    # The manual's example (launch/examples reaches the container through --mount), from the user's checkout.
     shutil.copytree(REPO / "launch" / "examples", person.dir / "launch" / "examples")
     person.own(person.dir / "launch")
-    readme = (REPO / "README.md").read_text()
+    readme = "".join(p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))])
     line = next(ln.strip() for ln in readme.splitlines() if "--image" in ln and "torchrun --nproc-per-node 2" in ln)
     args = shlex.split(line.replace("$PWD", str(person.dir)).replace("cpu-lightning.sqsh", str(user_image)))
     assert args[:2] == ["kit", "launch"], line

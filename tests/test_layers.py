@@ -343,11 +343,11 @@ def test_each_planted_import_is_refused(tmp_path):
 
 
 def where_things_live() -> list[tuple[list[str], list[str]]]:
-    """The README's "Where things live" rows: (the paths of the first cell, the names in backticks of the second)."""
+    """docs/architecture.md's "Where things live" rows: (the paths of the first cell, the names in backticks of the second)."""
     import re
 
-    text = (KIT.parent / "README.md").read_text()
-    table = text.split("## Where things live", 1)[1].split("\n## ", 1)[0]
+    text = (KIT.parent / "docs" / "architecture.md").read_text()
+    table = text.split("# Where things live", 1)[1].split("\n## ", 1)[0]
     rows = []
     for line in table.splitlines():
         cells = line.split("|")
@@ -365,16 +365,16 @@ def test_the_readme_names_every_room_and_module_that_exists():
     named = set()
     for paths, names in rows:
         for p in paths:
-            assert (KIT.parent / p).exists(), f"README names {p}: no such path"
+            assert (KIT.parent / p).exists(), f"docs/architecture.md names {p}: no such path"
             named.add(p.rstrip("/"))
         dirs = {KIT.parent / p if p.endswith("/") else (KIT.parent / p).parent for p in paths}
         for n in names:
             if n.endswith((".py", ".c", ".sh")) and " " not in n:
                 found = (KIT.parent / n).is_file() or any((d / n).is_file() for d in dirs)
-                assert found, f"README row {paths} names {n}: in none of {sorted(map(str, dirs))}"
+                assert found, f"docs/architecture.md row {paths} names {n}: in none of {sorted(map(str, dirs))}"
     rooms = {f"kit/{p.name}" for p in KIT.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
     modules = {f"kit/{p.name}" for p in KIT.glob("*.py") if p.name not in ("__init__.py", "__main__.py")}
-    assert rooms | modules <= named, f"not in the README's table: {sorted((rooms | modules) - named)}"
+    assert rooms | modules <= named, f"not in docs/architecture.md's table: {sorted((rooms | modules) - named)}"
 
 
 def test_every_package_opens_with_what_it_owns():

@@ -71,7 +71,7 @@ def test_an_ordinary_login_account_set_up_as_the_readme_says(cluster, user, logi
                                             f"installed at {kit_path}"), found.stderr
     assert "above that line" in found.stderr and f"KIT_REMOTE_KIT={kit_path}" in found.stderr, found.stderr
 
-    line = README_LINE.search((REPO / "README.md").read_text()).group(1)
+    line = README_LINE.search((REPO / "docs" / "remote.md").read_text()).group(1)
     bashrc.write_text(line + "\n" + debian)  # the user's file, written in place: still theirs
     assert bashrc.stat().st_uid == user.pw_uid
     launched = kit_here("--host", "kit-direct", "launch", "--nodes", "2", "--wait", "--no-exporter", "--", "python3",

@@ -29,7 +29,7 @@ def load_job_file(path: str | Path) -> tuple[JobSpec, Origins]:
         data = files.read_toml(p, JOB_FILE_LIMIT)
     except FileNotFoundError:
         raise KitError(f"no such job file: {path}", field="--job-file",
-                       hint="give the path of a TOML job file (see README: job files)") from None
+                       hint="give the path of a TOML job file (see docs/launch.md: job files)") from None
     except OSError as e:
         raise KitError(f"cannot read {path}: {e.strerror}", field="--job-file") from None
     except ValueError as e:

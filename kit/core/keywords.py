@@ -28,7 +28,7 @@ def field_value(name: str, o: options.Option, value: Any) -> Any:
     """A keyword's value as the job spec holds it (the command line's types, Python's shapes)."""
     def bad(kind: str) -> KitError:
         return KitError(f"expected {kind}, got {type(value).__name__} {value!r}", field=o.label,
-                        hint=f"e.g. kit.launch(..., {name}=...) as the README's option table says")
+                        hint=f"e.g. kit.launch(..., {name}=...) as docs/launch.md's option table says")
     if o.kind in options.BOOLS:
         if not isinstance(value, bool):
             raise bad("True or False")

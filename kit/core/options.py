@@ -63,7 +63,7 @@ RESOURCES, COMMAND, MANY, CONTAINER, METRICS, RECOVERY, NETWORK, SUBMISSION = (
     "Resources", "Command and environment", "Sweeps, arrays and chains", "Container", "Metrics",
     "Preemption and recovery", "Networking", "Submission")
 
-# `kit launch --help`, by topic; the README's option table follows the same order.
+# `kit launch --help`, by topic; docs/launch.md's option table follows the same order.
 GROUPS: tuple[tuple[str, str], ...] = (
     (RESOURCES, "What the job holds on the cluster."),
     (COMMAND, "What runs in every task, and with which variables."),

@@ -4,7 +4,7 @@ The table every part of kit agrees on: prelaunch.sh exits with the codes it
 decides itself (retry budget spent, no progress, hang), and ``kit launch
 --wait`` turns the scheduler's final state into one of these. 0 only ever
 means the work finished; a command that failed by itself gives its own code.
-The README's outcome table is this table.
+docs/endings.md's outcome table is this table.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The job directory: its one owner (the README's "The job directory").
+"""The job directory: its one owner (docs/job-directory.md).
 
 :class:`JobDir` names every file (``layout.py``); the training side's files are
 written and read here; :mod:`kit.jobdir.records` reads a submitted job back and
@@ -157,6 +157,24 @@ def own(path: Path) -> Path:
                        "neither runs nor loads what it holds", field="JOB",
                        hint="rerun a job, or read its results, as the user who submitted it")
     return path
+
+
+def read_own(path: Path, limit: int) -> bytes:
+    """The regular file ``path`` (never through a symlink), at most ``limit`` bytes, when this user owns it and no
+    one else can write it — checked on the very file read (its descriptor), not on the path looked at again."""
+    try:
+        with files.open_regular(path) as (fd, st):
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                raise KitError(f"{path} is not this user's own (owner uid {st.st_uid}, or others can write it): "
+                               "kit neither runs nor loads what it holds", field="JOB",
+                               hint="rerun a job, or read its results, as the user who submitted it")
+            if st.st_size > limit:
+                raise KitError(f"{path} holds {st.st_size} bytes, more than the {limit} kit loads", field="JOB",
+                               hint="return less (write large outputs to files and return their paths)")
+            return files.read_fd(fd, limit)
+    except OSError as e:
+        raise KitError(f"cannot read {path}: {e.strerror}", field="JOB",
+                       hint="a function job's results are the files its ranks wrote, nothing else") from None
 
 
 def function_payloads(source: Path) -> dict[Path, bytes]:

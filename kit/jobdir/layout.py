@@ -1,5 +1,5 @@
 """The job directory's layout: every file and directory kit writes into a job's
-directory, named once (the README's "The job directory" lists the same).
+directory, named once (docs/job-directory.md lists the same).
 
 In the manner of submitit's ``JobPaths``: code asks a :class:`JobDir` for a path
 and never spells a name itself; the bash templates use the same names (a test

@@ -87,7 +87,7 @@ def remote_result(job_dir, job_id, timeout, batch):
 
 def _result_record(job_dir: Path, job_id: str, end) -> dict:
     try:
-        data = functions.result_payloads(job_dir, job_id, end)
+        data = functions.result_payloads(job_dir, job_id, end, limit=functions.HOSTED_RESULT_LIMIT)
     except functions.RemoteError as e:
         return {"error": e.record}
     except KitError as e:

@@ -299,7 +299,7 @@ def _script(c: Converted, text: str) -> None:
             continue
         elif stripped.startswith("trap "):
             c.not_carried.append(f"{stripped}: kit passes the warning signal (--signal) to the command; a handler "
-                                 "belongs in the command (see the README's preemption plan)")
+                                 "belongs in the command (see docs/endings.md: the preemption plan)")
             continue
         else:
             items = None

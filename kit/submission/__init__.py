@@ -248,7 +248,7 @@ class Rerun:
 
 def pin_code_and_image(job: ResolvedJob, origins, rerun: Rerun, dry_run: bool = False) -> ResolvedJob:
     """``job`` with the code it runs (a snapshot; none outside a git work tree without --code,
-    as the README says) and its image file (a copy by content; a dry run only hashes it)
+    as docs/job-directory.md says) and its image file (a copy by content; a dry run only hashes it)
     fixed now, so that a pending or requeued job runs what was submitted."""
     s = job.spec
     snapshot = rerun.snapshot
