@@ -1,11 +1,10 @@
 """kit: launch multi-node PyTorch Lightning jobs on Slurm, with containers and metrics.
 
-From Python (kit.api; loaded on first use, so that ``import kit`` stays light for the
+From Python (kit.job.api; loaded on first use, so that ``import kit`` stays light for the
 exporter and the trainer): ``kit.launch``, ``kit.submit``, ``kit.Job`` (a function job's: ``kit.FunctionJob``), ``kit.jobs``, ``kit.KitError``.
 """
 
 from kit import version as _version
-
 __version__ = _version.__version__
 
 _API = {"launch", "Job", "jobs", "Outcome"}
@@ -14,12 +13,10 @@ _FUNCTIONS = {"submit", "map", "RemoteError", "FunctionJob"}
 
 def __getattr__(name: str):
     if name in _API:
-        from kit import api
-
+        from kit.job import api
         return getattr(api, name)
     if name in _FUNCTIONS:
-        from kit import functions
-
+        from kit.job import functions
         return getattr(functions, name)
     if name == "KitError":
         from kit.errors import KitError

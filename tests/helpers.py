@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from kit import slurm
-
 REPO = Path(__file__).resolve().parent.parent
 # Every rank all-reduces its rank: one world of N prints sum N*(N-1)/2 on every rank.
 ALL_REDUCE = """

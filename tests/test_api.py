@@ -15,7 +15,7 @@ import pytest
 from helpers import REPO, kit, wait_for
 
 import kit as kitlib
-from kit import api
+from kit.job import api
 from kit.cli.launch import launch as launch_command
 from kit.jobdir import JobDir
 
@@ -418,7 +418,7 @@ def test_a_result_is_loaded_only_from_a_file_its_rank_wrote_bounded(tmp_path):
     record that is not one are refused."""
     import pickle
 
-    from kit import functions
+    from kit.job import functions
     from kit.core.outcome import Outcome
 
     job = tmp_path / "job"

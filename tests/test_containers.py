@@ -22,8 +22,6 @@ from helpers import (REPO, Waiting, assert_nothing_left, container_mode, job_dir
                      skip_where_squashfuse_is_closed, wait_for, wait_no_processes)
 
 from kit import slurm
-
-
 @pytest.fixture(scope="module")
 def small_image(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("small")

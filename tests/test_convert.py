@@ -12,7 +12,6 @@ import pytest
 from helpers import kit
 
 from kit import slurm
-
 DATA = Path(__file__).parent / "data" / "sbatch"
 
 EXPECTED = {

@@ -21,7 +21,6 @@ import pytest
 from helpers import check_end, kit, launch_wait, read_logs, require
 
 from kit import slurm
-
 OTHER_UID = 4242
 
 

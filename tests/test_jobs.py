@@ -13,7 +13,6 @@ from pathlib import Path
 from helpers import REPO, job_processes, kit, read_logs, submit, wait_for, wait_no_processes
 
 from kit import slurm
-
 TRAIN = [sys.executable, "-m", "kit.train"]
 
 

@@ -148,16 +148,16 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kit.version", "kit.errors", "kit.files", "kit.home",    # no kit import at all
      "kit.core.text", "kit.remote.wire"),                      # (text as a terminal shows it; the --host protocol)
     ("kit.runner", "kit.jobdir", "kit.remote"),                # processes; the job directory's names; ssh, client
-    ("kit.core", "kit.monitor", "kit.codestore"),              # the job model; the exporter (runs in images)
-    ("kit.train", "kit.image", "kit.slurm", "kit.report", "kit.snapshot"),
+    ("kit.core", "kit.monitor", "kit.code.store"),             # the job model; the exporter (runs in images); code
+    ("kit.train", "kit.image", "kit.slurm", "kit.report", "kit.code.snapshot"),
     ("kit.submission", "kit.cluster"),                         # a job written and submitted; the local cluster
     ("kit.targets",),                                          # where a job goes
-    ("kit.listing", "kit.joblogs", "kit.remote.transfer", "kit.remote.hosted"),  # the jobs a user has; a job's
-                                                                                  # logs; code and jobs over ssh
-    ("kit.trim", "kit.api"),                                   # kit.Job, kit.launch
-    ("kit.functions",),                                        # kit.submit / kit.map: FunctionJob(Job)
+    ("kit.job.listing", "kit.job.logs", "kit.remote.transfer", "kit.remote.hosted"),  # the jobs a user has; a
+                                                                                      # job's logs; jobs over ssh
+    ("kit.code.trim", "kit.job.api"),                          # kit trim; kit.Job, kit.launch
+    ("kit.job.functions",),                                    # kit.submit / kit.map: FunctionJob(Job)
     ("kit.cli", "kit.remote.server", "kit.__main__", "kit"),   # the commands (and kit there's); `kit` re-exports
-                                                                # the API lazily
+                                                               # the API lazily
 )
 
 
@@ -206,7 +206,7 @@ def import_edges(module: str, path: Path, modules: dict) -> tuple[set[str], list
 
     Counts imports at any depth (inside functions too), absolute and relative, ``importlib.import_module``
     and ``__import__`` with a literal name, and a module reached as an attribute of an imported one
-    (``import kit`` then ``kit.api.launch``)."""
+    (``import kit`` then ``kit.job.api.launch``)."""
     return _edges(module, path.name == "__init__.py", path.read_text(), frozenset(modules))
 
 
@@ -316,12 +316,12 @@ PLANTED = {  # file -> a line planted at its end, each one a kind of import the 
     "kit/image/info.py": "from kit import api as _planted",                               # image -> api
     "kit/slurm/status.py": "import kit.cluster as _planted",                              # slurm -> cluster
     "kit/image/recipe.py": "import importlib\n_planted = importlib.import_module('kit.submission')",
-    "kit/jobdir/layout.py": "def _planted():\n    import kit.api\n    return kit.api",    # inside a function
+    "kit/jobdir/layout.py": "def _planted():\n    import kit.job.api\n    return kit.job.api",    # inside a function
     "kit/submission/sidecars.py": "from kit.slurm import status as _s\n_planted = _s._final_states",  # private attribute
     "kit/cluster/config.py": "from kit.cluster import layout as _planted",                # a circle in one room
     "kit/core/values.py": "from kit import __version__ as _planted",                      # the root, from below
     "kit/report/series.py": "import kit\n_planted = kit.cli.report",                      # a module as an attribute
-    "kit/files.py": "_planted = __import__('kit.api')",                                   # __import__
+    "kit/files.py": "_planted = __import__('kit.job.api')",                                   # __import__
 }
 
 
@@ -415,3 +415,28 @@ def test_no_command_module_shadows_a_name_the_cli_package_imports():
         elif isinstance(node, ast.Import):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
     assert names and names & {p.stem for p in (KIT / "cli").glob("*.py")} == set()
+
+
+def init_holds_code(path: Path) -> list[str]:
+    """What a package's ``__init__.py`` holds beyond a docstring, imports and ``__all__``: its main code."""
+    bad = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"]:
+            continue
+        bad.append(f"{path.relative_to(KIT.parent)}:{node.lineno}")
+    return bad
+
+
+def test_kit_says_what_it_holds():
+    """At most 8 loose top-level modules; every package's __init__.py a short re-export with no main code (kit's
+    own: the lazy re-export of the API that keeps `import kit` light)."""
+    loose = sorted(p.name for p in KIT.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert len(loose) <= 8, loose
+    inits = [p for p in sorted(KIT.rglob("__init__.py")) if p != KIT / "__init__.py"]
+    assert [b for p in inits for b in init_holds_code(p)] == []
+    assert all(p.read_text().count("\n") <= 40 for p in inits), [p for p in inits if p.read_text().count("\n") > 40]
+    assert init_holds_code(KIT / "cluster" / "local.py")  # the check sees code where there is some

@@ -17,7 +17,6 @@ from pathlib import Path
 from helpers import job_processes, read_logs, submit, wait_for, wait_no_processes
 
 from kit import slurm
-
 TRAIN = [sys.executable, "-m", "kit.train"]
 
 

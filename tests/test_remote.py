@@ -22,7 +22,6 @@ from helpers import REPO, as_user, kit, require, wait_for
 from sshd import SSHD, Servers
 
 from kit import slurm
-
 pytestmark = pytest.mark.cluster
 
 
@@ -301,8 +300,8 @@ LAPTOP = """
 import json, os, sys, time
 from pathlib import Path
 import kit
-from kit import functions, remote
-
+from kit import remote
+from kit.job import functions
 def add_nodes(a, b):
     return a + b + int(os.environ["SLURM_NNODES"])
 

@@ -129,10 +129,9 @@ def test_a_damaged_object_on_the_login_node_is_asked_for_again(tmp_path, monkeyp
     own with its KIT_HOME): a snapshot's objects go once; an object there whose content no longer matches its
     name was taken as present, and every launch of that content ran the damaged file. Now it is asked for again,
     and the job's tree has the whole file."""
-    from kit import codestore
+    from kit.code import store as codestore
     from kit.remote import transfer
-    from kit import snapshot as snapshots
-
+    from kit.code import snapshot as snapshots
     repo, laptop, login = tmp_path / "repo", tmp_path / "laptop", tmp_path / "login"
     repo.mkdir()
     (repo / "train.py").write_text("print('whole')\n")

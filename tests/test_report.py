@@ -193,7 +193,6 @@ def test_task_starts_per_node_and_run_from_the_job_directory(tmp_path):
     """kit.jobdir.task_starts: from the step's start (prelaunch, before srun) to each node's
     first task's first line; damaged records are skipped, never a traceback."""
     from kit import jobdir
-
     r0, r1 = tmp_path / "progress" / "r0", tmp_path / "progress" / "r1"
     r0.mkdir(parents=True)
     r1.mkdir()

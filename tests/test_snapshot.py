@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import kit
 
-from kit import snapshot
+from kit.code import snapshot
 from kit.errors import KitError
 from kit.image import pin
 

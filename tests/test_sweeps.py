@@ -14,7 +14,6 @@ from pathlib import Path
 from helpers import kit, launch_wait, read_logs, runs, start_now, stepds_of, wait_for, wait_no_processes
 
 from kit import slurm
-
 TRAIN = [sys.executable, "-m", "kit.train", "--log-every", "5", "--checkpoint-every", "5"]
 MARK = 'printf "%s %s\\n" "$KIT_SWEEP_steps" "$1" >"$KIT_JOB_DIR/marker"; shift; exec "$@"'
 
@@ -158,7 +157,7 @@ def test_cancelled_array_tasks_stay_cancelled_once_slurm_forgets_them(cluster, t
     """`kit cancel ARRAY` records which tasks it ended; the job
     directory alone (what kit ps reads once Slurm forgets, MinJobAge later) then tells
     CANCELLED for those and COMPLETED for the task that had finished before."""
-    from kit import listing
+    from kit.job import listing
     from kit.jobdir import records
 
     w = launch_wait(tmp_path, "--sweep", "t=0,600", command=["sleep", "{t}"])

@@ -11,7 +11,7 @@ from pathlib import Path
 from helpers import kit, scancel, wait_for
 
 import kit as kitlib
-from kit import trim as trimming
+from kit.code import trim as trimming
 from kit.image import pin
 
 
@@ -90,8 +90,7 @@ def test_trim_waits_for_a_launch_reusing_objects_before_its_manifest_names_them(
     import threading
     import time
 
-    from kit import snapshot as snapshots
-
+    from kit.code import snapshot as snapshots
     monkeypatch.setenv("KIT_HOME", str(tmp_path / "home"))
     work = tmp_path / "work"
     work.mkdir()
@@ -106,8 +105,8 @@ def test_trim_waits_for_a_launch_reusing_objects_before_its_manifest_names_them(
     reusing, trimming_started, done = threading.Event(), threading.Event(), []
 
     def launch():
-        from kit import codestore, files
-
+        from kit import files
+        from kit.code import store as codestore
         with codestore.opened(store, create=False) as (_, objects, manifests):
             assert (objects / obj.name).exists()  # reused, not written again
             reusing.set()
@@ -136,7 +135,7 @@ def test_trim_frees_the_trees_a_login_node_laid_out_but_those_a_job_runs_from(tm
     for GRACE), keeps the one a kept job runs from; --dry-run only counts; over --host it runs on the login node."""
     import os
 
-    from kit.cli import _on_the_login_node
+    from kit.cli.group import _on_the_login_node
 
     home = tmp_path / "home"
     monkeypatch.setenv("KIT_HOME", str(home))

@@ -56,8 +56,8 @@ def ps(everything, as_json, output_dirs, expand, states, name, since, user):
     (or does not answer); it is the end Slurm gave it when kit last saw it,
     else COMPLETED only with the job's FINISHED marker.
     """
-    from kit import api, listing
-
+    from kit.job import api
+    from kit.job import listing
     wanted = listing.Filter.checked(states, name, _age_seconds(since) if since else None, user)
     now = time.time()
     rows = [j.row for j in api.jobs(output_dirs=output_dirs, everything=everything or bool(since))
@@ -90,7 +90,7 @@ def cancel(job, reason, output_dir):
 
     The job ends CANCELLED and is never marked finished; an array job's every task is cancelled.
     """
-    from kit import api
+    from kit.job import api
     from kit.jobdir import records
 
     job_dir, job_id = _job(job, output_dir)
@@ -110,8 +110,7 @@ def cancel(job, reason, output_dir):
 @_OUTPUT_DIR
 def logs(job, rank, node, restart, sidecar, follow, errors, output_dir):
     """Show JOB's log (an id or a job directory): every rank's output, rank-prefixed."""
-    from kit import api
-
+    from kit.job import api
     for value, field in ((sidecar, "--sidecar"), (node, "--node")):
         if value is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", value):
             raise KitError(f"{value!r} is not a {field[2:]} name", field=field,
@@ -150,7 +149,7 @@ def rerun(job, edits, wait_, output_dir):
     The new job goes to the same Slurm and records which job it reruns (rerun_of.json;
     kit ps --json shows it). Only a job directory of your own is rerun.
     """
-    from kit import api
+    from kit.job import api
     from kit.cli.launch import wait_and_report
 
     job_dir, _ = _job(job, output_dir)

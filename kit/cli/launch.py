@@ -13,7 +13,8 @@ from pathlib import Path
 import click
 
 from kit import submission as lib
-from kit import api, slurm
+from kit import slurm
+from kit.job import api
 from kit.remote import wire
 from kit.core import jobfile, options
 from kit.core import spec as specs

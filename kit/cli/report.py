@@ -29,7 +29,7 @@ def report(job, output, prometheus, min_seconds, output_dir):
     marked; notes flag idle or unused GPUs, unused cores and memory, time lost
     to restarts and a slow node, each with its threshold.
     """
-    from kit import api
+    from kit.job import api
     from kit.jobdir import JobDir, records
 
     if output and Path(output).suffix.lower() not in FORMATS:
@@ -47,7 +47,7 @@ def report(job, output, prometheus, min_seconds, output_dir):
 
 def report_here(host, args: list[str]) -> int:
     """``kit --host LOGIN report JOB -o FILE``: the report made there, its picture (and numbers) written here."""
-    from kit import api
+    from kit.job import api
     from kit.remote import hosted
 
     with report.make_context("kit report", list(args)) as ctx:

@@ -97,7 +97,7 @@ class ResolvedJob:
     tasks: sweep_lib.TaskSet | None = None  # an array job's task indices
     params: tuple = field(default=())  # per task index (in tasks order): {NAME: value} of a sweep
     workdir: str | None = None  # where the command starts (absolute): the submission directory
-    snapshot: Any = None  # the code snapshot (kit.snapshot.Snapshot) every run runs, if any
+    snapshot: Any = None  # the code snapshot (kit.code.snapshot.Snapshot) every run runs, if any
     image: str | None = None  # what the job runs: the checked image reference, then its pinned copy
     image_digest: str | None = None  # sha256 of an --image file, pinned at submission
     image_source: str | None = None  # the --image path as given (a rerun's: the first job's)

@@ -1,30 +1,9 @@
 """`kit build`: recipes (:mod:`kit.image.recipe`) into squashfs images (:mod:`kit.image.builder`).
 
-Kept light on purpose: the command line imports the recipe tables at start-up
-and the build machinery only when it builds.
+Kept light on purpose: the command line imports the recipe tables at start-up and the build machinery only when it
+builds; what an image name is lives in :mod:`~kit.image.reference`.
 """
 
-from __future__ import annotations
+from kit.image.reference import SQUASHFS_MAGIC, REGISTRY_REF, is_reference, is_squashfs
 
-import re
-from pathlib import Path
-
-SQUASHFS_MAGIC = b"hsqs"
-# An image in a registry, as `enroot import` (and pyxis's --container-image) name it:
-# docker://[USER@][REGISTRY#]IMAGE[:TAG]
-REGISTRY_REF = re.compile(r"docker://(([^@/#]+)@)?(([^#]+)#)?([a-z0-9/._-]+)(:([A-Za-z0-9._:-]+))?\Z")
-
-
-def is_reference(image: str) -> bool:
-    """A registry reference (``docker://…``, pulled by enroot; any scheme is one, checked against
-    :data:`REGISTRY_REF`), not an image file: the one test of it."""
-    return "://" in image
-
-
-def is_squashfs(path: str | Path) -> bool:
-    """Whether ``path`` is a squashfs image (by its magic bytes)."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == SQUASHFS_MAGIC
-    except OSError:
-        return False
+__all__ = ["REGISTRY_REF", "SQUASHFS_MAGIC", "is_reference", "is_squashfs"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from kit import functions
+from kit.job import functions
 from kit import submission as lib
 from kit.cli.launch import RECEIVED, launched
 from kit.core import jobfile
@@ -101,7 +101,7 @@ def _result_record(job_dir: Path, job_id: str, end) -> dict:
 def remote_wait(job_dir, job_id):
     """The login node's side of `kit --host LOGIN launch --wait` after a dropped connection: wait for the job
     (every task of an array job) again, as --wait does, and exit with its code."""
-    from kit import api
+    from kit.job import api
     from kit.cli.launch import wait_and_report, wait_and_report_tasks
     from kit.jobdir import records
 
@@ -112,7 +112,7 @@ def remote_wait(job_dir, job_id):
 
 
 def _job(call: dict):
-    from kit import api
+    from kit.job import api
     from kit.jobdir import records
 
     given = str(call["dir"])  # a directory (relative: under the login home) or a job id
@@ -139,8 +139,7 @@ def _report(job, a: dict) -> dict:
 
 
 def _jobs(a: dict) -> list:
-    from kit import api
-
+    from kit.job import api
     return [[str(j.dir), j.row.as_json()] for j in
             api.jobs(output_dirs=[_under_home(d) for d in a["output_dirs"]], everything=bool(a.get("everything")))]
 

@@ -38,11 +38,12 @@ import socket
 import sys
 from pathlib import Path
 
-from kit import codestore, files
+from kit import files
+from kit.code import store as codestore
 from kit.core import jobfile
 from kit.core.text import Shown
 from kit.remote import client, ssh, wire
-from kit import snapshot as snapshots
+from kit.code import snapshot as snapshots
 from kit.errors import KitError
 from kit.home import kit_home
 from kit.image import is_reference, pin

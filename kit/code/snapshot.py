@@ -39,8 +39,9 @@ import stat
 import subprocess
 from pathlib import Path
 
-from kit import codestore, files
-from kit.codestore import SKIPPED, Damaged, Snapshot, live_directories, load, materialize, workdir
+from kit import files
+from kit.code import store as codestore
+from kit.code.store import SKIPPED, Damaged, Snapshot, live_directories, load, materialize, workdir
 from kit.errors import KitError
 from kit.home import kit_home
 

@@ -25,8 +25,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterable
 
-from kit import files, jobdir, joblogs, listing, slurm, targets
-from kit import snapshot as snapshots
+from kit import files, jobdir, slurm, targets
+from kit.job import logs as joblogs
+from kit.job import listing
+from kit.code import snapshot as snapshots
 from kit import submission as lib
 from kit.core import jobfile, keywords, options
 from kit.core import spec as specs
@@ -331,7 +333,7 @@ class Job:
                   say=lambda note: None) -> None:
         """The logs :meth:`logs` means, fed to ``write`` a chunk (bytes) at a time; ``say`` hears first
         what the reader should know (the batch log stands in for ranks that left none, with
-        ``batch_instead``: see :func:`kit.joblogs.select`)."""
+        ``batch_instead``: see :func:`kit.job.logs.select`)."""
         selection = joblogs.select(self.dir, rank, node, run, sidecar, prefixed, batch_instead)
         if selection.note:
             say(selection.note)

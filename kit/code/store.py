@@ -1,5 +1,5 @@
 """A code snapshot as jobs use it: the store trusted only as its owner's, a snapshot's
-manifest checked, and its view laid out in a job directory (see :mod:`kit.snapshot`, which
+manifest checked, and its view laid out in a job directory (see :mod:`kit.code.snapshot`, which
 takes snapshots into the store)."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 
 from kit import files, jobdir, remote, slurm
 from kit import submission as lib
-from kit.api import Job, launch_with
+from kit.job.api import Job, launch_with
 from kit.core.outcome import Outcome
 from kit.errors import KitError
 from kit.image import info, is_reference

@@ -17,7 +17,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit import codestore, files, jobdir, listing
+from kit import files, jobdir
+from kit.code import store as codestore
+from kit.job import listing
 from kit.errors import KitError
 from kit.home import kit_home
 from kit.image import pin

@@ -1,0 +1,51 @@
+"""The training side's files: each rank's metrics line (its file, written atomically, read back by the exporter and kit ps)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from kit import files
+from kit.jobdir.layout import JobDir
+
+
+RANK_METRICS_GLOB = JobDir.RANK_METRICS.format(rank="*")
+
+
+def rank_of_metrics_file(name: str) -> int | None:
+    """The rank whose metrics file is named ``name`` (None: not one)."""
+    m = re.fullmatch(re.escape(JobDir.RANK_METRICS).replace(r"\{rank\}", r"(\d+)"), name)
+    return int(m.group(1)) if m else None
+
+
+def rank_metrics_path(directory: str | Path, rank: int) -> Path:
+    """One rank's training metrics file in ``$KIT_METRICS_DIR`` (``metrics/<node>/``)."""
+    return Path(directory) / JobDir.RANK_METRICS.format(rank=rank)
+
+
+def read_rank_metrics(text: str) -> dict[str, float | str] | None:
+    """A rank's metrics file (``rank-<R>.json``): its numbers as floats (NaN and infinities
+    kept: a diverged loss is news; booleans and numbers beyond a float dropped) and its
+    ``rank`` as written (a string, "?" when missing); None when it is not a JSON object.
+    The one parser: the exporter and ``kit ps`` both read through it."""
+    try:
+        data = files.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    out: dict[str, float | str] = {}
+    for key, value in data.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                out[key] = float(value)
+            except OverflowError:  # an integer beyond a float's range
+                continue
+    out["rank"] = str(data.get("rank", "?"))[:64]
+    return out
+
+
+def write_rank_metrics(directory: str | Path, rank: int, values: dict) -> None:
+    """Atomically (re)write one rank's training metrics (the exporter and kit ps read them)."""
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    files.write_atomic(rank_metrics_path(directory, rank), json.dumps({"rank": rank, **values}))

@@ -1,0 +1,57 @@
+"""What a job's runs left besides logs: its tracker runs (as the trackers' own files tell them) and its hang records."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from kit import files
+from kit.jobdir.layout import JobDir
+
+
+_WANDB_RUN_DIR = re.compile(r"(offline-)?run-\d{8}_\d{6}-(.+)")
+
+
+def tracker_runs(job_dir: Path) -> dict:
+    """The job's tracker runs, as the trackers' own files in its ``tracker/`` tell them (kit.train.trackers):
+    W&B's run ids (from its run directories' names: a user's own id too) and how many parts are offline
+    (``wandb sync`` uploads them), the MLflow run the first run made, TensorBoard's directory. {} for none."""
+    d = JobDir(job_dir)
+    out: dict = {}
+    ids, offline = set(), 0
+    for p in (d / JobDir.TRACKER / "wandb").glob("*run-*"):
+        m = _WANDB_RUN_DIR.fullmatch(p.name)
+        if m and p.is_dir() and not p.is_symlink():
+            ids.add(m.group(2))
+            offline += bool(m.group(1))
+    if ids:
+        out["wandb"] = {"run_ids": sorted(ids), "offline_parts": offline, "dir": str(d / JobDir.TRACKER / "wandb")}
+    try:
+        mlflow = files.read_json(d / JobDir.TRACKER / JobDir.TRACKER_MLFLOW, 4096)
+    except (OSError, ValueError):
+        mlflow = None
+    if isinstance(mlflow, dict) and isinstance(mlflow.get("run_id"), str):
+        out["mlflow"] = {"run_id": mlflow["run_id"], "tracking_uri": str(mlflow.get("tracking_uri") or "")}
+    board = d / JobDir.TRACKER / JobDir.TRACKER_TENSORBOARD
+    if any(board.glob("events.out.tfevents.*")):
+        out["tensorboard"] = {"dir": str(board)}
+    return out
+
+
+def hangs(job_dir: Path) -> list[dict]:
+    """Each run's hang, as prelaunch's watchdog reported it (``hang/r<run>/report``): ``run``, ``rank`` (a
+    number, or ``unknown`` when no rank could be named), ``node``, ``summary``, and the blamed rank's stacks
+    file (``stacks``: None when no rank was named or it wrote none). [] when no run hung."""
+    d = JobDir(job_dir)
+    out = []
+    for run in d.run_dirs(JobDir.HANG):
+        report = d.path / JobDir.HANG / JobDir.RUN.format(run=run) / JobDir.HANG_REPORT
+        try:
+            lines = files.read_text(report, 1 << 16).splitlines()
+        except (OSError, ValueError):
+            continue
+        fields = dict(line.partition("=")[::2] for line in lines if "=" in line)
+        rank = fields.get("rank", "unknown")
+        stacks = report.parent / JobDir.HANG_STACKS.format(rank=rank)
+        out.append({"run": run, "rank": rank, "node": fields.get("node", ""), "summary": fields.get("summary", ""),
+                    "stacks": str(stacks) if rank.isdigit() and stacks.is_file() else None})
+    return out
