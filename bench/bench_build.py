@@ -70,15 +70,42 @@ def main() -> None:
         env = {**os.environ, "KIT_HOME": str(tmp / "home")}
         plain, kit = [], []
         for i in range(args.runs):
-            plain.append(timed(["mksquashfs", str(rootfs), str(tmp / f"plain{i}.sqsh"), "-noappend", "-all-root",
-                                "-mkfs-time", "0", "-all-time", "0", "-processors", str(os.cpu_count()),
-                                *COMPRESSION[DEFAULT_COMPRESSION], "-no-progress", "-quiet"]))
-            kit.append(timed([sys.executable, "-m", "kit", "build", "--no-cache", str(recipe), "-o",
-                              str(tmp / f"kit{i}.sqsh")], env=env))
-        subprocess.run([sys.executable, "-m", "kit", "build", str(recipe), "-o", str(tmp / "noop.sqsh")],
-                       check=True, env=env, capture_output=True)
-        noop = [timed([sys.executable, "-m", "kit", "build", str(recipe), "-o", str(tmp / "noop.sqsh")], env=env)
-                for _ in range(args.runs)]
+            plain.append(
+                timed(
+                    [
+                        "mksquashfs",
+                        str(rootfs),
+                        str(tmp / f"plain{i}.sqsh"),
+                        "-noappend",
+                        "-all-root",
+                        "-mkfs-time",
+                        "0",
+                        "-all-time",
+                        "0",
+                        "-processors",
+                        str(os.cpu_count()),
+                        *COMPRESSION[DEFAULT_COMPRESSION],
+                        "-no-progress",
+                        "-quiet",
+                    ]
+                )
+            )
+            kit.append(
+                timed(
+                    [sys.executable, "-m", "kit", "build", "--no-cache", str(recipe), "-o", str(tmp / f"kit{i}.sqsh")],
+                    env=env,
+                )
+            )
+        subprocess.run(
+            [sys.executable, "-m", "kit", "build", str(recipe), "-o", str(tmp / "noop.sqsh")],
+            check=True,
+            env=env,
+            capture_output=True,
+        )
+        noop = [
+            timed([sys.executable, "-m", "kit", "build", str(recipe), "-o", str(tmp / "noop.sqsh")], env=env)
+            for _ in range(args.runs)
+        ]
         image_size = (tmp / "kit0.sqsh").stat().st_size
     med = statistics.median
     print(f"root filesystem: {rootfs} ({size / 2**20:.0f} MiB), runs: {args.runs}, cores: {os.cpu_count()}")
@@ -95,19 +122,25 @@ def main() -> None:
         toml, docker = [], []
         with tempfile.TemporaryDirectory(dir=REPO) as d:
             tmp = Path(d)
-            sides_of = [("toml", [str(REPO / "containers" / "cpu-lightning.toml")]),
-                        ("dockerfile", [str(REPO / "containers"), "-f", "cpu-lightning.Dockerfile"])]
+            sides_of = [
+                ("toml", [str(REPO / "containers" / "cpu-lightning.toml")]),
+                ("dockerfile", [str(REPO / "containers"), "-f", "cpu-lightning.Dockerfile"]),
+            ]
             if args.quick:
-                (tmp / "tiny.toml").write_text(f'[base]\nrootfs = "{rootfs}"\n[[steps]]\nenv = {{ A = "1" }}\n'
-                                               f'[[steps]]\nworkdir = "/w"\n')
+                (tmp / "tiny.toml").write_text(
+                    f'[base]\nrootfs = "{rootfs}"\n[[steps]]\nenv = {{ A = "1" }}\n[[steps]]\nworkdir = "/w"\n'
+                )
                 (rootfs.parent / "Dockerfile").write_text(f"FROM rootfs:{rootfs.name}\nENV A=1\nWORKDIR /w\n")
                 sides_of = [("toml", [str(tmp / "tiny.toml")]), ("dockerfile", [str(rootfs.parent)])]
             for i in range(args.dockerfile_pairs):
                 sides = [(name, toml if name == "toml" else docker, argv) for name, argv in sides_of]
-                for side, times, argv in sides[::1 if i % 2 == 0 else -1]:  # alternate which goes first
+                for side, times, argv in sides[:: 1 if i % 2 == 0 else -1]:  # alternate which goes first
                     env = {**os.environ, "KIT_HOME": str(tmp / f"home-{side}-{i}")}  # a cold cache each
-                    times.append(timed([sys.executable, "-m", "kit", "build", *argv, "-o",
-                                        str(tmp / f"{side}{i}.sqsh")], env=env))
+                    times.append(
+                        timed(
+                            [sys.executable, "-m", "kit", "build", *argv, "-o", str(tmp / f"{side}{i}.sqsh")], env=env
+                        )
+                    )
                     subprocess.run(["rm", "-rf", env["KIT_HOME"], str(tmp / f"{side}{i}.sqsh")], check=True)
         ratio = med(docker) / med(toml)
         what = "tiny recipe" if args.quick else "cpu-lightning"

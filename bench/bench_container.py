@@ -62,8 +62,13 @@ def kit(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 def set_mode(mode: str) -> None:
     if mode != "host":
-        kit("cluster", "up", "--squashfuse" if mode == "squashfuse" else "--create", "--container-scope",
-            "job" if mode == "create-job" else "global")
+        kit(
+            "cluster",
+            "up",
+            "--squashfuse" if mode == "squashfuse" else "--create",
+            "--container-scope",
+            "job" if mode == "create-job" else "global",
+        )
 
 
 def stamps(job_dir: Path, rank: int) -> list[tuple[float, str]]:
@@ -79,8 +84,20 @@ def stamps(job_dir: Path, rank: int) -> list[tuple[float, str]]:
 
 
 def run_job(out: Path, steps: int, image: Path | None) -> dict:
-    argv = ["launch", "--local", "--nodes", "2", "--wait", "--heartbeat", "0", "--output-dir", str(out),
-            *(["--image", str(image)] if image else []), "--", *command(steps)]
+    argv = [
+        "launch",
+        "--local",
+        "--nodes",
+        "2",
+        "--wait",
+        "--heartbeat",
+        "0",
+        "--output-dir",
+        str(out),
+        *(["--image", str(image)] if image else []),
+        "--",
+        *command(steps),
+    ]
     t0 = time.time()
     proc = kit(*argv, check=False)
     ended = time.time()
@@ -100,21 +117,31 @@ def run_job(out: Path, steps: int, image: Path | None) -> dict:
 
 
 def report(results: dict[str, list[dict]]) -> None:
-    med = {m: {k: statistics.median(r[k] if k != "first_line" else max(r[k].values()) for r in rs)
-               for k in ("wall", "first_line", "first_step", "in_job", "after")} for m, rs in results.items() if rs}
+    med = {
+        m: {
+            k: statistics.median(r[k] if k != "first_line" else max(r[k].values()) for r in rs)
+            for k in ("wall", "first_line", "first_step", "in_job", "after")
+        }
+        for m, rs in results.items()
+        if rs
+    }
     print(f"{'median':<12} {'first line':>10} {'first step':>10} {'end->job end':>12} {'end->next':>10} {'wall':>8}")
     for mode, m in med.items():
-        print(f"{mode:<12} {m['first_line']:>9.2f}s {m['first_step']:>9.2f}s {m['in_job']:>11.2f}s "
-              f"{m['after']:>9.2f}s {m['wall']:>7.1f}s")
+        print(
+            f"{mode:<12} {m['first_line']:>9.2f}s {m['first_step']:>9.2f}s {m['in_job']:>11.2f}s "
+            f"{m['after']:>9.2f}s {m['wall']:>7.1f}s"
+        )
     if "create" in med and "squashfuse" in med:
         ratio = med["squashfuse"]["first_step"] / med["create"]["first_step"]
         print(f"first step, squashfuse / create: {ratio:.2f} (target <= 1.3): {'met' if ratio <= 1.3 else 'MISSED'}")
     for mode in ("create", "create-job"):
         if mode in med and "host" in med:
             extra = med[mode]["in_job"] - med["host"]["in_job"]
-            print(f"{mode} mode's end of the job beyond the host's (a removal inside the job): {extra:+.2f} s "
-                  f"(target <= 1 s): {'met' if extra <= 1.0 else 'MISSED'}; until the next job can start: "
-                  f"{med[mode]['after'] - med['host']['after']:+.2f} s")
+            print(
+                f"{mode} mode's end of the job beyond the host's (a removal inside the job): {extra:+.2f} s "
+                f"(target <= 1 s): {'met' if extra <= 1.0 else 'MISSED'}; until the next job can start: "
+                f"{med[mode]['after'] - med['host']['after']:+.2f} s"
+            )
 
 
 def main() -> int:
@@ -137,19 +164,24 @@ def main() -> int:
     if status.returncode != 0:
         sys.exit("the local cluster is not running: kit cluster up --nodes 2")
     print(next((line.strip() for line in status.stdout.splitlines() if "containers:" in line), "containers: ?"))
-    was = ["--squashfuse" if "squashfuse mode" in status.stdout else "--create", "--container-scope",
-           "job" if "container_scope=job" in status.stdout else "global"]
+    was = [
+        "--squashfuse" if "squashfuse mode" in status.stdout else "--create",
+        "--container-scope",
+        "job" if "container_scope=job" in status.stdout else "global",
+    ]
     results: dict[str, list[dict]] = {m: [] for m in modes}
     try:
         for i in range(args.rounds):
-            for mode in modes[i % len(modes):] + modes[:i % len(modes)]:
+            for mode in modes[i % len(modes) :] + modes[: i % len(modes)]:
                 set_mode(mode)
                 r = run_job(args.output_dir, args.steps, None if mode == "host" else args.image)
                 results[mode].append(r)
                 lines = ", ".join(f"node{k + 1} {v:.2f} s" for k, v in sorted(r["first_line"].items()))
-                print(f"round {i + 1} {mode:<10}: first line {lines}; first step {r['first_step']:.2f} s; "
-                      f"end -> job's end {r['in_job']:.2f} s, -> next job {r['after']:.2f} s; wall {r['wall']:.1f} s",
-                      flush=True)
+                print(
+                    f"round {i + 1} {mode:<10}: first line {lines}; first step {r['first_step']:.2f} s; "
+                    f"end -> job's end {r['in_job']:.2f} s, -> next job {r['after']:.2f} s; wall {r['wall']:.1f} s",
+                    flush=True,
+                )
     finally:
         kit("cluster", "up", *was)
     report(results)

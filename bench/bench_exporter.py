@@ -132,14 +132,24 @@ def measure(pid: int, port: int, scrapes: int) -> dict:
     wall = time.perf_counter() - t0
     cpu = cpu_seconds(pid) - c0 - idle_per_s * wall
     lat.sort()
-    return {"p50": lat[len(lat) // 2], "p99": lat[int(len(lat) * 0.99) - 1], "cpu_per_scrape": max(cpu, 0) / scrapes,
-            "idle_cpu_per_s": idle_per_s, "rss": rss_mb(pid), "series": body.count(b"\n") - body.count(b"\n#")}
+    return {
+        "p50": lat[len(lat) // 2],
+        "p99": lat[int(len(lat) * 0.99) - 1],
+        "cpu_per_scrape": max(cpu, 0) / scrapes,
+        "idle_cpu_per_s": idle_per_s,
+        "rss": rss_mb(pid),
+        "series": body.count(b"\n") - body.count(b"\n#"),
+    }
 
 
 def scrape_bench(scrapes: int) -> tuple[dict, dict | None]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", FAKE_EXPORTER.format(tests=str(REPO / "tests"), port=port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FAKE_EXPORTER.format(tests=str(REPO / "tests"), port=port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         proc.stdout.readline()
         wait_ready(port)
@@ -151,8 +161,9 @@ def scrape_bench(scrapes: int) -> tuple[dict, dict | None]:
     binary = shutil.which("prometheus-node-exporter")
     if binary:
         port = free_port()
-        ne = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+        ne = subprocess.Popen(
+            [binary, f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         try:
             wait_ready(port)
             node = measure(ne.pid, port, scrapes)
@@ -243,10 +254,33 @@ def throughput_bench(windows: int, seconds: float, train_args: list[str]) -> dic
     cpu = {True: [0.0, 0.0, 0.0], False: [0.0, 0.0, 0.0]}  # state -> [exporters, prometheus, wall]
     pids: list[int] = []
     try:
-        out = subprocess.run([sys.executable, "-m", "kit", "launch", "--local", "--nodes", "2", "--json",
-                              "--output-dir", str(home / "jobs"), "--", sys.executable, "-m", "kit.train",
-                              "--max-steps", "100000000", "--checkpoint-every", "0", *train_args],
-                             env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kit",
+                "launch",
+                "--local",
+                "--nodes",
+                "2",
+                "--json",
+                "--output-dir",
+                str(home / "jobs"),
+                "--",
+                sys.executable,
+                "-m",
+                "kit.train",
+                "--max-steps",
+                "100000000",
+                "--checkpoint-every",
+                "0",
+                *train_args,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         job = json.loads(out.stdout)
         job_dir = job["job_dir"]
         progress(job_dir, timeout=120)
@@ -269,8 +303,11 @@ def throughput_bench(windows: int, seconds: float, train_args: list[str]) -> dic
             acc[1] += cpu_seconds(prometheus) - prom0
             acc[2] += time.time() - switched
             rates.append((running, (s1 - s0) / (t1 - t0)))
-            print(f"  window {i + 1:>3}/{windows}  exporter {'running' if running else 'stopped'}  "
-                  f"{rates[-1][1]:9.1f} samples/s", flush=True)
+            print(
+                f"  window {i + 1:>3}/{windows}  exporter {'running' if running else 'stopped'}  "
+                f"{rates[-1][1]:9.1f} samples/s",
+                flush=True,
+            )
     finally:
         for pid in pids:
             try:
@@ -280,15 +317,19 @@ def throughput_bench(windows: int, seconds: float, train_args: list[str]) -> dic
         cluster.down(force=True)  # cancels the job and waits for it
         shutil.rmtree(home, ignore_errors=True)
     # Per block of four (A B B A): (A + A) / (B + B).
-    blocks = [rates[i:i + 4] for i in range(0, len(rates) - 3, 4)]
+    blocks = [rates[i : i + 4] for i in range(0, len(rates) - 3, 4)]
     ratios = [(b[0][1] + b[3][1]) / (b[1][1] + b[2][1]) for b in blocks]
     # The same comparison between windows in the same state (B B, and A A across blocks): the noise floor.
     same = [b[2][1] / b[1][1] for b in blocks] + [blocks[k + 1][0][1] / blocks[k][3][1] for k in range(len(blocks) - 1)]
-    return {"ratios": ratios, "same": same, "with": [r for on, r in rates if on],
-            "without": [r for on, r in rates if not on],
-            "exporter_cpu_per_s": cpu[True][0] / cpu[True][2],
-            # What scraping them costs Prometheus (here on the job's cores; on a site, on its own machine).
-            "prometheus_cpu_per_s": cpu[True][1] / cpu[True][2] - cpu[False][1] / cpu[False][2]}
+    return {
+        "ratios": ratios,
+        "same": same,
+        "with": [r for on, r in rates if on],
+        "without": [r for on, r in rates if not on],
+        "exporter_cpu_per_s": cpu[True][0] / cpu[True][2],
+        # What scraping them costs Prometheus (here on the job's cores; on a site, on its own machine).
+        "prometheus_cpu_per_s": cpu[True][1] / cpu[True][2] - cpu[False][1] / cpu[False][2],
+    }
 
 
 def mean_ci(values: list[float]) -> tuple[float, float]:
@@ -330,6 +371,7 @@ def main() -> None:
     def row(label, key, scale, fmt):
         other = fmt.format(node[key] * scale) if node else "-"
         print(f"{label:<46}{fmt.format(kit[key] * scale):>28}{other:>28}")
+
     row("series per scrape", "series", 1, "{:.0f}")
     row("scrape latency p50 (ms)", "p50", ms, "{:.2f}")
     row("scrape latency p99 (ms)        target < 10", "p99", ms, "{:.2f}")
@@ -340,8 +382,10 @@ def main() -> None:
     print(f"{'kit exporter at a 1 s scrape interval':<46}{share:>27.2f}%  of one core (target < 1 %)")
     ok = kit["p99"] < 0.010 and kit["rss"] < 40 and share < 1.0
     counts = [100] if args.quick else [100, 1000, 5000]
-    print(f"\njob collector (kit_job_*), CPU per poll, the job's 3 processes among N others "
-          f"({3 if args.quick else 20} polls each)")
+    print(
+        f"\njob collector (kit_job_*), CPU per poll, the job's 3 processes among N others "
+        f"({3 if args.quick else 20} polls each)"
+    )
     print(f"{'other processes':<20}{'before: every environment':>28}{'now: the job trees':>22}{'ratio':>8}")
     for n, before, now in collector_bench(counts, 3 if args.quick else 20):
         print(f"{n:<20}{before * 1000:>25.2f} ms{now * 1000:>19.3f} ms{now / before if before else 0:>8.3f}")
@@ -351,27 +395,40 @@ def main() -> None:
         ratio, ci = mean_ci(job["ratios"])
         same, same_ci = mean_ci(job["same"])
         noise = statistics.pstdev([x - 1 for x in job["same"]]) if len(job["same"]) > 1 else float("nan")
-        print(f"{'  samples/s per rank, exporter running':<50}{statistics.median(job['with']):>12.1f}"
-              f"  (median of {len(job['with'])} windows of {args.seconds:g} s)")
-        print(f"{'  samples/s per rank, exporter stopped':<50}{statistics.median(job['without']):>12.1f}"
-              f"  (median of {len(job['without'])} windows)")
+        print(
+            f"{'  samples/s per rank, exporter running':<50}{statistics.median(job['with']):>12.1f}"
+            f"  (median of {len(job['with'])} windows of {args.seconds:g} s)"
+        )
+        print(
+            f"{'  samples/s per rank, exporter stopped':<50}{statistics.median(job['without']):>12.1f}"
+            f"  (median of {len(job['without'])} windows)"
+        )
         target = "  (target >= 0.99)" if judged else ""
-        print(f"{'  throughput ratio running/stopped':<50}{ratio:>12.4f}  +- {ci:.4f} (95 %, "
-              f"{len(job['ratios'])} ABBA blocks){target}")
-        print(f"{'  same-state windows compared the same way':<50}{same:>12.4f}  +- {same_ci:.4f} "
-              f"(window-to-window noise {noise * 100:.1f} %)")
+        print(
+            f"{'  throughput ratio running/stopped':<50}{ratio:>12.4f}  +- {ci:.4f} (95 %, "
+            f"{len(job['ratios'])} ABBA blocks){target}"
+        )
+        print(
+            f"{'  same-state windows compared the same way':<50}{same:>12.4f}  +- {same_ci:.4f} "
+            f"(window-to-window noise {noise * 100:.1f} %)"
+        )
         # Every ms an exporter runs on the job's cores can stall a rank, and so the whole job, by at
         # most that ms: a bound on the loss that needs no statistics (their CPU time, from /proc).
         bound = 1 - job["exporter_cpu_per_s"]
-        print(f"{'  CPU of both exporters while running (ms/s)':<50}{job['exporter_cpu_per_s'] * 1000:>12.2f}"
-              f"  -> throughput ratio >= {bound:.4f}{target}")
+        print(
+            f"{'  CPU of both exporters while running (ms/s)':<50}{job['exporter_cpu_per_s'] * 1000:>12.2f}"
+            f"  -> throughput ratio >= {bound:.4f}{target}"
+        )
         # Prometheus shares these cores only on this one-machine cluster; on a site it has its own.
-        print(f"{'  Prometheus scraping them, same cores (ms/s)':<50}{job['prometheus_cpu_per_s'] * 1000:>12.2f}"
-              f"  (here only; counted in the measured ratio)")
+        print(
+            f"{'  Prometheus scraping them, same cores (ms/s)':<50}{job['prometheus_cpu_per_s'] * 1000:>12.2f}"
+            f"  (here only; counted in the measured ratio)"
+        )
         if judged:
             # The bound must clear the target and the measurement must not contradict it.
             ok = ok and bound >= 0.99 and ratio + ci >= 0.99
     print("\ntargets met" if ok else "\nTARGETS MISSED")
+
 
 if __name__ == "__main__":
     main()

@@ -32,8 +32,19 @@ from common import wait_for
 from kit import slurm
 from kit.cluster import LocalCluster
 
-TRAIN = [sys.executable, "-m", "kit.train", "--step-delay", "0.02", "--log-every", "10",
-         "--checkpoint-every", "50", "--max-steps", "1000000"]
+TRAIN = [
+    sys.executable,
+    "-m",
+    "kit.train",
+    "--step-delay",
+    "0.02",
+    "--log-every",
+    "10",
+    "--checkpoint-every",
+    "50",
+    "--max-steps",
+    "1000000",
+]
 
 
 def job_alive(job_dir: Path) -> bool:
@@ -43,8 +54,9 @@ def job_alive(job_dir: Path) -> bool:
             try:
                 if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
                     stat = Path(f"/proc/{entry}/stat").read_text()
-                    if stat.rsplit(")", 1)[1].split()[0] != "Z" and "launcher.sh" in \
-                            Path(f"/proc/{entry}/cmdline").read_text(errors="replace"):
+                    if stat.rsplit(")", 1)[1].split()[0] != "Z" and "launcher.sh" in Path(
+                        f"/proc/{entry}/cmdline"
+                    ).read_text(errors="replace"):
                         return True
             except OSError:
                 pass
@@ -52,14 +64,41 @@ def job_alive(job_dir: Path) -> bool:
 
 
 def one_run(cluster: LocalCluster, out: Path, hang_timeout: int, env: dict) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "kit", "launch", "--local", "--json", "--nodes", "2",
-                           "--heartbeat", "0", "--hang-timeout", str(hang_timeout), "--output-dir", str(out),
-                           "--", *TRAIN], env=env, capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kit",
+            "launch",
+            "--local",
+            "--json",
+            "--nodes",
+            "2",
+            "--heartbeat",
+            "0",
+            "--hang-timeout",
+            str(hang_timeout),
+            "--output-dir",
+            str(out),
+            "--",
+            *TRAIN,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     job = json.loads(proc.stdout)
     job_dir, job_id = Path(job["job_dir"]), job["job_id"]
     progress = job_dir / "progress" / "r0"
-    wait_for(lambda: (progress / "task-1").exists() and (progress / "rank-1").exists()
-             and "step=100 " in (job_dir / "logs" / "rank-0.r0.log").read_text(), 180)
+    wait_for(
+        lambda: (
+            (progress / "task-1").exists()
+            and (progress / "rank-1").exists()
+            and "step=100 " in (job_dir / "logs" / "rank-0.r0.log").read_text()
+        ),
+        180,
+    )
     pid = int((progress / "task-1").read_text().split()[1])
     trainer0 = int((progress / "task-0").read_text().split()[1])
     dumps, failed = [], []
@@ -67,8 +106,9 @@ def one_run(cluster: LocalCluster, out: Path, hang_timeout: int, env: dict) -> d
         # --nonblocking reads a running interpreter's memory as it changes: now and then a
         # read fails (kit's hang dump says so and goes on); counted, not fatal.
         t0 = time.perf_counter()
-        dump = subprocess.run(["py-spy", "dump", "--nonblocking", "--pid", str(trainer0)], capture_output=True,
-                              text=True)
+        dump = subprocess.run(
+            ["py-spy", "dump", "--nonblocking", "--pid", str(trainer0)], capture_output=True, text=True
+        )
         if dump.returncode == 0:
             dumps.append(time.perf_counter() - t0)
         else:
@@ -80,12 +120,17 @@ def one_run(cluster: LocalCluster, out: Path, hang_timeout: int, env: dict) -> d
     report = job_dir / "hang" / "r0" / "report"
     wait_for(report.exists, hang_timeout + 60)
     declared = (job_dir / "hang" / "r0" / "request").stat().st_mtime
-    wait_for(lambda: not job_alive(job_dir) and slurm.job_status(cluster.target, job_id).restarts == 1,
-             hang_timeout + 60)
+    wait_for(
+        lambda: not job_alive(job_dir) and slurm.job_status(cluster.target, job_id).restarts == 1, hang_timeout + 60
+    )
     stopped = time.time()
     subprocess.run(["scancel", job_id], env={**os.environ, **cluster.target.env}, check=True)
-    return {"declared": declared - last_progress, "stopped": stopped - last_progress,
-            "dump": statistics.median(dumps), "dump_failures": failed}
+    return {
+        "declared": declared - last_progress,
+        "stopped": stopped - last_progress,
+        "dump": statistics.median(dumps),
+        "dump_failures": failed,
+    }
 
 
 def main() -> None:
@@ -111,14 +156,18 @@ def main() -> None:
     dumps = [r["dump"] for r in results]
     print(f"runs: {args.runs}, hang timeout {t} s, 2-node reference trainer, rank 1 SIGSTOPped")
     print(f"{'measurement':<52}{'median':>9}{'max':>9}{'target':>10}")
-    print(f"{'last progress -> hang declared':<52}{statistics.median(declared):>8.2f}s{max(declared):>8.2f}s"
-          f"{'':>10}")
-    print(f"{'last progress -> step stopped, job requeued':<52}{statistics.median(stopped):>8.2f}s"
-          f"{max(stopped):>8.2f}s{f'<= {t + 10} s':>10}")
-    print(f"{'  beyond the hang timeout':<52}{statistics.median(stopped) - t:>8.2f}s{max(stopped) - t:>8.2f}s"
-          f"{'<= 10 s':>10}")
-    print(f"{'stack dump per rank (py-spy dump --nonblocking)':<52}{statistics.median(dumps):>8.3f}s"
-          f"{max(dumps):>8.3f}s")
+    print(f"{'last progress -> hang declared':<52}{statistics.median(declared):>8.2f}s{max(declared):>8.2f}s{'':>10}")
+    print(
+        f"{'last progress -> step stopped, job requeued':<52}{statistics.median(stopped):>8.2f}s"
+        f"{max(stopped):>8.2f}s{f'<= {t + 10} s':>10}"
+    )
+    print(
+        f"{'  beyond the hang timeout':<52}{statistics.median(stopped) - t:>8.2f}s{max(stopped) - t:>8.2f}s"
+        f"{'<= 10 s':>10}"
+    )
+    print(
+        f"{'stack dump per rank (py-spy dump --nonblocking)':<52}{statistics.median(dumps):>8.3f}s{max(dumps):>8.3f}s"
+    )
     failures = [f for r in results for f in r["dump_failures"]]
     if failures:
         print(f"  py-spy dumps that failed (retried): {len(failures)}: {failures[0]}")

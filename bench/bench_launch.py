@@ -38,24 +38,42 @@ def timed(argv, env=None) -> float:
 
 def task_env(job_dir: Path) -> dict:
     """What srun gives one task, plus what prelaunch exports."""
-    return {**os.environ, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1",
-            "SLURM_NTASKS_PER_NODE": "1", "SLURM_NODEID": "0", "SLURM_JOB_ID": "1", "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": "29500", "KIT_JOB_DIR": str(job_dir), "KIT_LOG_DIR": str(job_dir / "logs"),
-            "KIT_PROGRESS_DIR": str(job_dir / "progress" / "r0"), "KIT_HANG_DIR": str(job_dir / "hang" / "r0")}
+    return {
+        **os.environ,
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NTASKS": "1",
+        "SLURM_NTASKS_PER_NODE": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_JOB_ID": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+        "KIT_JOB_DIR": str(job_dir),
+        "KIT_LOG_DIR": str(job_dir / "logs"),
+        "KIT_PROGRESS_DIR": str(job_dir / "progress" / "r0"),
+        "KIT_HANG_DIR": str(job_dir / "hang" / "r0"),
+    }
 
 
 def launcher_run(tmp: Path, i: int) -> tuple[float, float]:
     """One launcher run; returns (start->command, command exit->last sidecar gone)."""
     pidfile = tmp / f"sidecar-{i}.pid"
-    job = specs.resolve(specs.JobSpec(
-        command=["date", "+%s.%N"], output_dir=str(tmp / "jobs"),
-        sidecars=[f"echo $$ > {pidfile}; exec sleep 300"]))
+    job = specs.resolve(
+        specs.JobSpec(
+            command=["date", "+%s.%N"], output_dir=str(tmp / "jobs"), sidecars=[f"echo $$ > {pidfile}; exec sleep 300"]
+        )
+    )
     job_dir = launch.prepare(job).job_dir
     (job_dir / "progress" / "r0").mkdir(parents=True)
     env = task_env(job_dir)
     t_start = time.time()
-    subprocess.run(["bash", str(job_dir / "launcher.sh")], env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        ["bash", str(job_dir / "launcher.sh")],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     sidecar = int(pidfile.read_text())
     while os.path.exists(f"/proc/{sidecar}"):
         time.sleep(0.001)
@@ -74,14 +92,33 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         py, dry, api, warm = [], [], [], []
-        api_call = (f"import kit; kit.launch(['python', '-m', 'kit.train'], nodes=2, dry_run=True, "
-                    f"output_dir={str(tmp / 'api')!r})")
+        api_call = (
+            f"import kit; kit.launch(['python', '-m', 'kit.train'], nodes=2, dry_run=True, "
+            f"output_dir={str(tmp / 'api')!r})"
+        )
         import kit
 
         for _ in range(args.runs):  # interleaved, so all see the same machine load
             py.append(timed([sys.executable, "-c", "pass"]))
-            dry.append(timed([sys.executable, "-m", "kit", "launch", "--dry-run", "--output-dir",
-                              str(tmp / "dry"), "--nodes", "2", "--", "python", "-m", "kit.train"]))
+            dry.append(
+                timed(
+                    [
+                        sys.executable,
+                        "-m",
+                        "kit",
+                        "launch",
+                        "--dry-run",
+                        "--output-dir",
+                        str(tmp / "dry"),
+                        "--nodes",
+                        "2",
+                        "--",
+                        "python",
+                        "-m",
+                        "kit.train",
+                    ]
+                )
+            )
             api.append(timed([sys.executable, "-c", api_call]))
             t0 = time.perf_counter()
             kit.launch(["python", "-m", "kit.train"], nodes=2, dry_run=True, output_dir=str(tmp / "warm"))
@@ -105,10 +142,11 @@ def main() -> None:
     print(f"{'kit.launch(dry_run=True), fresh python':<44}{med(api):>9.3f}s{p_max(api):>9.3f}s")
     print(f"{'  ratio kit.launch / kit launch --dry-run':<44}{med(api) / med(dry):>9.2f}x{'':>10}{'< 1.20x':>10}")
     print(f"{'kit.launch(dry_run=True), warm, in-process':<44}{med(warm):>9.3f}s{p_max(warm):>9.3f}s")
-    print(f"{'launcher: task start -> command exec':<44}{med(overhead):>9.3f}s{p_max(overhead):>9.3f}s"
-          f"{'< 0.200s':>10}")
-    print(f"{'launcher: command exit -> last sidecar gone':<44}{med(teardown):>9.3f}s{p_max(teardown):>9.3f}s"
-          f"{'< 1.000s':>10}")
+    print(f"{'launcher: task start -> command exec':<44}{med(overhead):>9.3f}s{p_max(overhead):>9.3f}s{'< 0.200s':>10}")
+    print(
+        f"{'launcher: command exit -> last sidecar gone':<44}{med(teardown):>9.3f}s{p_max(teardown):>9.3f}s"
+        f"{'< 1.000s':>10}"
+    )
     print(f"{'kit cluster up (2 nodes, fresh)':<44}{up:>9.3f}s{'':>10}{'< 10.00s':>10}")
     ok = med(dry) < 0.3 and med(overhead) < 0.2 and med(teardown) < 1.0 and up < 10 and med(api) / med(dry) < 1.2
     print("targets met" if ok else "TARGETS MISSED")

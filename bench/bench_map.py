@@ -42,16 +42,35 @@ def counted() -> list:
 def submit_side_by_side(cluster: LocalCluster, out: Path, items: int) -> tuple[float, float]:
     env = {**os.environ, "SLURM_CONF": str(cluster.conf)}
     t0 = time.perf_counter()
-    bare = subprocess.run(["sbatch", "--parsable", "--hold", f"--array=0-{items - 1}", "--wrap", "true",
-                           f"--output={out}/bare-%A_%a.out"], env=env, capture_output=True, text=True, check=True)
+    bare = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--hold",
+            f"--array=0-{items - 1}",
+            "--wrap",
+            "true",
+            f"--output={out}/bare-%A_%a.out",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     t_bare = time.perf_counter() - t0
     t0 = time.perf_counter()
-    jobs = kit.map(square, range(items), local=True, output_dir=str(out / "held"), no_exporter=True,
-                   sbatch_arg=["--hold"])
+    jobs = kit.map(
+        square, range(items), local=True, output_dir=str(out / "held"), no_exporter=True, sbatch_arg=["--hold"]
+    )
     t_kit = time.perf_counter() - t0
     for job_id in (bare.stdout.strip().split(";")[0], jobs[0].id.split("_")[0]):
-        queued = subprocess.run(["squeue", "--array", f"--jobs={job_id}", "--noheader", "--format=%i"], env=env,
-                                capture_output=True, text=True, check=True).stdout.split()
+        queued = subprocess.run(
+            ["squeue", "--array", f"--jobs={job_id}", "--noheader", "--format=%i"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
         subprocess.run(["scancel", job_id], env=env, check=True)
         assert len(queued) == items, f"job {job_id}: {len(queued)} tasks queued, not {items}"
     return t_bare, t_kit
@@ -85,12 +104,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-map-") as tmp:
         out = Path(tmp)
         t_bare, t_kit = submit_side_by_side(cluster, out, items)
-        print(f"submit {items} items: kit.map {t_kit:.2f} s, bare sbatch --array {t_bare:.2f} s "
-              f"(kit/bare {t_kit / t_bare:.1f}x; {1000 * (t_kit - t_bare) / items:.2f} ms per item; target ≤ 5 s at 1,000)")
+        print(
+            f"submit {items} items: kit.map {t_kit:.2f} s, bare sbatch --array {t_bare:.2f} s "
+            f"(kit/bare {t_kit / t_bare:.1f}x; {1000 * (t_kit - t_bare) / items:.2f} ms per item; target ≤ 5 s at 1,000)"
+        )
         waited, took, read, more = run_to_end(out, run)
-        print(f"map over {run} items run to the end in {took:.1f} s: {waited} squeue(s) while waiting "
-              f"({waited / run:.2f} per item; one per poll for the whole array), then [j.result() for j in jobs] "
-              f"in {1000 * read:.0f} ms with {more} squeue(s)")
+        print(
+            f"map over {run} items run to the end in {took:.1f} s: {waited} squeue(s) while waiting "
+            f"({waited / run:.2f} per item; one per poll for the whole array), then [j.result() for j in jobs] "
+            f"in {1000 * read:.0f} ms with {more} squeue(s)"
+        )
     return 0
 
 

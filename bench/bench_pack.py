@@ -40,8 +40,10 @@ from kit.image.recipe import COMPRESSION, DEFAULT_COMPRESSION  # noqa: E402
 
 CHOICES = ("enroot", "lz4", "lz4-fast", "zstd-fast", "zstd")
 # In a tree with Python, torch and Lightning: what a training job reads at its start.
-IMPORT = ("mount -t proc proc \"$1/proc\" && mount -t tmpfs tmpfs \"$1/tmp\" && mount --rbind /dev \"$1/dev\" && "
-          "chroot \"$1\" python3 -c 'import torch, lightning'")
+IMPORT = (
+    'mount -t proc proc "$1/proc" && mount -t tmpfs tmpfs "$1/tmp" && mount --rbind /dev "$1/dev" && '
+    "chroot \"$1\" python3 -c 'import torch, lightning'"
+)
 
 
 def drop_caches() -> bool:
@@ -77,8 +79,12 @@ def fuse_read(image: Path, mnt: Path, python: bool) -> float | None:
         drop_caches()
         t0 = time.perf_counter()
         if python:
-            subprocess.run(["unshare", "-m", "sh", "-c", IMPORT, "sh", str(mnt)], check=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(
+                ["unshare", "-m", "sh", "-c", IMPORT, "sh", str(mnt)],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         else:
             read_all(mnt)
         return time.perf_counter() - t0
@@ -101,8 +107,9 @@ def main() -> None:
     rootfs = Path(args.rootfs)
     if args.image:
         rootfs = Path(scratch.name) / "tree"
-        subprocess.run(["unsquashfs", "-no-progress", "-d", str(rootfs), args.image], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["unsquashfs", "-no-progress", "-d", str(rootfs), args.image], check=True, stdout=subprocess.DEVNULL
+        )
     if not rootfs.is_dir():
         sys.exit(f"no root filesystem at {rootfs}: run containers/bases/debian-bookworm.sh first")
     tree = int(subprocess.run(["du", "-sb", str(rootfs)], capture_output=True, text=True).stdout.split()[0])
@@ -112,11 +119,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for run in range(args.runs):
-            for c in (choices if run % 2 == 0 else tuple(reversed(choices))):
+            for c in choices if run % 2 == 0 else tuple(reversed(choices)):
                 image = tmp / f"{c}.sqsh"
-                pack[c].append(timed(["mksquashfs", str(rootfs), str(image), "-noappend", "-all-root",
-                                      "-processors", str(os.cpu_count()), "-no-progress", "-quiet",
-                                      *COMPRESSION[c]]))
+                pack[c].append(
+                    timed(
+                        [
+                            "mksquashfs",
+                            str(rootfs),
+                            str(image),
+                            "-noappend",
+                            "-all-root",
+                            "-processors",
+                            str(os.cpu_count()),
+                            "-no-progress",
+                            "-quiet",
+                            *COMPRESSION[c],
+                        ]
+                    )
+                )
                 size[c].append(image.stat().st_size)
                 cold = drop_caches() and cold
                 unpack[c].append(timed(["unsquashfs", "-no-progress", "-d", str(tmp / f"{c}.out"), str(image)]))
@@ -124,25 +144,34 @@ def main() -> None:
                 fuse[c].append(fuse_read(image, tmp / "mnt", python))
                 image.unlink()
     med = statistics.median
-    print(f"tree: {rootfs} ({tree / 2**20:.0f} MiB), runs: {args.runs}, cores: {os.cpu_count()}, "
-          f"page cache {'dropped before each unpack' if cold else 'NOT dropped (no permission): unpack times are warm'}")
+    print(
+        f"tree: {rootfs} ({tree / 2**20:.0f} MiB), runs: {args.runs}, cores: {os.cpu_count()}, "
+        f"page cache {'dropped before each unpack' if cold else 'NOT dropped (no permission): unpack times are warm'}"
+    )
     what = "import torch, lightning" if python else "read every file"
     print(f"{'choice':<12}{'mksquashfs options':<44}{'pack':>9}{'size':>10}{'unpack':>9}   through FUSE ({what})")
     for c in choices:
         read = "-" if None in fuse[c] else f"{med(fuse[c]):.2f}s"
-        print(f"{c:<12}{' '.join(COMPRESSION[c]):<44}{med(pack[c]):>8.2f}s{med(size[c]) / 2**20:>7.0f}MiB"
-              f"{med(unpack[c]):>8.2f}s   {read:>8}")
+        print(
+            f"{c:<12}{' '.join(COMPRESSION[c]):<44}{med(pack[c]):>8.2f}s{med(size[c]) / 2**20:>7.0f}MiB"
+            f"{med(unpack[c]):>8.2f}s   {read:>8}"
+        )
     new, old = DEFAULT_COMPRESSION, "enroot"
-    ratios = {"size": (med(size[new]) / med(size[old]), 0.40), "pack": (med(pack[new]) / med(pack[old]), 0.25),
-              "unpack": (med(unpack[new]) / med(unpack[old]), 1.0)}
+    ratios = {
+        "size": (med(size[new]) / med(size[old]), 0.40),
+        "pack": (med(pack[new]) / med(pack[old]), 0.25),
+        "unpack": (med(unpack[new]) / med(unpack[old]), 1.0),
+    }
     print(f"default {new!r} against enroot's -comp lzo -noD:")
     for what, (ratio, target) in ratios.items():
         print(f"  {what:<7}{ratio:>6.2f}x   target <= {target:.2f}x   {'met' if ratio <= target else 'MISSED'}")
     if "zstd-fast" in choices and new != "zstd-fast" and None not in fuse[new] + fuse["zstd-fast"]:
         ratio = med(fuse[new]) / med(fuse["zstd-fast"])
-        print(f"default {new!r} against 'zstd-fast' through FUSE: {ratio:.2f}x the time, "
-              f"{med(size[new]) / med(size['zstd-fast']):.2f}x the size, {med(pack[new]) / med(pack['zstd-fast']):.2f}x "
-              "the pack time")
+        print(
+            f"default {new!r} against 'zstd-fast' through FUSE: {ratio:.2f}x the time, "
+            f"{med(size[new]) / med(size['zstd-fast']):.2f}x the size, {med(pack[new]) / med(pack['zstd-fast']):.2f}x "
+            "the pack time"
+        )
     scratch.cleanup()
 
 

@@ -34,8 +34,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 def kit(args: list[str], env: dict, cwd: Path) -> tuple[float, subprocess.CompletedProcess]:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True, env=env, cwd=cwd,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kit", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300
+    )
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"kit {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
@@ -57,11 +58,28 @@ def make_repo(root: Path, files: int, megabytes: int) -> None:
 def measure(host: str, here: dict, env: dict, small: Path, out: Path, runs: int) -> list[str]:
     """``here``: the login node's own environment (its KIT_HOME, its cluster); ``env``: the laptop's."""
     no_master = {**env, "KIT_SSH": env["KIT_SSH"] + " -o ControlPath=none"}
-    launch = ["launch", "--local", "--nodes", "1", "--output-dir", str(out), "--no-exporter", "--",
-              sys.executable, "train.py"]
-    calls = {"launch --dry-run": [*launch[:1], "--dry-run", *launch[1:]], "launch": launch,
-             "ps": ["ps", "--output-dir", str(out)]}
-    ways = {"local": ([], here), "ssh, master": (["--host", host], env), "ssh, no master": (["--host", host], no_master)}
+    launch = [
+        "launch",
+        "--local",
+        "--nodes",
+        "1",
+        "--output-dir",
+        str(out),
+        "--no-exporter",
+        "--",
+        sys.executable,
+        "train.py",
+    ]
+    calls = {
+        "launch --dry-run": [*launch[:1], "--dry-run", *launch[1:]],
+        "launch": launch,
+        "ps": ["ps", "--output-dir", str(out)],
+    }
+    ways = {
+        "local": ([], here),
+        "ssh, master": (["--host", host], env),
+        "ssh, no master": (["--host", host], no_master),
+    }
     kit(["--host", host, "cluster", "status"], env, small)  # the master, up before the first timing
     times: dict = {(c, w): [] for c in calls for w in ways}
     for _ in range(runs):
@@ -71,9 +89,11 @@ def measure(host: str, here: dict, env: dict, small: Path, out: Path, runs: int)
     lines = [f"{'call':<18} {'local':>8} {'ssh, master':>12} {'ssh, no master':>15}   added (master / none)"]
     for call in calls:
         med = {w: statistics.median(times[call, w]) for w in ways}
-        lines.append(f"{call:<18} {med['local']:>7.2f}s {med['ssh, master']:>11.2f}s {med['ssh, no master']:>14.2f}s"
-                     f"   +{med['ssh, master'] - med['local']:.2f} s (target 0.5) / "
-                     f"+{med['ssh, no master'] - med['local']:.2f} s (target 1.5)")
+        lines.append(
+            f"{call:<18} {med['local']:>7.2f}s {med['ssh, master']:>11.2f}s {med['ssh, no master']:>14.2f}s"
+            f"   +{med['ssh, master'] - med['local']:.2f} s (target 0.5) / "
+            f"+{med['ssh, no master'] - med['local']:.2f} s (target 1.5)"
+        )
     settle(here, out)
     return lines
 
@@ -101,9 +121,11 @@ def unchanged_tree(host: str, here: dict, env: dict, big: Path, out: Path) -> li
     kit(args, here, big)
     local = kit(args, here, big)[0]
     sent = [re.search(r"sent (\d+) object\(s\), ([^,]+),", p.stderr).groups() for p in (proc1, proc2)]
-    return [f"repository relaunched over ssh: first {first:.2f} s ({sent[0][0]} objects, {sent[0][1]}); "
-            f"unchanged {again:.2f} s ({sent[1][0]} objects, {sent[1][1]}) (target <= 1 s, 0 objects); "
-            f"the same unchanged relaunch on the login node {local:.2f} s (ssh adds {again - local:+.2f} s)"]
+    return [
+        f"repository relaunched over ssh: first {first:.2f} s ({sent[0][0]} objects, {sent[0][1]}); "
+        f"unchanged {again:.2f} s ({sent[1][0]} objects, {sent[1][1]}) (target <= 1 s, 0 objects); "
+        f"the same unchanged relaunch on the login node {local:.2f} s (ssh adds {again - local:+.2f} s)"
+    ]
 
 
 def own_setup(tmp: Path):

@@ -37,18 +37,43 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from common import wait_for  # noqa: E402
+
 from kit import slurm  # noqa: E402
 from kit.cluster import LocalCluster  # noqa: E402
 
-HOLD = ('if [ "$KIT_RESTART" = 0 ]; then trap "exit 0" USR1; echo ready; sleep 300 & wait; fi; '
-        'echo "run $KIT_RESTART done"')
+HOLD = (
+    'if [ "$KIT_RESTART" = 0 ]; then trap "exit 0" USR1; echo ready; sleep 300 & wait; fi; echo "run $KIT_RESTART done"'
+)
 SLURM_HOLD = 121  # BeginTime after a requeue: now + the credential lifetime (120 s) + 1
 
 
 def one_run(cluster: LocalCluster, out: Path, how: str, env: dict) -> float:
-    proc = subprocess.run([sys.executable, "-m", "kit", "launch", "--local", "--json", "--heartbeat", "0",
-                           "--time", "10", "--max-restarts", "1", "--output-dir", str(out), "--",
-                           "bash", "-c", HOLD], env=env, capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kit",
+            "launch",
+            "--local",
+            "--json",
+            "--heartbeat",
+            "0",
+            "--time",
+            "10",
+            "--max-restarts",
+            "1",
+            "--output-dir",
+            str(out),
+            "--",
+            "bash",
+            "-c",
+            HOLD,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     job = json.loads(proc.stdout)
     job_dir, job_id = Path(job["job_dir"]), job["job_id"]
     rank_log = job_dir / "logs" / "rank-0.r0.log"
@@ -100,15 +125,18 @@ def main() -> None:
     kit_gap = statistics.median(gaps["kit"])
     print(f"requeue gap: first run's end -> second run's start, 1-node job, {len(gaps['kit'])} run(s) a side")
     print(f"{'side':<44}{'median':>9}{'max':>9}{'target':>10}")
-    print(f"{'kit (prelaunch requeues, begin time released)':<44}{kit_gap:>8.1f}s{max(gaps['kit']):>8.1f}s"
-          f"{'<= 30 s':>10}")
+    print(
+        f"{'kit (prelaunch requeues, begin time released)':<44}{kit_gap:>8.1f}s{max(gaps['kit']):>8.1f}s{'<= 30 s':>10}"
+    )
     if gaps["slurm"]:
         slurm_gap = statistics.median(gaps["slurm"])
         print(f"{'slurm (scontrol requeue: the hold)':<44}{slurm_gap:>8.1f}s{max(gaps['slurm']):>8.1f}s")
         print(f"ratio kit/slurm: {kit_gap / slurm_gap:.2f} (target <= 0.25)")
         met = max(gaps["kit"]) <= 30 and kit_gap / slurm_gap <= 0.25
     else:
-        print(f"{'slurm (scontrol requeue: the hold)':<44}{'(--quick: not run; held >= ' + str(SLURM_HOLD) + ' s)':>28}")
+        print(
+            f"{'slurm (scontrol requeue: the hold)':<44}{'(--quick: not run; held >= ' + str(SLURM_HOLD) + ' s)':>28}"
+        )
         met = max(gaps["kit"]) <= 30
     print("targets met" if met else "TARGETS MISSED")
 

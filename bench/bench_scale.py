@@ -53,13 +53,13 @@ from common import wait_for  # noqa: E402
 from kit.cluster import LocalCluster  # noqa: E402
 from kit.jobdir import JobDir  # noqa: E402
 
-HANG_TIMEOUT = 60      # seconds: the watchdog polls every second below 120 s (KIT_WATCH_EVERY)
+HANG_TIMEOUT = 60  # seconds: the watchdog polls every second below 120 s (KIT_WATCH_EVERY)
 
-TRACED = 5.0           # seconds of the batch step's file operations counted
+TRACED = 5.0  # seconds of the batch step's file operations counted
 
 # The light command: start and end stamps in OUT; progress through kit.train.progress; on the
 # warning signal (restarts), a checkpoint of the run's number and a clean stop.
-COMMAND = '''
+COMMAND = """
 import os, signal, sys, time
 out, seconds = sys.argv[1], float(sys.argv[2])
 rank, restart = os.environ.get("SLURM_PROCID", "0"), int(os.environ.get("KIT_RESTART", "0"))
@@ -84,7 +84,7 @@ while os.path.exists(f"{out}/hold"):  # the bench is still looking at the runnin
     time.sleep(0.5)
 progress.finished()
 stamp("end")
-'''
+"""
 
 
 def stamps(out: Path, kind: str, run: int = 0) -> list[float]:
@@ -119,8 +119,9 @@ class Sampler(threading.Thread):
 
 def kit_cli(env: dict, *args: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "kit", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kit", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
     return proc, time.perf_counter() - t0
 
 
@@ -129,8 +130,9 @@ def kit_processes(job: str, conf: str):
     the sidecars; the command and Slurm's own left out."""
     for proc in psutil.process_iter(["name", "cmdline"]):
         try:
-            if proc.info["name"] in ("slurmstepd", "slurmd", "srun") or \
-                    "bench-scale-command" in (proc.info["cmdline"] or []):
+            if proc.info["name"] in ("slurmstepd", "slurmd", "srun") or "bench-scale-command" in (
+                proc.info["cmdline"] or []
+            ):
                 continue
             env = proc.environ()
         except (psutil.Error, OSError):
@@ -157,10 +159,13 @@ def kit_cpu(job: str, conf: str) -> dict[str, float]:
 def wait_idle(env: dict, n: int) -> None:
     """Until every node is idle: a job submitted while the last one's nodes are still completing
     waits for Slurm's next scheduling pass, which would be timed as kit's (or srun's) cost."""
+
     def idle():
-        out = subprocess.run(["sinfo", "--noheader", "--Node", "--format=%t"], env=env, capture_output=True,
-                             text=True).stdout.split()
+        out = subprocess.run(
+            ["sinfo", "--noheader", "--Node", "--format=%t"], env=env, capture_output=True, text=True
+        ).stdout.split()
         return len(out) == n and set(out) == {"idle"}
+
     wait_for(idle, 120, poll=0.1)
 
 
@@ -174,8 +179,9 @@ def batch_script(job: str, conf: str) -> psutil.Process | None:
     """The batch script's process (Slurm's copy of it, slurm_script)."""
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            if any(w.endswith("/slurm_script") for w in proc.info["cmdline"] or []) and \
-                    of_job(proc.environ(), job, conf):
+            if any(w.endswith("/slurm_script") for w in proc.info["cmdline"] or []) and of_job(
+                proc.environ(), job, conf
+            ):
                 return proc
         except (psutil.Error, OSError):
             continue
@@ -212,8 +218,16 @@ def watchdog_reads(job: str, conf: str, progress_dir: Path, seconds: float) -> t
     if not pids:
         return -1, -1, 0
     log = Path(tempfile.mkstemp(prefix="kit-bench-strace-")[1])
-    argv = ["strace", "-f", "-qq", "-y", "-e", "trace=openat,open,stat,lstat,newfstatat,statx,access,faccessat2,"
-            "getdents64", "-o", str(log)] + [f"-p{p}" for p in pids]
+    argv = [
+        "strace",
+        "-f",
+        "-qq",
+        "-y",
+        "-e",
+        "trace=openat,open,stat,lstat,newfstatat,statx,access,faccessat2,getdents64",
+        "-o",
+        str(log),
+    ] + [f"-p{p}" for p in pids]
     tracer = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(seconds)
     tracer.terminate()
@@ -250,9 +264,27 @@ def launched(env: dict, n: int, work: Path, seconds: float, name: str, *flags: s
         (out / "hold").touch()
     wait_idle(env, n)
     t0 = time.time()
-    proc, _ = kit_cli(env, "launch", "--local", "--json", "--nodes", str(n), "--ntasks-per-node", "1",
-                      "--hang-timeout", str(HANG_TIMEOUT), "--output-dir", str(work / "jobs"), *flags, "--",
-                      "python3", str(work / "command.py"), str(out), str(seconds), "bench-scale-command")
+    proc, _ = kit_cli(
+        env,
+        "launch",
+        "--local",
+        "--json",
+        "--nodes",
+        str(n),
+        "--ntasks-per-node",
+        "1",
+        "--hang-timeout",
+        str(HANG_TIMEOUT),
+        "--output-dir",
+        str(work / "jobs"),
+        *flags,
+        "--",
+        "python3",
+        str(work / "command.py"),
+        str(out),
+        str(seconds),
+        "bench-scale-command",
+    )
     if proc.returncode != 0:
         sys.exit(f"kit launch failed:\n{proc.stderr}")
     submitted = json.loads(proc.stdout)
@@ -264,8 +296,17 @@ def launched(env: dict, n: int, work: Path, seconds: float, name: str, *flags: s
     r_cpu = kit_cpu(job, env["SLURM_CONF"])
     last = max(stamps(out, "start"))
     step_start = float((job_dir.run_progress(0) / JobDir.STEP_START).read_text())
-    return {"job": job, "job_dir": job_dir, "out": out, "sampler": sampler, "scheduled": began - t0,
-            "running": last - began, "prelaunch": step_start - began, "step": last - step_start, "cpu": r_cpu}
+    return {
+        "job": job,
+        "job_dir": job_dir,
+        "out": out,
+        "sampler": sampler,
+        "scheduled": began - t0,
+        "running": last - began,
+        "prelaunch": step_start - began,
+        "step": last - step_start,
+        "cpu": r_cpu,
+    }
 
 
 def without_exporter(env: dict, n: int, work: Path, seconds: float) -> dict:
@@ -278,8 +319,15 @@ def without_exporter(env: dict, n: int, work: Path, seconds: float) -> dict:
 
 
 def kit_job(cluster: LocalCluster, env: dict, n: int, work: Path, seconds: float, restarts: int = 0) -> dict:
-    r = launched(env, n, work, seconds, f"kit-{n}-{restarts}",
-                 *(["--max-restarts", str(restarts)] if restarts else []), hold=True)
+    r = launched(
+        env,
+        n,
+        work,
+        seconds,
+        f"kit-{n}-{restarts}",
+        *(["--max-restarts", str(restarts)] if restarts else []),
+        hold=True,
+    )
     job, job_dir, out, sampler = r["job"], r["job_dir"], r["out"], r["sampler"]
     r["reads"] = watchdog_reads(job, env["SLURM_CONF"], job_dir.run_progress(0), TRACED)
     port = cluster.state().prometheus_port
@@ -294,8 +342,15 @@ def kit_job(cluster: LocalCluster, env: dict, n: int, work: Path, seconds: float
         subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=env, check=True)
         wait_for(lambda: len(stamps(out, "start", i + 1)) == n, 300, poll=0.2)
     runs = job_dir / JobDir.RUNS
-    wait_for(lambda: len(stamps(out, "end", restarts)) == n and runs.exists()
-             and len(runs.read_text().splitlines()) == restarts + 1, 600, poll=0.1)
+    wait_for(
+        lambda: (
+            len(stamps(out, "end", restarts)) == n
+            and runs.exists()
+            and len(runs.read_text().splitlines()) == restarts + 1
+        ),
+        600,
+        poll=0.1,
+    )
     sampler.done.set()
     sampler.join()
     last_end = max(stamps(out, "end", restarts))
@@ -318,17 +373,33 @@ def kit_job(cluster: LocalCluster, env: dict, n: int, work: Path, seconds: float
 def bare_job(env: dict, n: int, work: Path, seconds: float) -> dict:
     out = work / f"bare-{n}"
     out.mkdir(parents=True)
-    script = (f"#!/bin/bash\nsrun python3 {work / 'command.py'} {out} {seconds} bench-scale-command\n"
-              f"python3 -c 'import time; print(repr(time.time()))' > {out}/srun-returned\n")
+    script = (
+        f"#!/bin/bash\nsrun python3 {work / 'command.py'} {out} {seconds} bench-scale-command\n"
+        f"python3 -c 'import time; print(repr(time.time()))' > {out}/srun-returned\n"
+    )
     wait_idle(env, n)
     t0 = time.time()
-    job = subprocess.run(["sbatch", "--parsable", "-N", str(n), "--ntasks-per-node", "1", f"--output={out}/slurm.out"],
-                         input=script, text=True, env=env, check=True, capture_output=True).stdout.split(";")[0].strip()
+    job = (
+        subprocess.run(
+            ["sbatch", "--parsable", "-N", str(n), "--ntasks-per-node", "1", f"--output={out}/slurm.out"],
+            input=script,
+            text=True,
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+        .stdout.split(";")[0]
+        .strip()
+    )
     began = batch_start(job, env["SLURM_CONF"])
     wait_for(lambda: len(stamps(out, "start")) == n, 300, poll=0.05)
     running = max(stamps(out, "start")) - began
     wait_for(lambda: (out / "srun-returned").exists() and (out / "srun-returned").read_text().strip(), 300, poll=0.1)
-    return {"scheduled": began - t0, "running": running, "teardown": float((out / "srun-returned").read_text()) - max(stamps(out, "end"))}
+    return {
+        "scheduled": began - t0,
+        "running": running,
+        "teardown": float((out / "srun-returned").read_text()) - max(stamps(out, "end")),
+    }
 
 
 def without(r: dict) -> str:
@@ -349,7 +420,7 @@ def biggest(r: dict) -> str:
 
 
 def mib(b: float) -> str:
-    return f"{b / 2 ** 20:.0f} MiB"
+    return f"{b / 2**20:.0f} MiB"
 
 
 def main() -> int:
@@ -359,7 +430,9 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=20.0, help="how long each rank runs")
     p.add_argument("--kit-home", type=Path, default=None)
     p.add_argument("--keep", action="store_true", help="keep the jobs' directories (their reports) and say where")
-    p.add_argument("--quick", action="store_true", help="2 and 4 nodes, no restarts, no job without the exporter (the suite's run)")
+    p.add_argument(
+        "--quick", action="store_true", help="2 and 4 nodes, no restarts, no job without the exporter (the suite's run)"
+    )
     args = p.parse_args()
     if args.quick:  # the kit job outlasts the watchdog's trace; the bare job's length is not measured
         global TRACED
@@ -383,30 +456,36 @@ def main() -> int:
             subprocess.run(["srun", "-N", str(n), "--ntasks-per-node", "1", "true"], env=env, check=True, timeout=300)
             bare = bare_job(env, n, work, 1.0 if args.quick else args.seconds)
             mine = kit_job(cluster, env, n, work, args.seconds)
-            mine["no_exporter"] = (float("nan") if args.quick
-                                   else without_exporter(env, n, work, args.seconds)["running"])
+            mine["no_exporter"] = (
+                float("nan") if args.quick else without_exporter(env, n, work, args.seconds)["running"]
+            )
             rows[n] = (up, mine, bare)
             mem = sorted(mine["memory"].values())
             ops, listings, polls = mine["reads"]
             per_rank = ops / max(polls, 1) / n
-            print(f"{n:>3} nodes: up {up:.1f} s; submit -> batch script: kit {mine['scheduled']:.2f} s, bare "
-                  f"{bare['scheduled']:.2f} s (Slurm's scheduling); batch script -> all running: kit "
-                  f"{mine['running']:.2f} s{without(mine)}, bare srun "
-                  f"{bare['running']:.2f} s (kit's CPU per node by then: "
-                  f"median {cpu_ms(mine)} ms); teardown: kit {mine['teardown']:.2f} s (launchers "
-                  f"{mine['launchers']:.2f} s, then srun's return and prelaunch {mine['after_step']:.2f} s), bare "
-                  f"{bare['teardown']:.2f} s; "
-                  f"watchdog: {ops * 60 / TRACED:.0f} progress-file operations a minute ({per_rank:.2f} per rank per "
-                  f"poll, {polls} polls), {listings} directory listing(s); Prometheus targets {mine['targets'][1]}/{n} up; kit ps "
-                  f"{mine['ps']:.2f} s, kit logs {mine['logs']:.2f} s ({mine['log_lines']} lines), kit report {mine['report']:.2f} s ({mine['report_lines']} lines); kit's "
-                  f"memory per node: median {mib(statistics.median(mem)) if mem else '-'}, largest "
-                  f"{biggest(mine)}", flush=True)
+            print(
+                f"{n:>3} nodes: up {up:.1f} s; submit -> batch script: kit {mine['scheduled']:.2f} s, bare "
+                f"{bare['scheduled']:.2f} s (Slurm's scheduling); batch script -> all running: kit "
+                f"{mine['running']:.2f} s{without(mine)}, bare srun "
+                f"{bare['running']:.2f} s (kit's CPU per node by then: "
+                f"median {cpu_ms(mine)} ms); teardown: kit {mine['teardown']:.2f} s (launchers "
+                f"{mine['launchers']:.2f} s, then srun's return and prelaunch {mine['after_step']:.2f} s), bare "
+                f"{bare['teardown']:.2f} s; "
+                f"watchdog: {ops * 60 / TRACED:.0f} progress-file operations a minute ({per_rank:.2f} per rank per "
+                f"poll, {polls} polls), {listings} directory listing(s); Prometheus targets {mine['targets'][1]}/{n} up; kit ps "
+                f"{mine['ps']:.2f} s, kit logs {mine['logs']:.2f} s ({mine['log_lines']} lines), kit report {mine['report']:.2f} s ({mine['report_lines']} lines); kit's "
+                f"memory per node: median {mib(statistics.median(mem)) if mem else '-'}, largest "
+                f"{biggest(mine)}",
+                flush=True,
+            )
         if args.restarts:
             n = sizes[-1]
             again = kit_job(cluster, env, n, work, args.seconds, restarts=args.restarts)
-            print(f"{n:>3} nodes, {args.restarts} restarts: kit ps {again['ps']:.2f} s (target <= 0.5 s: "
-                  f"{'met' if again['ps'] <= 0.5 else 'MISSED'}), kit logs {again['logs']:.2f} s, "
-                  f"kit report {again['report']:.2f} s ({again['report_lines']} lines)")
+            print(
+                f"{n:>3} nodes, {args.restarts} restarts: kit ps {again['ps']:.2f} s (target <= 0.5 s: "
+                f"{'met' if again['ps'] <= 0.5 else 'MISSED'}), kit logs {again['logs']:.2f} s, "
+                f"kit report {again['report']:.2f} s ({again['report_lines']} lines)"
+            )
         grown = [n for n in sizes if n >= 8] or sizes
         lo, hi = grown[0], sizes[-1]
         if hi > lo:
@@ -416,23 +495,36 @@ def main() -> int:
             slope = {part: (rows[hi][1][part] - rows[lo][1][part]) / (hi - lo) * 1000 for part in ("prelaunch", "step")}
             if not args.quick:
                 lean = (rows[hi][1]["no_exporter"] - rows[lo][1]["no_exporter"]) / (hi - lo) * 1000 - bare_slope * 1000
-                print(f"batch script -> all running, {lo} -> {hi} nodes, without the exporter sidecar: kit's own "
-                      f"growth {lean:+.1f} ms per node beyond bare srun's")
-            print(f"batch script -> all running, {lo} -> {hi} nodes: kit {kit_slope * 1000:+.1f} ms per node "
-                  f"(prelaunch before srun {slope['prelaunch']:+.1f}, srun -> every launcher's command "
-                  f"{slope['step']:+.1f}), bare srun {bare_slope * 1000:+.1f} ms per node: kit's own growth "
-                  f"{extra:+.1f} ms per node (target <= 50): {'met' if extra <= 50 else 'MISSED'}")
-            tear = {part: (rows[hi][1][part] - rows[lo][1][part]) / (hi - lo) * 1000 for part in ("launchers", "after_step")}
-            print(f"teardown at {hi} nodes: {rows[hi][1]['teardown']:.2f} s (target <= 2 s): "
-                  f"{'met' if rows[hi][1]['teardown'] <= 2 else 'MISSED'}; from {lo} nodes it grows "
-                  f"{tear['launchers']:+.1f} ms per node in the launchers' teardown, {tear['after_step']:+.1f} in "
-                  f"srun's return and prelaunch's conclusion")
+                print(
+                    f"batch script -> all running, {lo} -> {hi} nodes, without the exporter sidecar: kit's own "
+                    f"growth {lean:+.1f} ms per node beyond bare srun's"
+                )
+            print(
+                f"batch script -> all running, {lo} -> {hi} nodes: kit {kit_slope * 1000:+.1f} ms per node "
+                f"(prelaunch before srun {slope['prelaunch']:+.1f}, srun -> every launcher's command "
+                f"{slope['step']:+.1f}), bare srun {bare_slope * 1000:+.1f} ms per node: kit's own growth "
+                f"{extra:+.1f} ms per node (target <= 50): {'met' if extra <= 50 else 'MISSED'}"
+            )
+            tear = {
+                part: (rows[hi][1][part] - rows[lo][1][part]) / (hi - lo) * 1000 for part in ("launchers", "after_step")
+            }
+            print(
+                f"teardown at {hi} nodes: {rows[hi][1]['teardown']:.2f} s (target <= 2 s): "
+                f"{'met' if rows[hi][1]['teardown'] <= 2 else 'MISSED'}; from {lo} nodes it grows "
+                f"{tear['launchers']:+.1f} ms per node in the launchers' teardown, {tear['after_step']:+.1f} in "
+                f"srun's return and prelaunch's conclusion"
+            )
             cpu = statistics.median(rows[hi][1]["cpu"].values()) if rows[hi][1]["cpu"] else 0.0
-            print(f"kit's CPU per node to start a rank: {cpu * 1000:.0f} ms; {hi} nodes on this machine's "
-                  f"{os.cpu_count()} cores: {cpu * hi / (os.cpu_count() or 1):.1f} s of the start that separate "
-                  f"nodes spend in parallel")
-        print(f"the {sizes[-1]}-node job's report: {rows[sizes[-1]][1]['job_dir'].path / JobDir.REPORT}"
-              if args.keep else "")
+            print(
+                f"kit's CPU per node to start a rank: {cpu * 1000:.0f} ms; {hi} nodes on this machine's "
+                f"{os.cpu_count()} cores: {cpu * hi / (os.cpu_count() or 1):.1f} s of the start that separate "
+                f"nodes spend in parallel"
+            )
+        print(
+            f"the {sizes[-1]}-node job's report: {rows[sizes[-1]][1]['job_dir'].path / JobDir.REPORT}"
+            if args.keep
+            else ""
+        )
     finally:
         if cluster.state() is not None:
             cluster.down(force=True)

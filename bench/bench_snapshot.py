@@ -56,7 +56,7 @@ def copied_bytes(view: Path) -> int:
 
 def kit_job(repo: Path, jobs: Path, i: int) -> tuple[float, int, int]:
     """(seconds for snapshot + view, bytes added to the store, bytes copied into the view)."""
-    from kit import snapshot
+    from kit.code import snapshot
 
     home = Path(os.environ["KIT_HOME"])
     before = store_bytes(home)
@@ -93,7 +93,7 @@ def main() -> None:
     if args.quick:
         args.files, args.mb, args.runs = 100, 5, 1
     rows: dict[str, list] = {k: [] for k in ("cold", "unchanged", "edited", "git", "cp", "pin1", "pin2")}
-    for run in range(args.runs):
+    for _run in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="kit-bench-snap-") as tmp:
             tmp = Path(tmp)
             os.environ["KIT_HOME"] = str(tmp / "home")
@@ -125,17 +125,25 @@ def main() -> None:
     size = f"{args.files} files / {args.mb} MB"
     print(f"repository: {size}, git, committed; runs: {args.runs} (median shown)")
     print(f"{'per job':<46}{'time':>9}{'store +':>12}{'view copied':>13}{'target':>16}")
-    for key, what in (("cold", "kit snapshot + view, first job (cold store)"), ("unchanged", "kit, next job, unchanged"),
-                      ("edited", "kit, next job, one file edited")):
-        print(f"{what:<46}{med(key, 0):>8.3f}s{med(key, 1) / 2**20:>9.2f} MB{med(key, 2) / 2**20:>10.2f} MB"
-              f"{'< 1 s' + (', 0 MB' if key == 'unchanged' else ''):>16}")
+    for key, what in (
+        ("cold", "kit snapshot + view, first job (cold store)"),
+        ("unchanged", "kit, next job, unchanged"),
+        ("edited", "kit, next job, one file edited"),
+    ):
+        print(
+            f"{what:<46}{med(key, 0):>8.3f}s{med(key, 1) / 2**20:>9.2f} MB{med(key, 2) / 2**20:>10.2f} MB"
+            f"{'< 1 s' + (', 0 MB' if key == 'unchanged' else ''):>16}"
+        )
     print(f"{'git archive HEAD | tar -x (NeMo-Run)':<46}{med('git'):>8.3f}s{'':>12}{args.mb:>10.1f} MB")
     print(f"{'cp -a of the tree':<46}{med('cp'):>8.3f}s{'':>12}{args.mb:>10.1f} MB")
     print(f"{'  ratio kit unchanged / git archive':<46}{med('unchanged', 0) / med('git'):>8.2f}x")
     print(f"{'--image pin, first submission (copy)':<46}{med('pin1'):>8.3f}s  ({args.mb} MB file)")
     print(f"{'--image pin, next submission (stat memo)':<46}{med('pin2'):>8.3f}s{'':>25}{'< 0.01 s':>16}")
-    ok = (all(med(k, 0) < 1.0 for k in ("cold", "unchanged", "edited")) and med("unchanged", 1) == 0
-          and med("pin2") < 0.01)
+    ok = (
+        all(med(k, 0) < 1.0 for k in ("cold", "unchanged", "edited"))
+        and med("unchanged", 1) == 0
+        and med("pin2") < 0.01
+    )
     print("targets met" if ok else "TARGETS MISSED")
 
 

@@ -25,8 +25,7 @@ def tiny_rootfs(where: Path) -> Path:
     for sub in ("usr/bin", "usr/lib/python3/site-packages/pkg", "etc", "var/empty"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     for i in range(64):
-        (root / "usr" / "lib" / "python3" / "site-packages" / "pkg" / f"m{i}.py").write_text(
-            f"VALUE = {i}\n" * 200)
+        (root / "usr" / "lib" / "python3" / "site-packages" / "pkg" / f"m{i}.py").write_text(f"VALUE = {i}\n" * 200)
         (root / "usr" / "bin" / f"tool{i}").write_bytes(os.urandom(16 * 1024))
     (root / "etc" / "os-release").write_text('ID=tiny\nNAME="tiny bench root"\n')
     (root / "usr" / "bin" / "link").symlink_to("tool0")

@@ -36,12 +36,28 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-GPU_FAMILIES = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
-                "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK",
-                "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_XID_ERRORS", "gpu_compute_processes",
-                "gpu_lost", "gpu_xid_errors_total")
-OPTIONAL = ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_FAILURE")  # not on every GPU
+GPU_FAMILIES = (
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_MEM_CLOCK",
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+    "DCGM_FI_DEV_XID_ERRORS",
+    "gpu_compute_processes",
+    "gpu_lost",
+    "gpu_xid_errors_total",
+)
+OPTIONAL = (
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+)  # not on every GPU
 
 
 def nvml_gpus() -> tuple[int, str]:
@@ -72,8 +88,22 @@ def scrape(port: int) -> str:
 
 def start_exporter(port: int, log: Path, gpus: bool = True) -> subprocess.Popen:
     """The exporter, once it serves GPU series (``gpus``), or any scrape (where no GPU is)."""
-    proc = subprocess.Popen([sys.executable, "-m", "kit.monitor", "--port", str(port), "--bind", "127.0.0.1",
-                             "--interval", "0.5", "--no-node"], stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kit.monitor",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--interval",
+            "0.5",
+            "--no-node",
+        ],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -86,8 +116,11 @@ def start_exporter(port: int, log: Path, gpus: bool = True) -> subprocess.Popen:
 
 
 def values(text: str, family: str) -> list[float]:
-    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-            if line.startswith(family + "{") or line.startswith(family + " ")]
+    return [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(family + "{") or line.startswith(family + " ")
+    ]
 
 
 def check_exporter(gpus: int, tmp: Path) -> tuple[bool, list[str]]:
@@ -111,11 +144,10 @@ def check_exporter(gpus: int, tmp: Path) -> tuple[bool, list[str]]:
         good = len(got) == gpus or family in OPTIONAL  # optional: not supported on every GPU model
         ok &= good
         note = "" if len(got) == gpus else "  (not supported on the others)" if good else "  <- MISSING"
-        lines.append(f"  {family:<44} {len(got)}/{gpus} GPUs{note}"
-                     f"  {', '.join(f'{v:g}' for v in got[:8])}")
+        lines.append(f"  {family:<44} {len(got)}/{gpus} GPUs{note}  {', '.join(f'{v:g}' for v in got[:8])}")
     if 'kit_exporter_collector_success{collector="gpu"} 1.0' not in text:
         ok = False
-        lines.append("  kit_exporter_collector_success{collector=\"gpu\"} is not 1")
+        lines.append('  kit_exporter_collector_success{collector="gpu"} is not 1')
     if shutil.which("promtool"):
         check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
         findings = (check.stdout + check.stderr).strip()
@@ -130,12 +162,16 @@ def rank_metrics(job_dir: Path) -> list[dict]:
     """Every rank's last metrics file (``metrics/<node>/rank-<R>.json``)."""
     from kit import jobdir
 
-    return [m for f in sorted(job_dir.glob("metrics/*/rank-*.json"))
-            if (m := jobdir.read_rank_metrics(f.read_text())) is not None]
+    return [
+        m
+        for f in sorted(job_dir.glob("metrics/*/rank-*.json"))
+        if (m := jobdir.read_rank_metrics(f.read_text())) is not None
+    ]
 
 
-def run_trainer(gpus: int, steps: int, tmp: Path, cpu: bool = False,
-                model: tuple[str, ...] = ()) -> tuple[bool, list[str], Path]:
+def run_trainer(
+    gpus: int, steps: int, tmp: Path, cpu: bool = False, model: tuple[str, ...] = ()
+) -> tuple[bool, list[str], Path]:
     """``gpus`` ranks of the reference trainer through launcher.sh (``cpu``: on CPU with gloo,
     to check this path where no GPU is; ``model``: the trainer's size arguments). Returns the
     job directory too."""
@@ -147,10 +183,27 @@ def run_trainer(gpus: int, steps: int, tmp: Path, cpu: bool = False,
     precision = "32-true" if cpu else "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
     # On CPU the machinery is what is checked (launcher, ranks, teardown): a small model will do.
     model = model or (("--batch-size", "32", "--hidden", "64") if cpu else ("--batch-size", "256", "--hidden", "1024"))
-    job = submission.resolve(specs.JobSpec(
-        command=[sys.executable, "-m", "kit.train", "--max-steps", str(steps), *model, "--precision", precision,
-                 "--checkpoint-every", "0"],
-        output_dir=str(tmp / "jobs"), ntasks_per_node=gpus, exporter=False, code_snapshot=False), cwd=tmp)
+    job = submission.resolve(
+        specs.JobSpec(
+            command=[
+                sys.executable,
+                "-m",
+                "kit.train",
+                "--max-steps",
+                str(steps),
+                *model,
+                "--precision",
+                precision,
+                "--checkpoint-every",
+                "0",
+            ],
+            output_dir=str(tmp / "jobs"),
+            ntasks_per_node=gpus,
+            exporter=False,
+            code_snapshot=False,
+        ),
+        cwd=tmp,
+    )
     job_dir = submission.prepare(job).job_dir
     (job_dir / "progress" / "r0").mkdir(parents=True)
     port = free_port()
@@ -159,14 +212,35 @@ def run_trainer(gpus: int, steps: int, tmp: Path, cpu: bool = False,
     procs = []
     t0 = time.perf_counter()
     for rank in range(gpus):
-        env = {**os.environ, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_NTASKS": str(gpus),
-               "SLURM_NTASKS_PER_NODE": str(gpus), "SLURM_NODEID": "0", "SLURM_NNODES": "1", "SLURM_JOB_ID": "1",
-               "SLURM_STEP_ID": "0", "SLURM_JOB_NAME": "gpu-check", "SLURMD_NODENAME": socket.gethostname(),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "KIT_JOB_DIR": str(job_dir),
-               "KIT_LOG_DIR": str(job_dir / "logs"), "KIT_PROGRESS_DIR": str(job_dir / "progress" / "r0"),
-               "KIT_HANG_DIR": str(job_dir / "hang" / "r0"), "KIT_RESTART": "0"}
-        procs.append(subprocess.Popen(["bash", str(job_dir / "launcher.sh")], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        env = {
+            **os.environ,
+            "SLURM_PROCID": str(rank),
+            "SLURM_LOCALID": str(rank),
+            "SLURM_NTASKS": str(gpus),
+            "SLURM_NTASKS_PER_NODE": str(gpus),
+            "SLURM_NODEID": "0",
+            "SLURM_NNODES": "1",
+            "SLURM_JOB_ID": "1",
+            "SLURM_STEP_ID": "0",
+            "SLURM_JOB_NAME": "gpu-check",
+            "SLURMD_NODENAME": socket.gethostname(),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "KIT_JOB_DIR": str(job_dir),
+            "KIT_LOG_DIR": str(job_dir / "logs"),
+            "KIT_PROGRESS_DIR": str(job_dir / "progress" / "r0"),
+            "KIT_HANG_DIR": str(job_dir / "hang" / "r0"),
+            "KIT_RESTART": "0",
+        }
+        procs.append(
+            subprocess.Popen(
+                ["bash", str(job_dir / "launcher.sh")],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     util: list[float] = []
     while any(p.poll() is None for p in procs):
         try:
@@ -179,13 +253,17 @@ def run_trainer(gpus: int, steps: int, tmp: Path, cpu: bool = False,
     exporter.wait(10)
     outputs = [p.stdout.read() for p in procs]
     codes = [p.returncode for p in procs]
-    lines = [f"  {gpus} ranks, {'gloo' if cpu else 'NCCL'}, {precision}: exit codes {codes}, {seconds:.1f} s for "
-             f"{steps} steps"]
+    lines = [
+        f"  {gpus} ranks, {'gloo' if cpu else 'NCCL'}, {precision}: exit codes {codes}, {seconds:.1f} s for "
+        f"{steps} steps"
+    ]
     done = f"done at step={steps}" in outputs[0]  # the trainer reports on rank 0
     lines.append(f"  rank 0 reached step {steps}: {'yes' if done else 'NO'}")
     if util:
-        lines.append(f"  GPU utilisation seen by the exporter while training: max {max(util):.0f} %, "
-                     f"mean {sum(util) / len(util):.0f} %")
+        lines.append(
+            f"  GPU utilisation seen by the exporter while training: max {max(util):.0f} %, "
+            f"mean {sum(util) / len(util):.0f} %"
+        )
     backend = [line for line in outputs[0].splitlines() if "backend=" in line][:1]
     lines += [f"  rank 0: {b.strip()}" for b in backend]
     # Teardown: no process of the launchers is left.
@@ -201,8 +279,12 @@ def run_trainer(gpus: int, steps: int, tmp: Path, cpu: bool = False,
     lines.append(f"  processes left after the ranks ended: {len(left)}")
     lines += [f"  rank 0: {f.strip()}" for f in outputs[0].splitlines() if "FLOPs per step" in f][:1]
     metrics = rank_metrics(job_dir)
-    lines.append("  metrics files: " + "; ".join(
-        f"rank {i}: {m.get('tflops', 'no')} TFLOP/s, MFU {m.get('mfu', 'n/a')}" for i, m in enumerate(metrics)))
+    lines.append(
+        "  metrics files: "
+        + "; ".join(
+            f"rank {i}: {m.get('tflops', 'no')} TFLOP/s, MFU {m.get('mfu', 'n/a')}" for i, m in enumerate(metrics)
+        )
+    )
     ok = codes == [0] * gpus and done and not left and len(metrics) == gpus
     if not ok:
         lines.append("  rank 0's output (end):\n" + outputs[0][-2000:])
@@ -224,7 +306,7 @@ def matmul_tflops() -> float:
     seconds = (time.perf_counter() - t0) / 10
     del a, b
     torch.cuda.empty_cache()
-    return 2 * 8192 ** 3 / seconds / 1e12
+    return 2 * 8192**3 / seconds / 1e12
 
 
 def check_mfu(tmp: Path) -> tuple[bool, list[str]]:
@@ -242,11 +324,15 @@ def check_mfu(tmp: Path) -> tuple[bool, list[str]]:
     tflops = float(metrics[0].get("tflops", 0)) if metrics else 0.0
     mfu = metrics[0].get("mfu") if metrics else None
     peak = peaks.peak_tflops(name, "bf16-mixed")
-    lines.append(f"  {name}: kit's peak table says {peak} TFLOP/s bf16 dense; a bare bf16 8192^3 matrix product "
-                 f"here: {bare:.0f} TFLOP/s ({bare / peak:.2f} of the peak)" if peak else
-                 f"  {name}: not in kit's peak table (MFU n/a); bare bf16 matrix product {bare:.0f} TFLOP/s")
-    lines.append(f"  the trainer's rate: {tflops:.1f} TFLOP/s, MFU {mfu}; "
-                 f"{tflops / bare:.2f} of the bare matrix product's rate")
+    lines.append(
+        f"  {name}: kit's peak table says {peak} TFLOP/s bf16 dense; a bare bf16 8192^3 matrix product "
+        f"here: {bare:.0f} TFLOP/s ({bare / peak:.2f} of the peak)"
+        if peak
+        else f"  {name}: not in kit's peak table (MFU n/a); bare bf16 matrix product {bare:.0f} TFLOP/s"
+    )
+    lines.append(
+        f"  the trainer's rate: {tflops:.1f} TFLOP/s, MFU {mfu}; {tflops / bare:.2f} of the bare matrix product's rate"
+    )
     sane = 0 < tflops <= bare * 1.05 and (mfu is None if peak is None else 0 < float(mfu) < 1)
     if not sane:
         lines.append("  <- a rate above the bare matrix product's, or an MFU outside (0, 1): a wrong FLOP count")
@@ -258,8 +344,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--exporter-only", action="store_true", help="check the exporter only (no training)")
     ap.add_argument("--quick", action="store_true", help="fewer steps (the test suite's run)")
-    ap.add_argument("--cpu-path", action="store_true",
-                    help="where no GPU is: run step 2's path (launcher.sh by hand, teardown) with 2 CPU ranks")
+    ap.add_argument(
+        "--cpu-path",
+        action="store_true",
+        help="where no GPU is: run step 2's path (launcher.sh by hand, teardown) with 2 CPU ranks",
+    )
     args = ap.parse_args()
     if args.quick:
         args.steps = 20
@@ -284,20 +373,25 @@ def main() -> int:
         import torch
 
         if not torch.cuda.is_available() or torch.cuda.device_count() != gpus:
-            print(f"2. trainer: torch {torch.__version__} sees {torch.cuda.device_count()} CUDA device(s), NVML {gpus}: "
-                  "not run (a CUDA build of torch 2.13.0 is needed)")
+            print(
+                f"2. trainer: torch {torch.__version__} sees {torch.cuda.device_count()} CUDA device(s), NVML {gpus}: "
+                "not run (a CUDA build of torch 2.13.0 is needed)"
+            )
             return 1
         names = {torch.cuda.get_device_name(i) for i in range(gpus)}
-        print(f"2. reference trainer on CUDA ({', '.join(sorted(names))}), torch {torch.__version__}, "
-              f"CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")
+        print(
+            f"2. reference trainer on CUDA ({', '.join(sorted(names))}), torch {torch.__version__}, "
+            f"CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}"
+        )
         trained, lines, _ = run_trainer(gpus, args.steps, tmp)
         print("\n".join(lines))
         measured, lines = check_mfu(tmp)
         print("4. MFU of the reference trainer: " + ("ok" if measured else "FAILED"))
         print("\n".join(lines))
         print("result: " + ("every check passed" if ok and trained and measured else "FAILED"))
-        print(json.dumps({"gpus": gpus, "driver": driver, "exporter_ok": ok, "trainer_ok": trained,
-                          "mfu_ok": measured}))
+        print(
+            json.dumps({"gpus": gpus, "driver": driver, "exporter_ok": ok, "trainer_ok": trained, "mfu_ok": measured})
+        )
         return 0 if ok and trained and measured else 1
 
 

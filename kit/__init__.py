@@ -5,6 +5,7 @@ exporter and the trainer): ``kit.launch``, ``kit.submit``, ``kit.Job`` (a functi
 """
 
 from kit import version as _version
+
 __version__ = _version.__version__
 
 _API = {"launch", "Job", "jobs", "Outcome"}
@@ -14,9 +15,11 @@ _FUNCTIONS = {"submit", "map", "RemoteError", "FunctionJob"}
 def __getattr__(name: str):
     if name in _API:
         from kit.job import api
+
         return getattr(api, name)
     if name in _FUNCTIONS:
         from kit.job import functions
+
         return getattr(functions, name)
     if name == "KitError":
         from kit.errors import KitError

@@ -12,8 +12,15 @@ class KitError(Exception):
     ``hint:`` line and exit code ``exit_code`` (2: bad usage).
     """
 
-    def __init__(self, message: str, *, field: str | None = None, hint: str | None = None,
-                 exit_code: int = 2, detail: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        hint: str | None = None,
+        exit_code: int = 2,
+        detail: str | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.field = field

@@ -95,7 +95,7 @@ def append(path: str | os.PathLike, data: str | bytes, mode: int = 0o644) -> Non
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _regular(fd: int, path) -> os.stat_result:
@@ -272,8 +272,7 @@ def owned(path: str | os.PathLike, create: bool = True) -> Iterator[Path]:
     try:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            raise NotOwned(errno.EPERM, "not a directory of this user's own that only its owner can write",
-                           str(path))
+            raise NotOwned(errno.EPERM, "not a directory of this user's own that only its owner can write", str(path))
         yield Path(f"/proc/self/fd/{fd}")
     finally:
         os.close(fd)
@@ -330,7 +329,12 @@ class StatMemo:
 
     def get(self, path: str | os.PathLike, st: os.stat_result) -> str | None:
         entry = self.data.get(str(path))
-        if not isinstance(entry, list) or len(entry) != 6 or entry[:5] != self._key(st) or not isinstance(entry[5], str):
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 6
+            or entry[:5] != self._key(st)
+            or not isinstance(entry[5], str)
+        ):
             return None
         return entry[5]
 

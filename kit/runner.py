@@ -40,9 +40,18 @@ def preexec():
     return _die_with_parent if _TIED else None
 
 
-def run(argv: Sequence[str], *, env: Mapping[str, str] | None = None, check: bool = True,
-        timeout: float | None = 60, what: str | None = None, hint: str | None = None,
-        cwd: str | None = None, stream: bool = False, exit_code: int = 1) -> subprocess.CompletedProcess:
+def run(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+    timeout: float | None = 60,
+    what: str | None = None,
+    hint: str | None = None,
+    cwd: str | None = None,
+    stream: bool = False,
+    exit_code: int = 1,
+) -> subprocess.CompletedProcess:
     """Run ``argv``; return the completed process (text output captured).
 
     With ``check``, a non-zero exit becomes a :class:`KitError` (with
@@ -58,19 +67,37 @@ def run(argv: Sequence[str], *, env: Mapping[str, str] | None = None, check: boo
         full_env.update(env)
     try:
         out = None if stream else subprocess.PIPE
-        proc = subprocess.run(argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL,
-                              stdout=2 if stream else out, stderr=out, text=True, timeout=timeout,
-                              preexec_fn=preexec())
+        proc = subprocess.run(
+            argv,
+            env=full_env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=2 if stream else out,
+            stderr=out,
+            text=True,
+            timeout=timeout,
+            preexec_fn=preexec(),
+        )
     except FileNotFoundError:
-        raise KitError(f"{argv[0]}: command not found", field=what,
-                       hint=hint or f"install {argv[0]} or put it on PATH", exit_code=1) from None
+        raise KitError(
+            f"{argv[0]}: command not found",
+            field=what,
+            hint=hint or f"install {argv[0]} or put it on PATH",
+            exit_code=1,
+        ) from None
     except subprocess.TimeoutExpired:
-        raise KitError(f"{shlex.join(argv)} did not finish within {timeout:g} s", field=what,
-                       hint=hint, exit_code=1) from None
+        raise KitError(
+            f"{shlex.join(argv)} did not finish within {timeout:g} s", field=what, hint=hint, exit_code=1
+        ) from None
     if check and proc.returncode != 0:
         output = ((proc.stdout or "") + (proc.stderr or "")).strip()
-        raise KitError(f"{argv[0]} failed (exit {proc.returncode}): {shlex.join(argv[1:])}",
-                       field=what, detail=tail(output) or None, hint=hint, exit_code=exit_code)
+        raise KitError(
+            f"{argv[0]} failed (exit {proc.returncode}): {shlex.join(argv[1:])}",
+            field=what,
+            detail=tail(output) or None,
+            hint=hint,
+            exit_code=exit_code,
+        )
     return proc
 
 

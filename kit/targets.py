@@ -25,8 +25,15 @@ SITE_CONFS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm
 LOCAL_TARGETS_LABEL = "the local cluster's Prometheus targets directory"
 
 
-def plan(spec: specs.JobSpec, origins: specs.Origins | None = None, *, where: str | None = None,
-         dry_run: bool = False, cwd: Path | None = None, rerun: lib.Rerun | None = None) -> lib.Plan:
+def plan(
+    spec: specs.JobSpec,
+    origins: specs.Origins | None = None,
+    *,
+    where: str | None = None,
+    dry_run: bool = False,
+    cwd: Path | None = None,
+    rerun: lib.Rerun | None = None,
+) -> lib.Plan:
     """Choose the target (none for a dry run), then :func:`kit.submission.plan` the job for it
     (``rerun``: what a rerun keeps)."""
     origins = origins or specs.Origins()
@@ -77,10 +84,12 @@ def target_of(job_dir: Path) -> slurm.Target:
     if conf is not None and (not isinstance(conf, str) or "\0" in conf):
         raise KitError(f"{record}: damaged: 'conf' is not a path", field="job")
     if conf is not None and (not owner_ok or not _trusted(Path(conf))):
-        raise KitError(f"{record}: not trusted: it names the Slurm configuration {conf!r}, and it or that file "
-                       "belongs to another user or can be changed by one", field="job",
-                       hint="run kit as the job's owner; root follows only records and configurations owned by "
-                            "root or itself")
+        raise KitError(
+            f"{record}: not trusted: it names the Slurm configuration {conf!r}, and it or that file "
+            "belongs to another user or can be changed by one",
+            field="job",
+            hint="run kit as the job's owner; root follows only records and configurations owned by root or itself",
+        )
     return slurm.Target(conf=conf, name=str(name or "site"))
 
 
@@ -95,6 +104,8 @@ def unavailable(target: slurm.Target) -> str | None:
     if target.name == "local" and not LocalCluster(public.home_of(conf)).controller_alive():
         return "the local cluster is not running"
     return None
+
+
 def select_target(where: str | None, needs_containers: bool = False) -> tuple[slurm.Target, str | None]:
     """Which Slurm to submit to: ``"local"``, ``"site"`` or None (decide).
 
@@ -107,21 +118,27 @@ def select_target(where: str | None, needs_containers: bool = False) -> tuple[sl
     def local_target() -> slurm.Target:
         state = local.state()
         if needs_containers and state is not None and not state.containers:
-            raise KitError("the local cluster was started without container support", field="--image",
-                           hint="install gcc and libslurm-dev, then: kit cluster down && kit cluster up")
+            raise KitError(
+                "the local cluster was started without container support",
+                field="--image",
+                hint="install gcc and libslurm-dev, then: kit cluster down && kit cluster up",
+            )
         return local.target
 
     if where == "local":
         if not local.running():
-            raise KitError("the local cluster is not running", field="--local",
-                           hint="start it with: kit cluster up --nodes 2")
+            raise KitError(
+                "the local cluster is not running", field="--local", hint="start it with: kit cluster up --nodes 2"
+            )
         return local_target(), None
     env_conf = os.environ.get("SLURM_CONF") or None
     if where is None and env_conf and os.path.realpath(env_conf) == os.path.realpath(local.conf):
         # A shell that ran `eval "$(kit cluster env)"`: that is the local cluster.
         if not local.running():
-            raise KitError(f"SLURM_CONF names the local cluster's {env_conf}, which is not running",
-                           hint="start it with: kit cluster up")
+            raise KitError(
+                f"SLURM_CONF names the local cluster's {env_conf}, which is not running",
+                hint="start it with: kit cluster up",
+            )
         return local_target(), None
     site_conf = env_conf or next((p for p in SITE_CONFS if os.path.exists(p)), None)
     if where == "site" or site_conf:
@@ -133,12 +150,18 @@ def select_target(where: str | None, needs_containers: bool = False) -> tuple[sl
     if machine:
         # Root's local cluster serves every user of the machine, as a site's Slurm does: a login shell through
         # `ssh host cmd` has no SLURM_CONF from dotfiles that return before their exports.
-        return (slurm.Target(conf=str(machine[0]), name="site"),
-                f"no site Slurm configured: using this machine's local cluster ({machine[0]})")
+        return (
+            slurm.Target(conf=str(machine[0]), name="site"),
+            f"no site Slurm configured: using this machine's local cluster ({machine[0]})",
+        )
     if os.geteuid() != 0:
-        raise KitError("no Slurm to submit to: no slurm.conf in SLURM_CONF or the usual places "
-                       f"({', '.join(SITE_CONFS)}), and no local cluster runs on this machine",
-                       hint="set SLURM_CONF to your site's slurm.conf (its admins know where it is), or use "
-                            "--dry-run to only write the scripts")
-    raise KitError("no Slurm to submit to: no site slurm.conf and no local cluster",
-                   hint="start one with `kit cluster up`, or use --dry-run to only write the scripts")
+        raise KitError(
+            "no Slurm to submit to: no slurm.conf in SLURM_CONF or the usual places "
+            f"({', '.join(SITE_CONFS)}), and no local cluster runs on this machine",
+            hint="set SLURM_CONF to your site's slurm.conf (its admins know where it is), or use "
+            "--dry-run to only write the scripts",
+        )
+    raise KitError(
+        "no Slurm to submit to: no site slurm.conf and no local cluster",
+        hint="start one with `kit cluster up`, or use --dry-run to only write the scripts",
+    )

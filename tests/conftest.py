@@ -34,8 +34,12 @@ def debian_base() -> Path:
     """containers/bases/debian-bookworm, made with debootstrap when missing (~45 s)."""
     require("debootstrap")
     base = REPO / "containers" / "bases" / "debian-bookworm"
-    subprocess.run(["bash", str(REPO / "containers" / "bases" / "debian-bookworm.sh"), str(base)], check=True,
-                   capture_output=True, timeout=900)
+    subprocess.run(
+        ["bash", str(REPO / "containers" / "bases" / "debian-bookworm.sh"), str(base)],
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
     return base
 
 
@@ -45,8 +49,15 @@ def cpu_image(debian_base, tmp_path_factory) -> Path:
     from helpers import kit
 
     out = tmp_path_factory.mktemp("images") / "cpu-lightning.sqsh"
-    proc = kit("build", str(REPO / "containers" / "cpu-lightning.toml"), "-o", str(out),
-               "--base", f"rootfs={debian_base}", timeout=1200)
+    proc = kit(
+        "build",
+        str(REPO / "containers" / "cpu-lightning.toml"),
+        "-o",
+        str(out),
+        "--base",
+        f"rootfs={debian_base}",
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -79,8 +90,9 @@ def cluster(kit_home) -> LocalCluster:
         os.environ["KIT_HOME"] = external
         c = LocalCluster(Path(external))
         if not c.running():
-            pytest.fail(f"KIT_TEST_CLUSTER={external}: no local cluster is running there (kit cluster up)",
-                        pytrace=False)
+            pytest.fail(
+                f"KIT_TEST_CLUSTER={external}: no local cluster is running there (kit cluster up)", pytrace=False
+            )
         yield c
         return
     c = LocalCluster(kit_home)
@@ -124,23 +136,44 @@ def user():
     wheels = Path(tempfile.mkdtemp(prefix="kit-wheel-"))
     try:
         src = wheels / "src"
-        shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv*", "tests", "bases", "build",
-                                                                   "*.egg-info", "__pycache__", "kit-jobs", "*.sqsh"))
-        subprocess.run([os.environ.get("KIT_TEST_PYTHON", "/usr/bin/python3"), "-m", "pip", "wheel", "-q",
-                        "--no-deps", str(src), "-w", str(wheels)], check=True, capture_output=True)
+        shutil.copytree(
+            REPO,
+            src,
+            ignore=shutil.ignore_patterns(
+                ".git", ".venv*", "tests", "bases", "build", "*.egg-info", "__pycache__", "kit-jobs", "*.sqsh"
+            ),
+        )
+        subprocess.run(
+            [
+                os.environ.get("KIT_TEST_PYTHON", "/usr/bin/python3"),
+                "-m",
+                "pip",
+                "wheel",
+                "-q",
+                "--no-deps",
+                str(src),
+                "-w",
+                str(wheels),
+            ],
+            check=True,
+            capture_output=True,
+        )
         os.chmod(wheels, 0o755)
         for w in wheels.glob("*.whl"):
             os.chmod(w, 0o644)
         entry = pwd.getpwnam(name)
         [wheel] = wheels.glob("*.whl")  # with the report extra: `kit report` there draws its picture
-        proc = as_user(entry, f"/usr/bin/python3 -m venv ~/venv && ~/venv/bin/pip install -q "
-                              f"--disable-pip-version-check '{wheel}[report]'", timeout=300)
+        proc = as_user(
+            entry,
+            f"/usr/bin/python3 -m venv ~/venv && ~/venv/bin/pip install -q "
+            f"--disable-pip-version-check '{wheel}[report]'",
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr
         yield entry
     finally:
         shutil.rmtree(wheels, ignore_errors=True)
         remove_user(name)
-
 
 
 @pytest.fixture(scope="session")

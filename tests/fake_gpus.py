@@ -20,7 +20,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parent / "libnvml" / "nvml.c"
 NOT_SUPPORTED, GPU_IS_LOST, UNKNOWN = 3, 15, 999
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def build(directory: Path | None = None) -> Path:
@@ -35,8 +35,22 @@ def build(directory: Path | None = None) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not out.exists():
             tmp = out.with_name(f".{out.name}.{os.getpid()}")
-            subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o", str(tmp),
-                            "-pthread", "-Wl,-soname,libnvidia-ml.so.1", str(SOURCE)], check=True)
+            subprocess.run(
+                [
+                    "gcc",
+                    "-shared",
+                    "-fPIC",
+                    "-O2",
+                    "-Wall",
+                    "-Werror",
+                    "-o",
+                    str(tmp),
+                    "-pthread",
+                    "-Wl,-soname,libnvidia-ml.so.1",
+                    str(SOURCE),
+                ],
+                check=True,
+            )
             os.replace(tmp, out)
     return out
 
@@ -55,10 +69,27 @@ def preload() -> Path:
 
 
 def default_gpu(i: int) -> dict:
-    return dict(name="NVIDIA_H100_80GB_HBM3", uuid=f"GPU-{i:08d}-fake", bus=f"00000000:{0x10 + i:02X}:00.0",
-                util=10 * i, memutil=5 * i, total=80 * GIB, used=(i + 1) * GIB, power=100_000 + 1000 * i,
-                temp=40 + i, sm=1980, mem=2619, reasons=0x4 if i == 3 else 0x1, sbe=i, dbe=0, remap_corr=i,
-                remap_unc=0, remap_pending=0, remap_fail=0, procs=f"{1000 + i}:{GIB}")
+    return dict(
+        name="NVIDIA_H100_80GB_HBM3",
+        uuid=f"GPU-{i:08d}-fake",
+        bus=f"00000000:{0x10 + i:02X}:00.0",
+        util=10 * i,
+        memutil=5 * i,
+        total=80 * GIB,
+        used=(i + 1) * GIB,
+        power=100_000 + 1000 * i,
+        temp=40 + i,
+        sm=1980,
+        mem=2619,
+        reasons=0x4 if i == 3 else 0x1,
+        sbe=i,
+        dbe=0,
+        remap_corr=i,
+        remap_unc=0,
+        remap_pending=0,
+        remap_fail=0,
+        procs=f"{1000 + i}:{GIB}",
+    )
 
 
 class FakeGpus:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from kit import slurm
+
 REPO = Path(__file__).resolve().parent.parent
 # Every rank all-reduces its rank: one world of N prints sum N*(N-1)/2 on every rank.
 ALL_REDUCE = """
@@ -62,7 +63,7 @@ def listening(pid: int) -> set[str]:
                 fields = line.split()
                 if fields[3] == "0A" and fields[9] in mine:  # LISTEN
                     addr, port = fields[1].split(":")
-                    raw = b"".join(bytes.fromhex(addr[i:i + 8])[::-1] for i in range(0, len(addr), 8))
+                    raw = b"".join(bytes.fromhex(addr[i : i + 8])[::-1] for i in range(0, len(addr), 8))
                     out.add(f"{ipaddress.ip_address(raw)}:{int(port, 16)}")
     return out
 
@@ -70,8 +71,7 @@ def listening(pid: int) -> set[str]:
 def require(tool: str) -> str:
     path = shutil.which(tool)
     if path is None:
-        pytest.fail(f"{tool} is not installed: {INSTALL.get(tool, 'install it')} (or run .ci/run)",
-                    pytrace=False)
+        pytest.fail(f"{tool} is not installed: {INSTALL.get(tool, 'install it')} (or run .ci/run)", pytrace=False)
     return path
 
 
@@ -79,14 +79,25 @@ def kit(*args: str, env: dict | None = None, cwd=None, timeout: float = 300) -> 
     """Run the real `kit` command line in a subprocess."""
     full = dict(os.environ)
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True,
-                          env=full, cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "kit", *args], capture_output=True, text=True, env=full, cwd=cwd, timeout=timeout
+    )
 
 
 def submit(tmp_path: Path, *args: str, command: list[str], timeout: float = 300) -> dict:
     """`kit launch --local --json ...`; returns {job_id, job_dir, sbatch_argv}."""
-    proc = kit("launch", "--local", "--json", "--output-dir", str(tmp_path / "jobs"), *args, "--",
-               *command, cwd=tmp_path, timeout=timeout)
+    proc = kit(
+        "launch",
+        "--local",
+        "--json",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        *args,
+        "--",
+        *command,
+        cwd=tmp_path,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -95,11 +106,23 @@ def task_env(job_dir: Path, rank: int = 0, ntasks: int = 1, **extra: str) -> dic
     """What srun gives one task of a job directory's step, plus what prelaunch exports."""
     progress = job_dir / "progress" / "r0"
     progress.mkdir(parents=True, exist_ok=True)
-    return {**os.environ, "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0", "SLURM_NTASKS": str(ntasks),
-            "SLURM_NTASKS_PER_NODE": "1", "SLURM_NODEID": str(rank), "SLURM_JOB_ID": "7",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "KIT_JOB_DIR": str(job_dir),
-            "KIT_LOG_DIR": str(job_dir / "logs"), "KIT_PROGRESS_DIR": str(progress),
-            "KIT_HANG_DIR": str(job_dir / "hang" / "r0"), "KIT_WARNING_SIGNAL": "USR1", **extra}
+    return {
+        **os.environ,
+        "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": "0",
+        "SLURM_NTASKS": str(ntasks),
+        "SLURM_NTASKS_PER_NODE": "1",
+        "SLURM_NODEID": str(rank),
+        "SLURM_JOB_ID": "7",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+        "KIT_JOB_DIR": str(job_dir),
+        "KIT_LOG_DIR": str(job_dir / "logs"),
+        "KIT_PROGRESS_DIR": str(progress),
+        "KIT_HANG_DIR": str(job_dir / "hang" / "r0"),
+        "KIT_WARNING_SIGNAL": "USR1",
+        **extra,
+    }
 
 
 def job_processes(job_dir: str | Path) -> list[tuple[int, str]]:
@@ -115,7 +138,7 @@ def job_processes(job_dir: str | Path) -> list[tuple[int, str]]:
         try:
             with open(f"/proc/{entry}/stat", "rb") as f:
                 stat = f.read()
-            if stat[stat.rindex(b")") + 2:][:1] == b"Z":
+            if stat[stat.rindex(b")") + 2 :][:1] == b"Z":
                 continue
             with open(f"/proc/{entry}/environ", "rb") as f:
                 environ = f.read().split(b"\0")
@@ -167,8 +190,12 @@ def release_requeued(cluster, job_id: str, job_dir, restarts: int = 1) -> None:
 
 def start_now(cluster, job_id: str, check: bool = False) -> None:
     """A pending job's begin time set to now: slurmctld looks at it at once."""
-    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
-                   env={**os.environ, **cluster.target.env}, check=check, capture_output=True)
+    subprocess.run(
+        ["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+        env={**os.environ, **cluster.target.env},
+        check=check,
+        capture_output=True,
+    )
 
 
 @contextlib.contextmanager
@@ -183,8 +210,12 @@ def hastened(cluster, job_id: str):
     def watch():
         poked = set()
         while not stop.wait(0.5):
-            out = subprocess.run(["squeue", "--noheader", "--jobs", job_id, "--Format=State,EligibleTime"], env=env,
-                                 capture_output=True, text=True).stdout.split()
+            out = subprocess.run(
+                ["squeue", "--noheader", "--jobs", job_id, "--Format=State,EligibleTime"],
+                env=env,
+                capture_output=True,
+                text=True,
+            ).stdout.split()
             state, begin = (out + ["", ""])[:2]  # (%S turns N/A once the begin time has passed)
             if state != "PENDING" or begin in poked or not re.match(r"\d{4}-\d\d-\d\dT", begin):
                 continue
@@ -229,10 +260,28 @@ class Waiting:
 
 
 def launch_wait(tmp_path: Path, *args: str, command: list[str], env: dict | None = None) -> Waiting:
-    proc = subprocess.Popen([sys.executable, "-m", "kit", "launch", "--local", "--wait", "--heartbeat", "0",
-                             "--output-dir", str(tmp_path / "jobs"), *args, "--", *command],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kit",
+            "launch",
+            "--local",
+            "--wait",
+            "--heartbeat",
+            "0",
+            "--output-dir",
+            str(tmp_path / "jobs"),
+            *args,
+            "--",
+            *command,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, **(env or {})},
+    )
     first, second = proc.stdout.readline(), proc.stdout.readline()
     m1, m2 = re.match(r"Submitted job (\d+)$", first), re.match(r"job dir: (.+)$", second)
     if not (m1 and m2):
@@ -242,8 +291,9 @@ def launch_wait(tmp_path: Path, *args: str, command: list[str], env: dict | None
 
 
 def scontrol(cluster, *args: str) -> None:
-    subprocess.run(["scontrol", *args], env={**os.environ, **cluster.target.env}, check=True,
-                   capture_output=True, text=True)
+    subprocess.run(
+        ["scontrol", *args], env={**os.environ, **cluster.target.env}, check=True, capture_output=True, text=True
+    )
 
 
 def scancel(cluster, job_id: str) -> None:
@@ -263,8 +313,9 @@ def named_containers(cluster, node: str, uid: int | None = None) -> Path:
     """Where ``node`` of ``cluster`` keeps the named containers of ``uid`` (default: this process's)."""
     from kit.cluster import config
 
-    return config.named_containers(cluster.root, cluster.public, cluster.state().containers, node,
-                                   os.getuid() if uid is None else uid)
+    return config.named_containers(
+        cluster.root, cluster.public, cluster.state().containers, node, os.getuid() if uid is None else uid
+    )
 
 
 def assert_nothing_left(cluster, w: Waiting, uid: int | None = None) -> None:
@@ -285,8 +336,9 @@ def assert_nothing_left(cluster, w: Waiting, uid: int | None = None) -> None:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
-def check_end(cluster, w: Waiting, *, state: str, code: int, finished: bool, log: str | None,
-              ends: list[str] | None) -> str:
+def check_end(
+    cluster, w: Waiting, *, state: str, code: int, finished: bool, log: str | None, ends: list[str] | None
+) -> str:
     rc, err = w.finish()
     assert rc == code, err + read_logs(w.job_dir)
     assert f"kit: job {w.job_id} ended {state}" in err and f"(exit code {code})" in err, err
@@ -302,9 +354,21 @@ def check_end(cluster, w: Waiting, *, state: str, code: int, finished: bool, log
 
 def as_user(user, command: str, timeout: float = 120, env: str = "") -> subprocess.CompletedProcess:
     """``command`` in a login-like shell of ``user`` (their home, their PATH with ~/venv/bin first)."""
-    return subprocess.run(["su", "-", user.pw_name, "-s", "/bin/bash", "-c",
-                           f'export PATH="$HOME/venv/bin:$PATH" {env}; cd ~ && {command}'],
-                          capture_output=True, text=True, timeout=timeout, cwd="/")
+    return subprocess.run(
+        [
+            "su",
+            "-",
+            user.pw_name,
+            "-s",
+            "/bin/bash",
+            "-c",
+            f'export PATH="$HOME/venv/bin:$PATH" {env}; cd ~ && {command}',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd="/",
+    )
 
 
 @contextlib.contextmanager
@@ -337,15 +401,20 @@ class Person:
     def name(self) -> str:
         return self.entry.pw_name
 
-    def run(self, argv: list[str], cwd: Path | None = None, env: dict | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess:
+    def run(
+        self, argv: list[str], cwd: Path | None = None, env: dict | None = None, timeout: float = 300
+    ) -> subprocess.CompletedProcess:
         """``argv`` as them in ``cwd`` (default: their directory), with ``env``'s values exported first."""
         exports = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in {"SLURM_CONF": self.conf, **(env or {})}.items())
-        return as_user(self.entry, f"cd {shlex.quote(str(cwd or self.dir))} && export {exports} && exec {shlex.join(argv)}",
-                       timeout=timeout)
+        return as_user(
+            self.entry,
+            f"cd {shlex.quote(str(cwd or self.dir))} && export {exports} && exec {shlex.join(argv)}",
+            timeout=timeout,
+        )
 
-    def kit(self, *args: str, cwd: Path | None = None, env: dict | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess:
+    def kit(
+        self, *args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300
+    ) -> subprocess.CompletedProcess:
         return self.run(["kit", *args], cwd=cwd, env=env, timeout=timeout)
 
     def own(self, *paths: Path) -> None:
@@ -364,10 +433,15 @@ def skip_where_squashfuse_is_closed(cluster, mode: str) -> None:
     """Real enroot runs squashfuse as the job's user, and libfuse opens /dev/fuse itself: on a machine whose
     /dev/fuse is root's alone (this one's is 0600; Debian's 0666) real pyxis cannot start squashfuse mode for an
     ordinary user. The stand-in makes the step's own device node: it runs everywhere."""
-    if mode.startswith("squashfuse") and cluster.state().containers == "pyxis" and \
-            os.stat("/dev/fuse").st_mode & 0o006 != 0o006:
-        pytest.skip("real enroot opens /dev/fuse as the job's user, for whom this machine's is closed (Debian's is "
-                    "0666): real pyxis cannot start squashfuse mode for an ordinary user here")
+    if (
+        mode.startswith("squashfuse")
+        and cluster.state().containers == "pyxis"
+        and os.stat("/dev/fuse").st_mode & 0o006 != 0o006
+    ):
+        pytest.skip(
+            "real enroot opens /dev/fuse as the job's user, for whom this machine's is closed (Debian's is "
+            "0666): real pyxis cannot start squashfuse mode for an ordinary user here"
+        )
 
 
 def remove_user(name: str, timeout: float = 30) -> None:

@@ -63,31 +63,46 @@ def tar_bytes(entries: list[tuple]) -> bytes:
 
 
 LAYER1 = [
-    ("etc", "dir", None, 0o755), ("etc/os-release", "file", "ID=layered\n", 0o644),
-    ("a", "dir", None, 0o755), ("a/x", "file", "x1\n", 0o644), ("a/y", "file", "y1\n", 0o600),
-    ("b", "dir", None, 0o755), ("b/old", "file", "old\n", 0o644), ("b/sub", "dir", None, 0o755),
+    ("etc", "dir", None, 0o755),
+    ("etc/os-release", "file", "ID=layered\n", 0o644),
+    ("a", "dir", None, 0o755),
+    ("a/x", "file", "x1\n", 0o644),
+    ("a/y", "file", "y1\n", 0o600),
+    ("b", "dir", None, 0o755),
+    ("b/old", "file", "old\n", 0o644),
+    ("b/sub", "dir", None, 0o755),
     ("b/sub/deep", "file", "deep\n", 0o644),
-    ("bin", "dir", None, 0o755), ("bin/tool", "file", "#!/bin/sh\necho tool\n", 0o755),
+    ("bin", "dir", None, 0o755),
+    ("bin/tool", "file", "#!/bin/sh\necho tool\n", 0o755),
     ("bin/tool-link", "hardlink", "bin/tool", 0o755),
-    ("c", "symlink", "a", 0o777), ("abs", "symlink", "/etc/os-release", 0o777),
-    ("gone-dir", "dir", None, 0o755), ("gone-dir/f", "file", "f\n", 0o644),
-    ("dev", "dir", None, 0o755), ("dev/null-ish", "file", "dropped\n", 0o644),
+    ("c", "symlink", "a", 0o777),
+    ("abs", "symlink", "/etc/os-release", 0o777),
+    ("gone-dir", "dir", None, 0o755),
+    ("gone-dir/f", "file", "f\n", 0o644),
+    ("dev", "dir", None, 0o755),
+    ("dev/null-ish", "file", "dropped\n", 0o644),
 ]
 LAYER2 = [
-    ("a/.wh.x", "file", "", 0o644),                   # delete a/x
-    ("b/.wh..wh..opq", "file", "", 0o644),            # empty b of the lower layer
+    ("a/.wh.x", "file", "", 0o644),  # delete a/x
+    ("b/.wh..wh..opq", "file", "", 0o644),  # empty b of the lower layer
     ("b/new", "file", "new\n", 0o644),
-    ("a/y", "file", "y2\n", 0o640),                   # replace, new mode
-    ("c", "file", "c is a file now\n", 0o644),        # symlink replaced by a file
-    (".wh.gone-dir", "file", "", 0o644),              # delete a whole directory
-    ("bin/tool2", "hardlink", "bin/tool", 0o755),     # hard link to a lower-layer file
+    ("a/y", "file", "y2\n", 0o640),  # replace, new mode
+    ("c", "file", "c is a file now\n", 0o644),  # symlink replaced by a file
+    (".wh.gone-dir", "file", "", 0o644),  # delete a whole directory
+    ("bin/tool2", "hardlink", "bin/tool", 0o755),  # hard link to a lower-layer file
     ("setuid", "file", "s\n", 0o4755),
 ]
 CONFIG = {
-    "architecture": "amd64", "os": "linux",
-    "config": {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "GREETING=hello world"],
-               "WorkingDir": "/srv/app", "Entrypoint": ["/bin/tool", "--flag"], "Cmd": ["it's", "two words"],
-               "Volumes": {"/var/data": {}, "/cache": {}}, "Labels": {"maintainer": "kit", "version": "1"}},
+    "architecture": "amd64",
+    "os": "linux",
+    "config": {
+        "Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "GREETING=hello world"],
+        "WorkingDir": "/srv/app",
+        "Entrypoint": ["/bin/tool", "--flag"],
+        "Cmd": ["it's", "two words"],
+        "Volumes": {"/var/data": {}, "/cache": {}},
+        "Labels": {"maintainer": "kit", "version": "1"},
+    },
     "rootfs": {"type": "layers", "diff_ids": []},
 }
 
@@ -104,17 +119,33 @@ def oci_layout(layout: Path, layers=(LAYER1, LAYER2), config=CONFIG, tag="test")
     layer_data = [tar_bytes(layer) for layer in layers]
     cfg = json.loads(json.dumps(config))
     cfg["rootfs"]["diff_ids"] = ["sha256:" + hashlib.sha256(d).hexdigest() for d in layer_data]
-    layer_descs = [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": _blob(layout, d),
-                    "size": len(d)} for d in layer_data]
+    layer_descs = [
+        {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": _blob(layout, d), "size": len(d)}
+        for d in layer_data
+    ]
     cfg_bytes = json.dumps(cfg).encode()
-    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": _blob(layout, cfg_bytes),
-                           "size": len(cfg_bytes)},
-                "layers": layer_descs}
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": _blob(layout, cfg_bytes),
+            "size": len(cfg_bytes),
+        },
+        "layers": layer_descs,
+    }
     man_bytes = json.dumps(manifest).encode()
-    index = {"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
-                                                "digest": _blob(layout, man_bytes), "size": len(man_bytes),
-                                                "annotations": {"org.opencontainers.image.ref.name": tag}}]}
+    index = {
+        "schemaVersion": 2,
+        "manifests": [
+            {
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": _blob(layout, man_bytes),
+                "size": len(man_bytes),
+                "annotations": {"org.opencontainers.image.ref.name": tag},
+            }
+        ],
+    }
     (layout / "index.json").write_text(json.dumps(index))
     (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
     return layout
@@ -154,5 +185,10 @@ def tree(root: Path, skip=("dev",)) -> dict:
                 out[rel] = ("dir", oct(stat.S_IMODE(st.st_mode)))
             else:
                 group = inodes.setdefault(st.st_ino, rel)
-                out[rel] = ("file", oct(stat.S_IMODE(st.st_mode)), full.read_bytes(), group if st.st_nlink > 1 else None)
+                out[rel] = (
+                    "file",
+                    oct(stat.S_IMODE(st.st_mode)),
+                    full.read_bytes(),
+                    group if st.st_nlink > 1 else None,
+                )
     return out

@@ -47,14 +47,17 @@ def expected(job_dir: Path) -> dict:
     times = [t for ts in runs.values() for t in ts]
     out = {"duration_seconds": max(times) - min(times), "runs": len(runs)}
     counted = [p for k, p in series.items() if k[0] == "training_samples_total"]
-    out["samples"] = sum(sum((b - a) if b >= a else b for (_, a), (_, b) in zip(p, p[1:]))
-                         for p in counted) if counted else None  # none reported: unknown, not 0
+    out["samples"] = (
+        sum(sum((b - a) if b >= a else b for (_, a), (_, b) in zip(p, p[1:])) for p in counted) if counted else None
+    )  # none reported: unknown, not 0
     loss0 = sorted(p for k, pts in series.items() if k[0] == "training_loss" and k[2] == "0" for p in pts)
     out["first_loss"], out["last_loss"] = (loss0[0][1], loss0[-1][1]) if loss0 else (None, None)
     nodes = {}
     for node in sorted({k[1] for k in series if k[0] in ("kit_job_cpu_seconds_total", "training_samples_total")}):
+
         def get(metric, tag=""):
             return series.get((metric, node, tag), [])
+
         cpus = get("kit_job_cpus")[-1][1] if get("kit_job_cpus") else None
         used = _rate(get("kit_job_cpu_seconds_total"), resets=False)
         modes = {k[2]: p for k, p in series.items() if k[0] == "node_cpu_seconds_total" and k[1] == node}
@@ -65,12 +68,15 @@ def expected(job_dir: Path) -> dict:
         rank_rates = [_rate(p) for k, p in series.items() if k[0] == "training_samples_total" and k[1] == node]
         rank_rates = [r for r in rank_rates if r is not None]
         nodes[node] = {
-            "cpus_allocated": cpus, "cpu_cores_used": used,
+            "cpus_allocated": cpus,
+            "cpu_cores_used": used,
             "cpu_efficiency_percent": 100 * used / cpus if used is not None and cpus else None,
             "node_cpu_busy_percent": 100 * (1 - (inc.get("idle", 0) + inc.get("iowait", 0)) / total) if total else None,
-            "memory_peak_bytes": peak, "memory_limit_bytes": limit,
+            "memory_peak_bytes": peak,
+            "memory_limit_bytes": limit,
             "memory_peak_percent": 100 * peak / limit if peak is not None and limit else None,
-            "samples_per_second": sum(rank_rates) if rank_rates else None}
+            "samples_per_second": sum(rank_rates) if rank_rates else None,
+        }
     out["nodes"] = nodes
     gpus = {}
     for (name, node, gpu), pts in series.items():
@@ -78,8 +84,11 @@ def expected(job_dir: Path) -> dict:
             continue
         vals = [v for _, v in pts]
         procs = [v for _, v in series.get(("gpu_compute_processes", node, gpu), [])]
-        gpus[(node, gpu)] = {"mean_util": sum(vals) / len(vals), "peak_util": max(vals),
-                             "no_process_percent": 100 * procs.count(0.0) / len(procs) if procs else None}
+        gpus[(node, gpu)] = {
+            "mean_util": sum(vals) / len(vals),
+            "peak_util": max(vals),
+            "no_process_percent": 100 * procs.count(0.0) / len(procs) if procs else None,
+        }
     out["gpus"] = gpus
     return out
 
@@ -115,11 +124,15 @@ def check(job_dir: Path, summary: dict, text: str) -> dict:
     for node, n in want["nodes"].items():
         line = next(line for line in text.splitlines() if line.startswith(f"{node}: "))
         if n["cpu_cores_used"] is not None:
-            assert f"CPU {n['cpu_cores_used']:.2f} of {n['cpus_allocated']:.0f} allocated cores " \
-                   f"({n['cpu_efficiency_percent']:.0f} %)" in line, line
+            assert (
+                f"CPU {n['cpu_cores_used']:.2f} of {n['cpus_allocated']:.0f} allocated cores "
+                f"({n['cpu_efficiency_percent']:.0f} %)" in line
+            ), line
         if n["memory_peak_bytes"] is not None:
-            assert f"memory peak {n['memory_peak_bytes'] / 1024 ** 3:.2f} GiB of " \
-                   f"{n['memory_limit_bytes'] / 1024 ** 3:.2f} GiB" in line, line
+            assert (
+                f"memory peak {n['memory_peak_bytes'] / 1024**3:.2f} GiB of "
+                f"{n['memory_limit_bytes'] / 1024**3:.2f} GiB" in line
+            ), line
         if n["samples_per_second"] is not None:
             assert f"{n['samples_per_second']:.1f} samples/s" in line, line
     for (node, gpu), g in want["gpus"].items():

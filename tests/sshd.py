@@ -81,40 +81,53 @@ class Servers:
         known = self.root / "known_hosts"
         moved = self.root / "known_hosts.moved"
         key = lambda name: " ".join((self.root / f"host_{name}.pub").read_text().split()[:2])  # noqa: E731
-        known.write_text(f"[127.0.0.1]:{self.ports['login']} {key('login')}\n"
-                         f"[127.0.0.1]:{self.ports['jump']} {key('jump')}\n")
+        known.write_text(
+            f"[127.0.0.1]:{self.ports['login']} {key('login')}\n[127.0.0.1]:{self.ports['jump']} {key('jump')}\n"
+        )
         moved.write_text(f"[127.0.0.1]:{self.ports['login']} {key('other')}\n")
-        common = (f"  HostName 127.0.0.1\n  IdentityFile {self.client_key}\n"
-                  f"  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n  UpdateHostKeys no\n")
+        common = (
+            f"  HostName 127.0.0.1\n  IdentityFile {self.client_key}\n"
+            f"  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n  UpdateHostKeys no\n"
+        )
         me = f"  User {getpass.getuser()}\n"
         login = f"  User {self.user.pw_name}\n" if self.user is not None else me
         sites = self.root / "known_hosts.sites"
         sites.write_text(f"site-a {key('login')}\nsite-b {key('jump')}\n")
-        site = lambda name, port: (f"Host {name}\n  HostName login.internal\n  Port 22\n  HostKeyAlias {name}\n"  # noqa: E731
-                                   f"  ProxyCommand socat - TCP:127.0.0.1:{port}\n{login}  IdentityFile {self.client_key}\n"
-                                   f"  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n  UpdateHostKeys no\n"
-                                   f"  UserKnownHostsFile {sites}\n")
+
+        def site(name, port):
+            return (
+                f"Host {name}\n  HostName login.internal\n  Port 22\n  HostKeyAlias {name}\n"
+                f"  ProxyCommand socat - TCP:127.0.0.1:{port}\n{login}  IdentityFile {self.client_key}\n"
+                f"  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n  UpdateHostKeys no\n"
+                f"  UserKnownHostsFile {sites}\n"
+            )
+
         self.config.write_text(
-            site("site-a", self.ports["login"]) + site("site-b", self.ports["jump"]) +
-            f"Host kit-login\n  Port {self.ports['login']}\n  ProxyJump kit-jump\n{login}{common}  UserKnownHostsFile {known}\n"
+            site("site-a", self.ports["login"])
+            + site("site-b", self.ports["jump"])
+            + f"Host kit-login\n  Port {self.ports['login']}\n  ProxyJump kit-jump\n{login}{common}  UserKnownHostsFile {known}\n"
             f"Host kit-direct\n  Port {self.ports['login']}\n{login}{common}  UserKnownHostsFile {known}\n"
             f"Host kit-jump\n  Port {self.ports['jump']}\n{me}{common}  UserKnownHostsFile {known}\n"
-            f"Host kit-moved\n  Port {self.ports['login']}\n{login}{common}  UserKnownHostsFile {moved}\n")
+            f"Host kit-moved\n  Port {self.ports['login']}\n{login}{common}  UserKnownHostsFile {moved}\n"
+        )
 
     def start(self) -> "Servers":
         for name, port in self.ports.items():
             cfg = self.root / f"sshd_{name}.conf"
-            setenv = ("SetEnv " + " ".join(f'{k}="{v}"' for k, v in self.login_env.items()) + "\n"
-                      if self.login_env else "")  # the jump sshd serves site-b's sessions too
+            setenv = (
+                "SetEnv " + " ".join(f'{k}="{v}"' for k, v in self.login_env.items()) + "\n" if self.login_env else ""
+            )  # the jump sshd serves site-b's sessions too
             cfg.write_text(
                 f"Port {port}\nListenAddress 127.0.0.1\nHostKey {self.root / f'host_{name}'}\n"
                 f"AuthorizedKeysFile {self._keys_file(name)}\nPubkeyAuthentication yes\n"
                 "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
                 "UsePAM no\nStrictModes no\nLogLevel VERBOSE\nAllowTcpForwarding yes\nMaxStartups 50\n"
-                f"PidFile {self.root / f'sshd_{name}.pid'}\n{setenv}")
+                f"PidFile {self.root / f'sshd_{name}.pid'}\n{setenv}"
+            )
             log = open(self.root / f"sshd_{name}.log", "wb")
-            self.procs[name] = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdout=log,
-                                                stderr=subprocess.STDOUT)
+            self.procs[name] = subprocess.Popen(
+                [SSHD, "-D", "-e", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT
+            )
         for name, port in self.ports.items():
             deadline = time.monotonic() + 15
             while True:
@@ -123,7 +136,7 @@ class Servers:
                     break
                 except OSError:
                     if time.monotonic() > deadline or self.procs[name].poll() is not None:
-                        raise RuntimeError(f"sshd {name} did not start: {self.log(name)}")
+                        raise RuntimeError(f"sshd {name} did not start: {self.log(name)}") from None
                     time.sleep(0.05)
         return self
 
@@ -148,11 +161,13 @@ class Servers:
     def control_path(self, host: str) -> list[str]:
         """The ssh options that name kit's master socket to ``host``."""
         from kit import remote
+
         return ["-o", "ControlPath=" + remote.control_path(remote.Host.of(host, {"KIT_SSH": " ".join(self.ssh())}))]
 
     def master_pid(self, host: str) -> int | None:
-        check = subprocess.run([*self.ssh(), *self.control_path(host), "-O", "check", host],
-                               capture_output=True, text=True, timeout=10)
+        check = subprocess.run(
+            [*self.ssh(), *self.control_path(host), "-O", "check", host], capture_output=True, text=True, timeout=10
+        )
         found = re.search(r"pid=(\d+)", check.stderr)
         return int(found.group(1)) if check.returncode == 0 and found else None
 

@@ -28,14 +28,18 @@ def home(tmp_path):
 
 def sacct(target, job_id: str) -> list[str]:
     """`sacct -j ID -X`: the job's allocation line (state, elapsed, exit code) as Slurm's database holds it."""
-    return target.run(["sacct", "-j", job_id, "-X", "-P", "-n", "--format=JobID,State,Elapsed,ExitCode"],
-                      check=False).stdout.split()
+    return target.run(
+        ["sacct", "-j", job_id, "-X", "-P", "-n", "--format=JobID,State,Elapsed,ExitCode"], check=False
+    ).stdout.split()
 
 
 def recorded(target, job_id: str, state: str) -> list[str]:
     """Wait for the end record (slurmctld hands it to slurmdbd moments after the job ends)."""
-    return wait_for(lambda: (line := sacct(target, job_id)) and line[0].split("|")[1] == state and line, 30,
-                    what=f"sacct to say {state}")
+    return wait_for(
+        lambda: (line := sacct(target, job_id)) and line[0].split("|")[1] == state and line,
+        30,
+        what=f"sacct to say {state}",
+    )
 
 
 def test_sacct_and_an_efficiency_report_answer_for_kit_jobs(cluster, tmp_path):
@@ -43,7 +47,9 @@ def test_sacct_and_an_efficiency_report_answer_for_kit_jobs(cluster, tmp_path):
     sacct-based seff of PyPI) reports its CPU efficiency."""
     require("reportseff")
     assert cluster.state().dbd_port, "the session cluster runs with accounting when slurmdbd and MariaDB are installed"
-    ok = submit(tmp_path, "--no-exporter", command=["python3", "-c", "import time\nt=time.time()\nwhile time.time()-t<3: pass"])
+    ok = submit(
+        tmp_path, "--no-exporter", command=["python3", "-c", "import time\nt=time.time()\nwhile time.time()-t<3: pass"]
+    )
     bad = submit(tmp_path, "--no-exporter", command=["bash", "-c", "sleep 1; exit 3"])
     for job in (ok, bad):
         slurm.wait(cluster.target, job["job_id"], timeout=120)
@@ -54,15 +60,19 @@ def test_sacct_and_an_efficiency_report_answer_for_kit_jobs(cluster, tmp_path):
     assert 3 <= h * 3600 + m * 60 + s < 60, elapsed
     (line,) = recorded(cluster.target, bad["job_id"], "FAILED")
     assert line.split("|")[3] == "3:0", line
-    report = subprocess.run(["reportseff", "--no-color", "--format", "JobID,State,Elapsed,CPUEff", ok["job_id"]],
-                            capture_output=True, text=True, env={**os.environ, "SLURM_CONF": cluster.target.conf})
+    report = subprocess.run(
+        ["reportseff", "--no-color", "--format", "JobID,State,Elapsed,CPUEff", ok["job_id"]],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SLURM_CONF": cluster.target.conf},
+    )
     assert report.returncode == 0, report.stderr
     row = report.stdout.splitlines()[-1].split()
     assert row[:2] == [ok["job_id"], "COMPLETED"] and row[3].endswith("%"), report.stdout
     assert float(row[3].rstrip("%")) > 10, report.stdout  # a busy loop for 3 s of the job's few seconds
 
 
-SUBMITIT = textwrap.dedent('''
+SUBMITIT = textwrap.dedent("""
     import json, sys, time
     import submitit
 
@@ -90,16 +100,21 @@ SUBMITIT = textwrap.dedent('''
         job.wait()
     out["states"] = [job.state for job in (done, failed, cancelled)]
     print(json.dumps(out))
-''')
+""")
 
 
 def test_submitit_sees_completed_failed_and_cancelled_jobs_and_its_wait_returns(cluster, tmp_path):
     """Without accounting submitit's wait() hung on a cancelled job (state UNKNOWN)."""
     pytest.importorskip("submitit", reason="submitit is a test dependency: pip install -e .[test]")
     (tmp_path / "use_submitit.py").write_text(SUBMITIT)
-    proc = subprocess.run([sys.executable, "use_submitit.py", str(tmp_path / "submitit")], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "SLURM_CONF": cluster.target.conf})
+    proc = subprocess.run(
+        [sys.executable, "use_submitit.py", str(tmp_path / "submitit")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "SLURM_CONF": cluster.target.conf},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = __import__("json").loads(proc.stdout.splitlines()[-1])
     assert out["result"] == 42 and out["error"].startswith("FailedJobError") and "boom" in out["error"]
@@ -124,8 +139,20 @@ def test_the_database_survives_down_and_up_and_listens_on_no_port(home):
     d = accounting.directory(home / "cluster")
     assert stat.S_IMODE(d.stat().st_mode) == 0o700 and accounting.db_socket(home / "cluster").is_socket()
     assert stat.S_IMODE((c.public / "slurmdbd.conf").stat().st_mode) == 0o600
-    other = subprocess.run(["runuser", "-u", "nobody", "--", "mariadb", f"--socket={accounting.db_socket(home / 'cluster')}",
-                            "-e", "select 1"], capture_output=True, text=True)
+    other = subprocess.run(
+        [
+            "runuser",
+            "-u",
+            "nobody",
+            "--",
+            "mariadb",
+            f"--socket={accounting.db_socket(home / 'cluster')}",
+            "-e",
+            "select 1",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert other.returncode != 0 and "(13)" in other.stderr, other.stdout + other.stderr  # EACCES: the directory
     # A job cancelled by `down` is recorded too (its record is handed over before slurmctld stops).
     running = c.target.run(["sbatch", "--parsable", out, "--wrap", "sleep 300"]).stdout.strip().split(";")[0]
@@ -153,8 +180,10 @@ def test_without_the_packages_up_says_so_and_runs_without_accounting(home, monke
     heard = []
     st, _ = LocalCluster(home).up(nodes=1, cpus_per_node=1, progress=heard.append)
     assert st.dbd_port is None and "mariadbd" not in st.pids
-    assert "no accounting (mariadbd, slurmdbd not installed): sacct and seff will not answer; install Debian's " \
-           "slurmdbd and MariaDB: apt-get install -y slurmdbd mariadb-server" in heard, heard
+    assert (
+        "no accounting (mariadbd, slurmdbd not installed): sacct and seff will not answer; install Debian's "
+        "slurmdbd and MariaDB: apt-get install -y slurmdbd mariadb-server" in heard
+    ), heard
     LocalCluster(home).down()
     with pytest.raises(accounting.KitError) as e:
         LocalCluster(home).up(nodes=1, cpus_per_node=1, accounting=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -15,17 +15,28 @@ import pytest
 from helpers import REPO, kit, wait_for
 
 import kit as kitlib
-from kit.job import api
 from kit.cli.launch import launch as launch_command
+from kit.job import api
 from kit.jobdir import JobDir
 
 
 def test_a_plain_python_process_launches_follows_and_waits(cluster, tmp_path):
     """The shipped example, run as a user runs it: a 2-node reference-trainer job from a plain
     Python process; progress seen while it runs; wait() says COMPLETED, exit 0."""
-    proc = subprocess.run([sys.executable, str(REPO / "launch" / "examples" / "api_quickstart.py"), "--max-steps",
-                           "300", "--output-dir", str(tmp_path / "jobs")], capture_output=True, text=True, timeout=600,
-                          cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "launch" / "examples" / "api_quickstart.py"),
+            "--max-steps",
+            "300",
+            "--output-dir",
+            str(tmp_path / "jobs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["state"] == "COMPLETED" and result["exit_code"] == 0, proc.stdout
@@ -60,15 +71,26 @@ def test_every_launch_option_is_a_keyword_with_the_commands_checks(tmp_path):
     """The keywords are derived from the command's options (dashes as underscores), and a bad
     value raises kit.KitError with the command's message and field."""
     flags = {max(p.opts, key=len) for p in launch_command.params if p.name not in ("help", "command")}
-    flags |= {p.secondary_opts[0] for p in launch_command.params if p.secondary_opts and p.name != "help"} - \
-        {"--no-debug", "--no-container-mount-home"}  # the off side of a switch is debug=False
+    flags |= {p.secondary_opts[0] for p in launch_command.params if p.secondary_opts and p.name != "help"} - {
+        "--no-debug",
+        "--no-container-mount-home",
+    }  # the off side of a switch is debug=False
     assert {f.lstrip("-").replace("-", "_") for f in flags} == set(api.python_names())
-    bad = [({"nodes": 0}, ["--nodes", "0"]), ({"mem": "lots"}, ["--mem", "lots"]), ({"time": "1:2:3:4"}, ["--time", "1:2:3:4"]),
-           ({"env": {"RANK": "3"}}, ["--env", "RANK=3"]), ({"sbatch_arg": ["--nodes=3"]}, ["--sbatch-arg=--nodes=3"]),
-           ({"port_range": "9-1"}, ["--port-range", "9-1"]), ({"signal": "KILL"}, ["--signal", "KILL"]),
-           ({"mount": ["relative:/x"], "image": str(tmp_path / "none.sqsh")},
-            ["--mount", "relative:/x", "--image", str(tmp_path / "none.sqsh")]),
-           ({"sweep": ["lr"]}, ["--sweep", "lr"]), ({"after": ["x:maybe"]}, ["--after", "x:maybe"])]
+    bad = [
+        ({"nodes": 0}, ["--nodes", "0"]),
+        ({"mem": "lots"}, ["--mem", "lots"]),
+        ({"time": "1:2:3:4"}, ["--time", "1:2:3:4"]),
+        ({"env": {"RANK": "3"}}, ["--env", "RANK=3"]),
+        ({"sbatch_arg": ["--nodes=3"]}, ["--sbatch-arg=--nodes=3"]),
+        ({"port_range": "9-1"}, ["--port-range", "9-1"]),
+        ({"signal": "KILL"}, ["--signal", "KILL"]),
+        (
+            {"mount": ["relative:/x"], "image": str(tmp_path / "none.sqsh")},
+            ["--mount", "relative:/x", "--image", str(tmp_path / "none.sqsh")],
+        ),
+        ({"sweep": ["lr"]}, ["--sweep", "lr"]),
+        ({"after": ["x:maybe"]}, ["--after", "x:maybe"]),
+    ]
     for keywords, argv in bad:
         with pytest.raises(kitlib.KitError) as e:
             kitlib.launch(["true"], dry_run=True, output_dir=str(tmp_path / "jobs"), **keywords)
@@ -80,8 +102,16 @@ def test_every_launch_option_is_a_keyword_with_the_commands_checks(tmp_path):
         kitlib.launch(["true"], nodez=2)
     with pytest.raises(kitlib.KitError, match="expected a whole number"):
         kitlib.launch(["true"], nodes="2", dry_run=True)
-    job = kitlib.launch("echo $RANK", dry_run=True, output_dir=tmp_path / "ok", nodes=2, env={"A": "1"},
-                        no_exporter=True, sweep={"lr": [0.1, 0.01]}, debug=True)
+    job = kitlib.launch(
+        "echo $RANK",
+        dry_run=True,
+        output_dir=tmp_path / "ok",
+        nodes=2,
+        env={"A": "1"},
+        no_exporter=True,
+        sweep={"lr": [0.1, 0.01]},
+        debug=True,
+    )
     spec = json.loads((job.dir / JobDir.SPEC).read_text())
     assert job.id is None and spec["command"] == ["bash", "-c", "echo $RANK"] and spec["exporter"] is False
     assert spec["sweep"] == {"lr": ["0.1", "0.01"]} and spec["env"] == {"A": "1"} and spec["debug"] is True
@@ -90,6 +120,7 @@ def test_every_launch_option_is_a_keyword_with_the_commands_checks(tmp_path):
 def test_a_function_runs_on_every_rank_as_one_world(cluster, tmp_path):
     """kit.submit(fn) on 2 nodes x 2 tasks, fn all-reducing its rank with gloo:
     one world of 4, every rank's return value; rank 0's is job.result()."""
+
     def all_reduce(offset):
         import os
 
@@ -99,13 +130,18 @@ def test_a_function_runs_on_every_rank_as_one_world(cluster, tmp_path):
         dist.init_process_group("gloo")
         t = torch.tensor([int(os.environ["RANK"]) + offset])
         dist.all_reduce(t)
-        out = {"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": int(t.item()),
-               "node": os.environ["SLURMD_NODENAME"]}
+        out = {
+            "rank": dist.get_rank(),
+            "world": dist.get_world_size(),
+            "sum": int(t.item()),
+            "node": os.environ["SLURMD_NODENAME"],
+        }
         dist.destroy_process_group()
         return out
 
-    job = kitlib.submit(all_reduce, 10, nodes=2, ntasks_per_node=2, local=True, output_dir=tmp_path / "jobs",
-                        no_exporter=True)
+    job = kitlib.submit(
+        all_reduce, 10, nodes=2, ntasks_per_node=2, local=True, output_dir=tmp_path / "jobs", no_exporter=True
+    )
     results = job.results(timeout=300)
     assert [r["rank"] for r in results] == [0, 1, 2, 3] and {r["world"] for r in results} == {4}
     assert {r["sum"] for r in results} == {0 + 1 + 2 + 3 + 4 * 10}
@@ -132,8 +168,9 @@ def test_an_exception_on_a_rank_comes_back_naming_it(cluster, tmp_path):
     assert e.value.rank == 1 and e.value.node == "node2" and e.value.type == "ValueError"
     assert "rank 1 on node2 raised ValueError: bad shard 7" in str(e.value)
     # Where it failed is in the message itself (file, line, function, source).
-    assert re.search(r'File ".*test_api.py", line \d+, in fails_on_rank_1\n +raise ValueError\("bad shard 7"\)',
-                     str(e.value)), str(e.value)
+    assert re.search(
+        r'File ".*test_api.py", line \d+, in fails_on_rank_1\n +raise ValueError\("bad shard 7"\)', str(e.value)
+    ), str(e.value)
     assert 'raise ValueError("bad shard 7")' in e.value.traceback
     end = job.wait()
     assert end.state == "FAILED" and end.exit_code == 1 and not (job.dir / "FINISHED").exists()
@@ -150,7 +187,9 @@ def test_a_function_job_whose_python_differs_is_refused_before_submitting(tmp_pa
     subprocess.run(["mksquashfs", str(root), str(image), "-quiet", "-no-progress"], check=True)
     with pytest.raises(kitlib.KitError) as e:
         kitlib.submit(print, "x", image=str(image), local=True, output_dir=tmp_path / "jobs")
-    assert e.value.field == "--image" and "has python3.9, this Python is %d.%d" % sys.version_info[:2] in e.value.message
+    assert (
+        e.value.field == "--image" and "has python3.9, this Python is %d.%d" % sys.version_info[:2] in e.value.message
+    )
     (root / "usr/bin/python3.9").rename(root / ("usr/bin/python%d.%d" % sys.version_info[:2]))
     image.unlink()
     subprocess.run(["mksquashfs", str(root), str(image), "-quiet", "-no-progress"], check=True)
@@ -188,6 +227,7 @@ def test_map_runs_one_task_per_item_and_returns_results_in_order(cluster, tmp_pa
 def test_a_function_job_reruns_and_a_rank_that_never_returned_is_not_finished(cluster, tmp_path):
     """kit rerun of a kit.submit job returns the function's result again;
     a function that leaves through os._exit(0) is not "the work finished"."""
+
     def answer(x):
         return x + 1
 
@@ -209,9 +249,12 @@ def test_a_function_job_reruns_and_a_rank_that_never_returned_is_not_finished(cl
     gone = kitlib.submit(leaves, nodes=2, local=True, output_dir=tmp_path / "jobs", no_exporter=True)
     end = gone.wait(timeout=300)
     assert (end.state, end.exit_code) == ("FAILED", 70) and not (gone.dir / "FINISHED").exists(), end
-    assert "not every rank returned from the function" in (gone.dir / "logs").joinpath(
-        f"slurm-{gone.id}.out").read_text()
-    deep = kit("rerun", str(job.dir), "--edit", "nodes=" + "[" * 2000, cwd=tmp_path)  # a TOML value nested past Python's limit: refused, no traceback
+    assert (
+        "not every rank returned from the function" in (gone.dir / "logs").joinpath(f"slurm-{gone.id}.out").read_text()
+    )
+    deep = kit(
+        "rerun", str(job.dir), "--edit", "nodes=" + "[" * 2000, cwd=tmp_path
+    )  # a TOML value nested past Python's limit: refused, no traceback
     assert deep.returncode == 2 and deep.stderr.startswith("kit: --edit: nodes: the value is nested too deep")
     assert "Traceback" not in deep.stderr
 
@@ -219,8 +262,13 @@ def test_a_function_job_reruns_and_a_rank_that_never_returned_is_not_finished(cl
 def test_rerun_submits_the_resolved_spec_again_with_edits(cluster, tmp_path):
     """kit rerun of a finished job: the same resolved spec but for --edit, a new directory, the
     same Slurm; kit ps --json and kit.jobs() say which job it reruns."""
-    first = kitlib.launch([sys.executable, "-m", "kit.train", "--max-steps", "20"], local=True,
-                          output_dir=tmp_path / "jobs", env={"A": "1"}, wait=True)
+    first = kitlib.launch(
+        [sys.executable, "-m", "kit.train", "--max-steps", "20"],
+        local=True,
+        output_dir=tmp_path / "jobs",
+        env={"A": "1"},
+        wait=True,
+    )
     assert first.wait().exit_code == 0
     proc = kit("rerun", str(first.dir), "--edit", "nodes=2", "--wait", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -249,15 +297,32 @@ def test_a_held_job_on_the_host_runs_the_code_it_was_submitted_with(cluster, tmp
     repo = tmp_path / "repo"
     (repo / "pkg").mkdir(parents=True)
     (repo / "pkg" / "train.py").write_text("import helper\nprint('code', helper.VERSION)\n")
-    run = lambda *a: subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@kit", "-c", "user.name=t", *a],
-                                    check=True, capture_output=True, text=True).stdout.strip()
+
+    def run(*a):
+        return subprocess.run(
+            ["git", "-C", str(repo), "-c", "user.email=t@kit", "-c", "user.name=t", *a],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+
     run("init", "-q")
     run("add", "pkg/train.py")
     run("commit", "-qm", "one")
     (repo / "pkg" / "train.py").write_text("import helper\nprint('code', helper.VERSION, 'edited')\n")
     (repo / "pkg" / "helper.py").write_text("VERSION = 'v1'\n")  # untracked, not ignored: in the snapshot
-    proc = kit("launch", "--local", "--no-exporter", "--sbatch-arg=--hold", "--output-dir", str(tmp_path / "jobs"),
-               "--", sys.executable, "train.py", cwd=repo / "pkg")
+    proc = kit(
+        "launch",
+        "--local",
+        "--no-exporter",
+        "--sbatch-arg=--hold",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        sys.executable,
+        "train.py",
+        cwd=repo / "pkg",
+    )
     assert proc.returncode == 0, proc.stderr
     job = kitlib.Job.from_dir(proc.stdout.split("job dir: ")[1].strip())
     (repo / "pkg" / "helper.py").write_text("VERSION = 'v2'\n")
@@ -294,15 +359,24 @@ def test_job_logs_errors_reads_only_the_end_of_a_huge_log(tmp_path):
     text = kitlib.Job.from_dir(job).logs(errors=True)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    assert text.startswith("run 0: rank 1 on node2 failed first, exit code 3, at ") and text.endswith("ValueError: the end")
+    assert text.startswith("run 0: rank 1 on node2 failed first, exit code 3, at ") and text.endswith(
+        "ValueError: the end"
+    )
     assert peak < 4 << 20, peak
     # The command's peak resident memory, from a small parent (a fork of pytest would carry its size
     # until exec into ru_maxrss): it forks, execs kit, and reports wait4's rusage.
-    wrapper = ("import os, sys\npid = os.fork()\nif pid == 0:\n    os.execv(sys.executable, sys.argv[1:])\n"
-               "_, status, usage = os.wait4(pid, 0)\nprint(os.waitstatus_to_exitcode(status), usage.ru_maxrss, "
-               "file=sys.stderr)\n")
-    proc = subprocess.run([sys.executable, "-S", "-c", wrapper, sys.executable, "-m", "kit", "logs", str(job), "--errors"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    wrapper = (
+        "import os, sys\npid = os.fork()\nif pid == 0:\n    os.execv(sys.executable, sys.argv[1:])\n"
+        "_, status, usage = os.wait4(pid, 0)\nprint(os.waitstatus_to_exitcode(status), usage.ru_maxrss, "
+        "file=sys.stderr)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", wrapper, sys.executable, "-m", "kit", "logs", str(job), "--errors"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     code, peak_kib = map(int, proc.stderr.split()[-2:])
     assert code == 0 and proc.stdout.rstrip("\n") == text, proc.stderr
     assert peak_kib < 50 << 10, f"kit logs --errors peaked at {peak_kib >> 10} MiB resident"
@@ -314,8 +388,18 @@ def test_a_rerun_without_a_snapshot_whose_directory_is_gone_is_refused_before_su
     work = tmp_path / "work"
     work.mkdir()
     (work / "run.sh").write_text("echo ran\n")
-    first = kit("launch", "--local", "--no-exporter", "--wait", "--output-dir", str(tmp_path / "jobs"), "--",
-                "bash", "run.sh", cwd=work)
+    first = kit(
+        "launch",
+        "--local",
+        "--no-exporter",
+        "--wait",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        "bash",
+        "run.sh",
+        cwd=work,
+    )
     assert first.returncode == 0, first.stderr
     job_dir = first.stdout.split("job dir: ")[1].splitlines()[0].strip()
     shutil.rmtree(work)
@@ -323,7 +407,8 @@ def test_a_rerun_without_a_snapshot_whose_directory_is_gone_is_refused_before_su
     proc = kit("rerun", job_dir, "--edit", "code_snapshot=false", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.splitlines() == [
         f"kit: --edit code_snapshot: the job would run its code in {work}, which is gone",
-        "hint: launch it anew from where its code is now (kit launch … from that directory)"], proc.stderr
+        "hint: launch it anew from where its code is now (kit launch … from that directory)",
+    ], proc.stderr
     assert sorted((tmp_path / "jobs").iterdir()) == before  # nothing written, nothing submitted
 
 
@@ -341,13 +426,17 @@ def test_a_held_job_says_so_with_the_release_command_and_its_rerun_runs(cluster,
         rows = kit("ps", "--output-dir", str(tmp_path / "jobs")).stdout
         assert f"JobHeldUser: release it with scontrol release {w.job_id}" in rows, rows
         again = job.rerun(wait=True)
-        assert again.wait().exit_code == 0 and "--hold" not in json.loads((again.dir / JobDir.SPEC).read_text())[
-            "sbatch_args"]
+        assert (
+            again.wait().exit_code == 0
+            and "--hold" not in json.loads((again.dir / JobDir.SPEC).read_text())["sbatch_args"]
+        )
     finally:
         scancel(cluster, w.job_id)
     code, err = w.finish()
-    assert f"kit: job {w.job_id}: PENDING, held (JobHeldUser): it never starts by itself; release it with " \
-           f"`scontrol release {w.job_id}`" in err, err
+    assert (
+        f"kit: job {w.job_id}: PENDING, held (JobHeldUser): it never starts by itself; release it with "
+        f"`scontrol release {w.job_id}`" in err
+    ), err
     assert code == 80
 
 
@@ -364,7 +453,9 @@ def _spelled(kwargs: dict) -> list[str]:
         elif o.kind in (options.FLAG, options.OFF):
             argv += [o.label] if value is (o.kind == options.FLAG) else []
         elif o.kind in (options.TABLE, options.SWEEP):
-            argv += [w for k, v in value.items() for w in (o.label, f"{k}={v if o.kind == options.TABLE else ','.join(v)}")]
+            argv += [
+                w for k, v in value.items() for w in (o.label, f"{k}={v if o.kind == options.TABLE else ','.join(v)}")
+            ]
         elif o.kind == options.LIST:
             argv += [w for item in value for w in (o.label, item)]
         else:
@@ -380,9 +471,16 @@ def test_every_keyword_and_option_crosses_as_the_job_files_dictionary_and_reads_
     from kit.cli.launch import request_of
     from kit.core import jobfile, keywords, options
 
-    samples = {options.INT: [3], options.STR: ["x y", "it's"], options.LIST: [["a", "b c"], "one"],
-               options.TABLE: [{"A": "1", "B": "x=y z"}, ["C=3"]], options.SWEEP: [{"lr": [0.1, 0.01]}, ["n=a b,c"]],
-               options.SWITCH: [True, False], options.FLAG: [True, False], options.OFF: [True, False]}
+    samples = {
+        options.INT: [3],
+        options.STR: ["x y", "it's"],
+        options.LIST: [["a", "b c"], "one"],
+        options.TABLE: [{"A": "1", "B": "x=y z"}, ["C=3"]],
+        options.SWEEP: [{"lr": [0.1, 0.01]}, ["n=a b,c"]],
+        options.SWITCH: [True, False],
+        options.FLAG: [True, False],
+        options.OFF: [True, False],
+    }
     names = api.python_names()
     checked = 0
     for name, o in names.items():
@@ -418,8 +516,8 @@ def test_a_result_is_loaded_only_from_a_file_its_rank_wrote_bounded(tmp_path):
     record that is not one are refused."""
     import pickle
 
-    from kit.job import functions
     from kit.core.outcome import Outcome
+    from kit.job import functions
 
     job = tmp_path / "job"
     (job / JobDir.RESULTS).mkdir(parents=True)

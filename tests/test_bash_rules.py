@@ -66,9 +66,10 @@ def assigned(line: str) -> list[str]:
     if i and (i == len(w) or w[i] in (";", "&&", "||", "then", "do")):
         out += [re.match(NAME, x).group(0) for x in w[:i]]
     for k, word in enumerate(w):
-        if word in ("read", "mapfile", "readarray") and (k == 0 or w[k - 1] in ("|", "&&", "||", ";", "!", "if",
-                                                                                 "while", "until", "{", "then")):
-            rest = [x for x in w[k + 1:] if x not in ("<", "<<<")]
+        if word in ("read", "mapfile", "readarray") and (
+            k == 0 or w[k - 1] in ("|", "&&", "||", ";", "!", "if", "while", "until", "{", "then")
+        ):
+            rest = [x for x in w[k + 1 :] if x not in ("<", "<<<")]
             options_with_value = {"-d", "-u", "-t", "-n", "-N", "-p", "-C", "-c", "-s", "-O", "-i"}
             j = 0
             while j < len(rest) and rest[j].startswith("-"):
@@ -128,8 +129,11 @@ def templates() -> dict[str, str]:
     state block they share; launcher.sh; lib.sh."""
     from kit.submission import prelaunch_template
 
-    return {"prelaunch.sh": prelaunch_template(), "launcher.sh": (LAUNCH / "launcher.sh").read_text(),
-            "lib.sh": (LAUNCH / "lib.sh").read_text()}
+    return {
+        "prelaunch.sh": prelaunch_template(),
+        "launcher.sh": (LAUNCH / "launcher.sh").read_text(),
+        "lib.sh": (LAUNCH / "lib.sh").read_text(),
+    }
 
 
 def test_every_template_is_a_script_or_a_part_kit_renders():
@@ -147,11 +151,14 @@ def test_every_bash_function_is_short_and_declares_what_it_assigns():
 
 def test_the_rules_see_a_long_function_and_an_undeclared_global():
     lib = "KIT_STATE=\n"
-    ok = "f() {\n  local x\n  x=1\n  KIT_STATE=2\n  read -r x _ <<<\"a b\"\n  KIT_T=3 true\n}\n"
+    ok = 'f() {\n  local x\n  x=1\n  KIT_STATE=2\n  read -r x _ <<<"a b"\n  KIT_T=3 true\n}\n'
     assert violations({"a.sh": ok}, lib) == []
-    assert violations({"a.sh": "f() {\n  rc=1\n}\n"}, lib) == ["a.sh:1 f assigns rc: neither local nor declared in the state"]
-    assert violations({"a.sh": "f() {\n  read -r -a line <x\n}\n"}, lib)[0].endswith("assigns line: neither local nor "
-                                                                                    "declared in the state")
+    assert violations({"a.sh": "f() {\n  rc=1\n}\n"}, lib) == [
+        "a.sh:1 f assigns rc: neither local nor declared in the state"
+    ]
+    assert violations({"a.sh": "f() {\n  read -r -a line <x\n}\n"}, lib)[0].endswith(
+        "assigns line: neither local nor declared in the state"
+    )
     assert violations({"a.sh": "f() {\n  for i in 1 2; do :; done\n}\n"}, lib) != []
     long = "f() {\n" + "  :\n" * 60 + "}\n"
     assert violations({"a.sh": long}, lib) == ["a.sh:1 f is 62 lines (at most 60)"]
@@ -164,7 +171,7 @@ def bash_functions(*names: str) -> str:
     out = []
     for name, first, last, _ in functions("\n".join(text)):
         if name in names:
-            out += text[first - 1:last]
+            out += text[first - 1 : last]
     assert len([n for n in names if f"{n}() {{" in "\n".join(out)]) == len(names), names
     return "\n".join(out) + "\n"
 
@@ -172,8 +179,13 @@ def bash_functions(*names: str) -> str:
 def run_bash(script: str, env: dict) -> str:
     import subprocess
 
-    proc = subprocess.run(["bash", "-c", "set -euo pipefail\n" + script], env={"PATH": "/usr/bin:/bin", **env},
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", "-c", "set -euo pipefail\n" + script],
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -185,32 +197,59 @@ def test_the_run_record_bash_writes_is_what_json_dumps_writes_and_bash_reads_it_
 
     runs = tmp_path / "runs.jsonl"
     fns = bash_functions("kit::append_run", "kit::read_run")
-    run_bash(fns + 'declare -A KIT_RECORD=()\nkit::append_run 0 killed -1 -1 null\nkit::append_run 1 finished 0 12 true 134\n',
-             {"KIT_RUNS_FILE": str(runs)})
+    run_bash(
+        fns
+        + "declare -A KIT_RECORD=()\nkit::append_run 0 killed -1 -1 null\nkit::append_run 1 finished 0 12 true 134\n",
+        {"KIT_RUNS_FILE": str(runs)},
+    )
     lines = runs.read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert [json.dumps(r) for r in records] == lines
-    assert records[0] == {"run": 0, "end": "killed", "exit_code": -1, "checkpoint_step": -1, "advanced": None,
-                          "time": records[0]["time"]}
+    assert records[0] == {
+        "run": 0,
+        "end": "killed",
+        "exit_code": -1,
+        "checkpoint_step": -1,
+        "advanced": None,
+        "time": records[0]["time"],
+    }
     assert records[1]["teardown_exit_code"] == 134 and records[1]["advanced"] is True
     from kit.jobdir.records import RunRecord, run_records
 
     typed = run_records(tmp_path)  # Python's one parser reads what bash wrote, typed
-    assert [(r.run, r.end, r.exit_code, r.checkpoint_step, r.advanced, r.teardown_exit_code) for r in typed] == \
-        [(0, "killed", -1, -1, None, None), (1, "finished", 0, 12, True, 134)]
+    assert [(r.run, r.end, r.exit_code, r.checkpoint_step, r.advanced, r.teardown_exit_code) for r in typed] == [
+        (0, "killed", -1, -1, None, None),
+        (1, "finished", 0, 12, True, 134),
+    ]
     assert RunRecord.parse({"run": 0, "end": "failed", "exit_code": True}) is None  # a bool is no exit code
-    written = [{"run": 0, "end": "warned", "exit_code": 143, "checkpoint_step": 5, "advanced": True, "time": 100},
-               {"run": 1, "end": "hang", "exit_code": 1, "checkpoint_step": 5, "advanced": False, "time": 200},
-               {"run": 1, "end": "failed", "exit_code": 3, "checkpoint_step": 5, "advanced": False, "time": 201},
-               {"run": 2, "end": "finished", "exit_code": 0, "checkpoint_step": 9, "advanced": True, "time": 300,
-                "teardown_exit_code": 134}]
+    written = [
+        {"run": 0, "end": "warned", "exit_code": 143, "checkpoint_step": 5, "advanced": True, "time": 100},
+        {"run": 1, "end": "hang", "exit_code": 1, "checkpoint_step": 5, "advanced": False, "time": 200},
+        {"run": 1, "end": "failed", "exit_code": 3, "checkpoint_step": 5, "advanced": False, "time": 201},
+        {
+            "run": 2,
+            "end": "finished",
+            "exit_code": 0,
+            "checkpoint_step": 9,
+            "advanced": True,
+            "time": 300,
+            "teardown_exit_code": 134,
+        },
+    ]
     runs.write_text("".join(json.dumps(r) + "\n" for r in written) + '{"run": 3, "end": "fin')
-    out = run_bash(fns + 'declare -A KIT_RECORD=()\nfor r in 1 last 0 7; do\n'
-                   '  if kit::read_run "$r"; then echo "$r ${KIT_RECORD[run]} ${KIT_RECORD[end]} ${KIT_RECORD[exit_code]} '
-                   '${KIT_RECORD[checkpoint_step]} ${KIT_RECORD[advanced]} ${KIT_RECORD[time]}"; else echo "$r none"; fi\n'
-                   'done\n', {"KIT_RUNS_FILE": str(runs)})
-    assert out.splitlines() == ["1 1 failed 3 5 false 201", "last 2 finished 0 9 true 300",
-                                "0 0 warned 143 5 true 100", "7 none"]
+    out = run_bash(
+        fns + "declare -A KIT_RECORD=()\nfor r in 1 last 0 7; do\n"
+        '  if kit::read_run "$r"; then echo "$r ${KIT_RECORD[run]} ${KIT_RECORD[end]} ${KIT_RECORD[exit_code]} '
+        '${KIT_RECORD[checkpoint_step]} ${KIT_RECORD[advanced]} ${KIT_RECORD[time]}"; else echo "$r none"; fi\n'
+        "done\n",
+        {"KIT_RUNS_FILE": str(runs)},
+    )
+    assert out.splitlines() == [
+        "1 1 failed 3 5 false 201",
+        "last 2 finished 0 9 true 300",
+        "0 0 warned 143 5 true 100",
+        "7 none",
+    ]
 
 
 def test_the_first_failing_rank_is_one_rule_in_bash_and_python(tmp_path):
@@ -232,8 +271,9 @@ def test_the_first_failing_rank_is_one_rule_in_bash_and_python(tmp_path):
             how = rng.choice(["self", "self", "stopped", "warned"])
             code = rng.choice([0, 0, 1, 3, 143, 137])
             (logs / f"exit.r0.rank-{rank}").write_text(f"{t} {rank} {code} {how}\n")
-        out = run_bash(fns + "if kit::first_failure; then :; else echo none; fi\n",
-                       {"KIT_LOG_DIR": str(logs), "KIT_RESTART": "0"}).strip()
+        out = run_bash(
+            fns + "if kit::first_failure; then :; else echo none; fi\n", {"KIT_LOG_DIR": str(logs), "KIT_RESTART": "0"}
+        ).strip()
         first = failures.first_failure(job, 0)
         assert out == (str(first.exit_code) if first else "none"), case
 
@@ -247,13 +287,21 @@ def test_how_a_run_ended_is_one_table_that_bash_and_python_read_alike():
 
     from kit.core import bash, ending
 
-    combos = [dict(zip(ending.FLAGS, bits), rc=rc)
-              for bits in itertools.product("01", repeat=len(ending.FLAGS)) for rc in ending.RC]
+    combos = [
+        dict(zip(ending.FLAGS, bits), rc=rc)
+        for bits in itertools.product("01", repeat=len(ending.FLAGS))
+        for rc in ending.RC
+    ]
     lines = [" ".join(f"{k}={v}" for k, v in facts.items()) for facts in combos]
     fns = bash_functions("kit::facts_hold", "kit::ending")
-    out = run_bash(f"readonly -a KIT_ENDINGS=( {bash.array(ending.as_bash())} )\n" + fns +
-                   'while IFS= read -r facts; do kit::ending "${facts}"; done <<"FACTS"\n' + "\n".join(lines) +
-                   "\nFACTS\n", {})
+    out = run_bash(
+        f"readonly -a KIT_ENDINGS=( {bash.array(ending.as_bash())} )\n"
+        + fns
+        + 'while IFS= read -r facts; do kit::ending "${facts}"; done <<"FACTS"\n'
+        + "\n".join(lines)
+        + "\nFACTS\n",
+        {},
+    )
     picked = out.splitlines()
     assert len(picked) == len(combos) == 192
     for facts, row in zip(combos, picked):
@@ -262,8 +310,9 @@ def test_how_a_run_ended_is_one_table_that_bash_and_python_read_alike():
         if facts["hang"] == "1":
             assert want.end == "hang" and want.requeue
         if want.end == "finished":
-            assert facts["declared"] == "1" or (facts["all_done"] == "1" and facts["rc"] == "zero"
-                                                 and facts["function"] == "0")
+            assert facts["declared"] == "1" or (
+                facts["all_done"] == "1" and facts["rc"] == "zero" and facts["function"] == "0"
+            )
         if facts["stopping"] == "1" and facts["declared"] == facts["warned"] == facts["hang"] == "0":
             assert want.code != "0" and want.end == "stopped"
         assert want.code != "0" or want.end == "finished"
@@ -294,9 +343,17 @@ def test_the_tracker_identity_bash_gives_is_pythons_and_a_users_own_is_kept(tmp_
     assert run_bash(fns + show, mine).split()[:4] == ["mine", job.name, "must", "theirs"]
     # MLflow 3 refuses a file store unless MLFLOW_ALLOW_FILE_STORE says yes: a job naming one gets it.
     allow = 'kit::tracker_env\necho "${MLFLOW_ALLOW_FILE_STORE-unset}"\n'
-    for uri, user, seen in (("file:/x/mlruns", None, "true"), ("/x/mlruns", None, "true"),
-                            ("sqlite:///x.db", None, "unset"), (None, None, "unset"), ("file:/x", "false", "false")):
-        given = {**env, **({"MLFLOW_TRACKING_URI": uri} if uri else {}),
-                 **({"MLFLOW_ALLOW_FILE_STORE": user} if user else {})}
+    for uri, user, seen in (
+        ("file:/x/mlruns", None, "true"),
+        ("/x/mlruns", None, "true"),
+        ("sqlite:///x.db", None, "unset"),
+        (None, None, "unset"),
+        ("file:/x", "false", "false"),
+    ):
+        given = {
+            **env,
+            **({"MLFLOW_TRACKING_URI": uri} if uri else {}),
+            **({"MLFLOW_ALLOW_FILE_STORE": user} if user else {}),
+        }
         assert run_bash(fns + allow, given).strip() == seen, (uri, user)
     assert job.name == "train-20261125-000000-abcdef" and JobDir(task).tracker_run_id == f"{job.name}-t3"

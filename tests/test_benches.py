@@ -16,17 +16,29 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
 def run_bench(name: str, *args: str, timeout: float = 300) -> str:
-    proc = subprocess.run([sys.executable, str(BENCH / name), "--quick", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / name), "--quick", *args], capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 
 
 def test_every_bench_has_a_quick_mode_run_here():
     here = {p.name for p in BENCH.glob("bench_*.py")} | {"gpu_check.py"}
-    tested = {"bench_build.py", "bench_pack.py", "bench_launch.py", "bench_hang.py", "bench_exporter.py",
-              "bench_requeue.py", "bench_container.py", "bench_snapshot.py", "bench_map.py", "bench_scale.py",
-              "gpu_check.py", "bench_remote.py"}  # bench_remote's quick run: tests/test_remote.py (its sshd)
+    tested = {
+        "bench_build.py",
+        "bench_pack.py",
+        "bench_launch.py",
+        "bench_hang.py",
+        "bench_exporter.py",
+        "bench_requeue.py",
+        "bench_container.py",
+        "bench_snapshot.py",
+        "bench_map.py",
+        "bench_scale.py",
+        "gpu_check.py",
+        "bench_remote.py",
+    }  # bench_remote's quick run: tests/test_remote.py (its sshd)
     assert here == tested, f"a bench without a quick run in the suite: {here - tested}"
     for path in [*BENCH.glob("bench_*.py"), BENCH / "gpu_check.py"]:
         assert "--quick" in path.read_text(), path
@@ -85,7 +97,6 @@ def test_bench_requeue_quick(cluster):
     assert "kit (prelaunch requeues, begin time released)" in out
 
 
-
 def test_bench_snapshot_quick():
     out = run_bench("bench_snapshot.py")
     assert "kit, next job, unchanged" in out and "--image pin" in out
@@ -100,24 +111,37 @@ def test_gpu_check_says_no_gpu_here_and_checks_the_exporter_on_the_test_library(
     cpu = run_bench("gpu_check.py", "--cpu-path")  # step 2's machinery (launcher.sh by hand, teardown)
     assert "trainer path on CPU (2 ranks, gloo): ok" in cpu and "processes left after the ranks ended: 0" in cpu
     gpus = FakeGpus(tmp_path / "state").fail(7, "nvmlDeviceGetTotalEccErrors").write()
-    proc = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--exporter-only"], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, **gpus.env()})
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "gpu_check.py"), "--exporter-only"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **gpus.env()},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "NVML: 8 GPU(s), driver kit-fake-nvml" in proc.stdout and "promtool check metrics: clean" in proc.stdout
     assert "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL                7/8 GPUs  (not supported on the others)" in proc.stdout
     gpus.fail(2, "nvmlDeviceGetPowerUsage").write()  # a value every GPU should have: the check fails
-    bad = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--exporter-only"], capture_output=True,
-                         text=True, timeout=120, env={**os.environ, **gpus.env()})
+    bad = subprocess.run(
+        [sys.executable, str(BENCH / "gpu_check.py"), "--exporter-only"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **gpus.env()},
+    )
     assert bad.returncode == 1 and "DCGM_FI_DEV_POWER_USAGE                      7/8 GPUs  <- MISSING" in bad.stdout
 
 
 def test_a_checkout_run_without_installing_finds_the_templates():
     """gpu_check.py is copied to a GPU box with the checkout and run there without installing kit
     (its `kit.templates` is the install's name for launch/): the templates are read from launch/."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from kit.core import bash; "
-            "import importlib.util as u; print(u.find_spec('kit.templates') is None, "
-            "bash.template('lib.sh') == open(sys.argv[1] + '/launch/lib.sh').read())")
-    proc = subprocess.run([sys.executable, "-S", "-c", code, str(BENCH.parent)], capture_output=True, text=True,
-                          timeout=60)  # -S: no site-packages, so not the editable install's finder
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from kit.core import bash; "
+        "import importlib.util as u; print(u.find_spec('kit.templates') is None, "
+        "bash.template('lib.sh') == open(sys.argv[1] + '/launch/lib.sh').read())"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", code, str(BENCH.parent)], capture_output=True, text=True, timeout=60
+    )  # -S: no site-packages, so not the editable install's finder
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["True", "True"]

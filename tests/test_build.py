@@ -38,8 +38,7 @@ def tiny(tmp_path_factory) -> Path:
 
 def umoci_unpack(layout: Path, dest: Path) -> Path:
     require("umoci")
-    subprocess.run(["umoci", "raw", "unpack", "--image", f"{layout}:test", str(dest)], check=True,
-                   capture_output=True)
+    subprocess.run(["umoci", "raw", "unpack", "--image", f"{layout}:test", str(dest)], check=True, capture_output=True)
     return dest
 
 
@@ -71,8 +70,11 @@ def test_docker_archive_unpacks_like_skopeo_and_umoci(tmp_path):
     ours = tmp_path / "ours"
     config = kit_unpack("docker-archive", archive, ours)
     layout = tmp_path / "converted"
-    subprocess.run(["skopeo", "--insecure-policy", "copy", f"docker-archive:{archive}", f"oci:{layout}:test"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["skopeo", "--insecure-policy", "copy", f"docker-archive:{archive}", f"oci:{layout}:test"],
+        check=True,
+        capture_output=True,
+    )
     reference = umoci_unpack(layout, tmp_path / "reference")
     assert tree(ours) == tree(reference)
     assert config.entrypoint == ["/bin/tool", "--flag"] and config.volumes == ["/cache", "/var/data"]
@@ -104,7 +106,8 @@ def test_metadata_files_match_what_enroot_writes(tmp_path):
     assert (root / "etc" / "environment").read_text() == "PATH=/usr/local/bin:/usr/bin:/bin\nGREETING=hello world\n"
     assert (root / "etc" / "fstab").read_text() == (
         "${ENROOT_ROOTFS}/cache /cache none x-create=dir,bind,rw,nosuid,nodev\n"
-        "${ENROOT_ROOTFS}/var/data /var/data none x-create=dir,bind,rw,nosuid,nodev\n")
+        "${ENROOT_ROOTFS}/var/data /var/data none x-create=dir,bind,rw,nosuid,nodev\n"
+    )
     assert (root / "etc" / "rc.local").read_text() == enroot.RC_LOCAL
     assert (root / "srv" / "app").is_dir()
     # No entrypoint and no command: enroot runs /bin/sh; no labels: no comment block.
@@ -116,8 +119,9 @@ def test_metadata_files_match_what_enroot_writes(tmp_path):
 @pytest.mark.parametrize("word", ["plain", "it's", "two words", "", "$HOME", "tab\there", "new\nline", "é"])
 def test_exec_line_quoting_is_bash_at_q(word):
     """enroot writes the exec line with bash's ${array[@]@Q}: compare with bash itself."""
-    out = subprocess.run(["bash", "-c", 'a=("$1"); printf "%s" "${a[@]@Q}"', "_", word],
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["bash", "-c", 'a=("$1"); printf "%s" "${a[@]@Q}"', "_", word], capture_output=True, text=True
+    ).stdout
     assert enroot.bash_at_q(word) == out
 
 
@@ -159,16 +163,26 @@ def test_symlinks_in_a_base_redirect_writes_within_the_image_never_onto_the_host
     (host / "rc").write_text("host rc\n")
     before = _host_state(host)
     base = tmp_path / "base.tar"
-    base.write_bytes(tar_bytes([
-        ("etc", "dir", None, 0o755), ("etc/motd", "symlink", f"{host}/motd", 0o777),
-        ("etc/rc", "symlink", f"{host}/rc", 0o777),
-        ("opt", "dir", None, 0o755), ("opt/app", "symlink", f"{host}/dir", 0o777),
-        ("opt/rel", "symlink", "../../../../../../../..", 0o777),
-        ("esc", "symlink", str(host / "dir"), 0o777), ("esc/planted-by-archive", "file", "x\n", 0o644)]))
+    base.write_bytes(
+        tar_bytes(
+            [
+                ("etc", "dir", None, 0o755),
+                ("etc/motd", "symlink", f"{host}/motd", 0o777),
+                ("etc/rc", "symlink", f"{host}/rc", 0o777),
+                ("opt", "dir", None, 0o755),
+                ("opt/app", "symlink", f"{host}/dir", 0o777),
+                ("opt/rel", "symlink", "../../../../../../../..", 0o777),
+                ("esc", "symlink", str(host / "dir"), 0o777),
+                ("esc/planted-by-archive", "file", "x\n", 0o644),
+            ]
+        )
+    )
     (tmp_path / "ctx" / "app").mkdir(parents=True)
     (tmp_path / "ctx" / "motd").write_text("image motd\n")
     (tmp_path / "ctx" / "app" / "planted").write_text("image app\n")
-    recipe = write_recipe(tmp_path / "ctx" / "r.toml", f"""
+    recipe = write_recipe(
+        tmp_path / "ctx" / "r.toml",
+        f"""
 [base]
 tarball = "{base}"
 [[steps]]
@@ -177,7 +191,8 @@ copy = ["motd", "/etc/motd"]
 copy = ["app", "/opt/app/"]
 [[steps]]
 copy = ["motd", "/opt/rel/{host.relative_to("/")}/dir/via-dotdot"]
-""")
+""",
+    )
     proc = kit("build", str(recipe), "-o", str(tmp_path / "out.sqsh"))
     assert proc.returncode == 0, proc.stderr
     assert _host_state(host) == before
@@ -208,7 +223,9 @@ def test_copy_sources_outside_the_build_context_are_refused(tmp_path, tiny, sour
 def test_build_is_reproducible_cached_and_inspectable(tmp_path, tiny):
     (tmp_path / "payload").mkdir()
     (tmp_path / "payload" / "hello.txt").write_text("hello\n")
-    recipe = write_recipe(tmp_path / "tiny.toml", f"""
+    recipe = write_recipe(
+        tmp_path / "tiny.toml",
+        f"""
 description = "tiny test image"
 [base]
 rootfs = "{tiny}"
@@ -220,13 +237,20 @@ env = {{ GREETING = "hi there", PATH = "/bin" }}
 workdir = "/work"
 [[steps]]
 run = "mkdir -p /opt/made && echo made-in-image > /opt/made/marker && cat /opt/payload/hello.txt"
-""")
+""",
+    )
     a = kit("build", str(recipe), "-o", str(tmp_path / "a.sqsh"))
     assert a.returncode == 0, a.stderr
     assert a.stdout.startswith(f"{tmp_path / 'a.sqsh'}: built in ")
     assert "kit: build: [5/6] run: mkdir -p /opt/made" in a.stderr
-    b = kit("build", "--no-cache", str(recipe), "-o", str(tmp_path / "b.sqsh"),
-            env={"KIT_HOME": str(tmp_path / "other-home")})
+    b = kit(
+        "build",
+        "--no-cache",
+        str(recipe),
+        "-o",
+        str(tmp_path / "b.sqsh"),
+        env={"KIT_HOME": str(tmp_path / "other-home")},
+    )
     assert b.returncode == 0, b.stderr
     assert sha256(tmp_path / "a.sqsh") == sha256(tmp_path / "b.sqsh")
 
@@ -242,8 +266,9 @@ run = "mkdir -p /opt/made && echo made-in-image > /opt/made/marker && cat /opt/p
     assert ": built in " in changed.stdout
     assert sha256(tmp_path / "a.sqsh") != sha256(tmp_path / "b.sqsh")
 
-    out = subprocess.run(["unsquashfs", "-cat", str(tmp_path / "b.sqsh"), "opt/made/marker"],
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["unsquashfs", "-cat", str(tmp_path / "b.sqsh"), "opt/made/marker"], capture_output=True, text=True
+    ).stdout
     assert out == "made-in-image\n"
     info = kit("inspect", "--json", str(tmp_path / "b.sqsh"))
     assert info.returncode == 0, info.stderr
@@ -252,11 +277,14 @@ run = "mkdir -p /opt/made && echo made-in-image > /opt/made/marker && cat /opt/p
     assert d["compression"] == "lz4" and d["digest"]  # kit's default (read fastest through FUSE)
     lzo = kit("build", str(recipe), "-o", str(tmp_path / "lzo.sqsh"), "--compression", "enroot")
     assert lzo.returncode == 0, lzo.stderr
-    assert json.loads(kit("inspect", "--json", str(tmp_path / "lzo.sqsh")).stdout)["compression"] == \
-        "lzo (data blocks uncompressed: -noD)"  # enroot's own options, exactly
+    assert (
+        json.loads(kit("inspect", "--json", str(tmp_path / "lzo.sqsh")).stdout)["compression"]
+        == "lzo (data blocks uncompressed: -noD)"
+    )  # enroot's own options, exactly
     assert d["size"] == (tmp_path / "b.sqsh").stat().st_size
-    env = subprocess.run(["unsquashfs", "-cat", str(tmp_path / "b.sqsh"), "etc/environment"],
-                         capture_output=True, text=True).stdout
+    env = subprocess.run(
+        ["unsquashfs", "-cat", str(tmp_path / "b.sqsh"), "etc/environment"], capture_output=True, text=True
+    ).stdout
     assert env == "GREETING=hi there\nPATH=/bin\n"
     assert not [p for p in tmp_path.iterdir() if ".build-" in p.name]
 
@@ -267,16 +295,26 @@ def test_bad_build_input(tmp_path, tiny):
         return kit("build", str(recipe), "-o", str(tmp_path / "out.sqsh"), *extra)
 
     cases = [
-        ('[base]\nrootfs = "/nonexistent/base"\n',
-         f"kit: {tmp_path}/r.toml: base: rootfs base does not exist: /nonexistent/base"),
+        (
+            '[base]\nrootfs = "/nonexistent/base"\n',
+            f"kit: {tmp_path}/r.toml: base: rootfs base does not exist: /nonexistent/base",
+        ),
         (f'bogus = 1\n[base]\nrootfs = "{tiny}"\n', f"kit: {tmp_path}/r.toml: unknown key 'bogus'"),
         (f'[base]\nrootfs = "{tiny}"\nbogus = 1\n', f"kit: {tmp_path}/r.toml: base: unknown key 'bogus' in [base]"),
-        (f'[base]\nrootfs = "{tiny}"\n[[steps]]\nfrobnicate = "x"\n',
-         f"kit: {tmp_path}/r.toml: steps[1]: unknown step 'frobnicate'"),
+        (
+            f'[base]\nrootfs = "{tiny}"\n[[steps]]\nfrobnicate = "x"\n',
+            f"kit: {tmp_path}/r.toml: steps[1]: unknown step 'frobnicate'",
+        ),
     ]
-    cases.append(("x = " + "[" * 100_000 + "]" * 100_000 + "\n", f"kit: {tmp_path}/r.toml: not valid TOML: nested too deep"))
-    cases.append((f'[base]\nrootfs = "{tiny}"\n[[steps]]\nrun = "echo a\\u0000b"\n',
-                  f"kit: {tmp_path}/r.toml: a value holds a NUL byte"))
+    cases.append(
+        ("x = " + "[" * 100_000 + "]" * 100_000 + "\n", f"kit: {tmp_path}/r.toml: not valid TOML: nested too deep")
+    )
+    cases.append(
+        (
+            f'[base]\nrootfs = "{tiny}"\n[[steps]]\nrun = "echo a\\u0000b"\n',
+            f"kit: {tmp_path}/r.toml: a value holds a NUL byte",
+        )
+    )
     corrupt = tmp_path / "corrupt.tar.gz"
     corrupt.write_bytes(b"\x1f\x8b\x08\x00" + os.urandom(4000))
     cases.append((f'[base]\ntarball = "{corrupt}"\n', f"kit: {corrupt}: not a tar archive, or a corrupt one"))
@@ -290,22 +328,31 @@ def test_bad_build_input(tmp_path, tiny):
     failing = build(f'[base]\nrootfs = "{tiny}"\n[[steps]]\nrun = "echo about to fail; cat /no/such/file"\n')
     assert failing.returncode == 2
     lines = failing.stderr.splitlines()
-    assert f"kit: {tmp_path}/r.toml: steps[1] (run): step failed (exit 1): echo about to fail; cat /no/such/file" in lines
+    assert (
+        f"kit: {tmp_path}/r.toml: steps[1] (run): step failed (exit 1): echo about to fail; cat /no/such/file" in lines
+    )
     assert "  about to fail" in lines and any("/no/such/file" in line for line in lines[1:])
     assert not (tmp_path / "out.sqsh").exists()
     assert not [p for p in tmp_path.iterdir() if ".build-" in p.name]
 
     missing = kit("build", str(tmp_path / "nope.toml"), "-o", str(tmp_path / "out.sqsh"))
-    assert (missing.returncode, missing.stderr.splitlines()[0]) == (2, f"kit: RECIPE: no such recipe: {tmp_path}/nope.toml")
+    assert (missing.returncode, missing.stderr.splitlines()[0]) == (
+        2,
+        f"kit: RECIPE: no such recipe: {tmp_path}/nope.toml",
+    )
     # without enroot (a machine with one, e.g. after .ci/real-pyxis, would try the registry)
     no_enroot = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if not os.path.exists(f"{d}/enroot"))
     recipe = write_recipe(tmp_path / "r.toml", '[base]\nimage = "docker://nvcr.io#nvidia/pytorch:24.08-py3"\n')
     registry = kit("build", str(recipe), "-o", str(tmp_path / "out.sqsh"), env={**os.environ, "PATH": no_enroot})
     assert registry.returncode == 2
     assert error_lines(registry.stderr)[0] == (
-        f"kit: {tmp_path}/r.toml: base: cannot pull docker://nvcr.io#nvidia/pytorch:24.08-py3: enroot is not installed")
+        f"kit: {tmp_path}/r.toml: base: cannot pull docker://nvcr.io#nvidia/pytorch:24.08-py3: enroot is not installed"
+    )
     notsq = kit("inspect", str(tmp_path / "r.toml"))
-    assert (notsq.returncode, notsq.stderr.splitlines()[0]) == (2, f"kit: IMAGE: not a squashfs image: {tmp_path}/r.toml")
+    assert (notsq.returncode, notsq.stderr.splitlines()[0]) == (
+        2,
+        f"kit: IMAGE: not a squashfs image: {tmp_path}/r.toml",
+    )
 
 
 def test_oci_base_builds_an_image_with_its_config(tmp_path):
@@ -315,11 +362,14 @@ def test_oci_base_builds_an_image_with_its_config(tmp_path):
     assert proc.returncode == 0, proc.stderr
     rc = subprocess.run(["unsquashfs", "-cat", str(tmp_path / "o.sqsh"), "etc/rc"], capture_output=True, text=True)
     assert rc.stdout == ENROOT_RC
-    env = subprocess.run(["unsquashfs", "-cat", str(tmp_path / "o.sqsh"), "etc/environment"],
-                         capture_output=True, text=True).stdout
+    env = subprocess.run(
+        ["unsquashfs", "-cat", str(tmp_path / "o.sqsh"), "etc/environment"], capture_output=True, text=True
+    ).stdout
     assert env == "PATH=/usr/local/bin:/usr/bin:/bin\nGREETING=hello world\nEXTRA=1\n"
     # Extending it (a squashfs base) keeps its config.
-    ext = write_recipe(tmp_path / "ext.toml", f'[base]\nsquashfs = "{tmp_path / "o.sqsh"}"\n[[steps]]\nworkdir = "/w2"\n')
+    ext = write_recipe(
+        tmp_path / "ext.toml", f'[base]\nsquashfs = "{tmp_path / "o.sqsh"}"\n[[steps]]\nworkdir = "/w2"\n'
+    )
     proc = kit("build", str(ext), "-o", str(tmp_path / "ext.sqsh"))
     assert proc.returncode == 0, proc.stderr
     info = json.loads(kit("inspect", "--json", str(tmp_path / "ext.sqsh")).stdout)
@@ -351,14 +401,24 @@ def test_a_pip_step_says_what_it_collects_and_installs():
     said = []
     token = steps.SAY.set(said.append)
     try:
-        code, out = steps._narrated([sys.executable, "-c", "print('Collecting torch==2.13.0');"
-                                     "print('  Downloading torch-2.13.0-cp311-none-linux_x86_64.whl (190.1 MB)');"
-                                     "print('Requirement already satisfied: x');"
-                                     "print('Installing collected packages: ' + ', '.join(['p%d' % i for i in range(40)]))"],
-                                    {"PATH": "/usr/bin:/bin"})
+        code, out = steps._narrated(
+            [
+                sys.executable,
+                "-c",
+                "print('Collecting torch==2.13.0');"
+                "print('  Downloading torch-2.13.0-cp311-none-linux_x86_64.whl (190.1 MB)');"
+                "print('Requirement already satisfied: x');"
+                "print('Installing collected packages: ' + ', '.join(['p%d' % i for i in range(40)]))",
+            ],
+            {"PATH": "/usr/bin:/bin"},
+        )
     finally:
         steps.SAY.reset(token)
     assert code == 0 and out.count("\n") == 4
-    assert said[:2] == ["pip: collecting torch==2.13.0", "pip: downloading torch-2.13.0-cp311-none-linux_x86_64.whl "
-                                                        "(190.1 MB)"], said
-    assert len(said) == 3 and said[2].startswith("pip: installing collected packages p0, p1") and said[2].endswith("...")
+    assert said[:2] == [
+        "pip: collecting torch==2.13.0",
+        "pip: downloading torch-2.13.0-cp311-none-linux_x86_64.whl (190.1 MB)",
+    ], said
+    assert (
+        len(said) == 3 and said[2].startswith("pip: installing collected packages p0, p1") and said[2].endswith("...")
+    )

@@ -76,8 +76,15 @@ class Victim:
 
     def state(self):
         st_ = self.file.lstat()
-        return (self.file.read_bytes(), st_.st_uid, st_.st_gid, st_.st_mode, st_.st_mtime_ns,
-                sorted(os.listdir(self.dir)), self.dir.lstat().st_mode)
+        return (
+            self.file.read_bytes(),
+            st_.st_uid,
+            st_.st_gid,
+            st_.st_mode,
+            st_.st_mtime_ns,
+            sorted(os.listdir(self.dir)),
+            self.dir.lstat().st_mode,
+        )
 
 
 def _member(name: str, kind: str, link: str = "", data: bytes = b"", mode: int = 0o644, uid: int = 0):
@@ -86,8 +93,14 @@ def _member(name: str, kind: str, link: str = "", data: bytes = b"", mode: int =
     if kind == "file":
         info.size = len(data)
         return info, io.BytesIO(data)
-    info.type = {"dir": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE, "hardlink": tarfile.LNKTYPE,
-                 "chr": tarfile.CHRTYPE, "blk": tarfile.BLKTYPE, "fifo": tarfile.FIFOTYPE}[kind]
+    info.type = {
+        "dir": tarfile.DIRTYPE,
+        "symlink": tarfile.SYMTYPE,
+        "hardlink": tarfile.LNKTYPE,
+        "chr": tarfile.CHRTYPE,
+        "blk": tarfile.BLKTYPE,
+        "fifo": tarfile.FIFOTYPE,
+    }[kind]
     info.linkname = link
     if kind in ("chr", "blk"):
         info.devmajor, info.devminor = (1, 3) if kind == "chr" else (253, 0)
@@ -97,18 +110,54 @@ def _member(name: str, kind: str, link: str = "", data: bytes = b"", mode: int =
 def hostile_members(victim: Victim):
     """Members aimed at the victim: every kind of escape a tar can try, by name or link."""
     up = "../" * 12
-    targets = [str(victim.file), str(victim.dir), f"{up}{str(victim.file).lstrip('/')}",
-               f"{up}{str(victim.dir).lstrip('/')}", "x", "d"]
-    names = ["x", "d", "d/x", "d/sub/x", "../x", f"{up}{str(victim.file).lstrip('/')}", str(victim.file),
-             f"{str(victim.dir)}/planted", "./x", "d/../../x", "dev/x"]
-    return st.lists(st.one_of(
-        st.tuples(st.sampled_from(names), st.just("file"), st.just(""), st.sampled_from([0o644, 0o755, 0o4755]),
-                  st.sampled_from([0, 4321])),
-        st.tuples(st.sampled_from(names), st.sampled_from(["symlink", "hardlink"]), st.sampled_from(targets),
-                  st.sampled_from([0o777, 0o755]), st.sampled_from([0, 4321])),
-        st.tuples(st.sampled_from(names), st.sampled_from(["dir", "chr", "blk", "fifo"]), st.just(""),
-                  st.just(0o755), st.just(0)),
-    ), min_size=1, max_size=6)
+    targets = [
+        str(victim.file),
+        str(victim.dir),
+        f"{up}{str(victim.file).lstrip('/')}",
+        f"{up}{str(victim.dir).lstrip('/')}",
+        "x",
+        "d",
+    ]
+    names = [
+        "x",
+        "d",
+        "d/x",
+        "d/sub/x",
+        "../x",
+        f"{up}{str(victim.file).lstrip('/')}",
+        str(victim.file),
+        f"{str(victim.dir)}/planted",
+        "./x",
+        "d/../../x",
+        "dev/x",
+    ]
+    return st.lists(
+        st.one_of(
+            st.tuples(
+                st.sampled_from(names),
+                st.just("file"),
+                st.just(""),
+                st.sampled_from([0o644, 0o755, 0o4755]),
+                st.sampled_from([0, 4321]),
+            ),
+            st.tuples(
+                st.sampled_from(names),
+                st.sampled_from(["symlink", "hardlink"]),
+                st.sampled_from(targets),
+                st.sampled_from([0o777, 0o755]),
+                st.sampled_from([0, 4321]),
+            ),
+            st.tuples(
+                st.sampled_from(names),
+                st.sampled_from(["dir", "chr", "blk", "fifo"]),
+                st.just(""),
+                st.just(0o755),
+                st.just(0),
+            ),
+        ),
+        min_size=1,
+        max_size=6,
+    )
 
 
 def write_tar(path: Path, members) -> None:
@@ -135,8 +184,12 @@ def test_hostile_tars_never_change_a_host_file(tmp_path_factory, data):
         root.mkdir()
         try:
             if how == "add":
-                add.apply(root, {"src": str(tarball), "dst": "/", "context": str(ctx), "ignore": [],
-                                 "extract": True}, "Dockerfile:2", None)
+                add.apply(
+                    root,
+                    {"src": str(tarball), "dst": "/", "context": str(ctx), "ignore": [], "extract": True},
+                    "Dockerfile:2",
+                    None,
+                )
             else:
                 unpack.unpack_tarball(root, tarball)
         except KitError:
@@ -158,8 +211,12 @@ def test_a_member_under_an_earlier_file_is_refused_in_one_line(tmp_path):
             root.mkdir()
             with pytest.raises(KitError, match=f"cannot extract '{second}'"):
                 if how == "add":
-                    add.apply(root, {"src": str(tarball), "dst": "/", "context": str(tmp_path), "ignore": [],
-                                     "extract": True}, "Dockerfile:2", None)
+                    add.apply(
+                        root,
+                        {"src": str(tarball), "dst": "/", "context": str(tmp_path), "ignore": [], "extract": True},
+                        "Dockerfile:2",
+                        None,
+                    )
                 else:
                     unpack.unpack_tarball(root, tarball)
 
@@ -169,8 +226,10 @@ def test_add_of_a_hard_link_to_a_host_file_is_refused_in_one_line(tmp_path, tiny
     regular member of the same name; a hard link with mode 0755 and uid 4321."""
     victim = Victim(tmp_path)
     up = "../" * 12 + str(victim.file).lstrip("/")
-    for members in ([("x", "hardlink", up, 0o644, 0), ("x", "file", "", 0o644, 0)],
-                    [("x", "hardlink", up, 0o755, 4321)]):
+    for members in (
+        [("x", "hardlink", up, 0o644, 0), ("x", "file", "", 0o644, 0)],
+        [("x", "hardlink", up, 0o755, 4321)],
+    ):
         shutil.rmtree(tmp_path / "ctx", ignore_errors=True)
         ctx = context(tmp_path, tiny, "FROM rootfs:root\nADD evil.tar /\n")
         write_tar(ctx / "evil.tar", members)
@@ -191,16 +250,18 @@ def test_a_dockerfile_cannot_reach_the_host(tmp_path, debian_base):
     ctx = tmp_path / "ctx"
     ctx.mkdir()
     host_pid = os.getpid()
-    escape = ("import os\n"
-              f"p = '/proc/{host_pid}/root{victim.file}'\n"
-              "print('proc-visible', os.path.exists(p))\n"
-              "os.makedirs('/jail', exist_ok=True); os.chroot('/jail'); os.chdir('../../../../..'); os.chroot('.')\n"
-              f"print('escaped', os.path.exists('{victim.file}'))\n"
-              "try:\n    os.mknod('/disk', 0o600 | 0o060000, os.makedev(253, 0)); print('mknod ok')\n"
-              "except OSError as e: print('mknod refused', e.errno)\n"
-              "try:\n    open('/sys/kernel/mm/ksm/run', 'w').write('1'); print('sys written')\n"
-              "except OSError as e: print('sys refused', e.errno)\n"
-              "print('pids', sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n")
+    escape = (
+        "import os\n"
+        f"p = '/proc/{host_pid}/root{victim.file}'\n"
+        "print('proc-visible', os.path.exists(p))\n"
+        "os.makedirs('/jail', exist_ok=True); os.chroot('/jail'); os.chdir('../../../../..'); os.chroot('.')\n"
+        f"print('escaped', os.path.exists('{victim.file}'))\n"
+        "try:\n    os.mknod('/disk', 0o600 | 0o060000, os.makedev(253, 0)); print('mknod ok')\n"
+        "except OSError as e: print('mknod refused', e.errno)\n"
+        "try:\n    open('/sys/kernel/mm/ksm/run', 'w').write('1'); print('sys written')\n"
+        "except OSError as e: print('sys refused', e.errno)\n"
+        "print('pids', sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
+    )
     (ctx / "escape.py").write_text(escape)
     (ctx / "Dockerfile").write_text("FROM rootfs:base\nCOPY escape.py /escape.py\nRUN python3 /escape.py > /out.txt\n")
     os.symlink(debian_base, ctx / "base")
@@ -225,8 +286,9 @@ def test_a_dockerfile_cannot_reach_the_host(tmp_path, debian_base):
         (ctx / "Dockerfile").write_text(f"FROM {ref}\n")
         proc = kit("build", str(ctx), "-o", str(out))
         first = proc.stderr.splitlines()[0]
-        assert proc.returncode == 2 and ("is outside the build context" in first or "is an absolute path" in first), \
+        assert proc.returncode == 2 and ("is outside the build context" in first or "is an absolute path" in first), (
             proc.stderr
+        )
 
 
 # ------------------------------------------------------------------ stale and shared layers
@@ -236,8 +298,10 @@ def test_a_changed_copy_source_rebuilds_its_step(tmp_path, tiny, kit_home):
     ctx.mkdir()
     (ctx / "payload.txt").write_text("one\n")
     recipe = ctx / "r.toml"
-    recipe.write_text(f'[base]\nrootfs = "{tiny}"\n[[steps]]\ncopy = ["payload.txt", "/payload.txt"]\n'
-                      '[[steps]]\nrun = "cat /payload.txt > /seen"\n')
+    recipe.write_text(
+        f'[base]\nrootfs = "{tiny}"\n[[steps]]\ncopy = ["payload.txt", "/payload.txt"]\n'
+        '[[steps]]\nrun = "cat /payload.txt > /seen"\n'
+    )
     out = tmp_path / "o.sqsh"
     assert kit("build", str(recipe), "-o", str(out)).returncode == 0
     st0 = (ctx / "payload.txt").stat()
@@ -254,23 +318,32 @@ def test_a_changed_copy_source_rebuilds_its_step(tmp_path, tiny, kit_home):
 
 
 def _start_build(args: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "kit", "build", *args], stdout=subprocess.PIPE,
-                            stderr=open(log, "w"), text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "kit", "build", *args],
+        stdout=subprocess.PIPE,
+        stderr=open(log, "w"),
+        text=True,
+        start_new_session=True,
+    )
 
 
 def test_concurrent_builds_and_a_prune_share_the_cache(tmp_path, tiny, kit_home):
     """Two builds of one recipe 1 s apart both succeed with the same digest;
     `--prune --cache-size 0` during a build leaves it working."""
     recipe = tmp_path / "r.toml"
-    recipe.write_text(f'[base]\nrootfs = "{tiny}"\n'
-                      '[[steps]]\nrun = "sleep 2; echo a > /stepA"\n'
-                      '[[steps]]\nrun = "ls /stepA && sleep 2 && echo b > /stepB"\n'
-                      '[[steps]]\nrun = "ls /stepB && cat /stepA /stepB > /both"\n')
+    recipe.write_text(
+        f'[base]\nrootfs = "{tiny}"\n'
+        '[[steps]]\nrun = "sleep 2; echo a > /stepA"\n'
+        '[[steps]]\nrun = "ls /stepA && sleep 2 && echo b > /stepB"\n'
+        '[[steps]]\nrun = "ls /stepB && cat /stepA /stepB > /both"\n'
+    )
     first = _start_build([str(recipe), "-o", str(tmp_path / "a.sqsh")], tmp_path / "a.log")
     wait_for(lambda: "[2/" in (tmp_path / "a.log").read_text(), 60, what="the first build inside its first step")
     second = _start_build([str(recipe), "-o", str(tmp_path / "b.sqsh")], tmp_path / "b.log")
     outs = [first.communicate(timeout=120)[0], second.communicate(timeout=120)[0]]
-    assert first.returncode == 0 and second.returncode == 0, (tmp_path / "a.log").read_text() + (tmp_path / "b.log").read_text()
+    assert first.returncode == 0 and second.returncode == 0, (tmp_path / "a.log").read_text() + (
+        tmp_path / "b.log"
+    ).read_text()
     digests = {line.rsplit("digest ", 1)[1] for line in outs}
     assert len(digests) == 1, outs
     # A prune while a build has its layers mounted.
@@ -288,15 +361,26 @@ def test_concurrent_builds_and_a_prune_share_the_cache(tmp_path, tiny, kit_home)
 
 # ------------------------------------------------------------------ Docker's rules
 def test_arg_heredoc_dockerignore_and_bom_follow_docker(tmp_path, tiny, kit_home):
-    text = ("\ufeffFROM rootfs:root\n"
-            "ARG VERSION=1.2.3\n"
-            "RUN echo \"v=$VERSION\" > /version\n"
-            "RUN cat <<EOF > /etc/x\n"
-            "hello $VERSION\n"
-            "EOF\n"
-            "COPY sub /sub\n")
-    ctx = context(tmp_path, tiny, text, {"sub/keep": "kept\n", "sub/drop": "dropped\n", "sub/deep/keep": "deep\n",
-                                         ".dockerignore": "sub\n!sub/keep\n!sub/deep/keep\n"})
+    text = (
+        "\ufeffFROM rootfs:root\n"
+        "ARG VERSION=1.2.3\n"
+        'RUN echo "v=$VERSION" > /version\n'
+        "RUN cat <<EOF > /etc/x\n"
+        "hello $VERSION\n"
+        "EOF\n"
+        "COPY sub /sub\n"
+    )
+    ctx = context(
+        tmp_path,
+        tiny,
+        text,
+        {
+            "sub/keep": "kept\n",
+            "sub/drop": "dropped\n",
+            "sub/deep/keep": "deep\n",
+            ".dockerignore": "sub\n!sub/keep\n!sub/deep/keep\n",
+        },
+    )
     (ctx / "Dockerfile").write_bytes(text.encode("utf-8"))
     out = tmp_path / "o.sqsh"
     proc = kit("build", str(ctx), "-o", str(out))
@@ -344,14 +428,21 @@ def test_a_stopped_build_leaves_nothing_and_the_next_one_cleans_up(tmp_path, tin
     env = {**os.environ, "KIT_HOME": str(home)}
     marker = f"kitmark{os.getpid()}{sig}"
     recipe = tmp_path / "r.toml"
-    recipe.write_text(f'[base]\nrootfs = "{tiny}"\n'
-                      f'[[steps]]\nrun = "trap \\"\\" INT TERM; sleep 1.5; echo {marker} > /a"\n'
-                      f'[[steps]]\nrun = "trap \\"\\" INT TERM; sleep 1.5; echo {marker} > /b"\n')
+    recipe.write_text(
+        f'[base]\nrootfs = "{tiny}"\n'
+        f'[[steps]]\nrun = "trap \\"\\" INT TERM; sleep 1.5; echo {marker} > /a"\n'
+        f'[[steps]]\nrun = "trap \\"\\" INT TERM; sleep 1.5; echo {marker} > /b"\n'
+    )
     mounts = host_mounts()
     rng = random.Random(int(sig))
     for delay in [rng.uniform(0.2, 4.0) for _ in range(3)]:
-        proc = subprocess.Popen([sys.executable, "-m", "kit", "build", str(recipe), "-o", str(tmp_path / "o.sqsh"),
-                                 "--no-cache"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kit", "build", str(recipe), "-o", str(tmp_path / "o.sqsh"), "--no-cache"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(delay)
         proc.send_signal(sig)
         err = proc.communicate(timeout=60)[1]
@@ -366,11 +457,17 @@ def test_a_stopped_build_leaves_nothing_and_the_next_one_cleans_up(tmp_path, tin
         if sig == signal.SIGTERM:
             assert [x for x in _leftovers(home, tmp_path) if not x.startswith("claim")] == [], delay
     # The next build and --prune remove what a killed build left.
-    done = subprocess.run([sys.executable, "-m", "kit", "build", str(recipe), "-o", str(tmp_path / "o.sqsh")],
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "kit", "build", str(recipe), "-o", str(tmp_path / "o.sqsh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
-    prune = subprocess.run([sys.executable, "-m", "kit", "build", "--prune"], env=env, capture_output=True,
-                           text=True, timeout=60)
+    prune = subprocess.run(
+        [sys.executable, "-m", "kit", "build", "--prune"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert prune.returncode == 0, prune.stderr
     assert _leftovers(home, tmp_path) == []
     assert host_mounts() == mounts
@@ -386,8 +483,13 @@ def test_a_full_cache_keeps_the_image(tmp_path, tiny):
         recipe = tmp_path / "r.toml"
         recipe.write_text(f'[base]\nrootfs = "{tiny}"\n[[steps]]\nrun = "echo x > /x"\n')
         out = tmp_path / "o.sqsh"
-        proc = subprocess.run([sys.executable, "-m", "kit", "build", str(recipe), "-o", str(out)],
-                              env={**os.environ, "KIT_HOME": str(home)}, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "kit", "build", str(recipe), "-o", str(out)],
+            env={**os.environ, "KIT_HOME": str(home)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr
         assert "not kept in the cache" in proc.stderr
         assert read_file(out, "x") == "x\n"

@@ -25,24 +25,40 @@ def test_a_failed_stage_one_means_stage_two_never_runs_and_wait_says_why(cluster
     w = launch_wait(tmp_path, "--after", first["job_id"], command=["bash", "-c", "echo stage two ran"])
     rc, err = w.finish()
     assert rc == outcome.CANCELLED, err
-    assert (f"kit: job {w.job_id} ended CANCELLED: it never ran: its dependency can never be met "
-            f"(afterok:{first['job_id']}(failed))") in err
+    assert (
+        f"kit: job {w.job_id} ended CANCELLED: it never ran: its dependency can never be met "
+        f"(afterok:{first['job_id']}(failed))"
+    ) in err
     assert "stage two ran" not in read_logs(w.job_dir) and runs(w.job_dir) == []
     # Now that it failed, a new stage after it is refused before submitting; :any is accepted.
-    late = kit("launch", "--local", "--dry-run", "--output-dir", str(tmp_path / "late"), "--after", first["job_id"],
-               "--", "true")
+    late = kit(
+        "launch",
+        "--local",
+        "--dry-run",
+        "--output-dir",
+        str(tmp_path / "late"),
+        "--after",
+        first["job_id"],
+        "--",
+        "true",
+    )
     assert late.returncode == 0  # a dry run does not ask Slurm
     refused = kit("launch", "--local", "--output-dir", str(tmp_path / "late"), "--after", first["job_id"], "--", "true")
     assert refused.returncode == 2
-    assert refused.stderr.splitlines()[0] == (f"kit: --after: job {first['job_id']} already ended FAILED: a job after "
-                                              "it succeeded would never run")
+    assert refused.stderr.splitlines()[0] == (
+        f"kit: --after: job {first['job_id']} already ended FAILED: a job after it succeeded would never run"
+    )
 
 
 def test_an_unknown_job_is_refused_before_submitting(cluster, tmp_path):
-    for ref, first in (("99999", "kit: --after: job 99999 is unknown to Slurm"),
-                       (str(tmp_path / "nope"), f"kit: --after: '{tmp_path / 'nope'}' is neither a job id nor a "
-                                                "submitted kit job directory"),
-                       ("12:maybe", "kit: --after: '12:maybe' is neither a job id")):
+    for ref, first in (
+        ("99999", "kit: --after: job 99999 is unknown to Slurm"),
+        (
+            str(tmp_path / "nope"),
+            f"kit: --after: '{tmp_path / 'nope'}' is neither a job id nor a submitted kit job directory",
+        ),
+        ("12:maybe", "kit: --after: '12:maybe' is neither a job id"),
+    ):
         proc = kit("launch", "--local", "--output-dir", str(tmp_path / "jobs"), "--after", ref, "--", "true")
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.splitlines()[0].startswith(first), proc.stderr

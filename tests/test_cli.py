@@ -49,25 +49,46 @@ def test_version():
 
 
 def test_dry_run_imports_neither_torch_nor_lightning(tmp_path):
-    code = ("import sys; from kit.cli import main\n"
-            "try:\n main(['launch', '--dry-run', '--output-dir', sys.argv[1], '--', 'python', '-m', 'kit.train'])\n"
-            "except SystemExit as e:\n assert e.code == 0, e.code\n"
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'lightning', 'pytorch_lightning'))\n"
-            "assert not bad, bad\n")
+    code = (
+        "import sys; from kit.cli import main\n"
+        "try:\n main(['launch', '--dry-run', '--output-dir', sys.argv[1], '--', 'python', '-m', 'kit.train'])\n"
+        "except SystemExit as e:\n assert e.code == 0, e.code\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'lightning', 'pytorch_lightning'))\n"
+        "assert not bad, bad\n"
+    )
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, capture_output=True)
 
 
 def test_dry_run_prints_the_sbatch_line_and_writes_the_scripts(tmp_path):
-    proc = kit("launch", "--dry-run", "--nodes", "2", "--time", "30", "--output-dir", str(tmp_path),
-               "--no-code-snapshot", "--", "python", "train.py", "--max-steps", "100", cwd=tmp_path)
+    proc = kit(
+        "launch",
+        "--dry-run",
+        "--nodes",
+        "2",
+        "--time",
+        "30",
+        "--output-dir",
+        str(tmp_path),
+        "--no-code-snapshot",
+        "--",
+        "python",
+        "train.py",
+        "--max-steps",
+        "100",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     line, srun_line, jobdir_line = proc.stdout.splitlines()
     job_dir = jobdir_line.removeprefix("job dir: ")
-    assert srun_line == (f"srun --kill-on-bad-exit=1 --export=ALL --wait=60 --mpi=none --label --nodes=2 --ntasks-per-node=1 "
-                         f"{job_dir}/launcher.sh")
-    assert line == (f"sbatch --parsable --chdir={tmp_path} --job-name=kit --nodes=2 --ntasks-per-node=1 --open-mode=append "
-                    f"--output={job_dir}/logs/slurm-%j.out --signal=B:USR1@90 --time=30 --requeue "
-                    f"{job_dir}/prelaunch.sh")
+    assert srun_line == (
+        f"srun --kill-on-bad-exit=1 --export=ALL --wait=60 --mpi=none --label --nodes=2 --ntasks-per-node=1 "
+        f"{job_dir}/launcher.sh"
+    )
+    assert line == (
+        f"sbatch --parsable --chdir={tmp_path} --job-name=kit --nodes=2 --ntasks-per-node=1 --open-mode=append "
+        f"--output={job_dir}/logs/slurm-%j.out --signal=B:USR1@90 --time=30 --requeue "
+        f"{job_dir}/prelaunch.sh"
+    )
     assert proc.stderr == ""
 
 
@@ -83,8 +104,10 @@ BAD = [
     (["--env", "1X=2"], "kit: --env: not a variable name: '1X'"),
     (["--env", "WORLD_SIZE=3"], "kit: --env: WORLD_SIZE is set by the launcher from Slurm's variables"),
     (["--job-file", "/nonexistent/job.toml"], "kit: --job-file: no such job file: /nonexistent/job.toml"),
-    (["--gpus-per-node", "8", "--ntasks-per-node", "3"],
-     "kit: --ntasks-per-node: 3 tasks per node do not match 8 GPUs per node"),
+    (
+        ["--gpus-per-node", "8", "--ntasks-per-node", "3"],
+        "kit: --ntasks-per-node: 3 tasks per node do not match 8 GPUs per node",
+    ),
     (["--sbatch-arg=--nodes=3"], "kit: --sbatch-arg: --nodes is set by kit"),
     (["--sbatch-arg=-N3"], "kit: --sbatch-arg: -N is set by kit"),
     (["--sbatch-arg=-vt1"], "kit: --sbatch-arg: -t is set by kit"),
@@ -93,7 +116,10 @@ BAD = [
     (["--sbatch-arg=--no-requeu"], "kit: --sbatch-arg: --no-requeue is set by kit"),
     (["--signal", "KILL"], "kit: --signal: not a warning signal: 'KILL'"),
     (["--time", "1", "--signal-lead", "90"], "kit: --signal-lead: the warning comes 90 s before a time limit of 60 s"),
-    (["--output-dir", "/tmp/a\\b"], "kit: --output-dir: '/tmp/a\\\\b' contains a backslash, which sbatch's --output cannot express"),
+    (
+        ["--output-dir", "/tmp/a\\b"],
+        "kit: --output-dir: '/tmp/a\\\\b' contains a backslash, which sbatch's --output cannot express",
+    ),
     (["--nodes", "99999999999999999999"], "kit: --nodes: must be at most 2147483647, got 99999999999999999999"),
     (["--stop-grace", "4294967296"], "kit: --stop-grace: must be at most 2147483647, got 4294967296"),
     (["--job-name", "n" * 1100], "kit: --job-name: 1100 characters; at most 200"),
@@ -129,19 +155,26 @@ def test_command_missing_after_double_dash(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
         "kit: command: no command to run",
-        "hint: put the command after --, e.g. kit launch --nodes 2 -- python -m kit.train"]
+        "hint: put the command after --, e.g. kit launch --nodes 2 -- python -m kit.train",
+    ]
     assert not (tmp_path / "jobs").exists()
 
 
-@pytest.mark.parametrize("text,message", [
-    ("nodes = 2\nbogus = 1\n", "kit: {f}: unknown key 'bogus'"),
-    ("nodes = \"2\"\n", "kit: {f}: nodes: expected a whole number, got str '2'"),
-    ("nodes = 2\ntime = 1:00\n", "kit: {f}: not valid TOML: Expected newline or end of document after a "
-                                 "statement (at line 2, column 9)"),
-    ("command = \"python train.py\"\n", "kit: {f}: command: expected a list of strings, got str 'python train.py'"),
-    ("nodes = 0\ncommand = [\"true\"]\n", "kit: {f}: nodes: must be at least 1, got 0"),
-    ("x = " + "[" * 100_000 + "]" * 100_000 + "\n", "kit: {f}: not valid TOML: nested too deep"),
-], ids=["unknown key", "string count", "bad TOML", "string command", "zero nodes", "nested"])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("nodes = 2\nbogus = 1\n", "kit: {f}: unknown key 'bogus'"),
+        ('nodes = "2"\n', "kit: {f}: nodes: expected a whole number, got str '2'"),
+        (
+            "nodes = 2\ntime = 1:00\n",
+            "kit: {f}: not valid TOML: Expected newline or end of document after a statement (at line 2, column 9)",
+        ),
+        ('command = "python train.py"\n', "kit: {f}: command: expected a list of strings, got str 'python train.py'"),
+        ('nodes = 0\ncommand = ["true"]\n', "kit: {f}: nodes: must be at least 1, got 0"),
+        ("x = " + "[" * 100_000 + "]" * 100_000 + "\n", "kit: {f}: not valid TOML: nested too deep"),
+    ],
+    ids=["unknown key", "string count", "bad TOML", "string command", "zero nodes", "nested"],
+)
 def test_bad_job_file(tmp_path, text, message):
     job_file = tmp_path / "job.toml"
     job_file.write_text(text)
@@ -153,12 +186,26 @@ def test_bad_job_file(tmp_path, text, message):
 
 def test_job_file_values_and_command_line_overrides(tmp_path):
     job_file = tmp_path / "job.toml"
-    job_file.write_text('nodes = 4\ntime = "2:00:00"\njob-name = "from-file"\n'
-                        'command = ["python", "-m", "kit.train"]\nenv = { A = "1", B = "2" }\n')
-    proc = kit("launch", "--dry-run", "--json", "-f", str(job_file), "--nodes", "2", "--env", "B=3",
-               "--output-dir", str(tmp_path / "jobs"))
+    job_file.write_text(
+        'nodes = 4\ntime = "2:00:00"\njob-name = "from-file"\n'
+        'command = ["python", "-m", "kit.train"]\nenv = { A = "1", B = "2" }\n'
+    )
+    proc = kit(
+        "launch",
+        "--dry-run",
+        "--json",
+        "-f",
+        str(job_file),
+        "--nodes",
+        "2",
+        "--env",
+        "B=3",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+    )
     assert proc.returncode == 0, proc.stderr
     import json
+
     out = json.loads(proc.stdout)
     assert out["job_id"] is None
     argv = out["sbatch_argv"]
@@ -168,13 +215,15 @@ def test_job_file_values_and_command_line_overrides(tmp_path):
 
 
 def test_unknown_partition_submits_nothing(cluster, target, tmp_path):
-    before = subprocess.run(["squeue", "--noheader", "--states=all", "--format=%i"], env={**target.env}, capture_output=True,
-                            text=True).stdout
+    before = subprocess.run(
+        ["squeue", "--noheader", "--states=all", "--format=%i"], env={**target.env}, capture_output=True, text=True
+    ).stdout
     proc = kit("launch", "--local", "--partition", "nope", "--output-dir", str(tmp_path / "jobs"), "--", "true")
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == ["kit: --partition: unknown partition 'nope'", "hint: partitions here: local"]
-    after = subprocess.run(["squeue", "--noheader", "--states=all", "--format=%i"], env={**target.env}, capture_output=True,
-                           text=True).stdout
+    after = subprocess.run(
+        ["squeue", "--noheader", "--states=all", "--format=%i"], env={**target.env}, capture_output=True, text=True
+    ).stdout
     assert after == before
     assert not (tmp_path / "jobs").exists()
 
@@ -199,19 +248,29 @@ def test_the_local_clusters_targets_path_is_validated_like_a_given_one(cluster, 
     assert "the targets directory" in e.value.message and not (tmp_path / "jobs").exists()
     # Given on the command line, the label is the option; without an image there is nothing to mount.
     with pytest.raises(KitError) as e:
-        targets.plan(specs.JobSpec(command=["true"], image=str(image), prometheus_targets=str(tmp_path / bad)),
-                     where="local")
+        targets.plan(
+            specs.JobSpec(command=["true"], image=str(image), prometheus_targets=str(tmp_path / bad)), where="local"
+        )
     assert e.value.field == "--prometheus-targets"
     plan = targets.plan(specs.JobSpec(command=["true"], output_dir=str(tmp_path / "jobs")), where="local")
     assert plan.job.spec.prometheus_targets == str(tmp_path / bad) and plan.target.name == "local"
 
 
 def test_local_without_a_cluster_says_how_to_start_one(tmp_path):
-    proc = kit("launch", "--local", "--output-dir", str(tmp_path / "jobs"), "--", "true",
-               env={"KIT_HOME": str(tmp_path / "empty-home")})
+    proc = kit(
+        "launch",
+        "--local",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        "true",
+        env={"KIT_HOME": str(tmp_path / "empty-home")},
+    )
     assert proc.returncode == 2
-    assert proc.stderr.splitlines() == ["kit: --local: the local cluster is not running",
-                                        "hint: start it with: kit cluster up --nodes 2"]
+    assert proc.stderr.splitlines() == [
+        "kit: --local: the local cluster is not running",
+        "hint: start it with: kit cluster up --nodes 2",
+    ]
 
 
 def test_launch_help_is_a_map_grouped_by_topic_in_the_readmes_order():
@@ -234,7 +293,7 @@ def test_launch_help_is_a_map_grouped_by_topic_in_the_readmes_order():
     for title, purpose, _ in GROUPS:
         assert f"{title}:\n  {purpose}\n" in help_text
     readme = (REPO / "docs" / "launch.md").read_text()
-    table = readme[readme.index("| option | meaning |"):readme.index("A job file uses the option names")]
+    table = readme[readme.index("| option | meaning |") : readme.index("A job file uses the option names")]
     readme_groups, current = {}, None
     for row in table.splitlines():
         if m := re.match(r"\| \*\*(.+?)\*\* \|", row):
@@ -257,19 +316,32 @@ def test_requests_slurm_could_never_run_are_refused_before_submission(cluster, t
     out = tmp_path / "jobs"
     cases = [
         (["--nodes", "3"], "kit: --nodes: the default partition has 2 node(s); 3 asked for would wait forever"),
-        (["--cpus-per-task", "3", "--ntasks-per-node", "2"],
-         "kit: --cpus-per-task: 1 node(s) with 6 CPUs each: the default partition has 0 such node(s) "
-         "(its largest has 4 CPUs); the job would wait forever"),
-        (["--stop-grace", "30"], "kit: --stop-grace: a grace of 30 s would be cut short: Slurm kills a job's "
-                                 "processes 30 s (KillWait) after it signals them"),
-        (["--mem", "64T"], "kit: --mem: 1 node(s) with 64T of memory each: the default partition has 0 such node(s) "
-                           f"(its largest has {cluster.state().memory_mb} MB for jobs); the job would wait forever"),
+        (
+            ["--cpus-per-task", "3", "--ntasks-per-node", "2"],
+            "kit: --cpus-per-task: 1 node(s) with 6 CPUs each: the default partition has 0 such node(s) "
+            "(its largest has 4 CPUs); the job would wait forever",
+        ),
+        (
+            ["--stop-grace", "30"],
+            "kit: --stop-grace: a grace of 30 s would be cut short: Slurm kills a job's "
+            "processes 30 s (KillWait) after it signals them",
+        ),
+        (
+            ["--mem", "64T"],
+            "kit: --mem: 1 node(s) with 64T of memory each: the default partition has 0 such node(s) "
+            f"(its largest has {cluster.state().memory_mb} MB for jobs); the job would wait forever",
+        ),
         # GPUs are checked as CPUs are, and named (not blamed on --cpus-per-task).
-        (["--gpus-per-node", "4"], "kit: --gpus-per-node: 1 node(s) with 4 GPUs each: the default partition has 0 "
-                                   "such node(s) (its largest has 2 GPUs); Slurm would refuse the job"),
-        (["--gpus-per-node", "2", "--env", "CUDA_VISIBLE_DEVICES=1"],
-         "kit: --env: CUDA_VISIBLE_DEVICES: Slurm binds each task's 2 GPU(s) and sets it itself, replacing this "
-         "value"),
+        (
+            ["--gpus-per-node", "4"],
+            "kit: --gpus-per-node: 1 node(s) with 4 GPUs each: the default partition has 0 "
+            "such node(s) (its largest has 2 GPUs); Slurm would refuse the job",
+        ),
+        (
+            ["--gpus-per-node", "2", "--env", "CUDA_VISIBLE_DEVICES=1"],
+            "kit: --env: CUDA_VISIBLE_DEVICES: Slurm binds each task's 2 GPU(s) and sets it itself, replacing this "
+            "value",
+        ),
     ]
     for args, message in cases:
         proc = kit("launch", "--local", "--output-dir", str(out), *args, "--", "true")
@@ -290,8 +362,20 @@ def test_parsable_prints_only_the_job_id(cluster, tmp_path):
 def test_a_per_task_variable_in_an_argument_without_a_shell_is_warned(tmp_path):
     """`--node_rank=$SLURM_NODEID` with no shell reaches torchrun literally."""
     out = tmp_path / "jobs"
-    plain = kit("launch", "--dry-run", "--output-dir", str(out), "--", "torchrun", "--node_rank=$SLURM_NODEID",
-                "--nproc-per-node", "2", "train.py", "--global_rank", "${RANK}")
+    plain = kit(
+        "launch",
+        "--dry-run",
+        "--output-dir",
+        str(out),
+        "--",
+        "torchrun",
+        "--node_rank=$SLURM_NODEID",
+        "--nproc-per-node",
+        "2",
+        "train.py",
+        "--global_rank",
+        "${RANK}",
+    )
     assert plain.returncode == 0, plain.stderr
     warned = [line for line in plain.stderr.splitlines() if line.startswith("kit: warning: the argument")]
     assert [w.split("'")[1] for w in warned] == ["--node_rank=$SLURM_NODEID", "${RANK}"], plain.stderr
@@ -307,9 +391,13 @@ def test_a_drained_node_is_named_at_launch_and_cluster_up_resumes_it(cluster, tm
     env = {**os.environ, **cluster.target.env}
     subprocess.run(["scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=kit test"], env=env, check=True)
     try:
-        proc = kit("launch", "--local", "--nodes", "2", "--dry-run", "--output-dir", str(tmp_path / "jobs"), "--", "true")
+        proc = kit(
+            "launch", "--local", "--nodes", "2", "--dry-run", "--output-dir", str(tmp_path / "jobs"), "--", "true"
+        )
         assert proc.returncode == 0, proc.stderr  # a dry run asks Slurm nothing
-        proc = kit("launch", "--local", "--nodes", "2", "--parsable", "--output-dir", str(tmp_path / "jobs"), "--", "true")
+        proc = kit(
+            "launch", "--local", "--nodes", "2", "--parsable", "--output-dir", str(tmp_path / "jobs"), "--", "true"
+        )
         assert proc.returncode == 0, proc.stderr
         assert "kit: warning: node2 (drain: kit test): Slurm holds back this node; the job waits" in proc.stderr
         # kit ps shows Slurm's own words on why it waits (squeue's %R), not only the reason's name.
@@ -321,11 +409,13 @@ def test_a_drained_node_is_named_at_launch_and_cluster_up_resumes_it(cluster, tm
             return row["reason"] if "node2" in row["reason"] or "DRAIN" in row["reason"].upper() else None
 
         from helpers import wait_for
+
         assert wait_for(reason, 60, poll=1, what="Slurm's reason naming the drained node")
         up = kit("cluster", "up")
         assert up.returncode == 0 and "resuming node2 (Slurm had it drain: kit test)" in up.stderr, up.stderr
-        state = subprocess.run(["sinfo", "--noheader", "--Node", "--nodes=node2", "--format=%t"], env=env,
-                               capture_output=True, text=True).stdout.split()
+        state = subprocess.run(
+            ["sinfo", "--noheader", "--Node", "--nodes=node2", "--format=%t"], env=env, capture_output=True, text=True
+        ).stdout.split()
         assert state and "drain" not in state[0], state
         job_id = proc.stdout.strip()
         assert slurm.wait(cluster.target, job_id, timeout=120).state == "COMPLETED"
@@ -336,12 +426,19 @@ def test_a_drained_node_is_named_at_launch_and_cluster_up_resumes_it(cluster, tm
 def test_launch_inside_an_salloc_allocation_says_it_submits_a_separate_job(cluster, tmp_path):
     """`kit launch` typed in an salloc shell submits its own job: kit says so."""
     kit_cmd = f"{sys.executable} -m kit launch --local --parsable --output-dir {tmp_path / 'jobs'} -- true"
-    proc = subprocess.run(["salloc", "--nodes", "1", "bash", "-c", kit_cmd], capture_output=True, text=True,
-                          env={**os.environ, **cluster.target.env}, timeout=120)
+    proc = subprocess.run(
+        ["salloc", "--nodes", "1", "bash", "-c", kit_cmd],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **cluster.target.env},
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     allocation = re.search(r"Granted job allocation (\d+)", proc.stderr).group(1)
-    assert f"kit: note: this shell is inside Slurm job {allocation} (an salloc allocation or a job): kit launch " \
-           "submits a separate job" in proc.stderr, proc.stderr
+    assert (
+        f"kit: note: this shell is inside Slurm job {allocation} (an salloc allocation or a job): kit launch "
+        "submits a separate job" in proc.stderr
+    ), proc.stderr
     job_id = proc.stdout.strip()
     assert job_id.isdigit() and job_id != allocation
     assert slurm.wait(cluster.target, job_id, timeout=120).state == "COMPLETED"
@@ -382,7 +479,12 @@ def test_no_hint_names_the_unrelated_pypi_project():
     """`pip install 'kit[...]'` installs an unrelated project (PyPI's kit);
     the distribution is kit-slurm. No hint, message or README line names the other."""
     bad = []
-    for path in [*(REPO / "kit").rglob("*.py"), REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "containers").glob("*.md")]:
+    for path in [
+        *(REPO / "kit").rglob("*.py"),
+        REPO / "README.md",
+        *(REPO / "docs").glob("*.md"),
+        *(REPO / "containers").glob("*.md"),
+    ]:
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"pip install ['\"]?kit(\[|['\"\s]|$)", line):
                 bad.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
@@ -401,8 +503,19 @@ def test_a_recipe_hint_has_no_literal_escape(tmp_path):
 def test_a_step_that_never_started_is_told_so(cluster, tmp_path):
     """With `--mpi pmix` (listed by Debian's Slurm, no PMIx library on the nodes)
     srun fails before any rank runs: --wait says the step never started, not that the command failed."""
-    proc = kit("launch", "--local", "--wait", "--no-exporter", "--mpi", "pmix", "--output-dir", str(tmp_path / "jobs"),
-               "--", "true", timeout=180)
+    proc = kit(
+        "launch",
+        "--local",
+        "--wait",
+        "--no-exporter",
+        "--mpi",
+        "pmix",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        "true",
+        timeout=180,
+    )
     assert proc.returncode != 0 and "ended FAILED: the job step never started" in proc.stderr, proc.stderr
     assert "the command failed" not in proc.stderr and "srun, its MPI plugin or the container failed" in proc.stderr
     # A batch script killed by a signal before any rank ran (128+N) is told as that signal.
@@ -433,11 +546,14 @@ def test_ps_filters_by_state_name_age_and_owner(cluster, tmp_path):
     assert bad.returncode == 2 and bad.stderr.startswith("kit: --since: not an age: 'soon'")
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--state", "RUNNNING"], "kit: --state: no job is ever in state RUNNNING"),
-    (["--state", "active,done"], "kit: --state: no job is ever in state DONE"),
-    (["--user", "no-such-user-here"], "kit: --user: no user 'no-such-user-here' on this machine"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--state", "RUNNNING"], "kit: --state: no job is ever in state RUNNNING"),
+        (["--state", "active,done"], "kit: --state: no job is ever in state DONE"),
+        (["--user", "no-such-user-here"], "kit: --user: no user 'no-such-user-here' on this machine"),
+    ],
+)
 def test_a_ps_filter_that_could_match_nothing_is_one_line_and_exit_2(tmp_path, args, message):
     """A misspelt state or an unknown user would list nothing, said as "no jobs": refused instead."""
     proc = kit("ps", "--output-dir", str(tmp_path), *args, env={"KIT_HOME": str(tmp_path / "home")})
@@ -452,9 +568,11 @@ def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
     import subprocess
     import sys
 
-    script = ("import sys, kit.cli as c\n"
-              "def stream(**kw):\n    sys.stdout.buffer.write(b'x' * 200000)\n    sys.stdout.buffer.flush()\n"
-              "c.cli.main = stream\nc.main(['ps'])\n")
+    script = (
+        "import sys, kit.cli as c\n"
+        "def stream(**kw):\n    sys.stdout.buffer.write(b'x' * 200000)\n    sys.stdout.buffer.flush()\n"
+        "c.cli.main = stream\nc.main(['ps'])\n"
+    )
     for args in ([sys.executable, "-c", script], [sys.executable, "-m", "kit", "launch", "--help"]):
         r, w = os.pipe()
         os.close(r)

@@ -35,8 +35,9 @@ def test_every_daemon_listens_on_its_own_address_alone(cluster):
     assert listening(st.pids["slurmdbd"]) == {f"127.0.0.1:{st.dbd_port}"}
     assert st.nodes_bound == config.loopback_host(st.hostname)
     expected = "127.0.0.1" if st.nodes_bound else "0.0.0.0"
-    assert [listening(st.pids[f"node{i}"]) for i in range(1, st.nodes + 1)] == \
-        [{f"{expected}:{port}"} for port in st.node_ports]
+    assert [listening(st.pids[f"node{i}"]) for i in range(1, st.nodes + 1)] == [
+        {f"{expected}:{port}"} for port in st.node_ports
+    ]
 
 
 def test_up_status_env_down(home, cluster):
@@ -49,8 +50,9 @@ def test_up_status_env_down(home, cluster):
 
     proc = kit("cluster", "up", "--nodes", "2", "--cpus-per-node", "2", env=env)
     assert proc.returncode == 0, proc.stderr
-    assert re.match(r"local cluster started: 2 node\(s\) x 2 CPUs, with accounting \(sacct\) in [0-9.]+ s\n",
-                    proc.stdout)
+    assert re.match(
+        r"local cluster started: 2 node\(s\) x 2 CPUs, with accounting \(sacct\) in [0-9.]+ s\n", proc.stdout
+    )
     assert proc.stdout.splitlines()[1] == f"export SLURM_CONF={conf}"
     pids = json.loads((home / "cluster" / "cluster.json").read_text())["pids"]
 
@@ -61,17 +63,21 @@ def test_up_status_env_down(home, cluster):
 
     other = kit("cluster", "up", "--nodes", "3", env=env)
     assert other.returncode == 2
-    assert other.stderr.splitlines()[0] == ("kit: cluster: already running with 2 node(s), 2 CPUs and 0 GPUs per node, "
-                                            "sharing this machine's network, with accounting")
+    assert other.stderr.splitlines()[0] == (
+        "kit: cluster: already running with 2 node(s), 2 CPUs and 0 GPUs per node, "
+        "sharing this machine's network, with accounting"
+    )
 
     status = kit("cluster", "status", env=env)
     assert status.returncode == 0
     lines = status.stdout.splitlines()
     assert lines[0] == f"local cluster: running ({home / 'cluster'})"
     # No pyxis and enroot here: the stand-in, and the status says so.
-    assert lines[1] == f"  containers: kit's pyxis stand-in {public / 'spank_kit_pyxis.so'} " \
-                       "(no pyxis and enroot installed); create mode (each node unpacks the image before the step: " \
-                       "enroot create)"
+    assert (
+        lines[1] == f"  containers: kit's pyxis stand-in {public / 'spank_kit_pyxis.so'} "
+        "(no pyxis and enroot installed); create mode (each node unpacks the image before the step: "
+        "enroot create)"
+    )
     # munged: the cluster's own authentication; accounting: both installed by .ci/setup.
     assert [line.split()[0] for line in lines[2:]] == ["munged", "mariadbd", "slurmdbd", "slurmctld", "node1", "node2"]
     assert lines[6].split()[-1] == "idle"
@@ -79,12 +85,18 @@ def test_up_status_env_down(home, cluster):
     from kit.cluster import config
 
     assert (public / "plugstack.conf").read_text() == config.plugstack_conf(
-        "kit-pyxis", home / "cluster", str(public / "spank_kit_pyxis.so"))
+        "kit-pyxis", home / "cluster", str(public / "spank_kit_pyxis.so")
+    )
     assert "KillWait" not in conf.read_text() and not (home / "cluster" / "enroot").exists()
 
     assert kit("cluster", "env", env=env).stdout == f"export SLURM_CONF={conf}\n"
-    run = subprocess.run(["srun", "-N2", "-l", "hostname"], env={**os.environ, "SLURM_CONF": str(conf)},
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        ["srun", "-N2", "-l", "hostname"],
+        env={**os.environ, "SLURM_CONF": str(conf)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 0 and len(run.stdout.splitlines()) == 2
 
     # A named container (kept on its node by --container-name) goes with the cluster.
@@ -153,10 +165,20 @@ def test_down_cancels_running_jobs(home, cluster, tmp_path):
     c = LocalCluster(home)
     c.up(nodes=1, cpus_per_node=1)
     env = {**os.environ, **c.target.env}
-    job = subprocess.run(["sbatch", "--parsable", "--wrap", "sleep 317", f"--output={tmp_path}/out"], env=env,
-                         capture_output=True, text=True, check=True).stdout.strip()
-    wait_for(lambda: "R" in subprocess.run(["squeue", "-h", "-j", job, "-o", "%t"], env=env,
-                                           capture_output=True, text=True).stdout, 20)
+    job = subprocess.run(
+        ["sbatch", "--parsable", "--wrap", "sleep 317", f"--output={tmp_path}/out"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    wait_for(
+        lambda: (
+            "R"
+            in subprocess.run(["squeue", "-h", "-j", job, "-o", "%t"], env=env, capture_output=True, text=True).stdout
+        ),
+        20,
+    )
     refused = kit("cluster", "down", env={"KIT_HOME": str(home)})
     assert refused.returncode == 1
     assert refused.stderr.splitlines()[0] == f"kit: cluster: 1 job(s) still active: {job}"
@@ -172,8 +194,10 @@ def test_an_unreadable_state_file_is_not_started_over(home):
     (home / "cluster" / "cluster.json").write_text("{not json")
     proc = kit("cluster", "up", env={"KIT_HOME": str(home)})
     assert proc.returncode == 1
-    assert proc.stderr.splitlines()[0] == \
-        f"kit: cluster: {home / 'cluster' / 'cluster.json'} is unreadable: not starting a second cluster over it"
+    assert (
+        proc.stderr.splitlines()[0]
+        == f"kit: cluster: {home / 'cluster' / 'cluster.json'} is unreadable: not starting a second cluster over it"
+    )
     assert not LocalCluster(home).conf.exists()
 
 
@@ -218,7 +242,16 @@ def test_status_names_the_plugin_the_cluster_was_started_with(home, monkeypatch)
 
     monkeypatch.delenv("KIT_PYXIS_PLUGIN", raising=False)
     (home / "cluster").mkdir(parents=True)
-    st = ClusterState(nodes=2, cpus_per_node=2, gpus_per_node=0, memory_mb=1000, hostname="h", ctld_port=1,
-                      node_ports=[2, 3], containers="pyxis", container_plugin="/opt/pyxis 0.24/spank_pyxis.so")
+    st = ClusterState(
+        nodes=2,
+        cpus_per_node=2,
+        gpus_per_node=0,
+        memory_mb=1000,
+        hostname="h",
+        ctld_port=1,
+        node_ports=[2, 3],
+        containers="pyxis",
+        container_plugin="/opt/pyxis 0.24/spank_pyxis.so",
+    )
     (home / "cluster" / "cluster.json").write_text(json.dumps(asdict(st)))
     assert LocalCluster(home).containers_description().startswith("pyxis /opt/pyxis 0.24/spank_pyxis.so, ")

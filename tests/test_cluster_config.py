@@ -16,8 +16,15 @@ from kit.cluster import accounting, config
 GOLDEN = Path(__file__).parent / "golden" / "cluster"
 ACCEPT = "KIT_ACCEPT_GOLDEN=1 python -m pytest tests/test_cluster_config.py"
 ROOT = Path("/home/alice/.local/state/kit/cluster")
-SHAPE = SimpleNamespace(nodes=2, cpus_per_node=4, gpus_per_node=2, memory_mb=8000, hostname="login1",
-                        ctld_port=6817, node_ports=[6818, 6819])
+SHAPE = SimpleNamespace(
+    nodes=2,
+    cpus_per_node=4,
+    gpus_per_node=2,
+    memory_mb=8000,
+    hostname="login1",
+    ctld_port=6817,
+    node_ports=[6818, 6819],
+)
 PYXIS_SO = "/usr/local/lib/slurm/spank_pyxis.so"
 ACCOUNTED = SimpleNamespace(**vars(SHAPE), auth="munge", dbd_port=6820)
 
@@ -25,8 +32,9 @@ ACCOUNTED = SimpleNamespace(**vars(SHAPE), auth="munge", dbd_port=6820)
 def generated() -> dict[str, str]:
     return {
         "slurm.conf": config.slurm_conf(SHAPE, ROOT, "alice", 17),
-        "slurm.munge.conf": config.slurm_conf(SimpleNamespace(**vars(SHAPE), auth="munge", nodes_bound=True), ROOT,
-                                              "alice", 17),
+        "slurm.munge.conf": config.slurm_conf(
+            SimpleNamespace(**vars(SHAPE), auth="munge", nodes_bound=True), ROOT, "alice", 17
+        ),
         "slurm.accounting.conf": config.slurm_conf(ACCOUNTED, ROOT, "alice", 17),
         "slurmdbd.conf": accounting.slurmdbd_conf(ACCOUNTED, ROOT, "alice", config.auth_lines(ACCOUNTED, ROOT)),
         "gres.conf": config.gres_conf(SHAPE, ROOT),
@@ -62,7 +70,9 @@ def test_slurm_conf_keeps_slurms_killwait_and_pyxis_gets_a_runtime_path_of_its_o
     conf = generated()["slurm.conf"]
     assert "KillWait" not in conf  # Slurm's default, 30 s: room for pyxis's enroot remove
     assert f"PlugStackConfig={ROOT}/plugstack.conf" in conf
-    assert generated()["plugstack.pyxis.conf"].splitlines()[1] == f"required {PYXIS_SO} runtime_path={ROOT}/enroot/pyxis"
+    assert (
+        generated()["plugstack.pyxis.conf"].splitlines()[1] == f"required {PYXIS_SO} runtime_path={ROOT}/enroot/pyxis"
+    )
     # Real pyxis's nodes run the prolog (each job user's own enroot directory); the stand-in's make their own.
     pyxis = config.slurm_conf(SimpleNamespace(**vars(SHAPE), containers="pyxis"), ROOT, "alice", 17)
     assert f"Prolog={ROOT}/prolog" in pyxis.splitlines() and "Prolog" not in conf
@@ -90,11 +100,20 @@ def test_the_enroot_wrapper_gives_each_node_its_own_paths_and_enroot_its_helpers
         lint = subprocess.run(["shellcheck", "--severity=style", str(wrapper)], capture_output=True, text=True)
         assert lint.returncode == 0, lint.stdout
     path = f"{config.enroot_bin(root, 'node2')}:/usr/bin:/bin"
-    out = subprocess.run(["env", "-i", f"PATH={path}", "enroot", "create", "--name", "pyxis_1.0", "x y.sqsh"],
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+    out = subprocess.run(
+        ["env", "-i", f"PATH={path}", "enroot", "create", "--name", "pyxis_1.0", "x y.sqsh"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     mine = f"{root}/enroot/node2/user-{os.getuid()}"  # the user's own, which the prolog makes
-    assert out == ["args=create --name pyxis_1.0 x y.sqsh", f"ENROOT_CACHE_PATH={mine}/cache",
-                   f"ENROOT_DATA_PATH={mine}/data", f"ENROOT_RUNTIME_PATH={mine}/runtime", "helper found"]
+    assert out == [
+        "args=create --name pyxis_1.0 x y.sqsh",
+        f"ENROOT_CACHE_PATH={mine}/cache",
+        f"ENROOT_DATA_PATH={mine}/data",
+        f"ENROOT_RUNTIME_PATH={mine}/runtime",
+        "helper found",
+    ]
 
 
 def test_the_prolog_makes_each_job_users_own_enroot_directory_where_only_root_writes(tmp_path):
@@ -130,11 +149,15 @@ def test_the_prolog_makes_each_job_users_own_enroot_directory_where_only_root_wr
 def test_each_slurmd_under_pyxis_starts_with_its_wrapper_first_on_path():
     conf = ROOT / "slurm.conf"
     assert config.daemon_env(ROOT, conf, "node2", "pyxis", "/usr/bin:/bin") == {
-        "SLURM_CONF": str(conf), "PATH": f"{ROOT}/enroot/node2/bin:/usr/bin:/bin"}
+        "SLURM_CONF": str(conf),
+        "PATH": f"{ROOT}/enroot/node2/bin:/usr/bin:/bin",
+    }
     assert config.daemon_env(ROOT, conf, "slurmctld", "pyxis", "/usr/bin") == {"SLURM_CONF": str(conf)}
     # The stand-in keeps named containers where enroot would: the node's data path.
     assert config.daemon_env(ROOT, conf, "node1", "kit-pyxis", "/usr/bin") == {
-        "SLURM_CONF": str(conf), "KIT_PYXIS_DATA": f"{ROOT}/enroot/node1/data"}
+        "SLURM_CONF": str(conf),
+        "KIT_PYXIS_DATA": f"{ROOT}/enroot/node1/data",
+    }
 
 
 def test_kit_reads_the_sites_pyxis_settings_from_plugstack_conf_and_its_includes(tmp_path):
@@ -145,10 +168,12 @@ def test_kit_reads_the_sites_pyxis_settings_from_plugstack_conf_and_its_includes
     from kit.slurm import pyxis
 
     (tmp_path / "plugstack.conf.d").mkdir()
-    (tmp_path / "plugstack.conf").write_text("# site plugins\nrequired /usr/lib/spank_other.so x=1\n"
-                                             "include plugstack.conf.d/*.conf  # pyxis's own file\n")
+    (tmp_path / "plugstack.conf").write_text(
+        "# site plugins\nrequired /usr/lib/spank_other.so x=1\ninclude plugstack.conf.d/*.conf  # pyxis's own file\n"
+    )
     (tmp_path / "plugstack.conf.d" / "pyxis.conf").write_text(
-        "optional /usr/local/lib/slurm/spank_pyxis.so runtime_path=/run/pyxis container_scope=job # scope\n")
+        "optional /usr/local/lib/slurm/spank_pyxis.so runtime_path=/run/pyxis container_scope=job # scope\n"
+    )
     settings = pyxis.plugstack_settings(tmp_path / "plugstack.conf")
     assert settings == {"runtime_path": "/run/pyxis", "container_scope": "job"}
     assert pyxis.epilog_removes(settings)
@@ -178,13 +203,17 @@ def test_auth_none_only_where_every_port_is_loopbacks():
     local = SimpleNamespace(hostname="localhost", network=None)
     config.choose_auth(local, False, said.append)
     assert (local.auth, local.nodes_bound) == ("none", True) and "munged not found" in said[0]
-    for st in (SimpleNamespace(hostname="203.0.113.9", network=None),
-               SimpleNamespace(hostname="localhost", network={"host": "198.18.0.1"})):
+    for st in (
+        SimpleNamespace(hostname="203.0.113.9", network=None),
+        SimpleNamespace(hostname="localhost", network={"host": "198.18.0.1"}),
+    ):
         config.choose_auth(st, True, said.append)
         assert st.auth == "munge" and st.nodes_bound is False
         with pytest.raises(KitError) as e:
             config.choose_auth(st, False, said.append)
-        assert str(e.value).startswith("munged not found, and the nodes would listen ") and "apt-get install -y munge" in \
-            e.value.hint
+        assert (
+            str(e.value).startswith("munged not found, and the nodes would listen ")
+            and "apt-get install -y munge" in e.value.hint
+        )
     assert config.loopback_host("127.0.0.1") and not config.loopback_host("127.0.1.1")  # NodeAddr's alone
     assert not config.loopback_host("no-such-host.invalid")

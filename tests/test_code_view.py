@@ -31,13 +31,31 @@ fi
 
 
 def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@kit", "-c", "user.name=t", *args],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.email=t@kit", "-c", "user.name=t", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 def launch(repo: Path, tmp_path: Path, *extra: str) -> kitlib.Job:
-    proc = kit("launch", "--local", "--no-exporter", "--heartbeat", "0", "--max-restarts", "2", *extra,
-               "--output-dir", str(tmp_path / "jobs"), "--", "bash", "run.sh", cwd=repo)
+    proc = kit(
+        "launch",
+        "--local",
+        "--no-exporter",
+        "--heartbeat",
+        "0",
+        "--max-restarts",
+        "2",
+        *extra,
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        "bash",
+        "run.sh",
+        cwd=repo,
+    )
     assert proc.returncode == 0, proc.stderr
     return kitlib.Job.from_dir(proc.stdout.split("job dir: ")[1].strip())
 
@@ -80,7 +98,9 @@ def test_a_job_writing_into_its_code_changes_no_later_run(cluster, tmp_path):
     assert end.exit_code == 0 and f"run 1: {clean}" in out and "CORRUPTED" not in out, out + read_logs(first.dir)
     log = read_logs(first.dir)
     assert "code/: put back 5 path(s) changed since the job was submitted" in log, log
-    assert (first.dir / "code" / "run.sh").read_text() == RUN and (first.dir / "code" / "lib.txt").read_text() == "LIB\n"
+    assert (first.dir / "code" / "run.sh").read_text() == RUN and (
+        first.dir / "code" / "lib.txt"
+    ).read_text() == "LIB\n"
 
 
 def test_relative_outputs_follow_one_rule_said_at_launch(cluster, tmp_path):
@@ -92,11 +112,22 @@ def test_relative_outputs_follow_one_rule_said_at_launch(cluster, tmp_path):
     (repo / ".gitignore").write_text("outputs/\n")
     (repo / "run.sh").write_text("mkdir -p fresh && echo new > fresh/b.txt && echo old > outputs/a.txt\n")
     git(repo, "init", "-q")
-    proc = kit("launch", "--local", "--no-exporter", "--wait", "--output-dir", str(tmp_path / "jobs"), "--",
-               "bash", "run.sh", cwd=repo)
+    proc = kit(
+        "launch",
+        "--local",
+        "--no-exporter",
+        "--wait",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        "bash",
+        "run.sh",
+        cwd=repo,
+    )
     assert proc.returncode == 0, proc.stderr
-    assert f"note: ./outputs are your work tree's, linked live: what the job writes there lands in {repo}" \
-        in proc.stderr, proc.stderr
+    assert (
+        f"note: ./outputs are your work tree's, linked live: what the job writes there lands in {repo}" in proc.stderr
+    ), proc.stderr
     job_dir = Path(proc.stdout.split("job dir: ")[1].splitlines()[0].strip())
     assert (repo / "outputs" / "a.txt").read_text() == "old\n"  # the existing directory: the work tree's
     assert (job_dir / "code" / "fresh" / "b.txt").read_text() == "new\n" and not (repo / "fresh").exists()

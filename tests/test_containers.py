@@ -18,10 +18,23 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import (REPO, Waiting, assert_nothing_left, container_mode, job_dir_of, kit, named_containers, read_logs,
-                     skip_where_squashfuse_is_closed, wait_for, wait_no_processes)
+from helpers import (
+    REPO,
+    Waiting,
+    assert_nothing_left,
+    container_mode,
+    job_dir_of,
+    kit,
+    named_containers,
+    read_logs,
+    skip_where_squashfuse_is_closed,
+    wait_for,
+    wait_no_processes,
+)
 
 from kit import slurm
+
+
 @pytest.fixture(scope="module")
 def small_image(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("small")
@@ -34,8 +47,12 @@ def small_image(tmp_path_factory) -> Path:
 def released(cluster, person, before: tuple[list[str], list[str]], timeout: float = 30) -> bool:
     """True once the cluster's loop devices and mounts are as ``before``: srun returns when the tasks
     end, and slurmstepd takes the container down just after (its mount namespace)."""
-    wait_for(lambda: loops_and_mounts(cluster, person) == before, timeout, poll=0.2,
-             what="the container's loop device and mounts to go")
+    wait_for(
+        lambda: loops_and_mounts(cluster, person) == before,
+        timeout,
+        poll=0.2,
+        what="the container's loop device and mounts to go",
+    )
     return True
 
 
@@ -44,11 +61,17 @@ def loops_and_mounts(cluster, person) -> tuple[list[str], list[str]]:
     person's home) and the mounts of them or of those directories: another cluster on the machine (CI may run
     one beside) has its own."""
     homes = (str(cluster.home), person.entry.pw_dir)
-    loops = [line for line in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout.splitlines()
-             if any(h in line for h in homes)]
+    loops = [
+        line
+        for line in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout.splitlines()
+        if any(h in line for h in homes)
+    ]
     devices = {line.split(":")[0] for line in loops}
-    mounts = [line for line in Path("/proc/mounts").read_text().splitlines()
-              if line.split()[0] in devices or ("kit-pyxis" in line and any(h in line for h in homes))]
+    mounts = [
+        line
+        for line in Path("/proc/mounts").read_text().splitlines()
+        if line.split()[0] in devices or ("kit-pyxis" in line and any(h in line for h in homes))
+    ]
     return loops, mounts
 
 
@@ -68,15 +91,17 @@ def fuse_daemons(person) -> list[str]:
     runtime's, under squashfuse mode, run as the job's user), or of root's jobs of their images (named by path,
     under their home): the test made the person, all those are its."""
     out = subprocess.run(["pgrep", "-a", "-x", "squashfuse|fuse-overlayfs"], capture_output=True, text=True).stdout
-    uids = subprocess.run(["pgrep", "-u", str(person.uid), "-x", "squashfuse|fuse-overlayfs"], capture_output=True,
-                          text=True).stdout.split()
+    uids = subprocess.run(
+        ["pgrep", "-u", str(person.uid), "-x", "squashfuse|fuse-overlayfs"], capture_output=True, text=True
+    ).stdout.split()
     return [line for line in out.splitlines() if line.split()[0] in uids or f"{person.entry.pw_dir}/" in line]
 
 
 def launched(person, *args: str, command: list[str], timeout: float = 300) -> dict:
     """`kit launch --json ...` as the person, into their jobs directory; returns {job_id, job_dir, ...}."""
-    proc = person.kit("launch", "--json", "--output-dir", str(person.dir / "jobs"), *args, "--", *command,
-                      timeout=timeout)
+    proc = person.kit(
+        "launch", "--json", "--output-dir", str(person.dir / "jobs"), *args, "--", *command, timeout=timeout
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[0])
 
@@ -102,23 +127,41 @@ def two_node_lightning_job(cluster, person, image, mode):
     (host / "from-host.txt").write_text("host file\n")
     person.own(host)
     loops_before, mounts_before = loops_and_mounts(cluster, person)
-    probe = ('echo "rank=$RANK marker=$(cat /.kit/image.json | head -c 1) pwd=$(pwd) uid=$(id -u) '
-             'pu=$PYTHONUNBUFFERED ma=$MASTER_ADDR mp=$MASTER_PORT host=$(cat /data/from-host.txt)" '
-             '> "/data/probe-$RANK.txt"; '
-             # --step-delay: the training spans several exporter polls, so the report has a throughput to draw
-             'exec python3 -m kit.train --max-steps 30 --step-delay 0.1 --checkpoint-every 10 --checkpoint-dir /data/ckpt')
-    proc = person.kit("launch", "--nodes", "2", "--wait", "--image", str(image), "--mount", f"{host}:/data",
-                      "--env", "PYTHONUNBUFFERED=from-the-job", "--output-dir", str(person.dir / "jobs"), "--",
-                      "bash", "-c", probe, timeout=600)
+    probe = (
+        'echo "rank=$RANK marker=$(cat /.kit/image.json | head -c 1) pwd=$(pwd) uid=$(id -u) '
+        'pu=$PYTHONUNBUFFERED ma=$MASTER_ADDR mp=$MASTER_PORT host=$(cat /data/from-host.txt)" '
+        '> "/data/probe-$RANK.txt"; '
+        # --step-delay: the training spans several exporter polls, so the report has a throughput to draw
+        "exec python3 -m kit.train --max-steps 30 --step-delay 0.1 --checkpoint-every 10 --checkpoint-dir /data/ckpt"
+    )
+    proc = person.kit(
+        "launch",
+        "--nodes",
+        "2",
+        "--wait",
+        "--image",
+        str(image),
+        "--mount",
+        f"{host}:/data",
+        "--env",
+        "PYTHONUNBUFFERED=from-the-job",
+        "--output-dir",
+        str(person.dir / "jobs"),
+        "--",
+        "bash",
+        "-c",
+        probe,
+        timeout=600,
+    )
     job_dir = job_dir_of(proc)
     assert proc.returncode == 0, proc.stderr + read_logs(job_dir)
     assert not Path("/.kit/image.json").exists()  # the marker exists only in the image
     for rank in (0, 1):
         line = (host / f"probe-{rank}.txt").read_text()
-        assert f"rank={rank} marker={{" in line          # /.kit/image.json was readable: inside the image
-        assert f" uid={person.uid} " in line              # the user's own uid on the host
-        assert "pwd=/workspace " in line                   # the image's workdir
-        assert "pu=from-the-job " in line                  # the job's value beat the image's ENV (=1)
+        assert f"rank={rank} marker={{" in line  # /.kit/image.json was readable: inside the image
+        assert f" uid={person.uid} " in line  # the user's own uid on the host
+        assert "pwd=/workspace " in line  # the image's workdir
+        assert "pu=from-the-job " in line  # the job's value beat the image's ENV (=1)
         assert re.search(r"ma=\S+ mp=\d+ host=host file", line)
     logs = read_logs(job_dir)
     assert re.search(r"rank=0 world_size=2", logs) and re.search(r"rank=1 world_size=2", logs)
@@ -134,11 +177,17 @@ def two_node_lightning_job(cluster, person, image, mode):
     rep = person.kit("report", job_dir, "--prometheus", "http://127.0.0.1:1")
     assert rep.returncode == 0, rep.stderr
     summary = json.loads((Path(job_dir) / "report.json").read_text())
-    assert summary["panels"] == ["CPU (cores busy)", "Memory (GiB)", "Training loss", "Step time (s)",
-                                 "Model TFLOP/s per device", "Training throughput (samples/s)"], summary["panels"]
+    assert summary["panels"] == [
+        "CPU (cores busy)",
+        "Memory (GiB)",
+        "Training loss",
+        "Step time (s)",
+        "Model TFLOP/s per device",
+        "Training throughput (samples/s)",
+    ], summary["panels"]
     assert summary["tflops"] > 0 and summary["mfu"] is None  # measured in the image; on CPUs no MFU
     want = check(Path(job_dir), summary, rep.stdout)
-    assert all(n["cpu_cores_used"] > 0 and n["memory_peak_bytes"] > 50 * 2 ** 20 for n in want["nodes"].values())
+    assert all(n["cpu_cores_used"] > 0 and n["memory_peak_bytes"] > 50 * 2**20 for n in want["nodes"].values())
     # The container's start, per node and run, in report.json, the text and kit ps.
     starts = summary["task_starts"]
     assert sorted(t["node"] for t in starts) == ["node1", "node2"] and {t["run"] for t in starts} == {0}, starts
@@ -164,8 +213,11 @@ def two_node_lightning_job(cluster, person, image, mode):
 def image_listing(image: Path) -> list[str]:
     """``unsquashfs -lls`` rows, but for kit's own provenance file (it names the recipe)."""
     out = subprocess.run(["unsquashfs", "-lls", str(image)], capture_output=True, text=True, check=True).stdout
-    return [line for line in out.splitlines() if line.startswith(("d", "-", "l", "c", "b", "p", "s"))
-            and not line.endswith("squashfs-root/.kit/image.json")]
+    return [
+        line
+        for line in out.splitlines()
+        if line.startswith(("d", "-", "l", "c", "b", "p", "s")) and not line.endswith("squashfs-root/.kit/image.json")
+    ]
 
 
 def test_the_dockerfile_builds_the_same_image_as_the_toml_recipe(cluster, cpu_image, person):
@@ -185,11 +237,28 @@ def test_the_dockerfile_builds_the_same_image_as_the_toml_recipe(cluster, cpu_im
     assert "cached: pip: " in proc.stderr and "cached: kit: " in proc.stderr, proc.stderr
     assert image_listing(out) == image_listing(cpu_image)
     for name in ("etc/environment", "etc/rc", "etc/fstab"):
-        read = [subprocess.run(["unsquashfs", "-cat", str(i), name], capture_output=True, text=True).stdout
-                for i in (out, cpu_image)]
+        read = [
+            subprocess.run(["unsquashfs", "-cat", str(i), name], capture_output=True, text=True).stdout
+            for i in (out, cpu_image)
+        ]
         assert read[0] == read[1], name
-    job = person.kit("launch", "--nodes", "2", "--wait", "--image", str(out), "--output-dir", str(person.dir / "jobs"),
-                     "--", "python3", "-m", "kit.train", "--max-steps", "20", timeout=600)
+    job = person.kit(
+        "launch",
+        "--nodes",
+        "2",
+        "--wait",
+        "--image",
+        str(out),
+        "--output-dir",
+        str(person.dir / "jobs"),
+        "--",
+        "python3",
+        "-m",
+        "kit.train",
+        "--max-steps",
+        "20",
+        timeout=600,
+    )
     job_dir = job_dir_of(job)
     assert job.returncode == 0, job.stderr + read_logs(job_dir)
     assert "done at step=20" in read_logs(job_dir)
@@ -199,18 +268,34 @@ def test_console_scripts_are_on_path_and_torchrun_forms_one_world_in_the_image(c
     """Every console script the image's pip step installed runs (none
     exits 126 or 127: on PATH, its #! naming the image's python), and the manual's torchrun
     example with --image, as written there, forms one world of 4 on 2 nodes (the user's copy of the examples)."""
-    listing = subprocess.run(["unsquashfs", "-lc", str(user_image), "usr/local/bin"], capture_output=True,
-                             text=True).stdout
+    listing = subprocess.run(
+        ["unsquashfs", "-lc", str(user_image), "usr/local/bin"], capture_output=True, text=True
+    ).stdout
     scripts = sorted(line.rsplit("/", 1)[1] for line in listing.splitlines() if "/usr/local/bin/" in line)
     assert {"torchrun", "fabric", "tqdm"} <= set(scripts), listing
-    probe = ('for s in /usr/local/bin/*; do timeout 120 "$s" --help </dev/null >/dev/null 2>&1; '
-             'echo "script $(basename "$s") $? $(head -c 60 "$s" | head -n 1)"; done')
-    proc = person.kit("launch", "--wait", "--image", str(user_image), "--output-dir", str(person.dir / "jobs"),
-                      "--", "bash", "-c", probe, timeout=900)
+    probe = (
+        'for s in /usr/local/bin/*; do timeout 120 "$s" --help </dev/null >/dev/null 2>&1; '
+        'echo "script $(basename "$s") $? $(head -c 60 "$s" | head -n 1)"; done'
+    )
+    proc = person.kit(
+        "launch",
+        "--wait",
+        "--image",
+        str(user_image),
+        "--output-dir",
+        str(person.dir / "jobs"),
+        "--",
+        "bash",
+        "-c",
+        probe,
+        timeout=900,
+    )
     job_dir = job_dir_of(proc)
     assert proc.returncode == 0, proc.stderr + read_logs(job_dir)
-    ran = {m.group(1): (int(m.group(2)), m.group(3)) for m in
-           re.finditer(r"script (\S+) (\d+) (.*)$", read_logs(job_dir), re.M)}
+    ran = {
+        m.group(1): (int(m.group(2)), m.group(3))
+        for m in re.finditer(r"script (\S+) (\d+) (.*)$", read_logs(job_dir), re.M)
+    }
     assert sorted(ran) == scripts
     assert [name for name, (code, _) in ran.items() if code in (126, 127)] == [], ran
     assert all(line == "#!/usr/bin/python3" for _, line in ran.values() if line.startswith("#!")), ran
@@ -229,30 +314,43 @@ def test_console_scripts_are_on_path_and_torchrun_forms_one_world_in_the_image(c
 
 
 def test_an_image_without_bash_is_refused_before_submitting(small_image, tmp_path):
-    proc = kit("launch", "--dry-run", "--image", str(small_image), "--output-dir", str(tmp_path / "jobs"),
-               "--", "true")
+    proc = kit("launch", "--dry-run", "--image", str(small_image), "--output-dir", str(tmp_path / "jobs"), "--", "true")
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[0] == (
-        f"kit: --image: {small_image} has no bash or tee, which launcher.sh needs inside the container")
+        f"kit: --image: {small_image} has no bash or tee, which launcher.sh needs inside the container"
+    )
     assert not (tmp_path / "jobs").exists()
 
 
 def test_container_workdir_must_exist(cluster, person, user_image):
-    proc = person.kit("launch", "--wait", "--image", str(user_image), "--container-workdir", "/not/there",
-                      "--output-dir", str(person.dir / "jobs"), "--", "true", timeout=120)
+    proc = person.kit(
+        "launch",
+        "--wait",
+        "--image",
+        str(user_image),
+        "--container-workdir",
+        "/not/there",
+        "--output-dir",
+        str(person.dir / "jobs"),
+        "--",
+        "true",
+        timeout=120,
+    )
     job_dir = job_dir_of(proc)
     assert proc.returncode != 0
     # PYXIS.md: the task fails with pyxis's "couldn't chdir to /not/there: No such file or
     # directory" (the stand-in says it with its own tag): the words both plugins share.
-    assert re.search(r"(pyxis|kit-pyxis): couldn't chdir to /not/there: No such file or directory",
-                     read_logs(job_dir)), read_logs(job_dir)
+    assert re.search(
+        r"(pyxis|kit-pyxis): couldn't chdir to /not/there: No such file or directory", read_logs(job_dir)
+    ), read_logs(job_dir)
     # No rank started: kit logs and --errors show the batch log's story.
     logs = person.kit("logs", job_dir)
     assert logs.returncode == 0 and "couldn't chdir to /not/there" in logs.stdout, logs.stdout + logs.stderr
     assert logs.stderr.startswith("kit: no rank of run 0 has a log")
     errors = person.kit("logs", job_dir, "--errors")
-    assert errors.stdout.startswith("run 0 failed (exit code ") and "couldn't chdir to /not/there" in errors.stdout, \
+    assert errors.stdout.startswith("run 0 failed (exit code ") and "couldn't chdir to /not/there" in errors.stdout, (
         errors.stdout
+    )
 
 
 def test_environment_and_mount_flags_follow_pyxis(cluster, person, user_image):
@@ -266,24 +364,43 @@ def test_environment_and_mount_flags_follow_pyxis(cluster, person, user_image):
     (host / "tool.sh").write_text("#!/bin/sh\necho ran\n")
     (host / "tool.sh").chmod(0o755)
     person.own(host)
-    probe = ('echo "lang=${LANG-unset} language=${LANGUAGE-unset} lc_all=${LC_ALL-unset} user=${USER-unset} '
-             'logname=${LOGNAME-unset} home=${HOME-unset} uid=$(id -u)"; '
-             'grep " /data " /proc/self/mountinfo | cut -d" " -f6; '
-             '/data/tool.sh || echo "exec refused"; touch /data/x 2>/dev/null || echo "write refused"')
+    probe = (
+        'echo "lang=${LANG-unset} language=${LANGUAGE-unset} lc_all=${LC_ALL-unset} user=${USER-unset} '
+        'logname=${LOGNAME-unset} home=${HOME-unset} uid=$(id -u)"; '
+        'grep " /data " /proc/self/mountinfo | cut -d" " -f6; '
+        '/data/tool.sh || echo "exec refused"; touch /data/x 2>/dev/null || echo "write refused"'
+    )
     elsewhere = person.dir / "elsewhere"  # the task's HOME, theirs (kit keeps its state under it), not the login's
     elsewhere.mkdir()
     person.own(elsewhere)
     env = {"LANG": "en_US.UTF-8", "LANGUAGE": "en", "HOME": elsewhere, "USER": "alice", "LOGNAME": "alice"}
-    proc = person.kit("launch", "--wait", "--image", str(user_image), "--env", "LC_ALL=C", "--mount",
-                      f"{host}:/data:ro+nosuid+noexec", "--output-dir", str(person.dir / "jobs"), "--", "bash", "-c",
-                      probe, env=env, timeout=300)
+    proc = person.kit(
+        "launch",
+        "--wait",
+        "--image",
+        str(user_image),
+        "--env",
+        "LC_ALL=C",
+        "--mount",
+        f"{host}:/data:ro+nosuid+noexec",
+        "--output-dir",
+        str(person.dir / "jobs"),
+        "--",
+        "bash",
+        "-c",
+        probe,
+        env=env,
+        timeout=300,
+    )
     job_dir = job_dir_of(proc)
     assert proc.returncode == 0, proc.stderr + read_logs(job_dir)
     out = (Path(job_dir) / "logs" / "rank-0.r0.log").read_text().splitlines()
     # LANGUAGE is removed; LANG is the image's (its ENV), not the task's; LC_ALL came with --env,
     # so kit lists it in --container-env: it is kept.
-    assert out[0] == (f"lang=C.UTF-8 language=unset lc_all=C user={person.name} logname={person.name} "
-                      f"home={person.entry.pw_dir} uid={person.uid}"), out
+    assert out[0] == (
+        f"lang=C.UTF-8 language=unset lc_all=C user={person.name} logname={person.name} "
+        f"home={person.entry.pw_dir} uid={person.uid}"
+    ), out
     assert set(out[1].split(",")) >= {"ro", "nosuid", "noexec"}, out
     assert "exec refused" in out and "write refused" in out and "ran" not in out, out
 
@@ -300,8 +417,9 @@ BAD_LAUNCH = [
 
 @pytest.mark.parametrize("args,message", BAD_LAUNCH, ids=[" ".join(a) for a, _ in BAD_LAUNCH])
 def test_bad_container_input(small_image, tmp_path, args, message):
-    proc = kit("launch", "--dry-run", "--image", str(small_image), "--output-dir", str(tmp_path / "jobs"), *args,
-               "--", "true")
+    proc = kit(
+        "launch", "--dry-run", "--image", str(small_image), "--output-dir", str(tmp_path / "jobs"), *args, "--", "true"
+    )
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[0] == message
     assert "Traceback" not in proc.stderr
@@ -318,9 +436,27 @@ def test_image_must_be_squashfs(tmp_path):
 
 
 def test_container_flags_in_the_dry_run(cpu_image, tmp_path):
-    proc = kit("launch", "--dry-run", "--json", "--image", str(cpu_image), "--mount", "/tmp:/scratch:ro",
-               "--mount", "tmpfs:/fast", "--container-env", "MY_VAR", "--env", "OTHER=1",
-               "--output-dir", str(tmp_path / "jobs"), "--", "python", "train.py", cwd=tmp_path)
+    proc = kit(
+        "launch",
+        "--dry-run",
+        "--json",
+        "--image",
+        str(cpu_image),
+        "--mount",
+        "/tmp:/scratch:ro",
+        "--mount",
+        "tmpfs:/fast",
+        "--container-env",
+        "MY_VAR",
+        "--env",
+        "OTHER=1",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        "python",
+        "train.py",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     job_dir = out["job_dir"]
@@ -344,13 +480,25 @@ def test_container_flags_in_the_dry_run(cpu_image, tmp_path):
     _git(repo, "init", "-q")
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "one")
-    proc = kit("launch", "--dry-run", "--json", "--image", str(cpu_image), "--output-dir", str(tmp_path / "jobs"),
-               "--", "python", "train.py", cwd=repo / "src")
+    proc = kit(
+        "launch",
+        "--dry-run",
+        "--json",
+        "--image",
+        str(cpu_image),
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        "python",
+        "train.py",
+        cwd=repo / "src",
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     job_dir, srun = out["job_dir"], out["srun_argv"]
     assert [a for a in srun if a.startswith("--container-mounts=")] == [
-        f"--container-mounts={repo}:{repo},{job_dir}:{job_dir}"]
+        f"--container-mounts={repo}:{repo},{job_dir}:{job_dir}"
+    ]
     assert f"--container-workdir={job_dir}/code/src" in srun and f"--chdir={job_dir}/code/src" in out["sbatch_argv"]
 
 
@@ -396,8 +544,9 @@ def stand_in_setting(cluster, setting: str):
         pytest.skip(f"{setting} is a setting of kit's stand-in; on real pyxis the site's enroot.conf decides")
     conf = cluster.public / "plugstack.conf"
     before = conf.read_text()
-    conf.write_text("".join(f"{line} {setting}\n" if line.startswith("required ") else f"{line}\n"
-                            for line in before.splitlines()))
+    conf.write_text(
+        "".join(f"{line} {setting}\n" if line.startswith("required ") else f"{line}\n" for line in before.splitlines())
+    )
     try:
         yield
     finally:
@@ -408,8 +557,11 @@ def stand_in_setting(cluster, setting: str):
 # under squashfuse mode — through enroot's default kernel overlay a path whose dentries pointed into squashfuse
 # is stale (real pyxis 0.24 + enroot 4.1.2 here: the same), through fuse-overlayfs (ENROOT_NATIVE_OVERLAYFS=no,
 # the stand-in's native_overlayfs=0) every path from "/" fails.
-SEEN = {"create": "ok", "squashfuse": "Stale file handle",
-        "squashfuse-fuse-overlayfs": "Transport endpoint is not connected"}
+SEEN = {
+    "create": "ok",
+    "squashfuse": "Stale file handle",
+    "squashfuse-fuse-overlayfs": "Transport endpoint is not connected",
+}
 
 
 @pytest.mark.parametrize("mode", list(SEEN))
@@ -429,10 +581,23 @@ def test_a_cancelled_container_step_ends_in_seconds_with_every_rank_recorded(clu
     out = Path(tempfile.mkdtemp(prefix="kit-test-", dir="/var/tmp"))
     person.own(out)
     as_root = mode.endswith("fuse-overlayfs")
-    launch = ["launch", "--json", "--nodes", "2", "--image", str(user_image), "--output-dir", str(out), "--",
-              "python3", "-c", STOPPING]
-    overlay = stand_in_setting(cluster, "native_overlayfs=0") if mode.endswith("fuse-overlayfs") else \
-        contextlib.nullcontext()
+    launch = [
+        "launch",
+        "--json",
+        "--nodes",
+        "2",
+        "--image",
+        str(user_image),
+        "--output-dir",
+        str(out),
+        "--",
+        "python3",
+        "-c",
+        STOPPING,
+    ]
+    overlay = (
+        stand_in_setting(cluster, "native_overlayfs=0") if mode.endswith("fuse-overlayfs") else contextlib.nullcontext()
+    )
     try:
         with container_mode(cluster, mode.split("-")[0]), overlay:
             proc = kit(*launch, "--local", cwd=out) if as_root else person.kit(*launch)
@@ -441,15 +606,20 @@ def test_a_cancelled_container_step_ends_in_seconds_with_every_rank_recorded(clu
             job_dir = Path(job["job_dir"])
             wait_for(lambda: all(f"ready-{r}" in read_logs(job_dir) for r in (0, 1)), 120, what="both ranks ready")
             start = time.time()
-            cancel = subprocess.run(["scancel", job["job_id"]], env={**os.environ, **cluster.target.env}) if as_root \
+            cancel = (
+                subprocess.run(["scancel", job["job_id"]], env={**os.environ, **cluster.target.env})
+                if as_root
                 else person.run(["scancel", job["job_id"]])
+            )
             assert cancel.returncode == 0
             assert slurm.wait(cluster.target, job["job_id"], timeout=120).state == "CANCELLED"
         logs = read_logs(job_dir)
         assert "the command did not stop 3 s after the stop signal: killing it" in logs, logs
         records = {r: (job_dir / "logs" / f"exit.r0.rank-{r}").read_text().split() for r in (0, 1)}
-        assert {r: words[1:] for r, words in records.items()} == {0: ["0", "137", "stopped"], 1: ["1", "143", "stopped"]}, \
-            records
+        assert {r: words[1:] for r, words in records.items()} == {
+            0: ["0", "137", "stopped"],
+            1: ["1", "143", "stopped"],
+        }, records
         # Each launcher ended seconds after the cancel (the stop grace: 3 s), not at KillWait (30 s); what pyxis
         # does after the tasks (create mode's removal of the unpacked image) is pyxis's.
         took = max(int(words[0]) / 1e9 for words in records.values()) - start
@@ -474,8 +644,15 @@ def failed_and_cancelled(cluster, person, image):
     class W:
         def __init__(self, job):
             self.job_id, self.job_dir = job["job_id"], Path(job["job_dir"])
-    failed = launched(person, "--nodes", "2", "--image", str(image),
-                      command=["bash", "-c", 'if [ "$RANK" = 1 ]; then exit 3; fi; sleep 60'])
+
+    failed = launched(
+        person,
+        "--nodes",
+        "2",
+        "--image",
+        str(image),
+        command=["bash", "-c", 'if [ "$RANK" = 1 ]; then exit 3; fi; sleep 60'],
+    )
     end = slurm.wait(cluster.target, failed["job_id"], timeout=180)
     assert (end.state, end.exit_code) == ("FAILED", 3), read_logs(failed["job_dir"])
     logs = read_logs(failed["job_dir"])
@@ -485,14 +662,17 @@ def failed_and_cancelled(cluster, person, image):
     assert not stray_teardown_lines(logs), logs
     assert_nothing_left(cluster, W(failed), person.uid)
     nothing_of_theirs_left(person)
-    cancelled = launched(person, "--nodes", "2", "--image", str(image),
-                         command=["bash", "-c", 'echo "ready-$RANK"; sleep 300'])
-    wait_for(lambda: all(f"ready-{r}" in read_logs(cancelled["job_dir"]) for r in (0, 1)), 120,
-             what="both ranks in their containers")
+    cancelled = launched(
+        person, "--nodes", "2", "--image", str(image), command=["bash", "-c", 'echo "ready-$RANK"; sleep 300']
+    )
+    wait_for(
+        lambda: all(f"ready-{r}" in read_logs(cancelled["job_dir"]) for r in (0, 1)),
+        120,
+        what="both ranks in their containers",
+    )
     assert person.kit("cancel", cancelled["job_dir"]).returncode == 0
     assert slurm.wait(cluster.target, cancelled["job_id"], timeout=120).state == "CANCELLED"
-    assert not stray_teardown_lines(read_logs(cancelled["job_dir"])), \
-        read_logs(cancelled["job_dir"])
+    assert not stray_teardown_lines(read_logs(cancelled["job_dir"])), read_logs(cancelled["job_dir"])
     assert_nothing_left(cluster, W(cancelled), person.uid)
     nothing_of_theirs_left(person)
     assert released(cluster, person, (loops_before, mounts_before))
@@ -500,8 +680,10 @@ def failed_and_cancelled(cluster, person, image):
 
 def nothing_of_theirs_left(person) -> None:
     """No process of the person's (the test made them: every one is its own) and no mount of their home."""
+
     def processes() -> str:
         return subprocess.run(["pgrep", "-a", "-u", str(person.uid)], capture_output=True, text=True).stdout
+
     wait_for(lambda: processes() == "", 30, what=f"no process of {person.name} left")
     assert person.entry.pw_dir not in Path("/proc/self/mountinfo").read_text()
 
@@ -516,8 +698,11 @@ def base_image(debian_base, user) -> Path:
     debootstrap's device nodes, as images are (kit build's, enroot import's): enroot's create mode cannot unpack
     one for an ordinary user (tests/test_local_users.py)."""
     out = Path(user.pw_dir) / "debian.sqsh"
-    subprocess.run(["mksquashfs", str(debian_base), str(out), "-noappend", "-quiet", "-no-progress", "-comp", "lz4",
-                    *NO_DEVICES], check=True, timeout=600)
+    subprocess.run(
+        ["mksquashfs", str(debian_base), str(out), "-noappend", "-quiet", "-no-progress", "-comp", "lz4", *NO_DEVICES],
+        check=True,
+        timeout=600,
+    )
     os.chown(out, user.pw_uid, user.pw_gid)
     return out
 
@@ -543,23 +728,50 @@ def test_login_environment_and_default_workdir_follow_pyxis(cluster, person, use
     home, name = person.entry.pw_dir, person.name
     proc = srun(person, f"--container-image={base_image}", "bash", "-c", PROBE, env=task)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == [f"pwd={home}", "shell=/bin/bash", "term=xterm",
-                                   "path=/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games",
-                                   f"home={home}", f"user={name}"], proc.stdout
+    assert proc.stdout.split() == [
+        f"pwd={home}",
+        "shell=/bin/bash",
+        "term=xterm",
+        "path=/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games",
+        f"home={home}",
+        f"user={name}",
+    ], proc.stdout
     # Who they are in the image: its passwd names them (whoami, getpass and ssh read it), their home theirs.
-    proc = srun(person, f"--container-image={base_image}", "bash", "-c",
-                'echo "$(whoami) $(id -gn) $(stat -c %U:%a ~) $(ls -A ~ | sort | tr "\n" " ")"')
-    assert proc.stdout.split() == [name, name, f"{name}:755", ".bash_logout", ".bashrc", ".profile"], \
+    proc = srun(
+        person,
+        f"--container-image={base_image}",
+        "bash",
+        "-c",
+        'echo "$(whoami) $(id -gn) $(stat -c %U:%a ~) $(ls -A ~ | sort | tr "\n" " ")"',
+    )
+    assert proc.stdout.split() == [name, name, f"{name}:755", ".bash_logout", ".bashrc", ".profile"], (
         proc.stdout + proc.stderr
-    proc = person.run(["env", "-u", "TERM", "srun", "-N1", f"--container-image={base_image}", "bash", "-c",
-                       'echo "term=[${TERM-unset}]"'], timeout=180)
+    )
+    proc = person.run(
+        [
+            "env",
+            "-u",
+            "TERM",
+            "srun",
+            "-N1",
+            f"--container-image={base_image}",
+            "bash",
+            "-c",
+            'echo "term=[${TERM-unset}]"',
+        ],
+        timeout=180,
+    )
     assert proc.stdout.strip() == "term=[]", proc.stdout + proc.stderr
     # /sys read-only; the host's /etc/hostname and /etc/machine-id (PYXIS.md, "Mounts inside").
-    look = ('touch /sys/kit-probe 2>/dev/null && echo sys-writable || echo sys-ro; cat /etc/hostname; '
-            'cat /etc/machine-id 2>/dev/null || echo no-machine-id; stat -c "tmp=%a" /tmp')
+    look = (
+        "touch /sys/kit-probe 2>/dev/null && echo sys-writable || echo sys-ro; cat /etc/hostname; "
+        'cat /etc/machine-id 2>/dev/null || echo no-machine-id; stat -c "tmp=%a" /tmp'
+    )
     proc = srun(person, f"--container-image={base_image}", "bash", "-c", look)
-    host = [Path("/etc/hostname").read_text().strip() if Path("/etc/hostname").exists() else "",
-            Path("/etc/machine-id").read_text().strip() if Path("/etc/machine-id").exists() else "no-machine-id"]
+    host = [
+        Path("/etc/hostname").read_text().strip() if Path("/etc/hostname").exists() else "",
+        Path("/etc/machine-id").read_text().strip() if Path("/etc/machine-id").exists() else "no-machine-id",
+    ]
     # /tmp is a tmpfs of mode 0755, as enroot 4.1.2 makes it, not 1777.
     assert proc.stdout.split("\n")[:4] == ["sys-ro", *host, "tmp=755"], proc.stdout + proc.stderr
     # The cpu image: WORKDIR /workspace through its /etc/rc; TERM listed in --container-env keeps the task's
@@ -568,18 +780,25 @@ def test_login_environment_and_default_workdir_follow_pyxis(cluster, person, use
     # the two are the same string, and the stand-in's "/etc/environment wins" went unseen until a user ran it).
     proc = srun(person, f"--container-image={user_image}", "--container-env=TERM", "bash", "-c", PROBE, env=task)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["pwd=/workspace", "shell=/bin/bash", "term=xterm",
-                                   "path=/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games",
-                                   f"home={home}", f"user={name}"], proc.stdout
+    assert proc.stdout.split() == [
+        "pwd=/workspace",
+        "shell=/bin/bash",
+        "term=xterm",
+        "path=/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games",
+        f"home={home}",
+        f"user={name}",
+    ], proc.stdout
 
 
 def test_tasks_of_a_node_share_one_container(cluster, person, user_image):
     """PYXIS.md: one container per node per step, shared by that node's tasks (a shared
     /tmp, and with --container-writable a shared root filesystem)."""
     loops_before, mounts_before = loops_and_mounts(cluster, person)
-    share = ('if [ "$SLURM_PROCID" = 0 ]; then echo from-0 > /tmp/shared; echo from-0 > /var/tmp/shared; fi; '
-             'for i in $(seq 100); do [ -e /tmp/shared ] && [ -e /var/tmp/shared ] && break; sleep 0.1; done; '
-             'echo "task $SLURM_PROCID sees $(cat /tmp/shared /var/tmp/shared 2>/dev/null | tr "\\n" " ")"')
+    share = (
+        'if [ "$SLURM_PROCID" = 0 ]; then echo from-0 > /tmp/shared; echo from-0 > /var/tmp/shared; fi; '
+        "for i in $(seq 100); do [ -e /tmp/shared ] && [ -e /var/tmp/shared ] && break; sleep 0.1; done; "
+        'echo "task $SLURM_PROCID sees $(cat /tmp/shared /var/tmp/shared 2>/dev/null | tr "\\n" " ")"'
+    )
     proc = srun(person, "-n2", f"--container-image={user_image}", "--container-writable", "bash", "-c", share)
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == ["task 0 sees from-0 from-0 ", "task 1 sees from-0 from-0 "], proc.stdout
@@ -603,8 +822,17 @@ def test_a_named_container_persists_on_its_node_with_its_writes(cluster, person,
 
 def _persist_and_reuse(cluster, person, base_image, name: str, kept: Path) -> None:
     """The named container's life in pyxis's global scope (see the test above)."""
-    first = srun(person, "-w", "node1", f"--container-image={base_image}", f"--container-name={name}",
-                 "--container-writable", "bash", "-c", "echo written-by-the-first > /var/tmp/note; cat /etc/debian_version")
+    first = srun(
+        person,
+        "-w",
+        "node1",
+        f"--container-image={base_image}",
+        f"--container-name={name}",
+        "--container-writable",
+        "bash",
+        "-c",
+        "echo written-by-the-first > /var/tmp/note; cat /etc/debian_version",
+    )
     assert first.returncode == 0, first.stderr
     assert (kept / "var" / "tmp" / "note").read_text() == "written-by-the-first\n"
     second = srun(person, "-w", "node1", f"--container-name={name}", "cat", "/var/tmp/note")
@@ -624,8 +852,7 @@ def _persist_and_reuse(cluster, person, base_image, name: str, kept: Path) -> No
         assert f"pyxis: error: no container named {name} on this node" in missing.stderr, missing.stderr
 
 
-def test_under_container_scope_job_kit_names_the_container_and_the_job_epilog_removes_it(cluster, person,
-                                                                                          base_image):
+def test_under_container_scope_job_kit_names_the_container_and_the_job_epilog_removes_it(cluster, person, base_image):
     """pyxis's container_scope=job in create mode: kit names the container (pyxis_JOBID_kit on each node, as
     pyxis names a job's), so that the job epilog, not the step, removes it: the job ends COMPLETED, its
     containers are there while it runs and gone after, on every node, and the nodes stay up. A name the user
@@ -637,8 +864,15 @@ def test_under_container_scope_job_kit_names_the_container_and_the_job_epilog_re
         assert not pyxis.epilog_removes(slurm.pyxis_settings(cluster.target))
     with container_scope(cluster, "job"):
         assert slurm.pyxis_settings(cluster.target)["container_scope"] == "job"
-        job = launched(person, "--nodes", "2", "--image", str(base_image), "--no-exporter",
-                       command=["bash", "-c", "sleep 4; echo ran in $(cat /etc/debian_version)"])
+        job = launched(
+            person,
+            "--nodes",
+            "2",
+            "--image",
+            str(base_image),
+            "--no-exporter",
+            command=["bash", "-c", "sleep 4; echo ran in $(cat /etc/debian_version)"],
+        )
         job_dir, job_id = Path(job["job_dir"]), job["job_id"]
         assert "--container-name=kit" in (job_dir / "prelaunch.sh").read_text()
         kept = [d / f"pyxis_{job_id}_kit" for d in data]
@@ -649,10 +883,13 @@ def test_under_container_scope_job_kit_names_the_container_and_the_job_epilog_re
         wait_for(lambda: not any(k.exists() for k in kept), 30, what="the job epilog removing its containers")
         assert not [p.name for d in data for p in d.iterdir() if p.name.startswith(f"pyxis_{job_id}")]
         mine = launched(person, "--image", str(base_image), "--container-name", "mine", "--dry-run", command=["true"])
-        assert "--container-name=mine" in " ".join(mine["sbatch_argv"]) or \
-            "--container-name=mine" in (Path(mine["job_dir"]) / "prelaunch.sh").read_text()
-    nodes = subprocess.run(["sinfo", "-h", "-o", "%t"], env={**os.environ, **cluster.target.env},
-                           capture_output=True, text=True).stdout.split()
+        assert (
+            "--container-name=mine" in " ".join(mine["sbatch_argv"])
+            or "--container-name=mine" in (Path(mine["job_dir"]) / "prelaunch.sh").read_text()
+        )
+    nodes = subprocess.run(
+        ["sinfo", "-h", "-o", "%t"], env={**os.environ, **cluster.target.env}, capture_output=True, text=True
+    ).stdout.split()
     assert set(nodes) == {"idle"}, nodes
 
 
@@ -670,14 +907,27 @@ def test_a_node_repaired_from_a_shell_with_another_path_still_runs_containers(cl
     wait_for(lambda: not _alive(st.pids["node2"], "slurmd"), 10, what="node2's slurmd to die")
     bare = f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin"
     env = {"PATH": bare, "KIT_HOME": os.environ["KIT_HOME"], "HOME": os.environ.get("HOME", "/root")}
-    up = subprocess.run([sys.executable, "-m", "kit", "cluster", "up"], env=env, capture_output=True, text=True,
-                        timeout=120)
+    up = subprocess.run(
+        [sys.executable, "-m", "kit", "cluster", "up"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert up.returncode == 0, up.stdout + up.stderr
     assert "restarting node2" in up.stderr + up.stdout
     assert cluster.running() and cluster.state().pids["node2"] != st.pids["node2"]
-    proc = person.kit("launch", "--nodes", "2", "--wait", "--image", str(base_image), "--output-dir",
-                      str(person.dir / "jobs"), "--", "bash", "-c",
-                      'echo "in $(. /etc/os-release; echo $ID) on $SLURMD_NODENAME"', timeout=300)
+    proc = person.kit(
+        "launch",
+        "--nodes",
+        "2",
+        "--wait",
+        "--image",
+        str(base_image),
+        "--output-dir",
+        str(person.dir / "jobs"),
+        "--",
+        "bash",
+        "-c",
+        'echo "in $(. /etc/os-release; echo $ID) on $SLURMD_NODENAME"',
+        timeout=300,
+    )
     job_dir = job_dir_of(proc)
     assert proc.returncode == 0, proc.stderr + read_logs(job_dir)
     assert sorted(re.findall(r"^\d: in debian on (node\d)$", read_logs(job_dir), re.M)) == ["node1", "node2"]
@@ -685,11 +935,25 @@ def test_a_node_repaired_from_a_shell_with_another_path_still_runs_containers(cl
 
 def test_bench_container_quick(cluster, cpu_image, tmp_path):
     """bench/bench_container.py --quick runs: one pair of 10-step jobs."""
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_container.py"), "--quick", "--image",
-                           str(cpu_image), "--output-dir", str(tmp_path / "jobs")], capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "bench_container.py"),
+            "--quick",
+            "--image",
+            str(cpu_image),
+            "--output-dir",
+            str(tmp_path / "jobs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "first step, squashfuse / create:" in proc.stdout and "create mode's end of the job beyond the host's" in proc.stdout, proc.stdout
+    assert (
+        "first step, squashfuse / create:" in proc.stdout
+        and "create mode's end of the job beyond the host's" in proc.stdout
+    ), proc.stdout
 
 
 def test_container_options_on_sbatch_and_salloc_follow_pyxis(cluster, person, user_image):
@@ -697,14 +961,34 @@ def test_container_options_on_sbatch_and_salloc_follow_pyxis(cluster, person, us
     its script bound in from slurmd's spool directory) and on salloc (the allocation's steps
     inherit them). kit puts them on the srun step; a user's own sbatch line may not."""
     out = person.dir / "batch.out"
-    sub = person.run(["sbatch", "--parsable", "-N1", f"--container-image={user_image}", f"--output={out}",
-                      "--wrap", 'test -e /.kit/image.json && echo "batch inside the image"'], timeout=60)
+    sub = person.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-N1",
+            f"--container-image={user_image}",
+            f"--output={out}",
+            "--wrap",
+            'test -e /.kit/image.json && echo "batch inside the image"',
+        ],
+        timeout=60,
+    )
     assert sub.returncode == 0, sub.stderr
     end = slurm.wait(cluster.target, sub.stdout.strip().split(";")[0], timeout=180)
     assert end.state == "COMPLETED", out.read_text() if out.exists() else end
     assert out.read_text().strip() == "batch inside the image", out.read_text()
-    alloc = person.run(["salloc", "-N1", f"--container-image={user_image}", "srun", "bash", "-c",
-                        'test -e /.kit/image.json && echo "step inside the image"'], timeout=180)
+    alloc = person.run(
+        [
+            "salloc",
+            "-N1",
+            f"--container-image={user_image}",
+            "srun",
+            "bash",
+            "-c",
+            'test -e /.kit/image.json && echo "step inside the image"',
+        ],
+        timeout=180,
+    )
     assert alloc.returncode == 0 and alloc.stdout.strip() == "step inside the image", alloc.stdout + alloc.stderr
 
 
@@ -755,8 +1039,23 @@ def _git(repo: Path, *args: str, person=None) -> str:
 
 
 def _image_with_marker(debian_base: Path, out: Path, marker: str) -> None:
-    subprocess.run(["mksquashfs", str(debian_base), str(out), "-noappend", "-quiet", "-no-progress", "-comp", "lz4",
-                    "-p", f"etc/kit-test-image f 444 0 0 echo {marker}", *NO_DEVICES], check=True, timeout=600)
+    subprocess.run(
+        [
+            "mksquashfs",
+            str(debian_base),
+            str(out),
+            "-noappend",
+            "-quiet",
+            "-no-progress",
+            "-comp",
+            "lz4",
+            "-p",
+            f"etc/kit-test-image f 444 0 0 echo {marker}",
+            *NO_DEVICES,
+        ],
+        check=True,
+        timeout=600,
+    )
 
 
 def test_a_held_job_runs_the_code_and_image_it_was_submitted_with(cluster, debian_base, person):
@@ -770,8 +1069,10 @@ def test_a_held_job_runs_the_code_and_image_it_was_submitted_with(cluster, debia
     repo = person.dir / "repo"
     (repo / "data").mkdir(parents=True)
     (repo / ".gitignore").write_text("data/\n")
-    script = ('echo "code=%s image=$(cat /etc/kit-test-image) data=$(cat data/input.txt) run=$KIT_RESTART"; '
-              'if [ -e data/hold ]; then trap "exit 0" TERM; echo ready; sleep 300 & wait; fi\n')
+    script = (
+        'echo "code=%s image=$(cat /etc/kit-test-image) data=$(cat data/input.txt) run=$KIT_RESTART"; '
+        'if [ -e data/hold ]; then trap "exit 0" TERM; echo ready; sleep 300 & wait; fi\n'
+    )
     (repo / "run.sh").write_text(script % "v1")
     (repo / "data" / "input.txt").write_text("data-1\n")
     (repo / "data" / "hold").write_text("")
@@ -784,8 +1085,21 @@ def test_a_held_job_runs_the_code_and_image_it_was_submitted_with(cluster, debia
     commit = _git(repo, "rev-parse", "HEAD", person=person)
     digest_a = "sha256:" + hashlib.sha256(image.read_bytes()).hexdigest()
 
-    proc = person.kit("launch", "--image", str(image), "--no-exporter", "--heartbeat", "0", "--sbatch-arg=--hold",
-                      "--output-dir", str(person.dir / "jobs"), "--", "bash", "run.sh", cwd=repo)
+    proc = person.kit(
+        "launch",
+        "--image",
+        str(image),
+        "--no-exporter",
+        "--heartbeat",
+        "0",
+        "--sbatch-arg=--hold",
+        "--output-dir",
+        str(person.dir / "jobs"),
+        "--",
+        "bash",
+        "run.sh",
+        cwd=repo,
+    )
     assert proc.returncode == 0, proc.stderr
     job_id = re.search(r"^Submitted job (\d+)$", proc.stdout, re.M).group(1)
     job_dir = Path(job_dir_of(proc))

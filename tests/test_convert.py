@@ -5,39 +5,79 @@ plainly everything else (never dropped silently)."""
 from __future__ import annotations
 
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from helpers import kit
 
 from kit import slurm
+
 DATA = Path(__file__).parent / "data" / "sbatch"
 
 EXPECTED = {
-    "train_ddp.sbatch": ({"job_name": "ddp-training", "nodes": 2, "gpus_per_node": 1, "ntasks_per_node": 1,
-                          "cpus_per_task": 28, "mem": "200G", "time": "24:00:00",
-                          "command": ["python", "train_ddp.py"]},
-                         ["#SBATCH --output=train_%j.out: kit writes the logs", "export RANK=$SLURM_PROCID: kit sets RANK",
-                          "export MASTER_ADDR=$(scontrol show hostnames"]),
-    "torch_launch.sbatch": ({"nodes": 2, "gpus_per_node": 1, "ntasks_per_node": 1,
-                             "command": ["python", "-m", "torch.distributed.launch", "--nproc_per_node=1",
-                                         "train_ddp.py"]},
-                            ["--node_rank=$SLURM_NODEID: kit exports PET_NNODES"]),
-    "deepspeed.sbatch": ({"job_name": "deepspeed-zero3", "env": {"NCCL_DEBUG": "WARN", "NCCL_SOCKET_IFNAME": "^docker,lo",
-                                                                 "GLOO_SOCKET_IFNAME": "eth0"},
-                          "command": ["python", "train.py", "--deepspeed", "--deepspeed_config",
-                                      "ds_zero3_offload.json"]},
-                         ["conda activate research: setup", "export WORLD_SIZE=$SLURM_NTASKS: kit sets WORLD_SIZE"]),
-    "sloughgpt.sbatch": ({"nodes": 4, "ntasks_per_node": 8, "gpus_per_node": 8, "partition": "gpu",
-                          "command": ["bash", "-c", "python -m sloughgpt.distributed_training --world-size 32 "
-                                                    "--master-addr $MASTER_ADDR --master-port $MASTER_PORT"]},
-                         ["srun --ntasks-per-node=8 --nodes=4: kit runs its own srun"]),
-    "array_lr.sbatch": ({"array": "0-9", "command": [
-        "bash", "-c", "LR=$(echo \"0.001 0.0001 0.00001 0.000001\" | cut -d' ' -f$((SLURM_ARRAY_TASK_ID % 4 + 1)))\n"
-                      "BATCH_SIZE=$((32 * (SLURM_ARRAY_TASK_ID / 4 + 1)))\n"
-                      "python train.py --lr $LR --batch_size $BATCH_SIZE"]},
-                        ["BATCH_SIZE, LR: set by the script, carried into the command"]),
+    "train_ddp.sbatch": (
+        {
+            "job_name": "ddp-training",
+            "nodes": 2,
+            "gpus_per_node": 1,
+            "ntasks_per_node": 1,
+            "cpus_per_task": 28,
+            "mem": "200G",
+            "time": "24:00:00",
+            "command": ["python", "train_ddp.py"],
+        },
+        [
+            "#SBATCH --output=train_%j.out: kit writes the logs",
+            "export RANK=$SLURM_PROCID: kit sets RANK",
+            "export MASTER_ADDR=$(scontrol show hostnames",
+        ],
+    ),
+    "torch_launch.sbatch": (
+        {
+            "nodes": 2,
+            "gpus_per_node": 1,
+            "ntasks_per_node": 1,
+            "command": ["python", "-m", "torch.distributed.launch", "--nproc_per_node=1", "train_ddp.py"],
+        },
+        ["--node_rank=$SLURM_NODEID: kit exports PET_NNODES"],
+    ),
+    "deepspeed.sbatch": (
+        {
+            "job_name": "deepspeed-zero3",
+            "env": {"NCCL_DEBUG": "WARN", "NCCL_SOCKET_IFNAME": "^docker,lo", "GLOO_SOCKET_IFNAME": "eth0"},
+            "command": ["python", "train.py", "--deepspeed", "--deepspeed_config", "ds_zero3_offload.json"],
+        },
+        ["conda activate research: setup", "export WORLD_SIZE=$SLURM_NTASKS: kit sets WORLD_SIZE"],
+    ),
+    "sloughgpt.sbatch": (
+        {
+            "nodes": 4,
+            "ntasks_per_node": 8,
+            "gpus_per_node": 8,
+            "partition": "gpu",
+            "command": [
+                "bash",
+                "-c",
+                "python -m sloughgpt.distributed_training --world-size 32 "
+                "--master-addr $MASTER_ADDR --master-port $MASTER_PORT",
+            ],
+        },
+        ["srun --ntasks-per-node=8 --nodes=4: kit runs its own srun"],
+    ),
+    "array_lr.sbatch": (
+        {
+            "array": "0-9",
+            "command": [
+                "bash",
+                "-c",
+                "LR=$(echo \"0.001 0.0001 0.00001 0.000001\" | cut -d' ' -f$((SLURM_ARRAY_TASK_ID % 4 + 1)))\n"
+                "BATCH_SIZE=$((32 * (SLURM_ARRAY_TASK_ID / 4 + 1)))\n"
+                "python train.py --lr $LR --batch_size $BATCH_SIZE",
+            ],
+        },
+        ["BATCH_SIZE, LR: set by the script, carried into the command"],
+    ),
 }
 
 
@@ -64,14 +104,16 @@ def test_convert_of_a_missing_or_unreadable_script_is_one_line(tmp_path):
     assert (proc.returncode, proc.stderr.splitlines()[0]) == (2, f"kit: SCRIPT: no such script: {tmp_path}/nope.sbatch")
     (tmp_path / "fifo").symlink_to("/dev/zero")
     proc = kit("convert", str(tmp_path / "fifo"), timeout=30)
-    assert proc.returncode == 2 and proc.stderr.startswith("kit: SCRIPT: cannot read ") and "Traceback" not in proc.stderr
+    assert (
+        proc.returncode == 2 and proc.stderr.startswith("kit: SCRIPT: cannot read ") and "Traceback" not in proc.stderr
+    )
 
 
 # srun lines with shell syntax. Each runs as the script runs it and as the
 # job file kit convert wrote runs it; the outputs (and the files the line writes) are the same.
 SHELL_LINES = {
     "substitution": """srun --ntasks-per-node=1 python3 -c 'import sys; print("args", sys.argv[1:])' """
-                    """--lr=$(python3 -c 'print(0.1)') | tee log.txt""",
+    """--lr=$(python3 -c 'print(0.1)') | tee log.txt""",
     "backticks": """srun echo "uid `id -u` here" && echo second""",
     "redirections": """srun python3 -c 'print("to file")' > out.log 2>&1 && echo done | tee x; cat out.log""",
     "semicolons": """srun bash -c 'echo $((1 + 2))'; echo after; (echo sub)""",
@@ -108,8 +150,17 @@ def test_a_converted_shell_line_runs_on_the_cluster(cluster, tmp_path):
     script = tmp_path / "job.sbatch"
     script.write_text(f"#!/bin/bash\n#SBATCH --nodes=1\n{SHELL_LINES['substitution']}\n")
     (tmp_path / "job.toml").write_text(kit("convert", str(script)).stdout)
-    proc = kit("launch", "--local", "--wait", "--no-exporter", "-f", str(tmp_path / "job.toml"), "--output-dir",
-               str(tmp_path / "jobs"), cwd=tmp_path)
+    proc = kit(
+        "launch",
+        "--local",
+        "--wait",
+        "--no-exporter",
+        "-f",
+        str(tmp_path / "job.toml"),
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     job_dir = Path(proc.stdout.split("job dir: ")[1].splitlines()[0].strip())
     assert "args ['--lr=0.1']" in (job_dir / "logs" / "rank-0.r0.log").read_text()
@@ -120,8 +171,10 @@ def test_convert_output_is_printable_and_reads_back(tmp_path):
     terminal); a character above U+FFFF is a valid TOML escape; `$(...)` in an #SBATCH line is
     listed as that line, nothing of it carried."""
     script = tmp_path / "job.sbatch"
-    script.write_bytes("#!/bin/bash\n#SBATCH --job-name=$(touch /x/y)\n#SBATCH --nodes=2\necho 'bell\x07 esc\x1b[31m'\n"
-                       "srun python3 -c 'print(1)' --tag '\U000e0001'\n".encode())
+    script.write_bytes(
+        "#!/bin/bash\n#SBATCH --job-name=$(touch /x/y)\n#SBATCH --nodes=2\necho 'bell\x07 esc\x1b[31m'\n"
+        "srun python3 -c 'print(1)' --tag '\U000e0001'\n".encode()
+    )
     proc = kit("convert", str(script))
     assert proc.returncode == 0, proc.stderr
     assert "\x07" not in proc.stdout + proc.stderr and "\x1b" not in proc.stdout + proc.stderr
@@ -143,12 +196,30 @@ def test_an_array_script_converts_into_a_job_that_runs_as_the_script(cluster, tm
     (tmp_path / "train.py").write_text("import sys\nprint('train', *sys.argv[1:])\n")
     proc = kit("convert", str(tmp_path / "job.sbatch"))
     (tmp_path / "job.toml").write_text(proc.stdout)
-    by_hand = {i: subprocess.run(["bash", str(tmp_path / "job.sbatch")], cwd=tmp_path, capture_output=True, text=True,
-                                 env={**__import__("os").environ, "SLURM_ARRAY_TASK_ID": str(i)}).stdout
-               for i in range(5)}
+    by_hand = {
+        i: subprocess.run(
+            ["bash", str(tmp_path / "job.sbatch")],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env={**__import__("os").environ, "SLURM_ARRAY_TASK_ID": str(i)},
+        ).stdout
+        for i in range(5)
+    }
     assert by_hand[4] == "train --lr 0.001 --batch_size 64\n", by_hand
-    run = kit("launch", "--local", "--wait", "--no-exporter", "--no-code-snapshot", "-f", str(tmp_path / "job.toml"),
-              "--output-dir", str(tmp_path / "jobs"), cwd=tmp_path, timeout=300)
+    run = kit(
+        "launch",
+        "--local",
+        "--wait",
+        "--no-exporter",
+        "--no-code-snapshot",
+        "-f",
+        str(tmp_path / "job.toml"),
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     job_dir = Path(run.stdout.split("job dir: ")[1].splitlines()[0].strip())
     for i in range(5):
@@ -178,14 +249,28 @@ def test_the_sbatch_command_lines_options_count_over_the_scripts(tmp_path):
     subprocess.run(["mksquashfs", str(tmp_path / "root"), str(image), "-quiet", "-no-progress"], check=True)
     script = tmp_path / "prelaunch.sh"
     script.write_text("#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --time=30\nsrun python train.py\n")
-    proc = kit("convert", str(script), "--", "--nodes=4", "--gpus-per-node=8", "--ntasks-per-node=8",
-               f"--container-image={image}", "--no-container-mount-home", "--container-remap-root",
-               "--container-workdir=/w/lit-gpt", "--container-mounts=/w/lit-gpt:/w/lit-gpt,/w/data:/w/lit-gpt/data")
+    proc = kit(
+        "convert",
+        str(script),
+        "--",
+        "--nodes=4",
+        "--gpus-per-node=8",
+        "--ntasks-per-node=8",
+        f"--container-image={image}",
+        "--no-container-mount-home",
+        "--container-remap-root",
+        "--container-workdir=/w/lit-gpt",
+        "--container-mounts=/w/lit-gpt:/w/lit-gpt,/w/data:/w/lit-gpt/data",
+    )
     assert proc.returncode == 0, proc.stderr
     job = tomllib.loads(proc.stdout)
     assert (job["nodes"], job["gpus_per_node"], job["ntasks_per_node"], job["time"]) == (4, 8, 8, "30")
-    assert (job["image"], job["container_workdir"], job["container_mount_home"], job["container_remap_root"]) == \
-        (str(image), "/w/lit-gpt", False, True)
+    assert (job["image"], job["container_workdir"], job["container_mount_home"], job["container_remap_root"]) == (
+        str(image),
+        "/w/lit-gpt",
+        False,
+        True,
+    )
     assert job["mounts"] == ["/w/lit-gpt:/w/lit-gpt", "/w/data:/w/lit-gpt/data"] and "sbatch_args" not in job
     assert job["command"] == ["python3", "train.py"], job
     assert f"kit: changed: python: {image} has python3 alone: the command runs python3" in proc.stderr
@@ -198,10 +283,12 @@ def test_a_script_setting_its_parameters_converts_into_the_same_command(tmp_path
     """Seed 003's shape: parameters set as shell variables, then used by the
     srun line. The job file's command prints what the script prints."""
     script = tmp_path / "run_distributed.slurm"
-    script.write_text('#!/bin/bash\n#SBATCH --nodes=1\nEPOCHS=2\nBATCH_SIZE=64           # Per-GPU batch size\n'
-                      'LEARNING_RATE=0.01\nDATA_DIR="./data dir"\nCHECKPOINT_DIR="./checkpoints"\nUNUSED=$(false)\n'
-                      "srun python3 -c 'import sys; print(sys.argv[1:])' --epochs $EPOCHS --batch-size $BATCH_SIZE "
-                      '--lr $LEARNING_RATE --data-dir "$DATA_DIR" --checkpoint-dir $CHECKPOINT_DIR\n')
+    script.write_text(
+        "#!/bin/bash\n#SBATCH --nodes=1\nEPOCHS=2\nBATCH_SIZE=64           # Per-GPU batch size\n"
+        'LEARNING_RATE=0.01\nDATA_DIR="./data dir"\nCHECKPOINT_DIR="./checkpoints"\nUNUSED=$(false)\n'
+        "srun python3 -c 'import sys; print(sys.argv[1:])' --epochs $EPOCHS --batch-size $BATCH_SIZE "
+        '--lr $LEARNING_RATE --data-dir "$DATA_DIR" --checkpoint-dir $CHECKPOINT_DIR\n'
+    )
     proc = kit("convert", str(script))
     assert proc.returncode == 0, proc.stderr
     command = tomllib.loads(proc.stdout)["command"]
@@ -230,24 +317,48 @@ def test_seed_002s_prelaunch_and_launcher_convert_into_a_job_that_runs_as_submit
     assert proc.returncode == 0, proc.stderr
     command = tomllib.loads(proc.stdout)["command"]
     assert command[:2] == ["bash", "-c"] and command[2].endswith("\n./train-redpajama-launcher.sh"), command
-    assert "export NCCL_DEBUG=\"${NCCL_DEBUG:-WARN}\"" in command[2] and "MASTER_PORT" not in command[2]
-    assert "srun --overlap --nodes=1 --ntasks-per-node=8 ./train-redpajama-launcher.sh: only the training command" \
+    assert 'export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"' in command[2] and "MASTER_PORT" not in command[2]
+    assert (
+        "srun --overlap --nodes=1 --ntasks-per-node=8 ./train-redpajama-launcher.sh: only the training command"
         in proc.stderr
+    )
     assert "DEBUG, GPT_GLOBAL_SEED, SLURM_INTERACTIVE: carried, but their $(...) now runs in every task" in proc.stderr
     (tmp_path / "job.toml").write_text(proc.stdout)
-    hand = cluster.target.run(["sbatch", "--parsable", f"--output={tmp_path / 'by-hand.out'}",
-                               "train-redpajama-prelaunch.sh"], cwd=str(tmp_path)).stdout.strip().split(";")[0]
-    run = kit("launch", "--local", "--wait", "--no-exporter", "-f", "job.toml", "--output-dir", str(tmp_path / "jobs"),
-              cwd=tmp_path, timeout=300)
+    hand = (
+        cluster.target.run(
+            ["sbatch", "--parsable", f"--output={tmp_path / 'by-hand.out'}", "train-redpajama-prelaunch.sh"],
+            cwd=str(tmp_path),
+        )
+        .stdout.strip()
+        .split(";")[0]
+    )
+    run = kit(
+        "launch",
+        "--local",
+        "--wait",
+        "--no-exporter",
+        "-f",
+        "job.toml",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     assert slurm.wait(cluster.target, hand, timeout=120).state == "COMPLETED"
     job_dir = Path(run.stdout.split("job dir: ")[1].splitlines()[0].strip())
     by_hand = sorted(line for line in (tmp_path / "by-hand.out").read_text().splitlines() if line.startswith("rank "))
-    by_kit = sorted(line for log in (job_dir / "logs").glob("rank-*.log") for line in log.read_text().splitlines()
-                    if line.startswith("rank "))
+    by_kit = sorted(
+        line
+        for log in (job_dir / "logs").glob("rank-*.log")
+        for line in log.read_text().splitlines()
+        if line.startswith("rank ")
+    )
     assert len(by_hand) == 4 and by_kit == by_hand, (by_hand, by_kit)
-    assert by_hand[0] == "rank 0 of 4 node 0 local 0 nodes 2 faulthandler 1 nccl WARN INIT,NET debug 0 master True " \
-                         "seeded True"
+    assert (
+        by_hand[0] == "rank 0 of 4 node 0 local 0 nodes 2 faulthandler 1 nccl WARN INIT,NET debug 0 master True "
+        "seeded True"
+    )
 
 
 def test_seed_002_with_its_sbatch_line_converts_into_a_job_that_runs_in_the_image(cluster, cpu_image, tmp_path):
@@ -270,14 +381,26 @@ def test_seed_002_with_its_sbatch_line_converts_into_a_job_that_runs_in_the_imag
     data.mkdir()
     (out / "slurm").mkdir(parents=True)
     mounts = [f"{code}:{code}", f"{data}:{code}/data", f"{out}:{code}/out"]
-    line = ["--nodes=2", "--ntasks-per-node=2", "--cpus-per-task=1", f"--output={out}/slurm/slurm-%j.out",
-            f"--container-image={cpu_image}", "--no-container-mount-home", "--container-remap-root",
-            f"--container-workdir={code}", f"--container-mounts={','.join(mounts)}"]
+    line = [
+        "--nodes=2",
+        "--ntasks-per-node=2",
+        "--cpus-per-task=1",
+        f"--output={out}/slurm/slurm-%j.out",
+        f"--container-image={cpu_image}",
+        "--no-container-mount-home",
+        "--container-remap-root",
+        f"--container-workdir={code}",
+        f"--container-mounts={','.join(mounts)}",
+    ]
     proc = kit("convert", "train-redpajama-prelaunch.sh", "--", *line, cwd=code)
     assert proc.returncode == 0, proc.stderr
     job = tomllib.loads(proc.stdout)
-    assert (job["image"], job["mounts"], job["container_mount_home"], job["container_remap_root"]) == \
-        (str(cpu_image), mounts, False, True), proc.stdout
+    assert (job["image"], job["mounts"], job["container_mount_home"], job["container_remap_root"]) == (
+        str(cpu_image),
+        mounts,
+        False,
+        True,
+    ), proc.stdout
     assert "container_workdir" not in job and (job["nodes"], job["ntasks_per_node"]) == (2, 2), proc.stdout
     assert "$(python3 -c 'import numpy" in job["command"][2], job["command"]
     changed = [line for line in proc.stderr.splitlines() if line.startswith("kit: changed: ")]
@@ -285,12 +408,28 @@ def test_seed_002_with_its_sbatch_line_converts_into_a_job_that_runs_in_the_imag
     assert any("a relative path such as data/ is the work tree's own" in c for c in changed), changed
     assert any(c.startswith("kit: changed: python: ") for c in changed), changed
     (tmp_path / "job.toml").write_text(proc.stdout)
-    run = kit("launch", "--local", "--wait", "--no-exporter", "-f", str(tmp_path / "job.toml"), "--output-dir",
-              str(tmp_path / "jobs"), cwd=code, timeout=600)
+    run = kit(
+        "launch",
+        "--local",
+        "--wait",
+        "--no-exporter",
+        "-f",
+        str(tmp_path / "job.toml"),
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        cwd=code,
+        timeout=600,
+    )
     job_dir = Path(run.stdout.split("job dir: ")[1].splitlines()[0].strip())
     assert run.returncode == 0, run.stderr + "".join(p.read_text() for p in (job_dir / "logs").glob("slurm-*"))
-    ranks = sorted(line for log in (job_dir / "logs").glob("rank-*.log") for line in log.read_text().splitlines()
-                   if line.startswith("rank "))
-    assert ranks == [f"rank {r} of 4 node {r // 2} local {r % 2} nodes 2 faulthandler 1 nccl WARN INIT,NET debug 0 "
-                     "master True seeded True" for r in range(4)], ranks
-
+    ranks = sorted(
+        line
+        for log in (job_dir / "logs").glob("rank-*.log")
+        for line in log.read_text().splitlines()
+        if line.startswith("rank ")
+    )
+    assert ranks == [
+        f"rank {r} of 4 node {r // 2} local {r % 2} nodes 2 faulthandler 1 nccl WARN INIT,NET debug 0 "
+        "master True seeded True"
+        for r in range(4)
+    ], ranks

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from helpers import REPO, kit, require
 
-from kit.image import dockerfile, ignore
 from kit.errors import KitError
+from kit.image import dockerfile, ignore
+
 
 def steps(text: str, tmp_path: Path, **kw):
     path = tmp_path / "Dockerfile"
@@ -23,27 +24,33 @@ def steps(text: str, tmp_path: Path, **kw):
 
 
 def test_parser_joins_lines_and_reads_both_forms(tmp_path):
-    r = steps("# syntax=docker/dockerfile:1\n"
-              "FROM scratch\n"
-              "RUN echo a \\\n"
-              "# a comment inside the continuation is dropped\n"
-              "    && echo b\n"
-              'RUN ["/bin/echo", "exec form"]\n'
-              "ENV A=1 B=\"two words\"\n"
-              "ENV LEGACY value with spaces\n"
-              "SHELL [\"/bin/bash\", \"-eu\", \"-c\"]\n"
-              "RUN echo $A\n"
-              "WORKDIR /w\nWORKDIR sub\n"
-              "ENTRYPOINT python3 -m app\n"
-              "CMD [\"--x\"]\n"
-              "VOLUME /data\n"
-              "LABEL a=b \"c d\"=e\n", tmp_path)
-    assert r.steps == [("run", ["/bin/sh", "-c", "echo a && echo b"]),
-                       ("run", ["/bin/echo", "exec form"]),
-                       ("env", {"A": "1", "B": "two words"}),
-                       ("env", {"LEGACY": "value with spaces"}),
-                       ("run", ["/bin/bash", "-eu", "-c", "echo $A"]),  # RUN text is the shell's, not substituted
-                       ("workdir", "/w"), ("workdir", "/w/sub")]
+    r = steps(
+        "# syntax=docker/dockerfile:1\n"
+        "FROM scratch\n"
+        "RUN echo a \\\n"
+        "# a comment inside the continuation is dropped\n"
+        "    && echo b\n"
+        'RUN ["/bin/echo", "exec form"]\n'
+        'ENV A=1 B="two words"\n'
+        "ENV LEGACY value with spaces\n"
+        'SHELL ["/bin/bash", "-eu", "-c"]\n'
+        "RUN echo $A\n"
+        "WORKDIR /w\nWORKDIR sub\n"
+        "ENTRYPOINT python3 -m app\n"
+        'CMD ["--x"]\n'
+        "VOLUME /data\n"
+        'LABEL a=b "c d"=e\n',
+        tmp_path,
+    )
+    assert r.steps == [
+        ("run", ["/bin/sh", "-c", "echo a && echo b"]),
+        ("run", ["/bin/echo", "exec form"]),
+        ("env", {"A": "1", "B": "two words"}),
+        ("env", {"LEGACY": "value with spaces"}),
+        ("run", ["/bin/bash", "-eu", "-c", "echo $A"]),  # RUN text is the shell's, not substituted
+        ("workdir", "/w"),
+        ("workdir", "/w/sub"),
+    ]
     # A shell-form ENTRYPOINT ignores CMD (Docker's rule), written before or after it.
     assert r.entrypoint == ["/bin/bash", "-eu", "-c", "python3 -m app"] and r.cmd == []
     assert r.volumes == ["/data"] and r.labels == {"a": "b", "c d": "e"}
@@ -51,17 +58,19 @@ def test_parser_joins_lines_and_reads_both_forms(tmp_path):
 
 
 def test_escape_directive_heredoc_args_and_targets(tmp_path):
-    text = ("# escape=`\n"
-            "ARG FLAVOUR=plain\n"
-            "FROM scratch AS first\n"
-            "ARG FLAVOUR\n"
-            "ENV F=${FLAVOUR} G=${UNSET:-fallback} H=${FLAVOUR:+set}\n"
-            "RUN echo one `\n"
-            "    two\n"
-            "FROM first AS second\n"
-            "RUN <<EOF\n"
-            "echo from a heredoc\n"
-            "EOF\n")
+    text = (
+        "# escape=`\n"
+        "ARG FLAVOUR=plain\n"
+        "FROM scratch AS first\n"
+        "ARG FLAVOUR\n"
+        "ENV F=${FLAVOUR} G=${UNSET:-fallback} H=${FLAVOUR:+set}\n"
+        "RUN echo one `\n"
+        "    two\n"
+        "FROM first AS second\n"
+        "RUN <<EOF\n"
+        "echo from a heredoc\n"
+        "EOF\n"
+    )
     r = steps(text, tmp_path)
     assert r.base.kind == "stage" and r.base.value == "first" and set(r.stages) == {"first"}
     assert r.steps == [("run", ["/bin/sh", "-c", "echo from a heredoc\n"])]
@@ -74,7 +83,10 @@ def test_escape_directive_heredoc_args_and_targets(tmp_path):
 BAD = [
     ("RUN true\n", "Dockerfile:1: RUN before the first FROM"),
     ("FROM scratch\nFOO bar\n", "Dockerfile:2: unknown instruction FOO"),
-    ("FROM scratch\nADD https://example.com/x.tar /\n", "Dockerfile:2: ADD https://example.com/x.tar: kit does not download"),
+    (
+        "FROM scratch\nADD https://example.com/x.tar /\n",
+        "Dockerfile:2: ADD https://example.com/x.tar: kit does not download",
+    ),
     ("FROM scratch\nCOPY --from=nope /a /b\n", "Dockerfile:2: COPY --from=nope: no earlier stage of that name"),
     ("FROM scratch\nCOPY *.py /app/\n", "Dockerfile:2: COPY *.py: wildcards are not supported"),
     ("FROM scratch\nCOPY ../outside /x\n", "Dockerfile:2: copy source '../outside' is outside the build context"),
@@ -119,14 +131,19 @@ def test_a_dockerfile_that_is_not_a_text_file_is_one_line(tmp_path):
 def test_target_and_build_arg_errors(tmp_path):
     with pytest.raises(KitError, match="no stage named 'x'"):
         steps("FROM scratch AS a\n", tmp_path, target="x")
-    proc = kit("build", str(REPO / "containers" / "cpu-lightning.toml"), "--build-arg", "A=1", "-o", str(tmp_path / "o"))
+    proc = kit(
+        "build", str(REPO / "containers" / "cpu-lightning.toml"), "--build-arg", "A=1", "-o", str(tmp_path / "o")
+    )
     assert proc.returncode == 2 and "kit: --build-arg: --build-arg is for Dockerfiles" in proc.stderr
 
 
 def test_dockerignore_follows_docker():
     rules = ignore.Ignore(["*.md", "!README.md", "build", "**/*.pyc", "/data/tmp*"])
-    assert [p for p in ["a.md", "README.md", "build/x/y", "src/a/b.pyc", "a.pyc", "data/tmp1", "data/x",
-                        "sub/a.md"] if rules.excluded(p)] == ["a.md", "build/x/y", "src/a/b.pyc", "a.pyc", "data/tmp1"]
+    assert [
+        p
+        for p in ["a.md", "README.md", "build/x/y", "src/a/b.pyc", "a.pyc", "data/tmp1", "data/x", "sub/a.md"]
+        if rules.excluded(p)
+    ] == ["a.md", "build/x/y", "src/a/b.pyc", "a.pyc", "data/tmp1"]
 
 
 def listing(image: Path) -> dict[str, str]:
@@ -135,7 +152,7 @@ def listing(image: Path) -> dict[str, str]:
     for line in out.splitlines():
         parts = line.split(None, 5)
         if len(parts) == 6 and parts[5].startswith("squashfs-root"):
-            rows[parts[5].split(" -> ")[0][len("squashfs-root"):] or "/"] = parts[0]
+            rows[parts[5].split(" -> ")[0][len("squashfs-root") :] or "/"] = parts[0]
     return rows
 
 
@@ -152,7 +169,7 @@ def test_a_multi_stage_dockerfile_builds(debian_base, kit_home, tmp_path):
     (ctx / "app" / "main.py").write_text("print('app')\n")
     (ctx / "app" / "notes.md").write_text("left out\n")
     (ctx / "app" / "skipme" / "x").write_text("left out\n")
-    (ctx / "run.sh").write_text("#!/bin/sh\necho run \"$@\"\n")
+    (ctx / "run.sh").write_text('#!/bin/sh\necho run "$@"\n')
     (ctx / ".dockerignore").write_text("app/skipme\n**/*.md\n")
     (ctx / "Dockerfile").write_text(
         f"ARG BASE=rootfs:{debian_base}\n"
@@ -169,10 +186,11 @@ def test_a_multi_stage_dockerfile_builds(debian_base, kit_home, tmp_path):
         "EXPOSE 80\n"
         "USER nobody\n"
         "RUN <<EOF\n"
-        "echo \"heredoc $GREETING\" > /app/heredoc.txt\n"
+        'echo "heredoc $GREETING" > /app/heredoc.txt\n'
         "EOF\n"
         'ENTRYPOINT ["/usr/local/bin/run.sh"]\n'
-        'CMD ["--flag"]\n')
+        'CMD ["--flag"]\n'
+    )
     out = tmp_path / "app.sqsh"
     roots = ("--base-root", str(debian_base))  # FROM outside the context: named on the command line
     proc = kit("build", str(ctx), "-o", str(out), "--build-arg", "GREETING=hi", *roots, timeout=600)
@@ -187,7 +205,7 @@ def test_a_multi_stage_dockerfile_builds(debian_base, kit_home, tmp_path):
     assert "Dockerfile:11: --chown: enroot images" in proc.stderr
     assert cat(out, "app/heredoc.txt") == "heredoc hi\n"
     rc = cat(out, "etc/rc")
-    assert "cd \"/app\"" in rc and "exec '/usr/local/bin/run.sh' '--flag'" in rc
+    assert 'cd "/app"' in rc and "exec '/usr/local/bin/run.sh' '--flag'" in rc
     meta = json.loads(cat(out, ".kit/image.json"))
     assert meta["config"]["labels"]["kit.user"] == "nobody"
     # --target: the first stage alone.
@@ -216,11 +234,21 @@ def wheel(directory: Path, name: str, files: dict[str, str]) -> Path:
     import base64
     import hashlib
     import zipfile
+
     info = f"{name}-1.0.dist-info"
-    files = {**files, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
-             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
-                     f"{len(text.encode())}\n" for path, text in files.items()) + f"{info}/RECORD,,\n"
+    files = {
+        **files,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = (
+        "".join(
+            f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+            f"{len(text.encode())}\n"
+            for path, text in files.items()
+        )
+        + f"{info}/RECORD,,\n"
+    )
     out = directory / f"{name}-1.0-py3-none-any.whl"
     with zipfile.ZipFile(out, "w") as z:
         for path, text in {**files, f"{info}/RECORD": record}.items():
@@ -234,21 +262,30 @@ def test_pip_steps_compile_what_they_add_and_nothing_else(debian_base, kit_home,
     compile left as pip leaves it, and a second pip step leaves the first's files in
     their layer (nothing copied up)."""
     require("mksquashfs")
-    one = wheel(tmp_path, "tiny_a", {"tiny_a/__init__.py": "VALUE = 'a'\n", "tiny_a/py312.py": "def f[T](x): ...\n",
-                                    "tiny_a_top.py": "TOP = 1\n"})
+    one = wheel(
+        tmp_path,
+        "tiny_a",
+        {"tiny_a/__init__.py": "VALUE = 'a'\n", "tiny_a/py312.py": "def f[T](x): ...\n", "tiny_a_top.py": "TOP = 1\n"},
+    )
     two = wheel(tmp_path, "tiny_b", {"tiny_b/__init__.py": "from tiny_a import VALUE\n"})
-    (tmp_path / "Dockerfile").write_text(f"FROM rootfs:{debian_base}\nKIT pip {one.name}\nKIT pip {two.name}\n"
-                                         "RUN python3 -c 'import tiny_b, tiny_a_top; print(tiny_b.VALUE)'\n")
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM rootfs:{debian_base}\nKIT pip {one.name}\nKIT pip {two.name}\n"
+        "RUN python3 -c 'import tiny_b, tiny_a_top; print(tiny_b.VALUE)'\n"
+    )
     out = tmp_path / "pip.sqsh"
     proc = kit("build", str(tmp_path), "-o", str(out), "--base-root", str(debian_base), timeout=600)
     assert proc.returncode == 0, proc.stderr
     site = "/usr/local/lib/python3.11/dist-packages"
     rows = listing(out)
-    for pyc in ("tiny_a/__pycache__/__init__.cpython-311.pyc", "tiny_b/__pycache__/__init__.cpython-311.pyc",
-                "__pycache__/tiny_a_top.cpython-311.pyc"):
+    for pyc in (
+        "tiny_a/__pycache__/__init__.cpython-311.pyc",
+        "tiny_b/__pycache__/__init__.cpython-311.pyc",
+        "__pycache__/tiny_a_top.cpython-311.pyc",
+    ):
         assert f"{site}/{pyc}" in rows, sorted(r for r in rows if "tiny" in r)
-        flags = subprocess.run(["unsquashfs", "-cat", str(out), f"{site}/{pyc}"], capture_output=True,
-                               check=True).stdout[4:8]
+        flags = subprocess.run(
+            ["unsquashfs", "-cat", str(out), f"{site}/{pyc}"], capture_output=True, check=True
+        ).stdout[4:8]
         assert flags == b"\x03\x00\x00\x00", pyc  # hash-based, checked: the same bytes on every build
     assert f"{site}/tiny_a/__pycache__/py312.cpython-311.pyc" not in rows
     layers = Path(os.environ["KIT_HOME"]) / "cache" / "layers"
@@ -285,13 +322,17 @@ def test_shell_form_entrypoint_and_cmd_in_enroots_rc(kit_home, tmp_path):
     /bin/sh -c TEXT and drops CMD; a shell-form CMD alone is /bin/sh -c TEXT."""
     (tmp_path / "a.txt").write_text("a\n")
     for name, lines, want in (
-            ("ep", 'ENTRYPOINT python3 -m app --port 80\nCMD ["ignored"]\n',
-             "exec '/bin/sh' '-c' 'python3 -m app --port 80'"),
-            ("cmd", "CMD echo $HOME\n", "exec '/bin/sh' '-c' 'echo $HOME'")):
+        (
+            "ep",
+            'ENTRYPOINT python3 -m app --port 80\nCMD ["ignored"]\n',
+            "exec '/bin/sh' '-c' 'python3 -m app --port 80'",
+        ),
+        ("cmd", "CMD echo $HOME\n", "exec '/bin/sh' '-c' 'echo $HOME'"),
+    ):
         (tmp_path / f"{name}.Dockerfile").write_text(f"FROM scratch\nCOPY a.txt /\n{lines}")
         out = tmp_path / f"{name}.sqsh"
         proc = kit("build", str(tmp_path), "-f", f"{name}.Dockerfile", "-o", str(out))
         assert proc.returncode == 0, proc.stderr
         rc = cat(out, "etc/rc")
-        assert re.search(r"exec +" + re.escape(want[len("exec "):]), rc), rc
+        assert re.search(r"exec +" + re.escape(want[len("exec ") :]), rc), rc
         assert "ignored" not in rc

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import require, wait_for
 from fake_gpus import UNKNOWN, FakeGpus, preload
+from helpers import require, wait_for
 
 from kit.monitor import naming, training
 from kit.monitor.exporter import Exporter
@@ -58,17 +58,23 @@ def test_gpu_collector_names_labels_values(gpus):
     util = names["DCGM_FI_DEV_GPU_UTIL"]
     assert len(util) == 8
     s3 = [s for s in util if s.labels["gpu"] == "3"][0]
-    assert s3.labels == {"gpu": "3", "UUID": "GPU-00000003-fake", "pci_bus_id": "00000000:13:00.0",
-                         "device": "nvidia3", "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "node7"}
+    assert s3.labels == {
+        "gpu": "3",
+        "UUID": "GPU-00000003-fake",
+        "pci_bus_id": "00000000:13:00.0",
+        "device": "nvidia3",
+        "modelName": "NVIDIA H100 80GB HBM3",
+        "Hostname": "node7",
+    }
     assert s3.value == 30
     value = {(n, s.labels["gpu"]): s.value for n, ss in names.items() for s in ss if "reason" not in s.labels}
-    assert value[("DCGM_FI_DEV_FB_USED", "2")] == 3 * 1024            # MiB
+    assert value[("DCGM_FI_DEV_FB_USED", "2")] == 3 * 1024  # MiB
     assert value[("DCGM_FI_DEV_FB_FREE", "2")] == 77 * 1024
-    assert value[("DCGM_FI_DEV_POWER_USAGE", "4")] == 104.0            # W
+    assert value[("DCGM_FI_DEV_POWER_USAGE", "4")] == 104.0  # W
     assert value[("DCGM_FI_DEV_GPU_TEMP", "5")] == 45
     assert value[("DCGM_FI_DEV_SM_CLOCK", "0")] == 1980 and value[("DCGM_FI_DEV_MEM_CLOCK", "0")] == 2619
     assert value[("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "6")] == 6
-    assert ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "7") not in value          # not supported on GPU 7: just absent
+    assert ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "7") not in value  # not supported on GPU 7: just absent
     assert value[("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "5")] == 5
     assert value[("gpu_compute_processes", "1")] == 1 and value[("gpu_lost", "1")] == 0
     throttle = {(s.labels["gpu"], s.labels["reason"]): s.value for s in names["gpu_clock_throttle_active"]}
@@ -81,10 +87,12 @@ def test_gpu_collector_names_labels_values(gpus):
 @pytest.mark.skipif(not real_nvml_available(), reason="no NVIDIA GPU and driver here (the test library stands in)")
 def test_gpu_collector_on_the_real_driver():
     """Where a GPU is present: the same collector on the real driver (in a child process)."""
-    code = ("from kit.monitor.gpu import FIELDS, GpuSource, job_gpus; r = GpuSource(events=False).poll(); assert r.success, r.error; "
-            "names = {s.spec.name for s in r.samples}; "
-            "assert all(spec.name in names for spec, _ in FIELDS[:9]), names; "
-            "assert all(s.labels['UUID'].startswith('GPU-') for s in r.samples if s.spec.name == 'DCGM_FI_DEV_GPU_UTIL')")
+    code = (
+        "from kit.monitor.gpu import FIELDS, GpuSource, job_gpus; r = GpuSource(events=False).poll(); assert r.success, r.error; "
+        "names = {s.spec.name for s in r.samples}; "
+        "assert all(spec.name in names for spec, _ in FIELDS[:9]), names; "
+        "assert all(s.labels['UUID'].startswith('GPU-') for s in r.samples if s.spec.name == 'DCGM_FI_DEV_GPU_UTIL')"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_NVML")}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -98,18 +106,18 @@ def test_gpu_collector_survives_per_gpu_errors_a_lost_gpu_and_driver_loss(gpus):
     assert result.success
     names = by_name(result)
     gpus_with_util = sorted(s.labels["gpu"] for s in names["DCGM_FI_DEV_GPU_UTIL"])
-    assert gpus_with_util == ["0", "1", "3", "4", "5", "7"]            # 2 broken call, 6 unreadable handle
+    assert gpus_with_util == ["0", "1", "3", "4", "5", "7"]  # 2 broken call, 6 unreadable handle
     assert "2" in {s.labels["gpu"] for s in names["DCGM_FI_DEV_GPU_TEMP"]}
     assert "2" not in {s.labels["gpu"] for s in names["DCGM_FI_DEV_POWER_USAGE"]}
 
-    gpus.lose(4).write()                                                # falls off the bus mid-run
+    gpus.lose(4).write()  # falls off the bus mid-run
     names = by_name(source.poll())
     lost = {s.labels["gpu"]: s.value for s in names["gpu_lost"]}
     assert lost["4"] == 1 and lost["3"] == 0
     assert "4" not in {s.labels["gpu"] for s in names["DCGM_FI_DEV_GPU_TEMP"]}
     assert "4" not in {s.labels["gpu"] for s in names["gpu_compute_processes"]}
 
-    gpus.driver = "missing"                                             # the driver goes away
+    gpus.driver = "missing"  # the driver goes away
     gpus.write()
     gone = source.poll()
     assert not gone.success and gone.samples == [] and "DriverNotLoaded" in gone.error
@@ -120,12 +128,12 @@ def test_gpu_collector_survives_per_gpu_errors_a_lost_gpu_and_driver_loss(gpus):
     assert back.success and len(by_name(back)["DCGM_FI_DEV_GPU_UTIL"]) == 6
     source.close()
 
-    gpus.driver = "uninitialized"                                       # NVML_ERROR_UNINITIALIZED on every call
+    gpus.driver = "uninitialized"  # NVML_ERROR_UNINITIALIZED on every call
     gpus.write()
     uninitialized = GpuSource(events=False).poll()
     assert not uninitialized.success and "Uninitialized" in uninitialized.error
     gpus.driver = "ok"
-    gpus.lose(1).write()                                                # lost before the exporter started
+    gpus.lose(1).write()  # lost before the exporter started
     late = by_name(GpuSource(events=False).poll())
     assert {s.labels["gpu"]: s.value for s in late["gpu_lost"]}["1"] == 1
 
@@ -200,14 +208,33 @@ def scrape(port: int) -> str:
 
 def make_exporter(tmp_path: Path, nvml=None, **kw) -> Exporter:
     train_dir = tmp_path / "train"
-    training.write(train_dir, 0, {"step": 12, "loss": 0.25, "samples_total": 768, "step_duration_seconds": 0.05,
-                                  "last_step_timestamp_seconds": 1.7e9, "learning_rate": 0.01})
+    training.write(
+        train_dir,
+        0,
+        {
+            "step": 12,
+            "loss": 0.25,
+            "samples_total": 768,
+            "step_duration_seconds": 0.05,
+            "last_step_timestamp_seconds": 1.7e9,
+            "learning_rate": 0.01,
+        },
+    )
     from kit.monitor.job import JobSource
 
-    sources = [GpuSource(nvml, hostname="vm"), NodeSource(), TrainingSource(train_dir),
-               JobSource("4242", "node1", env={"SLURM_CPUS_ON_NODE": "8", "SLURM_MEM_PER_NODE": "4096"})]
-    env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_JOB_USER": "alice",
-           "SLURM_JOB_PARTITION": "gpu", "SLURM_CLUSTER_NAME": "kit"}
+    sources = [
+        GpuSource(nvml, hostname="vm"),
+        NodeSource(),
+        TrainingSource(train_dir),
+        JobSource("4242", "node1", env={"SLURM_CPUS_ON_NODE": "8", "SLURM_MEM_PER_NODE": "4096"}),
+    ]
+    env = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NAME": "train",
+        "SLURM_JOB_USER": "alice",
+        "SLURM_JOB_PARTITION": "gpu",
+        "SLURM_CLUSTER_NAME": "kit",
+    }
     return Exporter(sources, interval=0.2, bind="127.0.0.1", env=env, node="node1", **kw)
 
 
@@ -267,9 +294,19 @@ def test_busy_port_moves_to_the_next_and_the_target_file_says_so(tmp_path):
         (target,) = targets.glob("*.json")
         assert not list(targets.glob(".*"))
         doc = json.loads(target.read_text())
-        assert doc == [{"targets": ["127.0.0.1:19482"], "labels": {
-            "slurm_job_id": "4242", "slurm_job_name": "train", "slurm_user": "alice", "slurm_partition": "gpu",
-            "slurm_cluster": "kit", "node": "node1"}}]
+        assert doc == [
+            {
+                "targets": ["127.0.0.1:19482"],
+                "labels": {
+                    "slurm_job_id": "4242",
+                    "slurm_job_name": "train",
+                    "slurm_user": "alice",
+                    "slurm_partition": "gpu",
+                    "slurm_cluster": "kit",
+                    "node": "node1",
+                },
+            }
+        ]
         assert "DCGM_FI_DEV_GPU_UTIL" in scrape(19482)
     finally:
         exporter.stop()
@@ -306,8 +343,11 @@ def test_scrapes_never_call_nvml(tmp_path, monkeypatch):
 
 
 def test_training_file_parsing_on_literals():
-    assert training.parse('{"rank": 3, "step": 10, "loss": 0.5, "junk": "x", "lr": "no"}') == \
-        {"rank": "3", "step": 10.0, "loss": 0.5}
+    assert training.parse('{"rank": 3, "step": 10, "loss": 0.5, "junk": "x", "lr": "no"}') == {
+        "rank": "3",
+        "step": 10.0,
+        "loss": 0.5,
+    }
     assert training.parse('{"rank": 0, "samples_total": true}') == {"rank": "0"}
 
 
@@ -325,19 +365,27 @@ def test_a_malformed_rank_file_affects_that_rank_only(tmp_path):
     assert result.error == "unreadable: rank-1.json, rank-3.json, rank-4.json"
 
 
-@pytest.mark.parametrize("argv, env, message", [
-    (["--naming", "dcgm"], {}, "argument --naming: invalid choice: 'dcgm'"),
-    ([], {"KIT_EXPORTER_NAMING": "dcgm"}, "kit: --naming: expected one of prometheus, compat, got 'dcgm'"),
-    (["--port", "94x0"], {}, "kit: --port: not a port or LOW-HIGH range: '94x0'"),
-    (["--port", "70000"], {}, "kit: --port: ports are 1-65535, LOW <= HIGH: got '70000'"),
-    (["--port", "9500-9400"], {}, "kit: --port: ports are 1-65535, LOW <= HIGH: got '9500-9400'"),
-    (["--interval", "0"], {}, "kit: --interval: seconds between polls, 0.05 to 3600: got 0.0"),
-    (["--interval", "nan"], {}, "kit: --interval: seconds between polls, 0.05 to 3600: got nan"),
-    (["--interval", "-1"], {}, "kit: --interval: seconds between polls, 0.05 to 3600: got -1.0"),
-])
+@pytest.mark.parametrize(
+    "argv, env, message",
+    [
+        (["--naming", "dcgm"], {}, "argument --naming: invalid choice: 'dcgm'"),
+        ([], {"KIT_EXPORTER_NAMING": "dcgm"}, "kit: --naming: expected one of prometheus, compat, got 'dcgm'"),
+        (["--port", "94x0"], {}, "kit: --port: not a port or LOW-HIGH range: '94x0'"),
+        (["--port", "70000"], {}, "kit: --port: ports are 1-65535, LOW <= HIGH: got '70000'"),
+        (["--port", "9500-9400"], {}, "kit: --port: ports are 1-65535, LOW <= HIGH: got '9500-9400'"),
+        (["--interval", "0"], {}, "kit: --interval: seconds between polls, 0.05 to 3600: got 0.0"),
+        (["--interval", "nan"], {}, "kit: --interval: seconds between polls, 0.05 to 3600: got nan"),
+        (["--interval", "-1"], {}, "kit: --interval: seconds between polls, 0.05 to 3600: got -1.0"),
+    ],
+)
 def test_bad_exporter_arguments_are_one_clean_message(argv, env, message):
-    proc = subprocess.run([sys.executable, "-m", "kit.monitor", *argv], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **env})
+    proc = subprocess.run(
+        [sys.executable, "-m", "kit.monitor", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
@@ -375,26 +423,33 @@ def test_the_job_source_counts_only_the_jobs_own_processes_on_its_node():
 
     from kit.monitor.job import JobSource
 
-    burn = [sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\n"
-                                  "time.sleep(30)"]
-    procs = [subprocess.Popen(burn, env={**os.environ, "SLURM_JOB_ID": job, "SLURMD_NODENAME": node})
-             for job, node in (("4242", "nodeA"), ("4242", "nodeB"), ("9999", "nodeA"))]
+    burn = [
+        sys.executable,
+        "-c",
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\ntime.sleep(30)",
+    ]
+    procs = [
+        subprocess.Popen(burn, env={**os.environ, "SLURM_JOB_ID": job, "SLURMD_NODENAME": node})
+        for job, node in (("4242", "nodeA"), ("4242", "nodeB"), ("9999", "nodeA"))
+    ]
     try:
         import psutil
 
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not all(
-                sum(psutil.Process(p.pid).cpu_times()[:2]) >= 0.5 for p in procs):
+        while time.monotonic() < deadline and not all(sum(psutil.Process(p.pid).cpu_times()[:2]) >= 0.5 for p in procs):
             time.sleep(0.1)  # each burner has spent its 0.5 s (a loaded machine takes longer)
         result = JobSource("4242", "nodeA", env={"SLURM_CPUS_ON_NODE": "2", "SLURM_MEM_PER_CPU": "100"}).poll()
         values = {s.spec.name: s.value for s in result.samples}
         assert result.success and values["kit_job_processes"] == 1
         assert 0.4 <= values["kit_job_cpu_seconds_total"] < 1.0  # one burner's 0.5 s, not three
         assert values["kit_job_memory_rss_bytes"] > 1 << 20
-        assert (values["kit_job_cpus"], values["kit_job_memory_limit_bytes"]) == (2.0, 200 * 2 ** 20)
+        assert (values["kit_job_cpus"], values["kit_job_memory_limit_bytes"]) == (2.0, 200 * 2**20)
         unallocated = JobSource("4242", "nodeA", env={}).poll()
         assert {s.spec.name for s in unallocated.samples} == {
-            "kit_job_cpu_seconds_total", "kit_job_memory_rss_bytes", "kit_job_processes"}
+            "kit_job_cpu_seconds_total",
+            "kit_job_memory_rss_bytes",
+            "kit_job_processes",
+        }
     finally:
         for p in procs:
             p.kill()
@@ -417,11 +472,19 @@ def test_the_job_source_follows_the_jobs_processes_without_reading_every_environ
     real_environ = psutil.Process.environ
     monkeypatch.setattr(psutil.Process, "environ", lambda self: reads.append(self.pid) or real_environ(self))
     # The job's process: it starts a child with an empty environment once told to (a line on stdin).
-    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\nsys.stdin.readline()\n"
-                               "subprocess.Popen(['sleep', '60'], env={})\ntime.sleep(60)"],
-                              stdin=subprocess.PIPE, env={**os.environ, "SLURM_JOB_ID": "4343", "SLURMD_NODENAME": "n"})
-    other = subprocess.Popen(["sleep", "60"], env={**os.environ, "SLURM_JOB_ID": "4343", "SLURMD_NODENAME": "n"},
-                             start_new_session=True)  # the job's too, but outside the first one's tree
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\nsys.stdin.readline()\n"
+            "subprocess.Popen(['sleep', '60'], env={})\ntime.sleep(60)",
+        ],
+        stdin=subprocess.PIPE,
+        env={**os.environ, "SLURM_JOB_ID": "4343", "SLURMD_NODENAME": "n"},
+    )
+    other = subprocess.Popen(
+        ["sleep", "60"], env={**os.environ, "SLURM_JOB_ID": "4343", "SLURMD_NODENAME": "n"}, start_new_session=True
+    )  # the job's too, but outside the first one's tree
     try:
         source = JobSource("4343", "n", env={}, rescan=3600)
 
@@ -453,10 +516,17 @@ def test_the_exporter_yields_its_own_scheduling_group_and_never_the_jobs(tmp_pat
     """Under sched_autogroup a nice value weighs only inside a session's group, and the launcher starts the
     exporter in a session of its own (setsid): the exporter nices that group (autogroup nice 10); started
     inside another session (a user's shell, the job's) it leaves the group's nice alone."""
+
     def group(*prefix: str) -> str:
         code = "from kit.monitor.__main__ import yield_cpu; yield_cpu(); print(open('/proc/self/autogroup').read())"
-        out = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                             cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+        out = subprocess.run(
+            [*prefix, sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+        )
         return out.stdout.strip()
 
     assert group("setsid", "--wait").endswith(" nice 10")

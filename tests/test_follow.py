@@ -17,14 +17,21 @@ import kit as kitlib
 from kit import slurm
 from kit.jobdir import records
 
+
 def env_without_slurm_conf() -> dict:
     """This process's environment (KIT_HOME set by the session's fixture) minus SLURM_CONF."""
     return {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
 
 
 def kit_plain(*args, cwd=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True, env=env_without_slurm_conf(), cwd=cwd,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "kit", *args],
+        capture_output=True,
+        text=True,
+        env=env_without_slurm_conf(),
+        cwd=cwd,
+        timeout=timeout,
+    )
 
 
 class W:  # what assert_nothing_left needs
@@ -36,8 +43,7 @@ def test_cancel_ends_a_running_job_and_records_who_and_why(cluster, tmp_path):
     job = submit(tmp_path, "--nodes", "2", command=["bash", "-c", "echo started; sleep 300"])
     wait_for(state_is(cluster, job["job_id"], "RUNNING"), 60, what="the job to run")
     wait_for(lambda: "started" in "".join(p.read_text() for p in Path(job["job_dir"], "logs").glob("rank-*")), 30)
-    proc = kit_plain("cancel", job["job_id"], "--reason", "wrong learning rate", "--output-dir",
-                     str(tmp_path / "jobs"))
+    proc = kit_plain("cancel", job["job_id"], "--reason", "wrong learning rate", "--output-dir", str(tmp_path / "jobs"))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"cancelled job {job['job_id']} (wrong learning rate); recorded in ")
     end = slurm.wait(cluster.target, job["job_id"], timeout=90)
@@ -77,7 +83,7 @@ def test_logs_errors_names_the_first_failing_rank_its_node_code_and_traceback(cl
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("run 0: rank 1 on node2 failed first, exit code 3, at "), proc.stdout
     body = "\n".join(lines[1:])
-    assert "  Traceback (most recent call last):" in body and 'in load' in body
+    assert "  Traceback (most recent call last):" in body and "in load" in body
     assert body.rstrip().endswith("RuntimeError: checkpoint /data/ckpt is corrupt")
     one = kit_plain("logs", job["job_dir"], "--rank", "1")
     assert one.stdout.startswith("Traceback (most recent call last):") or "Traceback" in one.stdout
@@ -87,8 +93,11 @@ def test_logs_errors_names_the_first_failing_rank_its_node_code_and_traceback(cl
     assert "rank 0 waiting" not in node2.stdout and "RuntimeError" in node2.stdout
     exporter = kit_plain("logs", job["job_dir"], "--sidecar", "exporter")
     assert exporter.returncode == 0, exporter.stderr
-    expected = "".join(f"{f.name.split('.')[0]}: {line}\n" for f in sorted(Path(job["job_dir"], "logs").glob(
-        "*.r0.exporter.log")) for line in f.read_text().splitlines())
+    expected = "".join(
+        f"{f.name.split('.')[0]}: {line}\n"
+        for f in sorted(Path(job["job_dir"], "logs").glob("*.r0.exporter.log"))
+        for line in f.read_text().splitlines()
+    )
     assert exporter.stdout == expected
 
 
@@ -105,9 +114,16 @@ def test_logs_errors_shows_a_torchrun_childs_error_and_rank_points_at_node(clust
     RuntimeError, not only torchrun's ChildFailedError; --rank 3 (a child, not a kit rank)
     says kit's ranks are its tasks and points at --node."""
     (tmp_path / "child.py").write_text(TORCHRUN_CHILD)
-    job = submit(tmp_path, "--nodes", "2", "--ntasks-per-node", "1", "--max-restarts", "0",
-                 command=[sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          str(tmp_path / "child.py")])
+    job = submit(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--ntasks-per-node",
+        "1",
+        "--max-restarts",
+        "0",
+        command=[sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(tmp_path / "child.py")],
+    )
     end = slurm.wait(cluster.target, job["job_id"], timeout=180)
     assert end.state == "FAILED"
     proc = kit_plain("logs", job["job_dir"], "--errors")
@@ -116,8 +132,9 @@ def test_logs_errors_shows_a_torchrun_childs_error_and_rank_points_at_node(clust
     child = proc.stdout.index("RuntimeError: boom from child rank 3")
     assert proc.stdout.rfind("Traceback (most recent call last):", 0, child) > 0  # its traceback, whole
     three = kit_plain("logs", job["job_dir"], "--rank", "3")
-    assert three.returncode == 2 and three.stderr.startswith("kit: --rank: run 0 has no rank 3: kit's ranks are its "
-                                                             "tasks, 0-1 here"), three.stderr
+    assert three.returncode == 2 and three.stderr.startswith(
+        "kit: --rank: run 0 has no rank 3: kit's ranks are its tasks, 0-1 here"
+    ), three.stderr
     assert "kit logs --node NAME" in three.stderr
 
 
@@ -136,32 +153,53 @@ def test_logs_errors_under_torchrun_shows_the_root_cause_before_its_victims(clus
     with "Connection closed by peer"; --errors names rank 3, its local rank and node first, and
     shows its traceback, not a victim's."""
     (tmp_path / "victims.py").write_text(TORCHRUN_VICTIMS)
-    job = submit(tmp_path, "--nodes", "2", "--ntasks-per-node", "1", "--max-restarts", "0", "--no-exporter",
-                 command=[sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          str(tmp_path / "victims.py")])
+    job = submit(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--ntasks-per-node",
+        "1",
+        "--max-restarts",
+        "0",
+        "--no-exporter",
+        command=[sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(tmp_path / "victims.py")],
+    )
     end = slurm.wait(cluster.target, job["job_id"], timeout=180)
     assert end.state == "FAILED"
     node2 = (Path(job["job_dir"]) / "progress" / "r0" / "task-1").read_text().split()[0]
     proc = kit_plain("logs", job["job_dir"], "--errors")
     assert proc.returncode == 0, proc.stderr
     first = proc.stdout.splitlines()[0]
-    assert first.startswith(f"run 0: rank 3 (local rank 1) on {node2}, exit code 1 (torchrun's root cause) failed "
-                            "first"), proc.stdout
+    assert first.startswith(
+        f"run 0: rank 3 (local rank 1) on {node2}, exit code 1 (torchrun's root cause) failed first"
+    ), proc.stdout
     assert "RuntimeError: the real cause on child rank 3" in proc.stdout and "Connection closed" not in proc.stdout
     api = kitlib.Job.from_dir(job["job_dir"]).logs(errors=True)
     assert api.startswith("run 0: rank 3 (local rank 1)") and "the real cause" in api
 
 
 def test_logs_follow_reads_across_a_requeue_until_the_job_ends(cluster, tmp_path):
-    script = 'echo "run $KIT_RESTART start"; if [ "$KIT_RESTART" = 0 ]; then sleep 300; fi; echo "run $KIT_RESTART done"'
+    script = (
+        'echo "run $KIT_RESTART start"; if [ "$KIT_RESTART" = 0 ]; then sleep 300; fi; echo "run $KIT_RESTART done"'
+    )
     job = submit(tmp_path, "--heartbeat", "0", command=["bash", "-c", script])
-    follower = subprocess.Popen([sys.executable, "-m", "kit", "logs", "-f", job["job_id"], "--output-dir",
-                                 str(tmp_path / "jobs")], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env_without_slurm_conf())
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "kit", "logs", "-f", job["job_id"], "--output-dir", str(tmp_path / "jobs")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env_without_slurm_conf(),
+    )
     try:
         job_dir = Path(job["job_dir"])
-        wait_for(lambda: (job_dir / "logs" / "rank-0.r0.log").exists()
-                 and "run 0 start" in (job_dir / "logs" / "rank-0.r0.log").read_text(), 60, what="run 0")
+        wait_for(
+            lambda: (
+                (job_dir / "logs" / "rank-0.r0.log").exists()
+                and "run 0 start" in (job_dir / "logs" / "rank-0.r0.log").read_text()
+            ),
+            60,
+            what="run 0",
+        )
         scontrol(cluster, "requeue", job["job_id"])
         release_requeued(cluster, job["job_id"], job_dir)
         out, err = follower.communicate(timeout=120)
@@ -183,21 +221,46 @@ def test_wait_on_a_terminal_shows_live_progress_and_ctrl_c_leaves_the_job_runnin
     import shlex
     import threading
 
-    cmd = [sys.executable, "-m", "kit", "launch", "--local", "--wait", "--heartbeat", "0", "--output-dir",
-           str(tmp_path / "jobs"), "--", sys.executable, "-m", "kit.train", "--max-steps", "100000",
-           "--step-delay", "0.05"]
-    proc = subprocess.Popen(["script", "-qfec", shlex.join(cmd), "/dev/null"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env_without_slurm_conf(),
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    cmd = [
+        sys.executable,
+        "-m",
+        "kit",
+        "launch",
+        "--local",
+        "--wait",
+        "--heartbeat",
+        "0",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        sys.executable,
+        "-m",
+        "kit.train",
+        "--max-steps",
+        "100000",
+        "--step-delay",
+        "0.05",
+    ]
+    proc = subprocess.Popen(
+        ["script", "-qfec", shlex.join(cmd), "/dev/null"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env_without_slurm_conf(),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     out = bytearray()
-    reader = threading.Thread(target=lambda: [out.extend(c) for c in iter(lambda: proc.stdout.read1(4096), b"")],
-                              daemon=True)
+    reader = threading.Thread(
+        target=lambda: [out.extend(c) for c in iter(lambda: proc.stdout.read1(4096), b"")], daemon=True
+    )
     reader.start()
     job_id = None
     try:
-        wait_for(lambda: re.search(rb"kit: job \d+: RUNNING, run 0, step \d+/100000, loss [0-9.e-]+, \d+ samples/s", out),
-                 120,
-                 what="a progress line with a step")
+        wait_for(
+            lambda: re.search(rb"kit: job \d+: RUNNING, run 0, step \d+/100000, loss [0-9.e-]+, \d+ samples/s", out),
+            120,
+            what="a progress line with a step",
+        )
         job_id = re.search(rb"Submitted job (\d+)", out).group(1).decode()
         assert b"\r\x1b[K" in out  # one line, rewritten in place
         proc.stdin.write(b"\x03")  # Ctrl-C on the terminal
@@ -205,8 +268,11 @@ def test_wait_on_a_terminal_shows_live_progress_and_ctrl_c_leaves_the_job_runnin
         try:
             code = proc.wait(30)
         except subprocess.TimeoutExpired:  # seen once in a full run: show where it stood
-            tree = subprocess.run(["ps", "-o", "pid,pgid,stat,wchan:20,args", "--ppid", str(proc.pid), "-g",
-                                   str(os.getpgid(proc.pid))], capture_output=True, text=True).stdout
+            tree = subprocess.run(
+                ["ps", "-o", "pid,pgid,stat,wchan:20,args", "--ppid", str(proc.pid), "-g", str(os.getpgid(proc.pid))],
+                capture_output=True,
+                text=True,
+            ).stdout
             code = f"still running after Ctrl-C:\n{tree}"
         assert code == 130, f"{code}\n{out.decode(errors='replace')}"
         reader.join(5)
@@ -245,11 +311,18 @@ def test_ps_lists_a_running_and_a_finished_job_with_their_states_and_steps(clust
         rows = {r["id"]: r for r in json.loads(proc.stdout)}
         r = rows[running["job_id"]]
         assert (r["state"], r["state_from"], r["active"], r["run"], r["max_steps"]) == (
-            "RUNNING", "slurm", True, 0, 100000), r
+            "RUNNING",
+            "slurm",
+            True,
+            0,
+            100000,
+        ), r
         assert before <= r["step"] <= after and r["samples_per_second"] > 0 and r["nodes"] == "node1"
         f = rows[done["job_id"]]
         assert (f["state"], f["step"], f["max_steps"], f["finished"], f["active"]) == ("COMPLETED", 30, 30, True, False)
-        assert f["job_dir"] == str(Path(done["job_dir"]).resolve()) and f["loss"] == _rank0(Path(done["job_dir"]))["loss"]
+        assert (
+            f["job_dir"] == str(Path(done["job_dir"]).resolve()) and f["loss"] == _rank0(Path(done["job_dir"]))["loss"]
+        )
         ids = [r["id"] for r in json.loads(proc.stdout)]
         assert ids.index(running["job_id"]) < ids.index(done["job_id"])  # newest first
         text = kit_plain("ps", cwd=tmp_path).stdout.splitlines()
@@ -285,12 +358,19 @@ def test_a_job_launched_after_eval_kit_cluster_env_is_followed_from_a_fresh_shel
     env_line = kit_plain("cluster", "env").stdout.strip()
     assert env_line == f"export SLURM_CONF={cluster.conf}", env_line
     evaluated = {**env_without_slurm_conf(), "SLURM_CONF": str(cluster.conf)}
-    proc = subprocess.run([sys.executable, "-m", "kit", "launch", "--json", "--output-dir", str(tmp_path / "jobs"),
-                           "--", "sleep", "300"], capture_output=True, text=True, env=evaluated, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kit", "launch", "--json", "--output-dir", str(tmp_path / "jobs"), "--", "sleep", "300"],
+        capture_output=True,
+        text=True,
+        env=evaluated,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     job = json.loads(proc.stdout)
-    assert json.loads((Path(job["job_dir"]) / "slurm.json").read_text()) == {"target": "local",
-                                                                          "conf": str(cluster.conf)}
+    assert json.loads((Path(job["job_dir"]) / "slurm.json").read_text()) == {
+        "target": "local",
+        "conf": str(cluster.conf),
+    }
     try:
         wait_for(lambda: slurm.job_status(cluster.target, job["job_id"]).state == "RUNNING", 60, what="running")
         ps = kit_plain("ps", "--json", "--output-dir", str(tmp_path / "jobs"), cwd=tmp_path)

@@ -28,38 +28,150 @@ from hypothesis import strategies as st
 from kit.cli import main
 
 EXAMPLES = int(os.environ.get("KIT_FUZZ_EXAMPLES", "120"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("KIT_FUZZ_RANDOM"),
-                database=None, suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=not os.environ.get("KIT_FUZZ_RANDOM"),
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 
-NASTY = ["", "-", "--", "0", "-1", "1", "2", "65536", "99999999999999999999", "1e400", "nan", "inf", "/", "..",
-         "../x", "a,b", "a:b", "x\n", "x\ty", "$(touch PWNED)", "`touch PWNED`", "'", '"', "\\", "%j", "é", " ",
-         "/dev/null", "/proc/x", "/etc/passwd", "docker://x", "K=V", "=", "x=" + "y" * 140_000, "\x00", "-N3",
-         "--nodes=3", "--output=/tmp/x", "1-2", "2-1", "0-65536", "29500-30499", "USR1", "SIGKILL", "ro", "rw+ro",
-         "/tmp:/", "/tmp:/data:ro", "10\n", "1:00:00", "3-00:00:00", "--", "-h", "--help"]
-TEXT = st.one_of(st.sampled_from(NASTY),
-                 st.text(st.characters(max_codepoint=0x2FF, blacklist_categories=("Cs",)), max_size=30))
-INT = st.one_of(st.integers(-(2 ** 70), 2 ** 70).map(str), st.sampled_from(["0", "1", "2", "-1", "x", ""]))
+NASTY = [
+    "",
+    "-",
+    "--",
+    "0",
+    "-1",
+    "1",
+    "2",
+    "65536",
+    "99999999999999999999",
+    "1e400",
+    "nan",
+    "inf",
+    "/",
+    "..",
+    "../x",
+    "a,b",
+    "a:b",
+    "x\n",
+    "x\ty",
+    "$(touch PWNED)",
+    "`touch PWNED`",
+    "'",
+    '"',
+    "\\",
+    "%j",
+    "é",
+    " ",
+    "/dev/null",
+    "/proc/x",
+    "/etc/passwd",
+    "docker://x",
+    "K=V",
+    "=",
+    "x=" + "y" * 140_000,
+    "\x00",
+    "-N3",
+    "--nodes=3",
+    "--output=/tmp/x",
+    "1-2",
+    "2-1",
+    "0-65536",
+    "29500-30499",
+    "USR1",
+    "SIGKILL",
+    "ro",
+    "rw+ro",
+    "/tmp:/",
+    "/tmp:/data:ro",
+    "10\n",
+    "1:00:00",
+    "3-00:00:00",
+    "--",
+    "-h",
+    "--help",
+]
+TEXT = st.one_of(
+    st.sampled_from(NASTY), st.text(st.characters(max_codepoint=0x2FF, blacklist_categories=("Cs",)), max_size=30)
+)
+INT = st.one_of(st.integers(-(2**70), 2**70).map(str), st.sampled_from(["0", "1", "2", "-1", "x", ""]))
 
 LAUNCH_VALUED = {
-    "--nodes": INT, "--gpus-per-node": INT, "--ntasks-per-node": INT, "--cpus-per-task": INT, "--mem": TEXT,
-    "--time": TEXT, "--partition": TEXT, "--account": TEXT, "--job-name": TEXT, "--env": TEXT,
-    "--sbatch-arg": TEXT, "--sidecar": TEXT, "--signal": TEXT, "--signal-lead": INT, "--max-restarts": INT,
-    "--heartbeat": INT, "--port-range": TEXT, "--master-interface": TEXT, "--hang-timeout": INT,
-    "--first-progress-timeout": INT, "--stop-grace": INT, "--step-wait": INT, "--image": TEXT, "--mount": TEXT,
-    "--container-workdir": TEXT, "--container-env": TEXT, "--container-name": TEXT, "--exporter-ports": TEXT,
-    "--prometheus-targets": TEXT, "--array": st.one_of(TEXT, st.sampled_from(["0-3", "%2", "1,3", "0-2%1"])),
-    "--sweep": st.one_of(TEXT, st.sampled_from(["lr=0.1,0.01", "x={y}", "a=1,2,3"])), "--mpi": TEXT,
+    "--nodes": INT,
+    "--gpus-per-node": INT,
+    "--ntasks-per-node": INT,
+    "--cpus-per-task": INT,
+    "--mem": TEXT,
+    "--time": TEXT,
+    "--partition": TEXT,
+    "--account": TEXT,
+    "--job-name": TEXT,
+    "--env": TEXT,
+    "--sbatch-arg": TEXT,
+    "--sidecar": TEXT,
+    "--signal": TEXT,
+    "--signal-lead": INT,
+    "--max-restarts": INT,
+    "--heartbeat": INT,
+    "--port-range": TEXT,
+    "--master-interface": TEXT,
+    "--hang-timeout": INT,
+    "--first-progress-timeout": INT,
+    "--stop-grace": INT,
+    "--step-wait": INT,
+    "--image": TEXT,
+    "--mount": TEXT,
+    "--container-workdir": TEXT,
+    "--container-env": TEXT,
+    "--container-name": TEXT,
+    "--exporter-ports": TEXT,
+    "--prometheus-targets": TEXT,
+    "--array": st.one_of(TEXT, st.sampled_from(["0-3", "%2", "1,3", "0-2%1"])),
+    "--sweep": st.one_of(TEXT, st.sampled_from(["lr=0.1,0.01", "x={y}", "a=1,2,3"])),
+    "--mpi": TEXT,
 }
-LAUNCH_FLAGS = ["--debug", "--no-debug", "--container-writable", "--container-mount-home", "--container-remap-root",
-                "--no-mount-check", "--no-exporter", "--json"]
-JOB_KEYS = ["nodes", "gpus_per_node", "ntasks_per_node", "time", "job_name", "env", "sbatch_args", "image",
-            "mounts", "command", "max_restarts", "port_range", "signal", "hang_timeout", "output_dir", "sidecars",
-            "unknown_key", "container_env", "exporter", "sweep", "array", "mpi"]
+LAUNCH_FLAGS = [
+    "--debug",
+    "--no-debug",
+    "--container-writable",
+    "--container-mount-home",
+    "--container-remap-root",
+    "--no-mount-check",
+    "--no-exporter",
+    "--json",
+]
+JOB_KEYS = [
+    "nodes",
+    "gpus_per_node",
+    "ntasks_per_node",
+    "time",
+    "job_name",
+    "env",
+    "sbatch_args",
+    "image",
+    "mounts",
+    "command",
+    "max_restarts",
+    "port_range",
+    "signal",
+    "hang_timeout",
+    "output_dir",
+    "sidecars",
+    "unknown_key",
+    "container_env",
+    "exporter",
+    "sweep",
+    "array",
+    "mpi",
+]
 TOML_VALUE = st.recursive(
-    st.one_of(TEXT, st.integers(-(2 ** 63), 2 ** 63 - 1), st.booleans(), st.floats(allow_nan=False)),
-    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(["a", "K", "x y"]), inner,
-                                                                         max_size=2)),
-    max_leaves=4)
+    st.one_of(TEXT, st.integers(-(2**63), 2**63 - 1), st.booleans(), st.floats(allow_nan=False)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(["a", "K", "x y"]), inner, max_size=2)
+    ),
+    max_leaves=4,
+)
 
 
 def toml_value(v) -> str:
@@ -76,8 +188,10 @@ def toml_value(v) -> str:
 
 JOB_FILE = st.one_of(
     st.dictionaries(st.sampled_from(JOB_KEYS), TOML_VALUE, max_size=5).map(
-        lambda d: "".join(f"{k} = {toml_value(v)}\n" for k, v in d.items())),
-    TEXT)
+        lambda d: "".join(f"{k} = {toml_value(v)}\n" for k, v in d.items())
+    ),
+    TEXT,
+)
 
 
 @st.composite
@@ -157,7 +271,7 @@ def test_fuzz_launch_submits_nothing_when_it_refuses(cluster, held, drawn):
     """Real submissions to the local cluster, held so they never run."""
     args, job_file = drawn
     if "--" in args:
-        args = args[:args.index("--")] + ["--sbatch-arg=--hold"] + args[args.index("--"):]
+        args = args[: args.index("--")] + ["--sbatch-arg=--hold"] + args[args.index("--") :]
     else:
         args = [*args, "--sbatch-arg=--hold"]
     files = {"job.toml": job_file} if job_file is not None else {}
@@ -174,16 +288,25 @@ def test_fuzz_launch_submits_nothing_when_it_refuses(cluster, held, drawn):
 
 
 RECIPE_KEYS = ["description", "base", "steps", "entrypoint", "cmd", "labels", "volumes", "unknown"]
-BASE = st.dictionaries(st.sampled_from(["rootfs", "tarball", "oci", "docker-archive", "squashfs", "image", "x"]),
-                       st.one_of(TEXT, st.just("tiny")), min_size=0, max_size=2)
+BASE = st.dictionaries(
+    st.sampled_from(["rootfs", "tarball", "oci", "docker-archive", "squashfs", "image", "x"]),
+    st.one_of(TEXT, st.just("tiny")),
+    min_size=0,
+    max_size=2,
+)
 STEP = st.dictionaries(st.sampled_from(["copy", "env", "workdir", "x"]), TOML_VALUE, min_size=0, max_size=2)
 
 
 @st.composite
 def recipes(draw) -> str:
     text = ""
-    for key in draw(st.lists(st.sampled_from(["description", "entrypoint", "cmd", "labels", "volumes", "unknown"]),
-                             max_size=3, unique=True)):
+    for key in draw(
+        st.lists(
+            st.sampled_from(["description", "entrypoint", "cmd", "labels", "volumes", "unknown"]),
+            max_size=3,
+            unique=True,
+        )
+    ):
         text += f"{key} = {toml_value(draw(TOML_VALUE))}\n"
     if draw(st.booleans()):
         base = draw(BASE)
@@ -216,8 +339,23 @@ def tiny(tmp_path_factory):
 
 
 @settings(FUZZ, max_examples=max(EXAMPLES // 2, 10))
-@given(recipes(), st.lists(st.sampled_from(["--compression=zstd", "--compression=x", "--no-cache", "--base=x",
-                                            "--base=rootfs=/nonexistent", "-o", "--"]), max_size=2))
+@given(
+    recipes(),
+    st.lists(
+        st.sampled_from(
+            [
+                "--compression=zstd",
+                "--compression=x",
+                "--no-cache",
+                "--base=x",
+                "--base=rootfs=/nonexistent",
+                "-o",
+                "--",
+            ]
+        ),
+        max_size=2,
+    ),
+)
 def test_fuzz_build(tiny, recipe, extra):
     recipe = recipe.replace('"tiny"', f'"{tiny}"')
     with sandbox({"r.toml": recipe, "payload": "x\n"}) as cwd:
@@ -226,15 +364,20 @@ def test_fuzz_build(tiny, recipe, extra):
 
 
 @FUZZ
-@given(st.sampled_from(["report", "inspect", "cluster", "cluster status", "cluster env", "cluster down", ""]),
-       st.lists(TEXT, max_size=3), st.binary(max_size=200))
+@given(
+    st.sampled_from(["report", "inspect", "cluster", "cluster status", "cluster env", "cluster down", ""]),
+    st.lists(TEXT, max_size=3),
+    st.binary(max_size=200),
+)
 def test_fuzz_other_commands(command, words, blob):
     with sandbox({"blob": blob.decode("latin-1")}) as cwd:
         env = {"KIT_HOME": str(cwd / "out" / "home")}
         old = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
-            code, _, err = run_kit([*command.split(), *words, *(["--output-dir", "out"] if command == "report" else [])])
+            code, _, err = run_kit(
+                [*command.split(), *words, *(["--output-dir", "out"] if command == "report" else [])]
+            )
         finally:
             for k, v in old.items():
                 if v is None:
@@ -245,11 +388,28 @@ def test_fuzz_other_commands(command, words, blob):
 
 
 @settings(FUZZ, max_examples=max(EXAMPLES // 6, 8))
-@given(st.lists(st.sampled_from(["--port", "--interval", "--bind", "--label", "--naming", "--advertise",
-                                 "--training-dir", "--log", "--hostname-label", "--no-gpu", "--no-node"]),
-                max_size=4),
-       # what a real command line can carry: no NUL, under the kernel's per-argument limit
-       st.lists(TEXT.filter(lambda v: "\x00" not in v and len(v) < 100_000), min_size=4, max_size=4))
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "--port",
+                "--interval",
+                "--bind",
+                "--label",
+                "--naming",
+                "--advertise",
+                "--training-dir",
+                "--log",
+                "--hostname-label",
+                "--no-gpu",
+                "--no-node",
+            ]
+        ),
+        max_size=4,
+    ),
+    # what a real command line can carry: no NUL, under the kernel's per-argument limit
+    st.lists(TEXT.filter(lambda v: "\x00" not in v and len(v) < 100_000), min_size=4, max_size=4),
+)
 def test_fuzz_exporter(options, values):
     argv, given = [], set()
     for opt, value in zip(options, values):
@@ -257,7 +417,12 @@ def test_fuzz_exporter(options, values):
         if opt == "--log" and value and not value.startswith("/"):
             given.add(Path(value).parts[0] if Path(value).parts else value)  # a file it was told to write
     with sandbox() as cwd:
-        proc = subprocess.run([sys.executable, "-m", "kit", "exporter", *argv, "--targets-dir", "/proc/kit-fuzz/x"],
-                              capture_output=True, text=True, timeout=60, cwd=cwd,
-                              env={**os.environ, "SLURM_JOB_ID": "1"})
+        proc = subprocess.run(
+            [sys.executable, "-m", "kit", "exporter", *argv, "--targets-dir", "/proc/kit-fuzz/x"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=cwd,
+            env={**os.environ, "SLURM_JOB_ID": "1"},
+        )
         check(proc.returncode, proc.stderr, cwd, given)

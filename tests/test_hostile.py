@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import check_end, kit, launch_wait, read_logs, require
 
 from kit import slurm
+
 OTHER_UID = 4242
 
 
@@ -73,8 +73,15 @@ def test_port_locks_planted_or_held_by_another_user_are_not_used(cluster, tmp_pa
     holder = as_other([sys.executable, "-c", HOLD, str(victim), *map(str, planted)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "ready\n"
-        w = launch_wait(tmp_path, "--nodes", "2", "--port-range", "29500-29509",
-                        command=["bash", "-c", 'echo "port=$MASTER_PORT"'], env={"TMPDIR": str(shared_tmp)})
+        w = launch_wait(
+            tmp_path,
+            "--nodes",
+            "2",
+            "--port-range",
+            "29500-29509",
+            command=["bash", "-c", 'echo "port=$MASTER_PORT"'],
+            env={"TMPDIR": str(shared_tmp)},
+        )
         check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
         logs = read_logs(w.job_dir)
         assert re.search(r"port=295\d\d", logs)
@@ -111,11 +118,19 @@ def test_processes_that_leave_the_group_do_not_survive_the_job(cluster, tmp_path
     """A sidecar and a command that start
     daemons of their own (setsid, so outside the process group kit stops; `env -i`,
     so without the task's token; double-forked, so orphaned) leave nothing."""
-    daemons = ("setsid sleep 428 </dev/null >/dev/null 2>&1 & "
-               "env -i setsid sleep 429 </dev/null >/dev/null 2>&1 & "
-               "(env -i setsid sleep 431 </dev/null >/dev/null 2>&1 &) ; sleep 2; echo started")
-    w = launch_wait(tmp_path, "--nodes", "2", "--sidecar", "setsid sleep 427 & env -i setsid sleep 430 &",
-                    command=["bash", "-c", daemons])
+    daemons = (
+        "setsid sleep 428 </dev/null >/dev/null 2>&1 & "
+        "env -i setsid sleep 429 </dev/null >/dev/null 2>&1 & "
+        "(env -i setsid sleep 431 </dev/null >/dev/null 2>&1 &) ; sleep 2; echo started"
+    )
+    w = launch_wait(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--sidecar",
+        "setsid sleep 427 & env -i setsid sleep 430 &",
+        command=["bash", "-c", daemons],
+    )
     names = [f"sleep {n}" for n in (427, 428, 429, 430, 431)]
     try:
         check_end(cluster, w, state="COMPLETED", code=0, finished=True, log="left running", ends=["finished"])
@@ -128,8 +143,12 @@ def test_processes_that_leave_the_group_do_not_survive_the_job(cluster, tmp_path
 
 
 def _exporter(args: list[str], stderr) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "kit.monitor", "--no-gpu", "--bind", "127.0.0.1", *args],
-                            stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ, "SLURM_JOB_ID": "77"})
+    return subprocess.Popen(
+        [sys.executable, "-m", "kit.monitor", "--no-gpu", "--bind", "127.0.0.1", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        env={**os.environ, "SLURM_JOB_ID": "77"},
+    )
 
 
 def test_exporter_on_a_full_disk_serves_and_removes_its_target(tmp_path, full_disk):
@@ -137,8 +156,9 @@ def test_exporter_on_a_full_disk_serves_and_removes_its_target(tmp_path, full_di
     it serves, and its stop removes the target file it wrote elsewhere."""
     targets = tmp_path / "targets"
     with open(full_disk / "exporter.log", "w") as err:
-        proc = _exporter(["--port", "19701-19710", "--targets-dir", str(targets), "--log",
-                          str(full_disk / "metrics.jsonl")], err)
+        proc = _exporter(
+            ["--port", "19701-19710", "--targets-dir", str(targets), "--log", str(full_disk / "metrics.jsonl")], err
+        )
     try:
         deadline = time.monotonic() + 30
         while not list(targets.glob("kit-77-*.json")) and proc.poll() is None and time.monotonic() < deadline:
@@ -163,9 +183,23 @@ def test_exporter_replaces_planted_symlinks_in_a_shared_targets_directory(tmp_pa
     victim.write_text("root's file\n")
     for port in (19721, 19722):
         (targets / f"kit-77-n1-{port}.json").symlink_to(victim)
-    proc = subprocess.Popen([sys.executable, "-m", "kit.monitor", "--no-gpu", "--bind", "127.0.0.1", "--port",
-                             "19721-19722", "--targets-dir", str(targets)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env={**os.environ, "SLURM_JOB_ID": "77", "SLURMD_NODENAME": "n1"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kit.monitor",
+            "--no-gpu",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            "19721-19722",
+            "--targets-dir",
+            str(targets),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "SLURM_JOB_ID": "77", "SLURMD_NODENAME": "n1"},
+    )
     try:
         deadline = time.monotonic() + 30
         while not [p for p in targets.iterdir() if not p.is_symlink()] and time.monotonic() < deadline:
@@ -197,8 +231,9 @@ def tiny_image(tmp_path) -> Path:
     for tool in ("bash", "tee"):
         shutil.copy2(shutil.which(tool), root / tool)
     image = tmp_path / "tiny.sqsh"
-    subprocess.run(["mksquashfs", str(root.parent), str(image), "-quiet", "-noappend"], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["mksquashfs", str(root.parent), str(image), "-quiet", "-noappend"], check=True, stdout=subprocess.DEVNULL
+    )
     return image
 
 
@@ -242,8 +277,18 @@ def test_bad_images_and_mounts_are_one_line(tmp_path, tiny_image):
 
 
 def test_a_targets_directory_that_cannot_be_made_is_one_line(cluster, tmp_path, tiny_image):
-    proc = kit("launch", "--local", "--output-dir", str(tmp_path / "jobs"), "--image", str(tiny_image),
-               "--prometheus-targets", "/etc/passwd/x", "--", "echo")
+    proc = kit(
+        "launch",
+        "--local",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--image",
+        str(tiny_image),
+        "--prometheus-targets",
+        "/etc/passwd/x",
+        "--",
+        "echo",
+    )
     _one_clear_line(proc, 2, "kit: --prometheus-targets: cannot create /etc/passwd/x: Not a directory")
     assert list((tmp_path / "jobs").iterdir()) == []  # the job directory went with it; nothing submitted
 
@@ -263,13 +308,27 @@ def test_a_disk_that_fills_after_sbatch_still_names_the_submitted_job(cluster, t
             "#!/bin/bash\n"
             f'out="$({shutil.which("sbatch")} "$@")" || exit $?\n'
             # the disk fills just after Slurm took the job
-            f'dd if=/dev/zero of={small}/filler bs=4k 2>/dev/null\n'
-            'printf "%s\\n" "$out"\n')
+            f"dd if=/dev/zero of={small}/filler bs=4k 2>/dev/null\n"
+            'printf "%s\\n" "$out"\n'
+        )
         (bindir / "sbatch").chmod(0o755)
-        proc = kit("launch", "--local", "--output-dir", str(small), "--", "sleep", "600", cwd=tmp_path,
-                   env={"PATH": f"{bindir}:{os.environ['PATH']}"})
-        m = re.search(r"^kit: job (\d+) was submitted and runs, but its record in \S+ could not be written: "
-                      r"No space left on device$", proc.stderr, re.M)
+        proc = kit(
+            "launch",
+            "--local",
+            "--output-dir",
+            str(small),
+            "--",
+            "sleep",
+            "600",
+            cwd=tmp_path,
+            env={"PATH": f"{bindir}:{os.environ['PATH']}"},
+        )
+        m = re.search(
+            r"^kit: job (\d+) was submitted and runs, but its record in \S+ could not be written: "
+            r"No space left on device$",
+            proc.stderr,
+            re.M,
+        )
         assert proc.returncode == 1 and m, proc.stderr
         assert "Traceback" not in proc.stderr
         job_id = m.group(1)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import shutil
+import signal
 import socket
 import subprocess
 import urllib.parse
@@ -22,9 +22,8 @@ from helpers import ALL_REDUCE, kit, listening, read_logs, require
 from kit.cluster import LocalCluster, network
 from kit.errors import KitError
 
-
-
 pytestmark = pytest.mark.cluster  # every test here starts a cluster of its own (or fails to)
+
 
 @pytest.fixture(scope="module")
 def isolated(tmp_path_factory):
@@ -38,8 +37,19 @@ def isolated(tmp_path_factory):
 
 
 def launch(c: LocalCluster, tmp_path: Path, *args: str, command: list[str]) -> tuple[subprocess.CompletedProcess, Path]:
-    proc = kit("launch", "--local", "--wait", "--output-dir", str(tmp_path / "jobs"), *args, "--", *command,
-               env={"KIT_HOME": str(c.home)}, cwd=tmp_path, timeout=300)
+    proc = kit(
+        "launch",
+        "--local",
+        "--wait",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        *args,
+        "--",
+        *command,
+        env={"KIT_HOME": str(c.home)},
+        cwd=tmp_path,
+        timeout=300,
+    )
     job_dir = Path(re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1))
     return proc, job_dir
 
@@ -57,8 +67,9 @@ def test_each_node_has_its_own_address(isolated):
     conf = isolated.conf.read_text()
     assert f"({net.host})" in conf and all(f"NodeAddr={a} " in conf for a in addresses)
     for node, ns in net.namespaces.items():
-        seen = subprocess.run(["ip", "-n", ns, "-o", "-4", "addr", "show", "dev", "eth0"], capture_output=True,
-                              text=True).stdout
+        seen = subprocess.run(
+            ["ip", "-n", ns, "-o", "-4", "addr", "show", "dev", "eth0"], capture_output=True, text=True
+        ).stdout
         assert f" {net.addresses[node]}/24 " in seen
 
 
@@ -78,8 +89,10 @@ def test_the_host_daemons_listen_on_the_bridge_address_alone(isolated):
 
 def test_a_two_node_trainer_job_rendezvouses_across_the_bridge_and_is_scraped_there(isolated, tmp_path):
     net = network.from_dict(isolated.state().network)
-    probe = ('echo "master=$MASTER_ADDR me=$(hostname -I | tr -d " ") gloo=$GLOO_SOCKET_IFNAME"; '
-             'exec python3 -m kit.train --max-steps 60 --step-delay 0.1 --log-every 20')
+    probe = (
+        'echo "master=$MASTER_ADDR me=$(hostname -I | tr -d " ") gloo=$GLOO_SOCKET_IFNAME"; '
+        "exec python3 -m kit.train --max-steps 60 --step-delay 0.1 --log-every 20"
+    )
     proc, job_dir = launch(isolated, tmp_path, "--nodes", "2", command=["bash", "-c", probe])
     assert proc.returncode == 0, proc.stderr + read_logs(job_dir)
     logs = read_logs(job_dir)
@@ -100,18 +113,48 @@ def test_master_interface_and_torchrun_across_the_bridge(isolated, tmp_path):
     torchrun = shutil.which("torchrun")
     assert torchrun, "torchrun is not on PATH (it comes with torch)"
     (tmp_path / "ddp.py").write_text(ALL_REDUCE)
-    proc, job_dir = launch(isolated, tmp_path, "--nodes", "2", "--ntasks-per-node", "1", "--no-exporter",
-                           "--master-interface", "eth0",
-                           command=["bash", "-c", 'echo "master=$MASTER_ADDR"; exec "$@"', "run", torchrun,
-                                    "--nproc-per-node", "2", str(tmp_path / "ddp.py")])
+    proc, job_dir = launch(
+        isolated,
+        tmp_path,
+        "--nodes",
+        "2",
+        "--ntasks-per-node",
+        "1",
+        "--no-exporter",
+        "--master-interface",
+        "eth0",
+        command=[
+            "bash",
+            "-c",
+            'echo "master=$MASTER_ADDR"; exec "$@"',
+            "run",
+            torchrun,
+            "--nproc-per-node",
+            "2",
+            str(tmp_path / "ddp.py"),
+        ],
+    )
     assert proc.returncode == 0, proc.stderr + read_logs(job_dir)
     logs = read_logs(job_dir)
     node1 = network.from_dict(isolated.state().network).addresses["node1"]
     assert set(re.findall(r"master=(\S+)", logs)) == {node1}
     lines = re.findall(r"rank=(\d) world=(\d+) sum=([0-9.]+)", logs)
     assert sorted(r for r, _, _ in lines) == ["0", "1", "2", "3"] and {(w, s) for _, w, s in lines} == {("4", "6.0")}
-    bad = kit("launch", "--local", "--wait", "--no-exporter", "--master-interface", "eth9", "--output-dir",
-              str(tmp_path / "jobs"), "--", "true", env={"KIT_HOME": str(isolated.home)}, cwd=tmp_path, timeout=120)
+    bad = kit(
+        "launch",
+        "--local",
+        "--wait",
+        "--no-exporter",
+        "--master-interface",
+        "eth9",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        "true",
+        env={"KIT_HOME": str(isolated.home)},
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert bad.returncode != 0
 
 
@@ -131,20 +174,32 @@ def loopback_hostname():
         hosts.write_text(before)
 
 
-PROBE = ('echo "gloo=${GLOO_SOCKET_IFNAME-} ip=$(command -v ip || echo none)"; '
-         'exec python3 -m kit.train --max-steps 20 --log-every 10')
+PROBE = (
+    'echo "gloo=${GLOO_SOCKET_IFNAME-} ip=$(command -v ip || echo none)"; '
+    "exec python3 -m kit.train --max-steps 20 --log-every 10"
+)
 
 
-def test_a_ddp_job_in_kits_image_forms_one_world_where_the_host_name_is_loopback(isolated, cpu_image, tmp_path,
-                                                                                 loopback_hostname):
+def test_a_ddp_job_in_kits_image_forms_one_world_where_the_host_name_is_loopback(
+    isolated, cpu_image, tmp_path, loopback_hostname
+):
     """kit's own image has no `ip`; the launcher still finds
     the interface that reaches the master (/proc/net/route), so the two nodes form one world
     on their addresses, with a bridge, a second address and an interface after eth0 on
     each node (a node with eth0 alone: every other job of this module)."""
+
     def run(label: str) -> None:
         (tmp_path / label).mkdir()
-        proc, job_dir = launch(isolated, tmp_path / label, "--nodes", "2", "--no-exporter", "--image", str(cpu_image),
-                               command=["bash", "-c", PROBE])
+        proc, job_dir = launch(
+            isolated,
+            tmp_path / label,
+            "--nodes",
+            "2",
+            "--no-exporter",
+            "--image",
+            str(cpu_image),
+            command=["bash", "-c", PROBE],
+        )
         logs = read_logs(job_dir)
         assert proc.returncode == 0, proc.stderr + logs
         assert len(re.findall(r"^\d: gloo=eth0 ip=none$", logs, re.M)) == 2, logs
@@ -152,10 +207,16 @@ def test_a_ddp_job_in_kits_image_forms_one_world_where_the_host_name_is_loopback
 
     net = network.from_dict(isolated.state().network)
     for i, ns in enumerate(sorted(net.namespaces.values()), 1):
-        script = ["ip link add docker0 index 7000 type bridge", "ip addr add 172.17.0.1/16 dev docker0",
-                  "ip link set docker0 up", "ip link add ib0 index 7001 type veth peer name ib0p index 7002",
-                  f"ip addr add 192.168.77.{i}/24 dev ib0", "ip link set ib0 up", "ip link set ib0p up",
-                  f"ip addr add 10.77.{i}.1/24 dev eth0"]
+        script = [
+            "ip link add docker0 index 7000 type bridge",
+            "ip addr add 172.17.0.1/16 dev docker0",
+            "ip link set docker0 up",
+            "ip link add ib0 index 7001 type veth peer name ib0p index 7002",
+            f"ip addr add 192.168.77.{i}/24 dev ib0",
+            "ip link set ib0 up",
+            "ip link set ib0p up",
+            f"ip addr add 10.77.{i}.1/24 dev eth0",
+        ]
         subprocess.run(["ip", "netns", "exec", ns, "bash", "-ec", "\n".join(script)], check=True)
     run("busy")
 
@@ -168,8 +229,10 @@ def test_down_leaves_no_namespace_link_or_process(isolated):
     assert isolated.leftover_daemons() == {}
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert net.bridge not in links
-    assert not any(ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-                   for ns in net.namespaces.values())
+    assert not any(
+        ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        for ns in net.namespaces.values()
+    )
 
 
 def test_up_after_a_crash_that_lost_the_cluster_directory(tmp_path):

@@ -28,7 +28,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import read_logs
 
 from kit.cli import main
@@ -68,17 +67,51 @@ def run_kit(argv: list[str], limit: int = 20) -> tuple[int, str, str]:
 def seed(cluster, tmp_path_factory) -> Path:
     """A finished real job: 2 nodes, rank 1 fails after training (exit 3), no retries."""
     base = tmp_path_factory.mktemp("jobdir-fuzz")
-    cmd = ('python3 -m kit.train --max-steps 12 --step-delay 0.1 --log-every 2; rc=$?; '
-           'if [ "$RANK" = 1 ]; then echo "Traceback (most recent call last):"; echo "ValueError: rank one"; '
-           'exit 3; fi; exit $rc')
-    proc = subprocess.run([sys.executable, "-m", "kit", "launch", "--local", "--nodes", "2", "--wait",
-                           "--max-restarts", "0", "--heartbeat", "0", "--output-dir", str(base / "jobs"),
-                           "--", "bash", "-c", cmd], capture_output=True, text=True, cwd=base, timeout=300)
+    cmd = (
+        "python3 -m kit.train --max-steps 12 --step-delay 0.1 --log-every 2; rc=$?; "
+        'if [ "$RANK" = 1 ]; then echo "Traceback (most recent call last):"; echo "ValueError: rank one"; '
+        "exit 3; fi; exit $rc"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kit",
+            "launch",
+            "--local",
+            "--nodes",
+            "2",
+            "--wait",
+            "--max-restarts",
+            "0",
+            "--heartbeat",
+            "0",
+            "--output-dir",
+            str(base / "jobs"),
+            "--",
+            "bash",
+            "-c",
+            cmd,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=base,
+        timeout=300,
+    )
     job_dir = Path(re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1))
     assert proc.returncode == 3, proc.stderr + read_logs(job_dir)
     names = {p.relative_to(job_dir).as_posix() for p in job_dir.rglob("*") if p.is_file()}
-    for need in ("job_id", "slurm.json", "job.json", "runs.jsonl", "logs/rank-0.r0.log", "logs/exit.r0.rank-1",
-                 "progress/r0/task-1", "logs/node1.r0.metrics.jsonl", "logs/node1.r0.exporter.log"):
+    for need in (
+        "job_id",
+        "slurm.json",
+        "job.json",
+        "runs.jsonl",
+        "logs/rank-0.r0.log",
+        "logs/exit.r0.rank-1",
+        "progress/r0/task-1",
+        "logs/node1.r0.metrics.jsonl",
+        "logs/node1.r0.exporter.log",
+    ):
         assert need in names, sorted(names)
     return job_dir
 
@@ -110,8 +143,21 @@ FILES = {
     "SLURM_OUT": ("log", {"follow"}),
 }
 
-MUTATIONS = ["missing", "empty", "truncated", "fifo", "symlink-zero", "symlink-out", "symlink-loop", "directory",
-             "nested", "huge-numbers", "sparse-huge", "nul", "escapes"]
+MUTATIONS = [
+    "missing",
+    "empty",
+    "truncated",
+    "fifo",
+    "symlink-zero",
+    "symlink-out",
+    "symlink-loop",
+    "directory",
+    "nested",
+    "huge-numbers",
+    "sparse-huge",
+    "nul",
+    "escapes",
+]
 
 
 def mutate(path: Path, kind: str, how: str, victim: Path, huge: int = 8 << 30) -> None:
@@ -153,16 +199,28 @@ def _content(kind: str, how: str, original: bytes) -> bytes:
     if how == "huge-numbers":
         big = b"9" * 5000
         if kind in ("json", "lines"):
-            rec = (b'{"run": %s, "end": "failed", "exit_code": 1e999, "checkpoint_step": -1e999, "time": %s, '
-                   b'"job_name": 1e308, "target": "local", "conf": 7, "step": 1e400, "loss": %s, '
-                   b'"samples": [["training_step", {}, 1e999]], "node": "n"}') % (big, big, big)
+            rec = (
+                b'{"run": %s, "end": "failed", "exit_code": 1e999, "checkpoint_step": -1e999, "time": %s, '
+                b'"job_name": 1e308, "target": "local", "conf": 7, "step": 1e400, "loss": %s, '
+                b'"samples": [["training_step", {}, 1e999]], "node": "n"}'
+            ) % (big, big, big)
             return rec + b"\n" + rec + b"\n" if kind == "lines" else rec
         return b"%s %s %s self\n" % (big, big, big) if kind == "text" else big + b"\n"
     if how == "escapes":
         e = ESCAPES.encode()
         if kind in ("json", "lines"):
-            rec = json.dumps({"job_name": ESCAPES, "run": 0, "end": ESCAPES, "target": ESCAPES, "conf": ESCAPES,
-                              "time": 1.0, "node": ESCAPES, "samples": []}).encode()
+            rec = json.dumps(
+                {
+                    "job_name": ESCAPES,
+                    "run": 0,
+                    "end": ESCAPES,
+                    "target": ESCAPES,
+                    "conf": ESCAPES,
+                    "time": 1.0,
+                    "node": ESCAPES,
+                    "samples": [],
+                }
+            ).encode()
             return rec + b"\n"
         return e + b" " + e + b"\n"
     raise AssertionError(how)
@@ -200,8 +258,11 @@ def test_damaged_job_directory_files(seed, tmp_path, name):
                 failures.append(f"{rel} {how}: kit {' '.join(argv)}: {problem}")
         subprocess.run(["rm", "-rf", "--one-file-system", str(tmp_path / how)], check=False)
     after = victim.stat()
-    assert victim.read_text() == VICTIM_TEXT and (after.st_mode, after.st_uid, after.st_mtime_ns) == \
-        (before.st_mode, before.st_uid, before.st_mtime_ns), "the victim file outside the job directory changed"
+    assert victim.read_text() == VICTIM_TEXT and (after.st_mode, after.st_uid, after.st_mtime_ns) == (
+        before.st_mode,
+        before.st_uid,
+        before.st_mtime_ns,
+    ), "the victim file outside the job directory changed"
     assert not failures, "\n".join(failures)
 
 

@@ -15,9 +15,16 @@ KIT = REPO / "kit"
 TEMPLATES = sorted((REPO / "launch").glob("*.sh"))
 
 # Where the templates' directory variables point, relative to the job directory.
-ROOTS = {"KIT_JOB_DIR": "", "KIT_SCRIPTS_DIR": "", "KIT_LOG_DIR": "logs/", "KIT_PROGRESS_DIR": "progress/r*/", "KIT_HANG_DIR": "hang/r*/",
-         "KIT_METRICS_DIR": "metrics/*/", "KIT_NODE_LOG_PREFIX": "logs/*.r*"}
-PATH = re.compile(r'\$\{(' + "|".join(ROOTS) + r')\}([/.][A-Za-z0-9_.${}:/*-]*)(")?(\*)?')
+ROOTS = {
+    "KIT_JOB_DIR": "",
+    "KIT_SCRIPTS_DIR": "",
+    "KIT_LOG_DIR": "logs/",
+    "KIT_PROGRESS_DIR": "progress/r*/",
+    "KIT_HANG_DIR": "hang/r*/",
+    "KIT_METRICS_DIR": "metrics/*/",
+    "KIT_NODE_LOG_PREFIX": "logs/*.r*",
+}
+PATH = re.compile(r"\$\{(" + "|".join(ROOTS) + r')\}([/.][A-Za-z0-9_.${}:/*-]*)(")?(\*)?')
 
 
 def normal(pattern: str) -> str:
@@ -55,9 +62,27 @@ def test_the_scan_catches_a_name_jobdir_does_not_give(tmp_path):
 
 # File names only JobDir may spell (short common words like "logs", or "checkpoint_step", are
 # JSON keys elsewhere too).
-DISTINCT = {JobDir.PRELAUNCH, JobDir.LAUNCHER, JobDir.SPEC, JobDir.SBATCH, JobDir.PARAMS, JobDir.SLURM,
-            JobDir.CANCELLED, JobDir.OUTCOME, JobDir.FINISHED, JobDir.RUNS, JobDir.REPORT, JobDir.STEP_START,
-            "metrics.jsonl", "slurm-%", "rank-", "exit.r", "task-", "warned-", "joined-"}
+DISTINCT = {
+    JobDir.PRELAUNCH,
+    JobDir.LAUNCHER,
+    JobDir.SPEC,
+    JobDir.SBATCH,
+    JobDir.PARAMS,
+    JobDir.SLURM,
+    JobDir.CANCELLED,
+    JobDir.OUTCOME,
+    JobDir.FINISHED,
+    JobDir.RUNS,
+    JobDir.REPORT,
+    JobDir.STEP_START,
+    "metrics.jsonl",
+    "slurm-%",
+    "rank-",
+    "exit.r",
+    "task-",
+    "warned-",
+    "joined-",
+}
 
 
 def test_no_module_outside_kit_jobdir_spells_a_job_directory_file():
@@ -68,9 +93,14 @@ def test_no_module_outside_kit_jobdir_spells_a_job_directory_file():
         if path.is_relative_to(KIT / "jobdir"):
             continue
         tree = ast.parse(path.read_text())
-        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                      if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
-                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        docstrings = {
+            id(n.body[0].value)
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+            and n.body
+            and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)
+        }
         for node in ast.walk(tree):
             if id(node) in docstrings or not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
                 continue
@@ -84,6 +114,8 @@ def test_no_module_outside_kit_jobdir_spells_a_job_directory_file():
 
 def test_one_parser_per_record(tmp_path):
     """runs.jsonl: torn and damaged lines skipped by the one reader everything uses."""
-    (tmp_path / JobDir.RUNS).write_text('{"run": 0, "end": "requeued"}\n{"run": 1,\n[1]\n{"run": 1, "end": "finished"}\n')
+    (tmp_path / JobDir.RUNS).write_text(
+        '{"run": 0, "end": "requeued"}\n{"run": 1,\n[1]\n{"run": 1, "end": "finished"}\n'
+    )
     assert [r.end for r in records.run_records(tmp_path)] == ["requeued", "finished"]
     assert records.last_run(tmp_path).run == 1 and records.run_records(tmp_path / "none") == []

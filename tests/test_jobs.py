@@ -13,6 +13,7 @@ from pathlib import Path
 from helpers import REPO, job_processes, kit, read_logs, submit, wait_for, wait_no_processes
 
 from kit import slurm
+
 TRAIN = [sys.executable, "-m", "kit.train"]
 
 
@@ -22,9 +23,28 @@ def rank_log(job_dir, rank: int, restart: int = 0) -> str:
 
 
 def test_two_node_reference_training_completes(cluster, tmp_path):
-    proc = kit("launch", "--local", "--nodes", "2", "--wait", "--output-dir", str(tmp_path / "jobs"),
-               "--", *TRAIN, "--max-steps", "40", "--log-every", "10", "--precision", "bf16-mixed",
-               "--gradient-clip-val", "1.0", "--accumulate-grad-batches", "2", cwd=tmp_path)
+    proc = kit(
+        "launch",
+        "--local",
+        "--nodes",
+        "2",
+        "--wait",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        *TRAIN,
+        "--max-steps",
+        "40",
+        "--log-every",
+        "10",
+        "--precision",
+        "bf16-mixed",
+        "--gradient-clip-val",
+        "1.0",
+        "--accumulate-grad-batches",
+        "2",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     job_id = re.search(r"^Submitted job (\d+)$", proc.stdout, re.M).group(1)
     job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
@@ -50,9 +70,21 @@ def test_two_node_reference_training_completes(cluster, tmp_path):
 
 def test_user_lightning_script_in_job_named_bash(cluster, tmp_path):
     """Lightning skips Slurm detection for jobs named bash; ranks must still be real."""
-    proc = kit("launch", "--local", "--nodes", "2", "--job-name", "bash", "--wait",
-               "--output-dir", str(tmp_path / "jobs"), "--", sys.executable,
-               str(REPO / "tests" / "user_lightning_script.py"), cwd=tmp_path)
+    proc = kit(
+        "launch",
+        "--local",
+        "--nodes",
+        "2",
+        "--job-name",
+        "bash",
+        "--wait",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        sys.executable,
+        str(REPO / "tests" / "user_lightning_script.py"),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
     found = sorted(re.findall(r"user-script global_rank=(\d) world_size=(\d)", read_logs(job_dir)))
@@ -60,9 +92,26 @@ def test_user_lightning_script_in_job_named_bash(cluster, tmp_path):
 
 
 def test_failing_command_fails_the_job_and_leaves_nothing(cluster, tmp_path):
-    proc = kit("launch", "--local", "--nodes", "2", "--heartbeat", "1", "--wait",
-               "--sidecar", "echo sidecar-started; exec sleep 300", "--sidecar", "watch: echo named; exec sleep 300",
-               "--output-dir", str(tmp_path / "jobs"), "--", "bash", "-c", "sleep 3; exit 3", cwd=tmp_path)
+    proc = kit(
+        "launch",
+        "--local",
+        "--nodes",
+        "2",
+        "--heartbeat",
+        "1",
+        "--wait",
+        "--sidecar",
+        "echo sidecar-started; exec sleep 300",
+        "--sidecar",
+        "watch: echo named; exec sleep 300",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        "bash",
+        "-c",
+        "sleep 3; exit 3",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 3, proc.stderr
     job_id = re.search(r"^Submitted job (\d+)$", proc.stdout, re.M).group(1)
     job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
@@ -83,8 +132,16 @@ def test_failing_command_fails_the_job_and_leaves_nothing(cluster, tmp_path):
 
 
 def test_scancel_mid_run_stops_everything_within_5s(cluster, tmp_path):
-    job = submit(tmp_path, "--nodes", "2", "--heartbeat", "1", "--sidecar", "exec sleep 300",
-                 command=[*TRAIN, "--max-steps", "100000", "--step-delay", "0.05", "--log-every", "5"])
+    job = submit(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--heartbeat",
+        "1",
+        "--sidecar",
+        "exec sleep 300",
+        command=[*TRAIN, "--max-steps", "100000", "--step-delay", "0.05", "--log-every", "5"],
+    )
     job_dir = job["job_dir"]
     wait_for(lambda: "step=5 " in rank_log(job_dir, 0), 60, what="training to run")
     before = job_processes(job_dir)
@@ -119,8 +176,16 @@ def test_two_jobs_on_one_node_get_different_ports(cluster, tmp_path):
 
 
 def test_killing_one_rank_ends_the_whole_job(cluster, tmp_path):
-    job = submit(tmp_path, "--nodes", "2", "--step-wait", "10", "--sidecar", "exec sleep 300",
-                 command=[*TRAIN, "--max-steps", "100000", "--step-delay", "0.05", "--log-every", "5"])
+    job = submit(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--step-wait",
+        "10",
+        "--sidecar",
+        "exec sleep 300",
+        command=[*TRAIN, "--max-steps", "100000", "--step-delay", "0.05", "--log-every", "5"],
+    )
     job_dir = job["job_dir"]
     wait_for(lambda: "step=5 " in rank_log(job_dir, 0), 60, what="training to run")
 
@@ -147,13 +212,28 @@ def test_killing_one_rank_ends_the_whole_job(cluster, tmp_path):
 
 def test_prelaunch_runs_inside_salloc(cluster, tmp_path):
     """Interactive use: the same job directory run by hand inside an allocation."""
-    proc = kit("launch", "--dry-run", "--nodes", "2", "--output-dir", str(tmp_path / "jobs"), "--",
-               sys.executable, "-c", "import os; print('salloc-rank', os.environ['RANK'], os.environ['WORLD_SIZE'],"
-               " os.environ['MASTER_PORT'])", cwd=tmp_path)
+    proc = kit(
+        "launch",
+        "--dry-run",
+        "--nodes",
+        "2",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        sys.executable,
+        "-c",
+        "import os; print('salloc-rank', os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_PORT'])",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
-    run = subprocess.run(["salloc", "--nodes=2", "--ntasks-per-node=1", "bash", f"{job_dir}/prelaunch.sh"],
-                         env={**os.environ, **cluster.target.env}, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        ["salloc", "--nodes=2", "--ntasks-per-node=1", "bash", f"{job_dir}/prelaunch.sh"],
+        env={**os.environ, **cluster.target.env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     found = sorted(re.findall(r"salloc-rank (\d) (\d) (\d+)", run.stdout))
     assert [(r, w) for r, w, _ in found] == [("0", "2"), ("1", "2")], run.stdout + run.stderr
@@ -161,32 +241,89 @@ def test_prelaunch_runs_inside_salloc(cluster, tmp_path):
 
 
 def test_debug_toggles_reach_every_rank(cluster, tmp_path):
-    show = "import os; print('debug-env', *(os.environ.get(k) for k in " \
-           "('DEBUG', 'NCCL_DEBUG', 'TORCH_DISTRIBUTED_DEBUG', 'CUDA_LAUNCH_BLOCKING', 'PYTHONFAULTHANDLER')))"
-    proc = kit("launch", "--local", "--nodes", "2", "--debug", "--wait", "--output-dir", str(tmp_path / "jobs"),
-               "--", sys.executable, "-c", show, cwd=tmp_path)
+    show = (
+        "import os; print('debug-env', *(os.environ.get(k) for k in "
+        "('DEBUG', 'NCCL_DEBUG', 'TORCH_DISTRIBUTED_DEBUG', 'CUDA_LAUNCH_BLOCKING', 'PYTHONFAULTHANDLER')))"
+    )
+    proc = kit(
+        "launch",
+        "--local",
+        "--nodes",
+        "2",
+        "--debug",
+        "--wait",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        sys.executable,
+        "-c",
+        show,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
     logs = read_logs(job_dir)
     # TORCH_DISTRIBUTED_DEBUG=INFO, not DETAIL: with DETAIL every DDP job segfaults in _ddp_init_helper
     # on torch 2.13 + gloo.
     assert sorted(re.findall(r"^(\d): debug-env (.*)$", logs, re.M)) == [
-        ("0", "1 INFO INFO 1 1"), ("1", "1 INFO INFO 1 1")]
+        ("0", "1 INFO INFO 1 1"),
+        ("1", "1 INFO INFO 1 1"),
+    ]
     assert "+ srun " in logs  # set -x in prelaunch
     # Each toggle can be chosen by itself: --env beats --debug.
-    chosen = kit("launch", "--local", "--debug", "--wait", "--env", "TORCH_DISTRIBUTED_DEBUG=OFF", "--env",
-                 "NCCL_DEBUG=WARN", "--output-dir", str(tmp_path / "jobs"), "--", sys.executable, "-c", show,
-                 cwd=tmp_path)
+    chosen = kit(
+        "launch",
+        "--local",
+        "--debug",
+        "--wait",
+        "--env",
+        "TORCH_DISTRIBUTED_DEBUG=OFF",
+        "--env",
+        "NCCL_DEBUG=WARN",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        sys.executable,
+        "-c",
+        show,
+        cwd=tmp_path,
+    )
     job_dir = re.search(r"^job dir: (.+)$", chosen.stdout, re.M).group(1)
     assert re.search(r"^0: debug-env 1 WARN OFF 1 1$", read_logs(job_dir), re.M), read_logs(job_dir)
     # A 2-node DDP job finishes under --debug.
-    ddp = kit("launch", "--local", "--nodes", "2", "--debug", "--wait", "--output-dir", str(tmp_path / "jobs"), "--",
-              sys.executable, "-m", "kit.train", "--max-steps", "10", cwd=tmp_path, timeout=300)
+    ddp = kit(
+        "launch",
+        "--local",
+        "--nodes",
+        "2",
+        "--debug",
+        "--wait",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        sys.executable,
+        "-m",
+        "kit.train",
+        "--max-steps",
+        "10",
+        cwd=tmp_path,
+        timeout=300,
+    )
     job_dir = re.search(r"^job dir: (.+)$", ddp.stdout, re.M).group(1)
     assert ddp.returncode == 0, ddp.stderr + read_logs(job_dir)
     assert "done at step=10" in read_logs(job_dir)
-    plain = kit("launch", "--local", "--wait", "--output-dir", str(tmp_path / "jobs"), "--",
-                sys.executable, "-c", show, cwd=tmp_path)
+    plain = kit(
+        "launch",
+        "--local",
+        "--wait",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        sys.executable,
+        "-c",
+        show,
+        cwd=tmp_path,
+    )
     job_dir = re.search(r"^job dir: (.+)$", plain.stdout, re.M).group(1)
     assert re.search(r"^0: debug-env 0 None None None 1$", read_logs(job_dir), re.M)
 
@@ -195,8 +332,20 @@ def test_the_command_gets_default_signal_dispositions(cluster, tmp_path):
     """The launcher re-executes itself through perl or python3 to become a child subreaper; Python
     ignores SIGPIPE and SIGXFSZ at its start and ignored signals survive exec. The command
     must not inherit that (a pipe's reader gone must end a writer; gloo's sockets too)."""
-    proc = kit("launch", "--local", "--nodes", "2", "--wait", "--output-dir", str(tmp_path / "jobs"), "--",
-               "bash", "-c", 'echo "sigign $(grep SigIgn /proc/self/status | cut -f2)"', cwd=tmp_path)
+    proc = kit(
+        "launch",
+        "--local",
+        "--nodes",
+        "2",
+        "--wait",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        "bash",
+        "-c",
+        'echo "sigign $(grep SigIgn /proc/self/status | cut -f2)"',
+        cwd=tmp_path,
+    )
     job_dir = re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1)
     assert proc.returncode == 0, proc.stderr + read_logs(job_dir)
     masks = [int(m, 16) for m in re.findall(r"^\d: sigign ([0-9a-f]+)$", read_logs(job_dir), re.M)]

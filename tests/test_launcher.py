@@ -17,20 +17,29 @@ from kit import submission as launch
 from kit.core import spec as specs
 
 
-def start(tmp_path: Path, command: list[str], extra_env: dict | None = None,
-          **spec: object) -> tuple[subprocess.Popen, Path]:
+def start(
+    tmp_path: Path, command: list[str], extra_env: dict | None = None, **spec: object
+) -> tuple[subprocess.Popen, Path]:
     job = launch.resolve(specs.JobSpec(command=command, output_dir=str(tmp_path / "jobs"), **spec))
     job_dir = launch.prepare(job).job_dir
     env = task_env(job_dir, rank=1, ntasks=2, **(extra_env or {}))
-    proc = subprocess.Popen(["bash", str(job_dir / "launcher.sh")], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", str(job_dir / "launcher.sh")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     return proc, job_dir
 
 
-LATE_HANDLER = ("import signal, sys, time\n"
-                "print('started', flush=True); time.sleep(2)\n"
-                "signal.signal(signal.SIGUSR1, lambda *a: (print('caught warning', flush=True), sys.exit(0)))\n"
-                "print('handler installed', flush=True); time.sleep(60); sys.exit(9)\n")
+LATE_HANDLER = (
+    "import signal, sys, time\n"
+    "print('started', flush=True); time.sleep(2)\n"
+    "signal.signal(signal.SIGUSR1, lambda *a: (print('caught warning', flush=True), sys.exit(0)))\n"
+    "print('handler installed', flush=True); time.sleep(60); sys.exit(9)\n"
+)
 
 
 def test_warning_waits_for_the_command_to_catch_it(tmp_path):
@@ -142,17 +151,19 @@ def test_a_failing_command_is_recorded_for_prelaunch(tmp_path):
     assert (rank, rc, how) == ("1", "5", "self")
 
 
-ORPHAN = ("import os, sys, time\n"
-          "mask = int(sys.argv[1], 16)  # the bash before it read its own (Python's are its start's)\n"
-          "r, w = os.pipe()\n"
-          "if os.fork() == 0:\n"
-          "    if os.fork() == 0:\n"
-          "        time.sleep(0.5)\n"
-          "        os.write(w, str(os.getppid()).encode())\n"
-          "        os._exit(0)\n"
-          "    os._exit(0)\n"
-          "os.wait()\n"
-          "print('sigpipe', mask >> 12 & 1, 'xfsz', mask >> 24 & 1, 'orphan-parent', os.read(r, 32).decode(), flush=True)\n")
+ORPHAN = (
+    "import os, sys, time\n"
+    "mask = int(sys.argv[1], 16)  # the bash before it read its own (Python's are its start's)\n"
+    "r, w = os.pipe()\n"
+    "if os.fork() == 0:\n"
+    "    if os.fork() == 0:\n"
+    "        time.sleep(0.5)\n"
+    "        os.write(w, str(os.getppid()).encode())\n"
+    "        os._exit(0)\n"
+    "    os._exit(0)\n"
+    "os.wait()\n"
+    "print('sigpipe', mask >> 12 & 1, 'xfsz', mask >> 24 & 1, 'orphan-parent', os.read(r, 32).decode(), flush=True)\n"
+)
 
 
 @pytest.mark.parametrize("helper", ["perl", "python3", "neither"])
@@ -171,11 +182,13 @@ def test_the_launcher_adopts_orphans_and_the_command_gets_default_dispositions(t
                 (bin_dir / p.name).symlink_to(p)
     if helper != "neither":
         (bin_dir / helper).symlink_to(shutil.which("perl") if helper == "perl" else sys.executable)
-    read_mask = 'while read -r k v; do if [[ $k == SigIgn: ]]; then m=$v; fi; done </proc/$$/status; exec "$0" -c "$1" "$m"'
+    read_mask = (
+        'while read -r k v; do if [[ $k == SigIgn: ]]; then m=$v; fi; done </proc/$$/status; exec "$0" -c "$1" "$m"'
+    )
     proc, job_dir = start(tmp_path, ["bash", "-c", read_mask, sys.executable, ORPHAN], extra_env={"PATH": str(bin_dir)})
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
-    line = next(l for l in out.splitlines() if "orphan-parent" in l)
+    line = next(ln for ln in out.splitlines() if "orphan-parent" in ln)
     words = line.split()
     assert words[1:4:2] == ["0", "0"], line  # SIGPIPE, SIGXFSZ not ignored
     assert (words[-1] == str(proc.pid)) == (helper != "neither"), (line, proc.pid)

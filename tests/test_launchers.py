@@ -12,7 +12,6 @@ import pytest
 from helpers import ALL_REDUCE, check_end, launch_wait, read_logs
 
 
-
 def test_plain_torchrun_per_node_forms_one_world(cluster, tmp_path):
     """Without --nnodes/--node-rank/--master-*: torchrun reads the PET_* variables
     the launcher exports, so 2 nodes x 2 processes are one world of 4."""
@@ -20,8 +19,14 @@ def test_plain_torchrun_per_node_forms_one_world(cluster, tmp_path):
     if torchrun is None:
         pytest.fail("torchrun is not on PATH (it comes with torch)")
     (tmp_path / "ddp.py").write_text(ALL_REDUCE)
-    w = launch_wait(tmp_path, "--nodes", "2", "--ntasks-per-node", "1",
-                    command=[torchrun, "--nproc-per-node", "2", str(tmp_path / "ddp.py")])
+    w = launch_wait(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--ntasks-per-node",
+        "1",
+        command=[torchrun, "--nproc-per-node", "2", str(tmp_path / "ddp.py")],
+    )
     check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
     lines = re.findall(r"rank=(\d) world=(\d+) sum=([0-9.]+)", read_logs(w.job_dir))
     assert sorted(r for r, _, _ in lines) == ["0", "1", "2", "3"], read_logs(w.job_dir)
@@ -30,10 +35,18 @@ def test_plain_torchrun_per_node_forms_one_world(cluster, tmp_path):
 
 def test_the_seed_torchrun_form_with_explicit_options_still_works(cluster, tmp_path):
     (tmp_path / "ddp.py").write_text(ALL_REDUCE)
-    script = ('exec "$0" -m torch.distributed.run --nnodes="$SLURM_JOB_NUM_NODES" --node_rank="$SLURM_NODEID" '
-              '--master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" --nproc_per_node=2 "$1"')
-    w = launch_wait(tmp_path, "--nodes", "2", "--ntasks-per-node", "1",
-                    command=["bash", "-c", script, sys.executable, str(tmp_path / "ddp.py")])
+    script = (
+        'exec "$0" -m torch.distributed.run --nnodes="$SLURM_JOB_NUM_NODES" --node_rank="$SLURM_NODEID" '
+        '--master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" --nproc_per_node=2 "$1"'
+    )
+    w = launch_wait(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--ntasks-per-node",
+        "1",
+        command=["bash", "-c", script, sys.executable, str(tmp_path / "ddp.py")],
+    )
     check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
     lines = re.findall(r"rank=(\d) world=(\d+) sum=([0-9.]+)", read_logs(w.job_dir))
     assert sorted(r for r, _, _ in lines) == ["0", "1", "2", "3"]
@@ -69,8 +82,16 @@ def test_a_plain_script_seen_through_the_progress_call_alone(cluster, tmp_path):
     example = Path(__file__).resolve().parent.parent / "launch" / "examples" / "ddp_plain.py"
     # --hang-timeout 60: the watchdog polls every second (at the default 900 s, every 15 s: this
     # short job could end before its first poll).
-    w = launch_wait(tmp_path, "--nodes", "2", "--ntasks-per-node", "2", "--hang-timeout", "60",
-                    command=[sys.executable, str(example), "--step-delay", "0.05"])
+    w = launch_wait(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--ntasks-per-node",
+        "2",
+        "--hang-timeout",
+        "60",
+        command=[sys.executable, str(example), "--step-delay", "0.05"],
+    )
 
     def running_row():
         rows = json.loads(kit("ps", "--json", "--output-dir", str(tmp_path / "jobs")).stdout)
@@ -101,8 +122,16 @@ def torch_load_epoch(path: Path) -> int:
 
 
 def test_mpi_pmi2_gives_every_task_its_pmi_rank(cluster, tmp_path):
-    w = launch_wait(tmp_path, "--nodes", "2", "--ntasks-per-node", "2", "--mpi", "pmi2",
-                    command=["bash", "-c", 'echo "pmi rank=${PMI_RANK-unset} size=${PMI_SIZE-unset} kit=$RANK"'])
+    w = launch_wait(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--ntasks-per-node",
+        "2",
+        "--mpi",
+        "pmi2",
+        command=["bash", "-c", 'echo "pmi rank=${PMI_RANK-unset} size=${PMI_SIZE-unset} kit=$RANK"'],
+    )
     check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
     found = re.findall(r"pmi rank=(\S+) size=(\S+) kit=(\d)", read_logs(w.job_dir))
     assert sorted(found) == [(str(r), "4", str(r)) for r in range(4)], read_logs(w.job_dir)
@@ -124,9 +153,14 @@ def test_the_fsdp2_example_trains_on_two_nodes_through_torchrun(cluster, tmp_pat
     """torch's FSDP2 (fully_shard) on CPU with gloo: 2 nodes x 2 processes, parameters
     sharded four ways, the loss falls."""
     example = Path(__file__).resolve().parent.parent / "launch" / "examples" / "fsdp2.py"
-    w = launch_wait(tmp_path, "--nodes", "2", "--ntasks-per-node", "1",
-                    command=[shutil.which("torchrun") or "torchrun", "--nproc-per-node", "2", str(example),
-                             "--steps", "30"])
+    w = launch_wait(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--ntasks-per-node",
+        "1",
+        command=[shutil.which("torchrun") or "torchrun", "--nproc-per-node", "2", str(example), "--steps", "30"],
+    )
     check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
     logs = read_logs(w.job_dir)
     first, last = map(float, re.search(r"fsdp2 done first_loss=([0-9.]+) last_loss=([0-9.]+)", logs).groups())
@@ -150,9 +184,23 @@ def test_profile_steps_write_a_trace_per_rank_and_gradient_checkpointing_recompu
     """--profile-steps 5-6: one Chrome trace per rank holding exactly those steps;
     with --gradient-checkpointing the forward of the checkpointed layer runs again
     in the backward pass (3 linear ops per step instead of 2) and the loss falls."""
-    w = launch_wait(tmp_path, "--nodes", "2",
-                    command=[sys.executable, "-m", "kit.train", "--max-steps", "40", "--profile-steps", "5-6",
-                             "--gradient-checkpointing", "--checkpoint-every", "0"])
+    w = launch_wait(
+        tmp_path,
+        "--nodes",
+        "2",
+        command=[
+            sys.executable,
+            "-m",
+            "kit.train",
+            "--max-steps",
+            "40",
+            "--profile-steps",
+            "5-6",
+            "--gradient-checkpointing",
+            "--checkpoint-every",
+            "0",
+        ],
+    )
     check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
     logs = read_logs(w.job_dir)
     first, last = map(float, re.search(r"first_loss=([0-9.]+) last_loss=([0-9.]+)", logs).groups())

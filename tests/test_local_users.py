@@ -29,13 +29,19 @@ def test_what_is_roots_stays_roots(cluster, user):
     assert cluster.public.parent == public.MACHINE and cluster.conf.parent == cluster.public
     for path in (cluster.conf, cluster.public / "plugstack.conf"):
         assert os.stat(path).st_mode & 0o777 == 0o644, path
-    secret = [cluster.root / "munge" / "munge.key", cluster.public / "slurmdbd.conf", accounting.directory(cluster.root),
-              cluster.root / "state", cluster.root]
+    secret = [
+        cluster.root / "munge" / "munge.key",
+        cluster.public / "slurmdbd.conf",
+        accounting.directory(cluster.root),
+        cluster.root / "state",
+        cluster.root,
+    ]
     for path in secret:
         st = os.stat(path)
         assert st.st_uid == 0 and not st.st_mode & 0o077, (path, oct(st.st_mode))
-    proc = as_user(user, " ; ".join(f"{'ls' if p.is_dir() else 'cat'} {p} >/dev/null 2>&1 || echo refused"
-                                    for p in secret))
+    proc = as_user(
+        user, " ; ".join(f"{'ls' if p.is_dir() else 'cat'} {p} >/dev/null 2>&1 || echo refused" for p in secret)
+    )
     assert proc.stdout.split() == ["refused"] * len(secret), proc.stdout + proc.stderr
 
 
@@ -47,35 +53,47 @@ def test_an_ordinary_user_runs_slurm_and_kit_on_roots_cluster(cluster, user):
     status = as_user(user, "kit cluster status")  # theirs is not running; root's is named, with how to use it
     assert status.returncode == 1 and status.stdout.splitlines()[1] == (
         f"this machine's local cluster (root's, every local user's): SLURM_CONF={public.clusters()[0]}; use it "
-        'with: eval "$(kit cluster env)"'), status.stdout
+        'with: eval "$(kit cluster env)"'
+    ), status.stdout
     conf = f"; export SLURM_CONF={cluster.conf}"  # a site's login shell has it; the newest of several is ours
-    slurm = as_user(user, "sinfo -h -o %D && sbatch --wait -N2 -o slurm.out --wrap 'srun -l id -u' && sort slurm.out",
-                    env=conf)
+    slurm = as_user(
+        user, "sinfo -h -o %D && sbatch --wait -N2 -o slurm.out --wrap 'srun -l id -u' && sort slurm.out", env=conf
+    )
     uid = user.pw_uid
     assert slurm.returncode == 0 and slurm.stdout.split()[0] == "2", slurm.stdout + slurm.stderr
     assert slurm.stdout.splitlines()[-2:] == [f"0: {uid}", f"1: {uid}"], slurm.stdout
 
-    launched = as_user(user, "kit launch --nodes 2 --wait --no-exporter --json -- bash -c 'echo rank $RANK uid $(id -u)'",
-                       env=conf)
+    launched = as_user(
+        user, "kit launch --nodes 2 --wait --no-exporter --json -- bash -c 'echo rank $RANK uid $(id -u)'", env=conf
+    )
     assert launched.returncode == 0, launched.stderr
     job = json.loads(launched.stdout.splitlines()[0])
     assert Path(job["job_dir"]).is_relative_to(user.pw_dir) and os.stat(job["job_dir"]).st_uid == uid
     logs = as_user(user, f"kit logs {job['job_id']}", env=conf)
-    assert sorted(logs.stdout.splitlines()) == [f"0: rank 0 uid {uid}", f"1: rank 1 uid {uid}"], logs.stdout + logs.stderr
+    assert sorted(logs.stdout.splitlines()) == [f"0: rank 0 uid {uid}", f"1: rank 1 uid {uid}"], (
+        logs.stdout + logs.stderr
+    )
     sweep = as_user(user, "kit launch --sweep LR=0.1,0.2 --wait --no-exporter -- bash -c 'echo lr $LR'", env=conf)
     assert sweep.returncode == 0, sweep.stderr
     ps = as_user(user, "kit ps --json", env=conf)
     rows = json.loads(ps.stdout)
     assert {r["id"]: r["state"] for r in rows}[str(job["job_id"])] == "COMPLETED", rows
-    assert len([r for r in rows if "_" in r["id"] and r["state"] == "COMPLETED" and
-                r["job_dir"].startswith(f"{user.pw_dir}/kit-jobs/")]) == 2, rows  # the sweep's (kit-jobs: the default)
+    assert (
+        len(
+            [
+                r
+                for r in rows
+                if "_" in r["id"] and r["state"] == "COMPLETED" and r["job_dir"].startswith(f"{user.pw_dir}/kit-jobs/")
+            ]
+        )
+        == 2
+    ), rows  # the sweep's (kit-jobs: the default)
     accounted = as_user(user, f"sacct -n -X -j {job['job_id']} -o state,user%20", env=conf)
     assert accounted.stdout.split() == ["COMPLETED", user.pw_name], accounted.stdout + accounted.stderr
 
 
 @pytest.mark.parametrize("mode", ["create", "squashfuse"])
-def test_a_container_mounts_only_what_its_user_can_reach(cluster, user, user_image, secret_image, tmp_path,
-                                                             mode):
+def test_a_container_mounts_only_what_its_user_can_reach(cluster, user, user_image, secret_image, tmp_path, mode):
     """--container-mounts opens each source as the job's user, as enroot does in their namespace: the stand-in
     resolved the paths as slurmstepd's root, so a file readable by all behind a directory closed to the user
     (another user's job directory under their 0700 home) was theirs to read through a mount. Theirs mounts. The
@@ -100,8 +118,9 @@ def test_a_container_mounts_only_what_its_user_can_reach(cluster, user, user_ima
         # An image only root reads, where all can see it: the stand-in opened it as root (a loop mount in create
         # mode, unsquashfs for a named container): the user ran root's image. Refused; as enroot, run as them.
         for name in ("", "--container-name=kit-secret"):
-            run = as_user(user, f"srun -N1 --container-image={secret_image} {name} cat /etc/kit-secret", env=conf,
-                          timeout=180)
+            run = as_user(
+                user, f"srun -N1 --container-image={secret_image} {name} cat /etc/kit-secret", env=conf, timeout=180
+            )
             assert run.returncode != 0 and "not theirs" not in run.stdout, run.stdout + run.stderr
 
 
@@ -113,8 +132,10 @@ def test_an_image_with_device_nodes_is_refused_in_create_mode_for_an_ordinary_us
     root = tmp_path / "root"
     (root / "dev").mkdir(parents=True)
     image = Path(user.pw_dir) / "with-devices.sqsh"
-    subprocess.run(["mksquashfs", str(root), str(image), "-noappend", "-quiet", "-no-progress", "-p",
-                    "dev/null c 666 0 0 1 3"], check=True)
+    subprocess.run(
+        ["mksquashfs", str(root), str(image), "-noappend", "-quiet", "-no-progress", "-p", "dev/null c 666 0 0 1 3"],
+        check=True,
+    )
     os.chown(image, user.pw_uid, user.pw_gid)
     srun = f"srun -N1 --container-image={image} --container-workdir=/ /bin/true"
     with container_mode(cluster, "create"):
@@ -152,28 +173,44 @@ def test_a_named_container_is_its_users_own(cluster, user, user_image):
     conf = f"; export SLURM_CONF={cluster.conf}"
     srun = f"srun -N1 -w node1 --container-name={name}"
     try:
-        first = subprocess.run(["bash", "-c", f"{srun} --container-image={user_image} --container-writable "
-                                              f"bash -c 'echo roots > {note}'"],
-                               env={**os.environ, **cluster.target.env}, capture_output=True, text=True, timeout=180)
+        first = subprocess.run(
+            ["bash", "-c", f"{srun} --container-image={user_image} --container-writable bash -c 'echo roots > {note}'"],
+            env={**os.environ, **cluster.target.env},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert first.returncode == 0, first.stderr
         none = as_user(user, f"{srun} cat {note}", env=conf, timeout=180)
         assert none.returncode != 0 and "roots" not in none.stdout, none.stdout + none.stderr
         assert "no container" in none.stderr or "failed" in none.stderr, none.stderr
-        made = as_user(user, f"{srun} --container-image={user_image} --container-writable bash -c "
-                             f"'cat {note} 2>/dev/null; echo theirs > {note}'", env=conf, timeout=180)
+        made = as_user(
+            user,
+            f"{srun} --container-image={user_image} --container-writable bash -c "
+            f"'cat {note} 2>/dev/null; echo theirs > {note}'",
+            env=conf,
+            timeout=180,
+        )
         assert made.returncode == 0 and made.stdout == "", made.stdout + made.stderr
         again = as_user(user, f"{srun} cat {note}", env=conf, timeout=180)
         assert (again.returncode, again.stdout) == (0, "theirs\n"), again.stdout + again.stderr
         assert roots.is_dir() and theirs.is_dir() and theirs != roots
-        root_again = subprocess.run(["bash", "-c", f"{srun} cat {note}"], env={**os.environ, **cluster.target.env},
-                                    capture_output=True, text=True, timeout=180)
+        root_again = subprocess.run(
+            ["bash", "-c", f"{srun} cat {note}"],
+            env={**os.environ, **cluster.target.env},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert (root_again.returncode, root_again.stdout) == (0, "roots\n"), root_again.stderr
     finally:
         subprocess.run(["rm", "-rf", "--one-file-system", str(roots), str(theirs)], check=True)
 
 
-HANG_THEN_DONE = ('if [ "$KIT_RESTART" = 0 ]; then echo "step 1" >"$KIT_PROGRESS_FILE"; echo hanging; sleep 300; '
-                  'else echo "run $KIT_RESTART done as $(id -u)"; fi')
+HANG_THEN_DONE = (
+    'if [ "$KIT_RESTART" = 0 ]; then echo "step 1" >"$KIT_PROGRESS_FILE"; echo hanging; sleep 300; '
+    'else echo "run $KIT_RESTART done as $(id -u)"; fi'
+)
 
 
 def test_an_ordinary_users_hung_job_is_caught_and_requeued(cluster, user):
@@ -181,8 +218,13 @@ def test_an_ordinary_users_hung_job_is_caught_and_requeued(cluster, user):
     hangs after its first progress is caught by the watchdog (the hang report and its stacks theirs), requeued by
     their own prelaunch, and its second run completes."""
     conf = ""
-    job = as_user(user, f"kit launch --nodes 2 --hang-timeout 3 --max-restarts 1 --no-exporter --wait --json -- "
-                        f"bash -c {shlex.quote(HANG_THEN_DONE)}", env=conf, timeout=600)
+    job = as_user(
+        user,
+        f"kit launch --nodes 2 --hang-timeout 3 --max-restarts 1 --no-exporter --wait --json -- "
+        f"bash -c {shlex.quote(HANG_THEN_DONE)}",
+        env=conf,
+        timeout=600,
+    )
     assert "using this machine's local cluster" in job.stderr, job.stderr
     first = json.loads(job.stdout.splitlines()[0])
     assert job.returncode == 0, job.stderr + read_logs(first["job_dir"])
@@ -193,4 +235,3 @@ def test_an_ordinary_users_hung_job_is_caught_and_requeued(cluster, user):
     logs = as_user(user, f"kit logs {job_dir} --errors", env=conf).stdout
     assert "hang" in logs.lower(), logs
     assert f"run 1 done as {user.pw_uid}" in as_user(user, f"kit logs {job_dir}", env=conf).stdout
-

@@ -17,6 +17,7 @@ from pathlib import Path
 from helpers import job_processes, read_logs, submit, wait_for, wait_no_processes
 
 from kit import slurm
+
 TRAIN = [sys.executable, "-m", "kit.train"]
 
 
@@ -31,8 +32,9 @@ def exporters(job_dir) -> list[int]:
 
 
 def test_prometheus_discovers_both_exporters_during_a_two_node_job(cluster, tmp_path):
-    job = submit(tmp_path, "--nodes", "2",
-                 command=[*TRAIN, "--max-steps", "400", "--step-delay", "0.05", "--log-every", "50"])
+    job = submit(
+        tmp_path, "--nodes", "2", command=[*TRAIN, "--max-steps", "400", "--step-delay", "0.05", "--log-every", "50"]
+    )
     job_id, job_dir = job["job_id"], job["job_dir"]
     targets_dir = cluster.prometheus_targets
 
@@ -46,16 +48,22 @@ def test_prometheus_discovers_both_exporters_during_a_two_node_job(cluster, tmp_
         assert entry["labels"]["slurm_job_id"] == job_id and "job" not in entry["labels"]
         ports.append(int(entry["targets"][0].rsplit(":", 1)[1]))
     sel = f'{{slurm_job_id="{job_id}"}}'
-    node_series = wait_for(lambda: (r := query(cluster, f"node_load1{sel}")) and len(r) == 2 and r, 60,
-                           what="node series of both nodes in Prometheus")
+    node_series = wait_for(
+        lambda: (r := query(cluster, f"node_load1{sel}")) and len(r) == 2 and r,
+        60,
+        what="node series of both nodes in Prometheus",
+    )
     assert sorted(s["metric"]["node"] for s in node_series) == ["node1", "node2"]
     # Served as node_memory_mem_available_bytes (promtool-clean), stored under
     # node_exporter's name by the scrape config's metric_relabel_configs.
     memory = query(cluster, f"node_memory_MemAvailable_bytes{sel}")
     assert sorted(s["metric"]["node"] for s in memory) == ["node1", "node2"]
     assert query(cluster, f"node_memory_mem_available_bytes{sel}") == []
-    training = wait_for(lambda: (r := query(cluster, f"training_step{sel}")) and len(r) == 2 and r, 60,
-                        what="training series of both ranks in Prometheus")
+    training = wait_for(
+        lambda: (r := query(cluster, f"training_step{sel}")) and len(r) == 2 and r,
+        60,
+        what="training series of both ranks in Prometheus",
+    )
     assert sorted(s["metric"]["rank"] for s in training) == ["0", "1"]
     assert all(s["metric"]["slurm_job_name"] == "kit" and s["metric"]["job"] == "kit" for s in training)
     gpu_up = query(cluster, f'kit_exporter_collector_success{{collector="gpu",slurm_job_id="{job_id}"}}')
@@ -92,8 +100,14 @@ def check_report(cluster, job_dir: str, logs: list[Path]) -> None:
     proc = kit("report", job_dir, "-o", str(out), "--prometheus", "http://127.0.0.1:1")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(out.with_suffix(".json").read_text())
-    assert summary["panels"] == ["CPU (cores busy)", "Memory (GiB)", "Training loss", "Step time (s)",
-                                 "Model TFLOP/s per device", "Training throughput (samples/s)"]  # no MFU on a CPU
+    assert summary["panels"] == [
+        "CPU (cores busy)",
+        "Memory (GiB)",
+        "Training loss",
+        "Step time (s)",
+        "Model TFLOP/s per device",
+        "Training throughput (samples/s)",
+    ]  # no MFU on a CPU
     assert summary["tflops"] > 0 and summary["mfu"] is None
     assert png_size(out)[0] == 1040 and out.stat().st_size > 40_000  # 13 in at 80 dpi: legends beside the panels
     assert summary["source"] == "metrics logs (Prometheus unreachable)"
@@ -101,7 +115,7 @@ def check_report(cluster, job_dir: str, logs: list[Path]) -> None:
     assert want["samples"] > 0 and "GPUs: no GPU samples" in proc.stdout
     for node in ("node1", "node2"):  # the job's own processes were found on both nodes
         n = want["nodes"][node]
-        assert n["cpu_cores_used"] > 0 and n["memory_peak_bytes"] > 50 * 2 ** 20 and n["cpus_allocated"] >= 1
+        assert n["cpu_cores_used"] > 0 and n["memory_peak_bytes"] > 50 * 2**20 and n["cpus_allocated"] >= 1
     assert "utilisation notes need 300 s of samples" in proc.stdout  # a short job: no verdict on it
     live = kit("report", job_dir, "-o", str(Path(job_dir) / "from-prometheus.png"))
     assert live.returncode == 0, live.stderr
@@ -121,11 +135,13 @@ def test_killing_the_exporter_leaves_the_training_running(cluster, tmp_path):
     assert wait_no_processes(job_dir, 5) == []
 
 
-GPU_RANK = ('echo "rank=$RANK local=$LOCAL_RANK cvd=${CUDA_VISIBLE_DEVICES-unset} step=${SLURM_STEP_GPUS-unset} '
-            'node=$SLURMD_NODENAME"; echo $$ > "$KIT_JOB_DIR/pid-$RANK"; '
-            'exec python3 -c "import time; from kit.train import progress\n'
-            'for i in range(1, 10**6):\n    progress.step(i)\n    time.sleep(0.2)\n    '
-            'import os\n    if os.path.exists(os.environ[\'KIT_JOB_DIR\'] + \'/stop\'): break"')
+GPU_RANK = (
+    'echo "rank=$RANK local=$LOCAL_RANK cvd=${CUDA_VISIBLE_DEVICES-unset} step=${SLURM_STEP_GPUS-unset} '
+    'node=$SLURMD_NODENAME"; echo $$ > "$KIT_JOB_DIR/pid-$RANK"; '
+    'exec python3 -c "import time; from kit.train import progress\n'
+    "for i in range(1, 10**6):\n    progress.step(i)\n    time.sleep(0.2)\n    "
+    "import os\n    if os.path.exists(os.environ['KIT_JOB_DIR'] + '/stop'): break\""
+)
 
 
 def test_a_two_node_two_gpu_job_through_the_real_nvml_binding(cluster, tmp_path):
@@ -145,15 +161,34 @@ def test_a_two_node_two_gpu_job_through_the_real_nvml_binding(cluster, tmp_path)
             gpus.set(minor, util=99 if minor > 1 else 0).processes(minor, [4242] if minor > 1 else [])
         gpus.write()
     env = fleet["node1"].env()
-    job = submit(tmp_path, "--nodes", "2", "--gpus-per-node", "2", "--ntasks-per-node", "2",
-                 "--env", f"LD_LIBRARY_PATH={env['LD_LIBRARY_PATH']}",
-                 "--env", f"FAKE_NVML_STATE={tmp_path}/nvml-{{node}}", command=["bash", "-c", GPU_RANK])
+    job = submit(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--ntasks-per-node",
+        "2",
+        "--env",
+        f"LD_LIBRARY_PATH={env['LD_LIBRARY_PATH']}",
+        "--env",
+        f"FAKE_NVML_STATE={tmp_path}/nvml-{{node}}",
+        command=["bash", "-c", GPU_RANK],
+    )
     job_id, job_dir = job["job_id"], Path(job["job_dir"])
-    pids = wait_for(lambda: len(list(job_dir.glob("pid-*"))) == 4 and
-                    {int(p.name[4:]): int(p.read_text()) for p in job_dir.glob("pid-*") if p.read_text().strip()}, 90,
-                    what="all four ranks")
-    lines = wait_for(lambda: len(r := re.findall(r"^\d: (rank=.*)$", read_logs(job_dir), re.M)) == 4 and r, 30,
-                     what="the ranks' lines")
+    pids = wait_for(
+        lambda: (
+            len(list(job_dir.glob("pid-*"))) == 4
+            and {int(p.name[4:]): int(p.read_text()) for p in job_dir.glob("pid-*") if p.read_text().strip()}
+        ),
+        90,
+        what="all four ranks",
+    )
+    lines = wait_for(
+        lambda: len(r := re.findall(r"^\d: (rank=.*)$", read_logs(job_dir), re.M)) == 4 and r,
+        30,
+        what="the ranks' lines",
+    )
     ranks = {int(re.search(r"rank=(\d+)", x).group(1)): dict(w.split("=", 1) for w in x.split()) for x in lines}
     for node in ("node1", "node2"):
         mine = [r for r in ranks.values() if r["node"] == node]
@@ -175,18 +210,31 @@ def test_a_two_node_two_gpu_job_through_the_real_nvml_binding(cluster, tmp_path)
         return {(s["metric"]["node"], s["metric"]["gpu"]): float(s["value"][1]) for s in query(cluster, metric + sel)}
 
     want = {("node1", "0"), ("node1", "1"), ("node2", "0"), ("node2", "1")}
-    wait_for(lambda: set(series("DCGM_FI_DEV_GPU_UTIL")) == want and series("gpu_compute_processes").get(
-        ("node1", "0")) == 1, 60, what="the job's 4 GPUs in Prometheus, with the ranks' processes")
-    assert series("gpu_compute_processes") == {("node1", "0"): 1, ("node1", "1"): 0, ("node2", "0"): 1,
-                                               ("node2", "1"): 1}
+    wait_for(
+        lambda: (
+            set(series("DCGM_FI_DEV_GPU_UTIL")) == want and series("gpu_compute_processes").get(("node1", "0")) == 1
+        ),
+        60,
+        what="the job's 4 GPUs in Prometheus, with the ranks' processes",
+    )
+    assert series("gpu_compute_processes") == {
+        ("node1", "0"): 1,
+        ("node1", "1"): 0,
+        ("node2", "0"): 1,
+        ("node2", "1"): 1,
+    }
     assert set(series("DCGM_FI_DEV_POWER_USAGE")) == want and set(series("gpu_lost")) == want
+
     def firing(name):
         return query(cluster, f'ALERTS{{alertname="{name}",alertstate="firing",slurm_job_id="{job_id}"}}')
 
     # An Xid on node2's GPU 0 (once node2's exporter watches for them): the alert fires in Prometheus.
     exporter_log = Path(job_dir) / "logs" / "node2.r0.exporter.log"
-    wait_for(lambda: exporter_log.exists() and "watching XID events on 2 GPU(s)" in exporter_log.read_text(), 60,
-             what="node2's exporter to watch for XID events")
+    wait_for(
+        lambda: exporter_log.exists() and "watching XID events on 2 GPU(s)" in exporter_log.read_text(),
+        60,
+        what="node2's exporter to watch for XID events",
+    )
     fleet["node2"].xid(0, 79)
     alert = wait_for(lambda: firing("KitGpuXidError"), 60, what="KitGpuXidError to fire")
     assert {(a["metric"]["node"], a["metric"]["gpu"]) for a in alert} == {("node2", "0")}, alert
@@ -213,5 +261,3 @@ def test_a_two_node_two_gpu_job_through_the_real_nvml_binding(cluster, tmp_path)
     notes = [n for n in proc.stdout.split("notes:\n", 1)[1].splitlines() if n.startswith("  ")]
     assert any(n.startswith("  ALERT: node1 gpu1: held with no process on it in ") for n in notes), proc.stdout
     assert not any("gpu0: held" in n or "node2 gpu1: held" in n for n in notes), proc.stdout
-
-

@@ -12,11 +12,24 @@ from fake_gpus import FakeGpus, preload
 from kit.monitor import peaks
 
 
-@pytest.mark.parametrize("name, model", [
-    ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H100 NVL", "H100 NVL"),
-    ("NVIDIA H200", "H200 SXM"), ("NVIDIA H200 NVL", "H200 NVL"), ("NVIDIA A100-SXM4-80GB", "A100"),
-    ("NVIDIA A100 80GB PCIe", "A100"), ("NVIDIA L40S", "L40S"), ("NVIDIA B200", "B200"), ("NVIDIA GB200", "GB200"),
-    ("Tesla V100-SXM2-32GB", None), ("", None), (None, None)])
+@pytest.mark.parametrize(
+    "name, model",
+    [
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H100 NVL", "H100 NVL"),
+        ("NVIDIA H200", "H200 SXM"),
+        ("NVIDIA H200 NVL", "H200 NVL"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("NVIDIA A100 80GB PCIe", "A100"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA B200", "B200"),
+        ("NVIDIA GB200", "GB200"),
+        ("Tesla V100-SXM2-32GB", None),
+        ("", None),
+        (None, None),
+    ],
+)
 def test_the_peak_table_knows_each_model_by_nvmls_name_and_no_other(name, model):
     known = peaks.model_of(name)
     assert (known[0] if known else None) == model
@@ -28,9 +41,20 @@ def test_the_peak_table_knows_each_model_by_nvmls_name_and_no_other(name, model)
 
 
 def test_precisions_in_lightnings_and_torchs_spellings():
-    assert [peaks.precision_of(p) for p in ("bf16-mixed", "bf16-true", "torch.bfloat16", "16-mixed", "32-true",
-                                            "32", "64-true", "transformer-engine", None)] == \
-        ["bf16", "bf16", "bf16", "fp16", "fp32", "fp32", None, None, None]
+    assert [
+        peaks.precision_of(p)
+        for p in (
+            "bf16-mixed",
+            "bf16-true",
+            "torch.bfloat16",
+            "16-mixed",
+            "32-true",
+            "32",
+            "64-true",
+            "transformer-engine",
+            None,
+        )
+    ] == ["bf16", "bf16", "bf16", "fp16", "fp32", "fp32", None, None, None]
     assert peaks.peak_tflops("NVIDIA H100 80GB HBM3", "bf16-mixed") == 989.5  # the datasheet's 1,979 sparse / 2
     assert peaks.peak_tflops("NVIDIA H100 80GB HBM3", "64-true") is None
 
@@ -82,8 +106,9 @@ def test_the_device_a_script_trains_on_is_the_one_measured(tmp_path, monkeypatch
         monkeypatch.setenv(k, v)
     preload()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    cuda = types.SimpleNamespace(is_available=lambda: True, current_device=lambda: 0,
-                                 get_device_name=lambda i: "torch's name")
+    cuda = types.SimpleNamespace(
+        is_available=lambda: True, current_device=lambda: 0, get_device_name=lambda i: "torch's name"
+    )
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
     h100 = "NVIDIA H100 80GB HBM3"
     assert [mfu.device_name(d) for d in (None, "cuda", "cuda:0", "cpu", "meta")] == [h100, h100, h100, None, None]

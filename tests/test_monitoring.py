@@ -32,8 +32,9 @@ def test_prometheus_config_is_valid(tmp_path):
 
 def test_alert_rules_pass_promtool_check_rules():
     require("promtool")
-    proc = subprocess.run(["promtool", "check", "rules", str(MON / "rules" / "kit-alerts.yml")],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["promtool", "check", "rules", str(MON / "rules" / "kit-alerts.yml")], capture_output=True, text=True
+    )
     assert proc.returncode == 0 and "SUCCESS: 8 rules found" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -104,10 +105,27 @@ def test_alert_rules_fire_on_synthetic_series(tmp_path):
 
 
 def exported_names() -> set[str]:
-    names = {spec.name for spec, _ in gpu.FIELDS} | {gpu.THROTTLE.name, gpu.XID_LAST.name, gpu.XID_COUNT.name,
-                                                      gpu.XID_TIME.name, gpu.LOST.name, gpu.PROCESSES.name}
-    names |= {s.name for s in (node.CPU, node.MEM_TOTAL, node.MEM_AVAILABLE, node.NET_RX, node.NET_TX,
-                               node.DISK_R, node.DISK_W, *node.LOADS)}
+    names = {spec.name for spec, _ in gpu.FIELDS} | {
+        gpu.THROTTLE.name,
+        gpu.XID_LAST.name,
+        gpu.XID_COUNT.name,
+        gpu.XID_TIME.name,
+        gpu.LOST.name,
+        gpu.PROCESSES.name,
+    }
+    names |= {
+        s.name
+        for s in (
+            node.CPU,
+            node.MEM_TOTAL,
+            node.MEM_AVAILABLE,
+            node.NET_RX,
+            node.NET_TX,
+            node.DISK_R,
+            node.DISK_W,
+            *node.LOADS,
+        )
+    }
     names |= {spec.name for _, spec in training.FIELDS} | {exporter.SUCCESS.name, exporter.DURATION.name, "up"}
     return names
 

@@ -19,19 +19,32 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import (Waiting, check_end, hastened, job_processes, kit, launch_wait, read_logs, release_requeued, runs,
-                      scancel, scontrol, state_is, wait_for)
+from helpers import (
+    Waiting,
+    check_end,
+    hastened,
+    job_processes,
+    kit,
+    launch_wait,
+    read_logs,
+    release_requeued,
+    runs,
+    scancel,
+    scontrol,
+    state_is,
+    wait_for,
+)
 
 from kit import slurm
 from kit.core import outcome
-
 
 HOLD = 'trap "exit 0" TERM; echo ready; sleep 300 & wait'
 
 
 def wait_ready(w: Waiting, ranks: int = 1) -> None:
-    wait_for(lambda: len(re.findall(r"^\d+: ready$", read_logs(w.job_dir), re.M)) >= ranks, 60,
-             what="the command to start")
+    wait_for(
+        lambda: len(re.findall(r"^\d+: ready$", read_logs(w.job_dir), re.M)) >= ranks, 60, what="the command to start"
+    )
 
 
 def release_after_first_run(cluster, w: Waiting) -> None:
@@ -52,8 +65,15 @@ def rank_process(job_dir: Path, rank: int, needle: str) -> int | None:
 
 def row_completed(cluster, tmp_path):
     w = launch_wait(tmp_path, command=["bash", "-c", "echo done"])
-    check_end(cluster, w, state="COMPLETED", code=0, finished=True,
-              log="step ended with exit 0; the work is finished", ends=["finished"])
+    check_end(
+        cluster,
+        w,
+        state="COMPLETED",
+        code=0,
+        finished=True,
+        log="step ended with exit 0; the work is finished",
+        ends=["finished"],
+    )
 
 
 def row_command_failed(cluster, tmp_path):
@@ -74,8 +94,7 @@ def row_cancelled_while_starting(cluster, tmp_path):
     w = launch_wait(tmp_path, "--nodes", "2", command=["bash", "-c", "echo started; sleep 5"])
     wait_for(state_is(cluster, w.job_id, "RUNNING"), 30, poll=0.01)
     scancel(cluster, w.job_id)
-    check_end(cluster, w, state="CANCELLED", code=outcome.CANCELLED, finished=False, log=None,
-              ends=None)
+    check_end(cluster, w, state="CANCELLED", code=outcome.CANCELLED, finished=False, log=None, ends=None)
     # Before the step started there is no run to record; after, the run is recorded as stopped.
     assert [r["end"] for r in runs(w.job_dir)] in ([], ["stopped"])
 
@@ -85,8 +104,15 @@ def row_cancelled_while_running(cluster, tmp_path):
     w = launch_wait(tmp_path, "--nodes", "2", command=["bash", "-c", HOLD])
     wait_ready(w, 2)
     scancel(cluster, w.job_id)
-    check_end(cluster, w, state="CANCELLED", code=outcome.CANCELLED, finished=False,
-              log="after a stop signal; the work is not finished", ends=["stopped"])
+    check_end(
+        cluster,
+        w,
+        state="CANCELLED",
+        code=outcome.CANCELLED,
+        finished=False,
+        log="after a stop signal; the work is not finished",
+        ends=["stopped"],
+    )
 
 
 def row_cancelled_after_the_warning(cluster, tmp_path):
@@ -94,12 +120,20 @@ def row_cancelled_after_the_warning(cluster, tmp_path):
     # batch job when asked, which would undo the user's cancel).
     w = launch_wait(tmp_path, "--max-restarts", "2", command=["bash", "-c", HOLD])
     wait_ready(w)
-    subprocess.run(["scancel", "--batch", "--signal=USR1", w.job_id], env={**os.environ, **cluster.target.env},
-                   check=True)
+    subprocess.run(
+        ["scancel", "--batch", "--signal=USR1", w.job_id], env={**os.environ, **cluster.target.env}, check=True
+    )
     wait_for(lambda: "got SIGUSR1" in read_logs(w.job_dir), 30, what="the warning")
     scancel(cluster, w.job_id)
-    check_end(cluster, w, state="CANCELLED", code=outcome.CANCELLED, finished=False,
-              log="a stop signal came that was not the time limit", ends=["warned"])
+    check_end(
+        cluster,
+        w,
+        state="CANCELLED",
+        code=outcome.CANCELLED,
+        finished=False,
+        log="a stop signal came that was not the time limit",
+        ends=["warned"],
+    )
     assert slurm.job_status(cluster.target, w.job_id).restarts == 0
 
 
@@ -110,17 +144,29 @@ def row_requeued_by_admin(cluster, tmp_path):
     wait_ready(w)
     scontrol(cluster, "requeue", w.job_id)
     release_after_first_run(cluster, w)
-    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log="0: second run",
-              ends=["stopped", "finished"])
+    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log="0: second run", ends=["stopped", "finished"])
 
 
 def resume(cluster, node: str) -> None:
     """Bring a node set DOWN back (ReturnToService=2 may have done it already)."""
-    subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env={**os.environ, **cluster.target.env},
-                   capture_output=True)
-    wait_for(lambda: "idle" in subprocess.run(["sinfo", "--noheader", "--Node", f"--nodes={node}", "--format=%T"],
-                                              env={**os.environ, **cluster.target.env}, capture_output=True,
-                                              text=True).stdout, 30, what=f"{node} to be idle again")
+    subprocess.run(
+        ["scontrol", "update", f"NodeName={node}", "State=RESUME"],
+        env={**os.environ, **cluster.target.env},
+        capture_output=True,
+    )
+    wait_for(
+        lambda: (
+            "idle"
+            in subprocess.run(
+                ["sinfo", "--noheader", "--Node", f"--nodes={node}", "--format=%T"],
+                env={**os.environ, **cluster.target.env},
+                capture_output=True,
+                text=True,
+            ).stdout
+        ),
+        30,
+        what=f"{node} to be idle again",
+    )
 
 
 def row_requeued_beyond_the_budget(cluster, tmp_path):
@@ -130,9 +176,15 @@ def row_requeued_beyond_the_budget(cluster, tmp_path):
         wait_ready_in_run(w, restart - 1)
         scontrol(cluster, "requeue", w.job_id)
         release_requeued(cluster, w.job_id, w.job_dir, restart)
-    check_end(cluster, w, state="FAILED", code=outcome.BUDGET_SPENT, finished=False,
-              log="run 2: requeued more often than --max-restarts 1; retry budget spent, not running",
-              ends=["stopped", "stopped"])
+    check_end(
+        cluster,
+        w,
+        state="FAILED",
+        code=outcome.BUDGET_SPENT,
+        finished=False,
+        log="run 2: requeued more often than --max-restarts 1; retry budget spent, not running",
+        ends=["stopped", "stopped"],
+    )
 
 
 def wait_ready_in_run(w: Waiting, restart: int) -> None:
@@ -184,15 +236,29 @@ def row_rank_killed(cluster, tmp_path):
 
 def row_hang_with_budget_spent(cluster, tmp_path):
     # Reports progress once, then never again: a hang with no restart left.
-    w = launch_wait(tmp_path, "--max-restarts", "0", "--hang-timeout", "3",
-                    command=["bash", "-c", 'echo "step 1" >"$KIT_PROGRESS_FILE"; echo ready; sleep 300'])
-    check_end(cluster, w, state="FAILED", code=outcome.HUNG, finished=False,
-              log="retry budget spent (0 restarts), not requeueing", ends=["hang"])
+    w = launch_wait(
+        tmp_path,
+        "--max-restarts",
+        "0",
+        "--hang-timeout",
+        "3",
+        command=["bash", "-c", 'echo "step 1" >"$KIT_PROGRESS_FILE"; echo ready; sleep 300'],
+    )
+    check_end(
+        cluster,
+        w,
+        state="FAILED",
+        code=outcome.HUNG,
+        finished=False,
+        log="retry budget spent (0 restarts), not requeueing",
+        ends=["hang"],
+    )
     assert (w.job_dir / "hang" / "r0" / "rank-0.txt").exists()
 
 
-NO_PROGRESS = ('echo 5 >"$KIT_CHECKPOINT_STEP_FILE"; echo "step 5" >"$KIT_PROGRESS_FILE"; '
-               'echo "run $KIT_RESTART"; sleep 300')
+NO_PROGRESS = (
+    'echo 5 >"$KIT_CHECKPOINT_STEP_FILE"; echo "step 5" >"$KIT_PROGRESS_FILE"; echo "run $KIT_RESTART"; sleep 300'
+)
 
 
 def row_no_progress(cluster, tmp_path):
@@ -201,16 +267,33 @@ def row_no_progress(cluster, tmp_path):
     # Each requeue is prelaunch's: it releases Slurm's hold after a requeue itself.
     w = launch_wait(tmp_path, "--max-restarts", "5", "--hang-timeout", "3", command=["bash", "-c", NO_PROGRESS])
     with hastened(cluster, w.job_id):
-        check_end(cluster, w, state="FAILED", code=outcome.NO_PROGRESS, finished=False,
-                  log="the checkpoint step did not advance in this run or the one before (still 5): not requeueing "
-                      "again", ends=["hang", "hang", "hang"])
+        check_end(
+            cluster,
+            w,
+            state="FAILED",
+            code=outcome.NO_PROGRESS,
+            finished=False,
+            log="the checkpoint step did not advance in this run or the one before (still 5): not requeueing again",
+            ends=["hang", "hang", "hang"],
+        )
     assert [r["advanced"] for r in runs(w.job_dir)] == [True, False, False]
 
 
-ROWS = [row_completed, row_command_failed, row_cancelled_while_pending, row_cancelled_while_starting,
-        row_cancelled_while_running, row_cancelled_after_the_warning, row_requeued_by_admin, row_requeued_beyond_the_budget,
-        row_node_failure_without_requeue, row_node_failure_requeued, row_rank_killed, row_hang_with_budget_spent,
-        row_no_progress]
+ROWS = [
+    row_completed,
+    row_command_failed,
+    row_cancelled_while_pending,
+    row_cancelled_while_starting,
+    row_cancelled_while_running,
+    row_cancelled_after_the_warning,
+    row_requeued_by_admin,
+    row_requeued_beyond_the_budget,
+    row_node_failure_without_requeue,
+    row_node_failure_requeued,
+    row_rank_killed,
+    row_hang_with_budget_spent,
+    row_no_progress,
+]
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.__name__[4:] for r in ROWS])
@@ -230,17 +313,41 @@ def test_a_warning_as_the_batch_script_starts_is_kept_and_acted_on(cluster, tmp_
         f"if [ ! -e {flag} ] && tr '\\0' ' ' </proc/$PPID/cmdline | grep -q slurm_script; then\n"
         f"  : >{flag}; kill -USR1 $PPID; sleep 0.2\n"
         "fi\n"
-        'exec /bin/mkdir "$@"\n')
+        'exec /bin/mkdir "$@"\n'
+    )
     (bin_dir / "mkdir").chmod(0o755)
-    w = launch_wait(tmp_path, "--max-restarts", "0", env={"PATH": f"{bin_dir}:{os.environ['PATH']}"},
-                    command=["bash", "-c", 'trap "exit 0" USR1; touch "$KIT_FINISHED_FILE"; sleep 300 & wait'])
-    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log="the warning signal came as the script started",
-              ends=["finished"])
+    w = launch_wait(
+        tmp_path,
+        "--max-restarts",
+        "0",
+        env={"PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        command=["bash", "-c", 'trap "exit 0" USR1; touch "$KIT_FINISHED_FILE"; sleep 300 & wait'],
+    )
+    check_end(
+        cluster,
+        w,
+        state="COMPLETED",
+        code=0,
+        finished=True,
+        log="the warning signal came as the script started",
+        ends=["finished"],
+    )
     assert flag.exists() and "got SIGUSR1: the time limit is near" in read_logs(w.job_dir)
 
 
-TRAIN = [sys.executable, "-m", "kit.train", "--max-steps", "400", "--step-delay", "0.03", "--log-every", "10",
-         "--checkpoint-every", "20"]
+TRAIN = [
+    sys.executable,
+    "-m",
+    "kit.train",
+    "--max-steps",
+    "400",
+    "--step-delay",
+    "0.03",
+    "--log-every",
+    "10",
+    "--checkpoint-every",
+    "20",
+]
 
 
 def trained_to(job_dir: Path, step: int):
@@ -252,8 +359,15 @@ def test_reference_trainer_cancelled_is_not_finished(cluster, tmp_path):
     w = launch_wait(tmp_path, "--nodes", "2", command=TRAIN)
     wait_for(trained_to(w.job_dir, 30), 90, what="training")
     scancel(cluster, w.job_id)
-    check_end(cluster, w, state="CANCELLED", code=outcome.CANCELLED, finished=False,
-              log="after a stop signal; the work is not finished", ends=["stopped"])
+    check_end(
+        cluster,
+        w,
+        state="CANCELLED",
+        code=outcome.CANCELLED,
+        finished=False,
+        log="after a stop signal; the work is not finished",
+        ends=["stopped"],
+    )
 
 
 def test_reference_trainer_requeued_resumes_and_completes(cluster, tmp_path):
@@ -261,8 +375,9 @@ def test_reference_trainer_requeued_resumes_and_completes(cluster, tmp_path):
     wait_for(trained_to(w.job_dir, 60), 90, what="training")
     scontrol(cluster, "requeue", w.job_id)
     release_after_first_run(cluster, w)
-    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log="done at step=400",
-              ends=["stopped", "finished"])
+    check_end(
+        cluster, w, state="COMPLETED", code=0, finished=True, log="done at step=400", ends=["stopped", "finished"]
+    )
     second = (w.job_dir / "logs" / "rank-0.r1.log").read_text()
     resumed = int(re.search(r"resuming from .*last.ckpt at step (\d+)", second).group(1))
     assert resumed >= 40
@@ -280,9 +395,15 @@ def test_wait_is_not_fooled_by_strings_and_site_export_none(cluster, tmp_path):
     look like scontrol fields change nothing; SBATCH_EXPORT=NONE jobs run."""
     odd = tmp_path / "x JobState=FAILED ExitCode=7:0"
     odd.mkdir()
-    w = launch_wait(odd, "--nodes", "2", "--job-name", "y JobState=COMPLETED",
-                    command=["bash", "-c", 'echo "rank $RANK of $WORLD_SIZE via $MASTER_ADDR:$MASTER_PORT"; sleep 2'],
-                    env={"SBATCH_EXPORT": "NONE"})
+    w = launch_wait(
+        odd,
+        "--nodes",
+        "2",
+        "--job-name",
+        "y JobState=COMPLETED",
+        command=["bash", "-c", 'echo "rank $RANK of $WORLD_SIZE via $MASTER_ADDR:$MASTER_PORT"; sleep 2'],
+        env={"SBATCH_EXPORT": "NONE"},
+    )
     check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
     assert sorted(re.findall(r"^\d: rank (\d) of 2 via \S+:\d+$", read_logs(w.job_dir), re.M)) == ["0", "1"]
 
@@ -291,13 +412,24 @@ def test_a_save_marked_on_one_rank_covers_the_ranks_waiting_for_it(cluster, tmp_
     """Rank 0 marks `checkpointing` and saves for 8 s; rank 1 waits
     in the barrier with no progress of its own. The hang timeout is 3 s, the first-progress
     (saving) timeout 60 s: no hang, the job finishes. The README says one rank is enough."""
-    save = ('for i in $(seq 10); do echo "step $i" >"$KIT_PROGRESS_FILE"; sleep 0.2; done; '
-            'if [ "$RANK" = 0 ]; then echo "checkpointing 10" >"$KIT_PROGRESS_FILE"; fi; '
-            'sleep 8; echo "step 11" >"$KIT_PROGRESS_FILE"; echo "rank $RANK saved and went on"')
-    w = launch_wait(tmp_path, "--nodes", "2", "--hang-timeout", "3", "--first-progress-timeout", "60",
-                    "--max-restarts", "0", command=["bash", "-c", save])
-    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log="rank 1 saved and went on",
-              ends=["finished"])
+    save = (
+        'for i in $(seq 10); do echo "step $i" >"$KIT_PROGRESS_FILE"; sleep 0.2; done; '
+        'if [ "$RANK" = 0 ]; then echo "checkpointing 10" >"$KIT_PROGRESS_FILE"; fi; '
+        'sleep 8; echo "step 11" >"$KIT_PROGRESS_FILE"; echo "rank $RANK saved and went on"'
+    )
+    w = launch_wait(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--hang-timeout",
+        "3",
+        "--first-progress-timeout",
+        "60",
+        "--max-restarts",
+        "0",
+        command=["bash", "-c", save],
+    )
+    check_end(cluster, w, state="COMPLETED", code=0, finished=True, log="rank 1 saved and went on", ends=["finished"])
     assert not (w.job_dir / "hang" / "r0" / "report").exists()
 
 
@@ -326,8 +458,18 @@ def test_the_hang_report_blames_the_rank_outside_the_collective(cluster, tmp_pat
 
     require("py-spy")
     (tmp_path / "blame.py").write_text(BLAME)
-    w = launch_wait(tmp_path, "--nodes", "2", "--hang-timeout", "4", "--first-progress-timeout", "120",
-                    "--max-restarts", "1", command=[sys.executable, str(tmp_path / "blame.py")])
+    w = launch_wait(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--hang-timeout",
+        "4",
+        "--first-progress-timeout",
+        "120",
+        "--max-restarts",
+        "1",
+        command=[sys.executable, str(tmp_path / "blame.py")],
+    )
     try:
         report = w.job_dir / "hang" / "r0" / "report"
         wait_for(report.exists, 120, poll=0.2, what="the hang report")
@@ -338,8 +480,11 @@ def test_the_hang_report_blames_the_rank_outside_the_collective(cluster, tmp_pat
         assert "torch/distributed/distributed_c10d.py" in (w.job_dir / "hang" / "r0" / "rank-0.txt").read_text()
         # The requeue is about that node (this 2-node cluster has none to spare; test_recovery's
         # 3-node cluster shows one left out).
-        wait_for(lambda: re.search(rf"the next run (leaves out|may use) {node1}\b", read_logs(w.job_dir)), 60,
-                 what="the requeue's decision about the stuck rank's node")
+        wait_for(
+            lambda: re.search(rf"the next run (leaves out|may use) {node1}\b", read_logs(w.job_dir)),
+            60,
+            what="the requeue's decision about the stuck rank's node",
+        )
     finally:
         scancel(cluster, w.job_id)
         w.finish()
@@ -351,21 +496,42 @@ def test_without_stacks_a_hang_names_no_rank_and_is_told_in_errors_and_report(cl
     waiting rank 0. The report names no rank, and says why; `kit logs --errors` and `kit report` tell
     the hang."""
     (tmp_path / "blame.py").write_text(BLAME)
-    w = launch_wait(tmp_path, "--nodes", "2", "--hang-timeout", "4", "--first-progress-timeout", "120",
-                    "--max-restarts", "0", command=[sys.executable, str(tmp_path / "blame.py")],
-                    env={"PATH": "/usr/bin:/bin"})  # the interpreters by their paths (KIT_PYTHON); no py-spy on PATH
-    check_end(cluster, w, state="FAILED", code=outcome.HUNG, finished=False,
-              log="retry budget spent (0 restarts), not requeueing", ends=["hang"])
+    w = launch_wait(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--hang-timeout",
+        "4",
+        "--first-progress-timeout",
+        "120",
+        "--max-restarts",
+        "0",
+        command=[sys.executable, str(tmp_path / "blame.py")],
+        env={"PATH": "/usr/bin:/bin"},
+    )  # the interpreters by their paths (KIT_PYTHON); no py-spy on PATH
+    check_end(
+        cluster,
+        w,
+        state="FAILED",
+        code=outcome.HUNG,
+        finished=False,
+        log="retry budget spent (0 restarts), not requeueing",
+        ends=["hang"],
+    )
     fields = dict(line.split("=", 1) for line in (w.job_dir / "hang" / "r0" / "report").read_text().splitlines())
     assert fields["rank"] == "unknown" and fields["node"] == "", fields
-    assert fields["summary"].startswith("no rank named: the ranks made no progress for ") and \
-        "no rank's Python stacks could be taken (py-spy, in kit-slurm[train]" in fields["summary"], fields
+    assert (
+        fields["summary"].startswith("no rank named: the ranks made no progress for ")
+        and "no rank's Python stacks could be taken (py-spy, in kit-slurm[train]" in fields["summary"]
+    ), fields
     assert "py-spy not found" in (w.job_dir / "hang" / "r0" / "rank-1.txt").read_text()
     errors = kit("logs", str(w.job_dir), "--errors")
     assert errors.returncode == 0 and errors.stdout.startswith(f"run 0: hang: {fields['summary']}\n"), errors.stdout
     rep = kit("report", str(w.job_dir), "--prometheus", "http://127.0.0.1:1")
-    assert f"  ALERT: run 0 hung: {fields['summary']}; every rank's stacks in hang/r0/ (kit logs --errors)" in \
-        rep.stdout.splitlines(), rep.stdout + rep.stderr
+    assert (
+        f"  ALERT: run 0 hung: {fields['summary']}; every rank's stacks in hang/r0/ (kit logs --errors)"
+        in rep.stdout.splitlines()
+    ), rep.stdout + rep.stderr
 
 
 # Rank 1 never reaches the rendezvous; rank 0 waits in it. Neither reports progress.
@@ -382,10 +548,27 @@ def test_a_rank_that_never_reaches_the_rendezvous_is_caught(cluster, tmp_path):
     serves it and waits, rank 1 never comes. Caught once the first-progress timeout passes
     (torch's own would wait 30 minutes); the report names rank 1 and its node."""
     (tmp_path / "rendezvous.py").write_text(RENDEZVOUS)
-    w = launch_wait(tmp_path, "--nodes", "2", "--hang-timeout", "60", "--first-progress-timeout", "15",
-                    "--max-restarts", "0", command=[sys.executable, str(tmp_path / "rendezvous.py")])
-    check_end(cluster, w, state="FAILED", code=outcome.HUNG, finished=False,
-              log="retry budget spent (0 restarts), not requeueing", ends=["hang"])
+    w = launch_wait(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--hang-timeout",
+        "60",
+        "--first-progress-timeout",
+        "15",
+        "--max-restarts",
+        "0",
+        command=[sys.executable, str(tmp_path / "rendezvous.py")],
+    )
+    check_end(
+        cluster,
+        w,
+        state="FAILED",
+        code=outcome.HUNG,
+        finished=False,
+        log="retry budget spent (0 restarts), not requeueing",
+        ends=["hang"],
+    )
     fields = dict(line.split("=", 1) for line in (w.job_dir / "hang" / "r0" / "report").read_text().splitlines())
     node1 = (w.job_dir / "progress" / "r0" / "task-1").read_text().split()[0]
     assert (fields["rank"], fields["node"]) == ("1", node1), fields
@@ -394,8 +577,9 @@ def test_a_rank_that_never_reaches_the_rendezvous_is_caught(cluster, tmp_path):
     assert not (w.job_dir / "progress" / "r0" / "joined-1").exists()
     errors = kit("logs", str(w.job_dir), "--errors").stdout.splitlines()  # the hang, then the blamed rank's stacks
     stacks = (w.job_dir / "hang" / "r0" / "rank-1.txt").read_text().splitlines()
-    assert errors[:1 + min(len(stacks), 60)] == [f"run 0: hang: {fields['summary']}"] + \
-        ["  " + line for line in stacks[:60]], errors
+    assert errors[: 1 + min(len(stacks), 60)] == [f"run 0: hang: {fields['summary']}"] + [
+        "  " + line for line in stacks[:60]
+    ], errors
 
 
 def test_a_rendezvous_that_every_rank_joins_is_no_hang_without_progress_reports(cluster, tmp_path):
@@ -404,12 +588,24 @@ def test_a_rendezvous_that_every_rank_joins_is_no_hang_without_progress_reports(
     The timeout leaves every rank time to import torch and join on a loaded 2-core machine
     (4 s did not: rank 1 joined late in a full run and was rightly called hung), and the
     script runs well past it."""
-    script = ("import time, torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
-              "for _ in range(60):\n    dist.all_reduce(torch.ones(1)); time.sleep(0.4)\n"
-              "print('done', flush=True)\ndist.destroy_process_group()\n")
+    script = (
+        "import time, torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+        "for _ in range(60):\n    dist.all_reduce(torch.ones(1)); time.sleep(0.4)\n"
+        "print('done', flush=True)\ndist.destroy_process_group()\n"
+    )
     (tmp_path / "quiet.py").write_text(script)
-    w = launch_wait(tmp_path, "--nodes", "2", "--hang-timeout", "3", "--first-progress-timeout", "15",
-                    "--max-restarts", "0", command=[sys.executable, str(tmp_path / "quiet.py")])
+    w = launch_wait(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--hang-timeout",
+        "3",
+        "--first-progress-timeout",
+        "15",
+        "--max-restarts",
+        "0",
+        command=[sys.executable, str(tmp_path / "quiet.py")],
+    )
     check_end(cluster, w, state="COMPLETED", code=0, finished=True, log="1: done", ends=["finished"])
     assert all((w.job_dir / "progress" / "r0" / f"joined-{r}").exists() for r in (0, 1))
 
@@ -428,8 +624,19 @@ def test_a_rendezvous_reached_late_is_still_watched(cluster, tmp_path):
     task's start; rank 0 serving the rendezvous later was never marked, no rank had joined, and
     the job hung until cancelled. Now rank 0 is marked late, and rank 1 is named."""
     (tmp_path / "late.py").write_text(LATE)
-    w = launch_wait(tmp_path, "--nodes", "2", "--no-exporter", "--hang-timeout", "60", "--first-progress-timeout", "5",
-                    "--max-restarts", "0", command=[sys.executable, str(tmp_path / "late.py")])
+    w = launch_wait(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--no-exporter",
+        "--hang-timeout",
+        "60",
+        "--first-progress-timeout",
+        "5",
+        "--max-restarts",
+        "0",
+        command=[sys.executable, str(tmp_path / "late.py")],
+    )
     check_end(cluster, w, state="FAILED", code=outcome.HUNG, finished=False, log=None, ends=["hang"])
     fields = dict(line.split("=", 1) for line in (w.job_dir / "hang" / "r0" / "report").read_text().splitlines())
     assert fields["rank"] == "1" and "has not joined the rendezvous" in fields["summary"], fields
@@ -455,18 +662,32 @@ def test_work_declared_finished_then_a_teardown_abort_is_finished_and_the_chain_
     (tmp_path / "teardown.py").write_text(TEARDOWN)
     first = launch_wait(tmp_path, "--nodes", "2", command=[sys.executable, str(tmp_path / "teardown.py")])
     second = launch_wait(tmp_path, "--after", first.job_id, command=["bash", "-c", "echo stage two ran"])
-    check_end(cluster, first, state="COMPLETED", code=0, finished=True,
-              log="after its work was declared finished: a failure in teardown; the work is finished", ends=["finished"])
+    check_end(
+        cluster,
+        first,
+        state="COMPLETED",
+        code=0,
+        finished=True,
+        log="after its work was declared finished: a failure in teardown; the work is finished",
+        ends=["finished"],
+    )
     (run,) = runs(first.job_dir)
     assert (run["exit_code"], run["teardown_exit_code"]) == (0, 134), run
     check_end(cluster, second, state="COMPLETED", code=0, finished=True, log="stage two ran", ends=["finished"])
     # A code of the command's own after the declaration (a wrapper's next stage failed) still fails the job.
     (tmp_path / "after.py").write_text(TEARDOWN.replace("os.abort()", "raise SystemExit(3)"))
-    third = launch_wait(tmp_path, "--nodes", "2", "--max-restarts", "0",
-                        command=[sys.executable, str(tmp_path / "after.py")])
-    check_end(cluster, third, state="FAILED", code=3, finished=False,
-              log="step ended with exit 3 after the work was declared finished: a command failed after it",
-              ends=["failed"])
+    third = launch_wait(
+        tmp_path, "--nodes", "2", "--max-restarts", "0", command=[sys.executable, str(tmp_path / "after.py")]
+    )
+    check_end(
+        cluster,
+        third,
+        state="FAILED",
+        code=3,
+        finished=False,
+        log="step ended with exit 3 after the work was declared finished: a command failed after it",
+        ends=["failed"],
+    )
 
 
 # A DDP model; at step 20 rank 1 is stuck in code of its own, rank 0 waits
@@ -532,8 +753,18 @@ def test_the_stuck_rank_is_named_whatever_the_others_wait_in(cluster, tmp_path):
     for stuck, waits in STUCK_CASES:
         (tmp_path / waits).mkdir()
         waiting[(stuck, waits)] = launch_wait(
-            tmp_path / waits, "--nodes", "2", "--no-exporter", "--hang-timeout", "4", "--first-progress-timeout",
-            "120", "--max-restarts", "1", command=[sys.executable, str(tmp_path / "stuck.py"), stuck, waits])
+            tmp_path / waits,
+            "--nodes",
+            "2",
+            "--no-exporter",
+            "--hang-timeout",
+            "4",
+            "--first-progress-timeout",
+            "120",
+            "--max-restarts",
+            "1",
+            command=[sys.executable, str(tmp_path / "stuck.py"), stuck, waits],
+        )
     try:
         for case, w in waiting.items():
             report = w.job_dir / "hang" / "r0" / "report"
@@ -543,8 +774,11 @@ def test_the_stuck_rank_is_named_whatever_the_others_wait_in(cluster, tmp_path):
             healthy = (w.job_dir / "progress" / "r0" / "task-0").read_text().split()[0]
             assert (fields["rank"], fields["node"]) == ("1", stuck_node), (case, fields)
             assert "is in code of its own while 1 rank(s) wait for it" in fields["summary"], (case, fields)
-            wait_for(lambda: re.search(rf"the next run (leaves out|may use) {stuck_node}\b", read_logs(w.job_dir)),
-                     60, what=f"the requeue's decision about {case}'s stuck node")
+            wait_for(
+                lambda: re.search(rf"the next run (leaves out|may use) {stuck_node}\b", read_logs(w.job_dir)),
+                60,
+                what=f"the requeue's decision about {case}'s stuck node",
+            )
             assert not re.search(rf"the next run (leaves out|may use) {healthy}\b", read_logs(w.job_dir))
     finally:
         for w in waiting.values():

@@ -18,10 +18,12 @@ from helpers import REPO, require
 
 LAUNCH = REPO / "launch"
 # Readers that may stop before their input ends, and so fail the pipeline under pipefail.
-EARLY = [(re.compile(r"^head\b"), "head stops after its lines"),
-         (re.compile(r"^grep\b.*\s-[a-zA-Z]*[qlm]"), "grep -q/-l/-m stops at a match"),
-         (re.compile(r"^sed\b.*(\bq\b|[;{/]q)"), "sed q stops"),
-         (re.compile(r"^awk\b(?!.*END\s*\{[^}]*exit)[^\n]*\bexit\b"), "awk exits before its input ends")]
+EARLY = [
+    (re.compile(r"^head\b"), "head stops after its lines"),
+    (re.compile(r"^grep\b.*\s-[a-zA-Z]*[qlm]"), "grep -q/-l/-m stops at a match"),
+    (re.compile(r"^sed\b.*(\bq\b|[;{/]q)"), "sed q stops"),
+    (re.compile(r"^awk\b(?!.*END\s*\{[^}]*exit)[^\n]*\bexit\b"), "awk exits before its input ends"),
+]
 
 
 def _unquoted(line: str) -> str:
@@ -37,7 +39,7 @@ def _unquoted(line: str) -> str:
             quote = "'"
             out.append(c)
         elif c == "\\":
-            out.append(line[i:i + 2].replace("|", "_"))
+            out.append(line[i : i + 2].replace("|", "_"))
             i += 1
         elif c == "#" and (i == 0 or line[i - 1] in " \t;"):
             break
@@ -105,12 +107,15 @@ def test_no_pipeline_in_launch_has_an_early_reader():
     assert bad == [], "\n".join(bad)
 
 
-@pytest.mark.parametrize("line", [
-    """addr="$(ip -o -4 addr show | awk '{ split($4, a, "/"); print a[1]; exit }')\"""",
-    """end="$(squeue --noheader | head -n 1)\"""",
-    """if scontrol show job 1 | grep -q Requeue; then :; fi""",
-    """x="$(cat f | sed -n '1p;q')\"""",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        """addr="$(ip -o -4 addr show | awk '{ split($4, a, "/"); print a[1]; exit }')\"""",
+        """end="$(squeue --noheader | head -n 1)\"""",
+        """if scontrol show job 1 | grep -q Requeue; then :; fi""",
+        """x="$(cat f | sed -n '1p;q')\"""",
+    ],
+)
 def test_the_check_catches_an_early_reader(line):
     assert [early_readers(stages) for _, stages in pipelines(line)] != [[]], line
 
@@ -140,18 +145,28 @@ def busy_node(tmp_path):
     ns = f"kit-pipes-{os.getpid()}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
-        script = ["ip link set lo up", "ip link add eth0 type veth peer name eth0p",
-                  "ip addr add 10.99.0.1/24 dev eth0", "ip addr add 10.99.1.1/24 dev eth0",
-                  "ip link set eth0 up", "ip link set eth0p up"]
+        script = [
+            "ip link set lo up",
+            "ip link add eth0 type veth peer name eth0p",
+            "ip addr add 10.99.0.1/24 dev eth0",
+            "ip addr add 10.99.1.1/24 dev eth0",
+            "ip link set eth0 up",
+            "ip link set eth0p up",
+        ]
         for i in range(1, 41):
-            script += [f"ip link add vx{i} index {5000 + i} type veth peer name vy{i} index {6000 + i}",
-                       f"ip addr add 10.100.{i}.1/24 dev vx{i}", f"ip link set vx{i} up", f"ip link set vy{i} up"]
+            script += [
+                f"ip link add vx{i} index {5000 + i} type veth peer name vy{i} index {6000 + i}",
+                f"ip addr add 10.100.{i}.1/24 dev vx{i}",
+                f"ip link set vx{i} up",
+                f"ip link set vy{i} up",
+            ]
         subprocess.run(["ip", "netns", "exec", ns, "bash", "-ec", "\n".join(script)], check=True)
         slow = tmp_path / "bin"
         slow.mkdir()
         real = subprocess.run(["bash", "-c", "command -v ip"], capture_output=True, text=True).stdout.strip()
-        (slow / "ip").write_text(f"#!/bin/bash\n{real} \"$@\" | while IFS= read -r line; do\n"
-                                 "  printf '%s\\n' \"$line\"; sleep 0.002\ndone\n")
+        (slow / "ip").write_text(
+            f'#!/bin/bash\n{real} "$@" | while IFS= read -r line; do\n  printf \'%s\\n\' "$line"; sleep 0.002\ndone\n'
+        )
         (slow / "ip").chmod(0o755)
         yield ns, slow
     finally:
@@ -167,8 +182,13 @@ def run_in(ns: str, path: Path, body: str) -> str:
         eval "$(sed -n '/^kit::master_addr()/,/^}}/p' {prelaunch})"
         {body}
         """).format(lib=LAUNCH / "lib.sh", prelaunch=LAUNCH / "prelaunch_step.sh", body=body)
-    proc = subprocess.run(["ip", "netns", "exec", ns, "bash", "-c", harness], capture_output=True, text=True,
-                          env={**os.environ, "PATH": f"{path}:{os.environ['PATH']}"}, timeout=600)
+    proc = subprocess.run(
+        ["ip", "netns", "exec", ns, "bash", "-c", harness],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": f"{path}:{os.environ['PATH']}"},
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -195,8 +215,7 @@ def test_the_lookups_hold_500_times_with_40_interfaces_after_the_masters(busy_no
     for addr, want in (("10.99.0.1", "eth0"), ("10.100.7.9", "vx7"), ("10.100.40.200", "vx40")):
         assert run_in(ns, slow, LOOP.format(call=f"kit::route_iface {addr}", want=want)).split() == ["500", "0", "0"]
     # Prelaunch's, with --master-interface eth0 (two addresses: a line after the match).
-    out = run_in(ns, slow, "readonly KIT_MASTER_IFACE=eth0\n" + LOOP.format(call="kit::master_addr",
-                                                                            want="10.99.0.1"))
+    out = run_in(ns, slow, "readonly KIT_MASTER_IFACE=eth0\n" + LOOP.format(call="kit::master_addr", want="10.99.0.1"))
     assert out.split() == ["500", "0", "0"], out
     # The pattern it replaced fails here: the check above can fail.
     old = "ip -o -4 addr show | awk -v a=10.99.1.1 '{ split($4, p, \"/\"); if (p[1] == a) { print $2; exit } }'"

@@ -38,17 +38,32 @@ def jobs(cluster, tmp_path_factory):
         "resume": submit(tmp, "--nodes", "2", "--max-restarts", "3", *WARN, command=slow),
         "budget": submit(tmp, "--nodes", "1", "--max-restarts", "0", *WARN, command=slow),
         # Its work is done at once; it then waits for the warning and exits 0.
-        "finished": submit(tmp, "--nodes", "1", "--max-restarts", "3", *WARN,
-                           command=["bash", "-c", 'trap "exit 0" USR1; touch "$KIT_FINISHED_FILE"; sleep 300 & wait']),
+        "finished": submit(
+            tmp,
+            "--nodes",
+            "1",
+            "--max-restarts",
+            "3",
+            *WARN,
+            command=["bash", "-c", 'trap "exit 0" USR1; touch "$KIT_FINISHED_FILE"; sleep 300 & wait'],
+        ),
         # No handler for the warning and no restart left: never sent the signal (it
         # would die of it); Slurm ends it at the time limit.
         "timeout": submit(tmp, "--nodes", "1", "--max-restarts", "0", *WARN, command=["sleep", "300"]),
-        "handlerless": submit(tmp, "--nodes", "2", "--max-restarts", "2", *WARN,
-                              command=[sys.executable, str(Path(__file__).parent / "handlerless_train.py")]),
+        "handlerless": submit(
+            tmp,
+            "--nodes",
+            "2",
+            "--max-restarts",
+            "2",
+            *WARN,
+            command=[sys.executable, str(Path(__file__).parent / "handlerless_train.py")],
+        ),
         # A Python function (kit.submit) that has no handler either: its first run outlasts the
         # limit, the second returns at once.
-        "function": kitlib.submit(_long_then_done, local=True, output_dir=tmp / "fn", max_restarts=2, time="1",
-                                  signal_lead=45, heartbeat=5),
+        "function": kitlib.submit(
+            _long_then_done, local=True, output_dir=tmp / "fn", max_restarts=2, time="1", signal_lead=45, heartbeat=5
+        ),
     }
 
 
@@ -153,9 +168,15 @@ def test_a_command_without_a_handler_is_requeued_before_the_limit_and_finishes(c
     assert (job_dir / "FINISHED").exists()
     ends = runs(job_dir)
     assert [r["end"] for r in ends] == ["warned", "finished"] and ends[0]["advanced"], ends
-    run0 = logs[:logs.index("run 1: 2 node(s)")]
-    assert sorted(re.findall(r"^(\d): \[kit \S+ rank \1\] the command \(pid \d+\) has no handler for SIGUSR1: "
-                             r"not sending it", run0, re.M)) == ["0", "1"], run0
+    run0 = logs[: logs.index("run 1: 2 node(s)")]
+    assert sorted(
+        re.findall(
+            r"^(\d): \[kit \S+ rank \1\] the command \(pid \d+\) has no handler for SIGUSR1: "
+            r"not sending it",
+            run0,
+            re.M,
+        )
+    ) == ["0", "1"], run0
     assert "sent SIGUSR1" not in logs
     assert "the job step still runs" in logs and "stopping it, to requeue the job" in logs
     assert "exit 138" not in logs

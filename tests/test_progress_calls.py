@@ -50,7 +50,7 @@ def test_a_save_mark_and_finished_are_written_at_once_and_the_step_after_a_save_
     progress.step(1)
     progress.checkpointing(1)
     progress.step(2)
-    progress.step(3)   # within the interval of step 2's write: held back
+    progress.step(3)  # within the interval of step 2's write: held back
     progress.finished()
     assert [text for _, text in progress.writes] == ["step 1\n", "checkpointing 1\n", "step 2\n", "finished\n"]
     assert (tmp_path / "rank-0").read_text() == "finished\n"

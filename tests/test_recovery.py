@@ -37,8 +37,13 @@ def three(tmp_path):
 
 
 def hostnames(c: LocalCluster, nodelist: str) -> list[str]:
-    return subprocess.run(["scontrol", "show", "hostnames", nodelist], env={**os.environ, **c.target.env},
-                          capture_output=True, text=True, check=True).stdout.split()
+    return subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist],
+        env={**os.environ, **c.target.env},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
 
 
 def trained_to(job_dir: Path, step: int, restart: int = 0):
@@ -46,6 +51,7 @@ def trained_to(job_dir: Path, step: int, restart: int = 0):
         path = job_dir / "logs" / f"rank-0.r{restart}.log"
         text = path.read_text(errors="replace") if path.exists() else ""
         return any(int(s) >= step for s in re.findall(r"step=(\d+) loss", text))
+
     return check
 
 
@@ -56,16 +62,29 @@ def trainer_of_rank(job_dir: Path, rank: int) -> int:
 
 def test_hung_rank_is_caught_dumped_and_requeued_off_its_node(three, tmp_path):
     require("py-spy")
-    w = launch_wait(tmp_path, "--nodes", "2", "--hang-timeout", "5", "--first-progress-timeout", "120",
-                    command=[*TRAIN, "--max-steps", "300"], env=three.env)
+    w = launch_wait(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--hang-timeout",
+        "5",
+        "--first-progress-timeout",
+        "120",
+        command=[*TRAIN, "--max-steps", "300"],
+        env=three.env,
+    )
     wait_for(trained_to(w.job_dir, 40), 120, what="training")
     pid = wait_for(lambda: (w.job_dir / "progress" / "r0" / "task-1").exists() and trainer_of_rank(w.job_dir, 1), 10)
     t0 = time.monotonic()
     os.kill(pid, signal.SIGSTOP)
     report = w.job_dir / "hang" / "r0" / "report"
     wait_for(report.exists, 5 + 15, poll=0.1, what="the hang report")
-    assert wait_for(lambda: slurm.job_status(three.target, w.job_id).restarts == 1, 5 + 15 - (time.monotonic() - t0),
-                    poll=0.1, what="the step to stop and the job to requeue")
+    assert wait_for(
+        lambda: slurm.job_status(three.target, w.job_id).restarts == 1,
+        5 + 15 - (time.monotonic() - t0),
+        poll=0.1,
+        what="the step to stop and the job to requeue",
+    )
     stopped_after = time.monotonic() - t0
     fields = dict(line.split("=", 1) for line in report.read_text().splitlines())
     suspect = fields["node"]
@@ -79,12 +98,16 @@ def test_hung_rank_is_caught_dumped_and_requeued_off_its_node(three, tmp_path):
     assert f"hang: rank 1 on {suspect}" in read_logs(w.job_dir)
     assert suspect in slurm.job_status(three.target, w.job_id).excluded_nodes
     with hastened(three, w.job_id):
-        err = check_end(three, w, state="COMPLETED", code=0, finished=True, log="done at step=300",
-                        ends=["hang", "finished"])
+        err = check_end(
+            three, w, state="COMPLETED", code=0, finished=True, log="done at step=300", ends=["hang", "finished"]
+        )
     assert "after 1 restart(s)" in err
     assert suspect not in hostnames(three, slurm.job_status(three.target, w.job_id).nodes)
-    resumed = int(re.search(r"resuming from .*last.ckpt at step (\d+)",
-                            (w.job_dir / "logs" / "rank-0.r1.log").read_text()).group(1))
+    resumed = int(
+        re.search(r"resuming from .*last.ckpt at step (\d+)", (w.job_dir / "logs" / "rank-0.r1.log").read_text()).group(
+            1
+        )
+    )
     assert resumed >= 25  # the save before the stop (every 25 steps; stopped after step 40)
     print(f"hang stopped and requeued {stopped_after:.1f} s after SIGSTOP (hang timeout 5 s)")
 
@@ -118,8 +141,13 @@ def test_wait_rides_through_a_controller_restart(three, tmp_path):
     w = launch_wait(tmp_path, "--nodes", "2", command=[*TRAIN, "--max-steps", "500"], env=three.env)
     wait_for(trained_to(w.job_dir, 20), 120, what="training")
     # kit logs -f rides through it too, printing the job's lines all along.
-    follow = subprocess.Popen([sys.executable, "-m", "kit", "logs", "-f", str(w.job_dir)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env={**os.environ, **three.env})
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "kit", "logs", "-f", str(w.job_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **three.env},
+    )
     ctld = three.state().pids["slurmctld"]
     os.kill(ctld, signal.SIGKILL)
     wait_for(lambda: not _alive(ctld, "slurmctld"), 10)
@@ -137,8 +165,15 @@ def test_wait_rides_through_a_controller_restart(three, tmp_path):
 
 def test_down_with_a_dead_controller_ends_every_job_process(three, tmp_path):
     # A sidecar's daemon that cleared its environment and left the session: no token, no SLURM_CONF.
-    w = launch_wait(tmp_path, "--nodes", "2", "--sidecar", "env -i setsid sleep 433 & exec sleep 300",
-                    command=[*TRAIN, "--max-steps", "100000"], env=three.env)
+    w = launch_wait(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--sidecar",
+        "env -i setsid sleep 433 & exec sleep 300",
+        command=[*TRAIN, "--max-steps", "100000"],
+        env=three.env,
+    )
     wait_for(trained_to(w.job_dir, 10), 120, what="training")
     os.kill(three.state().pids["slurmctld"], signal.SIGKILL)
     down = kit("cluster", "down", env=three.env)
@@ -146,8 +181,9 @@ def test_down_with_a_dead_controller_ends_every_job_process(three, tmp_path):
     assert re.search(rf"ending \d+ leftover process\(es\) of job\(s\) {w.job_id}\b", down.stderr), down.stderr
     assert down.stdout == "local cluster stopped\n"
     assert wait_no_processes(w.job_dir, 5) == []
-    assert not any(_alive(p, "slurmstepd") for p in _pids_named("slurmstepd")
-                   if f"SLURM_CONF={three.conf}".encode() in _environ(p))
+    assert not any(
+        _alive(p, "slurmstepd") for p in _pids_named("slurmstepd") if f"SLURM_CONF={three.conf}".encode() in _environ(p)
+    )
     assert not [p for p in _pids_named("sleep") if _cmdline(p) == b"sleep\x00433\x00"]
     w.proc.kill()
     w.proc.communicate()

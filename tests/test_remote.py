@@ -22,6 +22,7 @@ from helpers import REPO, as_user, kit, require, wait_for
 from sshd import SSHD, Servers
 
 from kit import slurm
+
 pytestmark = pytest.mark.cluster
 
 
@@ -31,8 +32,11 @@ def hosts(cluster, user, tmp_path_factory):
     root = tmp_path_factory.mktemp("ssh")
     root.chmod(0o700)
     home = Path(user.pw_dir)
-    login_env = {**cluster.target.env, "KIT_HOME": str(home / "kit-home"),
-                 "PATH": f"{home}/venv/bin:/usr/local/bin:/usr/bin:/bin"}
+    login_env = {
+        **cluster.target.env,
+        "KIT_HOME": str(home / "kit-home"),
+        "PATH": f"{home}/venv/bin:/usr/local/bin:/usr/bin:/bin",
+    }
     servers = Servers(root, login_env, user=user).start()
     servers.home_before = files_of(home)  # the last test finds nothing else written there
     # A site's login shell greets: its dotfiles print before the command runs (bash sources ~/.bashrc for `ssh
@@ -52,8 +56,11 @@ BANNER = "Welcome to the login node! /home is 93% full."
 
 def files_of(home: Path) -> set[str]:
     """What the login account's home holds, but for kit's home and the tests' output directories there."""
-    return {str(p.relative_to(home)) for p in home.rglob("*")
-            if p.relative_to(home).parts[0] not in ("kit-home", "remote-tests")}
+    return {
+        str(p.relative_to(home))
+        for p in home.rglob("*")
+        if p.relative_to(home).parts[0] not in ("kit-home", "remote-tests")
+    }
 
 
 @pytest.fixture
@@ -97,12 +104,16 @@ def counted(hosts, run):
     return out, (hosts.accepted("login") - before[0], hosts.accepted("jump") - before[1])
 
 
-def test_ps_logs_report_and_cancel_through_a_jump_host_one_connection_at_most(cluster, user, hosts, laptop, there,
-                                                                              tmp_path):
+def test_ps_logs_report_and_cancel_through_a_jump_host_one_connection_at_most(
+    cluster, user, hosts, laptop, there, tmp_path
+):
     job = submit_as(user, hosts, there, "--nodes", "1", command="bash -c 'echo hello from the job; sleep 300'")
     job_dir = Path(job["job_dir"])
-    wait_for(lambda: "hello from the job" in "".join(p.read_text() for p in (job_dir / "logs").glob("rank-0*")),
-             60, what="the job's first line")
+    wait_for(
+        lambda: "hello from the job" in "".join(p.read_text() for p in (job_dir / "logs").glob("rank-0*")),
+        60,
+        what="the job's first line",
+    )
     ps, opened = counted(hosts, lambda: kit("--host", "kit-login", "ps", "--output-dir", str(there), env=laptop))
     assert ps.returncode == 0, ps.stderr
     assert job["job_id"] in ps.stdout and "RUNNING" in ps.stdout
@@ -163,7 +174,7 @@ def test_two_sites_behind_their_own_bastions_under_one_internal_name_never_share
     by the server that accepted the connection; `kit logs` of no job writes nothing at either."""
     for name, opens in (("site-a", (1, 0)), ("site-b", (0, 1))):
         for expected in (opens, (0, 0)):  # the master, then its reuse
-            out, opened = counted(hosts, lambda: kit("--host", name, "logs", "/no/such/job", env=laptop))  # noqa: B023
+            out, opened = counted(hosts, lambda: kit("--host", name, "logs", "/no/such/job", env=laptop))
             assert out.returncode not in (0, 255) and "/no/such/job" in out.stderr, out.stderr
             assert opened == expected, (name, opened, out.stderr)
     assert None not in {hosts.master_pid("site-a"), hosts.master_pid("site-b")}
@@ -175,29 +186,50 @@ def test_kit_missing_there_or_of_another_version_is_refused_in_one_line(hosts, l
     assert missing.returncode == 1, missing.stderr
     assert missing.stderr.startswith("kit: --host: kit is not installed on kit-direct"), missing.stderr
     assert "hint: install it there: pip install kit-slurm==" in missing.stderr
-    other = kit("--host", "kit-direct", "ps", env={
-        **laptop, "KIT_REMOTE_KIT": f"env KIT_CLIENT_VERSION=0.0.1 {laptop['KIT_REMOTE_KIT']}"})
+    other = kit(
+        "--host",
+        "kit-direct",
+        "ps",
+        env={**laptop, "KIT_REMOTE_KIT": f"env KIT_CLIENT_VERSION=0.0.1 {laptop['KIT_REMOTE_KIT']}"},
+    )
     # Read on the laptop: "here" is the laptop (0.0.1, as the login node was told), "there" the login node.
-    assert other.returncode == 2 and re.search(r"kit: --host: kit 0\.0\.1 here, kit \S+ on the login node\n"
-                                               r"hint: use one version on both: .*==\S+ here, or .*==0\.0\.1 on "
-                                               r"the login node", other.stderr), other.stderr
+    assert other.returncode == 2 and re.search(
+        r"kit: --host: kit 0\.0\.1 here, kit \S+ on the login node\n"
+        r"hint: use one version on both: .*==\S+ here, or .*==0\.0\.1 on "
+        r"the login node",
+        other.stderr,
+    ), other.stderr
     # A KIT_HOST in the login node's own environment (dotfiles shared with the laptop): the command runs there,
     # never on to another host (which would be itself, again and again).
-    relayed = kit("--host", "kit-direct", "ps", "--output-dir", "/nonexistent/kit-jobs", env={
-        **laptop, "KIT_REMOTE_KIT": f"env KIT_HOST=kit-direct {laptop['KIT_REMOTE_KIT']}"})
+    relayed = kit(
+        "--host",
+        "kit-direct",
+        "ps",
+        "--output-dir",
+        "/nonexistent/kit-jobs",
+        env={**laptop, "KIT_REMOTE_KIT": f"env KIT_HOST=kit-direct {laptop['KIT_REMOTE_KIT']}"},
+    )
     assert relayed.returncode == 0 and "kit-direct" not in relayed.stderr, relayed.stdout + relayed.stderr
 
 
 def test_logs_follow_streams_and_a_client_that_goes_away_leaves_nothing_there(cluster, user, hosts, laptop, there):
-    job = submit_as(user, hosts, there, "--nodes", "1",
-                    command="bash -c 'for i in $(seq 1 200); do echo line $i; sleep 0.1; done'")
-    follow = subprocess.Popen([sys.executable, "-m", "kit", "--host", "kit-login", "logs", "-f", job["job_dir"]],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, **laptop}, start_new_session=True)
+    job = submit_as(
+        user, hosts, there, "--nodes", "1", command="bash -c 'for i in $(seq 1 200); do echo line $i; sleep 0.1; done'"
+    )
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "kit", "--host", "kit-login", "logs", "-f", job["job_dir"]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **laptop},
+        start_new_session=True,
+    )
+
     def left():
         """The user's kit processes on the login node serving the follow (its command line is `kit remote-args`)."""
-        ps = subprocess.run(["pgrep", "-u", str(user.pw_uid), "-f", "kit (logs -f|remote-)"], capture_output=True,
-                            text=True)
+        ps = subprocess.run(
+            ["pgrep", "-u", str(user.pw_uid), "-f", "kit (logs -f|remote-)"], capture_output=True, text=True
+        )
         return ps.stdout.split()
 
     seen = []
@@ -217,12 +249,17 @@ def test_logs_follow_streams_and_a_client_that_goes_away_leaves_nothing_there(cl
 def test_logs_follow_rides_through_a_dropped_connection_without_a_line_twice(cluster, user, hosts, laptop, there):
     """The master connection is killed mid-follow (a network drop): kit connects again and the log goes on
     from where it was — every line once, in order, to the job's end."""
-    job = submit_as(user, hosts, there, "--nodes", "1",
-                    command="bash -c 'for i in $(seq 1 80); do echo line $i; sleep 0.1; done'")
+    job = submit_as(
+        user, hosts, there, "--nodes", "1", command="bash -c 'for i in $(seq 1 80); do echo line $i; sleep 0.1; done'"
+    )
     before = hosts.accepted("login")
-    follow = subprocess.Popen([sys.executable, "-m", "kit", "--host", "kit-login", "logs", "-f", job["job_dir"]],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, **laptop})
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "kit", "--host", "kit-login", "logs", "-f", job["job_dir"]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **laptop},
+    )
     lines = []
     for line in follow.stdout:
         lines.append(line)
@@ -244,7 +281,8 @@ def test_launch_sends_the_code_as_the_objects_the_login_node_lacks(cluster, host
     (repo / "src").mkdir(parents=True)
     (repo / "src" / "train.py").write_text(
         "import os\nprint('code version 1', open('../data.txt').read().strip(), "
-        "os.environ.get('LAPTOP_SECRET'), os.environ.get('TOKEN'), flush=True)\n")
+        "os.environ.get('LAPTOP_SECRET'), os.environ.get('TOKEN'), flush=True)\n"
+    )
     (repo / "data.txt").write_text("tracked data\n")
     (repo / "README").write_text("a user's repository\n")
     for args in (["init", "-q"], ["add", "."], ["-c", "user.email=u@x", "-c", "user.name=u", "commit", "-qm", "one"]):
@@ -253,9 +291,27 @@ def test_launch_sends_the_code_as_the_objects_the_login_node_lacks(cluster, host
     out_dir = there
 
     def launch():
-        return counted(hosts, lambda: kit("--host", "kit-login", "launch", "--nodes", "1", "--wait",
-                                          "--output-dir", str(out_dir), "--env", "TOKEN=t0ken", "--",
-                                          "python3", "train.py", env=env, cwd=repo / "src", timeout=180))
+        return counted(
+            hosts,
+            lambda: kit(
+                "--host",
+                "kit-login",
+                "launch",
+                "--nodes",
+                "1",
+                "--wait",
+                "--output-dir",
+                str(out_dir),
+                "--env",
+                "TOKEN=t0ken",
+                "--",
+                "python3",
+                "train.py",
+                env=env,
+                cwd=repo / "src",
+                timeout=180,
+            ),
+        )
 
     def sent(proc) -> int:
         return int(re.search(r"kit: code sha256:\S+: sent (\d+) object\(s\)", proc.stderr).group(1))
@@ -288,8 +344,13 @@ def test_bench_remote_quick(tmp_path):
     unchanged repository sends no object the second time. (What SSH adds to a call is measured on one account
     against itself: the login node's calls here and there are the bench's own, not this module's user's.)"""
     env = {k: v for k, v in os.environ.items() if k not in ("KIT_SSH", "KIT_REMOTE_KIT", "KIT_HOST")}
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_remote.py"), "--quick"], capture_output=True,
-                          text=True, timeout=600, env={**env, "KIT_HOME": str(tmp_path / "bench-home")})
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_remote.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**env, "KIT_HOME": str(tmp_path / "bench-home")},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for call in ("launch --dry-run", "launch", "ps"):
         assert re.search(rf"^{re.escape(call)} +\d+\.\d+s +\d+\.\d+s +\d+\.\d+s +\+", proc.stdout, re.M), proc.stdout
@@ -346,9 +407,14 @@ def test_a_function_submitted_from_the_laptop_brings_its_value_back(cluster, use
     script = tmp_path / "laptop.py"
     script.write_text(LAPTOP)
     before = hosts.accepted("login")
-    proc = subprocess.run([f"{user.pw_dir}/venv/bin/python3", str(script), str(there)], capture_output=True,
-                          text=True, timeout=600, cwd=tmp_path,
-                          env={**os.environ, **laptop, "KIT_HOME": str(tmp_path / "laptop-home")})
+    proc = subprocess.run(
+        [f"{user.pw_dir}/venv/bin/python3", str(script), str(there)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, **laptop, "KIT_HOME": str(tmp_path / "laptop-home")},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     got = json.loads(proc.stdout.splitlines()[-1])
     assert got["parent"] == str(there / "fn") and got["value"] == 6, got
@@ -376,9 +442,14 @@ def _kill_master(hosts) -> None:
 def _wait_through_a_killed_master(hosts, repo: Path, env: dict, *args: str) -> tuple[int, str]:
     """`kit --host kit-login launch --wait ARGS` from ``repo``, the master killed once the job is
     submitted: (its exit code, its stderr)."""
-    proc = subprocess.Popen([sys.executable, "-m", "kit", "--host", "kit-login", "launch", "--wait", *args],
-                            cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **env})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kit", "--host", "kit-login", "launch", "--wait", *args],
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+    )
     submitted = proc.stdout.readline()
     assert submitted.startswith("Submitted job "), submitted + proc.stderr.read()
     # Once both lines are here (the id, then the directory): a drop between them is issue 42's (today the
@@ -418,14 +489,19 @@ def test_python_launch_jobs_and_job_on_the_login_node(cluster, user, hosts, lapt
     with pytest.raises(kitlib.KitError, match="unknown option 'nodez'"):
         kitlib.launch(["true"], host="kit-login", nodez=2)
     before = hosts.accepted("login")
-    job = kitlib.launch(["bash", "job.sh"], host="kit-login", nodes=1, output_dir=out,
-                        env={"TOKEN": "s3cret"}, wait=True)
+    job = kitlib.launch(
+        ["bash", "job.sh"], host="kit-login", nodes=1, output_dir=out, env={"TOKEN": "s3cret"}, wait=True
+    )
     # The very class a local launch returns: every method and attribute, each call made there.
     assert type(job) is kitlib.Job and job.host.name == "kit-login" and job.id and job.dir.parent == Path(out)
-    here = on_the_login_node(user, hosts, f"j = kit.Job({str(job.dir)!r}); print(json.dumps([j.state(), j.logs(), "
-                                                f"repr(j.progress()), j.errors(), [[k.id, str(k.dir)] for k in "
-                                                f"kit.jobs(output_dirs=[{out!r}])], repr(j.target), "
-                                                f"j.logs(rank=0), j.logs(errors=True)]))")
+    here = on_the_login_node(
+        user,
+        hosts,
+        f"j = kit.Job({str(job.dir)!r}); print(json.dumps([j.state(), j.logs(), "
+        f"repr(j.progress()), j.errors(), [[k.id, str(k.dir)] for k in "
+        f"kit.jobs(output_dirs=[{out!r}])], repr(j.target), "
+        f"j.logs(rank=0), j.logs(errors=True)]))",
+    )
     assert job.state() == here[0] == "COMPLETED" and job.done()
     assert job.logs() == here[1] and "0: token=s3cret" in job.logs()
     assert repr(job.progress()) == here[2] and job.errors() == here[3] == []
@@ -440,12 +516,38 @@ def test_python_launch_jobs_and_job_on_the_login_node(cluster, user, hosts, lapt
     assert listed[0].row.state == "COMPLETED" and listed[0].row.job_dir == str(job.dir)
     reopened = kitlib.Job(job.dir, host="kit-login", job_id=job.id)
     numbers = reopened.report(output=tmp_path / "report.png")
-    assert numbers["job"] == job.id and (tmp_path / "report.png").read_bytes() == (Path(job.dir) / "report.png").read_bytes()
+    assert (
+        numbers["job"] == job.id
+        and (tmp_path / "report.png").read_bytes() == (Path(job.dir) / "report.png").read_bytes()
+    )
     again = job.rerun(wait=True, env={"TOKEN": "r3run"})
-    assert type(again) is kitlib.Job and again.host == job.host and again.id != job.id and "0: token=r3run" in again.logs()
-    plain = subprocess.run([sys.executable, "-m", "kit", "--host", "kit-login", "launch", "--wait",
-                            "--no-code-snapshot", "--output-dir", out, "--env", "TOKEN=n0snap", "--", "bash", "-c",
-                            "echo token=$TOKEN"], capture_output=True, text=True, env=os.environ, timeout=300)
+    assert (
+        type(again) is kitlib.Job and again.host == job.host and again.id != job.id and "0: token=r3run" in again.logs()
+    )
+    plain = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kit",
+            "--host",
+            "kit-login",
+            "launch",
+            "--wait",
+            "--no-code-snapshot",
+            "--output-dir",
+            out,
+            "--env",
+            "TOKEN=n0snap",
+            "--",
+            "bash",
+            "-c",
+            "echo token=$TOKEN",
+        ],
+        capture_output=True,
+        text=True,
+        env=os.environ,
+        timeout=300,
+    )
     assert plain.returncode == 0 and "Submitted job" in plain.stdout, plain.stdout + plain.stderr
     assert "0: token=n0snap" in kitlib.Job(plain.stdout.split("job dir: ")[1].split()[0], host="kit-login").logs()
     # Every call's arguments came in the channel: the login node's command lines (its `ps`) held none of them.
@@ -477,16 +579,25 @@ def test_launch_wait_rides_through_a_dropped_master(cluster, hosts, laptop, ther
     for args in (["init", "-q"], ["add", "."], ["-c", "user.email=u@x", "-c", "user.name=u", "commit", "-qm", "one"]):
         subprocess.run(["git", *args], cwd=repo, check=True)
     before = hosts.accepted("login")
-    code, err = _wait_through_a_killed_master(hosts, repo, {**laptop, "KIT_HOME": str(tmp_path / "laptop-home")},
-                                              "--output-dir", str(there), "--", "bash", "job.sh")
+    code, err = _wait_through_a_killed_master(
+        hosts,
+        repo,
+        {**laptop, "KIT_HOME": str(tmp_path / "laptop-home")},
+        "--output-dir",
+        str(there),
+        "--",
+        "bash",
+        "job.sh",
+    )
     assert code == 0, err
     assert "the connection to kit-login dropped; waiting again" in err and "ended COMPLETED" in err, err
     assert len(list(there.iterdir())) == 1  # launched once
     assert hosts.accepted("login") - before == 2
 
 
-def test_the_main_job_and_a_sweep_from_the_laptop_through_the_jump_host(cluster, cpu_image, hosts, laptop, there,
-                                                                         tmp_path):
+def test_the_main_job_and_a_sweep_from_the_laptop_through_the_jump_host(
+    cluster, cpu_image, hosts, laptop, there, tmp_path
+):
     """The README's main job (2 nodes in kit's image, metrics, report) and a sweep, launched from a laptop's
     repository through ProxyJump, then reported from there."""
     repo = tmp_path / "repo"
@@ -499,17 +610,50 @@ def test_the_main_job_and_a_sweep_from_the_laptop_through_the_jump_host(cluster,
     shutil.copyfile(cpu_image, image)
     with open(image, "ab") as f:
         f.write(b"\0" * 4096)  # past the filesystem's end: unread, but another digest
-    main = kit("--host", "kit-login", "launch", "--nodes", "2", "--image", str(image), "--wait",
-               "--output-dir", str(there), "--", "python3", "-m", "kit.train", "--max-steps", "30",
-               "--step-delay", "0.05", env=env, cwd=repo, timeout=300)
+    main = kit(
+        "--host",
+        "kit-login",
+        "launch",
+        "--nodes",
+        "2",
+        "--image",
+        str(image),
+        "--wait",
+        "--output-dir",
+        str(there),
+        "--",
+        "python3",
+        "-m",
+        "kit.train",
+        "--max-steps",
+        "30",
+        "--step-delay",
+        "0.05",
+        env=env,
+        cwd=repo,
+        timeout=300,
+    )
     assert main.returncode == 0, main.stderr
     assert re.search(r"^kit: image sha256:\S+: sent \d+\.\d MiB$", main.stderr, re.M), main.stderr
     pinned = json.loads((Path(re.search(r"^job dir: (.+)$", main.stdout, re.M).group(1)) / "job.json").read_text())
     assert Path(pinned["image"]).parent == Path(hosts.login_env["KIT_HOME"]) / "images", pinned["image"]
-    again = kit("--host", "kit-login", "launch", "--dry-run", "--image", str(image), "--output-dir",
-                str(there), "--", "true", env=env, cwd=repo)
-    assert again.returncode == 0 and re.search(r"^kit: image sha256:\S+: already there$", again.stderr, re.M), \
+    again = kit(
+        "--host",
+        "kit-login",
+        "launch",
+        "--dry-run",
+        "--image",
+        str(image),
+        "--output-dir",
+        str(there),
+        "--",
+        "true",
+        env=env,
+        cwd=repo,
+    )
+    assert again.returncode == 0 and re.search(r"^kit: image sha256:\S+: already there$", again.stderr, re.M), (
         again.stderr
+    )
     job_dir = re.search(r"^job dir: (.+)$", main.stdout, re.M).group(1)
     report = kit("--host", "kit-login", "report", job_dir, "-o", str(tmp_path / "report.png"), env=env)
     assert report.returncode == 0 and "nodes" in report.stdout.lower(), report.stderr
@@ -517,8 +661,19 @@ def test_the_main_job_and_a_sweep_from_the_laptop_through_the_jump_host(cluster,
     assert (tmp_path / "report.png").read_bytes() == (Path(job_dir) / "report.png").read_bytes()
     assert json.loads((tmp_path / "report.json").read_text())["job"] == main.stdout.split()[2]  # Submitted job ID
     # a sweep's --wait, its master killed while it waits: it waits again for every task there
-    code, err = _wait_through_a_killed_master(hosts, repo, env, "--sweep", "x=1,2", "--output-dir",
-                                              str(there), "--", "bash", "-c", "echo sweep x={x}; sleep 8")
+    code, err = _wait_through_a_killed_master(
+        hosts,
+        repo,
+        env,
+        "--sweep",
+        "x=1,2",
+        "--output-dir",
+        str(there),
+        "--",
+        "bash",
+        "-c",
+        "echo sweep x={x}; sleep 8",
+    )
     assert code == 0, err
     assert "dropped; waiting again" in err and "2 of 2 task(s) finished" in err, err
     assert len(re.findall(r"kit: job \S+_\d \(x=\d\) ended COMPLETED", err)) == 2, err

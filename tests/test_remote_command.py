@@ -19,20 +19,46 @@ from kit import remote
 from kit.remote import wire
 from kit.version import __version__
 
-TRICKY = ["ps", "a b", "it's", '"quoted"', "$HOME", "`id`", "semi;colon", "back\\slash", "*", "", "--", "ünï",
-          "~", "{a,b}", "%1", "a=b", "bang!", "!!", "!$", "new\nline", "it's!", "--env=TOKEN=s3cret"]
+TRICKY = [
+    "ps",
+    "a b",
+    "it's",
+    '"quoted"',
+    "$HOME",
+    "`id`",
+    "semi;colon",
+    "back\\slash",
+    "*",
+    "",
+    "--",
+    "ünï",
+    "~",
+    "{a,b}",
+    "%1",
+    "a=b",
+    "bang!",
+    "!!",
+    "!$",
+    "new\nline",
+    "it's!",
+    "--env=TOKEN=s3cret",
+]
 SHELLS = ["bash", "dash", "tcsh"]  # tcsh: the csh of Debian (.ci/setup installs it)
 # kit there: says the client's version, the command line it was given, and the arguments it read
-THERE = ("import os, sys; from kit.remote import wire; wire.hello(); "
-         "sys.stdout.write('\\0'.join([os.environ['KIT_CLIENT_VERSION'], *sys.argv[1:], '|', *wire.read_args()]))")
+THERE = (
+    "import os, sys; from kit.remote import wire; wire.hello(); "
+    "sys.stdout.write('\\0'.join([os.environ['KIT_CLIENT_VERSION'], *sys.argv[1:], '|', *wire.read_args()]))"
+)
 
 
 def _host(tmp_path, shell: str, remote_kit: tuple[str, ...]) -> remote.Host:
     """A host whose "ssh" runs the remote command with ``shell`` here, recording that command."""
     fake = tmp_path / "ssh"
-    fake.write_text("import os, sys\n"
-                    f"open({str(tmp_path / 'command')!r}, 'w').write(sys.argv[-1])\n"
-                    "os.execvp(sys.argv[1], [sys.argv[1], '-c', sys.argv[-1]])\n")
+    fake.write_text(
+        "import os, sys\n"
+        f"open({str(tmp_path / 'command')!r}, 'w').write(sys.argv[-1])\n"
+        "os.execvp(sys.argv[1], [sys.argv[1], '-c', sys.argv[-1]])\n"
+    )
     return remote.Host("login", ssh=(sys.executable, str(fake), shell), remote_kit=remote_kit)
 
 
@@ -60,18 +86,29 @@ def test_no_kit_there_is_127_and_silence(tmp_path, shell):
 
 def test_kit_there_refuses_input_that_is_no_command():
     for given in (b"", b"not json\n", b'{"argv": 1}\n', b'["ps", 3]\n', b'["a\\u0000b"]\n'):
-        proc = subprocess.run([sys.executable, "-m", "kit", wire.ARGS_COMMAND], input=given, capture_output=True,
-                              env={"PATH": "/usr/bin:/bin", wire.VERSION_VARIABLE: __version__})
+        proc = subprocess.run(
+            [sys.executable, "-m", "kit", wire.ARGS_COMMAND],
+            input=given,
+            capture_output=True,
+            env={"PATH": "/usr/bin:/bin", wire.VERSION_VARIABLE: __version__},
+        )
         assert (proc.returncode, proc.stderr) == (2, b"kit: remote-args: the client sent no command\n"), given
 
 
-@pytest.mark.parametrize("argv", [["--host", "", "ps"], ["--host=", "ps"], ["--host", " ", "launch", "--", "true"],
-                                  ["--host", "", "build", "x"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["--host", "", "ps"], ["--host=", "ps"], ["--host", " ", "launch", "--", "true"], ["--host", "", "build", "x"]],
+)
 def test_an_empty_host_is_refused_never_run_here(tmp_path, argv):
     """`--host ''` (a variable that was empty: `kit --host "$LOGIN" ps`) ran the command on the laptop, against
     whatever Slurm the laptop has. One line, exit 2, nothing run (no job directory written)."""
-    proc = subprocess.run([sys.executable, "-m", "kit", *argv], capture_output=True, text=True, cwd=tmp_path,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "kit", *argv],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
     assert proc.returncode == 2 and proc.stderr.startswith("kit: --host: "), proc.stderr
     assert "Traceback" not in proc.stderr and list(tmp_path.iterdir()) == [], proc.stderr
 
@@ -90,8 +127,11 @@ def test_a_hosted_report_is_written_over_planted_links_not_through_them(tmp_path
     out.parent.mkdir()
     out.symlink_to(victims[0])
     out.with_suffix(".json").symlink_to(victims[1])
-    monkeypatch.setattr(hosted, "call", lambda *a, **k: {"lines": [], "warnings": [], "numbers": {"samples_per_s": 1},
-                                                         "picture_bytes": "UE5H"})
+    monkeypatch.setattr(
+        hosted,
+        "call",
+        lambda *a, **k: {"lines": [], "warnings": [], "numbers": {"samples_per_s": 1}, "picture_bytes": "UE5H"},
+    )
     got = hosted.summarize(kit.Job("/there/job", host="login"), output=out)
     assert [v.read_text() for v in victims] == ["theirs\n", "theirs\n"]
     assert not out.is_symlink() and out.read_bytes() == b"PNG" and got.picture == str(out)
@@ -129,9 +169,10 @@ def test_a_damaged_object_on_the_login_node_is_asked_for_again(tmp_path, monkeyp
     own with its KIT_HOME): a snapshot's objects go once; an object there whose content no longer matches its
     name was taken as present, and every launch of that content ran the damaged file. Now it is asked for again,
     and the job's tree has the whole file."""
+    from kit.code import snapshot as snapshots
     from kit.code import store as codestore
     from kit.remote import transfer
-    from kit.code import snapshot as snapshots
+
     repo, laptop, login = tmp_path / "repo", tmp_path / "laptop", tmp_path / "login"
     repo.mkdir()
     (repo / "train.py").write_text("print('whole')\n")
@@ -142,9 +183,17 @@ def test_a_damaged_object_on_the_login_node_is_asked_for_again(tmp_path, monkeyp
     snap = snapshots.take(repo, store=snapshots.store_for(laptop))
 
     def launch() -> int:
-        there = subprocess.Popen([sys.executable, "-c", "from kit.remote.transfer import receive; import sys; "
-                                  "print(receive('t', '.')[1], file=sys.stderr)"], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "KIT_HOME": str(login)})
+        there = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "from kit.remote.transfer import receive; import sys; print(receive('t', '.')[1], file=sys.stderr)",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "KIT_HOME": str(login)},
+        )
         with codestore.opened(Path(snap.store), create=False) as (_, objects, manifests):
             count, _, _ = transfer._send(there, *transfer.outgoing(snap, objects, manifests))
         _, err = there.communicate(timeout=60)
@@ -153,8 +202,7 @@ def test_a_damaged_object_on_the_login_node_is_asked_for_again(tmp_path, monkeyp
         return count
 
     assert launch() == 2 and launch() == 0
-    [damaged] = [p for p in (login / "code" / "objects").iterdir()
-                 if p.read_bytes() == b"print('whole')\n"]
+    [damaged] = [p for p in (login / "code" / "objects").iterdir() if p.read_bytes() == b"print('whole')\n"]
     damaged.chmod(0o644)
     damaged.write_text("print('damaged')\n")
     assert launch() == 1
@@ -168,7 +216,7 @@ def test_kit_theres_answers_are_records_a_banner_cannot_be_taken_for(monkeypatch
     reaches the person as it came, the records (even one split across reads) do not."""
     from kit.remote import wire
 
-    banner = b"Welcome to login1! Quota: 93% of /home used\n{\"job_dir\": \"/not/kits\"}\n"
+    banner = b'Welcome to login1! Quota: 93% of /home used\n{"job_dir": "/not/kits"}\n'
     stream = io.BytesIO(banner + wire.record({"kit": "x"}) + wire.record({"missing": ["a"]}))
     assert wire.read(stream) == {"kit": "x"} and wire.read(stream) == {"missing": ["a"]}
     with pytest.raises(wire.NoRecord, match="ended"):
@@ -183,6 +231,6 @@ def test_kit_theres_answers_are_records_a_banner_cannot_be_taken_for(monkeypatch
     records = wire.Records(shown.append)
     whole = b"Submitted job 7\n" + wire.record({"launched": {"job_id": "7"}}) + b"job dir: /d\nwaiting"
     for i in range(0, len(whole), 5):  # in pieces, a record split across them
-        records(whole[i:i + 5])
+        records(whole[i : i + 5])
     assert b"".join(shown) == b"Submitted job 7\njob dir: /d\nwaiting"
     assert records.seen == [{"launched": {"job_id": "7"}}]

@@ -19,7 +19,9 @@ from sshd import SSHD, Servers
 
 pytestmark = pytest.mark.cluster
 
-README_LINE = re.compile(r"# at the top of ~/\.bashrc, above its interactive guard \(kit's line for --host\):\n\s+(.+)\n")
+README_LINE = re.compile(
+    r"# at the top of ~/\.bashrc, above its interactive guard \(kit's line for --host\):\n\s+(.+)\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +43,9 @@ def laptop(login, tmp_path: Path) -> dict:
 
 
 def kit_here(*args: str, env: dict, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True, env=env, cwd=cwd,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "kit", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout
+    )
 
 
 def repository(tmp_path: Path) -> Path:
@@ -67,15 +70,28 @@ def test_an_ordinary_login_account_set_up_as_the_readme_says(cluster, user, logi
     found = kit_here("--host", "kit-direct", "ps", env=env, cwd=repo)
     kit_path = f"{user.pw_dir}/venv/bin/kit"
     assert found.returncode == 1, found.stderr
-    assert found.stderr.splitlines()[0] == (f"kit: --host: kit is not on the login shell's PATH on kit-direct, but "
-                                            f"installed at {kit_path}"), found.stderr
+    assert found.stderr.splitlines()[0] == (
+        f"kit: --host: kit is not on the login shell's PATH on kit-direct, but installed at {kit_path}"
+    ), found.stderr
     assert "above that line" in found.stderr and f"KIT_REMOTE_KIT={kit_path}" in found.stderr, found.stderr
 
     line = README_LINE.search((REPO / "docs" / "remote.md").read_text()).group(1)
     bashrc.write_text(line + "\n" + debian)  # the user's file, written in place: still theirs
     assert bashrc.stat().st_uid == user.pw_uid
-    launched = kit_here("--host", "kit-direct", "launch", "--nodes", "2", "--wait", "--no-exporter", "--", "python3",
-                        "train.py", env=env, cwd=repo)
+    launched = kit_here(
+        "--host",
+        "kit-direct",
+        "launch",
+        "--nodes",
+        "2",
+        "--wait",
+        "--no-exporter",
+        "--",
+        "python3",
+        "train.py",
+        env=env,
+        cwd=repo,
+    )
     assert launched.returncode == 0, launched.stdout + launched.stderr
     assert "using this machine's local cluster" in launched.stderr, launched.stderr
     job_id = re.search(r"^Submitted job (\S+)$", launched.stdout, re.M).group(1)
@@ -83,17 +99,34 @@ def test_an_ordinary_login_account_set_up_as_the_readme_says(cluster, user, logi
     assert job_dir.parent == Path(user.pw_dir) / "kit-jobs" and job_dir.stat().st_uid == user.pw_uid, job_dir
     logs = kit_here("--host", "kit-direct", "logs", job_id, env=env, cwd=repo)
     assert sorted(line for line in logs.stdout.splitlines() if " uid " in line) == [
-        f"0: rank 0 uid {user.pw_uid}", f"1: rank 1 uid {user.pw_uid}"], logs.stdout + logs.stderr
+        f"0: rank 0 uid {user.pw_uid}",
+        f"1: rank 1 uid {user.pw_uid}",
+    ], logs.stdout + logs.stderr
     ps = kit_here("--host", "kit-direct", "ps", "--json", env=env, cwd=repo)
     assert {r["id"]: r["state"] for r in json.loads(ps.stdout)}.get(job_id) == "COMPLETED", ps.stdout + ps.stderr
 
-    running = kit_here("--host", "kit-direct", "launch", "--nodes", "1", "--no-exporter", "--", "bash", "-c",
-                       "echo started; sleep 300", env=env, cwd=repo)
+    running = kit_here(
+        "--host",
+        "kit-direct",
+        "launch",
+        "--nodes",
+        "1",
+        "--no-exporter",
+        "--",
+        "bash",
+        "-c",
+        "echo started; sleep 300",
+        env=env,
+        cwd=repo,
+    )
     assert running.returncode == 0, running.stderr
     other = re.search(r"^Submitted job (\S+)$", running.stdout, re.M).group(1)
-    probe = (f"import kit, json; j = kit.Job({other!r}, host='kit-direct'); j.cancel(); j.wait(timeout=120); "
-             "print(json.dumps([j.state(), kit.Job(" + repr(job_id) + ", host='kit-direct').state()]))")
-    states = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=repo,
-                            timeout=180)
+    probe = (
+        f"import kit, json; j = kit.Job({other!r}, host='kit-direct'); j.cancel(); j.wait(timeout=120); "
+        "print(json.dumps([j.state(), kit.Job(" + repr(job_id) + ", host='kit-direct').state()]))"
+    )
+    states = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=repo, timeout=180
+    )
     assert states.returncode == 0, states.stderr
     assert json.loads(states.stdout.splitlines()[-1]) == ["CANCELLED", "COMPLETED"], states.stdout

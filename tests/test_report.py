@@ -15,23 +15,43 @@ def test_gpu_summary_from_logs(tmp_path):
     lines = []
     for i in range(11):  # 10 s, one poll a second
         util = 0.0 if i < 4 else 90.0
-        lines.append(json.dumps({"time": 1000.0 + i, "node": "node1", "samples": [
-            ["DCGM_FI_DEV_GPU_UTIL", {"gpu": "0"}, util],
-            ["DCGM_FI_DEV_POWER_USAGE", {"gpu": "0"}, 100.0 + 10 * i],
-            ["DCGM_FI_DEV_FB_USED", {"gpu": "0"}, 1000.0 * i],
-            ["training_samples_total", {"rank": "0"}, 64.0 * i]]}))
+        lines.append(
+            json.dumps(
+                {
+                    "time": 1000.0 + i,
+                    "node": "node1",
+                    "samples": [
+                        ["DCGM_FI_DEV_GPU_UTIL", {"gpu": "0"}, util],
+                        ["DCGM_FI_DEV_POWER_USAGE", {"gpu": "0"}, 100.0 + 10 * i],
+                        ["DCGM_FI_DEV_FB_USED", {"gpu": "0"}, 1000.0 * i],
+                        ["training_samples_total", {"rank": "0"}, 64.0 * i],
+                    ],
+                }
+            )
+        )
     (logs / "node1.r0.metrics.jsonl").write_text("\n".join(lines) + "\n{torn")
     summary = report(tmp_path, "9", tmp_path / "r.png")
     assert summary.duration_seconds == 10 and summary.samples == 640 and summary.samples_per_second == 64
     (g,) = summary.gpus
-    assert (g.node, g.gpu, g.peak_util, g.idle_seconds, g.mean_power_w, g.peak_memory_mib) == \
-        ("node1", "0", 90.0, 4.0, 150.0, 10000.0)
+    assert (g.node, g.gpu, g.peak_util, g.idle_seconds, g.mean_power_w, g.peak_memory_mib) == (
+        "node1",
+        "0",
+        90.0,
+        4.0,
+        150.0,
+        10000.0,
+    )
     assert abs(g.mean_util - 90 * 7 / 11) < 1e-9
     assert "node1 gpu0: mean util 57.3%, peak 90%, idle 4 s, mean power 150 W, peak memory 9.8 GiB" in summary.lines()
-    assert summary.panels == ["GPU utilization (%)", "GPU memory used (MiB)", "GPU power (W)",
-                              "Training throughput (samples/s)"]  # only what was measured
+    assert summary.panels == [
+        "GPU utilization (%)",
+        "GPU memory used (MiB)",
+        "GPU power (W)",
+        "Training throughput (samples/s)",
+    ]  # only what was measured
     assert [(n.level, n.text) for n in summary.notes] == [
-        ("info", "the job ran 10 s: utilisation notes need 300 s of samples (--min-seconds)")]
+        ("info", "the job ran 10 s: utilisation notes need 300 s of samples (--min-seconds)")
+    ]
     assert (tmp_path / "r.png").stat().st_size > 20_000
 
 
@@ -45,8 +65,10 @@ def test_an_ambiguous_job_id_is_refused_with_the_candidates(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
         f"kit: JOB: job id 7 names 2 job directories under {tmp_path / 'jobs'}",
-        f"  {tmp_path / 'jobs' / 'a'}", f"  {tmp_path / 'jobs' / 'b'}",
-        "hint: give the job directory itself"]
+        f"  {tmp_path / 'jobs' / 'a'}",
+        f"  {tmp_path / 'jobs' / 'b'}",
+        "hint: give the job directory itself",
+    ]
 
 
 def test_damaged_metrics_logs_are_skipped_and_counted(tmp_path):
@@ -58,12 +80,26 @@ def test_damaged_metrics_logs_are_skipped_and_counted(tmp_path):
     logs.mkdir(parents=True)
     (tmp_path / "job" / "job_id").write_text("5\n")
     (logs / "node2.r0.metrics.jsonl").write_text("")  # the exporter's disk was full
-    good = [json.dumps({"time": 100.0 + i, "node": "node1", "samples": [
-        ["training_samples_total", {"rank": "0"}, 10.0 * i], ["training_loss", {"rank": "0"}, None]]})
-        for i in range(3)]
-    damaged = ["[1,2]", json.dumps({"node": "node1", "samples": []}),
-               json.dumps({"time": 101.5, "samples": [["training_samples_total", {"rank": "0"}]]}),
-               json.dumps({"time": "soon", "samples": []}), "{torn"]
+    good = [
+        json.dumps(
+            {
+                "time": 100.0 + i,
+                "node": "node1",
+                "samples": [
+                    ["training_samples_total", {"rank": "0"}, 10.0 * i],
+                    ["training_loss", {"rank": "0"}, None],
+                ],
+            }
+        )
+        for i in range(3)
+    ]
+    damaged = [
+        "[1,2]",
+        json.dumps({"node": "node1", "samples": []}),
+        json.dumps({"time": 101.5, "samples": [["training_samples_total", {"rank": "0"}]]}),
+        json.dumps({"time": "soon", "samples": []}),
+        "{torn",
+    ]
     (logs / "node1.r0.metrics.jsonl").write_text("\n".join(good[:1] + damaged + good[1:]) + "\n")
     proc = kit("report", str(tmp_path / "job"))
     assert proc.returncode == 0, proc.stderr
@@ -86,7 +122,7 @@ def test_notes_flag_waste_restarts_and_a_slow_node_with_their_thresholds(tmp_pat
     """Two nodes, two runs (a requeue at step 40, checkpoint at 30), hand-computed numbers."""
     logs = tmp_path / "logs"
     logs.mkdir()
-    GIB = 1024 ** 3
+    GIB = 1024**3
     for node, speed in (("node1", 100.0), ("node2", 50.0)):  # node2 trains at half the speed
         for run, (start, n) in enumerate(((1000.0, 41), (1100.0, 21))):
             lines = []
@@ -94,23 +130,35 @@ def test_notes_flag_waste_restarts_and_a_slow_node_with_their_thresholds(tmp_pat
                 t = start + i
                 gpu0 = ["DCGM_FI_DEV_GPU_UTIL", {"gpu": "0"}, 90.0]
                 gpu1 = ["DCGM_FI_DEV_GPU_UTIL", {"gpu": "1"}, 0.0]  # held, never used
-                lines.append(_record(t, node, [
-                    gpu0, gpu1,
-                    ["gpu_compute_processes", {"gpu": "0"}, 1.0], ["gpu_compute_processes", {"gpu": "1"}, 0.0],
-                    ["DCGM_FI_DEV_FB_USED", {"gpu": "0"}, 8192.0], ["DCGM_FI_DEV_FB_FREE", {"gpu": "0"}, 73728.0],
-                    ["kit_job_cpu_seconds_total", {}, 1.0 * i],   # one core busy
-                    ["kit_job_cpus", {}, 8.0],
-                    ["kit_job_memory_rss_bytes", {}, 2.0 * GIB], ["kit_job_memory_limit_bytes", {}, 4.0 * GIB],
-                    ["node_cpu_seconds_total", {"mode": "user"}, 3.0 * i],
-                    ["node_cpu_seconds_total", {"mode": "idle"}, 1.0 * i],
-                    ["training_samples_total", {"rank": "0" if node == "node1" else "1"}, speed * i],
-                    ["training_step", {"rank": "0" if node == "node1" else "1"}, (30 if run else 0) + i],
-                    ["training_step_duration_seconds", {"rank": "0" if node == "node1" else "1"}, 0.5],
-                    ["training_loss", {"rank": "0" if node == "node1" else "1"}, 2.0 / (1 + i + 40 * run)]]))
+                lines.append(
+                    _record(
+                        t,
+                        node,
+                        [
+                            gpu0,
+                            gpu1,
+                            ["gpu_compute_processes", {"gpu": "0"}, 1.0],
+                            ["gpu_compute_processes", {"gpu": "1"}, 0.0],
+                            ["DCGM_FI_DEV_FB_USED", {"gpu": "0"}, 8192.0],
+                            ["DCGM_FI_DEV_FB_FREE", {"gpu": "0"}, 73728.0],
+                            ["kit_job_cpu_seconds_total", {}, 1.0 * i],  # one core busy
+                            ["kit_job_cpus", {}, 8.0],
+                            ["kit_job_memory_rss_bytes", {}, 2.0 * GIB],
+                            ["kit_job_memory_limit_bytes", {}, 4.0 * GIB],
+                            ["node_cpu_seconds_total", {"mode": "user"}, 3.0 * i],
+                            ["node_cpu_seconds_total", {"mode": "idle"}, 1.0 * i],
+                            ["training_samples_total", {"rank": "0" if node == "node1" else "1"}, speed * i],
+                            ["training_step", {"rank": "0" if node == "node1" else "1"}, (30 if run else 0) + i],
+                            ["training_step_duration_seconds", {"rank": "0" if node == "node1" else "1"}, 0.5],
+                            ["training_loss", {"rank": "0" if node == "node1" else "1"}, 2.0 / (1 + i + 40 * run)],
+                        ],
+                    )
+                )
             (logs / f"{node}.r{run}.metrics.jsonl").write_text("\n".join(lines) + "\n")
     (tmp_path / "runs.jsonl").write_text(
         '{"run": 0, "end": "warned", "exit_code": 0, "checkpoint_step": 30, "advanced": true, "time": 1041}\n'
-        '{"run": 1, "end": "finished", "exit_code": 0, "checkpoint_step": 50, "advanced": true, "time": 1121}\n')
+        '{"run": 1, "end": "finished", "exit_code": 0, "checkpoint_step": 50, "advanced": true, "time": 1121}\n'
+    )
     s = report(tmp_path, "7", tmp_path / "r.png", min_seconds=60)
     assert s.duration_seconds == 120 and s.runs == 2
     assert s.samples == 100 * (40 + 20) + 50 * (40 + 20)
@@ -119,25 +167,44 @@ def test_notes_flag_waste_restarts_and_a_slow_node_with_their_thresholds(tmp_pat
     assert (n1.cpus_allocated, n1.cpu_cores_used, n1.cpu_efficiency_percent) == (8.0, 1.0, 12.5)
     assert n1.node_cpu_busy_percent == 75.0
     assert (n1.memory_peak_bytes, n1.memory_limit_bytes, n1.memory_limit_of, n1.memory_peak_percent) == (
-        2.0 * GIB, 4.0 * GIB, "allocation", 50.0)
+        2.0 * GIB,
+        4.0 * GIB,
+        "allocation",
+        50.0,
+    )
     assert (n1.samples_per_second, n2.samples_per_second) == (100.0, 50.0)
     g0, g1, *_ = s.gpus
     assert (g1.gpu, g1.mean_util, g1.no_process_percent, g0.memory_total_mib) == ("1", 0.0, 100.0, 81920.0)
     # run 0 reached step 40 with its checkpoint at 30: 10 steps redone at 0.5 s; 60 s between the runs
     assert (s.redone_steps, s.mean_step_seconds, s.restart_gap_seconds, s.lost_seconds) == (10.0, 0.5, 60.0, 65.0)
     notes = [(n.level, n.text) for n in s.notes]
-    assert ("alert", "node1 gpu1: held with no process on it in 100 % of the samples (at least 50 %): ask for "
-                     "fewer GPUs, or check that every rank found its GPU") in notes
+    assert (
+        "alert",
+        "node1 gpu1: held with no process on it in 100 % of the samples (at least 50 %): ask for "
+        "fewer GPUs, or check that every rank found its GPU",
+    ) in notes
     assert ("alert", "node1 gpu1: mean utilisation 0.0 %, under 15 %") in notes
     assert ("info", "node1 gpu0: peak memory 10 % of the GPU's, under 50 %: a larger batch would fit") in notes
-    assert ("warning", "node1: the job used 1.00 of 8 allocated cores (12 %, under 50 %): ask for fewer CPUs, "
-                       "or use them (data loaders)") in notes
-    assert ("warning", "1 restart(s) cost about 65 s: 10 step(s) redone from the last checkpoint, "
-                       "60 s between runs") in notes
+    assert (
+        "warning",
+        "node1: the job used 1.00 of 8 allocated cores (12 %, under 50 %): ask for fewer CPUs, "
+        "or use them (data loaders)",
+    ) in notes
+    assert (
+        "warning",
+        "1 restart(s) cost about 65 s: 10 step(s) redone from the last checkpoint, 60 s between runs",
+    ) in notes
     assert ("warning", "node2: 50.0 samples/s, under 80 % of the median node's 75.0: a slow node") in notes
     assert not any("gpu0: mean utilisation" in t for _, t in notes)  # 90 %: nothing to say
-    assert s.panels == ["GPU utilization (%)", "GPU memory used (MiB)", "CPU (cores busy)", "Memory (GiB)",
-                        "Training loss", "Step time (s)", "Training throughput (samples/s)"]
+    assert s.panels == [
+        "GPU utilization (%)",
+        "GPU memory used (MiB)",
+        "CPU (cores busy)",
+        "Memory (GiB)",
+        "Training loss",
+        "Step time (s)",
+        "Training throughput (samples/s)",
+    ]
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["lost_seconds"] == 65.0 and len(doc["notes"]) == len(s.notes) and doc["panels"] == s.panels
 
@@ -151,18 +218,29 @@ def test_without_matplotlib_the_report_is_its_numbers_and_one_line(tmp_path):
 
     logs = tmp_path / "job" / "logs"
     logs.mkdir(parents=True)
-    lines = [json.dumps({"time": 1000.0 + i, "node": "node1", "samples": [["training_samples_total", {"rank": "0"},
-                                                                           64.0 * i]]}) for i in range(5)]
+    lines = [
+        json.dumps(
+            {"time": 1000.0 + i, "node": "node1", "samples": [["training_samples_total", {"rank": "0"}, 64.0 * i]]}
+        )
+        for i in range(5)
+    ]
     (logs / "node1.r0.metrics.jsonl").write_text("\n".join(lines) + "\n")
     hide = tmp_path / "hide"
     hide.mkdir()
-    (hide / "matplotlib.py").write_text("raise ModuleNotFoundError(\"No module named 'matplotlib'\", name='matplotlib')\n")
-    proc = subprocess.run([sys.executable, "-m", "kit", "report", str(tmp_path / "job"), "--prometheus",
-                           "http://127.0.0.1:1"], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": f"{hide}:{os.environ.get('PYTHONPATH', '')}"})
+    (hide / "matplotlib.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'matplotlib'\", name='matplotlib')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "kit", "report", str(tmp_path / "job"), "--prometheus", "http://127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": f"{hide}:{os.environ.get('PYTHONPATH', '')}"},
+    )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr == ("kit: warning: no picture: matplotlib is not installed; pip install 'kit-slurm[report]' "
-                           "(the numbers and report.json need nothing more)\n"), proc.stderr
+    assert proc.stderr == (
+        "kit: warning: no picture: matplotlib is not installed; pip install 'kit-slurm[report]' "
+        "(the numbers and report.json need nothing more)\n"
+    ), proc.stderr
     assert "samples: 256 (64.0 samples/s)" in proc.stdout
     assert proc.stdout.rstrip().endswith(f"report: {tmp_path / 'job' / 'report.json'}")
     assert json.loads((tmp_path / "job" / "report.json").read_text())["panels"] == ["Training throughput (samples/s)"]
@@ -178,11 +256,11 @@ def test_a_falling_job_cpu_counter_is_no_restart_and_never_over_the_allocation(t
     lines = []
     for i in range(61):
         cpu = 30.0 + i if i < 30 else float(i)  # the setup's 30 s leave the sum at t=30
-        lines.append(_record(1000.0 + i, "node1", [["kit_job_cpu_seconds_total", {}, cpu],
-                                                   ["kit_job_cpus", {}, 2.0]]))
+        lines.append(_record(1000.0 + i, "node1", [["kit_job_cpu_seconds_total", {}, cpu], ["kit_job_cpus", {}, 2.0]]))
     (logs / "node1.r0.metrics.jsonl").write_text("\n".join(lines) + "\n")
     (tmp_path / "runs.jsonl").write_text(
-        '{"run": 0, "end": "finished", "exit_code": 0, "checkpoint_step": -1, "advanced": false, "time": 1061}\n')
+        '{"run": 0, "end": "finished", "exit_code": 0, "checkpoint_step": -1, "advanced": false, "time": 1061}\n'
+    )
     s = report(tmp_path, "7", tmp_path / "r.png", min_seconds=10)
     (n1,) = s.nodes
     assert s.runs == 1 and not any("restart" in n.text for n in s.notes), s.notes
@@ -193,21 +271,24 @@ def test_task_starts_per_node_and_run_from_the_job_directory(tmp_path):
     """kit.jobdir.task_starts: from the step's start (prelaunch, before srun) to each node's
     first task's first line; damaged records are skipped, never a traceback."""
     from kit import jobdir
+
     r0, r1 = tmp_path / "progress" / "r0", tmp_path / "progress" / "r1"
     r0.mkdir(parents=True)
     r1.mkdir()
     (r0 / "step-start").write_text("1000.5\n")
     (r0 / "task-0").write_text("node1 123 1001.7 squashfuse\n")
     (r0 / "task-1").write_text("node2 124 1002.0 nonsense\n")  # a mode kit never writes: unknown
-    (r0 / "task-2").write_text("node1 125 1001.9\n")   # node1's first task counts
-    (r0 / "task-3").write_text("node3 126\n")           # an older launcher: no start
-    (r0 / "task-4").write_text("../x 1 1001\n")         # not a node name
+    (r0 / "task-2").write_text("node1 125 1001.9\n")  # node1's first task counts
+    (r0 / "task-3").write_text("node3 126\n")  # an older launcher: no start
+    (r0 / "task-4").write_text("../x 1 1001\n")  # not a node name
     (r1 / "step-start").write_text("garbage\n")
     (r1 / "task-0").write_text("node1 1 2000\n")
     assert jobdir.task_starts(tmp_path, 0) == {"node1": 1.2, "node2": 1.5}
     assert jobdir.task_starts(tmp_path, 1) == {} and jobdir.task_starts(tmp_path, 7) == {}
-    assert jobdir.all_task_starts(tmp_path) == [{"run": 0, "node": "node1", "seconds": 1.2, "mode": "squashfuse"},
-                                                {"run": 0, "node": "node2", "seconds": 1.5, "mode": None}]
+    assert jobdir.all_task_starts(tmp_path) == [
+        {"run": 0, "node": "node1", "seconds": 1.2, "mode": "squashfuse"},
+        {"run": 0, "node": "node2", "seconds": 1.5, "mode": None},
+    ]
 
 
 def _backfilled_prometheus(tmp_path, samples: list[tuple[float, float]]):
@@ -223,13 +304,30 @@ def _backfilled_prometheus(tmp_path, samples: list[tuple[float, float]]):
     text = "".join(f'training_samples_total{{slurm_job_id="9",node="node1",rank="0"}} {v} {t}\n' for t, v in samples)
     (tmp_path / "om.txt").write_text(text + "# EOF\n")
     data = tmp_path / "tsdb"
-    subprocess.run([shutil.which("promtool") or "promtool", "tsdb", "create-blocks-from", "openmetrics",
-                    str(tmp_path / "om.txt"), str(data)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            shutil.which("promtool") or "promtool",
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            str(tmp_path / "om.txt"),
+            str(data),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (tmp_path / "p.yml").write_text("global:\n  scrape_interval: 1s\n")
     port = free_ports(1)[0]
-    proc = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'p.yml'}", f"--storage.tsdb.path={data}",
-                             f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={tmp_path / 'p.yml'}",
+            f"--storage.tsdb.path={data}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(150):
         try:
@@ -252,17 +350,24 @@ def test_a_prometheus_that_saw_part_of_the_job_is_not_the_report_s_source(tmp_pa
     logs = tmp_path / "logs"
     logs.mkdir()
     (tmp_path / "job_id").write_text("9\n")
-    (logs / "node1.r0.metrics.jsonl").write_text("".join(json.dumps(
-        {"time": t0 + i, "node": "node1", "samples": [["training_samples_total", {"rank": "0"}, 64.0 * i]]}) + "\n"
-        for i in range(31)))
+    (logs / "node1.r0.metrics.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {"time": t0 + i, "node": "node1", "samples": [["training_samples_total", {"rank": "0"}, 64.0 * i]]}
+            )
+            + "\n"
+            for i in range(31)
+        )
+    )
     late, url = _backfilled_prometheus(tmp_path / "late", [(t0 + 29, 1856.0), (t0 + 30, 1920.0)])
     try:
         summary = report(tmp_path, "9", tmp_path / "r.png", prometheus=url)
     finally:
         late.terminate()
         late.wait(10)
-    assert summary.source.startswith("metrics logs (Prometheus holds part of the job only: "
-                                     "training_samples_total on node1: 1 s of the logs' 30 s)"), summary.source
+    assert summary.source.startswith(
+        "metrics logs (Prometheus holds part of the job only: training_samples_total on node1: 1 s of the logs' 30 s)"
+    ), summary.source
     assert (summary.samples, summary.samples_per_second) == (1920.0, 64.0)
     whole, url = _backfilled_prometheus(tmp_path / "whole", [(t0 + i, 64.0 * i) for i in range(0, 31, 3)])
     try:
@@ -277,8 +382,9 @@ def test_one_poll_is_no_rate(tmp_path):
     """A job whose exporter polled once: how many samples it trained is unknown (an increase needs
     two polls), never 0 at 0.0 samples/s."""
     (tmp_path / "logs").mkdir()
-    (tmp_path / "logs" / "node1.r0.metrics.jsonl").write_text(json.dumps(
-        {"time": 5.0, "node": "node1", "samples": [["training_samples_total", {"rank": "0"}, 64.0]]}) + "\n")
+    (tmp_path / "logs" / "node1.r0.metrics.jsonl").write_text(
+        json.dumps({"time": 5.0, "node": "node1", "samples": [["training_samples_total", {"rank": "0"}, 64.0]]}) + "\n"
+    )
     summary = report(tmp_path, "9", tmp_path / "r.png")
     assert (summary.samples, summary.samples_per_second) == (None, None) and "samples: -" in summary.lines()
 
@@ -294,11 +400,22 @@ def _many_nodes_logs(job_dir, nodes: int, slow: str, idle: str) -> None:
         busy = 0.05 if node == idle else 3.5 + 0.01 * n
         lines = []
         for i in range(61):
-            lines.append(json.dumps({"time": 1000.0 + i, "node": node, "samples": [
-                ["kit_job_cpus", {}, 4.0], ["kit_job_cpu_seconds_total", {}, busy * i],
-                ["kit_job_memory_rss_bytes", {}, 2.0e9 + 1e6 * n], ["kit_job_memory_limit_bytes", {}, 8.0e9],
-                *[["training_samples_total", {"rank": str(2 * (n - 1) + r)}, rate * i] for r in range(2)],
-                *[["training_loss", {"rank": str(2 * (n - 1) + r)}, 2.0 - i / 60] for r in range(2)]]}))
+            lines.append(
+                json.dumps(
+                    {
+                        "time": 1000.0 + i,
+                        "node": node,
+                        "samples": [
+                            ["kit_job_cpus", {}, 4.0],
+                            ["kit_job_cpu_seconds_total", {}, busy * i],
+                            ["kit_job_memory_rss_bytes", {}, 2.0e9 + 1e6 * n],
+                            ["kit_job_memory_limit_bytes", {}, 8.0e9],
+                            *[["training_samples_total", {"rank": str(2 * (n - 1) + r)}, rate * i] for r in range(2)],
+                            *[["training_loss", {"rank": str(2 * (n - 1) + r)}, 2.0 - i / 60] for r in range(2)],
+                        ],
+                    }
+                )
+            )
         (logs / f"{node}.r0.metrics.jsonl").write_text("\n".join(lines) + "\n")
 
 
@@ -317,36 +434,55 @@ def test_a_report_on_many_nodes_is_a_summary_with_its_outliers_named(tmp_path, n
     assert len(text) < 30, "\n".join(text)
     assert not any(line.startswith("node5:") for line in text), "\n".join(text)
     rates = next(line for line in text if line.startswith("samples/s per node:"))
-    assert rates.startswith("samples/s per node: min 64.0 / median 128.0 / max 128.0 over "
-                            f"{nodes} (lowest: node17 64.0"), rates
+    assert rates.startswith(
+        f"samples/s per node: min 64.0 / median 128.0 / max 128.0 over {nodes} (lowest: node17 64.0"
+    ), rates
     cpu = next(line for line in text if line.startswith("CPU efficiency per node:"))
     assert "(lowest: node29 1 %" in cpu, cpu
     notes = [(n.level, n.text) for n in summary.notes]
     assert ("warning", "node17: 64.0 samples/s, under 80 % of the median node's 128.0: a slow node") in notes, notes
-    assert any(level == "warning" and text.startswith("node29: the job used 0.05 of 4 allocated cores")
-               for level, text in notes), notes
+    assert any(
+        level == "warning" and text.startswith("node29: the job used 0.05 of 4 allocated cores")
+        for level, text in notes
+    ), notes
     saved = json.loads((tmp_path / "r.json").read_text())
-    assert len(saved["nodes"]) == nodes and {n["node"] for n in saved["nodes"]} == {f"node{i}" for i in
-                                                                                    range(1, nodes + 1)}
+    assert len(saved["nodes"]) == nodes and {n["node"] for n in saved["nodes"]} == {
+        f"node{i}" for i in range(1, nodes + 1)
+    }
     for title, curves in _panels(load_logs(tmp_path).series):
         assert len(curves) <= 8, (title, [c[0] for c in curves])
         bands = [c for c in curves if "band" in c[2]]
         assert bands, (title, [c[0] for c in curves])
     throughput = dict(_panels(load_logs(tmp_path).series))["Training throughput (samples/s)"]
-    assert [c[0] for c in throughput] == [f"{2 * nodes - 2} ranks: median, min to max", "rank 32 (node17)",
-                                          "rank 33 (node17)"]
+    assert [c[0] for c in throughput] == [
+        f"{2 * nodes - 2} ranks: median, min to max",
+        "rank 32 (node17)",
+        "rank 33 (node17)",
+    ]
     assert (tmp_path / "r.png").stat().st_size > 20_000
 
 
 def test_kit_report_and_job_report_write_the_same_numbers_for_a_job_and_an_array(tmp_path, monkeypatch):
     """`kit report` is parse + Job.summarize + print: the same report.json as Job.report() for a single
     job and for an array job (its task table), and the same lines."""
-    import kit as kitlib
     from helpers import kit
 
+    import kit as kitlib
+
     monkeypatch.setenv("KIT_HOME", str(tmp_path / "home"))  # no local cluster: no Prometheus
-    sample = lambda t, rate: json.dumps({"time": t, "node": "node1", "samples": [  # noqa: E731
-        ["training_samples_total", {"rank": "0"}, rate * (t - 1000)], ["training_loss", {"rank": "0"}, 1 / t]]})
+
+    def sample(t, rate):
+        return json.dumps(
+            {
+                "time": t,
+                "node": "node1",
+                "samples": [
+                    ["training_samples_total", {"rank": "0"}, rate * (t - 1000)],
+                    ["training_loss", {"rank": "0"}, 1 / t],
+                ],
+            }
+        )
+
     single = tmp_path / "single"
     (single / "logs").mkdir(parents=True)
     (single / "job_id").write_text("41\n")
@@ -358,8 +494,9 @@ def test_kit_report_and_job_report_write_the_same_numbers_for_a_job_and_an_array
         task = array / "tasks" / str(i)
         (task / "logs").mkdir(parents=True)
         (task / "params.json").write_text(json.dumps({"lr": str(0.1 * (i + 1))}))
-        (task / "logs" / "node1.r0.metrics.jsonl").write_text("\n".join(sample(1000 + t, 16 * (i + 1))
-                                                                         for t in range(6)) + "\n")
+        (task / "logs" / "node1.r0.metrics.jsonl").write_text(
+            "\n".join(sample(1000 + t, 16 * (i + 1)) for t in range(6)) + "\n"
+        )
     for job_dir in (single, array):
         cli = kit("report", str(job_dir), "--min-seconds", "0", env={"KIT_HOME": str(tmp_path / "home")})
         assert cli.returncode == 0, cli.stderr

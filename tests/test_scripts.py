@@ -25,19 +25,37 @@ GOLDEN_DIR = Path("/jobs/golden-job")
 
 
 def golden_job() -> specs.ResolvedJob:
-    spec = specs.JobSpec(command=["python", "train.py", "--lr", "3e-4", "it's"], nodes=2, gpus_per_node=8,
-                         cpus_per_task=12, mem="256G", time="4:00:00", partition="gpu", account="ml",
-                         job_name="golden", output_dir="/jobs", env={"HF_HOME": "/data/hf cache", "A": "$x"},
-                         sbatch_args=["--constraint=h100"], sidecars=["echo sidecar on $(hostname)"])
+    spec = specs.JobSpec(
+        command=["python", "train.py", "--lr", "3e-4", "it's"],
+        nodes=2,
+        gpus_per_node=8,
+        cpus_per_task=12,
+        mem="256G",
+        time="4:00:00",
+        partition="gpu",
+        account="ml",
+        job_name="golden",
+        output_dir="/jobs",
+        env={"HF_HOME": "/data/hf cache", "A": "$x"},
+        sbatch_args=["--constraint=h100"],
+        sidecars=["echo sidecar on $(hostname)"],
+    )
     return launch.resolve(spec)
 
 
 def sweep_job() -> specs.ResolvedJob:
     """A sweep of per-node launchers: the task's own command, torchrun's variables, --mpi."""
-    spec = specs.JobSpec(command=["torchrun", "--nproc-per-node", "4", "train.py", "--lr", "{lr}", "--tag={tag}",
-                                  "{{literal}}"], nodes=2, gpus_per_node=4, ntasks_per_node=1, job_name="sweep",
-                         output_dir="/jobs", sweep={"lr": ["1e-3", "3e-4"], "tag": ["a b", "it's"]}, array="%2",
-                         mpi="pmi2")
+    spec = specs.JobSpec(
+        command=["torchrun", "--nproc-per-node", "4", "train.py", "--lr", "{lr}", "--tag={tag}", "{{literal}}"],
+        nodes=2,
+        gpus_per_node=4,
+        ntasks_per_node=1,
+        job_name="sweep",
+        output_dir="/jobs",
+        sweep={"lr": ["1e-3", "3e-4"], "tag": ["a b", "it's"]},
+        array="%2",
+        mpi="pmi2",
+    )
     return launch.resolve(spec)
 
 
@@ -84,8 +102,11 @@ def test_every_return_in_the_generated_scripts_names_its_status(name):
     before the trap: after a failed command, a test that held returned false (kit::runtime_own
     did, and the launcher stopped the container runtime's FUSE daemons under the task)."""
     text = generated(next(k for k in sorted(JOBS, key=len, reverse=True) if name.startswith(k)))[name]
-    bare = [f"{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1)
-            if re.search(r"(^\s*|[;&|{]\s*)return\s*($|[;}])", line.split("#", 1)[0])]
+    bare = [
+        f"{n}: {line.strip()}"
+        for n, line in enumerate(text.splitlines(), 1)
+        if re.search(r"(^\s*|[;&|{]\s*)return\s*($|[;}])", line.split("#", 1)[0])
+    ]
     assert bare == [], "\n".join(bare)
 
 
@@ -93,7 +114,7 @@ def test_the_runtime_is_told_apart_in_the_exit_trap_of_a_failed_command():
     """lib.sh's kit::runtime_own, called from an EXIT trap after a command failed: the runtime's
     process is still its own (a bare `return` there returned the failed command's status)."""
     script = f"""set -euo pipefail
-source {REPO / 'launch' / 'lib.sh'}
+source {REPO / "launch" / "lib.sh"}
 kit::lib_init
 sleep 30 &
 pid=$!
@@ -117,7 +138,7 @@ def test_a_fork_that_runs_the_exit_trap_tears_nothing_down():
     carries the EXIT trap: it once ran a second teardown beside the script's) touches nothing; the
     script's own cleanup still stops its background processes."""
     script = f"""set -euo pipefail
-source {REPO / 'launch' / 'lib.sh'}
+source {REPO / "launch" / "lib.sh"}
 kit::lib_init
 kit::spawn sleeper sleep 30
 sleeper="${{KIT_BG_PIDS[0]}}"
@@ -127,11 +148,15 @@ trap kit::cleanup EXIT
 exit 0
 """
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and proc.stdout.splitlines() == ["alive after the fork's cleanup"], \
+    assert proc.returncode == 0 and proc.stdout.splitlines() == ["alive after the fork's cleanup"], (
         proc.stdout + proc.stderr
+    )
     sleepers = subprocess.run(["pgrep", "-f", "^sleep 30$"], capture_output=True, text=True).stdout.split()
-    assert not [pid for pid in sleepers if Path(f"/proc/{pid}/environ").exists()
-                and b"KIT_TASK_TOKEN" in Path(f"/proc/{pid}/environ").read_bytes()], "the script's cleanup left it"
+    assert not [
+        pid
+        for pid in sleepers
+        if Path(f"/proc/{pid}/environ").exists() and b"KIT_TASK_TOKEN" in Path(f"/proc/{pid}/environ").read_bytes()
+    ], "the script's cleanup left it"
 
 
 def test_dry_run_job_dir_is_complete_and_sbatch_argv_recorded(tmp_path):
@@ -146,8 +171,24 @@ def test_dry_run_job_dir_is_complete_and_sbatch_argv_recorded(tmp_path):
 
 
 # Strings that would run something if they were ever expanded, plus arbitrary text.
-PAYLOADS = ["$(touch {canary})", "`touch {canary}`", "'; touch {canary}; '", "\"; touch {canary}; \"",
-            "$HOME", "${HOME}", "\\", "\n", "a b", "*", "~", "!!", "$'\\x41'", "%j %x", "é—😀", ""]
+PAYLOADS = [
+    "$(touch {canary})",
+    "`touch {canary}`",
+    "'; touch {canary}; '",
+    '"; touch {canary}; "',
+    "$HOME",
+    "${HOME}",
+    "\\",
+    "\n",
+    "a b",
+    "*",
+    "~",
+    "!!",
+    "$'\\x41'",
+    "%j %x",
+    "é—😀",
+    "",
+]
 text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=24)
 
 
@@ -155,16 +196,17 @@ def value_strategy(canary: Path):
     return st.one_of(text, st.sampled_from([p.replace("{canary}", str(canary)) for p in PAYLOADS]))
 
 
-DUMP = ("import json, os, sys; json.dump({'argv': sys.argv[1:], 'value': os.environ.get('USER_VALUE'), "
-        "'job_name': os.environ.get('SLURM_JOB_NAME'), 'job_dir': os.environ.get('KIT_JOB_DIR')}, "
-        "open(os.environ['KIT_JOB_DIR'] + '/seen-' + os.environ['RANK'] + '.json', 'w'))")
+DUMP = (
+    "import json, os, sys; json.dump({'argv': sys.argv[1:], 'value': os.environ.get('USER_VALUE'), "
+    "'job_name': os.environ.get('SLURM_JOB_NAME'), 'job_dir': os.environ.get('KIT_JOB_DIR')}, "
+    "open(os.environ['KIT_JOB_DIR'] + '/seen-' + os.environ['RANK'] + '.json', 'w'))"
+)
 
 
 def run_launcher_directly(job_dir: Path) -> subprocess.CompletedProcess:
     """The launcher as one task would run it, with Slurm's task variables set."""
     env = task_env(job_dir, USER_VALUE="from-test")
-    return subprocess.run(["bash", str(job_dir / "launcher.sh")], env=env, capture_output=True, text=True,
-                          timeout=30)
+    return subprocess.run(["bash", str(job_dir / "launcher.sh")], env=env, capture_output=True, text=True, timeout=30)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -193,10 +235,32 @@ def test_every_user_field_reaches_a_real_job_byte_for_byte(cluster, tmp_path, da
     # A backslash cannot appear in sbatch's --output (kit refuses it; see test_cli).
     dir_part = data.draw(values.filter(lambda s: "/" not in s and "\\" not in s), label="output dir part")
     out = tmp_path / ("d-" + dir_part)
-    proc = subprocess.run([sys.executable, "-m", "kit", "launch", "--local", "--wait", "--json",
-                           "--job-name", job_name, "--env", f"USER_VALUE={env_value}", "--output-dir", str(out),
-                           "--", sys.executable, "-c", DUMP, *args],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kit",
+            "launch",
+            "--local",
+            "--wait",
+            "--json",
+            "--job-name",
+            job_name,
+            "--env",
+            f"USER_VALUE={env_value}",
+            "--output-dir",
+            str(out),
+            "--",
+            sys.executable,
+            "-c",
+            DUMP,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     job_dir = json.loads(proc.stdout)["job_dir"]
     seen = json.loads(Path(job_dir, "seen-0.json").read_text())
@@ -205,8 +269,10 @@ def test_every_user_field_reaches_a_real_job_byte_for_byte(cluster, tmp_path, da
     assert not canary.exists()
 
 
-SWEEP_DUMP = ("import json, os, sys; json.dump(dict(argv=sys.argv[1:], sweep=os.environ.get('KIT_SWEEP_v'), "
-              "job_dir=os.environ.get('KIT_JOB_DIR')), open(os.environ['KIT_JOB_DIR'] + '/seen.json', 'w'))")
+SWEEP_DUMP = (
+    "import json, os, sys; json.dump(dict(argv=sys.argv[1:], sweep=os.environ.get('KIT_SWEEP_v'), "
+    "job_dir=os.environ.get('KIT_JOB_DIR')), open(os.environ['KIT_JOB_DIR'] + '/seen.json', 'w'))"
+)
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -220,9 +286,32 @@ def test_sweep_values_reach_a_real_job_byte_for_byte(cluster, tmp_path, data):
     v = data.draw(values, label="sweep value")
     literal = data.draw(values, label="text around it")
     word = literal.replace("{", "{{").replace("}", "}}") + "{v}"
-    proc = subprocess.run([sys.executable, "-m", "kit", "launch", "--local", "--wait", "--json", "--sweep", f"v=x,{v}",
-                           "--array", "1", "--output-dir", str(tmp_path / "jobs"), "--", sys.executable, "-c",
-                           SWEEP_DUMP, word], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kit",
+            "launch",
+            "--local",
+            "--wait",
+            "--json",
+            "--sweep",
+            f"v=x,{v}",
+            "--array",
+            "1",
+            "--output-dir",
+            str(tmp_path / "jobs"),
+            "--",
+            sys.executable,
+            "-c",
+            SWEEP_DUMP,
+            word,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     task = Path(json.loads(proc.stdout)["job_dir"]) / "tasks" / "1"
     assert json.loads((task / "seen.json").read_text()) == {"argv": [literal + v], "sweep": v, "job_dir": str(task)}
@@ -233,7 +322,6 @@ def test_every_variable_prelaunch_exports_is_kept_by_container_env():
     """Inside a container the image's variables win except for --container-env names:
     every variable prelaunch.sh exports must be in that list (KIT_PYTHON is host-only)."""
     from kit.slurm import pyxis
-
     from kit.submission import prelaunch_template
 
     text = prelaunch_template()  # its parts pasted in

@@ -28,8 +28,9 @@ def other_user():
 
 
 def as_user(user, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(["su", user.pw_name, "-s", "/bin/sh", "-c", command], capture_output=True, text=True,
-                          timeout=timeout, cwd="/")
+    return subprocess.run(
+        ["su", user.pw_name, "-s", "/bin/sh", "-c", command], capture_output=True, text=True, timeout=timeout, cwd="/"
+    )
 
 
 @pytest.fixture
@@ -49,24 +50,33 @@ def test_a_second_user_cannot_run_as_root_through_the_local_cluster(cluster, oth
     the cluster authenticates through its own munged, and its directory is root's alone."""
     require("gcc")
     src = public / "fakeroot.c"
-    src.write_text("#include <sys/types.h>\nuid_t getuid(void){return 0;}\nuid_t geteuid(void){return 0;}\n"
-                   "gid_t getgid(void){return 0;}\ngid_t getegid(void){return 0;}\n")
+    src.write_text(
+        "#include <sys/types.h>\nuid_t getuid(void){return 0;}\nuid_t geteuid(void){return 0;}\n"
+        "gid_t getgid(void){return 0;}\ngid_t getegid(void){return 0;}\n"
+    )
     lib = public / "fakeroot.so"
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
     assert cluster.state().auth == "munge", "munged is installed by .ci/setup: the cluster must use it"
     assert not os.stat(cluster.root).st_mode & 0o077
     conf = Path(cluster.conf).read_text()
-    variants = {"munge": conf, "none": conf.replace("AuthType=auth/munge", "AuthType=auth/none")
-                .replace("CredType=cred/munge", "CredType=cred/none")}
+    variants = {
+        "munge": conf,
+        "none": conf.replace("AuthType=auth/munge", "AuthType=auth/none").replace(
+            "CredType=cred/munge", "CredType=cred/none"
+        ),
+    }
     for name, text in variants.items():
         path = public / f"{name}.conf"
-        path.write_text("\n".join(line for line in text.splitlines() if not line.startswith(("PlugStackConfig",
-                                                                                               "AuthInfo")))
-                        + (f"\nAuthInfo=socket={cluster.public}/munge/munge.socket\n" if name == "munge" else "\n"))
+        path.write_text(
+            "\n".join(line for line in text.splitlines() if not line.startswith(("PlugStackConfig", "AuthInfo")))
+            + (f"\nAuthInfo=socket={cluster.public}/munge/munge.socket\n" if name == "munge" else "\n")
+        )
         os.chmod(path, 0o644)
         # A root shell, were it given, comes in 1-3 s here; srun refused retries until killed.
-        proc = as_user(other_user, f"SLURM_CONF={path} LD_PRELOAD={lib} timeout 15 srun -N1 -t 1 sh -c "
-                                   "'id -u; head -c 20 /etc/shadow'")
+        proc = as_user(
+            other_user,
+            f"SLURM_CONF={path} LD_PRELOAD={lib} timeout 15 srun -N1 -t 1 sh -c 'id -u; head -c 20 /etc/shadow'",
+        )
         assert proc.returncode != 0, (name, proc.stdout, proc.stderr)
         assert "root:" not in proc.stdout and not proc.stdout.strip().startswith("0"), (name, proc.stdout)
 
@@ -75,8 +85,18 @@ def test_env_values_are_not_readable_by_another_user(cluster, other_user, public
     """Finding 7: `--env HF_TOKEN=...` lives in job.json and prelaunch.sh: the job directory
     is its user's alone."""
     out = public / "jobs"
-    proc = kit("launch", "--local", "--output-dir", str(out), "--env", "HF_TOKEN=hf_secret_value", "--no-exporter",
-               "--dry-run", "--", "true")
+    proc = kit(
+        "launch",
+        "--local",
+        "--output-dir",
+        str(out),
+        "--env",
+        "HF_TOKEN=hf_secret_value",
+        "--no-exporter",
+        "--dry-run",
+        "--",
+        "true",
+    )
     assert proc.returncode == 0, proc.stderr
     job_dir = next(p for p in out.iterdir() if not p.name.startswith("."))
     assert "hf_secret_value" in (job_dir / "job.json").read_text()
@@ -95,13 +115,16 @@ def test_root_does_not_follow_a_planted_slurm_json(cluster, other_user, public, 
     plugin_dir = evil / "plugins"
     plugin_dir.mkdir()
     code = evil / "evil.c"  # a plugin whose constructor leaves a mark when loaded
-    code.write_text("#include <stdio.h>\n__attribute__((constructor)) static void mark(void) "
-                    f"{{ FILE *f = fopen({json.dumps(str(marker))}, \"w\"); if (f) fclose(f); }}\n"
-                    "const char plugin_name[] = \"evil\"; const char plugin_type[] = \"auth/evil\";\n"
-                    "const unsigned int plugin_version = 0; const int plugin_id = 999;\n")
+    code.write_text(
+        "#include <stdio.h>\n__attribute__((constructor)) static void mark(void) "
+        f'{{ FILE *f = fopen({json.dumps(str(marker))}, "w"); if (f) fclose(f); }}\n'
+        'const char plugin_name[] = "evil"; const char plugin_type[] = "auth/evil";\n'
+        "const unsigned int plugin_version = 0; const int plugin_id = 999;\n"
+    )
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(plugin_dir / "auth_evil.so"), str(code)], check=True)
-    (evil / "slurm.conf").write_text(f"ClusterName=evil\nSlurmctldHost=localhost\nPluginDir={plugin_dir}\n"
-                                     "AuthType=auth/evil\n")
+    (evil / "slurm.conf").write_text(
+        f"ClusterName=evil\nSlurmctldHost=localhost\nPluginDir={plugin_dir}\nAuthType=auth/evil\n"
+    )
     job = public / "shared" / "kit-20260101-000000-abcdef"
     job.mkdir(parents=True)
     (job / "slurm.json").write_text(json.dumps({"target": "site", "conf": str(evil / "slurm.conf")}))
@@ -163,14 +186,29 @@ def test_root_rerun_never_runs_a_store_another_user_swapped_in(cluster, other_us
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "run.sh").write_text("echo honest\n")
-    git = lambda *a: subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@kit", "-c", "user.name=t", *a],
-                                    check=True, capture_output=True)
+
+    def git(*a):
+        return subprocess.run(
+            ["git", "-C", str(repo), "-c", "user.email=t@kit", "-c", "user.name=t", *a], check=True, capture_output=True
+        )
+
     git("init", "-q")
     git("add", ".")
     git("commit", "-qm", "one")
     env = {}
-    proc = kit("launch", "--local", "--no-exporter", "--wait", "--output-dir", str(shared), "--", "bash", "run.sh",
-               cwd=repo, env=env)
+    proc = kit(
+        "launch",
+        "--local",
+        "--no-exporter",
+        "--wait",
+        "--output-dir",
+        str(shared),
+        "--",
+        "bash",
+        "run.sh",
+        cwd=repo,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr + "".join(p.read_text() for p in shared.glob("*/logs/slurm-*.out"))
     job_dir = Path(proc.stdout.split("job dir: ")[1].splitlines()[0].strip())
     store = shared / f".kit-code-{os.geteuid()}"
@@ -181,12 +219,15 @@ def test_root_rerun_never_runs_a_store_another_user_swapped_in(cluster, other_us
     marker = tmp_path / "ran-their-code"
     (shared / "manifest.json").write_text(manifest)
     os.chmod(shared / "manifest.json", 0o644)
-    planted = as_user(other_user, f"""set -e; cd {shared}
+    planted = as_user(
+        other_user,
+        f"""set -e; cd {shared}
         mv .kit-code-0 .moved-away
         mkdir -p .kit-code-0/manifests .kit-code-0/objects
-        cp manifest.json .kit-code-0/manifests/{snap['digest'].split(':')[1]}.json
+        cp manifest.json .kit-code-0/manifests/{snap["digest"].split(":")[1]}.json
         printf 'touch {marker}; echo evil\\n' > .kit-code-0/objects/{obj}
-        chmod -R go-w .kit-code-0""")
+        chmod -R go-w .kit-code-0""",
+    )
     assert planted.returncode == 0, planted.stderr
     before = set(shared.iterdir())
     again = kit("rerun", str(job_dir), "--wait", env=env)
@@ -216,26 +257,38 @@ def test_a_requeue_puts_back_the_code_it_hashed_never_a_store_swapped_between(ot
     view = tmp_path / "job" / "code"
     view.mkdir(parents=True)
     swap = tmp_path / "swap.sh"  # theirs: root's store renamed away, theirs put in its place
-    swap.write_text(f"set -e; cd {shared}; mv .kit-code-0 .moved-away; mkdir -p .kit-code-0/objects\n"
-                    f"echo 'touch {tmp_path}/ran-their-code' > .kit-code-0/objects/{name}; chmod -R go-w .kit-code-0\n")
+    swap.write_text(
+        f"set -e; cd {shared}; mv .kit-code-0 .moved-away; mkdir -p .kit-code-0/objects\n"
+        f"echo 'touch {tmp_path}/ran-their-code' > .kit-code-0/objects/{name}; chmod -R go-w .kit-code-0\n"
+    )
     os.chmod(swap, 0o644)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "sha256sum").write_text(
-        "#!/bin/bash\n/usr/bin/sha256sum \"$@\"\n"
-        f"if [[ ! -e {shared}/.moved-away ]]; then su {other_user.pw_name} -s /bin/sh -c 'sh {swap}' >&2; fi\n")
+        '#!/bin/bash\n/usr/bin/sha256sum "$@"\n'
+        f"if [[ ! -e {shared}/.moved-away ]]; then su {other_user.pw_name} -s /bin/sh -c 'sh {swap}' >&2; fi\n"
+    )
     os.chmod(bin_dir / "sha256sum", 0o755)
     fns = (LAUNCH / "lib.sh").read_text() + bash_functions("kit::owned_store", "kit::restore_entry")
-    script = fns + f'KIT_RESTART=1\nkit::restore_entry f "{store}/objects/{name}" "{view}" run.sh\n' \
-                   f'kit::restore_entry f "{store}/objects/{name}" "{view}" tool.sh\n'
-    proc = subprocess.run(["bash", "-c", "set -euo pipefail\n" + script], capture_output=True, text=True,
-                          env={"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"}, timeout=60)
+    script = (
+        fns + f'KIT_RESTART=1\nkit::restore_entry f "{store}/objects/{name}" "{view}" run.sh\n'
+        f'kit::restore_entry f "{store}/objects/{name}" "{view}" tool.sh\n'
+    )
+    proc = subprocess.run(
+        ["bash", "-c", "set -euo pipefail\n" + script],
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"},
+        timeout=60,
+    )
     assert (shared / ".moved-away").is_dir(), proc.stderr  # the other user's swap happened
     put_back = (view / "run.sh").read_bytes() if (view / "run.sh").exists() else None
     assert put_back == honest, (put_back, proc.stderr)
     assert proc.returncode == 2 and not (view / "tool.sh").exists(), proc.stderr
-    assert (f"error: code/: the code store {store}/objects is not a directory of this user's own that only its "
-            "owner can write: not run") in proc.stderr, proc.stderr
+    assert (
+        f"error: code/: the code store {store}/objects is not a directory of this user's own that only its "
+        "owner can write: not run"
+    ) in proc.stderr, proc.stderr
     assert [p.name for p in view.iterdir()] == ["run.sh"]  # no copy of theirs left behind
 
 
@@ -249,33 +302,52 @@ def test_a_directory_planted_with_roots_job_id_is_not_believed(cluster, other_us
     os.chmod(shared, 0o777)
     launched = []
     for name in ("mine", "other"):
-        proc = kit("launch", "--local", "--no-exporter", "--job-name", name, "--output-dir", str(shared), "--",
-                   "bash", "-c", f"echo honest-{name}; sleep 300")
+        proc = kit(
+            "launch",
+            "--local",
+            "--no-exporter",
+            "--job-name",
+            name,
+            "--output-dir",
+            str(shared),
+            "--",
+            "bash",
+            "-c",
+            f"echo honest-{name}; sleep 300",
+        )
         assert proc.returncode == 0, proc.stderr
         job_dir = Path(proc.stdout.split("job dir: ")[1].splitlines()[0].strip())
         launched.append((job_dir, (job_dir / "job_id").read_text().strip()))
     (mine, mine_id), (other, other_id) = launched
     try:
         for d in (mine, other):
-            wait_for(lambda d=d: b"honest-" in b"".join(p.read_bytes() for p in (d / "logs").glob("*")), 120,
-                     what="the job to run")
-        planted = as_user(other_user, f"""set -e; cd {shared}
+            wait_for(
+                lambda d=d: b"honest-" in b"".join(p.read_bytes() for p in (d / "logs").glob("*")),
+                120,
+                what="the job to run",
+            )
+        planted = as_user(
+            other_user,
+            f"""set -e; cd {shared}
             for id in {mine_id} {other_id}; do
               mkdir -p planted-$id/logs; echo $id > planted-$id/job_id
-              for f in {' '.join(p.name for p in (mine / 'logs').iterdir())}; do echo "0: PLANTED" > planted-$id/logs/$f; done
-            done""")
+              for f in {" ".join(p.name for p in (mine / "logs").iterdir())}; do echo "0: PLANTED" > planted-$id/logs/$f; done
+            done""",
+        )
         assert planted.returncode == 0, planted.stderr
         logs = kit("logs", mine_id, "--output-dir", str(shared))
         assert logs.returncode == 0 and "honest-mine" in logs.stdout and "PLANTED" not in logs.stdout, logs.stdout
         rows = json.loads(kit("ps", "--json", "--output-dir", str(shared)).stdout)
         assert sorted(r["job_dir"] for r in rows if r["id"] in (mine_id, other_id)) == sorted(
-            str(d.resolve()) for d in (mine, other)), rows
+            str(d.resolve()) for d in (mine, other)
+        ), rows
         refused = kit("cancel", str(shared / f"planted-{other_id}"))
         assert refused.returncode == 2, refused.stderr
         assert refused.stderr.splitlines()[:2] == [
             f"kit: note: {shared / f'planted-{other_id}'} is {other_user.pw_name}'s job directory, not yours",
             f"kit: JOB: {shared / f'planted-{other_id}'} is {other_user.pw_name}'s, and job {other_id} is root's "
-            "job: not acted on"], refused.stderr
+            "job: not acted on",
+        ], refused.stderr
         assert squeue_state(cluster, other_id) == "RUNNING"
         trimmed = kit("trim", "--output-dir", str(shared))
         assert trimmed.returncode == 0, trimmed.stderr
@@ -285,6 +357,10 @@ def test_a_directory_planted_with_roots_job_id_is_not_believed(cluster, other_us
 
 
 def squeue_state(cluster, job_id: str) -> str:
-    proc = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
-                          env={**os.environ, "SLURM_CONF": str(cluster.conf)})
+    proc = subprocess.run(
+        ["squeue", "-h", "-j", job_id, "-o", "%T"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SLURM_CONF": str(cluster.conf)},
+    )
     return proc.stdout.strip()

@@ -23,8 +23,12 @@ def home(tmp_path, monkeypatch) -> Path:
 
 
 def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@kit", "-c", "user.name=t", *args],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.email=t@kit", "-c", "user.name=t", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 def make_repo(path: Path) -> Path:
@@ -50,8 +54,12 @@ def objects(home: Path) -> set[str]:
 def test_a_snapshot_holds_tracked_and_unignored_files_as_they_are(home, tmp_path):
     repo = make_repo(tmp_path / "repo")
     clean = snapshot.take(repo / "src", store=home / "code")
-    assert (clean.root, clean.source, clean.commit, clean.dirty) == (str(repo), "git", git(repo, "rev-parse", "HEAD"),
-                                                                     False)
+    assert (clean.root, clean.source, clean.commit, clean.dirty) == (
+        str(repo),
+        "git",
+        git(repo, "rev-parse", "HEAD"),
+        False,
+    )
     assert clean.files == 4  # .gitignore, link.py, run.sh, src/train.py: never data/ or *.log
     (repo / "src" / "train.py").write_text("print('edited')\n")
     (repo / "src" / "new.py").write_text("x = 1\n")  # untracked, not ignored
@@ -102,12 +110,29 @@ def test_a_snapshot_over_the_limit_is_refused_naming_the_largest_files(home, tmp
         snapshot.take(repo, store=home / "code")
     assert "weights.pt (4.9 KiB), src/table.csv (2.9 KiB)" in str(e.value) and "over its limit" in str(e.value)
     assert e.value.field == "--code" and ".gitignore" in e.value.hint
-    proc = kit("launch", "--dry-run", "--output-dir", str(tmp_path / "jobs"), "--", "true", cwd=repo,
-               env={"KIT_CODE_LIMIT": "4096", "KIT_HOME": str(home)})
+    proc = kit(
+        "launch",
+        "--dry-run",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        "true",
+        cwd=repo,
+        env={"KIT_CODE_LIMIT": "4096", "KIT_HOME": str(home)},
+    )
     assert proc.returncode == 2 and proc.stderr.startswith("kit: --code: the code snapshot of"), proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "jobs").exists()  # nothing written
-    ok = kit("launch", "--dry-run", "--no-code-snapshot", "--output-dir", str(tmp_path / "jobs"), "--", "true",
-             cwd=repo, env={"KIT_CODE_LIMIT": "4096", "KIT_HOME": str(home)})
+    ok = kit(
+        "launch",
+        "--dry-run",
+        "--no-code-snapshot",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        "true",
+        cwd=repo,
+        env={"KIT_CODE_LIMIT": "4096", "KIT_HOME": str(home)},
+    )
     assert ok.returncode == 0, ok.stderr
     job_dir = Path(ok.stdout.split("job dir: ")[1].strip())
     assert "snapshot" not in json.loads((job_dir / "job.json").read_text()) and not (job_dir / "code").exists()
@@ -125,8 +150,17 @@ def test_code_dir_outside_a_git_tree_and_the_launch_directory(home, tmp_path):
     with pytest.raises(KitError, match="outside"):
         snapshot.take(tmp_path, str(code), store=home / "code")
     assert snapshot.take(tmp_path, store=home / "code") is None  # no git work tree, no --code: nothing to snapshot
-    proc = kit("launch", "--dry-run", "--code", str(code), "--no-code-snapshot", "--", "true", cwd=code,
-               env={"KIT_HOME": str(home)})
+    proc = kit(
+        "launch",
+        "--dry-run",
+        "--code",
+        str(code),
+        "--no-code-snapshot",
+        "--",
+        "true",
+        cwd=code,
+        env={"KIT_HOME": str(home)},
+    )
     assert proc.returncode == 2 and "contradict" in proc.stderr
 
 
@@ -146,8 +180,16 @@ def test_a_full_store_is_one_line_and_nothing_is_written(tmp_path, full_disk):
     """The store's disk full: kit launch says so in one line, exit 1, nothing written."""
     repo = make_repo(tmp_path / "repo")
     jobs = full_disk / "targets" / "jobs"
-    proc = kit("launch", "--dry-run", "--output-dir", str(jobs), "--", "true", cwd=repo,
-               env={"KIT_HOME": str(full_disk / "targets")})
+    proc = kit(
+        "launch",
+        "--dry-run",
+        "--output-dir",
+        str(jobs),
+        "--",
+        "true",
+        cwd=repo,
+        env={"KIT_HOME": str(full_disk / "targets")},
+    )
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.startswith("kit: --code: cannot ") and "No space left on device" in proc.stderr
     assert "Traceback" not in proc.stderr and not any(p.name.startswith("kit-") for p in jobs.glob("*"))
@@ -225,18 +267,22 @@ def test_a_damaged_object_is_never_copied_and_a_launch_heals_it(home, tmp_path):
 def plant_manifest(home: Path, manifest: list) -> snapshot.Snapshot:
     text = json.dumps(manifest, separators=(",", ":")).encode()
     import hashlib
+
     digest = hashlib.sha256(text).hexdigest()
     (home / "code" / "manifests" / f"{digest}.json").write_bytes(text)
     return snapshot.Snapshot(f"sha256:{digest}", str(home), str(home / "code"), "git", len(manifest), 0)
 
 
-@pytest.mark.parametrize("entries", [
-    [["../../../../victim/x", "l", "/etc/shadow"]],
-    [["/abs/x", "l", "/etc/shadow"]],
-    [["a", "l", "/etc"], ["a/passwd", "f", "0" * 64]],  # a file written through a planted link
-    [["a/./b", "l", "x"]],
-    [["ok", "f", "../../etc/passwd"]],  # an object name that is a path
-])
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [["../../../../victim/x", "l", "/etc/shadow"]],
+        [["/abs/x", "l", "/etc/shadow"]],
+        [["a", "l", "/etc"], ["a/passwd", "f", "0" * 64]],  # a file written through a planted link
+        [["a/./b", "l", "x"]],
+        [["ok", "f", "../../etc/passwd"]],  # an object name that is a path
+    ],
+)
 def test_a_manifest_path_outside_the_view_is_refused(home, tmp_path, entries):
     repo = make_repo(tmp_path / "repo")
     snapshot.take(repo, store=home / "code")
@@ -292,13 +338,31 @@ def test_a_work_tree_git_refuses_is_an_error_not_a_silent_live_run(home, tmp_pat
     repo = make_repo(tmp_path / "repo")
     for path in [repo, *repo.rglob("*")]:
         os.lchown(path, 4321, 4321)
-    proc = kit("launch", "--dry-run", "--output-dir", str(tmp_path / "jobs"), "--", "true", cwd=repo,
-               env={"KIT_HOME": str(home)})
+    proc = kit(
+        "launch",
+        "--dry-run",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        "true",
+        cwd=repo,
+        env={"KIT_HOME": str(home)},
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith(f"kit: --code: git refuses the work tree {repo}: another user owns it"), proc.stderr
     assert f"--code {repo}" in proc.stderr and "safe.directory" in proc.stderr and not (tmp_path / "jobs").exists()
-    ok = kit("launch", "--dry-run", "--code", str(repo), "--output-dir", str(tmp_path / "jobs"), "--", "true",
-             cwd=repo, env={"KIT_HOME": str(home)})
+    ok = kit(
+        "launch",
+        "--dry-run",
+        "--code",
+        str(repo),
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        "true",
+        cwd=repo,
+        env={"KIT_HOME": str(home)},
+    )
     assert ok.returncode == 0, ok.stderr
     job_dir = Path(ok.stdout.split("job dir: ")[1].strip())
     snap = json.loads((job_dir / "job.json").read_text())["snapshot"]
@@ -315,8 +379,16 @@ def test_a_launch_never_rewrites_the_trees_index(home, tmp_path):
     (repo / "run.sh").touch()  # stat data differs from the index: git status would refresh it
     index = repo / ".git" / "index"
     before = os.stat(index)
-    proc = kit("launch", "--dry-run", "--output-dir", str(tmp_path / "jobs"), "--", "true", cwd=repo,
-               env={"KIT_HOME": str(home)})
+    proc = kit(
+        "launch",
+        "--dry-run",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        "true",
+        cwd=repo,
+        env={"KIT_HOME": str(home)},
+    )
     assert proc.returncode == 0, proc.stderr
     after = os.stat(index)
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
@@ -332,8 +404,18 @@ def test_a_dry_run_launch_copies_no_image(home, tmp_path):
         (root / rel).write_text("")
     image = tmp_path / "img.sqsh"
     subprocess.run(["mksquashfs", str(root), str(image), "-quiet", "-no-progress"], check=True)
-    proc = kit("launch", "--dry-run", "--no-code-snapshot", "--image", str(image), "--output-dir",
-               str(tmp_path / "jobs"), "--", "true", env={"KIT_HOME": str(home)})
+    proc = kit(
+        "launch",
+        "--dry-run",
+        "--no-code-snapshot",
+        "--image",
+        str(image),
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--",
+        "true",
+        env={"KIT_HOME": str(home)},
+    )
     assert proc.returncode == 0, proc.stderr
     assert not list((home / "images").glob("sha256-*")), list((home / "images").iterdir())
     job_dir = Path(proc.stdout.split("job dir: ")[1].strip())

@@ -10,10 +10,19 @@ from kit.core import spec as specs
 from kit.errors import KitError
 
 
-@pytest.mark.parametrize("text,seconds", [
-    ("30", 1800), ("1:30", 90), ("2:00:00", 7200), ("1-0", 86400), ("1-12", 129600),
-    ("1-12:30", 131400), ("1-12:30:15", 131415), ("90", 5400),
-])
+@pytest.mark.parametrize(
+    "text,seconds",
+    [
+        ("30", 1800),
+        ("1:30", 90),
+        ("2:00:00", 7200),
+        ("1-0", 86400),
+        ("1-12", 129600),
+        ("1-12:30", 131400),
+        ("1-12:30:15", 131415),
+        ("90", 5400),
+    ],
+)
 def test_parse_time(text, seconds):
     assert specs.parse_time(text) == seconds
 
@@ -38,8 +47,14 @@ def test_parse_mem_rejects(text):
 def test_defaults():
     job = launch.resolve(specs.JobSpec(command=["true"]), cwd=None)
     s = job.spec
-    assert (s.nodes, s.gpus_per_node, s.ntasks_per_node, s.signal, s.signal_lead, s.max_restarts) == \
-        (1, 0, 1, "USR1", 90, 3)
+    assert (s.nodes, s.gpus_per_node, s.ntasks_per_node, s.signal, s.signal_lead, s.max_restarts) == (
+        1,
+        0,
+        1,
+        "USR1",
+        90,
+        3,
+    )
     assert (job.port_low, job.port_high) == (29500, 30499)
 
 
@@ -101,14 +116,18 @@ def test_prometheus_targets_under_an_image_must_be_a_plain_mount_path(tmp_path):
 
 def test_a_job_file_sweep_table_and_after_list(tmp_path):
     f = tmp_path / "job.toml"
-    f.write_text('command = ["train", "--lr={lr}"]\nafter = ["12", "13:any"]\narray = "%1"\n'
-                 '[sweep]\nlr = [0.1, 0.01]\nopt = ["adam", "sgd"]\n')
+    f.write_text(
+        'command = ["train", "--lr={lr}"]\nafter = ["12", "13:any"]\narray = "%1"\n'
+        '[sweep]\nlr = [0.1, 0.01]\nopt = ["adam", "sgd"]\n'
+    )
     spec, origins = jobfile.load_job_file(f)
     merged, origins = specs.merge(spec, specs.JobSpec(sweep={"opt": ["lion"]}), origins)
     job = launch.resolve(merged, origins)
     assert job.spec.sweep == {"lr": ["0.1", "0.01"], "opt": ["lion"]}  # --sweep wins per name
-    assert job.tasks.render() == "0-1%1" and list(job.params) == [{"lr": "0.1", "opt": "lion"},
-                                                                   {"lr": "0.01", "opt": "lion"}]
+    assert job.tasks.render() == "0-1%1" and list(job.params) == [
+        {"lr": "0.1", "opt": "lion"},
+        {"lr": "0.01", "opt": "lion"},
+    ]
     assert [specs.parse_after(a, "after") for a in job.spec.after] == [("12", "ok"), ("13", "any")]
     f.write_text('command = ["x"]\n[sweep]\nlr = "0.1"\n')
     with pytest.raises(KitError, match="expected a table of lists"):
@@ -126,8 +145,9 @@ def test_a_checked_plan_cannot_be_assigned_and_keeps_what_the_user_asked(tmp_pat
     monkeypatch.setenv("KIT_HOME", str(tmp_path / "home"))
     image = tmp_path / "img.sqsh"
     image.write_bytes(b"hsqs" + bytes(200))
-    spec = specs.JobSpec(command=["true"], image=str(image), after=["123:ok"], output_dir=str(tmp_path / "out"),
-                         code_snapshot=False)
+    spec = specs.JobSpec(
+        command=["true"], image=str(image), after=["123:ok"], output_dir=str(tmp_path / "out"), code_snapshot=False
+    )
     planned = launch.plan(spec, cwd=tmp_path).job  # a dry run: the image hashed, not copied
     with pytest.raises(dataclasses.FrozenInstanceError):
         planned.spec.image = "/elsewhere.sqsh"

@@ -17,9 +17,9 @@ from kit.core import outcome
 
 HOLD = 'trap "exit 0" TERM; echo ready; sleep 300 & wait'
 COMMANDS = [
-    ["bash", "-c", HOLD],                       # exits 0 on TERM, like Lightning
-    ["sleep", "300"],                           # dies on TERM
-    ["bash", "-c", "echo ready; sleep 300"],    # a shell whose child outlives it
+    ["bash", "-c", HOLD],  # exits 0 on TERM, like Lightning
+    ["sleep", "300"],  # dies on TERM
+    ["bash", "-c", "echo ready; sleep 300"],  # a shell whose child outlives it
     [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(300)"],
 ]
 
@@ -53,10 +53,23 @@ def test_fifty_random_scancels_leave_no_launcher_behind(cluster, tmp_path):
     bad = []
     for job, end, left, spinning, delay in results:
         result = slurm.job_outcome(end, Path(job["job_dir"]))
-        if end.state != "CANCELLED" or result.exit_code != outcome.CANCELLED or left or \
-                (Path(job["job_dir"]) / "FINISHED").exists():
-            bad.append((job["job_id"], f"after {delay:.2f} s", end.state, result.exit_code, left, spinning,
-                        read_logs(job["job_dir"])[-2000:]))
+        if (
+            end.state != "CANCELLED"
+            or result.exit_code != outcome.CANCELLED
+            or left
+            or (Path(job["job_dir"]) / "FINISHED").exists()
+        ):
+            bad.append(
+                (
+                    job["job_id"],
+                    f"after {delay:.2f} s",
+                    end.state,
+                    result.exit_code,
+                    left,
+                    spinning,
+                    read_logs(job["job_dir"])[-2000:],
+                )
+            )
     assert bad == [], bad
     # Nothing of any of these jobs runs any more, launcher or otherwise.
     assert [p for job, *_ in results for p in job_processes(job["job_dir"])] == []

@@ -14,6 +14,7 @@ from pathlib import Path
 from helpers import kit, launch_wait, read_logs, runs, start_now, stepds_of, wait_for, wait_no_processes
 
 from kit import slurm
+
 TRAIN = [sys.executable, "-m", "kit.train", "--log-every", "5", "--checkpoint-every", "5"]
 MARK = 'printf "%s %s\\n" "$KIT_SWEEP_steps" "$1" >"$KIT_JOB_DIR/marker"; shift; exec "$@"'
 
@@ -25,15 +26,24 @@ def task_dir(w, i: int) -> Path:
 def test_a_sweep_runs_every_task_one_at_a_time_and_reports_each(cluster, tmp_path):
     """Done-means 1: 3 tasks with %1; each its own directory, logs, checkpoints and
     marker; the failing middle task makes --wait non-zero, the others complete."""
-    w = launch_wait(tmp_path, "--nodes", "2", "--sweep", "steps=10,bad,15", "--array", "%1",
-                    command=["bash", "-c", MARK, "_", "{steps}", *TRAIN, "--max-steps", "{steps}"])
+    w = launch_wait(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--sweep",
+        "steps=10,bad,15",
+        "--array",
+        "%1",
+        command=["bash", "-c", MARK, "_", "{steps}", *TRAIN, "--max-steps", "{steps}"],
+    )
     rc, err = w.finish()
     assert rc == 2, err  # task 1's own exit code: argparse refused --max-steps bad
     lines = [line for line in err.splitlines() if line.startswith(f"kit: job {w.job_id}_")]
     assert lines == [
         f"kit: job {w.job_id}_0 (steps=10) ended COMPLETED: the work finished (exit code 0)",
         f"kit: job {w.job_id}_1 (steps=bad) ended FAILED: the command failed with exit code 2 (exit code 2)",
-        f"kit: job {w.job_id}_2 (steps=15) ended COMPLETED: the work finished (exit code 0)"], err
+        f"kit: job {w.job_id}_2 (steps=15) ended COMPLETED: the work finished (exit code 0)",
+    ], err
     assert f"kit: job {w.job_id}: 2 of 3 task(s) finished" in err
     for i, steps in ((0, "10"), (1, "bad"), (2, "15")):
         d = task_dir(w, i)
@@ -53,9 +63,11 @@ def test_a_sweep_runs_every_task_one_at_a_time_and_reports_each(cluster, tmp_pat
     rep = kit("report", str(w.job_dir))
     assert rep.returncode == 0, rep.stderr
     rows = [line.split() for line in rep.stdout.splitlines()[2:5]]
-    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [("0", "steps=10", "finished", "0"),
-                                                        ("1", "steps=bad", "failed", "0"),
-                                                        ("2", "steps=15", "finished", "0")], rep.stdout
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
+        ("0", "steps=10", "finished", "0"),
+        ("1", "steps=bad", "failed", "0"),
+        ("2", "steps=15", "finished", "0"),
+    ], rep.stdout
     doc = json.loads((w.job_dir / "report.json").read_text())
     assert [t["params"] for t in doc["tasks"]] == [{"steps": "10"}, {"steps": "bad"}, {"steps": "15"}]
     assert (w.job_dir / "report.png").stat().st_size > 10_000
@@ -64,10 +76,15 @@ def test_a_sweep_runs_every_task_one_at_a_time_and_reports_each(cluster, tmp_pat
     assert ps.returncode == 0, ps.stderr
     tasks = {r["id"]: r for r in json.loads(ps.stdout) if r["job_dir"] == str(w.job_dir.resolve())}
     assert {k: (r["step"], r["finished"]) for k, r in tasks.items()} == {
-        f"{w.job_id}_0": (10, True), f"{w.job_id}_1": (None, False), f"{w.job_id}_2": (15, True)}
+        f"{w.job_id}_0": (10, True),
+        f"{w.job_id}_1": (None, False),
+        f"{w.job_id}_2": (15, True),
+    }
     # ID_TASK names one task for kit logs and kit report.
     one = kit("logs", f"{w.job_id}_2", "--output-dir", str(tmp_path / "jobs"))
-    assert one.returncode == 0 and "`max_steps=15` reached" in one.stdout and "max_steps=10" not in one.stdout, one.stderr
+    assert one.returncode == 0 and "`max_steps=15` reached" in one.stdout and "max_steps=10" not in one.stdout, (
+        one.stderr
+    )
     rep = kit("report", f"{w.job_id}_2", "--output-dir", str(tmp_path / "jobs"))
     assert rep.returncode == 0 and rep.stdout.startswith(f"job {w.job_id}_2 (data: "), rep.stderr
     none = kit("logs", f"{w.job_id}_7", "--output-dir", str(tmp_path / "jobs"))
@@ -83,14 +100,27 @@ def _raw_id(d: Path) -> str:
 def test_an_array_task_at_its_time_limit_requeues_and_resumes_alone(cluster, tmp_path):
     """Done-means 2: task 0 is warned before its time limit, checkpoints, requeues
     itself and resumes from its own checkpoint; task 1 (short) is untouched."""
-    w = launch_wait(tmp_path, "--sweep", "steps=100000,20", "--time", "2", "--signal-lead", "80",
-                    "--heartbeat", "0", "--max-restarts", "2",
-                    command=[*TRAIN[:-2], "--checkpoint-every", "0", "--step-delay", "0.05", "--max-steps",
-                             "{steps}"])
+    w = launch_wait(
+        tmp_path,
+        "--sweep",
+        "steps=100000,20",
+        "--time",
+        "2",
+        "--signal-lead",
+        "80",
+        "--heartbeat",
+        "0",
+        "--max-restarts",
+        "2",
+        command=[*TRAIN[:-2], "--checkpoint-every", "0", "--step-delay", "0.05", "--max-steps", "{steps}"],
+    )
     try:
         t0, t1 = task_dir(w, 0), task_dir(w, 1)
-        wait_for(lambda: (t0 / "logs" / "rank-0.r0.log").exists() and "requeueing" in read_logs(t0), 180,
-                 what="task 0 to be warned and requeue itself")
+        wait_for(
+            lambda: (t0 / "logs" / "rank-0.r0.log").exists() and "requeueing" in read_logs(t0),
+            180,
+            what="task 0 to be warned and requeue itself",
+        )
         raw = _raw_id(t0)
         saved = int(re.search(r"saved last.ckpt at step (\d+)", read_logs(t0)).group(1))
         wait_for(lambda: slurm.job_status(cluster.target, raw).restarts == 1, 60, what="the requeue")
@@ -98,8 +128,11 @@ def test_an_array_task_at_its_time_limit_requeues_and_resumes_alone(cluster, tmp
         wait_for(lambda: not stepds_of(raw), 45, what="task 0's first run to end")
         time.sleep(2)
         start_now(cluster, raw, check=True)
-        wait_for(lambda: re.search(r"resuming from \S+ at step (\d+)", read_logs(t0)), 90,
-                 what="task 0's second run to resume")
+        wait_for(
+            lambda: re.search(r"resuming from \S+ at step (\d+)", read_logs(t0)),
+            90,
+            what="task 0's second run to resume",
+        )
         resumed = int(re.search(r"resuming from \S+ at step (\d+)", read_logs(t0)).group(1))
         assert resumed == saved and str(t0) in read_logs(t0)  # its own checkpoint, in its own directory
         # Task 1 ran once, to its end, in its own directory.
@@ -137,18 +170,38 @@ def test_sweep_input_is_checked_before_anything_is_submitted(tmp_path):
 
 def test_a_hostile_sweep_value_reaches_the_command_byte_for_byte(tmp_path):
     value = "a b'$(touch PWNED)\"\\`x`;{}*\n\t\x7f é"
-    proc = kit("launch", "--dry-run", "--json", "--output-dir", str(tmp_path / "jobs"), "--sweep", f"v=plain,{value}",
-               "--", "printf", "<%s>", "pre-{v}-{{lit}}")
+    proc = kit(
+        "launch",
+        "--dry-run",
+        "--json",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--sweep",
+        f"v=plain,{value}",
+        "--",
+        "printf",
+        "<%s>",
+        "pre-{v}-{{lit}}",
+    )
     assert proc.returncode == 0, proc.stderr
     job_dir = Path(json.loads(proc.stdout)["job_dir"])
     words = (job_dir / "tasks" / "1" / "command").read_bytes().split(b"\0")
     assert words == [b"printf", b"<%s>", f"pre-{value}-{{lit}}".encode(), b""]
     assert (job_dir / "tasks" / "1" / "sweep").read_bytes() == f"v={value}".encode() + b"\0"
     # And through bash, as the launcher reads them (mapfile) and prelaunch exports them.
-    out = subprocess.run(["bash", "-c", 'mapfile -d "" -t c <"$1/command"; while IFS= read -r -d "" kv; do '
-                          'export "KIT_SWEEP_${kv%%=*}=${kv#*=}"; done <"$1/sweep"; "${c[@]}"; '
-                          'printf "[%s]" "$KIT_SWEEP_v"', "_", str(job_dir / "tasks" / "1")],
-                         capture_output=True, cwd=tmp_path)
+    out = subprocess.run(
+        [
+            "bash",
+            "-c",
+            'mapfile -d "" -t c <"$1/command"; while IFS= read -r -d "" kv; do '
+            'export "KIT_SWEEP_${kv%%=*}=${kv#*=}"; done <"$1/sweep"; "${c[@]}"; '
+            'printf "[%s]" "$KIT_SWEEP_v"',
+            "_",
+            str(job_dir / "tasks" / "1"),
+        ],
+        capture_output=True,
+        cwd=tmp_path,
+    )
     assert out.stdout == f"<pre-{value}-{{lit}}>[{value}]".encode()
     assert not list(tmp_path.rglob("PWNED"))
 
@@ -161,16 +214,23 @@ def test_cancelled_array_tasks_stay_cancelled_once_slurm_forgets_them(cluster, t
     from kit.jobdir import records
 
     w = launch_wait(tmp_path, "--sweep", "t=0,600", command=["sleep", "{t}"])
-    wait_for(lambda: (task_dir(w, 0) / "FINISHED").exists() and
-             slurm.array_status(cluster.target, w.job_id, [1])[1].state == "RUNNING", 120,
-             what="task 0 finished and task 1 running")
+    wait_for(
+        lambda: (
+            (task_dir(w, 0) / "FINISHED").exists()
+            and slurm.array_status(cluster.target, w.job_id, [1])[1].state == "RUNNING"
+        ),
+        120,
+        what="task 0 finished and task 1 running",
+    )
     done = kit("cancel", str(w.job_dir), "--reason", "enough")
     assert done.returncode == 0, done.stderr
     assert json.loads((w.job_dir / records.CANCEL_RECORD).read_text())["tasks"] == [1]
     w.finish()
     # --wait kept the end Slurm gave each task (outcome.json): told the same way once Slurm forgets them.
-    assert [json.loads((task_dir(w, i) / records.OUTCOME_RECORD).read_text())["state"] for i in (0, 1)] == \
-        ["COMPLETED", "CANCELLED"]
+    assert [json.loads((task_dir(w, i) / records.OUTCOME_RECORD).read_text())["state"] for i in (0, 1)] == [
+        "COMPLETED",
+        "CANCELLED",
+    ]
     assert [records.recorded_state(task_dir(w, i)) for i in (0, 1)] == ["COMPLETED", "CANCELLED"]
     # Without it (a job no kit command saw end), the FINISHED marker and the cancel record tell the same.
     for i in (0, 1):
@@ -184,5 +244,7 @@ def test_cancelled_array_tasks_stay_cancelled_once_slurm_forgets_them(cluster, t
     mine = [line.split(None, 2) for line in table if line.startswith(f"{w.job_id} ") or line.startswith(f"{w.job_id}_")]
     assert len(mine) == 1 and mine[0][2].startswith("CANCELLED [1 CANCELLED, 1 COMPLETED]"), table
     expanded = kit("ps", "--all", "--tasks", "--output-dir", str(w.job_dir.parent)).stdout.splitlines()
-    assert sorted(line.split()[0] for line in expanded if line.startswith(f"{w.job_id}_")) == \
-        [f"{w.job_id}_0", f"{w.job_id}_1"]
+    assert sorted(line.split()[0] for line in expanded if line.startswith(f"{w.job_id}_")) == [
+        f"{w.job_id}_0",
+        f"{w.job_id}_1",
+    ]

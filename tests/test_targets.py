@@ -26,8 +26,10 @@ def test_an_ordinary_user_without_slurm_is_told_to_set_slurm_conf(ordinary, monk
     monkeypatch.setattr(public, "clusters", lambda: [])
     with pytest.raises(KitError) as e:
         targets.select_target(None)
-    assert e.value.message == ("no Slurm to submit to: no slurm.conf in SLURM_CONF or the usual places "
-                               f"({tmp_path / 'etc-slurm.conf'}), and no local cluster runs on this machine")
+    assert e.value.message == (
+        "no Slurm to submit to: no slurm.conf in SLURM_CONF or the usual places "
+        f"({tmp_path / 'etc-slurm.conf'}), and no local cluster runs on this machine"
+    )
     assert e.value.hint.startswith("set SLURM_CONF to your site's slurm.conf") and "cluster up" not in e.value.hint
 
 
@@ -44,7 +46,9 @@ def test_root_without_slurm_is_told_to_start_a_cluster(monkeypatch, tmp_path):
     monkeypatch.delenv("SLURM_CONF", raising=False)
     monkeypatch.setenv("KIT_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(targets, "SITE_CONFS", (str(tmp_path / "etc-slurm.conf"),))
-    monkeypatch.setattr(public, "clusters", lambda: [tmp_path / "another-roots" / "slurm.conf"])  # not believed for root
+    monkeypatch.setattr(
+        public, "clusters", lambda: [tmp_path / "another-roots" / "slurm.conf"]
+    )  # not believed for root
     with pytest.raises(KitError) as e:
         targets.select_target(None)
     assert "kit cluster up" in e.value.hint

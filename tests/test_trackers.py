@@ -23,8 +23,21 @@ from tracker_check import mlflow_runs, strictly_increasing, tensorboard_steps, w
 from kit.jobdir import JobDir
 
 pytestmark = pytest.mark.cluster
-TRAIN = [sys.executable, "-m", "kit.train", "--max-steps", "80", "--checkpoint-every", "20", "--log-every", "5",
-         "--step-delay", "0.1", "--logger", "wandb,mlflow,tensorboard"]
+TRAIN = [
+    sys.executable,
+    "-m",
+    "kit.train",
+    "--max-steps",
+    "80",
+    "--checkpoint-every",
+    "20",
+    "--log-every",
+    "5",
+    "--step-delay",
+    "0.1",
+    "--logger",
+    "wandb,mlflow,tensorboard",
+]
 USER = [sys.executable, str(Path(__file__).parent / "user_tracker_script.py")]
 
 
@@ -38,10 +51,13 @@ def jobs(cluster, tmp_path_factory):
     """Both jobs launched at once; the user's job is driven (requeued twice) by a thread while the reference
     trainer's test drives its own: the two run side by side, the user's test checks its end."""
     lightning, user = tmp_path_factory.mktemp("lightning"), tmp_path_factory.mktemp("user")
-    out = {"lightning": (lightning, launch_wait(lightning, "--nodes", "2", "--max-restarts", "3",
-                                                command=TRAIN, env=offline_env(lightning))),
-           "user": (user, launch_wait(user, "--nodes", "2", "--max-restarts", "3", command=USER,
-                                      env=offline_env(user)))}
+    out = {
+        "lightning": (
+            lightning,
+            launch_wait(lightning, "--nodes", "2", "--max-restarts", "3", command=TRAIN, env=offline_env(lightning)),
+        ),
+        "user": (user, launch_wait(user, "--nodes", "2", "--max-restarts", "3", command=USER, env=offline_env(user))),
+    }
     driver = Driver(cluster, out["user"][1])
     driver.start()
     out["user driver"] = driver
@@ -76,12 +92,14 @@ def rank0_log(w, run: int) -> str:
 
 def logged_past(w, run: int, pattern: str, step: int):
     """Wait until rank 0 of ``run`` logged a step >= ``step`` (``pattern``'s group 1)."""
-    return wait_for(lambda: any(int(s) >= step for s in re.findall(pattern, rank0_log(w, run))), 120,
-                    what=f"run {run} to reach step {step}")
+    return wait_for(
+        lambda: any(int(s) >= step for s in re.findall(pattern, rank0_log(w, run))),
+        120,
+        what=f"run {run} to reach step {step}",
+    )
 
 
-def check_one_run(w, tmp: Path, wandb_key: str, runs: int, checkpoint_every: int,
-                  first: int) -> list[int]:
+def check_one_run(w, tmp: Path, wandb_key: str, runs: int, checkpoint_every: int, first: int) -> list[int]:
     """One W&B run id (the job's) in every run's offline files, one MLflow run, one TensorBoard directory;
     in each the steps strictly increasing (none logged twice) from the first step to the last, with no gap
     beyond the checkpoint interval: a run stopped between kit's record of a step and MLflow's or
@@ -90,7 +108,9 @@ def check_one_run(w, tmp: Path, wandb_key: str, runs: int, checkpoint_every: int
     what W&B lost after its checkpoint (README, "Experiment trackers"). Returns MLflow's steps."""
     tracker = w.job_dir / JobDir.TRACKER
     wandb_runs = wandb_offline_runs(tracker / "wandb", wandb_key)
-    assert len(wandb_runs) == runs and {run_id for run_id, _ in wandb_runs} - {None} == {JobDir(w.job_dir).tracker_run_id}
+    assert len(wandb_runs) == runs and {run_id for run_id, _ in wandb_runs} - {None} == {
+        JobDir(w.job_dir).tracker_run_id
+    }
     wandb_steps = [s for _, run in wandb_runs for s in run]
     mlflow = mlflow_runs(tmp / "mlruns")
     assert len(mlflow) == 1, mlflow
@@ -99,14 +119,18 @@ def check_one_run(w, tmp: Path, wandb_key: str, runs: int, checkpoint_every: int
     board = tracker / JobDir.TRACKER_TENSORBOARD
     assert not [p for p in board.iterdir() if p.is_dir()]  # one directory: no version_<N> per run
     for logged in (steps, tensorboard_steps(board), wandb_steps):
-        assert strictly_increasing(logged) and max(b - a for a, b in zip(logged, logged[1:])) <= checkpoint_every, \
-            (logged, wandb_runs)
+        assert strictly_increasing(logged) and max(b - a for a, b in zip(logged, logged[1:])) <= checkpoint_every, (
+            logged,
+            wandb_runs,
+        )
         assert logged[0] == first and logged[-1] == steps[-1], (logged, wandb_runs)
     # kit report goes from the job to each dashboard: the W&B run (and its offline parts), the MLflow run, TensorBoard.
     report = kit("report", str(w.job_dir), "-o", str(tmp / "report.png"))
     assert report.returncode == 0, report.stderr
     rid = JobDir(w.job_dir).tracker_run_id
-    assert f"tracker: W&B run {rid}; {runs} part(s) offline: wandb sync {tracker / 'wandb'}/offline-run-*" in report.stdout
+    assert (
+        f"tracker: W&B run {rid}; {runs} part(s) offline: wandb sync {tracker / 'wandb'}/offline-run-*" in report.stdout
+    )
     assert f"tracker: MLflow run {run_id} at file:{tmp / 'mlruns'}" in report.stdout, report.stdout
     assert f"tracker: TensorBoard: tensorboard --logdir {board}" in report.stdout
     return steps
@@ -115,18 +139,23 @@ def check_one_run(w, tmp: Path, wandb_key: str, runs: int, checkpoint_every: int
 def test_reference_trainer_keeps_one_run_per_tracker_through_a_warning_and_an_admin_requeue(cluster, jobs):
     tmp, w = jobs["lightning"]
     logged_past(w, 0, r"step=(\d+) loss", 25)
-    subprocess.run(["scancel", "--signal=USR1", "--batch", w.job_id], env={**os.environ, **cluster.target.env},
-                   check=True)
+    subprocess.run(
+        ["scancel", "--signal=USR1", "--batch", w.job_id], env={**os.environ, **cluster.target.env}, check=True
+    )
     # The warning: the trainer saves where it is and stops; kit requeues it (no hold).
-    saved = int(wait_for(lambda: re.search(r"saved last.ckpt at step (\d+)", rank0_log(w, 0)), 60,
-                         what="the save on the warning").group(1))
+    saved = int(
+        wait_for(
+            lambda: re.search(r"saved last.ckpt at step (\d+)", rank0_log(w, 0)), 60, what="the save on the warning"
+        ).group(1)
+    )
     with hastened(cluster, w.job_id):
         logged_past(w, 1, r"step=(\d+) loss", (saved // 20 + 1) * 20 + 9)  # past the next periodic checkpoint
     scontrol(cluster, "requeue", w.job_id)
     release_requeued(cluster, w.job_id, w.job_dir, restarts=2)
     check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["warned", "stopped", "finished"])
-    resumed = [re.search(r"resuming from \S+ at step (\d+) \(kit: (\d+)\)", rank0_log(w, run)).groups()
-               for run in (1, 2)]
+    resumed = [
+        re.search(r"resuming from \S+ at step (\d+) \(kit: (\d+)\)", rank0_log(w, run)).groups() for run in (1, 2)
+    ]
     assert [int(a) for a, b in resumed] == [int(b) for a, b in resumed]  # KIT_RESUME_STEP is the checkpoint's
     assert int(resumed[0][0]) == saved
     steps = check_one_run(w, tmp, "trainer/global_step", runs=3, checkpoint_every=20, first=4)
@@ -144,7 +173,9 @@ def test_a_users_own_trainer_keeps_one_run_per_tracker_with_the_readme_lines(clu
     if driver.error:
         raise driver.error
     check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["stopped", "stopped", "finished"])
-    resumed = [re.search(r"user: resuming at step (\d+) \(kit: (\S+)\)", rank0_log(w, run)).groups() for run in (0, 1, 2)]
+    resumed = [
+        re.search(r"user: resuming at step (\d+) \(kit: (\S+)\)", rank0_log(w, run)).groups() for run in (0, 1, 2)
+    ]
     assert resumed[0] == ("0", "None") and all(a == b for a, b in resumed[1:]), resumed
     lost = [int(s) for s in re.findall(r"user: logged step (\d+)", rank0_log(w, 1))]
     assert int(resumed[2][0]) < max(lost)  # the last requeue went back past steps already logged
@@ -161,5 +192,6 @@ def test_the_reference_trainers_tflops_are_measured_and_its_mfu_on_a_cpu_is_na(c
     row = next(r for r in rows if r["job_dir"] == str(w.job_dir.resolve()))
     assert row["tflops"] > 0 and row["mfu"] is None, row
     report = kit("report", str(w.job_dir), "-o", str(tmp / "report.png"))
-    assert re.search(r"model FLOP/s \(rank 0's device\): [0-9.e+-]+ TFLOP/s, MFU n/a \(a CPU", report.stdout), \
+    assert re.search(r"model FLOP/s \(rank 0's device\): [0-9.e+-]+ TFLOP/s, MFU n/a \(a CPU", report.stdout), (
         report.stdout
+    )

@@ -51,8 +51,9 @@ def test_trim_frees_what_no_job_needs_and_keeps_held_and_requeueable_jobs(cluste
         return kitlib.Job.from_dir(proc.stdout.split("job dir: ")[1].splitlines()[0].strip())
 
     held = launch(repo(tmp_path, "held", "print('held')\n"), fake_image(tmp_path, "held"), "--sbatch-arg=--hold")
-    failed = launch(repo(tmp_path, "failed", "print('failed')\n"), fake_image(tmp_path, "failed"),
-                    "--max-restarts", "1")
+    failed = launch(
+        repo(tmp_path, "failed", "print('failed')\n"), fake_image(tmp_path, "failed"), "--max-restarts", "1"
+    )
     end = failed.wait(timeout=180)
     assert end.state == "FAILED" and not (failed.dir / "FINISHED").exists()  # requeueable: Slurm knows it
     done = launch(repo(tmp_path, "done", "print('done')\n"), None, "--wait")
@@ -74,8 +75,7 @@ def test_trim_frees_what_no_job_needs_and_keeps_held_and_requeueable_jobs(cluste
     assert uses[done] & left == set() and result.objects >= 1 and result.snapshots >= 1  # the finished job's code
     assert (uses[held] | uses[failed] | uses[named]) <= left
     # What was kept still runs: the held job, released, starts (its image and its code are there).
-    subprocess.run(["scontrol", "release", held.id], env={**__import__("os").environ, **cluster.target.env},
-                   check=True)
+    subprocess.run(["scontrol", "release", held.id], env={**__import__("os").environ, **cluster.target.env}, check=True)
     wait_for(lambda: held.state() != "PENDING", 120, what="the held job to start")
     scancel(cluster, held.id)
     proc = kit("trim", "--output-dir", str(out), "--dry-run")
@@ -91,6 +91,7 @@ def test_trim_waits_for_a_launch_reusing_objects_before_its_manifest_names_them(
     import time
 
     from kit.code import snapshot as snapshots
+
     monkeypatch.setenv("KIT_HOME", str(tmp_path / "home"))
     work = tmp_path / "work"
     work.mkdir()
@@ -107,6 +108,7 @@ def test_trim_waits_for_a_launch_reusing_objects_before_its_manifest_names_them(
     def launch():
         from kit import files
         from kit.code import store as codestore
+
         with codestore.opened(store, create=False) as (_, objects, manifests):
             assert (objects / obj.name).exists()  # reused, not written again
             reusing.set()
@@ -145,9 +147,20 @@ def test_trim_frees_the_trees_a_login_node_laid_out_but_those_a_job_runs_from(tm
         (trees / name / "src" / "train.py").write_text("print('hi')\n")
     job = tmp_path / "job"
     job.mkdir()
-    (job / "job.json").write_text(json.dumps({"snapshot": {
-        "digest": "sha256:" + "0" * 64, "root": str(trees / "bbbb"), "store": str(home / "code"), "source": "git",
-        "files": 1, "bytes": 12}}))
+    (job / "job.json").write_text(
+        json.dumps(
+            {
+                "snapshot": {
+                    "digest": "sha256:" + "0" * 64,
+                    "root": str(trees / "bbbb"),
+                    "store": str(home / "code"),
+                    "source": "git",
+                    "files": 1,
+                    "bytes": 12,
+                }
+            }
+        )
+    )
     monkeypatch.setattr(trimming, "_old", lambda p: True)
     dry = trimming.trim([tmp_path / "jobs"], keep=[job], dry_run=True)
     assert (dry.trees, dry.freed) == (1, 12) and (trees / "aaaa").is_dir()

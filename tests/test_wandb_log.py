@@ -41,8 +41,14 @@ def stopped_run(root: Path, steps: int, pause: float, flush: str | None) -> Path
     env["WANDB_SILENT"] = "true"
     if flush:
         env["WANDB__TRANSACTION_LOG_FLUSH_INTERVAL"] = flush
-    proc = subprocess.Popen([sys.executable, "-c", RUN, str(root), str(steps), str(pause)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RUN, str(root), str(steps), str(pause)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
     try:
         for line in proc.stdout:
             if line.startswith("stop me"):
@@ -84,9 +90,20 @@ def test_the_last_step_is_read_from_the_end_and_a_torn_end_is_left_out(tmp_path)
     """A run of many blocks: the step read from the file's end is the whole reading's; cut anywhere (a torn
     chunk, a record cut between blocks) it is a step the cut file holds whole — never past it."""
     run = tmp_path / "w"
-    proc = subprocess.run([sys.executable, "-c", RUN.replace('print("kept"', 'run.finish(); print("kept"').replace(
-        "time.sleep(3)", "sys.exit(0)"), str(run), "3000", "0"], capture_output=True, text=True, timeout=120,
-        env={**os.environ, "WANDB_SILENT": "true"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            RUN.replace('print("kept"', 'run.finish(); print("kept"').replace("time.sleep(3)", "sys.exit(0)"),
+            str(run),
+            "3000",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "WANDB_SILENT": "true"},
+    )
     assert proc.returncode == 0, proc.stderr
     [path] = (run / "wandb").glob("offline-run-*/run-job-1.wandb")
     data = path.read_bytes()
@@ -138,11 +155,10 @@ def test_a_step_w_and_b_could_not_hold_is_no_step_and_a_held_step_is_never_silen
         item.key, item.value_json = "_step", value
         return record.SerializeToString()
 
-    assert [wandb_log.step_of(history(v)) for v in ("Infinity", "-Infinity", "NaN", "1e300", "2.5", "-3")] == \
-        [None] * 6
+    assert [wandb_log.step_of(history(v)) for v in ("Infinity", "-Infinity", "NaN", "1e300", "2.5", "-3")] == [None] * 6
     assert wandb_log.step_of(history("12")) == 12 and wandb_log.step_of(history("12.0")) == 12
     monkeypatch.setattr(trackers, "_STATE", {})
-    monkeypatch.setattr(trackers, "held_step", lambda tracker: 10 ** 15)
+    monkeypatch.setattr(trackers, "held_step", lambda tracker: 10**15)
     assert [trackers.new_step(s, "wandb") for s in (1, 2)] == [False, False]
     err = capsys.readouterr().err
     assert err.count("kit.train: step 1 and later steps up to 1000000000000000 are not logged to wandb") == 1, err

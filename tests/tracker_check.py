@@ -18,11 +18,11 @@ def _wandb_records(path: Path) -> list[bytes]:
         if left < 7:
             pos += left
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if kind == 0 and length == 0:  # padding to the block's end
             pos += left
             continue
-        payload, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        payload, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind == 1:
             out.append(payload)
         elif kind == 2:

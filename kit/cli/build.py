@@ -13,8 +13,14 @@ import click
 from kit.image import recipe as recipes  # light: the build library is imported by the commands
 
 
-def load_recipe(recipe: str, dockerfile: str | None, build_args: tuple[str, ...], target: str | None,
-                base: str | None, base_roots: tuple[str, ...] = ()):
+def load_recipe(
+    recipe: str,
+    dockerfile: str | None,
+    build_args: tuple[str, ...],
+    target: str | None,
+    base: str | None,
+    base_roots: tuple[str, ...] = (),
+):
     """A TOML recipe, or a Dockerfile (RECIPE a Dockerfile, or a directory holding one)."""
     from kit.errors import KitError
 
@@ -41,8 +47,13 @@ def load_recipe(recipe: str, dockerfile: str | None, build_args: tuple[str, ...]
     for root in base_roots:
         if not Path(root).is_dir():
             raise KitError(f"not a directory: {root}", field="--base-root")
-    return dockerfiles.load(path, build_args=args, target=target, base_roots=tuple(Path(r) for r in base_roots),
-                            notice=lambda msg: click.echo(f"kit: build: {msg}", err=True))
+    return dockerfiles.load(
+        path,
+        build_args=args,
+        target=target,
+        base_roots=tuple(Path(r) for r in base_roots),
+        notice=lambda msg: click.echo(f"kit: build: {msg}", err=True),
+    )
 
 
 def _size(text: str) -> int:
@@ -68,40 +79,66 @@ def _contain() -> None:
 
     def stop(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the unwinding is under way
-        raise KitError("stopped by SIGTERM; the build's work directory and mounts are removed", field="build",
-                       exit_code=143)
+        raise KitError(
+            "stopped by SIGTERM; the build's work directory and mounts are removed", field="build", exit_code=143
+        )
+
     signal.signal(signal.SIGTERM, stop)
 
 
 @click.command()
 @click.argument("recipe", type=click.Path(), required=False)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where the .sqsh goes.")
-@click.option("-f", "--file", "dockerfile", default=None, metavar="DOCKERFILE",
-              help="The Dockerfile, when RECIPE is its build context directory [default: DIR/Dockerfile].")
-@click.option("--build-arg", "build_args", multiple=True, metavar="KEY=VALUE",
-              help="A Dockerfile ARG value (repeatable).")
+@click.option(
+    "-f",
+    "--file",
+    "dockerfile",
+    default=None,
+    metavar="DOCKERFILE",
+    help="The Dockerfile, when RECIPE is its build context directory [default: DIR/Dockerfile].",
+)
+@click.option(
+    "--build-arg", "build_args", multiple=True, metavar="KEY=VALUE", help="A Dockerfile ARG value (repeatable)."
+)
 @click.option("--target", default=None, metavar="STAGE", help="Build this Dockerfile stage [default: the last].")
-@click.option("--base-root", "base_roots", multiple=True, metavar="DIR",
-              help="A directory outside the build context that a Dockerfile's FROM rootfs:/tarball:/... may name "
-                   "(repeatable) [default: the context only].")
-@click.option("--compression", default=recipes.DEFAULT_COMPRESSION, show_default=True,
-              type=click.Choice(sorted(recipes.COMPRESSION)),
-              help="lz4: 128 KiB blocks, read twice as fast through FUSE as zstd (pyxis's squashfuse mode), "
-                   "unpacks as fast as enroot's; zstd-fast: zstd level 3, 1 MiB blocks, 35 % smaller; enroot: -comp "
-                   "lzo -noD, exactly as `enroot import` (bench/bench_pack.py measures each).")
-@click.option("--base", "base", default=None, metavar="KIND=PATH",
-              help="Use this base instead of the recipe's (KIND: " + ", ".join(recipes.BASE_KINDS) + ").")
+@click.option(
+    "--base-root",
+    "base_roots",
+    multiple=True,
+    metavar="DIR",
+    help="A directory outside the build context that a Dockerfile's FROM rootfs:/tarball:/... may name "
+    "(repeatable) [default: the context only].",
+)
+@click.option(
+    "--compression",
+    default=recipes.DEFAULT_COMPRESSION,
+    show_default=True,
+    type=click.Choice(sorted(recipes.COMPRESSION)),
+    help="lz4: 128 KiB blocks, read twice as fast through FUSE as zstd (pyxis's squashfuse mode), "
+    "unpacks as fast as enroot's; zstd-fast: zstd level 3, 1 MiB blocks, 35 % smaller; enroot: -comp "
+    "lzo -noD, exactly as `enroot import` (bench/bench_pack.py measures each).",
+)
+@click.option(
+    "--base",
+    "base",
+    default=None,
+    metavar="KIND=PATH",
+    help="Use this base instead of the recipe's (KIND: " + ", ".join(recipes.BASE_KINDS) + ").",
+)
 @click.option("--no-cache", is_flag=True, help="Build every step again, even when the cache has it.")
-@click.option("--prune", is_flag=True, help="Shrink the build cache (layers and images, least recently used "
-                                            "first) to --cache-size, after the build if there is one.")
+@click.option(
+    "--prune",
+    is_flag=True,
+    help="Shrink the build cache (layers and images, least recently used "
+    "first) to --cache-size, after the build if there is one.",
+)
 @click.option("--cache-size", default="20G", show_default=True, metavar="SIZE", help="The size --prune keeps.")
-def build(recipe, output, dockerfile, build_args, target, base_roots, compression, base, no_cache, prune,
-          cache_size):
+def build(recipe, output, dockerfile, build_args, target, base_roots, compression, base, no_cache, prune, cache_size):
     """Build RECIPE into a squashfs image: a TOML recipe (containers/*.toml), a
     Dockerfile, or a directory holding a Dockerfile (its build context)."""
+    from kit.errors import KitError
     from kit.image import builder as lib
     from kit.image import layers
-    from kit.errors import KitError
 
     limit = _size(cache_size)
     if recipe is None:
@@ -115,8 +152,13 @@ def build(recipe, output, dockerfile, build_args, target, base_roots, compressio
     r = load_recipe(recipe, dockerfile, build_args, target, base, base_roots)
     _contain()
     t0 = time.monotonic()
-    result = lib.build(r, Path(output), compression=compression, use_cache=not no_cache,
-                       progress=lambda msg: click.echo(f"kit: build: {msg}", err=True))
+    result = lib.build(
+        r,
+        Path(output),
+        compression=compression,
+        use_cache=not no_cache,
+        progress=lambda msg: click.echo(f"kit: build: {msg}", err=True),
+    )
     took = time.monotonic() - t0
     what = {"built": "built", "up to date": "up to date", "cache": "from cache"}[result.source]
     click.echo(f"{result.image}: {what} in {took:.1f} s (digest {result.digest[:16]})")

@@ -24,28 +24,51 @@ def cluster() -> None:
 
 @cluster.command()
 @click.option("--nodes", type=int, default=None, help="Number of slurmd nodes [default: as running, else 2].")
-@click.option("--cpus-per-node", type=int, default=None,
-              help="CPUs each node offers [default: as running, else this machine's].")
-@click.option("--gpus-per-node", type=int, default=None,
-              help="Count-only GPUs (GRES) per node [default: as running, else 0].")
+@click.option(
+    "--cpus-per-node", type=int, default=None, help="CPUs each node offers [default: as running, else this machine's]."
+)
+@click.option(
+    "--gpus-per-node", type=int, default=None, help="Count-only GPUs (GRES) per node [default: as running, else 0]."
+)
 @click.option("--prometheus", is_flag=True, help="Also run Prometheus on loopback, discovering job exporters.")
-@click.option("--isolated-network/--shared-network", default=None,
-              help="Each node in a network namespace of its own, at its own address on a bridge kit makes "
-                   "(198.18.0.0/15, never routed off this machine; root) [default: as running, else shared].")
-@click.option("--accounting/--no-accounting", default=None,
-              help="Run slurmdbd on a MariaDB of the cluster's own (socket only; its data kept across down/up), "
-                   "so sacct, sreport and sacct-based tools answer [default: as running, else when installed].")
-@click.option("--squashfuse/--create", "squashfuse", default=None,
-              help="How container jobs hold their image, as pyxis's use_squashfuse: read through squashfuse, never "
-                   "unpacked (--squashfuse), or unpacked on each node first (--create); "
-                   "changes a running cluster from its next job step [default: as running, else --create].")
-@click.option("--container-scope", type=click.Choice(plugin.SCOPES), default=None,
-              help="pyxis's container_scope: job makes named containers the job's, removed by the job epilog "
-                   "(kit then names create-mode containers, so that their removal is out of the job's steps) "
-                   "[default: as running, else global, pyxis's].")
-def up(nodes: int | None, cpus_per_node: int | None, gpus_per_node: int | None, prometheus: bool,
-       isolated_network: bool | None, accounting: bool | None, squashfuse: bool | None,
-       container_scope: str | None) -> None:
+@click.option(
+    "--isolated-network/--shared-network",
+    default=None,
+    help="Each node in a network namespace of its own, at its own address on a bridge kit makes "
+    "(198.18.0.0/15, never routed off this machine; root) [default: as running, else shared].",
+)
+@click.option(
+    "--accounting/--no-accounting",
+    default=None,
+    help="Run slurmdbd on a MariaDB of the cluster's own (socket only; its data kept across down/up), "
+    "so sacct, sreport and sacct-based tools answer [default: as running, else when installed].",
+)
+@click.option(
+    "--squashfuse/--create",
+    "squashfuse",
+    default=None,
+    help="How container jobs hold their image, as pyxis's use_squashfuse: read through squashfuse, never "
+    "unpacked (--squashfuse), or unpacked on each node first (--create); "
+    "changes a running cluster from its next job step [default: as running, else --create].",
+)
+@click.option(
+    "--container-scope",
+    type=click.Choice(plugin.SCOPES),
+    default=None,
+    help="pyxis's container_scope: job makes named containers the job's, removed by the job epilog "
+    "(kit then names create-mode containers, so that their removal is out of the job's steps) "
+    "[default: as running, else global, pyxis's].",
+)
+def up(
+    nodes: int | None,
+    cpus_per_node: int | None,
+    gpus_per_node: int | None,
+    prometheus: bool,
+    isolated_network: bool | None,
+    accounting: bool | None,
+    squashfuse: bool | None,
+    container_scope: str | None,
+) -> None:
     """Start slurmctld and NODES slurmd daemons.
 
     Idempotent. On a cluster where some daemons died, starts only those
@@ -54,15 +77,25 @@ def up(nodes: int | None, cpus_per_node: int | None, gpus_per_node: int | None, 
     c = LocalCluster()
     rows_before = c.state() is not None
     t0 = time.monotonic()
-    st, started = c.up(nodes=nodes, cpus_per_node=cpus_per_node, gpus_per_node=gpus_per_node,
-                       progress=_progress, prometheus=prometheus, isolated_network=isolated_network,
-                       accounting=accounting, squashfuse=squashfuse, container_scope=container_scope)
+    st, started = c.up(
+        nodes=nodes,
+        cpus_per_node=cpus_per_node,
+        gpus_per_node=gpus_per_node,
+        progress=_progress,
+        prometheus=prometheus,
+        isolated_network=isolated_network,
+        accounting=accounting,
+        squashfuse=squashfuse,
+        container_scope=container_scope,
+    )
     what = ("started" if not rows_before else "repaired") if started else "already running"
-    click.echo(f"local cluster {what}: {st.nodes} node(s) x {st.cpus_per_node} CPUs"
-               + (f" x {st.gpus_per_node} GPUs" if st.gpus_per_node else "")
-               + (f", each at its own address ({', '.join(st.network['addresses'].values())})" if st.network else "")
-               + (", with accounting (sacct)" if st.dbd_port else "")
-               + (f" in {time.monotonic() - t0:.1f} s" if started else ""))
+    click.echo(
+        f"local cluster {what}: {st.nodes} node(s) x {st.cpus_per_node} CPUs"
+        + (f" x {st.gpus_per_node} GPUs" if st.gpus_per_node else "")
+        + (f", each at its own address ({', '.join(st.network['addresses'].values())})" if st.network else "")
+        + (", with accounting (sacct)" if st.dbd_port else "")
+        + (f" in {time.monotonic() - t0:.1f} s" if started else "")
+    )
     click.echo(f"export SLURM_CONF={shlex.quote(str(c.conf))}")
     if st.prometheus_port:
         click.echo(f"prometheus: http://127.0.0.1:{st.prometheus_port}")

@@ -7,11 +7,13 @@ import logging
 import os
 import sys
 from pathlib import Path
+
 import click
+
 from kit import remote
+from kit.errors import KitError
 from kit.remote import wire
 from kit.version import __version__
-from kit.errors import KitError
 
 
 class _LazyGroup(click.Group):
@@ -33,18 +35,32 @@ class _LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-COMMANDS = {"launch": "kit.cli.launch:launch", "ps": "kit.cli.jobs:ps", "logs": "kit.cli.jobs:logs",
-            "cancel": "kit.cli.jobs:cancel", "rerun": "kit.cli.jobs:rerun", "build": "kit.cli.build:build", "inspect": "kit.cli.build:inspect",
-            "cluster": "kit.cli.cluster:cluster", "exporter": "kit.cli.exporter:exporter",
-            "report": "kit.cli.report:report",
-            "convert": "kit.cli.convert:convert", "trim": "kit.cli.trim:trim", **wire.SERVER_COMMANDS}
+COMMANDS = {
+    "launch": "kit.cli.launch:launch",
+    "ps": "kit.cli.jobs:ps",
+    "logs": "kit.cli.jobs:logs",
+    "cancel": "kit.cli.jobs:cancel",
+    "rerun": "kit.cli.jobs:rerun",
+    "build": "kit.cli.build:build",
+    "inspect": "kit.cli.build:inspect",
+    "cluster": "kit.cli.cluster:cluster",
+    "exporter": "kit.cli.exporter:exporter",
+    "report": "kit.cli.report:report",
+    "convert": "kit.cli.convert:convert",
+    "trim": "kit.cli.trim:trim",
+    **wire.SERVER_COMMANDS,
+}
 
 
 @click.group(name="kit", cls=_LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kit")
 @click.option("-v", "--verbose", is_flag=True, help="Log every external command kit runs.")
-@click.option("--host", metavar="LOGIN", help="Run the command on this login node, through ssh [$KIT_HOST]: "
-              "launch, ps, logs, cancel, report, rerun, trim, cluster status.")
+@click.option(
+    "--host",
+    metavar="LOGIN",
+    help="Run the command on this login node, through ssh [$KIT_HOST]: "
+    "launch, ps, logs, cancel, report, rerun, trim, cluster status.",
+)
 def cli(verbose: bool, host: str | None) -> None:
     """Launch multi-node PyTorch Lightning jobs on Slurm.
 
@@ -53,12 +69,16 @@ def cli(verbose: bool, host: str | None) -> None:
       kit cluster up --nodes 2
       kit launch --local --nodes 2 --wait -- python -m kit.train --max-steps 50
     """
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
-                        format="kit: %(name)s: %(message)s")
-    if host is not None:  # main() sends the login node's commands there before Click sees them: this one is the laptop's
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="kit: %(name)s: %(message)s")
+    if (
+        host is not None
+    ):  # main() sends the login node's commands there before Click sees them: this one is the laptop's
         command = click.get_current_context().invoked_subcommand
-        raise KitError(f"kit {command} runs here, not on the login node", field="--host",
-                       hint=f"run it without --host (over SSH: {', '.join(remote.COMMANDS)}; `cluster status`)")
+        raise KitError(
+            f"kit {command} runs here, not on the login node",
+            field="--host",
+            hint=f"run it without --host (over SSH: {', '.join(remote.COMMANDS)}; `cluster status`)",
+        )
 
 
 def _on_the_login_node(args: list[str]) -> tuple[str, list[str]] | None:
@@ -73,8 +93,10 @@ def _on_the_login_node(args: list[str]) -> tuple[str, list[str]] | None:
         else:
             rest.append(args[i])
             i += 1
-    command = args[i:i + 2]
-    runs_there = bool(command) and command[0] in remote.COMMANDS and (command[0] != "cluster" or command[1:] == ["status"])
+    command = args[i : i + 2]
+    runs_there = (
+        bool(command) and command[0] in remote.COMMANDS and (command[0] != "cluster" or command[1:] == ["status"])
+    )
     if any(a in ("-h", "--help", "--version") for a in rest) or not runs_there:
         return None  # help and version are the laptop's; a laptop command with --host is refused by cli()
     if host is None:  # an empty --host is a mistake (Host.of refuses it), never "run here"
@@ -87,7 +109,7 @@ def _usage_error(e: click.UsageError) -> KitError:
     message = e.format_message()
     param = getattr(e, "param", None)
     if param is not None and isinstance(e, click.BadParameter):
-        field = (param.opts[0] if getattr(param, "opts", None) else param.name)
+        field = param.opts[0] if getattr(param, "opts", None) else param.name
         message = e.message
     ctx = e.ctx
     command = ctx.command_path if ctx else "kit"
@@ -126,12 +148,12 @@ def main(argv: list[str] | None = None) -> None:
                 from kit.cli.launch import request_of
                 from kit.remote import transfer
 
-                request = request_of(rest[rest.index("launch") + 1:])  # read here: a usage error is this side's
+                request = request_of(rest[rest.index("launch") + 1 :])  # read here: a usage error is this side's
                 sys.exit(transfer.launch(remote.Host.of(host), request, Path.cwd()))
             if command == ["report"] and any(a in ("-o", "--output") or a.startswith("--output=") for a in rest):
                 from kit.cli.report import report_here  # the picture comes here
 
-                sys.exit(report_here(remote.Host.of(host), rest[rest.index("report") + 1:]))
+                sys.exit(report_here(remote.Host.of(host), rest[rest.index("report") + 1 :]))
             sys.exit(remote.run(remote.Host.of(host), rest, follow=_follows(rest)))
         rv = cli.main(args=args, prog_name="kit", standalone_mode=False)
     except KitError as e:

@@ -12,8 +12,7 @@ import click
 from kit.core.options import OUTPUT_DIR
 from kit.errors import KitError
 
-_OUTPUT_DIR = click.option("--output-dir", default=OUTPUT_DIR, show_default=True,
-                           help="Where to look up a job id.")
+_OUTPUT_DIR = click.option("--output-dir", default=OUTPUT_DIR, show_default=True, help="Where to look up a job id.")
 
 
 def _job(job: str, output_dir: str) -> tuple[Path, str]:
@@ -28,21 +27,44 @@ def _job(job: str, output_dir: str) -> tuple[Path, str]:
         click.echo(f"kit: note: {job_dir} is {jobdir.owner_name(owner)}'s job directory, not yours", err=True)
     job_id = records.job_id_of(job_dir)
     if job_id is None:
-        raise KitError(f"{job_dir} was never submitted (no job_id in it)", field="JOB",
-                       hint="a --dry-run writes the directory only")
+        raise KitError(
+            f"{job_dir} was never submitted (no job_id in it)",
+            field="JOB",
+            hint="a --dry-run writes the directory only",
+        )
     return job_dir, job_id
 
 
 @click.command()
-@click.option("-a", "--all", "everything", is_flag=True,
-              help="Every job kit knows [default: active jobs, and ended ones submitted in the last 24 hours].")
+@click.option(
+    "-a",
+    "--all",
+    "everything",
+    is_flag=True,
+    help="Every job kit knows [default: active jobs, and ended ones submitted in the last 24 hours].",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per job, as a list.")
-@click.option("--output-dir", "output_dirs", multiple=True, default=(OUTPUT_DIR,), show_default=True,
-              help="Also look for job directories here (repeatable); jobs kit submitted are always known.")
-@click.option("-t", "--tasks", "expand", is_flag=True,
-              help="A row per task of an array job [default: one row per array job, its tasks' states counted].")
-@click.option("--state", "states", metavar="STATES", help="Only these states, comma-separated (RUNNING,PENDING; "
-              "active: every state not ended).")
+@click.option(
+    "--output-dir",
+    "output_dirs",
+    multiple=True,
+    default=(OUTPUT_DIR,),
+    show_default=True,
+    help="Also look for job directories here (repeatable); jobs kit submitted are always known.",
+)
+@click.option(
+    "-t",
+    "--tasks",
+    "expand",
+    is_flag=True,
+    help="A row per task of an array job [default: one row per array job, its tasks' states counted].",
+)
+@click.option(
+    "--state",
+    "states",
+    metavar="STATES",
+    help="Only these states, comma-separated (RUNNING,PENDING; active: every state not ended).",
+)
 @click.option("--name", metavar="PATTERN", help="Only jobs whose name holds PATTERN (or matches it, with * ? []).")
 @click.option("--since", metavar="AGE", help="Only jobs submitted in the last AGE (90s, 30m, 2h, 1d).")
 @click.option("--user", metavar="USER", help="Only jobs whose directory USER owns.")
@@ -56,18 +78,22 @@ def ps(everything, as_json, output_dirs, expand, states, name, since, user):
     (or does not answer); it is the end Slurm gave it when kit last saw it,
     else COMPLETED only with the job's FINISHED marker.
     """
-    from kit.job import api
-    from kit.job import listing
+    from kit.job import api, listing
+
     wanted = listing.Filter.checked(states, name, _age_seconds(since) if since else None, user)
     now = time.time()
-    rows = [j.row for j in api.jobs(output_dirs=output_dirs, everything=everything or bool(since))
-            if wanted(j.row, now)]
+    rows = [
+        j.row for j in api.jobs(output_dirs=output_dirs, everything=everything or bool(since)) if wanted(j.row, now)
+    ]
     if as_json:
         click.echo(json.dumps([r.as_json() for r in rows], indent=2))
         return 0
     if not rows:
-        click.echo("no jobs" + ("" if everything else " (active, or submitted in the last 24 hours); "
-                                                         "kit ps --all lists every job"), err=True)
+        click.echo(
+            "no jobs"
+            + ("" if everything else " (active, or submitted in the last 24 hours); kit ps --all lists every job"),
+            err=True,
+        )
         return 0
     for line in listing.table(rows if expand else listing.collapse_arrays(rows)):
         click.echo(line)
@@ -105,16 +131,24 @@ def cancel(job, reason, output_dir):
 @click.option("--node", default=None, metavar="NAME", help="Only the ranks that ran on this node.")
 @click.option("--restart", type=int, default=None, metavar="K", help="Run K (0 is the first) [default: the latest].")
 @click.option("--sidecar", default=None, metavar="NAME", help="A sidecar's log (e.g. exporter) instead of the ranks'.")
-@click.option("-f", "--follow", is_flag=True, help="Keep printing what is written, across requeues, until the job ends.")
-@click.option("--errors", is_flag=True, help="Per run, the first rank that failed by itself: node, code, its last lines.")
+@click.option(
+    "-f", "--follow", is_flag=True, help="Keep printing what is written, across requeues, until the job ends."
+)
+@click.option(
+    "--errors", is_flag=True, help="Per run, the first rank that failed by itself: node, code, its last lines."
+)
 @_OUTPUT_DIR
 def logs(job, rank, node, restart, sidecar, follow, errors, output_dir):
     """Show JOB's log (an id or a job directory): every rank's output, rank-prefixed."""
     from kit.job import api
+
     for value, field in ((sidecar, "--sidecar"), (node, "--node")):
         if value is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", value):
-            raise KitError(f"{value!r} is not a {field[2:]} name", field=field,
-                           hint="letters, digits, '.', '_' and '-' (as kit ps and the job directory show them)")
+            raise KitError(
+                f"{value!r} is not a {field[2:]} name",
+                field=field,
+                hint="letters, digits, '.', '_' and '-' (as kit ps and the job directory show them)",
+            )
     job_dir, _ = _job(job, output_dir)
     handle = api.Job(job_dir)
     if errors:
@@ -125,22 +159,38 @@ def logs(job, rank, node, restart, sidecar, follow, errors, output_dir):
     out = click.get_binary_stream("stdout")
     if follow:
         if rank is not None or node is not None or sidecar is not None or restart is not None:
-            raise KitError("-f follows the whole job's log (every run, every rank)", field="--follow",
-                           hint="leave out --rank/--node/--sidecar/--restart, or drop -f")
-        ended = handle.follow(lambda data: (out.write(data), out.flush()),
-                              on_outage=lambda message: click.echo(f"kit: {message}", err=True))
+            raise KitError(
+                "-f follows the whole job's log (every run, every rank)",
+                field="--follow",
+                hint="leave out --rank/--node/--sidecar/--restart, or drop -f",
+            )
+        ended = handle.follow(
+            lambda data: (out.write(data), out.flush()),
+            on_outage=lambda message: click.echo(f"kit: {message}", err=True),
+        )
         click.echo(f"kit: job {handle.id} ended {ended}", err=True)
         return 0
-    handle.feed_logs(out.write, rank=rank, run=restart, node=node, sidecar=sidecar,
-                     say=lambda note: click.echo(f"kit: {note}", err=True))
+    handle.feed_logs(
+        out.write,
+        rank=rank,
+        run=restart,
+        node=node,
+        sidecar=sidecar,
+        say=lambda note: click.echo(f"kit: {note}", err=True),
+    )
     out.flush()
     return 0
 
 
 @click.command()
 @click.argument("job")
-@click.option("--edit", "edits", multiple=True, metavar="KEY=VALUE",
-              help="Change a field first, as a job file writes it: --edit nodes=4 --edit time='\"1:00:00\"' (repeatable).")
+@click.option(
+    "--edit",
+    "edits",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Change a field first, as a job file writes it: --edit nodes=4 --edit time='\"1:00:00\"' (repeatable).",
+)
 @click.option("--wait", "wait_", is_flag=True, help="Block until the new job ends; exit with its exit code.")
 @_OUTPUT_DIR
 def rerun(job, edits, wait_, output_dir):
@@ -149,8 +199,8 @@ def rerun(job, edits, wait_, output_dir):
     The new job goes to the same Slurm and records which job it reruns (rerun_of.json;
     kit ps --json shows it). Only a job directory of your own is rerun.
     """
-    from kit.job import api
     from kit.cli.launch import wait_and_report
+    from kit.job import api
 
     job_dir, _ = _job(job, output_dir)
     new = api.Job(job_dir).rerun(*edits)

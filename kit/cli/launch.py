@@ -12,15 +12,15 @@ from pathlib import Path
 
 import click
 
-from kit import submission as lib
 from kit import slurm
-from kit.job import api
-from kit.remote import wire
+from kit import submission as lib
+from kit.cli.help import GroupedCommand
 from kit.core import jobfile, options
 from kit.core import spec as specs
 from kit.core import sweep as sweep_lib
-from kit.cli.help import GroupedCommand
 from kit.errors import KitError
+from kit.job import api
+from kit.remote import wire
 
 
 def _click_options(command):
@@ -37,8 +37,7 @@ def _click_options(command):
             decl = click.option(*names, o.name, type=int, default=None, help=o.help_text)
         elif o.kind == options.STR:
             kind = click.Path(dir_okay=False) if o.name == "job_file" else None
-            decl = click.option(*names, o.name, type=kind, default=None, metavar=o.metavar or "TEXT",
-                                help=o.help_text)
+            decl = click.option(*names, o.name, type=kind, default=None, metavar=o.metavar or "TEXT", help=o.help_text)
         elif o.kind in (options.LIST, options.TABLE, options.SWEEP):
             decl = click.option(*names, o.name, multiple=True, metavar=o.metavar, help=o.help_text)
         elif o.kind == options.SWITCH:
@@ -51,9 +50,15 @@ def _click_options(command):
     return command
 
 
-GROUPS = tuple((title, purpose, tuple(o.name for o in options.OPTIONS if o.group == title and o.name != "command")
-                     + (("help",) if title == options.SUBMISSION else ()))
-               for title, purpose in options.GROUPS)
+GROUPS = tuple(
+    (
+        title,
+        purpose,
+        tuple(o.name for o in options.OPTIONS if o.group == title and o.name != "command")
+        + (("help",) if title == options.SUBMISSION else ()),
+    )
+    for title, purpose in options.GROUPS
+)
 
 
 def _given(values: dict) -> specs.JobSpec:
@@ -119,11 +124,19 @@ def launched(request: jobfile.Request) -> int:
     """`kit launch`'s work once its command line is read (here, or the laptop's on a login node): the job
     submitted, its id and directory printed (a record first for a laptop), and ``--wait``."""
     if request.parsable and (request.as_json or request.dry_run):
-        raise KitError("--parsable prints the submitted job's id: not with " + ("--json" if request.as_json
-                                                                               else "--dry-run"), field="--parsable")
+        raise KitError(
+            "--parsable prints the submitted job's id: not with " + ("--json" if request.as_json else "--dry-run"),
+            field="--parsable",
+        )
     spec, origins = request.spec()
-    plan, prepared = api.submit_spec(spec, origins, where=request.where, dry_run=request.dry_run,
-                                     rerun=RECEIVED.get(), say=lambda message: click.echo(f"kit: {message}", err=True))
+    plan, prepared = api.submit_spec(
+        spec,
+        origins,
+        where=request.where,
+        dry_run=request.dry_run,
+        rerun=RECEIVED.get(),
+        say=lambda message: click.echo(f"kit: {message}", err=True),
+    )
     if wire.serving():  # for a laptop (kit --host, kit.launch(host=)): the job in one record, before any line
         wire.write({"launched": prepared.as_json()})
     if request.dry_run:
@@ -187,7 +200,8 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
 
     try:
         result = api.Job(job_dir, job_id=job_id, target=target).wait(
-            poll=0.5, on_state=lambda st: say(st.shown()), on_outage=say, on_poll=progress)
+            poll=0.5, on_state=lambda st: say(st.shown()), on_outage=say, on_poll=progress
+        )
     except KeyboardInterrupt:
         where = shlex.quote(str(job_dir))  # the directory, not the id: it works whatever --output-dir was
         say(f"stopped waiting; the job goes on. Follow it: kit logs -f {where}; cancel it: kit cancel {where}")
@@ -204,14 +218,17 @@ def wait_and_report_tasks(target: slurm.Target, job_id: str, job_dir) -> int:
     from kit.jobdir import JobDir, records
 
     indices = records.task_indices(Path(job_dir))
-    names = {i: " ".join(f"{k}={shlex.quote(str(v))}" for k, v in records.params(JobDir(job_dir).task(i).path).items())
-             for i in indices}
+    names = {
+        i: " ".join(f"{k}={shlex.quote(str(v))}" for k, v in records.params(JobDir(job_dir).task(i).path).items())
+        for i in indices
+    }
 
     def say(msg: str) -> None:
         click.echo(f"kit: job {job_id}: {msg}", err=True)
 
-    ends = slurm.wait_array(target, job_id, indices, poll=0.5, on_outage=say,
-                            on_state=lambda i, st: say(f"task {i}: {st.shown()}"))
+    ends = slurm.wait_array(
+        target, job_id, indices, poll=0.5, on_outage=say, on_state=lambda i, st: say(f"task {i}: {st.shown()}")
+    )
     codes = []
     for i in indices:
         result = slurm.observe(ends[i], JobDir(job_dir).task(i).path)

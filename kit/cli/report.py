@@ -14,12 +14,27 @@ FORMATS = (".png", ".svg", ".pdf")
 
 @click.command()
 @click.argument("job")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="PNG to write [default: JOB_DIR/report.png]; a .json summary goes next to it.")
-@click.option("--prometheus", "prometheus", default=None, metavar="URL",
-              help="Read from this Prometheus [default: the local cluster's, else the job's metrics logs].")
-@click.option("--min-seconds", type=click.FloatRange(0), default=300.0, show_default=True,
-              help="Utilisation notes need this many seconds of samples (shorter jobs say too little).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="PNG to write [default: JOB_DIR/report.png]; a .json summary goes next to it.",
+)
+@click.option(
+    "--prometheus",
+    "prometheus",
+    default=None,
+    metavar="URL",
+    help="Read from this Prometheus [default: the local cluster's, else the job's metrics logs].",
+)
+@click.option(
+    "--min-seconds",
+    type=click.FloatRange(0),
+    default=300.0,
+    show_default=True,
+    help="Utilisation notes need this many seconds of samples (shorter jobs say too little).",
+)
 @click.option("--output-dir", default=OUTPUT_DIR, show_default=True, help="Where to look up a job id.")
 def report(job, output, prometheus, min_seconds, output_dir):
     """What JOB (an id or a job directory) used of what it held: panels, a summary and notes.
@@ -33,8 +48,11 @@ def report(job, output, prometheus, min_seconds, output_dir):
     from kit.jobdir import JobDir, records
 
     if output and Path(output).suffix.lower() not in FORMATS:
-        raise KitError(f"{output}: the report is a picture: name it .png, .svg or .pdf", field="--output",
-                       hint="a .json summary is written next to it")
+        raise KitError(
+            f"{output}: the report is a picture: name it .png, .svg or .pdf",
+            field="--output",
+            hint="a .json summary is written next to it",
+        )
     job = api.Job.from_dir(records.find_job_dir(job, output_dir))
     out = Path(output) if output else job.dir / JobDir.REPORT
     missing: list[KitError] = []
@@ -52,8 +70,9 @@ def report_here(host, args: list[str]) -> int:
 
     with report.make_context("kit report", list(args)) as ctx:
         p = ctx.params
-    got = hosted.summarize(api.Job(p["job"], host=host), p["prometheus"], p["output"], p["min_seconds"],
-                           output_dir=p["output_dir"])
+    got = hosted.summarize(
+        api.Job(p["job"], host=host), p["prometheus"], p["output"], p["min_seconds"], output_dir=p["output_dir"]
+    )
     for line in got.lines():
         click.echo(line)
     for warning in got.warnings:

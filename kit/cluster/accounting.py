@@ -42,18 +42,32 @@ def db_socket(root: Path) -> Path:
 def mariadbd_argv(root: Path, user: str) -> list[str]:
     """MariaDB for the cluster alone: no port, its socket and data in the cluster's directory, small."""
     d = directory(root)
-    return ["mariadbd", "--no-defaults", f"--datadir={d / 'data'}", f"--socket={db_socket(root)}",
-            "--skip-networking", f"--user={user}", f"--pid-file={root}/run/mariadbd.pid",
-            f"--log-error={root}/log/mariadbd.log", "--innodb-buffer-pool-size=32M", "--innodb-log-file-size=64M",
-            "--innodb-lock-wait-timeout=900", "--performance-schema=OFF"]
+    return [
+        "mariadbd",
+        "--no-defaults",
+        f"--datadir={d / 'data'}",
+        f"--socket={db_socket(root)}",
+        "--skip-networking",
+        f"--user={user}",
+        f"--pid-file={root}/run/mariadbd.pid",
+        f"--log-error={root}/log/mariadbd.log",
+        "--innodb-buffer-pool-size=32M",
+        "--innodb-log-file-size=64M",
+        "--innodb-lock-wait-timeout=900",
+        "--performance-schema=OFF",
+    ]
 
 
 def storage_lines(st, munge_socket: Path | None) -> list[str]:
     """slurm.conf's accounting lines for ``st`` (``dbd_port`` None: none)."""
     if not getattr(st, "dbd_port", None):
         return ["JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none"]
-    lines = ["JobAcctGatherType=jobacct_gather/linux", "AccountingStorageType=accounting_storage/slurmdbd",
-             f"AccountingStorageHost={network.host_address(st)}", f"AccountingStoragePort={st.dbd_port}"]
+    lines = [
+        "JobAcctGatherType=jobacct_gather/linux",
+        "AccountingStorageType=accounting_storage/slurmdbd",
+        f"AccountingStorageHost={network.host_address(st)}",
+        f"AccountingStoragePort={st.dbd_port}",
+    ]
     if munge_socket:  # auth/munge's socket for the connections to slurmdbd (slurm.conf(5))
         lines.append(f"AccountingStoragePass={munge_socket}")
     return lines
@@ -61,21 +75,26 @@ def storage_lines(st, munge_socket: Path | None) -> list[str]:
 
 def slurmdbd_conf(st, root: Path, user: str, auth: list[str]) -> str:
     """``slurmdbd.conf`` (beside slurm.conf: slurmdbd finds it through ``SLURM_CONF``'s directory)."""
-    return "\n".join([
-        "# Written by `kit cluster up`: the local cluster's accounting daemon.",
-        *auth,
-        "DbdHost=localhost",
-        f"DbdAddr={network.host_address(st)}",
-        f"DbdPort={st.dbd_port}",
-        "CommunicationParameters=NoInAddrAny",  # started kit.cluster.config.bound_to its DbdAddr
-        f"SlurmUser={user}",
-        f"LogFile={root}/log/slurmdbd.log",
-        f"PidFile={root}/run/slurmdbd.pid",
-        "StorageType=accounting_storage/mysql",
-        "StorageHost=localhost",
-        f"StorageLoc={DATABASE}",
-        f"StorageUser={user}",
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                "# Written by `kit cluster up`: the local cluster's accounting daemon.",
+                *auth,
+                "DbdHost=localhost",
+                f"DbdAddr={network.host_address(st)}",
+                f"DbdPort={st.dbd_port}",
+                "CommunicationParameters=NoInAddrAny",  # started kit.cluster.config.bound_to its DbdAddr
+                f"SlurmUser={user}",
+                f"LogFile={root}/log/slurmdbd.log",
+                f"PidFile={root}/run/slurmdbd.pid",
+                "StorageType=accounting_storage/mysql",
+                "StorageHost=localhost",
+                f"StorageLoc={DATABASE}",
+                f"StorageUser={user}",
+            ]
+        )
+        + "\n"
+    )
 
 
 def write(root: Path, st, user: str, auth: list[str], public: Path | None = None) -> None:
@@ -89,13 +108,29 @@ def write(root: Path, st, user: str, auth: list[str], public: Path | None = None
         aside = d / "data.new"
         shutil.rmtree(aside, ignore_errors=True)
         aside.mkdir(mode=0o700)
-        proc = subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={aside}", f"--user={user}",
-                               "--auth-root-authentication-method=socket", "--skip-test-db"],
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [
+                "mariadb-install-db",
+                "--no-defaults",
+                f"--datadir={aside}",
+                f"--user={user}",
+                "--auth-root-authentication-method=socket",
+                "--skip-test-db",
+            ],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if proc.returncode != 0:
             shutil.rmtree(aside, ignore_errors=True)
-            raise KitError("mariadb-install-db failed", field="cluster", exit_code=1,
-                           detail=(proc.stdout + proc.stderr)[-2000:], hint="or `kit cluster up --no-accounting`")
+            raise KitError(
+                "mariadb-install-db failed",
+                field="cluster",
+                exit_code=1,
+                detail=(proc.stdout + proc.stderr)[-2000:],
+                hint="or `kit cluster up --no-accounting`",
+            )
         aside.rename(d / "data")
     conf = public / "slurmdbd.conf"  # beside slurm.conf, its owner's alone
     files.write_atomic(conf, slurmdbd_conf(st, root, user, auth))
@@ -105,8 +140,9 @@ def write(root: Path, st, user: str, auth: list[str], public: Path | None = None
 def start_mariadbd(root: Path, user: str, timeout: float) -> int:
     """Start the database; return its pid once its socket answers."""
     with open(root / "log" / "mariadbd.log", "ab") as logf:
-        proc = subprocess.Popen(mariadbd_argv(root, user), stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            mariadbd_argv(root, user), stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True
+        )
     wait_for(lambda: _connects(socket.AF_UNIX, str(db_socket(root))), proc, "mariadbd", root, timeout)
     return proc.pid
 
@@ -115,10 +151,18 @@ def wait_for(ready, proc, name: str, root: Path, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
         if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
-            why = "exited while starting" if proc is not None and proc.poll() is not None else \
-                f"did not answer within {timeout:g} s"
-            raise KitError(f"{name} {why}", field="cluster", exit_code=1, detail=log_tail(root, name),
-                           hint="or `kit cluster up --no-accounting`")
+            why = (
+                "exited while starting"
+                if proc is not None and proc.poll() is not None
+                else f"did not answer within {timeout:g} s"
+            )
+            raise KitError(
+                f"{name} {why}",
+                field="cluster",
+                exit_code=1,
+                detail=log_tail(root, name),
+                hint="or `kit cluster up --no-accounting`",
+            )
         time.sleep(0.1)
 
 
@@ -149,8 +193,14 @@ def drain(target, progress, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         out = target.run(["sdiag"], check=False).stdout
-        queued = next((line.split(":", 1)[1].strip() for line in out.splitlines()
-                       if line.strip().startswith("DBD Agent queue size:")), None)
+        queued = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in out.splitlines()
+                if line.strip().startswith("DBD Agent queue size:")
+            ),
+            None,
+        )
         if queued in (None, "0"):
             return
         time.sleep(0.2)

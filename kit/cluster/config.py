@@ -46,8 +46,15 @@ def munged_argv(root: Path, public: Path) -> list[str]:
     """The cluster's own munged: its key, pid, log and seed under the cluster's (private) directory, its
     socket where every client reaches it."""
     m = root / "munge"
-    return ["munged", "--force", f"--key-file={m}/munge.key", f"--socket={munge_socket(public)}",
-            f"--pid-file={root}/run/munged.pid", f"--log-file={root}/log/munged.log", f"--seed-file={m}/munged.seed"]
+    return [
+        "munged",
+        "--force",
+        f"--key-file={m}/munge.key",
+        f"--socket={munge_socket(public)}",
+        f"--pid-file={root}/run/munged.pid",
+        f"--log-file={root}/log/munged.log",
+        f"--seed-file={m}/munged.seed",
+    ]
 
 
 def bound_to(address: str, argv: list[str]) -> list[str]:
@@ -76,14 +83,21 @@ def choose_auth(st, munged: bool, progress) -> None:
     st.nodes_bound = not getattr(st, "network", None) and loopback_host(st.hostname)
     st.auth = "munge" if munged else "none"
     if st.auth == "none" and not st.nodes_bound:
-        where = ("in an isolated network" if getattr(st, "network", None)
-                 else f"where this host's name ({st.hostname}) resolves, not loopback")
-        raise KitError(f"munged not found, and the nodes would listen {where}: any peer could claim to be root",
-                       field="cluster",
-                       hint="install munge (apt-get install -y munge): the cluster then starts its own munged")
+        where = (
+            "in an isolated network"
+            if getattr(st, "network", None)
+            else f"where this host's name ({st.hostname}) resolves, not loopback"
+        )
+        raise KitError(
+            f"munged not found, and the nodes would listen {where}: any peer could claim to be root",
+            field="cluster",
+            hint="install munge (apt-get install -y munge): the cluster then starts its own munged",
+        )
     if st.auth == "none":
-        progress("munged not found: the cluster trusts the uid every local client claims "
-                 "(install munge to let only real uids through)")
+        progress(
+            "munged not found: the cluster trusts the uid every local client claims "
+            "(install munge to let only real uids through)"
+        )
 
 
 def auth_lines(st, public: Path) -> list[str]:
@@ -142,8 +156,10 @@ def slurm_conf(st, root: Path, user: str, first_job_id: int, public: Path | None
     gres = f" Gres=gpu:{st.gpus_per_node}" if st.gpus_per_node else ""
     for i, port in enumerate(st.node_ports, 1):
         addr = net["addresses"][f"node{i}"] if net else "127.0.0.1"
-        lines.append(f"NodeName=node{i} NodeHostname={st.hostname} NodeAddr={addr} Port={port} "
-                     f"CPUs={st.cpus_per_node} RealMemory={st.memory_mb}{gres} State=UNKNOWN")
+        lines.append(
+            f"NodeName=node{i} NodeHostname={st.hostname} NodeAddr={addr} Port={port} "
+            f"CPUs={st.cpus_per_node} RealMemory={st.memory_mb}{gres} State=UNKNOWN"
+        )
     lines.append(f"PartitionName={PARTITION} Nodes=node[1-{st.nodes}] Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
 
@@ -154,8 +170,14 @@ def pyxis_runtime(public: Path) -> Path:
     return public / "enroot" / "pyxis"
 
 
-def plugstack_conf(containers: str | None, root: Path, plugin: str | None, squashfuse: bool = False,
-                   scope: str = "global", public: Path | None = None) -> str:
+def plugstack_conf(
+    containers: str | None,
+    root: Path,
+    plugin: str | None,
+    squashfuse: bool = False,
+    scope: str = "global",
+    public: Path | None = None,
+) -> str:
     """The plugin line; ``squashfuse``: pyxis's ``use_squashfuse=1``; ``scope``: its ``container_scope``
     (job: named containers are the job's, removed by the job epilog) — the stand-in takes both, and finds
     the nodes' data directories in its epilog through ``kit_data=``. Read by each new step's slurmstepd."""
@@ -209,14 +231,16 @@ def enroot_wrapper(public: Path, node: str, enroot: str) -> str:
     runs as, and enroot's own directory on ``PATH`` (its helpers, ``enroot-nsenter`` and the others,
     are found through it: a slurmd restarted from a shell without it still runs containers)."""
     exports = "\n".join(f'export {name}="${{base}}/{sub}"' for name, sub in ENROOT_DIRS.items())
-    return (f"#!/usr/bin/env bash\n"
-            f"# Written by `kit cluster up`: enroot for {node} of kit's local cluster, whose slurmd\n"
-            f"# has this directory first on its PATH; the directories are the user's own (the prolog's).\n"
-            f"set -euo pipefail\n"
-            f"base={quote(str(enroot_node(public, node)))}/user-\"${{UID}}\"\n"
-            f"{exports}\n"
-            f"export PATH={quote(str(Path(enroot).parent))}:\"${{PATH}}\"\n"
-            f"exec {quote(enroot)} \"$@\"\n")
+    return (
+        f"#!/usr/bin/env bash\n"
+        f"# Written by `kit cluster up`: enroot for {node} of kit's local cluster, whose slurmd\n"
+        f"# has this directory first on its PATH; the directories are the user's own (the prolog's).\n"
+        f"set -euo pipefail\n"
+        f'base={quote(str(enroot_node(public, node)))}/user-"${{UID}}"\n'
+        f"{exports}\n"
+        f'export PATH={quote(str(Path(enroot).parent))}:"${{PATH}}"\n'
+        f'exec {quote(enroot)} "$@"\n'
+    )
 
 
 def named_containers(root: Path, public: Path, containers: str | None, node: str, uid: int) -> Path:
@@ -232,17 +256,19 @@ def prolog(public: Path) -> str:
     job's user's own enroot directory on that node, made in a directory only root writes and then
     handed over whole (under a temporary name: a second job of theirs starting beside it finds one or
     the other, and a failed prolog would drain the node)."""
-    return ("#!/usr/bin/env bash\n"
-            "# Written by `kit cluster up`: the job's user's enroot directory on this node (theirs, 0700).\n"
-            "set -euo pipefail\n"
-            '[[ "${SLURM_JOB_UID:-}" =~ ^[0-9]+$ && "${SLURMD_NODENAME:-}" =~ ^[A-Za-z0-9_-]+$ ]] || exit 0\n'
-            f'dir={quote(str(public / "enroot"))}/"${{SLURMD_NODENAME}}"\n'
-            '[[ -d "${dir}/user-${SLURM_JOB_UID}" ]] && exit 0\n'
-            'new=$(mktemp -d "${dir}/.user-${SLURM_JOB_UID}.XXXXXX")\n'
-            'if (( EUID == 0 )); then\n'
-            '    chown "${SLURM_JOB_UID}:${SLURM_JOB_GID:-$(id -g "${SLURM_JOB_UID}")}" "${new}"\n'
-            'fi\n'
-            'mv -T "${new}" "${dir}/user-${SLURM_JOB_UID}" 2>/dev/null || rmdir "${new}"\n')
+    return (
+        "#!/usr/bin/env bash\n"
+        "# Written by `kit cluster up`: the job's user's enroot directory on this node (theirs, 0700).\n"
+        "set -euo pipefail\n"
+        '[[ "${SLURM_JOB_UID:-}" =~ ^[0-9]+$ && "${SLURMD_NODENAME:-}" =~ ^[A-Za-z0-9_-]+$ ]] || exit 0\n'
+        f'dir={quote(str(public / "enroot"))}/"${{SLURMD_NODENAME}}"\n'
+        '[[ -d "${dir}/user-${SLURM_JOB_UID}" ]] && exit 0\n'
+        'new=$(mktemp -d "${dir}/.user-${SLURM_JOB_UID}.XXXXXX")\n'
+        "if (( EUID == 0 )); then\n"
+        '    chown "${SLURM_JOB_UID}:${SLURM_JOB_GID:-$(id -g "${SLURM_JOB_UID}")}" "${new}"\n'
+        "fi\n"
+        'mv -T "${new}" "${dir}/user-${SLURM_JOB_UID}" 2>/dev/null || rmdir "${new}"\n'
+    )
 
 
 def daemon_env(root: Path, conf: Path, name: str, containers: str | None, path: str) -> dict[str, str]:

@@ -80,7 +80,9 @@ class Daemons:
             # others a moment ago): it is restarted as well, and said so.
             died = self._wait_idle(st, timeout, busy_ok=True, kept=kept)
             if died:
-                progress(f"{died} exited while the others restarted (it was running when `up` began): restarting it too")
+                progress(
+                    f"{died} exited while the others restarted (it was running when `up` began): restarting it too"
+                )
                 kept.discard(died)
             names = [died] if died else []
         if restart_prometheus:
@@ -100,8 +102,9 @@ class Daemons:
                 return int(path.read_text().strip())
             except (OSError, ValueError):
                 time.sleep(0.02)
-        raise KitError(f"{name} did not start (no pid file {path})", field="cluster", exit_code=1,
-                       detail=self._log_tail(name))
+        raise KitError(
+            f"{name} did not start (no pid file {path})", field="cluster", exit_code=1, detail=self._log_tail(name)
+        )
 
     def _log_tail(self, name: str) -> str:
         log = self.root / "log" / ("slurmctld.log" if name == "slurmctld" else f"slurmd-{name}.log")
@@ -110,8 +113,9 @@ class Daemons:
         except OSError:
             return ""
 
-    def _wait_idle(self, st: ClusterState, timeout: float, busy_ok: bool = False,
-                   kept: set[str] = frozenset()) -> str | None:
+    def _wait_idle(
+        self, st: ClusterState, timeout: float, busy_ok: bool = False, kept: set[str] = frozenset()
+    ) -> str | None:
         """Wait until every node is idle (or busy, ``busy_ok``). A daemon of ``kept`` (running
         before, not started now) found dead is returned for the caller to restart; one just
         started that dies is an error."""
@@ -122,8 +126,9 @@ class Daemons:
                 if name != "prometheus" and not processes.alive(st.pids.get(name), comm):  # prometheus: after the nodes
                     if name in kept:
                         return name
-                    raise KitError(f"{name} exited while starting", field="cluster", exit_code=1,
-                                   detail=self._log_tail(name))
+                    raise KitError(
+                        f"{name} exited while starting", field="cluster", exit_code=1, detail=self._log_tail(name)
+                    )
             proc = self.target.run(["sinfo", "--noheader", "--Node", "--format=%N %T"], check=False)
             out = proc.stdout
             states = [line.split()[-1] for line in out.splitlines() if line.strip()]
@@ -131,5 +136,9 @@ class Daemons:
             if len(states) == st.nodes and all(s in ready for s in states):
                 return None
             time.sleep(0.1)
-        raise KitError(f"nodes not idle after {timeout:g} s", field="cluster", exit_code=1,
-                       detail=out + "\n" + self._log_tail("slurmctld"))
+        raise KitError(
+            f"nodes not idle after {timeout:g} s",
+            field="cluster",
+            exit_code=1,
+            detail=out + "\n" + self._log_tail("slurmctld"),
+        )

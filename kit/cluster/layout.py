@@ -67,8 +67,11 @@ def write_plugstack(root: Path, st) -> None:
     a mode change needs no restart)."""
     so = plugin.plugin_of(root, st) if st.containers else None
     public = public_.of(root)
-    files.write_atomic(public / "plugstack.conf", config.plugstack_conf(st.containers, root, so, st.squashfuse,
-                                                                        st.container_scope, public), 0o644)
+    files.write_atomic(
+        public / "plugstack.conf",
+        config.plugstack_conf(st.containers, root, so, st.squashfuse, st.container_scope, public),
+        0o644,
+    )
 
 
 def clean(root: Path, state_file: Path) -> None:

@@ -30,10 +30,10 @@ FIRST_NODE = 10
 @dataclass
 class Network:
     bridge: str
-    host: str          # the bridge's address on the host (slurmctld, Prometheus)
+    host: str  # the bridge's address on the host (slurmctld, Prometheus)
     prefix: int
     namespaces: dict[str, str] = field(default_factory=dict)  # node -> namespace name
-    addresses: dict[str, str] = field(default_factory=dict)   # node -> its address
+    addresses: dict[str, str] = field(default_factory=dict)  # node -> its address
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -42,8 +42,12 @@ class Network:
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(["ip", *args], capture_output=True, text=True)
     if check and proc.returncode != 0:
-        raise KitError(f"ip {' '.join(args)}: {proc.stderr.strip()}", field="--isolated-network", exit_code=1,
-                       hint="it needs root (CAP_NET_ADMIN) and iproute2")
+        raise KitError(
+            f"ip {' '.join(args)}: {proc.stderr.strip()}",
+            field="--isolated-network",
+            exit_code=1,
+            hint="it needs root (CAP_NET_ADMIN) and iproute2",
+        )
     return proc
 
 
@@ -124,11 +128,16 @@ def clear_leftover(root: Path, progress) -> None:
         return
     inside = [pid for pid in pids_inside(left) if processes.alive(pid, processes.comm(pid))]
     if inside:
-        raise KitError(f"a network of this cluster ({left.bridge}) is left from an earlier one and "
-                       f"{len(inside)} process(es) still run in it: not starting a new cluster over it",
-                       field="cluster", exit_code=1,
-                       hint="`kit cluster down --force` stops them and removes it, then `kit cluster up`")
-    progress(f"removing the network an earlier cluster here left: {', '.join([left.bridge, *left.namespaces.values()])}")
+        raise KitError(
+            f"a network of this cluster ({left.bridge}) is left from an earlier one and "
+            f"{len(inside)} process(es) still run in it: not starting a new cluster over it",
+            field="cluster",
+            exit_code=1,
+            hint="`kit cluster down --force` stops them and removes it, then `kit cluster up`",
+        )
+    progress(
+        f"removing the network an earlier cluster here left: {', '.join([left.bridge, *left.namespaces.values()])}"
+    )
     remove(left)
 
 
@@ -154,8 +163,11 @@ def leftovers(net: Network) -> list[str]:
     names = set(_ip("netns", "list", check=False).stdout.split())
     left = [ns for ns in net.namespaces.values() if ns in names]
     links = _ip("-o", "link", "show", check=False).stdout
-    left += [name for name in (net.bridge, *(_veth(net, n) for n in net.namespaces)) if f" {name}:" in links
-             or f" {name}@" in links]
+    left += [
+        name
+        for name in (net.bridge, *(_veth(net, n) for n in net.namespaces))
+        if f" {name}:" in links or f" {name}@" in links
+    ]
     return left
 
 

@@ -13,8 +13,12 @@ from kit.cluster import public as public_
 from kit.errors import KitError
 from kit.runner import run
 
-PYXIS_PATHS = ("/usr/local/lib/slurm/spank_pyxis.so", "/usr/lib/x86_64-linux-gnu/slurm/spank_pyxis.so",
-               "/usr/lib64/slurm/spank_pyxis.so", "/usr/lib/slurm/spank_pyxis.so")
+PYXIS_PATHS = (
+    "/usr/local/lib/slurm/spank_pyxis.so",
+    "/usr/lib/x86_64-linux-gnu/slurm/spank_pyxis.so",
+    "/usr/lib64/slurm/spank_pyxis.so",
+    "/usr/lib/slurm/spank_pyxis.so",
+)
 
 
 def pyxis_plugin() -> str | None:
@@ -25,28 +29,36 @@ def pyxis_plugin() -> str | None:
     return None
 
 
-
 def prepare(root: Path, progress) -> str | None:
     """Real pyxis when it and enroot are installed, else kit's stand-in, built now into the cluster's public
     directory (srun and sbatch load it too)."""
     cc = shutil.which("gcc") or shutil.which("cc")
-    choice = config.choose_containers(pyxis_plugin(), shutil.which("enroot"),
-                                      cc is not None and Path("/usr/include/slurm/spank.h").exists())
+    choice = config.choose_containers(
+        pyxis_plugin(), shutil.which("enroot"), cc is not None and Path("/usr/include/slurm/spank.h").exists()
+    )
     if choice == config.PYXIS:
-        progress(f"container jobs: pyxis ({pyxis_plugin()}), enroot ({shutil.which('enroot')}), "
-                 f"each node with its own enroot paths under {public_.of(root) / 'enroot'}")
+        progress(
+            f"container jobs: pyxis ({pyxis_plugin()}), enroot ({shutil.which('enroot')}), "
+            f"each node with its own enroot paths under {public_.of(root) / 'enroot'}"
+        )
         return choice
     if choice is None:
-        progress("container jobs disabled: building kit's pyxis stand-in needs gcc and "
-                 "libslurm-dev (apt-get install -y gcc libslurm-dev)")
+        progress(
+            "container jobs disabled: building kit's pyxis stand-in needs gcc and "
+            "libslurm-dev (apt-get install -y gcc libslurm-dev)"
+        )
         return None
     public_.make(root)
     out = public_.of(root) / "spank_kit_pyxis.so"
     src = Path(__file__).parent / "spank" / "kit_pyxis.c"
-    run([cc, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(out), str(src)], what="cluster",
-        hint="the stand-in SPANK plugin did not compile")
+    run(
+        [cc, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(out), str(src)],
+        what="cluster",
+        hint="the stand-in SPANK plugin did not compile",
+    )
     progress("container jobs: kit's pyxis stand-in (no pyxis/enroot here)")
     return "kit-pyxis"
+
 
 def description(root: Path, st) -> str:
     """Which plugin runs container jobs, and in which mode (``kit cluster status``)."""
@@ -61,13 +73,17 @@ def description(root: Path, st) -> str:
 
 def mode_description(squashfuse: bool, scope: str = "global") -> str:
     if squashfuse:
-        mode = ("squashfuse mode (use_squashfuse=1: images started from the squashfs, read through squashfuse "
-                "under an overlay, never unpacked)")
+        mode = (
+            "squashfuse mode (use_squashfuse=1: images started from the squashfs, read through squashfuse "
+            "under an overlay, never unpacked)"
+        )
     else:
         mode = "create mode (each node unpacks the image before the step: enroot create)"
     if scope == "job":
-        mode += ("; container_scope=job (named containers are the job's, removed by the job epilog: kit names "
-                 "create-mode containers so that their removal is out of the job's steps)")
+        mode += (
+            "; container_scope=job (named containers are the job's, removed by the job epilog: kit names "
+            "create-mode containers so that their removal is out of the job's steps)"
+        )
     return mode
 
 
@@ -95,10 +111,13 @@ def check_scope(containers: str | None, scope: str) -> None:
     if scope != "job" or containers != config.PYXIS:
         return
     if not any(os.access(os.path.join(d, "enroot"), os.X_OK) for d in EPILOG_PATH):
-        raise KitError(f"pyxis's job epilog runs enroot from {':'.join(EPILOG_PATH)}, and none is there",
-                       field="--container-scope", exit_code=1,
-                       hint="install enroot there as a site does (.ci/real-pyxis does, with the per-node paths "
-                            "of kit's cluster in its enroot.conf.d), or keep --container-scope global")
+        raise KitError(
+            f"pyxis's job epilog runs enroot from {':'.join(EPILOG_PATH)}, and none is there",
+            field="--container-scope",
+            exit_code=1,
+            hint="install enroot there as a site does (.ci/real-pyxis does, with the per-node paths "
+            "of kit's cluster in its enroot.conf.d), or keep --container-scope global",
+        )
 
 
 # enroot's default (ENROOT_NATIVE_OVERLAYFS) and the stand-in lay a kernel overlay over the
@@ -110,8 +129,13 @@ def check_squashfuse() -> None:
     """What squashfuse mode needs on the nodes, or one error that names what to install."""
     lacking = [tool for tool in FUSE_TOOLS if shutil.which(tool) is None]
     if lacking or not os.path.exists("/dev/fuse"):
-        raise KitError(f"{', '.join(lacking) or '/dev/fuse'} not found", field="--squashfuse", exit_code=1,
-                       hint="squashfuse mode reads images through FUSE: apt-get install -y squashfuse")
+        raise KitError(
+            f"{', '.join(lacking) or '/dev/fuse'} not found",
+            field="--squashfuse",
+            exit_code=1,
+            hint="squashfuse mode reads images through FUSE: apt-get install -y squashfuse",
+        )
+
 
 def plugin_of(root: Path, st) -> str | None:
     """The plugin ``st`` was started with (a state from before it was recorded: found again)."""

@@ -33,8 +33,8 @@ def alive(pid: int | None, comm: str) -> bool:
             stat = f.read()
     except OSError:
         return False
-    name = stat[stat.index("(") + 1: stat.rindex(")")]
-    state = stat[stat.rindex(")") + 2:][:1]
+    name = stat[stat.index("(") + 1 : stat.rindex(")")]
+    state = stat[stat.rindex(")") + 2 :][:1]
     return name == comm and state != "Z"
 
 
@@ -64,7 +64,7 @@ def comm(pid: int) -> str:
             stat = f.read()
     except OSError:
         return ""
-    return stat[stat.index("(") + 1: stat.rindex(")")]
+    return stat[stat.index("(") + 1 : stat.rindex(")")]
 
 
 def describe(pids: dict[int, str]) -> str:
@@ -131,6 +131,7 @@ def job_processes(conf: str) -> list[tuple[int, str, str]]:
 
 def user() -> str:
     import pwd
+
     return pwd.getpwuid(os.getuid()).pw_name
 
 

@@ -41,27 +41,43 @@ def start(cluster, st, timeout: float, progress) -> None:
     (d / "prometheus.yml").write_text(
         "# Written by `kit cluster up --prometheus` (the site template is monitoring/prometheus.yml).\n"
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        + (f"rule_files: ['{d / 'rules'}/*.yml']\n" if rules is not None else "") +
-        "scrape_configs:\n  - job_name: kit\n    file_sd_configs:\n"
+        + (f"rule_files: ['{d / 'rules'}/*.yml']\n" if rules is not None else "")
+        + "scrape_configs:\n  - job_name: kit\n    file_sd_configs:\n"
         f"      - files: ['{cluster.prometheus_targets}/*.json']\n        refresh_interval: 5s\n"
-        "    metric_relabel_configs:\n" + relabel_yaml(6))
+        "    metric_relabel_configs:\n" + relabel_yaml(6)
+    )
     port = free_ports(1)[0]
     progress(f"starting prometheus on 127.0.0.1:{port}")
     with open(cluster.root / "log" / "prometheus.log", "ab") as logf:
         proc = subprocess.Popen(
             # nice 19: on a real site Prometheus runs elsewhere; here it shares the jobs' cores.
-            ["nice", "-n", "19", "prometheus", f"--config.file={d / 'prometheus.yml'}",
-             f"--storage.tsdb.path={d / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=7d"],
-            stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)
+            [
+                "nice",
+                "-n",
+                "19",
+                "prometheus",
+                f"--config.file={d / 'prometheus.yml'}",
+                f"--storage.tsdb.path={d / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--storage.tsdb.retention.time=7d",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=logf,
+            start_new_session=True,
+        )
     st.pids["prometheus"] = proc.pid
     st.prometheus_port = port
     cluster.save(st)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise KitError("prometheus exited while starting", field="--prometheus", exit_code=1,
-                           detail=(cluster.root / "log" / "prometheus.log").read_text(errors="replace")[-2000:])
+            raise KitError(
+                "prometheus exited while starting",
+                field="--prometheus",
+                exit_code=1,
+                detail=(cluster.root / "log" / "prometheus.log").read_text(errors="replace")[-2000:],
+            )
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1) as r:
                 if r.status == 200:

@@ -52,8 +52,12 @@ def make(root: Path) -> None:
             pass
         st = os.lstat(d)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            raise KitError(f"{d} is not a directory of root's that only root can change: the cluster's clients "
-                           "would read their configuration from it", field="cluster", hint=f"remove {d}")
+            raise KitError(
+                f"{d} is not a directory of root's that only root can change: the cluster's clients "
+                "would read their configuration from it",
+                field="cluster",
+                hint=f"remove {d}",
+            )
         os.chmod(d, 0o755)
     (public / HOME).write_text(f"{root.parent}\n")
 
@@ -76,8 +80,14 @@ def elsewhere(own_conf: Path) -> list[str]:
     """For ``kit cluster status`` when the caller's own cluster is not running: root's local cluster of this
     machine, when one runs (every local user's), and how a login shell uses it."""
     found = [conf for conf in clusters() if conf != own_conf]
-    return [f"this machine's local cluster (root's, every local user's): SLURM_CONF={shlex.quote(str(found[0]))}; "
-            f"use it with: eval \"$(kit cluster env)\""] if found else []
+    return (
+        [
+            f"this machine's local cluster (root's, every local user's): SLURM_CONF={shlex.quote(str(found[0]))}; "
+            f'use it with: eval "$(kit cluster env)"'
+        ]
+        if found
+        else []
+    )
 
 
 def login_lines(own_conf: Path, own_running: bool) -> list[str]:
@@ -89,11 +99,14 @@ def login_lines(own_conf: Path, own_running: bool) -> list[str]:
     else:
         found = clusters()
         if not found:
-            raise KitError("no local cluster runs on this machine", field="cluster",
-                           hint="root starts one for every local user with `kit cluster up`; yours: the same")
+            raise KitError(
+                "no local cluster runs on this machine",
+                field="cluster",
+                hint="root starts one for every local user with `kit cluster up`; yours: the same",
+            )
         conf = found[0]
     lines = [f"export SLURM_CONF={shlex.quote(str(conf))}"]
     sbatch = shutil.which("sbatch")
     if sbatch and os.path.dirname(sbatch) not in ("/usr/local/bin", "/usr/bin", "/bin"):
-        lines.append(f"export PATH={shlex.quote(os.path.dirname(sbatch))}:\"$PATH\"")
+        lines.append(f'export PATH={shlex.quote(os.path.dirname(sbatch))}:"$PATH"')
     return lines

@@ -49,10 +49,10 @@ def saved_job_id_sequence(path: Path) -> int:
     except OSError:
         return 0
     tag = b"PROTOCOL_VERSION\0"
-    if len(head) < 4 + len(tag) + 14 or int.from_bytes(head[:4], "big") != len(tag) or head[4:4 + len(tag)] != tag:
+    if len(head) < 4 + len(tag) + 14 or int.from_bytes(head[:4], "big") != len(tag) or head[4 : 4 + len(tag)] != tag:
         return 0
     at = 4 + len(tag) + 2 + 8
-    return int.from_bytes(head[at:at + 4], "big")
+    return int.from_bytes(head[at : at + 4], "big")
 
 
 def next_job_id(root: Path) -> int:

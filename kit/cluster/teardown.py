@@ -9,8 +9,10 @@ from kit.cluster import accounting, network, processes
 
 
 def active_jobs(target) -> list[str]:
-    out = target.run(["squeue", "--noheader", "--format=%i",
-                      "--states=RUNNING,COMPLETING,PENDING,CONFIGURING,REQUEUED,SUSPENDED"], check=False).stdout
+    out = target.run(
+        ["squeue", "--noheader", "--format=%i", "--states=RUNNING,COMPLETING,PENDING,CONFIGURING,REQUEUED,SUSPENDED"],
+        check=False,
+    ).stdout
     return out.split()
 
 
@@ -61,4 +63,3 @@ def remove_network(root, progress) -> None:
         processes.stop_pids({pid: processes.comm(pid) for pid in left}, timeout=5)
     progress(f"removing the isolated network ({net.bridge} and {len(net.namespaces)} namespace(s))")
     network.remove(net)
-

@@ -45,7 +45,18 @@ from kit.code.store import SKIPPED, Damaged, Snapshot, live_directories, load, m
 from kit.errors import KitError
 from kit.home import kit_home
 
-__all__ = ["Damaged", "Snapshot", "live_directories", "load", "materialize", "workdir", "take", "store_for", "limit", "mib"]
+__all__ = [
+    "Damaged",
+    "Snapshot",
+    "live_directories",
+    "load",
+    "materialize",
+    "workdir",
+    "take",
+    "store_for",
+    "limit",
+    "mib",
+]
 
 LIMIT = 512 << 20  # bytes a snapshot may hold: code, not data (KIT_CODE_LIMIT overrides)
 MAX_FILES = 200_000
@@ -79,12 +90,16 @@ def require_workdir(snapshotted: bool, workdir: Path, label: str) -> None:
     (a rerun with ``--edit code_snapshot=false`` of a job whose directory is gone would submit a job
     that fails at once, 127)."""
     if not snapshotted and not workdir.is_dir():
-        raise KitError(f"the job would run its code in {workdir}, which is gone", field=label,
-                       hint="launch it anew from where its code is now (kit launch … from that directory)")
+        raise KitError(
+            f"the job would run its code in {workdir}, which is gone",
+            field=label,
+            hint="launch it anew from where its code is now (kit launch … from that directory)",
+        )
 
 
-def take(cwd: Path, code_dir: str | None = None, *, store: Path, label: str = "--code",
-         exclude: tuple[Path, ...] = ()) -> Snapshot | None:
+def take(
+    cwd: Path, code_dir: str | None = None, *, store: Path, label: str = "--code", exclude: tuple[Path, ...] = ()
+) -> Snapshot | None:
     """Snapshot ``code_dir`` (given: any directory containing ``cwd``), else ``cwd``'s git work
     tree, into ``store`` (:func:`store_for`), leaving out what lies under ``exclude`` (the jobs'
     output directory, the store: a job never snapshots earlier jobs); None when ``cwd`` is in
@@ -94,17 +109,26 @@ def take(cwd: Path, code_dir: str | None = None, *, store: Path, label: str = "-
         root = Path(code_dir).expanduser()
         root = (cwd / root if not root.is_absolute() else root).resolve()
         if not root.is_dir():
-            raise KitError(f"no such directory: {code_dir}", field=label,
-                           hint="give the directory whose files the job runs (e.g. --code .)")
+            raise KitError(
+                f"no such directory: {code_dir}",
+                field=label,
+                hint="give the directory whose files the job runs (e.g. --code .)",
+            )
         if not codestore.inside(cwd, root):
-            raise KitError(f"the job runs from {cwd}, which is outside {root}", field=label,
-                           hint="launch from inside the directory you snapshot, or --code a directory containing it")
+            raise KitError(
+                f"the job runs from {cwd}, which is outside {root}",
+                field=label,
+                hint="launch from inside the directory you snapshot, or --code a directory containing it",
+            )
     else:
         root = _git_top(cwd)
         if root is None:
             return None
-    skip = [str(Path(p).resolve().relative_to(root)) for p in (*exclude, store)
-            if codestore.inside(Path(p).resolve(), root) and Path(p).resolve() != root]
+    skip = [
+        str(Path(p).resolve().relative_to(root))
+        for p in (*exclude, store)
+        if codestore.inside(Path(p).resolve(), root) and Path(p).resolve() != root
+    ]
     top = _git_top(root, refused_ok=code_dir is not None)
     if top is not None:
         names = _git_files(root)
@@ -119,8 +143,12 @@ def take(cwd: Path, code_dir: str | None = None, *, store: Path, label: str = "-
     try:
         return _keep(store, root, entries, label, source, commit, dirty)
     except OSError as e:  # the store's disk full or unwritable
-        raise KitError(f"cannot keep the code snapshot in {store}: {e.strerror}", field=label, exit_code=1,
-                       hint="free space there (or set KIT_HOME), or --no-code-snapshot") from None
+        raise KitError(
+            f"cannot keep the code snapshot in {store}: {e.strerror}",
+            field=label,
+            exit_code=1,
+            hint="free space there (or set KIT_HOME), or --no-code-snapshot",
+        ) from None
 
 
 def _keep(store: Path, root: Path, entries, label: str, source: str, commit, dirty) -> Snapshot:
@@ -139,10 +167,15 @@ def _keep(store: Path, root: Path, entries, label: str, source: str, commit, dir
                     digest = _stored(root / rel, objects, st, memo)
                 except OSError as e:
                     if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) or (
-                            e.filename and str(e.filename).startswith(("/proc/self/fd/", str(store)))):
+                        e.filename and str(e.filename).startswith(("/proc/self/fd/", str(store)))
+                    ):
                         raise  # the store's problem, not the file's
-                    raise KitError(f"cannot snapshot {root / rel}: {e.strerror}", field=label, exit_code=1,
-                                   hint="make it readable, ignore it in .gitignore, or --no-code-snapshot") from None
+                    raise KitError(
+                        f"cannot snapshot {root / rel}: {e.strerror}",
+                        field=label,
+                        exit_code=1,
+                        hint="make it readable, ignore it in .gitignore, or --no-code-snapshot",
+                    ) from None
                 executable = bool(st.st_mode & 0o111)
                 manifest.append([rel, "x" if executable else "f", digest])
                 total += st.st_size
@@ -165,9 +198,13 @@ def _stored(path: Path, objects: Path, st: os.stat_result, memo: files.StatMemo)
         if files.verify(objects / name, known, memo, key=f"objects/{name}"):
             return known
     with files.open_regular(path) as (fd, _):
-        digest = files.keep_by_content(fd, objects, lambda d: _object_name(d, st),
-                                       0o555 if st.st_mode & 0o111 else 0o444,
-                                       keep=lambda obj, d: files.verify(obj, d))
+        digest = files.keep_by_content(
+            fd,
+            objects,
+            lambda d: _object_name(d, st),
+            0o555 if st.st_mode & 0o111 else 0o444,
+            keep=lambda obj, d: files.verify(obj, d),
+        )
     memo.put(path, st, digest)
     name = _object_name(digest, st)
     with files.open_regular(objects / name) as (_, written):
@@ -178,8 +215,9 @@ def _stored(path: Path, objects: Path, st: os.stat_result, memo: files.StatMemo)
 def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     """git in ``cwd``, reading only: no optional locks, so ``git status`` never rewrites the
     tree's index (as root in a teammate's tree it would leave an index they cannot write)."""
-    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, timeout=120,
-                          env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
+    return subprocess.run(
+        ["git", "-C", str(cwd), *args], capture_output=True, timeout=120, env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+    )
 
 
 def _git_top(path: Path, refused_ok: bool = False) -> Path | None:
@@ -194,10 +232,13 @@ def _git_top(path: Path, refused_ok: bool = False) -> Path | None:
         if b"dubious ownership" in proc.stderr and not refused_ok:
             where = re.search(rb"repository at '([^']*)'", proc.stderr)
             tree = os.fsdecode(where.group(1)) if where else str(path)
-            raise KitError(f"git refuses the work tree {tree}: another user owns it (git's \"dubious ownership\"), "
-                           "so the job's code cannot be snapshotted from it", field="--code",
-                           hint=f"snapshot it as a plain directory (--code {tree}), trust its owner "
-                                f"(git config --global --add safe.directory {tree}), or --no-code-snapshot")
+            raise KitError(
+                f'git refuses the work tree {tree}: another user owns it (git\'s "dubious ownership"), '
+                "so the job's code cannot be snapshotted from it",
+                field="--code",
+                hint=f"snapshot it as a plain directory (--code {tree}), trust its owner "
+                f"(git config --global --add safe.directory {tree}), or --no-code-snapshot",
+            )
         return None
     return Path(os.fsdecode(proc.stdout.rstrip(b"\n"))).resolve()
 
@@ -206,8 +247,11 @@ def _git_files(root: Path) -> list[str]:
     """Tracked files and untracked ones git does not ignore, under ``root`` (relative to it)."""
     proc = _git(["ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."], root)
     if proc.returncode != 0:
-        raise KitError(f"git ls-files failed in {root}: {proc.stderr.decode(errors='replace').strip()}",
-                       field="--code", hint="fix the repository, or --no-code-snapshot")
+        raise KitError(
+            f"git ls-files failed in {root}: {proc.stderr.decode(errors='replace').strip()}",
+            field="--code",
+            hint="fix the repository, or --no-code-snapshot",
+        )
     return sorted({os.fsdecode(n) for n in proc.stdout.split(b"\0") if n})
 
 
@@ -215,8 +259,9 @@ def _git_state(root: Path, skip: list[str]) -> tuple[str | None, bool]:
     """(HEAD, whether the tree differs from it), what ``skip`` names left out."""
     head = _git(["rev-parse", "--verify", "-q", "HEAD"], root)
     commit = head.stdout.decode().strip() or None if head.returncode == 0 else None
-    status = _git(["status", "--porcelain", "-z", "--untracked-files=normal", "--", ".",
-                   *(f":(exclude){d}" for d in skip)], root)
+    status = _git(
+        ["status", "--porcelain", "-z", "--untracked-files=normal", "--", ".", *(f":(exclude){d}" for d in skip)], root
+    )
     return commit, bool(status.stdout.strip(b"\0"))
 
 
@@ -226,8 +271,11 @@ def _walk(root: Path) -> list[str]:
         dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED and not os.path.islink(os.path.join(dirpath, d)))
         rel = os.path.relpath(dirpath, root)
         out.extend(os.path.normpath(os.path.join(rel, n)) for n in filenames)
-        out.extend(os.path.normpath(os.path.join(rel, d)) for d in os.listdir(dirpath)
-                   if os.path.islink(os.path.join(dirpath, d)) and d not in filenames)
+        out.extend(
+            os.path.normpath(os.path.join(rel, d))
+            for d in os.listdir(dirpath)
+            if os.path.islink(os.path.join(dirpath, d)) and d not in filenames
+        )
         if len(out) > MAX_FILES:
             break
     return sorted(out)
@@ -237,8 +285,11 @@ def _entries(root: Path, names: list[str], label: str) -> list[tuple[str, os.sta
     """(path, stat of a regular file | None, symlink target | None) for what is on disk now;
     too many or too large is refused with the largest files named."""
     if len(names) > MAX_FILES:
-        raise KitError(f"{root} has more than {MAX_FILES} files to snapshot", field=label,
-                       hint="ignore data in .gitignore, --code a smaller directory, or --no-code-snapshot")
+        raise KitError(
+            f"{root} has more than {MAX_FILES} files to snapshot",
+            field=label,
+            hint="ignore data in .gitignore, --code a smaller directory, or --no-code-snapshot",
+        )
     out = []
     for rel in names:
         if any(part in SKIPPED for part in Path(rel).parts):
@@ -257,10 +308,13 @@ def _entries(root: Path, names: list[str], label: str) -> list[tuple[str, os.sta
     if total > limit():
         largest = sorted(((st.st_size, rel) for rel, st, _ in out if st is not None), reverse=True)[:5]
         named = ", ".join(f"{rel} ({mib(size)})" for size, rel in largest)
-        raise KitError(f"the code snapshot of {root} would hold {mib(total)}, over its limit of {mib(limit())}; "
-                       f"the largest files: {named}", field=label,
-                       hint="add data files to .gitignore, --code a smaller directory, or --no-code-snapshot "
-                            "(KIT_CODE_LIMIT=BYTES raises the limit)")
+        raise KitError(
+            f"the code snapshot of {root} would hold {mib(total)}, over its limit of {mib(limit())}; "
+            f"the largest files: {named}",
+            field=label,
+            hint="add data files to .gitignore, --code a smaller directory, or --no-code-snapshot "
+            "(KIT_CODE_LIMIT=BYTES raises the limit)",
+        )
     return out
 
 

@@ -22,10 +22,10 @@ _CHUNK = 1 << 20
 class Snapshot:
     """One snapshot: its digest, where it was taken from, and what git said of it."""
 
-    digest: str              # sha256:<hex> of its manifest (paths, modes, contents)
-    root: str                # the directory snapshotted (the work tree's top, or --code DIR)
-    store: str               # the store holding its contents and manifest
-    source: str              # "git" or "directory"
+    digest: str  # sha256:<hex> of its manifest (paths, modes, contents)
+    root: str  # the directory snapshotted (the work tree's top, or --code DIR)
+    store: str  # the store holding its contents and manifest
+    source: str  # "git" or "directory"
     files: int
     bytes: int
     commit: str | None = None  # git HEAD (None: not a git tree, or no commit yet)
@@ -52,14 +52,18 @@ def opened(store: Path, *, create: bool, field: str = "--code"):
             stack.enter_context(locked(top, exclusive=False))
             yield top, objects, manifests
     except files.NotOwned:
-        raise KitError(f"{d} is not a directory of this user's own that only its owner can write: its contents "
-                       "would decide what jobs run", field=field,
-                       hint="remove it, or give another --output-dir (or KIT_HOME)") from None
+        raise KitError(
+            f"{d} is not a directory of this user's own that only its owner can write: its contents "
+            "would decide what jobs run",
+            field=field,
+            hint="remove it, or give another --output-dir (or KIT_HOME)",
+        ) from None
     except FileNotFoundError:
         if create:
             raise
-        raise KitError(f"the code store {d} is gone", field=field,
-                       hint="--edit code_snapshot=false runs the code as it is now") from None
+        raise KitError(
+            f"the code store {d} is gone", field=field, hint="--edit code_snapshot=false runs the code as it is now"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -109,14 +113,19 @@ def entries(snap: Snapshot, manifests: Path | None = None) -> list[tuple[str, st
     try:
         data = files.read_bytes(path, 1 << 30)
     except FileNotFoundError:
-        raise KitError(f"the job's code snapshot {snap.digest} is no longer in {snap.store}", field="JOB",
-                       hint="--edit code_snapshot=false runs the code as it is now") from None
+        raise KitError(
+            f"the job's code snapshot {snap.digest} is no longer in {snap.store}",
+            field="JOB",
+            hint="--edit code_snapshot=false runs the code as it is now",
+        ) from None
     except OSError as e:
         raise KitError(f"cannot read the job's code snapshot {snap.digest}: {e.strerror}", field="JOB") from None
     if hashlib.sha256(data).hexdigest() != hexdigest:
-        raise KitError(f"the code snapshot {snap.digest} in {snap.store} does not hold what its name says "
-                       "(changed or replaced)", field="JOB",
-                       hint="--edit code_snapshot=false runs the code as it is now")
+        raise KitError(
+            f"the code snapshot {snap.digest} in {snap.store} does not hold what its name says (changed or replaced)",
+            field="JOB",
+            hint="--edit code_snapshot=false runs the code as it is now",
+        )
     try:
         return _checked_entries(files.loads(data.decode("utf-8", "surrogateescape")))
     except ValueError as e:
@@ -132,8 +141,13 @@ def _checked_entries(manifest) -> list[tuple[str, str, str]]:
             raise ValueError(f"not an entry: {str(entry)[:80]}")
         rel, kind, value = entry
         parts = rel.split("/")
-        if (not rel or "\0" in rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts)
-                or any(p in SKIPPED for p in parts)):
+        if (
+            not rel
+            or "\0" in rel
+            or rel.startswith("/")
+            or any(p in ("", ".", "..") for p in parts)
+            or any(p in SKIPPED for p in parts)
+        ):
             raise ValueError(f"a path outside the view: {rel!r}")
         if kind in ("f", "x") and (len(value) != 64 or not all(c in "0123456789abcdef" for c in value)):
             raise ValueError(f"not an object name: {value!r}")
@@ -163,14 +177,24 @@ def live_directories(snap: Snapshot, cwd: Path) -> list[str]:
     if not inside(cwd, root):
         return []
     here = cwd.relative_to(root)
-    taken = {Path(rel).relative_to(here).parts[0] for rel, _, _ in entries(snap)
-             if here == Path(".") or Path(rel).is_relative_to(here)}
+    taken = {
+        Path(rel).relative_to(here).parts[0]
+        for rel, _, _ in entries(snap)
+        if here == Path(".") or Path(rel).is_relative_to(here)
+    }
     try:
         names = sorted(os.listdir(cwd))
     except OSError:
         return []
-    return [n for n in names if n not in taken and n not in SKIPPED and not n.startswith(".")
-            and not n.endswith(".egg-info") and (cwd / n).is_dir()]
+    return [
+        n
+        for n in names
+        if n not in taken
+        and n not in SKIPPED
+        and not n.startswith(".")
+        and not n.endswith(".egg-info")
+        and (cwd / n).is_dir()
+    ]
 
 
 class Damaged(KitError):
@@ -218,8 +242,9 @@ def _copy_verified(obj: Path, dest: Path, hexdigest: str, mode: int) -> None:
     h = hashlib.sha256()
     try:
         with files.open_regular(obj) as (fd, _):
-            with os.fdopen(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                   0o600), "wb") as w:
+            with os.fdopen(
+                os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600), "wb"
+            ) as w:
                 while chunk := os.read(fd, _CHUNK):
                     h.update(chunk)
                     w.write(chunk)
@@ -227,10 +252,15 @@ def _copy_verified(obj: Path, dest: Path, hexdigest: str, mode: int) -> None:
     except FileNotFoundError as e:
         if e.filename and str(e.filename) == str(dest):
             raise
-        raise Damaged(f"the code store lost the object {hexdigest[:12]}", field="JOB",
-                      hint="--edit code_snapshot=false runs the code as it is now") from None
+        raise Damaged(
+            f"the code store lost the object {hexdigest[:12]}",
+            field="JOB",
+            hint="--edit code_snapshot=false runs the code as it is now",
+        ) from None
     if h.hexdigest() != hexdigest:
         os.unlink(dest)
-        raise Damaged(f"the code store's object {hexdigest[:12]} does not hold what its name says "
-                      "(changed or replaced)", field="JOB",
-                      hint="--edit code_snapshot=false runs the code as it is now")
+        raise Damaged(
+            f"the code store's object {hexdigest[:12]} does not hold what its name says (changed or replaced)",
+            field="JOB",
+            hint="--edit code_snapshot=false runs the code as it is now",
+        )

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from kit import files, jobdir
 from kit.code import store as codestore
-from kit.job import listing
 from kit.errors import KitError
 from kit.home import kit_home
 from kit.image import pin
+from kit.job import listing
 from kit.jobdir import JobDir
 
 GRACE = 600.0
@@ -32,11 +32,11 @@ GRACE = 600.0
 class Trimmed:
     """What ``trim`` removed (or would remove, in a dry run), and why the rest stays."""
 
-    images: list[str] = field(default_factory=list)   # pinned copies
-    snapshots: int = 0                                 # manifests
-    objects: int = 0                                   # code objects
-    trees: int = 0                                     # code trees a login node laid out for --host launches
-    freed: int = 0                                     # bytes
+    images: list[str] = field(default_factory=list)  # pinned copies
+    snapshots: int = 0  # manifests
+    objects: int = 0  # code objects
+    trees: int = 0  # code trees a login node laid out for --host launches
+    freed: int = 0  # bytes
     kept_for: list[str] = field(default_factory=list)  # the jobs whose pins and snapshots stay
     dry_run: bool = False
 
@@ -63,8 +63,7 @@ def trim(output_dirs: list[Path], keep: list[Path] = (), dry_run: bool = False) 
             roots.add(snap.root)
     _trim_pins(images, out)
     _trim_trees(roots, out)
-    stores = {str(kit_home() / "code"), *(str(Path(o) / f".kit-code-{os.geteuid()}") for o in output_dirs),
-              *manifests}
+    stores = {str(kit_home() / "code"), *(str(Path(o) / f".kit-code-{os.geteuid()}") for o in output_dirs), *manifests}
     for store in sorted(stores):
         _trim_store(Path(store), manifests.get(store, set()), out)
     return out
@@ -75,8 +74,12 @@ def _uses(job_dir: Path) -> tuple[str | None, codestore.Snapshot | None]:
     try:
         spec = files.read_json(jobdir.own(job_dir / JobDir.SPEC), 1 << 22)
     except (OSError, ValueError, KitError):
-        raise KitError(f"cannot read {job_dir / JobDir.SPEC}: a job that may still run names its image and "
-                       "code there, so nothing is trimmed", field="JOB", exit_code=1) from None
+        raise KitError(
+            f"cannot read {job_dir / JobDir.SPEC}: a job that may still run names its image and "
+            "code there, so nothing is trimmed",
+            field="JOB",
+            exit_code=1,
+        ) from None
     image = spec.get("image") if isinstance(spec, dict) else None
     snap = spec.get("snapshot") if isinstance(spec, dict) else None
     try:
@@ -157,8 +160,9 @@ def _trim_store(store: Path, needed: set[str], out: Trimmed) -> None:
                     continue
                 snap = codestore.Snapshot(f"sha256:{digest}", "", str(store), "", 0, 0)
                 try:
-                    keep_objects |= {value for _, kind, value in codestore.entries(snap, manifests)
-                                     if kind in ("f", "x")}
+                    keep_objects |= {
+                        value for _, kind, value in codestore.entries(snap, manifests) if kind in ("f", "x")
+                    }
                 except KitError:  # a damaged manifest holds nothing a job can use
                     out.snapshots += _remove(m, out)
             for o in sorted(objects.iterdir()) if objects.is_dir() else []:

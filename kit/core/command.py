@@ -18,15 +18,22 @@ def check_exec_sizes(s, origins) -> None:
     """The command and environment must fit what Linux passes to a process."""
     for word in s.command or []:
         if len(word.encode()) + 1 > MAX_ENV_STRING:
-            raise KitError(f"a command argument is {len(word.encode())} bytes; Linux passes at most "
-                           f"{MAX_ENV_STRING - 1} bytes per argument", field=origins.label("command"),
-                           hint="put large values in a file and pass its path")
-    total = sum(len(w.encode()) + 1 for w in s.command or []) + \
-        sum(len(k.encode()) + len(v.encode()) + 2 for k, v in s.env.items())
+            raise KitError(
+                f"a command argument is {len(word.encode())} bytes; Linux passes at most "
+                f"{MAX_ENV_STRING - 1} bytes per argument",
+                field=origins.label("command"),
+                hint="put large values in a file and pass its path",
+            )
+    total = sum(len(w.encode()) + 1 for w in s.command or []) + sum(
+        len(k.encode()) + len(v.encode()) + 2 for k, v in s.env.items()
+    )
     if total > MAX_COMMAND_BYTES:
-        raise KitError(f"the command and --env values come to {total} bytes; kit allows {MAX_COMMAND_BYTES} "
-                       "(Linux's limit for one process, less what Slurm and kit add)",
-                       field=origins.label("command"), hint="put large values in a file and pass its path")
+        raise KitError(
+            f"the command and --env values come to {total} bytes; kit allows {MAX_COMMAND_BYTES} "
+            "(Linux's limit for one process, less what Slurm and kit add)",
+            field=origins.label("command"),
+            hint="put large values in a file and pass its path",
+        )
 
 
 SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh"})
@@ -45,9 +52,11 @@ def literal_task_variables(command: list[str]) -> list[str]:
     for arg in command[1:]:
         names = [n for n in _DOLLAR.findall(arg) if n in PER_TASK_VARIABLES or n.startswith(("SLURM_", "PMI_"))]
         if names:
-            out.append(f"the argument {arg!r} reaches {Path(command[0]).name} as written: no shell expands "
-                       f"${names[0]} (kit runs the command without one); for a per-task value write "
-                       f"-- bash -c '{command[0]} ... {arg} ...'")
+            out.append(
+                f"the argument {arg!r} reaches {Path(command[0]).name} as written: no shell expands "
+                f"${names[0]} (kit runs the command without one); for a per-task value write "
+                f"-- bash -c '{command[0]} ... {arg} ...'"
+            )
     return out
 
 
@@ -62,7 +71,9 @@ def check_devices(s, origins) -> None:
             elif arg.startswith(flag + "="):
                 value = arg.split("=", 1)[1]
             if value is not None and value.isdigit() and int(value) != s.ntasks_per_node:
-                raise KitError(f"the command asks for {flag} {value} but each node runs "
-                               f"{s.ntasks_per_node} task(s)", field=origins.label("command"),
-                               hint=f"use --ntasks-per-node {value}, or {flag} {s.ntasks_per_node}: "
-                                    "Lightning hangs at 'Initializing distributed' when they differ")
+                raise KitError(
+                    f"the command asks for {flag} {value} but each node runs {s.ntasks_per_node} task(s)",
+                    field=origins.label("command"),
+                    hint=f"use --ntasks-per-node {value}, or {flag} {s.ntasks_per_node}: "
+                    "Lightning hangs at 'Initializing distributed' when they differ",
+                )

@@ -68,37 +68,75 @@ def _when(**facts: object) -> tuple[tuple[str, str], ...]:
 FINISHED_SAYS = "step ended with exit 0; the work is finished"
 
 ENDINGS: tuple[Ending, ...] = (
-    Ending(_when(hang=1), "hang", "refusal HUNG", suspect=True,
-           says="the step ended after a hang: every rank's stacks are in {hang_dir}",
-           requeue="the step was stopped because a rank made no progress"),
+    Ending(
+        _when(hang=1),
+        "hang",
+        "refusal HUNG",
+        suspect=True,
+        says="the step ended after a hang: every rank's stacks are in {hang_dir}",
+        requeue="the step was stopped because a rank made no progress",
+    ),
     # The command said its work is done. A rank that then died of a signal (torch's teardown
     # aborts now and then: 134) is told, but the work stays finished and the job ends COMPLETED,
     # so that what waits for it (--after) runs; a code of the command's own (a wrapper's next
     # stage failed) still fails the job.
     Ending(_when(declared=1, rc="zero"), "finished", "0", FINISHED_SAYS, mark=True),
-    Ending(_when(declared=1, rc="signal"), "finished", "0", mark=True, teardown=True,
-           says="step ended with exit {rc} (a signal) after its work was declared finished: a failure in "
-                "teardown; the work is finished: exiting 0"),
-    Ending(_when(declared=1), "failed", "rc",
-           "step ended with exit {rc} after the work was declared finished: a command failed after it"),
+    Ending(
+        _when(declared=1, rc="signal"),
+        "finished",
+        "0",
+        mark=True,
+        teardown=True,
+        says="step ended with exit {rc} (a signal) after its work was declared finished: a failure in "
+        "teardown; the work is finished: exiting 0",
+    ),
+    Ending(
+        _when(declared=1),
+        "failed",
+        "rc",
+        "step ended with exit {rc} after the work was declared finished: a command failed after it",
+    ),
     # Warned, but no command was given the signal or stopped: it ended its work by itself (a function
     # job's rank only by returning: declared above).
-    Ending(_when(warned=1, rc="zero", all_done=1, function=0), "finished", "0", mark=True,
-           says="step ended with exit 0 after the warning, every command by itself; the work is finished"),
+    Ending(
+        _when(warned=1, rc="zero", all_done=1, function=0),
+        "finished",
+        "0",
+        mark=True,
+        says="step ended with exit 0 after the warning, every command by itself; the work is finished",
+    ),
     # After the warning: requeued if it may be; else stopped before the work was done: never report
     # success, and blame no command for the signal kit or Slurm stopped it with.
-    Ending(_when(warned=1), "warned", "refusal first_failure BUDGET_SPENT",
-           requeue="step ended with exit {rc} after the warning"),
-    Ending(_when(stopping=1, rc="zero"), "stopped", "143",
-           "step ended with exit {rc} after a stop signal; the work is not finished"),
-    Ending(_when(stopping=1), "stopped", "rc", "step ended with exit {rc} after a stop signal; the work is not finished"),
-    Ending(_when(function=1, rc="zero"), "incomplete", "INCOMPLETE",
-           "srun exited 0, but not every rank returned from the function (a rank exited without returning): "
-           "the work is not finished"),
+    Ending(
+        _when(warned=1),
+        "warned",
+        "refusal first_failure BUDGET_SPENT",
+        requeue="step ended with exit {rc} after the warning",
+    ),
+    Ending(
+        _when(stopping=1, rc="zero"),
+        "stopped",
+        "143",
+        "step ended with exit {rc} after a stop signal; the work is not finished",
+    ),
+    Ending(
+        _when(stopping=1), "stopped", "rc", "step ended with exit {rc} after a stop signal; the work is not finished"
+    ),
+    Ending(
+        _when(function=1, rc="zero"),
+        "incomplete",
+        "INCOMPLETE",
+        "srun exited 0, but not every rank returned from the function (a rank exited without returning): "
+        "the work is not finished",
+    ),
     Ending(_when(rc="zero", all_done=1), "finished", "0", FINISHED_SAYS, mark=True),
-    Ending(_when(rc="zero"), "incomplete", "INCOMPLETE",
-           "srun exited 0, but not every rank's command ended with 0 by itself (a node failed, or a task was "
-           "killed): the work is not finished"),
+    Ending(
+        _when(rc="zero"),
+        "incomplete",
+        "INCOMPLETE",
+        "srun exited 0, but not every rank's command ended with 0 by itself (a node failed, or a task was "
+        "killed): the work is not finished",
+    ),
     Ending((), "failed", "rc", "step ended with exit {rc}"),
 )
 

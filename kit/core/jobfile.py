@@ -14,8 +14,18 @@ from typing import Any
 from kit import files
 from kit.core import options
 from kit.core import sweep as sweep_lib
-from kit.core.spec import (_BOOL_FIELDS, _INT_FIELDS, _KINDS, _LIST_FIELDS, _STR_FIELDS, FIELD_NAMES, JobSpec,
-                           Origins, cli_label, merge)
+from kit.core.spec import (
+    _BOOL_FIELDS,
+    _INT_FIELDS,
+    _KINDS,
+    _LIST_FIELDS,
+    _STR_FIELDS,
+    FIELD_NAMES,
+    JobSpec,
+    Origins,
+    cli_label,
+    merge,
+)
 from kit.errors import KitError
 
 JOB_FILE_LIMIT = 4 << 20  # a job file is a few lines; /dev/zero is not one
@@ -28,13 +38,17 @@ def load_job_file(path: str | Path) -> tuple[JobSpec, Origins]:
     try:
         data = files.read_toml(p, JOB_FILE_LIMIT)
     except FileNotFoundError:
-        raise KitError(f"no such job file: {path}", field="--job-file",
-                       hint="give the path of a TOML job file (see docs/launch.md: job files)") from None
+        raise KitError(
+            f"no such job file: {path}",
+            field="--job-file",
+            hint="give the path of a TOML job file (see docs/launch.md: job files)",
+        ) from None
     except OSError as e:
         raise KitError(f"cannot read {path}: {e.strerror}", field="--job-file") from None
     except ValueError as e:
-        raise KitError(f"not valid TOML: {e}", field=label,
-                       hint="fix the file; TOML strings need quotes, e.g. time = \"1:00:00\"") from None
+        raise KitError(
+            f"not valid TOML: {e}", field=label, hint='fix the file; TOML strings need quotes, e.g. time = "1:00:00"'
+        ) from None
     return spec_from(data, label, lambda key: f"{label}: {key}")
 
 
@@ -45,8 +59,11 @@ def spec_from(data: dict, where: str, label_of) -> tuple[JobSpec, Origins]:
     for key, value in data.items():
         name = key.replace("-", "_")
         if name not in FIELD_NAMES:
-            raise KitError(f"unknown key {key!r}", field=where,
-                           hint="valid keys: " + ", ".join(n.replace("_", "-") for n in FIELD_NAMES))
+            raise KitError(
+                f"unknown key {key!r}",
+                field=where,
+                hint="valid keys: " + ", ".join(n.replace("_", "-") for n in FIELD_NAMES),
+            )
         setattr(spec, name, coerce_value(name, value, label_of(key)))
         origins[name] = label_of(key)
     return spec, origins
@@ -54,9 +71,12 @@ def spec_from(data: dict, where: str, label_of) -> tuple[JobSpec, Origins]:
 
 def coerce_value(name: str, value: Any, label: str) -> Any:
     """A job file's (TOML) value for field ``name``, checked against the option's kind."""
+
     def bad(kind: str, example: str) -> KitError:
-        return KitError(f"expected {kind}, got {type(value).__name__} {value!r}", field=label,
-                        hint=f"write it as {example}")
+        return KitError(
+            f"expected {kind}, got {type(value).__name__} {value!r}", field=label, hint=f"write it as {example}"
+        )
+
     if name in _INT_FIELDS:
         if isinstance(value, bool) or not isinstance(value, int):
             raise bad("a whole number", f"{name.replace('_', '-')} = 2")
@@ -98,7 +118,7 @@ class Request:
     does; nothing of it is ever a command line parsed again."""
 
     fields: dict
-    where: str | None = None      # "local" or "site" (None: kit chooses)
+    where: str | None = None  # "local" or "site" (None: kit chooses)
     job_file: str | None = None
     dry_run: bool = False
     wait: bool = False
@@ -116,8 +136,12 @@ class Request:
             request = cls(**value)
         except (ValueError, TypeError) as e:
             raise KitError(f"the laptop sent no launch: {e}", field="remote-launch", exit_code=2) from None
-        kinds = {"where": (str, type(None)), "job_file": (str, type(None)), "fields": dict,
-                 **{k: bool for k in ("dry_run", "wait", "as_json", "parsable")}}
+        kinds = {
+            "where": (str, type(None)),
+            "job_file": (str, type(None)),
+            "fields": dict,
+            **{k: bool for k in ("dry_run", "wait", "as_json", "parsable")},
+        }
         if not all(isinstance(getattr(request, k), t) for k, t in kinds.items()):
             raise KitError("the laptop sent a launch kit cannot read", field="remote-launch", exit_code=2)
         return request

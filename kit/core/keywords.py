@@ -7,8 +7,9 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable
 
-from kit.core import jobfile, options, sweep as sweep_lib
+from kit.core import jobfile, options
 from kit.core import spec as specs
+from kit.core import sweep as sweep_lib
 from kit.errors import KitError
 
 
@@ -26,9 +27,14 @@ def python_names() -> dict[str, options.Option]:
 
 def field_value(name: str, o: options.Option, value: Any) -> Any:
     """A keyword's value as the job spec holds it (the command line's types, Python's shapes)."""
+
     def bad(kind: str) -> KitError:
-        return KitError(f"expected {kind}, got {type(value).__name__} {value!r}", field=o.label,
-                        hint=f"e.g. kit.launch(..., {name}=...) as docs/launch.md's option table says")
+        return KitError(
+            f"expected {kind}, got {type(value).__name__} {value!r}",
+            field=o.label,
+            hint=f"e.g. kit.launch(..., {name}=...) as docs/launch.md's option table says",
+        )
+
     if o.kind in options.BOOLS:
         if not isinstance(value, bool):
             raise bad("True or False")
@@ -76,8 +82,11 @@ def fields(kwargs: dict) -> tuple[dict[str, Any], str | None]:
     names = python_names()
     unknown = sorted(set(kwargs) - set(names))
     if unknown:
-        raise KitError(f"unknown option {unknown[0]!r}", field=unknown[0],
-                       hint="kit.launch takes `kit launch`'s options, dashes as underscores: " + ", ".join(sorted(names)))
+        raise KitError(
+            f"unknown option {unknown[0]!r}",
+            field=unknown[0],
+            hint="kit.launch takes `kit launch`'s options, dashes as underscores: " + ", ".join(sorted(names)),
+        )
     fields: dict[str, Any] = {}
     where = None
     for name, value in kwargs.items():
@@ -103,5 +112,6 @@ def request(command: list[str] | str | None, kwargs: dict) -> jobfile.Request:
     if command is not None:
         given["command"] = strings(command, lambda kind: KitError(f"expected {kind}", field="command"))
     how = {k: given.pop(k) for k in ("job_file", "dry_run", "wait", "as_json", "parsable") if k in given}
-    return jobfile.Request(given, where, how.get("job_file"), *(bool(how.get(k)) for k in
-                                                                ("dry_run", "wait", "as_json", "parsable")))
+    return jobfile.Request(
+        given, where, how.get("job_file"), *(bool(how.get(k)) for k in ("dry_run", "wait", "as_json", "parsable"))
+    )

@@ -12,20 +12,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FINISHED = 0
-LOST = 69            # the scheduler no longer knows the job (or was unreachable too long) and it did not finish
-INCONSISTENT = 70    # success reported (srun's 0, or COMPLETED) that not every rank confirms: not finished
-BUDGET_SPENT = 75    # stopped by the time limit's warning (or requeued by Slurm) with no restart left
-NO_PROGRESS = 76     # two runs in a row ended without the checkpoint step advancing
-HUNG = 77            # a rank stopped making progress and no restart was left
-NODE_FAILED = 78     # a node failed and the job was not requeued
-TIME_LIMIT = 79      # killed at the time limit (the warning was not acted on)
-CANCELLED = 80       # cancelled: before it started, while starting or while running
-PREEMPTED = 81       # preempted and not requeued
-OUT_OF_MEMORY = 82   # the scheduler's out-of-memory state (cgroup limit)
+LOST = 69  # the scheduler no longer knows the job (or was unreachable too long) and it did not finish
+INCONSISTENT = 70  # success reported (srun's 0, or COMPLETED) that not every rank confirms: not finished
+BUDGET_SPENT = 75  # stopped by the time limit's warning (or requeued by Slurm) with no restart left
+NO_PROGRESS = 76  # two runs in a row ended without the checkpoint step advancing
+HUNG = 77  # a rank stopped making progress and no restart was left
+NODE_FAILED = 78  # a node failed and the job was not requeued
+TIME_LIMIT = 79  # killed at the time limit (the warning was not acted on)
+CANCELLED = 80  # cancelled: before it started, while starting or while running
+PREEMPTED = 81  # preempted and not requeued
+OUT_OF_MEMORY = 82  # the scheduler's out-of-memory state (cgroup limit)
 
 # Codes prelaunch.sh decides itself (rendered into it, one definition).
-PRELAUNCH_CODES = {"BUDGET_SPENT": BUDGET_SPENT, "NO_PROGRESS": NO_PROGRESS, "HUNG": HUNG,
-                   "INCOMPLETE": INCONSISTENT}
+PRELAUNCH_CODES = {"BUDGET_SPENT": BUDGET_SPENT, "NO_PROGRESS": NO_PROGRESS, "HUNG": HUNG, "INCOMPLETE": INCONSISTENT}
 
 MEANING = {
     FINISHED: "the work finished",

@@ -14,13 +14,22 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from kit.core import command, options
-from kit.core.command import MAX_ENV_STRING
-from kit.core.values import (ENV_KEY, OWNED_SBATCH, RESERVED_ENV, owned_sbatch_option, parse_after,  # noqa: F401 (re-exported)
-                             parse_env_item, parse_mem, parse_port_range, parse_signal, parse_time)
+from kit.core import command, options, sidecar
 from kit.core import sweep as sweep_lib
+from kit.core.command import MAX_ENV_STRING
+from kit.core.values import (
+    ENV_KEY,
+    OWNED_SBATCH,
+    RESERVED_ENV,
+    owned_sbatch_option,
+    parse_after,
+    parse_env_item,
+    parse_mem,
+    parse_port_range,
+    parse_signal,
+    parse_time,
+)
 from kit.errors import KitError
-
 
 
 def _to_dict(self) -> dict[str, Any]:
@@ -29,8 +38,11 @@ def _to_dict(self) -> dict[str, Any]:
 
 def _spec_class(name: str, doc: str, frozen: bool = False) -> type:
     return dataclasses.make_dataclass(
-        name, [(o.name, o.python_type | None, field(default=None)) for o in options.SPEC_OPTIONS], frozen=frozen,
-        namespace={"to_dict": _to_dict, "__doc__": doc, "__module__": __name__})
+        name,
+        [(o.name, o.python_type | None, field(default=None)) for o in options.SPEC_OPTIONS],
+        frozen=frozen,
+        namespace={"to_dict": _to_dict, "__doc__": doc, "__module__": __name__},
+    )
 
 
 # A field per option of kit.core.options (its one declaration). CheckedSpec: once resolve checked it,
@@ -41,7 +53,7 @@ CheckedSpec = _spec_class("CheckedSpec", "A JobSpec as resolve checked it: froze
 FIELD_NAMES = tuple(o.name for o in options.SPEC_OPTIONS)
 DEFAULTS: dict[str, Any] = {o.name: o.default for o in options.SPEC_OPTIONS if o.default is not None}
 
-MAX_INT = 2 ** 31 - 1  # counts and seconds: what Slurm's fields and bash arithmetic hold
+MAX_INT = 2**31 - 1  # counts and seconds: what Slurm's fields and bash arithmetic hold
 MAX_JOB_NAME = 200
 # kit's own variables a job may set with --env (the exporter reads it).
 USER_KIT_ENV = frozenset({"KIT_EXPORTER_NAMING"})
@@ -103,7 +115,7 @@ class ResolvedJob:
     image_source: str | None = None  # the --image path as given (a rerun's: the first job's)
     after: tuple[str, ...] = ()  # the --after dependencies checked, as "JOBID:kind"
     container_name: str | None = None  # the name pyxis keeps the container under: the user's, or kit's where
-                                       # the site's pyxis removes a job's named containers in its epilog
+    # the site's pyxis removes a job's named containers in its epilog
 
 
 def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None = None) -> ResolvedJob:
@@ -115,8 +127,11 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
             setattr(s, name, _copy(default))
     warnings: list[str] = []
     if not s.command:
-        raise KitError("no command to run", field="command",
-                       hint="put the command after --, e.g. kit launch --nodes 2 -- python -m kit.train")
+        raise KitError(
+            "no command to run",
+            field="command",
+            hint="put the command after --, e.g. kit launch --nodes 2 -- python -m kit.train",
+        )
     _check_counts(s, origins)
     command.check_devices(s, origins)
     warnings.extend(command.literal_task_variables(s.command))
@@ -139,17 +154,20 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
     if s.prometheus_targets is not None:
         s.prometheus_targets = str(_absolute(s.prometheus_targets, cwd))
     if time_seconds is not None and s.signal_lead >= time_seconds:
-        raise _err(origins, "signal_lead", f"the warning comes {s.signal_lead} s before a time limit of "
-                   f"{time_seconds} s", hint=f"use a --signal-lead below {time_seconds} or a longer --time")
+        raise _err(
+            origins,
+            "signal_lead",
+            f"the warning comes {s.signal_lead} s before a time limit of {time_seconds} s",
+            hint=f"use a --signal-lead below {time_seconds} or a longer --time",
+        )
     command.check_exec_sizes(s, origins)
     _check_env(s, origins)
-    _check_sidecars(s, origins)
+    sidecar.check_sidecars(s, origins)
     _check_words(s, origins)
     s.output_dir = str(_absolute(s.output_dir, cwd))
     if s.code is not None:
         if not s.code_snapshot:
-            raise _err(origins, "code", "--code and --no-code-snapshot contradict each other",
-                       hint="give one of them")
+            raise _err(origins, "code", "--code and --no-code-snapshot contradict each other", hint="give one of them")
         s.code = str(_absolute(s.code, cwd))
     for item in s.after:
         parse_after(item, origins.label("after"))
@@ -157,9 +175,17 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
     _check_container(s, origins, warnings)
     if s.time is None and any(n in origins for n in ("signal", "signal_lead", "max_restarts")):
         warnings.append("no --time given: the preemption warning only fires if the partition has a time limit")
-    return ResolvedJob(spec=CheckedSpec(**{n: getattr(s, n) for n in FIELD_NAMES}), time_seconds=time_seconds, port_low=low, port_high=high,
-                       warnings=tuple(warnings), tasks=tasks, params=params,
-                       workdir=str((cwd or Path.cwd()).absolute()), image=s.image)
+    return ResolvedJob(
+        spec=CheckedSpec(**{n: getattr(s, n) for n in FIELD_NAMES}),
+        time_seconds=time_seconds,
+        port_low=low,
+        port_high=high,
+        warnings=tuple(warnings),
+        tasks=tasks,
+        params=params,
+        workdir=str((cwd or Path.cwd()).absolute()),
+        image=s.image,
+    )
 
 
 def _err(origins: Origins, name: str, message: str, hint: str | None = None) -> KitError:
@@ -190,55 +216,44 @@ def _check_counts(s: JobSpec, origins: Origins) -> None:
     if s.ntasks_per_node is None:
         s.ntasks_per_node = max(s.gpus_per_node, 1)
     if s.gpus_per_node and s.ntasks_per_node not in (1, s.gpus_per_node):
-        raise _err(origins, "ntasks_per_node",
-                   f"{s.ntasks_per_node} tasks per node do not match {s.gpus_per_node} GPUs per node",
-                   hint=f"use --ntasks-per-node {s.gpus_per_node} (one rank per GPU) or 1 "
-                        "(a per-node launcher such as torchrun that starts its own ranks)")
+        raise _err(
+            origins,
+            "ntasks_per_node",
+            f"{s.ntasks_per_node} tasks per node do not match {s.gpus_per_node} GPUs per node",
+            hint=f"use --ntasks-per-node {s.gpus_per_node} (one rank per GPU) or 1 "
+            "(a per-node launcher such as torchrun that starts its own ranks)",
+        )
 
 
 def _check_env(s: JobSpec, origins: Origins) -> None:
     for key, value in s.env.items():
         if len(key.encode()) + 1 + len(value.encode()) >= MAX_ENV_STRING:
-            raise KitError(f"{key}: the value is {len(value.encode())} bytes; Linux passes at most "
-                           f"{MAX_ENV_STRING - 1} bytes per variable (KEY=VALUE) to a process",
-                           field=origins.label("env"), hint="put large values in a file and pass its path")
+            raise KitError(
+                f"{key}: the value is {len(value.encode())} bytes; Linux passes at most "
+                f"{MAX_ENV_STRING - 1} bytes per variable (KEY=VALUE) to a process",
+                field=origins.label("env"),
+                hint="put large values in a file and pass its path",
+            )
         if not ENV_KEY.match(key):
-            raise KitError(f"not a variable name: {key!r}", field=origins.label("env"),
-                           hint="names are letters, digits and _, not starting with a digit")
+            raise KitError(
+                f"not a variable name: {key!r}",
+                field=origins.label("env"),
+                hint="names are letters, digits and _, not starting with a digit",
+            )
         if key in RESERVED_ENV:
-            raise KitError(f"{key} is set by the launcher from Slurm's variables", field=origins.label("env"),
-                           hint="leave it out; kit maps SLURM_PROCID etc. to " + ", ".join(sorted(RESERVED_ENV)))
+            raise KitError(
+                f"{key} is set by the launcher from Slurm's variables",
+                field=origins.label("env"),
+                hint="leave it out; kit maps SLURM_PROCID etc. to " + ", ".join(sorted(RESERVED_ENV)),
+            )
         if key == "CUDA_VISIBLE_DEVICES" and s.gpus_per_node:
-            raise KitError(f"{key}: Slurm binds each task's {s.gpus_per_node} GPU(s) and sets it itself, replacing "
-                           "this value", field=origins.label("env"),
-                           hint="leave it out: --gpus-per-node chooses how many GPUs each node's tasks get")
+            raise KitError(
+                f"{key}: Slurm binds each task's {s.gpus_per_node} GPU(s) and sets it itself, replacing this value",
+                field=origins.label("env"),
+                hint="leave it out: --gpus-per-node chooses how many GPUs each node's tasks get",
+            )
         if key.startswith(("KIT_", "SLURM_")) and key not in USER_KIT_ENV:
             raise KitError(f"{key}: names starting with KIT_ or SLURM_ are reserved", field=origins.label("env"))
-
-
-SIDECAR_NAME = re.compile(r"([A-Za-z][A-Za-z0-9_-]{0,31}): (.*)", re.S)
-BUILTIN_SIDECARS = ("exporter", "gpu-dmon")
-
-
-def sidecar_name(command: str, index: int) -> tuple[str, str]:
-    """(name, command) of a ``--sidecar``: ``NAME: COMMAND`` names it (logs/<node>.r<run>.NAME.log), else ``hook<index>``."""
-    m = SIDECAR_NAME.fullmatch(command)
-    return (m.group(1), m.group(2)) if m else (f"hook{index}", command)
-
-
-def _check_sidecars(s: JobSpec, origins: Origins) -> None:
-    seen, field = set(BUILTIN_SIDECARS), origins.label("sidecars")
-    for i, text in enumerate(s.sidecars, 1):
-        name, rest = sidecar_name(text, i)
-        if (meant := re.match(r"([^\s:]+): ", text)) and name == f"hook{i}":  # a NAME its log cannot carry
-            raise KitError(f"sidecar name {meant.group(1)!r} is not a name", field=field,
-                           hint="a letter, then up to 31 letters, digits, _ or - (NAME: COMMAND)")
-        if name in seen:
-            raise KitError(f"two sidecars named {name!r}", field=field, hint="give each its own name (NAME: "
-                           "COMMAND); " + ", ".join(BUILTIN_SIDECARS) + " are kit's")
-        if not rest.strip():
-            raise KitError(f"sidecar {name!r} has no command", field=field)
-        seen.add(name)
 
 
 def _check_words(s: JobSpec, origins: Origins) -> None:
@@ -249,24 +264,43 @@ def _check_words(s: JobSpec, origins: Origins) -> None:
         if value is not None and value == "":
             raise _err(origins, name, "must not be empty")
     if len(s.job_name) > MAX_JOB_NAME:
-        raise _err(origins, "job_name", f"{len(s.job_name)} characters; at most {MAX_JOB_NAME}",
-                   hint="a short name: it names the job directory and shows in squeue")
+        raise _err(
+            origins,
+            "job_name",
+            f"{len(s.job_name)} characters; at most {MAX_JOB_NAME}",
+            hint="a short name: it names the job directory and shows in squeue",
+        )
     _check_no_nul(s, origins)
     for arg in s.sbatch_args:
         if not arg.startswith("-"):
-            raise KitError(f"{arg!r} is not an option", field=origins.label("sbatch_args"),
-                           hint="pass options as --sbatch-arg=--constraint=a100 (the command goes after --)")
+            raise KitError(
+                f"{arg!r} is not an option",
+                field=origins.label("sbatch_args"),
+                hint="pass options as --sbatch-arg=--constraint=a100 (the command goes after --)",
+            )
         owned = owned_sbatch_option(arg)
         if owned:
-            raise KitError(f"{owned} is set by kit", field=origins.label("sbatch_args"),
-                           hint=f"use kit's {OWNED_SBATCH[owned]} instead" if OWNED_SBATCH[owned].startswith("-")
-                           else f"kit sets it itself: {OWNED_SBATCH[owned]}")
+            raise KitError(
+                f"{owned} is set by kit",
+                field=origins.label("sbatch_args"),
+                hint=f"use kit's {OWNED_SBATCH[owned]} instead"
+                if OWNED_SBATCH[owned].startswith("-")
+                else f"kit sets it itself: {OWNED_SBATCH[owned]}",
+            )
     if not re.fullmatch(r"[A-Za-z0-9_]{1,32}", s.mpi):
-        raise _err(origins, "mpi", f"not an MPI plugin name: {s.mpi!r}",
-                   hint="e.g. --mpi pmi2 or --mpi pmix (see srun --mpi=list)")
+        raise _err(
+            origins,
+            "mpi",
+            f"not an MPI plugin name: {s.mpi!r}",
+            hint="e.g. --mpi pmi2 or --mpi pmix (see srun --mpi=list)",
+        )
     if "\\" in s.output_dir:
-        raise _err(origins, "output_dir", f"{s.output_dir!r} contains a backslash, which sbatch's --output cannot "
-                   "express", hint="choose a directory without backslashes")
+        raise _err(
+            origins,
+            "output_dir",
+            f"{s.output_dir!r} contains a backslash, which sbatch's --output cannot express",
+            hint="choose a directory without backslashes",
+        )
 
 
 def _resolve_tasks(s: JobSpec, origins: Origins) -> tuple[sweep_lib.TaskSet | None, tuple]:
@@ -294,14 +328,18 @@ def _check_container(s: JobSpec, origins: Origins, warnings: list[str]) -> None:
             warnings.append(", ".join(origins.label(n) for n in given) + f" {verb} no effect without --image")
         return
     if s.container_workdir is not None and not s.container_workdir.startswith("/"):
-        raise KitError(f"must be an absolute path, got {s.container_workdir!r}",
-                       field=origins.label("container_workdir"))
+        raise KitError(
+            f"must be an absolute path, got {s.container_workdir!r}", field=origins.label("container_workdir")
+        )
     for name in s.container_env:
         if not ENV_KEY.match(name):
             raise KitError(f"not a variable name: {name!r}", field=origins.label("container_env"))
     if s.container_name is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", s.container_name):
-        raise KitError(f"not a container name: {s.container_name!r}", field=origins.label("container_name"),
-                       hint="letters, digits, '.', '_' and '-'")
+        raise KitError(
+            f"not a container name: {s.container_name!r}",
+            field=origins.label("container_name"),
+            hint="letters, digits, '.', '_' and '-'",
+        )
 
 
 def _copy(value: Any) -> Any:
@@ -314,6 +352,7 @@ def _check_no_nul(s: JobSpec, origins: Origins) -> None:
     def check(name: str, value: str) -> None:
         if "\0" in value:
             raise KitError("contains a NUL byte, which cannot reach a process", field=origins.label(name))
+
     for name in FIELD_NAMES:
         value = getattr(s, name)
         if isinstance(value, str):
@@ -327,5 +366,14 @@ def _check_no_nul(s: JobSpec, origins: Origins) -> None:
                 check(name, v)
 
 
-__all__ = ["JobSpec", "ResolvedJob", "Origins", "merge", "resolve", "parse_mem",
-           "parse_time", "parse_env_item", "parse_port_range"]
+__all__ = [
+    "JobSpec",
+    "ResolvedJob",
+    "Origins",
+    "merge",
+    "resolve",
+    "parse_mem",
+    "parse_time",
+    "parse_env_item",
+    "parse_port_range",
+]

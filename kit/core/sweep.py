@@ -55,8 +55,9 @@ def parse_tasks(text: str, label: str, count: int | None = None) -> TaskSet:
     for item in body.split(","):
         m = re.fullmatch(r"(\d{1,7})(?:-(\d{1,7})(?::(\d{1,7}))?)?", item.strip())
         if not m:
-            raise KitError(f"not an index set: {text!r}", field=label,
-                           hint="e.g. 0-9, 1,3,5, 0-99%8 (at most 8 at once), 0-20:5")
+            raise KitError(
+                f"not an index set: {text!r}", field=label, hint="e.g. 0-9, 1,3,5, 0-99%8 (at most 8 at once), 0-20:5"
+            )
         low = int(m.group(1))
         high = int(m.group(2)) if m.group(2) is not None else low
         step = int(m.group(3)) if m.group(3) is not None else 1
@@ -64,11 +65,15 @@ def parse_tasks(text: str, label: str, count: int | None = None) -> TaskSet:
             raise KitError(f"empty range {item!r} in {text!r}", field=label)
         indices.update(range(low, high + 1, step))
     if max(indices) > MAX_INDEX:
-        raise KitError(f"index {max(indices)} is above {MAX_INDEX} (Slurm's default MaxArraySize is "
-                       f"{MAX_INDEX + 1})", field=label)
+        raise KitError(
+            f"index {max(indices)} is above {MAX_INDEX} (Slurm's default MaxArraySize is {MAX_INDEX + 1})", field=label
+        )
     if count is not None and max(indices) >= count:
-        raise KitError(f"the sweep has {count} task(s), 0-{count - 1}; {text!r} names {max(indices)}", field=label,
-                       hint="leave --array out, or give only the throttle: --array %2")
+        raise KitError(
+            f"the sweep has {count} task(s), 0-{count - 1}; {text!r} names {max(indices)}",
+            field=label,
+            hint="leave --array out, or give only the throttle: --array %2",
+        )
     return TaskSet(tuple(sorted(indices)), throttle)
 
 
@@ -82,8 +87,11 @@ def parse_sweep_item(text: str, label: str) -> tuple[str, list[str]]:
 
 def check_sweep(name: str, values: list, label: str) -> tuple[str, list[str]]:
     if not NAME.fullmatch(name):
-        raise KitError(f"not a parameter name: {name!r}", field=label,
-                       hint="letters, digits and _, not starting with a digit (it becomes KIT_SWEEP_NAME)")
+        raise KitError(
+            f"not a parameter name: {name!r}",
+            field=label,
+            hint="letters, digits and _, not starting with a digit (it becomes KIT_SWEEP_NAME)",
+        )
     out = []
     for v in values:
         if isinstance(v, bool) or not isinstance(v, (str, int, float)):
@@ -114,16 +122,22 @@ _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 
 def substitute(word: str, params: dict[str, str], label: str = "command") -> str:
     """``{NAME}`` -> its value; ``{{``/``}}`` -> a literal brace."""
+
     def one(m: re.Match) -> str:
         text = m.group(0)
         if text in ("{{", "}}"):
             return text[0]
         name = m.group(1)
         if name is None:
-            raise KitError(f"a lone {text!r} in {word!r}", field=label,
-                           hint="with --sweep, write a literal brace as {{ or }}")
+            raise KitError(
+                f"a lone {text!r} in {word!r}", field=label, hint="with --sweep, write a literal brace as {{ or }}"
+            )
         if name not in params:
-            raise KitError(f"{{{name}}} in {word!r} is not a sweep parameter", field=label,
-                           hint="parameters: " + ", ".join(params) + "; write a literal brace as {{ or }}")
+            raise KitError(
+                f"{{{name}}} in {word!r} is not a sweep parameter",
+                field=label,
+                hint="parameters: " + ", ".join(params) + "; write a literal brace as {{ or }}",
+            )
         return params[name]
+
     return _PLACEHOLDER.sub(one, word)

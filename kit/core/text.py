@@ -23,7 +23,7 @@ def for_terminal(data: bytes, carry: bytes = b"") -> tuple[bytes, bytes]:
     ``carry``: the previous chunk's unfinished end (a UTF-8 lead byte); returns (what to show, the next carry)."""
     data = carry + data
     carry = data[-1:] if data.endswith(b"\xc2") else b""
-    data = data[:len(data) - len(carry)]
+    data = data[: len(data) - len(carry)]
     return _CONTROL.sub(lambda m: "".join(f"\\x{b:02x}" for b in m.group()).encode(), data), carry
 
 

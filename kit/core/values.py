@@ -10,24 +10,55 @@ from kit.errors import KitError
 
 # Variables the launcher owns: a user value would be overwritten or would
 # break the rank mapping, so --env refuses them.
-RESERVED_ENV = frozenset({
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
-})
+RESERVED_ENV = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "GROUP_RANK",
+    }
+)
 
 # sbatch options kit sets itself from its own fields.
 OWNED_SBATCH = {
-    "--nodes": "--nodes", "-N": "--nodes", "--ntasks-per-node": "--ntasks-per-node",
-    "--gpus-per-node": "--gpus-per-node", "--cpus-per-task": "--cpus-per-task", "-c": "--cpus-per-task",
-    "--mem": "--mem", "--time": "--time", "-t": "--time", "--partition": "--partition",
-    "-p": "--partition", "--account": "--account", "-A": "--account", "--job-name": "--job-name",
-    "-J": "--job-name", "--output": "--output-dir", "-o": "--output-dir", "--error": "--output-dir",
-    "-e": "--output-dir", "--array": "--array", "-a": "--array", "--dependency": "--after", "-d": "--after",
-    "--kill-on-invalid-dep": "--after", "--signal": "--signal", "--requeue": "--max-restarts",
-    "--no-requeue": "--max-restarts", "--open-mode": "it appends to the logs", "--parsable": "--json",
-    "--wait": "--wait", "-W": "--wait", "--ntasks": "--ntasks-per-node", "-n": "--ntasks-per-node",
+    "--nodes": "--nodes",
+    "-N": "--nodes",
+    "--ntasks-per-node": "--ntasks-per-node",
+    "--gpus-per-node": "--gpus-per-node",
+    "--cpus-per-task": "--cpus-per-task",
+    "-c": "--cpus-per-task",
+    "--mem": "--mem",
+    "--time": "--time",
+    "-t": "--time",
+    "--partition": "--partition",
+    "-p": "--partition",
+    "--account": "--account",
+    "-A": "--account",
+    "--job-name": "--job-name",
+    "-J": "--job-name",
+    "--output": "--output-dir",
+    "-o": "--output-dir",
+    "--error": "--output-dir",
+    "-e": "--output-dir",
+    "--array": "--array",
+    "-a": "--array",
+    "--dependency": "--after",
+    "-d": "--after",
+    "--kill-on-invalid-dep": "--after",
+    "--signal": "--signal",
+    "--requeue": "--max-restarts",
+    "--no-requeue": "--max-restarts",
+    "--open-mode": "it appends to the logs",
+    "--parsable": "--json",
+    "--wait": "--wait",
+    "-W": "--wait",
+    "--ntasks": "--ntasks-per-node",
+    "-n": "--ntasks-per-node",
     "--wrap": "the command after -- (kit writes the batch script)",
-    "--chdir": "the directory kit launch runs in (or its code snapshot's view)", "-D": "the directory kit launch "
-    "runs in (or its code snapshot's view)",
+    "--chdir": "the directory kit launch runs in (or its code snapshot's view)",
+    "-D": "the directory kit launch runs in (or its code snapshot's view)",
 }
 # sbatch's short options that take no value (the letters after them are more options).
 _SBATCH_FLAGS = frozenset("hHkOQsuvV")
@@ -68,8 +99,10 @@ def parse_mem(value: str) -> str:
     """Slurm --mem: a whole number with an optional K/M/G/T suffix (default MB)."""
     m = _MEM.match(value.strip())
     if not m or int(m.group(1)) == 0:
-        raise KitError(f"not a memory size: {value!r}",
-                       hint="use a whole number with an optional unit K, M, G or T, e.g. 64G or 16000 (MB)")
+        raise KitError(
+            f"not a memory size: {value!r}",
+            hint="use a whole number with an optional unit K, M, G or T, e.g. 64G or 16000 (MB)",
+        )
     return m.group(1) + m.group(2).upper()
 
 
@@ -134,6 +167,9 @@ def parse_after(item: str, label: str) -> tuple[str, str]:
     if not sep or kind not in AFTER_KINDS:
         job, kind = item, "ok"
     if not job or "\n" in job:
-        raise KitError(f"expected JOB[:ok|any|notok], got {item!r}", field=label,
-                       hint="e.g. --after 1234 (after it succeeded), --after 1234:any, --after kit-jobs/train-...:ok")
+        raise KitError(
+            f"expected JOB[:ok|any|notok], got {item!r}",
+            field=label,
+            hint="e.g. --after 1234 (after it succeeded), --after 1234:any, --after kit-jobs/train-...:ok",
+        )
     return job, kind

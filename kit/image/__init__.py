@@ -4,6 +4,6 @@ Kept light on purpose: the command line imports the recipe tables at start-up an
 builds; what an image name is lives in :mod:`~kit.image.reference`.
 """
 
-from kit.image.reference import SQUASHFS_MAGIC, REGISTRY_REF, is_reference, is_squashfs
+from kit.image.reference import REGISTRY_REF, SQUASHFS_MAGIC, is_reference, is_squashfs
 
 __all__ = ["REGISTRY_REF", "SQUASHFS_MAGIC", "is_reference", "is_squashfs"]

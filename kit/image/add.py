@@ -14,9 +14,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from kit.errors import KitError
 from kit.image import ignore as ignores
 from kit.image import rootpath, unpack
-from kit.errors import KitError
 from kit.runner import run
 
 
@@ -35,8 +35,11 @@ def apply(root: Path, value: dict, label: str, stage_image: Path | None) -> None
             # Out of an earlier stage's image: unsquashfs extracts the one path.
             inner = value["src"].strip("/")
             out = Path(tmp) / "x"
-            run(["unsquashfs", "-no-progress", "-d", str(out), str(stage_image), *([inner] if inner else [])],
-                what="COPY --from", timeout=None)
+            run(
+                ["unsquashfs", "-no-progress", "-d", str(out), str(stage_image), *([inner] if inner else [])],
+                what="COPY --from",
+                timeout=None,
+            )
             src = out / inner if inner else out
             if not src.exists() and not src.is_symlink():
                 raise KitError(f"COPY --from={value['stage']}: {value['src']} is not in that stage", field=label)
@@ -50,6 +53,7 @@ def apply(root: Path, value: dict, label: str, stage_image: Path | None) -> None
 
             def excluded(p: Path) -> bool:
                 return ignore.skips(p.relative_to(context).as_posix(), p.is_dir() and not p.is_symlink())
+
             skip = excluded
             if value.get("extract") and src.is_file() and tarfile.is_tarfile(src):
                 # The same checked unpacker as a base's layers: no member, hard link or
@@ -59,8 +63,11 @@ def apply(root: Path, value: dict, label: str, stage_image: Path | None) -> None
                 try:
                     unpack.unpack_tarball(out, src, layer=False)
                 except KitError as e:
-                    raise KitError(f"{src.name}: {e.message}", field=label,
-                                   hint="the archive is malformed or unsafe; nothing was written") from None
+                    raise KitError(
+                        f"{src.name}: {e.message}",
+                        field=label,
+                        hint="the archive is malformed or unsafe; nothing was written",
+                    ) from None
                 src, skip = out, None
         is_dir = src.is_dir() and not src.is_symlink()
         if is_dir:

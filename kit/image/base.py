@@ -22,14 +22,20 @@ def check(recipe: Recipe) -> None:
         return
     if b.kind == "image":
         if shutil.which("enroot") is None:
-            raise KitError(f"cannot pull {b.value}: enroot is not installed", field=label,
-                           hint="install enroot, or save the image (docker save / skopeo copy) and use it as "
-                                "a docker-archive or oci base")
+            raise KitError(
+                f"cannot pull {b.value}: enroot is not installed",
+                field=label,
+                hint="install enroot, or save the image (docker save / skopeo copy) and use it as "
+                "a docker-archive or oci base",
+            )
         return
     p = Path(b.value)
     if not p.exists():
-        raise KitError(f"{b.kind} base does not exist: {p}", field=label,
-                       hint="make it first (see containers/README.md), or pass --base KIND=PATH")
+        raise KitError(
+            f"{b.kind} base does not exist: {p}",
+            field=label,
+            hint="make it first (see containers/README.md), or pass --base KIND=PATH",
+        )
     want_dir = b.kind in ("rootfs", "oci")
     if want_dir != p.is_dir():
         raise KitError(f"{b.kind} base must be a {'directory' if want_dir else 'file'}: {p}", field=label)
@@ -45,8 +51,9 @@ def drop_dev(root: Path) -> None:
             rootpath.clear(child)
 
 
-def unpack_base(recipe: Recipe, root: Path, work: Path, progress, copy: bool = True,
-                 stage_images: dict[str, Path] | None = None) -> unpack.ImageConfig:
+def unpack_base(
+    recipe: Recipe, root: Path, work: Path, progress, copy: bool = True, stage_images: dict[str, Path] | None = None
+) -> unpack.ImageConfig:
     b = recipe.base
     path = Path(b.value) if b.kind != "stage" else (stage_images or {})[b.value]
     if b.kind == "scratch":
@@ -86,6 +93,9 @@ def unpack_base(recipe: Recipe, root: Path, work: Path, progress, copy: bool = T
 def read_environment(root: Path) -> list[str]:
     path = root / "etc" / "environment"
     if path.is_file() and not path.is_symlink():
-        return [line for line in path.read_text(errors="replace").splitlines()
-                if "=" in line and not line.lstrip().startswith("#")]
+        return [
+            line
+            for line in path.read_text(errors="replace").splitlines()
+            if "=" in line and not line.lstrip().startswith("#")
+        ]
     return []

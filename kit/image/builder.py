@@ -12,8 +12,8 @@ Nothing is left behind on failure; the image appears by an atomic rename.
 from __future__ import annotations
 
 import errno
-import hashlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -22,14 +22,13 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kit.version import __version__
+from kit.errors import KitError
+from kit.home import kit_home
 from kit.image import base, enroot, fingerprint, is_squashfs, layers, rootpath, runtime, steps, unpack
 from kit.image.info import METADATA, image_metadata
 from kit.image.recipe import COMPRESSION, DEFAULT_COMPRESSION, Recipe
-from kit.home import kit_home
-from kit.errors import KitError
 from kit.runner import run
-
+from kit.version import __version__
 
 
 @dataclass
@@ -74,14 +73,19 @@ def private_mounts() -> bool:
     return libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0
 
 
-def build(recipe: Recipe, output: Path, *, compression: str = DEFAULT_COMPRESSION, use_cache: bool = True,
-          progress=lambda msg: None) -> BuildResult:
+def build(
+    recipe: Recipe,
+    output: Path,
+    *,
+    compression: str = DEFAULT_COMPRESSION,
+    use_cache: bool = True,
+    progress=lambda msg: None,
+) -> BuildResult:
     """Build ``recipe`` into ``output`` (and its earlier stages into the cache)."""
     fingerprint.forget()  # remembered for one build (its stages, built by _build, share bases), never longer
     try:
         with layers.Claim() as claim:
-            return _build(recipe, output, compression=compression, use_cache=use_cache, progress=progress,
-                          claim=claim)
+            return _build(recipe, output, compression=compression, use_cache=use_cache, progress=progress, claim=claim)
     finally:
         fingerprint.forget()
 
@@ -115,25 +119,34 @@ def _new_work_dir(output: Path) -> tuple[Path, int]:
         work = Path(tempfile.mkdtemp(prefix=prefix, dir=output.parent))
         fd = os.open(work / WORK_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as e:
-        raise KitError(f"cannot write in {output.parent}: {e.strerror}", field="--output",
-                       hint="choose a directory on a writable filesystem with room for the image") from None
+        raise KitError(
+            f"cannot write in {output.parent}: {e.strerror}",
+            field="--output",
+            hint="choose a directory on a writable filesystem with room for the image",
+        ) from None
     fcntl.flock(fd, fcntl.LOCK_EX)
     return work, fd
 
 
-def _build(recipe: Recipe, output: Path, *, compression: str, use_cache: bool, progress,
-           claim: layers.Claim) -> BuildResult:
+def _build(
+    recipe: Recipe, output: Path, *, compression: str, use_cache: bool, progress, claim: layers.Claim
+) -> BuildResult:
     if compression not in COMPRESSION:
-        raise KitError(f"unknown compression {compression!r}", field="--compression",
-                       hint="one of " + ", ".join(COMPRESSION))
+        raise KitError(
+            f"unknown compression {compression!r}", field="--compression", hint="one of " + ", ".join(COMPRESSION)
+        )
     for tool in ("mksquashfs", "unsquashfs"):
         if shutil.which(tool) is None:
-            raise KitError(f"{tool} not found", hint="install squashfs-tools (apt-get install -y squashfs-tools)",
-                           exit_code=1)
+            raise KitError(
+                f"{tool} not found", hint="install squashfs-tools (apt-get install -y squashfs-tools)", exit_code=1
+            )
     if output.is_symlink() or (output.exists() and not output.is_file()):
         # The image replaces the path: never a device node, a directory or a link's target.
-        raise KitError(f"{output} exists and is not a regular file", field="--output",
-                       hint="give a new path, or the path of an image to replace")
+        raise KitError(
+            f"{output} exists and is not a regular file",
+            field="--output",
+            hint="give a new path, or the path of an image to replace",
+        )
     base.check(recipe)
     output = output.resolve()
     key = digest(recipe, compression)
@@ -178,8 +191,7 @@ def _build(recipe: Recipe, output: Path, *, compression: str, use_cache: bool, p
             try:
                 _place(output, cached)
             except OSError as e:
-                progress(f"warning: the image is built, but not kept in the cache ({e.strerror}): "
-                         f"{cached.parent}")
+                progress(f"warning: the image is built, but not kept in the cache ({e.strerror}): {cached.parent}")
     finally:
         if overlay:
             run(["umount", "--lazy", str(root)], check=False)
@@ -221,8 +233,12 @@ def _place(src: Path, dst: Path) -> None:
         except OSError as e:
             if e.errno == errno.EEXIST:
                 raise
-            with open(src, "rb") as r, os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                                                         | os.O_CLOEXEC, 0o644), "wb") as w:
+            with (
+                open(src, "rb") as r,
+                os.fdopen(
+                    os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644), "wb"
+                ) as w,
+            ):
                 shutil.copyfileobj(r, w, 1 << 20)
         os.replace(tmp, dst)
     except BaseException:
@@ -239,8 +255,16 @@ def _apply(kind: str, root: Path, value, config, label: str, stage_images: dict[
         steps.SAY.reset(token)
 
 
-def _layered_root(recipe: Recipe, root: Path, work: Path, progress, stage_images: dict[str, Path],
-                  total: int, use_cache: bool, claim: layers.Claim) -> unpack.ImageConfig | None:
+def _layered_root(
+    recipe: Recipe,
+    root: Path,
+    work: Path,
+    progress,
+    stage_images: dict[str, Path],
+    total: int,
+    use_cache: bool,
+    claim: layers.Claim,
+) -> unpack.ImageConfig | None:
     """Every step from the layer cache, or run into a new layer (kit.image.layers);
     ``root`` ends as an overlay of them all over a scratch upper. None where
     overlays cannot be mounted (the caller then builds without the cache)."""
@@ -252,8 +276,11 @@ def _layered_root(recipe: Recipe, root: Path, work: Path, progress, stage_images
         lowers = [Path(b.value)]
         config = unpack.ImageConfig(env=base.read_environment(Path(b.value)))
     else:
-        identity = str(stage_images[b.value]) if b.kind == "stage" else (
-            "" if b.kind in ("scratch", "image") else fingerprint.of_path(Path(b.value)))
+        identity = (
+            str(stage_images[b.value])
+            if b.kind == "stage"
+            else ("" if b.kind in ("scratch", "image") else fingerprint.of_path(Path(b.value)))
+        )
         parent = layers.key("base", [b.kind, b.value], identity)
         config = layers.lookup(parent, claim) if use_cache else None
         if config is None:
@@ -296,8 +323,7 @@ def _layered_root(recipe: Recipe, root: Path, work: Path, progress, stage_images
     return config
 
 
-def _build_stages(recipe: Recipe, compression: str, use_cache: bool, progress,
-                  claim: layers.Claim) -> dict[str, Path]:
+def _build_stages(recipe: Recipe, compression: str, use_cache: bool, progress, claim: layers.Claim) -> dict[str, Path]:
     """Build the earlier Dockerfile stages ``recipe`` uses (kept in the cache,
     keyed by their digests): stage name -> image."""
     images = {}
@@ -306,8 +332,14 @@ def _build_stages(recipe: Recipe, compression: str, use_cache: bool, progress,
         progress(f"stage {name}:")
         with layers.cache_lock():
             claim.add(out.relative_to(layers.cache_root()).as_posix())
-        _build(stage, out, compression=compression, use_cache=use_cache,
-               progress=lambda msg, name=name: progress(f"  {name}: {msg}"), claim=claim)
+        _build(
+            stage,
+            out,
+            compression=compression,
+            use_cache=use_cache,
+            progress=lambda msg, name=name: progress(f"  {name}: {msg}"),
+            claim=claim,
+        )
         images[name] = out
     return images
 
@@ -338,8 +370,20 @@ def _write_metadata(root: Path, config: unpack.ImageConfig, recipe: Recipe, key:
 
 
 def _mksquashfs(root: Path, out: Path, compression: str) -> None:
-    argv = ["mksquashfs", str(root), str(out), "-noappend", "-all-root", "-mkfs-time", "0", "-all-time", "0",
-            "-processors", str(os.cpu_count() or 1), *COMPRESSION[compression]]
+    argv = [
+        "mksquashfs",
+        str(root),
+        str(out),
+        "-noappend",
+        "-all-root",
+        "-mkfs-time",
+        "0",
+        "-all-time",
+        "0",
+        "-processors",
+        str(os.cpu_count() or 1),
+        *COMPRESSION[compression],
+    ]
     tty = sys.stderr.isatty()
     if not tty:
         argv += ["-no-progress", "-quiet"]

@@ -19,14 +19,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kit import files
-from kit.image import ignore as ignores
-from kit.image.recipe import SOURCE_LIMIT, Base, Recipe, context_path, pip_requirements
 from kit.errors import KitError
+from kit.image import ignore as ignores
 from kit.image import instructions as dock
 from kit.image.instructions import IGNORED, NAME, Instruction
+from kit.image.recipe import SOURCE_LIMIT, Base, Recipe, context_path, pip_requirements
 
-BASE_PREFIXES = {"rootfs:": "rootfs", "tarball:": "tarball", "oci:": "oci", "docker-archive:": "docker-archive",
-                 "squashfs:": "squashfs"}
+BASE_PREFIXES = {
+    "rootfs:": "rootfs",
+    "tarball:": "tarball",
+    "oci:": "oci",
+    "docker-archive:": "docker-archive",
+    "squashfs:": "squashfs",
+}
 
 
 @dataclass
@@ -39,8 +44,9 @@ class Stage:
 class _Builder:
     """Turns a Dockerfile's instructions into one Recipe per stage."""
 
-    def __init__(self, path: Path, label: str, build_args: dict[str, str], notice,
-                 base_roots: tuple[Path, ...] = ()) -> None:
+    def __init__(
+        self, path: Path, label: str, build_args: dict[str, str], notice, base_roots: tuple[Path, ...] = ()
+    ) -> None:
         self.path, self.label, self.where = path, label, path.parent
         self.base_roots = base_roots
         self.build_args = dict(build_args)
@@ -63,7 +69,9 @@ class _Builder:
     def base(self, ref: str, line: int) -> tuple[Base, dict[str, Recipe]]:
         earlier = self.stage(ref)
         if earlier:
-            return Base("stage", earlier.name or str(earlier.index)), {earlier.name or str(earlier.index): earlier.recipe}
+            return Base("stage", earlier.name or str(earlier.index)), {
+                earlier.name or str(earlier.index): earlier.recipe
+            }
         if ref == "scratch":
             return Base("scratch", ""), {}
         if ref.startswith("docker://"):
@@ -72,7 +80,7 @@ class _Builder:
             if ref.startswith(prefix):
                 # Inside the build context, as COPY sources, or under a directory named on the command
                 # line (--base-root): a Dockerfile must not pack host files it was not given.
-                value = ref[len(prefix):]
+                value = ref[len(prefix) :]
                 for allowed in self.base_roots:
                     real = allowed.resolve()
                     path = (self.where / value).resolve()
@@ -81,13 +89,20 @@ class _Builder:
                 try:
                     path = context_path(self.where, value, f"{self.label}:{line}")
                 except KitError as e:
-                    raise KitError(e.message.replace("copy source", f"FROM {prefix}"), field=e.field,
-                                   hint="put the base inside the build context (a symlink to elsewhere does not "
-                                        "count), or name its directory with --base-root DIR") from None
+                    raise KitError(
+                        e.message.replace("copy source", f"FROM {prefix}"),
+                        field=e.field,
+                        hint="put the base inside the build context (a symlink to elsewhere does not "
+                        "count), or name its directory with --base-root DIR",
+                    ) from None
                 return Base(kind, str(path)), {}
-        raise dock.error(self.label, line, f"FROM {ref}: not a base kit can build from",
-                     hint="write FROM rootfs:DIR, tarball:FILE, oci:DIR, docker-archive:FILE, squashfs:FILE, "
-                          "docker://IMAGE, scratch, or an earlier stage's name")
+        raise dock.error(
+            self.label,
+            line,
+            f"FROM {ref}: not a base kit can build from",
+            hint="write FROM rootfs:DIR, tarball:FILE, oci:DIR, docker-archive:FILE, squashfs:FILE, "
+            "docker://IMAGE, scratch, or an earlier stage's name",
+        )
 
     def run(self, instructions: list[Instruction]) -> None:
         """Read the instructions in order, one method per instruction (``_from``, ``_run``, ...)."""
@@ -164,8 +179,11 @@ class _Builder:
     def _copy(self, ins: Instruction, where) -> None:
         """COPY and ADD (ADD also unpacks a local tar)."""
         recipe = self.recipe
-        flags, text = dock.flags(ins.text, ("from", "chmod", "chown", "link") if ins.keyword == "COPY"
-                             else ("chmod", "chown", "link"), *where)
+        flags, text = dock.flags(
+            ins.text,
+            ("from", "chmod", "chown", "link") if ins.keyword == "COPY" else ("chmod", "chown", "link"),
+            *where,
+        )
         text = dock.substitute(text, self.env, *where)
         args = dock.exec_form(text) or dock.words(text, *where)
         if len(args) < 2:
@@ -179,14 +197,22 @@ class _Builder:
         if chmod is not None and not re.fullmatch(r"[0-7]{3,4}", chmod):
             raise dock.error(*where, f"--chmod takes an octal mode, got {chmod!r}")
         if "chown" in flags:
-            self.notice(f"{self.label}:{ins.line}: --chown: enroot images are packed with every file owned "
-                        "by root (mksquashfs -all-root), and jobs run as the submitting user: ignored")
+            self.notice(
+                f"{self.label}:{ins.line}: --chown: enroot images are packed with every file owned "
+                "by root (mksquashfs -all-root), and jobs run as the submitting user: ignored"
+            )
         for src in sources:
             if ins.keyword == "ADD" and re.match(r"[a-z]+://", src):
-                raise dock.error(*where, f"ADD {src}: kit does not download while building (no network on "
-                                     "the nodes that build)", hint="download it first and COPY the file")
-            value = self._from_stage(flags["from"], src, dest, where) if "from" in flags else \
-                self._from_context(ins, src, dest, where)
+                raise dock.error(
+                    *where,
+                    f"ADD {src}: kit does not download while building (no network on the nodes that build)",
+                    hint="download it first and COPY the file",
+                )
+            value = (
+                self._from_stage(flags["from"], src, dest, where)
+                if "from" in flags
+                else self._from_context(ins, src, dest, where)
+            )
             if chmod is not None:
                 value["chmod"] = chmod
             self.add(recipe, ins, ("add", value))
@@ -194,21 +220,30 @@ class _Builder:
     def _from_stage(self, ref: str, src: str, dest: str, where) -> dict:
         stage = self.stage(ref)
         if stage is None or stage.recipe is self.recipe:
-            raise dock.error(*where, f"COPY --from={ref}: no earlier stage of that name",
-                         hint="name a stage with FROM ... AS NAME before this line")
+            raise dock.error(
+                *where,
+                f"COPY --from={ref}: no earlier stage of that name",
+                hint="name a stage with FROM ... AS NAME before this line",
+            )
         key = stage.name or str(stage.index)
         self.recipe.stages[key] = stage.recipe
         return {"stage": key, "src": src, "dst": dest}
 
     def _from_context(self, ins: Instruction, src: str, dest: str, where) -> dict:
         if any(c in src for c in "*?["):
-            raise dock.error(*where, f"{ins.keyword} {src}: wildcards are not supported",
-                         hint="name the files or their directory")
+            raise dock.error(
+                *where, f"{ins.keyword} {src}: wildcards are not supported", hint="name the files or their directory"
+            )
         path = context_path(self.where, src, f"{self.label}:{ins.line}")
         if self.ignore.skips(path.relative_to(self.where.resolve()).as_posix(), path.is_dir()):
             raise dock.error(*where, f"{ins.keyword} {src}: excluded by .dockerignore")
-        return {"src": str(path), "dst": dest, "ignore": self.ignore.patterns,
-                "context": str(self.where.resolve()), "extract": ins.keyword == "ADD"}
+        return {
+            "src": str(path),
+            "dst": dest,
+            "ignore": self.ignore.patterns,
+            "context": str(self.where.resolve()),
+            "extract": ins.keyword == "ADD",
+        }
 
     def _env(self, ins: Instruction, where) -> None:
         pairs = {k: dock.substitute(v, self.env, *where) for k, v in dock.pairs(ins.text, *where, "ENV").items()}
@@ -225,8 +260,9 @@ class _Builder:
         self.add(self.recipe, ins, ("workdir", self.workdir))
 
     def _label(self, ins: Instruction, where) -> None:
-        self.recipe.labels.update({k: dock.substitute(v, self.env, *where)
-                                   for k, v in dock.pairs(ins.text, *where, "LABEL").items()})
+        self.recipe.labels.update(
+            {k: dock.substitute(v, self.env, *where) for k, v in dock.pairs(ins.text, *where, "LABEL").items()}
+        )
 
     def _entrypoint(self, ins: Instruction, where) -> None:
         """ENTRYPOINT and CMD."""
@@ -270,16 +306,37 @@ class _Builder:
     def _user(self, ins: Instruction, where) -> None:
         user = dock.substitute(ins.text, self.env, *where)
         self.recipe.labels["kit.user"] = user
-        self.notice(f"{self.label}:{ins.line}: USER {user}: enroot runs the container as the user who "
-                    "submits the job, and kit runs RUN steps as root; recorded as the label kit.user")
+        self.notice(
+            f"{self.label}:{ins.line}: USER {user}: enroot runs the container as the user who "
+            "submits the job, and kit runs RUN steps as root; recorded as the label kit.user"
+        )
 
-    HANDLERS = {"FROM": _from, "ARG": _arg, "RUN": _run, "COPY": _copy, "ADD": _copy, "ENV": _env,
-                "WORKDIR": _workdir, "LABEL": _label, "ENTRYPOINT": _entrypoint, "CMD": _entrypoint,
-                "VOLUME": _volume, "SHELL": _shell, "KIT": _kit, "USER": _user}
+    HANDLERS = {
+        "FROM": _from,
+        "ARG": _arg,
+        "RUN": _run,
+        "COPY": _copy,
+        "ADD": _copy,
+        "ENV": _env,
+        "WORKDIR": _workdir,
+        "LABEL": _label,
+        "ENTRYPOINT": _entrypoint,
+        "CMD": _entrypoint,
+        "VOLUME": _volume,
+        "SHELL": _shell,
+        "KIT": _kit,
+        "USER": _user,
+    }
 
 
-def load(path: str | Path, *, build_args: dict[str, str] | None = None, target: str | None = None,
-         notice=lambda msg: None, base_roots: tuple[Path, ...] = ()) -> Recipe:
+def load(
+    path: str | Path,
+    *,
+    build_args: dict[str, str] | None = None,
+    target: str | None = None,
+    notice=lambda msg: None,
+    base_roots: tuple[Path, ...] = (),
+) -> Recipe:
     """The Recipe of ``target`` (default: the last stage) of the Dockerfile at ``path``;
     ``FROM`` paths lie in its directory (the context) or under one of ``base_roots``."""
     p = Path(path)
@@ -293,8 +350,11 @@ def load(path: str | Path, *, build_args: dict[str, str] | None = None, target: 
     except UnicodeDecodeError as e:
         raise KitError(f"not UTF-8 text: {e}", field=label) from None
     if "\0" in text:
-        raise KitError(f"line {text.count(chr(10), 0, text.index(chr(0))) + 1}: a NUL byte", field=label,
-                       hint="a Dockerfile is text; no path, value or command can hold a NUL byte")
+        raise KitError(
+            f"line {text.count(chr(10), 0, text.index(chr(0))) + 1}: a NUL byte",
+            field=label,
+            hint="a Dockerfile is text; no path, value or command can hold a NUL byte",
+        )
     builder = _Builder(p, label, build_args or {}, notice, tuple(Path(r) for r in base_roots))
     builder.run(dock.parse(text, label))
     if not builder.stages:
@@ -304,6 +364,9 @@ def load(path: str | Path, *, build_args: dict[str, str] | None = None, target: 
     stage = builder.stage(target)
     if stage is None:
         names = [s.name for s in builder.stages if s.name]
-        raise KitError(f"no stage named {target!r}", field="--target",
-                       hint=("stages: " + ", ".join(names)) if names else "name stages with FROM ... AS NAME")
+        raise KitError(
+            f"no stage named {target!r}",
+            field="--target",
+            hint=("stages: " + ", ".join(names)) if names else "name stages with FROM ... AS NAME",
+        )
     return stage.recipe

@@ -21,7 +21,7 @@ def _regex(pattern: str) -> re.Pattern:
         c = pattern[i]
         if pattern.startswith("**", i):
             i += 2
-            if pattern[i:i + 1] == "/":
+            if pattern[i : i + 1] == "/":
                 i += 1
                 out.append("(?:.*/)?")
             else:
@@ -36,7 +36,7 @@ def _regex(pattern: str) -> re.Pattern:
             if end < 0:
                 out.append(re.escape(c))
             else:
-                body = pattern[i + 1:end].replace("\\", "\\\\")
+                body = pattern[i + 1 : end].replace("\\", "\\\\")
                 if body.startswith("!") or body.startswith("^"):
                     body = "^" + body[1:]
                 out.append(f"[{body}]")

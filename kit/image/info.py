@@ -25,9 +25,12 @@ def image_has(image: Path, paths: list[str], *, shown: str | None = None, field:
     named ``shown`` (the file the user gave, where ``image`` is its pinned copy), for ``field``."""
     proc = run(["unsquashfs", "-l", "-d", "/", str(image), *paths], check=False, timeout=120)
     if proc.returncode != 0 and not proc.stdout.strip():
-        raise KitError(f"cannot read {shown or image}: truncated or damaged (unsquashfs exit {proc.returncode})",
-                       field=field, detail=tail(proc.stderr or ""),
-                       hint="build it again, or copy it again if it was copied")
+        raise KitError(
+            f"cannot read {shown or image}: truncated or damaged (unsquashfs exit {proc.returncode})",
+            field=field,
+            detail=tail(proc.stderr or ""),
+            hint="build it again, or copy it again if it was copied",
+        )
     listed = {line.strip().lstrip("/") for line in proc.stdout.splitlines()}
     return {p for p in paths if p.strip("/") in listed}
 
@@ -36,8 +39,11 @@ def list_paths(image: Path) -> list[str]:
     """Every path in the image, relative to its root (``unsquashfs -l``; nothing is unpacked)."""
     proc = run(["unsquashfs", "-l", "-d", "/", str(image)], check=False, timeout=300)
     if proc.returncode != 0 and not proc.stdout.strip():
-        raise KitError(f"cannot read {image}: truncated or damaged (unsquashfs exit {proc.returncode})",
-                       detail=tail(proc.stderr or ""), hint="build it again, or copy it again if it was copied")
+        raise KitError(
+            f"cannot read {image}: truncated or damaged (unsquashfs exit {proc.returncode})",
+            detail=tail(proc.stderr or ""),
+            hint="build it again, or copy it again if it was copied",
+        )
     return [line.strip().lstrip("/") for line in proc.stdout.splitlines() if line.strip()]
 
 
@@ -47,7 +53,6 @@ def image_metadata(image: Path) -> dict | None:
         return json.loads(text) if text else None
     except ValueError:
         return None
-
 
 
 @dataclass
@@ -80,6 +85,14 @@ def inspect(image: Path) -> ImageInfo:
     if env is None:
         env = [line for line in (read_file(image, "etc/environment") or "").splitlines() if line]
     version = meta.get("kit_runtime") or (read_file(image, "opt/kit/VERSION") or "").strip() or None
-    return ImageInfo(path=image, size=image.stat().st_size, compression=compression, env=env,
-                     workdir=config.get("workdir", ""), entrypoint=config.get("entrypoint", []),
-                     cmd=config.get("cmd", []), digest=meta.get("digest"), kit_runtime=version)
+    return ImageInfo(
+        path=image,
+        size=image.stat().st_size,
+        compression=compression,
+        env=env,
+        workdir=config.get("workdir", ""),
+        entrypoint=config.get("entrypoint", []),
+        cmd=config.get("cmd", []),
+        digest=meta.get("digest"),
+        kit_runtime=version,
+    )

@@ -14,8 +14,23 @@ from kit.errors import KitError
 
 # Accepted, with a one-line notice: they mean nothing to an enroot image.
 IGNORED = ("EXPOSE", "HEALTHCHECK", "STOPSIGNAL", "ONBUILD", "MAINTAINER")
-KNOWN = ("FROM", "RUN", "COPY", "ADD", "ENV", "ARG", "WORKDIR", "LABEL", "ENTRYPOINT", "CMD", "VOLUME", "USER",
-         "SHELL", "KIT", *IGNORED)
+KNOWN = (
+    "FROM",
+    "RUN",
+    "COPY",
+    "ADD",
+    "ENV",
+    "ARG",
+    "WORKDIR",
+    "LABEL",
+    "ENTRYPOINT",
+    "CMD",
+    "VOLUME",
+    "USER",
+    "SHELL",
+    "KIT",
+    *IGNORED,
+)
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -68,9 +83,13 @@ def parse(text: str, label: str) -> list[Instruction]:
         keyword, _, rest = joined.partition(" ")
         keyword = keyword.upper()
         if keyword not in KNOWN:
-            raise error(label, start, f"unknown instruction {keyword}",
-                         hint="kit builds from FROM, RUN, COPY, ADD, ENV, ARG, WORKDIR, LABEL, ENTRYPOINT, CMD, "
-                              "VOLUME, USER, SHELL and its own KIT")
+            raise error(
+                label,
+                start,
+                f"unknown instruction {keyword}",
+                hint="kit builds from FROM, RUN, COPY, ADD, ENV, ARG, WORKDIR, LABEL, ENTRYPOINT, CMD, "
+                "VOLUME, USER, SHELL and its own KIT",
+            )
         heredocs = []
         for m in re.finditer(r"<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2", rest):
             strip, delimiter = m.group(1) == "-", m.group(3)
@@ -91,7 +110,7 @@ def substitute(text: str, env: dict[str, str], label: str, line: int) -> str:
     out, i = [], 0
     while i < len(text):
         c = text[i]
-        if c == "\\" and text[i + 1:i + 2] == "$":
+        if c == "\\" and text[i + 1 : i + 2] == "$":
             out.append("$")
             i += 2
             continue
@@ -106,9 +125,13 @@ def substitute(text: str, env: dict[str, str], label: str, line: int) -> str:
             continue
         m = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:(:[-+])([^}]*))?\}").match(text, i + 1)
         if not m:
-            if text[i + 1:i + 2] == "{":
-                raise error(label, line, f"unsupported substitution {text[i:i + 20]}...",
-                             hint="use ${VAR}, ${VAR:-default} or ${VAR:+alternative}")
+            if text[i + 1 : i + 2] == "{":
+                raise error(
+                    label,
+                    line,
+                    f"unsupported substitution {text[i : i + 20]}...",
+                    hint="use ${VAR}, ${VAR:-default} or ${VAR:+alternative}",
+                )
             out.append(c)
             i += 1
             continue
@@ -147,8 +170,12 @@ def flags(text: str, allowed: tuple[str, ...], label: str, line: int) -> tuple[d
         word, _, text = text.partition(" ")
         key, sep, value = word[2:].partition("=")
         if key not in allowed:
-            raise error(label, line, f"unsupported flag --{key}",
-                        hint=("accepted here: " + ", ".join(f"--{a}" for a in allowed)) if allowed else None)
+            raise error(
+                label,
+                line,
+                f"unsupported flag --{key}",
+                hint=("accepted here: " + ", ".join(f"--{a}" for a in allowed)) if allowed else None,
+            )
         if not sep:
             raise error(label, line, f"--{key} needs a value (--{key}=VALUE)")
         given[key] = value

@@ -34,9 +34,9 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from kit.image import unpack
-from kit.home import kit_home
 from kit.errors import KitError
+from kit.home import kit_home
+from kit.image import unpack
 from kit.runner import run
 
 

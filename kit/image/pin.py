@@ -16,6 +16,7 @@ from kit import files
 from kit.errors import KitError
 from kit.home import kit_home
 
+
 def pins() -> Path:
     return kit_home() / "images"
 
@@ -33,9 +34,12 @@ def pin(image: Path, label: str = "--image", copy: bool = True) -> tuple[Path, s
             if image.parent == directory and image.name.startswith("sha256-"):  # a rerun's pinned copy
                 digest = image.name.removeprefix("sha256-").removesuffix(".sqsh")
                 if not files.verify(here / image.name, digest, memo, key=image.name):
-                    raise KitError(f"the pinned image {image} does not hold what its name says (changed or "
-                                   "replaced)", field=label, exit_code=1,
-                                   hint="give the image file again: --edit image=PATH")
+                    raise KitError(
+                        f"the pinned image {image} does not hold what its name says (changed or replaced)",
+                        field=label,
+                        exit_code=1,
+                        hint="give the image file again: --edit image=PATH",
+                    )
                 memo.save()
                 return image, "sha256:" + digest
             with files.open_regular(image, follow=True) as (fd, st):
@@ -53,8 +57,11 @@ def pin(image: Path, label: str = "--image", copy: bool = True) -> tuple[Path, s
                     memo.put(f"sha256-{digest}.sqsh", written, digest, written=True)
             memo.save()
     except files.NotOwned:
-        raise KitError(f"{directory} is not a directory of this user's own", field=label,
-                       hint="set KIT_HOME to a directory of your own") from None
+        raise KitError(
+            f"{directory} is not a directory of this user's own",
+            field=label,
+            hint="set KIT_HOME to a directory of your own",
+        ) from None
     if not copy:
         return image, "sha256:" + digest
     return directory / f"sha256-{digest}.sqsh", "sha256:" + digest
@@ -64,9 +71,16 @@ def _copy(fd: int, directory: Path, memo: files.StatMemo) -> str:
     """Copy the open file into ``directory`` under its digest (kept once, a damaged copy
     replaced); the digest."""
     try:
-        return files.keep_by_content(fd, directory, lambda digest: f"sha256-{digest}.sqsh",
-                                     keep=lambda path, d: files.verify(path, d, memo, key=path.name))
+        return files.keep_by_content(
+            fd,
+            directory,
+            lambda digest: f"sha256-{digest}.sqsh",
+            keep=lambda path, d: files.verify(path, d, memo, key=path.name),
+        )
     except OSError as e:
-        raise KitError(f"cannot keep a copy of the image in {pins()}: {e.strerror}", field="--image", exit_code=1,
-                       hint="free space there (kit pins --image by content so a rebuild cannot change a "
-                            "pending job)") from None
+        raise KitError(
+            f"cannot keep a copy of the image in {pins()}: {e.strerror}",
+            field="--image",
+            exit_code=1,
+            hint="free space there (kit pins --image by content so a rebuild cannot change a pending job)",
+        ) from None

@@ -86,25 +86,33 @@ class Recipe:
 
     def as_dict(self) -> dict:
         """What the build digest covers (paths made relative to the recipe)."""
-        return {"base": [self.base.kind, self.base.value], "steps": [list(s) for s in self.steps],
-                "entrypoint": self.entrypoint, "cmd": self.cmd, "labels": self.labels,
-                "volumes": self.volumes, "stages": {k: v.as_dict() for k, v in sorted(self.stages.items())}}
+        return {
+            "base": [self.base.kind, self.base.value],
+            "steps": [list(s) for s in self.steps],
+            "entrypoint": self.entrypoint,
+            "cmd": self.cmd,
+            "labels": self.labels,
+            "volumes": self.volumes,
+            "stages": {k: v.as_dict() for k, v in sorted(self.stages.items())},
+        }
 
 
 def parse_base(text: str, where: Path, label: str) -> Base:
     """``KIND=VALUE`` (from --base) or a table entry."""
     kind, sep, value = text.partition("=")
     if not sep or kind not in BASE_KINDS or not value:
-        raise KitError(f"expected KIND=PATH, got {text!r}", field=label,
-                       hint="KIND is one of " + ", ".join(BASE_KINDS))
+        raise KitError(f"expected KIND=PATH, got {text!r}", field=label, hint="KIND is one of " + ", ".join(BASE_KINDS))
     return _base(kind, value, where, label)
 
 
 def _base(kind: str, value: str, where: Path, label: str) -> Base:
     if kind == "image":
         if not REGISTRY_REF.match(value):
-            raise KitError(f"not an image reference: {value!r}", field=label,
-                           hint="write docker://[USER@][REGISTRY#]IMAGE[:TAG], e.g. docker://nvcr.io#nvidia/pytorch:24.08-py3")
+            raise KitError(
+                f"not an image reference: {value!r}",
+                field=label,
+                hint="write docker://[USER@][REGISTRY#]IMAGE[:TAG], e.g. docker://nvcr.io#nvidia/pytorch:24.08-py3",
+            )
         return Base(kind, value)
     path = (where / value).resolve() if not Path(value).is_absolute() else Path(value)
     return Base(kind, str(path))
@@ -129,8 +137,9 @@ def load(path: str | Path, base_override: str | None = None) -> Recipe:
     try:
         data = files.read_toml(p, SOURCE_LIMIT)
     except FileNotFoundError:
-        raise KitError(f"no such recipe: {path}", field="RECIPE",
-                       hint="give a recipe file, e.g. containers/cpu-lightning.toml") from None
+        raise KitError(
+            f"no such recipe: {path}", field="RECIPE", hint="give a recipe file, e.g. containers/cpu-lightning.toml"
+        ) from None
     except OSError as e:
         raise KitError(f"cannot read: {e.strerror}", field=label) from None
     except ValueError as e:
@@ -146,17 +155,22 @@ def load(path: str | Path, base_override: str | None = None) -> Recipe:
         base = parse_base(base_override, Path.cwd(), "--base")
     else:
         table = data.get("base")
-        for key in (table if isinstance(table, dict) else {}):
+        for key in table if isinstance(table, dict) else {}:
             if key not in BASE_KINDS:
-                raise KitError(f"unknown key {key!r} in [base]", field=f"{label}: base",
-                               hint="one of " + ", ".join(BASE_KINDS))
+                raise KitError(
+                    f"unknown key {key!r} in [base]", field=f"{label}: base", hint="one of " + ", ".join(BASE_KINDS)
+                )
         if not isinstance(table, dict) or len(table) != 1:
-            raise KitError("[base] needs exactly one of: " + ", ".join(BASE_KINDS), field=f"{label}: base",
-                           hint='e.g. a [base] table with the line rootfs = "bases/debian-bookworm"')
-        (kind, value), = table.items()
+            raise KitError(
+                "[base] needs exactly one of: " + ", ".join(BASE_KINDS),
+                field=f"{label}: base",
+                hint='e.g. a [base] table with the line rootfs = "bases/debian-bookworm"',
+            )
+        ((kind, value),) = table.items()
         if kind not in BASE_KINDS:
-            raise KitError(f"unknown base kind {kind!r}", field=f"{label}: base",
-                           hint="one of " + ", ".join(BASE_KINDS))
+            raise KitError(
+                f"unknown base kind {kind!r}", field=f"{label}: base", hint="one of " + ", ".join(BASE_KINDS)
+            )
         if not isinstance(value, str):
             raise KitError(f"{kind} must be a string", field=f"{label}: base")
         base = _base(kind, value, where, f"{label}: base")
@@ -169,7 +183,7 @@ def load(path: str | Path, base_override: str | None = None) -> Recipe:
         slabel = f"{label}: steps[{i}]"
         if not isinstance(step, dict) or len(step) != 1:
             raise KitError("a step has exactly one of: " + ", ".join(STEP_KINDS), field=slabel)
-        (kind, value), = step.items()
+        ((kind, value),) = step.items()
         if kind not in STEP_KINDS:
             raise KitError(f"unknown step {kind!r}", field=slabel, hint="one of " + ", ".join(STEP_KINDS))
         steps.append((kind, _check_step(kind, value, where, slabel)))
@@ -185,15 +199,25 @@ def load(path: str | Path, base_override: str | None = None) -> Recipe:
     labels = data.get("labels", {})
     if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
         raise KitError("labels must be a table of strings", field=f"{label}: labels")
-    return Recipe(path=p.resolve(), label=label, base=base, steps=steps, description=str(data.get("description", "")),
-                  entrypoint=str_list("entrypoint"), cmd=str_list("cmd"), labels=labels,
-                  volumes=str_list("volumes") or [])
+    return Recipe(
+        path=p.resolve(),
+        label=label,
+        base=base,
+        steps=steps,
+        description=str(data.get("description", "")),
+        entrypoint=str_list("entrypoint"),
+        cmd=str_list("cmd"),
+        labels=labels,
+        volumes=str_list("volumes") or [],
+    )
 
 
 # A requirement as PEP 508 writes one, without a URL: NAME[extras] specifiers ; marker
-REQUIREMENT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?(?:\[[A-Za-z0-9._,\s-]*\])?"
-                         r"\s*(?:\(?\s*(?:(?:===|==|!=|~=|<=|>=|<|>)\s*[A-Za-z0-9.*+!_-]+\s*,?\s*)+\)?)?"
-                         r"\s*(?:;[^@]*)?")
+REQUIREMENT = re.compile(
+    r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?(?:\[[A-Za-z0-9._,\s-]*\])?"
+    r"\s*(?:\(?\s*(?:(?:===|==|!=|~=|<=|>=|<|>)\s*[A-Za-z0-9.*+!_-]+\s*,?\s*)+\)?)?"
+    r"\s*(?:;[^@]*)?"
+)
 
 
 def pip_requirements(values: list[str], context: Path, label: str) -> list[str]:
@@ -205,10 +229,13 @@ def pip_requirements(values: list[str], context: Path, label: str) -> list[str]:
         if value.endswith(".whl") and not value.startswith("-"):
             out.append(str(context_path(context, value, label)))
         elif value.startswith("-") or not REQUIREMENT.fullmatch(value.strip()):
-            raise KitError(f"not a requirement: {value!r}", field=label,
-                           hint="a pip step takes requirements (NAME, NAME==VERSION, NAME>=VERSION) and wheel "
-                                "files in the build context; no pip options, URLs or source trees (pip would "
-                                "run their code on this host: use a RUN step with the image's own pip)")
+            raise KitError(
+                f"not a requirement: {value!r}",
+                field=label,
+                hint="a pip step takes requirements (NAME, NAME==VERSION, NAME>=VERSION) and wheel "
+                "files in the build context; no pip options, URLs or source trees (pip would "
+                "run their code on this host: use a RUN step with the image's own pip)",
+            )
         else:
             out.append(value.strip())
     return out
@@ -220,12 +247,18 @@ def context_path(context: Path, src: str, label: str) -> Path:
     real = context.resolve()
     path = (real / src).resolve()
     if os.path.isabs(src):
-        raise KitError(f"copy source {src!r} is an absolute path", field=label,
-                       hint=f"write it relative to the build context {real}")
+        raise KitError(
+            f"copy source {src!r} is an absolute path",
+            field=label,
+            hint=f"write it relative to the build context {real}",
+        )
     if path != real and real not in path.parents:
-        raise KitError(f"copy source {src!r} is outside the build context {real}", field=label,
-                       hint="copy sources are relative paths inside the recipe's directory; "
-                            "put the file there (a symlink to elsewhere does not count)")
+        raise KitError(
+            f"copy source {src!r} is outside the build context {real}",
+            field=label,
+            hint="copy sources are relative paths inside the recipe's directory; "
+            "put the file there (a symlink to elsewhere does not count)",
+        )
     return path
 
 

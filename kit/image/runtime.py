@@ -11,9 +11,9 @@ import os
 import shutil
 from pathlib import Path
 
-from kit.version import __version__
 from kit.core import bash
 from kit.image import rootpath
+from kit.version import __version__
 
 IMAGE_PREFIX = "/opt/kit"
 PTH_NAME = "kit-runtime.pth"

@@ -1,7 +1,7 @@
 """A recipe's steps, one small class per kind: how a step changes the image's root
 (``apply``), how the build's progress names it (``describe``) and what its cache key holds
 beyond the step's own words (``cache_key``: the content it copies). Every step that runs
-code runs it inside the image, isolated (:func:`isolate_argv`)."""
+code runs it inside the image, isolated (:func:`kit.image.isolate.isolate_argv`)."""
 
 from __future__ import annotations
 
@@ -19,61 +19,17 @@ from typing import Callable
 from kit import files
 from kit.errors import KitError
 from kit.image import fingerprint, rootpath, runtime, unpack
+from kit.image.isolate import run_in_root
 from kit.runner import preexec, tail
 
 
-# Docker's default capabilities for build steps, less MKNOD (a RUN step must not make a
-# node for the host's disk): enough for apt, chown and setuid-to-a-user, nothing that mounts,
-# loads modules, traces host processes or changes the host's clock or network.
-STEP_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_SETGID", "CAP_SETUID",
-             "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_SYS_CHROOT", "CAP_KILL",
-             "CAP_AUDIT_WRITE")
-
-
-def isolate_argv(root: Path, env: dict[str, str], workdir: str = "/") -> list[str]:
-    """bubblewrap's words that run a command inside ``root`` as a build step: its own PID,
-    mount, IPC and UTS namespaces (``pivot_root`` into the image: no host path and no host
-    process is reachable), a fresh ``/proc``, a minimal ``/dev``, ``/sys`` read-only, a
-    private ``/tmp``, the host's network and DNS, only ``env``, Docker's default capabilities
-    less MKNOD with no-new-privileges, and killed with kit (``--die-with-parent``)."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        raise KitError("bwrap not found: build steps run in bubblewrap's isolation",
-                       hint="install bubblewrap (apt-get install -y bubblewrap)", exit_code=1)
-    argv = [bwrap, "--bind", str(root), "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL"]
-    for cap in STEP_CAPS:
-        argv += ["--cap-add", cap]
-    if Path("/sys").is_dir():
-        argv += ["--ro-bind", "/sys", "/sys"]
-    if Path("/etc/resolv.conf").exists():
-        # The file must exist in the image to be bound over (an empty one is left, as before).
-        rootpath.directory(root, "/etc")
-        target = rootpath.inside(root, "/etc/resolv.conf")
-        if not target.exists() and not target.is_symlink():
-            target.touch()
-        if target.is_file() and not target.is_symlink():
-            argv += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
-    argv.append("--clearenv")
-    for k, v in env.items():
-        argv += ["--setenv", k, v]
-    return [*argv, "--chdir", workdir, "--"]
-
-
-def run_in_root(root: Path, argv: list[str], env: dict[str, str], label: str) -> subprocess.CompletedProcess:
-    """Run ``argv`` inside ``root`` with only ``env``, isolated (:func:`isolate_argv`)."""
-    try:
-        full = [*isolate_argv(root, env), *argv]
-    except KitError as e:
-        raise KitError(e.message, field=label, hint=e.hint, exit_code=e.exit_code) from None
-    return subprocess.run(full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, errors="replace", preexec_fn=preexec())
-
-
 def image_env(config: unpack.ImageConfig) -> dict[str, str]:
-    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
-           "SOURCE_DATE_EPOCH": "0", "LANG": "C.UTF-8"}
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": "/root",
+        "SOURCE_DATE_EPOCH": "0",
+        "LANG": "C.UTF-8",
+    }
     for item in config.env:
         k, _, v = item.partition("=")
         env[k] = v
@@ -103,13 +59,19 @@ def _step_copy(root: Path, value, label: str) -> None:
 
 def _image_python(root: Path, config, label: str) -> tuple[str, str, str]:
     """(major.minor, site-packages dir, interpreter path) of the image's python3."""
-    probe = ("import site, sys; print('%d.%d' % sys.version_info[:2]); "
-             "print(([p for p in site.getsitepackages() if p.startswith('/usr/local')] or site.getsitepackages())[0]); "
-             "print(sys.executable)")
+    probe = (
+        "import site, sys; print('%d.%d' % sys.version_info[:2]); "
+        "print(([p for p in site.getsitepackages() if p.startswith('/usr/local')] or site.getsitepackages())[0]); "
+        "print(sys.executable)"
+    )
     proc = run_in_root(root, ["python3", "-c", probe], image_env(config), label)
     if proc.returncode != 0:
-        raise KitError("the image has no working python3", field=label, detail=tail(proc.stdout),
-                       hint="add Python to the base (e.g. debootstrap --include=python3-minimal)")
+        raise KitError(
+            "the image has no working python3",
+            field=label,
+            detail=tail(proc.stdout),
+            hint="add Python to the base (e.g. debootstrap --include=python3-minimal)",
+        )
     version, site_dir, python = proc.stdout.split()[-3:]
     return version, site_dir, python
 
@@ -141,15 +103,25 @@ def _place_scripts(root: Path, target: Path, python: str) -> None:
 
 # Where a long step says what it does (the builder's progress, for the step it runs).
 SAY: contextvars.ContextVar[Callable[[str], None]] = contextvars.ContextVar("say", default=lambda message: None)
-_PIP_SAYS = re.compile(r"(Collecting|Processing|Downloading|Installing collected packages:|Successfully installed) ?(.*)")
+_PIP_SAYS = re.compile(
+    r"(Collecting|Processing|Downloading|Installing collected packages:|Successfully installed) ?(.*)"
+)
 
 
 def _narrated(argv: list[str], env: dict) -> tuple[int, str]:
     """pip's exit code and output, each package it collects, downloads and installs said as it goes (a
     torch install is minutes of silence otherwise)."""
     lines = []
-    with subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, errors="replace", preexec_fn=preexec()) as proc:
+    with subprocess.Popen(
+        argv,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        preexec_fn=preexec(),
+    ) as proc:
         for line in proc.stdout:
             lines.append(line)
             m = _PIP_SAYS.match(line.strip())
@@ -163,9 +135,12 @@ def _step_pip(root: Path, packages: list[str], config, label: str) -> None:
     version, site_dir, python = _image_python(root, config, label)
     host = "%d.%d" % sys.version_info[:2]
     if version != host:
-        raise KitError(f"the image's Python is {version}, this host's is {host}", field=label,
-                       hint="a pip step installs with the host's pip, which needs the same minor version; "
-                            "use a run step with the image's own pip instead")
+        raise KitError(
+            f"the image's Python is {version}, this host's is {host}",
+            field=label,
+            hint="a pip step installs with the host's pip, which needs the same minor version; "
+            "use a run step with the image's own pip instead",
+        )
     target = rootpath.directory(root, site_dir)
     before = set(os.listdir(target))
     # SOURCE_DATE_EPOCH: checked-hash .pyc files, the same on every build.
@@ -173,14 +148,32 @@ def _step_pip(root: Path, packages: list[str], config, label: str) -> None:
     # Binary wheels only: installing a wheel unpacks it, so no package's code (a setup.py, a
     # build backend) runs on this host as root. The requirements were checked when the
     # recipe was read (kit.image.recipe.pip_requirements): no pip options, URLs or sources.
-    argv = [sys.executable, "-m", "pip", "install", "--progress-bar", "off", "--disable-pip-version-check",
-            "--no-warn-script-location", "--no-compile", "--only-binary", ":all:", "--target", str(target),
-            "--", *packages]
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--progress-bar",
+        "off",
+        "--disable-pip-version-check",
+        "--no-warn-script-location",
+        "--no-compile",
+        "--only-binary",
+        ":all:",
+        "--target",
+        str(target),
+        "--",
+        *packages,
+    ]
     returncode, output = _narrated(argv, env)
     if returncode != 0:
-        raise KitError(f"pip install failed (exit {returncode})", field=label, detail=tail(output),
-                       hint="a pip step installs binary wheels only (no package code runs on the building "
-                            "host); for a package with no wheel, use a RUN step with the image's own pip")
+        raise KitError(
+            f"pip install failed (exit {returncode})",
+            field=label,
+            detail=tail(output),
+            hint="a pip step installs binary wheels only (no package code runs on the building "
+            "host); for a package with no wheel, use a RUN step with the image's own pip",
+        )
     _place_scripts(root, target, python)
     # pip compiles one file at a time (most of its time for torch); compileall uses every
     # core, and only on what this step added (pip --target leaves existing entries alone).
@@ -189,9 +182,14 @@ def _step_pip(root: Path, packages: list[str], config, label: str) -> None:
     added = [str(target / name) for name in sorted(set(os.listdir(target)) - before)]
     if added:
         SAY.get()(f"compiling what pip added ({len(added)} entries) with every core")
-        subprocess.run([sys.executable, "-m", "compileall", "-qq", "-j", "0", "-s", str(root), "-p", "/", *added],
-                       env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       preexec_fn=preexec())
+        subprocess.run(
+            [sys.executable, "-m", "compileall", "-qq", "-j", "0", "-s", str(root), "-p", "/", *added],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=preexec(),
+        )
 
 
 def _step_kit(root: Path, config, label: str) -> None:
@@ -288,8 +286,9 @@ class Run(Step):
         proc = run_in_root(root, argv, env, label)
         if proc.returncode != 0:
             shown = value if isinstance(value, str) else " ".join(value)
-            raise KitError(f"step failed (exit {proc.returncode}): {shown}", field=label,
-                           detail=tail(proc.stdout) or "(no output)")
+            raise KitError(
+                f"step failed (exit {proc.returncode}): {shown}", field=label, detail=tail(proc.stdout) or "(no output)"
+            )
 
 
 class Pip(Step):
@@ -312,5 +311,12 @@ class Kit(Step):
         return runtime_hash()
 
 
-STEPS: dict[str, type[Step]] = {"copy": Copy, "add": Add, "env": Env, "workdir": Workdir, "run": Run, "pip": Pip,
-                                "kit": Kit}
+STEPS: dict[str, type[Step]] = {
+    "copy": Copy,
+    "add": Add,
+    "env": Env,
+    "workdir": Workdir,
+    "run": Run,
+    "pip": Pip,
+    "kit": Kit,
+}

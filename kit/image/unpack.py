@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from kit.image import rootpath
 from kit.errors import KitError
+from kit.image import rootpath
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -41,13 +41,20 @@ class ImageConfig:
     @classmethod
     def from_oci(cls, doc: dict) -> "ImageConfig":
         c = doc.get("config") or doc.get("Config") or {}
-        return cls(env=list(c.get("Env") or []), workdir=c.get("WorkingDir") or "",
-                   entrypoint=list(c.get("Entrypoint") or []), cmd=list(c.get("Cmd") or []),
-                   volumes=sorted((c.get("Volumes") or {}).keys()), labels=dict(c.get("Labels") or {}))
+        return cls(
+            env=list(c.get("Env") or []),
+            workdir=c.get("WorkingDir") or "",
+            entrypoint=list(c.get("Entrypoint") or []),
+            cmd=list(c.get("Cmd") or []),
+            volumes=sorted((c.get("Volumes") or {}).keys()),
+            labels=dict(c.get("Labels") or {}),
+        )
 
 
 def _bad(source: str, message: str) -> KitError:
-    return KitError(message, field=source, hint="the base image is malformed or unsafe; nothing was written outside the build root")
+    return KitError(
+        message, field=source, hint="the base image is malformed or unsafe; nothing was written outside the build root"
+    )
 
 
 def _member_path(root: Path, name: str, source: str, drop_dev: bool = True) -> Path | None:
@@ -92,7 +99,7 @@ def apply_layer(root: Path, tar: tarfile.TarFile, source: str, *, layer: bool = 
                 for child in d.iterdir():
                     rootpath.clear(child)
         else:
-            victim = target.parent / base[len(WHITEOUT):]
+            victim = target.parent / base[len(WHITEOUT) :]
             if victim.exists() or victim.is_symlink():
                 rootpath.clear(victim)
     # Pass 2: everything else, each member written at its resolved place.
@@ -116,8 +123,13 @@ def apply_layer(root: Path, tar: tarfile.TarFile, source: str, *, layer: bool = 
             if link is not None:
                 os.link(link, target)
             else:
-                tar.extract(m.replace(name=target.relative_to(root).as_posix(), deep=False), root,
-                            set_attrs=True, numeric_owner=True, filter="fully_trusted")
+                tar.extract(
+                    m.replace(name=target.relative_to(root).as_posix(), deep=False),
+                    root,
+                    set_attrs=True,
+                    numeric_owner=True,
+                    filter="fully_trusted",
+                )
         except (tarfile.TarError, OSError, EOFError) as e:
             raise _bad(source, f"cannot extract {m.name!r}: {e}") from None
 
@@ -199,6 +211,7 @@ def unpack_docker_archive(root: Path, path: Path, progress=lambda msg: None) -> 
     except (tarfile.TarError, OSError, EOFError, zlib.error):
         raise _bad(src, "not a tar archive, or a corrupt one") from None
     with outer:
+
         def member(name: str) -> IO[bytes]:
             try:
                 f = outer.extractfile(name)
@@ -207,6 +220,7 @@ def unpack_docker_archive(root: Path, path: Path, progress=lambda msg: None) -> 
             if f is None:
                 raise _bad(src, f"missing {name} in the archive")
             return f
+
         try:
             manifest = json.load(member("manifest.json"))[0]
             config = ImageConfig.from_oci(json.load(member(manifest["Config"])))

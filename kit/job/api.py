@@ -19,23 +19,22 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import os
 import shutil
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterable
 
-from kit import files, jobdir, slurm, targets
-from kit.job import logs as joblogs
-from kit.job import listing
-from kit.code import snapshot as snapshots
+from kit import files, jobdir, remote, slurm, targets
 from kit import submission as lib
-from kit.core import jobfile, keywords, options
+from kit.code import snapshot as snapshots
+from kit.core import keywords, options
 from kit.core import spec as specs
 from kit.core.outcome import Outcome
 from kit.errors import KitError
+from kit.job import listing, respec
+from kit.job import logs as joblogs
+from kit.job.cancel import cancel
 from kit.jobdir import JobDir, records
-from kit import remote
 from kit.remote import hosted
 
 __all__ = ["Job", "Outcome", "cancel", "jobs", "launch", "launch_with", "python_names", "rerun", "submit_spec"]
@@ -63,17 +62,26 @@ def launch_with(command, kwargs: dict, before_submit=None) -> Job:
     """:func:`launch` with its keywords as a dict, and ``before_submit`` (see :func:`submit_spec`)."""
     request = keywords.request(command, kwargs)
     spec, origins = request.spec()
-    plan, prepared = submit_spec(spec, origins, where=request.where, dry_run=request.dry_run,
-                                 before_submit=before_submit)
+    plan, prepared = submit_spec(
+        spec, origins, where=request.where, dry_run=request.dry_run, before_submit=before_submit
+    )
     job = Job(prepared.job_dir, job_id=prepared.job_id, target=plan.target, messages=plan.messages)
     if request.wait and not request.dry_run:
         job.wait()
     return job
 
 
-def submit_spec(spec: specs.JobSpec, origins: specs.Origins, *, where: str | None = None, dry_run: bool = False,
-                say=lambda message: None, before_submit=None, cwd: Path | None = None,
-                rerun: lib.Rerun | None = None) -> tuple[lib.Plan, lib.PreparedJob]:
+def submit_spec(
+    spec: specs.JobSpec,
+    origins: specs.Origins,
+    *,
+    where: str | None = None,
+    dry_run: bool = False,
+    say=lambda message: None,
+    before_submit=None,
+    cwd: Path | None = None,
+    rerun: lib.Rerun | None = None,
+) -> tuple[lib.Plan, lib.PreparedJob]:
     """The launch itself, for `kit launch` and :func:`launch` alike: the target chosen, the
     job planned (resolved and checked once; ``cwd``: where the command starts, ``rerun``:
     what a rerun keeps), ``say`` told its warnings and notes, the job directory written,
@@ -99,39 +107,20 @@ def rerun(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = (), *, wa
     the same output directory, submitted to the same Slurm; ``edits`` change fields first
     (``{"nodes": 4}``, or ``["nodes=4", "time=\"1:00:00\""]`` as TOML values, as a job file
     writes them). The new job records which job it reruns (``rerun_of.json``)."""
-    source = Path(job_dir)
-    jobdir.own(source)  # its spec decides what runs: only from a directory of the caller's own
-    array = source.parent.parent if source.parent.name == JobDir.TASKS and source.name.isdigit() else None
-    if array is not None and not os.path.lexists(source / JobDir.FUNCTION):
-        raise KitError(f"{source} is one task of an array job: its task id and parameters come from the array",
-                       field="JOB", hint=f"rerun the whole array: kit rerun {array}")
-    spec_file = (array or source) / JobDir.SPEC
-    try:
-        recorded = files.read_json(jobdir.own(spec_file), 1 << 22)
-    except (OSError, ValueError) as e:
-        raise KitError(f"cannot read {spec_file}: {e}", field="JOB") from None
-    if not isinstance(recorded, dict):
-        raise KitError(f"{spec_file}: not a job spec", field="JOB")
-    if array is not None:  # a kit.map task: its call again, as a job of its own
-        recorded = {k: v for k, v in recorded.items() if k not in ("array", "sweep")}
-    spec, origins = specs.JobSpec(), specs.Origins()
-    for name, value in recorded.items():
-        if name in specs.FIELD_NAMES:
-            setattr(spec, name, jobfile.coerce_value(name, value, f"{spec_file}: {name}"))
-    edited = set()
-    for name, value in (edits.items() if isinstance(edits, dict) else (_edit(item) for item in edits)):
-        field = name.replace("-", "_")
-        edited.add(field)
-        if field not in specs.FIELD_NAMES:
-            raise KitError(f"unknown field {name!r}", field="--edit",
-                           hint="the fields are the job file's keys: " + ", ".join(specs.FIELD_NAMES))
-        setattr(spec, field, jobfile.coerce_value(field, value, f"--edit {name}"))
-        origins[field] = f"--edit {name}"
+    source, recorded, spec, origins, edited = respec.recorded(job_dir, edits)
     if "sbatch_args" not in edited:  # a hold was for that submission: the rerun runs
         spec.sbatch_args = [a for a in spec.sbatch_args if a not in ("--hold", "-H")]
     # The rerun is a new job, so a new tracker run: the record names the one it reruns.
-    record = json.dumps({"job_dir": str(source.resolve()), "job_id": records.job_id_of(source),
-                         "tracker_run_id": JobDir(source).tracker_run_id}) + "\n"
+    record = (
+        json.dumps(
+            {
+                "job_dir": str(source.resolve()),
+                "job_id": records.job_id_of(source),
+                "tracker_run_id": JobDir(source).tracker_run_id,
+            }
+        )
+        + "\n"
+    )
     # The same code (the snapshot, started at the same place) unless an edit turned it off.
     snapshot = recorded.get("snapshot") if not edited & {"code", "code_snapshot"} else None
     workdir, image_source = recorded.get("workdir"), recorded.get("image_source")
@@ -142,42 +131,35 @@ def rerun(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = (), *, wa
             files.write_atomic(prepared.job_dir / rel, data, 0o600)
         files.write_atomic(prepared.job_dir / JobDir.RERUN_OF, record)
 
-    _, prepared = submit_spec(spec, origins, where=targets.target_of(source).name,
-                              cwd=Path(workdir) if isinstance(workdir, str) and workdir.startswith("/") else None,
-                              rerun=lib.Rerun(snapshots.load(snapshot) if isinstance(snapshot, dict) else None,
-                                              image_source if isinstance(image_source, str) else None),
-                              before_submit=before_submit)
+    _, prepared = submit_spec(
+        spec,
+        origins,
+        where=targets.target_of(source).name,
+        cwd=Path(workdir) if isinstance(workdir, str) and workdir.startswith("/") else None,
+        rerun=lib.Rerun(
+            snapshots.load(snapshot) if isinstance(snapshot, dict) else None,
+            image_source if isinstance(image_source, str) else None,
+        ),
+        before_submit=before_submit,
+    )
     job = Job(prepared.job_dir, job_id=prepared.job_id)
     if wait:
         job.wait()
     return job
 
 
-def _edit(item: str) -> tuple[str, Any]:
-    """``KEY=VALUE``, the value read as TOML (``4``, ``true``, ``["a", "b"]``), else as a string."""
-    tomllib = files.tomllib  # Python 3.11's, or tomli before it
-
-    key, sep, value = item.partition("=")
-    if not sep or not key:
-        raise KitError(f"expected KEY=VALUE, got {item!r}", field="--edit", hint='e.g. --edit nodes=4 --edit time=60')
-    try:
-        return key, tomllib.loads(f"v = {value}")["v"]
-    except tomllib.TOMLDecodeError:
-        return key, value
-    except RecursionError:
-        raise KitError(f"{key}: the value is nested too deep", field="--edit",
-                       hint='give a plain value, e.g. --edit nodes=4 or --edit \'command=["python", "t.py"]\'') from None
-
-
-def jobs(*, output_dirs: Iterable[str | Path] | None = None, everything: bool = False,
-         host: str | None = None) -> list[Job]:
+def jobs(
+    *, output_dirs: Iterable[str | Path] | None = None, everything: bool = False, host: str | None = None
+) -> list[Job]:
     """The jobs `kit ps` lists, newest first (an array job's tasks each as a Job); ``host``: on that login
     node (relative output directories under its home; by default ``~/kit-jobs``, where launches from here
     go)."""
     if host is not None:
         host = hosted.host_of(host)
-        return [Job(unit, host=host, job_id=row["id"], row=listing.JobRow.from_json(row))
-                for unit, row in hosted.jobs(host, output_dirs or ("kit-jobs",), everything)]
+        return [
+            Job(unit, host=host, job_id=row["id"], row=listing.JobRow.from_json(row))
+            for unit, row in hosted.jobs(host, output_dirs or ("kit-jobs",), everything)
+        ]
     output_dirs = (options.OUTPUT_DIR,) if output_dirs is None else output_dirs
     rows = listing.list_jobs([Path(d) for d in output_dirs], everything=everything)
     out = []
@@ -188,49 +170,16 @@ def jobs(*, output_dirs: Iterable[str | Path] | None = None, everything: bool = 
     return out
 
 
-def cancel(job_dir: Path, reason: str | None = None) -> dict:
-    """Cancel a job (every task of an array job), recording who and why in its directory
-    (``cancelled.json``) before Slurm is asked; the record. KitError when it already ended."""
-    job_id = records.job_id_of(job_dir)
-    if job_id is None:
-        raise KitError(f"{job_dir} was never submitted (no job_id in it)", field="JOB",
-                       hint="a --dry-run writes the directory only")
-    target = targets.target_of(job_dir)
-    _same_owner(target, job_dir, job_id)
-    now = joblogs.unit_states(target, job_dir, job_id)
-    end = joblogs.ended(now)
-    if end:
-        raise KitError(f"job {job_id} already ended ({end}): nothing to cancel", field="JOB", exit_code=1)
-    rec = records.record_cancel(job_dir, reason, tasks=None if now.keys() == {None} else
-                                [i for i, state in now.items() if not joblogs.final(state)])
-    slurm.cancel(target, job_id)
-    return rec
-
-
-def _same_owner(target: slurm.Target, job_dir: Path, job_id: str) -> None:
-    """A job directory of another user's names whatever id its owner wrote in it: acting on it (root's
-    ``kit cancel DIR``) is for that owner's job alone."""
-    owner = jobdir.owner(job_dir)
-    if owner == os.geteuid():
-        return
-    base = job_id.partition("_")[0]  # an array task's: the array's owner
-    user = slurm.statuses(target, [base]).get(base)
-    if user is None or user.user_id != owner:
-        theirs = "no job Slurm knows" if user is None or user.user_id is None else \
-            f"{jobdir.owner_name(user.user_id)}'s job"
-        raise KitError(f"{job_dir} is {jobdir.owner_name(owner)}'s, and job {job_id} is {theirs}: "
-                       "not acted on", field="JOB",
-                       hint="a job directory names whatever id its owner wrote there: give the job's own directory")
-
-
 def _or_there(method):
     """A :class:`Job` method that, for a job on a login node (``host``), is the function of its name in
     :mod:`kit.remote.hosted`: the same call made there."""
+
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         if self.host is None:
             return method(self, *args, **kwargs)
         return getattr(hosted, method.__name__)(self, *args, **kwargs)
+
     return call
 
 
@@ -239,10 +188,17 @@ class Job:
     that login node (``dir`` is its directory there): the same methods, each one call there
     (:mod:`kit.remote.hosted`)."""
 
-    def __init__(self, job_dir: str | Path, *, host: "str | remote.Host | None" = None, job_id: str | None = None,
-                 target: slurm.Target | None = None,
-                 messages: Iterable[str] = (), array_states: slurm.ArrayStates | None = None,
-                 row: listing.JobRow | None = None):
+    def __init__(
+        self,
+        job_dir: str | Path,
+        *,
+        host: "str | remote.Host | None" = None,
+        job_id: str | None = None,
+        target: slurm.Target | None = None,
+        messages: Iterable[str] = (),
+        array_states: slurm.ArrayStates | None = None,
+        row: listing.JobRow | None = None,
+    ):
         self.host = None if host is None else hosted.host_of(host)
         if self.host is not None and (target is not None or array_states is not None):
             raise KitError("a job on a login node has its Slurm there: no target= or array_states=", field="host")
@@ -294,15 +250,23 @@ class Job:
         return records.training_progress(self.dir)
 
     @_or_there
-    def wait(self, timeout: float | None = None, poll: float = 1.0, *, on_state=None, on_outage=None,
-             on_poll=None) -> Outcome:
+    def wait(
+        self, timeout: float | None = None, poll: float = 1.0, *, on_state=None, on_outage=None, on_poll=None
+    ) -> Outcome:
         """Block until the job ends (through requeues and controller outages); its outcome,
         as `kit launch --wait` tells it (which calls this, with ``on_state``/``on_outage``/``on_poll``
         to print as it goes). KitError when ``timeout`` seconds pass first."""
         states, index = self._array_states, self._submitted().rpartition("_")[2]
-        end = slurm.wait(self.target, self.id, poll=poll, timeout=timeout, on_state=on_state,
-                         on_outage=on_outage, on_poll=on_poll,
-                         status=(lambda: states.status(int(index), poll)) if states else None)
+        end = slurm.wait(
+            self.target,
+            self.id,
+            poll=poll,
+            timeout=timeout,
+            on_state=on_state,
+            on_outage=on_outage,
+            on_poll=on_poll,
+            status=(lambda: states.status(int(index), poll)) if states else None,
+        )
         return slurm.observe(end, self.dir)
 
     def __await__(self):
@@ -315,22 +279,45 @@ class Job:
         return cancel(self.dir, reason)
 
     @_or_there
-    def logs(self, rank: int | None = None, run: int | None = None, errors: bool = False, *,
-             node: str | None = None, sidecar: str | None = None) -> str:
+    def logs(
+        self,
+        rank: int | None = None,
+        run: int | None = None,
+        errors: bool = False,
+        *,
+        node: str | None = None,
+        sidecar: str | None = None,
+    ) -> str:
         """A run's rank logs (all ranks, each line prefixed ``R: ``, or one rank's; ``node``: that
         node's ranks; ``sidecar``: a sidecar's log); with ``errors``, per run the first rank that failed
         by itself and its last lines. `kit logs` prints the same, streamed (:meth:`feed_logs`)."""
         if errors:
             return "\n".join(self.errors([run] if run is not None else None))
         parts: list[bytes] = []
-        self.feed_logs(parts.append, rank=rank, run=run, node=node, sidecar=sidecar, batch_instead=False,
-                       prefixed=rank is None and node is None and sidecar is None or None)
+        self.feed_logs(
+            parts.append,
+            rank=rank,
+            run=run,
+            node=node,
+            sidecar=sidecar,
+            batch_instead=False,
+            prefixed=rank is None and node is None and sidecar is None or None,
+        )
         return b"".join(parts).decode(errors="replace")
 
     @_or_there
-    def feed_logs(self, write, *, rank: int | None = None, run: int | None = None, node: str | None = None,
-                  sidecar: str | None = None, prefixed: bool | None = None, batch_instead: bool = True,
-                  say=lambda note: None) -> None:
+    def feed_logs(
+        self,
+        write,
+        *,
+        rank: int | None = None,
+        run: int | None = None,
+        node: str | None = None,
+        sidecar: str | None = None,
+        prefixed: bool | None = None,
+        batch_instead: bool = True,
+        say=lambda note: None,
+    ) -> None:
         """The logs :meth:`logs` means, fed to ``write`` a chunk (bytes) at a time; ``say`` hears first
         what the reader should know (the batch log stands in for ranks that left none, with
         ``batch_instead``: see :func:`kit.job.logs.select`)."""
@@ -365,23 +352,36 @@ class Job:
 
     def result(self, timeout: float | None = None) -> Any:
         """A function job's results are :class:`kit.FunctionJob`'s (``kit.FunctionJob.from_dir(d)``)."""
-        raise KitError(f"{self.dir}: a kit.Job has no return value; open a function job (kit.submit, kit.map) as "
-                       "kit.FunctionJob", field="JOB", hint=f"kit.FunctionJob.from_dir({str(self.dir)!r}).result()")
+        raise KitError(
+            f"{self.dir}: a kit.Job has no return value; open a function job (kit.submit, kit.map) as kit.FunctionJob",
+            field="JOB",
+            hint=f"kit.FunctionJob.from_dir({str(self.dir)!r}).result()",
+        )
 
     results = result
 
     @_or_there
-    def summarize(self, prometheus: str | None = None, output: str | Path | None = None,
-                  min_seconds: float | None = None, notice=lambda e: None):
+    def summarize(
+        self,
+        prometheus: str | None = None,
+        output: str | Path | None = None,
+        min_seconds: float | None = None,
+        notice=lambda e: None,
+    ):
         """What `kit report` prints and writes: a single job's summary (``.lines()``), or an array
         job's table of tasks; the picture at ``output`` (default: the job directory's report.png),
         its numbers beside it (report.json); ``notice`` hears what could not be drawn."""
         from kit.cluster import LocalCluster
         from kit.report import MIN_SECONDS, report_job
 
-        return report_job(self.dir, self.id or self.dir.name, Path(output) if output else self.dir / JobDir.REPORT,
-                          prometheus or LocalCluster().prometheus_url(),
-                          MIN_SECONDS if min_seconds is None else min_seconds, notice)
+        return report_job(
+            self.dir,
+            self.id or self.dir.name,
+            Path(output) if output else self.dir / JobDir.REPORT,
+            prometheus or LocalCluster().prometheus_url(),
+            MIN_SECONDS if min_seconds is None else min_seconds,
+            notice,
+        )
 
     @_or_there
     def report(self, prometheus: str | None = None, **kwargs: Any) -> dict:

@@ -16,10 +16,10 @@ from typing import Any, Callable, Iterable
 
 from kit import files, jobdir, remote, slurm
 from kit import submission as lib
-from kit.job.api import Job, launch_with
 from kit.core.outcome import Outcome
 from kit.errors import KitError
 from kit.image import info, is_reference
+from kit.job.api import Job, launch_with
 from kit.jobdir import JobDir
 
 __all__ = ["FunctionJob", "RemoteError", "check_image_python", "map", "results", "submit"]
@@ -33,8 +33,13 @@ class RemoteError(KitError):
         self.rank, self.node = record.get("rank"), record.get("node")
         self.type, self.traceback = record.get("type"), str(record.get("traceback") or "")
         where = last_frames(self.traceback)
-        super().__init__(f"rank {self.rank} on {self.node} raised {self.type}: {record.get('message', '')}"
-                         + (f"\n{where}" if where else ""), field="fn", exit_code=1, detail=self.traceback.rstrip())
+        super().__init__(
+            f"rank {self.rank} on {self.node} raised {self.type}: {record.get('message', '')}"
+            + (f"\n{where}" if where else ""),
+            field="fn",
+            exit_code=1,
+            detail=self.traceback.rstrip(),
+        )
 
 
 class FunctionJob(Job):
@@ -88,9 +93,12 @@ def submit(fn: Callable, *args: Any, host: str | None = None, **kwargs: Any) -> 
     try:
         payload = _dumps(fn, (fn, args, {}))
     except Exception as e:  # what cloudpickle raises for an unpicklable call varies
-        raise KitError(f"cannot pickle {getattr(fn, '__name__', fn)!r} and its arguments: {e}", field="fn",
-                       hint="a function job's call travels pickled: pass plain data, open files and connections "
-                            "inside the function") from None
+        raise KitError(
+            f"cannot pickle {getattr(fn, '__name__', fn)!r} and its arguments: {e}",
+            field="fn",
+            hint="a function job's call travels pickled: pass plain data, open files and connections "
+            "inside the function",
+        ) from None
     if host is not None:
         return _submitted_there(remote.Host.of(host), [payload], kwargs, array=False)[0]
     return submit_payload(payload, kwargs)
@@ -107,22 +115,25 @@ def submit_payload(payload: bytes, kwargs: dict) -> FunctionJob:
     return FunctionJob(job.dir, job_id=job.id, messages=job.messages)
 
 
-def map(fn: Callable, items: Iterable[Any], host: str | None = None,  # noqa: A001 - kit.map, as submitit's
-        **kwargs: Any) -> list[FunctionJob]:
+def map(fn: Callable, items: Iterable[Any], host: str | None = None, **kwargs: Any) -> list[FunctionJob]:
     """``fn(item)`` for each item, as one Slurm array job (a task per item, each its own unit of
     work: own directory, requeue and port; every `kit launch` option as in :func:`launch`,
     ``nodes=`` per task). Returns a Job per task, in the items' order: ``[j.result() for j in jobs]``.
     ``host=``: from here to that login node, as :func:`submit` does."""
     if "array" in kwargs:
-        raise KitError("kit.map makes the array itself: one task per item", field="--array",
-                       hint="leave out array=; to run at most K at once, map over fewer items at a time")
+        raise KitError(
+            "kit.map makes the array itself: one task per item",
+            field="--array",
+            hint="leave out array=; to run at most K at once, map over fewer items at a time",
+        )
     payloads = []
     for item in items:
         try:
             payloads.append(_dumps(fn, (fn, (item,), {})))
         except Exception as e:
-            raise KitError(f"cannot pickle {getattr(fn, '__name__', fn)!r} with item {len(payloads)}: {e}",
-                           field="fn") from None
+            raise KitError(
+                f"cannot pickle {getattr(fn, '__name__', fn)!r} with item {len(payloads)}: {e}", field="fn"
+            ) from None
     if not payloads:
         raise KitError("no items to map over", field="items")
     if host is not None:
@@ -138,13 +149,18 @@ def map_payloads(payloads: list[bytes], kwargs: dict) -> list[FunctionJob]:
         for i, payload in enumerate(payloads):
             files.write_atomic(JobDir(prepared.job_dir).task(i) / JobDir.FUNCTION, payload, 0o600)
 
-    job = launch_with([python, "-m", "kit.train.function"], {**kwargs, "array": f"0-{len(payloads) - 1}"},
-                  before_submit=write_payloads)
+    job = launch_with(
+        [python, "-m", "kit.train.function"],
+        {**kwargs, "array": f"0-{len(payloads) - 1}"},
+        before_submit=write_payloads,
+    )
     if job.id is None:  # a dry run
         return [FunctionJob(JobDir(job.dir).task(i).path) for i in range(len(payloads))]
     states = slurm.ArrayStates(job.target, job.id, range(len(payloads)))  # one squeue for every task's wait
-    return [FunctionJob(JobDir(job.dir).task(i).path, job_id=f"{job.id}_{i}", target=job.target, array_states=states)
-            for i in range(len(payloads))]
+    return [
+        FunctionJob(JobDir(job.dir).task(i).path, job_id=f"{job.id}_{i}", target=job.target, array_states=states)
+        for i in range(len(payloads))
+    ]
 
 
 def _dumps(fn: Callable, call: tuple) -> bytes:
@@ -155,9 +171,13 @@ def _dumps(fn: Callable, call: tuple) -> bytes:
 
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
     file = getattr(module, "__file__", None) or ""
-    own = bool(file) and module.__name__ != "__main__" and not module.__name__.split(".")[0] == "kit" \
-        and not {"site-packages", "dist-packages"} & set(Path(file).parts) \
+    own = (
+        bool(file)
+        and module.__name__ != "__main__"
+        and not module.__name__.split(".")[0] == "kit"
+        and not {"site-packages", "dist-packages"} & set(Path(file).parts)
         and not file.startswith(sys.base_prefix)
+    )
     if own:
         cloudpickle.register_pickle_by_value(module)
     try:
@@ -183,12 +203,18 @@ def check_image_python(image: Path) -> None:
     listing = info.list_paths(image)
     found = sorted({m.group(1) for p in listing if (m := re.fullmatch(r"usr/(?:local/)?bin/(python3\.\d+)", p))})
     if want not in found:
-        raise KitError(f"{image} has {', '.join(found) or 'no python3'}, this Python is {want[6:]}", field="--image",
-                       hint="a function job's call is pickled here and unpickled there: use an image with the same "
-                            "Python minor version (kit build's base decides it)")
+        raise KitError(
+            f"{image} has {', '.join(found) or 'no python3'}, this Python is {want[6:]}",
+            field="--image",
+            hint="a function job's call is pickled here and unpickled there: use an image with the same "
+            "Python minor version (kit build's base decides it)",
+        )
     if not any(re.search(r"/(?:site|dist)-packages/cloudpickle/__init__\.py$", p) for p in listing):
-        raise KitError(f"{image} has no cloudpickle for its {want}", field="--image",
-                       hint="add it to the image (a recipe's pip = [\"cloudpickle\"], or KIT pip cloudpickle)")
+        raise KitError(
+            f"{image} has no cloudpickle for its {want}",
+            field="--image",
+            hint='add it to the image (a recipe\'s pip = ["cloudpickle"], or KIT pip cloudpickle)',
+        )
 
 
 def results(job_dir: Path, job_id: str | None, end: Outcome) -> list:
@@ -219,8 +245,12 @@ def result_payloads(job_dir: Path, job_id: str | None, end: Outcome, limit: int 
         raise RemoteError(record)
     ranks = job.result_ranks()
     if end.exit_code != 0 or not ranks or ranks != list(range(len(ranks))):
-        raise KitError(f"job {job_id} {end.describe()}: no result from every rank", field="JOB", exit_code=1,
-                       hint=f"kit logs {job_dir} --errors")
+        raise KitError(
+            f"job {job_id} {end.describe()}: no result from every rank",
+            field="JOB",
+            exit_code=1,
+            hint=f"kit logs {job_dir} --errors",
+        )
     out, left = [], RESULT_LIMIT if limit is None else limit
     for rank in ranks:
         out.append(jobdir.read_own(job.result(rank), min(left, RESULT_LIMIT)))
@@ -237,14 +267,20 @@ def _submitted_there(host: remote.Host, payloads: list[bytes], kwargs: dict, arr
     try:
         header = json.dumps({"kwargs": kwargs, "sizes": [len(p) for p in payloads], "map": array}).encode()
     except TypeError as e:
-        raise KitError(f"a keyword cannot travel to {host.name}: {e}", field="host",
-                       hint="give plain values (numbers, strings, lists, dicts); paths are the login node's") from None
+        raise KitError(
+            f"a keyword cannot travel to {host.name}: {e}",
+            field="host",
+            hint="give plain values (numbers, strings, lists, dicts); paths are the login node's",
+        ) from None
     with remote.Session(host, ["remote-submit"]) as session:
         theirs = session.read_json().get("python")
         if theirs != PYTHON:
-            raise KitError(f"the Python of kit on {host.name} is {theirs}, this one is {PYTHON}: the call is "
-                           "pickled here and unpickled there", field="host",
-                           hint="use the same Python minor version on both sides (nothing was sent)")
+            raise KitError(
+                f"the Python of kit on {host.name} is {theirs}, this one is {PYTHON}: the call is "
+                "pickled here and unpickled there",
+                field="host",
+                hint="use the same Python minor version on both sides (nothing was sent)",
+            )
         session.send(header + b"\n" + b"".join(payloads))
         made = session.read_json()
     jobs = [FunctionJob(str(job_dir), host=host, job_id=str(job_id)) for job_id, job_dir in made["jobs"]]
@@ -261,8 +297,14 @@ def _results_there(job: FunctionJob, timeout: float | None) -> list:
     index = job.id.rpartition("_")[2]
     record = job.batch.get(index) if job.batch is not None else None
     if record is None:
-        argv = ["remote-result", str(job.dir), "--job-id", job.id, *(["--timeout", str(timeout)] if timeout else []),
-                *(["--batch"] if job.batch is not None else [])]
+        argv = [
+            "remote-result",
+            str(job.dir),
+            "--job-id",
+            job.id,
+            *(["--timeout", str(timeout)] if timeout else []),
+            *(["--batch"] if job.batch is not None else []),
+        ]
         with remote.Session(job.host, argv) as session:
             record = session.read_json()
         if "tasks" in record:

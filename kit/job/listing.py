@@ -25,24 +25,24 @@ RECENT = 24 * 3600  # without --all: ended jobs submitted this recently
 
 @dataclass
 class JobRow:
-    id: str                  # the job id; ID_TASK for an array task
+    id: str  # the job id; ID_TASK for an array task
     name: str
-    state: str               # Slurm's, or the job directory's (see state_from)
-    state_from: str          # "slurm", "job directory" or "job directory (slurm: ...)"
+    state: str  # Slurm's, or the job directory's (see state_from)
+    state_from: str  # "slurm", "job directory" or "job directory (slurm: ...)"
     reason: str
     nodes: str
-    run: int                 # the latest run (0 is the first; each requeue adds one)
+    run: int  # the latest run (0 is the first; each requeue adds one)
     step: int | None
     max_steps: int | None
     loss: float | None
     samples_per_second: float | None
     submitted: float | None  # Unix time
     job_dir: str
-    finished: bool           # the FINISHED marker: the work is done
+    finished: bool  # the FINISHED marker: the work is done
     task_start: dict | None = None  # the latest run's seconds from srun to each node's first task (container start)
     rerun_of: str | None = None  # kit rerun: the id of the job this one reruns
     tflops: float | None = None  # rank 0's device, the latest: the model's TFLOP/s (kit.train.mfu)
-    mfu: float | None = None     # of that device's peak (None: n/a)
+    mfu: float | None = None  # of that device's peak (None: n/a)
 
     @property
     def active(self) -> bool:
@@ -66,8 +66,9 @@ def _units(job_dir: Path) -> list[tuple[str, Path]]:
     return [(f"{job_id}_{i}", JobDir(job_dir).task(i).path) for i in indices]
 
 
-def _row(name: str, unit_dir: Path, job_dir: Path, job_name: str, st: slurm.JobStatus | None,
-         unreachable: str | None) -> JobRow:
+def _row(
+    name: str, unit_dir: Path, job_dir: Path, job_name: str, st: slurm.JobStatus | None, unreachable: str | None
+) -> JobRow:
     p = records.training_progress(unit_dir)
     done = records.runs(unit_dir)
     run = max(done[-1] if done else 0, st.restarts if st else 0)
@@ -80,14 +81,32 @@ def _row(name: str, unit_dir: Path, job_dir: Path, job_name: str, st: slurm.JobS
         if unreachable and state not in ("COMPLETED", "CANCELLED", "FAILED"):
             state = "UNKNOWN"
         source = f"job directory (slurm: {unreachable})" if unreachable else "job directory"
-    return JobRow(id=name, name=job_name, state=state, state_from=source,
-                  reason=(f"{st.reason}: release it with scontrol release {st.job_id}" if st and st.held else
-                          (st.detail or st.reason) if st and st.reason not in ("None", "") else ""),
-                  nodes=st.nodes if st else "", run=run, step=p.step, max_steps=p.max_steps, loss=p.loss,
-                  samples_per_second=p.samples_per_second if state == "RUNNING" else None,
-                  submitted=records.submitted_at(job_dir), job_dir=str(job_dir),
-                  finished=records.finished(unit_dir), task_start=jobdir.task_starts(unit_dir, run) or None,
-                  rerun_of=records.rerun_of(job_dir), tflops=p.tflops, mfu=p.mfu)
+    return JobRow(
+        id=name,
+        name=job_name,
+        state=state,
+        state_from=source,
+        reason=(
+            f"{st.reason}: release it with scontrol release {st.job_id}"
+            if st and st.held
+            else (st.detail or st.reason)
+            if st and st.reason not in ("None", "")
+            else ""
+        ),
+        nodes=st.nodes if st else "",
+        run=run,
+        step=p.step,
+        max_steps=p.max_steps,
+        loss=p.loss,
+        samples_per_second=p.samples_per_second if state == "RUNNING" else None,
+        submitted=records.submitted_at(job_dir),
+        job_dir=str(job_dir),
+        finished=records.finished(unit_dir),
+        task_start=jobdir.task_starts(unit_dir, run) or None,
+        rerun_of=records.rerun_of(job_dir),
+        tflops=p.tflops,
+        mfu=p.mfu,
+    )
 
 
 def list_jobs(output_dirs: list[Path], *, everything: bool = False, now: float | None = None) -> list[JobRow]:
@@ -143,29 +162,36 @@ class Filter:
     STATES = slurm.TERMINAL_STATES | slurm.LIVE_STATES | {"ENDED", "GONE", "UNKNOWN", "ACTIVE"}
 
     @classmethod
-    def checked(cls, states: str | None = None, name: str | None = None, since: float | None = None,
-                user: str | None = None) -> "Filter":
+    def checked(
+        cls, states: str | None = None, name: str | None = None, since: float | None = None, user: str | None = None
+    ) -> "Filter":
         """The filter `kit ps` was given: a state no job can be in, or a user this machine does not know,
         is refused (it would list nothing, silently)."""
         wanted = frozenset(w.strip().upper() for w in states.split(",") if w.strip()) if states else None
         unknown = sorted((wanted or set()) - cls.STATES)
         if unknown:
-            raise KitError(f"no job is ever in state {', '.join(unknown)}", field="--state",
-                           hint="one or more of: active, " + ", ".join(sorted(s.lower() for s in cls.STATES
-                                                                              if s != "ACTIVE")))
+            raise KitError(
+                f"no job is ever in state {', '.join(unknown)}",
+                field="--state",
+                hint="one or more of: active, " + ", ".join(sorted(s.lower() for s in cls.STATES if s != "ACTIVE")),
+            )
         if user is not None:
             try:
                 pwd.getpwnam(user)
             except KeyError:
-                raise KitError(f"no user {user!r} on this machine", field="--user",
-                               hint="a login name, as `ls -l` shows a job directory's owner") from None
+                raise KitError(
+                    f"no user {user!r} on this machine",
+                    field="--user",
+                    hint="a login name, as `ls -l` shows a job directory's owner",
+                ) from None
         return cls(wanted, name, since, user)
 
     def __call__(self, r: JobRow, now: float) -> bool:
         if self.states and not (r.state.upper() in self.states or ("ACTIVE" in self.states and r.active)):
             return False
-        if self.name and not fnmatch.fnmatchcase(r.name, self.name if any(c in self.name for c in "*?[")
-                                                 else f"*{self.name}*"):
+        if self.name and not fnmatch.fnmatchcase(
+            r.name, self.name if any(c in self.name for c in "*?[") else f"*{self.name}*"
+        ):
             return False
         if self.since is not None and (r.submitted is None or now - r.submitted > self.since):
             return False
@@ -192,10 +218,19 @@ def table(rows: list[JobRow], now: float | None = None) -> list[str]:
         state = r.state + (f" ({r.reason})" if r.reason and r.state == "PENDING" else "")
         if r.state_from != "slurm":
             state += "*"
-        return (printable(r.id), printable(r.name)[:24], printable(state), printable(r.nodes or "-"), str(r.run), step,
-                "-" if r.loss is None else f"{r.loss:.4g}",
-                "-" if r.samples_per_second is None else f"{r.samples_per_second:.0f}",
-                "-" if r.submitted is None else _age(now - r.submitted), printable(r.job_dir))
+        return (
+            printable(r.id),
+            printable(r.name)[:24],
+            printable(state),
+            printable(r.nodes or "-"),
+            str(r.run),
+            step,
+            "-" if r.loss is None else f"{r.loss:.4g}",
+            "-" if r.samples_per_second is None else f"{r.samples_per_second:.0f}",
+            "-" if r.submitted is None else _age(now - r.submitted),
+            printable(r.job_dir),
+        )
+
     body = [cells(r) for r in rows]
     widths = [max(len(c[i]) for c in [COLUMNS, *body]) for i in range(len(COLUMNS) - 1)]
     return ["  ".join(c.ljust(w) for c, w in zip(line[:-1], widths)) + "  " + line[-1] for line in [COLUMNS, *body]]
@@ -213,9 +248,24 @@ def collapse_arrays(rows: list[JobRow]) -> list[JobRow]:
             continue
         if array_id not in groups:
             groups[array_id] = []
-            out.append(JobRow(id=array_id, name=r.name, state="", state_from="", reason="", nodes="", run=0,
-                              step=None, max_steps=None, loss=None, samples_per_second=None, submitted=r.submitted,
-                              job_dir=r.job_dir, finished=False))
+            out.append(
+                JobRow(
+                    id=array_id,
+                    name=r.name,
+                    state="",
+                    state_from="",
+                    reason="",
+                    nodes="",
+                    run=0,
+                    step=None,
+                    max_steps=None,
+                    loss=None,
+                    samples_per_second=None,
+                    submitted=r.submitted,
+                    job_dir=r.job_dir,
+                    finished=False,
+                )
+            )
         groups[array_id].append(r)
     for row in out:
         tasks = groups.get(row.id) if not row.state else None
@@ -224,12 +274,31 @@ def collapse_arrays(rows: list[JobRow]) -> list[JobRow]:
         counts: dict[str, int] = {}
         for t in tasks:
             counts[t.state] = counts.get(t.state, 0) + 1
-        lead = next((s for s in ("RUNNING", "COMPLETING", "PENDING", "REQUEUED", "UNKNOWN", "FAILED", "TIMEOUT",
-                                 "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED", "ENDED") if s in counts),
-                    max(counts, key=counts.get))
+        lead = next(
+            (
+                s
+                for s in (
+                    "RUNNING",
+                    "COMPLETING",
+                    "PENDING",
+                    "REQUEUED",
+                    "UNKNOWN",
+                    "FAILED",
+                    "TIMEOUT",
+                    "NODE_FAIL",
+                    "OUT_OF_MEMORY",
+                    "CANCELLED",
+                    "ENDED",
+                )
+                if s in counts
+            ),
+            max(counts, key=counts.get),
+        )
         if set(counts) == {"COMPLETED"}:
             lead = "COMPLETED"
-        row.state = f"{lead} [{', '.join(f'{n} {s}' for s, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))}]"
+        row.state = (
+            f"{lead} [{', '.join(f'{n} {s}' for s, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))}]"
+        )
         row.state_from = "slurm" if all(t.state_from == "slurm" for t in tasks) else "job directory"
         row.nodes = ",".join(sorted({t.nodes for t in tasks if t.nodes}))
         row.run = max(t.run for t in tasks)

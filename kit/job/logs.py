@@ -28,8 +28,15 @@ class Selection:
     text: str = ""  # what stands in for the parts (the batch log's end)
 
 
-def select(job_dir: Path, rank: int | None = None, node: str | None = None, run: int | None = None,
-           sidecar: str | None = None, prefixed: bool | None = None, batch_instead: bool = True) -> Selection:
+def select(
+    job_dir: Path,
+    rank: int | None = None,
+    node: str | None = None,
+    run: int | None = None,
+    sidecar: str | None = None,
+    prefixed: bool | None = None,
+    batch_instead: bool = True,
+) -> Selection:
     """The logs of run ``run`` (default: the latest) that ``rank``/``node``/``sidecar`` name; each
     rank's lines prefixed ``R: `` when ``prefixed`` (None: when more than one rank is chosen). No rank
     log yet: the batch log's end with ``batch_instead`` (`kit logs`; KitError when there is none
@@ -49,15 +56,20 @@ def select(job_dir: Path, rank: int | None = None, node: str | None = None, run:
     if rank is not None:
         chosen = [r for r in chosen if r == rank]
         if not chosen and present:
-            raise KitError(f"run {run} has no rank {rank}: kit's ranks are its tasks, "
-                           f"{present[0]}-{present[-1]} here", field="--rank",
-                           hint="with a per-node launcher (torchrun: one task per node) a task's log holds every "
-                                "process it started: kit logs --node NAME")
+            raise KitError(
+                f"run {run} has no rank {rank}: kit's ranks are its tasks, {present[0]}-{present[-1]} here",
+                field="--rank",
+                hint="with a per-node launcher (torchrun: one task per node) a task's log holds every "
+                "process it started: kit logs --node NAME",
+            )
     if node is not None:
         chosen = [r for r in chosen if records.node_of(job_dir, run, r) == node]
     if not chosen:
-        raise KitError(f"no rank log of run {run} matches", field="JOB",
-                       hint=f"runs with logs: {', '.join(map(str, done)) or 'none yet'}")
+        raise KitError(
+            f"no rank log of run {run} matches",
+            field="JOB",
+            hint=f"runs with logs: {', '.join(map(str, done)) or 'none yet'}",
+        )
     many = len(chosen) > 1 if prefixed is None else prefixed
     return Selection(tuple((d.rank_log(r, run), f"{r}: " if many else "") for r in chosen))
 
@@ -67,11 +79,18 @@ def _batch_instead(job_dir: Path, run: int) -> Selection:
     started yet): the batch log is where its story is (its last 40 lines)."""
     tail = batch_tail(job_dir, 40)
     if not tail:
-        raise KitError(f"no log of run {run} yet", field="JOB", exit_code=1,
-                       hint="the job has not started (kit ps shows why it waits)")
-    return Selection((), text=tail + "\n",
-                     note=f"no rank of run {run} has a log (the step failed before any started, or has not "
-                          "started): the end of the batch log")
+        raise KitError(
+            f"no log of run {run} yet",
+            field="JOB",
+            exit_code=1,
+            hint="the job has not started (kit ps shows why it waits)",
+        )
+    return Selection(
+        (),
+        text=tail + "\n",
+        note=f"no rank of run {run} has a log (the step failed before any started, or has not "
+        "started): the end of the batch log",
+    )
 
 
 def batch_tail(job_dir: Path, lines: int) -> str:
@@ -104,7 +123,7 @@ def _feed_prefixed(path: Path, prefix: bytes, write: Write) -> None:
             data = head + data.replace(b"\n", b"\n" + prefix)
             at_line_start = data.endswith(b"\n" + prefix)
             if at_line_start:
-                data = data[:-len(prefix)]
+                data = data[: -len(prefix)]
         write(data)
 
     try:
@@ -141,8 +160,9 @@ def errors(job_dir: Path, runs: list[int] | None = None) -> Iterator[str]:
     end = records.last_run(job_dir)
     if end is not None and end.end == "failed" and end.exit_code != 0:
         # A step that failed before any rank ran (srun, the container, MPI): the batch log says why.
-        yield (f"run {end.run} failed (exit code {end.exit_code}) with no rank failing by itself: the end of the "
-               "batch log")
+        yield (
+            f"run {end.run} failed (exit code {end.exit_code}) with no rank failing by itself: the end of the batch log"
+        )
         yield from ("  " + line for line in batch_tail(job_dir, 20).splitlines())
 
 

@@ -8,9 +8,33 @@ package, and it imports only the bottom layer.
 """
 
 from kit.jobdir.layout import JobDir
-from kit.jobdir.metrics import RANK_METRICS_GLOB, rank_of_metrics_file, rank_metrics_path, read_rank_metrics, write_rank_metrics
-from kit.jobdir.starts import MODES, read_task_record, task_starts, all_task_starts
-from kit.jobdir.trust import owner, owner_name, own, read_own, function_payloads
-from kit.jobdir.runs import tracker_runs, hangs
+from kit.jobdir.metrics import (
+    RANK_METRICS_GLOB,
+    rank_metrics_path,
+    rank_of_metrics_file,
+    read_rank_metrics,
+    write_rank_metrics,
+)
+from kit.jobdir.runs import hangs, tracker_runs
+from kit.jobdir.starts import MODES, all_task_starts, read_task_record, task_starts
+from kit.jobdir.trust import function_payloads, own, owner, owner_name, read_own
 
-__all__ = ["JobDir", "MODES", "RANK_METRICS_GLOB", "all_task_starts", "function_payloads", "hangs", "own", "owner", "owner_name", "rank_metrics_path", "rank_of_metrics_file", "read_own", "read_rank_metrics", "read_task_record", "task_starts", "tracker_runs", "write_rank_metrics"]
+__all__ = [
+    "JobDir",
+    "MODES",
+    "RANK_METRICS_GLOB",
+    "all_task_starts",
+    "function_payloads",
+    "hangs",
+    "own",
+    "owner",
+    "owner_name",
+    "rank_metrics_path",
+    "rank_of_metrics_file",
+    "read_own",
+    "read_rank_metrics",
+    "read_task_record",
+    "task_starts",
+    "tracker_runs",
+    "write_rank_metrics",
+]

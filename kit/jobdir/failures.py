@@ -29,8 +29,7 @@ def rank_ends(job_dir: Path, run: int) -> list[RankEnd]:
     for p in JobDir(job_dir).exit_records(run):
         try:
             t, rank, rc, how = files.read_text(p, 4096).split()[:4]
-            out.append(RankEnd(run, int(rank), node_of(job_dir, run, int(rank)), int(rc), int(t) / 1e9,
-                               how == "self"))
+            out.append(RankEnd(run, int(rank), node_of(job_dir, run, int(rank)), int(rc), int(t) / 1e9, how == "self"))
         except (OSError, ValueError, OverflowError):
             continue
     return sorted(out, key=lambda e: (e.time, e.rank))
@@ -73,8 +72,12 @@ def failure_tail(job_dir: Path, run: int) -> Failure | None:
                 causes.append((bool(VICTIM.search(child)), cause["time"], e.time, e, cause, child))
     if causes:
         _, _, _, e, cause, child = min(causes, key=lambda c: c[:3])
-        return Failure(e, child, f"rank {cause['rank']} (local rank {cause['local_rank']}) on {e.node}, exit code "
-                                 f"{cause['exitcode']} (torchrun's root cause)")
+        return Failure(
+            e,
+            child,
+            f"rank {cause['rank']} (local rank {cause['local_rank']}) on {e.node}, exit code "
+            f"{cause['exitcode']} (torchrun's root cause)",
+        )
     return Failure(first, last_lines(_log_tail(job_dir, first.rank, run)))
 
 
@@ -108,8 +111,11 @@ def last_lines(text: str, lines: int = 20) -> str:
 # A per-node launcher's report of its children (torchrun's ChildFailedError).
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):\n\[\d+\]:\n((?:  [^\n]*\n?)+)")
 # What a rank that fails because another died says (the others' errors, not the cause).
-VICTIM = re.compile(r"Connection closed by peer|Connection reset by peer|remote worker crashing|"
-                    r"communicator was aborted|Socket Timeout|ProcessGroupNCCL.*(abort|timed? ?out)", re.I)
+VICTIM = re.compile(
+    r"Connection closed by peer|Connection reset by peer|remote worker crashing|"
+    r"communicator was aborted|Socket Timeout|ProcessGroupNCCL.*(abort|timed? ?out)",
+    re.I,
+)
 
 
 def root_causes(text: str) -> list[dict]:
@@ -120,12 +126,18 @@ def root_causes(text: str) -> list[dict]:
         fields = dict(re.findall(r"^  (\w+)\s*: (.*?)\s*$", m.group(1), re.M))
         rank = re.match(r"(\d+) \(local_rank: (\d+)\)", fields.get("rank", ""))
         if rank:
-            out.append({"rank": int(rank.group(1)), "local_rank": int(rank.group(2)),
-                        "exitcode": fields.get("exitcode", "?").split(" (")[0], "time": fields.get("time", "")})
+            out.append(
+                {
+                    "rank": int(rank.group(1)),
+                    "local_rank": int(rank.group(2)),
+                    "exitcode": fields.get("exitcode", "?").split(" (")[0],
+                    "time": fields.get("time", ""),
+                }
+            )
     return out
 
 
 def child_output(text: str, rank: int) -> str:
     """A torchrun child's lines in its node's log (torchrun prefixes them ``[rank<N>]:``), unprefixed."""
     prefix = f"[rank{rank}]:"
-    return "\n".join(line[len(prefix):].removeprefix(" ") for line in text.splitlines() if line.startswith(prefix))
+    return "\n".join(line[len(prefix) :].removeprefix(" ") for line in text.splitlines() if line.startswith(prefix))

@@ -16,67 +16,67 @@ class JobDir:
     """Paths in one job directory (or one array task's directory)."""
 
     # Written at preparation, before submission.
-    PRELAUNCH = "prelaunch.sh"      # the batch script
-    LAUNCHER = "launcher.sh"        # what every task runs
-    SPEC = "job.json"               # the resolved job spec
-    SBATCH = "sbatch.json"          # the exact sbatch argv
-    CODE = "code"                   # the code snapshot's view: every run starts in it
-    CODE_LIST = "code.list"         # what the view holds (prelaunch puts back what a run changed)
-    COMMAND = "command"             # a sweep task's command, its values in place (NUL-separated words)
-    SWEEP = "sweep"                 # a sweep task's NAME=VALUE pairs (NUL-separated)
-    PARAMS = "params.json"          # a sweep task's parameters
+    PRELAUNCH = "prelaunch.sh"  # the batch script
+    LAUNCHER = "launcher.sh"  # what every task runs
+    SPEC = "job.json"  # the resolved job spec
+    SBATCH = "sbatch.json"  # the exact sbatch argv
+    CODE = "code"  # the code snapshot's view: every run starts in it
+    CODE_LIST = "code.list"  # what the view holds (prelaunch puts back what a run changed)
+    COMMAND = "command"  # a sweep task's command, its values in place (NUL-separated words)
+    SWEEP = "sweep"  # a sweep task's NAME=VALUE pairs (NUL-separated)
+    PARAMS = "params.json"  # a sweep task's parameters
     # Written at submission, and by the commands that follow the job.
-    JOB_ID = "job_id"               # written first after sbatch: it marks a submitted job
-    SLURM = "slurm.json"            # which Slurm has the job
-    CANCELLED = "cancelled.json"    # kit cancel: who, where, when, why
-    OUTCOME = "outcome.json"        # the end Slurm gave the job when kit last saw it
-    RERUN_OF = "rerun_of.json"      # kit rerun: the job this one reruns (its directory and id)
+    JOB_ID = "job_id"  # written first after sbatch: it marks a submitted job
+    SLURM = "slurm.json"  # which Slurm has the job
+    CANCELLED = "cancelled.json"  # kit cancel: who, where, when, why
+    OUTCOME = "outcome.json"  # the end Slurm gave the job when kit last saw it
+    RERUN_OF = "rerun_of.json"  # kit rerun: the job this one reruns (its directory and id)
     # Written by the job.
-    FINISHED = "FINISHED"           # the work is done: the job never runs (or requeues) again
-    RUNS = "runs.jsonl"             # one line per run: how it ended
+    FINISHED = "FINISHED"  # the work is done: the job never runs (or requeues) again
+    RUNS = "runs.jsonl"  # one line per run: how it ended
     CHECKPOINT_STEP = "checkpoint_step"
     LOGS = "logs"
     TASKS = "tasks"
     PROGRESS = "progress"
     HANG = "hang"
     METRICS = "metrics"
-    CHECKPOINTS = "checkpoints"     # the reference trainer's
-    PROFILES = "profiles"           # the reference trainer's --profile-steps traces: rank-<R>.json
-    TRACKER = "tracker"             # the job's one tracker run ($KIT_TRACKER_DIR): W&B's files, TensorBoard's
+    CHECKPOINTS = "checkpoints"  # the reference trainer's
+    PROFILES = "profiles"  # the reference trainer's --profile-steps traces: rank-<R>.json
+    TRACKER = "tracker"  # the job's one tracker run ($KIT_TRACKER_DIR): W&B's files, TensorBoard's
     TRACKER_STEP = "logged_step.{tracker}"  # tracker/: the highest step the job's runs logged to a tracker
     TRACKER_MLFLOW = "mlflow.json"  # tracker/: the MLflow run the first run made (run_id, tracking_uri)
     TRACKER_TENSORBOARD = "tensorboard"  # tracker/: TensorBoard's one log directory for the job
-    REPORT = "report.png"           # kit report's picture (report.json beside it)
-    FUNCTION = "function.pkl"       # kit.submit: the call every rank makes (cloudpickle)
-    RESULTS = "results"             # kit.submit: each rank's return value or exception
-    PROGRESS_SEEN = "seen"          # progress/seen: some rank reported progress in some run (arms the watchdog)
-    RUN = "r{run}"                  # progress/r<run>/, hang/r<run>/: one run's
+    REPORT = "report.png"  # kit report's picture (report.json beside it)
+    FUNCTION = "function.pkl"  # kit.submit: the call every rank makes (cloudpickle)
+    RESULTS = "results"  # kit.submit: each rank's return value or exception
+    PROGRESS_SEEN = "seen"  # progress/seen: some rank reported progress in some run (arms the watchdog)
+    RUN = "r{run}"  # progress/r<run>/, hang/r<run>/: one run's
     # In progress/r<run>/ (prelaunch and the launchers talk through these).
-    STEP_START = "step-start"       # prelaunch's clock just before srun
-    WARNING = "warning"             # the time limit's warning, passed on to the launchers
-    STOP = "stop"                   # stop the commands (a restart is left, the limit is near)
-    RANK_PROGRESS = "rank-{rank}"   # a rank's progress file
-    TASK = "task-{rank}"            # where a rank runs: "node pid start"
-    WARNED = "warned-{rank}"        # the rank's command was given the warning
-    JOINED = "joined-{rank}"        # the rank's command reached the rendezvous
+    STEP_START = "step-start"  # prelaunch's clock just before srun
+    WARNING = "warning"  # the time limit's warning, passed on to the launchers
+    STOP = "stop"  # stop the commands (a restart is left, the limit is near)
+    RANK_PROGRESS = "rank-{rank}"  # a rank's progress file
+    TASK = "task-{rank}"  # where a rank runs: "node pid start"
+    WARNED = "warned-{rank}"  # the rank's command was given the warning
+    JOINED = "joined-{rank}"  # the rank's command reached the rendezvous
     # In hang/r<run>/ (after a hang: the watchdog asks, every rank answers).
-    HANG_REQUEST = "request"        # "rank=R": the suspect; the launchers dump their stacks
+    HANG_REQUEST = "request"  # "rank=R": the suspect; the launchers dump their stacks
     HANG_STACKS = "rank-{rank}.txt"  # a rank's process states and stacks
-    HANG_REPORT = "report"          # rank, node, why
-    HANG_STOP = "stop"              # the dump is over
+    HANG_REPORT = "report"  # rank, node, why
+    HANG_STOP = "stop"  # the dump is over
     # In logs/.
     BATCH_LOG = "slurm-{job_id}.out"
     ARRAY_BATCH_LOG = "slurm-%A_%a.out"  # sbatch's pattern for an array task's batch log
     RANK_LOG = "rank-{rank}.r{run}.log"
-    NODE_LOG = "{node}.r{run}"      # a node's logs begin so ($KIT_NODE_LOG_PREFIX)
+    NODE_LOG = "{node}.r{run}"  # a node's logs begin so ($KIT_NODE_LOG_PREFIX)
     SIDECAR_LOG = NODE_LOG + ".{name}.log"
     METRICS_SUFFIX = ".metrics.jsonl"
     METRICS_LOG = NODE_LOG + METRICS_SUFFIX  # the exporter's record of its polls
-    GPU_DMON_LOG = NODE_LOG + ".gutil"       # the gpu-dmon sidecar's nvidia-smi dmon output
+    GPU_DMON_LOG = NODE_LOG + ".gutil"  # the gpu-dmon sidecar's nvidia-smi dmon output
     EXIT = "exit.r{run}.rank-{rank}"  # how a rank ended: "time rank rc self|stopped|warned"
     # In results/ (kit.submit).
     RESULT = "rank-{rank}.pkl"
-    ERROR = "rank-{rank}.error.json"   # type, message, traceback, rank, node
+    ERROR = "rank-{rank}.error.json"  # type, message, traceback, rank, node
     # In metrics/<node>/.
     RANK_METRICS = "rank-{rank}.json"
 
@@ -138,20 +138,55 @@ class JobDir:
     def patterns(cls) -> set[str]:
         """Every path kit writes in a job directory, relative, ``{...}`` for what varies:
         what the templates' paths are checked against."""
-        top = {cls.PRELAUNCH, cls.LAUNCHER, cls.SPEC, cls.SBATCH, cls.COMMAND, cls.SWEEP, cls.PARAMS, cls.JOB_ID,
-               cls.SLURM, cls.CANCELLED, cls.OUTCOME, cls.RERUN_OF, cls.CODE, cls.CODE_LIST, cls.FUNCTION, cls.FINISHED, cls.RUNS, cls.CHECKPOINT_STEP, cls.LOGS,
-               cls.TASKS, cls.PROGRESS, cls.HANG, cls.METRICS, cls.CHECKPOINTS, cls.PROFILES, cls.REPORT,
-               cls.TRACKER}
+        top = {
+            cls.PRELAUNCH,
+            cls.LAUNCHER,
+            cls.SPEC,
+            cls.SBATCH,
+            cls.COMMAND,
+            cls.SWEEP,
+            cls.PARAMS,
+            cls.JOB_ID,
+            cls.SLURM,
+            cls.CANCELLED,
+            cls.OUTCOME,
+            cls.RERUN_OF,
+            cls.CODE,
+            cls.CODE_LIST,
+            cls.FUNCTION,
+            cls.FINISHED,
+            cls.RUNS,
+            cls.CHECKPOINT_STEP,
+            cls.LOGS,
+            cls.TASKS,
+            cls.PROGRESS,
+            cls.HANG,
+            cls.METRICS,
+            cls.CHECKPOINTS,
+            cls.PROFILES,
+            cls.REPORT,
+            cls.TRACKER,
+        }
         run = {cls.STEP_START, cls.WARNING, cls.STOP, cls.RANK_PROGRESS, cls.TASK, cls.WARNED, cls.JOINED}
         hang = {cls.HANG_REQUEST, cls.HANG_STACKS, cls.HANG_REPORT, cls.HANG_STOP}
-        logs = {cls.BATCH_LOG, cls.RANK_LOG, cls.NODE_LOG, cls.SIDECAR_LOG, cls.METRICS_LOG, cls.GPU_DMON_LOG,
-                cls.EXIT}
-        return (top | {f"{cls.PROGRESS}/{cls.PROGRESS_SEEN}", f"{cls.PROGRESS}/{cls.RUN}", f"{cls.HANG}/{cls.RUN}",
-                       f"{cls.METRICS}/{{node}}", f"{cls.METRICS}/{{node}}/{cls.RANK_METRICS}", f"{cls.TASKS}/{{index}}",
-                       f"{cls.PROFILES}/{cls.RANK_METRICS}"}
-                | {f"{cls.PROGRESS}/{cls.RUN}/{n}" for n in run} | {f"{cls.HANG}/{cls.RUN}/{n}" for n in hang}
-                | {f"{cls.LOGS}/{n}" for n in logs} | {f"{cls.RESULTS}/{cls.RESULT}", f"{cls.RESULTS}/{cls.ERROR}"}
-                | {f"{cls.TRACKER}/{n}" for n in (cls.TRACKER_STEP, cls.TRACKER_MLFLOW, cls.TRACKER_TENSORBOARD)})
+        logs = {cls.BATCH_LOG, cls.RANK_LOG, cls.NODE_LOG, cls.SIDECAR_LOG, cls.METRICS_LOG, cls.GPU_DMON_LOG, cls.EXIT}
+        return (
+            top
+            | {
+                f"{cls.PROGRESS}/{cls.PROGRESS_SEEN}",
+                f"{cls.PROGRESS}/{cls.RUN}",
+                f"{cls.HANG}/{cls.RUN}",
+                f"{cls.METRICS}/{{node}}",
+                f"{cls.METRICS}/{{node}}/{cls.RANK_METRICS}",
+                f"{cls.TASKS}/{{index}}",
+                f"{cls.PROFILES}/{cls.RANK_METRICS}",
+            }
+            | {f"{cls.PROGRESS}/{cls.RUN}/{n}" for n in run}
+            | {f"{cls.HANG}/{cls.RUN}/{n}" for n in hang}
+            | {f"{cls.LOGS}/{n}" for n in logs}
+            | {f"{cls.RESULTS}/{cls.RESULT}", f"{cls.RESULTS}/{cls.ERROR}"}
+            | {f"{cls.TRACKER}/{n}" for n in (cls.TRACKER_STEP, cls.TRACKER_MLFLOW, cls.TRACKER_TENSORBOARD)}
+        )
 
     def task_record(self, run: int, rank: int | str) -> Path:
         return self.run_progress(run) / self.TASK.format(rank=rank)
@@ -177,8 +212,11 @@ class JobDir:
     def result_ranks(self) -> list[int]:
         """The ranks that left a return value (a function job's), in order."""
         pattern = re.compile(re.escape(self.RESULT).replace(r"\{rank\}", r"(\d+)"))
-        return sorted(int(m.group(1)) for p in (self.path / self.RESULTS).glob(self.RESULT.format(rank="*"))
-                      if (m := pattern.fullmatch(p.name)))
+        return sorted(
+            int(m.group(1))
+            for p in (self.path / self.RESULTS).glob(self.RESULT.format(rank="*"))
+            if (m := pattern.fullmatch(p.name))
+        )
 
     @property
     def tracker_run_id(self) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+
 from kit import files
 from kit.jobdir.layout import JobDir
-
 
 RANK_METRICS_GLOB = JobDir.RANK_METRICS.format(rank="*")
 

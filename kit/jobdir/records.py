@@ -33,8 +33,9 @@ def find_job_dir(job: str, output_dir: str | Path) -> Path:
     if sep and array_id.isdigit() and task.isdigit():
         task_dir = JobDir(find_job_dir(array_id, output_dir)).task(int(task)).path
         if not task_dir.is_dir():
-            raise KitError(f"job {array_id} has no task {task}", field="JOB",
-                           hint="kit ps lists the tasks of an array job")
+            raise KitError(
+                f"job {array_id} has no task {task}", field="JOB", hint="kit ps lists the tasks of an array job"
+            )
         return task_dir
     matches = []
     for p in Path(output_dir).glob(f"*/{JobDir.JOB_ID}"):
@@ -46,11 +47,18 @@ def find_job_dir(job: str, output_dir: str | Path) -> Path:
     mine = [m for m in matches if jobdir.owner(m) == os.geteuid()]
     matches = mine or matches  # in a shared output directory anyone may write a directory naming any id
     if not matches:
-        raise KitError(f"no job directory for job {job} under {output_dir}", field="JOB",
-                       hint="give the job directory itself, or --output-dir where it lives")
+        raise KitError(
+            f"no job directory for job {job} under {output_dir}",
+            field="JOB",
+            hint="give the job directory itself, or --output-dir where it lives",
+        )
     if len(matches) > 1:
-        raise KitError(f"job id {job} names {len(matches)} job directories under {output_dir}", field="JOB",
-                       detail="\n".join(str(m) for m in sorted(matches)), hint="give the job directory itself")
+        raise KitError(
+            f"job id {job} names {len(matches)} job directories under {output_dir}",
+            field="JOB",
+            detail="\n".join(str(m) for m in sorted(matches)),
+            hint="give the job directory itself",
+        )
     return matches[0]
 
 
@@ -84,6 +92,7 @@ def known_job_dirs(output_dirs: list[Path]) -> list[Path]:
         when = submitted_at(d)
         if when is not None:  # else gone, or never submitted
             found.setdefault(d, when)
+
     try:
         lines = files.read_text(_index_path(), 64 << 20).splitlines()
     except OSError:
@@ -292,8 +301,12 @@ def record_cancel(job_dir: Path, reason: str | None, tasks: list[int] | None = N
     try:
         files.write_atomic(job_dir / CANCEL_RECORD, json.dumps(rec, indent=2) + "\n")
     except OSError as e:
-        raise KitError(f"cannot write the cancel record in {job_dir}: {e.strerror}", field="JOB", exit_code=1,
-                       hint="nothing was cancelled; scancel still works") from None
+        raise KitError(
+            f"cannot write the cancel record in {job_dir}: {e.strerror}",
+            field="JOB",
+            exit_code=1,
+            hint="nothing was cancelled; scancel still works",
+        ) from None
     return rec
 
 
@@ -320,7 +333,7 @@ class Progress:
     loss: float | None = None
     samples_per_second: float | None = None  # the job's: every rank of the latest run
     tflops: float | None = None  # rank 0's device: the model's achieved TFLOP/s (kit.train.mfu)
-    mfu: float | None = None     # rank 0's device: of its peak (None: n/a, a CPU or an unknown GPU)
+    mfu: float | None = None  # rank 0's device: of its peak (None: n/a, a CPU or an unknown GPU)
 
 
 def _rank_files(job_dir: Path) -> dict[int, dict]:
@@ -351,12 +364,19 @@ def training_progress(job_dir: Path) -> Progress:
     if zero is None:
         return Progress()
     t0 = zero["last_step_timestamp_seconds"]
-    rates = [f["samples_per_second"] for f in files.values()
-             if "samples_per_second" in f and abs(f["last_step_timestamp_seconds"] - t0) <= 30]
-    return Progress(step=int(zero["step"]) if "step" in zero else None,
-                    max_steps=int(zero["max_steps"]) if "max_steps" in zero else None,
-                    loss=zero.get("loss"), samples_per_second=sum(rates) if rates else None,
-                    tflops=zero.get("tflops"), mfu=zero.get("mfu"))
+    rates = [
+        f["samples_per_second"]
+        for f in files.values()
+        if "samples_per_second" in f and abs(f["last_step_timestamp_seconds"] - t0) <= 30
+    ]
+    return Progress(
+        step=int(zero["step"]) if "step" in zero else None,
+        max_steps=int(zero["max_steps"]) if "max_steps" in zero else None,
+        loss=zero.get("loss"),
+        samples_per_second=sum(rates) if rates else None,
+        tflops=zero.get("tflops"),
+        mfu=zero.get("mfu"),
+    )
 
 
 def progress_words(p: Progress) -> list[str]:

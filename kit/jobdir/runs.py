@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+
 from kit import files
 from kit.jobdir.layout import JobDir
-
 
 _WANDB_RUN_DIR = re.compile(r"(offline-)?run-\d{8}_\d{6}-(.+)")
 
@@ -52,6 +52,13 @@ def hangs(job_dir: Path) -> list[dict]:
         fields = dict(line.partition("=")[::2] for line in lines if "=" in line)
         rank = fields.get("rank", "unknown")
         stacks = report.parent / JobDir.HANG_STACKS.format(rank=rank)
-        out.append({"run": run, "rank": rank, "node": fields.get("node", ""), "summary": fields.get("summary", ""),
-                    "stacks": str(stacks) if rank.isdigit() and stacks.is_file() else None})
+        out.append(
+            {
+                "run": run,
+                "rank": rank,
+                "node": fields.get("node", ""),
+                "summary": fields.get("summary", ""),
+                "stacks": str(stacks) if rank.isdigit() and stacks.is_file() else None,
+            }
+        )
     return out

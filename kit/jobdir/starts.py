@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+
 from kit import files
 from kit.jobdir.layout import JobDir
-
 
 # Where each run's tasks started: prelaunch writes the step's start (its clock,
 # EPOCHREALTIME, just before srun) to progress/r<run>/step-start; each launcher,
@@ -36,8 +36,12 @@ def read_task_record(path: str | Path) -> tuple[str, str, float | None, str | No
         return None
     if len(words) < 2 or not re.fullmatch(r"[A-Za-z0-9._-]{1,255}", words[0]):
         return None
-    return (words[0], words[1], _seconds(words[2]) if len(words) >= 3 else None,
-            words[3] if len(words) >= 4 and words[3] in MODES else None)
+    return (
+        words[0],
+        words[1],
+        _seconds(words[2]) if len(words) >= 3 else None,
+        words[3] if len(words) >= 4 and words[3] in MODES else None,
+    )
 
 
 def task_starts(job_dir: str | Path, run: int) -> dict[str, float]:
@@ -71,6 +75,8 @@ def _node_starts(job_dir: str | Path, run: int) -> dict[str, tuple[float, str | 
 def all_task_starts(job_dir: str | Path) -> list[dict]:
     """Every run's task starts: ``[{"run": 0, "node": "node1", "seconds": 1.2, "mode": "create"}, ...]``
     (mode None: a record from before kit wrote it)."""
-    return [{"run": run, "node": node, "seconds": seconds, "mode": mode}
-            for run in JobDir(job_dir).run_dirs(JobDir.PROGRESS)
-            for node, (seconds, mode) in sorted(_node_starts(job_dir, run).items())]
+    return [
+        {"run": run, "node": node, "seconds": seconds, "mode": mode}
+        for run in JobDir(job_dir).run_dirs(JobDir.PROGRESS)
+        for node, (seconds, mode) in sorted(_node_starts(job_dir, run).items())
+    ]

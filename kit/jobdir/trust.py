@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pwd
 from pathlib import Path
+
 from kit import files
 from kit.errors import KitError
 from kit.jobdir.layout import JobDir
@@ -31,9 +32,12 @@ def own(path: Path) -> Path:
     result is loaded only from a job directory of the caller's own (root included)."""
     st = os.lstat(path)
     if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise KitError(f"{path} is not this user's own (owner uid {st.st_uid}, or others can write it): kit "
-                       "neither runs nor loads what it holds", field="JOB",
-                       hint="rerun a job, or read its results, as the user who submitted it")
+        raise KitError(
+            f"{path} is not this user's own (owner uid {st.st_uid}, or others can write it): kit "
+            "neither runs nor loads what it holds",
+            field="JOB",
+            hint="rerun a job, or read its results, as the user who submitted it",
+        )
     return path
 
 
@@ -43,16 +47,25 @@ def read_own(path: Path, limit: int) -> bytes:
     try:
         with files.open_regular(path) as (fd, st):
             if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-                raise KitError(f"{path} is not this user's own (owner uid {st.st_uid}, or others can write it): "
-                               "kit neither runs nor loads what it holds", field="JOB",
-                               hint="rerun a job, or read its results, as the user who submitted it")
+                raise KitError(
+                    f"{path} is not this user's own (owner uid {st.st_uid}, or others can write it): "
+                    "kit neither runs nor loads what it holds",
+                    field="JOB",
+                    hint="rerun a job, or read its results, as the user who submitted it",
+                )
             if st.st_size > limit:
-                raise KitError(f"{path} holds {st.st_size} bytes, more than the {limit} kit loads", field="JOB",
-                               hint="return less (write large outputs to files and return their paths)")
+                raise KitError(
+                    f"{path} holds {st.st_size} bytes, more than the {limit} kit loads",
+                    field="JOB",
+                    hint="return less (write large outputs to files and return their paths)",
+                )
             return files.read_fd(fd, limit)
     except OSError as e:
-        raise KitError(f"cannot read {path}: {e.strerror}", field="JOB",
-                       hint="a function job's results are the files its ranks wrote, nothing else") from None
+        raise KitError(
+            f"cannot read {path}: {e.strerror}",
+            field="JOB",
+            hint="a function job's results are the files its ranks wrote, nothing else",
+        ) from None
 
 
 def function_payloads(source: Path) -> dict[Path, bytes]:

@@ -25,24 +25,37 @@ class _Formatter(argparse.HelpFormatter):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="kit exporter", formatter_class=_Formatter,
-                                description="Serve GPU (NVML), node (psutil), job (its processes) and training metrics to "
-                                            "Prometheus, and advertise them through a file_sd target file.")
+    p = argparse.ArgumentParser(
+        prog="kit exporter",
+        formatter_class=_Formatter,
+        description="Serve GPU (NVML), node (psutil), job (its processes) and training metrics to "
+        "Prometheus, and advertise them through a file_sd target file.",
+    )
     p.add_argument("--bind", default="0.0.0.0", help="Address to listen on [0.0.0.0].")
     p.add_argument("--port", default="9400-9499", help="Port, or LOW-HIGH: the first free one is used [9400-9499].")
     p.add_argument("--interval", type=float, default=1.0, help="Seconds between polls of NVML/psutil/training [1].")
-    p.add_argument("--targets-dir", default=os.environ.get("KIT_PROMETHEUS_TARGETS") or None,
-                   help="Write a file_sd target file here (and remove it on exit) [$KIT_PROMETHEUS_TARGETS].")
+    p.add_argument(
+        "--targets-dir",
+        default=os.environ.get("KIT_PROMETHEUS_TARGETS") or None,
+        help="Write a file_sd target file here (and remove it on exit) [$KIT_PROMETHEUS_TARGETS].",
+    )
     p.add_argument("--advertise", default=None, help="Host to put in the target file [this node's address].")
-    p.add_argument("--training-dir", default=os.environ.get("KIT_METRICS_DIR") or None,
-                   help="Where the ranks' training metric files are [$KIT_METRICS_DIR].")
+    p.add_argument(
+        "--training-dir",
+        default=os.environ.get("KIT_METRICS_DIR") or None,
+        help="Where the ranks' training metric files are [$KIT_METRICS_DIR].",
+    )
     p.add_argument("--log", default=None, help="Append one JSON line per poll to this file.")
     p.add_argument("--label", action="append", default=[], metavar="NAME=VALUE", help="Extra target label.")
     p.add_argument("--hostname-label", default="Hostname", help="GPU label carrying the host name ('' for none).")
-    p.add_argument("--naming", choices=NAMINGS, default=os.environ.get("KIT_EXPORTER_NAMING") or "prometheus",
-                   help="prometheus: snake_case names that promtool passes (kit's scrape config stores them as "
-                        "node_exporter/dcgm-exporter spell them); compat: serve node_exporter's and dcgm-exporter's "
-                        "own camelCase names [$KIT_EXPORTER_NAMING or prometheus].")
+    p.add_argument(
+        "--naming",
+        choices=NAMINGS,
+        default=os.environ.get("KIT_EXPORTER_NAMING") or "prometheus",
+        help="prometheus: snake_case names that promtool passes (kit's scrape config stores them as "
+        "node_exporter/dcgm-exporter spell them); compat: serve node_exporter's and dcgm-exporter's "
+        "own camelCase names [$KIT_EXPORTER_NAMING or prometheus].",
+    )
     p.add_argument("--no-gpu", action="store_true", help="No NVML collector.")
     p.add_argument("--no-node", action="store_true", help="No node collector (a node_exporter already runs).")
     p.add_argument("--exit-with-parent", action="store_true", help="Exit when the parent process is gone.")
@@ -106,17 +119,29 @@ def main(argv=None) -> int:
     node = os.environ.get("SLURMD_NODENAME") or None
     sources = []
     if not args.no_gpu:
-        sources.append(GpuSource(hostname=socket.gethostname(), hostname_label=args.hostname_label,
-                                 minors=job_gpus(os.environ), say=say))
+        sources.append(
+            GpuSource(
+                hostname=socket.gethostname(), hostname_label=args.hostname_label, minors=job_gpus(os.environ), say=say
+            )
+        )
     if not args.no_node:
         sources.append(NodeSource())
     sources.append(TrainingSource(Path(args.training_dir) if args.training_dir else None))
     if os.environ.get("SLURM_JOB_ID"):  # in a job: what the job's processes use on this node
         sources.append(JobSource(os.environ["SLURM_JOB_ID"], node))
-    exporter = Exporter(sources, interval=args.interval, bind=args.bind, port=port, port_max=port_max,
-                        targets_dir=Path(args.targets_dir) if args.targets_dir else None, labels=labels,
-                        log_path=Path(args.log) if args.log else None, node=node, advertise=args.advertise,
-                        naming=args.naming)
+    exporter = Exporter(
+        sources,
+        interval=args.interval,
+        bind=args.bind,
+        port=port,
+        port_max=port_max,
+        targets_dir=Path(args.targets_dir) if args.targets_dir else None,
+        labels=labels,
+        log_path=Path(args.log) if args.log else None,
+        node=node,
+        advertise=args.advertise,
+        naming=args.naming,
+    )
     # Stop signals are caught before anything is written: whatever ends the
     # exporter from here on removes its target file.
     done = exporter.catch_signals()
@@ -128,8 +153,10 @@ def main(argv=None) -> int:
         except OSError as e:
             say(f"kit exporter: cannot advertise to Prometheus: {e}")
             return 1
-        say(f"kit exporter: serving on {args.bind}:{exporter.port}"
-            + (f", target file {exporter.target_file}" if exporter.target_file else ""))
+        say(
+            f"kit exporter: serving on {args.bind}:{exporter.port}"
+            + (f", target file {exporter.target_file}" if exporter.target_file else "")
+        )
         exporter.serve_until(done, parent=os.getppid() if args.exit_with_parent else None)
     finally:
         exporter.stop()

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import Metric
 
 from kit import files
-from kit.monitor.families import SourceResult, Spec, Sample, families
+from kit.monitor.families import Sample, SourceResult, Spec, families
 from kit.monitor.naming import Naming
 
 log = logging.getLogger("kit.exporter")
@@ -36,19 +36,40 @@ SUCCESS = Spec("kit_exporter_collector_success", "gauge", "Whether the collector
 DURATION = Spec("kit_exporter_collector_duration_seconds", "gauge", "How long the collector's last poll took.")
 # Slurm's variables -> target labels (job identity goes on the target, not on every sample).
 JOB_LABELS: tuple[tuple[str, str], ...] = (
-    ("slurm_job_id", "SLURM_JOB_ID"), ("slurm_job_name", "SLURM_JOB_NAME"), ("slurm_user", "SLURM_JOB_USER"),
-    ("slurm_account", "SLURM_JOB_ACCOUNT"), ("slurm_partition", "SLURM_JOB_PARTITION"),
-    ("slurm_cluster", "SLURM_CLUSTER_NAME"), ("slurm_array_job_id", "SLURM_ARRAY_JOB_ID"),
+    ("slurm_job_id", "SLURM_JOB_ID"),
+    ("slurm_job_name", "SLURM_JOB_NAME"),
+    ("slurm_user", "SLURM_JOB_USER"),
+    ("slurm_account", "SLURM_JOB_ACCOUNT"),
+    ("slurm_partition", "SLURM_JOB_PARTITION"),
+    ("slurm_cluster", "SLURM_CLUSTER_NAME"),
+    ("slurm_array_job_id", "SLURM_ARRAY_JOB_ID"),
     ("slurm_array_task_id", "SLURM_ARRAY_TASK_ID"),
 )
 RESERVED_LABELS = ("job", "instance")
 # What the JSONL log keeps of each poll (enough for `kit report`).
-LOGGED = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_POWER_USAGE",
-          "DCGM_FI_DEV_GPU_TEMP", "gpu_compute_processes", "training_step", "training_loss", "training_samples_total",
-          "training_tokens_total", "training_step_duration_seconds", "training_tflops", "training_mfu", "node_load1",
-          "node_memory_MemAvailable_bytes",
-          "node_memory_MemTotal_bytes", "kit_job_cpu_seconds_total", "kit_job_memory_rss_bytes", "kit_job_processes",
-          "kit_job_cpus", "kit_job_memory_limit_bytes")
+LOGGED = (
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "gpu_compute_processes",
+    "training_step",
+    "training_loss",
+    "training_samples_total",
+    "training_tokens_total",
+    "training_step_duration_seconds",
+    "training_tflops",
+    "training_mfu",
+    "node_load1",
+    "node_memory_MemAvailable_bytes",
+    "node_memory_MemTotal_bytes",
+    "kit_job_cpu_seconds_total",
+    "kit_job_memory_rss_bytes",
+    "kit_job_processes",
+    "kit_job_cpus",
+    "kit_job_memory_limit_bytes",
+)
 # Logged summed over one label (per-CPU counters: one value per mode, not per CPU and mode).
 LOGGED_SUMMED = {"node_cpu_seconds_total": "mode"}
 
@@ -79,8 +100,12 @@ class Poller:
             self._append_log()
 
     def _append_log(self) -> None:
-        record = {"time": round(time.time(), 3), "node": self.node,
-                  "up": {name: r.success for name, r in self.results.items()}, "samples": []}
+        record = {
+            "time": round(time.time(), 3),
+            "node": self.node,
+            "up": {name: r.success for name, r in self.results.items()},
+            "samples": [],
+        }
         summed: dict[tuple[str, str, str], float] = {}
         for r in self.results.values():
             for s in r.samples:
@@ -95,8 +120,9 @@ class Poller:
             files.append(self.log_path, json.dumps(record, separators=(",", ":")) + "\n")
         except OSError as e:
             if not self._log_failed:  # once, not at every poll of a full disk
-                log.warning("metrics log %s: %s (the exporter goes on; polls are not logged while this lasts)",
-                            self.log_path, e)
+                log.warning(
+                    "metrics log %s: %s (the exporter goes on; polls are not logged while this lasts)", self.log_path, e
+                )
             self._log_failed = True
         else:
             self._log_failed = False
@@ -150,8 +176,10 @@ class StatusCollector(CachedCollector):
     def samples(self) -> list[Sample]:
         out: list[Sample] = []
         for name, r in sorted(self.poller.results.items()):
-            out += [Sample(SUCCESS, {"collector": name}, float(r.success)),
-                    Sample(DURATION, {"collector": name}, r.duration)]
+            out += [
+                Sample(SUCCESS, {"collector": name}, float(r.success)),
+                Sample(DURATION, {"collector": name}, r.duration),
+            ]
         return out
 
 
@@ -201,10 +229,22 @@ def _local(addr: str) -> bool:
 
 
 class Exporter:
-    def __init__(self, sources: list, *, interval: float = 1.0, bind: str = "0.0.0.0", port: int = 9400,
-                 port_max: int | None = None, targets_dir: Path | None = None, labels: dict | None = None,
-                 log_path: Path | None = None, node: str | None = None, advertise: str | None = None,
-                 env: dict | None = None, naming: str = "prometheus"):
+    def __init__(
+        self,
+        sources: list,
+        *,
+        interval: float = 1.0,
+        bind: str = "0.0.0.0",
+        port: int = 9400,
+        port_max: int | None = None,
+        targets_dir: Path | None = None,
+        labels: dict | None = None,
+        log_path: Path | None = None,
+        node: str | None = None,
+        advertise: str | None = None,
+        env: dict | None = None,
+        naming: str = "prometheus",
+    ):
         self.node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         self.poller = Poller(sources, interval, log_path, self.node)
         self.registry = CollectorRegistry(auto_describe=False)
@@ -245,8 +285,10 @@ class Exporter:
         host = self.advertise or advertise_address(self.bind)
         job = self.labels.get("slurm_job_id", "nojob")
         name = f"kit-{job}-{self.node}-{self.port}.json"
-        files.write_atomic(self.targets_dir / name,
-                           json.dumps([{"targets": [f"{host}:{self.port}"], "labels": self.labels}], indent=1) + "\n")
+        files.write_atomic(
+            self.targets_dir / name,
+            json.dumps([{"targets": [f"{host}:{self.port}"], "labels": self.labels}], indent=1) + "\n",
+        )
         self.target_file = self.targets_dir / name
 
     def stop(self) -> None:

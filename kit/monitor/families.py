@@ -50,7 +50,7 @@ def families(samples: Iterable[Sample], names: dict | None = None, labels: dict 
         fam = out.get(name)
         if fam is None:
             # A counter family is named without its _total; the text format adds it back.
-            family_name = name[:-len("_total")] if s.spec.type == "counter" else name
+            family_name = name[: -len("_total")] if s.spec.type == "counter" else name
             fam = out[name] = Metric(family_name, s.spec.help, s.spec.type)
         fam.add_sample(name, {labels.get(k, k): str(v) for k, v in s.labels.items()}, float(s.value))
     return list(out.values())

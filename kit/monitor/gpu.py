@@ -25,46 +25,86 @@ MIB = 1024 * 1024
 # dcgm-exporter's names and units. Those it types as counters keep their exact
 # names; they are exposed untyped, since a counter must end in _total.
 FIELDS: tuple[tuple[Spec, Callable[[Any, Any], float]], ...] = (
-    (Spec("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
-     lambda n, h: n.nvmlDeviceGetUtilizationRates(h).gpu),
-    (Spec("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %)."),
-     lambda n, h: n.nvmlDeviceGetUtilizationRates(h).memory),
-    (Spec("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
-     lambda n, h: n.nvmlDeviceGetMemoryInfo(h).used / MIB),
-    (Spec("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
-     lambda n, h: n.nvmlDeviceGetMemoryInfo(h).free / MIB),
-    (Spec("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
-     lambda n, h: n.nvmlDeviceGetPowerUsage(h) / 1000.0),
-    (Spec("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
-     lambda n, h: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
-    (Spec("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
-     lambda n, h: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)),
-    (Spec("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz)."),
-     lambda n, h: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM)),
-    (Spec("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge", "Current clock throttle reasons (bitmask of NVML reasons)."),
-     lambda n, h: _reasons(n, h)),
-    (Spec("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "unknown", "Total number of single-bit volatile ECC errors."),
-     lambda n, h: n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC)),
-    (Spec("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "unknown", "Total number of double-bit volatile ECC errors."),
-     lambda n, h: n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC)),
-    (Spec("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "unknown", "Number of remapped rows for correctable errors."),
-     lambda n, h: n.nvmlDeviceGetRemappedRows(h)[0]),
-    (Spec("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "unknown", "Number of remapped rows for uncorrectable errors."),
-     lambda n, h: n.nvmlDeviceGetRemappedRows(h)[1]),
-    (Spec("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed."),
-     lambda n, h: float(bool(n.nvmlDeviceGetRemappedRows(h)[3]))),
+    (
+        Spec("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
+        lambda n, h: n.nvmlDeviceGetUtilizationRates(h).gpu,
+    ),
+    (
+        Spec("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %)."),
+        lambda n, h: n.nvmlDeviceGetUtilizationRates(h).memory,
+    ),
+    (
+        Spec("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
+        lambda n, h: n.nvmlDeviceGetMemoryInfo(h).used / MIB,
+    ),
+    (
+        Spec("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
+        lambda n, h: n.nvmlDeviceGetMemoryInfo(h).free / MIB,
+    ),
+    (
+        Spec("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
+        lambda n, h: n.nvmlDeviceGetPowerUsage(h) / 1000.0,
+    ),
+    (
+        Spec("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
+        lambda n, h: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU),
+    ),
+    (
+        Spec("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
+        lambda n, h: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM),
+    ),
+    (
+        Spec("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz)."),
+        lambda n, h: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM),
+    ),
+    (
+        Spec(
+            "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge", "Current clock throttle reasons (bitmask of NVML reasons)."
+        ),
+        lambda n, h: _reasons(n, h),
+    ),
+    (
+        Spec("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "unknown", "Total number of single-bit volatile ECC errors."),
+        lambda n, h: n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC),
+    ),
+    (
+        Spec("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "unknown", "Total number of double-bit volatile ECC errors."),
+        lambda n, h: n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC),
+    ),
+    (
+        Spec("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "unknown", "Number of remapped rows for correctable errors."),
+        lambda n, h: n.nvmlDeviceGetRemappedRows(h)[0],
+    ),
+    (
+        Spec("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "unknown", "Number of remapped rows for uncorrectable errors."),
+        lambda n, h: n.nvmlDeviceGetRemappedRows(h)[1],
+    ),
+    (
+        Spec("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed."),
+        lambda n, h: float(bool(n.nvmlDeviceGetRemappedRows(h)[3])),
+    ),
 )
 
 # NVML clock event (throttle) reasons, one gauge per reason.
 THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
-    (0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"), (0x8, "hw_slowdown"),
-    (0x10, "sync_boost"), (0x20, "sw_thermal_slowdown"), (0x40, "hw_thermal_slowdown"),
-    (0x80, "hw_power_brake_slowdown"), (0x100, "display_clock_setting"),
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
 )
 THROTTLE = Spec("gpu_clock_throttle_active", "gauge", "1 while the GPU's clocks are held down for this reason.")
 PROCESSES = Spec("gpu_compute_processes", "gauge", "Compute processes running on the GPU (0: held but unused).")
-LOST = Spec("gpu_lost", "gauge", "1 while NVML reports the GPU lost (NVML_ERROR_GPU_IS_LOST: fallen off the bus); "
-            "its other values are then missing.")
+LOST = Spec(
+    "gpu_lost",
+    "gauge",
+    "1 while NVML reports the GPU lost (NVML_ERROR_GPU_IS_LOST: fallen off the bus); "
+    "its other values are then missing.",
+)
 NVML_ERROR_GPU_IS_LOST = 15
 XID_LAST = Spec("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.")
 XID_COUNT = Spec("gpu_xid_errors_total", "counter", "XID errors seen since the exporter started.")
@@ -111,8 +151,15 @@ class GpuSource:
 
     name = "gpu"
 
-    def __init__(self, nvml=None, hostname: str = "", hostname_label: str = "Hostname", events: bool = True,
-                 minors: set[int] | None = None, say=None):
+    def __init__(
+        self,
+        nvml=None,
+        hostname: str = "",
+        hostname_label: str = "Hostname",
+        events: bool = True,
+        minors: set[int] | None = None,
+        say=None,
+    ):
         self._nvml = nvml
         self._say = say  # a line for the exporter's log (watching XIDs), or None
         self.watching = threading.Event()  # set once the XID thread has registered its GPUs
@@ -133,6 +180,7 @@ class GpuSource:
     def nvml(self):
         if self._nvml is None:
             import pynvml  # nvidia-ml-py
+
             self._nvml = pynvml
         return self._nvml
 
@@ -145,9 +193,13 @@ class GpuSource:
             try:
                 h = n.nvmlDeviceGetHandleByIndex(i)
                 minor = n.nvmlDeviceGetMinorNumber(h)
-                labels = {"gpu": str(minor), "UUID": _text(n.nvmlDeviceGetUUID(h)),
-                          "pci_bus_id": _text(n.nvmlDeviceGetPciInfo(h).busId), "device": f"nvidia{minor}",
-                          "modelName": _text(n.nvmlDeviceGetName(h))}
+                labels = {
+                    "gpu": str(minor),
+                    "UUID": _text(n.nvmlDeviceGetUUID(h)),
+                    "pci_bus_id": _text(n.nvmlDeviceGetPciInfo(h).busId),
+                    "device": f"nvidia{minor}",
+                    "modelName": _text(n.nvmlDeviceGetName(h)),
+                }
             except Exception as e:  # one GPU that cannot be read does not hide the others
                 if not _is_lost(e):
                     continue

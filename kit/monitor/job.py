@@ -22,8 +22,11 @@ import time
 from kit.monitor.families import Sample, SourceResult, Spec
 from kit.monitor.node import PsutilSource
 
-CPU = Spec("kit_job_cpu_seconds_total", "counter",
-           "CPU time (user and system, with reaped children) of the job's processes on this node.")
+CPU = Spec(
+    "kit_job_cpu_seconds_total",
+    "counter",
+    "CPU time (user and system, with reaped children) of the job's processes on this node.",
+)
 RSS = Spec("kit_job_memory_rss_bytes", "gauge", "Resident memory of the job's processes on this node.")
 PROCESSES = Spec("kit_job_processes", "gauge", "The job's processes on this node.")
 CPUS = Spec("kit_job_cpus", "gauge", "CPUs Slurm allocated to the job on this node (SLURM_CPUS_ON_NODE).")
@@ -36,8 +39,10 @@ def allocation(env: dict) -> tuple[float | None, float | None]:
     mem = env.get("SLURM_MEM_PER_NODE", "")
     if not mem and env.get("SLURM_MEM_PER_CPU", "").isdigit() and cpus.isdigit():
         mem = str(int(env["SLURM_MEM_PER_CPU"]) * int(cpus))
-    return (float(cpus) if cpus.isdigit() else None,
-            float(mem) * 1024 * 1024 if mem.isdigit() and int(mem) > 0 else None)
+    return (
+        float(cpus) if cpus.isdigit() else None,
+        float(mem) * 1024 * 1024 if mem.isdigit() and int(mem) > 0 else None,
+    )
 
 
 RESCAN = 30.0  # seconds between two reads of every process's environment
@@ -62,8 +67,7 @@ def children(pid: int) -> list[int]:
 class JobSource(PsutilSource):
     name = "job"
 
-    def __init__(self, job_id: str, node: str | None, env: dict | None = None, psutil=None,
-                 rescan: float = RESCAN):
+    def __init__(self, job_id: str, node: str | None, env: dict | None = None, psutil=None, rescan: float = RESCAN):
         super().__init__(psutil)
         self.job_id = job_id
         self.node = node

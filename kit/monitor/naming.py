@@ -42,8 +42,9 @@ def relabel_configs() -> list[dict]:
         rules.append({"source_labels": [served], "regex": "(.+)", "target_label": dropin})
         rules.append({"regex": served, "action": "labeldrop"})
     for dropin, served in METRICS.items():
-        rules.append({"source_labels": ["__name__"], "regex": served, "target_label": "__name__",
-                      "replacement": dropin})
+        rules.append(
+            {"source_labels": ["__name__"], "regex": served, "target_label": "__name__", "replacement": dropin}
+        )
     return rules
 
 

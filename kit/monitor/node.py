@@ -15,8 +15,11 @@ NET_RX = Spec("node_network_receive_bytes_total", "counter", "Network device sta
 NET_TX = Spec("node_network_transmit_bytes_total", "counter", "Network device statistic transmit_bytes.")
 DISK_R = Spec("node_disk_read_bytes_total", "counter", "The total number of bytes read successfully.")
 DISK_W = Spec("node_disk_written_bytes_total", "counter", "The total number of bytes written successfully.")
-LOADS = (Spec("node_load1", "gauge", "1m load average."), Spec("node_load5", "gauge", "5m load average."),
-         Spec("node_load15", "gauge", "15m load average."))
+LOADS = (
+    Spec("node_load1", "gauge", "1m load average."),
+    Spec("node_load5", "gauge", "5m load average."),
+    Spec("node_load15", "gauge", "15m load average."),
+)
 # node_exporter's default --collector.diskstats.device-exclude: no partitions, loop or RAM devices.
 DISK_EXCLUDE = re.compile(r"^(z?ram|loop|fd|(h|s|v|xv)d[a-z]|nvme\d+n\d+p)\d+$")
 CPU_MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -32,6 +35,7 @@ class PsutilSource:
     def psutil(self):
         if self._psutil is None:
             import psutil
+
             self._psutil = psutil
         return self._psutil
 

@@ -32,9 +32,11 @@ MODELS: tuple[tuple[tuple[str, ...], str, dict[str, float], str], ...] = (
 )
 
 # Lightning's and torch's spellings of a precision -> the table's.
-PRECISIONS = {"bf16": ("bf16-mixed", "bf16-true", "bf16", "torch.bfloat16", "bfloat16"),
-              "fp16": ("16-mixed", "16-true", "16", "fp16", "torch.float16", "float16", "half"),
-              "fp32": ("32-true", "32", "fp32", "torch.float32", "float32", "float")}
+PRECISIONS = {
+    "bf16": ("bf16-mixed", "bf16-true", "bf16", "torch.bfloat16", "bfloat16"),
+    "fp16": ("16-mixed", "16-true", "16", "fp16", "torch.float16", "float16", "half"),
+    "fp32": ("32-true", "32", "fp32", "torch.float32", "float32", "float"),
+}
 
 
 def precision_of(text: str | None) -> str | None:

@@ -19,12 +19,21 @@ FIELDS: tuple[tuple[str, Spec], ...] = (
     ("samples_total", Spec("training_samples_total", "counter", "Samples the rank has trained on.")),
     ("tokens_total", Spec("training_tokens_total", "counter", "Tokens the rank has trained on (models with tokens).")),
     ("step_duration_seconds", Spec("training_step_duration_seconds", "gauge", "Wall time of the last step.")),
-    ("last_step_timestamp_seconds",
-     Spec("training_last_step_timestamp_seconds", "gauge", "When the last step ended (Unix time).")),
+    (
+        "last_step_timestamp_seconds",
+        Spec("training_last_step_timestamp_seconds", "gauge", "When the last step ended (Unix time)."),
+    ),
     ("learning_rate", Spec("training_learning_rate", "gauge", "The learning rate of the first parameter group.")),
     ("tflops", Spec("training_tflops", "gauge", "The model's achieved TFLOP/s on the rank's device (kit.train.mfu).")),
-    ("mfu", Spec("training_mfu", "gauge", "Model FLOPs utilisation: training_tflops over the device's dense peak "
-                                         "for its precision (kit.monitor.peaks); absent on a CPU or an unknown GPU.")),
+    (
+        "mfu",
+        Spec(
+            "training_mfu",
+            "gauge",
+            "Model FLOPs utilisation: training_tflops over the device's dense peak "
+            "for its precision (kit.monitor.peaks); absent on a CPU or an unknown GPU.",
+        ),
+    ),
 )
 
 
@@ -64,7 +73,6 @@ class TrainingSource:
                     continue
                 labels = {"rank": values["rank"]}
                 out += [Sample(spec, labels, values[key]) for key, spec in FIELDS if key in values]
-            return SourceResult(out, True, time.perf_counter() - t0,
-                                f"unreadable: {', '.join(bad)}" if bad else "")
+            return SourceResult(out, True, time.perf_counter() - t0, f"unreadable: {', '.join(bad)}" if bad else "")
         except OSError as e:
             return SourceResult([], False, time.perf_counter() - t0, str(e))

@@ -10,5 +10,15 @@ from kit.remote.client import RIDE_THROUGH, Session, riding_through, run, start
 from kit.remote.ssh import Host, Unreachable, connection_options, control_path
 from kit.remote.wire import COMMANDS
 
-__all__ = ["COMMANDS", "RIDE_THROUGH", "Host", "Session", "Unreachable", "connection_options", "control_path",
-           "riding_through", "run", "start"]
+__all__ = [
+    "COMMANDS",
+    "RIDE_THROUGH",
+    "Host",
+    "Session",
+    "Unreachable",
+    "connection_options",
+    "control_path",
+    "riding_through",
+    "run",
+    "start",
+]

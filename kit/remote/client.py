@@ -28,8 +28,9 @@ RIDE_THROUGH = 600  # seconds a followed log (or a wait) waits for its connectio
 def start(host: Host, argv: list[str], options: list[str]) -> subprocess.Popen:
     """``kit ARGV`` on the login node: ssh started, ``argv`` its input's first line (JSON); its input, output
     and stderr pipes, for the caller to go on with."""
-    proc = subprocess.Popen(ssh_argv(host, options), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=host.env)
+    proc = subprocess.Popen(
+        ssh_argv(host, options), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=host.env
+    )
     try:
         proc.stdin.write(json.dumps(argv, ensure_ascii=True).encode() + b"\n")
         proc.stdin.flush()
@@ -122,8 +123,9 @@ class Session:
         said = self.err.join()
         checked(self.host, code, said, self.options)  # ssh's own failures, no kit there
         if code == 0 or not said.strip():
-            raise KitError(f"kit on {self.host.name} gave no answer kit can read: {reason}", field="--host",
-                           exit_code=1)
+            raise KitError(
+                f"kit on {self.host.name} gave no answer kit can read: {reason}", field="--host", exit_code=1
+            )
         raise failure(self.host, code, said)
 
     def __exit__(self, *exc) -> None:
@@ -151,7 +153,7 @@ def pass_through(proc, skip: int = 0, write=None) -> int:
     seen, write = 0, write or Shown()
     try:
         while chunk := proc.stdout.read1(65536):  # the buffer start() read the hello through, then the pipe
-            new = chunk[max(0, skip - seen):]
+            new = chunk[max(0, skip - seen) :]
             seen += len(chunk)
             if new:
                 write(new)

@@ -37,8 +37,12 @@ def call(host: remote.Host, name: str, **args: Any) -> Any:
     with remote.Session(host, ["remote-call", json.dumps({"call": name, **args})]) as session:
         answer = session.read_json()
     if "kit_error" in answer:
-        raise KitError(answer["kit_error"], field=answer.get("field") or "host", hint=answer.get("hint"),
-                       exit_code=answer.get("exit_code") or 1)
+        raise KitError(
+            answer["kit_error"],
+            field=answer.get("field") or "host",
+            hint=answer.get("hint"),
+            exit_code=answer.get("exit_code") or 1,
+        )
     return answer.get("value")
 
 
@@ -54,8 +58,10 @@ def launch(host: remote.Host, command, kwargs: dict, cwd: Path | None = None) ->
 def jobs(host: remote.Host, output_dirs=("kit-jobs",), everything: bool = False) -> list[tuple[str, dict]]:
     """``kit.jobs(host=)``: (directory, kit ps's row as JSON) of each job `kit ps` lists there (output
     directories relative to the login home)."""
-    return [(unit, row) for unit, row in call(host, "jobs", output_dirs=[str(d) for d in output_dirs],
-                                               everything=everything)]
+    return [
+        (unit, row)
+        for unit, row in call(host, "jobs", output_dirs=[str(d) for d in output_dirs], everything=everything)
+    ]
 
 
 def _call(job, name: str, **args: Any) -> Any:
@@ -76,31 +82,50 @@ def progress(job) -> records.Progress:
     return records.Progress(**_call(job, "progress"))
 
 
-def wait(job, timeout: float | None = None, poll: float = 1.0, *, on_state=None, on_outage=None,
-         on_poll=None) -> Outcome:
+def wait(
+    job, timeout: float | None = None, poll: float = 1.0, *, on_state=None, on_outage=None, on_poll=None
+) -> Outcome:
     """The job's outcome once it ends, waited for there; a dropped connection is opened again (for up to
     :data:`kit.remote.RIDE_THROUGH` seconds; ``on_outage`` hears of it) and the wait goes on there."""
     end = None if timeout is None else time.monotonic() + timeout
     said = on_outage or (lambda message: print(f"kit: {message}", file=sys.stderr, flush=True))
     return remote.riding_through(
         lambda: Outcome(**_call(job, "wait", timeout=None if end is None else max(0.0, end - time.monotonic()))),
-        note=lambda: said(f"job {job.id}: the connection to {job.host.name} dropped; waiting again"))
+        note=lambda: said(f"job {job.id}: the connection to {job.host.name} dropped; waiting again"),
+    )
 
 
 def cancel(job, reason: str | None = None) -> dict:
     return _call(job, "cancel", reason=reason)
 
 
-def logs(job, rank: int | None = None, run: int | None = None, errors: bool = False, *,
-         node: str | None = None, sidecar: str | None = None) -> str:
+def logs(
+    job,
+    rank: int | None = None,
+    run: int | None = None,
+    errors: bool = False,
+    *,
+    node: str | None = None,
+    sidecar: str | None = None,
+) -> str:
     return _call(job, "logs", rank=rank, run=run, errors=errors, node=node, sidecar=sidecar)
 
 
-def feed_logs(job, write, *, rank: int | None = None, run: int | None = None, node: str | None = None,
-              sidecar: str | None = None, prefixed: bool | None = None, batch_instead: bool = True,
-              say=lambda note: None) -> None:
-    got = _call(job, "feed_logs", rank=rank, run=run, node=node, sidecar=sidecar, prefixed=prefixed,
-                batch_instead=batch_instead)
+def feed_logs(
+    job,
+    write,
+    *,
+    rank: int | None = None,
+    run: int | None = None,
+    node: str | None = None,
+    sidecar: str | None = None,
+    prefixed: bool | None = None,
+    batch_instead: bool = True,
+    say=lambda note: None,
+) -> None:
+    got = _call(
+        job, "feed_logs", rank=rank, run=run, node=node, sidecar=sidecar, prefixed=prefixed, batch_instead=batch_instead
+    )
     for note in got["notes"]:
         say(note)
     write(base64.b64decode(got["data"]))
@@ -139,15 +164,31 @@ class Reported:
         return list(self.shown)
 
 
-def summarize(job, prometheus: str | None = None, output: str | Path | None = None,
-              min_seconds: float | None = None, notice=lambda e: None, output_dir: str | None = None) -> Reported:
+def summarize(
+    job,
+    prometheus: str | None = None,
+    output: str | Path | None = None,
+    min_seconds: float | None = None,
+    notice=lambda e: None,
+    output_dir: str | None = None,
+) -> Reported:
     """`kit report` there; ``output``: its picture written here (the numbers beside it, ``.json``)."""
     suffix = Path(output).suffix.lower() if output else ".png"
     if suffix not in PICTURES:
-        raise KitError(f"{output}: the report is a picture: name it .png, .svg or .pdf", field="--output",
-                       hint="a .json summary is written next to it")
-    got = _call(job, "report", prometheus=prometheus, min_seconds=min_seconds, suffix=suffix,
-                send=output is not None, output_dir=output_dir)
+        raise KitError(
+            f"{output}: the report is a picture: name it .png, .svg or .pdf",
+            field="--output",
+            hint="a .json summary is written next to it",
+        )
+    got = _call(
+        job,
+        "report",
+        prometheus=prometheus,
+        min_seconds=min_seconds,
+        suffix=suffix,
+        send=output is not None,
+        output_dir=output_dir,
+    )
     picture = base64.b64decode(got.pop("picture_bytes") or "")
     if output is not None:  # as the local report writes them: a new file renamed over the name, never through it
         out = Path(output)

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import click
 
-from kit.job import functions
 from kit import submission as lib
 from kit.cli.launch import RECEIVED, launched
 from kit.core import jobfile
-from kit.remote import transfer, wire
 from kit.errors import KitError
+from kit.job import functions
+from kit.remote import transfer, wire
 
 
 def _say(value: dict) -> None:
@@ -39,7 +39,12 @@ def remote_submit():
         payloads = [sys.stdin.buffer.read(n) for n in sizes]
     except (ValueError, KeyError, TypeError):
         raise KitError("the laptop sent no call", field="remote-submit") from None
-    if not isinstance(kwargs, dict) or [len(p) for p in payloads] != sizes or not sizes or (not array and len(sizes) > 1):
+    if (
+        not isinstance(kwargs, dict)
+        or [len(p) for p in payloads] != sizes
+        or not sizes
+        or (not array and len(sizes) > 1)
+    ):
         raise KitError("the laptop's calls stopped short", field="remote-submit")
     wire.watch_input_end()
     out = kwargs.get("output_dir")
@@ -101,8 +106,8 @@ def _result_record(job_dir: Path, job_id: str, end) -> dict:
 def remote_wait(job_dir, job_id):
     """The login node's side of `kit --host LOGIN launch --wait` after a dropped connection: wait for the job
     (every task of an array job) again, as --wait does, and exit with its code."""
-    from kit.job import api
     from kit.cli.launch import wait_and_report, wait_and_report_tasks
+    from kit.job import api
     from kit.jobdir import records
 
     target = api.Job(job_dir, job_id=job_id).target
@@ -134,14 +139,22 @@ def _report(job, a: dict) -> dict:
     missing: list[KitError] = []
     summary = job.summarize(a.get("prometheus"), out, a.get("min_seconds"), notice=missing.append)
     picture = out.read_bytes() if a.get("send") and out.is_file() and not missing else b""
-    return {"lines": summary.lines(), "warnings": [e.message + (f"; {e.hint}" if e.hint else "") for e in missing],
-            "numbers": asdict(summary), "picture": str(out), "picture_bytes": base64.b64encode(picture).decode()}
+    return {
+        "lines": summary.lines(),
+        "warnings": [e.message + (f"; {e.hint}" if e.hint else "") for e in missing],
+        "numbers": asdict(summary),
+        "picture": str(out),
+        "picture_bytes": base64.b64encode(picture).decode(),
+    }
 
 
 def _jobs(a: dict) -> list:
     from kit.job import api
-    return [[str(j.dir), j.row.as_json()] for j in
-            api.jobs(output_dirs=[_under_home(d) for d in a["output_dirs"]], everything=bool(a.get("everything")))]
+
+    return [
+        [str(j.dir), j.row.as_json()]
+        for j in api.jobs(output_dirs=[_under_home(d) for d in a["output_dirs"]], everything=bool(a.get("everything")))
+    ]
 
 
 def _rerun(job, a: dict) -> dict:
@@ -152,8 +165,16 @@ def _rerun(job, a: dict) -> dict:
 def _feed_logs(job, a: dict) -> dict:
     parts: list[bytes] = []
     notes: list[str] = []
-    job.feed_logs(parts.append, rank=a.get("rank"), run=a.get("run"), node=a.get("node"), sidecar=a.get("sidecar"),
-                  prefixed=a.get("prefixed"), batch_instead=bool(a.get("batch_instead", True)), say=notes.append)
+    job.feed_logs(
+        parts.append,
+        rank=a.get("rank"),
+        run=a.get("run"),
+        node=a.get("node"),
+        sidecar=a.get("sidecar"),
+        prefixed=a.get("prefixed"),
+        batch_instead=bool(a.get("batch_instead", True)),
+        say=notes.append,
+    )
     return {"notes": notes, "data": base64.b64encode(b"".join(parts)).decode()}
 
 
@@ -169,8 +190,9 @@ CALLS = {
     "progress": lambda job, a: asdict(job.progress()),
     "wait": lambda job, a: asdict(job.wait(a.get("timeout"))),
     "cancel": lambda job, a: job.cancel(a.get("reason")),
-    "logs": lambda job, a: job.logs(a.get("rank"), a.get("run"), bool(a.get("errors")), node=a.get("node"),
-                                    sidecar=a.get("sidecar")),
+    "logs": lambda job, a: job.logs(
+        a.get("rank"), a.get("run"), bool(a.get("errors")), node=a.get("node"), sidecar=a.get("sidecar")
+    ),
     "feed_logs": _feed_logs,
     "errors": lambda job, a: job.errors(a.get("runs")),
     "rerun": _rerun,

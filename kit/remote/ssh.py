@@ -56,8 +56,11 @@ class Host:
         env = dict(os.environ if environ is None else environ)
         name = name.strip()
         if not name or name.startswith("-") or any(c.isspace() for c in name):
-            raise KitError(f"not a host: {name!r}", field="--host",
-                           hint="a name ssh knows: a Host alias of ~/.ssh/config, or user@login.example.org")
+            raise KitError(
+                f"not a host: {name!r}",
+                field="--host",
+                hint="a name ssh knows: a Host alias of ~/.ssh/config, or user@login.example.org",
+            )
         try:
             ssh = tuple(shlex.split(env.get("KIT_SSH") or "ssh"))
             remote = tuple(shlex.split(env.get("KIT_REMOTE_KIT") or "kit"))
@@ -71,8 +74,9 @@ def config(host: Host) -> dict[str, str]:
     """What ssh will use for ``host`` (``ssh -G``): the user's configuration, resolved."""
     proc = subprocess.run([*host.ssh, "-G", host.name], capture_output=True, text=True, env=host.env)
     if proc.returncode != 0:
-        raise KitError(f"ssh cannot read its configuration for {host.name}: {_last_line(proc.stderr)}",
-                       field="--host", exit_code=1)
+        raise KitError(
+            f"ssh cannot read its configuration for {host.name}: {_last_line(proc.stderr)}", field="--host", exit_code=1
+        )
     out = {}
     for line in proc.stdout.splitlines():
         key, _, value = line.partition(" ")
@@ -87,10 +91,20 @@ def control_options(host: Host, resolved: dict[str, str]) -> list[str]:
     try:  # where ssh puts kit's master socket (ssh's ~ is the account's home, not $HOME)
         (Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh").mkdir(mode=0o700, exist_ok=True)
     except (KeyError, OSError) as e:
-        raise KitError(f"cannot make ~/.ssh for kit's master connection: {e}", field="--host", exit_code=1,
-                       hint="set a ControlMaster and ControlPath of your own for this host in ~/.ssh/config") from None
-    return ["-o", "ControlMaster=auto", "-o", f"ControlPath={control_path(host, resolved)}",
-            "-o", f"ControlPersist={PERSIST}"]
+        raise KitError(
+            f"cannot make ~/.ssh for kit's master connection: {e}",
+            field="--host",
+            exit_code=1,
+            hint="set a ControlMaster and ControlPath of your own for this host in ~/.ssh/config",
+        ) from None
+    return [
+        "-o",
+        "ControlMaster=auto",
+        "-o",
+        f"ControlPath={control_path(host, resolved)}",
+        "-o",
+        f"ControlPersist={PERSIST}",
+    ]
 
 
 def control_path(host: Host, resolved: dict[str, str] | None = None) -> str:
@@ -113,8 +127,9 @@ def master_command(host: Host, options: list[str]) -> str:
 
 
 def master_alive(host: Host, options: list[str]) -> bool:
-    proc = subprocess.run([*host.ssh, *_control_path(options), "-O", "check", host.name],
-                          capture_output=True, env=host.env)
+    proc = subprocess.run(
+        [*host.ssh, *_control_path(options), "-O", "check", host.name], capture_output=True, env=host.env
+    )
     return proc.returncode == 0
 
 
@@ -130,7 +145,9 @@ def remote_command(host: Host) -> str:
         # why the shell did not find it
         probe = "".join(f'[ -x "{d}/{name}" ] && echo "{FOUND}{d}/{name}" >&2; ' for d in WHERE_USERS_INSTALL)
     found = f"command -v {shlex.quote(name)} >/dev/null 2>&1 || {{ {probe}exit 127; }}"
-    script = f"{found}; {VERSION_VARIABLE}={shlex.quote(__version__)} exec {shlex.join([*host.remote_kit, ARGS_COMMAND])}"
+    script = (
+        f"{found}; {VERSION_VARIABLE}={shlex.quote(__version__)} exec {shlex.join([*host.remote_kit, ARGS_COMMAND])}"
+    )
     if "!" in script or "\n" in script:
         encoded = base64.b64encode(script.encode("utf-8", "surrogateescape")).decode()
         return f"exec sh -c 'eval \"$(printf %s {encoded} | base64 -d)\"'"
@@ -147,10 +164,12 @@ def connection_options(host: Host) -> list[str]:
     options = control_options(host, config(host))
     if host.reuse_only:
         if not master_alive(host, options):
-            raise KitError(f"no SSH master connection to {host.name} to reuse (KIT_SSH_REUSE_ONLY)",
-                           field="--host", exit_code=1,
-                           hint=f"start one (it asks for your password or second factor once): "
-                                f"{master_command(host, options)}")
+            raise KitError(
+                f"no SSH master connection to {host.name} to reuse (KIT_SSH_REUSE_ONLY)",
+                field="--host",
+                exit_code=1,
+                hint=f"start one (it asks for your password or second factor once): {master_command(host, options)}",
+            )
         options = [*options, "-o", "ControlMaster=no"]
     return options
 
@@ -159,26 +178,40 @@ def checked(host: Host, code: int, said: str, options: list[str]) -> int:
     """ssh's exit code, or the :class:`KitError` its failure is (ssh's own 255, no kit there)."""
     if code == 255:  # ssh's own failure: nothing ran there
         if "REMOTE HOST IDENTIFICATION HAS CHANGED" in said or "Host key verification failed" in said:
-            raise KitError(f"ssh refused {host.name}: its host key is not the one known for it", field="--host",
-                           exit_code=1, hint="if the login node's key really changed, check its fingerprint with "
-                                             "your site and update ~/.ssh/known_hosts (ssh-keygen -R HOST)")
-        raise Unreachable(f"ssh could not reach {host.name}: {_last_line(said) or 'exit 255'}", field="--host",
-                          exit_code=1, hint=f"check that `{shlex.join([*host.ssh, host.name])}` works without a "
-                                            f"prompt (kit never prompts), or start a master: "
-                                            f"{master_command(host, options)}")
+            raise KitError(
+                f"ssh refused {host.name}: its host key is not the one known for it",
+                field="--host",
+                exit_code=1,
+                hint="if the login node's key really changed, check its fingerprint with "
+                "your site and update ~/.ssh/known_hosts (ssh-keygen -R HOST)",
+            )
+        raise Unreachable(
+            f"ssh could not reach {host.name}: {_last_line(said) or 'exit 255'}",
+            field="--host",
+            exit_code=1,
+            hint=f"check that `{shlex.join([*host.ssh, host.name])}` works without a "
+            f"prompt (kit never prompts), or start a master: "
+            f"{master_command(host, options)}",
+        )
     lines = said.strip().splitlines()
     if code == 127 and all(line.startswith(FOUND) for line in lines):  # remote_command's own "not there"
         if lines:
-            path = lines[0][len(FOUND):]
-            raise KitError(f"kit is not on the login shell's PATH on {host.name}, but installed at {path}",
-                           field="--host", exit_code=1,
-                           hint=f"`ssh {host.name} CMD` runs a shell that is not interactive, and ~/.bashrc stops "
-                                "at its interactive guard (Debian's returns at its top): put "
-                                f"`export PATH=\"{os.path.dirname(path)}:$PATH\"` above that line, or set "
-                                f"KIT_REMOTE_KIT={path} here")
-        raise KitError(f"kit is not installed on {host.name} ({shlex.join(host.remote_kit)}: not found)",
-                       field="--host", exit_code=1,
-                       hint=f"install it there: {INSTALL}=={__version__} (or set KIT_REMOTE_KIT to its path)")
+            path = lines[0][len(FOUND) :]
+            raise KitError(
+                f"kit is not on the login shell's PATH on {host.name}, but installed at {path}",
+                field="--host",
+                exit_code=1,
+                hint=f"`ssh {host.name} CMD` runs a shell that is not interactive, and ~/.bashrc stops "
+                "at its interactive guard (Debian's returns at its top): put "
+                f'`export PATH="{os.path.dirname(path)}:$PATH"` above that line, or set '
+                f"KIT_REMOTE_KIT={path} here",
+            )
+        raise KitError(
+            f"kit is not installed on {host.name} ({shlex.join(host.remote_kit)}: not found)",
+            field="--host",
+            exit_code=1,
+            hint=f"install it there: {INSTALL}=={__version__} (or set KIT_REMOTE_KIT to its path)",
+        )
     return code
 
 
@@ -189,8 +222,12 @@ class Unreachable(KitError):
 def failure(host: Host, code: int, said: str) -> KitError:
     """kit there failed (not ssh): its ``kit: …`` line (the rest of what it said as the detail)."""
     theirs = [line[5:].strip() for line in said.splitlines() if line.startswith("kit: ")]
-    return KitError(theirs[0] if theirs else f"kit on {host.name} ended with exit {code}", field="host",
-                    exit_code=code or 1, detail="\n".join(said.splitlines()[1:]) or None)
+    return KitError(
+        theirs[0] if theirs else f"kit on {host.name} ended with exit {code}",
+        field="host",
+        exit_code=code or 1,
+        detail="\n".join(said.splitlines()[1:]) or None,
+    )
 
 
 def _last_line(text: str) -> str:

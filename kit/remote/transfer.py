@@ -39,14 +39,14 @@ import sys
 from pathlib import Path
 
 from kit import files
+from kit.code import snapshot as snapshots
 from kit.code import store as codestore
 from kit.core import jobfile
 from kit.core.text import Shown
-from kit.remote import client, ssh, wire
-from kit.code import snapshot as snapshots
 from kit.errors import KitError
 from kit.home import kit_home
 from kit.image import is_reference, pin
+from kit.remote import client, ssh, wire
 
 LINE_LIMIT = 1 << 30  # a manifest of 200,000 paths fits
 KEEP_TREES = 3
@@ -66,8 +66,9 @@ def launch_call(host: ssh.Host, request: jobfile.Request, cwd: Path) -> tuple[di
     """``kit.launch(..., host=)``: the launch there as :func:`launch` makes it; (the job it answered, the lines
     it and the code's transfer said). A failure there is its ``kit: …`` line as a :class:`KitError`."""
     said_here: list[str] = []
-    code, job, said, options = _launched(host, dataclasses.replace(request, as_json=True, wait=False), cwd,
-                                         say=said_here.append, echo=False)
+    code, job, said, options = _launched(
+        host, dataclasses.replace(request, as_json=True, wait=False), cwd, say=said_here.append, echo=False
+    )
     ssh.checked(host, code, said, options)
     if code != 0:
         raise ssh.failure(host, code, said)
@@ -86,6 +87,7 @@ def _launched(host: ssh.Host, request: jobfile.Request, cwd: Path, say, echo: bo
 
     def job():
         return next((r["launched"] for r in write.seen if isinstance(r.get("launched"), dict)), None)
+
     if request.fields.get("code_snapshot") is False:
         proc = client.start(host, ["remote-launch", "--job", sent_request.to_json()], options)
         tail = client.forward_stderr(proc, echo)
@@ -93,28 +95,35 @@ def _launched(host: ssh.Host, request: jobfile.Request, cwd: Path, say, echo: bo
         return code, job(), tail.join(), options
     snap = snapshots.take(cwd, request.fields.get("code"), store=snapshots.store_for(kit_home()))
     if snap is None:
-        raise KitError(f"{cwd} is in no git work tree: over SSH the job's code must travel", field="--host",
-                       hint="launch from your repository, or give --code DIR (--no-code-snapshot: run what is "
-                            "on the login node)")
+        raise KitError(
+            f"{cwd} is in no git work tree: over SSH the job's code must travel",
+            field="--host",
+            hint="launch from your repository, or give --code DIR (--no-code-snapshot: run what is on the login node)",
+        )
     root = Path(snap.root)
     where = str(Path(cwd).resolve().relative_to(root)) if codestore.inside(Path(cwd).resolve(), root) else "."
-    tree = f"{files.safe_name(root.name, 40) or 'tree'}-" \
-           f"{hashlib.sha256(f'{socket.gethostname()}:{root}'.encode()).hexdigest()[:12]}"
+    tree = (
+        f"{files.safe_name(root.name, 40) or 'tree'}-"
+        f"{hashlib.sha256(f'{socket.gethostname()}:{root}'.encode()).hexdigest()[:12]}"
+    )
     with codestore.opened(Path(snap.store), create=False) as (_, objects, manifests):
         about, manifest, sources = outgoing(snap, objects, manifests)
         image = _laptop_image(request.fields.get("image"), Path(cwd))
         if image is not None:  # sent as the login node's pinned copy, by content, unless it is there
             about["image"], sources[f"image:sha256-{image[1].partition(':')[2]}.sqsh"] = image[1], image[0]
-        proc = client.start(host, ["remote-launch", "--tree", tree, "--cwd", where, "--job", sent_request.to_json()],
-                            options)
+        proc = client.start(
+            host, ["remote-launch", "--tree", tree, "--cwd", where, "--job", sent_request.to_json()], options
+        )
         tail = client.forward_stderr(proc, echo)
         try:
             sent = _send(proc, about, manifest, sources)
             if sent is not None:
                 say(f"kit: code {snap.digest[:19]}: sent {sent[0]} object(s), {snapshots.mib(sent[1])}, to {host.name}")
                 if image is not None:
-                    say(f"kit: image {image[1][:19]}: " + (f"sent {snapshots.mib(sent[2])}" if sent[2] is not None
-                                                           else "already there"))
+                    say(
+                        f"kit: image {image[1][:19]}: "
+                        + (f"sent {snapshots.mib(sent[2])}" if sent[2] is not None else "already there")
+                    )
             code = client.pass_through(proc, write=write)
         finally:
             if proc.poll() is None:
@@ -155,8 +164,10 @@ def _send(proc, about: dict, manifest: bytes, sources: dict[str, Path]) -> tuple
     """Steps 1-3: (code objects, their bytes, the image's bytes or None) sent, or None when the login node
     said no before asking (its error is on stderr)."""
     try:
-        proc.stdin.write(json.dumps({**about, "manifest": manifest.decode("utf-8", "surrogateescape")},
-                                    ensure_ascii=True).encode() + b"\n")
+        proc.stdin.write(
+            json.dumps({**about, "manifest": manifest.decode("utf-8", "surrogateescape")}, ensure_ascii=True).encode()
+            + b"\n"
+        )
         proc.stdin.flush()
         missing = wire.read(proc.stdout)["missing"]
     except (OSError, wire.NoRecord, KeyError):
@@ -169,8 +180,9 @@ def _send(proc, about: dict, manifest: bytes, sources: dict[str, Path]) -> tuple
     image = None
     for name in missing:
         if name not in sources:
-            raise KitError(f"the login node asked for {name!r}, which is not this launch's", field="--host",
-                           exit_code=1)
+            raise KitError(
+                f"the login node asked for {name!r}, which is not this launch's", field="--host", exit_code=1
+            )
         with files.open_regular(sources[name], follow=name.startswith("image:")) as (fd, st):
             proc.stdin.write(json.dumps({"name": name, "size": st.st_size}).encode() + b"\n")
             while chunk := os.read(fd, CHUNK):
@@ -193,9 +205,13 @@ def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path, Path | Non
     try:
         header = json.loads(sys.stdin.buffer.readline(LINE_LIMIT))
         digest, manifest = header["digest"], header["manifest"].encode("utf-8", "surrogateescape")
-        about = (str(header["source"]), int(header["files"]), int(header["bytes"]),
-                 header["commit"] if isinstance(header["commit"], str) else None,
-                 header["dirty"] if isinstance(header["dirty"], bool) else None)
+        about = (
+            str(header["source"]),
+            int(header["files"]),
+            int(header["bytes"]),
+            header["commit"] if isinstance(header["commit"], str) else None,
+            header["dirty"] if isinstance(header["dirty"], bool) else None,
+        )
         image_hex = _hex(header["image"]) if header.get("image") is not None else None
         image = f"sha256-{image_hex}.sqsh" if image_hex is not None else None
     except (ValueError, KeyError, AttributeError, TypeError):
@@ -228,8 +244,11 @@ def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path, Path | Non
         if damaged:  # its files are links to the damaged objects: laid out again from the whole ones
             shutil.rmtree(trees / hexdigest[:16], ignore_errors=True)
         top = _lay_out(trees, hexdigest[:16], entries, objects)
-    return (codestore.Snapshot(digest, str(top), str(store), *about), top / where,
-            images / image if image is not None else None)
+    return (
+        codestore.Snapshot(digest, str(top), str(store), *about),
+        top / where,
+        images / image if image is not None else None,
+    )
 
 
 def _hex(digest) -> str:
@@ -264,8 +283,9 @@ def _receive_object(objects: Path, images: Path, expected: set[str]) -> None:
             left -= len(chunk)
     if left or h.hexdigest() != final.removesuffix(".x").removeprefix("sha256-").removesuffix(".sqsh"):
         os.unlink(tmp)
-        raise KitError(f"the object {final[:19]} did not arrive whole, or is not what its name says",
-                       field="remote-launch")
+        raise KitError(
+            f"the object {final[:19]} did not arrive whole, or is not what its name says", field="remote-launch"
+        )
     os.chmod(tmp, 0o555 if final.endswith(".x") else 0o444)
     os.rename(tmp, into / final)
 
@@ -294,8 +314,9 @@ def _lay_out(trees: Path, name: str, entries, objects: Path) -> Path:
         except OSError:  # another launch of the same content made it first
             shutil.rmtree(tmp, ignore_errors=True)
     os.utime(top)
-    old = sorted((p for p in trees.iterdir() if p.is_dir() and not p.name.startswith(".")),
-                 key=lambda p: p.stat().st_mtime)[:-KEEP_TREES]
+    old = sorted(
+        (p for p in trees.iterdir() if p.is_dir() and not p.name.startswith(".")), key=lambda p: p.stat().st_mtime
+    )[:-KEEP_TREES]
     for p in old:
         shutil.rmtree(p, ignore_errors=True)
     return top

@@ -28,8 +28,10 @@ NOISE_LIMIT = 1 << 20
 # The commands that run on the login node (the rest run where kit is called).
 COMMANDS = ("launch", "ps", "logs", "cancel", "report", "rerun", "trim", "cluster")
 # kit there's own commands, which only the laptop calls (kit's command line loads them as its others).
-SERVER_COMMANDS = {name: f"kit.remote.server:{name.replace('-', '_')}"
-                   for name in ("remote-launch", "remote-submit", "remote-result", "remote-wait", "remote-call")}
+SERVER_COMMANDS = {
+    name: f"kit.remote.server:{name.replace('-', '_')}"
+    for name in ("remote-launch", "remote-submit", "remote-result", "remote-wait", "remote-call")
+}
 READS_INPUT = ("remote-launch", "remote-submit")  # kit there reads its input first, then watches it
 VERSION_VARIABLE = "KIT_CLIENT_VERSION"
 ARGS_COMMAND = "remote-args"  # the login node's kit reads its arguments from its input (read_args)
@@ -75,7 +77,7 @@ def parse(line: bytes) -> dict:
     if not line.endswith(b"\n"):
         raise NoRecord(f"a record longer than {RECORD_LIMIT >> 20} MiB, or cut short")
     try:
-        value = json.loads(line[len(MARK):])
+        value = json.loads(line[len(MARK) :])
     except ValueError:
         raise NoRecord("a record that is not JSON") from None
     if not isinstance(value, dict):
@@ -101,6 +103,7 @@ def read_from(fd: int) -> dict:
     """:func:`read` from the descriptor ``fd``, a byte at a time: nothing after the record is taken from the pipe
     (whoever reads it next, by any means — a buffered reader, ``communicate`` — gets all the rest). For the
     hello, after a few lines of banner at most."""
+
     class Unbuffered:
         @staticmethod
         def readline(limit: int) -> bytes:
@@ -111,6 +114,7 @@ def read_from(fd: int) -> dict:
                     break
                 line += byte
             return bytes(line)
+
     return read(Unbuffered())
 
 
@@ -156,14 +160,18 @@ def refuse_other_version(environ: dict | None = None) -> KitError | None:
     theirs = (os.environ if environ is None else environ).get(VERSION_VARIABLE)
     if theirs is None or theirs == __version__:
         return None
-    return KitError(f"kit {theirs} here, kit {__version__} on the login node", field="--host", exit_code=2,
-                    hint=f"use one version on both: {INSTALL}=={__version__} here, or {INSTALL}=={theirs} on the "
-                         "login node")
+    return KitError(
+        f"kit {theirs} here, kit {__version__} on the login node",
+        field="--host",
+        exit_code=2,
+        hint=f"use one version on both: {INSTALL}=={__version__} here, or {INSTALL}=={theirs} on the login node",
+    )
 
 
 def watch_input_end() -> None:
     """On the login node: end this kit when the connection does (its standard input closes), so a
     ``logs -f`` whose client went away does not stay behind."""
+
     def watch():
         try:
             while os.read(0, 65536):  # the descriptor itself: no buffered reader's lock at exit

@@ -9,9 +9,20 @@ all; :mod:`~kit.report.summary` its numbers and notes, :mod:`~kit.report.plot` i
 the whole.
 """
 
+from kit.report.job import TASK_HEADER, TaskSummary, TaskTable, report, report_job, report_tasks
 from kit.report.plot import NoPicture
 from kit.report.series import Logs
 from kit.report.summary import MIN_SECONDS, Summary
-from kit.report.job import report_job, report, TaskSummary, TASK_HEADER, TaskTable, report_tasks
 
-__all__ = ["Logs", "MIN_SECONDS", "NoPicture", "Summary", "TASK_HEADER", "TaskSummary", "TaskTable", "report", "report_job", "report_tasks"]
+__all__ = [
+    "Logs",
+    "MIN_SECONDS",
+    "NoPicture",
+    "Summary",
+    "TASK_HEADER",
+    "TaskSummary",
+    "TaskTable",
+    "report",
+    "report_job",
+    "report_tasks",
+]

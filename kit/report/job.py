@@ -5,17 +5,25 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
 from kit import files as kit_files
 from kit import jobdir
-from kit.jobdir import JobDir, records
 from kit.errors import KitError
+from kit.jobdir import JobDir, records
 from kit.report.plot import NoPicture, _plot_tasks, _pyplot, plot
 from kit.report.series import load_logs, load_prometheus, missed
-from kit.report.summary import MIN_SECONDS, Summary, summarize
+from kit.report.summarize import summarize
+from kit.report.summary import MIN_SECONDS, Summary
 
 
-def report_job(job_dir: Path, job: str, out: Path, prometheus: str | None = None,
-               min_seconds: float = MIN_SECONDS, notice=lambda e: None) -> Summary | TaskTable:
+def report_job(
+    job_dir: Path,
+    job: str,
+    out: Path,
+    prometheus: str | None = None,
+    min_seconds: float = MIN_SECONDS,
+    notice=lambda e: None,
+) -> Summary | TaskTable:
     """`kit report` and ``Job.report()``: a single job's summary and panels, or an array job's
     table of tasks; ``out`` the picture, its .json the numbers (``report.json``)."""
     if records.task_indices(job_dir):
@@ -23,8 +31,14 @@ def report_job(job_dir: Path, job: str, out: Path, prometheus: str | None = None
     return report(job_dir, job, out, prometheus, min_seconds, notice)
 
 
-def report(job_dir: Path, job: str, out: Path, prometheus: str | None = None,
-           min_seconds: float = MIN_SECONDS, notice=lambda e: None) -> Summary:
+def report(
+    job_dir: Path,
+    job: str,
+    out: Path,
+    prometheus: str | None = None,
+    min_seconds: float = MIN_SECONDS,
+    notice=lambda e: None,
+) -> Summary:
     """Summarize the job (``out``'s .json) and draw its panels (``out``); without
     matplotlib the summary still comes, and ``notice`` hears why there is no picture."""
     logs = load_logs(job_dir)  # also the job's time range for Prometheus
@@ -68,12 +82,13 @@ class TaskSummary:
         loss = f"{self.final_loss:.5f}" if self.final_loss is not None else "-"
         rate = "-" if self.samples_per_second is None else f"{self.samples_per_second:.1f}"
         took = "-" if self.duration_seconds is None else f"{self.duration_seconds:.1f}"
-        return (f"{self.task:>5}  {params:<30.30}  {self.end:<10}  {self.restarts:>8}  {loss:>10}  "
-                f"{rate:>10}  {took:>8}")
+        return f"{self.task:>5}  {params:<30.30}  {self.end:<10}  {self.restarts:>8}  {loss:>10}  {rate:>10}  {took:>8}"
 
 
-TASK_HEADER = f"{'task':>5}  {'parameters':<30}  {'end':<10}  {'restarts':>8}  {'final loss':>10}  " \
-              f"{'samples/s':>10}  {'time (s)':>8}"
+TASK_HEADER = (
+    f"{'task':>5}  {'parameters':<30}  {'end':<10}  {'restarts':>8}  {'final loss':>10}  "
+    f"{'samples/s':>10}  {'time (s)':>8}"
+)
 
 
 @dataclass
@@ -96,13 +111,25 @@ def _task_summary(d: Path) -> tuple[TaskSummary, list]:
     except KitError:
         series = {}
     summary = summarize(series, d.name, "metrics logs") if series else None
-    losses = sorted(((t, v) for (name, _, rank), pts in series.items() if name == "training_loss" for t, v in pts),
-                    key=lambda p: p[0])
-    curve = [(t, v) for (name, _, rank), pts in sorted(series.items()) if name == "training_loss" and rank == "0"
-             for t, v in pts] or losses
-    return TaskSummary(int(d.name), params, end, max(len(ends) - 1, 0), losses[-1][1] if losses else None,
-                       summary.samples_per_second if summary else None,
-                       summary.duration_seconds if summary else None), curve
+    losses = sorted(
+        ((t, v) for (name, _, rank), pts in series.items() if name == "training_loss" for t, v in pts),
+        key=lambda p: p[0],
+    )
+    curve = [
+        (t, v)
+        for (name, _, rank), pts in sorted(series.items())
+        if name == "training_loss" and rank == "0"
+        for t, v in pts
+    ] or losses
+    return TaskSummary(
+        int(d.name),
+        params,
+        end,
+        max(len(ends) - 1, 0),
+        losses[-1][1] if losses else None,
+        summary.samples_per_second if summary else None,
+        summary.duration_seconds if summary else None,
+    ), curve
 
 
 def report_tasks(job_dir: Path, job: str, out: Path, notice=lambda e: None) -> list[TaskSummary]:
@@ -121,6 +148,7 @@ def report_tasks(job_dir: Path, job: str, out: Path, notice=lambda e: None) -> l
         notice(e)
     else:
         _plot_tasks(plt, job, rows, curves, out)
-    kit_files.write_atomic(out.with_suffix(".json"), json.dumps({"job": job, "tasks": [asdict(r) for r in rows]},
-                                                                indent=2) + "\n")
+    kit_files.write_atomic(
+        out.with_suffix(".json"), json.dumps({"job": job, "tasks": [asdict(r) for r in rows]}, indent=2) + "\n"
+    )
     return rows

@@ -8,8 +8,8 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-MANY = 8       # up to this many nodes, GPUs or curves, each is shown by itself
-NAMED = 3      # extreme nodes named beside a spread, outliers drawn alone in a band's panel
+MANY = 8  # up to this many nodes, GPUs or curves, each is shown by itself
+NAMED = 3  # extreme nodes named beside a spread, outliers drawn alone in a band's panel
 OUTLIER = 0.2  # a curve whose mean is this far (a share of the median's) from the median's is drawn alone
 NAMED_BEYOND = 0.1  # a node is named beside a spread when this far (a share of the median) from the median
 
@@ -25,10 +25,12 @@ def spread(label: str, values: dict[str, float], unit: str = "", low_first: bool
 
     def show(v: float) -> str:
         return fmt.format(v) + unit
+
     far = [f"{name} {show(v)}" for name, v in ordered[:NAMED] if abs(v - middle) > NAMED_BEYOND * abs(middle)]
     word = "lowest" if low_first else "highest"
-    return (f"{label}: min {show(min(nums))} / median {show(middle)} / max {show(max(nums))} over {len(nums)}"
-            + (f" ({word}: {', '.join(far)})" if far else ""))
+    return f"{label}: min {show(min(nums))} / median {show(middle)} / max {show(max(nums))} over {len(nums)}" + (
+        f" ({word}: {', '.join(far)})" if far else ""
+    )
 
 
 def grouped(notes: list, make) -> list:
@@ -45,7 +47,7 @@ def grouped(notes: list, make) -> list:
             out.append(make(level, text))
         elif (subject, text) == same[0]:
             more = len(same) - 2 * NAMED
-            names = ", ".join(s for s, _ in same[:2 * NAMED]) + (f" and {more} more" if more > 0 else "")
+            names = ", ".join(s for s, _ in same[: 2 * NAMED]) + (f" and {more} more" if more > 0 else "")
             out.append(make(level, f"{len(same)} {kind}: {names}"))
     return out
 
@@ -65,8 +67,10 @@ def banded(curves: list) -> list:
             continue
         means = {i: statistics.fmean(v for _, v in pts) for i, (_, pts, _) in enumerate(same) if pts}
         middle = statistics.median(means.values()) if means else 0.0
-        far = sorted((i for i, m in means.items() if abs(m - middle) > OUTLIER * abs(middle)),
-                     key=lambda i: -abs(means[i] - middle))[:NAMED]
+        far = sorted(
+            (i for i, m in means.items() if abs(m - middle) > OUTLIER * abs(middle)),
+            key=lambda i: -abs(means[i] - middle),
+        )[:NAMED]
         rest = [pts for i, (_, pts, _) in enumerate(same) if i not in far]  # the band: the nodes alike
         out.append((f"{len(rest)} {_noun(same[0][0])}: median, min to max", *_band(rest, same[0][2])))
         out += [same[i] for i in far]

@@ -12,35 +12,60 @@ from kit.report.many import banded
 from kit.report.series import GIB, Logs, Series, _of, rates
 from kit.report.summary import Summary
 
+
 def _panels(series: Series) -> list[tuple[str, list[tuple[str, list, dict]]]]:
     """The panels that have data: (title, [(label, points, style)])."""
     out = []
 
     def lines(metric: str, label, scale: float = 1.0) -> list:
         return [(label(k), [(t, v * scale) for t, v in pts], {}) for k, pts in _of(series, metric).items()]
-    for metric, title in (("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (%)"),
-                          ("DCGM_FI_DEV_FB_USED", "GPU memory used (MiB)"),
-                          ("DCGM_FI_DEV_POWER_USAGE", "GPU power (W)")):
+
+    for metric, title in (
+        ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (%)"),
+        ("DCGM_FI_DEV_FB_USED", "GPU memory used (MiB)"),
+        ("DCGM_FI_DEV_POWER_USAGE", "GPU power (W)"),
+    ):
         out.append((title, lines(metric, lambda k: f"{k[1]} gpu{k[2]}")))
     cpu = [(f"{k[1]} job", rates(pts, resets=False), {}) for k, pts in _of(series, "kit_job_cpu_seconds_total").items()]
     cpu += [(f"{k[1]} allocated", pts, {"linestyle": "--"}) for k, pts in _of(series, "kit_job_cpus").items()]
     for node in sorted({k[1] for k in _of(series, "node_cpu_seconds_total")}):
-        busy = [rates(pts) for k, pts in _of(series, "node_cpu_seconds_total", node).items()
-                if k[2] not in ("idle", "iowait")]
+        busy = [
+            rates(pts)
+            for k, pts in _of(series, "node_cpu_seconds_total", node).items()
+            if k[2] not in ("idle", "iowait")
+        ]
         if busy:
-            cpu.append((f"{node} whole node", [(t, sum(r[i][1] for r in busy)) for i, (t, _) in enumerate(busy[0])
-                                               if all(len(r) > i for r in busy)], {"linestyle": ":"}))
+            cpu.append(
+                (
+                    f"{node} whole node",
+                    [
+                        (t, sum(r[i][1] for r in busy))
+                        for i, (t, _) in enumerate(busy[0])
+                        if all(len(r) > i for r in busy)
+                    ],
+                    {"linestyle": ":"},
+                )
+            )
     out.append(("CPU (cores busy)", cpu))
-    mem = [(f"{k[1]} job", [(t, v / GIB) for t, v in pts], {}) for k, pts in _of(series, "kit_job_memory_rss_bytes").items()]
-    mem += [(f"{k[1]} allocated", [(t, v / GIB) for t, v in pts], {"linestyle": "--"})
-            for k, pts in _of(series, "kit_job_memory_limit_bytes").items()]
+    mem = [
+        (f"{k[1]} job", [(t, v / GIB) for t, v in pts], {})
+        for k, pts in _of(series, "kit_job_memory_rss_bytes").items()
+    ]
+    mem += [
+        (f"{k[1]} allocated", [(t, v / GIB) for t, v in pts], {"linestyle": "--"})
+        for k, pts in _of(series, "kit_job_memory_limit_bytes").items()
+    ]
     out.append(("Memory (GiB)", mem))
     out.append(("Training loss", lines("training_loss", lambda k: f"rank {k[2]}")))
     out.append(("Step time (s)", lines("training_step_duration_seconds", lambda k: f"rank {k[2]}")))
     out.append(("Model TFLOP/s per device", lines("training_tflops", lambda k: f"rank {k[2]}")))
     out.append(("MFU (of the device's peak)", lines("training_mfu", lambda k: f"rank {k[2]}")))
-    out.append(("Training throughput (samples/s)",
-                [(f"rank {k[2]} ({k[1]})", rates(pts), {}) for k, pts in _of(series, "training_samples_total").items()]))
+    out.append(
+        (
+            "Training throughput (samples/s)",
+            [(f"rank {k[2]} ({k[1]})", rates(pts), {}) for k, pts in _of(series, "training_samples_total").items()],
+        )
+    )
     return [(title, banded([c for c in curves if c[1]])) for title, curves in out if any(c[1] for c in curves)]
 
 
@@ -62,10 +87,14 @@ def _pyplot():
     try:
         import matplotlib
     except ModuleNotFoundError:
-        raise NoPicture("no picture: matplotlib is not installed", exit_code=1,
-                        hint="pip install 'kit-slurm[report]' (the numbers and report.json need nothing more)") from None
+        raise NoPicture(
+            "no picture: matplotlib is not installed",
+            exit_code=1,
+            hint="pip install 'kit-slurm[report]' (the numbers and report.json need nothing more)",
+        ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -75,21 +104,38 @@ def plot(series: Series, summary: Summary, out: Path, logs: Logs | None = None) 
     plt = _pyplot()
     t0 = min((t for pts in series.values() for t, _ in pts), default=0.0)
     restarts = sorted((run, span[0]) for run, span in (logs.runs.items() if logs else ()) if run > 0)
-    fig, axes = plt.subplots(max(len(panels), 1), 1, figsize=(13, 2.6 * max(len(panels), 1) + 0.6),
-                             sharex=True, squeeze=False)
+    fig, axes = plt.subplots(
+        max(len(panels), 1), 1, figsize=(13, 2.6 * max(len(panels), 1) + 0.6), sharex=True, squeeze=False
+    )
     for ax, (title, curves) in zip(axes[:, 0], panels):
         for label, pts, style in curves:
             band = style.get("band")
-            line = ax.plot([t - t0 for t, _ in pts], [v for _, v in pts], label=label,
-                           **{k: v for k, v in style.items() if k != "band"})
+            line = ax.plot(
+                [t - t0 for t, _ in pts],
+                [v for _, v in pts],
+                label=label,
+                **{k: v for k, v in style.items() if k != "band"},
+            )
             if band:  # min to max of many nodes' curves, under their median
-                ax.fill_between([t - t0 for t, _, _ in band], [lo for _, lo, _ in band], [hi for _, _, hi in band],
-                                color=line[0].get_color(), alpha=0.25, linewidth=0)
+                ax.fill_between(
+                    [t - t0 for t, _, _ in band],
+                    [lo for _, lo, _ in band],
+                    [hi for _, _, hi in band],
+                    color=line[0].get_color(),
+                    alpha=0.25,
+                    linewidth=0,
+                )
         for run, t in restarts:
             ax.axvline(t - t0, color="red", linewidth=0.8, alpha=0.7)
             if ax is axes[0, 0]:
-                ax.annotate(f"run {run}", (t - t0, 1.0), xycoords=("data", "axes fraction"), color="red",
-                            fontsize="small", va="bottom")
+                ax.annotate(
+                    f"run {run}",
+                    (t - t0, 1.0),
+                    xycoords=("data", "axes fraction"),
+                    color="red",
+                    fontsize="small",
+                    va="bottom",
+                )
         ax.set_title(title)
         # Beside the panel, never over it: many nodes' labels ("61 nodes, whole node: median,
         # min to max") are wider than a panel's corner.

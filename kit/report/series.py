@@ -16,9 +16,9 @@ from kit.errors import KitError
 from kit.jobdir import JobDir
 
 IDLE_UTIL = 5.0  # % under which a GPU counts as idle
-GAP = 10.0       # s between two polls beyond which they are a break (between runs): no rate across it
+GAP = 10.0  # s between two polls beyond which they are a break (between runs): no rate across it
 
-GIB = 1024 ** 3
+GIB = 1024**3
 # series key -> list of (time, value); key = (metric, node, gpu-or-rank-or-mode)
 Series = dict
 
@@ -30,9 +30,8 @@ class Logs:
 
     series: Series
     damaged: int = 0
-    runs: dict = field(default_factory=dict)       # run -> [first poll time, last poll time]
+    runs: dict = field(default_factory=dict)  # run -> [first poll time, last poll time]
     run_steps: dict = field(default_factory=dict)  # run -> highest training_step seen
-
 
 
 def _number(x) -> float | None:
@@ -60,15 +59,17 @@ def parse_record(line: str) -> list[tuple[tuple[str, str, str], float, float]] |
     node = str(rec.get("node", "?"))
     points = []
     for sample in rec.get("samples", []):
-        if not (isinstance(sample, list) and len(sample) == 3 and isinstance(sample[0], str)
-                and isinstance(sample[1], dict)):
+        if not (
+            isinstance(sample, list) and len(sample) == 3 and isinstance(sample[0], str) and isinstance(sample[1], dict)
+        ):
             return None
         value = _number(sample[2])
         if value is None:
             continue  # a value that is not a number: that sample only
         labels = sample[1]
-        points.append(((sample[0], node, str(labels.get("gpu") or labels.get("rank") or labels.get("mode") or "")),
-                       t, value))
+        points.append(
+            ((sample[0], node, str(labels.get("gpu") or labels.get("rank") or labels.get("mode") or "")), t, value)
+        )
     return points
 
 
@@ -80,8 +81,11 @@ def load_logs(job_dir: Path) -> Logs:
     logs = Logs(defaultdict(list))
     paths = JobDir(job_dir).metrics_logs()
     if not paths:
-        raise KitError(f"no metrics logs in {JobDir(job_dir).logs}", field="JOB",
-                       hint="the job ran without the exporter (--no-exporter), or has not started")
+        raise KitError(
+            f"no metrics logs in {JobDir(job_dir).logs}",
+            field="JOB",
+            hint="the job ran without the exporter (--no-exporter), or has not started",
+        )
     for run, path in paths:
         try:
             for line in kit_files.lines(path, longest=LONGEST_RECORD):
@@ -98,9 +102,13 @@ def load_logs(job_dir: Path) -> Logs:
         except OSError:  # not a regular file, or unreadable: this log only
             logs.damaged += 1
     if not any(logs.series.values()):
-        raise KitError(f"no readable samples in the metrics logs in {JobDir(job_dir).logs}"
-                       + (f" ({logs.damaged} damaged line(s))" if logs.damaged else ""), field="JOB", exit_code=1,
-                       hint="the job ended before its exporter's first poll, or its disk was full")
+        raise KitError(
+            f"no readable samples in the metrics logs in {JobDir(job_dir).logs}"
+            + (f" ({logs.damaged} damaged line(s))" if logs.damaged else ""),
+            field="JOB",
+            exit_code=1,
+            hint="the job ended before its exporter's first poll, or its disk was full",
+        )
     for points in logs.series.values():
         points.sort()
     return logs
@@ -197,5 +205,3 @@ def rates(points: list, resets: bool = True) -> list[tuple[float, float]]:
 
 def _of(series: Series, metric: str, node: str | None = None) -> dict[tuple, list]:
     return {k: v for k, v in sorted(series.items()) if k[0] == metric and v and (node is None or k[1] == node)}
-
-

@@ -5,35 +5,33 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from kit.core.text import printable
-from kit.jobdir import hangs, records, tracker_runs
 from kit.report.many import MANY, grouped, spread
-from kit.report.series import GIB, IDLE_UTIL, Logs, Series, _of, _steady_pairs, increase, mean_rate
+from kit.report.series import GIB
 
 # The notes' thresholds (jobstats' where it has one); each note's text carries its own.
 GPU_ALERT, GPU_WARNING = 15.0, 25.0  # mean GPU utilisation, %
-UNUSED_GPU = 50.0                    # % of the samples with no compute process on the GPU
-GPU_MEMORY_LOW = 50.0                # peak GPU memory, % of the GPU's
-CPU_LOW = 50.0                       # the job's CPU use, % of its allocated cores
+UNUSED_GPU = 50.0  # % of the samples with no compute process on the GPU
+GPU_MEMORY_LOW = 50.0  # peak GPU memory, % of the GPU's
+CPU_LOW = 50.0  # the job's CPU use, % of its allocated cores
 MEMORY_LOW, MEMORY_HIGH = 25.0, 90.0  # the job's peak memory, % of its allocation (or the node's)
-SLOW_NODE = 80.0                     # a node's samples/s, % of the median node's
-MIN_SECONDS = 300.0                  # utilisation notes need this much data (jobstats: 300 s)
+SLOW_NODE = 80.0  # a node's samples/s, % of the median node's
+MIN_SECONDS = 300.0  # utilisation notes need this much data (jobstats: 300 s)
 
 
 @dataclass
 class NodeSummary:
     node: str
     cpus_allocated: float | None
-    cpu_cores_used: float | None       # the job's processes, mean over the run
+    cpu_cores_used: float | None  # the job's processes, mean over the run
     cpu_efficiency_percent: float | None
     node_cpu_busy_percent: float | None  # the whole node's CPUs (other jobs included)
-    memory_peak_bytes: float | None    # the job's processes
+    memory_peak_bytes: float | None  # the job's processes
     memory_limit_bytes: float | None
-    memory_limit_of: str               # "allocation" or "node"
+    memory_limit_of: str  # "allocation" or "node"
     memory_peak_percent: float | None
-    samples_per_second: float | None   # the node's ranks together
+    samples_per_second: float | None  # the node's ranks together
 
     def line(self) -> str:
         parts = []
@@ -44,8 +42,14 @@ class NodeSummary:
         if self.node_cpu_busy_percent is not None:
             parts.append(f"node CPUs {self.node_cpu_busy_percent:.0f} % busy")
         if self.memory_peak_bytes is not None:
-            limit = (f" of {self.memory_limit_bytes / GIB:.2f} GiB ({self.memory_limit_of}, "
-                     f"{self.memory_peak_percent:.0f} %)") if self.memory_limit_bytes else ""
+            limit = (
+                (
+                    f" of {self.memory_limit_bytes / GIB:.2f} GiB ({self.memory_limit_of}, "
+                    f"{self.memory_peak_percent:.0f} %)"
+                )
+                if self.memory_limit_bytes
+                else ""
+            )
             parts.append(f"memory peak {self.memory_peak_bytes / GIB:.2f} GiB{limit}")
         if self.samples_per_second is not None:
             parts.append(f"{self.samples_per_second:.1f} samples/s")
@@ -70,8 +74,10 @@ class GpuSummary:
         if self.peak_memory_mib is not None:
             total = f" of {self.memory_total_mib / 1024:.1f}" if self.memory_total_mib else ""
             mem = f", peak memory {self.peak_memory_mib / 1024:.1f}{total} GiB"
-        return (f"{self.node} gpu{self.gpu}: mean util {self.mean_util:.1f}%, peak {self.peak_util:.0f}%, "
-                f"idle {self.idle_seconds:.0f} s{power}{mem}")
+        return (
+            f"{self.node} gpu{self.gpu}: mean util {self.mean_util:.1f}%, peak {self.peak_util:.0f}%, "
+            f"idle {self.idle_seconds:.0f} s{power}{mem}"
+        )
 
 
 @dataclass
@@ -85,7 +91,7 @@ class Summary:
     job: str
     source: str
     duration_seconds: float
-    samples: float | None               # None: the job reported no samples (unknown, not zero)
+    samples: float | None  # None: the job reported no samples (unknown, not zero)
     samples_per_second: float | None
     gpus: list[GpuSummary] = field(default_factory=list)
     nodes: list[NodeSummary] = field(default_factory=list)
@@ -104,18 +110,23 @@ class Summary:
     trackers: dict = field(default_factory=dict)  # the job's tracker runs (kit.jobdir.tracker_runs)
     hangs: list[dict] = field(default_factory=list)  # each run's hang: run, rank (or unknown), node, summary
     tflops: float | None = None  # rank 0's device, mean over the job: the model's TFLOP/s (kit.train.mfu)
-    mfu: float | None = None     # of the device's peak (kit.monitor.peaks); None: n/a
+    mfu: float | None = None  # of the device's peak (kit.monitor.peaks); None: n/a
 
     def lines(self) -> list[str]:
-        out = [f"job {self.job} (data: {self.source})",
-               f"duration: {self.duration_seconds:.1f} s, {self.runs} run(s) ({self.runs - 1} restart(s))",
-               "samples: -" if self.samples is None else
-               f"samples: {self.samples:.0f} ({self.samples_per_second:.1f} samples/s)"]
+        out = [
+            f"job {self.job} (data: {self.source})",
+            f"duration: {self.duration_seconds:.1f} s, {self.runs} run(s) ({self.runs - 1} restart(s))",
+            "samples: -"
+            if self.samples is None
+            else f"samples: {self.samples:.0f} ({self.samples_per_second:.1f} samples/s)",
+        ]
         if self.first_loss is not None:
             out.append(f"loss (rank 0): {self.first_loss:.4g} -> {self.last_loss:.4g}")
         if self.tflops is not None:
-            out.append(f"model FLOP/s (rank 0's device): {self.tflops:.3g} TFLOP/s, MFU " +
-                       (f"{100 * self.mfu:.0f} %" if self.mfu is not None else "n/a (a CPU, or a GPU kit has no peak for)"))
+            out.append(
+                f"model FLOP/s (rank 0's device): {self.tflops:.3g} TFLOP/s, MFU "
+                + (f"{100 * self.mfu:.0f} %" if self.mfu is not None else "n/a (a CPU, or a GPU kit has no peak for)")
+            )
         out += [n.line() for n in self.nodes] if len(self.nodes) <= MANY else _node_spreads(self.nodes)
         if self.task_starts:
             out += _task_start_lines(self.task_starts) + _mode_lines(self.task_starts)
@@ -132,17 +143,26 @@ class Summary:
 def _node_spreads(nodes: list[NodeSummary]) -> list[str]:
     def of(attr: str) -> dict[str, float]:
         return {n.node: getattr(n, attr) for n in nodes if getattr(n, attr) is not None}
-    return [spread("CPU efficiency per node", of("cpu_efficiency_percent"), " %", fmt="{:.0f}"),
-            spread("memory peak per node", {k: v / GIB for k, v in of("memory_peak_bytes").items()}, " GiB",
-                   low_first=False, fmt="{:.2f}"),
-            spread("samples/s per node", of("samples_per_second"))]
+
+    return [
+        spread("CPU efficiency per node", of("cpu_efficiency_percent"), " %", fmt="{:.0f}"),
+        spread(
+            "memory peak per node",
+            {k: v / GIB for k, v in of("memory_peak_bytes").items()},
+            " GiB",
+            low_first=False,
+            fmt="{:.2f}",
+        ),
+        spread("samples/s per node", of("samples_per_second")),
+    ]
 
 
 def _gpu_spreads(gpus: list[GpuSummary]) -> list[str]:
     named = {f"{g.node} gpu{g.gpu}": g for g in gpus}
-    return [spread("GPU mean utilisation", {k: g.mean_util for k, g in named.items()}, " %", fmt="{:.0f}"),
-            spread("GPU idle time", {k: g.idle_seconds for k, g in named.items()}, " s", low_first=False,
-                   fmt="{:.0f}")]
+    return [
+        spread("GPU mean utilisation", {k: g.mean_util for k, g in named.items()}, " %", fmt="{:.0f}"),
+        spread("GPU idle time", {k: g.idle_seconds for k, g in named.items()}, " s", low_first=False, fmt="{:.0f}"),
+    ]
 
 
 def _task_start_lines(starts: list[dict]) -> list[str]:
@@ -152,13 +172,19 @@ def _task_start_lines(starts: list[dict]) -> list[str]:
         by_run.setdefault(t["run"], {})[t["node"]] = t["seconds"]
     head = "task start after srun (with an image: the container's start)"
     if max(len(v) for v in by_run.values()) <= MANY:
-        return [f"{head}: " + "; ".join(f"run {run}: {', '.join(f'{n} {s:.1f} s' for n, s in v.items())}"
-                                        for run, v in sorted(by_run.items()))]
+        return [
+            f"{head}: "
+            + "; ".join(
+                f"run {run}: {', '.join(f'{n} {s:.1f} s' for n, s in v.items())}" for run, v in sorted(by_run.items())
+            )
+        ]
     return [spread(f"{head}, run {run}", v, " s", low_first=False) for run, v in sorted(by_run.items())]
 
 
-MODE_WORDS = {"squashfuse": "squashfuse mode (pyxis use_squashfuse=1: the image read through FUSE, not unpacked)",
-              "create": "create mode (the image unpacked on the node before the task)"}
+MODE_WORDS = {
+    "squashfuse": "squashfuse mode (pyxis use_squashfuse=1: the image read through FUSE, not unpacked)",
+    "create": "create mode (the image unpacked on the node before the task)",
+}
 
 
 def _mode_lines(starts: list[dict]) -> list[str]:
@@ -168,49 +194,10 @@ def _mode_lines(starts: list[dict]) -> list[str]:
     for node, mode in last.items():
         if mode in MODE_WORDS:
             by_mode.setdefault(mode, []).append(node)
-    return [f"container: {MODE_WORDS[mode]} on " + (", ".join(nodes) if len(nodes) <= MANY else f"{len(nodes)} nodes")
-            for mode, nodes in sorted(by_mode.items())]
-
-
-def _node_busy(series: Series, node: str) -> float | None:
-    """The node's CPUs' busy share (%), from the per-mode CPU counters."""
-    modes = _of(series, "node_cpu_seconds_total", node)
-    total = idle = 0.0
-    for (_, _, mode), points in modes.items():
-        inc = sum(q[1] - p[1] for p, q in _steady_pairs(points) if q[1] >= p[1])
-        total += inc
-        if mode in ("idle", "iowait"):
-            idle += inc
-    return 100.0 * (1 - idle / total) if total > 0 else None
-
-
-def _last(series: Series, metric: str, node: str) -> float | None:
-    values = [pts[-1][1] for pts in _of(series, metric, node).values()]
-    return values[0] if values else None
-
-
-def _peak(series: Series, metric: str, node: str) -> float | None:
-    values = [v for pts in _of(series, metric, node).values() for _, v in pts]
-    return max(values) if values else None
-
-
-def _node_summary(series: Series, node: str) -> NodeSummary:
-    cpus = _last(series, "kit_job_cpus", node)
-    cpu_points = next(iter(_of(series, "kit_job_cpu_seconds_total", node).values()), [])
-    used = mean_rate(cpu_points, resets=False)
-    limit, limit_of = _last(series, "kit_job_memory_limit_bytes", node), "allocation"
-    if limit is None:
-        limit, limit_of = _last(series, "node_memory_MemTotal_bytes", node), "node"
-    peak = _peak(series, "kit_job_memory_rss_bytes", node)
-    rank_rates = [r for pts in _of(series, "training_samples_total", node).values()
-                  if (r := mean_rate(pts)) is not None]
-    return NodeSummary(
-        node=node, cpus_allocated=cpus, cpu_cores_used=used,
-        cpu_efficiency_percent=100.0 * used / cpus if used is not None and cpus else None,
-        node_cpu_busy_percent=_node_busy(series, node), memory_peak_bytes=peak, memory_limit_bytes=limit,
-        memory_limit_of=limit_of,
-        memory_peak_percent=100.0 * peak / limit if peak is not None and limit else None,
-        samples_per_second=sum(rank_rates) if rank_rates else None)
+    return [
+        f"container: {MODE_WORDS[mode]} on " + (", ".join(nodes) if len(nodes) <= MANY else f"{len(nodes)} nodes")
+        for mode, nodes in sorted(by_mode.items())
+    ]
 
 
 def tracker_lines(runs: dict) -> list[str]:
@@ -219,7 +206,9 @@ def tracker_lines(runs: dict) -> list[str]:
     out = []
     if "wandb" in runs:
         w = runs["wandb"]
-        sync = f"; {w['offline_parts']} part(s) offline: wandb sync {w['dir']}/offline-run-*" if w["offline_parts"] else ""
+        sync = (
+            f"; {w['offline_parts']} part(s) offline: wandb sync {w['dir']}/offline-run-*" if w["offline_parts"] else ""
+        )
         out.append(f"W&B run {', '.join(w['run_ids'])}{sync}")
     if "mlflow" in runs:
         out.append(f"MLflow run {runs['mlflow']['run_id']} at {runs['mlflow']['tracking_uri'] or '(default store)'}")
@@ -228,89 +217,58 @@ def tracker_lines(runs: dict) -> list[str]:
     return [printable(line) for line in out]
 
 
-def _checkpoint_steps(job_dir: Path | None) -> dict[int, float]:
-    """Each run's checkpoint step at its end (``runs.jsonl``; -1: none)."""
-    return {rec.run: float(rec.checkpoint_step) for rec in (records.run_records(job_dir) if job_dir else [])}
-
-
-def summarize(series: Series, job: str, source: str, logs: Logs | None = None,
-              job_dir: Path | None = None, min_seconds: float = MIN_SECONDS) -> Summary:
-    times = [t for points in series.values() for t, _ in points]
-    duration = (max(times) - min(times)) if times else 0.0
-    counted = _of(series, "training_samples_total")
-    # None: unknown — none reported, or one poll only (an increase needs two)
-    samples = sum(increase(points) for points in counted.values()) if counted and duration else None
-    gpus = []
-    for (_, node, gpu), points in _of(series, "DCGM_FI_DEV_GPU_UTIL").items():
-        values = [v for _, v in points]
-        idle = sum(t2 - t1 for (t1, v), (t2, _) in zip(points, points[1:]) if v < IDLE_UTIL)
-        power = [v for _, v in series.get(("DCGM_FI_DEV_POWER_USAGE", node, gpu), [])]
-        used = series.get(("DCGM_FI_DEV_FB_USED", node, gpu), [])
-        free = dict(series.get(("DCGM_FI_DEV_FB_FREE", node, gpu), []))
-        totals = [v + free[t] for t, v in used if t in free]
-        procs = [v for _, v in series.get(("gpu_compute_processes", node, gpu), [])]
-        gpus.append(GpuSummary(node, gpu, sum(values) / len(values), max(values), idle,
-                               sum(power) / len(power) if power else None,
-                               max(v for _, v in used) if used else None, max(totals) if totals else None,
-                               100.0 * sum(1 for v in procs if v == 0) / len(procs) if procs else None))
-    nodes = sorted({k[1] for k in series if k[0] in ("kit_job_cpu_seconds_total", "node_cpu_seconds_total",
-                                                       "kit_job_memory_rss_bytes", "training_samples_total")})
-    summary = Summary(job, source, duration, samples,
-                      None if samples is None else samples / duration, gpus,
-                      [_node_summary(series, n) for n in nodes])
-    losses = sorted(p for k, pts in _of(series, "training_loss").items() if k[2] == "0" for p in pts)
-    if losses:
-        summary.first_loss, summary.last_loss = losses[0][1], losses[-1][1]
-    for name, attr in (("training_tflops", "tflops"), ("training_mfu", "mfu")):
-        values = [v for k, pts in _of(series, name).items() if k[2] == "0" for _, v in pts]
-        setattr(summary, attr, statistics.fmean(values) if values else None)
-    steps = [v for pts in _of(series, "training_step_duration_seconds").values() for _, v in pts]
-    summary.mean_step_seconds = sum(steps) / len(steps) if steps else None
-    if logs is not None and logs.runs:
-        _restarts(summary, logs, _checkpoint_steps(job_dir))
-    summary.trackers = tracker_runs(job_dir) if job_dir else {}
-    summary.hangs = [{k: h[k] for k in ("run", "rank", "node", "summary")} for h in hangs(job_dir)] if job_dir else []
-    summary.notes = notes(summary, min_seconds)
-    return summary
-
-
-def _restarts(summary: Summary, logs: Logs, checkpoints: dict[int, float]) -> None:
-    """Time lost to restarts: each ended run's steps past its last checkpoint
-    (redone by the next run) at the mean step time, and the break between runs."""
-    order = sorted(logs.runs)
-    summary.runs = len(order)
-    for run, following in zip(order, order[1:]):
-        reached = logs.run_steps.get(run)
-        if reached is not None:
-            summary.redone_steps += max(reached - max(checkpoints.get(run, -1.0), 0.0), 0.0)
-        summary.restart_gap_seconds += max(logs.runs[following][0] - logs.runs[run][1], 0.0)
-    summary.lost_seconds = summary.redone_steps * (summary.mean_step_seconds or 0.0) + summary.restart_gap_seconds
-
-
 def notes(s: Summary, min_seconds: float = MIN_SECONDS) -> list[Note]:
     """What an engineer should look at, jobstats-style, each with its threshold; what a note says
     of more than a few nodes or GPUs is one note naming them (:func:`kit.report.many.grouped`)."""
     out: list[tuple[str, str, str, str]] = []  # (level, kind, subject, text): a kind groups its subjects
     if s.duration_seconds < min_seconds:
-        out.append(("info", "", "", f"the job ran {s.duration_seconds:.0f} s: utilisation notes need "
-                                    f"{min_seconds:.0f} s of samples (--min-seconds)"))
+        out.append(
+            (
+                "info",
+                "",
+                "",
+                f"the job ran {s.duration_seconds:.0f} s: utilisation notes need "
+                f"{min_seconds:.0f} s of samples (--min-seconds)",
+            )
+        )
     else:
         out += _gpu_notes(s.gpus) + _node_notes(s.nodes)
-    out += [("alert", "", "", f"run {h['run']} hung: {printable(h['summary'])}; every rank's stacks in hang/r{h['run']}/ "
-                              f"(kit logs --errors)") for h in s.hangs]
+    out += [
+        (
+            "alert",
+            "",
+            "",
+            f"run {h['run']} hung: {printable(h['summary'])}; every rank's stacks in hang/r{h['run']}/ "
+            f"(kit logs --errors)",
+        )
+        for h in s.hangs
+    ]
     if s.runs > 1:
-        out.append(("warning", "", "", f"{s.runs - 1} restart(s) cost about {s.lost_seconds:.0f} s: "
-                                       f"{s.redone_steps:.0f} step(s) redone from the last checkpoint, "
-                                       f"{s.restart_gap_seconds:.0f} s between runs"))
+        out.append(
+            (
+                "warning",
+                "",
+                "",
+                f"{s.runs - 1} restart(s) cost about {s.lost_seconds:.0f} s: "
+                f"{s.redone_steps:.0f} step(s) redone from the last checkpoint, "
+                f"{s.restart_gap_seconds:.0f} s between runs",
+            )
+        )
     rated = sorted((n for n in s.nodes if n.samples_per_second is not None), key=lambda n: n.samples_per_second)
     if len(rated) > 1:
         median = statistics.median(n.samples_per_second for n in rated)
         kind = f"slow nodes, under {SLOW_NODE:.0f} % of the median node's {median:.1f} samples/s (the slowest first)"
         for n in rated:
             if median > 0 and n.samples_per_second < SLOW_NODE / 100 * median:
-                out.append(("warning", kind, f"{n.node} {n.samples_per_second:.1f}",
-                            f"{n.node}: {n.samples_per_second:.1f} samples/s, under {SLOW_NODE:.0f} % of the "
-                            f"median node's {median:.1f}: a slow node"))
+                out.append(
+                    (
+                        "warning",
+                        kind,
+                        f"{n.node} {n.samples_per_second:.1f}",
+                        f"{n.node}: {n.samples_per_second:.1f} samples/s, under {SLOW_NODE:.0f} % of the "
+                        f"median node's {median:.1f}: a slow node",
+                    )
+                )
     severity = {"alert": 0, "warning": 1, "info": 2}
     return sorted(grouped(out, Note), key=lambda n: severity[n.level])
 
@@ -320,19 +278,40 @@ def _gpu_notes(gpus: list[GpuSummary]) -> list[tuple[str, str, str, str]]:
     for g in gpus:
         name = f"{g.node} gpu{g.gpu}"
         if g.no_process_percent is not None and g.no_process_percent >= UNUSED_GPU:
-            out.append(("alert", "GPUs held with no process on them", name,
-                        f"{name}: held with no process on it in {g.no_process_percent:.0f} % of the samples "
-                        f"(at least {UNUSED_GPU:.0f} %): ask for fewer GPUs, or check that every rank found its GPU"))
+            out.append(
+                (
+                    "alert",
+                    "GPUs held with no process on them",
+                    name,
+                    f"{name}: held with no process on it in {g.no_process_percent:.0f} % of the samples "
+                    f"(at least {UNUSED_GPU:.0f} %): ask for fewer GPUs, or check that every rank found its GPU",
+                )
+            )
         level, bound = ("alert", GPU_ALERT) if g.mean_util < GPU_ALERT else ("warning", GPU_WARNING)
         if g.mean_util < bound:
-            out.append((level, f"GPUs under {bound:.0f} % mean utilisation", f"{name} {g.mean_util:.0f} %",
-                        f"{name}: mean utilisation {g.mean_util:.1f} %, under {bound:.0f} %"))
-        share = 100.0 * g.peak_memory_mib / g.memory_total_mib if g.peak_memory_mib is not None and \
-            g.memory_total_mib else None
+            out.append(
+                (
+                    level,
+                    f"GPUs under {bound:.0f} % mean utilisation",
+                    f"{name} {g.mean_util:.0f} %",
+                    f"{name}: mean utilisation {g.mean_util:.1f} %, under {bound:.0f} %",
+                )
+            )
+        share = (
+            100.0 * g.peak_memory_mib / g.memory_total_mib
+            if g.peak_memory_mib is not None and g.memory_total_mib
+            else None
+        )
         if share is not None and share < GPU_MEMORY_LOW:
-            out.append(("info", f"GPUs whose peak memory is under {GPU_MEMORY_LOW:.0f} % of theirs", name,
-                        f"{name}: peak memory {share:.0f} % of the GPU's, under {GPU_MEMORY_LOW:.0f} %: "
-                        "a larger batch would fit"))
+            out.append(
+                (
+                    "info",
+                    f"GPUs whose peak memory is under {GPU_MEMORY_LOW:.0f} % of theirs",
+                    name,
+                    f"{name}: peak memory {share:.0f} % of the GPU's, under {GPU_MEMORY_LOW:.0f} %: "
+                    "a larger batch would fit",
+                )
+            )
     return out
 
 
@@ -341,14 +320,32 @@ def _node_notes(nodes: list[NodeSummary]) -> list[tuple[str, str, str, str]]:
     for n in nodes:
         eff, peak = n.cpu_efficiency_percent, n.memory_peak_percent
         if eff is not None and eff < CPU_LOW:
-            out.append(("warning", f"nodes using under {CPU_LOW:.0f} % of their allocated cores", f"{n.node} {eff:.0f} %",
-                        f"{n.node}: the job used {n.cpu_cores_used:.2f} of {n.cpus_allocated:.0f} allocated cores "
-                        f"({eff:.0f} %, under {CPU_LOW:.0f} %): ask for fewer CPUs, or use them (data loaders)"))
+            out.append(
+                (
+                    "warning",
+                    f"nodes using under {CPU_LOW:.0f} % of their allocated cores",
+                    f"{n.node} {eff:.0f} %",
+                    f"{n.node}: the job used {n.cpu_cores_used:.2f} of {n.cpus_allocated:.0f} allocated cores "
+                    f"({eff:.0f} %, under {CPU_LOW:.0f} %): ask for fewer CPUs, or use them (data loaders)",
+                )
+            )
         if peak is not None and peak > MEMORY_HIGH:
-            out.append(("warning", f"nodes whose memory peak is over {MEMORY_HIGH:.0f} % of their limit", n.node,
-                        f"{n.node}: memory peak {peak:.0f} % of the {n.memory_limit_of}'s, over {MEMORY_HIGH:.0f} %: "
-                        "close to the limit"))
+            out.append(
+                (
+                    "warning",
+                    f"nodes whose memory peak is over {MEMORY_HIGH:.0f} % of their limit",
+                    n.node,
+                    f"{n.node}: memory peak {peak:.0f} % of the {n.memory_limit_of}'s, over {MEMORY_HIGH:.0f} %: "
+                    "close to the limit",
+                )
+            )
         elif peak is not None and peak < MEMORY_LOW and n.memory_limit_of == "allocation":
-            out.append(("info", f"nodes whose memory peak is under {MEMORY_LOW:.0f} % of the allocation", n.node,
-                        f"{n.node}: memory peak {peak:.0f} % of the allocation, under {MEMORY_LOW:.0f} %: ask for less"))
+            out.append(
+                (
+                    "info",
+                    f"nodes whose memory peak is under {MEMORY_LOW:.0f} % of the allocation",
+                    n.node,
+                    f"{n.node}: memory peak {peak:.0f} % of the allocation, under {MEMORY_LOW:.0f} %: ask for less",
+                )
+            )
     return out

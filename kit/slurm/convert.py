@@ -16,27 +16,9 @@ from pathlib import Path
 
 from kit.core import spec as specs
 from kit.core.text import printable
-from kit.slurm import shellwords
 from kit.errors import KitError
-
-# sbatch option (long name, short letter) -> kit job-file field.
-FIELDS = {
-    "--job-name": "job_name", "-J": "job_name", "--nodes": "nodes", "-N": "nodes",
-    "--ntasks-per-node": "ntasks_per_node", "--cpus-per-task": "cpus_per_task", "-c": "cpus_per_task",
-    "--mem": "mem", "--time": "time", "-t": "time", "--partition": "partition", "-p": "partition",
-    "--account": "account", "-A": "account", "--array": "array", "-a": "array",
-    "--gpus-per-node": "gpus_per_node", "--container-image": "image",
-}
-INT_FIELDS = {"nodes", "ntasks_per_node", "cpus_per_task", "gpus_per_node"}
-# What kit sets for every task: a script's own value would be wrong (or the same) under kit.
-KIT_SETS = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE",
-            "GROUP_RANK", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"}
-# torchrun / torch.distributed.launch options kit's PET_* variables give (written with $VARS in scripts).
-RENDEZVOUS = {"--nnodes", "--node_rank", "--node-rank", "--master_addr", "--master-addr", "--master_port",
-              "--master-port", "--rdzv_endpoint", "--rdzv-endpoint", "--rdzv_backend", "--rdzv-backend",
-              "--rdzv_id", "--rdzv-id"}
-SETUP_WORDS = ("module", "source", ".", "cd", "echo", "printf", "conda", "ml", "set", "date", "hostname",
-               "nvidia-smi", "mkdir", "scontrol")
+from kit.slurm import shellwords
+from kit.slurm.sbatch_words import CONTAINER_FIELDS, FIELDS, INT_FIELDS, KIT_SETS, PYTHONS, RENDEZVOUS, SETUP_WORDS
 
 
 @dataclass
@@ -65,8 +47,14 @@ def _toml(value) -> str:
     if isinstance(value, dict):
         return "{ " + ", ".join(f"{_toml(k)} = {_toml(v)}" for k, v in value.items()) + " }"
     text = str(value)
-    return '"' + "".join(c if c.isprintable() and c not in '"\\' else
-                         f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}" for c in text) + '"'
+    return (
+        '"'
+        + "".join(
+            c if c.isprintable() and c not in '"\\' else f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}"
+            for c in text
+        )
+        + '"'
+    )
 
 
 def _option(words: list[str], i: int) -> tuple[str, str | None, int]:
@@ -76,8 +64,11 @@ def _option(words: list[str], i: int) -> tuple[str, str | None, int]:
         name, eq, value = word.partition("=")
         if eq:
             return name, value, i + 1
-        if i + 1 < len(words) and not words[i + 1].startswith("-") and name not in ("--exclusive", "--requeue",
-                                                                                     "--no-requeue", "--overcommit"):
+        if (
+            i + 1 < len(words)
+            and not words[i + 1].startswith("-")
+            and name not in ("--exclusive", "--requeue", "--no-requeue", "--overcommit")
+        ):
             return name, words[i + 1], i + 2
         return name, None, i + 1
     name = word[:2]
@@ -86,16 +77,6 @@ def _option(words: list[str], i: int) -> tuple[str, str | None, int]:
     if i + 1 < len(words) and not words[i + 1].startswith("-"):
         return name, words[i + 1], i + 2
     return name, None, i + 1
-
-
-# pyxis's options as kit's job fields: (field, how the value is kept).
-CONTAINER_FIELDS = {
-    "--container-mounts": ("mounts", "list"), "--container-workdir": ("container_workdir", "str"),
-    "--container-name": ("container_name", "str"), "--container-env": ("container_env", "list"),
-    "--container-writable": ("container_writable", True), "--container-readonly": ("container_writable", False),
-    "--container-mount-home": ("container_mount_home", True), "--no-container-mount-home": ("container_mount_home", False),
-    "--container-remap-root": ("container_remap_root", True), "--no-container-remap-root": ("container_remap_root", False),
-}
 
 
 def _sbatch_option(c: Converted, name: str, value: str | None, origin: str = "#SBATCH") -> None:
@@ -107,10 +88,12 @@ def _sbatch_option(c: Converted, name: str, value: str | None, origin: str = "#S
         elif value is not None:
             c.fields[key] = [v for v in value.split(",") if v] if kind == "list" else value
         if key == "mounts":
-            c.changed.append(f"{where}: carried as mounts; the job starts in its code view (a copy of the "
-                                 "work tree at submission, under the job directory), where a relative path such "
-                                 "as data/ is the work tree's own (linked when the snapshot leaves it out), not "
-                                 "a mount's: give the command the mount's absolute path")
+            c.changed.append(
+                f"{where}: carried as mounts; the job starts in its code view (a copy of the "
+                "work tree at submission, under the job directory), where a relative path such "
+                "as data/ is the work tree's own (linked when the snapshot leaves it out), not "
+                "a mount's: give the command the mount's absolute path"
+            )
         return
     if name in FIELDS and value is not None:
         key = FIELDS[name]
@@ -122,8 +105,10 @@ def _sbatch_option(c: Converted, name: str, value: str | None, origin: str = "#S
         else:
             c.fields[key] = value
         if key == "image":
-            c.changed.append(f"{where}: carried as image: kit puts it on the srun step (on the batch script, "
-                                 "pyxis would run the script itself in the image, where srun does not exist)")
+            c.changed.append(
+                f"{where}: carried as image: kit puts it on the srun step (on the batch script, "
+                "pyxis would run the script itself in the image, where srun does not exist)"
+            )
         return
     if name == "--gres" and value:
         m = re.fullmatch(r"gpu(?::[A-Za-z0-9_.-]+)?:(\d+)", value)
@@ -149,8 +134,11 @@ def _sbatch_option(c: Converted, name: str, value: str | None, origin: str = "#S
         if kind in kinds and all(i.isdigit() for i in ids.split(":")):
             c.fields["after"] = [f"{i}:{kinds[kind]}" for i in ids.split(":")]
             return
-    arg = f"{name}={value}" if value is not None and name.startswith("--") else \
-        (f"{name}{value}" if value is not None else name)
+    arg = (
+        f"{name}={value}"
+        if value is not None and name.startswith("--")
+        else (f"{name}{value}" if value is not None else name)
+    )
     if specs.owned_sbatch_option(arg):
         c.not_carried.append(f"{where}: kit sets it itself ({specs.OWNED_SBATCH[specs.owned_sbatch_option(arg)]})")
         return
@@ -173,22 +161,27 @@ def _command(c: Converted, words: list[str], line: str) -> None:
     if syntax:
         text = shellwords.after_words(line.strip(), skip)
         c.fields["command"] = ["bash", "-c", text]
-        c.changed.append(f"{line.strip()}: it uses shell syntax ({syntax}): its text runs under bash -c as "
-                             "written (kit passes arguments without a shell)")
+        c.changed.append(
+            f"{line.strip()}: it uses shell syntax ({syntax}): its text runs under bash -c as "
+            "written (kit passes arguments without a shell)"
+        )
         return
     spans = shellwords.spans(line.strip())
     raw = [line.strip()[a:b] for a, b in spans][skip:] if len(spans) == len(words) + skip else None
     launcher = words[0].rsplit("/", 1)[-1]
-    is_torchrun = launcher == "torchrun" or (len(words) > 2 and words[1] == "-m" and
-                                             words[2] in ("torch.distributed.run", "torch.distributed.launch"))
+    is_torchrun = launcher == "torchrun" or (
+        len(words) > 2 and words[1] == "-m" and words[2] in ("torch.distributed.run", "torch.distributed.launch")
+    )
     if is_torchrun:
         kept, i = [], 0
         while i < len(words):
             name = words[i].split("=", 1)[0]
             if name in RENDEZVOUS:
                 step = 1 if "=" in words[i] or i + 1 >= len(words) else 2
-                c.not_carried.append(f"{' '.join(words[i:i + step])}: kit exports PET_NNODES, PET_NODE_RANK, "
-                                     "PET_MASTER_ADDR and PET_MASTER_PORT for torchrun")
+                c.not_carried.append(
+                    f"{' '.join(words[i : i + step])}: kit exports PET_NNODES, PET_NODE_RANK, "
+                    "PET_MASTER_ADDR and PET_MASTER_PORT for torchrun"
+                )
                 i += step
                 continue
             kept.append(i)
@@ -197,14 +190,16 @@ def _command(c: Converted, words: list[str], line: str) -> None:
         c.fields.setdefault("ntasks_per_node", 1)
     if any("$" in w for w in words):  # the words as written: their quotes decide how $VARS expand
         c.fields["command"] = ["bash", "-c", " ".join(raw) if raw else shellwords.shell_words(words)]
-        c.changed.append(f"{line.strip()}: it holds $VARIABLES, so it runs under bash -c (kit passes "
-                             "arguments without a shell)")
+        c.changed.append(
+            f"{line.strip()}: it holds $VARIABLES, so it runs under bash -c (kit passes arguments without a shell)"
+        )
     else:
         c.fields["command"] = words
 
 
-def convert(text: str, sbatch_args: list[str] | tuple[str, ...] = (), inspect=None,
-            cwd: str | None = None) -> Converted:
+def convert(
+    text: str, sbatch_args: list[str] | tuple[str, ...] = (), inspect=None, cwd: str | None = None
+) -> Converted:
     """The job-file fields of the sbatch script ``text`` submitted with ``sbatch_args`` (the options its
     user puts on sbatch's command line: they win over its #SBATCH lines, as in sbatch), and what did not
     carry over. ``inspect(image, paths)``: which of ``paths`` an image file has (``python`` runs as
@@ -214,8 +209,10 @@ def convert(text: str, sbatch_args: list[str] | tuple[str, ...] = (), inspect=No
     i, words = 0, list(sbatch_args)
     while i < len(words):
         if not words[i].startswith("-"):
-            c.not_carried.append(f"sbatch {' '.join(words[i:])}: not an option (the script is kit convert's first "
-                                 "argument; what follows -- is sbatch's options)")
+            c.not_carried.append(
+                f"sbatch {' '.join(words[i:])}: not an option (the script is kit convert's first "
+                "argument; what follows -- is sbatch's options)"
+            )
             break
         name, value, i = _option(words, i)
         _sbatch_option(c, name, value, origin="sbatch")
@@ -232,13 +229,11 @@ def _workdir(c: Converted, cwd: str | None) -> None:
     if not workdir or not cwd or os.path.realpath(workdir) != os.path.realpath(cwd):
         return
     del c.fields["container_workdir"]
-    c.changed.append(f"--container-workdir={workdir}: the directory you submit from: kit starts the job in its code "
-                     "view of it (a copy taken at submission, under the job directory), so the job runs the code "
-                     "it was submitted with, not what the directory holds when it starts")
-
-
-PYTHONS = ("usr/bin/python", "bin/python", "usr/local/bin/python", "usr/bin/python3", "bin/python3",
-           "usr/local/bin/python3")
+    c.changed.append(
+        f"--container-workdir={workdir}: the directory you submit from: kit starts the job in its code "
+        "view of it (a copy taken at submission, under the job directory), so the job runs the code "
+        "it was submitted with, not what the directory holds when it starts"
+    )
 
 
 def _python3(c: Converted, inspect) -> None:
@@ -247,7 +242,7 @@ def _python3(c: Converted, inspect) -> None:
     if not command or not isinstance(image, str) or not os.path.isfile(image):
         return
     text = command[2] if command[:2] == ["bash", "-c"] else None
-    if (command[0] != "python" if text is None else not re.search(r"(?<![\w/.-])python(?=\s)", text)):
+    if command[0] != "python" if text is None else not re.search(r"(?<![\w/.-])python(?=\s)", text):
         return
     try:
         found = {p.rsplit("/", 1)[1] for p in inspect(Path(image), list(PYTHONS))}
@@ -270,7 +265,7 @@ def _script(c: Converted, text: str) -> None:
         stripped = line.strip()
         if stripped.startswith("#SBATCH"):
             try:
-                words = shlex.split(stripped[len("#SBATCH"):], comments=True)
+                words = shlex.split(stripped[len("#SBATCH") :], comments=True)
             except ValueError:
                 c.not_carried.append(f"{stripped}: not readable")
                 continue
@@ -279,8 +274,10 @@ def _script(c: Converted, text: str) -> None:
                 name, value, i = _option(words, i)
                 options.append((name, value))
             if i < len(words):  # nothing of such a line is carried: what sbatch makes of it is unclear
-                c.not_carried.append(f"{stripped}: {words[i]!r} is not an option (sbatch runs no shell over "
-                                     "#SBATCH lines: $(...) there stays literal text)")
+                c.not_carried.append(
+                    f"{stripped}: {words[i]!r} is not an option (sbatch runs no shell over "
+                    "#SBATCH lines: $(...) there stays literal text)"
+                )
                 continue
             for name, value in options:
                 _sbatch_option(c, name, value)
@@ -289,7 +286,7 @@ def _script(c: Converted, text: str) -> None:
             continue
         computed = "$(" in stripped or "`" in stripped
         if stripped.startswith("export ") and computed:
-            items = [stripped[len("export "):].strip()]  # one NAME=$(...) (shlex would split the command)
+            items = [stripped[len("export ") :].strip()]  # one NAME=$(...) (shlex would split the command)
         elif re.match(r"[A-Za-z_][A-Za-z0-9_]*=", stripped):
             name = stripped.split("=", 1)[0]
             if name in KIT_SETS:
@@ -298,8 +295,10 @@ def _script(c: Converted, text: str) -> None:
                 assigned.append((name, stripped, len(commands)))
             continue
         elif stripped.startswith("trap "):
-            c.not_carried.append(f"{stripped}: kit passes the warning signal (--signal) to the command; a handler "
-                                 "belongs in the command (see docs/endings.md: the preemption plan)")
+            c.not_carried.append(
+                f"{stripped}: kit passes the warning signal (--signal) to the command; a handler "
+                "belongs in the command (see docs/endings.md: the preemption plan)"
+            )
             continue
         else:
             items = None
@@ -327,8 +326,10 @@ def _script(c: Converted, text: str) -> None:
                     c.not_carried.append(f"export {item}: not a variable kit can carry")
             continue
         if words[0] in SETUP_WORDS or "=" in words[0].split("/")[0]:
-            c.not_carried.append(f"{stripped}: setup the job itself does not need (put it in the image, "
-                                 "or in a wrapper script the command runs)")
+            c.not_carried.append(
+                f"{stripped}: setup the job itself does not need (put it in the image, "
+                "or in a wrapper script the command runs)"
+            )
             continue
         commands.append((words, stripped))
     _choose(c, commands, assigned)
@@ -359,8 +360,9 @@ def _carry_assignments(c: Converted, assigned: list[tuple[str, str, int]]) -> No
     command = c.fields.get("command") or []
     used: set[str] = set()
     for _, text, _ in (a for a in assigned if "$!" in a[1]):
-        c.not_carried.append(f"{text}: the pid of a background process kit does not start (kit records and "
-                             "tears down its own sidecars)")
+        c.not_carried.append(
+            f"{text}: the pid of a background process kit does not start (kit records and tears down its own sidecars)"
+        )
     assigned = [a for a in assigned if "$!" not in a[1]]
     if any(text.startswith("export ") for _, text, _ in assigned) and command[:2] != ["bash", "-c"]:
         c.fields["command"] = command = ["bash", "-c", shellwords.shell_words(command)]
@@ -379,9 +381,11 @@ def _carry_assignments(c: Converted, assigned: list[tuple[str, str, int]]) -> No
         c.changed.append(f"{', '.join(sorted(used))}: set by the script, carried into the command's bash -c text")
     computed = sorted(name for name, text, _ in assigned if name in used and ("$(" in text or "`" in text))
     if computed:
-        c.changed.append(f"{', '.join(computed)}: carried, but their $(...) now runs in every task, not once in the "
-                             "batch script: a value that differs from run to run (a random seed) would differ between "
-                             "ranks; compute it once and pass it with --env")
+        c.changed.append(
+            f"{', '.join(computed)}: carried, but their $(...) now runs in every task, not once in the "
+            "batch script: a value that differs from run to run (a random seed) would differ between "
+            "ranks; compute it once and pass it with --env"
+        )
 
 
 def _srun_options(words: list[str]) -> tuple[list[str], int]:
@@ -391,5 +395,3 @@ def _srun_options(words: list[str]) -> tuple[list[str], int]:
         name, value, i = _option(words, i)
         options.append(name + (f"={value}" if value is not None else ""))
     return options, i
-
-

@@ -20,24 +20,58 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kit import files
-from kit.image import REGISTRY_REF, is_reference, is_squashfs
 from kit.errors import KitError
+from kit.image import REGISTRY_REF, is_reference, is_squashfs
 
 # Mount options kit lets through (enroot's bind-mount options).
-MOUNT_FLAGS = ("ro", "rw", "private", "rprivate", "slave", "rslave", "shared", "rshared", "rbind",
-               "nosuid", "nodev", "noexec")
+MOUNT_FLAGS = (
+    "ro",
+    "rw",
+    "private",
+    "rprivate",
+    "slave",
+    "rslave",
+    "shared",
+    "rshared",
+    "rbind",
+    "nosuid",
+    "nodev",
+    "noexec",
+)
 SPECIAL_SOURCES = ("tmpfs", "umount")
 
 # Variables prelaunch.sh sets for the step (kept in sync with the template by a test).
 JOB_VARIABLES = (
-    "KIT_CONTAINER", "KIT_EXPORTER_PORTS", "KIT_FINISHED_FILE", "KIT_JOB_DIR", "KIT_LOG_DIR",
-    "KIT_PROMETHEUS_TARGETS", "KIT_RESTART", "KIT_WARNING_SIGNAL",
-    "KIT_CHECKPOINT_STEP_FILE", "KIT_HANG_TIMEOUT", "KIT_FIRST_PROGRESS_TIMEOUT", "KIT_PROGRESS_DIR", "KIT_HANG_DIR",
-    "MASTER_ADDR", "MASTER_PORT", "DEBUG", "PYTHONFAULTHANDLER", "NCCL_DEBUG", "TORCH_DISTRIBUTED_DEBUG",
+    "KIT_CONTAINER",
+    "KIT_EXPORTER_PORTS",
+    "KIT_FINISHED_FILE",
+    "KIT_JOB_DIR",
+    "KIT_LOG_DIR",
+    "KIT_PROMETHEUS_TARGETS",
+    "KIT_RESTART",
+    "KIT_WARNING_SIGNAL",
+    "KIT_CHECKPOINT_STEP_FILE",
+    "KIT_HANG_TIMEOUT",
+    "KIT_FIRST_PROGRESS_TIMEOUT",
+    "KIT_PROGRESS_DIR",
+    "KIT_HANG_DIR",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "DEBUG",
+    "PYTHONFAULTHANDLER",
+    "NCCL_DEBUG",
+    "TORCH_DISTRIBUTED_DEBUG",
     "CUDA_LAUNCH_BLOCKING",
     # The job's one tracker run (kit::tracker_env).
-    "KIT_TRACKER_DIR", "KIT_RESUME_STEP", "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_NAME", "WANDB_DIR",
-    "WANDB__TRANSACTION_LOG_FLUSH_INTERVAL", "MLFLOW_RUN_ID", "MLFLOW_ALLOW_FILE_STORE",
+    "KIT_TRACKER_DIR",
+    "KIT_RESUME_STEP",
+    "WANDB_RUN_ID",
+    "WANDB_RESUME",
+    "WANDB_NAME",
+    "WANDB_DIR",
+    "WANDB__TRANSACTION_LOG_FLUSH_INTERVAL",
+    "MLFLOW_RUN_ID",
+    "MLFLOW_ALLOW_FILE_STORE",
 )
 
 
@@ -54,9 +88,12 @@ class Mount:
 def check_mount_path(path: str, what: str, label: str) -> None:
     for ch, name in ((",", "a comma"), (":", "a colon"), (" ", "a space")):
         if ch in path:
-            raise KitError(f"{what} contains {name}: {path!r}", field=label,
-                           hint="pyxis has no escape for ',' or ':' and fails on spaces: use a path without them "
-                                "(a symlink to it works)")
+            raise KitError(
+                f"{what} contains {name}: {path!r}",
+                field=label,
+                hint="pyxis has no escape for ',' or ':' and fails on spaces: use a path without them "
+                "(a symlink to it works)",
+            )
     if any(c in path for c in "\t\n\r"):
         raise KitError(f"{what} contains a control character: {path!r}", field=label)
 
@@ -65,31 +102,43 @@ def parse_mount(text: str, label: str = "--mount", check_source: bool = True) ->
     """``SRC:DST[:FLAGS]`` as kit accepts it (stricter than pyxis)."""
     parts = text.split(":")
     if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
-        raise KitError(f"expected SRC:DST[:FLAGS], got {text!r}", field=label,
-                       hint="e.g. --mount /data/imagenet:/data:ro")
+        raise KitError(
+            f"expected SRC:DST[:FLAGS], got {text!r}", field=label, hint="e.g. --mount /data/imagenet:/data:ro"
+        )
     src, dst = parts[0], parts[1]
     flags = tuple(f for f in parts[2].split("+") if f) if len(parts) == 3 else ()
     if src not in SPECIAL_SOURCES:
         if not src.startswith("/"):
-            raise KitError(f"mount source must be an absolute path: {src!r}", field=label,
-                           hint=f"write it from the root, e.g. {os.path.abspath(src)}")
+            raise KitError(
+                f"mount source must be an absolute path: {src!r}",
+                field=label,
+                hint=f"write it from the root, e.g. {os.path.abspath(src)}",
+            )
         check_mount_path(src, "mount source", label)
     if not dst.startswith("/"):
         raise KitError(f"mount destination must be an absolute path: {dst!r}", field=label)
     if posixpath.normpath(dst) in ("/", "//"):
-        raise KitError(f"a mount over the container's root is not possible: {text!r}", field=label,
-                       hint="mount it at a directory, e.g. /data")
+        raise KitError(
+            f"a mount over the container's root is not possible: {text!r}",
+            field=label,
+            hint="mount it at a directory, e.g. /data",
+        )
     check_mount_path(dst, "mount destination", label)
     for flag in flags:
         if flag not in MOUNT_FLAGS:
-            raise KitError(f"unknown mount flag {flag!r} in {text!r}", field=label,
-                           hint="known flags: " + ", ".join(MOUNT_FLAGS) + " (join several with +)")
+            raise KitError(
+                f"unknown mount flag {flag!r} in {text!r}",
+                field=label,
+                hint="known flags: " + ", ".join(MOUNT_FLAGS) + " (join several with +)",
+            )
     if "ro" in flags and "rw" in flags:
         raise KitError(f"both ro and rw in {text!r}", field=label)
     if check_source and src not in SPECIAL_SOURCES and not os.path.exists(src):
-        raise KitError(f"source does not exist: {src}", field=label,
-                       hint="kit checks sources on this host; a node-local path must exist here too "
-                            "(or pass --no-mount-check)")
+        raise KitError(
+            f"source does not exist: {src}",
+            field=label,
+            hint="kit checks sources on this host; a node-local path must exist here too (or pass --no-mount-check)",
+        )
     return Mount(src, dst, flags)
 
 
@@ -103,8 +152,11 @@ def check_image(image: str, label: str = "--image") -> str:
     """A registry reference, or an absolute path of a squashfs file (returned absolute)."""
     if is_reference(image):
         if not REGISTRY_REF.match(image):
-            raise KitError(f"not an image reference: {image!r}", field=label,
-                           hint="write docker://[USER@][REGISTRY#]IMAGE[:TAG] or the path of a .sqsh")
+            raise KitError(
+                f"not an image reference: {image!r}",
+                field=label,
+                hint="write docker://[USER@][REGISTRY#]IMAGE[:TAG] or the path of a .sqsh",
+            )
         return image
     path = Path(image).expanduser()
     if not path.is_absolute():
@@ -113,13 +165,24 @@ def check_image(image: str, label: str = "--image") -> str:
     if not path.is_file():
         raise KitError(f"no such image: {path}", field=label, hint="build one with: kit build RECIPE -o IMAGE.sqsh")
     if not is_squashfs(path):
-        raise KitError(f"not a squashfs image: {path}", field=label,
-                       hint="pyxis runs squashfs files (kit build makes them) or docker:// references")
+        raise KitError(
+            f"not a squashfs image: {path}",
+            field=label,
+            hint="pyxis runs squashfs files (kit build makes them) or docker:// references",
+        )
     return str(path)
 
 
-def srun_flags(*, image: str, mounts: list[Mount], workdir: str | None, name: str | None,
-               writable: bool, mount_home: bool, remap_root: bool) -> list[str]:
+def srun_flags(
+    *,
+    image: str,
+    mounts: list[Mount],
+    workdir: str | None,
+    name: str | None,
+    writable: bool,
+    mount_home: bool,
+    remap_root: bool,
+) -> list[str]:
     """The container flags of the step; --container-env is added at run time by prelaunch."""
     flags = [f"--container-image={image}"]
     if mounts:
@@ -145,8 +208,11 @@ def check_container(spec, origins) -> tuple[str, list[Mount]]:
     mounts = [parse_mount(m, origins.label("mounts"), check_source=spec.mount_check) for m in spec.mounts]
     parse_mount(f"{spec.output_dir}:{spec.output_dir}", origins.label("output_dir"), check_source=False)
     if spec.prometheus_targets and spec.exporter:
-        check_mount_path(spec.prometheus_targets, "the targets directory (mounted into the container)",
-                         origins.label("prometheus_targets"))
+        check_mount_path(
+            spec.prometheus_targets,
+            "the targets directory (mounted into the container)",
+            origins.label("prometheus_targets"),
+        )
     return image, mounts
 
 

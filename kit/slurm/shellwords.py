@@ -70,7 +70,7 @@ def spans(line: str) -> list[tuple[int, int]]:
 def after_words(line: str, n: int) -> str:
     """``line`` from its ``n``-th word on (words as the shell splits them, quotes respected)."""
     found = spans(line)
-    return line[found[n][0]:].strip() if n < len(found) else ""
+    return line[found[n][0] :].strip() if n < len(found) else ""
 
 
 def shell_words(words: list[str]) -> str:

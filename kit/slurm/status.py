@@ -16,13 +16,14 @@ from kit.errors import KitError
 from kit.jobdir import JobDir, records
 from kit.slurm.target import TERMINAL_STATES, Target
 
+
 @dataclass
 class JobStatus:
     """One job as Slurm reports it (``squeue --json``: no user string can fake a field)."""
 
     job_id: str
-    state: str                # PENDING, RUNNING, COMPLETED, ...; GONE once Slurm has forgotten the job
-    exit_code: int = 0        # the batch script's, as a shell reports it (128+N when killed by signal N)
+    state: str  # PENDING, RUNNING, COMPLETED, ...; GONE once Slurm has forgotten the job
+    exit_code: int = 0  # the batch script's, as a shell reports it (128+N when killed by signal N)
     restarts: int = 0
     requeue: bool = False
     nodes: str = ""
@@ -31,7 +32,7 @@ class JobStatus:
     end_time: int = 0
     excluded_nodes: str = ""
     dependency: str = ""
-    detail: str = ""          # Slurm's longer word on the reason (squeue's %R: "ReqNodeNotAvail, UnavailableNodes:node2")
+    detail: str = ""  # Slurm's longer word on the reason (squeue's %R: "ReqNodeNotAvail, UnavailableNodes:node2")
     user_id: int | None = None  # whose job it is
 
     @property
@@ -42,8 +43,10 @@ class JobStatus:
     def shown(self) -> str:
         """The state as a user should read it: a held job says so, and how to release it."""
         if self.held:
-            return (f"PENDING, held ({self.reason}): it never starts by itself; release it with "
-                    f"`scontrol release {self.job_id}`")
+            return (
+                f"PENDING, held ({self.reason}): it never starts by itself; release it with "
+                f"`scontrol release {self.job_id}`"
+            )
         return self.state
 
 
@@ -68,8 +71,12 @@ class ControllerUnreachable(KitError):
     """slurmctld did not answer (down, restarting, or the network)."""
 
 
-_UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "Connection refused",
-                "Zero Bytes were transmitted")
+_UNREACHABLE = (
+    "Unable to contact slurm controller",
+    "Socket timed out",
+    "Connection refused",
+    "Zero Bytes were transmitted",
+)
 
 
 def _wait_status(raw: int) -> int:
@@ -89,12 +96,17 @@ def _squeue_jobs(target: Target) -> list[dict]:
         data = json.loads(proc.stdout)
         jobs, errors = data["jobs"], data.get("errors") or []
     except (ValueError, KeyError, TypeError):
-        raise KitError("squeue --json printed no job list", detail=proc.stdout[:2000], exit_code=1,
-                       hint="kit reads job states with squeue --json (Slurm 21.08 or newer)") from None
+        raise KitError(
+            "squeue --json printed no job list",
+            detail=proc.stdout[:2000],
+            exit_code=1,
+            hint="kit reads job states with squeue --json (Slurm 21.08 or newer)",
+        ) from None
     if errors:
         # A controller that does not answer gives exit 0, no jobs and this list.
-        raise ControllerUnreachable("squeue could not load jobs", exit_code=1,
-                                    detail="; ".join(str(e.get("description") or e) for e in errors))
+        raise ControllerUnreachable(
+            "squeue could not load jobs", exit_code=1, detail="; ".join(str(e.get("description") or e) for e in errors)
+        )
     return [j for j in jobs if isinstance(j, dict)]
 
 
@@ -102,13 +114,21 @@ def _status_of(target: Target, j: dict, name: str) -> JobStatus:
     state = str(j.get("job_state") or "UNKNOWN")
     if state in TERMINAL_STATES and _completing(target, str(j.get("job_id"))):
         state = "COMPLETING"  # JSON shows the end state while processes are still being killed
-    return JobStatus(job_id=name, state=state, exit_code=_wait_status(int(j.get("exit_code") or 0)),
-                     restarts=int(j.get("restart_cnt") or 0), requeue=bool(j.get("requeue")),
-                     nodes=str(j.get("nodes") or ""), reason=str(j.get("state_reason") or ""),
-                     detail=str(j.get("state_description") or ""),
-                     start_time=int(j.get("start_time") or 0), end_time=int(j.get("end_time") or 0),
-                     excluded_nodes=str(j.get("excluded_nodes") or ""), dependency=str(j.get("dependency") or ""),
-                     user_id=j["user_id"] if isinstance(j.get("user_id"), int) else None)
+    return JobStatus(
+        job_id=name,
+        state=state,
+        exit_code=_wait_status(int(j.get("exit_code") or 0)),
+        restarts=int(j.get("restart_cnt") or 0),
+        requeue=bool(j.get("requeue")),
+        nodes=str(j.get("nodes") or ""),
+        reason=str(j.get("state_reason") or ""),
+        detail=str(j.get("state_description") or ""),
+        start_time=int(j.get("start_time") or 0),
+        end_time=int(j.get("end_time") or 0),
+        excluded_nodes=str(j.get("excluded_nodes") or ""),
+        dependency=str(j.get("dependency") or ""),
+        user_id=j["user_id"] if isinstance(j.get("user_id"), int) else None,
+    )
 
 
 def _by_name(found: list[dict]) -> dict[str, dict]:
@@ -133,8 +153,7 @@ def statuses(target: Target, names: Iterable[str]) -> dict[str, JobStatus]:
     """Several jobs' states from one ``squeue --json``: each name is a job id or
     an array task's ``ID_TASK``; GONE for a job Slurm has forgotten."""
     records = _by_name(_squeue_jobs(target))
-    return {n: _status_of(target, records[n], n) if n in records else JobStatus(job_id=n, state="GONE")
-            for n in names}
+    return {n: _status_of(target, records[n], n) if n in records else JobStatus(job_id=n, state="GONE") for n in names}
 
 
 def job_status(target: Target, job_id: str) -> JobStatus:
@@ -151,8 +170,9 @@ def array_status(target: Target, array_id: str, indices: Iterable[int]) -> dict[
 
 def _completing(target: Target, job_id: str) -> bool:
     """Is the job still COMPLETING (squeue's one-word state: nothing user-made can fake it)?"""
-    proc = target.run(["squeue", "--noheader", f"--jobs={job_id}", "--states=all", "--format=%T"],
-                      check=False, timeout=60)
+    proc = target.run(
+        ["squeue", "--noheader", f"--jobs={job_id}", "--states=all", "--format=%T"], check=False, timeout=60
+    )
     return proc.returncode == 0 and proc.stdout.strip() == "COMPLETING"
 
 
@@ -178,8 +198,15 @@ class _Final:
         return False
 
 
-def follow(check: Callable[[], object], *, what: str, poll: float, timeout: float | None, outage: float,
-            on_outage: Callable[[str], None] | None):
+def follow(
+    check: Callable[[], object],
+    *,
+    what: str,
+    poll: float,
+    timeout: float | None,
+    outage: float,
+    on_outage: Callable[[str], None] | None,
+):
     """Call ``check`` every ``poll`` seconds until it returns something. A
     controller that does not answer is asked again for up to ``outage``
     seconds (``on_outage`` hears about it once per outage); then a KitError."""
@@ -195,10 +222,13 @@ def follow(check: Callable[[], object], *, what: str, poll: float, timeout: floa
                 if on_outage:
                     on_outage(f"slurmctld is not answering; still waiting (up to {outage:g} s)")
             elif now - unreachable_since > outage:
-                raise KitError(f"slurmctld did not answer for {outage:g} s; {what} may still run",
-                               exit_code=outcome.LOST, detail=e.detail,
-                               hint="follow it in its job directory, or wait again: kit launch does not "
-                                    "resubmit; squeue --jobs=ID") from None
+                raise KitError(
+                    f"slurmctld did not answer for {outage:g} s; {what} may still run",
+                    exit_code=outcome.LOST,
+                    detail=e.detail,
+                    hint="follow it in its job directory, or wait again: kit launch does not "
+                    "resubmit; squeue --jobs=ID",
+                ) from None
             time.sleep(poll)
             continue
         if unreachable_since is not None:
@@ -212,11 +242,19 @@ def follow(check: Callable[[], object], *, what: str, poll: float, timeout: floa
         time.sleep(poll)
 
 
-def wait(target: Target, job_id: str, *, poll: float = 1.0, timeout: float | None = None,
-         on_state: Callable[[JobStatus], None] | None = None, outage: float = 900.0,
-         on_outage: Callable[[str], None] | None = None, settle: float = 10.0,
-         on_poll: Callable[[JobStatus], None] | None = None,
-         status: Callable[[], JobStatus] | None = None) -> JobStatus:
+def wait(
+    target: Target,
+    job_id: str,
+    *,
+    poll: float = 1.0,
+    timeout: float | None = None,
+    on_state: Callable[[JobStatus], None] | None = None,
+    outage: float = 900.0,
+    on_outage: Callable[[str], None] | None = None,
+    settle: float = 10.0,
+    on_poll: Callable[[JobStatus], None] | None = None,
+    status: Callable[[], JobStatus] | None = None,
+) -> JobStatus:
     """Block until the job reaches a final state (requeues and outages are waited through);
     ``status`` asks for its state (default: one squeue for it)."""
     final = _Final(settle)
@@ -252,10 +290,18 @@ class ArrayStates:
         return self.known[index]
 
 
-def wait_array(target: Target, array_id: str, indices: Iterable[int], *, poll: float = 1.0,
-               timeout: float | None = None, on_state: Callable[[int, JobStatus], None] | None = None,
-               outage: float = 900.0, on_outage: Callable[[str], None] | None = None,
-               settle: float = 10.0) -> dict[int, JobStatus]:
+def wait_array(
+    target: Target,
+    array_id: str,
+    indices: Iterable[int],
+    *,
+    poll: float = 1.0,
+    timeout: float | None = None,
+    on_state: Callable[[int, JobStatus], None] | None = None,
+    outage: float = 900.0,
+    on_outage: Callable[[str], None] | None = None,
+    settle: float = 10.0,
+) -> dict[int, JobStatus]:
     """Block until every task of the array job is final; each task's status by index."""
     final = _Final(settle)
     indices = list(indices)
@@ -270,8 +316,7 @@ def wait_array(target: Target, array_id: str, indices: Iterable[int], *, poll: f
         done = [final(i, st) for i, st in states.items()]
         return states if all(done) else None
 
-    return follow(check, what=f"array job {array_id}", poll=poll, timeout=timeout, outage=outage,
-                   on_outage=on_outage)
+    return follow(check, what=f"array job {array_id}", poll=poll, timeout=timeout, outage=outage, on_outage=on_outage)
 
 
 # Slurm's final states -> kit's exit codes (kit.core.outcome).
@@ -326,37 +371,14 @@ def _never_started(code: int) -> str:
         name = signal.Signals(code - 128).name if 128 < code < 128 + signal.NSIG else None
     except ValueError:
         name = None
-    why = (f"the batch script ended by {name}" if name else
-           "srun, its MPI plugin or the container failed")
-    return (f"the job step never started (exit code {code}): {why} before any rank ran; `kit logs JOB --errors` "
-            "shows the batch log's end")
+    why = f"the batch script ended by {name}" if name else "srun, its MPI plugin or the container failed"
+    return (
+        f"the job step never started (exit code {code}): {why} before any rank ran; `kit logs JOB --errors` "
+        "shows the batch log's end"
+    )
 
 
 def _any_rank_ran(job_dir: Path, run: int) -> bool:
     """Whether a rank of the run started (a launcher's task record or exit record)."""
     d = JobDir(job_dir)
     return bool(d.exit_records(run)) or any(d.run_progress(run).glob(JobDir.TASK.format(rank="*")))
-
-
-def check_after(target: Target, deps: list, label: str, note=lambda msg: None) -> list:
-    """Each (job id, kind, job dir) dependency must be able to be met: the job is
-    known to Slurm and has not already ended the wrong way. A job Slurm has
-    forgotten counts only through its kit job directory's FINISHED marker."""
-    kept = []
-    for job_id, kind, job_dir in deps:
-        st = job_status(target, job_id)
-        if st.state == "GONE":
-            finished = job_dir is not None and records.finished(job_dir)
-            if finished and kind in ("ok", "any"):
-                note(f"job {job_id} finished and Slurm no longer lists it: that dependency is met")
-                continue
-            raise KitError(f"job {job_id} is unknown to Slurm", field=label,
-                           hint="give a job that is pending, running or recently ended (or its kit job directory)")
-        ended = st.state in TERMINAL_STATES
-        if ended and kind == "ok" and st.state != "COMPLETED":
-            raise KitError(f"job {job_id} already ended {st.state}: a job after it succeeded would never run",
-                           field=label, hint=f"use --after {job_id}:any to run after it however it ended")
-        if ended and kind == "notok" and st.state == "COMPLETED":
-            raise KitError(f"job {job_id} already succeeded: a job after it failed would never run", field=label)
-        kept.append((job_id, kind, job_dir))
-    return kept

@@ -7,8 +7,34 @@ atomically: ``prelaunch.sh``, ``launcher.sh`` (:mod:`~kit.submission.scripts`), 
 and ``sbatch.json``; :func:`submit` hands it to sbatch and records the job id (:mod:`~kit.submission.write`).
 """
 
-from kit.submission.scripts import Step, step, container_setup, PRELAUNCH_PARTS, prelaunch_template, render_scripts, start_dir
-from kit.submission.plan import resolve, Plan, plan, Rerun, pin_code_and_image, resolve_after
+from kit.submission.plan import Plan, Rerun, pin_code_and_image, plan, resolve, resolve_after
+from kit.submission.scripts import (
+    PRELAUNCH_PARTS,
+    Step,
+    container_setup,
+    prelaunch_template,
+    render_scripts,
+    start_dir,
+    step,
+)
 from kit.submission.write import PreparedJob, prepare, spec_record, submit
 
-__all__ = ["PRELAUNCH_PARTS", "Plan", "PreparedJob", "Rerun", "Step", "container_setup", "pin_code_and_image", "plan", "prelaunch_template", "prepare", "render_scripts", "resolve", "resolve_after", "spec_record", "start_dir", "step", "submit"]
+__all__ = [
+    "PRELAUNCH_PARTS",
+    "Plan",
+    "PreparedJob",
+    "Rerun",
+    "Step",
+    "container_setup",
+    "pin_code_and_image",
+    "plan",
+    "prelaunch_template",
+    "prepare",
+    "render_scripts",
+    "resolve",
+    "resolve_after",
+    "spec_record",
+    "start_dir",
+    "step",
+    "submit",
+]

@@ -41,8 +41,15 @@ class Plan:
     messages: list[str] = dataclasses.field(default_factory=list)
 
 
-def plan(spec, origins=None, *, target: slurm.Target | None = None, target_note: str | None = None,
-         cwd: Path | None = None, rerun: Rerun | None = None) -> Plan:
+def plan(
+    spec,
+    origins=None,
+    *,
+    target: slurm.Target | None = None,
+    target_note: str | None = None,
+    cwd: Path | None = None,
+    rerun: Rerun | None = None,
+) -> Plan:
     """Resolve and validate ``spec`` once, for ``target`` (chosen before: see
     :func:`kit.targets.plan`), and check it against that Slurm: partition, MPI
     plugin, node sizes, KillWait, ``--after`` jobs; snapshot the code and pin an image
@@ -53,30 +60,48 @@ def plan(spec, origins=None, *, target: slurm.Target | None = None, target_note:
     job = resolve(spec, origins, cwd=cwd)
     said = [f"warning: {w}" for w in job.warnings]
     job = pin_code_and_image(job, origins, rerun or Rerun(), dry_run=target is None)
-    live = [n for n in (snapshots.live_directories(job.snapshot, Path(job.workdir)) if job.snapshot else [])
-            if (Path(job.workdir) / n).resolve() != Path(job.spec.output_dir).resolve()]
+    live = [
+        n
+        for n in (snapshots.live_directories(job.snapshot, Path(job.workdir)) if job.snapshot else [])
+        if (Path(job.workdir) / n).resolve() != Path(job.spec.output_dir).resolve()
+    ]
     if live:
-        said.append("note: " + ", ".join(f"./{n}" for n in live) + " are your work tree's, linked live: what the job "
-                    "writes there lands in " + str(Path(job.workdir)) + "; a relative path that does not exist now is "
-                    "created in the job's own code/ (write results to an absolute path to choose)")
+        said.append(
+            "note: " + ", ".join(f"./{n}" for n in live) + " are your work tree's, linked live: what the job "
+            "writes there lands in " + str(Path(job.workdir)) + "; a relative path that does not exist now is "
+            "created in the job's own code/ (write results to an absolute path to choose)"
+        )
     deps = resolve_after(job, origins.label("after"))
     if target is not None:
         if target_note:
             said.append(target_note)
         inside = os.environ.get("SLURM_JOB_ID")
         if inside:  # typed inside salloc (or a job): what is launched is a job of its own
-            said.append(f"note: this shell is inside Slurm job {inside} (an salloc allocation or a job): kit launch "
-                        "submits a separate job with nodes of its own; to use the allocation's nodes, run the "
-                        "command there with srun")
+            said.append(
+                f"note: this shell is inside Slurm job {inside} (an salloc allocation or a job): kit launch "
+                "submits a separate job with nodes of its own; to use the allocation's nodes, run the "
+                "command there with srun"
+            )
         s = job.spec
         if s.partition:
             slurm.check_partition(target, s.partition, origins.label("partition"))
         if s.mpi != "none":
             slurm.check_mpi(target, s.mpi, origins.label("mpi"))
-        slurm.check_fits(target, s.partition, s.nodes, (s.cpus_per_task or 1) * s.ntasks_per_node, s.mem,
-                         (origins.label("nodes"), origins.label("cpus_per_task"), origins.label("mem"),
-                          origins.label("gpus_per_node")),
-                         note=lambda msg: said.append(f"warning: {msg}"), gpus_per_node=s.gpus_per_node)
+        slurm.check_fits(
+            target,
+            s.partition,
+            s.nodes,
+            (s.cpus_per_task or 1) * s.ntasks_per_node,
+            s.mem,
+            (
+                origins.label("nodes"),
+                origins.label("cpus_per_task"),
+                origins.label("mem"),
+                origins.label("gpus_per_node"),
+            ),
+            note=lambda msg: said.append(f"warning: {msg}"),
+            gpus_per_node=s.gpus_per_node,
+        )
         slurm.check_stop_grace(target, s.stop_grace, origins.label("stop_grace"), config := slurm.slurm_config(target))
         if job.image and not s.container_name and pyxis.epilog_removes(slurm.pyxis_settings(target, config)):
             job = dataclasses.replace(job, container_name=pyxis.KIT_CONTAINER)  # removed after the job, not in it
@@ -101,8 +126,13 @@ def pin_code_and_image(job: ResolvedJob, origins, rerun: Rerun, dry_run: bool = 
     snapshot = rerun.snapshot
     snapshots.require_workdir(s.code_snapshot, Path(job.workdir), origins.label("code_snapshot"))
     if s.code_snapshot and snapshot is None:
-        snapshot = snapshots.take(Path(job.workdir), s.code, store=snapshots.store_for(Path(s.output_dir)),
-                                  label=origins.label("code"), exclude=(Path(s.output_dir),))
+        snapshot = snapshots.take(
+            Path(job.workdir),
+            s.code,
+            store=snapshots.store_for(Path(s.output_dir)),
+            label=origins.label("code"),
+            exclude=(Path(s.output_dir),),
+        )
     changes: dict = {"snapshot": snapshot if s.code_snapshot else None}
     if job.image and not is_reference(job.image):
         from kit.image import pin
@@ -128,7 +158,10 @@ def resolve_after(job: ResolvedJob, label: str) -> list[tuple[str, str, Path | N
         except OSError:
             job_id = ""
         if not job_id.isdigit():
-            raise KitError(f"{ref!r} is neither a job id nor a submitted kit job directory", field=label,
-                           hint="give the id kit launch printed, or the job directory it printed")
+            raise KitError(
+                f"{ref!r} is neither a job id nor a submitted kit job directory",
+                field=label,
+                hint="give the id kit launch printed, or the job directory it printed",
+            )
         deps.append((job_id, kind, d))
     return deps

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kit.core.spec import sidecar_name
+from kit.core.sidecar import sidecar_name
 from kit.jobdir import JobDir
 
 
@@ -30,20 +30,29 @@ class Sidecar:
 # it served from 14 s on, p50 117 ms; at nice 0 from 1 s, p50 5 ms.) In a session
 # of its own (kit::start's setsid), it nices its autogroup too (kit.monitor's
 # yield_cpu): there a process's nice weighs only inside its group.
-EXPORTER = Sidecar("exporter", 'exec nice -n 19 "${KIT_PYTHON:-python3}" -m kit.monitor --port "${KIT_EXPORTER_PORTS}" '
-                               f'--log "${{KIT_NODE_LOG_PREFIX}}{JobDir.METRICS_SUFFIX}" --exit-with-parent')
+EXPORTER = Sidecar(
+    "exporter",
+    'exec nice -n 19 "${KIT_PYTHON:-python3}" -m kit.monitor --port "${KIT_EXPORTER_PORTS}" '
+    f'--log "${{KIT_NODE_LOG_PREFIX}}{JobDir.METRICS_SUFFIX}" --exit-with-parent',
+)
 BUILTIN: tuple[Sidecar, ...] = (
     # GPU utilisation log, the role of the seeds' `nvidia-smi dmon` .gutil files.
-    Sidecar("gpu-dmon", 'exec nvidia-smi dmon --delay 15 --select pumt --options DT '
-                        f'--filename "${{KIT_NODE_LOG_PREFIX}}{JobDir.GPU_DMON_LOG.removeprefix(JobDir.NODE_LOG)}"',
-            requires="nvidia-smi"),
+    Sidecar(
+        "gpu-dmon",
+        "exec nvidia-smi dmon --delay 15 --select pumt --options DT "
+        f'--filename "${{KIT_NODE_LOG_PREFIX}}{JobDir.GPU_DMON_LOG.removeprefix(JobDir.NODE_LOG)}"',
+        requires="nvidia-smi",
+    ),
 )
 
 
 def for_job(user_hooks: list[str], exporter: bool = True) -> list[Sidecar]:
     """The built-in sidecars (and the exporter) plus the job's own ``--sidecar`` commands."""
-    return list(BUILTIN) + ([EXPORTER] if exporter else []) + \
-        [Sidecar(*sidecar_name(cmd, i)) for i, cmd in enumerate(user_hooks, 1)]
+    return (
+        list(BUILTIN)
+        + ([EXPORTER] if exporter else [])
+        + [Sidecar(*sidecar_name(cmd, i)) for i, cmd in enumerate(user_hooks, 1)]
+    )
 
 
 def as_words(sidecars: list[Sidecar]) -> list[str]:

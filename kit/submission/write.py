@@ -29,8 +29,12 @@ class PreparedJob:
     job_id: str | None = None
 
     def as_json(self) -> dict:
-        return {"job_id": self.job_id, "job_dir": str(self.job_dir), "sbatch_argv": self.sbatch_argv,
-                "srun_argv": self.srun_argv}
+        return {
+            "job_id": self.job_id,
+            "job_dir": str(self.job_dir),
+            "sbatch_argv": self.sbatch_argv,
+            "srun_argv": self.srun_argv,
+        }
 
 
 def _new_job_dir(out_dir: Path, job_name: str) -> Path:
@@ -68,9 +72,12 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
         os.rename(tmp, final)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise KitError(f"cannot write the job directory {final}: {e.strerror}", field="--output-dir",
-                       exit_code=1, hint="nothing was written or submitted; free space or choose another "
-                                         "--output-dir") from None
+        raise KitError(
+            f"cannot write the job directory {final}: {e.strerror}",
+            field="--output-dir",
+            exit_code=1,
+            hint="nothing was written or submitted; free space or choose another --output-dir",
+        ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -119,8 +126,11 @@ def submit(prepared: PreparedJob, target: slurm.Target) -> PreparedJob:
             try:
                 Path(s.prometheus_targets).mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                raise KitError(f"cannot create {s.prometheus_targets}: {e.strerror}", field="--prometheus-targets",
-                               hint="give a directory Prometheus reads (file_sd) that this user can create") from None
+                raise KitError(
+                    f"cannot create {s.prometheus_targets}: {e.strerror}",
+                    field="--prometheus-targets",
+                    hint="give a directory Prometheus reads (file_sd) that this user can create",
+                ) from None
         job_id = slurm.submit(target, prepared.sbatch_argv)
     except BaseException:
         shutil.rmtree(prepared.job_dir, ignore_errors=True)
@@ -129,11 +139,15 @@ def submit(prepared: PreparedJob, target: slurm.Target) -> PreparedJob:
     # job_id first (it marks a submitted job), then which Slurm has it (for kit ps/logs/cancel).
     try:
         files.write_atomic(prepared.job_dir / JobDir.JOB_ID, job_id + "\n")
-        files.write_atomic(prepared.job_dir / JobDir.SLURM,
-                           json.dumps({"target": target.name, "conf": target.conf}) + "\n")
+        files.write_atomic(
+            prepared.job_dir / JobDir.SLURM, json.dumps({"target": target.name, "conf": target.conf}) + "\n"
+        )
     except OSError as e:
-        raise KitError(f"job {job_id} was submitted and runs, but its record in {prepared.job_dir} could not be "
-                       f"written: {e.strerror}", exit_code=1,
-                       hint=f"free space there; scancel {job_id} stops it") from None
+        raise KitError(
+            f"job {job_id} was submitted and runs, but its record in {prepared.job_dir} could not be "
+            f"written: {e.strerror}",
+            exit_code=1,
+            hint=f"free space there; scancel {job_id} stops it",
+        ) from None
     records.remember(prepared.job_dir)
     return prepared

@@ -30,8 +30,9 @@ def main() -> int:
     try:
         import cloudpickle
     except ModuleNotFoundError:
-        print("kit.train.function: cloudpickle is not installed in this Python (pip install cloudpickle)",
-              file=sys.stderr)
+        print(
+            "kit.train.function: cloudpickle is not installed in this Python (pip install cloudpickle)", file=sys.stderr
+        )
         return 2
     with open(job / JobDir.FUNCTION, "rb") as f:
         fn, args, kwargs = pickle.load(f)
@@ -39,8 +40,13 @@ def main() -> int:
     try:
         value = fn(*args, **kwargs)
     except BaseException as e:  # noqa: B036 - every way the call ends is told, SystemExit included
-        record = {"rank": rank, "node": node, "type": type(e).__name__, "message": str(e),
-                  "traceback": traceback.format_exc()}
+        record = {
+            "rank": rank,
+            "node": node,
+            "type": type(e).__name__,
+            "message": str(e),
+            "traceback": traceback.format_exc(),
+        }
         files.write_atomic(job.error(rank), json.dumps(record) + "\n", 0o600)
         traceback.print_exc()
         return 1

@@ -65,7 +65,7 @@ def make_data(samples: int, features: int, seed: int = 0) -> TensorDataset:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(samples, features, generator=g)
     w = torch.randn(features, 1, generator=g)
-    y = torch.tanh(x @ w / features ** 0.5) + 0.05 * torch.randn(samples, 1, generator=g)
+    y = torch.tanh(x @ w / features**0.5) + 0.05 * torch.randn(samples, 1, generator=g)
     return TensorDataset(x, y)
 
 
@@ -100,11 +100,13 @@ class StepProfiler(Callback):
         step = trainer.global_step + 1  # the step this batch makes
         if self.profiler is None and self.first <= step <= self.last:
             from torch.profiler import ProfilerActivity, profile
+
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
             self.profiler = profile(activities=activities)
             self.profiler.__enter__()
         if self.profiler is not None:
             from torch.profiler import record_function
+
             self.step_range = record_function(f"kit.step.{step}")
             self.step_range.__enter__()
 
@@ -178,8 +180,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=8192)
     p.add_argument("--features", type=int, default=32)
     p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--precision", default="32-true",
-                   help="Lightning precision: 32-true, bf16-mixed, 16-mixed (GPU), ...")
+    p.add_argument(
+        "--precision", default="32-true", help="Lightning precision: 32-true, bf16-mixed, 16-mixed (GPU), ..."
+    )
     p.add_argument("--gradient-clip-val", type=float, default=None)
     p.add_argument("--accumulate-grad-batches", type=int, default=1)
     p.add_argument("--checkpoint-every", type=int, default=50, help="Save last.ckpt every N steps (0: never).")
@@ -187,14 +190,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--step-delay", type=float, default=0.0, help="Sleep this long after each step (testing).")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--gradient-checkpointing", action="store_true",
-                   help="Recompute the hidden activations in the backward pass instead of keeping them.")
-    p.add_argument("--profile-steps", type=parse_step_range, default=None, metavar="A-B",
-                   help="torch.profiler on every rank for steps A-B: a Chrome trace per rank in "
-                        "$KIT_JOB_DIR/profiles/.")
-    p.add_argument("--logger", type=parse_loggers, default=[], metavar="KIND[,KIND]",
-                   help="Log to wandb, mlflow and/or tensorboard: the job's one run across requeues, no step "
-                        "logged twice (kit.train.trackers).")
+    p.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="Recompute the hidden activations in the backward pass instead of keeping them.",
+    )
+    p.add_argument(
+        "--profile-steps",
+        type=parse_step_range,
+        default=None,
+        metavar="A-B",
+        help="torch.profiler on every rank for steps A-B: a Chrome trace per rank in $KIT_JOB_DIR/profiles/.",
+    )
+    p.add_argument(
+        "--logger",
+        type=parse_loggers,
+        default=[],
+        metavar="KIND[,KIND]",
+        help="Log to wandb, mlflow and/or tensorboard: the job's one run across requeues, no step "
+        "logged twice (kit.train.trackers).",
+    )
     return p.parse_args(argv)
 
 
@@ -204,6 +219,28 @@ def parse_loggers(text: str) -> list[str]:
     if bad:
         raise argparse.ArgumentTypeError(f"unknown logger {bad[0]!r}: one of {', '.join(trackers.KINDS)}")
     return kinds
+
+
+def _callbacks(args, ckpt_dir: Path, job_dir: Path) -> tuple[list, "Preemption", "Progress"]:
+    """The trainer's callbacks: preemption (checkpoint on kit's warning), progress lines and kit's progress
+    reports, the exporter's metrics when a metrics directory is set, then what the arguments ask for."""
+    from kit.train.metrics import MetricsCallback, ProgressCallback
+
+    reporter = ProgressCallback()
+    preemption = Preemption(ckpt_dir / "last.ckpt", reporter)
+    progress = Progress(args.log_every)
+    callbacks = [preemption, progress, reporter]
+    if os.environ.get("KIT_METRICS_DIR"):
+        callbacks.append(MetricsCallback(count_flops=True))
+    if args.checkpoint_every:
+        callbacks.append(
+            ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.checkpoint_every, save_last=True, save_top_k=0)
+        )
+    if args.step_delay:
+        callbacks.append(StepDelay(args.step_delay))
+    if args.profile_steps:
+        callbacks.append(StepProfiler(*args.profile_steps, job_dir / JobDir.PROFILES))
+    return callbacks, preemption, progress
 
 
 def main(argv=None) -> int:
@@ -217,45 +254,41 @@ def main(argv=None) -> int:
     job_dir = Path(os.environ.get("KIT_JOB_DIR", "."))
     ckpt_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else job_dir / JobDir.CHECKPOINTS
     last = ckpt_dir / "last.ckpt"
-    log(f"rank={os.environ.get('RANK', '0')} world_size={world} local_rank={os.environ.get('LOCAL_RANK', '0')} "
+    log(
+        f"rank={os.environ.get('RANK', '0')} world_size={world} local_rank={os.environ.get('LOCAL_RANK', '0')} "
         f"node_rank={os.environ.get('NODE_RANK', '0')} nodes={num_nodes} devices={per_node} "
-        f"backend={'nccl' if gpu else 'gloo'}")
+        f"backend={'nccl' if gpu else 'gloo'}"
+    )
 
     L.seed_everything(args.seed, workers=True, verbose=False)
     preempt.install()
-    from kit.train.metrics import MetricsCallback, ProgressCallback
-
-    reporter = ProgressCallback()
-    preemption = Preemption(last, reporter)
-    progress = Progress(args.log_every)
-    callbacks = [preemption, progress, reporter]
-    if os.environ.get("KIT_METRICS_DIR"):
-        callbacks.append(MetricsCallback(count_flops=True))
-    if args.checkpoint_every:
-        callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.checkpoint_every,
-                                         save_last=True, save_top_k=0))
-    if args.step_delay:
-        callbacks.append(StepDelay(args.step_delay))
-    if args.profile_steps:
-        callbacks.append(StepProfiler(*args.profile_steps, job_dir / JobDir.PROFILES))
+    callbacks, preemption, progress = _callbacks(args, ckpt_dir, job_dir)
     loggers = [trackers.lightning_logger(kind, **TRACKER_ARGS[kind]) for kind in args.logger]
     plugins = []
     if SLURMEnvironment.detect():
         # kit requeues from the batch script; Lightning's own requeue would race it.
         plugins.append(SLURMEnvironment(auto_requeue=False))
     trainer = L.Trainer(
-        accelerator="gpu" if gpu else "cpu", devices=per_node, num_nodes=num_nodes,
+        accelerator="gpu" if gpu else "cpu",
+        devices=per_node,
+        num_nodes=num_nodes,
         strategy=DDPStrategy(process_group_backend="nccl" if gpu else "gloo") if world > 1 else "auto",
-        plugins=plugins, precision=args.precision, max_steps=args.max_steps,
-        gradient_clip_val=args.gradient_clip_val, accumulate_grad_batches=args.accumulate_grad_batches,
-        callbacks=callbacks, logger=loggers or False, log_every_n_steps=args.log_every,
-        enable_progress_bar=False, enable_model_summary=False,
-        enable_checkpointing=bool(args.checkpoint_every), default_root_dir=str(job_dir),
+        plugins=plugins,
+        precision=args.precision,
+        max_steps=args.max_steps,
+        gradient_clip_val=args.gradient_clip_val,
+        accumulate_grad_batches=args.accumulate_grad_batches,
+        callbacks=callbacks,
+        logger=loggers or False,
+        log_every_n_steps=args.log_every,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=bool(args.checkpoint_every),
+        default_root_dir=str(job_dir),
         max_epochs=-1,
     )
     model = Regression(args.features, args.hidden, args.lr, args.gradient_checkpointing)
-    data = DataLoader(make_data(args.samples, args.features, args.seed), batch_size=args.batch_size,
-                      shuffle=True)
+    data = DataLoader(make_data(args.samples, args.features, args.seed), batch_size=args.batch_size, shuffle=True)
     resume = str(last) if last.exists() else None
     if resume:
         step = torch.load(resume, map_location="cpu", weights_only=False).get("global_step", "?")

@@ -53,8 +53,14 @@ class ProgressCallback(Callback):
 
 
 class MetricsCallback(Callback):
-    def __init__(self, directory: str | None = None, interval: float = 1.0, tokens_per_sample: int | None = None,
-                 flops_per_step: float | None = None, count_flops: bool = False):
+    def __init__(
+        self,
+        directory: str | None = None,
+        interval: float = 1.0,
+        tokens_per_sample: int | None = None,
+        flops_per_step: float | None = None,
+        count_flops: bool = False,
+    ):
         """``flops_per_step`` (this rank's, per step) gives TFLOP/s and MFU; ``count_flops`` counts them at the
         first batch instead (a no_grad forward of the module on the batch's first element, x 3: kit.train.mfu;
         off by default, as a forward in train mode still moves a BatchNorm's running statistics)."""
@@ -79,9 +85,14 @@ class MetricsCallback(Callback):
             except Exception:  # a model the counter cannot run alone: no TFLOP/s, never a wrong one
                 flops = None
         if trainer.global_rank == 0 and (self.count_flops or flops):
-            print(f"kit.train[rank 0]: model FLOPs per step per device: {flops if flops else 'not counted'} "
-                  f"({mfu.HOW if self.flops_per_step is None else 'as given'})", flush=True)
-        return mfu.Throughput(flops, str(trainer.precision), mfu.device_name() if pl_module.device.type == "cuda" else None)
+            print(
+                f"kit.train[rank 0]: model FLOPs per step per device: {flops if flops else 'not counted'} "
+                f"({mfu.HOW if self.flops_per_step is None else 'as given'})",
+                flush=True,
+            )
+        return mfu.Throughput(
+            flops, str(trainer.precision), mfu.device_name() if pl_module.device.type == "cuda" else None
+        )
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self._t_start = time.perf_counter()

@@ -68,8 +68,7 @@ def device_name(device: object = None) -> str | None:
 class Throughput:
     """This rank's achieved TFLOP/s between two metrics writes, and its MFU (None: n/a)."""
 
-    def __init__(self, flops_per_step: float | None = None, precision: str | None = None,
-                 gpu_name: str | None = None):
+    def __init__(self, flops_per_step: float | None = None, precision: str | None = None, gpu_name: str | None = None):
         self.flops_per_step, self.precision, self.gpu_name = flops_per_step, precision, gpu_name
         self.flops = 0.0
 

@@ -67,8 +67,16 @@ _METRICS = {"samples_total": 0.0, "written_at": 0.0, "written_samples": 0.0}
 METRICS_INTERVAL = 1.0  # seconds between two writes of the rank's metrics file
 
 
-def step(n: int, *, loss: float | None = None, samples: int | None = None, max_steps: int | None = None,
-         flops: float | None = None, precision: str | None = None, device: object = None) -> None:
+def step(
+    n: int,
+    *,
+    loss: float | None = None,
+    samples: int | None = None,
+    max_steps: int | None = None,
+    flops: float | None = None,
+    precision: str | None = None,
+    device: object = None,
+) -> None:
     """This rank finished step ``n``: the heartbeat of kit's hang watchdog, and — with
     ``loss`` (this step's), ``samples`` (this step's, on this rank) or ``max_steps`` —
     the training metrics kit ps, the exporter and kit report show, as for the reference
@@ -102,8 +110,9 @@ def step(n: int, *, loss: float | None = None, samples: int | None = None, max_s
     if now - _METRICS["written_at"] < METRICS_INTERVAL:
         return
     if samples is not None and _METRICS["written_at"]:
-        values["samples_per_second"] = (_METRICS["samples_total"] - _METRICS["written_samples"]) / \
-            (now - _METRICS["written_at"])
+        values["samples_per_second"] = (_METRICS["samples_total"] - _METRICS["written_samples"]) / (
+            now - _METRICS["written_at"]
+        )
     if "throughput" in _METRICS:  # this rank's TFLOP/s since the last write (and MFU), kept until the next
         seconds = now - _METRICS["written_at"] if _METRICS["written_at"] else 0.0
         _METRICS["rates"] = _METRICS["throughput"].values(seconds) or _METRICS.get("rates", {})

@@ -86,8 +86,11 @@ def new_step(step: int, tracker: str = "all") -> bool:
     if step <= state["before"]:
         if not state.get("said"):  # never silently: a held step far ahead would stop every log of this run
             state["said"] = True
-            print(f"kit.train: step {step} and later steps up to {state['before']} are not logged to {tracker}: "
-                  "the job's earlier runs logged them (a requeue replaying from its checkpoint)", file=sys.stderr)
+            print(
+                f"kit.train: step {step} and later steps up to {state['before']} are not logged to {tracker}: "
+                "the job's earlier runs logged them (a requeue replaying from its checkpoint)",
+                file=sys.stderr,
+            )
         return False
     if step > state["high"]:
         state["high"] = step

@@ -40,7 +40,7 @@ def chunks(data: bytes, base: int) -> Iterator[bytes]:
         end = pos + CHUNK.size + length
         if kind == 0 or end > len(data):  # zeros (preallocated, or padding) or a torn chunk: nothing further
             break
-        payload, pos = data[pos + CHUNK.size:end], end
+        payload, pos = data[pos + CHUNK.size : end], end
         if kind == 1:
             yield payload
         elif kind == 2:
@@ -70,7 +70,7 @@ def step_of(payload: bytes) -> int | None:
         except (KeyError, ValueError):
             continue
         # A step is a whole number W&B can hold (int64): Infinity, NaN or 1e300 is no step of a run.
-        if value.is_integer() and 0 <= value < 2 ** 63:
+        if value.is_integer() and 0 <= value < 2**63:
             return int(value)
     return None
 
@@ -103,8 +103,10 @@ def held_step(wandb_dir: Path, run_id: str) -> int | None:
     """The highest step W&B holds of run ``run_id`` over all its parts under ``wandb_dir`` (W&B's ``wandb/``
     in ``WANDB_DIR``): -1 where the parts hold none; None where there is no part to read (then W&B's files
     cannot tell, and kit's own record stands)."""
-    parts = sorted(Path(p) for p in glob.glob(f"{glob.escape(str(wandb_dir))}/*-{glob.escape(run_id)}/"
-                                              f"run-{glob.escape(run_id)}.wandb"))
+    parts = sorted(
+        Path(p)
+        for p in glob.glob(f"{glob.escape(str(wandb_dir))}/*-{glob.escape(run_id)}/run-{glob.escape(run_id)}.wandb")
+    )
     steps = [last_step(p) for p in parts]
     if not run_id or not parts or None in steps:
         return None
