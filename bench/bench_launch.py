@@ -12,6 +12,11 @@
 3. teardown: from the training command's exit to the last sidecar gone
    (target < 1 s).
 4. `kit cluster up` of 2 nodes on a fresh KIT_HOME (target: well under 10 s).
+5. a trivial function's round trip on that cluster: ``kit.submit(fn).result()`` against submitit's
+   ``AutoExecutor.submit(fn).result()``, alternated (target: ratio <= 1.0), and where kit's seconds go:
+   submission, the queue and prelaunch up to its step, srun to the launcher's task, the task to the rank's
+   result (Python, kit.train.function, the call), and the result to ``result()`` returning (the launcher's
+   teardown, prelaunch's end, Slurm seeing it, the wait's polling).
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ from pathlib import Path
 from kit import submission as launch
 from kit.cluster import LocalCluster
 from kit.core import spec as specs
+from kit.jobdir import JobDir
+
+
+def add(a: int, b: int) -> int:
+    return a + b
 
 
 def timed(argv, env=None) -> float:
@@ -82,6 +92,49 @@ def launcher_run(tmp: Path, i: int) -> tuple[float, float]:
     return t_cmd - t_start, t_gone - t_cmd
 
 
+def kit_phases(job_dir: Path, submitted: float, returned: float) -> dict[str, float]:
+    """Where a function job's seconds went, from the times its job directory holds (absolute, this machine's)."""
+    d = JobDir(job_dir)
+    step = float((d.run_progress(0) / "step-start").read_text().split()[0])
+    tasks = [float(p.read_text().split()[2]) for p in d.run_progress(0).glob(JobDir.TASK.format(rank="*"))]
+    result = d.result(0).stat().st_mtime
+    return {
+        "queue + prelaunch to its step": step - submitted,
+        "srun to the launcher's task": min(tasks) - step,
+        "task to the rank's result": result - min(tasks),
+        "result to result() returning": returned - result,
+    }
+
+
+def round_trips(cluster: LocalCluster, out: Path, runs: int) -> tuple[list, list, dict]:
+    """``runs`` round trips of each, alternated: kit.submit (no exporter: submitit has none) and submitit."""
+    import submitit
+
+    import kit
+
+    os.environ.update(cluster.target.env)  # submitit's sbatch and squeue reach the bench's cluster
+    os.environ["KIT_HOME"] = str(cluster.home)  # and kit's local=True: the bench's cluster, its own store
+    executor = submitit.AutoExecutor(folder=str(out / "submitit"))
+    executor.update_parameters(timeout_min=10, slurm_partition="local", cpus_per_task=1)
+    kit_trip, submitit_trip = [], []
+    phases: dict[str, list] = {"submission": []}
+    for _ in range(runs + 1):  # the first of each warms the nodes' caches: left out
+        t0 = time.perf_counter()
+        wall0 = time.time()
+        job = kit.submit(add, 1, 2, local=True, no_exporter=True, output_dir=str(out / "kit"))
+        submitted = time.time()
+        assert job.result(timeout=300) == 3
+        kit_trip.append(time.perf_counter() - t0)
+        returned = time.time()
+        phases["submission"].append(submitted - wall0)
+        for name, seconds in kit_phases(job.dir, submitted, returned).items():
+            phases.setdefault(name, []).append(seconds)
+        t0 = time.perf_counter()
+        assert executor.submit(add, 1, 2).result() == 3
+        submitit_trip.append(time.perf_counter() - t0)
+    return kit_trip[1:], submitit_trip[1:], {k: v[1:] for k, v in phases.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=10)
@@ -130,7 +183,10 @@ def main() -> None:
         t0 = time.perf_counter()
         cluster.up(nodes=2, cpus_per_node=2)
         up = time.perf_counter() - t0
-        cluster.down()
+        try:
+            trips = round_trips(cluster, tmp / "trips", args.runs)
+        finally:
+            cluster.down(force=True)
 
     med = statistics.median
     p_max = max
@@ -138,7 +194,7 @@ def main() -> None:
     print(f"{'measurement':<44}{'median':>10}{'max':>10}{'target':>10}")
     print(f"{'python -c pass':<44}{med(py):>9.3f}s{p_max(py):>9.3f}s{'':>10}")
     print(f"{'kit launch --dry-run':<44}{med(dry):>9.3f}s{p_max(dry):>9.3f}s{'< 0.300s':>10}")
-    print(f"{'  ratio dry-run / python -c pass':<44}{med(dry) / med(py):>9.2f}x")
+    print(f"{'  ratio dry-run / python -c pass':<44}{med(dry) / med(py):>9.2f}x{'':>10}{'<= 3.00x':>10}")
     print(f"{'kit.launch(dry_run=True), fresh python':<44}{med(api):>9.3f}s{p_max(api):>9.3f}s")
     print(f"{'  ratio kit.launch / kit launch --dry-run':<44}{med(api) / med(dry):>9.2f}x{'':>10}{'< 1.20x':>10}")
     print(f"{'kit.launch(dry_run=True), warm, in-process':<44}{med(warm):>9.3f}s{p_max(warm):>9.3f}s")
@@ -148,7 +204,15 @@ def main() -> None:
         f"{'< 1.000s':>10}"
     )
     print(f"{'kit cluster up (2 nodes, fresh)':<44}{up:>9.3f}s{'':>10}{'< 10.00s':>10}")
+    kit_trip, submitit_trip, phases = trips
+    print(f"{'kit.submit(fn).result(), local cluster':<44}{med(kit_trip):>9.3f}s{p_max(kit_trip):>9.3f}s")
+    print(f"{'submitit AutoExecutor.submit(fn).result()':<44}{med(submitit_trip):>9.3f}s{p_max(submitit_trip):>9.3f}s")
+    ratio = med(kit_trip) / med(submitit_trip)
+    print(f"{'  ratio kit / submitit':<44}{ratio:>9.2f}x{'':>10}{'<= 1.00x':>10}")
+    for name, values in phases.items():
+        print(f"{'    kit: ' + name:<44}{med(values):>9.3f}s")
     ok = med(dry) < 0.3 and med(overhead) < 0.2 and med(teardown) < 1.0 and up < 10 and med(api) / med(dry) < 1.2
+    ok = ok and med(dry) / med(py) <= 3.0 and ratio <= 1.0
     print("targets met" if ok else "TARGETS MISSED")
 
 

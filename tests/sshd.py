@@ -160,9 +160,9 @@ class Servers:
 
     def control_path(self, host: str) -> list[str]:
         """The ssh options that name kit's master socket to ``host``."""
-        from kit import remote
+        from kit.remote import ssh
 
-        return ["-o", "ControlPath=" + remote.control_path(remote.Host.of(host, {"KIT_SSH": " ".join(self.ssh())}))]
+        return ["-o", "ControlPath=" + ssh.control_path(ssh.Host.of(host, {"KIT_SSH": " ".join(self.ssh())}))]
 
     def master_pid(self, host: str) -> int | None:
         check = subprocess.run(

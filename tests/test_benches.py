@@ -56,7 +56,9 @@ def test_bench_pack_quick():
 
 def test_bench_launch_quick():
     require("slurmctld")
-    assert "kit launch --dry-run" in run_bench("bench_launch.py")
+    out = run_bench("bench_launch.py")
+    assert "kit launch --dry-run" in out and "ratio dry-run / python -c pass" in out
+    assert "submitit AutoExecutor.submit(fn).result()" in out and "kit: result to result() returning" in out
 
 
 def test_bench_hang_quick():

@@ -361,7 +361,7 @@ LAPTOP = """
 import json, os, sys, time
 from pathlib import Path
 import kit
-from kit import remote
+from kit.remote import client
 from kit.job import functions
 def add_nodes(a, b):
     return a + b + int(os.environ["SLURM_NNODES"])
@@ -386,8 +386,8 @@ tasks = kit.map(square, [2, 3, 4], host="kit-login", output_dir=out + "/fn")
 got["ids"] = [t.id.split("_")[1] for t in tasks]
 while not all(t.done() for t in tasks):
     time.sleep(0.5)
-calls, session = [], remote.Session
-remote.Session = lambda host, argv: calls.append(argv[0]) or session(host, argv)
+calls, session = [], client.Session
+client.Session = lambda host, argv: calls.append(argv[0]) or session(host, argv)
 got["results"], got["calls"] = [t.result(timeout=120) for t in tasks], list(calls)
 got["again"], got["calls_after"] = [t.result() for t in tasks], len(calls)
 functions.PYTHON = "3.99"

@@ -1,4 +1,4 @@
-"""What kit asks the login node's shell to run (kit.remote.start), without an sshd: a stand-in for ssh runs the
+"""What kit asks the login node's shell to run (kit.client.start), without an sshd: a stand-in for ssh runs the
 command it is given with a login shell of each family (bash, dash, tcsh: csh parses the same single-quoted `sh -c`
 word; what it would not pass on travels as base64). The command's arguments never appear on the login node's command
 line — they are the channel's first line, which kit there reads (`kit remote-args`) — and arrive byte for byte; a
@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kit import remote
-from kit.remote import wire
+from kit.remote import client, ssh, wire
 from kit.version import __version__
 
 TRICKY = [
@@ -51,7 +50,7 @@ THERE = (
 )
 
 
-def _host(tmp_path, shell: str, remote_kit: tuple[str, ...]) -> remote.Host:
+def _host(tmp_path, shell: str, remote_kit: tuple[str, ...]) -> ssh.Host:
     """A host whose "ssh" runs the remote command with ``shell`` here, recording that command."""
     fake = tmp_path / "ssh"
     fake.write_text(
@@ -59,7 +58,7 @@ def _host(tmp_path, shell: str, remote_kit: tuple[str, ...]) -> remote.Host:
         f"open({str(tmp_path / 'command')!r}, 'w').write(sys.argv[-1])\n"
         "os.execvp(sys.argv[1], [sys.argv[1], '-c', sys.argv[-1]])\n"
     )
-    return remote.Host("login", ssh=(sys.executable, str(fake), shell), remote_kit=remote_kit)
+    return ssh.Host("login", ssh=(sys.executable, str(fake), shell), remote_kit=remote_kit)
 
 
 @pytest.mark.parametrize("kit_there", ["plain", "base64"])
@@ -68,7 +67,7 @@ def test_arguments_reach_kit_there_byte_for_byte_off_its_command_line(tmp_path, 
     # A KIT_REMOTE_KIT with a "!" in it (csh would expand it): the command travels as base64.
     prefix = ("env", "KIT_NOTE=hi!") if kit_there == "base64" else ()
     host = _host(tmp_path, shell, (*prefix, sys.executable, "-c", THERE))
-    proc = remote.start(host, TRICKY, [])
+    proc = client.start(host, TRICKY, [])
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     command = (tmp_path / "command").read_text()
@@ -79,7 +78,7 @@ def test_arguments_reach_kit_there_byte_for_byte_off_its_command_line(tmp_path, 
 
 @pytest.mark.parametrize("shell", SHELLS)
 def test_no_kit_there_is_127_and_silence(tmp_path, shell):
-    proc = remote.start(_host(tmp_path, shell, ("/nonexistent/kit",)), ["logs", "bang!"], [])
+    proc = client.start(_host(tmp_path, shell, ("/nonexistent/kit",)), ["logs", "bang!"], [])
     out, err = proc.communicate(timeout=60)
     assert (proc.returncode, out, err) == (127, b"", b"")
 
@@ -148,7 +147,7 @@ class _Stream(io.BytesIO):
 
 
 def test_the_login_nodes_escape_sequences_reach_a_terminal_as_text():
-    """What `kit --host` relays (remote.run's output and stderr, a launch's lines): a hostile login node's escape
+    """What `kit --host` relays (client.run's output and stderr, a launch's lines): a hostile login node's escape
     sequences (OSC 52 sets the laptop's clipboard; CSI clears the screen; a C1 CSI split between two reads) are
     written as text to a terminal, never acted on; tabs, line ends, a progress bar's carriage returns and UTF-8
     text as they came. To a file or a pipe, the bytes as they came (`kit --host … logs > file`)."""

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import click
 
-from kit import remote
 from kit.errors import KitError
 from kit.remote import wire
 from kit.version import __version__
@@ -77,7 +76,7 @@ def cli(verbose: bool, host: str | None) -> None:
         raise KitError(
             f"kit {command} runs here, not on the login node",
             field="--host",
-            hint=f"run it without --host (over SSH: {', '.join(remote.COMMANDS)}; `cluster status`)",
+            hint=f"run it without --host (over SSH: {', '.join(wire.COMMANDS)}; `cluster status`)",
         )
 
 
@@ -95,7 +94,7 @@ def _on_the_login_node(args: list[str]) -> tuple[str, list[str]] | None:
             i += 1
     command = args[i : i + 2]
     runs_there = (
-        bool(command) and command[0] in remote.COMMANDS and (command[0] != "cluster" or command[1:] == ["status"])
+        bool(command) and command[0] in wire.COMMANDS and (command[0] != "cluster" or command[1:] == ["status"])
     )
     if any(a in ("-h", "--help", "--version") for a in rest) or not runs_there:
         return None  # help and version are the laptop's; a laptop command with --host is refused by cli()
@@ -142,6 +141,8 @@ def main(argv: list[str] | None = None) -> None:
         # environment (dotfiles shared with the laptop) would otherwise have it call itself again and again.
         there = None if serving else _on_the_login_node(args)
         if there is not None:
+            from kit.remote import client, ssh  # (a local command loads no ssh machinery)
+
             host, rest = there
             command = [a for a in rest if not a.startswith("-")][:1]
             if command == ["launch"]:
@@ -149,12 +150,12 @@ def main(argv: list[str] | None = None) -> None:
                 from kit.remote import transfer
 
                 request = request_of(rest[rest.index("launch") + 1 :])  # read here: a usage error is this side's
-                sys.exit(transfer.launch(remote.Host.of(host), request, Path.cwd()))
+                sys.exit(transfer.launch(ssh.Host.of(host), request, Path.cwd()))
             if command == ["report"] and any(a in ("-o", "--output") or a.startswith("--output=") for a in rest):
                 from kit.cli.report import report_here  # the picture comes here
 
-                sys.exit(report_here(remote.Host.of(host), rest[rest.index("report") + 1 :]))
-            sys.exit(remote.run(remote.Host.of(host), rest, follow=_follows(rest)))
+                sys.exit(report_here(ssh.Host.of(host), rest[rest.index("report") + 1 :]))
+            sys.exit(client.run(ssh.Host.of(host), rest, follow=_follows(rest)))
         rv = cli.main(args=args, prog_name="kit", standalone_mode=False)
     except KitError as e:
         click.echo(e.format(), err=True)

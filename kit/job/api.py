@@ -16,15 +16,14 @@ raises :class:`kit.KitError` with the command's message (``error.field``,
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import shutil
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-from kit import files, jobdir, remote, slurm, targets
+from kit import files, jobdir, slurm, targets
 from kit import submission as lib
 from kit.code import snapshot as snapshots
 from kit.core import keywords, options
@@ -35,7 +34,9 @@ from kit.job import listing, respec
 from kit.job import logs as joblogs
 from kit.job.cancel import cancel
 from kit.jobdir import JobDir, records
-from kit.remote import hosted
+
+if TYPE_CHECKING:
+    from kit.remote import ssh
 
 __all__ = ["Job", "Outcome", "cancel", "jobs", "launch", "launch_with", "python_names", "rerun", "submit_spec"]
 
@@ -49,8 +50,8 @@ def launch(command: list[str] | str | None = None, *, host: str | None = None, *
     command prints and change nothing here. ``host``: launched on that login node, this
     directory's code sent there (:mod:`kit.remote.hosted`: the job, a :class:`Job`, is there)."""
     if host is not None:
-        host = hosted.host_of(host)
-        job_id, job_dir, messages = hosted.launch(host, command, kwargs)
+        host = _hosted().host_of(host)
+        job_id, job_dir, messages = _hosted().launch(host, command, kwargs)
         job = Job(job_dir, host=host, job_id=job_id, messages=messages)
         if kwargs.get("wait") and job_id is not None:
             job.wait()
@@ -155,10 +156,10 @@ def jobs(
     node (relative output directories under its home; by default ``~/kit-jobs``, where launches from here
     go)."""
     if host is not None:
-        host = hosted.host_of(host)
+        host = _hosted().host_of(host)
         return [
             Job(unit, host=host, job_id=row["id"], row=listing.JobRow.from_json(row))
-            for unit, row in hosted.jobs(host, output_dirs or ("kit-jobs",), everything)
+            for unit, row in _hosted().jobs(host, output_dirs or ("kit-jobs",), everything)
         ]
     output_dirs = (options.OUTPUT_DIR,) if output_dirs is None else output_dirs
     rows = listing.list_jobs([Path(d) for d in output_dirs], everything=everything)
@@ -170,6 +171,13 @@ def jobs(
     return out
 
 
+def _hosted():
+    """:mod:`kit.remote.hosted`, loaded when a job is on a login node (a local one loads no ssh machinery)."""
+    from kit.remote import hosted
+
+    return hosted
+
+
 def _or_there(method):
     """A :class:`Job` method that, for a job on a login node (``host``), is the function of its name in
     :mod:`kit.remote.hosted`: the same call made there."""
@@ -178,7 +186,7 @@ def _or_there(method):
     def call(self, *args, **kwargs):
         if self.host is None:
             return method(self, *args, **kwargs)
-        return getattr(hosted, method.__name__)(self, *args, **kwargs)
+        return getattr(_hosted(), method.__name__)(self, *args, **kwargs)
 
     return call
 
@@ -192,14 +200,14 @@ class Job:
         self,
         job_dir: str | Path,
         *,
-        host: "str | remote.Host | None" = None,
+        host: "str | ssh.Host | None" = None,
         job_id: str | None = None,
         target: slurm.Target | None = None,
         messages: Iterable[str] = (),
         array_states: slurm.ArrayStates | None = None,
         row: listing.JobRow | None = None,
     ):
-        self.host = None if host is None else hosted.host_of(host)
+        self.host = None if host is None else _hosted().host_of(host)
         if self.host is not None and (target is not None or array_states is not None):
             raise KitError("a job on a login node has its Slurm there: no target= or array_states=", field="host")
         self.dir, self._target, self._array_states = Path(job_dir), target, array_states  # states: kit.map's
@@ -208,7 +216,7 @@ class Job:
         self.messages = list(messages)  # what `kit launch` would have printed (warnings, notes)
 
     @classmethod
-    def from_dir(cls, job_dir: str | Path, *, host: "str | remote.Host | None" = None) -> Job:
+    def from_dir(cls, job_dir: str | Path, *, host: "str | ssh.Host | None" = None) -> Job:
         """The job in ``job_dir`` (a job directory, or an array task's ``tasks/<i>``; on ``host``: there)."""
         if host is None and not Path(job_dir).is_dir():
             raise KitError(f"no such job directory: {job_dir}", field="JOB")
@@ -222,7 +230,7 @@ class Job:
     def target(self) -> slurm.Target:
         """The Slurm the job went to (on a login node: its ``conf`` is a path there)."""
         if self._target is None:
-            self._target = targets.target_of(self.dir) if self.host is None else hosted.target(self)
+            self._target = targets.target_of(self.dir) if self.host is None else _hosted().target(self)
         return self._target
 
     def _submitted(self) -> str:
@@ -270,6 +278,8 @@ class Job:
         return slurm.observe(end, self.dir)
 
     def __await__(self):
+        import asyncio  # (not at import: kit launch pays for no event loop)
+
         return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
 
     @_or_there

@@ -14,13 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from kit import files, jobdir, remote, slurm
+from kit import files, jobdir, slurm
 from kit import submission as lib
 from kit.core.outcome import Outcome
 from kit.errors import KitError
 from kit.image import info, is_reference
 from kit.job.api import Job, launch_with
 from kit.jobdir import JobDir
+from kit.remote import client, ssh
 
 __all__ = ["FunctionJob", "RemoteError", "check_image_python", "map", "results", "submit"]
 
@@ -100,7 +101,7 @@ def submit(fn: Callable, *args: Any, host: str | None = None, **kwargs: Any) -> 
             "inside the function",
         ) from None
     if host is not None:
-        return _submitted_there(remote.Host.of(host), [payload], kwargs, array=False)[0]
+        return _submitted_there(ssh.Host.of(host), [payload], kwargs, array=False)[0]
     return submit_payload(payload, kwargs)
 
 
@@ -137,7 +138,7 @@ def map(fn: Callable, items: Iterable[Any], host: str | None = None, **kwargs: A
     if not payloads:
         raise KitError("no items to map over", field="items")
     if host is not None:
-        return _submitted_there(remote.Host.of(host), payloads, kwargs, array=True)
+        return _submitted_there(ssh.Host.of(host), payloads, kwargs, array=True)
     return map_payloads(payloads, kwargs)
 
 
@@ -261,7 +262,7 @@ def result_payloads(job_dir: Path, job_id: str | None, end: Outcome, limit: int 
 PYTHON = "%d.%d" % sys.version_info[:2]
 
 
-def _submitted_there(host: remote.Host, payloads: list[bytes], kwargs: dict, array: bool) -> list[FunctionJob]:
+def _submitted_there(host: ssh.Host, payloads: list[bytes], kwargs: dict, array: bool) -> list[FunctionJob]:
     """The calls (one, or one array task per item) submitted on ``host``: ``kit remote-submit`` says its Python
     first, and the calls go only when it is this one's minor version."""
     try:
@@ -272,7 +273,7 @@ def _submitted_there(host: remote.Host, payloads: list[bytes], kwargs: dict, arr
             field="host",
             hint="give plain values (numbers, strings, lists, dicts); paths are the login node's",
         ) from None
-    with remote.Session(host, ["remote-submit"]) as session:
+    with client.Session(host, ["remote-submit"]) as session:
         theirs = session.read_json().get("python")
         if theirs != PYTHON:
             raise KitError(
@@ -305,7 +306,7 @@ def _results_there(job: FunctionJob, timeout: float | None) -> list:
             *(["--timeout", str(timeout)] if timeout else []),
             *(["--batch"] if job.batch is not None else []),
         ]
-        with remote.Session(job.host, argv) as session:
+        with client.Session(job.host, argv) as session:
             record = session.read_json()
         if "tasks" in record:
             job.batch.update(record["tasks"])

@@ -18,23 +18,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kit import files, remote, slurm
+from kit import files, slurm
 from kit.core import keywords
 from kit.core.outcome import Outcome
 from kit.errors import KitError
 from kit.jobdir import records
-from kit.remote import client, transfer
+from kit.remote import client, ssh, transfer
 
 PICTURES = (".png", ".svg", ".pdf")
 
 
-def host_of(host: "str | remote.Host") -> remote.Host:
-    return host if isinstance(host, remote.Host) else remote.Host.of(host)
+def host_of(host: "str | ssh.Host") -> ssh.Host:
+    return host if isinstance(host, ssh.Host) else ssh.Host.of(host)
 
 
-def call(host: remote.Host, name: str, **args: Any) -> Any:
+def call(host: ssh.Host, name: str, **args: Any) -> Any:
     """``name`` with ``args`` on the login node (``kit remote-call``); its value, or its KitError here."""
-    with remote.Session(host, ["remote-call", json.dumps({"call": name, **args})]) as session:
+    with client.Session(host, ["remote-call", json.dumps({"call": name, **args})]) as session:
         answer = session.read_json()
     if "kit_error" in answer:
         raise KitError(
@@ -46,7 +46,7 @@ def call(host: remote.Host, name: str, **args: Any) -> Any:
     return answer.get("value")
 
 
-def launch(host: remote.Host, command, kwargs: dict, cwd: Path | None = None) -> tuple[str | None, str, list[str]]:
+def launch(host: ssh.Host, command, kwargs: dict, cwd: Path | None = None) -> tuple[str | None, str, list[str]]:
     """``kit.launch(command, host=, **kwargs)``: checked here as a local launch is, then ``kit launch`` there
     with this directory's code (or ``code=``) sent first: (the job's id (None: a dry run), its directory there,
     what the launch said)."""
@@ -55,7 +55,7 @@ def launch(host: remote.Host, command, kwargs: dict, cwd: Path | None = None) ->
     return None if kwargs.get("dry_run") else str(made["job_id"]), str(made["job_dir"]), messages
 
 
-def jobs(host: remote.Host, output_dirs=("kit-jobs",), everything: bool = False) -> list[tuple[str, dict]]:
+def jobs(host: ssh.Host, output_dirs=("kit-jobs",), everything: bool = False) -> list[tuple[str, dict]]:
     """``kit.jobs(host=)``: (directory, kit ps's row as JSON) of each job `kit ps` lists there (output
     directories relative to the login home)."""
     return [
@@ -86,10 +86,10 @@ def wait(
     job, timeout: float | None = None, poll: float = 1.0, *, on_state=None, on_outage=None, on_poll=None
 ) -> Outcome:
     """The job's outcome once it ends, waited for there; a dropped connection is opened again (for up to
-    :data:`kit.remote.RIDE_THROUGH` seconds; ``on_outage`` hears of it) and the wait goes on there."""
+    :data:`kit.client.RIDE_THROUGH` seconds; ``on_outage`` hears of it) and the wait goes on there."""
     end = None if timeout is None else time.monotonic() + timeout
     said = on_outage or (lambda message: print(f"kit: {message}", file=sys.stderr, flush=True))
-    return remote.riding_through(
+    return client.riding_through(
         lambda: Outcome(**_call(job, "wait", timeout=None if end is None else max(0.0, end - time.monotonic()))),
         note=lambda: said(f"job {job.id}: the connection to {job.host.name} dropped; waiting again"),
     )
