@@ -6,15 +6,15 @@ is shown to the user only when the command fails.
 
 from __future__ import annotations
 
-import logging
 import os
 import shlex
 import subprocess
+import sys
 from typing import Mapping, Sequence
 
 from kit.errors import KitError
 
-log = logging.getLogger("kit.runner")
+VERBOSE = False  # `kit -v`: every external command said on stderr before it runs (the command line sets it)
 
 _TIED = False
 
@@ -60,7 +60,8 @@ def run(
     this process's stderr as it comes (progress bars) instead of being captured.
     """
     argv = [str(a) for a in argv]
-    log.debug("run: %s", shlex.join(argv))
+    if VERBOSE:
+        print(f"kit: kit.runner: run: {shlex.join(argv)}", file=sys.stderr, flush=True)
     full_env = None
     if env:
         full_env = dict(os.environ)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 import sys
 from pathlib import Path
 
 import click
 
+from kit import runner
 from kit.errors import KitError
 from kit.remote import wire
 from kit.version import __version__
@@ -68,10 +68,8 @@ def cli(verbose: bool, host: str | None) -> None:
       kit cluster up --nodes 2
       kit launch --local --nodes 2 --wait -- python -m kit.train --max-steps 50
     """
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="kit: %(name)s: %(message)s")
-    if (
-        host is not None
-    ):  # main() sends the login node's commands there before Click sees them: this one is the laptop's
+    runner.VERBOSE = verbose
+    if host is not None:  # main() sends the login node's commands there before Click sees them: this is the laptop's
         command = click.get_current_context().invoked_subcommand
         raise KitError(
             f"kit {command} runs here, not on the login node",
@@ -172,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at the interpreter's exit
         sys.exit(1)  # as Click exits for a command's own output
     except OSError as e:
-        if logging.getLogger().isEnabledFor(logging.DEBUG):
+        if runner.VERBOSE:
             raise
         where = e.filename if e.filename is not None else "system"
         click.echo(f"kit: {where}: {e.strerror or e}", err=True)
