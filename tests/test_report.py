@@ -378,6 +378,38 @@ def test_a_prometheus_that_saw_part_of_the_job_is_not_the_report_s_source(tmp_pa
     assert summary.source == f"Prometheus {url}" and (summary.samples, summary.samples_per_second) == (1920.0, 64.0)
 
 
+def test_a_prometheus_that_has_not_seen_the_end_of_a_short_job_is_not_the_report_s_source(tmp_path):
+    """The full suite's failure of session 26: a report made as soon as a 9-s job ended (a wait that sees the end
+    at once) found Prometheus holding two scrapes from before training began, within GAP of the end: the report
+    said 0.0 samples/s for a job that trained. A counter Prometheus last saw below where the logs end means it
+    lacks the end: the logs are used."""
+    import time
+
+    t0 = float(int(time.time()) - 3 * 3600)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (tmp_path / "job_id").write_text("9\n")
+    counts = [0.0, 0.0] + [640.0 * i for i in range(1, 8)]
+    (logs / "node1.r0.metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"time": t0 + i, "node": "node1", "samples": [["training_samples_total", {"rank": "0"}, c]]})
+            + "\n"
+            for i, c in enumerate(counts)
+        )
+    )
+    early, url = _backfilled_prometheus(tmp_path / "early", [(t0, 0.0), (t0 + 1, 0.0)])
+    try:
+        summary = report(tmp_path, "9", tmp_path / "r.png", prometheus=url)
+    finally:
+        early.terminate()
+        early.wait(10)
+    assert summary.source == (
+        "metrics logs (Prometheus holds part of the job only: training_samples_total on node1: it ends at 0, "
+        "the logs at 4480)"
+    ), summary.source
+    assert summary.samples == 4480.0 and summary.samples_per_second == 4480.0 / 8
+
+
 def test_one_poll_is_no_rate(tmp_path):
     """A job whose exporter polled once: how many samples it trained is unknown (an increase needs
     two polls), never 0 at 0.0 samples/s."""

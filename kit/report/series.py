@@ -153,7 +153,8 @@ def load_prometheus(url: str, job: str, start: float, end: float) -> Series:
 
 def missed(logged: Series, scraped: Series) -> str | None:
     """What Prometheus lacks of the job the metrics logs hold (a series, or its start or end
-    by more than GAP: a target found late, a scrape interval longer than the job), or None."""
+    by more than GAP: a target found late, a scrape interval longer than the job; a counter's
+    last value short of the logs'), or None."""
     for key, points in sorted(logged.items()):
         if not points:
             continue
@@ -163,6 +164,10 @@ def missed(logged: Series, scraped: Series) -> str | None:
             return f"{name}: {len(got)} sample(s)"
         if got[0][0] - points[0][0] > GAP or points[-1][0] - got[-1][0] > GAP:
             return f"{name}: {got[-1][0] - got[0][0]:.0f} s of the logs' {points[-1][0] - points[0][0]:.0f} s"
+        if key[0].endswith("_total") and got[-1][1] < points[-1][1] and got[-1][0] < points[-1][0]:
+            # a counter Prometheus last saw below where the logs end: it lacks the job's end (a report made
+            # as a short job ends, before the last scrape), whatever the gap
+            return f"{name}: it ends at {got[-1][1]:g}, the logs at {points[-1][1]:g}"
     return None
 
 
