@@ -107,7 +107,8 @@ def kit_phases(job_dir: Path, submitted: float, returned: float) -> dict[str, fl
 
 
 def round_trips(cluster: LocalCluster, out: Path, runs: int) -> tuple[list, list, dict]:
-    """``runs`` round trips of each, alternated: kit.submit (no exporter: submitit has none) and submitit."""
+    """``runs`` round trips of each, alternated: kit.submit (no exporter: submitit has none), submitit, and
+    kit.submit as it comes (its exporter on each node)."""
     import submitit
 
     import kit
@@ -116,7 +117,7 @@ def round_trips(cluster: LocalCluster, out: Path, runs: int) -> tuple[list, list
     os.environ["KIT_HOME"] = str(cluster.home)  # and kit's local=True: the bench's cluster, its own store
     executor = submitit.AutoExecutor(folder=str(out / "submitit"))
     executor.update_parameters(timeout_min=10, slurm_partition="local", cpus_per_task=1)
-    kit_trip, submitit_trip = [], []
+    kit_trip, submitit_trip, exporter_trip = [], [], []
     phases: dict[str, list] = {"submission": []}
     for _ in range(runs + 1):  # the first of each warms the nodes' caches: left out
         t0 = time.perf_counter()
@@ -132,6 +133,10 @@ def round_trips(cluster: LocalCluster, out: Path, runs: int) -> tuple[list, list
         t0 = time.perf_counter()
         assert executor.submit(add, 1, 2).result() == 3
         submitit_trip.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()  # kit's default: the exporter beside the call on each node
+        assert kit.submit(add, 1, 2, local=True, output_dir=str(out / "kit-exporter")).result(timeout=300) == 3
+        exporter_trip.append(time.perf_counter() - t0)
+    phases["the same with the exporter (kit's default), total"] = exporter_trip
     return kit_trip[1:], submitit_trip[1:], {k: v[1:] for k, v in phases.items()}
 
 
