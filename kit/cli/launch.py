@@ -88,7 +88,7 @@ def _env_item(item: str) -> tuple[str, str]:
         raise e.with_field("--env") from None
 
 
-# remote-launch: the code snapshot the laptop sent (kit.remote_launch), which the launch runs.
+# remote-launch: the code snapshot the laptop sent (kit.remote.transfer), which the launch runs.
 RECEIVED: contextvars.ContextVar[lib.Rerun | None] = contextvars.ContextVar("received", default=None)
 
 

@@ -1,6 +1,6 @@
 """kit on the login node, for a laptop: the hidden commands only the laptop calls (:data:`kit.remote.wire.SERVER_COMMANDS`),
 each the library call a local command or ``kit.Job`` makes, its answer in records (:mod:`kit.remote.wire`) to
-the laptop's :class:`kit.remote.Session`: ``remote-launch`` (a launch with the code the laptop sent),
+the laptop's :class:`kit.remote.client.Session`: ``remote-launch`` (a launch with the code the laptop sent),
 ``remote-submit`` and ``remote-result`` (``kit.submit``/``kit.map``), ``remote-wait`` (``--wait`` again after a
 dropped connection), ``remote-call`` (a :class:`kit.Job`'s methods, ``kit.jobs``)."""
 
