@@ -17,6 +17,7 @@ from kit.jobdir import JobDir
 
 IDLE_UTIL = 5.0  # % under which a GPU counts as idle
 GAP = 10.0  # s between two polls beyond which they are a break (between runs): no rate across it
+EDGE_SLACK = 2.0  # s a Prometheus may lag the logs at a job's start or end (discovery, a scrape or two)
 
 GIB = 1024**3
 # series key -> list of (time, value); key = (metric, node, gpu-or-rank-or-mode)
@@ -152,9 +153,9 @@ def load_prometheus(url: str, job: str, start: float, end: float) -> Series:
 
 
 def missed(logged: Series, scraped: Series) -> str | None:
-    """What Prometheus lacks of the job the metrics logs hold (a series, or its start or end
-    by more than GAP: a target found late, a scrape interval longer than the job; a counter's
-    last value short of the logs'), or None."""
+    """What Prometheus lacks of the job the metrics logs hold (a series, or its start or end by more than a
+    quarter of the job, at least EDGE_SLACK and at most GAP: a target found late, a scrape interval longer than
+    the job, a report made as a short job ended, before the scrapes of its last seconds), or None."""
     for key, points in sorted(logged.items()):
         if not points:
             continue
@@ -162,12 +163,10 @@ def missed(logged: Series, scraped: Series) -> str | None:
         name = f"{key[0]} on {key[1]}"
         if len(got) < min(2, len(points)):
             return f"{name}: {len(got)} sample(s)"
-        if got[0][0] - points[0][0] > GAP or points[-1][0] - got[-1][0] > GAP:
-            return f"{name}: {got[-1][0] - got[0][0]:.0f} s of the logs' {points[-1][0] - points[0][0]:.0f} s"
-        if key[0].endswith("_total") and got[-1][1] < points[-1][1] and got[-1][0] < points[-1][0]:
-            # a counter Prometheus last saw below where the logs end: it lacks the job's end (a report made
-            # as a short job ends, before the last scrape), whatever the gap
-            return f"{name}: it ends at {got[-1][1]:g}, the logs at {points[-1][1]:g}"
+        span = points[-1][0] - points[0][0]
+        allowed = min(GAP, max(EDGE_SLACK, span / 4))  # a short job's few seconds are most of it
+        if got[0][0] - points[0][0] > allowed or points[-1][0] - got[-1][0] > allowed:
+            return f"{name}: {got[-1][0] - got[0][0]:.0f} s of the logs' {span:.0f} s"
     return None
 
 
