@@ -30,7 +30,12 @@ def owner_name(uid: int | None) -> str:
 def own(path: Path) -> Path:
     """``path`` when this user owns it and no one else can write it: a pickle is code, and a
     result is loaded only from a job directory of the caller's own (root included)."""
-    st = os.lstat(path)
+    _check_own(path, os.lstat(path))
+    return path
+
+
+def _check_own(path: Path, st: os.stat_result) -> None:
+    """:class:`KitError` unless ``st`` (of ``path``) is this user's and no one else's to write."""
     if st.st_uid != os.geteuid() or st.st_mode & 0o022:
         raise KitError(
             f"{path} is not this user's own (owner uid {st.st_uid}, or others can write it): kit "
@@ -38,7 +43,6 @@ def own(path: Path) -> Path:
             field="JOB",
             hint="rerun a job, or read its results, as the user who submitted it",
         )
-    return path
 
 
 def read_own(path: Path, limit: int) -> bytes:
@@ -46,13 +50,7 @@ def read_own(path: Path, limit: int) -> bytes:
     one else can write it — checked on the very file read (its descriptor), not on the path looked at again."""
     try:
         with files.open_regular(path) as (fd, st):
-            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-                raise KitError(
-                    f"{path} is not this user's own (owner uid {st.st_uid}, or others can write it): "
-                    "kit neither runs nor loads what it holds",
-                    field="JOB",
-                    hint="rerun a job, or read its results, as the user who submitted it",
-                )
+            _check_own(path, st)
             if st.st_size > limit:
                 raise KitError(
                     f"{path} holds {st.st_size} bytes, more than the {limit} kit loads",
