@@ -1,4 +1,7 @@
-# ---- kit's shared bash functions (launch/lib.sh, pasted into both scripts) ----
+# shellcheck shell=bash
+# ---- kit's shared bash functions (launch/lib.sh, sourced by both scripts) ----
+[[ -z "${KIT_LIB_SH-}" ]] || return 0  # sourced once
+readonly KIT_LIB_SH=1
 # The teardown may run after the container's root is gone (Slurm stopped the step's
 # processes, the runtime's FUSE daemon with them): what it needs is bash's own (printf's
 # time format, EPOCHREALTIME, kit::nap), never a program from the image.
@@ -384,7 +387,8 @@ kit::handle_signals() {
 # child lives (Slurm signals every process of the step at once, so the
 # command exiting on the signal that reaches this script is the common
 # case: 1 job in 12 ran into its time limit that way). The poll asks
-# /proc, so it costs no process.
+# /proc, so it costs no process. KIT_RC (and KIT_STOPPING below) are read by the scripts that source this.
+# shellcheck disable=SC2034
 KIT_RC=0
 kit::wait_for() {
   local -r pid="$1"
@@ -392,8 +396,10 @@ kit::wait_for() {
     kit::nap 0.2
     kit::handle_signals
   done
+  # shellcheck disable=SC2034
   if wait "${pid}"; then KIT_RC=0; else KIT_RC=$?; fi
   kit::handle_signals
 }
+# shellcheck disable=SC2034
 KIT_STOPPING=0
 # ---- end of launch/lib.sh ----

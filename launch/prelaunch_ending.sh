@@ -1,5 +1,8 @@
-# ---- prelaunch_ending.sh (pasted into prelaunch.sh): the ending — signals and the warning,
+# shellcheck shell=bash
+# ---- prelaunch_ending.sh (sourced by prelaunch.sh): the ending — signals and the warning,
 # runs.jsonl (the one writer and reader), how the run ended, the requeue.
+[[ -z "${KIT_PRELAUNCH_ENDING_SH-}" ]] || return 0  # sourced once
+readonly KIT_PRELAUNCH_ENDING_SH=1
 kit::on_signal() {
   if [[ "$1" == "${KIT_WARNING_SIGNAL}" ]]; then
     kit::log "got SIG$1: the time limit is near; passing it to the job step"

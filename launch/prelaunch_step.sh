@@ -1,5 +1,8 @@
-# ---- prelaunch_step.sh (pasted into prelaunch.sh): the step — where the rendezvous is,
+# shellcheck shell=bash
+# ---- prelaunch_step.sh (sourced by prelaunch.sh): the step — where the rendezvous is,
 # the code as submitted restored, srun running launcher.sh on every node.
+[[ -z "${KIT_PRELAUNCH_STEP_SH-}" ]] || return 0  # sourced once
+readonly KIT_PRELAUNCH_STEP_SH=1
 # kit::master_addr: this node's address for the rendezvous, never a Slurm
 # NodeName (often not resolvable). --master-interface pins an interface.
 kit::master_addr() {
@@ -117,7 +120,7 @@ kit::prepare() {
 
   # Debug toggles: --debug when the job was made, or DEBUG=1 at submission.
   export PYTHONFAULTHANDLER=1
-  if kit::truthy "${DEBUG:-{{ debug }}}"; then
+  if kit::truthy "${DEBUG:-${KIT_DEBUG}}"; then
     export DEBUG=1
     export NCCL_DEBUG="${NCCL_DEBUG:-INFO}"
     # INFO, not DETAIL: with DETAIL every DDP job segfaults (torch 2.13 + gloo).
@@ -258,7 +261,7 @@ kit::decide_master() {
       if [[ -z "${MASTER_PORT-}" ]]; then kit::pick_port; fi
     else
       KIT_FIRST_NODE="$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | awk 'NR == 1')"
-      KIT_PROBE="$(srun --nodes=1 --ntasks=1 --overlap --nodelist="${KIT_FIRST_NODE}" bash "$0" --master-probe)"
+      KIT_PROBE="$(srun --nodes=1 --ntasks=1 --overlap --nodelist="${KIT_FIRST_NODE}" bash "${KIT_SCRIPTS_DIR}/prelaunch.sh" "${KIT_SCRIPTS_DIR}" --master-probe)"
       if [[ -z "${MASTER_ADDR-}" ]]; then MASTER_ADDR="${KIT_PROBE% *}"; fi
       if [[ -z "${MASTER_PORT-}" ]]; then MASTER_PORT="${KIT_PROBE#* }"; fi
     fi

@@ -1,5 +1,8 @@
-# ---- prelaunch_watchdog.sh (pasted into prelaunch.sh): the hang watchdog — each rank's
+# shellcheck shell=bash
+# ---- prelaunch_watchdog.sh (sourced by prelaunch.sh): the hang watchdog — each rank's
 # progress read, a suspect named, every rank's stacks collected, the step stopped.
+[[ -z "${KIT_PRELAUNCH_WATCHDOG_SH-}" ]] || return 0  # sourced once
+readonly KIT_PRELAUNCH_WATCHDOG_SH=1
 # kit::saving: true when some rank's progress file says it is saving a checkpoint.
 kit::saving() {
   local file line

@@ -125,23 +125,23 @@ def violations(scripts: dict[str, str], lib: str) -> list[str]:
 
 
 def templates() -> dict[str, str]:
-    """launch/'s scripts as kit renders them: prelaunch.sh with its parts (prelaunch_*.sh) pasted in, whose
-    state block they share; launcher.sh; lib.sh."""
-    from kit.submission import prelaunch_template
+    """launch/'s scripts as a job runs them: prelaunch.sh with what it sources (prelaunch_*.sh), whose state
+    block they share; launcher.sh; lib.sh."""
+    from kit.submission import SHIPPED
 
+    parts = [name for name in SHIPPED if name.startswith("prelaunch_")]
     return {
-        "prelaunch.sh": prelaunch_template(),
+        "prelaunch.sh": "\n".join((LAUNCH / name).read_text() for name in ("prelaunch.sh", *parts)),
         "launcher.sh": (LAUNCH / "launcher.sh").read_text(),
         "lib.sh": (LAUNCH / "lib.sh").read_text(),
     }
 
 
-def test_every_template_is_a_script_or_a_part_kit_renders():
-    """A new file in launch/ is pasted somewhere (a template nobody renders would escape the rules)."""
-    from kit.submission import PRELAUNCH_PARTS
+def test_every_script_in_launch_is_shipped():
+    """A new file in launch/ is copied into every job directory (a script nobody ships would escape the rules)."""
+    from kit.submission import SHIPPED
 
-    rendered = {"prelaunch.sh", "launcher.sh", "lib.sh", *(f"prelaunch_{p}.sh" for p in PRELAUNCH_PARTS)}
-    assert {p.name for p in LAUNCH.glob("*.sh")} == rendered
+    assert {p.name for p in LAUNCH.glob("*.sh")} == set(SHIPPED)
 
 
 def test_every_bash_function_is_short_and_declares_what_it_assigns():
@@ -166,7 +166,7 @@ def test_the_rules_see_a_long_function_and_an_undeclared_global():
 
 # ------------------------------------------------------------------ facts bash and Python share
 def bash_functions(*names: str) -> str:
-    """The text of the named functions of prelaunch.sh, its parts pasted in (to run them alone)."""
+    """The text of the named functions of prelaunch.sh and its parts (to run them alone)."""
     text = templates()["prelaunch.sh"].splitlines()
     out = []
     for name, first, last, _ in functions("\n".join(text)):

@@ -87,7 +87,7 @@ def test_dry_run_prints_the_sbatch_line_and_writes_the_scripts(tmp_path):
     assert line == (
         f"sbatch --parsable --chdir={tmp_path} --job-name=kit --nodes=2 --ntasks-per-node=1 --open-mode=append "
         f"--output={job_dir}/logs/slurm-%j.out --signal=B:USR1@90 --time=30 --requeue "
-        f"{job_dir}/prelaunch.sh"
+        f"{job_dir}/prelaunch.sh {job_dir}"
     )
     assert proc.stderr == ""
 

@@ -874,7 +874,7 @@ def test_under_container_scope_job_kit_names_the_container_and_the_job_epilog_re
             command=["bash", "-c", "sleep 4; echo ran in $(cat /etc/debian_version)"],
         )
         job_dir, job_id = Path(job["job_dir"]), job["job_id"]
-        assert "--container-name=kit" in (job_dir / "prelaunch.sh").read_text()
+        assert "--container-name=kit" in (job_dir / "job.env").read_text()
         kept = [d / f"pyxis_{job_id}_kit" for d in data]
         wait_for(lambda: all(k.is_dir() for k in kept), 120, what="the job's named container on both nodes")
         end = slurm.wait(cluster.target, job_id, timeout=180)
@@ -885,7 +885,7 @@ def test_under_container_scope_job_kit_names_the_container_and_the_job_epilog_re
         mine = launched(person, "--image", str(base_image), "--container-name", "mine", "--dry-run", command=["true"])
         assert (
             "--container-name=mine" in " ".join(mine["sbatch_argv"])
-            or "--container-name=mine" in (Path(mine["job_dir"]) / "prelaunch.sh").read_text()
+            or "--container-name=mine" in (Path(mine["job_dir"]) / "job.env").read_text()
         )
     nodes = subprocess.run(
         ["sinfo", "-h", "-o", "%t"], env={**os.environ, **cluster.target.env}, capture_output=True, text=True

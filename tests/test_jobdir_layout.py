@@ -1,5 +1,5 @@
 """The job directory has one owner: kit.jobdir.JobDir names every file; the bash
-templates use the same names, and no other module of kit spells one."""
+scripts (launch/) use the same names, and no other module of kit spells one."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 KIT = REPO / "kit"
 TEMPLATES = sorted((REPO / "launch").glob("*.sh"))
 
-# Where the templates' directory variables point, relative to the job directory.
+# Where the scripts' directory variables point, relative to the job directory.
 ROOTS = {
     "KIT_JOB_DIR": "",
     "KIT_SCRIPTS_DIR": "",
@@ -32,7 +32,7 @@ def normal(pattern: str) -> str:
     return re.sub(r"\$\{[^}]*\}|\$[0-9]|\{[a-z_]+\}", "*", pattern)
 
 
-def template_paths() -> set[str]:
+def script_paths() -> set[str]:
     out = set()
     for path in TEMPLATES:
         for root, rest, _, glob in PATH.findall(path.read_text()):
@@ -41,10 +41,10 @@ def template_paths() -> set[str]:
     return out
 
 
-def test_the_templates_use_the_names_jobdir_gives():
+def test_the_scripts_use_the_names_jobdir_gives():
     known = {normal(p) for p in JobDir.patterns()}
-    found = template_paths()
-    assert len(found) > 20, found  # the scan sees the templates' paths
+    found = script_paths()
+    assert len(found) > 20, found  # the scan sees the scripts' paths
     strays = []
     for rel in sorted(found):
         head, _, name = rel.rpartition("/")
@@ -86,7 +86,7 @@ DISTINCT = {
 
 
 def test_no_module_outside_kit_jobdir_spells_a_job_directory_file():
-    """grep finds the names in kit/jobdir and the templates only.
+    """grep finds the names in kit/jobdir and the scripts only.
     (Docstrings and comments may name them; code asks JobDir.)"""
     bad = []
     for path in sorted(KIT.rglob("*.py")):

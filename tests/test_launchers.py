@@ -66,8 +66,8 @@ def test_a_plain_torch_distributed_script_gets_four_distinct_ranks(cluster, tmp_
     losses = [float(v) for v in re.findall(r"plain epoch=\d loss=([0-9.]+)", logs)]
     assert len(losses) == 3 and losses[-1] < losses[0]
     assert torch_load_epoch(w.job_dir / "checkpoints" / "plain.pt") == 2
-    launcher = (w.job_dir / "launcher.sh").read_text()
-    assert "readonly KIT_PER_NODE_LAUNCHER=0\n" in launcher  # several tasks per node: no per-node variables
+    values = (w.job_dir / "job.env").read_text()
+    assert "\nKIT_PER_NODE_LAUNCHER=0\n" in values  # several tasks per node: no per-node variables
 
 
 def test_a_plain_script_seen_through_the_progress_call_alone(cluster, tmp_path):
@@ -135,7 +135,7 @@ def test_mpi_pmi2_gives_every_task_its_pmi_rank(cluster, tmp_path):
     check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["finished"])
     found = re.findall(r"pmi rank=(\S+) size=(\S+) kit=(\d)", read_logs(w.job_dir))
     assert sorted(found) == [(str(r), "4", str(r)) for r in range(4)], read_logs(w.job_dir)
-    assert "--mpi=pmi2" in (w.job_dir / "prelaunch.sh").read_text()
+    assert "--mpi=pmi2" in (w.job_dir / "job.env").read_text()
 
 
 def test_an_unknown_mpi_type_is_refused_before_submitting(cluster, tmp_path):

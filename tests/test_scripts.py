@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from helpers import REPO, require, task_env
@@ -63,22 +64,25 @@ JOBS = {"": golden_job, "sweep.": sweep_job}
 
 
 def generated(kind: str = "") -> dict[str, str]:
-    from unittest import mock
-
+    """What kit writes for the job besides the scripts it copies as they ship: job.env, sbatch.json."""
     job = JOBS[kind]()
     # prelaunch names the host's Python (for the exporter outside containers): pin it.
     with mock.patch.object(sys, "executable", "/usr/bin/python3"):
-        files = launch.render_scripts(job, GOLDEN_DIR)
+        files = {"job.env": launch.job_env(launch.job_values(job, GOLDEN_DIR))}
     files["sbatch.json"] = json.dumps(slurm.sbatch_argv(job, GOLDEN_DIR), indent=2) + "\n"
     return {kind + name: text for name, text in files.items()}
 
 
-NAMES = [kind + name for kind in JOBS for name in ("prelaunch.sh", "launcher.sh", "sbatch.json")]
+NAMES = [kind + name for kind in JOBS for name in ("job.env", "sbatch.json")]
+
+
+def kind_of(name: str) -> str:
+    return next(k for k in sorted(JOBS, key=len, reverse=True) if name.startswith(k))
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_golden(name):
-    text = generated(next(k for k in sorted(JOBS, key=len, reverse=True) if name.startswith(k)))[name]
+    text = generated(kind_of(name))[name]
     path = GOLDEN / name
     if os.environ.get("KIT_ACCEPT_GOLDEN"):
         path.write_text(text)
@@ -86,22 +90,42 @@ def test_golden(name):
     assert text == path.read_text(), f"{name} changed; if that is intended, accept it with: {ACCEPT}"
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n.endswith(".sh")])
-def test_bash_n_and_shellcheck(name, tmp_path):
+def test_a_job_directory_holds_the_scripts_as_they_ship_and_its_values(tmp_path):
+    """prepare writes launch/'s scripts byte for byte, and job.env as job_env renders it: the values are the only
+    part of a job's bash that kit generates."""
+    job = golden_job()
+    files = launch.render_scripts(job, GOLDEN_DIR)
+    assert set(files) == {*launch.SHIPPED, "job.env"}
+    for name in launch.SHIPPED:
+        assert files[name] == (REPO / "launch" / name).read_text(), name
+    assert files["job.env"] == launch.job_env(launch.job_values(job, GOLDEN_DIR))
+    assert len(files["job.env"].splitlines()) < 80  # a page; the 2,100 lines pasted from six templates are gone
+
+
+@pytest.mark.parametrize("kind", list(JOBS))
+def test_bash_n_and_shellcheck_on_the_scripts_as_they_ship(kind, tmp_path):
+    """shellcheck follows each script into what it sources: launch/'s parts and a job's job.env."""
     require("shellcheck")
-    path = tmp_path / name
-    path.write_text(generated(next(k for k in sorted(JOBS, key=len, reverse=True) if name.startswith(k)))[name])
-    subprocess.run(["bash", "-n", str(path)], check=True)
-    proc = subprocess.run(["shellcheck", "--severity=style", str(path)], capture_output=True, text=True)
+    for name in launch.SHIPPED:
+        (tmp_path / name).write_text((REPO / "launch" / name).read_text())
+    (tmp_path / "job.env").write_text(generated(kind)[kind + "job.env"])
+    for name in [*launch.SHIPPED, "job.env"]:
+        subprocess.run(["bash", "-n", str(tmp_path / name)], check=True)
+    proc = subprocess.run(
+        ["shellcheck", "--severity=style", "--external-sources", *launch.SHIPPED, "job.env"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0 and proc.stdout == "", proc.stdout
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n.endswith(".sh")])
-def test_every_return_in_the_generated_scripts_names_its_status(name):
+@pytest.mark.parametrize("name", launch.SHIPPED)
+def test_every_return_in_the_shipped_scripts_names_its_status(name):
     """The teardown runs in the EXIT trap, where a bare `return` gives the status of the command
     before the trap: after a failed command, a test that held returned false (kit::runtime_own
     did, and the launcher stopped the container runtime's FUSE daemons under the task)."""
-    text = generated(next(k for k in sorted(JOBS, key=len, reverse=True) if name.startswith(k)))[name]
+    text = (REPO / "launch" / name).read_text()
     bare = [
         f"{n}: {line.strip()}"
         for n, line in enumerate(text.splitlines(), 1)
@@ -163,10 +187,13 @@ def test_dry_run_job_dir_is_complete_and_sbatch_argv_recorded(tmp_path):
     job = launch.resolve(specs.JobSpec(command=["true"], output_dir=str(tmp_path)))
     prepared = launch.prepare(job)
     names = sorted(p.name for p in prepared.job_dir.iterdir())
-    assert names == ["job.json", "launcher.sh", "logs", "prelaunch.sh", "sbatch.json"]
+    assert names == sorted(["job.env", "job.json", "logs", "sbatch.json", *launch.SHIPPED])
     assert json.loads((prepared.job_dir / "sbatch.json").read_text()) == prepared.sbatch_argv
     assert json.loads((prepared.job_dir / "job.json").read_text())["command"] == ["true"]
-    assert os.access(prepared.job_dir / "launcher.sh", os.X_OK)
+    assert os.access(prepared.job_dir / "launcher.sh", os.X_OK) and os.access(
+        prepared.job_dir / "prelaunch.sh", os.X_OK
+    )
+    assert (prepared.job_dir / "job.env").stat().st_mode & 0o777 == 0o600  # --env values may be secrets
     assert not list(tmp_path.glob(".*tmp"))
 
 
@@ -322,9 +349,8 @@ def test_every_variable_prelaunch_exports_is_kept_by_container_env():
     """Inside a container the image's variables win except for --container-env names:
     every variable prelaunch.sh exports must be in that list (KIT_PYTHON is host-only)."""
     from kit.slurm import pyxis
-    from kit.submission import prelaunch_template
 
-    text = prelaunch_template()  # its parts pasted in
+    text = "\n".join((REPO / "launch" / name).read_text() for name in launch.SHIPPED if name.startswith("prelaunch"))
     exported = set(re.findall(r"\bexport ([A-Z][A-Z0-9_]*)", text))
     exported |= {n for line in re.findall(r"\bexport ([A-Z][A-Z0-9_ ]*)$", text, re.M) for n in line.split()}
     exported -= {"KIT_PYTHON"}  # host-only: outside a container

@@ -82,7 +82,7 @@ def test_a_second_user_cannot_run_as_root_through_the_local_cluster(cluster, oth
 
 
 def test_env_values_are_not_readable_by_another_user(cluster, other_user, public):
-    """Finding 7: `--env HF_TOKEN=...` lives in job.json and prelaunch.sh: the job directory
+    """Finding 7: `--env HF_TOKEN=...` lives in job.json and job.env: the job directory
     is its user's alone."""
     out = public / "jobs"
     proc = kit(
@@ -100,8 +100,9 @@ def test_env_values_are_not_readable_by_another_user(cluster, other_user, public
     assert proc.returncode == 0, proc.stderr
     job_dir = next(p for p in out.iterdir() if not p.name.startswith("."))
     assert "hf_secret_value" in (job_dir / "job.json").read_text()
+    assert "hf_secret_value" in (job_dir / "job.env").read_text()
     assert oct(os.stat(job_dir).st_mode & 0o777) == "0o700"
-    read = as_user(other_user, f"cat {job_dir}/job.json {job_dir}/prelaunch.sh; grep -r hf_secret {out}")
+    read = as_user(other_user, f"cat {job_dir}/job.json {job_dir}/job.env; grep -r hf_secret {out}")
     assert "hf_secret_value" not in read.stdout, read.stdout
 
 

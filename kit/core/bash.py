@@ -1,20 +1,15 @@
-"""Writing values into generated bash: the one quoting function and the template filler.
+"""Writing values into bash: the one quoting function, and the scripts kit ships.
 
-Every user-supplied value that reaches a generated script goes through
-:func:`quote` (a word) or :func:`array` (a list of words). Templates are
-plain bash files with ``{{ name }}`` slots; :func:`render` fills them with
-snippets that are already quoted and refuses a slot it was not given.
+Every user-supplied value that reaches a job's bash goes through :func:`quote` (a word) or :func:`array` (a list of
+words), into the job's ``job.env``; the scripts themselves (``launch/``) are copied as they ship (:func:`template`).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import re
 import shlex
 from pathlib import Path
 from typing import Iterable, Mapping
-
-_SLOT = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
 
 
 def quote(value: object) -> str:
@@ -41,7 +36,7 @@ def exports(env: Mapping[str, str]) -> str:
 
 
 def templates_dir() -> Path:
-    """Where the generated scripts' templates are: the package's ``kit.templates`` once kit is installed,
+    """Where the job's scripts are: the package's ``kit.templates`` once kit is installed,
     else ``launch/`` beside the package (a checkout run without installing, as a bench copied to a GPU box)."""
     try:  # (find_spec, not importlib.resources: its readers cost every kit launch a zipfile import)
         found = importlib.util.find_spec("kit.templates")
@@ -53,23 +48,5 @@ def templates_dir() -> Path:
 
 
 def template(name: str) -> str:
-    """The text of a template shipped in the package (``launch/`` in the source tree)."""
+    """The text of a script shipped in the package (``launch/`` in the source tree)."""
     return (templates_dir() / name).read_text(encoding="utf-8")
-
-
-def render(text: str, values: Mapping[str, str]) -> str:
-    """Fill ``{{ slot }}``s; every slot must be given and every value used."""
-    used: set[str] = set()
-
-    def fill(m: re.Match) -> str:
-        name = m.group(1)
-        if name not in values:
-            raise KeyError(f"template slot {name!r} has no value")
-        used.add(name)
-        return values[name]
-
-    out = _SLOT.sub(fill, text)
-    unused = set(values) - used
-    if unused:
-        raise KeyError(f"values given for no slot: {sorted(unused)}")
-    return out

@@ -2,7 +2,7 @@
 directory, named once (docs/job-directory.md lists the same).
 
 In the manner of submitit's ``JobPaths``: code asks a :class:`JobDir` for a path
-and never spells a name itself; the bash templates use the same names (a test
+and never spells a name itself; the bash scripts (launch/) use the same names (a test
 checks it). ``JobDir(d).task(3)`` is an array task's directory, laid out alike.
 """
 
@@ -18,6 +18,9 @@ class JobDir:
     # Written at preparation, before submission.
     PRELAUNCH = "prelaunch.sh"  # the batch script
     LAUNCHER = "launcher.sh"  # what every task runs
+    ENV = "job.env"  # the job's values, each quoted once: both scripts source it
+    # What the scripts source (launch/'s, as they ship): the shared functions, prelaunch's by concern.
+    SCRIPT_PARTS = ("lib.sh", "prelaunch_step.sh", "prelaunch_watchdog.sh", "prelaunch_ending.sh")
     SPEC = "job.json"  # the resolved job spec
     SBATCH = "sbatch.json"  # the exact sbatch argv
     CODE = "code"  # the code snapshot's view: every run starts in it
@@ -137,10 +140,12 @@ class JobDir:
     @classmethod
     def patterns(cls) -> set[str]:
         """Every path kit writes in a job directory, relative, ``{...}`` for what varies:
-        what the templates' paths are checked against."""
+        what the scripts' paths are checked against."""
         top = {
             cls.PRELAUNCH,
             cls.LAUNCHER,
+            cls.ENV,
+            *cls.SCRIPT_PARTS,
             cls.SPEC,
             cls.SBATCH,
             cls.COMMAND,

@@ -58,7 +58,8 @@ def sbatch_argv(job: ResolvedJob, job_dir: Path, chdir: str | Path | None = None
     argv += [f"{k}={v}" for k, v in sorted(opts.items())]
     argv.append("--requeue" if s.max_restarts else "--no-requeue")
     argv += list(s.sbatch_args)
-    argv.append(str(job_dir / JobDir.PRELAUNCH))
+    # Slurm runs a copy of the batch script: the job directory, where its values and parts are, is its argument.
+    argv += [str(job_dir / JobDir.PRELAUNCH), str(job_dir)]
     return argv
 
 

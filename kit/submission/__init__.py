@@ -3,16 +3,18 @@
 :func:`plan` resolves and checks a spec once and returns a frozen value (what is decided after the check: the pinned
 image, the checked dependencies, the code snapshot, are its own fields; :mod:`~kit.submission.plan`).
 :func:`prepare` validates nothing itself (give it a plan's :class:`ResolvedJob`); it writes the job directory
-atomically: ``prelaunch.sh``, ``launcher.sh`` (:mod:`~kit.submission.scripts`), ``job.json`` (the resolved spec)
+atomically: ``prelaunch.sh``, ``launcher.sh`` and what they source as kit ships them, with the job's values in
+``job.env`` (:mod:`~kit.submission.scripts`), ``job.json`` (the resolved spec)
 and ``sbatch.json``; :func:`submit` hands it to sbatch and records the job id (:mod:`~kit.submission.write`).
 """
 
 from kit.submission.plan import Plan, Rerun, pin_code_and_image, plan, resolve, resolve_after
 from kit.submission.scripts import (
-    PRELAUNCH_PARTS,
+    SHIPPED,
     Step,
     container_setup,
-    prelaunch_template,
+    job_env,
+    job_values,
     render_scripts,
     start_dir,
     step,
@@ -20,15 +22,16 @@ from kit.submission.scripts import (
 from kit.submission.write import PreparedJob, prepare, spec_record, submit
 
 __all__ = [
-    "PRELAUNCH_PARTS",
     "Plan",
     "PreparedJob",
     "Rerun",
+    "SHIPPED",
     "Step",
     "container_setup",
     "pin_code_and_image",
     "plan",
-    "prelaunch_template",
+    "job_env",
+    "job_values",
     "prepare",
     "render_scripts",
     "resolve",

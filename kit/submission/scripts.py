@@ -1,5 +1,5 @@
-"""The scripts a job runs: its srun step (pyxis flags, --container-env candidates) and prelaunch.sh and launcher.sh
-rendered from launch/ templates, every slot a quoted value."""
+"""The scripts a job runs: its srun step (pyxis flags, --container-env candidates), launch/'s scripts copied as
+they ship, and the job's values in job.env (each quoted once)."""
 
 from __future__ import annotations
 
@@ -104,69 +104,73 @@ def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[st
     return flags, names
 
 
-PRELAUNCH_PARTS = ("step", "watchdog", "ending")  # launch/prelaunch_<part>.sh: its functions by concern
+# launch/'s scripts, copied into every job directory as they ship: a job runs the scripts it was submitted
+# with (a kit upgrade or a requeue never changes them), its values in JobDir.ENV beside them.
+SHIPPED = (JobDir.PRELAUNCH, JobDir.LAUNCHER, *JobDir.SCRIPT_PARTS)
 
 
-def prelaunch_template() -> str:
-    """prelaunch.sh with its parts pasted in (their slots filled with the rest)."""
-    text = bash.template(JobDir.PRELAUNCH)
-    for part in PRELAUNCH_PARTS:
-        text = text.replace("{{ %s }}" % part, bash.template(f"prelaunch_{part}.sh").rstrip("\n"), 1)
-    return text
+def job_values(job: ResolvedJob, job_dir: Path, the_step: Step | None = None) -> dict[str, str | list[str]]:
+    """The job's values for its scripts, by the name the scripts read (a word, or a list for a bash array)."""
+    s = job.spec
+    the_step = the_step or step(job, job_dir)
+    per_node = s.ntasks_per_node == 1
+    return {
+        # prelaunch.sh
+        "KIT_MAX_RESTARTS": str(s.max_restarts),
+        "KIT_SIGNAL_LEAD": str(s.signal_lead),
+        "KIT_STOP_GRACE": str(s.stop_grace),
+        "KIT_WORLD_SIZE": str(s.nodes * s.ntasks_per_node),
+        "KIT_EXIT_CODES": [f"{name}={code}" for name, code in outcome.PRELAUNCH_CODES.items()],
+        "KIT_ENDINGS": list(ending.as_bash()),
+        "KIT_HANG_TIMEOUT": str(s.hang_timeout),
+        "KIT_FIRST_PROGRESS_TIMEOUT": str(s.first_progress_timeout),
+        "KIT_HEARTBEAT_SECONDS": str(s.heartbeat),
+        "KIT_PORT_LOW": str(job.port_low),
+        "KIT_PORT_HIGH": str(job.port_high),
+        "KIT_MASTER_IFACE": s.master_interface or "",
+        "KIT_SRUN_ARGS": list(the_step.srun_args),
+        "KIT_CONTAINER": "1" if job.image else "0",
+        "KIT_CONTAINER_ENV": list(the_step.container_env),
+        "KIT_WARNING_SIGNAL": s.signal,
+        "KIT_DEBUG": "1" if s.debug else "0",
+        "KIT_ENV": [f"{k}={v}" for k, v in sorted(s.env.items())],
+        "KIT_EXPORTER_PORTS": s.exporter_ports,
+        "KIT_TARGETS_DIR": s.prometheus_targets or "",
+        # Outside a container the exporter runs on the Python that has kit (this one).
+        "KIT_HOST_PYTHON": "" if job.image else sys.executable,
+        # launcher.sh
+        "KIT_RANK_MAPPING": [f"{name}={source}" for name, source in slurm.RANK_MAPPING],
+        "KIT_PER_NODE_LAUNCHER": "1" if per_node else "0",
+        "KIT_NPROC_PER_NODE": str(s.gpus_per_node) if per_node and s.gpus_per_node else "",
+        "KIT_COMMAND": [] if job.params else list(s.command),
+        "KIT_SWEEP_TASK": "1" if job.params else "0",
+        "KIT_SIDECARS": sidecars.as_words(sidecars.for_job(s.sidecars, exporter=s.exporter)),
+    }
+
+
+def job_env(values: dict[str, str | list[str]]) -> str:
+    """``job.env``: each value quoted once (a bash array for a list), for prelaunch.sh and launcher.sh to source."""
+    lines = [
+        f"# job.env: this job's values, written by kit {__version__} at submission; prelaunch.sh and launcher.sh",
+        "# source it. Every value is literal (quoted once): no shell expands the words here.",
+        "# shellcheck shell=bash disable=SC2016,SC2034",
+    ]
+    for name, value in values.items():
+        if not isinstance(value, list):
+            lines.append(f"{name}={bash.quote(value)}")
+        elif len(one := f"{name}=({bash.array(value)})") <= 120:
+            lines.append(one)
+        else:  # a long array: a row a line (a sidecar's three words, else one word)
+            n = 3 if name == "KIT_SIDECARS" else 1
+            lines += [f"{name}=(", *(f"  {bash.array(value[i : i + n])}" for i in range(0, len(value), n)), ")"]
+    return "\n".join(lines) + "\n"
 
 
 def render_scripts(job: ResolvedJob, job_dir: Path, the_step: Step | None = None) -> dict[str, str]:
-    """The text of prelaunch.sh and launcher.sh for ``job`` living in ``job_dir``: every slot
-    a quoted value or an array body; the bash that uses them lives in the templates."""
-    s = job.spec
-    the_step = the_step or step(job, job_dir)
-    lib = bash.template("lib.sh").rstrip("\n")  # shared functions, included whole (no side effects)
-    prelaunch = bash.render(
-        prelaunch_template(),
-        {
-            "kit_version": __version__,
-            "lib": lib,
-            "job_dir": bash.quote(job_dir),
-            "max_restarts": str(s.max_restarts),
-            "signal_lead": str(s.signal_lead),
-            "stop_grace": str(s.stop_grace),
-            "world_size": str(s.nodes * s.ntasks_per_node),
-            "exit_codes": bash.array(f"{name}={code}" for name, code in outcome.PRELAUNCH_CODES.items()),
-            "endings": bash.array(ending.as_bash()),
-            "hang_timeout": str(s.hang_timeout),
-            "first_progress_timeout": str(s.first_progress_timeout),
-            "heartbeat": str(s.heartbeat),
-            "port_low": str(job.port_low),
-            "port_high": str(job.port_high),
-            "master_interface": bash.quote(s.master_interface or ""),
-            "srun_args": bash.array(the_step.srun_args),
-            "container": "1" if job.image else "0",
-            "container_env": bash.array(the_step.container_env),
-            "signal": bash.quote(s.signal),
-            "debug": "1" if s.debug else "0",
-            "env": bash.array(f"{k}={v}" for k, v in sorted(s.env.items())),
-            "exporter_ports": bash.quote(s.exporter_ports),
-            "prometheus_targets": bash.quote(s.prometheus_targets or ""),
-            # Outside a container the exporter runs on the Python that has kit (this one).
-            "host_python": bash.quote("" if job.image else sys.executable),
-        },
-    )
-    per_node = s.ntasks_per_node == 1
-    launcher = bash.render(
-        bash.template(JobDir.LAUNCHER),
-        {
-            "kit_version": __version__,
-            "lib": lib,
-            "rank_mapping": bash.array(f"{name}={source}" for name, source in slurm.RANK_MAPPING),
-            "per_node_launcher": "1" if per_node else "0",
-            "nproc_per_node": bash.quote(s.gpus_per_node if per_node and s.gpus_per_node else ""),
-            "command": bash.array([] if job.params else s.command),
-            "sweep": "1" if job.params else "0",
-            "stop_grace": str(s.stop_grace),
-            "sidecars": bash.array(sidecars.as_words(sidecars.for_job(s.sidecars, exporter=s.exporter))),
-        },
-    )
-    return {JobDir.PRELAUNCH: prelaunch, JobDir.LAUNCHER: launcher}
+    """What a job directory holds to run ``job``: launch/'s scripts as they ship, and its values in job.env."""
+    texts = {name: bash.template(name) for name in SHIPPED}
+    texts[JobDir.ENV] = job_env(job_values(job, job_dir, the_step))
+    return texts
 
 
 def start_dir(job: ResolvedJob, job_dir: Path) -> Path | None:

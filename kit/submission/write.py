@@ -1,4 +1,4 @@
-"""A planned job written and submitted: its directory made atomically (prelaunch.sh, launcher.sh, job.json,
+"""A planned job written and submitted: its directory made atomically (the scripts, job.env, job.json,
 sbatch.json, an array job's tasks), then handed to sbatch and its id recorded."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
         for name, text in render_scripts(job, final, the_step).items():
             path = tmp / name
             path.write_text(text, encoding="utf-8")
-            path.chmod(0o700)
+            path.chmod(0o700 if name.endswith(".sh") else 0o600)
         _write_tasks(job, tmp)
         if job.snapshot is not None:
             snapshots.materialize(job.snapshot, JobDir(tmp).code, tmp / JobDir.CODE_LIST)
