@@ -21,19 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import stat
-import tempfile
 import time
 from pathlib import Path
 from typing import IO, Iterator
-
-try:  # Python 3.11+
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover
-    import tomli as tomllib  # type: ignore[no-redef]
 
 RECORD_LIMIT = 16 << 20  # a record kit wrote (job.json, runs.jsonl, ...) is far smaller
 
@@ -50,6 +43,8 @@ def replacing(path: str | os.PathLike, mode: int = 0o644) -> Iterator[IO[bytes]]
     without an exception; on an exception nothing changes and the temporary
     file is gone."""
     path = Path(path)
+    import tempfile  # (here: a command that writes no record does not pay for it)
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # O_EXCL|O_NOFOLLOW, 0600
     try:
         with os.fdopen(fd, "wb") as f:
@@ -156,6 +151,11 @@ def read_toml(path: str | os.PathLike, limit: int = RECORD_LIMIT) -> dict:
     """The TOML file a user named (a symlink is followed; it must end at a regular
     file of at most ``limit`` bytes): ``OSError``, or ``ValueError`` for text that is
     not UTF-8, not TOML, or nested too deep."""
+    try:  # Python 3.11+
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover
+        import tomli as tomllib  # type: ignore[no-redef]
+
     text = read_bytes(path, limit, follow=True).decode("utf-8")
     try:
         return tomllib.loads(text)
@@ -218,6 +218,9 @@ def keep_by_content(src_fd: int, directory: str | os.PathLike, name, mode: int =
     """Copy the open file ``src_fd`` into ``directory`` as ``name(sha256 hex)`` (mode ``mode``),
     kept once: a copy already there under that name stays, unless ``keep(path, hex)`` says it
     does not hold that content (then it is replaced). The sha256."""
+    import hashlib
+    import tempfile
+
     h = hashlib.sha256()
     fd, tmp = tempfile.mkstemp(prefix=".new-", dir=directory)  # O_EXCL|O_NOFOLLOW, 0600
     try:
@@ -280,6 +283,8 @@ def owned(path: str | os.PathLike, create: bool = True) -> Iterator[Path]:
 
 def sha256_of(fd: int) -> str:
     """The sha256 of what is left to read from the open file ``fd``."""
+    import hashlib
+
     h = hashlib.sha256()
     while chunk := os.read(fd, 4 << 20):
         h.update(chunk)

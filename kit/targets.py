@@ -16,7 +16,6 @@ from pathlib import Path
 
 from kit import files, slurm
 from kit import submission as lib
-from kit.cluster import LocalCluster, public
 from kit.core import spec as specs
 from kit.errors import KitError
 from kit.jobdir import JobDir, records
@@ -50,6 +49,8 @@ def plan(
 
 def local_prometheus_targets() -> str | None:
     """The local cluster's file_sd directory, when it runs Prometheus."""
+    from kit.cluster import LocalCluster
+
     c = LocalCluster()
     return str(c.prometheus_targets) if c.prometheus_url() else None
 
@@ -101,6 +102,8 @@ def unavailable(target: slurm.Target) -> str | None:
     conf = Path(target.conf)
     if not conf.is_file():
         return f"its slurm.conf {conf} is gone"
+    from kit.cluster import LocalCluster, public
+
     if target.name == "local" and not LocalCluster(public.home_of(conf)).controller_alive():
         return "the local cluster is not running"
     return None
@@ -113,6 +116,8 @@ def select_target(where: str | None, needs_containers: bool = False) -> tuple[sl
     a slurm.conf in the usual places); otherwise kit's local cluster, when it
     runs. Returns the target and a note for the user (or None).
     """
+    from kit.cluster import LocalCluster, public
+
     local = LocalCluster()
 
     def local_target() -> slurm.Target:

@@ -98,7 +98,7 @@ def test_every_launch_option_is_a_keyword_with_the_commands_checks(tmp_path):
         assert proc.returncode == 2, (argv, proc.stderr)
         assert proc.stderr.splitlines()[0] == f"kit: {e.value.field}: {e.value.message}", (keywords, proc.stderr)
     assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
-    with pytest.raises(kitlib.KitError, match="unknown option 'nodez'"):
+    with pytest.raises(kitlib.KitError, match="unknown option 'nodez': did you mean nodes\?"):
         kitlib.launch(["true"], nodez=2)
     with pytest.raises(kitlib.KitError, match="expected a whole number"):
         kitlib.launch(["true"], nodes="2", dry_run=True)

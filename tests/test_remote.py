@@ -428,13 +428,6 @@ def test_a_function_submitted_from_the_laptop_brings_its_value_back(cluster, use
     assert not (there / "refused").exists()
 
 
-def on_the_login_node(user, hosts, code: str):
-    """The JSON that Python ``code`` prints, run by the user on the login node in their own environment there
-    (the same calls' answers without SSH: a job's files are the user's, which kit trusts from them alone)."""
-    proc = in_the_login_shell(user, hosts, f"python3 -c {shlex.quote('import json, kit; ' + code)}")
-    return json.loads(proc.stdout.splitlines()[-1])
-
-
 def _kill_master(hosts) -> None:
     os.kill(hosts.master_pid("kit-login"), signal.SIGKILL)
 
@@ -462,10 +455,98 @@ def _wait_through_a_killed_master(hosts, repo: Path, env: dict, *args: str) -> t
     return proc.returncode, err
 
 
-def test_python_launch_jobs_and_job_on_the_login_node(cluster, user, hosts, laptop, there, tmp_path, monkeypatch):
-    """kit.launch(..., host=), kit.jobs(host=) and kit.Job(dir, host=) give what the same calls give on the
-    login node itself, through one master; a wait rides through a killed master; a bad keyword is refused
-    here, before any connection."""
+API_CASES = """
+import json, os, sys, time
+import kit
+host, out = sys.argv[1] or None, sys.argv[2]
+
+def square(x):
+    return x * x
+
+job = kit.launch(["bash", "-c", "echo one; echo token=$TOKEN; echo two"], host=host, nodes=1, output_dir=out,
+                 env={"TOKEN": "s3cret"}, no_code_snapshot=True, wait=True)
+fed, followed = [], []
+job.feed_logs(fed.append, rank=0)
+ended = job.follow(followed.append)
+listed = [j for j in kit.jobs(host=host, output_dirs=[out]) if str(j.dir).startswith(out)]  # (and jobs known)
+reopened = kit.Job(job.dir, host=host)
+again = job.rerun(wait=True, env={"TOKEN": "r3run"})
+fn = kit.submit(square, 7, host=host, nodes=1, output_dir=out)
+tasks = kit.map(square, [2, 3], host=host, output_dir=out)
+long = kit.launch("sleep 300", host=host, output_dir=out, no_code_snapshot=True)
+while long.state() != "RUNNING":
+    time.sleep(0.2)
+cancelled = long.cancel(reason="enough")
+try:
+    kit.Job(os.path.join(out, "nothing"), host=host).state()
+except kit.KitError as e:
+    missing = str(e).replace(out, "OUT")
+print(json.dumps({
+    "classes": [type(j).__name__ for j in (job, reopened, again, fn, *tasks, *listed)],
+    "where": [os.path.dirname(j.dir) == out for j in (job, again, fn)] + [str(t.dir).startswith(out + "/") for t in tasks],
+    "state": [job.state(), job.done(), job.wait(timeout=60).exit_code, reopened.state(), ended],
+    "logs": [job.logs(), job.logs(rank=0), b"".join(fed).decode(), b"token=s3cret" in b"".join(followed)],
+    "errors": [job.logs(errors=True), job.errors(), repr(job.progress())],
+    "listed": [[j.id, str(j.dir), j.row.state] for j in listed] == [[job.id, str(job.dir), "COMPLETED"]],
+    "rerun": [again.id != job.id, again.logs(rank=0)],
+    "target": [job.target.name, again.target.name],
+    "results": [fn.result(timeout=120), [t.result(timeout=120) for t in tasks], [t.id[-2:] for t in tasks]],
+    "cancel": [cancelled["reason"], long.wait(timeout=120).state],
+    "missing": missing,
+}))
+"""
+
+# What every case of API_CASES answers, wherever the calls are made.
+API_ANSWERS = {
+    "classes": ["Job", "Job", "Job", "FunctionJob", "FunctionJob", "FunctionJob", "Job"],
+    "where": [True] * 5,
+    "state": ["COMPLETED", True, 0, "COMPLETED", "COMPLETED"],
+    "logs": ["0: one\n0: token=s3cret\n0: two\n", "one\ntoken=s3cret\ntwo\n", "one\ntoken=s3cret\ntwo\n", True],
+    "errors": [
+        "",
+        [],
+        "Progress(step=None, max_steps=None, loss=None, samples_per_second=None, tflops=None, mfu=None)",
+    ],
+    "listed": True,
+    "rerun": [True, "one\ntoken=r3run\ntwo\n"],
+    "target": ["site", "site"],
+    "results": [49, [4, 9], ["_0", "_1"]],
+    "cancel": ["enough", "CANCELLED"],
+    "missing": "no such job directory: OUT/nothing",
+}
+
+
+@pytest.mark.parametrize("where", ["on-the-login-node", "from-the-laptop"])
+def test_the_python_api_answers_alike_on_the_login_node_and_over_ssh(cluster, user, hosts, laptop, there, where):
+    """The same calls — kit.launch, a Job's state/done/wait/logs/feed_logs/follow/errors/progress/target/rerun/
+    cancel, kit.jobs, kit.Job reopened, kit.submit and kit.map with their results — made by the user on the login
+    node (no host) and from the laptop (host="kit-login"), give the same answers: kit.Job and kit.FunctionJob
+    both ways. The laptop runs the user's venv's Python (a function job's Python is the login node's minor)."""
+    script = there / "api_cases.py"
+    script.write_text(API_CASES)
+    out = str(there / "jobs")
+    if where == "on-the-login-node":
+        os.chown(script, user.pw_uid, user.pw_gid)
+        proc = in_the_login_shell(user, hosts, f"python3 {script} '' {out}")
+    else:
+        proc = subprocess.run(
+            [f"{user.pw_dir}/venv/bin/python3", str(script), "kit-login", out],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=there,
+            env={**os.environ, **laptop, "KIT_HOME": str(there / "laptop-home")},
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == API_ANSWERS
+
+
+def test_python_launch_of_a_work_tree_a_report_and_a_dry_run_through_one_master(
+    cluster, user, hosts, laptop, there, tmp_path, monkeypatch
+):
+    """kit.launch(..., host=) of a git work tree's code, a report's picture brought here, a dry run and
+    `kit --host launch` all through one master, no argument on the login node's command lines; a wait rides
+    through a killed master; a bad keyword is refused here, before any connection."""
     import threading
 
     import kit as kitlib
@@ -492,37 +573,14 @@ def test_python_launch_jobs_and_job_on_the_login_node(cluster, user, hosts, lapt
     job = kitlib.launch(
         ["bash", "job.sh"], host="kit-login", nodes=1, output_dir=out, env={"TOKEN": "s3cret"}, wait=True
     )
-    # The very class a local launch returns: every method and attribute, each call made there.
+    # (Every method's answer against the login node's own: test_the_python_api_answers_alike_….)
     assert type(job) is kitlib.Job and job.host.name == "kit-login" and job.id and job.dir.parent == Path(out)
-    here = on_the_login_node(
-        user,
-        hosts,
-        f"j = kit.Job({str(job.dir)!r}); print(json.dumps([j.state(), j.logs(), "
-        f"repr(j.progress()), j.errors(), [[k.id, str(k.dir)] for k in "
-        f"kit.jobs(output_dirs=[{out!r}])], repr(j.target), "
-        f"j.logs(rank=0), j.logs(errors=True)]))",
-    )
-    assert job.state() == here[0] == "COMPLETED" and job.done()
-    assert job.logs() == here[1] and "0: token=s3cret" in job.logs()
-    assert repr(job.progress()) == here[2] and job.errors() == here[3] == []
-    assert repr(job.target) == here[5] and job.logs(rank=0) == here[6] and job.logs(errors=True) == here[7]
-    fed, followed = [], []
-    job.feed_logs(fed.append, rank=0)
-    assert b"".join(fed).decode() == here[6]
-    assert job.follow(followed.append) == "COMPLETED" and b"token=s3cret" in b"".join(followed)
-    assert job.wait(timeout=60).exit_code == 0
-    listed = kitlib.jobs(host="kit-login", output_dirs=[out])
-    assert [[j.id, str(j.dir)] for j in listed] == here[4] and all(type(j) is kitlib.Job for j in listed)
-    assert listed[0].row.state == "COMPLETED" and listed[0].row.job_dir == str(job.dir)
+    assert job.state() == "COMPLETED" and "0: token=s3cret" in job.logs()
     reopened = kitlib.Job(job.dir, host="kit-login", job_id=job.id)
     numbers = reopened.report(output=tmp_path / "report.png")
     assert (
         numbers["job"] == job.id
         and (tmp_path / "report.png").read_bytes() == (Path(job.dir) / "report.png").read_bytes()
-    )
-    again = job.rerun(wait=True, env={"TOKEN": "r3run"})
-    assert (
-        type(again) is kitlib.Job and again.host == job.host and again.id != job.id and "0: token=r3run" in again.logs()
     )
     plain = subprocess.run(
         [
@@ -552,8 +610,6 @@ def test_python_launch_jobs_and_job_on_the_login_node(cluster, user, hosts, lapt
     assert "0: token=n0snap" in kitlib.Job(plain.stdout.split("job dir: ")[1].split()[0], host="kit-login").logs()
     # Every call's arguments came in the channel: the login node's command lines (its `ps`) held none of them.
     assert set(seen.read_text().splitlines()) == {"remote-args"}
-    with pytest.raises(kitlib.KitError, match="no job"):
-        kitlib.Job(str(there / "nothing"), host="kit-login").state()
     dry = kitlib.launch("true", host="kit-login", dry_run=True, output_dir=out)
     assert dry.id is None and (Path(dry.dir) / "prelaunch.sh").is_file()
     assert hosts.accepted("login") - before == 1  # every call above through one master

@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         serving = os.environ.pop(wire.VERSION_VARIABLE, None) is not None  # on a login node, for a client
         if serving:
             wire.hello()  # what the login shell printed before this is skipped by the laptop
+            wire.as_the_login_node()
             args = wire.read_args() if args == [wire.ARGS_COMMAND] else args
             if not set(wire.READS_INPUT) & set(args[:2]):
                 wire.watch_input_end()  # (remote-launch and remote-submit read their input first, then watch it)

@@ -82,8 +82,12 @@ def fields(kwargs: dict) -> tuple[dict[str, Any], str | None]:
     names = python_names()
     unknown = sorted(set(kwargs) - set(names))
     if unknown:
+        import difflib
+
+        field_of = options.BY_NAME.get(unknown[0])  # a spec field's name whose keyword is its flag's
+        guess = [k for k, o in names.items() if o is field_of] or difflib.get_close_matches(unknown[0], names, 1)
         raise KitError(
-            f"unknown option {unknown[0]!r}",
+            f"unknown option {unknown[0]!r}" + (f": did you mean {guess[0]}?" if guess else ""),
             field=unknown[0],
             hint="kit.launch takes `kit launch`'s options, dashes as underscores: " + ", ".join(sorted(names)),
         )

@@ -30,12 +30,11 @@ from kit.core import keywords, options
 from kit.core import spec as specs
 from kit.core.outcome import Outcome
 from kit.errors import KitError
-from kit.job import listing, respec
-from kit.job import logs as joblogs
 from kit.job.cancel import cancel
 from kit.jobdir import JobDir, records
 
 if TYPE_CHECKING:
+    from kit.job import listing
     from kit.remote import ssh
 
 __all__ = ["Job", "Outcome", "cancel", "jobs", "launch", "launch_with", "python_names", "rerun", "submit_spec"]
@@ -108,6 +107,8 @@ def rerun(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = (), *, wa
     the same output directory, submitted to the same Slurm; ``edits`` change fields first
     (``{"nodes": 4}``, or ``["nodes=4", "time=\"1:00:00\""]`` as TOML values, as a job file
     writes them). The new job records which job it reruns (``rerun_of.json``)."""
+    from kit.job import respec
+
     source, recorded, spec, origins, edited = respec.recorded(job_dir, edits)
     if "sbatch_args" not in edited:  # a hold was for that submission: the rerun runs
         spec.sbatch_args = [a for a in spec.sbatch_args if a not in ("--hold", "-H")]
@@ -155,6 +156,8 @@ def jobs(
     """The jobs `kit ps` lists, newest first (an array job's tasks each as a Job); ``host``: on that login
     node (relative output directories under its home; by default ``~/kit-jobs``, where launches from here
     go)."""
+    from kit.job import listing
+
     if host is not None:
         host = _hosted().host_of(host)
         return [
@@ -235,6 +238,8 @@ class Job:
 
     def _submitted(self) -> str:
         if self.id is None:
+            if not self.dir.is_dir():
+                raise KitError(f"no such job directory: {self.dir}", field="JOB")
             raise KitError(f"{self.dir} was never submitted (a dry run)", field="JOB")
         return self.id
 
@@ -331,6 +336,8 @@ class Job:
         """The logs :meth:`logs` means, fed to ``write`` a chunk (bytes) at a time; ``say`` hears first
         what the reader should know (the batch log stands in for ranks that left none, with
         ``batch_instead``: see :func:`kit.job.logs.select`)."""
+        from kit.job import logs as joblogs
+
         selection = joblogs.select(self.dir, rank, node, run, sidecar, prefixed, batch_instead)
         if selection.note:
             say(selection.note)
@@ -340,11 +347,15 @@ class Job:
     def errors(self, runs: list[int] | None = None) -> list[str]:
         """Per run (every run, or ``runs``), the first rank that failed by itself: a headline and its
         log's last lines (a log of gigabytes is read from its end)."""
+        from kit.job import logs as joblogs
+
         return list(joblogs.errors(self.dir, runs))
 
     @_or_there
     def follow(self, write, on_outage=lambda message: None) -> str:
         """Feed the batch logs to ``write`` as they grow, every run, until the job has ended; how it ended."""
+        from kit.job import logs as joblogs
+
         return joblogs.follow(self.dir, self._submitted(), write, on_outage)
 
     @_or_there

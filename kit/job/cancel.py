@@ -8,7 +8,6 @@ from pathlib import Path
 
 from kit import jobdir, slurm, targets
 from kit.errors import KitError
-from kit.job import logs as joblogs
 from kit.jobdir import records
 
 
@@ -24,6 +23,8 @@ def cancel(job_dir: Path, reason: str | None = None) -> dict:
         )
     target = targets.target_of(job_dir)
     _same_owner(target, job_dir, job_id)
+    from kit.job import logs as joblogs  # (here: kit launch imports this module, and needs none of it)
+
     now = joblogs.unit_states(target, job_dir, job_id)
     end = joblogs.ended(now)
     if end:

@@ -8,12 +8,10 @@ directory, through the names :class:`kit.jobdir.JobDir` gives.
 
 from __future__ import annotations
 
-import getpass
 import json
 import math
 import os
 import re
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +27,8 @@ def find_job_dir(job: str, output_dir: str | Path) -> Path:
     job_dir = Path(job)
     if job_dir.is_dir():
         return job_dir
+    if "/" in job:  # a path (a job id has none)
+        raise KitError(f"no such job directory: {job}", field="JOB")
     array_id, sep, task = job.partition("_")
     if sep and array_id.isdigit() and task.isdigit():
         task_dir = JobDir(find_job_dir(array_id, output_dir)).task(int(task)).path
@@ -291,6 +291,9 @@ CANCEL_RECORD = JobDir.CANCELLED
 def record_cancel(job_dir: Path, reason: str | None, tasks: list[int] | None = None) -> dict:
     """Who cancelled the job, when and why, in the job directory (before the
     cancel); for an array job, which ``tasks`` were still to end."""
+    import getpass
+    import socket
+
     try:
         user = getpass.getuser()
     except Exception:  # no passwd entry for this uid

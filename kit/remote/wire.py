@@ -143,6 +143,19 @@ class Records:
             self.write(b"".join(shown))
 
 
+# What sshd sets for the session it runs kit in: a connection's, not the login node's. A job launched for a client
+# inherits this kit's environment; with these in it a job's `bash -c` reads ~/.bashrc (bash's rule for a shell sshd
+# runs: a site's banner in the job's log, its conda activation in the job), which a launch from a shell on the login
+# node does not.
+SESSION_VARIABLES = ("SSH_CLIENT", "SSH_CONNECTION", "SSH2_CLIENT", "SSH_TTY")
+
+
+def as_the_login_node() -> None:
+    """On the login node, serving a client: this kit's environment the login node's, without the SSH session's."""
+    for name in SESSION_VARIABLES:
+        os.environ.pop(name, None)
+
+
 def read_args() -> list[str]:
     """On the login node: the arguments the client sent as its input's first line (:func:`kit.remote.client.start`)."""
     try:
