@@ -399,6 +399,21 @@ print(json.dumps(got))
 """
 
 
+def on_the_laptop(user, laptop, cwd: Path, script: Path, *args: str):
+    """The JSON that ``script`` prints last, run here as the laptop: the user's venv's Python (a function job's
+    Python is the login node's minor), the laptop's ssh configuration, a kit home of its own."""
+    proc = subprocess.run(
+        [f"{user.pw_dir}/venv/bin/python3", str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+        env={**os.environ, **laptop, "KIT_HOME": str(cwd / "laptop-home")},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
 def test_a_function_submitted_from_the_laptop_brings_its_value_back(cluster, user, hosts, laptop, there, tmp_path):
     """kit.submit(fn, host=...) and kit.map: pickled here, run on the cluster, the values (or a remote exception)
     back here through the master; a Python of another minor version there is refused before anything is sent.
@@ -407,16 +422,7 @@ def test_a_function_submitted_from_the_laptop_brings_its_value_back(cluster, use
     script = tmp_path / "laptop.py"
     script.write_text(LAPTOP)
     before = hosts.accepted("login")
-    proc = subprocess.run(
-        [f"{user.pw_dir}/venv/bin/python3", str(script), str(there)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-        env={**os.environ, **laptop, "KIT_HOME": str(tmp_path / "laptop-home")},
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    got = json.loads(proc.stdout.splitlines()[-1])
+    got = on_the_laptop(user, laptop, tmp_path, script, str(there))
     assert got["parent"] == str(there / "fn") and got["value"] == 6, got
     assert got["classes"] == [True, True, 6], got  # kit.FunctionJob itself, here or reopened
     assert got["raised"][0] == "ValueError" and "raised on the cluster" in got["raised"][1], got
@@ -527,18 +533,10 @@ def test_the_python_api_answers_alike_on_the_login_node_and_over_ssh(cluster, us
     out = str(there / "jobs")
     if where == "on-the-login-node":
         os.chown(script, user.pw_uid, user.pw_gid)
-        proc = in_the_login_shell(user, hosts, f"python3 {script} '' {out}")
+        got = json.loads(in_the_login_shell(user, hosts, f"python3 {script} '' {out}").stdout.splitlines()[-1])
     else:
-        proc = subprocess.run(
-            [f"{user.pw_dir}/venv/bin/python3", str(script), "kit-login", out],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            cwd=there,
-            env={**os.environ, **laptop, "KIT_HOME": str(there / "laptop-home")},
-        )
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert json.loads(proc.stdout.splitlines()[-1]) == API_ANSWERS
+        got = on_the_laptop(user, laptop, there, script, "kit-login", out)
+    assert got == API_ANSWERS
 
 
 def test_python_launch_of_a_work_tree_a_report_and_a_dry_run_through_one_master(
