@@ -147,15 +147,20 @@ def read_text(path: str | os.PathLike, limit: int = RECORD_LIMIT) -> str:
     return read_bytes(path, limit).decode("utf-8", errors="replace")
 
 
+def toml():
+    """Python 3.11's ``tomllib``, or ``tomli`` before it (loaded on first use: most commands read no TOML)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover
+        import tomli as tomllib  # type: ignore[no-redef]
+    return tomllib
+
+
 def read_toml(path: str | os.PathLike, limit: int = RECORD_LIMIT) -> dict:
     """The TOML file a user named (a symlink is followed; it must end at a regular
     file of at most ``limit`` bytes): ``OSError``, or ``ValueError`` for text that is
     not UTF-8, not TOML, or nested too deep."""
-    try:  # Python 3.11+
-        import tomllib
-    except ModuleNotFoundError:  # pragma: no cover
-        import tomli as tomllib  # type: ignore[no-redef]
-
+    tomllib = toml()
     text = read_bytes(path, limit, follow=True).decode("utf-8")
     try:
         return tomllib.loads(text)

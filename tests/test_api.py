@@ -98,7 +98,7 @@ def test_every_launch_option_is_a_keyword_with_the_commands_checks(tmp_path):
         assert proc.returncode == 2, (argv, proc.stderr)
         assert proc.stderr.splitlines()[0] == f"kit: {e.value.field}: {e.value.message}", (keywords, proc.stderr)
     assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
-    with pytest.raises(kitlib.KitError, match="unknown option 'nodez': did you mean nodes\?"):
+    with pytest.raises(kitlib.KitError, match=r"unknown option 'nodez': did you mean nodes\?"):
         kitlib.launch(["true"], nodez=2)
     with pytest.raises(kitlib.KitError, match="expected a whole number"):
         kitlib.launch(["true"], nodes="2", dry_run=True)
@@ -146,8 +146,9 @@ def test_a_function_runs_on_every_rank_as_one_world(cluster, tmp_path):
     assert [r["rank"] for r in results] == [0, 1, 2, 3] and {r["world"] for r in results} == {4}
     assert {r["sum"] for r in results} == {0 + 1 + 2 + 3 + 4 * 10}
     assert {r["node"] for r in results} == {"node1", "node2"}
-    assert job.result() == results[0] and (job.dir / "FINISHED").exists()
-    assert job.wait().exit_code == 0
+    # The values come as soon as every rank returned; the job's end (teardown, FINISHED) follows.
+    assert job.result() == results[0]
+    assert job.wait().exit_code == 0 and (job.dir / "FINISHED").exists()
     # A result is a pickle, so code: it is loaded only from a file of the caller's own.
     os.chown(JobDir(job.dir).result(2), 4321, 4321)
     with pytest.raises(kitlib.KitError, match="not this user's own"):
@@ -202,6 +203,24 @@ def test_a_function_job_whose_python_differs_is_refused_before_submitting(tmp_pa
         kitlib.submit(print, threading.Lock(), local=True, output_dir=tmp_path / "jobs")
 
 
+def test_a_wait_ends_once_the_callers_own_check_holds_between_its_polls():
+    """slurm.wait's ``until`` (a function job's "every rank returned"): asked between the controller's polls, so
+    the wait ends within a tenth of a second of it, not at the next poll (5 s here); None says which end it was."""
+    from kit.slurm import status
+
+    asked, t0 = [], time.monotonic()
+    out = status.follow(
+        lambda: asked.append(1),
+        what="job 1",
+        poll=5.0,
+        timeout=60,
+        outage=60,
+        on_outage=None,
+        until=lambda: time.monotonic() - t0 > 0.6,
+    )
+    assert out is None and time.monotonic() - t0 < 2.5 and 1 <= len(asked) <= 6, asked
+
+
 def test_map_runs_one_task_per_item_and_returns_results_in_order(cluster, tmp_path, monkeypatch):
     """The tasks' Jobs share one squeue per poll for the whole array
     (never one per item), and a task seen final is never asked for again."""
@@ -212,10 +231,11 @@ def test_map_runs_one_task_per_item_and_returns_results_in_order(cluster, tmp_pa
     t0 = time.monotonic()
     jobs = kitlib.map(lambda x: x * x, [3, 1, 4, 1, 5], local=True, output_dir=tmp_path / "jobs", no_exporter=True)
     assert len(jobs) == 5 and len({j.id.split("_")[0] for j in jobs}) == 1  # one array job
-    assert [j.result(timeout=300) for j in jobs] == [9, 1, 16, 1, 25]
+    assert [j.result(timeout=300) for j in jobs] == [9, 1, 16, 1, 25]  # (each as soon as its call returned)
+    assert all(j.wait(timeout=300).exit_code == 0 and (j.dir / "FINISHED").exists() for j in jobs)
     assert len(asked) <= time.monotonic() - t0 + 2, asked  # one a second at most, whatever the items
     before = len(asked)
-    assert all((j.dir / "FINISHED").exists() and j.wait().exit_code == 0 for j in jobs)
+    assert all(j.wait().exit_code == 0 for j in jobs)
     assert len(asked) == before  # all five known final: no squeue at all
     with pytest.raises(kitlib.KitError, match="one task per item"):
         kitlib.map(abs, [1], array="0-3")

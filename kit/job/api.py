@@ -264,11 +264,19 @@ class Job:
 
     @_or_there
     def wait(
-        self, timeout: float | None = None, poll: float = 1.0, *, on_state=None, on_outage=None, on_poll=None
+        self,
+        timeout: float | None = None,
+        poll: float = 1.0,
+        *,
+        on_state=None,
+        on_outage=None,
+        on_poll=None,
+        until=None,
     ) -> Outcome:
         """Block until the job ends (through requeues and controller outages); its outcome,
         as `kit launch --wait` tells it (which calls this, with ``on_state``/``on_outage``/``on_poll``
-        to print as it goes). KitError when ``timeout`` seconds pass first."""
+        to print as it goes). KitError when ``timeout`` seconds pass first. ``until``: a cheap check
+        of the caller's own; once it holds, None (the job may still run)."""
         states, index = self._array_states, self._submitted().rpartition("_")[2]
         end = slurm.wait(
             self.target,
@@ -279,8 +287,9 @@ class Job:
             on_outage=on_outage,
             on_poll=on_poll,
             status=(lambda: states.status(int(index), poll)) if states else None,
+            until=until,
         )
-        return slurm.observe(end, self.dir)
+        return None if end is None else slurm.observe(end, self.dir)
 
     def __await__(self):
         import asyncio  # (not at import: kit launch pays for no event loop)

@@ -20,7 +20,7 @@ from kit.core.outcome import Outcome
 from kit.errors import KitError
 from kit.image import info, is_reference
 from kit.job.api import Job, launch_with
-from kit.jobdir import JobDir
+from kit.jobdir import JobDir, records
 from kit.remote import client, ssh
 
 __all__ = ["FunctionJob", "RemoteError", "check_image_python", "map", "results", "submit"]
@@ -54,11 +54,12 @@ class FunctionJob(Job):
     batch: "dict[str, dict] | None" = None  # on a login node, a kit.map's tasks' values as they come
 
     def results(self, timeout: float | None = None) -> list:
-        """Every rank's return value, by rank, after the job's end; the first rank that raised
-        raises :class:`kit.RemoteError` here (its node and traceback with it)."""
+        """Every rank's return value, by rank, as soon as every rank of the job's first run returned (else after
+        the job's end); the first rank that raised raises :class:`kit.RemoteError` here (its node and traceback
+        with it)."""
         if self.host is not None:
             return _results_there(self, timeout)
-        end = self.wait(timeout)
+        end = self.wait(timeout, until=lambda: every_rank_returned(self.dir))
         return results(self.dir, self.id, end)
 
 
@@ -218,9 +219,29 @@ def check_image_python(image: Path) -> None:
         )
 
 
-def results(job_dir: Path, job_id: str | None, end: Outcome) -> list:
-    """Every rank's return value from a function job that ended with ``end``, by rank; the first
-    rank that raised (by time) raises RemoteError. Loaded only from the caller's own files."""
+def every_rank_returned(job_dir: Path) -> bool:
+    """Whether every rank of the job's first run left its return value and none raised: the values are final
+    before Slurm sees the job end (the ranks' teardown, srun's return, prelaunch's conclusion). Only the first
+    run's (no run concluded yet): after a requeue the values wait for the end, which tells which run they are."""
+    job = JobDir(job_dir)
+    if (job / JobDir.RUNS).exists() or job.errors():
+        return False
+    ranks = job.result_ranks()
+    if not ranks:
+        return False
+    spec_dir = records.array_job_dir(job_dir) or job_dir
+    try:
+        spec = files.read_json(jobdir.own(Path(spec_dir) / JobDir.SPEC), 1 << 22)
+        world = int(spec["nodes"]) * int(spec["ntasks_per_node"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return ranks == list(range(world))
+
+
+def results(job_dir: Path, job_id: str | None, end: Outcome | None) -> list:
+    """Every rank's return value from a function job that ended with ``end`` (None: every rank returned,
+    :func:`every_rank_returned`), by rank; the first rank that raised (by time) raises RemoteError. Loaded only
+    from the caller's own files."""
     return [pickle.loads(data) for data in result_payloads(job_dir, job_id, end)]
 
 
@@ -228,7 +249,7 @@ RESULT_LIMIT = 1 << 30  # per rank, here
 HOSTED_RESULT_LIMIT = 45 << 20  # every rank's together, for a laptop: base64 of it fits one wire record
 
 
-def result_payloads(job_dir: Path, job_id: str | None, end: Outcome, limit: int | None = None) -> list[bytes]:
+def result_payloads(job_dir: Path, job_id: str | None, end: Outcome | None, limit: int | None = None) -> list[bytes]:
     """:func:`results` still pickled (a login node hands them to the laptop that submitted the call,
     unpickling nothing of the user's itself): only the files the job's own ranks wrote in its own results
     directory (regular, not links, the caller's, no one else's to write), every rank's, together at most
@@ -245,9 +266,9 @@ def result_payloads(job_dir: Path, job_id: str | None, end: Outcome, limit: int 
             raise KitError(f"{errors[0]}: not the record a rank writes", field="JOB", exit_code=1)
         raise RemoteError(record)
     ranks = job.result_ranks()
-    if end.exit_code != 0 or not ranks or ranks != list(range(len(ranks))):
+    if (end is not None and end.exit_code != 0) or not ranks or ranks != list(range(len(ranks))):
         raise KitError(
-            f"job {job_id} {end.describe()}: no result from every rank",
+            f"job {job_id} {end.describe() if end else 'is running'}: no result from every rank",
             field="JOB",
             exit_code=1,
             hint=f"kit logs {job_dir} --errors",

@@ -55,8 +55,7 @@ def recorded(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = ()):
 
 def edit(item: str) -> tuple[str, Any]:
     """``KEY=VALUE``, the value read as TOML (``4``, ``true``, ``["a", "b"]``), else as a string."""
-    tomllib = files.tomllib  # Python 3.11's, or tomli before it
-
+    tomllib = files.toml()
     key, sep, value = item.partition("=")
     if not sep or not key:
         raise KitError(f"expected KEY=VALUE, got {item!r}", field="--edit", hint="e.g. --edit nodes=4 --edit time=60")

@@ -59,8 +59,9 @@ def remote_submit():
 @click.option("--timeout", type=float, default=None, help="Seconds to wait for its end.")
 @click.option("--batch", is_flag=True, help="An array task: also the results of every task already ended.")
 def remote_result(job_dir, job_id, timeout, batch):
-    """The login node's side of a hosted function job's result(): waits for its end here, then hands the
-    ranks' pickled values to the laptop (nothing of the user's is unpickled here). ``--batch`` (kit.map's
+    """The login node's side of a hosted function job's result(): waits here for every rank's value (or the
+    job's end), then hands the ranks' pickled values to the laptop (nothing of the user's is unpickled here).
+    ``--batch`` (kit.map's
     tasks): with them, by index, those of the array's other tasks that have ended too, their states asked
     for in one query, so that ``[j.result() for j in jobs]`` makes a call per batch, not per task."""
     from kit import slurm
@@ -74,7 +75,7 @@ def remote_result(job_dir, job_id, timeout, batch):
         states = slurm.ArrayStates(job.target, array_id, indices)
         job = functions.FunctionJob(job_dir, job_id=job_id, target=job.target, array_states=states)
     try:
-        end = job.wait(timeout)
+        end = job.wait(timeout, until=lambda: functions.every_rank_returned(Path(job_dir)))
     except KitError as e:
         return _say({"kit_error": e.message, "hint": e.hint})
     record = _result_record(Path(job_dir), job_id, end)

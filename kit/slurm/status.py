@@ -218,14 +218,18 @@ def follow(
     timeout: float | None,
     outage: float,
     on_outage: Callable[[str], None] | None,
+    until: Callable[[], bool] | None = None,
 ):
-    """Call ``check`` every ``poll`` seconds until it returns something. A
-    controller that does not answer is asked again for up to ``outage``
-    seconds (``on_outage`` hears about it once per outage); then a KitError."""
+    """Call ``check`` every ``poll`` seconds until it returns something (None instead, as soon as ``until()``
+    holds: a cheap check of the caller's own, made every ``FIRST_PAUSE`` between them). A controller that does
+    not answer is asked again for up to ``outage`` seconds (``on_outage`` hears about it once per outage); then
+    a KitError."""
     deadline = None if timeout is None else time.monotonic() + timeout
     unreachable_since = None
     pauses = _pauses(poll)
     while True:
+        if until is not None and until():
+            return None
         try:
             result = check()
         except ControllerUnreachable as e:
@@ -252,7 +256,16 @@ def follow(
             return result
         if deadline is not None and time.monotonic() > deadline:
             raise KitError(f"{what} has not ended after {timeout:g} s", exit_code=1)
-        time.sleep(next(pauses))
+        _sleep(next(pauses), until)
+
+
+def _sleep(seconds: float, until: Callable[[], bool] | None) -> None:
+    """``seconds``, or less once ``until()`` holds (asked every ``FIRST_PAUSE``)."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, FIRST_PAUSE) if until is not None else left)
+        if until is not None and until():
+            return
 
 
 def wait(
@@ -267,9 +280,10 @@ def wait(
     settle: float = 10.0,
     on_poll: Callable[[JobStatus], None] | None = None,
     status: Callable[[], JobStatus] | None = None,
-) -> JobStatus:
-    """Block until the job reaches a final state (requeues and outages are waited through);
-    ``status`` asks for its state (default: one squeue for it)."""
+    until: Callable[[], bool] | None = None,
+) -> JobStatus | None:
+    """Block until the job reaches a final state (requeues and outages are waited through), or None once
+    ``until()`` holds first; ``status`` asks for its state (default: one squeue for it)."""
     final = _Final(settle)
     last: list = [None]
 
@@ -282,7 +296,9 @@ def wait(
             on_poll(st)
         return st if final(job_id, st) else None
 
-    return follow(check, what=f"job {job_id}", poll=poll, timeout=timeout, outage=outage, on_outage=on_outage)
+    return follow(
+        check, what=f"job {job_id}", poll=poll, timeout=timeout, outage=outage, on_outage=on_outage, until=until
+    )
 
 
 class ArrayStates:
