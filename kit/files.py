@@ -147,6 +147,13 @@ def read_text(path: str | os.PathLike, limit: int = RECORD_LIMIT) -> str:
     return read_bytes(path, limit).decode("utf-8", errors="replace")
 
 
+def remove_tree(path: str | os.PathLike) -> None:
+    """Remove ``path`` and what is below it, as far as it goes (what a failed step had half-written)."""
+    import shutil  # (here: a command that removes nothing does not pay for it)
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def toml():
     """Python 3.11's ``tomllib``, or ``tomli`` before it (loaded on first use: most commands read no TOML)."""
     try:

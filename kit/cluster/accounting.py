@@ -106,7 +106,7 @@ def write(root: Path, st, user: str, auth: list[str], public: Path | None = None
     os.chmod(d, 0o700)
     if not (d / "data").is_dir():  # made aside, then renamed: never a half-made database
         aside = d / "data.new"
-        shutil.rmtree(aside, ignore_errors=True)
+        files.remove_tree(aside)
         aside.mkdir(mode=0o700)
         proc = subprocess.run(
             [
@@ -123,7 +123,7 @@ def write(root: Path, st, user: str, auth: list[str], public: Path | None = None
             timeout=120,
         )
         if proc.returncode != 0:
-            shutil.rmtree(aside, ignore_errors=True)
+            files.remove_tree(aside)
             raise KitError(
                 "mariadb-install-db failed",
                 field="cluster",

@@ -4,7 +4,6 @@ of each file is :mod:`kit.cluster.config`'s)."""
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from pathlib import Path
 
@@ -79,11 +78,11 @@ def clean(root: Path, state_file: Path) -> None:
     never reused)."""
     public = public_.of(root)
     if public != root:
-        shutil.rmtree(public, ignore_errors=True)
+        files.remove_tree(public)
     next_id = max(state.saved_job_id_sequence(root / "state" / "job_state"), state.next_job_id(root))
     if next_id > 1:
         (root / "next_job_id").write_text(f"{next_id}\n")
     for sub in ("state", "spool", "run", "dev", "prometheus", "enroot", "munge"):  # enroot: named containers too
-        shutil.rmtree(root / sub, ignore_errors=True)
+        files.remove_tree(root / sub)
     for path in (state_file,):
         path.unlink(missing_ok=True)

@@ -124,7 +124,6 @@ def _trim_pins(needed: set[str], out: Trimmed) -> None:
 def _trim_trees(needed: set[str], out: Trimmed) -> None:
     """The trees a login node laid out for ``kit --host … launch`` (``$KIT_HOME/trees/<checkout>/<digest>``,
     a job's snapshot root): those no needed job runs from, unused for ``GRACE`` (each launch touches its own)."""
-    import shutil
 
     trees = kit_home() / "trees"
     if not trees.is_dir():
@@ -138,7 +137,7 @@ def _trim_trees(needed: set[str], out: Trimmed) -> None:
                     out.freed += sum(os.lstat(f).st_size for f in tree.rglob("*") if not f.is_dir())
                     out.trees += 1
                     if not out.dry_run:
-                        shutil.rmtree(tree, ignore_errors=True)
+                        files.remove_tree(tree)
                 if not out.dry_run and not any(group.iterdir()):
                     group.rmdir()
     except files.NotOwned:

@@ -9,7 +9,7 @@ bash gathers the run's facts (kit::run_facts) and applies the first row that mat
 two to one answer for every combination of facts).
 
 What the job as a whole ended as — Slurm's final state with the run's record — is
-:func:`kit.slurm.status.job_outcome`, which reads what this table made prelaunch write
+:func:`kit.slurm.ends.job_outcome`, which reads what this table made prelaunch write
 (``runs.jsonl``'s ``end``, the FINISHED marker, the exit code).
 """
 

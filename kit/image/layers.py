@@ -29,11 +29,11 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
+from kit import files
 from kit.errors import KitError
 from kit.home import kit_home
 from kit.image import unpack
@@ -171,7 +171,7 @@ def usable() -> bool:
         umount(tmp / "merged")
         return True
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        files.remove_tree(tmp)
 
 
 def umount(target: Path) -> None:
@@ -197,13 +197,13 @@ def publish(tmp: Path, layer_key: str, config: unpack.ImageConfig, claim: Claim,
     ``tmp`` goes, unless ``tmp`` was rebuilt on purpose (``--no-cache``), in which case
     this build stacks its own copy and publishes it only where no running build uses
     the old one."""
-    shutil.rmtree(tmp / "work", ignore_errors=True)
+    files.remove_tree(tmp / "work")
     (tmp / "config.json").write_text(json.dumps(asdict(config), sort_keys=True))
     final = root_dir() / layer_key
     with cache_lock(exclusive=replace and final.exists()):
         claim.add(f"layers/{layer_key}")
         if final.exists() and not replace:
-            shutil.rmtree(tmp, ignore_errors=True)
+            files.remove_tree(tmp)
             return final / "diff"
         if final.exists():
             if f"layers/{layer_key}" in _live_claims() - claim.names:
@@ -211,22 +211,22 @@ def publish(tmp: Path, layer_key: str, config: unpack.ImageConfig, claim: Claim,
                 return tmp / "diff"
             old = Path(tempfile.mkdtemp(prefix=".old-", dir=root_dir()))
             os.rename(final, old / "layer")
-            shutil.rmtree(old, ignore_errors=True)
+            files.remove_tree(old)
         try:
             os.rename(tmp, final)
         except OSError:  # made meanwhile by another build: keep that one
-            shutil.rmtree(tmp, ignore_errors=True)
+            files.remove_tree(tmp)
     return final / "diff"
 
 
 def discard(tmp: Path) -> None:
-    shutil.rmtree(tmp, ignore_errors=True)
+    files.remove_tree(tmp)
 
 
 def _size(path: Path) -> int:
     total = 0
-    for dirpath, _, files in os.walk(path):
-        for name in files:
+    for dirpath, _, names in os.walk(path):
+        for name in names:
             try:
                 total += os.lstat(os.path.join(dirpath, name)).st_size
             except OSError:
@@ -252,7 +252,7 @@ def remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         for point in mounts_under(path):
             run(["umount", "--lazy", str(point)], check=False, what="build")
-        shutil.rmtree(path, ignore_errors=True)
+        files.remove_tree(path)
     else:
         path.unlink(missing_ok=True)
 

@@ -11,6 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
+from kit import files
 from kit.core import bash
 from kit.image import rootpath
 from kit.version import __version__
@@ -59,8 +60,8 @@ def bundle() -> Path:
     ready = base / "opt" / "kit" / "VERSION"
     if not ready.exists():
         tmp = base.with_name(f".{base.name}.tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
+        files.remove_tree(tmp)
         install(tmp)
-        shutil.rmtree(base, ignore_errors=True)
+        files.remove_tree(base)
         os.replace(tmp, base)
     return base / "opt" / "kit"

@@ -17,15 +17,12 @@ raises :class:`kit.KitError` with the command's message (``error.field``,
 from __future__ import annotations
 
 import functools
-import json
-import shutil
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from kit import files, jobdir, slurm, targets
+from kit import files, slurm, targets
 from kit import submission as lib
-from kit.code import snapshot as snapshots
 from kit.core import keywords, options
 from kit.core import spec as specs
 from kit.core.outcome import Outcome
@@ -93,7 +90,7 @@ def submit_spec(
         try:
             before_submit(prepared)
         except BaseException:
-            shutil.rmtree(prepared.job_dir, ignore_errors=True)
+            files.remove_tree(prepared.job_dir)
             raise
     for message in plan.messages:  # once the job is written: an error is the one thing a failed launch says
         say(message)
@@ -109,40 +106,14 @@ def rerun(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = (), *, wa
     writes them). The new job records which job it reruns (``rerun_of.json``)."""
     from kit.job import respec
 
-    source, recorded, spec, origins, edited = respec.recorded(job_dir, edits)
-    if "sbatch_args" not in edited:  # a hold was for that submission: the rerun runs
-        spec.sbatch_args = [a for a in spec.sbatch_args if a not in ("--hold", "-H")]
-    # The rerun is a new job, so a new tracker run: the record names the one it reruns.
-    record = (
-        json.dumps(
-            {
-                "job_dir": str(source.resolve()),
-                "job_id": records.job_id_of(source),
-                "tracker_run_id": JobDir(source).tracker_run_id,
-            }
-        )
-        + "\n"
-    )
-    # The same code (the snapshot, started at the same place) unless an edit turned it off.
-    snapshot = recorded.get("snapshot") if not edited & {"code", "code_snapshot"} else None
-    workdir, image_source = recorded.get("workdir"), recorded.get("image_source")
-    payloads = jobdir.function_payloads(source)
-
-    def before_submit(prepared: lib.PreparedJob) -> None:
-        for rel, data in payloads.items():  # a function job's call (kit.submit, kit.map), again
-            files.write_atomic(prepared.job_dir / rel, data, 0o600)
-        files.write_atomic(prepared.job_dir / JobDir.RERUN_OF, record)
-
+    again = respec.again(job_dir, edits)
     _, prepared = submit_spec(
-        spec,
-        origins,
-        where=targets.target_of(source).name,
-        cwd=Path(workdir) if isinstance(workdir, str) and workdir.startswith("/") else None,
-        rerun=lib.Rerun(
-            snapshots.load(snapshot) if isinstance(snapshot, dict) else None,
-            image_source if isinstance(image_source, str) else None,
-        ),
-        before_submit=before_submit,
+        again.spec,
+        again.origins,
+        where=again.where,
+        cwd=again.cwd,
+        rerun=again.rerun,
+        before_submit=again.before_submit,
     )
     job = Job(prepared.job_dir, job_id=prepared.job_id)
     if wait:

@@ -3,15 +3,19 @@ what runs), every field checked as a job file's, the edits applied (``nodes=4``,
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
-from kit import files, jobdir
+from kit import files, jobdir, targets
+from kit import submission as lib
+from kit.code import snapshot as snapshots
 from kit.core import jobfile
 from kit.core import spec as specs
 from kit.errors import KitError
-from kit.jobdir import JobDir
+from kit.jobdir import JobDir, records
 
 
 def recorded(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = ()):
@@ -69,3 +73,55 @@ def edit(item: str) -> tuple[str, Any]:
             field="--edit",
             hint='give a plain value, e.g. --edit nodes=4 or --edit \'command=["python", "t.py"]\'',
         ) from None
+
+
+@dataclass(frozen=True)
+class Again:
+    """What a rerun submits: the recorded spec as edited, where and from where, the same code and image, and
+    what goes in its directory before it is submitted (a function job's call, ``rerun_of.json``)."""
+
+    spec: Any
+    origins: specs.Origins
+    where: str
+    cwd: Path | None
+    rerun: lib.Rerun
+    before_submit: Callable[[lib.PreparedJob], None]
+
+
+def again(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = ()) -> Again:
+    """``job_dir``'s job again (:func:`kit.job.api.rerun`), ``edits`` applied."""
+    source, recorded_spec, spec, origins, edited = recorded(job_dir, edits)
+    if "sbatch_args" not in edited:  # a hold was for that submission: the rerun runs
+        spec.sbatch_args = [a for a in spec.sbatch_args if a not in ("--hold", "-H")]
+    # The rerun is a new job, so a new tracker run: the record names the one it reruns.
+    record = (
+        json.dumps(
+            {
+                "job_dir": str(source.resolve()),
+                "job_id": records.job_id_of(source),
+                "tracker_run_id": JobDir(source).tracker_run_id,
+            }
+        )
+        + "\n"
+    )
+    # The same code (the snapshot, started at the same place) unless an edit turned it off.
+    snapshot = recorded_spec.get("snapshot") if not edited & {"code", "code_snapshot"} else None
+    workdir, image_source = recorded_spec.get("workdir"), recorded_spec.get("image_source")
+    payloads = jobdir.function_payloads(source)
+
+    def before_submit(prepared: lib.PreparedJob) -> None:
+        for rel, data in payloads.items():  # a function job's call (kit.submit, kit.map), again
+            files.write_atomic(prepared.job_dir / rel, data, 0o600)
+        files.write_atomic(prepared.job_dir / JobDir.RERUN_OF, record)
+
+    return Again(
+        spec,
+        origins,
+        targets.target_of(source).name,
+        Path(workdir) if isinstance(workdir, str) and workdir.startswith("/") else None,
+        lib.Rerun(
+            snapshots.load(snapshot) if isinstance(snapshot, dict) else None,
+            image_source if isinstance(image_source, str) else None,
+        ),
+        before_submit,
+    )

@@ -242,7 +242,7 @@ def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path, Path | Non
             _receive_object(objects, images, set(missing))
         trees = kit_home() / "trees" / tree
         if damaged:  # its files are links to the damaged objects: laid out again from the whole ones
-            shutil.rmtree(trees / hexdigest[:16], ignore_errors=True)
+            files.remove_tree(trees / hexdigest[:16])
         top = _lay_out(trees, hexdigest[:16], entries, objects)
     return (
         codestore.Snapshot(digest, str(top), str(store), *about),
@@ -312,13 +312,13 @@ def _lay_out(trees: Path, name: str, entries, objects: Path) -> Path:
         try:
             os.rename(tmp, top)
         except OSError:  # another launch of the same content made it first
-            shutil.rmtree(tmp, ignore_errors=True)
+            files.remove_tree(tmp)
     os.utime(top)
     old = sorted(
         (p for p in trees.iterdir() if p.is_dir() and not p.name.startswith(".")), key=lambda p: p.stat().st_mtime
     )[:-KEEP_TREES]
     for p in old:
-        shutil.rmtree(p, ignore_errors=True)
+        files.remove_tree(p)
     return top
 
 

@@ -5,7 +5,7 @@ cluster through its ``SLURM_CONF``); every Slurm command goes through
 :func:`kit.runner.run` with that target's environment. The package's face;
 behind it ``target.py`` (Target, terminal states, the per-task variables),
 ``commands.py`` (sbatch and srun options, the checks before submitting,
-submit and cancel), ``status.py`` (a job's state, waiting, what an end means),
+submit and cancel), ``status.py`` (a job's state, waiting), ``ends.py`` (what an end means),
 ``pyxis.py`` (pyxis's flags) and ``convert.py`` (`kit convert`).
 """
 
@@ -27,6 +27,7 @@ from kit.slurm.commands import (
     srun_args,
     submit,
 )
+from kit.slurm.ends import job_outcome, observe
 from kit.slurm.status import (
     SETTLING_STATES,
     ArrayStates,
@@ -35,9 +36,7 @@ from kit.slurm.status import (
     State,
     array_status,
     follow,
-    job_outcome,
     job_status,
-    observe,
     statuses,
     wait,
     wait_array,

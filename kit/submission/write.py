@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,7 +70,7 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
         (tmp / JobDir.SBATCH).write_text(json.dumps(argv, indent=2) + "\n")
         os.rename(tmp, final)
     except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
+        files.remove_tree(tmp)
         raise KitError(
             f"cannot write the job directory {final}: {e.strerror}",
             field="--output-dir",
@@ -79,7 +78,7 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
             hint="nothing was written or submitted; free space or choose another --output-dir",
         ) from None
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        files.remove_tree(tmp)
         raise
     return PreparedJob(job=job, job_dir=final, sbatch_argv=argv, srun_argv=the_step.argv(final))
 
@@ -133,7 +132,7 @@ def submit(prepared: PreparedJob, target: slurm.Target) -> PreparedJob:
                 ) from None
         job_id = slurm.submit(target, prepared.sbatch_argv)
     except BaseException:
-        shutil.rmtree(prepared.job_dir, ignore_errors=True)
+        files.remove_tree(prepared.job_dir)
         raise
     prepared.job_id = job_id
     # job_id first (it marks a submitted job), then which Slurm has it (for kit ps/logs/cancel).
