@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ class PreparedJob:
 def _new_job_dir(out_dir: Path, job_name: str) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     safe = files.safe_name(job_name) or "job"
-    return out_dir / f"{safe}-{stamp}-{secrets.token_hex(3)}"
+    return out_dir / f"{safe}-{stamp}-{os.urandom(3).hex()}"
 
 
 def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
