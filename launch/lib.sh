@@ -25,7 +25,7 @@ kit::route_iface() {
   while read -r iface dest _ flags _ _ metric mask _; do
     [[ "${dest}" =~ ^[0-9A-Fa-f]{8}$ && "${mask}" =~ ^[0-9A-Fa-f]{8}$ && "${flags}" =~ ^[0-9A-Fa-f]+$ ]] || continue
     (( (16#${flags} & 1) && (target & 16#${mask}) == 16#${dest} )) || continue
-    len=$(kit::bits $(( 16#${mask} )))
+    len=$(kit::_bits $(( 16#${mask} )))
     if (( len > best_len || (len == best_len && metric < best_metric) )); then
       best="${iface}" best_len="${len}" best_metric="${metric}"
     fi
@@ -33,8 +33,8 @@ kit::route_iface() {
   if [[ -n "${best}" && "${best}" != lo ]]; then printf '%s\n' "${best}"; fi
 }
 
-# kit::bits N: how many bits are set in N.
-kit::bits() {
+# kit::_bits N: how many bits are set in N.
+kit::_bits() {
   local n="$1" count=0
   while (( n )); do (( count += n & 1, n >>= 1 )) || true; done
   printf '%s\n' "${count}"
@@ -57,7 +57,7 @@ kit::truthy() {
 
 # Every program this script starts for the task (the command, sidecars)
 # carries KIT_TASK_TOKEN in its environment, and so does everything they start,
-# even what leaves their process group (setsid, a daemon): kit::sweep finds
+# even what leaves their process group (setsid, a daemon): kit::_sweep finds
 # and stops those at the end. Not exported: this script's own helpers lack it.
 KIT_TASK_TOKEN=  # set by kit::lib_init
 
@@ -89,10 +89,10 @@ kit::spawn() {
 # teardown leaves them to pyxis and Slurm.
 KIT_RUNTIME=()
 
-# kit::start_time PID: PID's start time (/proc/PID/stat's 22nd field) in
+# kit::_start_time PID: PID's start time (/proc/PID/stat's 22nd field) in
 # KIT_START_TIME: with the pid, it names one process for good.
 KIT_START_TIME=
-kit::start_time() {
+kit::_start_time() {
   local stat
   local -a fields
   KIT_START_TIME=
@@ -101,15 +101,15 @@ kit::start_time() {
   KIT_START_TIME="${fields[19]-}"
 }
 
-# kit::runtime_own PID: true when PID is one of KIT_RUNTIME (the same process).
+# kit::_runtime_own PID: true when PID is one of KIT_RUNTIME (the same process).
 # Every return names its status: the teardown runs in the EXIT trap, where a
 # bare `return` gives the status of the command that ran before the trap (a
 # failed command's), not of the test before it.
-kit::runtime_own() {
+kit::_runtime_own() {
   local entry
   for entry in "${KIT_RUNTIME[@]}"; do
     if [[ "${entry%%:*}" == "$1" ]]; then
-      if kit::start_time "$1" && [[ "${KIT_START_TIME}" == "${entry#*:}" ]]; then return 0; fi
+      if kit::_start_time "$1" && [[ "${KIT_START_TIME}" == "${entry#*:}" ]]; then return 0; fi
       return 1
     fi
   done
@@ -127,7 +127,7 @@ kit::tree() {
   while (( ${#queue[@]} > 0 )); do
     pid="${queue[0]}"
     queue=("${queue[@]:1}")
-    if [[ "${2-}" != all ]] && (( ${#KIT_TREE[@]} > 0 )) && kit::runtime_own "${pid}"; then continue; fi
+    if [[ "${2-}" != all ]] && (( ${#KIT_TREE[@]} > 0 )) && kit::_runtime_own "${pid}"; then continue; fi
     KIT_TREE+=("${pid}")
     for file in "${KIT_PROC}/${pid}"/task/*/children; do
       children=()
@@ -137,13 +137,13 @@ kit::tree() {
   done
 }
 
-# kit::describe PID...: "PID (its name, state, parent, age and command line, its last 70
+# kit::_describe PID...: "PID (its name, state, parent, age and command line, its last 70
 # characters)" for each, comma-separated, in KIT_DESCRIBED; KIT_OWN_FORKS: those
 # of them that are forks of this script not yet gone (a helper's subshell: the
 # same command line). No fork: the teardown calls it.
 KIT_DESCRIBED=
 KIT_OWN_FORKS=()
-kit::describe() {
+kit::_describe() {
   local pid text stat own comm now
   local -a args out fields
   { mapfile -d '' -t args <"${KIT_PROC}/$$/cmdline"; } 2>&"${KIT_NULL_FD}" || args=()
@@ -168,11 +168,11 @@ kit::describe() {
   for text in "${out[@]:1}"; do KIT_DESCRIBED+=", ${text}"; done
 }
 
-# kit::sweep_tree: stop every process still below this script (orphans it
+# kit::_sweep_tree: stop every process still below this script (orphans it
 # adopted included) but the rank log's writers and the container runtime's
 # (KIT_RUNTIME), until none is left. What the command left is said as such;
 # a fork of this script (a helper's subshell outliving its helper) is kit's own.
-kit::sweep_tree() {
+kit::_sweep_tree() {
   local pid round
   local -a pids
   for (( round = 0; round < 5; round++ )); do
@@ -185,8 +185,8 @@ kit::sweep_tree() {
     (( ${#pids[@]} > 0 )) || return 0
     # What a stopped command's group is still taking down (a child reparented to this
     # script as it exits) goes by itself in a moment: only what stays is left behind.
-    if (( round == 0 )) && kit::await_exit 10 "${pids[@]}"; then continue; fi
-    kit::describe "${pids[@]}"
+    if (( round == 0 )) && kit::_await_exit 10 "${pids[@]}"; then continue; fi
+    kit::_describe "${pids[@]}"
     if (( ${#KIT_OWN_FORKS[@]} == ${#pids[@]} )); then
       kit::log "stopping ${#pids[@]} of this launcher's own subshell(s) still running: ${KIT_DESCRIBED}"
     else
@@ -196,12 +196,12 @@ kit::sweep_tree() {
   done
 }
 
-# kit::sweep: stop every process still carrying this task's token, scanning
+# kit::_sweep: stop every process still carrying this task's token, scanning
 # again until a scan finds none (one can fork between a scan and the stop).
 # bash's own reads, no program: under pyxis's squashfuse mode the image may be
 # gone by now (its programs with it), and no child of this script is left to
 # be taken for one the command left behind.
-kit::sweep() {
+kit::_sweep() {
   local file round pid
   local -a pids words
   for (( round = 0; round < 5; round++ )); do
@@ -211,7 +211,7 @@ kit::sweep() {
       pid="${pid%/environ}"
       [[ "${pid}" != "$$" ]] || continue
       { mapfile -d '' -t words <"${file}"; } 2>&"${KIT_NULL_FD}" || continue
-      if kit::has_word "KIT_TASK_TOKEN=${KIT_TASK_TOKEN}" "${words[@]}"; then pids+=("${pid}"); fi
+      if kit::_has_word "KIT_TASK_TOKEN=${KIT_TASK_TOKEN}" "${words[@]}"; then pids+=("${pid}"); fi
     done
     (( ${#pids[@]} > 0 )) || return 0
     kit::log "stopping ${#pids[@]} process(es) the command or a sidecar left running: ${pids[*]}"
@@ -219,8 +219,8 @@ kit::sweep() {
   done
 }
 
-# kit::has_word WORD WORDS...: true when WORD is one of WORDS.
-kit::has_word() {
+# kit::_has_word WORD WORDS...: true when WORD is one of WORDS.
+kit::_has_word() {
   local -r word="$1"
   local each
   shift
@@ -251,7 +251,7 @@ kit::lib_init() {
   KIT_TASK_TOKEN="${SLURM_JOB_ID:-0}.${SLURM_STEP_ID:-0}.${SLURM_PROCID:-0}.$$"
   kit::tree "$$"
   for pid in "${KIT_TREE[@]:1}"; do
-    if kit::start_time "${pid}"; then KIT_RUNTIME+=("${pid}:${KIT_START_TIME}"); fi
+    if kit::_start_time "${pid}"; then KIT_RUNTIME+=("${pid}:${KIT_START_TIME}"); fi
   done
   exec {KIT_NAP_FD}<> <(:)
 }
@@ -279,9 +279,9 @@ kit::running() {
   [[ "${stat:0:1}" != Z ]]
 }
 
-# kit::await_exit TICKS PID...: wait up to TICKS x 50 ms until none of PIDs runs;
+# kit::_await_exit TICKS PID...: wait up to TICKS x 50 ms until none of PIDs runs;
 # true when none does.
-kit::await_exit() {
+kit::_await_exit() {
   local -r ticks="$1"
   local pid tries alive
   shift
@@ -308,7 +308,7 @@ kit::stop() {
   for pid in "$@"; do
     kill -TERM -- "-${pid}" 2>&"${KIT_NULL_FD}" || kill -TERM "${pid}" 2>&"${KIT_NULL_FD}" || true
   done
-  kit::await_exit "${timeout_ticks}" "$@" || true
+  kit::_await_exit "${timeout_ticks}" "$@" || true
   for pid in "$@"; do
     kill -KILL -- "-${pid}" 2>&"${KIT_NULL_FD}" || kill -KILL "${pid}" 2>&"${KIT_NULL_FD}" || true
   done
@@ -341,10 +341,10 @@ kit::cleanup() {
   fi
   kit::stop_background
   # Before the drain: a process the command left behind may hold its output open.
-  kit::sweep
-  kit::sweep_tree
+  kit::_sweep
+  kit::_sweep_tree
   for pid in "${KIT_DRAIN_PIDS[@]}"; do
-    kit::await_exit 20 "${pid}" || true
+    kit::_await_exit 20 "${pid}" || true
     kit::stop "${pid}"
   done
   exit "${rc}"

@@ -52,15 +52,15 @@ kit::stop_before_limit() {
   local end left
   kit::helper_traps
   while :; do
-    end="$(kit::job_field %e)"
+    end="$(kit::_job_field %e)"
     end="$(date -d "${end}" +%s 2>/dev/null)" || end=$(( $(date +%s) + KIT_SIGNAL_LEAD ))
     left=$(( end - $(date +%s) - KIT_LIMIT_MARGIN ))
     (( left > 0 )) || break
     kit::nap "$(( left < 30 ? left : 30 ))"
   done
   KIT_RUN_ADVANCED=false
-  if (( $(kit::checkpoint_step) > KIT_START_STEP )); then KIT_RUN_ADVANCED=true; fi
-  if kit::stalled; then
+  if (( $(kit::_checkpoint_step) > KIT_START_STEP )); then KIT_RUN_ADVANCED=true; fi
+  if kit::_stalled; then
     kit::log "$(( end - $(date +%s) )) s before the time limit: the checkpoint step has not advanced, so a requeue would be refused: letting the step run on"
     return 0
   fi
@@ -70,9 +70,9 @@ kit::stop_before_limit() {
   mv -f "${KIT_PROGRESS_DIR}/.stop" "${KIT_PROGRESS_DIR}/stop"
 }
 
-# kit::checkpoint_step: the step of the newest checkpoint, as the command
+# kit::_checkpoint_step: the step of the newest checkpoint, as the command
 # reports it in KIT_CHECKPOINT_STEP_FILE; -1 when it reports none.
-kit::checkpoint_step() {
+kit::_checkpoint_step() {
   local step=""
   if [[ -r "${KIT_CHECKPOINT_STEP_FILE}" ]]; then
     read -r step <"${KIT_CHECKPOINT_STEP_FILE}" || true
@@ -80,21 +80,21 @@ kit::checkpoint_step() {
   if [[ "${step}" =~ ^[0-9]{1,18}$ ]]; then printf '%s\n' "$(( 10#${step} ))"; else printf '%s\n' -1; fi
 }
 
-# kit::record_run END RC [TEARDOWN]: one line per run in runs.jsonl (how it
+# kit::_record_run END RC [TEARDOWN]: one line per run in runs.jsonl (how it
 # ended, the checkpoint step it ended at, and whether that advanced during the
 # run; TEARDOWN: the code of a step that failed after its work was finished).
-kit::record_run() {
+kit::_record_run() {
   local -r end="$1" rc="$2" teardown="${3-}"
-  local -r step="$(kit::checkpoint_step)"
+  local -r step="$(kit::_checkpoint_step)"
   local advanced=false
   if (( step > KIT_START_STEP )); then advanced=true; fi
-  kit::append_run "${KIT_RESTART}" "${end}" "${rc}" "${step}" "${advanced}" "${teardown}"
+  kit::_append_run "${KIT_RESTART}" "${end}" "${rc}" "${step}" "${advanced}" "${teardown}"
   KIT_RUN_ADVANCED="${advanced}"
 }
 
-# kit::append_run RUN END RC STEP ADVANCED [TEARDOWN]: the one writer of runs.jsonl's
+# kit::_append_run RUN END RC STEP ADVANCED [TEARDOWN]: the one writer of runs.jsonl's
 # records (kit.jobdir.records.run_records is their one reader in Python).
-kit::append_run() {
+kit::_append_run() {
   printf '{"run": %d, "end": "%s", "exit_code": %d, "checkpoint_step": %d, "advanced": %s, "time": %d%s}\n' \
     "$1" "$2" "$3" "$4" "$5" "$(date +%s)" "${6:+, \"teardown_exit_code\": ${6}}" >>"${KIT_RUNS_FILE}"
 }
@@ -102,7 +102,7 @@ kit::append_run() {
 # kit::read_run RUN|last: the last record of run RUN (or the file's last record) in
 # runs.jsonl, its fields in KIT_RECORD (run, end, exit_code, checkpoint_step,
 # advanced, time); status 1: none. The one reader of runs.jsonl in bash: the lines
-# kit::append_run writes, which are json.dumps's (a test pins the pair); a torn
+# kit::_append_run writes, which are json.dumps's (a test pins the pair); a torn
 # or foreign line is skipped, as Python's reader skips it.
 kit::read_run() {
   local line found=""
@@ -117,18 +117,18 @@ kit::read_run() {
               [checkpoint_step]="${BASH_REMATCH[4]}" [advanced]="${BASH_REMATCH[5]}" [time]="${BASH_REMATCH[6]}")
 }
 
-# kit::stalled: true when this run (KIT_RUN_ADVANCED) and the run before it
+# kit::_stalled: true when this run (KIT_RUN_ADVANCED) and the run before it
 # (its line in runs.jsonl) both went without the checkpoint step advancing
 # (only for commands that report one).
-kit::stalled() {
+kit::_stalled() {
   [[ "${KIT_RUN_ADVANCED}" == false && -e "${KIT_CHECKPOINT_STEP_FILE}" ]] || return 1
   kit::read_run "$(( KIT_RESTART - 1 ))" || return 1
   [[ "${KIT_RECORD[advanced]}" == false ]]
 }
 
-# kit::job_field FORMAT: one squeue field of this job (%e its end, %r its state's reason);
+# kit::_job_field FORMAT: one squeue field of this job (%e its end, %r its state's reason);
 # nothing when Slurm does not answer.
-kit::job_field() {
+kit::_job_field() {
   squeue --noheader --jobs="${SLURM_JOB_ID}" --format="$1" 2>/dev/null | awk 'NR == 1' || true
 }
 
@@ -143,8 +143,8 @@ kit::job_field() {
 kit::requeue() {
   local -r why="$1" suspect="${2-}"
   local excluded total
-  if kit::stalled; then
-    kit::log "${why}; the checkpoint step did not advance in this run or the one before (still $(kit::checkpoint_step)): not requeueing again"
+  if kit::_stalled; then
+    kit::log "${why}; the checkpoint step did not advance in this run or the one before (still $(kit::_checkpoint_step)): not requeueing again"
     KIT_END_CODE="${KIT_EXIT_NO_PROGRESS}"
     return 1
   fi
@@ -152,7 +152,7 @@ kit::requeue() {
     kit::log "${why}; retry budget spent (${KIT_MAX_RESTARTS} restarts), not requeueing"
     return 1
   fi
-  if (( KIT_STOPPING )) && [[ "$(kit::job_field %r)" != TimeLimit ]]; then
+  if (( KIT_STOPPING )) && [[ "$(kit::_job_field %r)" != TimeLimit ]]; then
     kit::log "${why}; a stop signal came that was not the time limit (a cancel, or a requeue or preemption Slurm carries out itself): not requeueing"
     return 1
   fi
@@ -195,12 +195,12 @@ kit::requeue() {
 # stopped because another one failed): by time, then rank, as
 # kit.jobdir.failures.first_failure decides it (a test holds the pair to one answer).
 kit::first_failure() {
-  kit::rank_ends | awk '$4 == "self" && $3 != 0' | sort -k1,1n -k2,2n | awk 'NR == 1 { print $3; found = 1 } END { exit !found }'
+  kit::_rank_ends | awk '$4 == "self" && $3 != 0' | sort -k1,1n -k2,2n | awk 'NR == 1 { print $3; found = 1 } END { exit !found }'
 }
 
-# kit::all_ranks_done: did every rank's command end by itself with 0 in this run?
-kit::all_ranks_done() {
-  kit::rank_ends | awk -v world="${KIT_WORLD_SIZE}" '$4 == "self" && $3 == 0 { n++ } END { exit !(n == world) }'
+# kit::_all_ranks_done: did every rank's command end by itself with 0 in this run?
+kit::_all_ranks_done() {
+  kit::_rank_ends | awk -v world="${KIT_WORLD_SIZE}" '$4 == "self" && $3 == 0 { n++ } END { exit !(n == world) }'
 }
 
 # kit::declared_finished RANK: has RANK declared its work finished in this run
@@ -211,16 +211,16 @@ kit::declared_finished() {
   [[ "${word}" == finished ]]
 }
 
-# kit::all_ranks_declared: has every rank declared its work finished in this run?
-kit::all_ranks_declared() {
+# kit::_all_ranks_declared: has every rank declared its work finished in this run?
+kit::_all_ranks_declared() {
   local rank
   for (( rank = 0; rank < KIT_WORLD_SIZE; rank++ )); do
     kit::declared_finished "${rank}" || return 1
   done
 }
 
-# kit::rank_ends: the launchers' records of how each rank ended in this run.
-kit::rank_ends() {
+# kit::_rank_ends: the launchers' records of how each rank ended in this run.
+kit::_rank_ends() {
   local -a files=("${KIT_LOG_DIR}/exit.r${KIT_RESTART}.rank-"*)
   [[ -e "${files[0]}" ]] || return 0
   cat "${files[@]}"
@@ -232,37 +232,37 @@ kit::catch_up_runs() {
   KIT_LAST_RUN=""
   if kit::read_run last; then KIT_LAST_RUN="${KIT_RECORD[run]}"; fi
   for (( KIT_RUN = ${KIT_LAST_RUN:--1} + 1; KIT_RUN < KIT_RESTART; KIT_RUN++ )); do
-    kit::append_run "${KIT_RUN}" killed -1 "$(kit::checkpoint_step)" null
+    kit::_append_run "${KIT_RUN}" killed -1 "$(kit::_checkpoint_step)" null
   done
-  KIT_START_STEP="$(kit::checkpoint_step)"
+  KIT_START_STEP="$(kit::_checkpoint_step)"
   KIT_RUN_ADVANCED=true
   KIT_END_CODE=
 }
 
-# kit::run_facts: the facts of this run's end that kit.core.ending's table reads, as name=value
+# kit::_run_facts: the facts of this run's end that kit.core.ending's table reads, as name=value
 # words: hang declared warned stopping function all_done (0 or 1), rc (zero, own or signal).
-kit::run_facts() {
+kit::_run_facts() {
   local -r rc="${KIT_STEP_RC}"
   local class=own
   if (( rc == 0 )); then class=zero; elif (( rc > 128 )); then class=signal; fi
   printf 'hang=%d declared=%d warned=%d stopping=%d function=%d all_done=%d rc=%s\n' \
-    "$(kit::holds test -e "${KIT_HANG_DIR}/report")" "$(kit::holds kit::work_declared)" \
-    "${KIT_WARNED}" "${KIT_STOPPING}" "$(kit::holds test -e "${KIT_JOB_DIR}/function.pkl")" \
-    "$(kit::holds kit::all_ranks_done)" "${class}"
+    "$(kit::_holds test -e "${KIT_HANG_DIR}/report")" "$(kit::_holds kit::_work_declared)" \
+    "${KIT_WARNED}" "${KIT_STOPPING}" "$(kit::_holds test -e "${KIT_JOB_DIR}/function.pkl")" \
+    "$(kit::_holds kit::_all_ranks_done)" "${class}"
 }
 
-# kit::holds COMMAND...: 1 when COMMAND succeeds, else 0.
-kit::holds() {
+# kit::_holds COMMAND...: 1 when COMMAND succeeds, else 0.
+kit::_holds() {
   if "$@"; then printf '1\n'; else printf '0\n'; fi
 }
 
-# kit::work_declared: FINISHED is there, or every rank declared its work finished.
-kit::work_declared() {
-  [[ -e "${KIT_FINISHED_FILE}" ]] || kit::all_ranks_declared
+# kit::_work_declared: FINISHED is there, or every rank declared its work finished.
+kit::_work_declared() {
+  [[ -e "${KIT_FINISHED_FILE}" ]] || kit::_all_ranks_declared
 }
 
-# kit::facts_hold WHEN FACTS: does every name=value word of WHEN stand in FACTS?
-kit::facts_hold() {
+# kit::_facts_hold WHEN FACTS: does every name=value word of WHEN stand in FACTS?
+kit::_facts_hold() {
   local fact
   local -a wanted=()
   read -r -a wanted <<<"$1"
@@ -272,12 +272,12 @@ kit::facts_hold() {
   return 0
 }
 
-# kit::ending FACTS: the first row of KIT_ENDINGS whose facts hold in FACTS.
-kit::ending() {
+# kit::_ending FACTS: the first row of KIT_ENDINGS whose facts hold in FACTS.
+kit::_ending() {
   local row when
   for row in "${KIT_ENDINGS[@]}"; do
     when="${row%%|*}"
-    if kit::facts_hold "${when}" "$1"; then printf '%s\n' "${row}"; return 0; fi
+    if kit::_facts_hold "${when}" "$1"; then printf '%s\n' "${row}"; return 0; fi
   done
   return 1
 }
@@ -288,22 +288,22 @@ kit::ending() {
 kit::conclude() {
   local -r rc="${KIT_STEP_RC}"
   local facts row when end code flags why says
-  facts="$(kit::run_facts)"
-  row="$(kit::ending "${facts}")"
+  facts="$(kit::_run_facts)"
+  row="$(kit::_ending "${facts}")"
   IFS='|' read -r when end code flags why says <<<"${row}"
   kit::log "the run ended with ${facts}: ${end} (${when:-any other end})"
   if [[ " ${flags} " == *" mark "* && ! -e "${KIT_FINISHED_FILE}" ]]; then : >"${KIT_FINISHED_FILE}"; fi
   if [[ " ${flags} " == *" suspect "* ]]; then KIT_SUSPECT_NODE="$(sed -n 's/^node=//p' "${KIT_HANG_DIR}/report")"; fi
-  if [[ " ${flags} " == *" teardown "* ]]; then kit::record_run "${end}" 0 "${rc}"; else kit::record_run "${end}" "${rc}"; fi
+  if [[ " ${flags} " == *" teardown "* ]]; then kit::_record_run "${end}" 0 "${rc}"; else kit::_record_run "${end}" "${rc}"; fi
   says="${says//\{rc\}/${rc}}"
   if [[ -n "${says}" ]]; then kit::log "${says//\{hang_dir\}/${KIT_HANG_DIR}}"; fi
   if [[ -n "${why}" ]]; then kit::requeue "${why//\{rc\}/${rc}}" "${KIT_SUSPECT_NODE}" || true; fi
-  exit "$(kit::ending_code "${code}")"
+  exit "$(kit::_ending_code "${code}")"
 }
 
-# kit::ending_code WORDS: the job's exit code, the first of WORDS that gives one (kit.core.ending.Ending.code):
+# kit::_ending_code WORDS: the job's exit code, the first of WORDS that gives one (kit.core.ending.Ending.code):
 # rc, a number, refusal (a refused requeue's code), first_failure, or a KIT_EXIT_<NAME>.
-kit::ending_code() {
+kit::_ending_code() {
   local word name
   local -a words=()
   read -r -a words <<<"$1"

@@ -3,9 +3,9 @@
 # the code as submitted restored, srun running launcher.sh on every node.
 [[ -z "${KIT_PRELAUNCH_STEP_SH-}" ]] || return 0  # sourced once
 readonly KIT_PRELAUNCH_STEP_SH=1
-# kit::master_addr: this node's address for the rendezvous, never a Slurm
+# kit::_master_addr: this node's address for the rendezvous, never a Slurm
 # NodeName (often not resolvable). --master-interface pins an interface.
-kit::master_addr() {
+kit::_master_addr() {
   local addr
   local -a candidates=()
   if [[ -n "${KIT_MASTER_IFACE}" ]]; then
@@ -33,8 +33,8 @@ kit::master_addr() {
   printf '127.0.0.1\n'
 }
 
-# kit::port_free PORT: can a server bind PORT on this node right now?
-kit::port_free() {
+# kit::_port_free PORT: can a server bind PORT on this node right now?
+kit::_port_free() {
   local -r port="$1"
   if command -v python3 >/dev/null 2>&1; then
     python3 - "${port}" 2>/dev/null <<'PY'
@@ -57,11 +57,11 @@ PY
   fi
 }
 
-# kit::port_lock_dir: this user's private directory of port locks
+# kit::_port_lock_dir: this user's private directory of port locks
 # (${TMPDIR}/kit-ports-UID, mode 0700), printed when it is safe to use: a
 # directory, not a symlink, owned by this user and writable by no one else.
 # Anything else (another user planted it) is not used at all.
-kit::port_lock_dir() {
+kit::_port_lock_dir() {
   local -r dir="${TMPDIR:-/tmp}/kit-ports-${EUID}"
   local mode
   mkdir -m 0700 "${dir}" 2>/dev/null || true
@@ -84,7 +84,7 @@ kit::pick_port() {
   local -r span=$(( KIT_PORT_HIGH - KIT_PORT_LOW + 1 ))
   local -r start=$(( (SLURM_JOB_ID * 7919 + KIT_RESTART * 104729) % span ))
   local i port fd lock_dir
-  lock_dir="$(kit::port_lock_dir)" || lock_dir=""
+  lock_dir="$(kit::_port_lock_dir)" || lock_dir=""
   for (( i = 0; i < span; i++ )); do
     port=$(( KIT_PORT_LOW + (start + i) % span ))
     fd=""
@@ -92,7 +92,7 @@ kit::pick_port() {
       { exec {fd}>>"${lock_dir}/${port}"; } 2>/dev/null || continue
       if ! flock -n "${fd}" 2>/dev/null; then exec {fd}>&-; continue; fi
     fi
-    if kit::port_free "${port}"; then
+    if kit::_port_free "${port}"; then
       KIT_PORT_LOCK_FD="${fd}"
       MASTER_PORT="${port}"
       return 0
@@ -106,7 +106,7 @@ kit::pick_port() {
 # not on it (salloc): that node's address and a port free there.
 kit::master_probe() {
   kit::pick_port
-  printf '%s %s\n' "$(kit::master_addr)" "${MASTER_PORT}"
+  printf '%s %s\n' "$(kit::_master_addr)" "${MASTER_PORT}"
 }
 
 # kit::prepare: checks and settings before anything runs: inside an allocation, the
@@ -188,7 +188,7 @@ kit::restore_code() {
   while IFS= read -r -d '' kind && IFS= read -r -d '' source && IFS= read -r -d '' rel; do
     path="${view}/${rel}"
     if [[ -z "${changed["${path}"]-}" ]] && [[ -L "${path}" || -e "${path}" ]]; then continue; fi
-    kit::restore_entry "${kind}" "${source}" "${view}" "${rel}"
+    kit::_restore_entry "${kind}" "${source}" "${view}" "${rel}"
     restored+=("${rel}")
   done <"${list}"
   if (( ${#restored[@]} > 0 )); then
@@ -197,11 +197,11 @@ kit::restore_code() {
   fi
 }
 
-# kit::owned_store OBJECT: the store holding OBJECT (its objects/ and the store itself) is a
+# kit::_owned_store OBJECT: the store holding OBJECT (its objects/ and the store itself) is a
 # directory of this user's own that no one else can write, as kit launch checks (kit.files.owned);
-# else the run stops. A store renamed away after this check is caught by kit::restore_entry's hash
+# else the run stops. A store renamed away after this check is caught by kit::_restore_entry's hash
 # of what it copied.
-kit::owned_store() {
+kit::_owned_store() {
   local -r objects="${1%/*}"
   local dir owner mode
   for dir in "${objects}" "${objects%/*}"; do
@@ -213,11 +213,11 @@ kit::owned_store() {
   done
 }
 
-# kit::restore_entry KIND SOURCE VIEW REL: put VIEW/REL back (KIND f or x: a copy of the
+# kit::_restore_entry KIND SOURCE VIEW REL: put VIEW/REL back (KIND f or x: a copy of the
 # object SOURCE, read-only, executable for x; l: a symlink to SOURCE), through a new
 # name renamed over it; a directory on its way that is no longer one is made again. What is
 # hashed is the copy that runs, never the object opened a second time.
-kit::restore_entry() {
+kit::_restore_entry() {
   local -r kind="$1" source="$2" view="$3" rel="$4"
   local dir="${view}" part sum new
   local -a parts=()
@@ -232,7 +232,7 @@ kit::restore_entry() {
   if [[ "${kind}" == l ]]; then
     ln -s "${source}" "${new}"
   else
-    kit::owned_store "${source}"
+    kit::_owned_store "${source}"
     (umask 077 && cat -- "${source}" >"${new}") 2>/dev/null || kit::die "code/${rel}: cannot read its object ${source}"
     sum="$(sha256sum <"${new}")"
     local -r want="${source##*/}"
@@ -257,7 +257,7 @@ kit::decide_master() {
   done
   if [[ -z "${MASTER_ADDR-}" || -z "${MASTER_PORT-}" ]]; then
     if (( KIT_BATCH )) || [[ -n "${SLURMD_NODENAME-}" ]]; then
-      if [[ -z "${MASTER_ADDR-}" ]]; then MASTER_ADDR="$(kit::master_addr)"; fi
+      if [[ -z "${MASTER_ADDR-}" ]]; then MASTER_ADDR="$(kit::_master_addr)"; fi
       if [[ -z "${MASTER_PORT-}" ]]; then kit::pick_port; fi
     else
       KIT_FIRST_NODE="$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | awk 'NR == 1')"

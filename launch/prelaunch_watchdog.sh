@@ -3,8 +3,8 @@
 # progress read, a suspect named, every rank's stacks collected, the step stopped.
 [[ -z "${KIT_PRELAUNCH_WATCHDOG_SH-}" ]] || return 0  # sourced once
 readonly KIT_PRELAUNCH_WATCHDOG_SH=1
-# kit::saving: true when some rank's progress file says it is saving a checkpoint.
-kit::saving() {
+# kit::_saving: true when some rank's progress file says it is saving a checkpoint.
+kit::_saving() {
   local file line
   for file in "${KIT_PROGRESS_DIR}"/rank-*; do
     line=""
@@ -19,12 +19,12 @@ kit::saving() {
 # costs the file system 64 reads every 15 s, not every second.
 readonly KIT_WATCH_EVERY=$(( KIT_HANG_TIMEOUT < 120 ? 1 : (KIT_HANG_TIMEOUT > 900 ? 15 : KIT_HANG_TIMEOUT / 60) ))
 
-# kit::progress_times WITH_JOINED: each rank's progress file time (µs) in
+# kit::_progress_times WITH_JOINED: each rank's progress file time (µs) in
 # KIT_TOUCHED[rank], and with WITH_JOINED=1 the ranks that joined the
 # rendezvous in KIT_JOINED[rank]. Each file is looked up by its name (find with
 # the files as its starting points: one stat each, no listing of the
 # directory): on a shared file system a poll costs one metadata read per rank.
-kit::progress_times() {
+kit::_progress_times() {
   local name stamp sec frac rank
   local -a paths=()
   KIT_TOUCHED=() KIT_JOINED=()
@@ -62,24 +62,24 @@ kit::watch_progress() {
     kit::running "${step_pid}" || return 0
     now="${EPOCHREALTIME/./}"
     # Who joined the rendezvous matters only once no rank has reported progress in time.
-    kit::progress_times $(( ! armed && now - start_us > first_us ))
+    kit::_progress_times $(( ! armed && now - start_us > first_us ))
     if (( ! armed )); then
       if (( ${#KIT_TOUCHED[@]} == 0 )); then
-        kit::rendezvous_suspect "${start_us}"
+        kit::_rendezvous_suspect "${start_us}"
         continue
       fi
       armed=1
       : >"${KIT_JOB_DIR}/progress/seen"
     fi
-    kit::progress_suspect "${start_us}"
+    kit::_progress_suspect "${start_us}"
   done
-  kit::stop_the_hang "${step_pid}"
+  kit::_stop_the_hang "${step_pid}"
 }
 
-# kit::rendezvous_suspect STEP_START_US: no rank has reported progress, so only the
+# kit::_rendezvous_suspect STEP_START_US: no rank has reported progress, so only the
 # rendezvous tells: a rank that has not joined it (kit::watch_rendezvous) while
 # another has, KIT_FIRST_PROGRESS_TIMEOUT after the step started, hangs before it.
-kit::rendezvous_suspect() {
+kit::_rendezvous_suspect() {
   local -r start_us="$1" now="${EPOCHREALTIME/./}"
   local rank
   if (( now - start_us > KIT_FIRST_PROGRESS_TIMEOUT * 1000000 && ${#KIT_JOINED[@]} > 0 && ${#KIT_JOINED[@]} < KIT_WORLD_SIZE )); then
@@ -92,10 +92,10 @@ kit::rendezvous_suspect() {
   return 0
 }
 
-# kit::progress_suspect STEP_START_US: the rank whose progress is oldest past
+# kit::_progress_suspect STEP_START_US: the rank whose progress is oldest past
 # KIT_HANG_TIMEOUT (KIT_FIRST_PROGRESS_TIMEOUT for one that never reported, and
 # for all while a rank saves a checkpoint), if any, in KIT_SUSPECT.
-kit::progress_suspect() {
+kit::_progress_suspect() {
   local -r start_us="$1" now="${EPOCHREALTIME/./}"
   local -r hang_us=$(( KIT_HANG_TIMEOUT * 1000000 )) first_us=$(( KIT_FIRST_PROGRESS_TIMEOUT * 1000000 ))
   local rank last limit saving=""
@@ -112,7 +112,7 @@ kit::progress_suspect() {
     if (( now - last <= first_us )); then
       if [[ -z "${saving}" ]]; then
         saving=no
-        if kit::saving; then saving=yes; fi
+        if kit::_saving; then saving=yes; fi
       fi
       [[ "${saving}" == no ]] || continue
     fi
@@ -122,10 +122,10 @@ kit::progress_suspect() {
   return 0
 }
 
-# kit::stop_the_hang STEP_PID: every rank's stacks asked for (the launchers answer),
+# kit::_stop_the_hang STEP_PID: every rank's stacks asked for (the launchers answer),
 # the report written, then the launchers stop their commands; a step that outlives
 # that is killed.
-kit::stop_the_hang() {
+kit::_stop_the_hang() {
   local -r step_pid="$1"
   local tries name
   mkdir -p "${KIT_HANG_DIR}"
@@ -135,7 +135,7 @@ kit::stop_the_hang() {
     [[ "$(find "${KIT_HANG_DIR}" -maxdepth 1 -name 'rank-*.txt' | wc -l)" -lt "${KIT_WORLD_SIZE}" ]] || break
     kit::nap 0.1
   done
-  kit::hang_report "${KIT_SUSPECT}" "${KIT_WHY}"
+  kit::_hang_report "${KIT_SUSPECT}" "${KIT_WHY}"
   : >"${KIT_HANG_DIR}/stop"
   for (( tries = 0; tries < 30; tries++ )); do
     kit::running "${step_pid}" || return 0
@@ -147,10 +147,10 @@ kit::stop_the_hang() {
   done
 }
 
-# Where a rank's main thread waits for the others (kit::in_collective).
+# Where a rank's main thread waits for the others (kit::_in_collective).
 readonly KIT_WAITING_FRAMES='\\((.*/)?(torch/(distributed|autograd|utils/data|nn/parallel)/|torch/_tensor\\.py|(multiprocessing/|queue\\.py|threading\\.py|selectors\\.py))[^:]*:[0-9]+\\)'
 
-# kit::in_collective DUMP: the rank's Python stacks show it waiting for the others
+# kit::_in_collective DUMP: the rank's Python stacks show it waiting for the others
 # (a collective, a barrier, a rendezvous, DDP's backward, a DataLoader).
 #
 # What counts is where each of the rank's Python processes is now: the
@@ -160,7 +160,7 @@ readonly KIT_WAITING_FRAMES='\\((.*/)?(torch/(distributed|autograd|utils/data|nn
 # DataLoader's queue) or Python's (threading, queue, multiprocessing); a rank
 # with one in code of its own (a sleep, a busy loop, a blocking read) is stuck
 # there. Stacks with no main-thread frame: any torch.distributed frame counts.
-kit::in_collective() {
+kit::_in_collective() {
   local rc=0
   awk -v wait="${KIT_WAITING_FRAMES}" '
     function done() { if (first != "" && !worker) { seen++; if (first !~ wait) own++ } first = ""; main = 0; worker = 0 }
@@ -177,12 +177,12 @@ kit::in_collective() {
   fi
 }
 
-# kit::hang_report RANK WHY: name the suspect in KIT_HANG_DIR/report. A
+# kit::_hang_report RANK WHY: name the suspect in KIT_HANG_DIR/report. A
 # rank whose process is stopped (T) or stuck in the kernel (D) is the likelier
 # culprit than the rank that merely reported last: the others wait on it. So
 # is a rank in code of its own while the other ranks wait for it (in a
-# collective, DDP's backward, a DataLoader: kit::in_collective).
-kit::hang_report() {
+# collective, DDP's backward, a DataLoader: kit::_in_collective).
+kit::_hang_report() {
   local rank="$1" why="$2" node="" dump last="" file summary
   local -a waiting=() elsewhere=()
   dump="$(grep -l -E '^process [0-9]+ state [TtD] ' "${KIT_HANG_DIR}"/rank-*.txt 2>/dev/null | awk 'NR == 1')" || true
@@ -192,7 +192,7 @@ kit::hang_report() {
   else
     for file in "${KIT_HANG_DIR}"/rank-*.txt; do
       if [[ ! -e "${file}" ]] || ! grep -q '^--- py-spy dump' "${file}"; then continue; fi
-      if kit::in_collective "${file}"; then waiting+=("${file}"); else elsewhere+=("${file}"); fi
+      if kit::_in_collective "${file}"; then waiting+=("${file}"); else elsewhere+=("${file}"); fi
     done
     if (( ${#waiting[@]} > 0 && ${#elsewhere[@]} > 0 )) && [[ " ${elsewhere[*]} " != *"/rank-${rank}.txt "* ]]; then
       dump="$(printf '%s\n' "${elsewhere[@]}" | sort -V | awk 'NR == 1')"

@@ -144,6 +144,34 @@ def test_every_script_in_launch_is_shipped():
     assert {p.name for p in LAUNCH.glob("*.sh")} == set(SHIPPED)
 
 
+def private_helper_violations(scripts: dict[str, str], parts: list[str]) -> list[str]:
+    """In the parts a script sources, a function no other file calls is named ``kit::_…`` (a private helper, as
+    enroot's own are), and a ``kit::_…`` function is called from its own file alone."""
+    bad = []
+    for name, text in scripts.items():
+        for fn, *_ in functions(text):
+            used_elsewhere = [
+                n for n, other in scripts.items() if n != name and re.search(re.escape(fn) + r"(?![a-z_])", other)
+            ]
+            if fn.startswith("kit::_") and used_elsewhere:
+                bad.append(f"{name}: {fn} is private, but {', '.join(used_elsewhere)} calls it")
+            elif name in parts and not fn.startswith("kit::_") and not used_elsewhere:
+                bad.append(f"{name}: {fn} is called from {name} alone: name it kit::_{fn[len('kit::') :]}")
+    return bad
+
+
+def test_private_helpers_are_named_as_such():
+    from kit.jobdir import JobDir
+
+    scripts = {p.name: p.read_text() for p in LAUNCH.glob("*.sh")}
+    assert private_helper_violations(scripts, list(JobDir.SCRIPT_PARTS)) == []
+    planted = {"a.sh": "kit::one() {\n  kit::_two\n}\n", "lib.sh": "kit::_two() {\n  :\n}\nkit::three() {\n  :\n}\n"}
+    assert private_helper_violations(planted, ["lib.sh"]) == [
+        "lib.sh: kit::_two is private, but a.sh calls it",
+        "lib.sh: kit::three is called from lib.sh alone: name it kit::_three",
+    ]
+
+
 def test_every_bash_function_is_short_and_declares_what_it_assigns():
     scripts = templates()
     assert violations(scripts, scripts["lib.sh"]) == []
@@ -191,15 +219,15 @@ def run_bash(script: str, env: dict) -> str:
 
 
 def test_the_run_record_bash_writes_is_what_json_dumps_writes_and_bash_reads_it_back(tmp_path):
-    """runs.jsonl's one bash writer (kit::append_run) writes json.dumps's text; its one bash reader
+    """runs.jsonl's one bash writer (kit::_append_run) writes json.dumps's text; its one bash reader
     (kit::read_run) reads json.dumps's records, skips a torn line and finds a run's last record."""
     import json
 
     runs = tmp_path / "runs.jsonl"
-    fns = bash_functions("kit::append_run", "kit::read_run")
+    fns = bash_functions("kit::_append_run", "kit::read_run")
     run_bash(
         fns
-        + "declare -A KIT_RECORD=()\nkit::append_run 0 killed -1 -1 null\nkit::append_run 1 finished 0 12 true 134\n",
+        + "declare -A KIT_RECORD=()\nkit::_append_run 0 killed -1 -1 null\nkit::_append_run 1 finished 0 12 true 134\n",
         {"KIT_RUNS_FILE": str(runs)},
     )
     lines = runs.read_text().splitlines()
@@ -260,7 +288,7 @@ def test_the_first_failing_rank_is_one_rule_in_bash_and_python(tmp_path):
     from kit.jobdir import failures
     from kit.jobdir.layout import JobDir
 
-    fns = bash_functions("kit::rank_ends", "kit::first_failure")
+    fns = bash_functions("kit::_rank_ends", "kit::first_failure")
     rng = random.Random(31)
     for case in range(40):
         job = tmp_path / f"job{case}"
@@ -279,7 +307,7 @@ def test_the_first_failing_rank_is_one_rule_in_bash_and_python(tmp_path):
 
 
 def test_how_a_run_ended_is_one_table_that_bash_and_python_read_alike():
-    """kit.core.ending's rows, rendered into prelaunch.sh, pick in bash (kit::ending over kit::run_facts's
+    """kit.core.ending's rows, rendered into prelaunch.sh, pick in bash (kit::_ending over kit::_run_facts's
     words) the row Python's conclude picks, for every combination of a run's facts; and the picks are the
     rules kit keeps: a hang is never finished, a run is finished only when declared or when every rank
     ended by itself with 0 (never for a function job without declaring), a stop never exits 0."""
@@ -293,11 +321,11 @@ def test_how_a_run_ended_is_one_table_that_bash_and_python_read_alike():
         for rc in ending.RC
     ]
     lines = [" ".join(f"{k}={v}" for k, v in facts.items()) for facts in combos]
-    fns = bash_functions("kit::facts_hold", "kit::ending")
+    fns = bash_functions("kit::_facts_hold", "kit::_ending")
     out = run_bash(
         f"readonly -a KIT_ENDINGS=( {bash.array(ending.as_bash())} )\n"
         + fns
-        + 'while IFS= read -r facts; do kit::ending "${facts}"; done <<"FACTS"\n'
+        + 'while IFS= read -r facts; do kit::_ending "${facts}"; done <<"FACTS"\n'
         + "\n".join(lines)
         + "\nFACTS\n",
         {},

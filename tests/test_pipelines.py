@@ -179,7 +179,7 @@ def run_in(ns: str, path: Path, body: str) -> str:
         set -euo pipefail
         source {lib}
         kit::lib_init
-        eval "$(sed -n '/^kit::master_addr()/,/^}}/p' {prelaunch})"
+        eval "$(sed -n '/^kit::_master_addr()/,/^}}/p' {prelaunch})"
         {body}
         """).format(lib=LAUNCH / "lib.sh", prelaunch=LAUNCH / "prelaunch_step.sh", body=body)
     proc = subprocess.run(
@@ -215,7 +215,7 @@ def test_the_lookups_hold_500_times_with_40_interfaces_after_the_masters(busy_no
     for addr, want in (("10.99.0.1", "eth0"), ("10.100.7.9", "vx7"), ("10.100.40.200", "vx40")):
         assert run_in(ns, slow, LOOP.format(call=f"kit::route_iface {addr}", want=want)).split() == ["500", "0", "0"]
     # Prelaunch's, with --master-interface eth0 (two addresses: a line after the match).
-    out = run_in(ns, slow, "readonly KIT_MASTER_IFACE=eth0\n" + LOOP.format(call="kit::master_addr", want="10.99.0.1"))
+    out = run_in(ns, slow, "readonly KIT_MASTER_IFACE=eth0\n" + LOOP.format(call="kit::_master_addr", want="10.99.0.1"))
     assert out.split() == ["500", "0", "0"], out
     # The pattern it replaced fails here: the check above can fail.
     old = "ip -o -4 addr show | awk -v a=10.99.1.1 '{ split($4, p, \"/\"); if (p[1] == a) { print $2; exit } }'"

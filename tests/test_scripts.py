@@ -123,7 +123,7 @@ def test_bash_n_and_shellcheck_on_the_scripts_as_they_ship(kind, tmp_path):
 @pytest.mark.parametrize("name", launch.SHIPPED)
 def test_every_return_in_the_shipped_scripts_names_its_status(name):
     """The teardown runs in the EXIT trap, where a bare `return` gives the status of the command
-    before the trap: after a failed command, a test that held returned false (kit::runtime_own
+    before the trap: after a failed command, a test that held returned false (kit::_runtime_own
     did, and the launcher stopped the container runtime's FUSE daemons under the task)."""
     text = (REPO / "launch" / name).read_text()
     bare = [
@@ -135,17 +135,17 @@ def test_every_return_in_the_shipped_scripts_names_its_status(name):
 
 
 def test_the_runtime_is_told_apart_in_the_exit_trap_of_a_failed_command():
-    """lib.sh's kit::runtime_own, called from an EXIT trap after a command failed: the runtime's
+    """lib.sh's kit::_runtime_own, called from an EXIT trap after a command failed: the runtime's
     process is still its own (a bare `return` there returned the failed command's status)."""
     script = f"""set -euo pipefail
 source {REPO / "launch" / "lib.sh"}
 kit::lib_init
 sleep 30 &
 pid=$!
-kit::start_time "$pid"
+kit::_start_time "$pid"
 KIT_RUNTIME=("$pid:$KIT_START_TIME")
 finish() {{
-  if kit::runtime_own "$pid"; then echo own; else echo "not own"; fi
+  if kit::_runtime_own "$pid"; then echo own; else echo "not own"; fi
   kit::tree $$
   echo "tree: ${{#KIT_TREE[@]}}"
   kill "$pid"

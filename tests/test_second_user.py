@@ -238,7 +238,7 @@ def test_root_rerun_never_runs_a_store_another_user_swapped_in(cluster, other_us
 
 
 def test_a_requeue_puts_back_the_code_it_hashed_never_a_store_swapped_between(other_user, under_tmp):
-    """On a requeue prelaunch puts back a snapshot file a run changed (kit::restore_entry). In a
+    """On a requeue prelaunch puts back a snapshot file a run changed (kit::_restore_entry). In a
     group-writable, non-sticky output directory another user renames root's code store away and
     puts theirs in its place the moment prelaunch has hashed the object (here: as the hash ends,
     through a sha256sum on PATH). What is put back is what was hashed — root's code, never theirs
@@ -270,10 +270,10 @@ def test_a_requeue_puts_back_the_code_it_hashed_never_a_store_swapped_between(ot
         f"if [[ ! -e {shared}/.moved-away ]]; then su {other_user.pw_name} -s /bin/sh -c 'sh {swap}' >&2; fi\n"
     )
     os.chmod(bin_dir / "sha256sum", 0o755)
-    fns = (LAUNCH / "lib.sh").read_text() + bash_functions("kit::owned_store", "kit::restore_entry")
+    fns = (LAUNCH / "lib.sh").read_text() + bash_functions("kit::_owned_store", "kit::_restore_entry")
     script = (
-        fns + f'KIT_RESTART=1\nkit::restore_entry f "{store}/objects/{name}" "{view}" run.sh\n'
-        f'kit::restore_entry f "{store}/objects/{name}" "{view}" tool.sh\n'
+        fns + f'KIT_RESTART=1\nkit::_restore_entry f "{store}/objects/{name}" "{view}" run.sh\n'
+        f'kit::_restore_entry f "{store}/objects/{name}" "{view}" tool.sh\n'
     )
     proc = subprocess.run(
         ["bash", "-c", "set -euo pipefail\n" + script],

@@ -4,7 +4,7 @@ The batch script (prelaunch.sh) must act on a run's end where it happens — req
 FINISHED, exit with the job's code — and it runs where kit's Python may not be (a container job's
 batch step runs on the node's own system). So the rule is data: :data:`ENDINGS`, rows in order,
 the first whose facts all hold decides. kit renders the rows into prelaunch.sh (:func:`as_bash`);
-bash gathers the run's facts (kit::run_facts) and applies the first row that matches
+bash gathers the run's facts (kit::_run_facts) and applies the first row that matches
 (kit::conclude); :func:`conclude` here reads the same rows for the same facts (a test holds the
 two to one answer for every combination of facts).
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-# The facts of a run's end, each 0 or 1, as kit::run_facts prints them.
+# The facts of a run's end, each 0 or 1, as kit::_run_facts prints them.
 FLAGS = ("hang", "declared", "warned", "stopping", "function", "all_done")
 FACT_MEANING = {
     "hang": "the hang watchdog stopped the step (its report is there)",

@@ -124,7 +124,7 @@ def task_indices(job_dir: Path) -> list[int]:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """One line of ``runs.jsonl``: how a run ended. prelaunch's kit::append_run writes it (json.dumps's
+    """One line of ``runs.jsonl``: how a run ended. prelaunch's kit::_append_run writes it (json.dumps's
     text, tests/test_bash_rules.py pins the pair); :func:`run_records` is its one parser."""
 
     run: int
