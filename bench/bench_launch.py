@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import statistics
 import subprocess
@@ -119,7 +120,15 @@ def round_trips(cluster: LocalCluster, out: Path, runs: int) -> tuple[list, list
     executor.update_parameters(timeout_min=10, slurm_partition="local", cpus_per_task=1)
     kit_trip, submitit_trip, exporter_trip = [], [], []
     phases: dict[str, list] = {"submission": []}
+
+    def idle() -> None:
+        """Every trip starts on idle nodes: kit's result() returns while its job still tears down (its node
+        COMPLETING), which would delay the next trip's start, whichever tool that is."""
+        while subprocess.run(["squeue", "--noheader"], capture_output=True, text=True, check=True).stdout.strip():
+            time.sleep(0.05)
+
     for _ in range(runs + 1):  # the first of each warms the nodes' caches: left out
+        idle()
         t0 = time.perf_counter()
         wall0 = time.time()
         job = kit.submit(add, 1, 2, local=True, no_exporter=True, output_dir=str(out / "kit"))
@@ -130,9 +139,11 @@ def round_trips(cluster: LocalCluster, out: Path, runs: int) -> tuple[list, list
         phases["submission"].append(submitted - wall0)
         for name, seconds in kit_phases(job.dir, submitted, returned).items():
             phases.setdefault(name, []).append(seconds)
+        idle()
         t0 = time.perf_counter()
         assert executor.submit(add, 1, 2).result() == 3
         submitit_trip.append(time.perf_counter() - t0)
+        idle()
         t0 = time.perf_counter()  # kit's default: the exporter beside the call on each node
         assert kit.submit(add, 1, 2, local=True, output_dir=str(out / "kit-exporter")).result(timeout=300) == 3
         exporter_trip.append(time.perf_counter() - t0)
@@ -147,6 +158,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.runs = 1
+    # An installed kit has its bytecode (pip compiles it); a checkout run under PYTHONDONTWRITEBYTECODE would
+    # compile every module it changed on each start, and time that instead.
+    compileall.compile_dir(str(Path(launch.__file__).parent.parent), quiet=1)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         py, dry, api, warm = [], [], [], []
