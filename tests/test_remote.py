@@ -87,11 +87,11 @@ def submit_as(user, hosts, out: Path, *args: str, command: str) -> dict:
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-def in_the_login_shell(user, hosts, command: str) -> subprocess.CompletedProcess:
+def in_the_login_shell(user, hosts, command: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``command`` run by the user in their login shell on the login node, with its environment there (its
     banner printed first: what ``command`` prints is its last lines)."""
     env = "".join(f"; export {k}={shlex.quote(v)}" for k, v in hosts.login_env.items())
-    proc = as_user(user, command, env=env)
+    proc = as_user(user, command, env=env, timeout=timeout)
     assert proc.returncode == 0, proc.stderr
     return proc
 
@@ -464,6 +464,7 @@ def _wait_through_a_killed_master(hosts, repo: Path, env: dict, *args: str) -> t
 API_CASES = """
 import json, os, sys, time
 import kit
+import kit.slurm
 host, out = sys.argv[1] or None, sys.argv[2]
 
 def square(x):
@@ -480,7 +481,8 @@ again = job.rerun(wait=True, env={"TOKEN": "r3run"})
 fn = kit.submit(square, 7, host=host, nodes=1, output_dir=out)
 tasks = kit.map(square, [2, 3], host=host, output_dir=out)
 long = kit.launch("sleep 300", host=host, output_dir=out, no_code_snapshot=True)
-while long.state() != "RUNNING":
+deadline = time.monotonic() + 120
+while long.state() not in ("RUNNING", *kit.slurm.TERMINAL_STATES) and time.monotonic() < deadline:
     time.sleep(0.2)
 cancelled = long.cancel(reason="enough")
 try:
@@ -533,7 +535,9 @@ def test_the_python_api_answers_alike_on_the_login_node_and_over_ssh(cluster, us
     out = str(there / "jobs")
     if where == "on-the-login-node":
         os.chown(script, user.pw_uid, user.pw_gid)
-        got = json.loads(in_the_login_shell(user, hosts, f"python3 {script} '' {out}").stdout.splitlines()[-1])
+        got = json.loads(
+            in_the_login_shell(user, hosts, f"python3 {script} '' {out}", timeout=600).stdout.splitlines()[-1]
+        )
     else:
         got = on_the_laptop(user, laptop, there, script, "kit-login", out)
     assert got == API_ANSWERS
