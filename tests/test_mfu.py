@@ -72,6 +72,58 @@ def test_the_reference_models_flops_per_step_are_the_6n_rule():
     assert all(p.grad is None for p in model.parameters())  # counting did not touch the training
 
 
+def test_the_gpts_flops_per_step_are_the_6n_rule_plus_attention_as_torch_counts_a_step():
+    """kit.train's GPT says a step is (6·N + 12·layers·d_model·seq)·tokens. torch's counter, over a real forward
+    and backward pass, finds 6·(N less the parameters no matmul uses: biases, layer norms)·tokens exactly — its
+    CPU attention kernel it does not count — and, over attention written as matmuls at the model's shapes, the
+    rule's 12·d_model·seq per token and layer exactly."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from kit.train.gpt import GPT
+
+    b, t, d, layers, heads = 4, 32, 64, 2, 4
+    model = GPT(vocab=256, d_model=d, layers=layers, heads=heads, seq=t, batch=b)
+    n = model.counted_parameters()
+    assert n == sum(p.numel() for p in model.parameters()) - t * d  # the positions are not in N
+    x, y = model.tokens()
+    counter = FlopCounterMode(display=False)
+    with counter:
+        logits = model(x)
+        torch.nn.functional.cross_entropy(logits.reshape(-1, 256), y.reshape(-1)).backward()
+    no_matmul = sum(p.numel() for p in model.parameters() if p.ndim == 1)
+    assert counter.get_total_flops() == 6 * (n - no_matmul) * b * t
+
+    q, k, v = (torch.randn(b, heads, t, d // heads, requires_grad=True) for _ in range(3))
+    attention = FlopCounterMode(display=False)
+    with attention:
+        (torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v).sum().backward()
+    assert layers * attention.get_total_flops() == 12 * layers * d * t * b * t
+    assert model.flops_per_step() == (6 * n + 12 * layers * d * t) * b * t
+    assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal((x[:, 1:] - x[:, :-1]) % 256, torch.ones(b, t - 1).long())
+
+
+def test_the_gpt_trains_on_the_cpu_from_ln_vocab_down():
+    """`python -m kit.train --model gpt` on one CPU process: its first loss is a uniform guess's (ln 256), it
+    learns the sequence, and it says its size and a step's FLOPs."""
+    import math
+    import re
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "kit.train", "--model", "gpt", "--max-steps", "40", "--batch-size", "8"]
+        + ["--checkpoint-every", "0", "--log-every", "10"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first, last = map(float, re.search(r"first_loss=([0-9.]+) last_loss=([0-9.]+)", proc.stdout).groups())
+    assert abs(first - math.log(256)) < 0.3 and last < first / 2, proc.stdout
+    assert re.search(r"gpt: \d+ parameters, \d+ FLOPs per step per rank", proc.stdout), proc.stdout
+
+
 def test_mfu_against_the_h100_nvml_names_and_na_on_a_cpu(tmp_path, monkeypatch):
     from kit.train import mfu
 

@@ -176,10 +176,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m kit.train", description=__doc__)
     p.add_argument("--max-steps", type=int, default=100)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument(
+        "--model",
+        choices=("mlp", "gpt"),
+        default="mlp",
+        help="mlp: a small MLP on data a CPU loader feeds; gpt: a decoder-only transformer whose batches are made "
+        "on its device (--d-model, --layers, --heads, --seq-len, --vocab; --batch-size sequences a step).",
+    )
+    p.add_argument("--lr", type=float, default=None, help="[default: 1e-2 for the MLP, 1e-3 for the GPT]")
     p.add_argument("--samples", type=int, default=8192)
     p.add_argument("--features", type=int, default=32)
     p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--d-model", type=int, default=128, help="The GPT's width.")
+    p.add_argument("--layers", type=int, default=2, help="The GPT's blocks.")
+    p.add_argument("--heads", type=int, default=4, help="The GPT's attention heads.")
+    p.add_argument("--seq-len", type=int, default=64, help="The GPT's tokens per sequence.")
+    p.add_argument("--vocab", type=int, default=256, help="The GPT's vocabulary.")
     p.add_argument(
         "--precision", default="32-true", help="Lightning precision: 32-true, bf16-mixed, 16-mixed (GPU), ..."
     )
@@ -221,9 +233,10 @@ def parse_loggers(text: str) -> list[str]:
     return kinds
 
 
-def _callbacks(args, ckpt_dir: Path, job_dir: Path) -> tuple[list, "Preemption", "Progress"]:
+def _callbacks(args, ckpt_dir: Path, job_dir: Path, flops: int | None) -> tuple[list, "Preemption", "Progress"]:
     """The trainer's callbacks: preemption (checkpoint on kit's warning), progress lines and kit's progress
-    reports, the exporter's metrics when a metrics directory is set, then what the arguments ask for."""
+    reports, the exporter's metrics when a metrics directory is set (``flops``: a step's, else counted), then
+    what the arguments ask for."""
     from kit.train.metrics import MetricsCallback, ProgressCallback
 
     reporter = ProgressCallback()
@@ -231,7 +244,7 @@ def _callbacks(args, ckpt_dir: Path, job_dir: Path) -> tuple[list, "Preemption",
     progress = Progress(args.log_every)
     callbacks = [preemption, progress, reporter]
     if os.environ.get("KIT_METRICS_DIR"):
-        callbacks.append(MetricsCallback(count_flops=True))
+        callbacks.append(MetricsCallback(flops_per_step=flops, count_flops=flops is None))
     if args.checkpoint_every:
         callbacks.append(
             ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.checkpoint_every, save_last=True, save_top_k=0)
@@ -241,6 +254,29 @@ def _callbacks(args, ckpt_dir: Path, job_dir: Path) -> tuple[list, "Preemption",
     if args.profile_steps:
         callbacks.append(StepProfiler(*args.profile_steps, job_dir / JobDir.PROFILES))
     return callbacks, preemption, progress
+
+
+def _model_and_data(args):
+    """The model the arguments name and what Lightning iterates for it."""
+    if args.model == "gpt":
+        from kit.train import gpt
+
+        model = gpt.GPT(
+            args.vocab,
+            args.d_model,
+            args.layers,
+            args.heads,
+            args.seq_len,
+            args.batch_size,
+            1e-3 if args.lr is None else args.lr,
+        )
+        if int(os.environ.get("RANK", "0")) == 0:
+            log(f"gpt: {model.counted_parameters()} parameters, {model.flops_per_step()} FLOPs per step per rank")
+        return model, DataLoader(gpt.Steps(args.batch_size), batch_size=None)
+    model = Regression(args.features, args.hidden, 1e-2 if args.lr is None else args.lr, args.gradient_checkpointing)
+    return model, DataLoader(
+        make_data(args.samples, args.features, args.seed), batch_size=args.batch_size, shuffle=True
+    )
 
 
 def main(argv=None) -> int:
@@ -262,7 +298,9 @@ def main(argv=None) -> int:
 
     L.seed_everything(args.seed, workers=True, verbose=False)
     preempt.install()
-    callbacks, preemption, progress = _callbacks(args, ckpt_dir, job_dir)
+    model, data = _model_and_data(args)
+    flops = model.flops_per_step() if args.model == "gpt" else None
+    callbacks, preemption, progress = _callbacks(args, ckpt_dir, job_dir, flops)
     loggers = [trackers.lightning_logger(kind, **TRACKER_ARGS[kind]) for kind in args.logger]
     plugins = []
     if SLURMEnvironment.detect():
@@ -287,8 +325,6 @@ def main(argv=None) -> int:
         default_root_dir=str(job_dir),
         max_epochs=-1,
     )
-    model = Regression(args.features, args.hidden, args.lr, args.gradient_checkpointing)
-    data = DataLoader(make_data(args.samples, args.features, args.seed), batch_size=args.batch_size, shuffle=True)
     resume = str(last) if last.exists() else None
     if resume:
         step = torch.load(resume, map_location="cpu", weights_only=False).get("global_step", "?")
