@@ -243,7 +243,7 @@ class Job:
         on_outage=None,
         on_poll=None,
         until=None,
-    ) -> Outcome:
+    ) -> Outcome | None:
         """Block until the job ends (through requeues and controller outages); its outcome,
         as `kit launch --wait` tells it (which calls this, with ``on_state``/``on_outage``/``on_poll``
         to print as it goes). KitError when ``timeout`` seconds pass first. ``until``: a cheap check

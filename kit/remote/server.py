@@ -61,9 +61,9 @@ def remote_submit():
 def remote_result(job_dir, job_id, timeout, batch):
     """The login node's side of a hosted function job's result(): waits here for every rank's value (or the
     job's end), then hands the ranks' pickled values to the laptop (nothing of the user's is unpickled here).
-    ``--batch`` (kit.map's
-    tasks): with them, by index, those of the array's other tasks that have ended too, their states asked
-    for in one query, so that ``[j.result() for j in jobs]`` makes a call per batch, not per task."""
+    ``--batch`` (kit.map's tasks): with them, by index, those of the array's other tasks that have ended too,
+    their states asked for in one query, so that ``[j.result() for j in jobs]`` makes a call per batch, not per
+    task."""
     from kit import slurm
     from kit.jobdir import JobDir, records
 
