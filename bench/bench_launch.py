@@ -4,7 +4,8 @@
 
 --quick: each measurement once (the test suite's run: the bench keeps working).
 
-1. `kit launch --dry-run` wall time against `python -c pass` (target < 0.3 s); the cost
+1. `kit launch --dry-run` wall time against `python -c pass` (target < 0.3 s, <= 3x), beside the floor
+   any click command has (`python -c 'import click'`); the cost
    `kit.launch(..., dry_run=True)` adds over it, from a fresh Python (target: ratio < 1.2)
    and warm in a process that already imported kit (a notebook's second call).
 2. launcher overhead: from a task's start (bash launcher.sh) to the training
@@ -163,7 +164,7 @@ def main() -> None:
     compileall.compile_dir(str(Path(launch.__file__).parent.parent), quiet=1)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        py, dry, api, warm = [], [], [], []
+        py, parser, dry, api, warm = [], [], [], [], []
         api_call = (
             f"import kit; kit.launch(['python', '-m', 'kit.train'], nodes=2, dry_run=True, "
             f"output_dir={str(tmp / 'api')!r})"
@@ -172,6 +173,7 @@ def main() -> None:
 
         for _ in range(args.runs):  # interleaved, so all see the same machine load
             py.append(timed([sys.executable, "-c", "pass"]))
+            parser.append(timed([sys.executable, "-c", "import click"]))
             dry.append(
                 timed(
                     [
@@ -212,6 +214,9 @@ def main() -> None:
     print(f"runs per measurement: {args.runs}")
     print(f"{'measurement':<44}{'median':>10}{'max':>10}{'target':>10}")
     print(f"{'python -c pass':<44}{med(py):>9.3f}s{p_max(py):>9.3f}s{'':>10}")
+    floor = "python -c 'import click' (the CLI parser)"
+    print(f"{floor:<44}{med(parser):>9.3f}s{p_max(parser):>9.3f}s")
+    print(f"{'  ratio import click / python -c pass':<44}{med(parser) / med(py):>9.2f}x")
     print(f"{'kit launch --dry-run':<44}{med(dry):>9.3f}s{p_max(dry):>9.3f}s{'< 0.300s':>10}")
     print(f"{'  ratio dry-run / python -c pass':<44}{med(dry) / med(py):>9.2f}x{'':>10}{'<= 3.00x':>10}")
     print(f"{'kit.launch(dry_run=True), fresh python':<44}{med(api):>9.3f}s{p_max(api):>9.3f}s")

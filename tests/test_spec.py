@@ -152,7 +152,12 @@ def test_a_checked_plan_cannot_be_assigned_and_keeps_what_the_user_asked(tmp_pat
     with pytest.raises(dataclasses.FrozenInstanceError):
         planned.spec.image = "/elsewhere.sqsh"
     with pytest.raises(dataclasses.FrozenInstanceError):
+        del planned.spec.image
+    with pytest.raises(dataclasses.FrozenInstanceError):
         planned.image = "/elsewhere.sqsh"
+    again = dataclasses.replace(planned.spec, nodes=3)  # a new checked spec, the old one as it was
+    assert type(again) is type(planned.spec) and again.nodes == 3 and planned.spec.nodes == 1
+    assert again.image == planned.spec.image and again != planned.spec
     assert planned.spec.after == ["123:ok"] and planned.after == ("123:ok",)
     pinned = launch.pin_code_and_image(launch.resolve(spec, cwd=tmp_path), specs.Origins(), launch.Rerun())
     assert pinned.spec.image == str(image) == pinned.image_source

@@ -6,6 +6,7 @@ words), into the job's ``job.env``; the scripts themselves (``launch/``) are cop
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import shlex
 from pathlib import Path
@@ -35,6 +36,7 @@ def exports(env: Mapping[str, str]) -> str:
     return "\n".join(f"export {k}={quote(v)}" for k, v in sorted(env.items()))
 
 
+@functools.cache
 def templates_dir() -> Path:
     """Where the job's scripts are: the package's ``kit.templates`` once kit is installed,
     else ``launch/`` beside the package (a checkout run without installing, as a bench copied to a GPU box)."""

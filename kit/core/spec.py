@@ -36,21 +36,40 @@ def _to_dict(self) -> dict[str, Any]:
     return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
-def _spec_class(name: str, doc: str, frozen: bool = False) -> type:
+def _spec_class(name: str, doc: str) -> type:
     return dataclasses.make_dataclass(
         name,
         [(o.name, o.python_type | None, field(default=None)) for o in options.SPEC_OPTIONS],
-        frozen=frozen,
         namespace={"to_dict": _to_dict, "__doc__": doc, "__module__": __name__},
     )
 
 
-# A field per option of kit.core.options (its one declaration). CheckedSpec: once resolve checked it,
-# never assigned again (FrozenInstanceError); what is decided later is a field of ResolvedJob's.
+# A field per option of kit.core.options (its one declaration).
 JobSpec = _spec_class("JobSpec", "Everything that describes one job. ``None``: not given (a default applies).")
-CheckedSpec = _spec_class("CheckedSpec", "A JobSpec as resolve checked it: frozen.", frozen=True)
-
 FIELD_NAMES = tuple(o.name for o in options.SPEC_OPTIONS)
+
+
+class CheckedSpec(JobSpec):
+    """A JobSpec as resolve checked it: never assigned again (FrozenInstanceError); what is decided later is
+    a field of ResolvedJob's. (A subclass rather than a second generated dataclass: its 60 fields' methods
+    generated again cost every kit command 4 ms.)"""
+
+    __hash__ = None  # its lists are not hashable: as a frozen dataclass of them
+
+    def __init__(self, **values: Any) -> None:
+        unknown = set(values) - set(FIELD_NAMES)
+        if unknown:
+            raise TypeError(f"CheckedSpec got unexpected fields {sorted(unknown)}")
+        for name in FIELD_NAMES:
+            object.__setattr__(self, name, values.get(name))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+
 DEFAULTS: dict[str, Any] = {o.name: o.default for o in options.SPEC_OPTIONS if o.default is not None}
 
 MAX_INT = 2**31 - 1  # counts and seconds: what Slurm's fields and bash arithmetic hold
