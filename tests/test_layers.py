@@ -29,6 +29,16 @@ def test_the_core_knows_no_scheduler_and_no_container_runtime():
         assert "kit import slurm" not in path.read_text()
 
 
+def test_the_command_line_knows_of_remote_only_its_host_option():
+    """kit/cli/ parses and prints: over --host, group.py routes the command (kit.remote's client and transfer);
+    on the login node a launch answers its laptop with one framed record (kit.remote.wire). No other command
+    knows a transport: `kit --host … report` is Job.summarize on a job that has a host, like any other call."""
+    knows = {p.name: sorted(n for n in imports(p) if n.startswith("kit.remote")) for p in (KIT / "cli").glob("*.py")}
+    routers = {"group.py", "launch.py"}
+    assert {name: names for name, names in knows.items() if names and name not in routers} == {}
+    assert set(knows["launch.py"]) <= {"kit.remote", "kit.remote.wire"}, knows["launch.py"]
+
+
 def test_the_cluster_config_renders_without_daemons_or_slurm():
     """kit/cluster/config.py is pure rendering: golden files pin it."""
     bad = sorted(

@@ -54,28 +54,27 @@ def report(job, output, prometheus, min_seconds, output_dir):
             hint="a .json summary is written next to it",
         )
     job = api.Job.from_dir(records.find_job_dir(job, output_dir))
-    out = Path(output) if output else job.dir / JobDir.REPORT
+    _show(job, output or job.dir / JobDir.REPORT, prometheus=prometheus, min_seconds=min_seconds)
+
+
+def _show(job, out, **asked) -> None:
+    """The report's lines, what could not be drawn, and where its picture is (over --host without -o: there)."""
     missing: list[KitError] = []
-    for line in job.summarize(prometheus, out, min_seconds, notice=missing.append).lines():
+    summary = job.summarize(output=out, notice=missing.append, **asked)
+    for line in summary.lines():
         click.echo(line)
     for e in missing:  # one line, the hint naming the extra; the numbers above stand
         click.echo(f"kit: warning: {e.message}" + (f"; {e.hint}" if e.hint else ""), err=True)
-    click.echo(f"report: {out.with_suffix('.json') if missing else out}")
+    out = out or getattr(summary, "picture", None)
+    click.echo(f"report: {Path(out).with_suffix('.json') if missing and out else out}")
 
 
 def report_here(host, args: list[str]) -> int:
     """``kit --host LOGIN report JOB -o FILE``: the report made there, its picture (and numbers) written here."""
     from kit.job import api
-    from kit.remote import hosted
 
     with report.make_context("kit report", list(args)) as ctx:
         p = ctx.params
-    got = hosted.summarize(
-        api.Job(p["job"], host=host), p["prometheus"], p["output"], p["min_seconds"], output_dir=p["output_dir"]
-    )
-    for line in got.lines():
-        click.echo(line)
-    for warning in got.warnings:
-        click.echo(f"kit: warning: {warning}", err=True)
-    click.echo(f"report: {Path(p['output']).with_suffix('.json') if got.warnings else p['output']}")
+    job = api.Job(p["job"], host=host)
+    _show(job, p["output"], prometheus=p["prometheus"], min_seconds=p["min_seconds"], output_dir=p["output_dir"])
     return 0

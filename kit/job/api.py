@@ -362,6 +362,7 @@ class Job:
     results = result
 
     @_or_there
+    @_or_there
     def summarize(
         self,
         prometheus: str | None = None,
@@ -371,7 +372,8 @@ class Job:
     ):
         """What `kit report` prints and writes: a single job's summary (``.lines()``), or an array
         job's table of tasks; the picture at ``output`` (default: the job directory's report.png),
-        its numbers beside it (report.json); ``notice`` hears what could not be drawn."""
+        its numbers beside it (report.json); ``notice`` hears what could not be drawn. (On a login node the
+        report is made there, its picture written here; ``output_dir=`` says where a job id is looked up.)"""
         from kit.cluster import LocalCluster
         from kit.report import MIN_SECONDS, report_job
 
