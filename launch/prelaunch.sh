@@ -10,6 +10,7 @@
 # shellcheck disable=SC2317  # functions run from traps look unreachable to shellcheck
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
+KIT_RUN_START_US="${EPOCHREALTIME//[.,]/}"  # this run's start (runs.jsonl's start_ms): its first line
 # The warning signal can come as the script starts (Slurm sends it from a periodic check: a
 # short limit's requeued run was warned 33 ms after it started): noted from the moment the
 # job's values say which signal it is, not left to kill the script before kit::batch sets its

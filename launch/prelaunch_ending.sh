@@ -88,15 +88,19 @@ kit::_record_run() {
   local -r step="$(kit::_checkpoint_step)"
   local advanced=false
   if (( step > KIT_START_STEP )); then advanced=true; fi
-  kit::_append_run "${KIT_RESTART}" "${end}" "${rc}" "${step}" "${advanced}" "${teardown}"
+  kit::_append_run "${KIT_RESTART}" "${end}" "${rc}" "${step}" "${advanced}" "$(( KIT_RUN_START_US / 1000 ))" "${teardown}"
   KIT_RUN_ADVANCED="${advanced}"
 }
 
-# kit::_append_run RUN END RC STEP ADVANCED [TEARDOWN]: the one writer of runs.jsonl's
-# records (kit.jobdir.records.run_records is their one reader in Python).
+# kit::_append_run RUN END RC STEP ADVANCED START_MS [TEARDOWN]: the one writer of runs.jsonl's
+# records (kit.jobdir.records.run_records is their one reader in Python). START_MS: when the
+# run's batch script began (ms; null: not known, a run caught up after it was killed); end_ms:
+# now (kit.jobdir.goodput cuts the job's time at both).
 kit::_append_run() {
-  printf '{"run": %d, "end": "%s", "exit_code": %d, "checkpoint_step": %d, "advanced": %s, "time": %d%s}\n' \
-    "$1" "$2" "$3" "$4" "$5" "$(date +%s)" "${6:+, \"teardown_exit_code\": ${6}}" >>"${KIT_RUNS_FILE}"
+  local -r now="${EPOCHREALTIME//[.,]/}"
+  printf '{"run": %d, "end": "%s", "exit_code": %d, "checkpoint_step": %d, "advanced": %s, "time": %d, "start_ms": %s, "end_ms": %d%s}\n' \
+    "$1" "$2" "$3" "$4" "$5" "$(( now / 1000000 ))" "$6" "$(( now / 1000 ))" "${7:+, \"teardown_exit_code\": ${7}}" \
+    >>"${KIT_RUNS_FILE}"
 }
 
 # kit::read_run RUN|last: the last record of run RUN (or the file's last record) in
@@ -232,7 +236,7 @@ kit::catch_up_runs() {
   KIT_LAST_RUN=""
   if kit::read_run last; then KIT_LAST_RUN="${KIT_RECORD[run]}"; fi
   for (( KIT_RUN = ${KIT_LAST_RUN:--1} + 1; KIT_RUN < KIT_RESTART; KIT_RUN++ )); do
-    kit::_append_run "${KIT_RUN}" killed -1 "$(kit::_checkpoint_step)" null
+    kit::_append_run "${KIT_RUN}" killed -1 "$(kit::_checkpoint_step)" null null
   done
   KIT_START_STEP="$(kit::_checkpoint_step)"
   KIT_RUN_ADVANCED=true

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import time
 from pathlib import Path
 
 LAUNCH = Path(__file__).resolve().parent.parent / "launch"
@@ -227,7 +228,8 @@ def test_the_run_record_bash_writes_is_what_json_dumps_writes_and_bash_reads_it_
     fns = bash_functions("kit::_append_run", "kit::read_run")
     run_bash(
         fns
-        + "declare -A KIT_RECORD=()\nkit::_append_run 0 killed -1 -1 null\nkit::_append_run 1 finished 0 12 true 134\n",
+        + "declare -A KIT_RECORD=()\nkit::_append_run 0 killed -1 -1 null null\n"
+        + "kit::_append_run 1 finished 0 12 true 1764000000123 134\n",
         {"KIT_RUNS_FILE": str(runs)},
     )
     lines = runs.read_text().splitlines()
@@ -240,8 +242,12 @@ def test_the_run_record_bash_writes_is_what_json_dumps_writes_and_bash_reads_it_
         "checkpoint_step": -1,
         "advanced": None,
         "time": records[0]["time"],
+        "start_ms": None,
+        "end_ms": records[0]["end_ms"],
     }
+    assert records[0]["time"] == records[0]["end_ms"] // 1000 and abs(records[0]["end_ms"] / 1000 - time.time()) < 5
     assert records[1]["teardown_exit_code"] == 134 and records[1]["advanced"] is True
+    assert records[1]["start_ms"] == 1764000000123
     from kit.jobdir.records import RunRecord, run_records
 
     typed = run_records(tmp_path)  # Python's one parser reads what bash wrote, typed
@@ -249,6 +255,7 @@ def test_the_run_record_bash_writes_is_what_json_dumps_writes_and_bash_reads_it_
         (0, "killed", -1, -1, None, None),
         (1, "finished", 0, 12, True, 134),
     ]
+    assert (typed[0].start_ms, typed[1].start_ms, typed[1].end_ms) == (None, 1764000000123, records[1]["end_ms"])
     assert RunRecord.parse({"run": 0, "end": "failed", "exit_code": True}) is None  # a bool is no exit code
     written = [
         {"run": 0, "end": "warned", "exit_code": 143, "checkpoint_step": 5, "advanced": True, "time": 100},

@@ -15,7 +15,18 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import check_end, hastened, kit, launch_wait, read_logs, require, wait_for, wait_no_processes
+from helpers import (
+    check_end,
+    hastened,
+    kit,
+    launch_wait,
+    read_logs,
+    release_requeued,
+    require,
+    scontrol,
+    wait_for,
+    wait_no_processes,
+)
 
 from kit import slurm
 from kit.cluster import LocalCluster
@@ -60,8 +71,12 @@ def trainer_of_rank(job_dir: Path, rank: int) -> int:
     return int(pid)
 
 
-def test_hung_rank_is_caught_dumped_and_requeued_off_its_node(three, tmp_path):
+def test_hung_rank_is_caught_dumped_and_requeued_off_its_node_and_its_goodput_adds_up(three, tmp_path):
+    """A hang (run 0), then two preemptions (an admin's requeue in runs 1 and 2), then the finish: the hang is
+    caught, dumped and left out; the job's time in goodput's parts adds up to its wall time, which the test's
+    own clock brackets, and each part says what happened (issue 43 item 4)."""
     require("py-spy")
+    launched_at = time.time()
     w = launch_wait(
         tmp_path,
         "--nodes",
@@ -98,10 +113,23 @@ def test_hung_rank_is_caught_dumped_and_requeued_off_its_node(three, tmp_path):
     assert f"hang: rank 1 on {suspect}" in read_logs(w.job_dir)
     assert suspect in slurm.job_status(three.target, w.job_id).excluded_nodes
     with hastened(three, w.job_id):
+        for run in (1, 2):  # two preemptions: an admin's requeue, each run past its first save of its own
+            wait_for(lambda: (w.job_dir / "progress" / f"r{run}").is_dir(), 90, what=f"run {run}")
+            wait_for(trained_to(w.job_dir, 60 + 40 * run, restart=run), 120, what=f"run {run}'s training")
+            scontrol(three, "requeue", w.job_id)
+            release_requeued(three, w.job_id, w.job_dir, restarts=run + 1)
         err = check_end(
-            three, w, state="COMPLETED", code=0, finished=True, log="done at step=300", ends=["hang", "finished"]
+            three,
+            w,
+            state="COMPLETED",
+            code=0,
+            finished=True,
+            log="done at step=300",
+            ends=["hang", "stopped", "stopped", "finished"],
         )
-    assert "after 1 restart(s)" in err
+    ended_at = time.time()
+    assert "after 3 restart(s)" in err
+    _check_goodput(three, w, err, launched_at, ended_at)
     assert suspect not in hostnames(three, slurm.job_status(three.target, w.job_id).nodes)
     resumed = int(
         re.search(r"resuming from .*last.ckpt at step (\d+)", (w.job_dir / "logs" / "rank-0.r1.log").read_text()).group(
@@ -110,6 +138,41 @@ def test_hung_rank_is_caught_dumped_and_requeued_off_its_node(three, tmp_path):
     )
     assert resumed >= 25  # the save before the stop (every 25 steps; stopped after step 40)
     print(f"hang stopped and requeued {stopped_after:.1f} s after SIGSTOP (hang timeout 5 s)")
+
+
+def _check_goodput(cluster, w, err: str, launched_at: float, ended_at: float) -> None:
+    """The parts add up to the wall time; the wall time lies inside what the test saw (kit launch started before
+    the submission; --wait returned after the end); each part is what happened."""
+    import json
+
+    report = kit("report", str(w.job_dir), "-o", str(w.job_dir.parent / "r.png"), env=cluster.env)
+    assert report.returncode == 0, report.stderr
+    g = json.loads((w.job_dir.parent / "r.json").read_text())["goodput"]
+    parts, wall = g["parts"], g["wall_seconds"]
+    assert abs(sum(parts.values()) - wall) <= 0.01 * wall, parts
+    assert ended_at - launched_at - 3.0 <= wall <= ended_at - launched_at, (wall, ended_at - launched_at)
+    assert g["runs"] == 4 and [r["end"] for r in g["per_run"]] == ["hang", "stopped", "stopped", "finished"]
+    hang = g["per_run"][0]["hang"]
+    assert 5.0 <= hang <= 5.0 + 15.0 and parts["hang"] == hang, g["per_run"][0]  # the 5 s timeout, the dump, the stop
+    assert parts["redone"] > 0  # run 1 resumed from the save of step 25; run 0 had gone past step 40
+    assert all(g["per_run"][i]["restart"] > 0 for i in range(3)) and "restart" not in g["per_run"][3]
+    assert min(parts[p] for p in ("queue", "start", "init", "productive", "checkpoint")) > 0, parts
+    assert parts["unreported"] == 0 and g["goodput"] == pytest.approx(
+        parts["productive"] / (g["held_node_seconds"] / 2)
+    )
+    line = next(line for line in err.splitlines() if "goodput" in line)  # --wait's end line: the same numbers
+    assert f"goodput {100 * g['goodput']:.1f}%: {parts['productive']:.1f} s trained of {wall:.1f} s" in line, line
+    assert "goodput" + line.split("goodput", 1)[1] in report.stdout  # the report says it in the same words
+    served = {}  # what the first node's exporter served (its log of each poll), the last poll's
+    for path in sorted(w.job_dir.glob("logs/*.metrics.jsonl")):
+        for line in path.read_text().splitlines():
+            for name, labels, value in json.loads(line)["samples"]:
+                if name.startswith("kit_job_goodput"):
+                    served[path.name.split(".")[0], name, labels.get("part")] = value
+    (first,) = {node for node, _, _ in served}  # one node serves the job-wide numbers
+    assert {p for _, _, p in served} == {*parts, None}, served
+    assert 0 < served[first, "kit_job_goodput_ratio", None] < 1
+    assert served[first, "kit_job_goodput_seconds", "hang"] == pytest.approx(hang, abs=0.01)
 
 
 def test_killed_slurmd_comes_back_with_up_and_the_job_completes(three, tmp_path):

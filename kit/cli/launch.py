@@ -168,7 +168,7 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
     elapsed); otherwise a line per state change and a progress line a minute.
     Ctrl-C stops waiting and leaves the job running.
     """
-    from kit.jobdir import records
+    from kit.jobdir import goodput, records
 
     live = sys.stderr.isatty()
     if live and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
@@ -209,6 +209,9 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
     if live and seen["line"]:
         click.echo("\r\x1b[K", nl=False, err=True)
     click.echo(f"kit: job {job_id} {result.describe()}", err=True)
+    spent = goodput.goodput(job_dir, running=False)
+    if spent is not None:
+        click.echo(f"kit: job {job_id}: {spent.line()}", err=True)
     return result.exit_code
 
 

@@ -29,6 +29,7 @@ from kit.core.outcome import Outcome
 from kit.errors import KitError
 from kit.job.cancel import cancel
 from kit.jobdir import JobDir, records
+from kit.jobdir import goodput as goodput_lib
 
 if TYPE_CHECKING:
     from kit.job import listing
@@ -232,6 +233,13 @@ class Job:
     def progress(self) -> records.Progress:
         """The training's latest step, loss and samples/s (what `kit ps` shows)."""
         return records.training_progress(self.dir)
+
+    @_or_there
+    def goodput(self) -> goodput_lib.Goodput | None:
+        """How much of the job's time trained and where the rest went (kit.jobdir.goodput): its wall time from
+        submission to now (or its end) in parts; None before its first run began."""
+        state = self.state() if self.id is not None else "ENDED"
+        return goodput_lib.goodput(self.dir, running=state not in slurm.TERMINAL_STATES | {"ENDED"})
 
     @_or_there
     def wait(

@@ -62,6 +62,7 @@ class JobDir:
     TASK = "task-{rank}"  # where a rank runs: "node pid start"
     WARNED = "warned-{rank}"  # the rank's command was given the warning
     JOINED = "joined-{rank}"  # the rank's command reached the rendezvous
+    TIMELINE = "timeline-{rank}"  # kit.train.progress's: "first|save|saved|last TIME STEP" lines (goodput's)
     # In hang/r<run>/ (after a hang: the watchdog asks, every rank answers).
     HANG_REQUEST = "request"  # "rank=R": the suspect; the launchers dump their stacks
     HANG_STACKS = "rank-{rank}.txt"  # a rank's process states and stacks
@@ -172,7 +173,7 @@ class JobDir:
             cls.REPORT,
             cls.TRACKER,
         }
-        run = {cls.STEP_START, cls.WARNING, cls.STOP, cls.RANK_PROGRESS, cls.TASK, cls.WARNED, cls.JOINED}
+        run = {cls.STEP_START, cls.WARNING, cls.STOP, cls.RANK_PROGRESS, cls.TASK, cls.WARNED, cls.JOINED, cls.TIMELINE}
         hang = {cls.HANG_REQUEST, cls.HANG_STACKS, cls.HANG_REPORT, cls.HANG_STOP}
         logs = {cls.BATCH_LOG, cls.RANK_LOG, cls.NODE_LOG, cls.SIDECAR_LOG, cls.METRICS_LOG, cls.GPU_DMON_LOG, cls.EXIT}
         return (

@@ -132,15 +132,18 @@ class RunRecord:
     exit_code: int | None = None  # None: not recorded
     checkpoint_step: int = -1  # at the run's end; -1: the command reports none
     advanced: bool | None = None  # did the checkpoint step advance in the run (None: unknown, a killed run)
-    time: int | None = None
+    time: int | None = None  # its end (s)
     teardown_exit_code: int | None = None  # a step that failed after its work was finished
+    start_ms: int | None = None  # when its batch script began (ms; None: not known, a run caught up after a kill)
+    end_ms: int | None = None  # when it ended (ms; a caught-up run's: when the next run caught it up)
 
     @classmethod
     def parse(cls, rec: object) -> RunRecord | None:
         """A record from its JSON value: ``run`` and ``end`` needed, every field of its type (else None)."""
         if not isinstance(rec, dict) or type(rec.get("run")) is not int or not isinstance(rec.get("end"), str):
             return None
-        types = {"exit_code": int, "checkpoint_step": int, "advanced": bool, "time": int, "teardown_exit_code": int}
+        ints = ("exit_code", "checkpoint_step", "time", "teardown_exit_code", "start_ms", "end_ms")
+        types = {**dict.fromkeys(ints, int), "advanced": bool}
         if any(k in rec and rec[k] is not None and type(rec[k]) is not t for k, t in types.items()):
             return None
         return cls(**{k: rec[k] for k in ("run", "end", *types) if rec.get(k) is not None})

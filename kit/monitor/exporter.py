@@ -69,6 +69,8 @@ LOGGED = (
     "kit_job_processes",
     "kit_job_cpus",
     "kit_job_memory_limit_bytes",
+    "kit_job_goodput_seconds",
+    "kit_job_goodput_ratio",
 )
 # Logged summed over one label (per-CPU counters: one value per mode, not per CPU and mode).
 LOGGED_SUMMED = {"node_cpu_seconds_total": "mode"}

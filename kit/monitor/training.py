@@ -76,3 +76,37 @@ class TrainingSource:
             return SourceResult(out, True, time.perf_counter() - t0, f"unreadable: {', '.join(bad)}" if bad else "")
         except OSError as e:
             return SourceResult([], False, time.perf_counter() - t0, str(e))
+
+
+GOODPUT_PART = Spec(
+    "kit_job_goodput_seconds",
+    "gauge",
+    "The job's time so far in parts (part: queue, start, init, productive, checkpoint, redone, hang, ending, "
+    "restart, unreported; kit.jobdir.goodput), from its submission to now.",
+)
+GOODPUT = Spec("kit_job_goodput_ratio", "gauge", "Productive node-time over the node-time the job's runs held.")
+GOODPUT_EVERY = 10.0  # seconds between two reads of the job directory's records
+
+
+class GoodputSource:
+    """The job's goodput so far, from its directory (kit.jobdir.goodput), on the job's first node only (every
+    node's exporter would serve the same job-wide numbers); read again every :data:`GOODPUT_EVERY` seconds."""
+
+    name = "goodput"
+
+    def __init__(self, job_dir: Path | None):
+        self.job_dir, self.read_at, self.samples = job_dir, float("-inf"), []
+
+    def poll(self) -> SourceResult:
+        from kit.jobdir.goodput import goodput  # (only the first node's exporter loads it)
+
+        t0 = time.perf_counter()
+        if self.job_dir is None:
+            return SourceResult([], True, 0.0)
+        if time.monotonic() - self.read_at >= GOODPUT_EVERY:
+            self.read_at = time.monotonic()
+            g = goodput(self.job_dir, running=True)
+            self.samples = [] if g is None else [Sample(GOODPUT_PART, {"part": p}, s) for p, s in g.parts.items()]
+            if g is not None and g.goodput is not None:
+                self.samples.append(Sample(GOODPUT, {}, g.goodput))
+        return SourceResult(list(self.samples), True, time.perf_counter() - t0)

@@ -82,6 +82,13 @@ def progress(job) -> records.Progress:
     return records.Progress(**_call(job, "progress"))
 
 
+def goodput(job):
+    from kit.jobdir.goodput import Goodput
+
+    got = _call(job, "goodput")
+    return None if got is None else Goodput(**got)
+
+
 def wait(
     job, timeout: float | None = None, poll: float = 1.0, *, on_state=None, on_outage=None, on_poll=None
 ) -> Outcome:

@@ -10,6 +10,7 @@ from kit import files as kit_files
 from kit import jobdir
 from kit.errors import KitError
 from kit.jobdir import JobDir, records
+from kit.jobdir.goodput import goodput
 from kit.report.plot import NoPicture, _plot_tasks, _pyplot, plot
 from kit.report.series import load_logs, load_prometheus, missed
 from kit.report.summarize import summarize
@@ -59,6 +60,7 @@ def report(
         source += f"; {logs.damaged} damaged log line(s) skipped"
     summary = summarize(series, job, source, logs, job_dir, min_seconds)
     summary.task_starts = jobdir.all_task_starts(job_dir)
+    summary.goodput = goodput(job_dir)
     try:
         plot(series, summary, out, logs)
     except NoPicture as e:

@@ -69,7 +69,15 @@ def parse_record(line: str) -> list[tuple[tuple[str, str, str], float, float]] |
             continue  # a value that is not a number: that sample only
         labels = sample[1]
         points.append(
-            ((sample[0], node, str(labels.get("gpu") or labels.get("rank") or labels.get("mode") or "")), t, value)
+            (
+                (
+                    sample[0],
+                    node,
+                    _tag(labels),
+                ),
+                t,
+                value,
+            )
         )
     return points
 
@@ -129,6 +137,12 @@ def _raw(url: str, query: str, at: float) -> list:
         return json.load(r)["data"]["result"]
 
 
+def _tag(labels: dict) -> str:
+    """The label that tells a node's series of one metric apart (a GPU, a rank, a CPU mode, a part of the job's
+    time): the third word of a series' key, from a metrics log's sample and from Prometheus alike."""
+    return str(labels.get("gpu") or labels.get("rank") or labels.get("mode") or labels.get("part") or "")
+
+
 def load_prometheus(url: str, job: str, start: float, end: float) -> Series:
     from kit.monitor.exporter import LOGGED, LOGGED_SUMMED
 
@@ -139,7 +153,7 @@ def load_prometheus(url: str, job: str, start: float, end: float) -> Series:
         summed: dict = defaultdict(float)
         for s in _raw(url, f"{name}{_selector(job)}{window}", end + GAP / 2):
             m = s["metric"]
-            tag = m.get(by, "") if by else (m.get("gpu") or m.get("rank") or m.get("mode") or "")
+            tag = m.get(by, "") if by else _tag(m)
             for t, v in s["values"]:
                 if by:
                     summed[(name, m.get("node", "?"), tag, float(t))] += float(v)

@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from kit.core.text import printable
+from kit.jobdir.goodput import Goodput
 from kit.report.many import MANY, grouped, spread
 from kit.report.series import GIB
 
@@ -109,6 +110,7 @@ class Summary:
     task_starts: list[dict] = field(default_factory=list)
     trackers: dict = field(default_factory=dict)  # the job's tracker runs (kit.jobdir.tracker_runs)
     hangs: list[dict] = field(default_factory=list)  # each run's hang: run, rank (or unknown), node, summary
+    goodput: Goodput | None = None  # the job's time in parts, and the share that trained (kit.jobdir.goodput)
     tflops: float | None = None  # rank 0's device, mean over the job: the model's TFLOP/s (kit.train.mfu)
     mfu: float | None = None  # of the device's peak (kit.monitor.peaks); None: n/a
 
@@ -120,6 +122,8 @@ class Summary:
             if self.samples is None
             else f"samples: {self.samples:.0f} ({self.samples_per_second:.1f} samples/s)",
         ]
+        if self.goodput is not None:
+            out.append(self.goodput.line())
         if self.first_loss is not None:
             out.append(f"loss (rank 0): {self.first_loss:.4g} -> {self.last_loss:.4g}")
         if self.tflops is not None:

@@ -11,6 +11,11 @@ enough): kit stops requeueing a job whose runs stop advancing it.
 ``finished()``, on every rank, declares the work done (the progress file's
 first word becomes ``finished``).
 
+Beside the heartbeat each rank appends a few lines to its run's timeline
+(``progress/r<run>/timeline-<R>``: "first|save|saved|last TIME STEP"): its first
+step, each save's start and end (the next step after the mark), and at exit its
+last step. kit.jobdir.goodput cuts the job's time at them.
+
 ``step(n, loss=..., samples=...)`` also feeds what the reference trainer's
 callback feeds (``$KIT_METRICS_DIR/rank-<R>.json``): kit ps's STEP, LOSS and
 SAMPLES/S, the exporter's ``training_*`` metrics and kit report's curves.
@@ -63,6 +68,55 @@ def _progress(kind: str, text: str) -> None:
     _BEAT["at"], _BEAT["kind"] = now, kind
 
 
+_TIMELINE: dict = {"first": False, "saving": None, "last": None, "at_exit": False}
+
+
+def _timeline(event: str, n: int, at: float) -> None:
+    """One line of this rank's timeline, appended (a few per run: never per step)."""
+    progress_file = os.environ.get("KIT_PROGRESS_FILE")
+    if not progress_file:
+        return
+    name = jobdir.JobDir.TIMELINE.format(rank=os.environ.get("RANK", "0"))
+    try:
+        fd = os.open(
+            os.path.join(os.path.dirname(progress_file), name),
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o644,
+        )
+        try:
+            os.write(fd, f"{event} {at:.3f} {n}\n".encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # a full or gone filesystem must not stop the training
+
+
+def _stepped(n: int) -> None:
+    """The timeline at a step: the run's first, the end of a save marked before it, and the last (kept)."""
+    now = time.time()
+    if not _TIMELINE["first"]:
+        _TIMELINE["first"] = True
+        _timeline("first", n, now)
+        if not _TIMELINE["at_exit"]:
+            atexit.register(_timeline_end)
+            _TIMELINE["at_exit"] = True
+    if _TIMELINE["saving"] is not None:
+        _timeline("saved", _TIMELINE["saving"], now)
+        _TIMELINE["saving"] = None
+    _TIMELINE["last"] = (now, n)
+
+
+def _timeline_end() -> None:
+    """At exit (and at ``finished()``): a save still marked is over; the last step's time."""
+    now = time.time()
+    if _TIMELINE["saving"] is not None:
+        _timeline("saved", _TIMELINE["saving"], now)
+        _TIMELINE["saving"] = None
+    if _TIMELINE["last"] is not None:
+        _timeline("last", _TIMELINE["last"][1], _TIMELINE["last"][0])
+        _TIMELINE["last"] = None
+
+
 _METRICS = {"samples_total": 0.0, "written_at": 0.0, "written_samples": 0.0}
 METRICS_INTERVAL = 1.0  # seconds between two writes of the rank's metrics file
 
@@ -84,6 +138,7 @@ def step(
     ``bf16-mixed``, ``fp32``, …) give its TFLOP/s and MFU (:mod:`kit.train.mfu`) on ``device``
     (torch's device or ``"cuda:1"``, ``"cpu"``; by default torch's current CUDA device, where CUDA is).
     Cheap: the metrics file is rewritten at most once a second."""
+    _stepped(n)
     _progress("step", f"step {n}\n")
     directory = os.environ.get("KIT_METRICS_DIR")
     if not directory or (loss is None and samples is None and max_steps is None and flops is None):
@@ -148,7 +203,11 @@ def resumed_step() -> int | None:
 
 
 def checkpointing(n: int) -> None:
-    """This rank starts saving a checkpoint at step ``n`` (the watchdog allows it longer)."""
+    """This rank starts saving a checkpoint at step ``n`` (the watchdog allows it longer); its next step (or
+    ``finished()``, or its exit) ends the save."""
+    if _TIMELINE["saving"] is None:
+        _timeline("save", n, time.time())
+        _TIMELINE["saving"] = n
     _progress("checkpointing", f"checkpointing {n}\n")
 
 
@@ -164,4 +223,5 @@ def finished() -> None:
     destructors abort now and then) does not make the job FAILED, nor is the job requeued;
     and the hang watchdog no longer waits for progress from this rank."""
     _write_pending()
+    _timeline_end()
     _progress("finished", "finished\n")

@@ -1,0 +1,124 @@
+"""Goodput (issue 43 item 4): a job's time cut at the timestamps kit writes, parts that add up to its wall time.
+
+Here on a job directory written by hand, each timestamp chosen, so that every part is known in advance; the
+same cut on a real job with a hang and two preemptions: tests/test_recovery.py."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from kit.jobdir import goodput as gp
+from kit.jobdir.layout import JobDir
+
+T0 = 1_764_000_000.0
+
+
+def _write(path, text: str, mtime: float | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+
+
+def _run(d: JobDir, run: int, step_start: float, tasks: list[float], timeline: list[str], beat: float) -> None:
+    progress = d.run_progress(run)
+    _write(progress / JobDir.STEP_START, f"{T0 + step_start:.6f}\n")
+    for rank, t in enumerate(tasks):
+        _write(progress / JobDir.TASK.format(rank=rank), f"node{rank + 1} {100 + rank} {T0 + t:.6f} host\n")
+    lines = [f"{e} {T0 + float(t):.3f} {n}" for e, t, n in (line.split() for line in timeline)]
+    _write(progress / JobDir.TIMELINE.format(rank=0), "".join(f"{line}\n" for line in lines))
+    _write(progress / JobDir.RANK_PROGRESS.format(rank=0), "step 1\n", T0 + beat)
+
+
+def _record(run: int, end: str, step: int, start: float | None, stop: float) -> str:
+    start_ms = None if start is None else int((T0 + start) * 1000)
+    return json.dumps(
+        {
+            "run": run,
+            "end": end,
+            "exit_code": 0,
+            "checkpoint_step": step,
+            "advanced": True,
+            "time": int(T0 + stop),
+            "start_ms": start_ms,
+            "end_ms": int((T0 + stop) * 1000),
+        }
+    )
+
+
+@pytest.fixture
+def job(tmp_path):
+    """Four runs: a hang (run 0), a warning's save and stop (1), a run killed outright and caught up (2), the
+    finish (3); the job held 2 nodes, submitted at T0."""
+    d = JobDir(tmp_path / "job")
+    _write(d / JobDir.JOB_ID, "42\n", T0)
+    _write(d / JobDir.SPEC, json.dumps({"nodes": 2}))
+    _run(d, 0, 4.5, [6, 7], ["first 10 0", "save 20 10", "saved 21 10", "save 30 20", "saved 32 20", "last 40 29"], 40)
+    _run(d, 1, 61, [60.5, 62], ["first 70 20", "last 90 50", "save 91 50", "saved 93 50"], 93)
+    _run(d, 2, 100, [101, 100.5], ["first 105 50"], 115)  # killed: no last line, its heartbeat at 115
+    _run(d, 3, 130.5, [131, 131], ["first 135 50", "last 150 80"], 150)
+    records = [
+        _record(0, "hang", 20, 4, 50),
+        _record(1, "warned", 50, 60, 95),
+        _record(2, "killed", 50, None, 130),  # caught up by run 3 as it started: no start, end_ms is not its end
+        _record(3, "finished", 80, 130, 152),
+    ]
+    _write(d / JobDir.RUNS, "".join(f"{r}\n" for r in records))
+    return d
+
+
+def test_every_part_is_what_the_timestamps_say_and_they_add_up_to_the_wall_time(job):
+    g = gp.goodput(job.path)
+    expected = {
+        "queue": 4,  # submitted at 0, run 0's batch script at 4
+        "start": 3 + 2 + 1 + 1,  # to each run's last task's first line
+        "init": 3 + 8 + 4 + 4,  # to rank 0's first step
+        "checkpoint": 1 + 2 + 2,  # run 0's two saves, run 1's save on the warning (after its last step)
+        "redone": 8 + 10,  # run 0 past the save of step 20 (run 1 resumed there); run 2 all of it (killed, no save)
+        "productive": 19 + 20 + 0 + 15,
+        "hang": 10,  # run 0's last step (40) to its end (50)
+        "ending": 0 + 3 + 0 + 2,
+        "restart": 10 + 5 + 15,  # run 2 ended at its heartbeat (115), run 3 began at 130
+        "unreported": 0,
+    }
+    assert {p: round(v, 3) for p, v in g.parts.items()} == expected
+    assert g.wall_seconds == pytest.approx(152) == pytest.approx(sum(g.parts.values()))
+    held = 152 - 4 - 30
+    assert (g.runs, g.nodes, g.live) == (4, 2, False)
+    assert g.held_node_seconds == pytest.approx(2 * held) and g.productive_node_seconds == pytest.approx(2 * 54)
+    assert g.goodput == pytest.approx(54 / held)
+    assert [r["run"] for r in g.per_run] == [0, 1, 2, 3] and g.per_run[0]["hang"] == pytest.approx(10)
+    assert g.line().startswith("goodput 45.8%: 54.0 s trained of 152.0 s (2 node(s), 4 run(s)); lost: restart 30.0 s")
+
+
+def test_a_running_job_ends_now_and_its_steps_since_the_last_line_stand(job):
+    lines = (job / JobDir.RUNS).read_text().splitlines()
+    (job / JobDir.RUNS).write_text("".join(f"{line}\n" for line in lines[:3]))  # run 3 still runs
+    g = gp.goodput(job.path, now=T0 + 160)
+    assert g.live and g.wall_seconds == pytest.approx(160) == pytest.approx(sum(g.parts.values()))
+    assert g.per_run[-1]["productive"] == pytest.approx(25) and "ending" not in g.per_run[-1]
+    ended = gp.goodput(job.path, now=T0 + 160, running=False)  # Slurm says it ended: run 3 was killed at 150
+    assert not ended.live and ended.wall_seconds == pytest.approx(150)
+
+
+def test_a_command_that_reports_no_steps_has_no_goodput_and_says_so(tmp_path):
+    d = JobDir(tmp_path / "job")
+    _write(d / JobDir.JOB_ID, "7\n", T0)
+    _write(d.run_progress(0) / JobDir.STEP_START, f"{T0 + 1}\n")
+    _write(d.run_progress(0) / JobDir.TASK.format(rank=0), f"node1 5 {T0 + 2} host\n")
+    _write(d / JobDir.RUNS, _record(0, "finished", -1, 0.5, 9) + "\n")
+    g = gp.goodput(d.path)
+    assert g.goodput is None and g.parts["unreported"] == pytest.approx(7) and g.parts["start"] == pytest.approx(1.5)
+    assert "goodput n/a (the command reports no steps)" in g.line()
+    assert gp.goodput(tmp_path / "never") is None
+
+
+def test_damaged_records_are_skipped_not_believed(job):
+    with open(job.run_progress(0) / JobDir.TIMELINE.format(rank=0), "a") as f:
+        f.write("last notatime 3\ngarbage\nfirst 1.0\n")
+    (job / JobDir.RUNS).write_text((job / JobDir.RUNS).read_text() + '{"run": "x"}\n{torn')
+    g = gp.goodput(job.path)
+    assert g.wall_seconds == pytest.approx(152) and g.parts["hang"] == pytest.approx(10)
