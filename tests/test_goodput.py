@@ -122,3 +122,36 @@ def test_damaged_records_are_skipped_not_believed(job):
     (job / JobDir.RUNS).write_text((job / JobDir.RUNS).read_text() + '{"run": "x"}\n{torn')
     g = gp.goodput(job.path)
     assert g.wall_seconds == pytest.approx(152) and g.parts["hang"] == pytest.approx(10)
+
+
+def test_kit_report_says_the_goodput_and_how_long_the_gpus_sat_idle(job, tmp_path):
+    """kit report's line and report.json: the same parts, and the GPUs' idle time read from their samples (one
+    GPU idle for 4 of its 10 s, the other busy: 2 s a GPU)."""
+    from kit.report.job import report
+
+    log = job.logs / JobDir.METRICS_LOG.format(node="node1", run=0)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    polls = [
+        {
+            "time": T0 + 10 + t,
+            "node": "node1",
+            "up": {},
+            "samples": [
+                ["DCGM_FI_DEV_GPU_UTIL", {"gpu": "0"}, 0 if t < 4 else 90],
+                ["DCGM_FI_DEV_GPU_UTIL", {"gpu": "1"}, 80],
+            ],
+        }
+        for t in range(11)
+    ]
+    log.write_text("".join(json.dumps(p) + "\n" for p in polls))
+    summary = report(job.path, "42", tmp_path / "r.png", min_seconds=0)
+    line = next(x for x in summary.lines() if x.startswith("goodput"))
+    assert line.startswith("goodput 45.8%: 54.0 s trained of 152.0 s") and line.endswith(
+        "; GPUs idle 2.0 s (mean per GPU)"
+    )
+    assert (
+        "  WARNING: 3 restart(s) cost 58 s: 18 s of steps redone from the last checkpoint, 30 s between runs, "
+        "10 s waiting on a hang" in summary.lines()
+    )
+    numbers = json.loads((tmp_path / "r.json").read_text())["goodput"]
+    assert numbers["idle_gpu_seconds"] == 2.0 and numbers["parts"]["hang"] == pytest.approx(10)

@@ -51,6 +51,9 @@ class Goodput:
     runs: int
     live: bool = False  # the job still runs: its end is now
     per_run: list[dict] = field(default_factory=list)
+    # Seconds a GPU sat idle (under kit.report's IDLE_UTIL) while the job held it, the mean over its GPUs: part of
+    # the held time above, told apart by kit report, which reads the GPU samples (None: none seen).
+    idle_gpu_seconds: float | None = None
 
     def lost(self) -> list[tuple[str, float]]:
         """The parts that did not train, largest first (those under 0.05 s left out)."""
@@ -61,9 +64,10 @@ class Goodput:
         """One line: the share trained and where the rest went."""
         lost = ", ".join(f"{p} {s:.1f} s" for p, s in self.lost()) or "nothing"
         share = "n/a (the command reports no steps)" if self.goodput is None else f"{100 * self.goodput:.1f}%"
+        idle = "" if self.idle_gpu_seconds is None else f"; GPUs idle {self.idle_gpu_seconds:.1f} s (mean per GPU)"
         return (
             f"goodput {share}: {self.parts['productive']:.1f} s trained of {self.wall_seconds:.1f} s "
-            f"({self.nodes} node(s), {self.runs} run(s)); lost: {lost}"
+            f"({self.nodes} node(s), {self.runs} run(s)); lost: {lost}{idle}"
         )
 
     def as_json(self) -> dict:

@@ -10,7 +10,6 @@ from kit import files as kit_files
 from kit import jobdir
 from kit.errors import KitError
 from kit.jobdir import JobDir, records
-from kit.jobdir.goodput import goodput
 from kit.report.plot import NoPicture, _plot_tasks, _pyplot, plot
 from kit.report.series import load_logs, load_prometheus, missed
 from kit.report.summarize import summarize
@@ -60,7 +59,8 @@ def report(
         source += f"; {logs.damaged} damaged log line(s) skipped"
     summary = summarize(series, job, source, logs, job_dir, min_seconds)
     summary.task_starts = jobdir.all_task_starts(job_dir)
-    summary.goodput = goodput(job_dir)
+    if summary.goodput is not None and summary.gpus:
+        summary.goodput.idle_gpu_seconds = sum(g.idle_seconds for g in summary.gpus) / len(summary.gpus)
     try:
         plot(series, summary, out, logs)
     except NoPicture as e:

@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 
 from kit.jobdir import hangs, records, tracker_runs
+from kit.jobdir.goodput import goodput
 from kit.report.series import IDLE_UTIL, Logs, Series, _of, _steady_pairs, increase, mean_rate
 from kit.report.summary import MIN_SECONDS, GpuSummary, NodeSummary, Summary, notes
 
@@ -131,6 +132,9 @@ def summarize(
     summary.mean_step_seconds = sum(steps) / len(steps) if steps else None
     if logs is not None and logs.runs:
         _restarts(summary, logs, _checkpoint_steps(job_dir))
+    summary.goodput = goodput(job_dir) if job_dir else None
+    if summary.goodput is not None:  # the runs the job directory records (a run may have left no metrics log)
+        summary.runs = summary.goodput.runs
     summary.trackers = tracker_runs(job_dir) if job_dir else {}
     summary.hangs = [{k: h[k] for k in ("run", "rank", "node", "summary")} for h in hangs(job_dir)] if job_dir else []
     summary.notes = notes(summary, min_seconds)

@@ -247,7 +247,16 @@ def notes(s: Summary, min_seconds: float = MIN_SECONDS) -> list[Note]:
         )
         for h in s.hangs
     ]
-    if s.runs > 1:
+    if s.runs > 1 and s.goodput is not None:  # the job's own timestamps: what each restart cost, exactly
+        parts = s.goodput.parts
+        cost = parts["redone"] + parts["restart"] + parts["hang"]
+        text = (
+            f"{s.runs - 1} restart(s) cost {cost:.0f} s: {parts['redone']:.0f} s of steps redone from the last "
+            f"checkpoint, {parts['restart']:.0f} s between runs"
+            + (f", {parts['hang']:.0f} s waiting on a hang" if parts["hang"] else "")
+        )
+        out.append(("warning", "", "", text))
+    elif s.runs > 1:
         out.append(
             (
                 "warning",
