@@ -8,8 +8,10 @@
    NCCL, each rank started through a generated `launcher.sh` with the variables srun would
    give it set by hand; the exporter's utilisation while it trains.
 3. The launcher's teardown: after the ranks end, no process of theirs is left.
-4. MFU (issue 32): one rank of the reference trainer with a model large enough to load the GPU;
-   the TFLOP/s and MFU its metrics file reports, against a bare bf16 matrix product's TFLOP/s
+4. Preflight (issue 43): what `kit launch --preflight` checks on this node — NVML's health, and the
+   bf16 8192^3 matrix product per GPU against its datasheet peak (the burn-in figures it judges by).
+5. MFU (issue 32): one rank of the reference trainer with a model large enough to load the GPU;
+   the TFLOP/s and MFU its metrics file reports, against step 4's bare bf16 matrix product's TFLOP/s
    measured here (a rate above the matrix product's is a wrong FLOP count) and NVML's name
    matched in kit's peak table; then its GPT at 0.9 B parameters (`--model gpt`, batches made on
    the GPU), whose MFU issue 43 wants at 0.45 or more.
@@ -292,32 +294,29 @@ def run_trainer(
     return ok, lines, job_dir
 
 
-def matmul_tflops() -> float:
-    """A bare bf16 8192^3 matrix product's TFLOP/s here (the mean of 10 after 3 warm-ups)."""
-    import torch
+def preflight(tmp: Path) -> tuple[bool, list[str], float]:
+    """Step 4: what `kit launch --preflight` checks on this node (kit.preflight: NVML's health, the bf16 matmul
+    burn-in per GPU against its peak); (ok, lines, GPU 0's burn-in TFLOP/s: the bare matrix product's rate)."""
+    from kit.preflight import health, verdict
 
-    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    for _ in range(3):
-        a @ b
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(10):
-        a @ b
-    torch.cuda.synchronize()
-    seconds = (time.perf_counter() - t0) / 10
-    del a, b
-    torch.cuda.empty_cache()
-    return 2 * 8192**3 / seconds / 1e12
+    record = verdict.check_node("this node", burn_seconds=4.0, say=lambda line: None)
+    lines = [f"  {health.Finding(**f).line()}" for f in record["findings"]]
+    gpus = record["burn"].get("gpus", [])
+    for g in gpus:
+        share = "n/a" if g["of_peak"] is None else f"{100 * g['of_peak']:.0f} % of its peak"
+        lines.append(f"  GPU {g['index']} ({g['name']}): bf16 8192^3 matmul {g['tflops']:.0f} TFLOP/s, {share}")
+    lines.append(f"  preflight: {'ok' if record['ok'] else 'FAILED'} in {record['seconds']:.1f} s")
+    return record["ok"] and bool(gpus), lines, gpus[0]["tflops"] if gpus else 0.0
 
 
-def check_mfu(tmp: Path) -> tuple[bool, list[str]]:
-    """Step 4: one rank with a model that loads the GPU; its TFLOP/s and MFU are sane."""
+def check_mfu(tmp: Path, bare: float) -> tuple[bool, list[str]]:
+    """Step 5: one rank with a model that loads the GPU; its TFLOP/s and MFU are sane (``bare``: a bf16 8192^3
+    matrix product's TFLOP/s on GPU 0, step 4's)."""
     import torch
 
     from kit.monitor import peaks
 
     name = torch.cuda.get_device_name(0)
-    bare = matmul_tflops()
     os.makedirs(tmp / "mfu", exist_ok=True)
     model = ("--features", "4096", "--hidden", "16384", "--batch-size", "4096", "--samples", "65536")
     trained, lines, job_dir = run_trainer(1, 600, tmp / "mfu", model=model)
@@ -401,14 +400,27 @@ def main() -> int:
         )
         trained, lines, _ = run_trainer(gpus, args.steps, tmp)
         print("\n".join(lines))
-        measured, lines = check_mfu(tmp)
-        print("4. MFU of the reference trainer: " + ("ok" if measured else "FAILED"))
+        healthy, lines, bare = preflight(tmp)
+        print("4. preflight (NVML health, burn-in): " + ("ok" if healthy else "FAILED"))
         print("\n".join(lines))
-        print("result: " + ("every check passed" if ok and trained and measured else "FAILED"))
+        measured, lines = check_mfu(tmp, bare)
+        print("5. MFU of the reference trainer: " + ("ok" if measured else "FAILED"))
+        print("\n".join(lines))
+        passed = ok and trained and healthy and measured
+        print("result: " + ("every check passed" if passed else "FAILED"))
         print(
-            json.dumps({"gpus": gpus, "driver": driver, "exporter_ok": ok, "trainer_ok": trained, "mfu_ok": measured})
+            json.dumps(
+                {
+                    "gpus": gpus,
+                    "driver": driver,
+                    "exporter_ok": ok,
+                    "trainer_ok": trained,
+                    "preflight_ok": healthy,
+                    "mfu_ok": measured,
+                }
+            )
         )
-        return 0 if ok and trained and measured else 1
+        return 0 if passed else 1
 
 
 if __name__ == "__main__":

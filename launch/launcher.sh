@@ -110,6 +110,7 @@ readonly KIT_SWEEP_TASK
 if (( KIT_SWEEP_TASK )); then mapfile -d '' -t KIT_COMMAND <"${KIT_JOB_DIR}/command"; fi
 readonly KIT_COMMAND
 readonly KIT_STOP_GRACE
+readonly KIT_PREFLIGHT KIT_PREFLIGHT_WAIT=300  # --preflight; how long the first node waits for every node's record
 # Sidecars, three words each: name, a program that must exist ('' for none),
 # and the bash command that runs it. Local rank 0 starts them, one per node.
 readonly -a KIT_SIDECARS
@@ -308,6 +309,32 @@ kit::on_signal() {
     KIT_WARNING_PENDING=1
   fi
 }
+# kit::preflight: --preflight: this node checked before any command starts (python -m kit.preflight: its
+# GPUs, a burn-in), the first node's local rank 0 judges every node's record, and each task waits for that
+# verdict (progress/r<run>/preflight). Status 1: a node failed (the verdict names it), or no verdict came.
+kit::preflight() {
+  local -r verdict="${KIT_PROGRESS_DIR}/preflight" python="${KIT_PYTHON:-python3}" log="${KIT_NODE_LOG_PREFIX}.preflight.log"
+  local word="" naps=0
+  if (( LOCAL_RANK == 0 )); then
+    "${python}" -m kit.preflight node --node "${KIT_NODE}" --out "${KIT_PROGRESS_DIR}/preflight-${KIT_NODE}.json" \
+      >>"${log}" 2>&1 || true
+    if (( ${SLURM_NODEID:-0} == 0 )); then
+      "${python}" -m kit.preflight judge "${KIT_PROGRESS_DIR}" --nodes "${SLURM_STEP_NUM_NODES:-${SLURM_NNODES:-1}}" \
+        --timeout "${KIT_PREFLIGHT_WAIT}" >>"${log}" 2>&1 || true
+    fi
+  fi
+  while [[ ! -e "${verdict}" ]] && (( naps < (KIT_PREFLIGHT_WAIT + 60) * 10 )); do
+    kit::nap 0.1
+    (( naps += 1 ))
+    kit::handle_signals
+    if (( KIT_STOPPING )); then return 1; fi
+  done
+  { read -r word <"${verdict}"; } 2>/dev/null || true
+  [[ "${word}" == verdict=ok ]] && return 0
+  kit::log "preflight: ${word:-no verdict in $(( KIT_PREFLIGHT_WAIT + 60 )) s}: the command does not start"
+  return 1
+}
+
 trap kit::cleanup EXIT
 # INT becomes TERM: a command started in the background ignores INT.
 kit::trap TERM "${KIT_WARNING_SIGNAL:-USR1}"
@@ -328,6 +355,7 @@ fi
 
 kit::handle_signals
 if (( KIT_STOPPING )); then exit 143; fi
+if (( KIT_PREFLIGHT )) && ! kit::preflight; then exit "$(( KIT_STOPPING ? 143 : 1 ))"; fi
 # Slurm signals the task's whole process group: the rank log's writer ignores
 # those signals (it ends when the command's output closes), and the command
 # runs in a group of its own, so each signal reaches it once, from this script.

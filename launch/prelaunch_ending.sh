@@ -249,10 +249,39 @@ kit::_run_facts() {
   local -r rc="${KIT_STEP_RC}"
   local class=own
   if (( rc == 0 )); then class=zero; elif (( rc > 128 )); then class=signal; fi
-  printf 'hang=%d declared=%d warned=%d stopping=%d function=%d all_done=%d rc=%s\n' \
+  printf 'preflight=%d hang=%d declared=%d warned=%d stopping=%d function=%d all_done=%d rc=%s\n' \
+    "$(kit::_holds kit::_preflight_failed)" \
     "$(kit::_holds test -e "${KIT_HANG_DIR}/report")" "$(kit::_holds kit::_work_declared)" \
     "${KIT_WARNED}" "${KIT_STOPPING}" "$(kit::_holds test -e "${KIT_JOB_DIR}/function.pkl")" \
     "$(kit::_holds kit::_all_ranks_done)" "${class}"
+}
+
+# kit::_preflight_failed: did this run's preflight verdict (kit.preflight.verdict) fail a node?
+kit::_preflight_failed() {
+  local line
+  [[ -r "${KIT_PROGRESS_DIR}/preflight" ]] || return 1
+  while IFS= read -r line; do
+    if [[ "${line}" == verdict=failed ]]; then return 0; fi
+  done <"${KIT_PROGRESS_DIR}/preflight"
+  return 1
+}
+
+# kit::_field FILE KEY: the value of FILE's first KEY=VALUE line (a hang report's, the preflight verdict's).
+kit::_field() {
+  local line
+  [[ -r "$1" ]] || return 0
+  while IFS= read -r line; do
+    if [[ "${line}" == "$2="* ]]; then printf '%s\n' "${line#"$2="}"; return 0; fi
+  done <"$1"
+}
+
+# kit::_suspects: the nodes the next run leaves out: those the preflight failed, else the one a hang report names.
+kit::_suspects() {
+  if kit::_preflight_failed; then
+    kit::_field "${KIT_PROGRESS_DIR}/preflight" nodes
+  else
+    kit::_field "${KIT_HANG_DIR}/report" node
+  fi
 }
 
 # kit::_holds COMMAND...: 1 when COMMAND succeeds, else 0.
@@ -297,9 +326,10 @@ kit::conclude() {
   IFS='|' read -r when end code flags why says <<<"${row}"
   kit::log "the run ended with ${facts}: ${end} (${when:-any other end})"
   if [[ " ${flags} " == *" mark "* && ! -e "${KIT_FINISHED_FILE}" ]]; then : >"${KIT_FINISHED_FILE}"; fi
-  if [[ " ${flags} " == *" suspect "* ]]; then KIT_SUSPECT_NODE="$(sed -n 's/^node=//p' "${KIT_HANG_DIR}/report")"; fi
+  if [[ " ${flags} " == *" suspect "* ]]; then KIT_SUSPECT_NODE="$(kit::_suspects)"; fi
   if [[ " ${flags} " == *" teardown "* ]]; then kit::_record_run "${end}" 0 "${rc}"; else kit::_record_run "${end}" "${rc}"; fi
   says="${says//\{rc\}/${rc}}"
+  if [[ "${says}" == *"{preflight}"* ]]; then says="${says//\{preflight\}/$(kit::_field "${KIT_PROGRESS_DIR}/preflight" why)}"; fi
   if [[ -n "${says}" ]]; then kit::log "${says//\{hang_dir\}/${KIT_HANG_DIR}}"; fi
   if [[ -n "${why}" ]]; then kit::requeue "${why//\{rc\}/${rc}}" "${KIT_SUSPECT_NODE}" || true; fi
   exit "$(kit::_ending_code "${code}")"

@@ -338,20 +338,26 @@ def test_how_a_run_ended_is_one_table_that_bash_and_python_read_alike():
         {},
     )
     picked = out.splitlines()
-    assert len(picked) == len(combos) == 192
+    assert len(picked) == len(combos) == 384
     for facts, row in zip(combos, picked):
         want = ending.conclude(facts)
         assert row == want.row(), facts
-        if facts["hang"] == "1":
+        if facts["preflight"] == "1":  # no command ran: never finished, whatever else the run saw
+            assert want.end == "preflight" and want.requeue and want.suspect and want.code != "0"
+        elif facts["hang"] == "1":
             assert want.end == "hang" and want.requeue
         if want.end == "finished":
             assert facts["declared"] == "1" or (
                 facts["all_done"] == "1" and facts["rc"] == "zero" and facts["function"] == "0"
             )
-        if facts["stopping"] == "1" and facts["declared"] == facts["warned"] == facts["hang"] == "0":
+        if (
+            facts["stopping"] == "1"
+            and facts["declared"] == facts["warned"] == facts["hang"] == facts["preflight"] == "0"
+        ):
             assert want.code != "0" and want.end == "stopped"
         assert want.code != "0" or want.end == "finished"
-    assert {e.end for e in ending.ENDINGS} <= {"finished", "failed", "warned", "stopped", "hang", "incomplete"}
+    ends = {"finished", "failed", "warned", "stopped", "hang", "incomplete", "preflight"}
+    assert {e.end for e in ending.ENDINGS} <= ends
 
 
 def test_the_tracker_identity_bash_gives_is_pythons_and_a_users_own_is_kept(tmp_path, monkeypatch):

@@ -47,6 +47,7 @@ COMMANDS = {
     "report": "kit.cli.report:report",
     "convert": "kit.cli.convert:convert",
     "trim": "kit.cli.trim:trim",
+    "check": "kit.cli.check:check",
     **wire.SERVER_COMMANDS,
 }
 

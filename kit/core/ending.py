@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Mapping
 
 # The facts of a run's end, each 0 or 1, as kit::_run_facts prints them.
-FLAGS = ("hang", "declared", "warned", "stopping", "function", "all_done")
+FLAGS = ("preflight", "hang", "declared", "warned", "stopping", "function", "all_done")
 FACT_MEANING = {
+    "preflight": "the preflight verdict failed a node before any command started (--preflight)",
     "hang": "the hang watchdog stopped the step (its report is there)",
     "declared": "the work was declared finished (FINISHED, or every rank through kit.train.progress.finished())",
     "warned": "the time-limit warning came during the run",
@@ -42,7 +43,8 @@ class Ending:
     ``requeue`` (its reason) the job is requeued when the budget allows, and ``code`` is its exit
     code otherwise. ``mark``: write FINISHED; ``teardown``: record the step's code as a failure
     after the work was finished (the run's own code is then 0); ``suspect``: leave the node the hang
-    report names out of the next run. ``says``: the batch log's line ({rc}, {hang_dir} filled)."""
+    report names (or the nodes the preflight failed) out of the next run. ``says``: the batch log's line ({rc},
+    {hang_dir}, {preflight} — the verdict's why — filled)."""
 
     when: tuple[tuple[str, str], ...]
     end: str
@@ -68,6 +70,15 @@ def _when(**facts: object) -> tuple[tuple[str, str], ...]:
 FINISHED_SAYS = "step ended with exit 0; the work is finished"
 
 ENDINGS: tuple[Ending, ...] = (
+    # No command ran: the nodes the verdict failed are left out of the next run.
+    Ending(
+        _when(preflight=1),
+        "preflight",
+        "refusal PREFLIGHT",
+        suspect=True,
+        says="no command started: the preflight failed {preflight}",
+        requeue="a node failed its preflight",
+    ),
     Ending(
         _when(hang=1),
         "hang",

@@ -279,6 +279,14 @@ OPTIONS: tuple[Option, ...] = (
         minimum=0,
     ),
     Option(
+        "preflight",
+        FLAG,
+        RECOVERY,
+        "Check every node before the command starts (GPU health through NVML, a matmul burn-in against the peak "
+        "and the other nodes); a failing node is left out of the next run.",
+        default=False,
+    ),
+    Option(
         "stop_grace",
         INT,
         RECOVERY,

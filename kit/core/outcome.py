@@ -22,9 +22,16 @@ TIME_LIMIT = 79  # killed at the time limit (the warning was not acted on)
 CANCELLED = 80  # cancelled: before it started, while starting or while running
 PREEMPTED = 81  # preempted and not requeued
 OUT_OF_MEMORY = 82  # the scheduler's out-of-memory state (cgroup limit)
+PREFLIGHT_FAILED = 83  # a node failed its preflight (--preflight) and no restart was left
 
 # Codes prelaunch.sh decides itself (rendered into it, one definition).
-PRELAUNCH_CODES = {"BUDGET_SPENT": BUDGET_SPENT, "NO_PROGRESS": NO_PROGRESS, "HUNG": HUNG, "INCOMPLETE": INCONSISTENT}
+PRELAUNCH_CODES = {
+    "BUDGET_SPENT": BUDGET_SPENT,
+    "NO_PROGRESS": NO_PROGRESS,
+    "HUNG": HUNG,
+    "INCOMPLETE": INCONSISTENT,
+    "PREFLIGHT": PREFLIGHT_FAILED,
+}
 
 MEANING = {
     FINISHED: "the work finished",
@@ -38,6 +45,7 @@ MEANING = {
     CANCELLED: "cancelled",
     PREEMPTED: "preempted and not requeued",
     OUT_OF_MEMORY: "out of memory",
+    PREFLIGHT_FAILED: "a node failed its preflight check before the command started and no restart was left",
 }
 
 

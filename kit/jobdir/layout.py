@@ -63,6 +63,8 @@ class JobDir:
     WARNED = "warned-{rank}"  # the rank's command was given the warning
     JOINED = "joined-{rank}"  # the rank's command reached the rendezvous
     TIMELINE = "timeline-{rank}"  # kit.train.progress's: "first|save|saved|last TIME STEP" lines (goodput's)
+    PREFLIGHT_NODE = "preflight-{node}.json"  # --preflight: a node's checks and burn-in (kit.preflight)
+    PREFLIGHT = "preflight"  # --preflight: the verdict over every node (verdict=, nodes=, why=, checked=)
     # In hang/r<run>/ (after a hang: the watchdog asks, every rank answers).
     HANG_REQUEST = "request"  # "rank=R": the suspect; the launchers dump their stacks
     HANG_STACKS = "rank-{rank}.txt"  # a rank's process states and stacks
@@ -77,6 +79,7 @@ class JobDir:
     METRICS_SUFFIX = ".metrics.jsonl"
     METRICS_LOG = NODE_LOG + METRICS_SUFFIX  # the exporter's record of its polls
     GPU_DMON_LOG = NODE_LOG + ".gutil"  # the gpu-dmon sidecar's nvidia-smi dmon output
+    PREFLIGHT_LOG = NODE_LOG + ".preflight.log"  # --preflight: what the node's check and the verdict printed
     EXIT = "exit.r{run}.rank-{rank}"  # how a rank ended: "time rank rc self|stopped|warned"
     # In results/ (kit.submit).
     RESULT = "rank-{rank}.pkl"
@@ -173,9 +176,29 @@ class JobDir:
             cls.REPORT,
             cls.TRACKER,
         }
-        run = {cls.STEP_START, cls.WARNING, cls.STOP, cls.RANK_PROGRESS, cls.TASK, cls.WARNED, cls.JOINED, cls.TIMELINE}
+        run = {
+            cls.STEP_START,
+            cls.WARNING,
+            cls.STOP,
+            cls.RANK_PROGRESS,
+            cls.TASK,
+            cls.WARNED,
+            cls.JOINED,
+            cls.TIMELINE,
+            cls.PREFLIGHT_NODE,
+            cls.PREFLIGHT,
+        }
         hang = {cls.HANG_REQUEST, cls.HANG_STACKS, cls.HANG_REPORT, cls.HANG_STOP}
-        logs = {cls.BATCH_LOG, cls.RANK_LOG, cls.NODE_LOG, cls.SIDECAR_LOG, cls.METRICS_LOG, cls.GPU_DMON_LOG, cls.EXIT}
+        logs = {
+            cls.BATCH_LOG,
+            cls.RANK_LOG,
+            cls.NODE_LOG,
+            cls.SIDECAR_LOG,
+            cls.METRICS_LOG,
+            cls.GPU_DMON_LOG,
+            cls.EXIT,
+            cls.PREFLIGHT_LOG,
+        }
         return (
             top
             | {

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from kit.jobdir import hangs, records, tracker_runs
 from kit.jobdir.goodput import goodput
+from kit.jobdir.layout import JobDir
+from kit.preflight.verdict import read_verdict
 from kit.report.series import IDLE_UTIL, Logs, Series, _of, _steady_pairs, increase, mean_rate
 from kit.report.summary import MIN_SECONDS, GpuSummary, NodeSummary, Summary, notes
 
@@ -135,6 +137,11 @@ def summarize(
     summary.goodput = goodput(job_dir) if job_dir else None
     if summary.goodput is not None:  # the runs the job directory records (a run may have left no metrics log)
         summary.runs = summary.goodput.runs
+    if job_dir:
+        d = JobDir(job_dir)
+        summary.preflight = [
+            {"run": run, **v} for run in d.run_dirs(JobDir.PROGRESS) if (v := read_verdict(d.run_progress(run)))
+        ]
     summary.trackers = tracker_runs(job_dir) if job_dir else {}
     summary.hangs = [{k: h[k] for k in ("run", "rank", "node", "summary")} for h in hangs(job_dir)] if job_dir else []
     summary.notes = notes(summary, min_seconds)

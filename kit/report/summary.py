@@ -111,6 +111,7 @@ class Summary:
     trackers: dict = field(default_factory=dict)  # the job's tracker runs (kit.jobdir.tracker_runs)
     hangs: list[dict] = field(default_factory=list)  # each run's hang: run, rank (or unknown), node, summary
     goodput: Goodput | None = None  # the job's time in parts, and the share that trained (kit.jobdir.goodput)
+    preflight: list[dict] = field(default_factory=list)  # --preflight: each run's verdict (kit.preflight.verdict)
     tflops: float | None = None  # rank 0's device, mean over the job: the model's TFLOP/s (kit.train.mfu)
     mfu: float | None = None  # of the device's peak (kit.monitor.peaks); None: n/a
 
@@ -124,6 +125,9 @@ class Summary:
         ]
         if self.goodput is not None:
             out.append(self.goodput.line())
+        for v in self.preflight:
+            checked = ", ".join(v["checked"]) or "no node"
+            out.append(f"preflight, run {v['run']}: {v['verdict']} ({checked})" + (f": {v['why']}" if v["why"] else ""))
         if self.first_loss is not None:
             out.append(f"loss (rank 0): {self.first_loss:.4g} -> {self.last_loss:.4g}")
         if self.tflops is not None:

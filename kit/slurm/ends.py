@@ -39,7 +39,8 @@ def job_outcome(st: JobStatus, job_dir: Path | None, finished: bool | None = Non
     else:
         code = _STATE_CODES.get(st.state, outcome.LOST)
     meaning = outcome.command_failed(code) if st.state == "FAILED" else outcome.MEANING[code]
-    if st.state == "FAILED" and job_dir is not None and not _any_rank_ran(Path(job_dir), st.restarts):
+    preflight = code == outcome.PREFLIGHT_FAILED  # no command ran, by design: the verdict stopped it
+    if st.state == "FAILED" and job_dir is not None and not preflight and not _any_rank_ran(Path(job_dir), st.restarts):
         meaning = _never_started(code)
     if st.state == "CANCELLED" and st.reason == "DependencyNeverSatisfied":
         meaning = f"it never ran: its dependency can never be met ({st.dependency or 'see squeue'})"

@@ -1,0 +1,51 @@
+"""A short burn-in: matrix products timed on each GPU (bf16, against the peak table) or, on a node without one,
+on its CPUs (fp32). A node is judged against the job's other nodes (kit.preflight.verdict), a GPU also against
+its datasheet peak (kit.monitor.peaks)."""
+
+from __future__ import annotations
+
+import time
+
+from kit.monitor import peaks
+
+GPU_SIZE, CPU_SIZE = 8192, 512
+
+
+def _rate(step, flops: float, seconds: float, sync=lambda: None) -> float:
+    """TFLOP/s of ``step`` (``flops`` each), run for about ``seconds`` after one warm-up."""
+    step()
+    sync()
+    t0, n = time.perf_counter(), 0
+    while True:
+        step()
+        n += 1
+        sync()
+        elapsed = time.perf_counter() - t0
+        if elapsed >= seconds:
+            return n * flops / elapsed / 1e12
+
+
+def burn_in(seconds: float = 2.0) -> dict:
+    """``{"device": "cpu", "tflops": x}`` or ``{"device": "cuda", "gpus": [{"index", "name", "tflops",
+    "of_peak"}, ...]}``; ``{"device": None, "why": ...}`` without torch."""
+    try:
+        import torch
+    except ImportError as e:
+        return {"device": None, "why": f"no torch here ({e}): no burn-in"}
+    if torch.cuda.is_available():
+        out = []
+        for i in range(torch.cuda.device_count()):
+            a = torch.randn(GPU_SIZE, GPU_SIZE, device=f"cuda:{i}", dtype=torch.bfloat16)
+            b = torch.randn_like(a)
+            rate = _rate(lambda: a @ b, 2.0 * GPU_SIZE**3, seconds / 2, lambda: torch.cuda.synchronize(i))
+            name = torch.cuda.get_device_name(i)
+            peak = peaks.peak_tflops(name, "bf16")
+            out.append({"index": i, "name": name, "tflops": rate, "of_peak": rate / peak if peak else None})
+        return {"device": "cuda", "gpus": out}
+    a = torch.randn(CPU_SIZE, CPU_SIZE)
+    b = torch.randn_like(a)
+    return {
+        "device": "cpu",
+        "tflops": _rate(lambda: a @ b, 2.0 * CPU_SIZE**3, seconds),
+        "threads": torch.get_num_threads(),
+    }

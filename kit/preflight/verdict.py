@@ -1,0 +1,127 @@
+"""A node's preflight record and the job's verdict over all of them.
+
+Each node's local rank 0 checks its node (:func:`check_node`: its GPUs' health, a burn-in) and writes
+``progress/r<run>/preflight-<node>.json``; the first node's judges them all once every node has written (or the
+wait is over: :func:`judge`) and writes the verdict, ``progress/r<run>/preflight`` (``key=value`` lines, as a hang
+report: ``verdict=ok|failed``, ``nodes=`` the nodes to leave out, ``why=``), which every task waits for before
+its command starts and prelaunch reads at the step's end.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from kit import files
+from kit.jobdir.layout import JobDir
+from kit.preflight import burn, health
+
+SLOW = 0.5  # a node's burn-in under this share of the median node's fails it
+GPU_FAIL, GPU_WARN = 0.3, 0.6  # a GPU's burn-in under these shares of its datasheet peak: fails it / is told
+
+
+def check_node(node: str | None = None, burn_seconds: float = 2.0, env: dict | None = None, say=print) -> dict:
+    """This node's record: its findings (health's, an Xid during the burn-in, a GPU far under its peak), the GPUs
+    seen, the burn-in (none on a node that failed already)."""
+    t0 = time.monotonic()
+    findings, seen, burned = health.check_gpus(env, lambda: burn.burn_in(burn_seconds), say)
+    burned = burned or {"device": None}
+    for gpu in burned.get("gpus", []):
+        share = gpu.get("of_peak")
+        if share is not None and share < GPU_WARN:
+            level = "fail" if share < GPU_FAIL else "warn"
+            findings.append(
+                health.Finding(level, f"matmul burn-in {gpu['tflops']:.0f} TFLOP/s: {100 * share:.0f} % of its peak")
+            )
+    return {
+        "node": node or socket.gethostname(),
+        "ok": not any(f.level == "fail" for f in findings),
+        "findings": [asdict(f) for f in findings],
+        "gpus": seen,
+        "burn": burned,
+        "seconds": round(time.monotonic() - t0, 3),
+        "time": time.time(),
+    }
+
+
+def node_score(record: dict) -> float | None:
+    """A node's burn-in as one number (its slowest GPU's TFLOP/s, or its CPUs'), to hold against the others."""
+    burned = record.get("burn") or {}
+    if burned.get("gpus"):
+        return min(g["tflops"] for g in burned["gpus"])
+    return burned.get("tflops")
+
+
+def records(directory: Path) -> dict[str, dict]:
+    """Every node's record in a run's progress directory (unreadable ones left out)."""
+    out = {}
+    for path in sorted(Path(directory).glob(JobDir.PREFLIGHT_NODE.format(node="*"))):
+        try:
+            record = files.loads(files.read_text(path, 1 << 20))
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("node"), str):
+            out[record["node"]] = record
+    return out
+
+
+def decide(found: dict[str, dict], expected: int) -> dict:
+    """The verdict over the nodes' records: the nodes that fail (a finding that fails, or a burn-in under
+    :data:`SLOW` of the median node's), why, and how many nodes gave none."""
+    failed: dict[str, str] = {}
+    for node, rec in found.items():
+        fails = [f for f in rec.get("findings", []) if f.get("level") == "fail"]
+        if fails:
+            failed[node] = "; ".join(health.Finding(**f).line() for f in fails)
+    scores = {n: s for n, r in found.items() if (s := node_score(r)) is not None and n not in failed}
+    if len(scores) >= 2:
+        median = statistics.median(scores.values())
+        for node, score in scores.items():
+            if median > 0 and score < SLOW * median:
+                failed[node] = f"burn-in {score:.3g} TFLOP/s, {100 * score / median:.0f} % of the median node's"
+    missing = max(expected - len(found), 0)
+    why = [f"{node}: {text}" for node, text in sorted(failed.items())]
+    if missing:
+        why.append(f"{missing} of {expected} node(s) gave no preflight record")
+    return {
+        "verdict": "failed" if failed or missing else "ok",
+        "nodes": sorted(failed),
+        "why": " | ".join(why),
+        "checked": sorted(found),
+    }
+
+
+def judge(directory: Path, expected: int, timeout: float = 300.0) -> dict:
+    """Wait (up to ``timeout``) for ``expected`` nodes' records in ``directory``, decide, write the verdict."""
+    deadline = time.monotonic() + timeout
+    found = records(directory)
+    while len(found) < expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+        found = records(directory)
+    verdict = decide(found, expected)
+    text = "".join(f"{k}={','.join(v) if isinstance(v, list) else v}\n" for k, v in verdict.items())
+    files.write_atomic(Path(directory) / JobDir.PREFLIGHT, text)
+    return verdict
+
+
+def read_verdict(directory: Path) -> dict | None:
+    """A run's verdict (``progress/r<run>/preflight``) as written; None when there is none."""
+    try:
+        text = files.read_text(Path(directory) / JobDir.PREFLIGHT, 1 << 20)
+    except OSError:
+        return None
+    fields = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    return {
+        "verdict": fields.get("verdict", "?"),
+        "nodes": [n for n in fields.get("nodes", "").split(",") if n],
+        "why": fields.get("why", ""),
+        "checked": [n for n in fields.get("checked", "").split(",") if n],
+    }
+
+
+def write_record(path: Path, record: dict) -> None:
+    files.write_atomic(path, json.dumps(record, indent=1) + "\n")

@@ -1,0 +1,227 @@
+"""Preflight (issue 43 item 2): a node's GPUs checked through NVML — the test library at NVML's C ABI stands in
+for the driver, under the unmodified nvidia-ml-py — and the verdict over a job's nodes. On the local cluster,
+before a job's first step: below."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from fake_gpus import FakeGpus
+
+from kit.preflight import verdict
+
+
+def node_check(gpus: FakeGpus, allocated: str = "0,1", burn: str = "0.2", during=None) -> dict:
+    """``python -m kit.preflight node`` on the test library's GPUs; ``during`` is done once it listens for Xids
+    (while its burn-in runs: 3 s, and torch's import before it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kit.preflight", "node", "--out", "-", "--burn-seconds", "3" if during else burn],
+        env={**env, **gpus.env(), "SLURM_JOB_GPUS": allocated, "SLURMD_NODENAME": "node7"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    said = proc.stderr.readline()
+    assert "listening for Xids on" in said, said + proc.stderr.read()
+    if during:
+        during(gpus)
+    out, err = proc.communicate(timeout=120)
+    record = json.loads(out)
+    assert proc.returncode == (0 if record["ok"] else 1), err
+    return record
+
+
+def fails(record: dict) -> list[tuple[int | None, str]]:
+    return [(f["gpu"], f["what"]) for f in record["findings"] if f["level"] == "fail"]
+
+
+@pytest.fixture
+def gpus(tmp_path) -> FakeGpus:
+    return FakeGpus(tmp_path / "nvml-state", count=2)
+
+
+def test_a_healthy_node_passes_and_its_burn_in_is_measured(gpus):
+    record = node_check(gpus)
+    assert record["ok"] and fails(record) == [] and record["node"] == "node7"
+    assert [g["minor"] for g in record["gpus"]] == [0, 1] and record["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert record["burn"]["device"] == "cpu" and record["burn"]["tflops"] > 0  # no CUDA here: the CPUs'
+
+
+def test_an_xid_during_the_burn_in_fails_the_node(gpus):
+    """NVML delivers an Xid only from its registration on (the test library too): one that comes while the
+    burn-in loads the GPUs, as a GPU that falls off the bus under load."""
+    record = node_check(gpus, during=lambda g: g.xid(1, 79))
+    assert not record["ok"] and fails(record) == [(1, "Xid 79 (fallen off the bus): NVML event")]
+    assert record["burn"]["device"] == "cpu"  # it ran: the Xid came during it
+    gpus.xids.clear()
+    assert node_check(gpus.write())["ok"]  # the next check: NVML gives a new listener no old event
+
+
+@pytest.mark.parametrize(
+    "fault, expected",
+    [
+        (lambda g: g.set(0, dbe=2), [(0, "2 volatile double-bit ECC error(s) since the driver loaded")]),
+        (lambda g: g.set(1, remap_pending=1), [(1, "row remapping pending: the GPU needs a reset")]),
+        (lambda g: g.set(0, reasons=0x8), [(0, "clocks held down: hardware slowdown")]),
+        (lambda g: g.lose(1), [(None, "GPU at index 1 is lost (fallen off the bus)")]),
+    ],
+    ids=["double-bit-ecc", "remap-pending", "hw-slowdown", "lost-gpu"],
+)
+def test_a_sick_gpu_fails_its_node_and_says_why(gpus, fault, expected):
+    fault(gpus)
+    gpus.write()
+    record = node_check(gpus)
+    assert not record["ok"] and fails(record) == expected, record["findings"]
+    assert record["burn"] == {"device": None}  # a failed node is not burned in: it is out already
+
+
+def test_a_gpu_slurm_allocated_that_nvml_does_not_see_fails_the_node(gpus):
+    record = node_check(gpus, allocated="0-2")
+    assert fails(record) == [(2, "allocated by Slurm but NVML does not see it")]
+
+
+def test_an_xid_an_application_causes_and_a_hot_gpu_are_told_not_failed(gpus):
+    gpus.set(1, reasons=0x20).write()
+    record = node_check(gpus, during=lambda g: g.xid(0, 13))
+    warned = [(f["gpu"], f["what"]) for f in record["findings"] if f["level"] == "warn"]
+    assert record["ok"] and warned == [
+        (1, "clocks held down: software thermal slowdown (the GPU runs hot)"),
+        (0, "Xid 13: NVML event"),
+    ]
+
+
+def test_the_verdict_names_failing_and_slow_nodes_and_counts_the_silent(tmp_path):
+    def rec(node: str, tflops: float, fail: str | None = None) -> dict:
+        findings = [{"level": "fail", "what": fail, "gpu": 1}] if fail else []
+        return {"node": node, "ok": not fail, "findings": findings, "burn": {"device": "cpu", "tflops": tflops}}
+
+    found = {n: rec(n, t) for n, t in (("node1", 1.0), ("node2", 0.9), ("node3", 0.3), ("node4", 1.1))}
+    found["node5"] = rec("node5", 1.0, "Xid 79 (fallen off the bus): NVML event")
+    got = verdict.decide(found, expected=6)
+    assert got["verdict"] == "failed" and got["nodes"] == ["node3", "node5"]
+    assert got["why"] == (
+        "node3: burn-in 0.3 TFLOP/s, 32 % of the median node's | "
+        "node5: FAIL: GPU 1: Xid 79 (fallen off the bus): NVML event | 1 of 6 node(s) gave no preflight record"
+    )
+    for node, record in found.items():
+        verdict.write_record(tmp_path / f"preflight-{node}.json", record)
+    (tmp_path / "preflight-junk.json").write_text("{torn")
+    written = verdict.judge(tmp_path, expected=5, timeout=0)
+    assert written["nodes"] == ["node3", "node5"] and verdict.read_verdict(tmp_path) == {
+        **written,
+        "why": written["why"],
+    }
+    assert verdict.decide({"node1": found["node1"], "node2": found["node2"]}, 2)["verdict"] == "ok"
+
+
+def test_the_kernel_logs_xids_since_boot_are_read_where_the_user_may(tmp_path):
+    """/dev/kmsg's records (one per read there; a file here gives many at once): each NVRM Xid line."""
+    from kit.preflight.health import kernel_xids
+
+    log = tmp_path / "kmsg"
+    log.write_bytes(
+        b"4,512,100,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.\n"
+        b"6,513,101,-;eth0: link up\n"
+        b"4,514,102,-;NVRM: Xid (PCI:0000:86:00): 13, Graphics Exception\n"
+    )
+    assert kernel_xids(str(log)) == [("0000:3b:00", 79), ("0000:86:00", 13)]
+    assert kernel_xids(str(tmp_path / "none")) == []
+
+
+# ------------------------------------------------------------------ on the local cluster, before the first step
+
+
+@pytest.fixture
+def gpu_cluster(tmp_path):
+    from helpers import require
+
+    from kit.cluster import LocalCluster
+
+    require("slurmctld")
+    home = tmp_path / "home"
+    c = LocalCluster(home)
+    c.up(nodes=3, cpus_per_node=2, gpus_per_node=2)
+    c.env = {"KIT_HOME": str(home)}
+    yield c
+    c.down(force=True)
+
+
+RAN = 'echo "ran on $SLURMD_NODENAME"'
+
+
+def test_a_sick_node_stops_the_run_before_any_command_and_the_next_run_leaves_it_out(gpu_cluster, tmp_path):
+    """3 nodes of 2 GPUs (the test library behind each node's NVML). A 2-node --preflight job lands on node1 and
+    node2; node2's GPU 1 has a double-bit ECC error: no command starts, the run ends `preflight`, the job is
+    requeued without node2 and finishes on node1 and node3. Then node3 loses sight of a GPU: a 3-node job with
+    no restart left fails with 83 before any command, both nodes named."""
+    from helpers import check_end, hastened, launch_wait, read_logs, runs
+
+    from kit import slurm
+
+    fleet = {n: FakeGpus(tmp_path / f"nvml-{n}", minors=[0, 1]) for n in ("node1", "node2", "node3")}
+    fleet["node2"].set(1, dbe=1).write()
+    lib = fleet["node1"].env()["LD_LIBRARY_PATH"]
+    gpu_env = ["--env", f"LD_LIBRARY_PATH={lib}", "--env", f"FAKE_NVML_STATE={tmp_path}/nvml-{{node}}"]
+    common = ["--preflight", "--gpus-per-node", "2", *gpu_env]
+    w = launch_wait(
+        tmp_path, "--nodes", "2", "--max-restarts", "1", *common, command=["bash", "-c", RAN], env=gpu_cluster.env
+    )
+    with hastened(gpu_cluster, w.job_id):
+        err = check_end(gpu_cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=None)
+    assert [r["end"] for r in runs(w.job_dir)] == ["preflight", "finished"] and "after 1 restart(s)" in err
+    logs = read_logs(w.job_dir)
+    said = "no command started: the preflight failed node2: FAIL: GPU 1: 1 volatile double-bit ECC error(s)"
+    assert said in logs and "the next run leaves out node2" in logs, logs
+    assert sorted(set(re.findall(r"ran on (node\d)", logs))) == ["node1", "node3"]  # run 1's, and only run 1's
+    assert not list(w.job_dir.glob("logs/rank-*.r0.log")) or "ran on" not in "".join(
+        p.read_text() for p in w.job_dir.glob("logs/rank-*.r0.log")
+    )
+    first = verdict.read_verdict(w.job_dir / "progress" / "r0")
+    assert (first["verdict"], first["nodes"], first["checked"]) == ("failed", ["node2"], ["node1", "node2"])
+    assert verdict.read_verdict(w.job_dir / "progress" / "r1")["checked"] == ["node1", "node3"]
+    assert "node2" in slurm.job_status(gpu_cluster.target, w.job_id).excluded_nodes
+
+    fleet["node3"].gpus.pop(1)
+    fleet["node3"].write()  # NVML on node3 sees one GPU of the two Slurm gives
+    w = launch_wait(
+        tmp_path, "--nodes", "3", "--max-restarts", "0", *common, command=["bash", "-c", RAN], env=gpu_cluster.env
+    )
+    err = check_end(gpu_cluster, w, state="FAILED", code=83, finished=False, log=None, ends=["preflight"])
+    assert "a node failed its preflight check before the command started and no restart was left" in err, err
+    logs = read_logs(w.job_dir)
+    assert "ran on" not in logs and "retry budget spent" in logs
+    got = verdict.read_verdict(w.job_dir / "progress" / "r0")
+    assert (
+        got["nodes"] == ["node2", "node3"]
+        and "node3: FAIL: GPU 1: allocated by Slurm but NVML does not see it" in (got["why"])
+    )
+    report = subprocess.run(
+        [sys.executable, "-m", "kit", "report", str(w.job_dir), "-o", str(tmp_path / "r.png")],
+        env={**os.environ, **gpu_cluster.env},
+        capture_output=True,
+        text=True,
+    )
+    assert "preflight, run 0: failed (node1, node2, node3): node2: FAIL: GPU 1:" in report.stdout, report.stdout
+    # The same checks on the idle nodes, no job: kit check nodes.
+    checked = subprocess.run(
+        [sys.executable, "-m", "kit", "check", "nodes", "--local", "--gpus-per-node", "2", "--burn-seconds", "0.2"],
+        env={**os.environ, **gpu_cluster.env, "LD_LIBRARY_PATH": lib, "FAKE_NVML_STATE": f"{tmp_path}/nvml-{{node}}"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    lines = checked.stdout.splitlines()
+    assert re.match(r"node1 +ok +burn-in [0-9.e+-]+ TFLOP/s$", lines[0]), lines
+    assert re.match(r"node2 +FAILED ", lines[1]) and lines[2] == (
+        "  FAIL: GPU 1: 1 volatile double-bit ECC error(s) since the driver loaded"
+    )
+    assert "  FAIL: GPU 1: allocated by Slurm but NVML does not see it" in lines and lines[-1].startswith(
+        "verdict: failed: node2: FAIL"
+    )
