@@ -155,3 +155,48 @@ def test_kit_report_says_the_goodput_and_how_long_the_gpus_sat_idle(job, tmp_pat
     )
     numbers = json.loads((tmp_path / "r.json").read_text())["goodput"]
     assert numbers["idle_gpu_seconds"] == 2.0 and numbers["parts"]["hang"] == pytest.approx(10)
+
+
+def test_the_jobs_events_are_one_timeline_across_its_runs(job):
+    """kit events: what each record says happened, in order (run 2's caught-up end before run 3's start, at
+    the same moment), here as the +seconds lines `kit events` prints."""
+    from kit.jobdir.events import events
+
+    hang = job / "hang" / "r0" / "report"
+    _write(hang, "rank=1\nnode=node2\nsummary=rank 1 on node2 its process is T (stopped)\n", T0 + 48)
+    _write(job.run_progress(1) / JobDir.WARNING, "USR1\n", T0 + 88)
+    _write(job / JobDir.OUTCOME, json.dumps({"state": "COMPLETED", "time": T0 + 153}))
+    got = events(job.path)
+    assert [(e.time - T0, e.run, e.kind) for e in got] == [
+        (0, None, "submitted"),
+        (4, 0, "started"),
+        (7, 0, "running"),
+        (10, 0, "first-step"),
+        (48, 0, "hang"),
+        (50, 0, "run-ended"),
+        (60, 1, "started"),
+        (62, 1, "running"),
+        (70, 1, "first-step"),
+        (88, 1, "warned"),
+        (95, 1, "run-ended"),
+        (100, 2, "started"),
+        (101, 2, "running"),
+        (105, 2, "first-step"),
+        (130, 2, "run-ended"),
+        (130, 3, "started"),
+        (131, 3, "running"),
+        (135, 3, "first-step"),
+        (152, 3, "run-ended"),
+        (153, None, "ended"),
+    ]
+    lines = [e.line(since=got[0].time) for e in got]
+    assert lines[0] == "+      0.0 s          submitted as job 42"
+    assert lines[4] == "+     48.0 s  run 0   hang: rank 1 on node2 its process is T (stopped)"
+    assert lines[6] == "+     60.0 s  run 1   started (requeued)"
+    assert lines[7] == "+     62.0 s  run 1   every task running (2.0 s after the run's start)"
+    assert lines[9] == "+     88.0 s  run 1   the time limit's warning reached the run"
+    assert lines[14] == "+    130.0 s  run 2   ended without a record of its own (killed): the next run found it so"
+    assert lines[-2:] == [
+        "+    152.0 s  run 3   ended: finished, exit code 0",
+        "+    153.0 s          ended COMPLETED (as Slurm gave it)",
+    ]

@@ -173,7 +173,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the jobs a user has; a job's logs, its spec again, its cancel; code and jobs over ssh
     ("kit.job.listing", "kit.job.logs", "kit.job.respec", "kit.job.cancel", "kit.remote.transfer", "kit.remote.hosted"),
     # kit trim; kit.Job, kit.launch
-    ("kit.code.trim", "kit.job.api"),
+    ("kit.code.trim", "kit.job.reading", "kit.job.api"),
     # kit.submit / kit.map: FunctionJob(Job)
     ("kit.job.functions",),
     # the commands (and kit there's); `kit` re-exports the API lazily

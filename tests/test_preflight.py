@@ -13,6 +13,7 @@ import sys
 import pytest
 from fake_gpus import FakeGpus
 
+from kit.jobdir.runs import read_verdict
 from kit.preflight import verdict
 
 
@@ -113,7 +114,7 @@ def test_the_verdict_names_failing_and_slow_nodes_and_counts_the_silent(tmp_path
         verdict.write_record(tmp_path / f"preflight-{node}.json", record)
     (tmp_path / "preflight-junk.json").write_text("{torn")
     written = verdict.judge(tmp_path, expected=5, timeout=0)
-    assert written["nodes"] == ["node3", "node5"] and verdict.read_verdict(tmp_path) == {
+    assert written["nodes"] == ["node3", "node5"] and read_verdict(tmp_path) == {
         **written,
         "why": written["why"],
     }
@@ -182,9 +183,9 @@ def test_a_sick_node_stops_the_run_before_any_command_and_the_next_run_leaves_it
     assert not list(w.job_dir.glob("logs/rank-*.r0.log")) or "ran on" not in "".join(
         p.read_text() for p in w.job_dir.glob("logs/rank-*.r0.log")
     )
-    first = verdict.read_verdict(w.job_dir / "progress" / "r0")
+    first = read_verdict(w.job_dir / "progress" / "r0")
     assert (first["verdict"], first["nodes"], first["checked"]) == ("failed", ["node2"], ["node1", "node2"])
-    assert verdict.read_verdict(w.job_dir / "progress" / "r1")["checked"] == ["node1", "node3"]
+    assert read_verdict(w.job_dir / "progress" / "r1")["checked"] == ["node1", "node3"]
     assert "node2" in slurm.job_status(gpu_cluster.target, w.job_id).excluded_nodes
 
     fleet["node3"].gpus.pop(1)
@@ -196,7 +197,7 @@ def test_a_sick_node_stops_the_run_before_any_command_and_the_next_run_leaves_it
     assert "a node failed its preflight check before the command started and no restart was left" in err, err
     logs = read_logs(w.job_dir)
     assert "ran on" not in logs and "retry budget spent" in logs
-    got = verdict.read_verdict(w.job_dir / "progress" / "r0")
+    got = read_verdict(w.job_dir / "progress" / "r0")
     assert (
         got["nodes"] == ["node2", "node3"]
         and "node3: FAIL: GPU 1: allocated by Slurm but NVML does not see it" in (got["why"])
@@ -225,3 +226,13 @@ def test_a_sick_node_stops_the_run_before_any_command_and_the_next_run_leaves_it
     assert "  FAIL: GPU 1: allocated by Slurm but NVML does not see it" in lines and lines[-1].startswith(
         "verdict: failed: node2: FAIL"
     )
+
+
+def test_an_image_without_the_nvml_binding_is_told_not_failed(monkeypatch):
+    """A container image with no nvidia-ml-py: the GPUs go unchecked (said), the node is not at fault."""
+    from kit.preflight import health
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    findings, seen, burned = health.check_gpus({"SLURM_JOB_GPUS": "0,1"}, during=lambda: "burned")
+    assert [(f.level, f.what.split(" (")[0]) for f in findings] == [("warn", "nvidia-ml-py is not installed here")]
+    assert seen == [] and burned == "burned"

@@ -495,6 +495,7 @@ print(json.dumps({
     "state": [job.state(), job.done(), job.wait(timeout=60).exit_code, reopened.state(), ended],
     "logs": [job.logs(), job.logs(rank=0), b"".join(fed).decode(), b"token=s3cret" in b"".join(followed)],
     "errors": [job.logs(errors=True), job.errors(), repr(job.progress())],
+    "events": [e.kind for e in job.events()],
     "goodput": (lambda g: [g.runs, g.goodput, g.live, g.parts["unreported"] > 0, type(g).__name__,
                            abs(sum(g.parts.values()) - g.wall_seconds) < 1e-6])(job.goodput()),
     "listed": [[j.id, str(j.dir), j.row.state] for j in listed] == [[job.id, str(job.dir), "COMPLETED"]],
@@ -517,6 +518,7 @@ API_ANSWERS = {
         [],
         "Progress(step=None, max_steps=None, loss=None, samples_per_second=None, tflops=None, mfu=None)",
     ],
+    "events": ["submitted", "started", "running", "run-ended", "ended"],
     "goodput": [1, None, False, True, "Goodput", True],  # a bash command reports no steps: its time unreported
     "listed": True,
     "rerun": [True, "one\ntoken=r3run\ntwo\n"],
@@ -529,7 +531,7 @@ API_ANSWERS = {
 
 @pytest.mark.parametrize("where", ["on-the-login-node", "from-the-laptop"])
 def test_the_python_api_answers_alike_on_the_login_node_and_over_ssh(cluster, user, hosts, laptop, there, where):
-    """The same calls — kit.launch, a Job's state/done/wait/logs/feed_logs/follow/errors/progress/goodput/target/
+    """The same calls — kit.launch, a Job's state/done/wait/logs/feed_logs/follow/errors/progress/goodput/events/target/
     rerun/cancel, kit.jobs, kit.Job reopened, kit.submit and kit.map with their results — made by the user on the login
     node (no host) and from the laptop (host="kit-login"), give the same answers: kit.Job and kit.FunctionJob
     both ways. The laptop runs the user's venv's Python (a function job's Python is the login node's minor)."""

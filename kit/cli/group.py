@@ -40,6 +40,7 @@ COMMANDS = {
     "logs": "kit.cli.jobs:logs",
     "cancel": "kit.cli.jobs:cancel",
     "rerun": "kit.cli.jobs:rerun",
+    "events": "kit.cli.jobs:events",
     "build": "kit.cli.build:build",
     "inspect": "kit.cli.build:inspect",
     "cluster": "kit.cli.cluster:cluster",

@@ -1,4 +1,4 @@
-"""`kit ps`, `kit logs` and `kit cancel`: follow submitted jobs without raw Slurm commands."""
+"""`kit ps`, `kit logs`, `kit cancel`, `kit rerun` and `kit events`: follow submitted jobs without raw Slurm commands."""
 
 from __future__ import annotations
 
@@ -207,3 +207,25 @@ def rerun(job, edits, wait_, output_dir):
     click.echo(f"Submitted job {new.id}")
     click.echo(f"job dir: {new.dir}")
     return wait_and_report(new.target, new.id, new.dir) if wait_ else 0
+
+
+@click.command()
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True, help="The events as JSON: time (Unix seconds), kind, text, run.")
+@_OUTPUT_DIR
+def events(job, as_json, output_dir):
+    """What happened to JOB (an id or a job directory), in order, across its runs.
+
+    Its submission, each run's start, its tasks running, the first step, the preflight's verdict, the time
+    limit's warning, a hang, how each run ended, a cancel and the end Slurm gave it: each from the record kit
+    wrote as it happened. The first line gives the time; the others, seconds since.
+    """
+    from kit.job import api
+
+    job_dir, job_id = _job(job, output_dir)
+    got = api.Job(job_dir, job_id=job_id).events()
+    if as_json:
+        click.echo(json.dumps([e.as_json() for e in got], indent=1))
+        return
+    for i, e in enumerate(got):
+        click.echo(e.line() if i == 0 else e.line(since=got[0].time))

@@ -16,8 +16,6 @@ raises :class:`kit.KitError` with the command's message (``error.field``,
 
 from __future__ import annotations
 
-import functools
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -28,8 +26,8 @@ from kit.core import spec as specs
 from kit.core.outcome import Outcome
 from kit.errors import KitError
 from kit.job.cancel import cancel
+from kit.job.reading import Reading, _hosted, _or_there
 from kit.jobdir import JobDir, records
-from kit.jobdir import goodput as goodput_lib
 
 if TYPE_CHECKING:
     from kit.job import listing
@@ -146,27 +144,7 @@ def jobs(
     return out
 
 
-def _hosted():
-    """:mod:`kit.remote.hosted`, loaded when a job is on a login node (a local one loads no ssh machinery)."""
-    from kit.remote import hosted
-
-    return hosted
-
-
-def _or_there(method):
-    """A :class:`Job` method that, for a job on a login node (``host``), is the function of its name in
-    :mod:`kit.remote.hosted`: the same call made there."""
-
-    @functools.wraps(method)
-    def call(self, *args, **kwargs):
-        if self.host is None:
-            return method(self, *args, **kwargs)
-        return getattr(_hosted(), method.__name__)(self, *args, **kwargs)
-
-    return call
-
-
-class Job:
+class Job(Reading):
     """A submitted kit job (or one task of an array job), reopened from its directory; with ``host=``, one on
     that login node (``dir`` is its directory there): the same methods, each one call there
     (:mod:`kit.remote.hosted`)."""
@@ -233,13 +211,6 @@ class Job:
     def progress(self) -> records.Progress:
         """The training's latest step, loss and samples/s (what `kit ps` shows)."""
         return records.training_progress(self.dir)
-
-    @_or_there
-    def goodput(self) -> goodput_lib.Goodput | None:
-        """How much of the job's time trained and where the rest went (kit.jobdir.goodput): its wall time from
-        submission to now (or its end) in parts; None before its first run began."""
-        state = self.state() if self.id is not None else "ENDED"
-        return goodput_lib.goodput(self.dir, running=state not in slurm.TERMINAL_STATES | {"ENDED"})
 
     @_or_there
     def wait(
@@ -368,33 +339,3 @@ class Job:
         )
 
     results = result
-
-    @_or_there
-    @_or_there
-    def summarize(
-        self,
-        prometheus: str | None = None,
-        output: str | Path | None = None,
-        min_seconds: float | None = None,
-        notice=lambda e: None,
-    ):
-        """What `kit report` prints and writes: a single job's summary (``.lines()``), or an array
-        job's table of tasks; the picture at ``output`` (default: the job directory's report.png),
-        its numbers beside it (report.json); ``notice`` hears what could not be drawn. (On a login node the
-        report is made there, its picture written here; ``output_dir=`` says where a job id is looked up.)"""
-        from kit.cluster import LocalCluster
-        from kit.report import MIN_SECONDS, report_job
-
-        return report_job(
-            self.dir,
-            self.id or self.dir.name,
-            Path(output) if output else self.dir / JobDir.REPORT,
-            prometheus or LocalCluster().prometheus_url(),
-            MIN_SECONDS if min_seconds is None else min_seconds,
-            notice,
-        )
-
-    @_or_there
-    def report(self, prometheus: str | None = None, **kwargs: Any) -> dict:
-        """The numbers of `kit report` (report.json's), the picture written beside them."""
-        return asdict(self.summarize(prometheus, **kwargs))

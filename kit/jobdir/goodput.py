@@ -75,7 +75,10 @@ class Goodput:
 
 
 @dataclass
-class _Run:
+class RunTimes:
+    """What one run's records say of its times (Unix seconds; None: not recorded): kit.jobdir.events reads them
+    too."""
+
     run: int
     start: float | None = None
     end: float | None = None
@@ -119,9 +122,9 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
-def _read_run(d: JobDir, run: int) -> _Run:
+def _read_run(d: JobDir, run: int) -> RunTimes:
     progress = d.run_progress(run)
-    r = _Run(run)
+    r = RunTimes(run)
     try:
         r.start = float(files.read_text(progress / JobDir.STEP_START, 64).strip())
     except (OSError, ValueError):
@@ -135,7 +138,7 @@ def _read_run(d: JobDir, run: int) -> _Run:
     return r
 
 
-def _runs(job_dir: Path) -> list[_Run]:
+def run_times(job_dir: Path) -> list[RunTimes]:
     from kit.jobdir import records  # (records imports this package's face)
 
     d = JobDir(job_dir)
@@ -172,7 +175,7 @@ def _overlap(spans: list[tuple[float, float | None, int]], lo: float, hi: float,
     return sum(max(min(e if e is not None else end, hi) - max(s, lo), 0.0) for s, e, _ in spans)
 
 
-def _cut(r: _Run, start: float, end: float, redone_from: float | None, parts: dict[str, float]) -> None:
+def _cut(r: RunTimes, start: float, end: float, redone_from: float | None, parts: dict[str, float]) -> None:
     """Run ``r``'s held time, [start, end], into parts."""
     tasks = _clamp(r.tasks, start, end)
     parts["start"] += tasks - start
@@ -194,7 +197,7 @@ def _cut(r: _Run, start: float, end: float, redone_from: float | None, parts: di
     parts["hang" if r.end_word == "hang" else "ending"] += end - last - saving_after
 
 
-def _redone_from(r: _Run, following: _Run | None) -> float | None:
+def _redone_from(r: RunTimes, following: RunTimes | None) -> float | None:
     """Where the steps the next run trained again begin in ``r``: the end of the save of the step it resumed from
     (``r``'s start when that save is older than ``r``); None when no run follows."""
     if following is None:
@@ -211,7 +214,7 @@ def goodput(job_dir: str | Path, now: float | None = None, running: bool | None 
     from kit.jobdir import records
 
     job_dir = Path(job_dir)
-    runs = [r for r in _runs(job_dir) if r.start is not None]
+    runs = [r for r in run_times(job_dir) if r.start is not None]
     if not runs:
         return None
     now = _time.time() if now is None else now

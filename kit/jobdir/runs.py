@@ -1,4 +1,5 @@
-"""What a job's runs left besides logs: its tracker runs (as the trackers' own files tell them) and its hang records."""
+"""What a job's runs left besides logs: its tracker runs (as the trackers' own files tell them), its hang records and
+its preflight verdicts."""
 
 from __future__ import annotations
 
@@ -62,3 +63,19 @@ def hangs(job_dir: Path) -> list[dict]:
             }
         )
     return out
+
+
+def read_verdict(directory: Path) -> dict | None:
+    """A run's preflight verdict (``progress/r<run>/preflight``, kit.preflight.verdict writes it) as written; None
+    when there is none."""
+    try:
+        text = files.read_text(Path(directory) / JobDir.PREFLIGHT, 1 << 20)
+    except OSError:
+        return None
+    fields = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    return {
+        "verdict": fields.get("verdict", "?"),
+        "nodes": [n for n in fields.get("nodes", "").split(",") if n],
+        "why": fields.get("why", ""),
+        "checked": [n for n in fields.get("checked", "").split(",") if n],
+    }

@@ -6,6 +6,6 @@
 """
 
 from kit.preflight.health import FATAL_XIDS, Finding, check_gpus
-from kit.preflight.verdict import check_node, decide, judge, read_verdict, records
+from kit.preflight.verdict import check_node, decide, judge, records
 
-__all__ = ["FATAL_XIDS", "Finding", "check_gpus", "check_node", "decide", "judge", "read_verdict", "records"]
+__all__ = ["FATAL_XIDS", "Finding", "check_gpus", "check_node", "decide", "judge", "records"]

@@ -73,6 +73,10 @@ def check_gpus(
     allocated = job_gpus(env)
     try:
         n = _nvml()
+    except ImportError as e:  # the image lacks the binding: no node's fault, nothing checked
+        say("no NVML binding")
+        return [Finding("warn", f"nvidia-ml-py is not installed here ({e}): no GPU checked")], [], during()
+    try:
         n.nvmlInit()
     except Exception as e:
         say("no NVML")

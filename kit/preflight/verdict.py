@@ -108,20 +108,5 @@ def judge(directory: Path, expected: int, timeout: float = 300.0) -> dict:
     return verdict
 
 
-def read_verdict(directory: Path) -> dict | None:
-    """A run's verdict (``progress/r<run>/preflight``) as written; None when there is none."""
-    try:
-        text = files.read_text(Path(directory) / JobDir.PREFLIGHT, 1 << 20)
-    except OSError:
-        return None
-    fields = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-    return {
-        "verdict": fields.get("verdict", "?"),
-        "nodes": [n for n in fields.get("nodes", "").split(",") if n],
-        "why": fields.get("why", ""),
-        "checked": [n for n in fields.get("checked", "").split(",") if n],
-    }
-
-
 def write_record(path: Path, record: dict) -> None:
     files.write_atomic(path, json.dumps(record, indent=1) + "\n")

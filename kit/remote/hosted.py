@@ -82,6 +82,12 @@ def progress(job) -> records.Progress:
     return records.Progress(**_call(job, "progress"))
 
 
+def events(job):
+    from kit.jobdir.events import Event
+
+    return [Event(**e) for e in _call(job, "events")]
+
+
 def goodput(job):
     from kit.jobdir.goodput import Goodput
 

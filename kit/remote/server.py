@@ -189,6 +189,7 @@ CALLS = {
     "target": lambda job, a: asdict(job.target),
     "state": _state,
     "progress": lambda job, a: asdict(job.progress()),
+    "events": lambda job, a: [e.as_json() for e in job.events()],
     "goodput": lambda job, a: (lambda g: None if g is None else g.as_json())(job.goodput()),
     "wait": lambda job, a: asdict(job.wait(a.get("timeout"))),
     "cancel": lambda job, a: job.cancel(a.get("reason")),

@@ -10,7 +10,7 @@ from pathlib import Path
 from kit.jobdir import hangs, records, tracker_runs
 from kit.jobdir.goodput import goodput
 from kit.jobdir.layout import JobDir
-from kit.preflight.verdict import read_verdict
+from kit.jobdir.runs import read_verdict
 from kit.report.series import IDLE_UTIL, Logs, Series, _of, _steady_pairs, increase, mean_rate
 from kit.report.summary import MIN_SECONDS, GpuSummary, NodeSummary, Summary, notes
 

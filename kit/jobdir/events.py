@@ -1,0 +1,130 @@
+"""A job's timeline: what happened to it, in order, across every run, from its directory (``kit events``).
+
+Each :class:`Event` is read from a record kit writes as it happens — the submission (``job_id``), each run's start
+(``runs.jsonl``'s ``start_ms``, else prelaunch's ``step-start``), its tasks running (their records), rank 0's first
+step (its timeline), the preflight's verdict, the time limit's warning, a hang report, how the run ended
+(``runs.jsonl``), a ``kit cancel`` and the end Slurm gave the job (``outcome.json``) — so the timeline is the same
+whoever reads it and whenever, here or over ``--host``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from kit import files
+from kit.jobdir.goodput import run_times
+from kit.jobdir.layout import JobDir
+from kit.jobdir.runs import hangs, read_verdict
+
+# Ties in time keep this order (a run's start before its tasks, its end before the next run's start).
+KINDS = (
+    "submitted",
+    "started",
+    "running",
+    "preflight",
+    "first-step",
+    "warned",
+    "hang",
+    "run-ended",
+    "cancelled",
+    "ended",
+)
+
+
+@dataclass(frozen=True)
+class Event:
+    time: float  # Unix seconds
+    kind: str  # one of KINDS
+    text: str
+    run: int | None = None
+
+    def line(self, since: float | None = None) -> str:
+        """``+12.3 s  run 1  every task running …`` (``since``: the job's first event), else the local time."""
+        import time as _time
+
+        when = (
+            f"+{self.time - since:9.1f} s"
+            if since is not None
+            else _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(self.time)) + f".{int(self.time % 1 * 1000):03d}"
+        )
+        return f"{when}  {'' if self.run is None else f'run {self.run}':<7} {self.text}"
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return os.stat(path, follow_symlinks=False).st_mtime
+    except OSError:
+        return None
+
+
+def _json(path: Path) -> dict:
+    try:
+        value = files.read_json(path, 1 << 16)
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _run_events(d: JobDir, times, record) -> list[Event]:
+    r, out = times.run, []
+    if times.start is not None:
+        out.append(Event(times.start, "started", "started" + (" (requeued)" if r else ""), r))
+    if times.tasks is not None:
+        since = f" ({times.tasks - times.start:.1f} s after the run's start)" if times.start is not None else ""
+        out.append(Event(times.tasks, "running", f"every task running{since}", r))
+    progress = d.run_progress(r)
+    verdict = read_verdict(progress)
+    if verdict is not None and (when := _mtime(progress / JobDir.PREFLIGHT)) is not None:
+        said = f"preflight {verdict['verdict']}" + (f": {verdict['why']}" if verdict["why"] else "")
+        out.append(Event(when, "preflight", said, r))
+    if times.first is not None:
+        out.append(Event(times.first, "first-step", "first step", r))
+    if (when := _mtime(progress / JobDir.WARNING)) is not None:
+        out.append(Event(when, "warned", "the time limit's warning reached the run", r))
+    if record is not None:
+        if record.start_ms is None and record.end == "killed":  # caught up by the next run as it began
+            text = "ended without a record of its own (killed): the next run found it so"
+        else:
+            text = f"ended: {record.end}" + (f", exit code {record.exit_code}" if record.exit_code is not None else "")
+        when = record.end_ms / 1000 if record.end_ms is not None else record.time
+        if when is not None:
+            out.append(Event(float(when), "run-ended", text, r))
+    return out
+
+
+def events(job_dir: str | Path) -> list[Event]:
+    """Everything the job's records say happened to it, in order; [] for a job never submitted."""
+    from kit.jobdir import records
+
+    job_dir = Path(job_dir)
+    d, out = JobDir(job_dir), []
+    submitted = records.submitted_at(job_dir)
+    if submitted is not None:
+        out.append(Event(submitted, "submitted", f"submitted as job {records.job_id_of(job_dir) or '?'}"))
+    ended = {rec.run: rec for rec in records.run_records(job_dir)}
+    for times in run_times(job_dir):
+        out += _run_events(d, times, ended.get(times.run))
+    for h in hangs(job_dir):
+        report = d.path / JobDir.HANG / JobDir.RUN.format(run=h["run"]) / JobDir.HANG_REPORT
+        if (when := _mtime(report)) is not None:
+            who = f"rank {h['rank']} on {h['node']}" if h["rank"] != "unknown" else "no rank named"
+            out.append(Event(when, "hang", f"hang: {h['summary'] or who}", h["run"]))
+    cancelled = _json(d / JobDir.CANCELLED)
+    if isinstance(cancelled.get("time"), (int, float)):
+        why = f": {cancelled['reason']}" if cancelled.get("reason") else ""
+        out.append(Event(float(cancelled["time"]), "cancelled", f"cancelled by {cancelled.get('by', '?')}{why}"))
+    outcome = _json(d / JobDir.OUTCOME)
+    if isinstance(outcome.get("time"), (int, float)) and isinstance(outcome.get("state"), str):
+        out.append(Event(float(outcome["time"]), "ended", f"ended {outcome['state']} (as Slurm gave it)"))
+    return sorted(out, key=_order)
+
+
+def _order(e: Event) -> tuple:
+    """By time; at one time, by run (a run's end before the next one's start), the job's own first and last."""
+    run = e.run if e.run is not None else (-1 if e.kind == "submitted" else float("inf"))
+    return (e.time, run, KINDS.index(e.kind))
