@@ -258,12 +258,7 @@ kit::_run_facts() {
 
 # kit::_preflight_failed: did this run's preflight verdict (kit.preflight.verdict) fail a node?
 kit::_preflight_failed() {
-  local line
-  [[ -r "${KIT_PROGRESS_DIR}/preflight" ]] || return 1
-  while IFS= read -r line; do
-    if [[ "${line}" == verdict=failed ]]; then return 0; fi
-  done <"${KIT_PROGRESS_DIR}/preflight"
-  return 1
+  [[ "$(kit::_field "${KIT_PROGRESS_DIR}/preflight" verdict)" == failed ]]
 }
 
 # kit::_field FILE KEY: the value of FILE's first KEY=VALUE line (a hang report's, the preflight verdict's).

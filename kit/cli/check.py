@@ -32,6 +32,7 @@ def nodes(nodes, partition, gpus_per_node, burn_seconds, where, as_json):
     when a node fails."""
     from kit import targets
     from kit.preflight import Finding
+    from kit.preflight.verdict import node_score
     from kit.slurm.check import check_nodes
 
     target, _ = targets.select_target(where)
@@ -40,10 +41,9 @@ def nodes(nodes, partition, gpus_per_node, burn_seconds, where, as_json):
         click.echo(json.dumps({"nodes": found, **verdict}, indent=1))
         raise SystemExit(0 if verdict["verdict"] == "ok" else 1)
     for node, record in sorted(found.items()):
-        burned = record.get("burn") or {}
-        rate = [g["tflops"] for g in burned.get("gpus", [])] or ([burned["tflops"]] if "tflops" in burned else [])
+        score = node_score(record)
         state = "FAILED" if node in verdict["nodes"] else "ok"
-        click.echo(f"{node:<16} {state:<7} burn-in {min(rate):.3g} TFLOP/s" if rate else f"{node:<16} {state:<7} -")
+        click.echo(f"{node:<16} {state:<7} " + (f"burn-in {score:.3g} TFLOP/s" if score is not None else "-"))
         for f in record.get("findings", []):
             click.echo(f"  {Finding(**f).line()}")
     click.echo(f"verdict: {verdict['verdict']}" + (f": {verdict['why']}" if verdict["why"] else ""))

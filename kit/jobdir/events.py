@@ -9,12 +9,11 @@ whoever reads it and whenever, here or over ``--host``.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kit import files
-from kit.jobdir.goodput import run_times
+from kit.jobdir.goodput import mtime, run_times
 from kit.jobdir.layout import JobDir
 from kit.jobdir.runs import hangs, read_verdict
 
@@ -55,13 +54,6 @@ class Event:
         return asdict(self)
 
 
-def _mtime(path: Path) -> float | None:
-    try:
-        return os.stat(path, follow_symlinks=False).st_mtime
-    except OSError:
-        return None
-
-
 def _json(path: Path) -> dict:
     try:
         value = files.read_json(path, 1 << 16)
@@ -79,12 +71,12 @@ def _run_events(d: JobDir, times, record) -> list[Event]:
         out.append(Event(times.tasks, "running", f"every task running{since}", r))
     progress = d.run_progress(r)
     verdict = read_verdict(progress)
-    if verdict is not None and (when := _mtime(progress / JobDir.PREFLIGHT)) is not None:
+    if verdict is not None and (when := mtime(progress / JobDir.PREFLIGHT)) is not None:
         said = f"preflight {verdict['verdict']}" + (f": {verdict['why']}" if verdict["why"] else "")
         out.append(Event(when, "preflight", said, r))
     if times.first is not None:
         out.append(Event(times.first, "first-step", "first step", r))
-    if (when := _mtime(progress / JobDir.WARNING)) is not None:
+    if (when := mtime(progress / JobDir.WARNING)) is not None:
         out.append(Event(when, "warned", "the time limit's warning reached the run", r))
     if record is not None:
         if record.start_ms is None and record.end == "killed":  # caught up by the next run as it began
@@ -111,7 +103,7 @@ def events(job_dir: str | Path) -> list[Event]:
         out += _run_events(d, times, ended.get(times.run))
     for h in hangs(job_dir):
         report = d.path / JobDir.HANG / JobDir.RUN.format(run=h["run"]) / JobDir.HANG_REPORT
-        if (when := _mtime(report)) is not None:
+        if (when := mtime(report)) is not None:
             who = f"rank {h['rank']} on {h['node']}" if h["rank"] != "unknown" else "no rank named"
             out.append(Event(when, "hang", f"hang: {h['summary'] or who}", h["run"]))
     cancelled = _json(d / JobDir.CANCELLED)

@@ -115,7 +115,8 @@ def _timeline(path: Path) -> tuple[float | None, float | None, list[tuple[float,
     return first, last, saves
 
 
-def _mtime(path: Path) -> float | None:
+def mtime(path: Path) -> float | None:
+    """When a record was last written (its own time, never a symlink's target's); None when it is not there."""
     try:
         return os.stat(path, follow_symlinks=False).st_mtime
     except OSError:
@@ -132,7 +133,7 @@ def _read_run(d: JobDir, run: int) -> RunTimes:
     starts = [rec[2] for p in progress.glob(JobDir.TASK.format(rank="*")) if (rec := read_task_record(p)) and rec[2]]
     r.tasks = max(starts) if starts else None
     r.first, r.last, r.saves = _timeline(progress / JobDir.TIMELINE.format(rank=0))
-    beat = _mtime(progress / JobDir.RANK_PROGRESS.format(rank=0))
+    beat = mtime(progress / JobDir.RANK_PROGRESS.format(rank=0))
     if r.first is not None and r.last is None and beat is not None:  # killed before its last line: the heartbeat
         r.last = max(r.first, beat)
     return r
@@ -160,7 +161,7 @@ def run_times(job_dir: Path) -> list[RunTimes]:
 
 def _nodes(job_dir: Path) -> int:
     try:
-        nodes = files.loads(files.read_text(Path(job_dir) / JobDir.SPEC)).get("nodes")
+        nodes = files.read_json(Path(job_dir) / JobDir.SPEC).get("nodes")
     except (OSError, ValueError, AttributeError):
         return 1
     return nodes if type(nodes) is int and nodes > 0 else 1

@@ -53,12 +53,16 @@ def _nvml():
     return pynvml
 
 
+def _lost(error: Exception) -> bool:
+    return getattr(error, "value", None) == NVML_ERROR_GPU_IS_LOST
+
+
 def _call(fn, *args):
     """NVML's answer, or None where the GPU or driver does not support the call."""
     try:
         return fn(*args)
     except Exception as e:  # NotSupported, FunctionNotFound (an older driver): not a finding
-        if getattr(e, "value", None) == NVML_ERROR_GPU_IS_LOST:
+        if _lost(e):
             raise
         return None
 
@@ -96,13 +100,13 @@ def _check(n, allocated: set[int] | None, during, say) -> tuple[list[Finding], l
         try:
             minor = int(n.nvmlDeviceGetMinorNumber(h))
         except Exception as e:
-            if getattr(e, "value", None) == NVML_ERROR_GPU_IS_LOST:
+            if _lost(e):
                 findings.append(Finding("fail", f"GPU at index {i} is lost (fallen off the bus)"))
             continue
         if allocated is None or minor in allocated:
             handles[minor] = h
-    for minor in sorted((allocated or set()) - set(handles)):
-        if not any(f.level == "fail" and "lost" in f.what for f in findings):
+    if not findings:  # (a GPU lost before its minor was read is the unseen one: named once, above)
+        for minor in sorted((allocated or set()) - set(handles)):
             findings.append(Finding("fail", "allocated by Slurm but NVML does not see it", minor))
     for minor, h in sorted(handles.items()):
         try:
@@ -111,7 +115,7 @@ def _check(n, allocated: set[int] | None, during, say) -> tuple[list[Finding], l
             bus = _call(n.nvmlDeviceGetPciInfo, h)
             seen.append({"minor": minor, "name": _text(name), "bus": _text(getattr(bus, "busId", "")) or None})
         except Exception as e:
-            if getattr(e, "value", None) != NVML_ERROR_GPU_IS_LOST:
+            if not _lost(e):
                 raise
             findings.append(Finding("fail", "lost (fallen off the bus): NVML_ERROR_GPU_IS_LOST", minor))
     event_set = _listen(n, handles)

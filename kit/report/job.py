@@ -59,8 +59,6 @@ def report(
         source += f"; {logs.damaged} damaged log line(s) skipped"
     summary = summarize(series, job, source, logs, job_dir, min_seconds)
     summary.task_starts = jobdir.all_task_starts(job_dir)
-    if summary.goodput is not None and summary.gpus:
-        summary.goodput.idle_gpu_seconds = sum(g.idle_seconds for g in summary.gpus) / len(summary.gpus)
     try:
         plot(series, summary, out, logs)
     except NoPicture as e:

@@ -68,17 +68,7 @@ def parse_record(line: str) -> list[tuple[tuple[str, str, str], float, float]] |
         if value is None:
             continue  # a value that is not a number: that sample only
         labels = sample[1]
-        points.append(
-            (
-                (
-                    sample[0],
-                    node,
-                    _tag(labels),
-                ),
-                t,
-                value,
-            )
-        )
+        points.append(((sample[0], node, _tag(labels)), t, value))
     return points
 
 

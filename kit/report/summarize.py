@@ -134,18 +134,26 @@ def summarize(
     summary.mean_step_seconds = sum(steps) / len(steps) if steps else None
     if logs is not None and logs.runs:
         _restarts(summary, logs, _checkpoint_steps(job_dir))
-    summary.goodput = goodput(job_dir) if job_dir else None
-    if summary.goodput is not None:  # the runs the job directory records (a run may have left no metrics log)
-        summary.runs = summary.goodput.runs
     if job_dir:
-        d = JobDir(job_dir)
-        summary.preflight = [
-            {"run": run, **v} for run in d.run_dirs(JobDir.PROGRESS) if (v := read_verdict(d.run_progress(run)))
-        ]
+        _timeline(summary, job_dir)
     summary.trackers = tracker_runs(job_dir) if job_dir else {}
     summary.hangs = [{k: h[k] for k in ("run", "rank", "node", "summary")} for h in hangs(job_dir)] if job_dir else []
     summary.notes = notes(summary, min_seconds)
     return summary
+
+
+def _timeline(summary: Summary, job_dir: Path) -> None:
+    """What the job directory's records say of the job's time: its goodput (the GPUs' idle time from their
+    samples added), its runs (a run may have left no metrics log) and each run's preflight verdict."""
+    summary.goodput = goodput(job_dir)
+    if summary.goodput is not None:
+        summary.runs = summary.goodput.runs
+        if summary.gpus:
+            summary.goodput.idle_gpu_seconds = sum(g.idle_seconds for g in summary.gpus) / len(summary.gpus)
+    d = JobDir(job_dir)
+    summary.preflight = [
+        {"run": run, **v} for run in d.run_dirs(JobDir.PROGRESS) if (v := read_verdict(d.run_progress(run)))
+    ]
 
 
 def _restarts(summary: Summary, logs: Logs, checkpoints: dict[int, float]) -> None:
