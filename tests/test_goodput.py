@@ -200,3 +200,13 @@ def test_the_jobs_events_are_one_timeline_across_its_runs(job):
         "+    152.0 s  run 3   ended: finished, exit code 0",
         "+    153.0 s          ended COMPLETED (as Slurm gave it)",
     ]
+
+
+def test_a_hung_runs_training_ends_at_the_stuck_ranks_last_progress(job):
+    """Rank 0 stepped on for a moment after rank 1 stopped (the stack dump's ptrace let rank 1 run): the run
+    trained no further than rank 1's last progress (35); its wait from there is the hang's, the sum unchanged."""
+    _write(job / "hang" / "r0" / "report", "rank=1\nnode=node2\nsummary=rank 1 on node2 its process is T\n", T0 + 48)
+    _write(job.run_progress(0) / JobDir.RANK_PROGRESS.format(rank=1), "step 27\n", T0 + 35)
+    g = gp.goodput(job.path)
+    assert g.per_run[0]["hang"] == pytest.approx(15) and g.per_run[0]["redone"] == pytest.approx(3)
+    assert g.wall_seconds == pytest.approx(152) == pytest.approx(sum(g.parts.values()))

@@ -10,7 +10,8 @@ init           to rank 0's first step: imports, the model, the data, the rendezv
 productive     rank 0's steps that stand (a running job's last ones included)
 checkpoint     its saves: from the mark a save writes (``kit.train.progress.checkpointing``) to the next step
 redone         steps a later run trained again: from the save it resumed from to this run's last step
-hang           a run that ended as a hang: its last step to its end (the watchdog's wait, the stacks, the stop)
+hang           a run that ended as a hang: from its last step (no later than the stuck rank's last progress) to
+               its end (the watchdog's wait, the stacks, the stop)
 ending         any other run's last step to its end (the warning's save, the command's exit, the teardown)
 restart        one run's end to the next one's start (the requeue: Slurm's hold, the queue, a killed run's end)
 unreported     a run whose command reports no steps (kit.train.progress.step): its time after init, unsplit
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from kit import files
 from kit.jobdir.layout import JobDir
+from kit.jobdir.runs import hangs
 from kit.jobdir.starts import read_task_record
 
 PARTS = ("queue", "start", "init", "productive", "checkpoint", "redone", "hang", "ending", "restart", "unreported")
@@ -145,9 +147,15 @@ def run_times(job_dir: Path) -> list[RunTimes]:
     d = JobDir(job_dir)
     numbers = set(d.run_dirs(JobDir.PROGRESS))
     ended = {rec.run: rec for rec in records.run_records(job_dir)}
+    stuck = {h["run"]: h["rank"] for h in hangs(job_dir) if h["rank"].isdigit()}
     out = []
     for n in sorted(numbers | set(ended)):
         r = _read_run(d, n)
+        beat = mtime(d.run_progress(n) / JobDir.RANK_PROGRESS.format(rank=stuck[n])) if n in stuck else None
+        if beat is not None and r.first is not None and r.last is not None:
+            # A hung run trained no further than its stuck rank's last progress, whatever rank 0 did after
+            # (a rank the watchdog's stack dump let run on for a moment: ptrace resumes a stopped process).
+            r.last = max(r.first, min(r.last, beat))
         rec = ended.get(n)
         if rec is not None:
             r.end_word, r.resumed_from = rec.end, rec.checkpoint_step
