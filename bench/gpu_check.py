@@ -14,12 +14,15 @@
    the TFLOP/s and MFU its metrics file reports, against step 4's bare bf16 matrix product's TFLOP/s
    measured here (a rate above the matrix product's is a wrong FLOP count) and NVML's name
    matched in kit's peak table; then its GPT at 0.9 B parameters (`--model gpt`, batches made on
-   the GPU), whose MFU issue 43 wants at 0.45 or more.
+   the GPU), eager and with `--compile`, whose MFU issue 43 wants at 0.45 or more.
+6. The exporter's cost (issue 43): in one training process the GPT steps on while the exporter runs
+   and is stopped in turn; the median step with it over the median without (target <= 1 %).
 
 Without an NVIDIA GPU (no driver, or NVML sees none) it says so and exits 0. With GPUs that
 NVML sees but torch does not, it says so and exits 1 (--exporter-only: step 1 alone).
 --quick: fewer steps (the test suite's run). --cpu-path: step 2 and 3's machinery with 2 CPU ranks
-(the suite runs it, so the GPU run's path does not rot where no GPU is).
+and step 6's with a tiny GPT on the CPU (the suite runs it, so the GPU run's path does not rot where
+no GPU is).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -89,21 +93,12 @@ def scrape(port: int) -> str:
         return r.read().decode()
 
 
-def start_exporter(port: int, log: Path, gpus: bool = True) -> subprocess.Popen:
+def start_exporter(
+    port: int, log: Path, gpus: bool = True, args: tuple[str, ...] = ("--interval", "0.5", "--no-node")
+) -> subprocess.Popen:
     """The exporter, once it serves GPU series (``gpus``), or any scrape (where no GPU is)."""
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kit.monitor",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--interval",
-            "0.5",
-            "--no-node",
-        ],
+        [sys.executable, "-m", "kit.monitor", "--port", str(port), "--bind", "127.0.0.1", *args],
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
     )
@@ -336,22 +331,122 @@ def check_mfu(tmp: Path, bare: float) -> tuple[bool, list[str]]:
     sane = 0 < tflops <= bare * 1.05 and (mfu is None if peak is None else 0 < float(mfu) < 1)
     if not sane:
         lines.append("  <- a rate above the bare matrix product's, or an MFU outside (0, 1): a wrong FLOP count")
-    # The GPT (issue 43): 0.9 B parameters (12·16·2048² in its blocks), batches made on the GPU, bf16, eager.
-    gpt = ("--model", "gpt", "--d-model", "2048", "--layers", "16", "--heads", "16", "--seq-len", "2048")
-    gpt += ("--vocab", "50304", "--batch-size", "8")
-    gpt_trained, gpt_lines, gpt_dir = run_trainer(1, 80, tmp / "gpt", model=gpt)
-    lines += gpt_lines
-    metrics = rank_metrics(gpt_dir)
-    gpt_tflops = float(metrics[0].get("tflops", 0)) if metrics else 0.0
-    gpt_mfu = metrics[0].get("mfu") if metrics else None
-    lines.append(
-        f"  the GPT (0.9 B, eager, bf16): {gpt_tflops:.1f} TFLOP/s, MFU {gpt_mfu} (issue 43's target: >= 0.45); "
-        f"{gpt_tflops / bare:.2f} of the bare matrix product's rate"
+    gpt_ok = True
+    for compiled in (False, True):
+        ok, gpt_lines = check_gpt(tmp, bare, compiled)
+        lines += gpt_lines
+        gpt_ok = gpt_ok and ok
+    return trained and sane and gpt_ok, lines
+
+
+# The GPT (issue 43): 0.9 B parameters (12·16·2048² in its blocks), batches made on the GPU, bf16.
+GPT = ("--model", "gpt", "--d-model", "2048", "--layers", "16", "--heads", "16", "--seq-len", "2048")
+GPT += ("--vocab", "50304", "--batch-size", "8")
+
+
+def check_gpt(tmp: Path, bare: float, compiled: bool) -> tuple[bool, list[str]]:
+    """The GPT at 0.9 B, eager or ``compiled`` (``--compile``): its TFLOP/s and MFU (issue 43: >= 0.45), and a
+    rate no higher than the bare matrix product's."""
+    how = "compiled" if compiled else "eager"
+    trained, lines, job_dir = run_trainer(
+        1, 120 if compiled else 80, tmp / f"gpt-{how}", model=GPT + ("--compile",) * compiled
     )
-    gpt_sane = 0 < gpt_tflops <= bare * 1.05
-    if not gpt_sane:
+    metrics = rank_metrics(job_dir)
+    tflops = float(metrics[0].get("tflops", 0)) if metrics else 0.0
+    mfu = metrics[0].get("mfu") if metrics else None
+    lines.append(
+        f"  the GPT (0.9 B, {how}, bf16): {tflops:.1f} TFLOP/s, MFU {mfu} (issue 43's target: >= 0.45); "
+        f"{tflops / bare:.2f} of the bare matrix product's rate"
+    )
+    sane = 0 < tflops <= bare * 1.05
+    if not sane:
         lines.append("  <- the GPT's rate is above the bare matrix product's, or none: a wrong FLOP count")
-    return trained and sane and gpt_trained and gpt_sane, lines
+    return trained and sane, lines
+
+
+def exporter_cost(tmp: Path, seconds: float = 60.0, window: float = 3.0, small: bool = False) -> tuple[bool, list[str]]:
+    """Step 6 (issue 43): what kit's exporter costs a training step, in one training process. The GPT trains
+    on (its metrics file written every second, as kit.train's callback does) while the exporter — NVML, the
+    node and the training files polled every second, scraped every second — runs and is stopped (SIGSTOP) in
+    turn, ``window`` seconds each; each step is timed end to end (the GPU synchronised by the loss's read).
+    The first steps (warming up) are left out; the cost is the median step time with the exporter running
+    over the median with it stopped, less one (target <= 1 %). ``small``: a tiny GPT on the CPU (the suite's
+    check of this path)."""
+    import statistics
+    import threading
+
+    import torch
+
+    from kit.monitor import training
+    from kit.train.gpt import GPT as Model
+
+    device = "cpu" if small else "cuda"
+    size = dict(vocab=256, d_model=64, layers=2, heads=4, seq=64, batch=8) if small else {}
+    size = size or dict(vocab=50304, d_model=2048, layers=16, heads=16, seq=2048, batch=8)
+    model = Model(**size).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    metrics_dir = tmp / "exporter-cost"
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    args = ("--training-dir", str(metrics_dir)) + (("--no-gpu",) if small else ())
+    exporter = start_exporter(port, tmp / "exporter-cost.log", gpus=not small, args=args)
+    state = {"on": True, "switched": time.perf_counter()}
+    stop = threading.Event()
+
+    def scraper() -> None:
+        while not stop.wait(1.0):
+            if state["on"]:
+                try:
+                    scrape(port)
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=scraper, daemon=True)
+    thread.start()
+    steps: dict[bool, list[float]] = {True: [], False: []}
+    t_end = time.perf_counter() + seconds
+    last_write = 0.0
+    step = 0
+    try:
+        while time.perf_counter() < t_end:
+            now = time.perf_counter()
+            if now - state["switched"] >= window:
+                exporter.send_signal(signal.SIGCONT if not state["on"] else signal.SIGSTOP)
+                state["on"], state["switched"] = not state["on"], now
+            on, t0 = state["on"], time.perf_counter()
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=not small):
+                x, y = model.tokens()
+                logits = model(x)
+                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            value = float(loss.detach())  # the GPU finishes the step here
+            step += 1
+            t1 = time.perf_counter()
+            if t1 - last_write >= 1.0:
+                training.write(
+                    metrics_dir, 0, {"step": step, "loss": value, "last_step_timestamp_seconds": time.time()}
+                )
+                last_write = t1
+            if step > 3:  # warm (the state switches only between steps)
+                steps[on].append(t1 - t0)
+    finally:
+        stop.set()
+        exporter.send_signal(signal.SIGCONT)
+        exporter.terminate()
+        exporter.wait(10)
+        thread.join(5)
+    if not steps[True] or not steps[False]:
+        return False, [f"  too few steps to compare: {len(steps[True])} with the exporter, {len(steps[False])} without"]
+    on, off = statistics.median(steps[True]), statistics.median(steps[False])
+    cost = on / off - 1
+    lines = [
+        f"  {step} steps in {seconds:.0f} s, the exporter on and off every {window:.0f} s: median step "
+        f"{1e3 * on:.2f} ms with it ({len(steps[True])} steps), {1e3 * off:.2f} ms without ({len(steps[False])})",
+        f"  the exporter's cost: {100 * cost:+.2f} % of a step (target <= 1 %)",
+    ]
+    return small or cost <= 0.01, lines
 
 
 def main() -> int:
@@ -370,9 +465,12 @@ def main() -> int:
     if args.cpu_path:
         with tempfile.TemporaryDirectory(prefix="kit-gpu-check-") as tmp:
             ok, lines, _ = run_trainer(2, args.steps, Path(tmp), cpu=True)
-        print("trainer path on CPU (2 ranks, gloo): " + ("ok" if ok else "FAILED"))
-        print("\n".join(lines))
-        return 0 if ok else 1
+            print("trainer path on CPU (2 ranks, gloo): " + ("ok" if ok else "FAILED"))
+            print("\n".join(lines))
+            measured, lines = exporter_cost(Path(tmp), seconds=4.0, window=1.0, small=True)
+            print("the exporter's cost, a tiny GPT on the CPU: " + ("measured" if measured else "FAILED"))
+            print("\n".join(lines))
+        return 0 if ok and measured else 1
     gpus, driver = nvml_gpus()
     if not gpus:
         print(f"no GPU: NVML sees none here ({driver}); nothing to check")
@@ -406,7 +504,10 @@ def main() -> int:
         measured, lines = check_mfu(tmp, bare)
         print("5. MFU of the reference trainer: " + ("ok" if measured else "FAILED"))
         print("\n".join(lines))
-        passed = ok and trained and healthy and measured
+        cheap, lines = exporter_cost(tmp)
+        print("6. the exporter's cost to a training step: " + ("ok" if cheap else "FAILED"))
+        print("\n".join(lines))
+        passed = ok and trained and healthy and measured and cheap
         print("result: " + ("every check passed" if passed else "FAILED"))
         print(
             json.dumps(
@@ -417,6 +518,7 @@ def main() -> int:
                     "trainer_ok": trained,
                     "preflight_ok": healthy,
                     "mfu_ok": measured,
+                    "exporter_cost_ok": cheap,
                 }
             )
         )

@@ -191,3 +191,31 @@ def test_tflops_and_mfu_from_a_ranks_file_to_the_exporter_and_kit_ps(tmp_path, m
         progress.step(n, flops=1e9, precision="fp32")
     written = json.loads((tmp_path / "mine" / JobDir.RANK_METRICS.format(rank=0)).read_text())
     assert written["tflops"] > 0 and "mfu" not in written
+
+
+def test_the_gpt_trains_compiled_with_its_checkpoint_keys_unchanged(tmp_path):
+    """`--compile`: torch.compile makes the GPT's forward (dynamo says how many graphs), it learns as eager does,
+    and its checkpoint's keys are the eager model's (compiled in place: a checkpoint resumes either way)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    import torch
+
+    from kit.train.gpt import GPT
+
+    args = ["--model", "gpt", "--layers", "1", "--max-steps", "30", "--batch-size", "8", "--checkpoint-every", "30"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "kit.train", *args, "--compile", "--checkpoint-dir", str(tmp_path)],
+        env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},  # its cache: the test's own
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    graphs = int(re.search(r"torch.compile: (\d+) graph\(s\) compiled", proc.stdout).group(1))
+    first, last = map(float, re.search(r"first_loss=([0-9.]+) last_loss=([0-9.]+)", proc.stdout).groups())
+    assert graphs >= 1 and last < first / 2, proc.stdout
+    saved = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    assert sorted(saved) == sorted(GPT(layers=1).state_dict())

@@ -195,6 +195,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--precision", default="32-true", help="Lightning precision: 32-true, bf16-mixed, 16-mixed (GPU), ..."
     )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model's forward (in place: checkpoints keep their keys); its first steps compile.",
+    )
     p.add_argument("--gradient-clip-val", type=float, default=None)
     p.add_argument("--accumulate-grad-batches", type=int, default=1)
     p.add_argument("--checkpoint-every", type=int, default=50, help="Save last.ckpt every N steps (0: never).")
@@ -279,6 +284,13 @@ def _model_and_data(args):
     )
 
 
+def _compiled_graphs() -> int:
+    """How many graphs torch.compile made in this process (dynamo's own count)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -300,6 +312,8 @@ def main(argv=None) -> int:
     preempt.install()
     model, data = _model_and_data(args)
     flops = model.flops_per_step() if args.model == "gpt" else None
+    if args.compile:
+        model.compile()  # nn.Module.compile: the module's call compiled, its parameters and their names kept
     callbacks, preemption, progress = _callbacks(args, ckpt_dir, job_dir, flops)
     loggers = [trackers.lightning_logger(kind, **TRACKER_ARGS[kind]) for kind in args.logger]
     plugins = []
@@ -333,6 +347,8 @@ def main(argv=None) -> int:
     step = trainer.global_step
     if trainer.global_rank == 0:
         log(f"done at step={step} first_loss={model.first_loss:.5f} last_loss={model.last_loss:.5f}")
+        if args.compile:
+            log(f"torch.compile: {_compiled_graphs()} graph(s) compiled")
         if progress.t_first is not None and progress.t_last > progress.t_first:
             rate = progress.samples / (progress.t_last - progress.t_first)
             log(f"throughput: {rate:.1f} samples/s per rank over {progress.t_last - progress.t_first:.2f} s")
