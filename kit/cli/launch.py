@@ -168,7 +168,7 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
     elapsed); otherwise a line per state change and a progress line a minute.
     Ctrl-C stops waiting and leaves the job running.
     """
-    from kit.jobdir import goodput, records
+    from kit.jobdir import goodput, records, stragglers
 
     live = sys.stderr.isatty()
     if live and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
@@ -189,6 +189,7 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
         p = records.training_progress(job_dir)
         now = time.monotonic()
         parts = [st.state, f"run {st.restarts}", *records.progress_words(p)]
+        parts += [f"straggler rank {s.rank} on {s.node} ({s.factor:.2f}x)" for s in stragglers.read(job_dir)]
         parts.append(f"{int(now - t0)} s")
         line = ", ".join(parts)
         if live:
@@ -212,6 +213,8 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
     spent = goodput.goodput(job_dir, running=False)
     if spent is not None:
         click.echo(f"kit: job {job_id}: {spent.line()}", err=True)
+    for slow in stragglers.read(job_dir):
+        click.echo(f"kit: job {job_id}: {slow.line()}", err=True)
     return result.exit_code
 
 

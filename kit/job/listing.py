@@ -18,7 +18,7 @@ from pathlib import Path
 from kit import jobdir, slurm, targets
 from kit.core.text import printable
 from kit.errors import KitError
-from kit.jobdir import JobDir, records
+from kit.jobdir import JobDir, records, stragglers
 
 RECENT = 24 * 3600  # without --all: ended jobs submitted this recently
 
@@ -43,6 +43,7 @@ class JobRow:
     rerun_of: str | None = None  # kit rerun: the id of the job this one reruns
     tflops: float | None = None  # rank 0's device, the latest: the model's TFLOP/s (kit.train.mfu)
     mfu: float | None = None  # of that device's peak (None: n/a)
+    stragglers: list | None = None  # the ranks named slow (kit.jobdir.stragglers: rank, node, factor, evidence, ...)
 
     @property
     def active(self) -> bool:
@@ -106,6 +107,7 @@ def _row(
         rerun_of=records.rerun_of(job_dir),
         tflops=p.tflops,
         mfu=p.mfu,
+        stragglers=[asdict(s) for s in stragglers.read(unit_dir)] or None,
     )
 
 

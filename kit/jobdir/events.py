@@ -26,6 +26,7 @@ KINDS = (
     "first-step",
     "warned",
     "hang",
+    "straggler",
     "run-ended",
     "cancelled",
     "ended",
@@ -91,7 +92,7 @@ def _run_events(d: JobDir, times, record) -> list[Event]:
 
 def events(job_dir: str | Path) -> list[Event]:
     """Everything the job's records say happened to it, in order; [] for a job never submitted."""
-    from kit.jobdir import records
+    from kit.jobdir import records, stragglers
 
     job_dir = Path(job_dir)
     d, out = JobDir(job_dir), []
@@ -106,6 +107,8 @@ def events(job_dir: str | Path) -> list[Event]:
         if (when := mtime(report)) is not None:
             who = f"rank {h['rank']} on {h['node']}" if h["rank"] != "unknown" else "no rank named"
             out.append(Event(when, "hang", f"hang: {h['summary'] or who}", h["run"]))
+    for s in stragglers.read(job_dir):
+        out.append(Event(s.since, "straggler", s.line()))
     cancelled = _json(d / JobDir.CANCELLED)
     if isinstance(cancelled.get("time"), (int, float)):
         why = f": {cancelled['reason']}" if cancelled.get("reason") else ""

@@ -37,6 +37,7 @@ class JobDir:
     # Written by the job.
     FINISHED = "FINISHED"  # the work is done: the job never runs (or requeues) again
     RUNS = "runs.jsonl"  # one line per run: how it ended
+    STRAGGLERS = "stragglers.json"  # the ranks named slow, with their evidence (kit.jobdir.stragglers)
     CHECKPOINT_STEP = "checkpoint_step"
     LOGS = "logs"
     TASKS = "tasks"

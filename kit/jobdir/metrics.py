@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -49,3 +50,22 @@ def write_rank_metrics(directory: str | Path, rank: int, values: dict) -> None:
     """Atomically (re)write one rank's training metrics (the exporter and kit ps read them)."""
     Path(directory).mkdir(parents=True, exist_ok=True)
     files.write_atomic(rank_metrics_path(directory, rank), json.dumps({"rank": rank, **values}))
+
+
+def newest_rank_metrics(job_dir: str | Path) -> dict[int, tuple[str, dict[str, float]]]:
+    """Each rank's node and finite numbers from its newest metrics file (``metrics/<node>/rank-<R>.json``; a rank
+    that moved node in a requeue left an older one behind); ``last_step_timestamp_seconds`` 0 where it has none."""
+    newest: dict[int, tuple[str, dict[str, float]]] = {}
+    for path in JobDir(job_dir).metrics_files():
+        rank = rank_of_metrics_file(path.name)
+        try:
+            data = read_rank_metrics(files.read_text(path, 1 << 20))
+        except OSError:
+            continue
+        if rank is None or data is None:
+            continue
+        values = {k: v for k, v in data.items() if isinstance(v, float) and math.isfinite(v)}
+        values.setdefault("last_step_timestamp_seconds", 0.0)
+        if rank not in newest or values["last_step_timestamp_seconds"] > newest[rank][1]["last_step_timestamp_seconds"]:
+            newest[rank] = (path.parent.name, values)
+    return newest

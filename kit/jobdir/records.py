@@ -9,7 +9,6 @@ directory, through the names :class:`kit.jobdir.JobDir` gives.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import time
@@ -18,7 +17,8 @@ from pathlib import Path
 
 from kit import files, jobdir
 from kit.errors import KitError
-from kit.jobdir import JobDir, rank_of_metrics_file, read_rank_metrics, read_task_record
+from kit.jobdir import JobDir, read_task_record
+from kit.jobdir.metrics import newest_rank_metrics
 
 
 def find_job_dir(job: str, output_dir: str | Path) -> Path:
@@ -343,22 +343,8 @@ class Progress:
 
 
 def _rank_files(job_dir: Path) -> dict[int, dict]:
-    """Each rank's newest metrics file (``metrics/<node>/rank-<R>.json``; a rank
-    that moved node in a requeue left an older one behind)."""
-    newest: dict[int, dict] = {}
-    for path in JobDir(job_dir).metrics_files():
-        rank = rank_of_metrics_file(path.name)
-        try:
-            data = read_rank_metrics(files.read_text(path, 1 << 20))
-        except OSError:
-            continue
-        if rank is None or data is None:
-            continue
-        values = {k: v for k, v in data.items() if isinstance(v, float) and math.isfinite(v)}
-        values.setdefault("last_step_timestamp_seconds", 0.0)
-        if rank not in newest or values["last_step_timestamp_seconds"] > newest[rank]["last_step_timestamp_seconds"]:
-            newest[rank] = values
-    return newest
+    """Each rank's newest metrics values (kit.jobdir.metrics.newest_rank_metrics)."""
+    return {rank: values for rank, (_, values) in newest_rank_metrics(job_dir).items()}
 
 
 def training_progress(job_dir: Path) -> Progress:

@@ -71,6 +71,8 @@ LOGGED = (
     "kit_job_memory_limit_bytes",
     "kit_job_goodput_seconds",
     "kit_job_goodput_ratio",
+    "kit_job_straggler_slowdown",
+    "training_collective_wait_seconds",
 )
 # Logged summed over one label (per-CPU counters: one value per mode, not per CPU and mode).
 LOGGED_SUMMED = {"node_cpu_seconds_total": "mode"}

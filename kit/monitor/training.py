@@ -23,6 +23,15 @@ FIELDS: tuple[tuple[str, Spec], ...] = (
         "last_step_timestamp_seconds",
         Spec("training_last_step_timestamp_seconds", "gauge", "When the last step ended (Unix time)."),
     ),
+    (
+        "collective_wait_seconds",
+        Spec(
+            "training_collective_wait_seconds",
+            "gauge",
+            "The rank's mean wait per step in its collectives (kit.train.stragglers): long for the ranks "
+            "that wait for a straggler, short for the straggler.",
+        ),
+    ),
     ("learning_rate", Spec("training_learning_rate", "gauge", "The learning rate of the first parameter group.")),
     ("tflops", Spec("training_tflops", "gauge", "The model's achieved TFLOP/s on the rank's device (kit.train.mfu).")),
     (
@@ -110,3 +119,39 @@ class GoodputSource:
             if g is not None and g.goodput is not None:
                 self.samples.append(Sample(GOODPUT, {}, g.goodput))
         return SourceResult(list(self.samples), True, time.perf_counter() - t0)
+
+
+STRAGGLER = Spec(
+    "kit_job_straggler_slowdown",
+    "gauge",
+    "A rank named a straggler (rank, straggler_node: its node; node is the exporter's): its compute per step over the other ranks' median, from how long each "
+    "waits in the step's collectives (kit.jobdir.stragglers).",
+)
+STRAGGLERS_EVERY = 5.0  # seconds between two judgements of the ranks' files
+
+
+class StragglerSource:
+    """The job's straggler verdicts, on its first node only: every :data:`STRAGGLERS_EVERY` seconds the ranks'
+    files are judged (kit.jobdir.stragglers.Judge); a verdict is recorded in the job directory and served."""
+
+    name = "stragglers"
+
+    def __init__(self, job_dir: Path | None):
+        from kit.jobdir import stragglers  # (only the first node's exporter loads it)
+
+        self.job_dir, self.judge, self.read_at, self.named = job_dir, stragglers.Judge(), float("-inf"), {}
+
+    def poll(self) -> SourceResult:
+        from kit.jobdir import stragglers
+
+        t0 = time.perf_counter()
+        if self.job_dir is not None and time.monotonic() - self.read_at >= STRAGGLERS_EVERY:
+            self.read_at = time.monotonic()
+            verdict = self.judge.see(stragglers.latest(self.job_dir), time.time())
+            if verdict is not None:
+                stragglers.record(self.job_dir, verdict)
+                self.named[verdict.rank] = verdict
+        samples = [
+            Sample(STRAGGLER, {"rank": str(s.rank), "straggler_node": s.node}, s.factor) for s in self.named.values()
+        ]
+        return SourceResult(samples, True, time.perf_counter() - t0)

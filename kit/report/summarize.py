@@ -5,9 +5,10 @@ notes."""
 from __future__ import annotations
 
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 
-from kit.jobdir import hangs, records, tracker_runs
+from kit.jobdir import hangs, records, stragglers, tracker_runs
 from kit.jobdir.goodput import goodput
 from kit.jobdir.layout import JobDir
 from kit.jobdir.runs import read_verdict
@@ -144,7 +145,8 @@ def summarize(
 
 def _timeline(summary: Summary, job_dir: Path) -> None:
     """What the job directory's records say of the job's time: its goodput (the GPUs' idle time from their
-    samples added), its runs (a run may have left no metrics log) and each run's preflight verdict."""
+    samples added), its runs (a run may have left no metrics log), each run's preflight verdict and the ranks
+    named stragglers."""
     summary.goodput = goodput(job_dir)
     if summary.goodput is not None:
         summary.runs = summary.goodput.runs
@@ -154,6 +156,7 @@ def _timeline(summary: Summary, job_dir: Path) -> None:
     summary.preflight = [
         {"run": run, **v} for run in d.run_dirs(JobDir.PROGRESS) if (v := read_verdict(d.run_progress(run)))
     ]
+    summary.stragglers = [asdict(s) for s in stragglers.read(job_dir)]
 
 
 def _restarts(summary: Summary, logs: Logs, checkpoints: dict[int, float]) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from kit.core.text import printable
 from kit.jobdir.goodput import Goodput
+from kit.jobdir.stragglers import Straggler
 from kit.report.many import MANY, grouped, spread
 from kit.report.series import GIB
 
@@ -112,6 +113,7 @@ class Summary:
     hangs: list[dict] = field(default_factory=list)  # each run's hang: run, rank (or unknown), node, summary
     goodput: Goodput | None = None  # the job's time in parts, and the share that trained (kit.jobdir.goodput)
     preflight: list[dict] = field(default_factory=list)  # --preflight: each run's verdict (kit.preflight.verdict)
+    stragglers: list[dict] = field(default_factory=list)  # the ranks named slow (kit.jobdir.stragglers)
     tflops: float | None = None  # rank 0's device, mean over the job: the model's TFLOP/s (kit.train.mfu)
     mfu: float | None = None  # of the device's peak (kit.monitor.peaks); None: n/a
 
@@ -128,6 +130,7 @@ class Summary:
         for v in self.preflight:
             checked = ", ".join(v["checked"]) or "no node"
             out.append(f"preflight, run {v['run']}: {v['verdict']} ({checked})" + (f": {v['why']}" if v["why"] else ""))
+        out += [Straggler(**s).line() for s in self.stragglers]
         if self.first_loss is not None:
             out.append(f"loss (rank 0): {self.first_loss:.4g} -> {self.last_loss:.4g}")
         if self.tflops is not None:

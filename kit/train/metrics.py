@@ -13,7 +13,7 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Callback
 
 from kit.monitor import training
-from kit.train import mfu, progress
+from kit.train import mfu, progress, stragglers
 
 
 class ProgressCallback(Callback):
@@ -94,6 +94,10 @@ class MetricsCallback(Callback):
             flops, str(trainer.precision), mfu.device_name() if pl_module.device.type == "cuda" else None
         )
 
+    def on_train_start(self, trainer, pl_module):
+        if trainer.world_size > 1:  # how late this rank arrives at the gradient all-reduce (kit.train.stragglers)
+            stragglers.watch(trainer.strategy.model)
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self._t_start = time.perf_counter()
 
@@ -125,6 +129,7 @@ class MetricsCallback(Callback):
                 self.values["samples_per_second"] = (self.samples - self._written_samples) / (now - self._last_write)
                 self.rates = self.throughput.values(now - self._last_write) or self.rates
                 self.values.update(self.rates)
+                self.values.update(stragglers.values())
             else:
                 self.throughput.values(0.0)  # the first write: the count starts here
             training.write(self.directory, trainer.global_rank, self.values)

@@ -35,7 +35,7 @@ import os
 import time
 
 from kit import files, jobdir
-from kit.train import mfu
+from kit.train import mfu, stragglers
 
 
 def _write(path: str | None, text: str) -> None:
@@ -172,6 +172,7 @@ def step(
         seconds = now - _METRICS["written_at"] if _METRICS["written_at"] else 0.0
         _METRICS["rates"] = _METRICS["throughput"].values(seconds) or _METRICS.get("rates", {})
         values.update(_METRICS["rates"])
+    values.update(stragglers.values())  # this rank's waits at the all-reduce, where kit.train.stragglers watches
     try:
         jobdir.write_rank_metrics(directory, int(os.environ.get("RANK", "0")), values)
     except (OSError, ValueError):

@@ -1,0 +1,99 @@
+"""Naming a straggler: the judge of the ranks' waits at the gradient all-reduce (kit.train.stragglers measures).
+
+Each rank's metrics file (``metrics/<node>/rank-<R>.json``) carries, over its last write interval, its mean step
+time and its mean wait per step in the collectives (the gradient all-reduce and the step's others). A rank's compute per step is the first less the second: a slow rank
+computes longer and waits for no one, the others wait for it. A rank is named when its compute stays at least
+:data:`SLOWER` times the other ranks' median (and :data:`AT_LEAST` seconds more) for :data:`SUSTAINED` seconds
+(a checkpoint save on rank 0, a moment's noise do not name anyone). The first node's exporter judges every few
+seconds and keeps the verdicts in ``stragglers.json``; ``kit ps --json``, the ``--wait`` line, ``kit report`` and
+``kit events`` read them back.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from kit import files
+from kit.jobdir.layout import JobDir
+from kit.jobdir.metrics import newest_rank_metrics
+
+SLOWER = 1.25  # compute per step this many times the other ranks' median ...
+AT_LEAST = 0.02  # ... and this many seconds more: a slowdown worth a verdict
+SUSTAINED = 20.0  # seconds a rank stays the outlier before it is named
+FRESH = 30.0  # a rank file this much older than the newest is another run's
+
+
+@dataclass(frozen=True)
+class Straggler:
+    rank: int
+    node: str
+    factor: float  # its compute per step over the other ranks' median
+    evidence: str
+    since: float  # Unix time: when it became the outlier
+    at: float  # Unix time: the latest judgement that named it
+
+    def line(self) -> str:
+        return f"straggler: rank {self.rank} on {self.node}, {self.factor:.2f}x the other ranks' step ({self.evidence})"
+
+
+def latest(job_dir: str | Path) -> dict[int, tuple[str, dict]]:
+    """Each rank's node and newest metrics values, of the current run (within :data:`FRESH` of the newest)."""
+    newest = newest_rank_metrics(job_dir)
+    top = max((v["last_step_timestamp_seconds"] for _, v in newest.values()), default=0.0)
+    return {r: (n, v) for r, (n, v) in newest.items() if top - v["last_step_timestamp_seconds"] <= FRESH}
+
+
+class Judge:
+    """Sees the ranks' figures again and again; names the rank that stays the outlier (:meth:`see`)."""
+
+    def __init__(self):
+        self.outlier: tuple[int, float] | None = None  # (rank, since)
+
+    def see(self, ranks: dict[int, tuple[str, dict]], now: float) -> Straggler | None:
+        timed = {
+            r: (node, v["step_seconds"], v["collective_wait_seconds"])
+            for r, (node, v) in ranks.items()
+            if "step_seconds" in v and "collective_wait_seconds" in v
+        }
+        if len(timed) < 2:
+            self.outlier = None
+            return None
+        compute = {r: max(step - wait, 1e-9) for r, (_, step, wait) in timed.items()}
+        slow = max(compute, key=lambda r: (compute[r], -r))
+        typical = statistics.median(c for r, c in compute.items() if r != slow)
+        if compute[slow] < SLOWER * typical or compute[slow] - typical < AT_LEAST:
+            self.outlier = None
+            return None
+        if self.outlier is None or self.outlier[0] != slow:
+            self.outlier = (slow, now)
+        if now - self.outlier[1] < SUSTAINED:
+            return None
+        waits = statistics.median(w for r, (_, _, w) in timed.items() if r != slow)
+        evidence = (
+            f"it computes {1e3 * compute[slow]:.0f} ms a step, the others {1e3 * typical:.0f} ms; they wait "
+            f"{1e3 * waits:.0f} ms a step for it in the collectives, it waits {1e3 * timed[slow][2]:.0f} ms"
+        )
+        return Straggler(slow, timed[slow][0], compute[slow] / typical, evidence, self.outlier[1], now)
+
+
+def read(job_dir: str | Path) -> list[Straggler]:
+    """The ranks named in the job so far (one entry per rank: its latest verdict), oldest first."""
+    try:
+        data = files.read_json(Path(job_dir) / JobDir.STRAGGLERS)
+        return [Straggler(**s) for s in data["stragglers"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def record(job_dir: str | Path, verdict: Straggler) -> None:
+    """Keep ``verdict`` in the job's record (the rank's earlier entry updated, its first ``since`` kept)."""
+    kept = {s.rank: s for s in read(job_dir)}
+    before = kept.get(verdict.rank)
+    if before is not None and before.node == verdict.node:
+        verdict = Straggler(**{**asdict(verdict), "since": min(before.since, verdict.since)})
+    kept[verdict.rank] = verdict
+    ordered = sorted(kept.values(), key=lambda s: s.since)
+    files.write_atomic(Path(job_dir) / JobDir.STRAGGLERS, json.dumps({"stragglers": [asdict(s) for s in ordered]}))

@@ -1,0 +1,187 @@
+"""Stragglers (issue 43 item 1): each rank's wait at the gradient all-reduce, measured by a DDP communication hook
+(kit.train.stragglers), and the judge that names the rank that stays slow (kit.jobdir.stragglers)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kit.jobdir import JobDir, write_rank_metrics
+from kit.jobdir import stragglers as judge_lib
+
+
+def ranks(step: float, waits: dict[int, float], node=lambda r: f"node{r // 2}") -> dict:
+    return {r: (node(r), {"step_seconds": step, "collective_wait_seconds": w}) for r, w in waits.items()}
+
+
+def test_a_rank_that_stays_slow_is_named_after_the_sustained_time_with_its_evidence():
+    """Four ranks at 1 s steps; rank 3 computes the whole second where the others compute 0.6 s and wait 0.4 s for
+    it: named once it stayed so for SUSTAINED (20) seconds, with its node, factor (1/0.6) and the waits as evidence."""
+    judge = judge_lib.Judge()
+    slow = ranks(1.0, {0: 0.4, 1: 0.4, 2: 0.4, 3: 0.0})
+    seen = [judge.see(slow, t) for t in range(0, 25, 5)]
+    assert seen[:4] == [None] * 4  # 0..15 s: not yet sustained
+    verdict = seen[4]
+    assert (verdict.rank, verdict.node, round(verdict.factor, 2), verdict.since) == (3, "node1", 1.67, 0)
+    assert "they wait 400 ms a step for it" in verdict.evidence and "it waits 0 ms" in verdict.evidence
+    assert verdict.line().startswith("straggler: rank 3 on node1, 1.67x the other ranks' step")
+
+
+@pytest.mark.parametrize(
+    "what, series",
+    [
+        ("alike ranks", [ranks(1.0, {0: 0.01, 1: 0.02, 2: 0.015, 3: 0.0})] * 6),
+        (
+            "a save on rank 0 now and then (the outlier changes or goes)",
+            [ranks(1.0, {0: 0.0, 1: 0.5, 2: 0.5, 3: 0.5}), ranks(1.0, {0: 0.01, 1: 0.01, 2: 0.0, 3: 0.01})] * 3,
+        ),
+        ("a slow rank that is not slow by much in time (tiny steps)", [ranks(0.02, {0: 0.01, 1: 0.01, 2: 0.0})] * 6),
+        ("one rank alone", [ranks(1.0, {0: 0.0})] * 6),
+        ("ranks without the measurement", [{0: ("n", {"step_seconds": 1.0}), 1: ("n", {"step": 3.0})}] * 6),
+    ],
+)
+def test_no_one_is_named_where_no_rank_stays_slow(what, series):
+    judge = judge_lib.Judge()
+    assert [judge.see(r, 5.0 * i) for i, r in enumerate(series)] == [None] * len(series), what
+
+
+def test_verdicts_are_recorded_per_rank_and_read_back_from_the_rank_files(tmp_path):
+    """The judge reads each rank's newest file of the current run (a rank file of a run long gone is left out);
+    record() keeps one entry per rank with its first `since`; read() gives them back; damage reads as none."""
+    for rank, (node, wait) in enumerate([("a", 0.3), ("a", 0.3), ("b", 0.0)]):
+        write_rank_metrics(
+            tmp_path / "metrics" / node,
+            rank,
+            {"step_seconds": 0.5, "collective_wait_seconds": wait, "last_step_timestamp_seconds": 1000.0},
+        )
+    write_rank_metrics(
+        tmp_path / "metrics" / "old",
+        5,
+        {"step_seconds": 9.0, "collective_wait_seconds": 0.0, "last_step_timestamp_seconds": 100.0},
+    )
+    seen = judge_lib.latest(tmp_path)
+    assert sorted(seen) == [0, 1, 2] and seen[2][0] == "b"
+    judge = judge_lib.Judge()
+    first = [judge.see(seen, t) for t in (0.0, 25.0)][1]
+    judge_lib.record(tmp_path, first)
+    later = judge_lib.Straggler(2, "b", 2.5, "more", 40.0, 60.0)
+    judge_lib.record(tmp_path, later)
+    (kept,) = judge_lib.read(tmp_path)
+    assert (kept.rank, kept.factor, kept.since, kept.at) == (2, 2.5, 0.0, 60.0)
+    (tmp_path / JobDir.STRAGGLERS).write_text(json.dumps({"stragglers": [{"rank": "x"}]}))
+    assert judge_lib.read(tmp_path) == []
+
+
+def _ddp_rank(rank: int, world: int, port: int, out: str, delay: float) -> None:
+    """One rank of a two-rank DDP (gloo); rank 1 sleeps ``delay`` before each backward pass (a slow rank)."""
+    import os
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from kit.train import stragglers
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))
+    watcher = stragglers.watch(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    stragglers.values()  # the measurement starts here
+    for _ in range(20):
+        loss = model(torch.randn(32, 64)).square().mean()
+        if rank == 1:
+            time.sleep(delay)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    taken = stragglers.values()
+    grads_alike = [p.detach().clone() for p in model.parameters()]
+    dist.barrier()
+    with open(f"{out}/rank-{rank}.json", "w") as f:
+        json.dump({**taken, "watching": watcher is not None, "first": float(grads_alike[0].flatten()[0])}, f)
+    dist.destroy_process_group()
+
+
+def test_the_hook_times_each_ranks_wait_at_the_all_reduce_and_averages_as_ddp_does(tmp_path):
+    """Two gloo ranks, rank 1 50 ms late to every backward pass: rank 0 waits about 50 ms a step at the
+    all-reduce, rank 1 (the late one) hardly at all; the gradients are averaged (both ranks' models stay alike)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_ddp_rank, args=(2, port, str(tmp_path), 0.05), nprocs=2, start_method="spawn")
+    zero, one = (json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1))
+    assert zero["watching"] and one["watching"] and zero["collective_steps"] == one["collective_steps"] == 20
+    assert 0.035 <= zero["collective_wait_seconds"] <= 0.2, zero
+    assert one["collective_wait_seconds"] < 0.02, one
+    assert zero["step_seconds"] >= 0.05 and one["step_seconds"] >= 0.05
+    assert zero["first"] == one["first"]  # the same averaged update on both ranks
+
+
+def test_a_rank_stopped_half_the_time_is_named_with_its_node_everywhere_kit_tells(cluster, tmp_path):
+    """The reference trainer on 2 nodes x 2 ranks (gloo) at ~0.2 s steps: 25 s of clean training name no one;
+    then rank 3 is stopped 0.4 s of every 0.6 s (SIGSTOP/SIGCONT): within a minute it is named — rank 3 on its
+    node, by the factor the job's steps slowed down — in stragglers.json, kit ps --json, kit events, the exporter (Prometheus), the --wait end
+    line and kit report."""
+    import os
+    import signal
+    import sys
+    import threading
+    import time
+    import urllib.parse
+    import urllib.request
+
+    from helpers import kit, launch_wait, wait_for
+
+    train = [sys.executable, "-m", "kit.train", "--max-steps", "2000", "--step-delay", "0.2", "--checkpoint-every", "0"]
+    w = launch_wait(tmp_path, "--nodes", "2", "--ntasks-per-node", "2", command=train)
+    task = w.job_dir / "progress" / "r0" / "task-3"
+    wait_for(lambda: (w.job_dir / "metrics").is_dir() and len(judge_lib.latest(w.job_dir)) == 4, 120, what="training")
+    wait_for(lambda: all("step_seconds" in v for _, v in judge_lib.latest(w.job_dir).values()), 30, what="waits")
+    time.sleep(25)  # clean: the judge has seen the ranks five times over SUSTAINED seconds
+    assert judge_lib.read(w.job_dir) == [], "a verdict on a clean run"
+    node, pid = task.read_text().split()[:2]
+    stop = threading.Event()
+
+    def duty_cycle():
+        while not stop.is_set():
+            os.kill(int(pid), signal.SIGSTOP)
+            time.sleep(0.4)
+            os.kill(int(pid), signal.SIGCONT)
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=duty_cycle)
+    onset = time.time()
+    thread.start()
+    try:
+        named = wait_for(lambda: judge_lib.read(w.job_dir), 60, poll=0.5, what="a straggler verdict")
+    finally:
+        stop.set()
+        thread.join()
+        os.kill(int(pid), signal.SIGCONT)
+    (slow,) = named
+    assert (slow.rank, slow.node) == (3, node) and 1.3 <= slow.factor <= 3.5, slow
+    assert slow.at - onset <= 60 and "they wait" in slow.evidence
+    out = str(tmp_path / "jobs")
+    (row,) = json.loads(kit("ps", "--json", "--output-dir", out).stdout)
+    assert [(s["rank"], s["node"]) for s in row["stragglers"]] == [(3, node)]
+    events = kit("events", str(w.job_dir)).stdout
+    assert f"straggler: rank 3 on {node}" in events, events
+    query = urllib.parse.urlencode({"query": f'kit_job_straggler_slowdown{{slurm_job_id="{w.job_id}"}}'})
+    served = wait_for(
+        lambda: json.load(urllib.request.urlopen(f"{cluster.prometheus_url()}/api/v1/query?{query}"))["data"]["result"],
+        30,
+        what="the verdict in Prometheus",
+    )
+    assert [(r["metric"]["rank"], r["metric"]["straggler_node"]) for r in served] == [("3", node)]
+    assert kit("cancel", str(w.job_dir)).returncode == 0
+    _, err = w.finish()
+    assert f"straggler: rank 3 on {node}" in err, err
+    report = kit("report", str(w.job_dir)).stdout
+    assert f"straggler: rank 3 on {node}" in report, report
