@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -364,89 +363,53 @@ def check_gpt(tmp: Path, bare: float, compiled: bool) -> tuple[bool, list[str]]:
     return trained and sane, lines
 
 
-def exporter_cost(tmp: Path, seconds: float = 60.0, window: float = 3.0, small: bool = False) -> tuple[bool, list[str]]:
-    """Step 6 (issue 43): what kit's exporter costs a training step, in one training process. The GPT trains
-    on (its metrics file written every second, as kit.train's callback does) while the exporter — NVML, the
-    node and the training files polled every second, scraped every second — runs and is stopped (SIGSTOP) in
-    turn, ``window`` seconds each; each step is timed end to end (the GPU synchronised by the loss's read).
-    The first steps (warming up) are left out; the cost is the median step time with the exporter running
-    over the median with it stopped, less one (target <= 1 %). ``small``: a tiny GPT on the CPU (the suite's
-    check of this path)."""
-    import statistics
-    import threading
+def cpu_path(steps: int) -> int:
+    """--cpu-path: step 2's machinery with 2 CPU ranks, and steps 6 and 7's with a tiny GPT on the CPU."""
+    import gpu_costs
 
+    with tempfile.TemporaryDirectory(prefix="kit-gpu-check-") as tmp:
+        ok, lines, _ = run_trainer(2, steps, Path(tmp), cpu=True)
+        print("trainer path on CPU (2 ranks, gloo): " + ("ok" if ok else "FAILED"))
+        print("\n".join(lines))
+        for name, (measured, lines) in (
+            ("the exporter's cost", gpu_costs.exporter_cost(Path(tmp), seconds=4.0, window=1.0, small=True)),
+            ("the straggler measurement's cost", gpu_costs.straggler_cost(seconds=4.0, window=1.0, small=True)),
+        ):
+            print(f"{name}, a tiny GPT on the CPU: " + ("measured" if measured else "FAILED"))
+            print("\n".join(lines))
+            ok = ok and measured
+    return 0 if ok else 1
+
+
+def on_gpus(gpus: int, steps: int, only: set[int], tmp: Path) -> dict[str, bool]:
+    """Steps 2 to 7 (those in ``only``, where it names any) on CUDA; what passed."""
+    import gpu_costs
     import torch
 
-    from kit.monitor import training
-    from kit.train.gpt import GPT as Model
-
-    device = "cpu" if small else "cuda"
-    size = dict(vocab=256, d_model=64, layers=2, heads=4, seq=64, batch=8) if small else {}
-    size = size or dict(vocab=50304, d_model=2048, layers=16, heads=16, seq=2048, batch=8)
-    model = Model(**size).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    metrics_dir = tmp / "exporter-cost"
-    metrics_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    args = ("--training-dir", str(metrics_dir)) + (("--no-gpu",) if small else ())
-    exporter = start_exporter(port, tmp / "exporter-cost.log", gpus=not small, args=args)
-    state = {"on": True, "switched": time.perf_counter()}
-    stop = threading.Event()
-
-    def scraper() -> None:
-        while not stop.wait(1.0):
-            if state["on"]:
-                try:
-                    scrape(port)
-                except OSError:
-                    pass
-
-    thread = threading.Thread(target=scraper, daemon=True)
-    thread.start()
-    steps: dict[bool, list[float]] = {True: [], False: []}
-    t_end = time.perf_counter() + seconds
-    last_write = 0.0
-    step = 0
-    try:
-        while time.perf_counter() < t_end:
-            now = time.perf_counter()
-            if now - state["switched"] >= window:
-                exporter.send_signal(signal.SIGCONT if not state["on"] else signal.SIGSTOP)
-                state["on"], state["switched"] = not state["on"], now
-            on, t0 = state["on"], time.perf_counter()
-            with torch.autocast(device, dtype=torch.bfloat16, enabled=not small):
-                x, y = model.tokens()
-                logits = model(x)
-                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            value = float(loss.detach())  # the GPU finishes the step here
-            step += 1
-            t1 = time.perf_counter()
-            if t1 - last_write >= 1.0:
-                training.write(
-                    metrics_dir, 0, {"step": step, "loss": value, "last_step_timestamp_seconds": time.time()}
-                )
-                last_write = t1
-            if step > 3:  # warm (the state switches only between steps)
-                steps[on].append(t1 - t0)
-    finally:
-        stop.set()
-        exporter.send_signal(signal.SIGCONT)
-        exporter.terminate()
-        exporter.wait(10)
-        thread.join(5)
-    if not steps[True] or not steps[False]:
-        return False, [f"  too few steps to compare: {len(steps[True])} with the exporter, {len(steps[False])} without"]
-    on, off = statistics.median(steps[True]), statistics.median(steps[False])
-    cost = on / off - 1
-    lines = [
-        f"  {step} steps in {seconds:.0f} s, the exporter on and off every {window:.0f} s: median step "
-        f"{1e3 * on:.2f} ms with it ({len(steps[True])} steps), {1e3 * off:.2f} ms without ({len(steps[False])})",
-        f"  the exporter's cost: {100 * cost:+.2f} % of a step (target <= 1 %)",
+    names = {torch.cuda.get_device_name(i) for i in range(gpus)}
+    print(
+        f"2. reference trainer on CUDA ({', '.join(sorted(names))}), torch {torch.__version__}, "
+        f"CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}"
+    )
+    passed, bare = {}, 0.0
+    steps_run = [
+        (2, "trainer_ok", None, lambda: run_trainer(gpus, steps, tmp)[:2]),
+        (4, "preflight_ok", "4. preflight (NVML health, burn-in)", lambda: preflight(tmp)),
+        (5, "mfu_ok", "5. MFU of the reference trainer", lambda: check_mfu(tmp, bare)),
+        (6, "exporter_cost_ok", "6. the exporter's cost to a training step", lambda: gpu_costs.exporter_cost(tmp)),
+        (7, "straggler_cost_ok", "7. the straggler measurement's cost", lambda: gpu_costs.straggler_cost()),
     ]
-    return small or cost <= 0.01, lines
+    for number, key, title, run in steps_run:
+        if only and number not in only and not (number == 4 and 5 in only):  # step 5 measures against step 4's
+            continue
+        result = run()
+        if number == 4:
+            bare = result[2]
+        passed[key] = result[0]
+        if title:
+            print(f"{title}: " + ("ok" if result[0] else "FAILED"))
+        print("\n".join(result[1]))
+    return passed
 
 
 def main() -> int:
@@ -459,18 +422,13 @@ def main() -> int:
         action="store_true",
         help="where no GPU is: run step 2's path (launcher.sh by hand, teardown) with 2 CPU ranks",
     )
+    ap.add_argument("--only", default="", metavar="N[,N]", help="run these of steps 2-7 alone (step 1 always)")
     args = ap.parse_args()
     if args.quick:
         args.steps = 20
     if args.cpu_path:
-        with tempfile.TemporaryDirectory(prefix="kit-gpu-check-") as tmp:
-            ok, lines, _ = run_trainer(2, args.steps, Path(tmp), cpu=True)
-            print("trainer path on CPU (2 ranks, gloo): " + ("ok" if ok else "FAILED"))
-            print("\n".join(lines))
-            measured, lines = exporter_cost(Path(tmp), seconds=4.0, window=1.0, small=True)
-            print("the exporter's cost, a tiny GPT on the CPU: " + ("measured" if measured else "FAILED"))
-            print("\n".join(lines))
-        return 0 if ok and measured else 1
+        return cpu_path(args.steps)
+    only = {int(n) for n in args.only.split(",") if n}
     gpus, driver = nvml_gpus()
     if not gpus:
         print(f"no GPU: NVML sees none here ({driver}); nothing to check")
@@ -491,38 +449,10 @@ def main() -> int:
                 "not run (a CUDA build of torch 2.13.0 is needed)"
             )
             return 1
-        names = {torch.cuda.get_device_name(i) for i in range(gpus)}
-        print(
-            f"2. reference trainer on CUDA ({', '.join(sorted(names))}), torch {torch.__version__}, "
-            f"CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}"
-        )
-        trained, lines, _ = run_trainer(gpus, args.steps, tmp)
-        print("\n".join(lines))
-        healthy, lines, bare = preflight(tmp)
-        print("4. preflight (NVML health, burn-in): " + ("ok" if healthy else "FAILED"))
-        print("\n".join(lines))
-        measured, lines = check_mfu(tmp, bare)
-        print("5. MFU of the reference trainer: " + ("ok" if measured else "FAILED"))
-        print("\n".join(lines))
-        cheap, lines = exporter_cost(tmp)
-        print("6. the exporter's cost to a training step: " + ("ok" if cheap else "FAILED"))
-        print("\n".join(lines))
-        passed = ok and trained and healthy and measured and cheap
-        print("result: " + ("every check passed" if passed else "FAILED"))
-        print(
-            json.dumps(
-                {
-                    "gpus": gpus,
-                    "driver": driver,
-                    "exporter_ok": ok,
-                    "trainer_ok": trained,
-                    "preflight_ok": healthy,
-                    "mfu_ok": measured,
-                    "exporter_cost_ok": cheap,
-                }
-            )
-        )
-        return 0 if passed else 1
+        passed = {"exporter_ok": ok, **on_gpus(gpus, args.steps, only, tmp)}
+    print("result: " + ("every check passed" if all(passed.values()) else "FAILED"))
+    print(json.dumps({"gpus": gpus, "driver": driver, **passed}))
+    return 0 if all(passed.values()) else 1
 
 
 if __name__ == "__main__":
