@@ -127,7 +127,8 @@ def test_the_hook_times_each_ranks_wait_at_the_all_reduce_and_averages_as_ddp_do
 def test_a_rank_stopped_half_the_time_is_named_with_its_node_everywhere_kit_tells(cluster, tmp_path):
     """The reference trainer on 2 nodes x 2 ranks (gloo) at ~0.2 s steps: 25 s of clean training name no one;
     then rank 3 is stopped 0.4 s of every 0.6 s (SIGSTOP/SIGCONT): within a minute it is named — rank 3 on its
-    node, by the factor the job's steps slowed down — in stragglers.json, kit ps --json, kit events, the exporter (Prometheus), the --wait end
+    node, by the factor the job's steps slowed down — in stragglers.json, kit ps --json, kit events, kit logs
+    --errors, the exporter (Prometheus), the --wait end
     line and kit report."""
     import os
     import signal
@@ -173,6 +174,8 @@ def test_a_rank_stopped_half_the_time_is_named_with_its_node_everywhere_kit_tell
     assert [(s["rank"], s["node"]) for s in row["stragglers"]] == [(3, node)]
     events = kit("events", str(w.job_dir)).stdout
     assert f"straggler: rank 3 on {node}" in events, events
+    told = kit("logs", str(w.job_dir), "--errors").stdout
+    assert told.startswith(f"straggler: rank 3 on {node}"), told
     query = urllib.parse.urlencode({"query": f'kit_job_straggler_slowdown{{slurm_job_id="{w.job_id}"}}'})
     served = wait_for(
         lambda: json.load(urllib.request.urlopen(f"{cluster.prometheus_url()}/api/v1/query?{query}"))["data"]["result"],

@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 
 from kit import files, jobdir, slurm, targets
 from kit.errors import KitError
-from kit.jobdir import JobDir, failures, records
+from kit.jobdir import JobDir, failures, records, stragglers
 
 Write = Callable[[bytes], None]
 
@@ -135,8 +135,10 @@ def _feed_prefixed(path: Path, prefix: bytes, write: Write) -> None:
 
 
 def errors(job_dir: Path, runs: list[int] | None = None) -> Iterator[str]:
-    """Per run, the first rank that failed by itself: a headline, then its log's last lines
-    (indented); a run that failed with no rank failing: the batch log's end; else nothing."""
+    """The ranks named stragglers (kit.jobdir.stragglers: slow, not failed, and often why a job fell short); per
+    run, the first rank that failed by itself: a headline, then its log's last lines (indented); a run that failed
+    with no rank failing: the batch log's end; else nothing."""
+    yield from (slow.line() for slow in stragglers.read(job_dir))
     numbers = records.runs(job_dir) if runs is None else runs
     found = False
     hung = {h["run"]: h for h in jobdir.hangs(job_dir)}
