@@ -245,7 +245,7 @@ kit::watch_prelaunch() {
   until [[ -e "${KIT_PROGRESS_DIR}/stop" ]]; do
     if (( ! warned )) && [[ -e "${KIT_PROGRESS_DIR}/warning" ]]; then
       warned=1
-      kit::log "the time limit is near: passing SIG${sig} to the command once it handles it"
+      kit::log "prelaunch warns the command (the time limit is near, or a straggler with --on-straggler requeue): passing SIG${sig} to it once it handles it"
       kit::deliver "${sig}" "${KIT_MAIN_PID}"
     else
       kit::nap 1

@@ -39,6 +39,7 @@ else
 fi
 readonly KIT_JOB_DIR
 readonly KIT_MAX_RESTARTS
+readonly KIT_ON_STRAGGLER  # --on-straggler: tell, or requeue (kit::watch_stragglers)
 # The time-limit warning comes KIT_SIGNAL_LEAD s before the limit (or up to a
 # minute earlier); with a restart left, a step still running KIT_LIMIT_MARGIN s
 # before the limit is stopped and the job requeued (kit::stop_before_limit).

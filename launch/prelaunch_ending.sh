@@ -244,25 +244,26 @@ kit::catch_up_runs() {
 }
 
 # kit::_run_facts: the facts of this run's end that kit.core.ending's table reads, as name=value
-# words: hang declared warned stopping function all_done (0 or 1), rc (zero, own or signal).
+# words: preflight hang declared straggler warned stopping function all_done (0 or 1), rc (zero, own or signal).
 kit::_run_facts() {
   local -r rc="${KIT_STEP_RC}"
   local class=own
   if (( rc == 0 )); then class=zero; elif (( rc > 128 )); then class=signal; fi
-  printf 'preflight=%d hang=%d declared=%d warned=%d stopping=%d function=%d all_done=%d rc=%s\n' \
+  printf 'preflight=%d hang=%d declared=%d straggler=%d warned=%d stopping=%d function=%d all_done=%d rc=%s\n' \
     "$(kit::_holds kit::_preflight_failed)" \
     "$(kit::_holds test -e "${KIT_HANG_DIR}/report")" "$(kit::_holds kit::_work_declared)" \
+    "$(kit::_holds test -e "${KIT_PROGRESS_DIR}/straggler-stop")" \
     "${KIT_WARNED}" "${KIT_STOPPING}" "$(kit::_holds test -e "${KIT_JOB_DIR}/function.pkl")" \
     "$(kit::_holds kit::_all_ranks_done)" "${class}"
 }
 
 # kit::_preflight_failed: did this run's preflight verdict (kit.preflight.verdict) fail a node?
 kit::_preflight_failed() {
-  [[ "$(kit::_field "${KIT_PROGRESS_DIR}/preflight" verdict)" == failed ]]
+  [[ "$(kit::field "${KIT_PROGRESS_DIR}/preflight" verdict)" == failed ]]
 }
 
-# kit::_field FILE KEY: the value of FILE's first KEY=VALUE line (a hang report's, the preflight verdict's).
-kit::_field() {
+# kit::field FILE KEY: the value of FILE's first KEY=VALUE line (a hang report's, the preflight verdict's).
+kit::field() {
   local line
   [[ -r "$1" ]] || return 0
   while IFS= read -r line; do
@@ -270,12 +271,15 @@ kit::_field() {
   done <"$1"
 }
 
-# kit::_suspects: the nodes the next run leaves out: those the preflight failed, else the one a hang report names.
+# kit::_suspects: the nodes the next run leaves out: those the preflight failed, else the one a hang report names,
+# else the straggler's (--on-straggler requeue).
 kit::_suspects() {
   if kit::_preflight_failed; then
-    kit::_field "${KIT_PROGRESS_DIR}/preflight" nodes
+    kit::field "${KIT_PROGRESS_DIR}/preflight" nodes
+  elif [[ -e "${KIT_HANG_DIR}/report" ]]; then
+    kit::field "${KIT_HANG_DIR}/report" node
   else
-    kit::_field "${KIT_HANG_DIR}/report" node
+    kit::field "${KIT_PROGRESS_DIR}/straggler" node
   fi
 }
 
@@ -324,7 +328,8 @@ kit::conclude() {
   if [[ " ${flags} " == *" suspect "* ]]; then KIT_SUSPECT_NODE="$(kit::_suspects)"; fi
   if [[ " ${flags} " == *" teardown "* ]]; then kit::_record_run "${end}" 0 "${rc}"; else kit::_record_run "${end}" "${rc}"; fi
   says="${says//\{rc\}/${rc}}"
-  if [[ "${says}" == *"{preflight}"* ]]; then says="${says//\{preflight\}/$(kit::_field "${KIT_PROGRESS_DIR}/preflight" why)}"; fi
+  if [[ "${says}" == *"{preflight}"* ]]; then says="${says//\{preflight\}/$(kit::field "${KIT_PROGRESS_DIR}/preflight" why)}"; fi
+  if [[ "${says}" == *"{straggler}"* ]]; then says="${says//\{straggler\}/$(kit::field "${KIT_PROGRESS_DIR}/straggler" why)}"; fi
   if [[ -n "${says}" ]]; then kit::log "${says//\{hang_dir\}/${KIT_HANG_DIR}}"; fi
   if [[ -n "${why}" ]]; then kit::requeue "${why//\{rc\}/${rc}}" "${KIT_SUSPECT_NODE}" || true; fi
   exit "$(kit::_ending_code "${code}")"

@@ -305,6 +305,10 @@ kit::run_step() {
     kit::watch_progress "${KIT_MAIN_PID}" &
     KIT_BG_PIDS+=("$!")
   fi
+  if [[ "${KIT_ON_STRAGGLER}" == requeue ]] && (( KIT_RESTART < KIT_MAX_RESTARTS )); then
+    kit::watch_stragglers "${KIT_MAIN_PID}" &
+    KIT_BG_PIDS+=("$!")
+  fi
   kit::wait_for "${KIT_MAIN_PID}"
   KIT_MAIN_PID=
   KIT_STEP_RC="${KIT_RC}"

@@ -212,3 +212,28 @@ kit::_hang_report() {
   mv -f "${KIT_HANG_DIR}/.report" "${KIT_HANG_DIR}/report"
   kit::log "hang: $(sed -n 's/^summary=//p' "${KIT_HANG_DIR}/report"); stopping the job step"
 }
+
+# kit::watch_stragglers STEP_PID: --on-straggler requeue, in the background while the step runs (a restart
+# left). Once the first node's exporter names a straggler (progress/r<K>/straggler: kit.jobdir.stragglers), the
+# command is warned as before the time limit — it checkpoints and stops —, and the step stopped if it still runs
+# KIT_STRAGGLER_GRACE s later; the ending (straggler=1) requeues the job without the straggler's node.
+readonly KIT_STRAGGLER_GRACE=120
+kit::watch_stragglers() {
+  local -r step_pid="$1"
+  local waited
+  kit::helper_traps
+  until [[ -e "${KIT_PROGRESS_DIR}/straggler" ]]; do
+    kit::running "${step_pid}" || return 0
+    kit::nap 2
+  done
+  : >"${KIT_PROGRESS_DIR}/straggler-stop"
+  kit::log "$(kit::field "${KIT_PROGRESS_DIR}/straggler" why): warning the command to checkpoint and stop, to requeue the job without $(kit::field "${KIT_PROGRESS_DIR}/straggler" node)"
+  kit::pass_warning
+  for (( waited = 0; waited < KIT_STRAGGLER_GRACE; waited++ )); do
+    kit::running "${step_pid}" || return 0
+    kit::nap 1
+  done
+  kit::log "the job step runs on ${KIT_STRAGGLER_GRACE} s after the warning: stopping it"
+  : >"${KIT_PROGRESS_DIR}/.stop"
+  mv -f "${KIT_PROGRESS_DIR}/.stop" "${KIT_PROGRESS_DIR}/stop"
+}

@@ -338,7 +338,7 @@ def test_how_a_run_ended_is_one_table_that_bash_and_python_read_alike():
         {},
     )
     picked = out.splitlines()
-    assert len(picked) == len(combos) == 384
+    assert len(picked) == len(combos) == 768
     for facts, row in zip(combos, picked):
         want = ending.conclude(facts)
         assert row == want.row(), facts
@@ -346,17 +346,19 @@ def test_how_a_run_ended_is_one_table_that_bash_and_python_read_alike():
             assert want.end == "preflight" and want.requeue and want.suspect and want.code != "0"
         elif facts["hang"] == "1":
             assert want.end == "hang" and want.requeue
+        elif facts["straggler"] == "1" and facts["declared"] == "0":  # warned for a straggler: never finished
+            assert want.end == "straggler" and want.requeue and want.suspect and want.code != "0"
         if want.end == "finished":
             assert facts["declared"] == "1" or (
                 facts["all_done"] == "1" and facts["rc"] == "zero" and facts["function"] == "0"
             )
         if (
             facts["stopping"] == "1"
-            and facts["declared"] == facts["warned"] == facts["hang"] == facts["preflight"] == "0"
+            and facts["declared"] == facts["warned"] == facts["hang"] == facts["preflight"] == facts["straggler"] == "0"
         ):
             assert want.code != "0" and want.end == "stopped"
         assert want.code != "0" or want.end == "finished"
-    ends = {"finished", "failed", "warned", "stopped", "hang", "incomplete", "preflight"}
+    ends = {"finished", "failed", "warned", "stopped", "hang", "incomplete", "preflight", "straggler"}
     assert {e.end for e in ending.ENDINGS} <= ends
 
 

@@ -62,7 +62,7 @@ def test_warning_passed_by_prelaunch_waits_for_the_command_to_catch_it(tmp_path)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
     assert log.read_text().splitlines() == ["started", "handler installed", "caught warning"]
-    assert "the time limit is near: passing SIGUSR1 to the command" in out
+    assert "the time limit is near, or a straggler with --on-straggler requeue): passing SIGUSR1 to it" in out
 
 
 def catches(pid: int, sig: int) -> bool:

@@ -188,3 +188,66 @@ def test_a_rank_stopped_half_the_time_is_named_with_its_node_everywhere_kit_tell
     assert f"straggler: rank 3 on {node}" in err, err
     report = kit("report", str(w.job_dir)).stdout
     assert f"straggler: rank 3 on {node}" in report, report
+
+
+def test_on_straggler_requeue_checkpoints_and_requeues_the_job_without_the_stragglers_node(cluster, tmp_path):
+    """--on-straggler requeue, one node of two ranks: rank 1 stopped 0.4 s of every 0.6 s is named; prelaunch warns
+    the command, which saves its checkpoint and stops; the run ends `straggler`, the job is requeued without that
+    node and the next run, on the other node, resumes from the checkpoint and finishes (COMPLETED, exit 0)."""
+    import os
+    import signal
+    import sys
+    import threading
+    import time
+
+    from helpers import launch_wait, read_logs, wait_for
+
+    from kit.jobdir import records
+
+    train = [sys.executable, "-m", "kit.train", "--max-steps", "260", "--step-delay", "0.2", "--log-every", "10"]
+    w = launch_wait(
+        tmp_path,
+        "--ntasks-per-node",
+        "2",
+        "--on-straggler",
+        "requeue",
+        "--max-restarts",
+        "1",
+        command=[*train, "--checkpoint-every", "20"],
+    )
+    task = w.job_dir / "progress" / "r0" / "task-1"
+    wait_for(lambda: len(judge_lib.latest(w.job_dir)) == 2, 120, what="training")
+    node, pid = task.read_text().split()[:2]
+    stop = threading.Event()
+
+    def duty_cycle():
+        try:
+            while not stop.is_set():
+                os.kill(int(pid), signal.SIGSTOP)
+                time.sleep(0.4)
+                os.kill(int(pid), signal.SIGCONT)
+                time.sleep(0.2)
+        except ProcessLookupError:  # the run ended
+            pass
+
+    thread = threading.Thread(target=duty_cycle)
+    thread.start()
+    try:
+        wait_for(lambda: (w.job_dir / "progress" / "r0" / "straggler-stop").exists(), 90, what="prelaunch acting")
+    finally:
+        stop.set()
+        thread.join()
+        try:
+            os.kill(int(pid), signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    code, err = w.finish(timeout=300)
+    assert code == 0, err
+    first, second = records.run_records(w.job_dir)
+    assert (first.end, second.end) == ("straggler", "finished"), (first, second)
+    assert (w.job_dir / "progress" / "r1" / "task-0").read_text().split()[0] != node
+    batch = read_logs(w.job_dir)
+    assert f"the step was stopped: straggler: rank 1 on {node}" in batch, batch
+    assert f"the next run leaves out {node}" in batch, batch
+    resumed = (w.job_dir / "logs" / "rank-0.r1.log").read_text()
+    assert "resuming from" in resumed and "done at step=260" in resumed, resumed

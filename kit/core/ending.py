@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from typing import Mapping
 
 # The facts of a run's end, each 0 or 1, as kit::_run_facts prints them.
-FLAGS = ("preflight", "hang", "declared", "warned", "stopping", "function", "all_done")
+FLAGS = ("preflight", "hang", "declared", "straggler", "warned", "stopping", "function", "all_done")
 FACT_MEANING = {
     "preflight": "the preflight verdict failed a node before any command started (--preflight)",
     "hang": "the hang watchdog stopped the step (its report is there)",
     "declared": "the work was declared finished (FINISHED, or every rank through kit.train.progress.finished())",
+    "straggler": "prelaunch warned the command to stop for a straggler (--on-straggler requeue)",
     "warned": "the time-limit warning came during the run",
     "stopping": "a stop signal came (cancel, requeue, preemption, the time limit)",
     "function": "a function job (kit.submit, kit.map): finished only when every rank returned",
@@ -43,8 +44,8 @@ class Ending:
     ``requeue`` (its reason) the job is requeued when the budget allows, and ``code`` is its exit
     code otherwise. ``mark``: write FINISHED; ``teardown``: record the step's code as a failure
     after the work was finished (the run's own code is then 0); ``suspect``: leave the node the hang
-    report names (or the nodes the preflight failed) out of the next run. ``says``: the batch log's line ({rc},
-    {hang_dir}, {preflight} — the verdict's why — filled)."""
+    report names, the nodes the preflight failed, or the straggler's) out of the next run. ``says``: the batch log's
+    line ({rc}, {hang_dir}, {preflight} — the verdict's why —, {straggler} — the straggler verdict — filled)."""
 
     when: tuple[tuple[str, str], ...]
     end: str
@@ -106,6 +107,16 @@ ENDINGS: tuple[Ending, ...] = (
         "failed",
         "rc",
         "step ended with exit {rc} after the work was declared finished: a command failed after it",
+    ),
+    # --on-straggler requeue: prelaunch warned the command (a restart was left) for a rank named a straggler; the
+    # work is not done, whatever the command then exited with, and the straggler's node sits out the next run.
+    Ending(
+        _when(straggler=1),
+        "straggler",
+        "refusal first_failure BUDGET_SPENT",
+        suspect=True,
+        says="the step was stopped: {straggler}",
+        requeue="a rank was named a straggler",
     ),
     # Warned, but no command was given the signal or stopped: it ended its work by itself (a function
     # job's rank only by returning: declared above).

@@ -287,6 +287,16 @@ OPTIONS: tuple[Option, ...] = (
         default=False,
     ),
     Option(
+        "on_straggler",
+        STR,
+        RECOVERY,
+        "What a rank named a straggler does to the run: tell (the verdict is told, the job runs on) or requeue (the "
+        "command is warned to checkpoint and stop, and the job requeued without the rank's node, while a restart is "
+        "left).",
+        default="tell",
+        metavar="ACTION",
+    ),
+    Option(
         "stop_grace",
         INT,
         RECOVERY,

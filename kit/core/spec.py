@@ -25,6 +25,7 @@ from kit.core.values import (
     parse_after,
     parse_env_item,
     parse_mem,
+    parse_on_straggler,
     parse_port_range,
     parse_signal,
     parse_time,
@@ -168,6 +169,7 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
     if s.time is not None:
         s.time = s.time.strip()  # what sbatch gets is what was checked
     s.signal = parsed("signal", parse_signal)
+    s.on_straggler = parsed("on_straggler", parse_on_straggler)
     low, high = parsed("port_range", parse_port_range)
     parsed("exporter_ports", parse_port_range)
     if s.prometheus_targets is not None:

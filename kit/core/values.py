@@ -158,6 +158,15 @@ def parse_signal(value: str) -> str:
     return name
 
 
+ON_STRAGGLER = ("tell", "requeue")  # --on-straggler
+
+
+def parse_on_straggler(value: str) -> str:
+    if value not in ON_STRAGGLER:
+        raise KitError(f"not an action: {value!r}", hint="choose one of " + ", ".join(ON_STRAGGLER))
+    return value
+
+
 AFTER_KINDS = ("ok", "any", "notok")
 
 

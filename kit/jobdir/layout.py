@@ -66,6 +66,8 @@ class JobDir:
     TIMELINE = "timeline-{rank}"  # kit.train.progress's: "first|save|saved|last TIME STEP" lines (goodput's)
     PREFLIGHT_NODE = "preflight-{node}.json"  # --preflight: a node's checks and burn-in (kit.preflight)
     PREFLIGHT = "preflight"  # --preflight: the verdict over every node (verdict=, nodes=, why=, checked=)
+    STRAGGLER = "straggler"  # the run's first straggler verdict (rank=, node=, factor=, why=: kit.jobdir.stragglers)
+    STRAGGLER_STOP = "straggler-stop"  # --on-straggler requeue: prelaunch warned the command for it
     # In hang/r<run>/ (after a hang: the watchdog asks, every rank answers).
     HANG_REQUEST = "request"  # "rank=R": the suspect; the launchers dump their stacks
     HANG_STACKS = "rank-{rank}.txt"  # a rank's process states and stacks

@@ -97,3 +97,20 @@ def record(job_dir: str | Path, verdict: Straggler) -> None:
     kept[verdict.rank] = verdict
     ordered = sorted(kept.values(), key=lambda s: s.since)
     files.write_atomic(Path(job_dir) / JobDir.STRAGGLERS, json.dumps({"stragglers": [asdict(s) for s in ordered]}))
+
+
+def tell_the_run(progress_dir: str | None, verdict: Straggler) -> None:
+    """The run's first verdict in ``progress/r<run>/straggler`` (rank=, node=, factor=, why= lines), for prelaunch:
+    with ``--on-straggler requeue`` it warns the command to checkpoint and stop, and requeues the job without the
+    node (launch/prelaunch_watchdog.sh, kit::watch_stragglers). Later verdicts of the run leave it as it is."""
+    if not progress_dir:
+        return
+    path = Path(progress_dir) / JobDir.STRAGGLER
+    if path.exists():
+        return
+    why = verdict.line().replace("\n", " ")
+    text = f"rank={verdict.rank}\nnode={verdict.node}\nfactor={verdict.factor:.2f}\nwhy={why}\n"
+    try:
+        files.write_atomic(path, text)
+    except OSError:
+        pass  # the verdict stands in stragglers.json; the run goes on

@@ -7,6 +7,7 @@ the files of its node's ranks. No multiprocess mode, no extra collective.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -150,6 +151,7 @@ class StragglerSource:
             verdict = self.judge.see(stragglers.latest(self.job_dir), time.time())
             if verdict is not None:
                 stragglers.record(self.job_dir, verdict)
+                stragglers.tell_the_run(os.environ.get("KIT_PROGRESS_DIR"), verdict)
                 self.named[verdict.rank] = verdict
         samples = [
             Sample(STRAGGLER, {"rank": str(s.rank), "straggler_node": s.node}, s.factor) for s in self.named.values()

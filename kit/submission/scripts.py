@@ -146,6 +146,7 @@ def job_values(job: ResolvedJob, job_dir: Path, the_step: Step | None = None) ->
         "KIT_SWEEP_TASK": "1" if job.params else "0",
         "KIT_SIDECARS": sidecars.as_words(sidecars.for_job(s.sidecars, exporter=s.exporter)),
         "KIT_PREFLIGHT": "1" if s.preflight else "0",
+        "KIT_ON_STRAGGLER": s.on_straggler,
     }
 
 
