@@ -73,6 +73,35 @@ def test_verdicts_are_recorded_per_rank_and_read_back_from_the_rank_files(tmp_pa
     assert judge_lib.read(tmp_path) == []
 
 
+def _poll(node: str, gpus: dict[str, tuple[float, int]]) -> str:
+    samples = [["training_step", {"rank": "0"}, 3.0]]
+    for gpu, (clock, reasons) in gpus.items():
+        samples += [
+            ["DCGM_FI_DEV_SM_CLOCK", {"gpu": gpu}, clock],
+            ["DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", {"gpu": gpu}, reasons],
+        ]
+    return json.dumps({"time": 1.0, "node": node, "up": {}, "samples": samples}) + "\n"
+
+
+def test_a_stragglers_evidence_names_its_nodes_gpus_held_down_against_the_others(tmp_path):
+    """The exporters' logs (each node's last poll of its latest run): a GPU at 1100 MHz held down by a hardware
+    slowdown on the straggler's node, against the other nodes' 1980 MHz, is named with its reason; GPUs at full clock
+    say so; a node that logged no GPU adds nothing."""
+    from kit.monitor.training import gpu_evidence
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "a.r0.metrics.jsonl").write_text(_poll("a", {"0": (1980, 0), "1": (1980, 1)}) * 2)
+    (logs / "b.r0.metrics.jsonl").write_text(_poll("b", {"0": (1980, 0), "1": (1980, 0)}))
+    (logs / "b.r1.metrics.jsonl").write_text(_poll("b", {"0": (1975, 0), "1": (1100, 0x8)}))
+    (logs / "c.r1.metrics.jsonl").write_text(_poll("c", {}))
+    assert gpu_evidence(tmp_path, "b") == (
+        "its node's GPUs: GPU 1 at 1100 MHz, held down by hw_slowdown (the other nodes' median SM clock: 1980 MHz)"
+    )
+    assert gpu_evidence(tmp_path, "a").startswith("its node's 2 GPU(s): none slow or held down")
+    assert gpu_evidence(tmp_path, "c") == "" and gpu_evidence(tmp_path, "nowhere") == ""
+
+
 def _ddp_rank(rank: int, world: int, port: int, out: str, delay: float) -> None:
     """One rank of a two-rank DDP (gloo); rank 1 sleeps ``delay`` before each backward pass (a slow rank)."""
     import os

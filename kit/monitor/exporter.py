@@ -53,6 +53,8 @@ LOGGED = (
     "DCGM_FI_DEV_FB_FREE",
     "DCGM_FI_DEV_POWER_USAGE",
     "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_SM_CLOCK",  # with the throttle reasons: a straggler's evidence (kit.monitor.training)
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
     "gpu_compute_processes",
     "training_step",
     "training_loss",

@@ -7,7 +7,10 @@ the files of its node's ranks. No multiprocess mode, no extra collective.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -150,6 +153,9 @@ class StragglerSource:
             self.read_at = time.monotonic()
             verdict = self.judge.see(stragglers.latest(self.job_dir), time.time())
             if verdict is not None:
+                gpus = gpu_evidence(self.job_dir, verdict.node)
+                if gpus:
+                    verdict = dataclasses.replace(verdict, evidence=f"{verdict.evidence}; {gpus}")
                 stragglers.record(self.job_dir, verdict)
                 stragglers.tell_the_run(os.environ.get("KIT_PROGRESS_DIR"), verdict)
                 self.named[verdict.rank] = verdict
@@ -157,3 +163,56 @@ class StragglerSource:
             Sample(STRAGGLER, {"rank": str(s.rank), "straggler_node": s.node}, s.factor) for s in self.named.values()
         ]
         return SourceResult(samples, True, time.perf_counter() - t0)
+
+
+def _last_polls(job_dir: Path) -> dict[str, dict]:
+    """Each node's last logged poll of its latest run (the exporters' metrics logs: logs/<node>.r<run>.metrics.jsonl)."""
+    latest: dict[str, tuple[int, dict]] = {}
+    for run, path in jobdir.JobDir(job_dir).metrics_logs():
+        try:
+            lines = files.tail(path, 1 << 16).decode(errors="replace").splitlines()
+            poll = json.loads(lines[-1]) if lines else None
+        except (OSError, ValueError):
+            continue
+        if isinstance(poll, dict) and isinstance(poll.get("node"), str) and run >= latest.get(poll["node"], (-1,))[0]:
+            latest[poll["node"]] = (run, poll)
+    return {node: poll for node, (_, poll) in latest.items()}
+
+
+def _gpu_clocks(poll: dict) -> dict[str, tuple[float | None, int]]:
+    """A poll's GPUs: (SM clock in MHz, the NVML throttle reasons' bitmask) by GPU index."""
+    gpus: dict[str, list] = {}
+    for sample in poll.get("samples", []):
+        try:
+            name, labels, value = sample
+            gpu = gpus.setdefault(str(labels.get("gpu", "?")), [None, 0])
+            if name == "DCGM_FI_DEV_SM_CLOCK":
+                gpu[0] = float(value)
+            elif name == "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS":
+                gpu[1] = int(value)
+        except (TypeError, ValueError, AttributeError):
+            continue
+    return {gpu: (clock, reasons) for gpu, (clock, reasons) in gpus.items() if clock is not None}
+
+
+def gpu_evidence(job_dir: Path, node: str) -> str:
+    """The straggler's node's GPUs as its exporter last logged them, against the other nodes' median SM clock: the
+    GPUs whose clock is held down (a throttle reason but idle) or under 90 % of that median, or that none is; ''
+    where the node logged no GPU."""
+    from kit.monitor.gpu import THROTTLE_REASONS  # (only when a straggler is named)
+
+    clocks = {n: _gpu_clocks(poll) for n, poll in _last_polls(job_dir).items()}
+    mine = clocks.get(node)
+    if not mine:
+        return ""
+    others = [c for n, gpus in clocks.items() if n != node for c, _ in gpus.values()]
+    typical = statistics.median(others) if others else None
+    told = []
+    for gpu, (clock, reasons) in sorted(mine.items()):
+        held = [name for bit, name in THROTTLE_REASONS if reasons & bit and name != "gpu_idle"]
+        if held or (typical and clock < 0.9 * typical):
+            told.append(f"GPU {gpu} at {clock:.0f} MHz" + (f", held down by {'+'.join(held)}" if held else ""))
+    against = f" (the other nodes' median SM clock: {typical:.0f} MHz)" if typical else ""
+    if not told:
+        return f"its node's {len(mine)} GPU(s): none slow or held down{against}"
+    return f"its node's GPUs: {'; '.join(told)}{against}"
