@@ -202,6 +202,14 @@ def test_a_sick_node_stops_the_run_before_any_command_and_the_next_run_leaves_it
         got["nodes"] == ["node2", "node3"]
         and "node3: FAIL: GPU 1: allocated by Slurm but NVML does not see it" in (got["why"])
     )
+    listed = subprocess.run(
+        [sys.executable, "-m", "kit", "ps", "--json", "--output-dir", str(tmp_path / "jobs")],
+        env={**os.environ, **gpu_cluster.env},
+        capture_output=True,
+        text=True,
+    )
+    (row,) = [r for r in json.loads(listed.stdout) if r["id"] == w.job_id]
+    assert (row["preflight"]["verdict"], row["preflight"]["nodes"]) == ("failed", ["node2", "node3"]), row
     report = subprocess.run(
         [sys.executable, "-m", "kit", "report", str(w.job_dir), "-o", str(tmp_path / "r.png")],
         env={**os.environ, **gpu_cluster.env},

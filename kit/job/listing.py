@@ -19,6 +19,7 @@ from kit import jobdir, slurm, targets
 from kit.core.text import printable
 from kit.errors import KitError
 from kit.jobdir import JobDir, records, stragglers
+from kit.jobdir.runs import read_verdict
 
 RECENT = 24 * 3600  # without --all: ended jobs submitted this recently
 
@@ -44,6 +45,7 @@ class JobRow:
     tflops: float | None = None  # rank 0's device, the latest: the model's TFLOP/s (kit.train.mfu)
     mfu: float | None = None  # of that device's peak (None: n/a)
     stragglers: list | None = None  # the ranks named slow (kit.jobdir.stragglers: rank, node, factor, evidence, ...)
+    preflight: dict | None = None  # --preflight: the latest run's verdict (verdict, nodes, why, checked)
 
     @property
     def active(self) -> bool:
@@ -108,6 +110,7 @@ def _row(
         tflops=p.tflops,
         mfu=p.mfu,
         stragglers=[asdict(s) for s in stragglers.read(unit_dir)] or None,
+        preflight=read_verdict(JobDir(unit_dir).run_progress(run)),
     )
 
 
