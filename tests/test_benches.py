@@ -38,6 +38,7 @@ def test_every_bench_has_a_quick_mode_run_here():
         "bench_scale.py",
         "gpu_check.py",
         "bench_remote.py",
+        "bench_failslow.py",
     }  # bench_remote's quick run: tests/test_remote.py (its sshd)
     assert here == tested, f"a bench without a quick run in the suite: {here - tested}"
     for path in [*BENCH.glob("bench_*.py"), BENCH / "gpu_check.py"]:
@@ -97,6 +98,14 @@ def test_bench_exporter_quick():
 def test_bench_requeue_quick(cluster):
     out = run_bench("bench_requeue.py", "--kit-home", str(cluster.home))
     assert "kit (prelaunch requeues, begin time released)" in out
+
+
+def test_bench_failslow_quick(cluster):
+    """bench_failslow's quick run on the session's cluster: the straggler named right, every measure printed."""
+    out = run_bench("bench_failslow.py", "--kit-home", str(cluster.home), timeout=600)
+    assert "the right rank and node named" in out and "verdict -> next run first step" in out, out
+    right = next(line for line in out.splitlines() if line.startswith("the right rank and node named"))
+    assert right.split()[-2] == "True", out
 
 
 def test_bench_snapshot_quick():

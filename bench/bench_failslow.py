@@ -1,0 +1,164 @@
+"""Fail-slow, side by side in one run (issue 43 item 6): how soon a straggler is named, how often a clean run names
+one, what a node's preflight costs, and what a straggler's requeue costs until the next run's first step.
+
+    python bench/bench_failslow.py [--quick] [--kit-home DIR] [--clean SECONDS]
+
+One job of the reference trainer (4 nodes of 1 rank, ~1 s steps; --quick: 2 nodes of 2 ranks, ~0.2 s steps) with
+--on-straggler requeue: it trains clean for --clean seconds (default 600: the issue's 10 minutes; --quick 20), the
+verdicts then counted (target 0); then rank 3 is stopped half of every second (SIGSTOP/SIGCONT) and the time from
+that onset to its verdict is measured (target <= 60 s); prelaunch warns the command, which checkpoints, and the job
+is requeued without the node: from the verdict to the next run's first step is today's requeue path (the in-
+allocation restart, issue 43 item 3, is not built: its <= 5 s target is not measured). Then a --preflight job of
+`true`: each node's preflight seconds (target <= 5 s). The measurement's own cost to a step (target <= 1 %) is
+bench/gpu_check.py's step 7, on a GPU; the network test (item 2's --preflight network) is not built.
+--kit-home DIR uses the local cluster already up there (the suite's); else a throw-away one of 5 nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from common import wait_for  # noqa: E402
+
+from kit.cluster import LocalCluster  # noqa: E402
+from kit.jobdir import JobDir, records, stragglers  # noqa: E402
+
+
+def launch(cluster: LocalCluster, out: Path, *args: str) -> tuple[str, Path]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "kit", "launch", "--local", "--json", "--heartbeat", "0", "--output-dir", str(out)]
+        + list(args),
+        capture_output=True,
+        text=True,
+        env={**os.environ, **cluster.target.env},
+        check=True,
+    )
+    job = json.loads(proc.stdout)
+    return job["job_id"], Path(job["job_dir"])
+
+
+def duty_cycle(pid: int, stop: threading.Event, period: float) -> None:
+    """Stop ``pid`` half of every ``period`` seconds until ``stop`` (or the process is gone)."""
+    try:
+        while not stop.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(period / 2)
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(period / 2)
+    except ProcessLookupError:
+        pass
+
+
+def first_step(job_dir: Path, run: int) -> float | None:
+    """When run ``run``'s first rank made its first step (kit.train.progress's timeline)."""
+    times = []
+    for path in (JobDir(job_dir).run_progress(run)).glob(JobDir.TIMELINE.format(rank="*")):
+        for line in path.read_text().splitlines():
+            event, at, _ = line.split()
+            if event == "first":
+                times.append(float(at))
+    return min(times) if times else None
+
+
+def straggler_job(cluster: LocalCluster, out: Path, quick: bool, clean: float) -> dict:
+    nodes, per_node, step = ("2", "2", 0.2) if quick else ("4", "1", 1.0)
+    train = [sys.executable, "-m", "kit.train", "--max-steps", "100000", "--step-delay", str(step)]
+    job_id, job_dir = launch(
+        cluster,
+        out,
+        *("--nodes", nodes, "--ntasks-per-node", per_node, "--on-straggler", "requeue", "--max-restarts", "1"),
+        *("--", *train, "--checkpoint-every", "20"),
+    )
+    wait_for(lambda: len(stragglers.latest(job_dir)) == 4, 180, poll=0.5)
+    time.sleep(clean)
+    false = len(stragglers.read(job_dir))
+    node, pid = (JobDir(job_dir).run_progress(0) / JobDir.TASK.format(rank=3)).read_text().split()[:2]
+    stop = threading.Event()
+    thread = threading.Thread(target=duty_cycle, args=(int(pid), stop, 2 * step if quick else 1.0))
+    onset = time.time()
+    thread.start()
+    try:
+        named = wait_for(lambda: stragglers.read(job_dir), 180, poll=0.5)
+    finally:
+        stop.set()
+        thread.join()
+    verdict = named[-1]
+    resumed = wait_for(lambda: first_step(job_dir, 1), 300, poll=0.5)
+    subprocess.run(["scancel", job_id], env={**os.environ, **cluster.target.env}, check=False)
+    return {
+        "clean_seconds": clean,
+        "false_verdicts": false,
+        "onset_to_verdict": verdict.at - onset,
+        "named": f"rank {verdict.rank} on {verdict.node} ({verdict.factor:.2f}x)",
+        "right": verdict.rank == 3 and verdict.node == node,
+        "verdict_to_next_first_step": resumed - verdict.at,
+    }
+
+
+def preflight_job(cluster: LocalCluster, out: Path, nodes: int) -> list[float]:
+    job_id, job_dir = launch(cluster, out, "--nodes", str(nodes), "--preflight", "--", "true")
+    wait_for(lambda: records.run_records(job_dir), 180, poll=0.5)
+    seconds = []
+    for path in JobDir(job_dir).run_progress(0).glob(JobDir.PREFLIGHT_NODE.format(node="*")):
+        seconds.append(float(json.loads(path.read_text())["seconds"]))
+    return seconds
+
+
+def measure(cluster: LocalCluster, out: Path, quick: bool, clean: float) -> None:
+    slow = straggler_job(cluster, out, quick, clean)
+    checks = preflight_job(cluster, out, 2 if quick else 4)
+    print(f"fail-slow, {'2 nodes x 2 ranks at ~0.2 s' if quick else '4 nodes x 1 rank at ~1 s'} steps")
+    print(f"{'measure':<48}{'value':>10}{'target':>12}")
+    print(
+        f"{'false verdicts in a clean run of ' + format(slow['clean_seconds'], '.0f') + ' s':<48}"
+        f"{slow['false_verdicts']:>10d}{'0':>12}"
+    )
+    print(f"{'slowdown onset -> verdict (' + slow['named'] + ')':<48}{slow['onset_to_verdict']:>9.1f}s{'<= 60 s':>12}")
+    print(f"{'the right rank and node named':<48}{str(slow['right']):>10}{'True':>12}")
+    print(
+        f"{'verdict -> next run first step (requeue path)':<48}{slow['verdict_to_next_first_step']:>9.1f}s"
+        f"{'(in-alloc.: not built)':>12}"
+    )
+    print(f"{'preflight per node, quick (max of ' + str(len(checks)) + ')':<48}{max(checks):>9.1f}s{'<= 5 s':>12}")
+    print(f"{'network test at 8 nodes':<48}{'not built':>10}{'<= 30 s':>12}")
+    print(f"{'measurement cost per step':<48}{'gpu_check 7':>10}{'<= 1 %':>12}")
+    met = slow["false_verdicts"] == 0 and slow["onset_to_verdict"] <= 60 and slow["right"] and max(checks) <= 5
+    print("targets met" if met else "TARGETS MISSED")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--kit-home", help="a KIT_HOME whose local cluster is up (default: a throw-away cluster)")
+    ap.add_argument("--clean", type=float, default=None, help="seconds of clean training [600; --quick 20]")
+    args = ap.parse_args()
+    clean = args.clean if args.clean is not None else 20.0 if args.quick else 600.0
+    with tempfile.TemporaryDirectory() as d:
+        if args.kit_home:
+            cluster = LocalCluster(Path(args.kit_home))
+            if not cluster.running():
+                sys.exit(f"bench_failslow: no local cluster is running under {args.kit_home}")
+            measure(cluster, Path(d), args.quick, clean)
+            return
+        cluster = LocalCluster(Path(d) / "home")
+        cluster.up(nodes=5, cpus_per_node=2)
+        try:
+            measure(cluster, Path(d), args.quick, clean)
+        finally:
+            cluster.down(force=True)
+
+
+if __name__ == "__main__":
+    main()
