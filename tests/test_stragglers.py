@@ -153,12 +153,13 @@ def test_the_hook_times_each_ranks_wait_at_the_all_reduce_and_averages_as_ddp_do
     assert zero["first"] == one["first"]  # the same averaged update on both ranks
 
 
-def test_a_rank_stopped_half_the_time_is_named_with_its_node_everywhere_kit_tells(cluster, tmp_path):
-    """The reference trainer on 2 nodes x 2 ranks (gloo) at ~0.2 s steps: 25 s of clean training name no one;
-    then rank 3 is stopped 0.4 s of every 0.6 s (SIGSTOP/SIGCONT): within a minute it is named — rank 3 on its
-    node, by the factor the job's steps slowed down — in stragglers.json, kit ps --json, kit events, kit logs
-    --errors, the exporter (Prometheus), the --wait end
-    line and kit report."""
+def test_a_rank_stopped_half_the_time_is_named_everywhere_and_requeued_without_its_node(cluster, tmp_path):
+    """The reference trainer, 4 ranks (gloo) on one node at ~0.2 s steps, --on-straggler requeue: 25 s of clean
+    training name no one; then rank 3 is stopped 0.4 s of every 0.6 s (SIGSTOP/SIGCONT): within a minute it is
+    named with its node and the factor the steps slowed by — in stragglers.json, kit ps --json, kit events, kit logs
+    --errors, the exporter (Prometheus), the --wait end line and kit report —; prelaunch warns the command, which
+    saves its checkpoint and stops; the run ends `straggler`, the job is requeued without that node, and the next
+    run, on the other node, resumes from the checkpoint and finishes (COMPLETED, exit 0)."""
     import os
     import signal
     import sys
@@ -167,86 +168,21 @@ def test_a_rank_stopped_half_the_time_is_named_with_its_node_everywhere_kit_tell
     import urllib.parse
     import urllib.request
 
-    from helpers import kit, launch_wait, wait_for
-
-    train = [sys.executable, "-m", "kit.train", "--max-steps", "2000", "--step-delay", "0.2", "--checkpoint-every", "0"]
-    w = launch_wait(tmp_path, "--nodes", "2", "--ntasks-per-node", "2", command=train)
-    task = w.job_dir / "progress" / "r0" / "task-3"
-    wait_for(lambda: (w.job_dir / "metrics").is_dir() and len(judge_lib.latest(w.job_dir)) == 4, 120, what="training")
-    wait_for(lambda: all("step_seconds" in v for _, v in judge_lib.latest(w.job_dir).values()), 30, what="waits")
-    time.sleep(25)  # clean: the judge has seen the ranks five times over SUSTAINED seconds
-    assert judge_lib.read(w.job_dir) == [], "a verdict on a clean run"
-    node, pid = task.read_text().split()[:2]
-    stop = threading.Event()
-
-    def duty_cycle():
-        while not stop.is_set():
-            os.kill(int(pid), signal.SIGSTOP)
-            time.sleep(0.4)
-            os.kill(int(pid), signal.SIGCONT)
-            time.sleep(0.2)
-
-    thread = threading.Thread(target=duty_cycle)
-    onset = time.time()
-    thread.start()
-    try:
-        named = wait_for(lambda: judge_lib.read(w.job_dir), 60, poll=0.5, what="a straggler verdict")
-    finally:
-        stop.set()
-        thread.join()
-        os.kill(int(pid), signal.SIGCONT)
-    (slow,) = named
-    assert (slow.rank, slow.node) == (3, node) and 1.3 <= slow.factor <= 3.5, slow
-    assert slow.at - onset <= 60 and "they wait" in slow.evidence
-    out = str(tmp_path / "jobs")
-    (row,) = json.loads(kit("ps", "--json", "--output-dir", out).stdout)
-    assert [(s["rank"], s["node"]) for s in row["stragglers"]] == [(3, node)]
-    events = kit("events", str(w.job_dir)).stdout
-    assert f"straggler: rank 3 on {node}" in events, events
-    told = kit("logs", str(w.job_dir), "--errors").stdout
-    assert told.startswith(f"straggler: rank 3 on {node}"), told
-    query = urllib.parse.urlencode({"query": f'kit_job_straggler_slowdown{{slurm_job_id="{w.job_id}"}}'})
-    served = wait_for(
-        lambda: json.load(urllib.request.urlopen(f"{cluster.prometheus_url()}/api/v1/query?{query}"))["data"]["result"],
-        30,
-        what="the verdict in Prometheus",
-    )
-    assert [(r["metric"]["rank"], r["metric"]["straggler_node"]) for r in served] == [("3", node)]
-    assert kit("cancel", str(w.job_dir)).returncode == 0
-    _, err = w.finish()
-    assert f"straggler: rank 3 on {node}" in err, err
-    report = kit("report", str(w.job_dir)).stdout
-    assert f"straggler: rank 3 on {node}" in report, report
-
-
-def test_on_straggler_requeue_checkpoints_and_requeues_the_job_without_the_stragglers_node(cluster, tmp_path):
-    """--on-straggler requeue, one node of two ranks: rank 1 stopped 0.4 s of every 0.6 s is named; prelaunch warns
-    the command, which saves its checkpoint and stops; the run ends `straggler`, the job is requeued without that
-    node and the next run, on the other node, resumes from the checkpoint and finishes (COMPLETED, exit 0)."""
-    import os
-    import signal
-    import sys
-    import threading
-    import time
-
-    from helpers import launch_wait, read_logs, wait_for
+    from helpers import kit, launch_wait, read_logs, wait_for
 
     from kit.jobdir import records
 
     train = [sys.executable, "-m", "kit.train", "--max-steps", "260", "--step-delay", "0.2", "--log-every", "10"]
     w = launch_wait(
         tmp_path,
-        "--ntasks-per-node",
-        "2",
-        "--on-straggler",
-        "requeue",
-        "--max-restarts",
-        "1",
+        *("--ntasks-per-node", "4", "--on-straggler", "requeue", "--max-restarts", "1"),
         command=[*train, "--checkpoint-every", "20"],
     )
-    task = w.job_dir / "progress" / "r0" / "task-1"
-    wait_for(lambda: len(judge_lib.latest(w.job_dir)) == 2, 120, what="training")
-    node, pid = task.read_text().split()[:2]
+    wait_for(lambda: len(judge_lib.latest(w.job_dir)) == 4, 120, what="training")
+    wait_for(lambda: all("step_seconds" in v for _, v in judge_lib.latest(w.job_dir).values()), 30, what="waits")
+    time.sleep(25)  # clean: the judge has seen the ranks five times over SUSTAINED seconds
+    assert judge_lib.read(w.job_dir) == [], "a verdict on a clean run"
+    node, pid = (w.job_dir / "progress" / "r0" / "task-3").read_text().split()[:2]
     stop = threading.Event()
 
     def duty_cycle():
@@ -260,9 +196,10 @@ def test_on_straggler_requeue_checkpoints_and_requeues_the_job_without_the_strag
             pass
 
     thread = threading.Thread(target=duty_cycle)
+    onset = time.time()
     thread.start()
     try:
-        wait_for(lambda: (w.job_dir / "progress" / "r0" / "straggler-stop").exists(), 90, what="prelaunch acting")
+        named = wait_for(lambda: judge_lib.read(w.job_dir), 60, poll=0.5, what="a straggler verdict")
     finally:
         stop.set()
         thread.join()
@@ -270,13 +207,31 @@ def test_on_straggler_requeue_checkpoints_and_requeues_the_job_without_the_strag
             os.kill(int(pid), signal.SIGCONT)
         except ProcessLookupError:
             pass
+    (slow,) = named
+    assert (slow.rank, slow.node) == (3, node) and 1.3 <= slow.factor <= 3.5, slow
+    assert slow.at - onset <= 60 and "they wait" in slow.evidence
+    query = urllib.parse.urlencode({"query": f'kit_job_straggler_slowdown{{slurm_job_id="{w.job_id}"}}'})
+    served = wait_for(
+        lambda: json.load(urllib.request.urlopen(f"{cluster.prometheus_url()}/api/v1/query?{query}"))["data"]["result"],
+        30,
+        what="the verdict in Prometheus",
+    )
+    assert [(r["metric"]["rank"], r["metric"]["straggler_node"]) for r in served] == [("3", node)]
     code, err = w.finish(timeout=300)
-    assert code == 0, err
+    assert code == 0 and f"straggler: rank 3 on {node}" in err, err
     first, second = records.run_records(w.job_dir)
     assert (first.end, second.end) == ("straggler", "finished"), (first, second)
     assert (w.job_dir / "progress" / "r1" / "task-0").read_text().split()[0] != node
     batch = read_logs(w.job_dir)
-    assert f"the step was stopped: straggler: rank 1 on {node}" in batch, batch
+    assert f"the step was stopped: straggler: rank 3 on {node}" in batch, batch
     assert f"the next run leaves out {node}" in batch, batch
     resumed = (w.job_dir / "logs" / "rank-0.r1.log").read_text()
     assert "resuming from" in resumed and "done at step=260" in resumed, resumed
+    out = str(tmp_path / "jobs")
+    (row,) = [r for r in json.loads(kit("ps", "--json", "--output-dir", out).stdout) if r["id"] == w.job_id]
+    assert [(s["rank"], s["node"]) for s in row["stragglers"]] == [(3, node)]
+    assert f"straggler: rank 3 on {node}" in kit("events", str(w.job_dir)).stdout
+    told = kit("logs", str(w.job_dir), "--errors").stdout
+    assert told.startswith(f"straggler: rank 3 on {node}"), told
+    report = kit("report", str(w.job_dir)).stdout
+    assert f"straggler: rank 3 on {node}" in report, report

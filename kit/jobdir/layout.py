@@ -178,6 +178,7 @@ class JobDir:
             cls.PROFILES,
             cls.REPORT,
             cls.TRACKER,
+            cls.STRAGGLERS,
         }
         run = {
             cls.STEP_START,
@@ -190,6 +191,8 @@ class JobDir:
             cls.TIMELINE,
             cls.PREFLIGHT_NODE,
             cls.PREFLIGHT,
+            cls.STRAGGLER,
+            cls.STRAGGLER_STOP,
         }
         hang = {cls.HANG_REQUEST, cls.HANG_STACKS, cls.HANG_REPORT, cls.HANG_STOP}
         logs = {
