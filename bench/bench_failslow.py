@@ -5,9 +5,9 @@ one, what a node's preflight costs, and what a straggler's requeue costs until t
 
 One job of the reference trainer (4 nodes of 1 rank, ~1 s steps; --quick: 2 nodes of 2 ranks, ~0.2 s steps) with
 --on-straggler requeue: it trains clean for --clean seconds (default 600: the issue's 10 minutes; --quick 20), the
-verdicts then counted (target 0); then rank 3 is stopped half of every two steps (SIGSTOP/SIGCONT; a stop shorter than a step's sleep would
-hide in it) and the time from
-that onset to its verdict is measured (target <= 60 s); prelaunch warns the command, which checkpoints, and the job
+verdicts then counted (target 0); then rank 3 is stopped half of every two steps (SIGSTOP/SIGCONT; a stop shorter
+than a step's sleep would hide in it) and the time from that onset to its verdict is measured (target <= 60 s);
+prelaunch warns the command, which checkpoints, and the job
 is requeued without the node: from the verdict to the next run's first step is today's requeue path (the in-
 allocation restart, issue 43 item 3, is not built: its <= 5 s target is not measured). Then a --preflight job of
 `true`: each node's preflight seconds (target <= 5 s). The measurement's own cost to a step (target <= 1 %) is
