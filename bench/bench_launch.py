@@ -125,8 +125,13 @@ def round_trips(cluster: LocalCluster, out: Path, runs: int) -> tuple[list, list
     def idle() -> None:
         """Every trip starts on idle nodes: kit's result() returns while its job still tears down (its node
         COMPLETING), which would delay the next trip's start, whichever tool that is."""
-        while subprocess.run(["squeue", "--noheader"], capture_output=True, text=True, check=True).stdout.strip():
-            time.sleep(0.05)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            listed = subprocess.run(["squeue", "--noheader"], capture_output=True, text=True)
+            if listed.returncode == 0 and not listed.stdout.strip():
+                return
+            time.sleep(0.05)  # jobs still there, or a busy controller did not answer (a machine shared with others)
+        raise TimeoutError("the bench's cluster did not become idle in 120 s")
 
     for _ in range(runs + 1):  # the first of each warms the nodes' caches: left out
         idle()
