@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 from common import wait_for  # noqa: E402
 
 from kit.cluster import LocalCluster  # noqa: E402
-from kit.jobdir import JobDir, records, stragglers  # noqa: E402
+from kit.jobdir import JobDir, goodput, records, stragglers  # noqa: E402
 
 
 def launch(cluster: LocalCluster, out: Path, *args: str) -> tuple[str, Path]:
@@ -64,14 +64,8 @@ def duty_cycle(pid: int, stop: threading.Event, period: float) -> None:
 
 
 def first_step(job_dir: Path, run: int) -> float | None:
-    """When run ``run``'s first rank made its first step (kit.train.progress's timeline)."""
-    times = []
-    for path in (JobDir(job_dir).run_progress(run)).glob(JobDir.TIMELINE.format(rank="*")):
-        for line in path.read_text().splitlines():
-            event, at, _ = line.split()
-            if event == "first":
-                times.append(float(at))
-    return min(times) if times else None
+    """When run ``run``'s first rank made its first step (kit.train.progress's timeline, as goodput reads it)."""
+    return next((t.first for t in goodput.run_times(job_dir) if t.run == run), None)
 
 
 def straggler_job(cluster: LocalCluster, out: Path, quick: bool, clean: float) -> dict:

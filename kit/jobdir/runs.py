@@ -38,6 +38,19 @@ def tracker_runs(job_dir: Path) -> dict:
     return out
 
 
+def fields_text(fields: dict) -> str:
+    """A run's ``key=value`` record as prelaunch's kit::field reads it: a line per key, a list joined by commas, a
+    value's newlines made spaces (the preflight verdict, a straggler verdict)."""
+    return "".join(
+        f"{k}={(','.join(v) if isinstance(v, list) else str(v)).replace(chr(10), ' ')}\n" for k, v in fields.items()
+    )
+
+
+def parse_fields(text: str) -> dict[str, str]:
+    """The ``key=value`` lines of a run's record (a hang report, a verdict): each key's value, from its first ``=``."""
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
 def hangs(job_dir: Path) -> list[dict]:
     """Each run's hang, as prelaunch's watchdog reported it (``hang/r<run>/report``): ``run``, ``rank`` (a
     number, or ``unknown`` when no rank could be named), ``node``, ``summary``, and the blamed rank's stacks
@@ -47,10 +60,9 @@ def hangs(job_dir: Path) -> list[dict]:
     for run in d.run_dirs(JobDir.HANG):
         report = d.path / JobDir.HANG / JobDir.RUN.format(run=run) / JobDir.HANG_REPORT
         try:
-            lines = files.read_text(report, 1 << 16).splitlines()
+            fields = parse_fields(files.read_text(report, 1 << 16))
         except (OSError, ValueError):
             continue
-        fields = dict(line.partition("=")[::2] for line in lines if "=" in line)
         rank = fields.get("rank", "unknown")
         stacks = report.parent / JobDir.HANG_STACKS.format(rank=rank)
         out.append(
@@ -72,7 +84,7 @@ def read_verdict(directory: Path) -> dict | None:
         text = files.read_text(Path(directory) / JobDir.PREFLIGHT, 1 << 20)
     except OSError:
         return None
-    fields = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    fields = parse_fields(text)
     return {
         "verdict": fields.get("verdict", "?"),
         "nodes": [n for n in fields.get("nodes", "").split(",") if n],

@@ -1,8 +1,9 @@
-"""Naming a straggler: the judge of the ranks' waits at the gradient all-reduce (kit.train.stragglers measures).
+"""Naming a straggler: the judge of the ranks' waits in the step's collectives (kit.train.stragglers measures).
 
 Each rank's metrics file (``metrics/<node>/rank-<R>.json``) carries, over its last write interval, its mean step
-time and its mean wait per step in the collectives (the gradient all-reduce and the step's others). A rank's compute per step is the first less the second: a slow rank
-computes longer and waits for no one, the others wait for it. A rank is named when its compute stays at least
+time and its mean wait per step in the collectives (the gradient all-reduce and the step's others). A rank's
+compute per step is the first less the second: a slow rank computes longer and waits for no one, the others wait
+for it. A rank is named when its compute stays at least
 :data:`SLOWER` times the other ranks' median (and :data:`AT_LEAST` seconds more) for :data:`SUSTAINED` seconds
 (a checkpoint save on rank 0, a moment's noise do not name anyone). The first node's exporter judges every few
 seconds and keeps the verdicts in ``stragglers.json``; ``kit ps --json``, the ``--wait`` line, ``kit report`` and
@@ -19,6 +20,7 @@ from pathlib import Path
 from kit import files
 from kit.jobdir.layout import JobDir
 from kit.jobdir.metrics import newest_rank_metrics
+from kit.jobdir.runs import fields_text
 
 SLOWER = 1.25  # compute per step this many times the other ranks' median ...
 AT_LEAST = 0.02  # ... and this many seconds more: a slowdown worth a verdict
@@ -108,9 +110,8 @@ def tell_the_run(progress_dir: str | None, verdict: Straggler) -> None:
     path = Path(progress_dir) / JobDir.STRAGGLER
     if path.exists():
         return
-    why = verdict.line().replace("\n", " ")
-    text = f"rank={verdict.rank}\nnode={verdict.node}\nfactor={verdict.factor:.2f}\nwhy={why}\n"
+    fields = {"rank": verdict.rank, "node": verdict.node, "factor": f"{verdict.factor:.2f}", "why": verdict.line()}
     try:
-        files.write_atomic(path, text)
+        files.write_atomic(path, fields_text(fields))
     except OSError:
         pass  # the verdict stands in stragglers.json; the run goes on

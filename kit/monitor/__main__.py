@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     sources.append(TrainingSource(Path(args.training_dir) if args.training_dir else None))
     if os.environ.get("KIT_JOB_DIR") and os.environ.get("SLURM_NODEID") == "0":  # the job's time, from one node
         sources.append(GoodputSource(Path(os.environ["KIT_JOB_DIR"])))
-        sources.append(StragglerSource(Path(os.environ["KIT_JOB_DIR"])))
+        sources.append(StragglerSource(Path(os.environ["KIT_JOB_DIR"]), os.environ.get("KIT_PROGRESS_DIR")))
     if os.environ.get("SLURM_JOB_ID"):  # in a job: what the job's processes use on this node
         sources.append(JobSource(os.environ["SLURM_JOB_ID"], node))
     exporter = Exporter(

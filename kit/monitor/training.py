@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -128,8 +127,8 @@ class GoodputSource:
 STRAGGLER = Spec(
     "kit_job_straggler_slowdown",
     "gauge",
-    "A rank named a straggler (rank, straggler_node: its node; node is the exporter's): its compute per step over the other ranks' median, from how long each "
-    "waits in the step's collectives (kit.jobdir.stragglers).",
+    "A rank named a straggler (rank, straggler_node: its node; node is the exporter's): its compute per step over "
+    "the other ranks' median, from how long each waits in the step's collectives (kit.jobdir.stragglers).",
 )
 STRAGGLERS_EVERY = 5.0  # seconds between two judgements of the ranks' files
 
@@ -140,10 +139,12 @@ class StragglerSource:
 
     name = "stragglers"
 
-    def __init__(self, job_dir: Path | None):
+    def __init__(self, job_dir: Path | None, progress_dir: str | None = None):
+        """``progress_dir``: the run's (``$KIT_PROGRESS_DIR``), where its first verdict goes for prelaunch."""
         from kit.jobdir import stragglers  # (only the first node's exporter loads it)
 
-        self.job_dir, self.judge, self.read_at, self.named = job_dir, stragglers.Judge(), float("-inf"), {}
+        self.job_dir, self.progress_dir = job_dir, progress_dir
+        self.judge, self.read_at, self.named = stragglers.Judge(), float("-inf"), {}
 
     def poll(self) -> SourceResult:
         from kit.jobdir import stragglers
@@ -157,7 +158,7 @@ class StragglerSource:
                 if gpus:
                     verdict = dataclasses.replace(verdict, evidence=f"{verdict.evidence}; {gpus}")
                 stragglers.record(self.job_dir, verdict)
-                stragglers.tell_the_run(os.environ.get("KIT_PROGRESS_DIR"), verdict)
+                stragglers.tell_the_run(self.progress_dir, verdict)
                 self.named[verdict.rank] = verdict
         samples = [
             Sample(STRAGGLER, {"rank": str(s.rank), "straggler_node": s.node}, s.factor) for s in self.named.values()
@@ -166,7 +167,7 @@ class StragglerSource:
 
 
 def _last_polls(job_dir: Path) -> dict[str, dict]:
-    """Each node's last logged poll of its latest run (the exporters' metrics logs: logs/<node>.r<run>.metrics.jsonl)."""
+    """Each node's last logged poll of its latest run (its exporter's log: logs/<node>.r<run>.metrics.jsonl)."""
     latest: dict[str, tuple[int, dict]] = {}
     for run, path in jobdir.JobDir(job_dir).metrics_logs():
         try:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kit import files
 from kit.jobdir.layout import JobDir
+from kit.jobdir.runs import fields_text
 from kit.preflight import burn, health
 
 SLOW = 0.5  # a node's burn-in under this share of the median node's fails it
@@ -103,8 +104,7 @@ def judge(directory: Path, expected: int, timeout: float = 300.0) -> dict:
         time.sleep(0.2)
         found = records(directory)
     verdict = decide(found, expected)
-    text = "".join(f"{k}={','.join(v) if isinstance(v, list) else v}\n" for k, v in verdict.items())
-    files.write_atomic(Path(directory) / JobDir.PREFLIGHT, text)
+    files.write_atomic(Path(directory) / JobDir.PREFLIGHT, fields_text(verdict))
     return verdict
 
 

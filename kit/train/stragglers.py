@@ -35,7 +35,7 @@ class Watcher:
         self.average = dist.get_backend(self.group) == "nccl"
         if self.average:
             self.opts.reduceOp = dist.ReduceOp.AVG
-        self.pending: list = []  # CUDA events (start, end) not yet read
+        self.pending: list = []  # (start, end, counts a step): CUDA events not yet read
         self.wait = 0.0
         self.steps = 0
         self.since = time.monotonic()
