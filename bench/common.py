@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import time
+import urllib.request
 from pathlib import Path
 
 
@@ -30,3 +34,34 @@ def tiny_rootfs(where: Path) -> Path:
     (root / "etc" / "os-release").write_text('ID=tiny\nNAME="tiny bench root"\n')
     (root / "usr" / "bin" / "link").symlink_to("tool0")
     return root
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def start_exporter(
+    port: int, log: Path, gpus: bool = True, args: tuple[str, ...] = ("--interval", "0.5", "--no-node")
+) -> subprocess.Popen:
+    """The exporter, once it serves GPU series (``gpus``), or any scrape (where no GPU is)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kit.monitor", "--port", str(port), "--bind", "127.0.0.1", *args],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if "DCGM_FI_DEV_GPU_UTIL" in scrape(port) or not gpus or proc.poll() is not None:
+                break
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return proc

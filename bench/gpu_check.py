@@ -36,11 +36,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from common import free_port, scrape, start_exporter  # noqa: E402
 
 GPU_FAMILIES = (
     "DCGM_FI_DEV_GPU_UTIL",
@@ -79,37 +80,6 @@ def nvml_gpus() -> tuple[int, str]:
             pynvml.nvmlShutdown()
     except Exception as e:  # no library, no driver
         return 0, f"{type(e).__name__}: {e}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        return r.read().decode()
-
-
-def start_exporter(
-    port: int, log: Path, gpus: bool = True, args: tuple[str, ...] = ("--interval", "0.5", "--no-node")
-) -> subprocess.Popen:
-    """The exporter, once it serves GPU series (``gpus``), or any scrape (where no GPU is)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kit.monitor", "--port", str(port), "--bind", "127.0.0.1", *args],
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if "DCGM_FI_DEV_GPU_UTIL" in scrape(port) or not gpus or proc.poll() is not None:
-                break
-        except OSError:
-            pass
-        time.sleep(0.2)
-    return proc
 
 
 def values(text: str, family: str) -> list[float]:

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from gpu_check import free_port, scrape, start_exporter
+from common import free_port, scrape, start_exporter
 
 TINY = dict(vocab=256, d_model=64, layers=2, heads=4, seq=64, batch=8)
 GPT_09B = dict(vocab=50304, d_model=2048, layers=16, heads=16, seq=2048, batch=8)  # 0.9 B parameters
