@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -171,7 +172,9 @@ kit::running "$sleeper" && echo "alive after the fork's cleanup"
 trap kit::cleanup EXIT
 exit 0
 """
-    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    mark = f"KIT_TEST_MARK={os.getpid()}-{time.time_ns()}"  # this test's sleeper, not another test's
+    env = {**os.environ, "KIT_TEST_MARK": mark.split("=", 1)[1]}
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 0 and proc.stdout.splitlines() == ["alive after the fork's cleanup"], (
         proc.stdout + proc.stderr
     )
@@ -179,7 +182,7 @@ exit 0
     assert not [
         pid
         for pid in sleepers
-        if Path(f"/proc/{pid}/environ").exists() and b"KIT_TASK_TOKEN" in Path(f"/proc/{pid}/environ").read_bytes()
+        if Path(f"/proc/{pid}/environ").exists() and mark.encode() in Path(f"/proc/{pid}/environ").read_bytes()
     ], "the script's cleanup left it"
 
 

@@ -6,6 +6,9 @@ set -euo pipefail
 readonly dest="${1:-$(dirname "$0")/debian-bookworm}"
 readonly mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 command -v debootstrap >/dev/null || { echo "debootstrap not found: apt-get install -y debootstrap" >&2; exit 2; }
+# Two callers at once (two test sessions) make it one after the other: the second finds it there.
+exec 9>"${dest}.lock"
+flock 9
 if [[ -x "${dest}/usr/bin/python3" ]]; then
   echo "${dest}: already there" >&2
   exit 0

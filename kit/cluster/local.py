@@ -232,14 +232,15 @@ class LocalCluster(Daemons):
         # The record first (`down` finds what to remove); a failed start removes it too (no half-made cluster).
         try:
             if isolated:
-                net = network.plan(self.root, nodes)
-                st.network = net.as_dict()
-                self.save(st)
-                progress(
-                    f"isolated network: bridge {net.bridge} at {net.host}, "
-                    + ", ".join(f"{n} {a}" for n, a in net.addresses.items())
-                )
-                network.create(net)
+                with network.choosing():
+                    net = network.plan(self.root, nodes)
+                    st.network = net.as_dict()
+                    self.save(st)
+                    progress(
+                        f"isolated network: bridge {net.bridge} at {net.host}, "
+                        + ", ".join(f"{n} {a}" for n, a in net.addresses.items())
+                    )
+                    network.create(net)
             st.containers = plugin.prepare(self.root, progress)
             plugin.check_scope(st.containers, st.container_scope)
             if st.containers:

@@ -7,11 +7,14 @@ machine): one /24 per cluster, ``198.18.K.1`` the host's end of the bridge (slur
 Prometheus and every client command reach the nodes there) and ``198.18.K.(10+i)``
 node ``i``'s ``eth0``. A node reaches the host and the other nodes over the bridge and
 nothing else (no route beyond it). Names carry the cluster's id (a hash of its
-directory), so two clusters on one machine never share a bridge or a namespace.
+directory), so two clusters on one machine never share a bridge or a namespace; two started at
+once choose their /24 one after the other (:func:`choosing`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import ipaddress
 import json
@@ -25,6 +28,19 @@ from kit.errors import KitError
 
 RANGE = ipaddress.ip_network("198.18.0.0/15")
 FIRST_NODE = 10
+LOCK = Path("/run/kit-isolated-network.lock")  # /run: only root makes files there, and only root makes networks
+
+
+@contextlib.contextmanager
+def choosing():
+    """Held from :func:`plan` to the end of :func:`create`: a /24 seen free is still free when its bridge is made
+    (two clusters coming up at once, as two test sessions' do, took the same one)."""
+    fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 @dataclass
