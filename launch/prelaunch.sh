@@ -39,7 +39,8 @@ else
 fi
 readonly KIT_JOB_DIR
 readonly KIT_MAX_RESTARTS
-readonly KIT_ON_STRAGGLER  # --on-straggler: tell, or requeue (kit::watch_stragglers)
+readonly KIT_ON_STRAGGLER  # --on-straggler: tell, requeue or restart (kit::watch_stragglers)
+readonly KIT_STEP_NODES  # --nodes: the step's, of an allocation --spare-nodes larger (kit::step_nodes)
 # The time-limit warning comes KIT_SIGNAL_LEAD s before the limit (or up to a
 # minute earlier); with a restart left, a step still running KIT_LIMIT_MARGIN s
 # before the limit is stopped and the job requeued (kit::stop_before_limit).
@@ -83,12 +84,17 @@ fi
 export KIT_FINISHED_FILE="${KIT_JOB_DIR}/FINISHED"
 readonly KIT_RUNS_FILE="${KIT_JOB_DIR}/runs.jsonl"
 export KIT_LOG_DIR="${KIT_JOB_DIR}/logs"
-export KIT_RESTART="${SLURM_RESTART_COUNT:-0}"
 export KIT_CHECKPOINT_STEP_FILE="${KIT_JOB_DIR}/checkpoint_step"
 # Hang detection: each rank's progress file lives in KIT_PROGRESS_DIR.
 export KIT_HANG_TIMEOUT KIT_FIRST_PROGRESS_TIMEOUT
-export KIT_PROGRESS_DIR="${KIT_JOB_DIR}/progress/r${KIT_RESTART}"
-export KIT_HANG_DIR="${KIT_JOB_DIR}/hang/r${KIT_RESTART}"
+# The run: its number (KIT_RESTART: every run before it, requeued by Slurm or restarted in its allocation) and
+# its directories, progress/r<K> and hang/r<K> (kit::begin_run; Slurm's count until kit::batch knows better).
+kit::begin_run() {
+  export KIT_RESTART="$1"
+  export KIT_PROGRESS_DIR="${KIT_JOB_DIR}/progress/r${KIT_RESTART}"
+  export KIT_HANG_DIR="${KIT_JOB_DIR}/hang/r${KIT_RESTART}"
+}
+kit::begin_run "${SLURM_RESTART_COUNT:-0}"
 KIT_WHO=prelaunch
 
 # ---------------------------------------------------------------- state
@@ -111,6 +117,9 @@ KIT_FIRST_NODE=  # the allocation's first node, and what its probe said (kit::de
 KIT_PROBE=
 KIT_STEP_ARGS=()  # srun's arguments, the --container-env names set here
 KIT_SET_NAMES=()
+KIT_RUN_PIDS=()  # the run's watchers (kit::run_step), among KIT_BG_PIDS
+KIT_LEFT_OUT=""  # the allocation's nodes that runs restarted in it leave out (kit::leave_out), comma-separated
+KIT_STEP_NODELIST=""  # with spare nodes, the step's (kit::step_nodes); '' without: all of them
 KIT_STEP_RC=0  # the step's exit code: the first failing rank's (kit::run_step), then the job's (kit::conclude)
 KIT_FIRST_RC=
 KIT_SUSPECT_NODE=  # the node a hang report names
@@ -129,17 +138,22 @@ source "${KIT_SCRIPTS_DIR}/prelaunch_ending.sh"
 
 # ---------------------------------------------------------------- main
 kit::batch() {
+  kit::begin_run "$(( ${SLURM_RESTART_COUNT:-0} + $(kit::restarted_here) ))"
   kit::prepare
   trap kit::cleanup EXIT
   kit::trap TERM INT "${KIT_WARNING_SIGNAL}"
   kit::early_warning
   kit::catch_up_runs
-  kit::tracker_env
-  kit::restore_code
-  kit::decide_master
   kit::start_heartbeat
-  kit::run_step
-  kit::conclude
+  while :; do  # kit::conclude returns only when the next run starts in this allocation
+    kit::tracker_env
+    kit::restore_code
+    kit::step_nodes
+    kit::decide_master
+    kit::run_step
+    kit::conclude
+    kit::next_run
+  done
 }
 
 kit::main() {

@@ -58,8 +58,7 @@ kit::stop_before_limit() {
     (( left > 0 )) || break
     kit::nap "$(( left < 30 ? left : 30 ))"
   done
-  KIT_RUN_ADVANCED=false
-  if (( $(kit::_checkpoint_step) > KIT_START_STEP )); then KIT_RUN_ADVANCED=true; fi
+  kit::_note_advance
   if kit::_stalled; then
     kit::log "$(( end - $(date +%s) )) s before the time limit: the checkpoint step has not advanced, so a requeue would be refused: letting the step run on"
     return 0
@@ -80,27 +79,45 @@ kit::_checkpoint_step() {
   if [[ "${step}" =~ ^[0-9]{1,18}$ ]]; then printf '%s\n' "$(( 10#${step} ))"; else printf '%s\n' -1; fi
 }
 
-# kit::_record_run END RC [TEARDOWN]: one line per run in runs.jsonl (how it
-# ended, the checkpoint step it ended at, and whether that advanced during the
-# run; TEARDOWN: the code of a step that failed after its work was finished).
-kit::_record_run() {
-  local -r end="$1" rc="$2" teardown="${3-}"
-  local -r step="$(kit::_checkpoint_step)"
-  local advanced=false
-  if (( step > KIT_START_STEP )); then advanced=true; fi
-  kit::_append_run "${KIT_RESTART}" "${end}" "${rc}" "${step}" "${advanced}" "$(( KIT_RUN_START_US / 1000 ))" "${teardown}"
-  KIT_RUN_ADVANCED="${advanced}"
+# kit::_note_advance: whether the checkpoint step advanced during this run (KIT_RUN_ADVANCED).
+kit::_note_advance() {
+  KIT_RUN_ADVANCED=false
+  if (( $(kit::_checkpoint_step) > KIT_START_STEP )); then KIT_RUN_ADVANCED=true; fi
 }
 
-# kit::_append_run RUN END RC STEP ADVANCED START_MS [TEARDOWN]: the one writer of runs.jsonl's
+# kit::_record_run END RC [TEARDOWN] [THEN]: one line per run in runs.jsonl (how it
+# ended, the checkpoint step it ended at, and whether that advanced during the
+# run; TEARDOWN: the code of a step that failed after its work was finished; THEN
+# restart: the next run starts in this allocation).
+kit::_record_run() {
+  local -r end="$1" rc="$2" teardown="${3-}" then="${4-}"
+  kit::_note_advance
+  kit::_append_run "${KIT_RESTART}" "${end}" "${rc}" "$(kit::_checkpoint_step)" "${KIT_RUN_ADVANCED}" \
+    "$(( KIT_RUN_START_US / 1000 ))" "${teardown}" "${then}"
+}
+
+# kit::_append_run RUN END RC STEP ADVANCED START_MS [TEARDOWN] [THEN]: the one writer of runs.jsonl's
 # records (kit.jobdir.records.run_records is their one reader in Python). START_MS: when the
-# run's batch script began (ms; null: not known, a run caught up after it was killed); end_ms:
-# now (kit.jobdir.goodput cuts the job's time at both).
+# run's batch script began, or for a run restarted in its allocation when it began (ms; null: not
+# known, a run caught up after it was killed); end_ms: now (kit.jobdir.goodput cuts the job's time
+# at both); then: "restart" when the next run starts in this allocation (kit::restarted_here counts them).
 kit::_append_run() {
   local -r now="${EPOCHREALTIME//[.,]/}"
-  printf '{"run": %d, "end": "%s", "exit_code": %d, "checkpoint_step": %d, "advanced": %s, "time": %d, "start_ms": %s, "end_ms": %d%s}\n' \
+  printf '{"run": %d, "end": "%s", "exit_code": %d, "checkpoint_step": %d, "advanced": %s, "time": %d, "start_ms": %s, "end_ms": %d%s%s}\n' \
     "$1" "$2" "$3" "$4" "$5" "$(( now / 1000000 ))" "$6" "$(( now / 1000 ))" "${7:+, \"teardown_exit_code\": ${7}}" \
-    >>"${KIT_RUNS_FILE}"
+    "${8:+, \"then\": \"${8}\"}" >>"${KIT_RUNS_FILE}"
+}
+
+# kit::restarted_here: how many runs so far were followed by a run in their own allocation (runs.jsonl's
+# "then": "restart"): with Slurm's restart count, the number of the batch script's first run.
+kit::restarted_here() {
+  local line n=0
+  if [[ -r "${KIT_RUNS_FILE}" ]]; then
+    while IFS= read -r line || [[ -n "${line}" ]]; do
+      if [[ "${line}" == '{"run": '* && "${line}" == *', "then": "restart"}' ]]; then n=$(( n + 1 )); fi
+    done <"${KIT_RUNS_FILE}"
+  fi
+  printf '%s\n' "${n}"
 }
 
 # kit::read_run RUN|last: the last record of run RUN (or the file's last record) in
@@ -146,7 +163,7 @@ kit::_job_field() {
 # undo the user's cancel. No answer: no requeue.
 kit::requeue() {
   local -r why="$1" suspect="${2-}"
-  local excluded total
+  local excluded
   if kit::_stalled; then
     kit::log "${why}; the checkpoint step did not advance in this run or the one before (still $(kit::_checkpoint_step)): not requeueing again"
     KIT_END_CODE="${KIT_EXIT_NO_PROGRESS}"
@@ -179,19 +196,85 @@ kit::requeue() {
     kit::log "the next run waits for Slurm's hold after a requeue (scontrol update StartTime was refused)"
   fi
   if [[ -n "${suspect}" ]]; then
-    # The line that starts with ReqNodeList: no job name or path can stand there.
-    excluded="$(scontrol show job "${SLURM_JOB_ID}" 2>/dev/null | sed -n 's/^ *ReqNodeList=[^ ]* ExcNodeList=\([^ ]*\)$/\1/p' | awk 'NR == 1')" || excluded=""
-    [[ "${excluded}" == "(null)" ]] && excluded=""
-    excluded="${excluded:+${excluded},}${suspect}"
-    total="$(sinfo --noheader --partition="${SLURM_JOB_PARTITION-}" --format=%D 2>/dev/null | awk '{ n += $1 } END { print n + 0 }')"
-    if (( total - $(scontrol show hostnames "${excluded}" | wc -l) >= ${SLURM_JOB_NUM_NODES:-1} )) \
-      && scontrol update JobId="${SLURM_JOB_ID}" ExcNodeList="${excluded}"; then
+    if excluded="$(kit::_spared "${suspect}")" && scontrol update JobId="${SLURM_JOB_ID}" ExcNodeList="${excluded}"; then
       kit::log "the next run leaves out ${excluded}"
     else
       kit::log "the next run may use ${suspect} again: the partition has no node to spare"
     fi
   fi
   exit 0
+}
+
+# kit::_spared SUSPECT: the nodes the job leaves out with SUSPECT added, printed when the partition still has as
+# many nodes as the job needs without them; status 1 when it has not (the job would wait for nodes it cannot get).
+kit::_spared() {
+  local excluded total
+  # The line that starts with ReqNodeList: no job name or path can stand there.
+  excluded="$(scontrol show job "${SLURM_JOB_ID}" 2>/dev/null | sed -n 's/^ *ReqNodeList=[^ ]* ExcNodeList=\([^ ]*\)$/\1/p' | awk 'NR == 1')" || excluded=""
+  if [[ "${excluded}" == "(null)" ]]; then excluded=""; fi
+  excluded="${excluded:+${excluded},}$1"
+  total="$(sinfo --noheader --partition="${SLURM_JOB_PARTITION-}" --format=%D 2>/dev/null | awk '{ n += $1 } END { print n + 0 }')"
+  (( total - $(scontrol show hostnames "${excluded}" | wc -l) >= ${SLURM_JOB_NUM_NODES:-1} )) || return 1
+  printf '%s\n' "${excluded}"
+}
+
+# kit::_restart_here END SUSPECT: may the next run start in this allocation, as a new srun step, instead of
+# after a requeue? After a hang, a failed preflight, or a straggler under --on-straggler restart; with a restart
+# left, the checkpoint step not stalled, no stop signal or time-limit warning (the allocation is ending); and the
+# SUSPECT nodes left out on spares (--spare-nodes), or none named, or (not after a preflight: it would fail again)
+# none the partition could spare: leaving them out is then worth no requeue's wait.
+kit::_restart_here() {
+  local -r end="$1" suspect="$2"
+  case "${end}" in
+    hang | preflight) ;;
+    straggler) [[ "${KIT_ON_STRAGGLER}" == restart ]] || return 1 ;;
+    *) return 1 ;;
+  esac
+  (( KIT_RESTART < KIT_MAX_RESTARTS && ! KIT_STOPPING && ! KIT_WARNED )) || return 1
+  if kit::_stalled; then return 1; fi
+  if [[ -n "${suspect}" ]] && kit::leave_out "${suspect}"; then return 0; fi
+  [[ "${end}" != preflight ]] && { [[ -z "${suspect}" ]] || ! kit::_spared "${suspect}" >/dev/null; }
+}
+
+# kit::leave_out NODES: leave NODES (comma-separated) out of this allocation's next runs (KIT_LEFT_OUT), when
+# its spare nodes still make up the step without them; status 1 when they do not, or there are none.
+kit::leave_out() {
+  local node kept=0
+  local -r out="${KIT_LEFT_OUT:+${KIT_LEFT_OUT},}$1"
+  local -a all=()
+  (( ${SLURM_JOB_NUM_NODES:-0} > KIT_STEP_NODES )) || return 1
+  mapfile -t all < <(scontrol show hostnames "${SLURM_JOB_NODELIST}")
+  for node in "${all[@]}"; do
+    if [[ ",${out}," != *",${node},"* ]]; then kept=$(( kept + 1 )); fi
+  done
+  (( kept >= KIT_STEP_NODES )) || return 1
+  KIT_LEFT_OUT="${out}"
+}
+
+# kit::_kept_or_left SUSPECT: what a restart in the allocation does with SUSPECT, for the batch log.
+kit::_kept_or_left() {
+  if [[ -z "$1" ]]; then return 0; fi
+  if [[ ",${KIT_LEFT_OUT}," == *",$1,"* ]]; then
+    printf ', without %s: a spare node takes its place\n' "$1"
+  else
+    printf ', %s kept: the partition has no node to spare\n' "$1"
+  fi
+}
+
+# kit::next_run: the next run in this allocation: the last one's watchers stopped, its number and directories,
+# its start, the checkpoint step it resumes from.
+kit::next_run() {
+  local pid
+  local -a kept=()
+  KIT_RUN_START_US="${EPOCHREALTIME//[.,]/}"
+  kit::stop "${KIT_RUN_PIDS[@]}"
+  for pid in "${KIT_BG_PIDS[@]}"; do
+    if [[ " ${KIT_RUN_PIDS[*]} " != *" ${pid} "* ]]; then kept+=("${pid}"); fi
+  done
+  KIT_BG_PIDS=("${kept[@]}") KIT_RUN_PIDS=()
+  kit::begin_run "$(( KIT_RESTART + 1 ))"
+  KIT_START_STEP="$(kit::_checkpoint_step)"
+  KIT_RUN_ADVANCED=true KIT_END_CODE="" KIT_SUSPECT_NODE="" KIT_STEP_RC=0
 }
 
 # kit::first_failure: the exit code of the rank whose command failed first in
@@ -315,22 +398,29 @@ kit::_ending() {
 }
 
 # kit::conclude: how the run ended (KIT_STEP_RC and the facts around it), by the first row of
-# kit.core.ending's table that holds: recorded in runs.jsonl, told, FINISHED written or the job
-# requeued as the row says; exits with the job's code.
+# kit.core.ending's table that holds: recorded in runs.jsonl, told, FINISHED written, the next run
+# started in this allocation (returns: kit::batch's loop) or the job requeued as the row says; else
+# exits with the job's code.
 kit::conclude() {
   local -r rc="${KIT_STEP_RC}"
-  local facts row when end code flags why says
+  local facts row when end code flags why says next=""
   facts="$(kit::_run_facts)"
   row="$(kit::_ending "${facts}")"
   IFS='|' read -r when end code flags why says <<<"${row}"
   kit::log "the run ended with ${facts}: ${end} (${when:-any other end})"
   if [[ " ${flags} " == *" mark "* && ! -e "${KIT_FINISHED_FILE}" ]]; then : >"${KIT_FINISHED_FILE}"; fi
   if [[ " ${flags} " == *" suspect "* ]]; then KIT_SUSPECT_NODE="$(kit::_suspects)"; fi
-  if [[ " ${flags} " == *" teardown "* ]]; then kit::_record_run "${end}" 0 "${rc}"; else kit::_record_run "${end}" "${rc}"; fi
+  kit::_note_advance
+  if [[ -n "${why}" ]] && kit::_restart_here "${end}" "${KIT_SUSPECT_NODE}"; then next=restart; fi
+  if [[ " ${flags} " == *" teardown "* ]]; then kit::_record_run "${end}" 0 "${rc}" "${next}"; else kit::_record_run "${end}" "${rc}" "" "${next}"; fi
   says="${says//\{rc\}/${rc}}"
   if [[ "${says}" == *"{preflight}"* ]]; then says="${says//\{preflight\}/$(kit::field "${KIT_PROGRESS_DIR}/preflight" why)}"; fi
   if [[ "${says}" == *"{straggler}"* ]]; then says="${says//\{straggler\}/$(kit::field "${KIT_PROGRESS_DIR}/straggler" why)}"; fi
   if [[ -n "${says}" ]]; then kit::log "${says//\{hang_dir\}/${KIT_HANG_DIR}}"; fi
+  if [[ "${next}" == restart ]]; then
+    kit::log "${why//\{rc\}/${rc}}; restarting in this allocation (restart $(( KIT_RESTART + 1 )) of ${KIT_MAX_RESTARTS})$(kit::_kept_or_left "${KIT_SUSPECT_NODE}")"
+    return 0
+  fi
   if [[ -n "${why}" ]]; then kit::requeue "${why//\{rc\}/${rc}}" "${KIT_SUSPECT_NODE}" || true; fi
   exit "$(kit::_ending_code "${code}")"
 }

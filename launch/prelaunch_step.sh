@@ -249,19 +249,36 @@ kit::_restore_entry() {
   mv -fT "${new}" "${view}/${rel}"
 }
 
-# The rendezvous address and port, decided on the allocation's first node (or given by --env).
+# kit::step_nodes: with spare nodes (an allocation larger than --nodes), the step's: the allocation's first
+# KIT_STEP_NODES that runs have not left out (kit::leave_out), in KIT_STEP_NODELIST; without spares, ''.
+kit::step_nodes() {
+  local node
+  local -a all=() chosen=()
+  KIT_STEP_NODELIST=""
+  (( ${SLURM_JOB_NUM_NODES:-0} > KIT_STEP_NODES )) || return 0
+  mapfile -t all < <(scontrol show hostnames "${SLURM_JOB_NODELIST}")
+  for node in "${all[@]}"; do
+    if [[ ",${KIT_LEFT_OUT}," != *",${node},"* ]] && (( ${#chosen[@]} < KIT_STEP_NODES )); then chosen+=("${node}"); fi
+  done
+  KIT_STEP_NODELIST="$(IFS=,; printf '%s' "${chosen[*]}")"
+}
+
+# The rendezvous address and port, decided on the step's first node (or given by --env): here, or through a
+# probe step there (inside salloc, or when a restart left this node out of the step).
 kit::decide_master() {
   local kit_name
+  local -r first="${KIT_STEP_NODELIST%%,*}"
   for kit_name in MASTER_ADDR MASTER_PORT; do
     if ! kit::given_env "${kit_name}"; then unset "${kit_name}"; fi
   done
   if [[ -z "${MASTER_ADDR-}" || -z "${MASTER_PORT-}" ]]; then
-    if (( KIT_BATCH )) || [[ -n "${SLURMD_NODENAME-}" ]]; then
+    if [[ -z "${first}" || "${first}" == "${SLURMD_NODENAME-}" ]] && { (( KIT_BATCH )) || [[ -n "${SLURMD_NODENAME-}" ]]; }; then
       if [[ -z "${MASTER_ADDR-}" ]]; then MASTER_ADDR="$(kit::_master_addr)"; fi
       if [[ -z "${MASTER_PORT-}" ]]; then kit::pick_port; fi
     else
-      KIT_FIRST_NODE="$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | awk 'NR == 1')"
+      KIT_FIRST_NODE="${first:-$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | awk 'NR == 1')}"
       KIT_PROBE="$(srun --nodes=1 --ntasks=1 --overlap --nodelist="${KIT_FIRST_NODE}" bash "${KIT_SCRIPTS_DIR}/prelaunch.sh" "${KIT_SCRIPTS_DIR}" --master-probe)"
+      kit::log "the rendezvous is on ${KIT_FIRST_NODE}, the step's first node: ${KIT_PROBE/ /:} (a probe step there)"
       if [[ -z "${MASTER_ADDR-}" ]]; then MASTER_ADDR="${KIT_PROBE% *}"; fi
       if [[ -z "${MASTER_PORT-}" ]]; then MASTER_PORT="${KIT_PROBE#* }"; fi
     fi
@@ -290,25 +307,28 @@ kit::run_step() {
     done
     KIT_STEP_ARGS+=("--container-env=$(IFS=,; printf '%s' "${KIT_SET_NAMES[*]}")")
   fi
+  if [[ -n "${KIT_STEP_NODELIST}" ]]; then KIT_STEP_ARGS+=("--nodelist=${KIT_STEP_NODELIST}"); fi
   kit::handle_signals
   if (( KIT_STOPPING )); then
     kit::log "stopped before the job step started"
     exit 143
   fi
   mkdir -p "${KIT_PROGRESS_DIR}"
-  kit::log "job ${SLURM_JOB_ID} run ${KIT_RESTART}: ${SLURM_JOB_NUM_NODES:-?} node(s), MASTER_ADDR=${MASTER_ADDR} MASTER_PORT=${MASTER_PORT}"
+  kit::log "job ${SLURM_JOB_ID} run ${KIT_RESTART}: ${KIT_STEP_NODELIST:-${SLURM_JOB_NUM_NODES:-?} node(s)}, MASTER_ADDR=${MASTER_ADDR} MASTER_PORT=${MASTER_PORT}"
   # The step's start, for the time to each node's first task (the container's start: kit report, kit ps).
   printf '%s\n' "${EPOCHREALTIME/,/.}" >"${KIT_PROGRESS_DIR}/step-start"
   srun "${KIT_STEP_ARGS[@]}" "${KIT_SCRIPTS_DIR}/launcher.sh" &
   KIT_MAIN_PID=$!
+  KIT_RUN_PIDS=()  # this run's watchers: stopped before the next run in this allocation (kit::next_run)
   if (( KIT_HANG_TIMEOUT > 0 )); then
     kit::watch_progress "${KIT_MAIN_PID}" &
-    KIT_BG_PIDS+=("$!")
+    KIT_RUN_PIDS+=("$!")
   fi
-  if [[ "${KIT_ON_STRAGGLER}" == requeue ]] && (( KIT_RESTART < KIT_MAX_RESTARTS )); then
+  if [[ "${KIT_ON_STRAGGLER}" != tell ]] && (( KIT_RESTART < KIT_MAX_RESTARTS )); then
     kit::watch_stragglers "${KIT_MAIN_PID}" &
-    KIT_BG_PIDS+=("$!")
+    KIT_RUN_PIDS+=("$!")
   fi
+  KIT_BG_PIDS+=("${KIT_RUN_PIDS[@]}")
   kit::wait_for "${KIT_MAIN_PID}"
   KIT_MAIN_PID=
   KIT_STEP_RC="${KIT_RC}"

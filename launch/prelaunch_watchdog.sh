@@ -213,10 +213,11 @@ kit::_hang_report() {
   kit::log "hang: $(sed -n 's/^summary=//p' "${KIT_HANG_DIR}/report"); stopping the job step"
 }
 
-# kit::watch_stragglers STEP_PID: --on-straggler requeue, in the background while the step runs (a restart
-# left). Once the first node's exporter names a straggler (progress/r<K>/straggler: kit.jobdir.stragglers), the
-# command is warned as before the time limit — it checkpoints and stops —, and the step stopped if it still runs
-# KIT_STRAGGLER_GRACE s later; the ending (straggler=1) requeues the job without the straggler's node.
+# kit::watch_stragglers STEP_PID: --on-straggler requeue or restart, in the background while the step runs (a
+# restart left). Once the first node's exporter names a straggler (progress/r<K>/straggler: kit.jobdir.stragglers),
+# the command is warned as before the time limit — it checkpoints and stops —, and the step stopped if it still
+# runs KIT_STRAGGLER_GRACE s later; the ending (straggler=1) requeues the job without the straggler's node, or under
+# restart starts the next run in this allocation where the partition has no node to spare for it.
 readonly KIT_STRAGGLER_GRACE=120
 kit::watch_stragglers() {
   local -r step_pid="$1"
@@ -227,7 +228,7 @@ kit::watch_stragglers() {
     kit::nap 2
   done
   : >"${KIT_PROGRESS_DIR}/straggler-stop"
-  kit::log "$(kit::field "${KIT_PROGRESS_DIR}/straggler" why): warning the command to checkpoint and stop, to requeue the job without $(kit::field "${KIT_PROGRESS_DIR}/straggler" node)"
+  kit::log "$(kit::field "${KIT_PROGRESS_DIR}/straggler" why): warning the command to checkpoint and stop (--on-straggler ${KIT_ON_STRAGGLER}: the next run leaves $(kit::field "${KIT_PROGRESS_DIR}/straggler" node) out where the partition can spare it)"
   kit::pass_warning
   for (( waited = 0; waited < KIT_STRAGGLER_GRACE; waited++ )); do
     kit::running "${step_pid}" || return 0

@@ -225,13 +225,18 @@ def test_the_run_record_bash_writes_is_what_json_dumps_writes_and_bash_reads_it_
     import json
 
     runs = tmp_path / "runs.jsonl"
-    fns = bash_functions("kit::_append_run", "kit::read_run")
-    run_bash(
+    fns = bash_functions("kit::_append_run", "kit::read_run", "kit::restarted_here")
+    counted = run_bash(
         fns
-        + "declare -A KIT_RECORD=()\nkit::_append_run 0 killed -1 -1 null null\n"
-        + "kit::_append_run 1 finished 0 12 true 1764000000123 134\n",
+        + "declare -A KIT_RECORD=()\nkit::restarted_here\nkit::_append_run 0 killed -1 -1 null null\n"
+        + "kit::_append_run 1 hang 1 4 true 1764000000001 '' restart\n"
+        + "kit::_append_run 1 finished 0 12 true 1764000000123 134\nkit::restarted_here\n",
         {"KIT_RUNS_FILE": str(runs)},
     )
+    assert counted.split() == ["0", "1"]  # runs followed by a run in their own allocation: before, after
+    hang = json.loads(runs.read_text().splitlines().pop(1))
+    assert hang["then"] == "restart" and "teardown_exit_code" not in hang
+    runs.write_text("".join(line + "\n" for n, line in enumerate(runs.read_text().splitlines()) if n != 1))
     lines = runs.read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert [json.dumps(r) for r in records] == lines
@@ -256,6 +261,7 @@ def test_the_run_record_bash_writes_is_what_json_dumps_writes_and_bash_reads_it_
         (1, "finished", 0, 12, True, 134),
     ]
     assert (typed[0].start_ms, typed[1].start_ms, typed[1].end_ms) == (None, 1764000000123, records[1]["end_ms"])
+    assert (typed[0].then, RunRecord.parse(hang).then) == (None, "restart")
     assert RunRecord.parse({"run": 0, "end": "failed", "exit_code": True}) is None  # a bool is no exit code
     written = [
         {"run": 0, "end": "warned", "exit_code": 143, "checkpoint_step": 5, "advanced": True, "time": 100},
@@ -400,3 +406,43 @@ def test_the_tracker_identity_bash_gives_is_pythons_and_a_users_own_is_kept(tmp_
         }
         assert run_bash(fns + allow, given).strip() == seen, (uri, user)
     assert job.name == "train-20261125-000000-abcdef" and JobDir(task).tracker_run_id == f"{job.name}-t3"
+
+
+def test_a_requeue_after_a_restart_in_the_allocation_numbers_the_run_past_both_and_catches_up_the_killed_one(
+    tmp_path,
+):
+    """Run 0 hung and was restarted in its allocation; run 1 died with its node and Slurm requeued the job
+    (SLURM_RESTART_COUNT=1): the batch script's run is 2 (Slurm's count plus the restart in the allocation), and
+    run 1, which left no record, is recorded killed, so that every run has its line and none is numbered twice."""
+    import json
+
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text(
+        json.dumps(
+            {
+                "run": 0,
+                "end": "hang",
+                "exit_code": 1,
+                "checkpoint_step": 4,
+                "advanced": True,
+                "time": 1,
+                "then": "restart",
+            }
+        )
+        + "\n"
+    )
+    fns = bash_functions(
+        "kit::begin_run", "kit::restarted_here", "kit::read_run", "kit::_append_run", "kit::catch_up_runs"
+    )
+    out = run_bash(
+        fns
+        + "declare -A KIT_RECORD=()\nkit::_checkpoint_step() { echo 4; }\n"
+        + 'kit::begin_run "$(( SLURM_RESTART_COUNT + $(kit::restarted_here) ))"\nkit::catch_up_runs\n'
+        + 'echo "$KIT_RESTART $KIT_PROGRESS_DIR $KIT_START_STEP"\n',
+        {"KIT_RUNS_FILE": str(runs), "SLURM_RESTART_COUNT": "1", "KIT_JOB_DIR": "/j"},
+    )
+    assert out.split() == ["2", "/j/progress/r2", "4"]
+    assert [(r["run"], r["end"]) for r in map(json.loads, runs.read_text().splitlines())] == [
+        (0, "hang"),
+        (1, "killed"),
+    ]

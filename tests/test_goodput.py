@@ -94,6 +94,20 @@ def test_every_part_is_what_the_timestamps_say_and_they_add_up_to_the_wall_time(
     assert g.line().startswith("goodput 45.8%: 54.0 s trained of 152.0 s (2 node(s), 4 run(s)); lost: restart 30.0 s")
 
 
+def test_a_restart_in_the_allocation_holds_its_nodes_between_the_runs_and_is_counted_apart(job):
+    """Run 0's hang followed by a run in the same allocation (runs.jsonl's ``then``): the 10 s to run 1's start are
+    still a restart, but held node-time; the other restarts (a requeue, a kill) are not."""
+    lines = (job / JobDir.RUNS).read_text().splitlines()
+    lines[0] = json.dumps({**json.loads(lines[0]), "then": "restart"})
+    (job / JobDir.RUNS).write_text("".join(f"{line}\n" for line in lines))
+    g = gp.goodput(job.path)
+    assert g.parts["restart"] == pytest.approx(30) and g.wall_seconds == pytest.approx(sum(g.parts.values()))
+    held = 152 - 4 - 30 + 10
+    assert g.held_node_seconds == pytest.approx(2 * held) and g.goodput == pytest.approx(54 / held)
+    assert g.restarts_in_allocation == 1
+    assert "(2 node(s), 4 run(s), 1 restart(s) in the allocation, 2 requeue(s));" in g.line()
+
+
 def test_a_running_job_ends_now_and_its_steps_since_the_last_line_stand(job):
     lines = (job / JobDir.RUNS).read_text().splitlines()
     (job / JobDir.RUNS).write_text("".join(f"{line}\n" for line in lines[:3]))  # run 3 still runs

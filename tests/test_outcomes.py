@@ -268,6 +268,12 @@ NO_PROGRESS = (
 )
 
 
+def decided_about(node: str) -> str:
+    """What the batch log says the next run does with a suspect ``node``: requeued without it or with it, or
+    restarted in the allocation with it kept or a spare in its place."""
+    return rf"(the next run (leaves out|may use) {node}\b|restarting in this allocation .*\b{node}\b)"
+
+
 def row_no_progress(cluster, tmp_path):
     # Every run ends (hung) at checkpoint step 5: the second run in a row that
     # does not advance it ends the retries, with budget left.
@@ -485,12 +491,12 @@ def test_the_hang_report_blames_the_rank_outside_the_collective(cluster, tmp_pat
         assert (fields["rank"], fields["node"]) == ("1", node1), fields
         assert "is in code of its own while 1 rank(s) wait for it" in fields["summary"], fields
         assert "torch/distributed/distributed_c10d.py" in (w.job_dir / "hang" / "r0" / "rank-0.txt").read_text()
-        # The requeue is about that node (this 2-node cluster has none to spare; test_recovery's
-        # 3-node cluster shows one left out).
+        # The next run's decision is about that node (this 2-node cluster has none to spare: the run restarts in
+        # the allocation, the node kept; test_recovery's 3-node cluster shows one left out).
         wait_for(
-            lambda: re.search(rf"the next run (leaves out|may use) {node1}\b", read_logs(w.job_dir)),
+            lambda: re.search(decided_about(node1), read_logs(w.job_dir)),
             60,
-            what="the requeue's decision about the stuck rank's node",
+            what="the next run's decision about the stuck rank's node",
         )
     finally:
         scancel(cluster, w.job_id)
@@ -782,11 +788,11 @@ def test_the_stuck_rank_is_named_whatever_the_others_wait_in(cluster, tmp_path):
             assert (fields["rank"], fields["node"]) == ("1", stuck_node), (case, fields)
             assert "is in code of its own while 1 rank(s) wait for it" in fields["summary"], (case, fields)
             wait_for(
-                lambda: re.search(rf"the next run (leaves out|may use) {stuck_node}\b", read_logs(w.job_dir)),
+                lambda: re.search(decided_about(stuck_node), read_logs(w.job_dir)),
                 60,
-                what=f"the requeue's decision about {case}'s stuck node",
+                what=f"the next run's decision about {case}'s stuck node",
             )
-            assert not re.search(rf"the next run (leaves out|may use) {healthy}\b", read_logs(w.job_dir))
+            assert not re.search(decided_about(healthy), read_logs(w.job_dir))
     finally:
         for w in waiting.values():
             scancel(cluster, w.job_id)

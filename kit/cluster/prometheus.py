@@ -11,9 +11,14 @@ from kit.monitor.naming import relabel_yaml
 
 
 def alert_rules():
-    """monitoring/rules/kit-alerts.yml: shipped as the package ``kit.alerts``, or beside a checkout."""
+    """monitoring/rules/kit-alerts.yml: the checkout's kit was imported from, else shipped as the package
+    ``kit.alerts``, else beside the package."""
     from pathlib import Path
 
+    from kit.core.bash import checkout
+
+    if (root := checkout()) is not None and (root / "monitoring" / "rules" / "kit-alerts.yml").is_file():
+        return root / "monitoring" / "rules" / "kit-alerts.yml"
     try:
         from importlib.resources import files
 

@@ -36,10 +36,20 @@ def exports(env: Mapping[str, str]) -> str:
     return "\n".join(f"export {k}={quote(v)}" for k, v in sorted(env.items()))
 
 
+def checkout() -> Path | None:
+    """The source checkout this ``kit`` was imported from (its pyproject.toml beside the package), if it was: its
+    ``launch/`` and ``monitoring/`` are this kit's, whatever an editable install elsewhere maps ``kit.templates`` to
+    (a second checkout run with PYTHONPATH, as a git worktree's tests are, got the first one's scripts)."""
+    root = Path(__file__).resolve().parent.parent.parent
+    return root if (root / "pyproject.toml").is_file() and (root / "launch" / "prelaunch.sh").is_file() else None
+
+
 @functools.cache
 def templates_dir() -> Path:
-    """Where the job's scripts are: the package's ``kit.templates`` once kit is installed,
-    else ``launch/`` beside the package (a checkout run without installing, as a bench copied to a GPU box)."""
+    """Where the job's scripts are: ``launch/`` in the checkout kit was imported from, else the package's
+    ``kit.templates`` (kit installed), else ``launch/`` beside the package."""
+    if (root := checkout()) is not None:
+        return root / "launch"
     try:  # (find_spec, not importlib.resources: its readers cost every kit launch a zipfile import)
         found = importlib.util.find_spec("kit.templates")
     except ModuleNotFoundError:

@@ -287,12 +287,23 @@ OPTIONS: tuple[Option, ...] = (
         default=False,
     ),
     Option(
+        "spare_nodes",
+        INT,
+        RECOVERY,
+        "Nodes allocated beyond --nodes, idle until a restart needs them: a run that leaves a node out (a hang's, "
+        "a straggler's, a failed preflight's) starts again in the allocation on a spare instead of being requeued.",
+        default=0,
+        minimum=0,
+        metavar="K",
+    ),
+    Option(
         "on_straggler",
         STR,
         RECOVERY,
-        "What a rank named a straggler does to the run: tell (the verdict is told, the job runs on) or requeue (the "
+        "What a rank named a straggler does to the run: tell (the verdict is told, the job runs on), requeue (the "
         "command is warned to checkpoint and stop, and the job requeued without the rank's node, while a restart is "
-        "left).",
+        "left) or restart (the same, but the next run starts in the allocation, a new srun step, where the partition "
+        "has no node to spare for it).",
         default="tell",
         metavar="ACTION",
     ),

@@ -158,7 +158,7 @@ def parse_signal(value: str) -> str:
     return name
 
 
-ON_STRAGGLER = ("tell", "requeue")  # --on-straggler
+ON_STRAGGLER = ("tell", "requeue", "restart")  # --on-straggler
 
 
 def parse_on_straggler(value: str) -> str:

@@ -63,10 +63,11 @@ def _json(path: Path) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _run_events(d: JobDir, times, record) -> list[Event]:
+def _run_events(d: JobDir, times, record, before) -> list[Event]:
     r, out = times.run, []
     if times.start is not None:
-        out.append(Event(times.start, "started", "started" + (" (requeued)" if r else ""), r))
+        how = " (restarted in the allocation)" if before is not None and before.then == "restart" else " (requeued)"
+        out.append(Event(times.start, "started", "started" + (how if r else ""), r))
     if times.tasks is not None:
         since = f" ({times.tasks - times.start:.1f} s after the run's start)" if times.start is not None else ""
         out.append(Event(times.tasks, "running", f"every task running{since}", r))
@@ -101,7 +102,7 @@ def events(job_dir: str | Path) -> list[Event]:
         out.append(Event(submitted, "submitted", f"submitted as job {records.job_id_of(job_dir) or '?'}"))
     ended = {rec.run: rec for rec in records.run_records(job_dir)}
     for times in run_times(job_dir):
-        out += _run_events(d, times, ended.get(times.run))
+        out += _run_events(d, times, ended.get(times.run), ended.get(times.run - 1))
     for h in hangs(job_dir):
         report = d.path / JobDir.HANG / JobDir.RUN.format(run=h["run"]) / JobDir.HANG_REPORT
         if (when := mtime(report)) is not None:

@@ -13,14 +13,16 @@ redone         steps a later run trained again: from the save it resumed from to
 hang           a run that ended as a hang: from its last step (no later than the stuck rank's last progress) to
                its end (the watchdog's wait, the stacks, the stop)
 ending         any other run's last step to its end (the warning's save, the command's exit, the teardown)
-restart        one run's end to the next one's start (the requeue: Slurm's hold, the queue, a killed run's end)
+restart        one run's end to the next one's start (a requeue: Slurm's hold, the queue, a killed run's end; a
+               restart in the allocation, ``runs.jsonl``'s ``then``: the new step's preparation, its nodes held)
 unreported     a run whose command reports no steps (kit.train.progress.step): its time after init, unsplit
 =============  ==================================================================================================
 
 Rank 0 speaks for the job (synchronous training moves every rank together): its run's timeline
 (``progress/r<run>/timeline-0``, :mod:`kit.train.progress`), or where a run was killed before it wrote its last
 line, its heartbeat (the progress file's time). Goodput is the productive node-time against the node-time the
-job's runs held (``start`` to end of each run, times its nodes); queue and restarts hold no nodes.
+job's runs held (``start`` to end of each run, times its nodes); the queue and requeues hold no nodes, a restart in
+the allocation does.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class Goodput:
     # Seconds a GPU sat idle (under kit.report's IDLE_UTIL) while the job held it, the mean over its GPUs: part of
     # the held time above, told apart by kit report, which reads the GPU samples (None: none seen).
     idle_gpu_seconds: float | None = None
+    restarts_in_allocation: int = 0  # of the runs - 1 restarts, those that kept the allocation (the rest: requeues)
 
     def lost(self) -> list[tuple[str, float]]:
         """The parts that did not train, largest first (those under 0.05 s left out)."""
@@ -69,8 +72,12 @@ class Goodput:
         idle = "" if self.idle_gpu_seconds is None else f"; GPUs idle {self.idle_gpu_seconds:.1f} s (mean per GPU)"
         return (
             f"goodput {share}: {self.parts['productive']:.1f} s trained of {self.wall_seconds:.1f} s "
-            f"({self.nodes} node(s), {self.runs} run(s)); lost: {lost}{idle}"
+            f"({self.nodes} node(s), {self.runs} run(s){self._restarts()}); lost: {lost}{idle}"
         )
+
+    def _restarts(self) -> str:
+        kept = self.restarts_in_allocation
+        return f", {kept} restart(s) in the allocation, {self.runs - 1 - kept} requeue(s)" if kept else ""
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -86,6 +93,7 @@ class RunTimes:
     end: float | None = None
     end_word: str | None = None
     resumed_from: int | None = None  # the checkpoint step the next run started from (this run's end record)
+    then: str | None = None  # "restart": the next run started in this run's allocation
     tasks: float | None = None  # the last task's first line
     first: float | None = None
     last: float | None = None
@@ -158,7 +166,7 @@ def run_times(job_dir: Path) -> list[RunTimes]:
             r.last = max(r.first, min(r.last, beat))
         rec = ended.get(n)
         if rec is not None:
-            r.end_word, r.resumed_from = rec.end, rec.checkpoint_step
+            r.end_word, r.resumed_from, r.then = rec.end, rec.checkpoint_step, rec.then
             if rec.start_ms is not None:
                 r.start = rec.start_ms / 1000
             if rec.end_ms is not None and rec.start_ms is not None:  # a caught-up run's end_ms is not its end
@@ -168,11 +176,14 @@ def run_times(job_dir: Path) -> list[RunTimes]:
 
 
 def _nodes(job_dir: Path) -> int:
+    """The nodes the job's allocation held: --nodes, and --spare-nodes beside them."""
     try:
-        nodes = files.read_json(Path(job_dir) / JobDir.SPEC).get("nodes")
+        spec = files.read_json(Path(job_dir) / JobDir.SPEC)
+        nodes, spare = spec.get("nodes"), spec.get("spare_nodes", 0)
     except (OSError, ValueError, AttributeError):
         return 1
-    return nodes if type(nodes) is int and nodes > 0 else 1
+    nodes = nodes if type(nodes) is int and nodes > 0 else 1
+    return nodes + (spare if type(spare) is int and spare > 0 else 0)
 
 
 def _clamp(t: float | None, lo: float, hi: float) -> float:
@@ -231,7 +242,7 @@ def goodput(job_dir: str | Path, now: float | None = None, running: bool | None 
     begin = min(submitted, runs[0].start) if submitted is not None else runs[0].start
     parts = dict.fromkeys(PARTS, 0.0)
     parts["queue"] = runs[0].start - begin
-    nodes, held, per_run, cursor = _nodes(job_dir), 0.0, [], begin
+    nodes, held, per_run, cursor, in_allocation = _nodes(job_dir), 0.0, [], begin, 0
     live = (runs[-1].end is None and runs[-1].end_word is None) if running is None else running
     for i, r in enumerate(runs):
         following = runs[i + 1] if i + 1 < len(runs) else None
@@ -245,9 +256,11 @@ def goodput(job_dir: str | Path, now: float | None = None, running: bool | None 
         end = _clamp(known_end, start, max(limit, start))
         before = dict(parts)
         _cut(r, start, end, _redone_from(r, following), parts)
+        kept = following is not None and r.then == "restart"  # the allocation, its nodes waiting for the next run
         if following is not None:
             parts["restart"] += max(following.start - end, 0.0)
-        held += end - start
+        held += (max(following.start, end) if kept else end) - start
+        in_allocation += kept
         per_run.append(
             {"run": r.run, "end": r.end_word, **{p: parts[p] - before[p] for p in PARTS if parts[p] != before[p]}}
         )
@@ -264,4 +277,5 @@ def goodput(job_dir: str | Path, now: float | None = None, running: bool | None 
         runs=len(runs),
         live=live,
         per_run=per_run,
+        restarts_in_allocation=in_allocation,
     )

@@ -136,6 +136,7 @@ class RunRecord:
     teardown_exit_code: int | None = None  # a step that failed after its work was finished
     start_ms: int | None = None  # when its batch script began (ms; None: not known, a run caught up after a kill)
     end_ms: int | None = None  # when it ended (ms; a caught-up run's: when the next run caught it up)
+    then: str | None = None  # "restart": the next run started in this run's allocation (no requeue)
 
     @classmethod
     def parse(cls, rec: object) -> RunRecord | None:
@@ -143,7 +144,7 @@ class RunRecord:
         if not isinstance(rec, dict) or type(rec.get("run")) is not int or not isinstance(rec.get("end"), str):
             return None
         ints = ("exit_code", "checkpoint_step", "time", "teardown_exit_code", "start_ms", "end_ms")
-        types = {**dict.fromkeys(ints, int), "advanced": bool}
+        types = {**dict.fromkeys(ints, int), "advanced": bool, "then": str}
         if any(k in rec and rec[k] is not None and type(rec[k]) is not t for k, t in types.items()):
             return None
         return cls(**{k: rec[k] for k in ("run", "end", *types) if rec.get(k) is not None})

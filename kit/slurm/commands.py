@@ -26,7 +26,7 @@ def sbatch_argv(job: ResolvedJob, job_dir: Path, chdir: str | Path | None = None
     s = job.spec
     opts: dict[str, str | None] = {
         "--job-name": s.job_name,
-        "--nodes": str(s.nodes),
+        "--nodes": str(s.nodes + s.spare_nodes),  # the step runs on --nodes of them (srun_args)
         "--ntasks-per-node": str(s.ntasks_per_node),
         "--output": _escape_filename_pattern(str(JobDir(job_dir).logs)) + "/" + JobDir.BATCH_LOG.format(job_id="%j"),
         "--open-mode": "append",
@@ -76,6 +76,8 @@ def srun_args(job: ResolvedJob, container_flags: list[str] = ()) -> list[str]:
         "--label",
         f"--nodes={s.nodes}",
         f"--ntasks-per-node={s.ntasks_per_node}",
+        # Not the allocation's SLURM_NTASKS: with --spare-nodes it counts the spares' tasks too.
+        f"--ntasks={s.nodes * s.ntasks_per_node}",
     ]
     if s.cpus_per_task is not None:
         # Slurm 22.05's srun no longer inherits --cpus-per-task from sbatch.

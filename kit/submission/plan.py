@@ -90,7 +90,7 @@ def plan(
         slurm.check_fits(
             target,
             s.partition,
-            s.nodes,
+            s.nodes + s.spare_nodes,
             (s.cpus_per_task or 1) * s.ntasks_per_node,
             s.mem,
             (
