@@ -455,3 +455,23 @@ def remove_user(name: str, timeout: float = 30) -> None:
             break
         time.sleep(0.5)
     assert gone.returncode == 0, f"userdel {name}: {gone.stderr}"
+
+
+@contextlib.contextmanager
+def container_scope(cluster, scope: str):
+    """The session's cluster under pyxis's ``container_scope`` (each new step and job epilog reads it)."""
+    before = cluster.state().container_scope
+    cluster.up(container_scope=scope)
+    try:
+        yield
+    finally:
+        cluster.up(container_scope=before)
+
+
+def launched(person, *args: str, command: list[str], timeout: float = 300) -> dict:
+    """`kit launch --json ...` as the person, into their jobs directory; returns {job_id, job_dir, ...}."""
+    proc = person.kit(
+        "launch", "--json", "--output-dir", str(person.dir / "jobs"), *args, "--", *command, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[0])

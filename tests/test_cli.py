@@ -81,7 +81,7 @@ def test_dry_run_prints_the_sbatch_line_and_writes_the_scripts(tmp_path):
     line, srun_line, jobdir_line = proc.stdout.splitlines()
     job_dir = jobdir_line.removeprefix("job dir: ")
     assert srun_line == (
-        f"srun --kill-on-bad-exit=1 --export=ALL --wait=60 --mpi=none --label --nodes=2 --ntasks-per-node=1 "
+        f"srun --kill-on-bad-exit=1 --export=ALL --wait=60 --mpi=none --label --nodes=2 --ntasks-per-node=1 --ntasks=2 "
         f"{job_dir}/launcher.sh"
     )
     assert line == (

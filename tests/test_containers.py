@@ -23,8 +23,10 @@ from helpers import (
     Waiting,
     assert_nothing_left,
     container_mode,
+    container_scope,
     job_dir_of,
     kit,
+    launched,
     named_containers,
     read_logs,
     skip_where_squashfuse_is_closed,
@@ -75,17 +77,6 @@ def loops_and_mounts(cluster, person) -> tuple[list[str], list[str]]:
     return loops, mounts
 
 
-@contextlib.contextmanager
-def container_scope(cluster, scope: str):
-    """The session's cluster under pyxis's ``container_scope`` (each new step and job epilog reads it)."""
-    before = cluster.state().container_scope
-    cluster.up(container_scope=scope)
-    try:
-        yield
-    finally:
-        cluster.up(container_scope=before)
-
-
 def fuse_daemons(person) -> list[str]:
     """squashfuse (and fuse-overlayfs, where enroot has no native overlay) processes of the person's jobs (the
     runtime's, under squashfuse mode, run as the job's user), or of root's jobs of their images (named by path,
@@ -95,15 +86,6 @@ def fuse_daemons(person) -> list[str]:
         ["pgrep", "-u", str(person.uid), "-x", "squashfuse|fuse-overlayfs"], capture_output=True, text=True
     ).stdout.split()
     return [line for line in out.splitlines() if line.split()[0] in uids or f"{person.entry.pw_dir}/" in line]
-
-
-def launched(person, *args: str, command: list[str], timeout: float = 300) -> dict:
-    """`kit launch --json ...` as the person, into their jobs directory; returns {job_id, job_dir, ...}."""
-    proc = person.kit(
-        "launch", "--json", "--output-dir", str(person.dir / "jobs"), *args, "--", *command, timeout=timeout
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.splitlines()[0])
 
 
 @pytest.mark.parametrize("mode", ["create", "squashfuse"])
@@ -891,6 +873,39 @@ def test_under_container_scope_job_kit_names_the_container_and_the_job_epilog_re
         ["sinfo", "-h", "-o", "%t"], env={**os.environ, **cluster.target.env}, capture_output=True, text=True
     ).stdout.split()
     assert set(nodes) == {"idle"}, nodes
+
+
+# Run 0 writes into the container's own filesystem, reports progress once and hangs (no rank named: no Python); the
+# run restarted in the allocation finds the file: the same container.
+KEPT = """
+mark=/var/tmp/kit-run-0-was-here
+if [[ "$KIT_RESTART" == 0 ]]; then
+  echo "rank $RANK" >"$mark"; echo "step 1" >"$KIT_PROGRESS_FILE"; sleep 300
+fi
+echo "run $KIT_RESTART found: $(cat "$mark" 2>&1)"
+"""
+
+
+def test_a_run_restarted_in_the_allocation_keeps_the_jobs_container(cluster, person, base_image):
+    """Under container_scope=job kit names the job's container: a hang's next run, started in the allocation (2
+    nodes, none to spare), runs in the same container on each node (what run 0 wrote there is there), as the
+    ordinary user; the job ends COMPLETED and the epilog removes the containers."""
+    data = [named_containers(cluster, f"node{i}", person.uid) for i in (1, 2)]
+    with container_scope(cluster, "job"):
+        job = launched(
+            person,
+            *("--nodes", "2", "--image", str(base_image), "--no-exporter", "--hang-timeout", "3"),
+            *("--max-restarts", "1", "--container-writable"),
+            command=["bash", "-c", KEPT],
+        )
+        job_dir, job_id = Path(job["job_dir"]), job["job_id"]
+        end = slurm.wait(cluster.target, job_id, timeout=180)
+        logs = read_logs(job_dir)
+        assert (end.state, end.exit_code) == ("COMPLETED", 0), logs
+        runs = [json.loads(line) for line in (job_dir / "runs.jsonl").read_text().splitlines()]
+        assert [(r["end"], r.get("then")) for r in runs] == [("hang", "restart"), ("finished", None)], runs
+        assert "0: run 1 found: rank 0" in logs and "1: run 1 found: rank 1" in logs, logs
+        wait_for(lambda: not any((d / f"pyxis_{job_id}_kit").exists() for d in data), 30, what="the job epilog")
 
 
 def test_a_node_repaired_from_a_shell_with_another_path_still_runs_containers(cluster, person, base_image):

@@ -41,7 +41,7 @@ def checkout() -> Path | None:
     ``launch/`` and ``monitoring/`` are this kit's, whatever an editable install elsewhere maps ``kit.templates`` to
     (a second checkout run with PYTHONPATH, as a git worktree's tests are, got the first one's scripts)."""
     root = Path(__file__).resolve().parent.parent.parent
-    return root if (root / "pyproject.toml").is_file() and (root / "launch" / "prelaunch.sh").is_file() else None
+    return root if (root / "pyproject.toml").is_file() and (root / "launch" / "__init__.py").is_file() else None
 
 
 @functools.cache
