@@ -7,7 +7,6 @@ command that installs it; nothing is skipped. Helpers live in helpers.py.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import pwd
 import shutil
@@ -22,30 +21,20 @@ from kit import slurm
 from kit.cluster import LocalCluster
 
 
-def pytest_collection_modifyitems(items) -> None:
+def pytest_collection_modifyitems(config, items) -> None:
     """Every test that uses a local cluster (the session's, or test_recovery's own 3-node one)
-    is marked ``cluster``: -m 'not cluster' runs the rest."""
+    is marked ``cluster``: -m 'not cluster' runs the rest. A test marked ``machine_wide`` changes what every
+    process on the machine reads (/etc/hosts: an srun of the other worker's cluster, started meanwhile, never heard
+    back from its controller, nor slurmstepd from srun): pytest-xdist's workers leave it out, and the README's
+    command runs it alone after them (-m machine_wide)."""
     for item in items:
         if {"cluster", "three"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.cluster)
-
-
-@pytest.fixture(autouse=True)
-def machine(request, tmp_path_factory):
-    """A test marked ``machine_wide`` changes what every process on the machine sees (/etc/hosts): it runs alone,
-    holding the machine's lock while every other test (the other pytest-xdist workers') holds it shared; the
-    turnstile keeps a waiting one from being starved by the others' tests coming one after another."""
-    alone = request.node.get_closest_marker("machine_wide") is not None
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common directory
-    with open(shared / "machine.turnstile", "a") as turnstile, open(shared / "machine.lock", "a") as lock:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        finally:
-            if not alone:
-                fcntl.flock(turnstile, fcntl.LOCK_UN)
-        yield
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        alone = [item for item in items if item.get_closest_marker("machine_wide")]
+        if alone:
+            config.hook.pytest_deselected(items=alone)
+            items[:] = [item for item in items if not item.get_closest_marker("machine_wide")]
 
 
 @pytest.fixture(scope="session")

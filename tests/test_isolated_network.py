@@ -180,7 +180,7 @@ PROBE = (
 )
 
 
-@pytest.mark.machine_wide  # /etc/hosts: an srun of another session's cluster, started meanwhile, never heard back
+@pytest.mark.machine_wide  # /etc/hosts: run alone (tests/conftest.py)
 def test_a_ddp_job_in_kits_image_forms_one_world_where_the_host_name_is_loopback(
     isolated, cpu_image, tmp_path, loopback_hostname
 ):
