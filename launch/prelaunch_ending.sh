@@ -87,11 +87,10 @@ kit::_note_advance() {
 
 # kit::_record_run END RC [TEARDOWN] [THEN]: one line per run in runs.jsonl (how it
 # ended, the checkpoint step it ended at, and whether that advanced during the
-# run; TEARDOWN: the code of a step that failed after its work was finished; THEN
-# restart: the next run starts in this allocation).
+# run, as kit::_note_advance found; TEARDOWN: the code of a step that failed after
+# its work was finished; THEN restart: the next run starts in this allocation).
 kit::_record_run() {
   local -r end="$1" rc="$2" teardown="${3-}" then="${4-}"
-  kit::_note_advance
   kit::_append_run "${KIT_RESTART}" "${end}" "${rc}" "$(kit::_checkpoint_step)" "${KIT_RUN_ADVANCED}" \
     "$(( KIT_RUN_START_US / 1000 ))" "${teardown}" "${then}"
 }
@@ -239,15 +238,11 @@ kit::_restart_here() {
 # kit::leave_out NODES: leave NODES (comma-separated) out of this allocation's next runs (KIT_LEFT_OUT), when
 # its spare nodes still make up the step without them; status 1 when they do not, or there are none.
 kit::leave_out() {
-  local node kept=0
   local -r out="${KIT_LEFT_OUT:+${KIT_LEFT_OUT},}$1"
-  local -a all=()
+  local -a kept=()
   (( ${SLURM_JOB_NUM_NODES:-0} > KIT_STEP_NODES )) || return 1
-  mapfile -t all < <(scontrol show hostnames "${SLURM_JOB_NODELIST}")
-  for node in "${all[@]}"; do
-    if [[ ",${out}," != *",${node},"* ]]; then kept=$(( kept + 1 )); fi
-  done
-  (( kept >= KIT_STEP_NODES )) || return 1
+  mapfile -t kept < <(kit::kept_nodes "${out}")
+  (( ${#kept[@]} >= KIT_STEP_NODES )) || return 1
   KIT_LEFT_OUT="${out}"
 }
 

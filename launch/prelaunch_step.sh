@@ -252,15 +252,21 @@ kit::_restore_entry() {
 # kit::step_nodes: with spare nodes (an allocation larger than --nodes), the step's: the allocation's first
 # KIT_STEP_NODES that runs have not left out (kit::leave_out), in KIT_STEP_NODELIST; without spares, ''.
 kit::step_nodes() {
-  local node
-  local -a all=() chosen=()
+  local -a kept=()
   KIT_STEP_NODELIST=""
   (( ${SLURM_JOB_NUM_NODES:-0} > KIT_STEP_NODES )) || return 0
+  mapfile -t kept < <(kit::kept_nodes "${KIT_LEFT_OUT}")
+  KIT_STEP_NODELIST="$(IFS=,; printf '%s' "${kept[*]:0:KIT_STEP_NODES}")"
+}
+
+# kit::kept_nodes LEFT_OUT: the allocation's nodes, in order, but those of LEFT_OUT (comma-separated), one a line.
+kit::kept_nodes() {
+  local node
+  local -a all=()
   mapfile -t all < <(scontrol show hostnames "${SLURM_JOB_NODELIST}")
   for node in "${all[@]}"; do
-    if [[ ",${KIT_LEFT_OUT}," != *",${node},"* ]] && (( ${#chosen[@]} < KIT_STEP_NODES )); then chosen+=("${node}"); fi
+    if [[ ",$1," != *",${node},"* ]]; then printf '%s\n' "${node}"; fi
   done
-  KIT_STEP_NODELIST="$(IFS=,; printf '%s' "${chosen[*]}")"
 }
 
 # The rendezvous address and port, decided on the step's first node (or given by --env): here, or through a
