@@ -246,14 +246,18 @@ KIT_NULL_FD=
 # /proc in it, away: a path from "/" then fails, one from the working directory does not).
 KIT_PROC=/proc
 kit::lib_init() {
-  local pid
+  local pid last
   exec {KIT_NULL_FD}<>/dev/null
   KIT_TASK_TOKEN="${SLURM_JOB_ID:-0}.${SLURM_STEP_ID:-0}.${SLURM_PROCID:-0}.$$"
   kit::tree "$$"
   for pid in "${KIT_TREE[@]:1}"; do
     if kit::_start_time "${pid}"; then KIT_RUNTIME+=("${pid}:${KIT_START_TIME}"); fi
   done
+  last="${!-}"
   exec {KIT_NAP_FD}<> <(:)
+  # Its writer (a fork) has nothing to write: reaped here, not found below this
+  # script by a later kit::tree (bash before 4.4 leaves $! as it was: no wait).
+  if [[ "${!-}" != "${last}" ]]; then wait "$!" 2>&"${KIT_NULL_FD}" || true; fi
 }
 
 # kit::nap SECONDS: sleep; a TERM trap interrupts it at once.

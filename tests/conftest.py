@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import REPO, Person, as_user, remove_user, require
+from helpers import NO_DEVICES, REPO, Person, as_user, remove_user, require
 
 from kit import slurm
 from kit.cluster import LocalCluster
@@ -191,6 +191,21 @@ def user_image(user, cpu_image) -> Path:
     shutil.copyfile(cpu_image, image)
     os.chown(image, user.pw_uid, user.pw_gid)
     return image
+
+
+@pytest.fixture(scope="session")
+def base_image(debian_base, user) -> Path:
+    """The Debian base as an image with no /etc/rc and no PATH in /etc/environment (the ordinary user's), without
+    debootstrap's device nodes, as images are (kit build's, enroot import's): enroot's create mode cannot unpack
+    one for an ordinary user (tests/test_local_users.py). Small: a container made from it takes seconds."""
+    out = Path(user.pw_dir) / "debian.sqsh"
+    subprocess.run(
+        ["mksquashfs", str(debian_base), str(out), "-noappend", "-quiet", "-no-progress", "-comp", "lz4", *NO_DEVICES],
+        check=True,
+        timeout=600,
+    )
+    os.chown(out, user.pw_uid, user.pw_gid)
+    return out
 
 
 @pytest.fixture

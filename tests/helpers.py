@@ -475,3 +475,7 @@ def launched(person, *args: str, command: list[str], timeout: float = 300) -> di
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[0])
+
+
+NO_DEVICES = ["-wildcards", "-e", "dev/*"]  # mksquashfs: debootstrap's /dev nodes left out, /dev kept (last: -e
+#                                            takes every argument after it)

@@ -227,7 +227,9 @@ def test_map_runs_one_task_per_item_and_returns_results_in_order(cluster, tmp_pa
     from kit.slurm import status as slurm_status
 
     asked, squeue = [], slurm_status._squeue_jobs
-    monkeypatch.setattr(slurm_status, "_squeue_jobs", lambda target: asked.append(1) or squeue(target))
+    monkeypatch.setattr(
+        slurm_status, "_squeue_jobs", lambda target, patience: asked.append(1) or squeue(target, patience)
+    )
     t0 = time.monotonic()
     jobs = kitlib.map(lambda x: x * x, [3, 1, 4, 1, 5], local=True, output_dir=tmp_path / "jobs", no_exporter=True)
     assert len(jobs) == 5 and len({j.id.split("_")[0] for j in jobs}) == 1  # one array job

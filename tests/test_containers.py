@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from helpers import (
+    NO_DEVICES,
     REPO,
     Waiting,
     assert_nothing_left,
@@ -668,25 +669,6 @@ def nothing_of_theirs_left(person) -> None:
 
     wait_for(lambda: processes() == "", 30, what=f"no process of {person.name} left")
     assert person.entry.pw_dir not in Path("/proc/self/mountinfo").read_text()
-
-
-NO_DEVICES = ["-wildcards", "-e", "dev/*"]  # mksquashfs: debootstrap's /dev nodes left out, /dev kept (last: -e
-#                                            takes every argument after it)
-
-
-@pytest.fixture(scope="module")
-def base_image(debian_base, user) -> Path:
-    """The Debian base as an image with no /etc/rc and no PATH in /etc/environment (the ordinary user's), without
-    debootstrap's device nodes, as images are (kit build's, enroot import's): enroot's create mode cannot unpack
-    one for an ordinary user (tests/test_local_users.py)."""
-    out = Path(user.pw_dir) / "debian.sqsh"
-    subprocess.run(
-        ["mksquashfs", str(debian_base), str(out), "-noappend", "-quiet", "-no-progress", "-comp", "lz4", *NO_DEVICES],
-        check=True,
-        timeout=600,
-    )
-    os.chown(out, user.pw_uid, user.pw_gid)
-    return out
 
 
 def srun(person, *args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:

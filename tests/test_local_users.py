@@ -166,7 +166,7 @@ def secret_image():
         shutil.rmtree(d)
 
 
-def test_a_named_container_is_its_users_own(cluster, user, user_image):
+def test_a_named_container_is_its_users_own(cluster, user, base_image):
     """--container-name (pyxis's global scope: kept on the node after the job) names the user's own container, as
     enroot's data path is each user's: the stand-in kept the node's names in one directory, so an ordinary user's
     `--container-name N` entered root's container N, writes and all. Root keeps N with a note in it; the user's N
@@ -179,7 +179,7 @@ def test_a_named_container_is_its_users_own(cluster, user, user_image):
     srun = f"srun -N1 -w node1 --container-name={name}"
     try:
         first = subprocess.run(
-            ["bash", "-c", f"{srun} --container-image={user_image} --container-writable bash -c 'echo roots > {note}'"],
+            ["bash", "-c", f"{srun} --container-image={base_image} --container-writable bash -c 'echo roots > {note}'"],
             env={**os.environ, **cluster.target.env},
             capture_output=True,
             text=True,
@@ -191,7 +191,7 @@ def test_a_named_container_is_its_users_own(cluster, user, user_image):
         assert "no container" in none.stderr or "failed" in none.stderr, none.stderr
         made = as_user(
             user,
-            f"{srun} --container-image={user_image} --container-writable bash -c "
+            f"{srun} --container-image={base_image} --container-writable bash -c "
             f"'cat {note} 2>/dev/null; echo theirs > {note}'",
             env=conf,
             timeout=180,

@@ -6,11 +6,13 @@ killing its daemons never touches the session's cluster.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -212,9 +214,27 @@ def test_killed_slurmd_comes_back_with_up_and_the_job_completes(three, tmp_path)
     assert again.finish()[0] == 0
 
 
-def test_wait_rides_through_a_controller_restart(three, tmp_path):
-    w = launch_wait(tmp_path, "--nodes", "2", command=[*TRAIN, "--max-steps", "500"], env=three.env)
+def test_a_busy_controller_is_asked_again_and_wait_rides_through_a_restart(three, tmp_path):
+    """A controller that answers nobody for 14 s (stopped: squeue gives up after MessageTimeout, 10 s): kit ps
+    asks again and shows the running job, not a row it could not read. Then a restart: --wait and logs -f ride
+    it, and say so."""
+    # Steps for 45 s: past both silences.
+    w = launch_wait(tmp_path, "--nodes", "2", command=[*TRAIN, "--max-steps", "1500"], env=three.env)
     wait_for(trained_to(w.job_dir, 20), 120, what="training")
+    ctld = three.state().pids["slurmctld"]
+    resume = threading.Timer(14, os.kill, (ctld, signal.SIGCONT))
+    os.kill(ctld, signal.SIGSTOP)
+    try:
+        resume.start()
+        asked_at = time.monotonic()
+        ps = kit("ps", "--json", env=three.env)
+        waited = time.monotonic() - asked_at
+    finally:
+        resume.cancel()
+        os.kill(ctld, signal.SIGCONT)
+    assert ps.returncode == 0, ps.stderr
+    assert {r["id"]: r["state"] for r in json.loads(ps.stdout)}.get(w.job_id) == "RUNNING", ps.stdout
+    assert waited >= 13, waited  # it did meet the silence
     # kit logs -f rides through it too, printing the job's lines all along.
     follow = subprocess.Popen(
         [sys.executable, "-m", "kit", "logs", "-f", str(w.job_dir)],
@@ -223,18 +243,17 @@ def test_wait_rides_through_a_controller_restart(three, tmp_path):
         text=True,
         env={**os.environ, **three.env},
     )
-    ctld = three.state().pids["slurmctld"]
     os.kill(ctld, signal.SIGKILL)
     wait_for(lambda: not _alive(ctld, "slurmctld"), 10)
     time.sleep(15)  # long enough for squeue to give up (it retries for ~9 s): --wait meets the outage
     assert follow.poll() is None, follow.communicate()
     up = kit("cluster", "up", env=three.env)
     assert up.returncode == 0 and "restarting slurmctld" in up.stderr, up.stderr
-    err = check_end(three, w, state="COMPLETED", code=0, finished=True, log="done at step=500", ends=["finished"])
+    err = check_end(three, w, state="COMPLETED", code=0, finished=True, log="done at step=1500", ends=["finished"])
     assert "slurmctld is not answering; still waiting" in err and "slurmctld answers again" in err
     out, ferr = follow.communicate(timeout=60)
     assert follow.returncode == 0, ferr
-    assert "done at step=500" in out and "slurmctld is not answering; still waiting" in ferr
+    assert "done at step=1500" in out and "slurmctld is not answering; still waiting" in ferr
     assert ferr.rstrip().endswith(f"kit: job {w.job_id} ended COMPLETED"), ferr
 
 

@@ -180,12 +180,14 @@ def _stacks(path: str | None, lines: int = 60) -> list[str]:
     return out[:lines] + ([f"... ({len(out) - lines} more lines in {path})"] if len(out) > lines else [])
 
 
-def unit_states(target: slurm.Target, job_dir: Path, job_id: str) -> dict[int | None, str]:
+def unit_states(
+    target: slurm.Target, job_dir: Path, job_id: str, patience: float = slurm.BUSY_PATIENCE
+) -> dict[int | None, str]:
     """Slurm's state of the job ({None: state}), or of each task of an array job."""
     indices = records.task_indices(job_dir)
     if indices:
-        return {i: st.state for i, st in slurm.array_status(target, job_id, indices).items()}
-    return {None: slurm.job_status(target, job_id).state}
+        return {i: st.state for i, st in slurm.array_status(target, job_id, indices, patience).items()}
+    return {None: slurm.job_status(target, job_id, patience).state}
 
 
 def final(state: str) -> bool:
@@ -212,7 +214,7 @@ def follow(job_dir: Path, job_id: str, write: Write, on_outage=lambda message: N
     def check() -> str | None:
         if _feed_new(job_dir, indices, offsets, write):
             ended_at[0] = None
-        end = ended(unit_states(target, job_dir, job_id))  # ControllerUnreachable: follow() asks again
+        end = ended(unit_states(target, job_dir, job_id, patience=0))  # ControllerUnreachable: follow() asks again
         if not end:
             ended_at[0] = None
             return None

@@ -42,6 +42,7 @@ def call(host: ssh.Host, name: str, **args: Any) -> Any:
             field=answer.get("field") or "host",
             hint=answer.get("hint"),
             exit_code=answer.get("exit_code") or 1,
+            detail=answer.get("detail"),
         )
     return answer.get("value")
 

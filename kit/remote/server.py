@@ -218,7 +218,7 @@ def remote_call(request):
     try:
         value = _jobs(args) if name == "jobs" else CALLS[name](_job(call), args)
     except KitError as e:
-        _say({"kit_error": e.message, "hint": e.hint, "field": e.field, "exit_code": e.exit_code})
+        _say({"kit_error": e.message, "hint": e.hint, "field": e.field, "exit_code": e.exit_code, "detail": e.detail})
     else:
         _say({"value": value})
 

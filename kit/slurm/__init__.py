@@ -29,6 +29,7 @@ from kit.slurm.commands import (
 )
 from kit.slurm.ends import job_outcome, observe
 from kit.slurm.status import (
+    BUSY_PATIENCE,
     SETTLING_STATES,
     ArrayStates,
     ControllerUnreachable,
@@ -45,6 +46,7 @@ from kit.slurm.target import LIVE_STATES, RANK_MAPPING, TERMINAL_STATES, Target
 
 __all__ = [
     "ArrayStates",
+    "BUSY_PATIENCE",
     "LIVE_STATES",
     "RANK_MAPPING",
     "SETTLING_STATES",

@@ -81,9 +81,25 @@ def _wait_status(raw: int) -> int:
     return 128 + (raw & 0x7F) if raw & 0x7F else (raw >> 8) & 0xFF
 
 
-def _squeue_jobs(target: Target) -> list[dict]:
-    """Every job record ``squeue --json`` prints (Slurm 22.05's ``--json``
-    ignores ``--jobs`` and the other filters: callers pick their jobs)."""
+BUSY_PATIENCE = 30.0  # seconds a one-off question asks a controller that did not answer again (0: a wait's own)
+BUSY_PAUSE = 2.0
+
+
+def _squeue_jobs(target: Target, patience: float) -> list[dict]:
+    """Every job record ``squeue --json`` prints (Slurm 22.05's ``--json`` ignores ``--jobs`` and the other
+    filters: callers pick their jobs). A controller that does not answer (squeue waits MessageTimeout, 10 s by
+    default: a busy slurmctld can take longer) is asked again for up to ``patience`` seconds."""
+    since = time.monotonic()
+    while True:
+        try:
+            return _squeue_once(target)
+        except ControllerUnreachable:
+            if time.monotonic() - since + BUSY_PAUSE > patience:
+                raise
+            time.sleep(BUSY_PAUSE)
+
+
+def _squeue_once(target: Target) -> list[dict]:
     proc = target.run(["squeue", "--json"], check=False, timeout=60)
     if proc.returncode != 0:
         if any(m in proc.stderr for m in _UNREACHABLE):
@@ -146,22 +162,25 @@ def _by_name(found: list[dict]) -> dict[str, dict]:
     return out
 
 
-def statuses(target: Target, names: Iterable[str]) -> dict[str, JobStatus]:
-    """Several jobs' states from one ``squeue --json``: each name is a job id or
-    an array task's ``ID_TASK``; GONE for a job Slurm has forgotten."""
-    records = _by_name(_squeue_jobs(target))
+def statuses(target: Target, names: Iterable[str], patience: float = BUSY_PATIENCE) -> dict[str, JobStatus]:
+    """Several jobs' states from one ``squeue --json``: each name is a job id or an array task's ``ID_TASK``;
+    GONE for a job Slurm has forgotten. ``patience``: how long a controller that does not answer is asked
+    again (a wait's checks: 0, :func:`follow` rides an outage itself and says so)."""
+    records = _by_name(_squeue_jobs(target, patience))
     return {n: _status_of(target, records[n], n) if n in records else JobStatus(job_id=n, state="GONE") for n in names}
 
 
-def job_status(target: Target, job_id: str) -> JobStatus:
+def job_status(target: Target, job_id: str, patience: float = BUSY_PATIENCE) -> JobStatus:
     """The job's state from ``squeue --json``; state GONE once Slurm has forgotten it."""
-    return statuses(target, [job_id])[job_id]
+    return statuses(target, [job_id], patience)[job_id]
 
 
-def array_status(target: Target, array_id: str, indices: Iterable[int]) -> dict[int, JobStatus]:
+def array_status(
+    target: Target, array_id: str, indices: Iterable[int], patience: float = BUSY_PATIENCE
+) -> dict[int, JobStatus]:
     """Each task of an array job (``ARRAY_INDEX`` names it); GONE once Slurm forgot it."""
     indices = list(indices)
-    found = statuses(target, [f"{array_id}_{i}" for i in indices])
+    found = statuses(target, [f"{array_id}_{i}" for i in indices], patience)
     return {i: found[f"{array_id}_{i}"] for i in indices}
 
 
@@ -285,7 +304,7 @@ def wait(
     last: list = [None]
 
     def check():
-        st = status() if status else job_status(target, job_id)
+        st = status() if status else job_status(target, job_id, patience=0)
         if st.shown() != last[0] and on_state:
             on_state(st)
         last[0] = st.shown()
@@ -311,7 +330,9 @@ class ArrayStates:
     def status(self, index: int, poll: float = 1.0) -> JobStatus:
         if index not in self.done and (self.at is None or time.monotonic() - self.at >= poll):
             self.at = time.monotonic()
-            self.known.update(array_status(self.target, self.array_id, [i for i in self.indices if i not in self.done]))
+            self.known.update(
+                array_status(self.target, self.array_id, [i for i in self.indices if i not in self.done], patience=0)
+            )
             self.done |= {i for i, st in self.known.items() if i not in self.done and self.final(i, st)}
         return self.known[index]
 
@@ -334,7 +355,7 @@ def wait_array(
     last: dict[int, str] = {}
 
     def check():
-        states = array_status(target, array_id, indices)
+        states = array_status(target, array_id, indices, patience=0)
         for i, st in states.items():
             if last.get(i) != st.state and on_state:
                 on_state(i, st)
