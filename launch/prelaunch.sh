@@ -40,6 +40,7 @@ fi
 readonly KIT_JOB_DIR
 readonly KIT_MAX_RESTARTS
 readonly KIT_ON_STRAGGLER  # --on-straggler: tell, requeue or restart (kit::watch_stragglers)
+readonly KIT_ON_FAILURE  # --on-failure: stop or restart (kit::conclude)
 readonly KIT_STEP_NODES  # --nodes: the step's, of an allocation --spare-nodes larger (kit::step_nodes)
 # The time-limit warning comes KIT_SIGNAL_LEAD s before the limit (or up to a
 # minute earlier); with a restart left, a step still running KIT_LIMIT_MARGIN s

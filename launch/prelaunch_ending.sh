@@ -225,13 +225,15 @@ kit::_spared() {
 kit::_restart_here() {
   local -r end="$1" suspect="$2"
   case "${end}" in
-    hang | preflight) ;;
+    hang | preflight | failed) ;;
     straggler) [[ "${KIT_ON_STRAGGLER}" == restart ]] || return 1 ;;
     *) return 1 ;;
   esac
   (( KIT_RESTART < KIT_MAX_RESTARTS && ! KIT_STOPPING && ! KIT_WARNED )) || return 1
   if kit::_stalled; then return 1; fi
   if [[ -n "${suspect}" ]] && kit::leave_out "${suspect}"; then return 0; fi
+  # A failed command's node is only a guess: kept rather than requeued for.
+  [[ "${end}" == failed ]] && return 0
   [[ "${end}" != preflight ]] && { [[ -z "${suspect}" ]] || ! kit::_spared "${suspect}" >/dev/null; }
 }
 
@@ -246,11 +248,13 @@ kit::leave_out() {
   KIT_LEFT_OUT="${out}"
 }
 
-# kit::_kept_or_left SUSPECT: what a restart in the allocation does with SUSPECT, for the batch log.
+# kit::_kept_or_left SUSPECT END: what a restart in the allocation does with SUSPECT, for the batch log.
 kit::_kept_or_left() {
   if [[ -z "$1" ]]; then return 0; fi
   if [[ ",${KIT_LEFT_OUT}," == *",$1,"* ]]; then
     printf ', without %s: a spare node takes its place\n' "$1"
+  elif [[ "$2" == failed ]]; then
+    printf ', %s kept: no spare node in the allocation\n' "$1"
   else
     printf ', %s kept: the partition has no node to spare\n' "$1"
   fi
@@ -272,12 +276,14 @@ kit::next_run() {
   KIT_RUN_ADVANCED=true KIT_END_CODE="" KIT_SUSPECT_NODE="" KIT_STEP_RC=0
 }
 
-# kit::first_failure: the exit code of the rank whose command failed first in
+# kit::first_failure [rank]: the exit code (with "rank": the rank) of the rank whose command failed first in
 # this run (srun itself reports the highest code, often that of a rank it
 # stopped because another one failed): by time, then rank, as
 # kit.jobdir.failures.first_failure decides it (a test holds the pair to one answer).
 kit::first_failure() {
-  kit::_rank_ends | awk '$4 == "self" && $3 != 0' | sort -k1,1n -k2,2n | awk 'NR == 1 { print $3; found = 1 } END { exit !found }'
+  local field=3
+  if [[ "${1-}" == rank ]]; then field=2; fi
+  kit::_rank_ends | awk '$4 == "self" && $3 != 0' | sort -k1,1n -k2,2n | awk -v f="${field}" 'NR == 1 { print $f; found = 1 } END { exit !found }'
 }
 
 # kit::_all_ranks_done: did every rank's command end by itself with 0 in this run?
@@ -327,12 +333,12 @@ kit::_run_facts() {
   local -r rc="${KIT_STEP_RC}"
   local class=own
   if (( rc == 0 )); then class=zero; elif (( rc > 128 )); then class=signal; fi
-  printf 'preflight=%d hang=%d declared=%d straggler=%d warned=%d stopping=%d function=%d all_done=%d rc=%s\n' \
+  printf 'preflight=%d hang=%d declared=%d straggler=%d warned=%d stopping=%d function=%d all_done=%d restart_failed=%d rc=%s\n' \
     "$(kit::_holds kit::_preflight_failed)" \
     "$(kit::_holds test -e "${KIT_HANG_DIR}/report")" "$(kit::_holds kit::_work_declared)" \
     "$(kit::_holds test -e "${KIT_PROGRESS_DIR}/straggler-stop")" \
     "${KIT_WARNED}" "${KIT_STOPPING}" "$(kit::_holds test -e "${KIT_JOB_DIR}/function.pkl")" \
-    "$(kit::_holds kit::_all_ranks_done)" "${class}"
+    "$(kit::_holds kit::_all_ranks_done)" "$(kit::_holds test "${KIT_ON_FAILURE}" = restart)" "${class}"
 }
 
 # kit::_preflight_failed: did this run's preflight verdict (kit.preflight.verdict) fail a node?
@@ -352,12 +358,16 @@ kit::field() {
 # kit::_suspects: the nodes the next run leaves out: those the preflight failed, else the one a hang report names,
 # else the straggler's (--on-straggler requeue).
 kit::_suspects() {
+  local rank
   if kit::_preflight_failed; then
     kit::field "${KIT_PROGRESS_DIR}/preflight" nodes
   elif [[ -e "${KIT_HANG_DIR}/report" ]]; then
     kit::field "${KIT_HANG_DIR}/report" node
-  else
+  elif [[ -e "${KIT_PROGRESS_DIR}/straggler-stop" ]]; then
     kit::field "${KIT_PROGRESS_DIR}/straggler" node
+  elif rank="$(kit::first_failure rank)"; then
+    { read -r rank _ <"${KIT_PROGRESS_DIR}/task-${rank}"; } 2>/dev/null || rank=""
+    printf '%s\n' "${rank}"
   fi
 }
 
@@ -413,7 +423,7 @@ kit::conclude() {
   if [[ "${says}" == *"{straggler}"* ]]; then says="${says//\{straggler\}/$(kit::field "${KIT_PROGRESS_DIR}/straggler" why)}"; fi
   if [[ -n "${says}" ]]; then kit::log "${says//\{hang_dir\}/${KIT_HANG_DIR}}"; fi
   if [[ "${next}" == restart ]]; then
-    kit::log "${why//\{rc\}/${rc}}; restarting in this allocation (restart $(( KIT_RESTART + 1 )) of ${KIT_MAX_RESTARTS})$(kit::_kept_or_left "${KIT_SUSPECT_NODE}")"
+    kit::log "${why//\{rc\}/${rc}}; restarting in this allocation (restart $(( KIT_RESTART + 1 )) of ${KIT_MAX_RESTARTS})$(kit::_kept_or_left "${KIT_SUSPECT_NODE}" "${end}")"
     return 0
   fi
   if [[ -n "${why}" ]]; then kit::requeue "${why//\{rc\}/${rc}}" "${KIT_SUSPECT_NODE}" || true; fi

@@ -136,3 +136,52 @@ def test_a_run_restarted_in_the_allocation_and_then_cancelled_ends_cancelled(clu
     assert [r["run"] for r in ended][:1] == [0] and ended[0]["then"] == "restart", ended
     assert all(r["run"] <= 1 for r in ended) and not (w.job_dir / "progress" / "r2").exists(), ended
     assert restarts_of(cluster, w.job_id) == "0"
+
+
+FAILING = """
+echo "step 1" >"$KIT_PROGRESS_FILE"
+echo "run $KIT_RESTART rank $RANK on $SLURMD_NODENAME"
+if [[ "$RANK" == "${FAIL_RANK:-0}" && ( "$KIT_RESTART" == 0 || -n "${FAIL_ALWAYS-}" ) ]]; then exit 3; fi
+sleep 2
+"""
+
+
+def test_a_failed_command_restarts_on_a_spare_node_with_on_failure_restart(cluster, tmp_path):
+    """--on-failure restart --nodes 1 --spare-nodes 1: the command exits 3 on node1 in run 0; run 1 starts in the
+    same allocation on the spare, node2, and completes: one job, no requeue, the failed run recorded as such."""
+    w = hanging(tmp_path, 2, "--nodes", "1", "--spare-nodes", "1", "--on-failure", "restart", command=FAILING)
+    check_end(
+        cluster,
+        w,
+        state="COMPLETED",
+        code=0,
+        finished=True,
+        log="a command failed (exit 3); restarting in this allocation (restart 1 of 2), without node1: a spare node "
+        "takes its place",
+        ends=["failed", "finished"],
+    )
+    assert [r.get("then") for r in runs(w.job_dir)] == ["restart", None]
+    logs = read_logs(w.job_dir)
+    assert "run 0 rank 0 on node1" in logs and "run 1 rank 0 on node2" in logs, logs
+    assert restarts_of(cluster, w.job_id) == "0"
+
+
+def test_a_command_that_always_fails_spends_its_restarts_and_fails_with_its_own_code(cluster, tmp_path):
+    """--on-failure restart on both nodes (none to spare): rank 1 exits 3 in every run; the run restarts once on the
+    same nodes, then the job fails with exit 3 (the command's, not a budget's code); without --on-failure the same
+    command fails at once (the default is to stop)."""
+    w = hanging(
+        tmp_path, 1, "--on-failure", "restart", "--env", "FAIL_RANK=1", "--env", "FAIL_ALWAYS=1", command=FAILING
+    )
+    check_end(
+        cluster,
+        w,
+        state="FAILED",
+        code=3,
+        finished=False,
+        log="restarting in this allocation (restart 1 of 1), node2 kept: no spare node in the allocation",
+        ends=["failed", "failed"],
+    )
+    assert [r.get("then") for r in runs(w.job_dir)] == ["restart", None]
+    once = hanging(tmp_path, 1, "--env", "FAIL_RANK=1", command=FAILING)
+    check_end(cluster, once, state="FAILED", code=3, finished=False, log=None, ends=["failed"])

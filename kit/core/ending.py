@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 # The facts of a run's end, each 0 or 1, as kit::_run_facts prints them.
-FLAGS = ("preflight", "hang", "declared", "straggler", "warned", "stopping", "function", "all_done")
+FLAGS = ("preflight", "hang", "declared", "straggler", "warned", "stopping", "function", "all_done", "restart_failed")
 FACT_MEANING = {
     "preflight": "the preflight verdict failed a node before any command started (--preflight)",
     "hang": "the hang watchdog stopped the step (its report is there)",
@@ -29,6 +29,7 @@ FACT_MEANING = {
     "stopping": "a stop signal came (cancel, requeue, preemption, the time limit)",
     "function": "a function job (kit.submit, kit.map): finished only when every rank returned",
     "all_done": "every rank's command ended by itself with 0",
+    "restart_failed": "the job restarts a failed command (--on-failure restart) while restarts are left",
 }
 # The step's exit code (the first failing rank's): 0, a command's own (1-128), or a signal's (> 128).
 RC = ("zero", "own", "signal")
@@ -158,6 +159,16 @@ ENDINGS: tuple[Ending, ...] = (
         "INCOMPLETE",
         "srun exited 0, but not every rank's command ended with 0 by itself (a node failed, or a task was "
         "killed): the work is not finished",
+    ),
+    # --on-failure restart: a command failed by itself; the next run starts from the last checkpoint (in the
+    # allocation, the first failed rank's node left out where a spare takes its place) while restarts are left.
+    Ending(
+        _when(restart_failed=1),
+        "failed",
+        "rc",
+        "step ended with exit {rc}",
+        requeue="a command failed (exit {rc})",
+        suspect=True,
     ),
     Ending((), "failed", "rc", "step ended with exit {rc}"),
 )

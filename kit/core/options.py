@@ -308,6 +308,17 @@ OPTIONS: tuple[Option, ...] = (
         metavar="ACTION",
     ),
     Option(
+        "on_failure",
+        STR,
+        RECOVERY,
+        "What a rank's failure (a command that exits non-zero by itself) does to the job: stop (the job fails with "
+        "its exit code) or restart (the next run starts in the allocation from the last checkpoint, a new srun step, "
+        "while --max-restarts allow: the failed rank's node left out where a spare node takes its place; then the "
+        "job fails with the command's code).",
+        default="stop",
+        metavar="ACTION",
+    ),
+    Option(
         "stop_grace",
         INT,
         RECOVERY,

@@ -18,14 +18,15 @@ from kit.core import command, options, sidecar
 from kit.core import sweep as sweep_lib
 from kit.core.command import MAX_ENV_STRING
 from kit.core.values import (
+    ACTIONS,
     ENV_KEY,
     OWNED_SBATCH,
     RESERVED_ENV,
     owned_sbatch_option,
+    parse_action,
     parse_after,
     parse_env_item,
     parse_mem,
-    parse_on_straggler,
     parse_port_range,
     parse_signal,
     parse_time,
@@ -169,7 +170,8 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
     if s.time is not None:
         s.time = s.time.strip()  # what sbatch gets is what was checked
     s.signal = parsed("signal", parse_signal)
-    s.on_straggler = parsed("on_straggler", parse_on_straggler)
+    for name in ACTIONS:
+        setattr(s, name, parsed(name, lambda value, field=name: parse_action(field, value)))
     low, high = parsed("port_range", parse_port_range)
     parsed("exporter_ports", parse_port_range)
     if s.prometheus_targets is not None:
@@ -370,21 +372,13 @@ def _copy(value: Any) -> Any:
 
 
 def _check_no_nul(s: JobSpec, origins: Origins) -> None:
-    def check(name: str, value: str) -> None:
-        if "\0" in value:
-            raise KitError("contains a NUL byte, which cannot reach a process", field=origins.label(name))
-
     for name in FIELD_NAMES:
         value = getattr(s, name)
-        if isinstance(value, str):
-            check(name, value)
-        elif isinstance(value, list):
-            for v in value:
-                check(name, v)
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                check(name, k)
-                check(name, v)
+        if isinstance(value, dict):
+            value = [word for item in value.items() for word in item]
+        for word in [value] if isinstance(value, str) else value if isinstance(value, list) else ():
+            if isinstance(word, str) and "\0" in word:
+                raise KitError("contains a NUL byte, which cannot reach a process", field=origins.label(name))
 
 
 __all__ = [

@@ -158,12 +158,16 @@ def parse_signal(value: str) -> str:
     return name
 
 
-ON_STRAGGLER = ("tell", "requeue", "restart")  # --on-straggler
+ACTIONS = {
+    "on_straggler": ("tell", "requeue", "restart"),  # --on-straggler
+    "on_failure": ("stop", "restart"),  # --on-failure
+}
 
 
-def parse_on_straggler(value: str) -> str:
-    if value not in ON_STRAGGLER:
-        raise KitError(f"not an action: {value!r}", hint="choose one of " + ", ".join(ON_STRAGGLER))
+def parse_action(field: str, value: str) -> str:
+    """``value`` when it is one of ``ACTIONS[field]``."""
+    if value not in ACTIONS[field]:
+        raise KitError(f"not an action: {value!r}", hint="choose one of " + ", ".join(ACTIONS[field]))
     return value
 
 
