@@ -102,6 +102,38 @@ def test_a_stragglers_evidence_names_its_nodes_gpus_held_down_against_the_others
     assert gpu_evidence(tmp_path, "c") == "" and gpu_evidence(tmp_path, "nowhere") == ""
 
 
+def test_a_gpu_held_down_names_its_rank_from_nvml_alone_once_it_stays_held(tmp_path):
+    """held_down: node b's GPU 1 at 1100 MHz with hw_slowdown against 1980 MHz elsewhere is held; a GPU merely at
+    its power cap (sw_power_cap, a loaded GPU's everyday reason) or slow without a slowdown reason is not. The
+    GpuJudge names the node's rank at that GPU's place (b's second rank) once it has stayed held SUSTAINED seconds,
+    with its evidence, as a GPU verdict; a GPU no longer held is forgotten."""
+    from kit.jobdir import stragglers
+    from kit.monitor.training import held_down
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "a.r0.metrics.jsonl").write_text(_poll("a", {"0": (1980, 0x1), "1": (1700, 0x4)}))
+    (logs / "b.r0.metrics.jsonl").write_text(_poll("b", {"0": (1600, 0), "1": (1100, 0x8 | 0x4)}))
+    held = held_down(tmp_path)
+    assert list(held) == [("b", "1")], held
+    place, factor, evidence = held[("b", "1")]
+    assert place == 1 and factor == pytest.approx(1840 / 1100), held  # the median of a's 1980 and 1700
+    assert evidence == "GPU 1 at 1100 MHz, held down by hw_slowdown (the other nodes' median SM clock: 1840 MHz)"
+    ranks = {0: ("a", {}), 1: ("a", {}), 2: ("b", {}), 3: ("b", {})}
+    judge = stragglers.GpuJudge()
+    assert judge.see(held, ranks, 100.0) is None
+    assert judge.see(held, ranks, 100.0 + stragglers.SUSTAINED - 1) is None
+    named = judge.see(held, ranks, 100.0 + stragglers.SUSTAINED)
+    assert (named.rank, named.node, named.by, named.since) == (3, "b", "gpu", 100.0), named
+    assert named.line() == (
+        "straggler: rank 3 on b, its GPU 1.67x slower (GPU 1 at 1100 MHz, held down by hw_slowdown (the other "
+        "nodes' median SM clock: 1840 MHz), for 20 s)"
+    )
+    assert judge.see({}, ranks, 200.0) is None and judge.see(held, ranks, 201.0) is None  # held again: anew
+    stragglers.record(tmp_path, named)
+    assert stragglers.read(tmp_path) == [named]  # the kind is kept in stragglers.json
+
+
 def _ddp_rank(rank: int, world: int, port: int, out: str, delay: float) -> None:
     """One rank of a two-rank DDP (gloo); rank 1 sleeps ``delay`` before each backward pass (a slow rank)."""
     import os
@@ -235,3 +267,47 @@ def test_a_rank_stopped_half_the_time_is_named_everywhere_and_requeued_without_i
     assert told.startswith(f"straggler: rank 3 on {node}"), told
     report = kit("report", str(w.job_dir)).stdout
     assert f"straggler: rank 3 on {node}" in report, report
+
+
+HELD_RANK = (
+    "import os, time\nfrom kit.train import progress\nfor i in range(1, 10**6):\n    progress.step(i, samples=8)\n"
+    "    time.sleep(0.2)\n    if os.path.exists(os.environ['KIT_JOB_DIR'] + '/stop'): break\n"
+)
+
+
+def test_a_gpu_held_down_on_one_node_is_named_from_nvml_while_the_steps_show_nothing(cluster, tmp_path):
+    """2 nodes x 1 GPU (the NVML test library, through each node's exporter): node2's GPU runs at 1100 MHz held down
+    by a hardware slowdown, node1's at 1980 MHz; the ranks' steps are alike (the GPU sets none of them), so only NVML
+    can tell. The first node's exporter names node2's rank with the GPU as its evidence; kit ps --json and kit logs
+    --errors say so; the job, told only (--on-straggler tell), runs on and completes."""
+    import sys
+
+    from fake_gpus import FakeGpus
+    from helpers import kit, launch_wait, wait_for
+
+    fleet = {node: FakeGpus(tmp_path / f"nvml-{node}", minors=[0]) for node in ("node1", "node2")}
+    fleet["node1"].set(0, sm=1980, reasons=0x1, util=90).write()
+    fleet["node2"].set(0, sm=1100, reasons=0x8, util=90).write()
+    env = fleet["node1"].env()
+    w = launch_wait(
+        tmp_path,
+        *("--nodes", "2", "--gpus-per-node", "1", "--ntasks-per-node", "1"),
+        *("--env", f"LD_LIBRARY_PATH={env['LD_LIBRARY_PATH']}", "--env", f"FAKE_NVML_STATE={tmp_path}/nvml-{{node}}"),
+        command=[sys.executable, "-c", HELD_RANK],
+    )
+    wait_for(lambda: len(judge_lib.latest(w.job_dir)) == 2, 120, what="both ranks' steps")
+    node = (w.job_dir / "progress" / "r0" / "task-1").read_text().split()[0]
+    assert node == "node2"
+    (slow,) = wait_for(lambda: judge_lib.read(w.job_dir), 60, poll=0.5, what="a GPU verdict")
+    assert (slow.rank, slow.node, slow.by) == (1, "node2", "gpu") and slow.factor == pytest.approx(1980 / 1100), slow
+    assert slow.evidence.startswith(
+        "GPU 0 at 1100 MHz, held down by hw_slowdown (the other nodes' median SM clock: 1980"
+    )
+    out = str(tmp_path / "jobs")
+    (row,) = [r for r in json.loads(kit("ps", "--json", "--output-dir", out).stdout) if r["id"] == w.job_id]
+    assert [(s["rank"], s["node"], s["by"]) for s in row["stragglers"]] == [(1, "node2", "gpu")]
+    told = kit("logs", str(w.job_dir), "--errors").stdout
+    assert told.startswith("straggler: rank 1 on node2, its GPU 1.80x slower (GPU 0 at 1100 MHz"), told
+    (w.job_dir / "stop").touch()
+    code, err = w.finish(timeout=120)
+    assert code == 0 and "straggler: rank 1 on node2" in err, err

@@ -36,8 +36,11 @@ class Straggler:
     evidence: str
     since: float  # Unix time: when it became the outlier
     at: float  # Unix time: the latest judgement that named it
+    by: str = "step"  # what named it: "step" (its compute per step) or "gpu" (its GPU held down, GpuJudge)
 
     def line(self) -> str:
+        if self.by == "gpu":
+            return f"straggler: rank {self.rank} on {self.node}, its GPU {self.factor:.2f}x slower ({self.evidence})"
         return f"straggler: rank {self.rank} on {self.node}, {self.factor:.2f}x the other ranks' step ({self.evidence})"
 
 
@@ -79,6 +82,31 @@ class Judge:
             f"{1e3 * waits:.0f} ms a step for it in the collectives, it waits {1e3 * timed[slow][2]:.0f} ms"
         )
         return Straggler(slow, timed[slow][0], compute[slow] / typical, evidence, self.outlier[1], now)
+
+
+class GpuJudge:
+    """Names the rank whose GPU stays held down (kit.monitor.training.held_down: a slowdown throttle reason, its SM
+    clock well under the other nodes') for :data:`SUSTAINED` seconds — from NVML alone, before (or without) the
+    ranks' waits showing it: a step that the GPU does not set (a CPU-bound loader) hides a throttled GPU."""
+
+    def __init__(self):
+        self.since: dict[tuple[str, str], float] = {}
+
+    def see(
+        self, held: dict[tuple[str, str], tuple[int, float, str]], ranks: dict[int, tuple[str, dict]], now: float
+    ) -> Straggler | None:
+        """``held``: each GPU held down now, by (node, GPU): (its place among its node's GPUs, slowdown, evidence);
+        ``ranks``: each rank's node (:func:`latest`). The rank named is the node's rank at the GPU's place (one rank
+        per GPU, as Slurm binds them), else the node's first."""
+        self.since = {key: self.since.get(key, now) for key in held}
+        for (node, gpu), (place, factor, evidence) in sorted(held.items()):
+            on_node = sorted(r for r, (n, _) in ranks.items() if n == node)
+            if not on_node or now - self.since[(node, gpu)] < SUSTAINED:
+                continue
+            rank = on_node[place] if place < len(on_node) else on_node[0]
+            held_for = f"{evidence}, for {now - self.since[(node, gpu)]:.0f} s"
+            return Straggler(rank, node, factor, held_for, self.since[(node, gpu)], now, by="gpu")
+        return None
 
 
 def read(job_dir: str | Path) -> list[Straggler]:

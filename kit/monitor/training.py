@@ -128,7 +128,8 @@ STRAGGLER = Spec(
     "kit_job_straggler_slowdown",
     "gauge",
     "A rank named a straggler (rank, straggler_node: its node; node is the exporter's): its compute per step over "
-    "the other ranks' median, from how long each waits in the step's collectives (kit.jobdir.stragglers).",
+    "the other ranks' median, from how long each waits in the step's collectives, or its GPU's slowdown (the other "
+    "nodes' median SM clock over its own, held down by a slowdown throttle reason) (kit.jobdir.stragglers).",
 )
 STRAGGLERS_EVERY = 5.0  # seconds between two judgements of the ranks' files
 
@@ -144,7 +145,8 @@ class StragglerSource:
         from kit.jobdir import stragglers  # (only the first node's exporter loads it)
 
         self.job_dir, self.progress_dir = job_dir, progress_dir
-        self.judge, self.read_at, self.named = stragglers.Judge(), float("-inf"), {}
+        self.judge, self.gpu_judge = stragglers.Judge(), stragglers.GpuJudge()
+        self.read_at, self.named = float("-inf"), {}
 
     def poll(self) -> SourceResult:
         from kit.jobdir import stragglers
@@ -152,11 +154,16 @@ class StragglerSource:
         t0 = time.perf_counter()
         if self.job_dir is not None and time.monotonic() - self.read_at >= STRAGGLERS_EVERY:
             self.read_at = time.monotonic()
-            verdict = self.judge.see(stragglers.latest(self.job_dir), time.time())
+            ranks, now = stragglers.latest(self.job_dir), time.time()
+            verdict = self.judge.see(ranks, now)
             if verdict is not None:
                 gpus = gpu_evidence(self.job_dir, verdict.node)
                 if gpus:
                     verdict = dataclasses.replace(verdict, evidence=f"{verdict.evidence}; {gpus}")
+            # A GPU held down, though the ranks' waits name no one (yet: a step the GPU does not set).
+            held = self.gpu_judge.see(held_down(self.job_dir), ranks, now)
+            verdict = verdict or held
+            if verdict is not None:
                 stragglers.record(self.job_dir, verdict)
                 stragglers.tell_the_run(self.progress_dir, verdict)
                 self.named[verdict.rank] = verdict
@@ -196,22 +203,59 @@ def _gpu_clocks(poll: dict) -> dict[str, tuple[float | None, int]]:
     return {gpu: (clock, reasons) for gpu, (clock, reasons) in gpus.items() if clock is not None}
 
 
+SLOW_CLOCK = 0.9  # an SM clock under this share of the other nodes' median is slow
+
+
+def _reasons(reasons: int, only_slowdowns: bool = False) -> list[str]:
+    """The throttle reasons' names in ``reasons`` (not gpu_idle; ``only_slowdowns``: the slowdowns alone)."""
+    from kit.monitor.gpu import THROTTLE_REASONS  # (only where GPUs are judged)
+
+    names = [name for bit, name in THROTTLE_REASONS if reasons & bit and name != "gpu_idle"]
+    return [n for n in names if "slowdown" in n] if only_slowdowns else names
+
+
+def _others(clocks: dict[str, dict[str, tuple[float, int]]], node: str) -> float | None:
+    """The median SM clock of the GPUs the other nodes logged (None: none did)."""
+    others = [c for n, gpus in clocks.items() if n != node for c, _ in gpus.values()]
+    return statistics.median(others) if others else None
+
+
+def held_down(job_dir: Path) -> dict[tuple[str, str], tuple[int, float, str]]:
+    """Each GPU held down now — a slowdown throttle reason (hardware, thermal, power brake) and its SM clock under
+    :data:`SLOW_CLOCK` of the other nodes' median — by (node, GPU index): (its place among its node's GPUs, the
+    median over its clock, the evidence)."""
+    found = {}
+    clocks = {n: _gpu_clocks(poll) for n, poll in _last_polls(job_dir).items()}
+    for node, mine in clocks.items():
+        typical = _others(clocks, node)
+        for place, (gpu, (clock, reasons)) in enumerate(sorted(mine.items(), key=lambda g: _index(g[0]))):
+            slowdowns = _reasons(reasons, only_slowdowns=True)
+            if slowdowns and typical and 0 < clock < SLOW_CLOCK * typical:
+                found[(node, gpu)] = (
+                    place,
+                    typical / clock,
+                    f"GPU {gpu} at {clock:.0f} MHz, held down by {'+'.join(slowdowns)} (the other nodes' median SM "
+                    f"clock: {typical:.0f} MHz)",
+                )
+    return found
+
+
+def _index(gpu: str) -> tuple[int, str]:
+    return (int(gpu), gpu) if gpu.isdigit() else (1 << 30, gpu)
+
+
 def gpu_evidence(job_dir: Path, node: str) -> str:
     """The straggler's node's GPUs as its exporter last logged them, against the other nodes' median SM clock: the
     GPUs whose clock is held down (a throttle reason but idle) or under 90 % of that median, or that none is; ''
     where the node logged no GPU."""
-    from kit.monitor.gpu import THROTTLE_REASONS  # (only when a straggler is named)
-
     clocks = {n: _gpu_clocks(poll) for n, poll in _last_polls(job_dir).items()}
-    mine = clocks.get(node)
+    mine, typical = clocks.get(node), _others(clocks, node)
     if not mine:
         return ""
-    others = [c for n, gpus in clocks.items() if n != node for c, _ in gpus.values()]
-    typical = statistics.median(others) if others else None
     told = []
     for gpu, (clock, reasons) in sorted(mine.items()):
-        held = [name for bit, name in THROTTLE_REASONS if reasons & bit and name != "gpu_idle"]
-        if held or (typical and clock < 0.9 * typical):
+        held = _reasons(reasons)
+        if held or (typical and clock < SLOW_CLOCK * typical):
             told.append(f"GPU {gpu} at {clock:.0f} MHz" + (f", held down by {'+'.join(held)}" if held else ""))
     against = f" (the other nodes' median SM clock: {typical:.0f} MHz)" if typical else ""
     if not told:
