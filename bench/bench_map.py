@@ -35,7 +35,7 @@ def square(x: int) -> int:
 def counted() -> list:
     """Every squeue kit's status code makes, counted."""
     calls, real = [], slurm_status._squeue_jobs
-    slurm_status._squeue_jobs = lambda target: calls.append(1) or real(target)
+    slurm_status._squeue_jobs = lambda target, patience: calls.append(1) or real(target, patience)
     return calls
 
 

@@ -479,3 +479,34 @@ def launched(person, *args: str, command: list[str], timeout: float = 300) -> di
 
 NO_DEVICES = ["-wildcards", "-e", "dev/*"]  # mksquashfs: debootstrap's /dev nodes left out, /dev kept (last: -e
 #                                            takes every argument after it)
+
+
+@contextlib.contextmanager
+def cpu_quota(pid: int, share: float):
+    """Process ``pid`` (every thread, and what it forks meanwhile) held to ``share`` of one CPU in a cgroup of the
+    test's own (cgroup v2's cpu.max, or v1's cpu controller); put back where it was, and the cgroup removed, after."""
+    period = 100_000
+    quota = max(int(period * share), 1000)
+    v2 = Path("/sys/fs/cgroup/cgroup.controllers").exists()
+    root = Path("/sys/fs/cgroup") if v2 else Path("/sys/fs/cgroup/cpu")
+    before = next(
+        line.split(":", 2)[2]
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        if (line.startswith("0::") if v2 else line.split(":")[1].split(",").count("cpu"))
+    )
+    group = root / f"kit-test-quota-{os.getpid()}-{pid}"
+    group.mkdir()
+    try:
+        if v2:
+            (group / "cpu.max").write_text(f"{quota} {period}")
+        else:
+            (group / "cpu.cfs_period_us").write_text(str(period))
+            (group / "cpu.cfs_quota_us").write_text(str(quota))
+        (group / "cgroup.procs").write_text(str(pid))
+        yield
+    finally:
+        back = root / before.lstrip("/")
+        for moved in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):  # gone meanwhile
+                (back / "cgroup.procs").write_text(moved)
+        group.rmdir()

@@ -101,9 +101,10 @@ def test_a_two_node_trainer_job_rendezvouses_across_the_bridge_and_is_scraped_th
     me = set(re.findall(r"me=(\S+)", logs))
     assert me == set(net.addresses.values()), logs
     assert "done at step=60" in logs and len(re.findall(r"gloo=eth0", logs)) == 2
-    # The exporters advertised their nodes' addresses, and Prometheus scraped them there.
+    # The exporters advertised their nodes' addresses, and Prometheus scraped them there (over the job's time: the
+    # job has ended, and a target gone from its file leaves a stale series, which an instant query does not show).
     job_id = (job_dir / "job_id").read_text().strip()
-    rows = query(isolated, f'up{{slurm_job_id="{job_id}"}}')
+    rows = query(isolated, f'max_over_time(up{{slurm_job_id="{job_id}"}}[10m])')
     assert {r["metric"]["instance"].rsplit(":", 1)[0] for r in rows} == set(net.addresses.values()), rows
     steps = query(isolated, f'max_over_time(training_step{{slurm_job_id="{job_id}"}}[10m])')
     assert {r["metric"]["node"] for r in steps} == {"node1", "node2"}, steps

@@ -28,6 +28,15 @@ def test_a_rank_that_stays_slow_is_named_after_the_sustained_time_with_its_evide
     assert verdict.line().startswith("straggler: rank 3 on node1, 1.67x the other ranks' step")
 
 
+def test_a_rank_slow_but_for_a_judgement_now_and_then_is_still_named_from_when_it_became_slow():
+    """A throttle's rhythm: rank 3 is the outlier in three judgements of four (level with the others in the fourth):
+    named at 20 s from its first slow judgement; a rank level in every other judgement is not (test below)."""
+    judge = judge_lib.Judge()
+    slow, level = ranks(1.0, {0: 0.4, 1: 0.4, 2: 0.4, 3: 0.0}), ranks(1.0, {0: 0.01, 1: 0.02, 2: 0.015, 3: 0.0})
+    seen = [judge.see(r, t) for t, r in zip(range(0, 25, 5), [slow, slow, slow, level, slow])]
+    assert seen[:4] == [None] * 4 and (seen[4].rank, seen[4].since) == (3, 0), seen
+
+
 @pytest.mark.parametrize(
     "what, series",
     [
@@ -311,3 +320,31 @@ def test_a_gpu_held_down_on_one_node_is_named_from_nvml_while_the_steps_show_not
     (w.job_dir / "stop").touch()
     code, err = w.finish(timeout=120)
     assert code == 0 and "straggler: rank 1 on node2" in err, err
+
+
+def test_a_rank_held_to_a_cpu_quota_is_named_with_its_node(cluster, tmp_path):
+    """The reference trainer on 2 nodes; node2's trainer is then held to 5 % of a CPU by a cgroup's quota (the
+    noisy neighbour, the container with too small a share): it is named, the slow one, with its node, from the
+    ranks' waits; the job, told only, runs on until cancelled."""
+    import sys
+    import time
+
+    from helpers import cpu_quota, kit, launch_wait, wait_for
+
+    train = [sys.executable, "-m", "kit.train", "--max-steps", "100000", "--step-delay", "0.05", "--log-every", "50"]
+    w = launch_wait(tmp_path, "--nodes", "2", command=train)
+    wait_for(
+        lambda: len(r := judge_lib.latest(w.job_dir)) == 2 and all("step_seconds" in v for _, v in r.values()),
+        120,
+        what="both ranks' waits",
+    )
+    node, pid = (w.job_dir / "progress" / "r0" / "task-1").read_text().split()[:2]
+    onset = time.time()
+    with cpu_quota(int(pid), 0.05):
+        named = wait_for(lambda: judge_lib.read(w.job_dir), 90, poll=0.5, what="a straggler verdict")
+    (slow,) = named
+    assert (slow.rank, slow.node, slow.by) == (1, node, "step") and slow.factor >= 1.25, slow
+    assert slow.at - onset <= 60 and "they wait" in slow.evidence, slow
+    assert kit("cancel", str(w.job_dir)).returncode == 0
+    code, err = w.finish(timeout=120)
+    assert code == 80 and f"straggler: rank 1 on {node}" in err, err

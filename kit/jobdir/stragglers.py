@@ -24,7 +24,8 @@ from kit.jobdir.runs import fields_text
 
 SLOWER = 1.25  # compute per step this many times the other ranks' median ...
 AT_LEAST = 0.02  # ... and this many seconds more: a slowdown worth a verdict
-SUSTAINED = 20.0  # seconds a rank stays the outlier before it is named
+SUSTAINED = 20.0  # seconds a rank stays the outlier before it is named ...
+MISSES = 0.25  # ... seen level with the others in at most this share of the judgements meanwhile
 FRESH = 30.0  # a rank file this much older than the newest is another run's
 
 
@@ -52,10 +53,19 @@ def latest(job_dir: str | Path) -> dict[int, tuple[str, dict]]:
 
 
 class Judge:
-    """Sees the ranks' figures again and again; names the rank that stays the outlier (:meth:`see`)."""
+    """Sees the ranks' figures again and again; names the rank that stays the outlier (:meth:`see`): the outlier in
+    every judgement since it became one but at most :data:`MISSES` of them (a throttle's rhythm, a moment's noise:
+    one judgement in four may see it level with the others; a save every other judgement is no straggler)."""
 
     def __init__(self):
         self.outlier: tuple[int, float] | None = None  # (rank, since)
+        self.hits = self.misses = 0
+
+    def _missed(self) -> None:
+        """No outlier this time, or another one: the streak holds while its misses stay within MISSES."""
+        self.misses += 1
+        if self.outlier is not None and self.misses > MISSES * (self.hits + self.misses):
+            self.outlier = None
 
     def see(self, ranks: dict[int, tuple[str, dict]], now: float) -> Straggler | None:
         timed = {
@@ -70,10 +80,15 @@ class Judge:
         slow = max(compute, key=lambda r: (compute[r], -r))
         typical = statistics.median(c for r, c in compute.items() if r != slow)
         if compute[slow] < SLOWER * typical or compute[slow] - typical < AT_LEAST:
-            self.outlier = None
+            self._missed()
             return None
-        if self.outlier is None or self.outlier[0] != slow:
-            self.outlier = (slow, now)
+        if self.outlier is not None and self.outlier[0] != slow:
+            self._missed()
+        if self.outlier is None:
+            self.outlier, self.hits, self.misses = (slow, now), 0, 0
+        if self.outlier[0] != slow:
+            return None
+        self.hits += 1
         if now - self.outlier[1] < SUSTAINED:
             return None
         waits = statistics.median(w for r, (_, _, w) in timed.items() if r != slow)
