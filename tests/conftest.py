@@ -19,6 +19,7 @@ from helpers import NO_DEVICES, REPO, Person, as_user, remove_user, require
 
 from kit import slurm
 from kit.cluster import LocalCluster
+from kit.errors import KitError
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -105,7 +106,10 @@ def cluster(kit_home) -> LocalCluster:
         return
     c = LocalCluster(kit_home)
     require("prometheus")
-    c.up(nodes=2, cpus_per_node=4, gpus_per_node=2, prometheus=True)
+    try:
+        c.up(nodes=2, cpus_per_node=4, gpus_per_node=2, prometheus=True)
+    except KitError as e:  # what the failed command said, not the message alone
+        pytest.fail(e.format(), pytrace=False)
     yield c
     c.down(force=True)
 

@@ -434,6 +434,20 @@ def test_a_rerun_without_a_snapshot_whose_directory_is_gone_is_refused_before_su
     assert sorted((tmp_path / "jobs").iterdir()) == before  # nothing written, nothing submitted
 
 
+def test_a_result_waited_for_says_the_job_is_pending_and_why(cluster, tmp_path, capfd):
+    """kit.submit(fn).result() on a held job: standard error says, while it waits, that the job waits to start,
+    why (Slurm's reason) and how to release it — once, however often it is asked."""
+    job = kitlib.submit(lambda: 1, local=True, output_dir=tmp_path / "jobs", no_exporter=True, sbatch_arg=["--hold"])
+    try:
+        with pytest.raises(kitlib.KitError, match="has not ended after 4 s"):
+            job.result(timeout=4)
+    finally:
+        job.cancel()
+    err = capfd.readouterr().err
+    assert err.count(f"kit: job {job.id} is waiting to start: PENDING, held (JobHeldUser)") == 1, err
+    assert f"release it with `scontrol release {job.id}`" in err, err
+
+
 def test_a_held_job_says_so_with_the_release_command_and_its_rerun_runs(cluster, tmp_path):
     """`--wait`, `kit ps` and Job.state() say a held job is held and how to
     release it; `kit rerun` of a job launched with --hold runs (the hold was that submission's)."""

@@ -551,3 +551,15 @@ def test_tracker_ids_with_terminal_escapes_are_shown_escaped(tmp_path):
     lines = tracker_lines(tracker_runs(tmp_path))
     assert lines[0] == "W&B run ab\\x1b]2;owned\\x07cd" and lines[1] == "MLflow run r\\x1b[2J at file:/x\\x1b[0m", lines
     assert not any(c in "".join(lines) for c in "\x1b\x07")
+
+
+def test_a_missing_sample_is_drawn_as_a_gap():
+    """Samples more than GAP seconds apart are drawn broken (a NaN between them), not bridged by a line."""
+    import math
+
+    from kit.report.plot import gapped
+    from kit.report.series import GAP
+
+    times, values = gapped([(0.0, 1.0), (5.0, 2.0), (6.0 + GAP, 3.0), (8.0 + GAP, 4.0)])
+    assert times[:2] == [0.0, 5.0] and math.isnan(values[2]) and values[3:] == [3.0, 4.0], (times, values)
+    assert gapped([(0.0, 1.0), (GAP, 2.0)]) == ([0.0, GAP], [1.0, 2.0])  # GAP apart: still one line

@@ -80,6 +80,11 @@ def test_a_sweep_runs_every_task_one_at_a_time_and_reports_each(cluster, tmp_pat
         f"{w.job_id}_1": (None, False),
         f"{w.job_id}_2": (15, True),
     }
+    # The array's id: every task's logs, each line told by its task and rank (not "has not started").
+    every = kit("logs", w.job_id, "--output-dir", str(tmp_path / "jobs"))
+    assert every.returncode == 0, every.stderr
+    assert "task 0: 0: " in every.stdout and "task 2: 1: " in every.stdout, every.stdout
+    assert "`max_steps=15` reached" in every.stdout and "`max_steps=10` reached" in every.stdout, every.stdout
     # ID_TASK names one task for kit logs and kit report.
     one = kit("logs", f"{w.job_id}_2", "--output-dir", str(tmp_path / "jobs"))
     assert one.returncode == 0 and "`max_steps=15` reached" in one.stdout and "max_steps=10" not in one.stdout, (

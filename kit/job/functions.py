@@ -59,8 +59,23 @@ class FunctionJob(Job):
         with it)."""
         if self.host is not None:
             return _results_there(self, timeout)
-        end = self.wait(timeout, until=lambda: every_rank_returned(self.dir))
+        end = self.wait(timeout, on_state=_waiting_told(self._submitted()), until=lambda: every_rank_returned(self.dir))
         return results(self.dir, self.id, end)
+
+
+def _waiting_told(job_id: str) -> Callable:
+    """A wait's ``on_state`` that tells standard error, once per reason, that the job is pending and why (Slurm's
+    reason; a held job: how to release it) — a result that does not come is not waited for in silence."""
+    told: list[str] = []
+
+    def on_state(st) -> None:
+        if st.state != "PENDING" or st.reason in ("", "None") or st.reason in told:
+            return
+        told.append(st.reason)
+        why = st.shown() if st.held else f"PENDING ({st.reason}{': ' + st.detail if st.detail else ''})"
+        print(f"kit: job {job_id} is waiting to start: {why}", file=sys.stderr, flush=True)
+
+    return on_state
 
 
 def last_frames(traceback: str, count: int = 3) -> str:

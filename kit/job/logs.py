@@ -40,7 +40,11 @@ def select(
     """The logs of run ``run`` (default: the latest) that ``rank``/``node``/``sidecar`` name; each
     rank's lines prefixed ``R: `` when ``prefixed`` (None: when more than one rank is chosen). No rank
     log yet: the batch log's end with ``batch_instead`` (`kit logs`; KitError when there is none
-    either), else nothing (``Job.logs()``: "" until a rank writes)."""
+    either), else nothing (``Job.logs()``: "" until a rank writes). An array job's (its id, not ``ID_TASK``):
+    each task's, every line prefixed ``task I: `` too."""
+    tasks = _tasks(job_dir, rank, node, run, sidecar)
+    if tasks.parts:
+        return tasks
     done = records.runs(job_dir)
     run = run if run is not None else (done[-1] if done else 0)
     d = JobDir(job_dir)
@@ -72,6 +76,18 @@ def select(
         )
     many = len(chosen) > 1 if prefixed is None else prefixed
     return Selection(tuple((d.rank_log(r, run), f"{r}: " if many else "") for r in chosen))
+
+
+def _tasks(job_dir: Path, rank: int | None, node: str | None, run: int | None, sidecar: str | None) -> Selection:
+    """An array job's tasks' logs that the request names (none: not an array job, or no task has written)."""
+    parts: list[tuple[Path, str]] = []
+    for index in records.task_indices(job_dir):
+        try:
+            task = select(JobDir(job_dir).task(index).path, rank, node, run, sidecar, True, False)
+        except KitError:  # this task has no such rank, node or sidecar log
+            continue
+        parts += [(path, f"task {index}: {prefix}") for path, prefix in task.parts]
+    return Selection(tuple(parts))
 
 
 def _batch_instead(job_dir: Path, run: int) -> Selection:

@@ -9,7 +9,7 @@ from kit import files as kit_files
 from kit.errors import KitError
 from kit.home import kit_home
 from kit.report.many import banded
-from kit.report.series import GIB, Logs, Series, _of, rates
+from kit.report.series import GAP, GIB, Logs, Series, _of, rates
 from kit.report.summary import Summary
 
 
@@ -98,7 +98,22 @@ def _pyplot():
     return plt
 
 
+def gapped(points: list) -> tuple[list, list]:
+    """``points`` as (times, values) for a line, broken (a NaN) where two samples lie more than GAP seconds apart:
+    samples that are missing are drawn as a gap, not bridged nor drawn as 0."""
+    times, values = [], []
+    for i, (t, v) in enumerate(points):
+        if i and t - points[i - 1][0] > GAP:
+            times.append((t + points[i - 1][0]) / 2)
+            values.append(float("nan"))
+        times.append(t)
+        values.append(v)
+    return times, values
+
+
 def plot(series: Series, summary: Summary, out: Path, logs: Logs | None = None) -> None:
+    """The job's picture in ``out``: a panel per metric with data (their titles in ``summary.panels``, drawn or
+    not), the runs' restarts marked."""
     panels = _panels(series)
     summary.panels = [title for title, _ in panels]
     plt = _pyplot()
@@ -110,11 +125,9 @@ def plot(series: Series, summary: Summary, out: Path, logs: Logs | None = None) 
     for ax, (title, curves) in zip(axes[:, 0], panels):
         for label, pts, style in curves:
             band = style.get("band")
+            times, values = gapped(pts)
             line = ax.plot(
-                [t - t0 for t, _ in pts],
-                [v for _, v in pts],
-                label=label,
-                **{k: v for k, v in style.items() if k != "band"},
+                [t - t0 for t in times], values, label=label, **{k: v for k, v in style.items() if k != "band"}
             )
             if band:  # min to max of many nodes' curves, under their median
                 ax.fill_between(
