@@ -563,3 +563,26 @@ def test_a_missing_sample_is_drawn_as_a_gap():
     times, values = gapped([(0.0, 1.0), (5.0, 2.0), (6.0 + GAP, 3.0), (8.0 + GAP, 4.0)])
     assert times[:2] == [0.0, 5.0] and math.isnan(values[2]) and values[3:] == [3.0, 4.0], (times, values)
     assert gapped([(0.0, 1.0), (GAP, 2.0)]) == ([0.0, GAP], [1.0, 2.0])  # GAP apart: still one line
+
+
+def test_the_report_tells_the_end_as_wait_told_it_and_nothing_a_file_made_up(tmp_path):
+    """outcome.json as kit.slurm.ends.observe keeps it: the --wait end line; Slurm's state alone (kit ps saw it):
+    that state; a state or meaning no kit wrote (an escape sequence, a lowercase word): the state at most."""
+    from kit.jobdir.layout import JobDir
+    from kit.report.summarize import _told_outcome
+
+    path = tmp_path / JobDir.OUTCOME
+    for record, told in (
+        (
+            {"state": "FAILED", "exit_code": 3, "meaning": "the command failed with exit code 3", "restarts": 1},
+            "ended FAILED after 1 restart(s): the command failed with exit code 3 (exit code 3)",
+        ),
+        ({"state": "COMPLETED"}, "ended COMPLETED"),
+        ({"state": "FAILED", "exit_code": 1, "meaning": "\x1b[2Jgone"}, "ended FAILED"),
+        ({"state": "\x1b[2J"}, None),
+        ({"state": "done"}, None),
+    ):
+        path.write_text(json.dumps(record))
+        assert _told_outcome(tmp_path) == told, record
+    path.unlink()
+    assert _told_outcome(tmp_path) is None

@@ -78,6 +78,7 @@ def test_a_hang_restarts_in_the_allocation_and_the_job_completes_there(cluster, 
     assert said == ["started", "started (restarted in the allocation)"], said
     out = kit("report", str(w.job_dir)).stdout
     assert "2 run(s), 1 restart(s) in the allocation, 0 requeue(s)" in out, out
+    assert out.splitlines()[1] == "ended COMPLETED: the work finished (exit code 0)", out  # as --wait told it
 
 
 def test_a_hang_in_every_run_spends_the_budget_inside_the_allocation_and_fails_hung(cluster, tmp_path):

@@ -209,20 +209,23 @@ def finished(job_dir: Path) -> bool:
 OUTCOME_RECORD = JobDir.OUTCOME
 
 
-def keep_outcome(job_dir: Path, state: str) -> None:
+def keep_outcome(job_dir: Path, state: str, told: dict | None = None) -> None:
     """Record the end state Slurm gave the job (``outcome.json``), so that once Slurm
-    forgets it kit tells the same end (a requeued job's later end replaces it). Only in
-    a directory of the caller's own."""
+    forgets it kit tells the same end (a requeued job's later end replaces it); with ``told`` (the end as
+    ``--wait`` tells it: exit_code, meaning, restarts) that too, for the report. Only in a directory of the
+    caller's own."""
     path = Path(job_dir) / OUTCOME_RECORD
     try:
         if os.stat(job_dir).st_uid != os.geteuid():
             return
         try:
-            if files.read_json(path, 4096).get("state") == state:
+            kept = files.read_json(path, 4096)
+            if kept.get("state") == state and (told is None or "meaning" in kept):
                 return
         except (OSError, ValueError, AttributeError):
             pass
-        files.write_atomic(path, json.dumps({"state": state, "time": round(time.time(), 3)}) + "\n")
+        record = {"state": state, "time": round(time.time(), 3), **(told or {})}
+        files.write_atomic(path, json.dumps(record) + "\n")
     except OSError:
         pass  # a read-only or full directory: the end is still told from the rest of it
 

@@ -4,10 +4,13 @@ notes."""
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import asdict
 from pathlib import Path
 
+from kit import files
+from kit.core.outcome import Outcome
 from kit.jobdir import hangs, records, stragglers, tracker_runs
 from kit.jobdir.goodput import goodput
 from kit.jobdir.layout import JobDir
@@ -147,6 +150,7 @@ def _timeline(summary: Summary, job_dir: Path) -> None:
     """What the job directory's records say of the job's time: its goodput (the GPUs' idle time from their
     samples added), its runs (a run may have left no metrics log), each run's preflight verdict and the ranks
     named stragglers."""
+    summary.ended = _told_outcome(job_dir)
     summary.goodput = goodput(job_dir)
     if summary.goodput is not None:
         summary.runs = summary.goodput.runs
@@ -170,3 +174,23 @@ def _restarts(summary: Summary, logs: Logs, checkpoints: dict[int, float]) -> No
             summary.redone_steps += max(reached - max(checkpoints.get(run, -1.0), 0.0), 0.0)
         summary.restart_gap_seconds += max(logs.runs[following][0] - logs.runs[run][1], 0.0)
     summary.lost_seconds = summary.redone_steps * (summary.mean_step_seconds or 0.0) + summary.restart_gap_seconds
+
+
+def _told_outcome(job_dir: Path) -> str | None:
+    """The job's end as ``--wait`` told it (``ended STATE: meaning (exit code N)``: kit.slurm.ends.observe keeps
+    it), where kit saw it end; Slurm's end state alone where only `kit ps` saw it; None where kit has seen no end (it
+    runs, or nobody asked)."""
+    try:
+        kept = files.read_json(Path(job_dir) / records.OUTCOME_RECORD, 4096)
+        state = kept["state"]
+        if not re.fullmatch(r"[A-Z_]{1,20}", state):  # (a record as kit writes it, or none)
+            return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    try:
+        meaning = str(kept["meaning"])
+        if not meaning.isprintable():
+            raise ValueError(meaning)
+        return Outcome(state, int(kept["exit_code"]), meaning, int(kept.get("restarts", 0))).describe()
+    except (KeyError, TypeError, ValueError):
+        return f"ended {state}"

@@ -98,6 +98,7 @@ class Summary:
     gpus: list[GpuSummary] = field(default_factory=list)
     nodes: list[NodeSummary] = field(default_factory=list)
     runs: int = 1
+    ended: str | None = None  # how the job ended, as --wait told it (kit.jobdir.records.told_outcome)
     first_loss: float | None = None
     last_loss: float | None = None
     mean_step_seconds: float | None = None
@@ -125,6 +126,8 @@ class Summary:
             if self.samples is None
             else f"samples: {self.samples:.0f} ({self.samples_per_second:.1f} samples/s)",
         ]
+        if self.ended:
+            out.insert(1, self.ended)
         if self.goodput is not None:
             out.append(self.goodput.line())
         for v in self.preflight:

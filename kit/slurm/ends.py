@@ -52,9 +52,10 @@ def observe(end: JobStatus, job_dir: Path) -> outcome.Outcome:
     (``outcome.json``: told the same once Slurm forgets the job), then what it means (:func:`job_outcome`,
     with the work's own record of being finished). ``kit launch --wait``, ``Job.wait`` and an array's
     tasks all end here."""
+    told = job_outcome(end, job_dir, records.work_finished(job_dir))
     if end.state != "GONE":
-        records.keep_outcome(job_dir, end.state)
-    return job_outcome(end, job_dir, records.work_finished(job_dir))
+        records.keep_outcome(job_dir, end.state, {k: getattr(told, k) for k in ("exit_code", "meaning", "restarts")})
+    return told
 
 
 def _never_started(code: int) -> str:
