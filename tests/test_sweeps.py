@@ -219,13 +219,14 @@ def test_cancelled_array_tasks_stay_cancelled_once_slurm_forgets_them(cluster, t
     from kit.jobdir import records
 
     w = launch_wait(tmp_path, "--sweep", "t=0,600", command=["sleep", "{t}"])
-    wait_for(
+    wait_for(  # task 0 ended in Slurm, not only its work (FINISHED comes before its batch script's end)
         lambda: (
             (task_dir(w, 0) / "FINISHED").exists()
-            and slurm.array_status(cluster.target, w.job_id, [1])[1].state == "RUNNING"
+            and {i: st.state for i, st in slurm.array_status(cluster.target, w.job_id, [0, 1]).items()}
+            == {0: "COMPLETED", 1: "RUNNING"}
         ),
         120,
-        what="task 0 finished and task 1 running",
+        what="task 0 completed and task 1 running",
     )
     done = kit("cancel", str(w.job_dir), "--reason", "enough")
     assert done.returncode == 0, done.stderr
