@@ -26,8 +26,10 @@ def pytest_collection_modifyitems(config, items) -> None:
     """Every test that uses a local cluster (the session's, or test_recovery's own 3-node one)
     is marked ``cluster``: -m 'not cluster' runs the rest. A test marked ``machine_wide`` changes what every
     process on the machine reads (/etc/hosts: an srun of the other worker's cluster, started meanwhile, never heard
-    back from its controller, nor slurmstepd from srun): pytest-xdist's workers leave it out, and the README's
-    command runs it alone after them (-m machine_wide)."""
+    back from its controller, nor slurmstepd from srun), or reads what only holds on a machine where its session's
+    cluster is the newest (an ordinary user's kit, with no SLURM_CONF, finds root's newest cluster itself: beside the
+    other worker's it found that one, which its test then took down): pytest-xdist's workers leave it out, and the
+    README's command runs it alone after them (-m machine_wide)."""
     for item in items:
         if {"cluster", "three"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.cluster)

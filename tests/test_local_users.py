@@ -218,6 +218,7 @@ HANG_THEN_DONE = (
 )
 
 
+@pytest.mark.machine_wide  # finds root's newest cluster itself: alone (tests/conftest.py)
 def test_an_ordinary_users_hung_job_is_caught_and_requeued(cluster, user):
     """As the user, with no SLURM_CONF (kit finds root's cluster of the machine itself): a job whose first run
     hangs after its first progress is caught by the watchdog (the hang report and its stacks theirs), requeued by

@@ -57,6 +57,7 @@ def repository(tmp_path: Path) -> Path:
     return repo
 
 
+@pytest.mark.machine_wide  # finds root's newest cluster itself: alone (tests/conftest.py)
 def test_an_ordinary_login_account_set_up_as_the_readme_says(cluster, user, login, tmp_path):
     """Before the README's line: kit is in ~/venv but not on the non-interactive shell's PATH, and kit says
     so, where it is and what to change (not "not installed"). With the line above Debian's guard: a launch
