@@ -366,9 +366,16 @@ kit::_suspects() {
   elif [[ -e "${KIT_PROGRESS_DIR}/straggler-stop" ]]; then
     kit::field "${KIT_PROGRESS_DIR}/straggler" node
   elif rank="$(kit::first_failure rank)"; then
-    { read -r rank _ <"${KIT_PROGRESS_DIR}/task-${rank}"; } 2>/dev/null || rank=""
-    printf '%s\n' "${rank}"
+    kit::node_of "${rank}"
   fi
+}
+
+# kit::node_of RANK: the node RANK's task ran on in this run (its launcher's record, progress/r<run>/task-<rank>);
+# nothing when it left none.
+kit::node_of() {
+  local node=""
+  { read -r node _ <"${KIT_PROGRESS_DIR}/task-$1"; } 2>/dev/null || true
+  printf '%s\n' "${node}"
 }
 
 # kit::_holds COMMAND...: 1 when COMMAND succeeds, else 0.

@@ -202,7 +202,7 @@ kit::_hang_report() {
       rank=unknown  # progress alone: every rank stops at once in a collective, the one that waits too
     fi
   fi
-  { read -r node _ <"${KIT_PROGRESS_DIR}/task-${rank}"; } 2>/dev/null || node=""
+  node="$(kit::node_of "${rank}")"
   { read -r last <"${KIT_PROGRESS_DIR}/rank-${rank}"; } 2>/dev/null || true
   summary="rank ${rank} on ${node:-?} ${why} (last progress: ${last:-none})"
   if [[ "${rank}" == unknown ]]; then

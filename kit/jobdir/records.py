@@ -230,15 +230,22 @@ def keep_outcome(job_dir: Path, state: str, told: dict | None = None) -> None:
         pass  # a read-only or full directory: the end is still told from the rest of it
 
 
+def kept_outcome(job_dir: Path) -> dict | None:
+    """``outcome.json`` as :func:`keep_outcome` writes it (its state a word of Slurm's: A-Z and _), else None."""
+    try:
+        kept = files.read_json(Path(job_dir) / OUTCOME_RECORD, 4096)
+    except (OSError, ValueError):
+        return None
+    state = kept.get("state") if isinstance(kept, dict) else None
+    return kept if isinstance(state, str) and re.fullmatch(r"[A-Z_]{1,20}", state) else None
+
+
 def recorded_state(job_dir: Path) -> str:
     """A job's end as its directory tells it (for a job the scheduler has
     forgotten): what Slurm said at its end when kit saw it (``outcome.json``);
     else COMPLETED only with the FINISHED marker."""
-    try:
-        kept = files.read_json(Path(job_dir) / OUTCOME_RECORD, 4096)
-    except (OSError, ValueError):
-        kept = None
-    if isinstance(kept, dict) and isinstance(kept.get("state"), str) and re.fullmatch(r"[A-Z_]{1,20}", kept["state"]):
+    kept = kept_outcome(job_dir)
+    if kept is not None:
         return kept["state"]
     if finished(job_dir):
         return "COMPLETED" if work_finished(job_dir) else "FAILED"

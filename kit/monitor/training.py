@@ -214,6 +214,11 @@ def _reasons(reasons: int, only_slowdowns: bool = False) -> list[str]:
     return [n for n in names if "slowdown" in n] if only_slowdowns else names
 
 
+def _all_clocks(job_dir: Path) -> dict[str, dict[str, tuple[float, int]]]:
+    """Each node's GPUs as its exporter last logged them (:func:`_gpu_clocks`)."""
+    return {n: _gpu_clocks(poll) for n, poll in _last_polls(job_dir).items()}
+
+
 def _others(clocks: dict[str, dict[str, tuple[float, int]]], node: str) -> float | None:
     """The median SM clock of the GPUs the other nodes logged (None: none did)."""
     others = [c for n, gpus in clocks.items() if n != node for c, _ in gpus.values()]
@@ -225,7 +230,7 @@ def held_down(job_dir: Path) -> dict[tuple[str, str], tuple[int, float, str]]:
     :data:`SLOW_CLOCK` of the other nodes' median — by (node, GPU index): (its place among its node's GPUs, the
     median over its clock, the evidence)."""
     found = {}
-    clocks = {n: _gpu_clocks(poll) for n, poll in _last_polls(job_dir).items()}
+    clocks = _all_clocks(job_dir)
     for node, mine in clocks.items():
         typical = _others(clocks, node)
         for place, (gpu, (clock, reasons)) in enumerate(sorted(mine.items(), key=lambda g: _index(g[0]))):
@@ -248,7 +253,7 @@ def gpu_evidence(job_dir: Path, node: str) -> str:
     """The straggler's node's GPUs as its exporter last logged them, against the other nodes' median SM clock: the
     GPUs whose clock is held down (a throttle reason but idle) or under 90 % of that median, or that none is; ''
     where the node logged no GPU."""
-    clocks = {n: _gpu_clocks(poll) for n, poll in _last_polls(job_dir).items()}
+    clocks = _all_clocks(job_dir)
     mine, typical = clocks.get(node), _others(clocks, node)
     if not mine:
         return ""

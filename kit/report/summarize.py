@@ -4,12 +4,10 @@ notes."""
 
 from __future__ import annotations
 
-import re
 import statistics
 from dataclasses import asdict
 from pathlib import Path
 
-from kit import files
 from kit.core.outcome import Outcome
 from kit.jobdir import hangs, records, stragglers, tracker_runs
 from kit.jobdir.goodput import goodput
@@ -180,13 +178,10 @@ def _told_outcome(job_dir: Path) -> str | None:
     """The job's end as ``--wait`` told it (``ended STATE: meaning (exit code N)``: kit.slurm.ends.observe keeps
     it), where kit saw it end; Slurm's end state alone where only `kit ps` saw it; None where kit has seen no end (it
     runs, or nobody asked)."""
-    try:
-        kept = files.read_json(Path(job_dir) / records.OUTCOME_RECORD, 4096)
-        state = kept["state"]
-        if not re.fullmatch(r"[A-Z_]{1,20}", state):  # (a record as kit writes it, or none)
-            return None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    kept = records.kept_outcome(job_dir)
+    if kept is None:
         return None
+    state = kept["state"]
     try:
         meaning = str(kept["meaning"])
         if not meaning.isprintable():

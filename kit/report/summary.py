@@ -98,7 +98,7 @@ class Summary:
     gpus: list[GpuSummary] = field(default_factory=list)
     nodes: list[NodeSummary] = field(default_factory=list)
     runs: int = 1
-    ended: str | None = None  # how the job ended, as --wait told it (kit.jobdir.records.told_outcome)
+    ended: str | None = None  # how the job ended, as --wait told it (kit.report.summarize._told_outcome)
     first_loss: float | None = None
     last_loss: float | None = None
     mean_step_seconds: float | None = None
