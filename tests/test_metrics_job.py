@@ -19,6 +19,7 @@ from helpers import job_processes, read_logs, submit, wait_for, wait_no_processe
 from kit import slurm
 
 TRAIN = [sys.executable, "-m", "kit.train"]
+OWN_PORTS = "19700-19719"  # no other test's range
 
 
 def query(cluster, promql: str) -> list:
@@ -32,8 +33,15 @@ def exporters(job_dir) -> list[int]:
 
 
 def test_prometheus_discovers_both_exporters_during_a_two_node_job(cluster, tmp_path):
+    # Ports of its own: beside this test another worker's jobs take the first free port of the default range, the
+    # one this job's exporter has just given back (CI: "Address already in use" below).
     job = submit(
-        tmp_path, "--nodes", "2", command=[*TRAIN, "--max-steps", "400", "--step-delay", "0.05", "--log-every", "50"]
+        tmp_path,
+        "--nodes",
+        "2",
+        "--exporter-ports",
+        OWN_PORTS,
+        command=[*TRAIN, "--max-steps", "400", "--step-delay", "0.05", "--log-every", "50"],
     )
     job_id, job_dir = job["job_id"], job["job_dir"]
     targets_dir = cluster.prometheus_targets
@@ -47,6 +55,7 @@ def test_prometheus_discovers_both_exporters_during_a_two_node_job(cluster, tmp_
         (entry,) = json.loads(f.read_text())
         assert entry["labels"]["slurm_job_id"] == job_id and "job" not in entry["labels"]
         ports.append(int(entry["targets"][0].rsplit(":", 1)[1]))
+    assert all(19700 <= p <= 19719 for p in ports), ports
     sel = f'{{slurm_job_id="{job_id}"}}'
     node_series = wait_for(
         lambda: (r := query(cluster, f"node_load1{sel}")) and len(r) == 2 and r,
