@@ -56,20 +56,28 @@ def debian_base() -> Path:
 
 @pytest.fixture(scope="session")
 def cpu_image(debian_base, tmp_path_factory) -> Path:
-    """containers/cpu-lightning.toml built once per session: kit's own image (no `ip` in it)."""
+    """containers/cpu-lightning.toml built once per run: kit's own image (no `ip` in it). The workers of one run
+    share it (the first builds it, the others wait for it: ~100 s of 2 cores each saved); no test writes to it."""
+    import fcntl
+
     from helpers import kit
 
-    out = tmp_path_factory.mktemp("images") / "cpu-lightning.sqsh"
-    proc = kit(
-        "build",
-        str(REPO / "containers" / "cpu-lightning.toml"),
-        "-o",
-        str(out),
-        "--base",
-        f"rootfs={debian_base}",
-        timeout=1200,
-    )
-    assert proc.returncode == 0, proc.stderr
+    root = tmp_path_factory.getbasetemp()
+    shared = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    out = shared / "cpu-lightning.sqsh"
+    with open(shared / "cpu-lightning.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.exists():  # kit build writes it whole or not at all
+            proc = kit(
+                "build",
+                str(REPO / "containers" / "cpu-lightning.toml"),
+                "-o",
+                str(out),
+                "--base",
+                f"rootfs={debian_base}",
+                timeout=1200,
+            )
+            assert proc.returncode == 0, proc.stderr
     return out
 
 

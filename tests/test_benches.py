@@ -106,7 +106,7 @@ def test_bench_failslow_quick(cluster):
     assert "the right rank and node named" in out and "verdict -> next run first step" in out, out
     right = next(line for line in out.splitlines() if line.startswith("the right rank and node named"))
     assert right.split()[-2] == "True", out
-    assert "run end -> next run start (in the allocation)" in out and "requeue / restart in the allocation" in out, out
+    assert "run end -> next run start (in the allocation)" in out and "false verdicts in a clean run" in out, out
 
 
 def test_bench_snapshot_quick():
