@@ -67,6 +67,7 @@ export KIT_EXPORTER_PORTS
 readonly KIT_TARGETS_DIR
 if [[ -n "${KIT_TARGETS_DIR}" ]]; then export KIT_PROMETHEUS_TARGETS="${KIT_TARGETS_DIR}"; fi
 readonly KIT_HOST_PYTHON
+readonly KIT_NOTIFY_PYTHON  # --notify: the Python with kit that sends the job's events ('' : none)
 if [[ -n "${KIT_HOST_PYTHON}" ]]; then export KIT_PYTHON="${KIT_HOST_PYTHON}"; fi
 # The job's own variables (--env), KEY=VALUE each; their values are literal by design.
 readonly -a KIT_ENV
@@ -146,6 +147,7 @@ kit::batch() {
   kit::early_warning
   kit::catch_up_runs
   kit::start_heartbeat
+  kit::start_notify
   while :; do  # kit::conclude returns only when the next run starts in this allocation
     kit::tracker_env
     kit::restore_code

@@ -194,13 +194,18 @@ kit::requeue() {
   if ! scontrol update JobId="${SLURM_JOB_ID}" StartTime="now+${KIT_REQUEUE_DELAY}" 2>/dev/null; then
     kit::log "the next run waits for Slurm's hold after a requeue (scontrol update StartTime was refused)"
   fi
+  local left=""
   if [[ -n "${suspect}" ]]; then
     if excluded="$(kit::_spared "${suspect}")" && scontrol update JobId="${SLURM_JOB_ID}" ExcNodeList="${excluded}"; then
+      left="; the next run leaves out ${excluded}"
       kit::log "the next run leaves out ${excluded}"
     else
       kit::log "the next run may use ${suspect} again: the partition has no node to spare"
     fi
   fi
+  printf '%s\n' "${why}${left}" >"${KIT_PROGRESS_DIR}/.requeued"
+  mv -f "${KIT_PROGRESS_DIR}/.requeued" "${KIT_PROGRESS_DIR}/requeued"
+  kit::notify_last
   exit 0
 }
 
@@ -434,7 +439,17 @@ kit::conclude() {
     return 0
   fi
   if [[ -n "${why}" ]]; then kit::requeue "${why//\{rc\}/${rc}}" "${KIT_SUSPECT_NODE}" || true; fi
-  exit "$(kit::_ending_code "${code}")"
+  kit::_exit_job "$(kit::_ending_code "${code}")"
+}
+
+# kit::_exit_job CODE: the batch script's last word, then its exit with the job's code: exited.json (stopped: a
+# stop signal came, and what follows is Slurm's to say: a cancel, a requeue of its own, the time limit), and
+# --notify's last sends.
+kit::_exit_job() {
+  printf '{"code": %d, "run": %d, "stopped": %d}\n' "$1" "${KIT_RESTART}" "${KIT_STOPPING}" >"${KIT_PROGRESS_DIR}/.exited.json"
+  mv -f "${KIT_PROGRESS_DIR}/.exited.json" "${KIT_PROGRESS_DIR}/exited.json"
+  kit::notify_last
+  exit "$1"
 }
 
 # kit::_ending_code WORDS: the job's exit code, the first of WORDS that gives one (kit.core.ending.Ending.code):

@@ -301,6 +301,24 @@ kit::start_heartbeat() {
   fi
 }
 
+# kit::start_notify: --notify's watcher, sending the job's events as they happen, each once (kit.notify.deliver;
+# from / : never a kit of the code's). A node without that Python leaves them to the next kit command that looks.
+kit::start_notify() {
+  [[ -n "${KIT_NOTIFY_PYTHON}" ]] || return 0
+  if [[ ! -x "${KIT_NOTIFY_PYTHON}" ]]; then
+    kit::log "--notify: ${KIT_NOTIFY_PYTHON} is not on this node: the events wait for the next kit command that sees the job"
+    return 0
+  fi
+  kit::spawn notify env -C / "${KIT_NOTIFY_PYTHON}" -m kit.notify watch "${KIT_JOB_DIR}"
+}
+
+# kit::notify_last: the watcher stopped, what it did not send, within seconds (the batch script's end).
+kit::notify_last() {
+  [[ -n "${KIT_NOTIFY_PYTHON}" && -x "${KIT_NOTIFY_PYTHON}" ]] || return 0
+  kit::stop_background
+  timeout -k 1 10 env -C / "${KIT_NOTIFY_PYTHON}" -m kit.notify last "${KIT_JOB_DIR}" <&"${KIT_NULL_FD}" || true
+}
+
 # kit::run_step: the srun step of launcher.sh, watched for hangs; its exit code in
 # KIT_STEP_RC (the first failing rank's, when srun reports another).
 kit::run_step() {

@@ -165,7 +165,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kit.runner", "kit.jobdir", "kit.remote"),
     # the job model; the exporter (runs in images); the code store
     ("kit.core", "kit.monitor", "kit.code.store"),
-    ("kit.train", "kit.image", "kit.slurm", "kit.report", "kit.code.snapshot", "kit.preflight"),
+    ("kit.train", "kit.image", "kit.slurm", "kit.report", "kit.code.snapshot", "kit.preflight", "kit.notify"),
     # a job written and submitted; the local cluster
     ("kit.submission", "kit.cluster"),
     # where a job goes

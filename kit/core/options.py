@@ -370,6 +370,15 @@ OPTIONS: tuple[Option, ...] = (
         metavar="OPTION",
     ),
     Option(
+        "notify",
+        LIST,
+        SUBMISSION,
+        "Send the job's events (started, first step, warned, hang, straggler, requeued, ended) to TARGET, each "
+        "once: https://HOST/PATH (JSON), slack:https://HOST/PATH or mailto:ADDRESS[?smtp=HOST[:PORT]] (repeatable).",
+        default=[],
+        metavar="TARGET",
+    ),
+    Option(
         "dry_run", FLAG, SUBMISSION, "Write the job directory and print the sbatch line; submit nothing.", spec=False
     ),
     Option("wait", FLAG, SUBMISSION, "Block until the job ends; exit with its exit code.", spec=False),

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kit.core import command, options, sidecar
+from kit.core import notify as targets
 from kit.core import sweep as sweep_lib
 from kit.core.command import MAX_ENV_STRING
 from kit.core.values import (
@@ -194,6 +195,7 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
         s.code = str(_absolute(s.code, cwd))
     for item in s.after:
         parse_after(item, origins.label("after"))
+    parsed("notify", targets.parse_all)
     tasks, params = _resolve_tasks(s, origins)
     _check_container(s, origins, warnings)
     if s.time is None and any(n in origins for n in ("signal", "signal_lead", "max_restarts")):

@@ -28,7 +28,11 @@ KINDS = (
     "hang",
     "straggler",
     "run-ended",
+    "restarted",
+    "requeued",
     "cancelled",
+    "stopped",
+    "exited",
     "ended",
 )
 
@@ -88,7 +92,37 @@ def _run_events(d: JobDir, times, record, before) -> list[Event]:
         when = record.end_ms / 1000 if record.end_ms is not None else record.time
         if when is not None:
             out.append(Event(float(when), "run-ended", text, r))
+            if record.then == "restart":
+                out.append(
+                    Event(float(when), "restarted", f"restarting in the allocation after run {r} ({record.end})", r)
+                )
+    if (when := mtime(progress / JobDir.REQUEUED)) is not None:
+        out.append(Event(when, "requeued", f"requeued: {_line(progress / JobDir.REQUEUED)}", r))
+    if (exited := _exited(progress, r)) is not None:
+        out.append(exited)
     return out
+
+
+def _line(path: Path) -> str:
+    """A record's first line, as printable text (a record is the job's own, but a terminal shows it)."""
+    try:
+        text = files.read_text(path, 4096).splitlines()[0]
+    except (OSError, IndexError, ValueError):
+        return "?"
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def _exited(progress: Path, r: int) -> Event | None:
+    """The batch script's last word after run ``r`` (``exited.json``): the job's exit code, as prelaunch decided it
+    (``exited``), or that a stop signal ended it (``stopped``: the job's end, or its next run, is Slurm's to tell)."""
+    record, when = _json(progress / JobDir.EXITED), mtime(progress / JobDir.EXITED)
+    code = record.get("code")
+    if not isinstance(code, int) or when is None:
+        return None
+    if record.get("stopped"):
+        why = "a stop signal came (a cancel, a requeue or preemption by Slurm, the time limit): Slurm says what follows"
+        return Event(when, "stopped", f"the batch script ended with exit code {code}: {why}", r)
+    return Event(when, "exited", f"the batch script ended with exit code {code}", r)
 
 
 def events(job_dir: str | Path) -> list[Event]:

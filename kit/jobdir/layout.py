@@ -37,6 +37,9 @@ class JobDir:
     # Written by the job.
     FINISHED = "FINISHED"  # the work is done: the job never runs (or requeues) again
     RUNS = "runs.jsonl"  # one line per run: how it ended
+    NOTIFY = "notify"  # --notify's: sent.jsonl (one line per event and target sent or given up), lock
+    NOTIFY_SENT = "sent.jsonl"
+    NOTIFY_LOCK = "lock"
     STRAGGLERS = "stragglers.json"  # the ranks named slow, with their evidence (kit.jobdir.stragglers)
     CHECKPOINT_STEP = "checkpoint_step"
     LOGS = "logs"
@@ -68,6 +71,8 @@ class JobDir:
     PREFLIGHT = "preflight"  # --preflight: the verdict over every node (verdict=, nodes=, why=, checked=)
     STRAGGLER = "straggler"  # the run's first straggler verdict (rank=, node=, factor=, why=: kit.jobdir.stragglers)
     STRAGGLER_STOP = "straggler-stop"  # --on-straggler requeue: prelaunch warned the command for it
+    REQUEUED = "requeued"  # prelaunch requeued the job after this run: why (one line)
+    EXITED = "exited.json"  # the batch script's last word after this run: {"code", "run", "stopped"}
     # In hang/r<run>/ (after a hang: the watchdog asks, every rank answers).
     HANG_REQUEST = "request"  # "rank=R": the suspect; the launchers dump their stacks
     HANG_STACKS = "rank-{rank}.txt"  # a rank's process states and stacks
@@ -193,6 +198,8 @@ class JobDir:
             cls.PREFLIGHT,
             cls.STRAGGLER,
             cls.STRAGGLER_STOP,
+            cls.REQUEUED,
+            cls.EXITED,
         }
         hang = {cls.HANG_REQUEST, cls.HANG_STACKS, cls.HANG_REPORT, cls.HANG_STOP}
         logs = {
@@ -221,6 +228,7 @@ class JobDir:
             | {f"{cls.LOGS}/{n}" for n in logs}
             | {f"{cls.RESULTS}/{cls.RESULT}", f"{cls.RESULTS}/{cls.ERROR}"}
             | {f"{cls.TRACKER}/{n}" for n in (cls.TRACKER_STEP, cls.TRACKER_MLFLOW, cls.TRACKER_TENSORBOARD)}
+            | {cls.NOTIFY, f"{cls.NOTIFY}/{cls.NOTIFY_SENT}", f"{cls.NOTIFY}/{cls.NOTIFY_LOCK}"}
         )
 
     def task_record(self, run: int, rank: int | str) -> Path:

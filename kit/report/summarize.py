@@ -13,6 +13,7 @@ from kit.jobdir import hangs, records, stragglers, tracker_runs
 from kit.jobdir.goodput import goodput
 from kit.jobdir.layout import JobDir
 from kit.jobdir.runs import read_verdict
+from kit.notify import ledger
 from kit.report.series import IDLE_UTIL, Logs, Series, _of, _steady_pairs, increase, mean_rate
 from kit.report.summary import MIN_SECONDS, GpuSummary, NodeSummary, Summary, notes
 
@@ -159,6 +160,7 @@ def _timeline(summary: Summary, job_dir: Path) -> None:
         {"run": run, **v} for run in d.run_dirs(JobDir.PROGRESS) if (v := read_verdict(d.run_progress(run)))
     ]
     summary.stragglers = [asdict(s) for s in stragglers.read(job_dir)]
+    summary.undelivered = [{k: str(u.get(k)) for k in ("key", "shown", "error")} for u in ledger.undelivered(job_dir)]
 
 
 def _restarts(summary: Summary, logs: Logs, checkpoints: dict[int, float]) -> None:

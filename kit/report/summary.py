@@ -115,6 +115,7 @@ class Summary:
     goodput: Goodput | None = None  # the job's time in parts, and the share that trained (kit.jobdir.goodput)
     preflight: list[dict] = field(default_factory=list)  # --preflight: each run's verdict (kit.preflight.verdict)
     stragglers: list[dict] = field(default_factory=list)  # the ranks named slow (kit.jobdir.stragglers)
+    undelivered: list[dict] = field(default_factory=list)  # --notify's given-up sends: key, shown, error
     tflops: float | None = None  # rank 0's device, mean over the job: the model's TFLOP/s (kit.train.mfu)
     mfu: float | None = None  # of the device's peak (kit.monitor.peaks); None: n/a
 
@@ -277,6 +278,10 @@ def notes(s: Summary, min_seconds: float = MIN_SECONDS) -> list[Note]:
                 f"{s.restart_gap_seconds:.0f} s between runs",
             )
         )
+    out += [
+        ("warning", "", "", f"a notification was not delivered: {u['key']} to {u['shown']}: {printable(u['error'])}")
+        for u in s.undelivered
+    ]
     rated = sorted((n for n in s.nodes if n.samples_per_second is not None), key=lambda n: n.samples_per_second)
     if len(rated) > 1:
         median = statistics.median(n.samples_per_second for n in rated)

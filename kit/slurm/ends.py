@@ -55,6 +55,9 @@ def observe(end: JobStatus, job_dir: Path) -> outcome.Outcome:
     told = job_outcome(end, job_dir, records.work_finished(job_dir))
     if end.state != "GONE":
         records.keep_outcome(job_dir, end.state, {k: getattr(told, k) for k in ("exit_code", "meaning", "restarts")})
+        from kit.notify import deliver
+
+        deliver.catch_up(job_dir)  # --notify: what a killed batch script could not send
     return told
 
 

@@ -138,6 +138,8 @@ def job_values(job: ResolvedJob, job_dir: Path, the_step: Step | None = None) ->
         "KIT_TARGETS_DIR": s.prometheus_targets or "",
         # Outside a container the exporter runs on the Python that has kit (this one).
         "KIT_HOST_PYTHON": "" if job.image else sys.executable,
+        # --notify's watcher runs on the batch node's host: the Python that has kit, the one submitting it.
+        "KIT_NOTIFY_PYTHON": sys.executable if s.notify else "",
         # launcher.sh
         "KIT_RANK_MAPPING": [f"{name}={source}" for name, source in slurm.RANK_MAPPING],
         "KIT_PER_NODE_LAUNCHER": "1" if per_node else "0",

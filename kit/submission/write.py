@@ -65,8 +65,9 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
         _write_tasks(job, tmp)
         if job.snapshot is not None:
             snapshots.materialize(job.snapshot, JobDir(tmp).code, tmp / JobDir.CODE_LIST)
-        (tmp / JobDir.SPEC).write_text(json.dumps(spec_record(job), indent=2, sort_keys=True) + "\n")
-        (tmp / JobDir.SBATCH).write_text(json.dumps(argv, indent=2) + "\n")
+        # job.json holds --env's and --notify's values: its user's alone, whatever the directory becomes.
+        files.create(tmp / JobDir.SPEC, json.dumps(spec_record(job), indent=2, sort_keys=True) + "\n", mode=0o600)
+        files.create(tmp / JobDir.SBATCH, json.dumps(argv, indent=2) + "\n", mode=0o600)
         os.rename(tmp, final)
     except OSError as e:
         files.remove_tree(tmp)

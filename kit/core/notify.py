@@ -1,0 +1,65 @@
+"""Where ``--notify`` sends a job's events: parsed and checked once, shown without their secret.
+
+``https://HOST/PATH`` (or ``http://``): a JSON webhook (one POST per event); ``slack:https://…``: a Slack
+incoming webhook (``{"text": …}``); ``mailto:ADDRESS`` (``?smtp=HOST[:PORT]`` for an SMTP host the user names; else
+the node's ``sendmail``, else ``localhost:25``). A webhook's path and query are its secret: they live in the job's
+own files (mode 0600) and are shown as ``https://HOST/…`` everywhere kit prints a target.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from dataclasses import dataclass
+
+from kit.errors import KitError
+
+WEBHOOK, SLACK, MAIL = "webhook", "slack", "mail"
+HINT = "give https://HOST/PATH (a JSON webhook), slack:https://HOST/PATH or mailto:ADDRESS[?smtp=HOST[:PORT]]"
+_ADDRESS = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?")
+_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?")
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str  # WEBHOOK, SLACK or MAIL
+    address: str  # the URL, or the mail address
+    smtp: str = ""  # MAIL: HOST[:PORT] the user named ('' : sendmail, else localhost)
+
+    def shown(self) -> str:
+        """The target without its secret: ``https://hooks.example/…``, ``mailto:ops@example.org``."""
+        if self.kind == MAIL:
+            return f"mailto:{self.address}"
+        url = urllib.parse.urlsplit(self.address)
+        return ("slack:" if self.kind == SLACK else "") + f"{url.scheme}://{url.hostname}/…"
+
+
+def _url(value: str, given: str) -> str:
+    url = urllib.parse.urlsplit(value)
+    if url.scheme not in ("https", "http") or not url.hostname or not value.isprintable() or " " in value:
+        raise KitError(f"not a web address: {given!r}", hint=HINT)
+    return value
+
+
+def parse(value: str) -> Target:
+    """One ``--notify`` value as a :class:`Target`; a KitError (the caller names the field) when it is none."""
+    if not isinstance(value, str) or not value:
+        raise KitError(f"expected a notification target, got {value!r}", hint=HINT)
+    shown = value.split("//")[0] + "//…" if "//" in value else value  # never a URL's path: its secret
+    if value.startswith("slack:"):
+        return Target(SLACK, _url(value[len("slack:") :], shown))
+    if value.startswith("mailto:"):
+        address, _, query = value[len("mailto:") :].partition("?")
+        if not _ADDRESS.fullmatch(address):
+            raise KitError(f"not a mail address: {address!r}", hint=HINT)
+        smtp = urllib.parse.parse_qs(query).get("smtp", [""])[-1] if query else ""
+        if query and (not smtp or not _HOST.fullmatch(smtp) or set(urllib.parse.parse_qs(query)) != {"smtp"}):
+            raise KitError(f"a mailto: target takes ?smtp=HOST[:PORT] only, got {query!r}", hint=HINT)
+        return Target(MAIL, address, smtp)
+    if value.startswith(("https://", "http://")):
+        return Target(WEBHOOK, _url(value, shown))
+    raise KitError(f"expected a notification target, got {shown!r}", hint=HINT)
+
+
+def parse_all(values) -> tuple[Target, ...]:
+    return tuple(parse(v) for v in values)

@@ -1,0 +1,316 @@
+"""--notify (issue 44 item 1): a job's events sent to a JSON webhook, Slack and mail, each exactly once across a
+restart in the allocation, an admin's requeue and a slurmctld restart, within seconds; a dead or silent receiver
+costs the job nothing and `kit report` says what was not delivered; the URL's secret is in no process's argv, no log
+and no file another user can read. Receivers on loopback: a counting HTTP server and a small SMTP server."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import socketserver
+import stat
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from helpers import kit, read_logs, release_requeued, scontrol, wait_for
+
+from kit.core import notify as targets
+from kit.errors import KitError
+from kit.jobdir import JobDir
+from kit.notify import deliver, ledger
+
+SECRET = "T0KEN-s3cret-9f2c"
+
+
+class Receiver:
+    """A loopback HTTP server that keeps every POST (path, JSON body, arrival time); ``delay`` seconds before it
+    answers, ``status`` its answer."""
+
+    def __init__(self, delay: float = 0.0, status: int = 200):
+        self.got: list[tuple[str, dict, float]] = []
+        self.delay, self.status = delay, status
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.got.append((self.path, body, time.time()))
+                time.sleep(outer.delay)
+                self.send_response(outer.status)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def bodies(self, path: str) -> list[dict]:
+        return [b for p, b, _ in self.got if p == path]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Smtp(socketserver.ThreadingTCPServer):
+    """Enough SMTP to take a mail: each DATA kept in ``mails``."""
+
+    allow_reuse_address = True
+    daemon_threads = True
+
+    def __init__(self):
+        self.mails: list[str] = []
+        outer = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self):
+                self.wfile.write(b"220 test ESMTP\r\n")
+                while line := self.rfile.readline():
+                    verb = line[:4].upper()
+                    if verb == b"DATA":
+                        self.wfile.write(b"354 go on\r\n")
+                        data = []
+                        while (row := self.rfile.readline()) not in (b".\r\n", b""):
+                            data.append(row.decode())
+                        outer.mails.append("".join(data))
+                        self.wfile.write(b"250 kept\r\n")
+                    elif verb == b"QUIT":
+                        self.wfile.write(b"221 bye\r\n")
+                        return
+                    else:
+                        self.wfile.write(b"250 ok\r\n")
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.server_address[1]}"
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+# ---------------------------------------------------------------- targets
+
+
+def test_targets_parse_and_never_show_their_secret():
+    hook = targets.parse(f"https://hooks.example.org/services/{SECRET}?x=1")
+    assert (hook.kind, hook.shown()) == ("webhook", "https://hooks.example.org/…")
+    slack = targets.parse(f"slack:https://hooks.slack.com/services/{SECRET}")
+    assert (slack.kind, slack.shown()) == ("slack", "slack:https://hooks.slack.com/…")
+    mail = targets.parse("mailto:ops@example.org?smtp=mail.example.org:2525")
+    assert (mail.kind, mail.address, mail.smtp) == ("mail", "ops@example.org", "mail.example.org:2525")
+    assert targets.parse("mailto:me@host").smtp == ""
+    for bad in (f"ftp://x/{SECRET}", f"slack:ftp://x/{SECRET}", "mailto:nobody", "mailto:a@b?cc=x", "webhook", ""):
+        with pytest.raises(KitError) as e:
+            targets.parse(bad)
+        assert SECRET not in e.value.format() and "https://HOST/PATH" in (e.value.hint or ""), e.value.format()
+
+
+def test_a_bad_target_is_one_message_and_exit_2_and_a_good_one_stays_private(tmp_path):
+    proc = kit("launch", "--dry-run", "--output-dir", str(tmp_path), "--notify", f"ftp://x/{SECRET}", "--", "true")
+    assert proc.returncode == 2 and proc.stderr.startswith("kit: --notify: "), proc.stderr
+    assert SECRET not in proc.stderr + proc.stdout and "Traceback" not in proc.stderr
+    url = f"https://hooks.example.org/{SECRET}"
+    proc = kit(
+        "launch", "--dry-run", "--json", "--output-dir", str(tmp_path), "--notify", url, "--", "true", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert SECRET not in proc.stdout + proc.stderr
+    job_dir = Path(json.loads(proc.stdout)["job_dir"])
+    assert json.loads((job_dir / JobDir.SPEC).read_text())["notify"] == [url]
+    assert_private(job_dir)
+
+
+def assert_private(job_dir: Path) -> None:
+    """The secret only in files no one else can read, under directories no one else can enter."""
+    holding = []
+    for root, _dirs, names in os.walk(job_dir):
+        for name in names:
+            path = Path(root) / name
+            if path.is_file() and not path.is_symlink() and SECRET.encode() in path.read_bytes():
+                holding.append(path)
+                assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path
+    assert holding, "the spec keeps the target"
+    assert stat.S_IMODE(job_dir.stat().st_mode) & 0o077 == 0
+
+
+# ---------------------------------------------------------------- delivery, from a job directory
+
+
+def job_dir_with(tmp_path: Path, *notify: str) -> Path:
+    d = tmp_path / "job"
+    (d / "progress" / "r0").mkdir(parents=True, mode=0o700)
+    (d / JobDir.SPEC).write_text(json.dumps({"notify": list(notify), "job_name": "unit"}))
+    (d / JobDir.JOB_ID).write_text("42\n")
+    (d / "progress" / "r0" / JobDir.STEP_START).write_text(f"{time.time()}\n")
+    return d
+
+
+def exited(d: Path, code: int, run: int = 0) -> None:
+    (d / "progress" / f"r{run}" / JobDir.EXITED).write_text(json.dumps({"code": code, "run": run, "stopped": 0}))
+
+
+def test_each_event_goes_once_to_each_target_and_a_second_sender_sends_nothing(tmp_path, receiver):
+    smtp = Smtp()
+    try:
+        d = job_dir_with(
+            tmp_path,
+            receiver.url + f"/hook/{SECRET}",
+            f"slack:{receiver.url}/slack",
+            f"mailto:me@x.org?smtp={smtp.address}",
+        )
+        assert deliver.deliver(d) == 3  # started, to each
+        exited(d, 3)
+        assert deliver.last_word(d) == 3 and deliver.last_word(d) == 0 and deliver.deliver(d) == 0
+    finally:
+        smtp.shutdown()
+        smtp.server_close()
+    hooks = receiver.bodies(f"/hook/{SECRET}")
+    assert [(b["key"], b["event"]) for b in hooks] == [("started:0:0", "started"), ("ended", "ended")]
+    end = hooks[1]
+    assert end["text"] == "ended: the command failed with exit code 3 (exit code 3)" and end["exit_code"] == 3
+    assert end["job_id"] == "42" and end["job_name"] == "unit"
+    assert [b["text"] for b in receiver.bodies("/slack")] == [
+        "kit job 42 (unit): started",
+        f"kit job 42 (unit): {end['text']}",
+    ]
+    assert len(smtp.mails) == 2 and "Subject: kit job 42 (unit): started" in smtp.mails[0]
+    # Slurm's end seen later by a kit command is the same "ended": not sent again.
+    (d / JobDir.OUTCOME).write_text(json.dumps({"state": "FAILED", "time": time.time()}))
+    deliver.catch_up(d)
+    assert len(receiver.got) == 4 and all(r["ok"] for r in ledger.read(d))
+
+
+def test_a_dead_or_silent_receiver_is_given_up_on_in_bounded_time_and_recorded(tmp_path):
+    silent = Receiver(delay=30)
+    failing = Receiver(status=503)
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    try:
+        d = job_dir_with(
+            tmp_path, f"http://127.0.0.1:{dead.getsockname()[1]}/{SECRET}", silent.url + "/s", failing.url + "/f"
+        )
+        began = time.monotonic()
+        deliver.deliver(d)  # "started"
+        took = time.monotonic() - began
+    finally:
+        dead.close()
+        failing.close()
+        silent.server.shutdown()
+    # refused: 3 tries 1 s apart; silent: one try of 3 s (it may have arrived: never sent twice); 503: 3 tries.
+    assert took < 4 * deliver.PAUSE + deliver.TIMEOUT + 3, took
+    assert len(silent.got) == 1 and len(failing.got) == 3
+    given_up = ledger.undelivered(d)
+    assert len(given_up) == 3 and SECRET not in json.dumps(given_up)
+    assert {r["shown"] for r in given_up} == {"http://127.0.0.1/…"}
+    assert any("it may have arrived" in r["error"] for r in given_up)
+    assert any("HTTP 503" in r["error"] for r in given_up)
+    assert deliver.deliver(d) == 0  # given up is done: never sent again
+
+
+def test_the_last_word_keeps_its_deadline_and_leaves_the_rest_to_the_next_sender(tmp_path):
+    silent = Receiver(delay=30)
+    try:
+        d = job_dir_with(tmp_path, silent.url + "/a", silent.url + "/b")
+        exited(d, 0)
+        began = time.monotonic()
+        sent = deliver.last_word(d, seconds=3.5)
+        took = time.monotonic() - began
+    finally:
+        silent.server.shutdown()
+    assert took < 4.5 and sent == 1, (took, sent)  # one 3 s try; the next had too little time left
+    assert [r["key"] for r in ledger.read(d)] == ["started:0:0"]
+
+
+def test_a_job_without_targets_or_with_a_foreign_spec_sends_nothing(tmp_path, receiver):
+    d = job_dir_with(tmp_path)
+    assert deliver.deliver(d) == 0 and not (d / JobDir.NOTIFY).exists()
+    d2 = job_dir_with(tmp_path / "b", receiver.url + "/x")
+    os.chmod(d2 / JobDir.SPEC, 0o666)  # anyone could have written it: not trusted
+    assert deliver.deliver(d2) == 0 and receiver.got == []
+
+
+# ---------------------------------------------------------------- a real job
+
+
+def test_a_job_restarted_requeued_and_through_a_controller_restart_tells_each_event_once(cluster, tmp_path, receiver):
+    """Run 0 fails (exit 3) and restarts in its allocation (--on-failure restart); run 1 trains through a slurmctld
+    killed and started again, then an admin requeues it; run 2 finishes. The webhook and Slack each get every event
+    once, each within 5 s of its time; the secret is in no argv, log or readable file."""
+    script = tmp_path / "run.sh"
+    script.write_text(
+        'if [ "$KIT_RESTART" = 0 ]; then sleep 1; exit 3; fi\n'
+        f"exec {sys.executable} -m kit.train --max-steps 600 --step-delay 0.05 --checkpoint-every 20 --log-every 50\n"
+    )
+    hook, slack = f"{receiver.url}/hook/{SECRET}", f"slack:{receiver.url}/slack/{SECRET}"
+    proc = kit(
+        "launch", "--local", "--json", "--heartbeat", "0", "--output-dir", str(tmp_path / "jobs"),
+        "--on-failure", "restart", "--max-restarts", "3", "--notify", hook, "--notify", slack,
+        "--", "bash", str(script), cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    job_id, job_dir = json.loads(proc.stdout)["job_id"], Path(json.loads(proc.stdout)["job_dir"])
+    keys = lambda: [b["key"] for b in receiver.bodies(f"/hook/{SECRET}")]  # noqa: E731
+    wait_for(lambda: "first-step:1:0" in keys(), 120, what="run 1's first step told")
+    argv = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert SECRET not in argv
+    ctld = cluster.state().pids["slurmctld"]
+    os.kill(ctld, 9)
+    time.sleep(3)
+    up = kit("cluster", "up", env={"KIT_HOME": str(cluster.home)})
+    assert up.returncode == 0 and "restarting slurmctld" in up.stderr, up.stderr
+    scontrol(cluster, "requeue", job_id)
+    release_requeued(cluster, job_id, job_dir, restarts=1)
+    wait_for(lambda: "ended" in keys(), 180, what="the end told")
+    time.sleep(2)  # anything sent twice would have come by now
+    want = ["started:0:0", "restarted:0:0", "started:1:0", "first-step:1:0", "stopped:1:0"]
+    want += ["started:2:0", "first-step:2:0", "ended"]
+    assert keys() == want, keys()
+    assert [b["text"].split(": ", 1)[1] for b in receiver.bodies(f"/slack/{SECRET}")] == [
+        b["text"] for b in receiver.bodies(f"/hook/{SECRET}")
+    ]
+    end = receiver.bodies(f"/hook/{SECRET}")[-1]
+    assert end["text"] == "ended: the work finished (exit code 0)" and end["goodput_line"].startswith("goodput"), end
+    hooked = [(b, at) for p, b, at in receiver.got if p == f"/hook/{SECRET}"]
+    late = [(b["key"], round(at - b["time"], 1)) for b, at in hooked if at - b["time"] > 5]
+    print("event -> webhook, s:", {b["key"]: round(at - b["time"], 2) for b, at in hooked})
+    assert late == [], late
+    assert SECRET not in read_logs(job_dir)
+    assert_private(job_dir)
+    events = kit("events", str(job_dir))
+    assert events.returncode == 0 and "restarting in the allocation after run 0 (failed)" in events.stdout, (
+        events.stdout
+    )
+    assert "the batch script ended with exit code 0" in events.stdout
+
+
+def test_a_dead_receiver_never_fails_the_job_and_the_report_says_what_was_not_delivered(cluster, tmp_path):
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))  # bound, never listening: refused
+    try:
+        target = f"http://127.0.0.1:{dead.getsockname()[1]}/{SECRET}"
+        proc = kit(
+            "launch", "--local", "--wait", "--heartbeat", "0", "--output-dir", str(tmp_path / "jobs"),
+            "--notify", target, "--", sys.executable, "-c", "print('work done')", cwd=tmp_path,
+        )  # fmt: skip
+    finally:
+        dead.close()
+    assert proc.returncode == 0 and "ended COMPLETED" in proc.stderr, proc.stderr
+    job_dir = next((tmp_path / "jobs").iterdir())
+    given_up = ledger.undelivered(job_dir)
+    assert [r["key"] for r in given_up] == ["started:0:0", "ended"], given_up
+    report = kit("report", str(job_dir), "-o", str(tmp_path / "r.png"), "--prometheus", "http://127.0.0.1:1")
+    assert report.returncode == 0, report.stderr
+    assert "a notification was not delivered: ended to http://127.0.0.1/…" in report.stdout, report.stdout
+    assert SECRET not in report.stdout + report.stderr + read_logs(job_dir)
