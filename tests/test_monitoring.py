@@ -148,3 +148,84 @@ def test_grafana_dashboard_is_importable_and_uses_real_series():
             assert 'slurm_job_id=~"$job_id"' in expr, panel["title"]
             metrics = set(re.findall(r"\b([A-Za-z_][A-Za-z0-9_]*)\{", expr))
             assert metrics and metrics <= known, (panel["title"], metrics - known)
+
+
+def test_alertmanager_config_is_valid():
+    require("amtool")
+    proc = subprocess.run(["amtool", "check-config", str(MON / "alertmanager.yml")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_alertmanager_routes_kit_alert_rules_to_a_webhook(tmp_path):
+    """Debian's Prometheus with kit's rules and Debian's Alertmanager with monitoring/alertmanager.yml (its
+    receiver's URL a loopback webhook, its waits shortened): a lost GPU in a job's scrape reaches the webhook as
+    KitGpuLost with the job, node and GPU, firing — the same kind of receiver --notify posts a job's events to."""
+    import time
+    import urllib.request
+
+    from helpers import Receiver, wait_for
+
+    from kit.cluster.processes import free_ports
+
+    require("prometheus")
+    require("prometheus-alertmanager")
+    receiver = Receiver()
+    exposition = b'# TYPE gpu_lost gauge\ngpu_lost{gpu="0"} 1\n'
+    metrics = Receiver()  # an exporter's answer: a GET of /metrics
+    metrics.server.RequestHandlerClass.do_GET = lambda h: (
+        h.send_response(200),
+        h.send_header("Content-Type", "text/plain; version=0.0.4"),
+        h.end_headers(),
+        h.wfile.write(exposition),
+    )
+    prom_port, am_port = free_ports(2)
+    am = yaml.safe_load((MON / "alertmanager.yml").read_text())
+    am["receivers"][0]["webhook_configs"][0]["url"] = receiver.url + "/alerts"
+    am["route"].update(group_wait="1s", group_interval="1s")
+    (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(am))
+    shutil.copytree(MON / "rules", tmp_path / "rules")
+    prom = yaml.safe_load((MON / "prometheus.yml").read_text())
+    prom["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+    prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{am_port}"]
+    host = metrics.url.removeprefix("http://")
+    labels = {"slurm_job_id": "42", "node": "node1"}
+    prom["scrape_configs"] = [{"job_name": "kit", "static_configs": [{"targets": [host], "labels": labels}]}]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom))
+    logs = [open(tmp_path / f"{n}.log", "w") for n in ("alertmanager", "prometheus")]
+    procs = [
+        subprocess.Popen(
+            ["prometheus-alertmanager", f"--config.file={tmp_path / 'alertmanager.yml'}",
+             f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{am_port}",
+             "--cluster.listen-address="],
+            stdout=logs[0], stderr=subprocess.STDOUT,
+        ),
+        subprocess.Popen(
+            ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{prom_port}"],
+            stdout=logs[1], stderr=subprocess.STDOUT,
+        ),
+    ]  # fmt: skip
+    try:
+        began = time.time()
+        alerts = wait_for(
+            lambda: [a for _, body, _ in receiver.got for a in body["alerts"]],
+            60,
+            what="KitGpuLost at the webhook",
+        )
+        took = time.time() - began
+        (alert,) = alerts
+        assert alert["status"] == "firing" and alert["labels"]["alertname"] == "KitGpuLost", alert
+        assert {k: alert["labels"][k] for k in ("slurm_job_id", "node", "gpu")} == {**labels, "gpu": "0"}
+        assert alert["annotations"]["summary"] == "GPU 0 of node1 is lost"
+        print(f"a lost GPU's scrape -> the webhook: {took:.1f} s (1 s scrapes and evaluations)")
+        with urllib.request.urlopen(f"http://127.0.0.1:{prom_port}/api/v1/alertmanagers", timeout=5) as r:
+            assert json.load(r)["data"]["activeAlertmanagers"], "Prometheus found the Alertmanager"
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+        for f in logs:
+            f.close()
+        receiver.close()
+        metrics.close()

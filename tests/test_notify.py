@@ -14,11 +14,10 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from helpers import kit, read_logs, release_requeued, scontrol, wait_for
+from helpers import Receiver, kit, read_logs, release_requeued, scontrol, wait_for
 
 from kit.core import notify as targets
 from kit.errors import KitError
@@ -26,38 +25,6 @@ from kit.jobdir import JobDir
 from kit.notify import deliver, ledger
 
 SECRET = "T0KEN-s3cret-9f2c"
-
-
-class Receiver:
-    """A loopback HTTP server that keeps every POST (path, JSON body, arrival time); ``delay`` seconds before it
-    answers, ``status`` its answer."""
-
-    def __init__(self, delay: float = 0.0, status: int = 200):
-        self.got: list[tuple[str, dict, float]] = []
-        self.delay, self.status = delay, status
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.got.append((self.path, body, time.time()))
-                time.sleep(outer.delay)
-                self.send_response(outer.status)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def bodies(self, path: str) -> list[dict]:
-        return [b for p, b, _ in self.got if p == path]
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 class Smtp(socketserver.ThreadingTCPServer):
