@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from helpers import read_logs, runs, submit, wait_for, wait_no_processes
+from helpers import kit, read_logs, runs, submit, wait_for, wait_no_processes
 
 import kit as kitlib
 from kit import slurm
@@ -92,6 +92,8 @@ def test_warning_checkpoints_requeues_and_resumes_from_the_saved_step(cluster, j
     assert saved_step > 0
     assert (job_dir / "checkpoints" / "last.ckpt").exists()
     assert "requeueing (restart 1 of 3)" in read_logs(job_dir)
+    why = (job_dir / "progress" / "r0" / "requeued").read_text()  # the requeue is a record (kit events, --notify)
+    assert why.strip() and why.strip() in read_logs(job_dir), why
     # Slurm would hold the requeued job for 2 minutes (BeginTime): prelaunch gave it an
     # earlier begin time itself, so the next run comes without help from this test.
 
@@ -116,6 +118,9 @@ def test_warning_checkpoints_requeues_and_resumes_from_the_saved_step(cluster, j
     end = slurm.wait(cluster.target, job_id, timeout=90)
     assert end.state == "CANCELLED" and end.restarts == 1, (end, read_logs(job_dir)[-3000:])
     assert wait_no_processes(job_dir, 5) == []
+    events = kit("events", str(job_dir)).stdout
+    assert f"run 0   requeued: {why.strip()}" in events and "run 1   started (requeued)" in events, events
+    assert "run 1   the batch script ended with exit code" in events and "a stop signal came" in events, events
 
 
 def test_retry_budget_is_honoured(cluster, jobs):
