@@ -175,7 +175,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # kit trim; kit.Job, kit.launch
     ("kit.code.trim", "kit.job.reading", "kit.job.api"),
     # kit.submit / kit.map: FunctionJob(Job)
-    ("kit.job.functions",),
+    ("kit.job.functions", "kit.ui"),
     # the commands (and kit there's); `kit` re-exports the API lazily
     ("kit.cli", "kit.remote.server", "kit.__main__", "kit"),
 )

@@ -41,6 +41,7 @@ COMMANDS = {
     "cancel": "kit.cli.jobs:cancel",
     "rerun": "kit.cli.jobs:rerun",
     "events": "kit.cli.jobs:events",
+    "ui": "kit.cli.ui:ui",
     "build": "kit.cli.build:build",
     "inspect": "kit.cli.build:inspect",
     "cluster": "kit.cli.cluster:cluster",

@@ -9,10 +9,8 @@ from pathlib import Path
 
 import click
 
-from kit.core.options import OUTPUT_DIR
+from kit.cli.common import OUTPUT_DIR_LOOKUP, output_dirs
 from kit.errors import KitError
-
-_OUTPUT_DIR = click.option("--output-dir", default=OUTPUT_DIR, show_default=True, help="Where to look up a job id.")
 
 
 def _job(job: str, output_dir: str) -> tuple[Path, str]:
@@ -44,14 +42,7 @@ def _job(job: str, output_dir: str) -> tuple[Path, str]:
     help="Every job kit knows [default: active jobs, and ended ones submitted in the last 24 hours].",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per job, as a list.")
-@click.option(
-    "--output-dir",
-    "output_dirs",
-    multiple=True,
-    default=(OUTPUT_DIR,),
-    show_default=True,
-    help="Also look for job directories here (repeatable); jobs kit submitted are always known.",
-)
+@output_dirs("Also look for job directories here (repeatable); jobs kit submitted are always known.")
 @click.option(
     "-t",
     "--tasks",
@@ -110,7 +101,7 @@ def _age_seconds(text: str) -> float:
 @click.command()
 @click.argument("job")
 @click.option("--reason", default=None, metavar="TEXT", help="Why: recorded in the job directory.")
-@_OUTPUT_DIR
+@OUTPUT_DIR_LOOKUP
 def cancel(job, reason, output_dir):
     """Cancel JOB (an id or a job directory), recording who and why in its directory.
 
@@ -137,7 +128,7 @@ def cancel(job, reason, output_dir):
 @click.option(
     "--errors", is_flag=True, help="Per run, the first rank that failed by itself: node, code, its last lines."
 )
-@_OUTPUT_DIR
+@OUTPUT_DIR_LOOKUP
 def logs(job, rank, node, restart, sidecar, follow, errors, output_dir):
     """Show JOB's log (an id or a job directory): every rank's output, rank-prefixed."""
     from kit.job import api
@@ -192,7 +183,7 @@ def logs(job, rank, node, restart, sidecar, follow, errors, output_dir):
     help="Change a field first, as a job file writes it: --edit nodes=4 --edit time='\"1:00:00\"' (repeatable).",
 )
 @click.option("--wait", "wait_", is_flag=True, help="Block until the new job ends; exit with its exit code.")
-@_OUTPUT_DIR
+@OUTPUT_DIR_LOOKUP
 def rerun(job, edits, wait_, output_dir):
     """Submit JOB again: a new job with its resolved spec (job.json), in a new directory.
 
@@ -212,7 +203,7 @@ def rerun(job, edits, wait_, output_dir):
 @click.command()
 @click.argument("job")
 @click.option("--json", "as_json", is_flag=True, help="The events as JSON: time (Unix seconds), kind, text, run.")
-@_OUTPUT_DIR
+@OUTPUT_DIR_LOOKUP
 def events(job, as_json, output_dir):
     """What happened to JOB (an id or a job directory), in order, across its runs.
 

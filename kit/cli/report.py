@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from kit.core.options import OUTPUT_DIR
+from kit.cli.common import OUTPUT_DIR_LOOKUP
 from kit.errors import KitError
 
 FORMATS = (".png", ".svg", ".pdf")
@@ -35,7 +35,7 @@ FORMATS = (".png", ".svg", ".pdf")
     show_default=True,
     help="Utilisation notes need this many seconds of samples (shorter jobs say too little).",
 )
-@click.option("--output-dir", default=OUTPUT_DIR, show_default=True, help="Where to look up a job id.")
+@OUTPUT_DIR_LOOKUP
 def report(job, output, prometheus, min_seconds, output_dir):
     """What JOB (an id or a job directory) used of what it held: panels, a summary and notes.
 

@@ -6,18 +6,11 @@ from pathlib import Path
 
 import click
 
-from kit.core.options import OUTPUT_DIR
+from kit.cli.common import output_dirs
 
 
 @click.command()
-@click.option(
-    "--output-dir",
-    "output_dirs",
-    multiple=True,
-    default=(OUTPUT_DIR,),
-    show_default=True,
-    help="Also look here for jobs, and for a code store beside them (repeatable).",
-)
+@output_dirs("Also look here for jobs, and for a code store beside them (repeatable).")
 @click.option(
     "--keep",
     "keep",

@@ -114,11 +114,13 @@ def _row(
     )
 
 
-def list_jobs(output_dirs: list[Path], *, everything: bool = False, now: float | None = None) -> list[JobRow]:
+def list_jobs(
+    output_dirs: list[Path], *, everything: bool = False, now: float | None = None, only: list[Path] | None = None
+) -> list[JobRow]:
     """Rows for kit's known jobs, newest first: every active job, and (without
-    ``everything``) ended ones submitted in the last 24 hours."""
+    ``everything``) ended ones submitted in the last 24 hours; ``only``: these job directories' rows."""
     now = time.time() if now is None else now
-    dirs = records.known_job_dirs(output_dirs)
+    dirs = records.known_job_dirs(output_dirs) if only is None else only
     by_target: dict[slurm.Target, list[Path]] = {}
     known: dict[Path, tuple[dict[str, slurm.JobStatus], str | None]] = {}
     for d in dirs:
