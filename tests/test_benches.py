@@ -39,6 +39,7 @@ def test_every_bench_has_a_quick_mode_run_here():
         "gpu_check.py",
         "bench_remote.py",
         "bench_failslow.py",
+        "bench_notify.py",
     }  # bench_remote's quick run: tests/test_remote.py (its sshd)
     assert here == tested, f"a bench without a quick run in the suite: {here - tested}"
     for path in [*BENCH.glob("bench_*.py"), BENCH / "gpu_check.py"]:
@@ -107,6 +108,14 @@ def test_bench_failslow_quick(cluster):
     right = next(line for line in out.splitlines() if line.startswith("the right rank and node named"))
     assert right.split()[-2] == "True", out
     assert "run end -> next run start (in the allocation)" in out and "false verdicts in a clean run" in out, out
+
+
+def test_bench_notify_quick(cluster):
+    """bench_notify's quick run on the session's cluster: every event once, within its target, the pages timed."""
+    out = run_bench("bench_notify.py", "--kit-home", str(cluster.home), timeout=300)
+    rows = {line[:52].strip(): line[52:].split() for line in out.splitlines() if len(line) > 52}
+    assert rows["duplicates"][0] == "0" and rows["losses"][0] == "0", out
+    assert int(rows["events delivered"][0]) >= 3 and "job page, 64 nodes" in out, out  # started, first step, ended
 
 
 def test_bench_snapshot_quick():

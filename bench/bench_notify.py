@@ -1,0 +1,221 @@
+"""Notifications and the job page, measured in one run (issue 44 item 4).
+
+    python bench/bench_notify.py [--quick] [--kit-home DIR] [--pages N]
+
+1. A 2-node job of the reference trainer with --notify to a webhook on loopback, requeued twice by an admin
+   (scontrol requeue) with slurmctld killed and started again in between (--quick: one run, no requeue): each
+   event's time (its record's) to the webhook's receipt, median and worst (target: <= 5 s); duplicates (a key the
+   webhook got twice) and losses (an event kit's timeline tells that never came), target 0 and 0.
+2. `kit ui`'s job page through its HTTP server, median of --pages loads: the running 2-node job's, and a 64-node
+   job directory's (every rank's metrics and task record, a batch log), side by side, with their ratio
+   (target: <= 200 ms for 64 nodes). The job list's time beside them.
+
+--kit-home DIR uses the local cluster already up there (the suite's); else a throw-away one of 2 nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from common import wait_for  # noqa: E402
+
+from kit import slurm  # noqa: E402
+from kit.cluster import LocalCluster  # noqa: E402
+from kit.jobdir import JobDir  # noqa: E402
+from kit.jobdir.events import events  # noqa: E402
+from kit.jobdir.metrics import write_rank_metrics  # noqa: E402
+from kit.notify import deliver  # noqa: E402
+from kit.ui import server  # noqa: E402
+
+TRAIN = [sys.executable, "-m", "kit.train", "--step-delay", "0.05", "--checkpoint-every", "20", "--log-every", "100"]
+
+
+class Webhook:
+    """A loopback receiver: every POST's JSON body with its arrival time."""
+
+    def __init__(self):
+        self.got: list[tuple[dict, float]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                outer.got.append((json.loads(self.rfile.read(int(self.headers["Content-Length"]))), time.time()))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def launch(cluster: LocalCluster, out: Path, *args: str) -> tuple[str, Path]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "kit", "launch", "--local", "--json", "--heartbeat", "0", "--output-dir", str(out), *args],
+        capture_output=True, text=True, cwd=out.parent, env={**os.environ, "KIT_HOME": str(cluster.home)},
+    )  # fmt: skip
+    if proc.returncode:
+        sys.exit(f"bench_notify: kit launch failed ({proc.returncode}): {proc.stderr.strip()}")
+    job = json.loads(proc.stdout)
+    return job["job_id"], Path(job["job_dir"])
+
+
+def requeue(cluster: LocalCluster, job_id: str, restarts: int) -> None:
+    """An admin's requeue, the next run started at once (not after Slurm's 121 s hold) once the last is gone."""
+    env = {**os.environ, **cluster.target.env}
+    subprocess.run(["scontrol", "requeue", job_id], env=env, check=True, capture_output=True)
+    wait_for(lambda: slurm.job_status(cluster.target, job_id).restarts == restarts, 90, poll=0.5)
+    stepd = f"slurmstepd: [{job_id}."
+    wait_for(lambda: stepd not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout, 60)
+    time.sleep(2)  # slurmd refuses a credential issued in the second its last one was revoked
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, capture_output=True)
+
+
+def restart_controller(cluster: LocalCluster) -> None:
+    os.kill(cluster.state().pids["slurmctld"], signal.SIGKILL)
+    time.sleep(3)
+    up = subprocess.run([sys.executable, "-m", "kit", "cluster", "up"], capture_output=True, text=True,
+                        env={**os.environ, "KIT_HOME": str(cluster.home)})  # fmt: skip
+    if up.returncode:
+        sys.exit(f"bench_notify: kit cluster up failed: {up.stderr.strip()}")
+
+
+def notify_job(cluster: LocalCluster, out: Path, quick: bool, hook: Webhook, ui: server.Ui, pages: int) -> dict:
+    steps = "300" if quick else "1500"
+    job_id, job_dir = launch(cluster, out, "--nodes", "2", "--max-restarts", "3", "--notify", hook.url,
+                             "--", *TRAIN, "--max-steps", steps)  # fmt: skip
+    wait_for(lambda: len(list(job_dir.glob("metrics/*/rank-*.json"))) == 2, 120, poll=0.5)
+    page_2 = page_times(ui, job_id, pages)
+    list_times = timed(lambda: ui.answer("/", {}), pages)
+    if not quick:
+        for n in (1, 2):
+            wait_for(lambda: any(b["key"] == f"first-step:{n - 1}:0" for b, _ in hook.got), 120, poll=0.5)
+            if n == 2:
+                restart_controller(cluster)
+            requeue(cluster, job_id, n)
+    slurm.wait(cluster.target, job_id, timeout=600)
+    wait_for(lambda: any(b["key"] == "ended" for b, _ in hook.got), 60, poll=0.5)
+    time.sleep(2)  # a duplicate would have come by now
+    keys = [b["key"] for b, _ in hook.got]
+    told = [key for key, _ in deliver.keyed(events(job_dir))]
+    latency = [at - b["time"] for b, at in hook.got]
+    return {
+        "runs": 1 if quick else 3,
+        "events": len(keys),
+        "duplicates": len(keys) - len(set(keys)),
+        "losses": len(set(told) - set(keys)),
+        "median": statistics.median(latency),
+        "worst": max(latency),
+        "page_2": page_2,
+        "list": statistics.median(list_times),
+    }
+
+
+def timed(call, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        began = time.perf_counter()
+        call()
+        out.append(time.perf_counter() - began)
+    return out
+
+
+def page_times(ui: server.Ui, job_id: str, n: int) -> float:
+    """The median load of the job's page through the server's HTTP path (the token's cookie, the whole answer)."""
+    running = server.start(ui)
+    threading.Thread(target=running.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{running.server_address[1]}/job/{job_id}"
+    request = urllib.request.Request(url, headers={"Cookie": f"{server.COOKIE}={ui.token}"})
+    try:
+        urllib.request.urlopen(request, timeout=30).read()  # the list's first look, as a person's first click
+        return statistics.median(timed(lambda: urllib.request.urlopen(request, timeout=30).read(), n))
+    finally:
+        running.shutdown()
+        running.server_close()
+
+
+def sixty_four_nodes(root: Path) -> str:
+    """A 64-node job's directory as a run leaves it (as tests/test_ui.py's): its id."""
+    d = root / "kit-64"
+    progress = d / "progress" / "r0"
+    progress.mkdir(parents=True)
+    now = time.time()
+    (d / JobDir.SPEC).write_text(json.dumps({"job_name": "wide", "nodes": 64}))
+    (d / JobDir.JOB_ID).write_text("990064\n")
+    (d / JobDir.SLURM).write_text(json.dumps({"conf": str(root / "no-such-slurm.conf")}))
+    (progress / JobDir.STEP_START).write_text(f"{now - 60}\n")
+    (progress / JobDir.TIMELINE.format(rank=0)).write_text(f"first {now - 50} 1\n")
+    (d / JobDir.LOGS).mkdir()
+    (d / JobDir.LOGS / JobDir.BATCH_LOG.format(job_id="990064")).write_text("[kit] run 0: 64 node(s)\n" * 200)
+    for rank in range(64):
+        node = f"node{rank + 1:02d}"
+        (progress / JobDir.TASK.format(rank=rank)).write_text(f"{node} {1000 + rank} {now - 55}\n")
+        values = {"step": 420.0, "loss": 2.5, "samples_per_second": 95.0, "last_step_timestamp_seconds": now}
+        write_rank_metrics(d / JobDir.METRICS / node, rank, values)
+    return "990064"
+
+
+def measure(cluster: LocalCluster, tmp: Path, quick: bool, pages: int) -> None:
+    hook = Webhook()
+    out = tmp / "jobs"
+    out.mkdir()
+    ui = server.Ui((str(out),))
+    got = notify_job(cluster, out, quick, hook, ui, pages)
+    wide = sixty_four_nodes(out)
+    page_64 = page_times(ui, wide, pages)
+    print(f"notifications, a 2-node job, {got['runs']} run(s)" + ("" if quick else ", a slurmctld restart between"))
+    print(f"{'measure':<52}{'value':>12}{'target':>12}")
+    print(f"{'events delivered':<52}{got['events']:>12d}{'-':>12}")
+    print(f"{'event -> webhook, median':<52}{got['median']:>11.2f}s{'-':>12}")
+    print(f"{'event -> webhook, worst':<52}{got['worst']:>11.2f}s{'<= 5 s':>12}")
+    print(f"{'duplicates':<52}{got['duplicates']:>12d}{'0':>12}")
+    print(f"{'losses':<52}{got['losses']:>12d}{'0':>12}")
+    print(f"{'job list (kit ui /), median of ' + str(pages):<52}{1000 * got['list']:>10.0f}ms{'-':>12}")
+    print(f"{'job page, 2 nodes (running), median of ' + str(pages):<52}{1000 * got['page_2']:>10.0f}ms{'-':>12}")
+    print(f"{'job page, 64 nodes, median of ' + str(pages):<52}{1000 * page_64:>10.0f}ms{'<= 200 ms':>12}")
+    print(f"{'  64 nodes / 2 nodes':<52}{page_64 / got['page_2']:>11.2f}x{'-':>12}")
+    met = got["worst"] <= 5 and got["duplicates"] == 0 and got["losses"] == 0 and page_64 <= 0.2
+    print("targets met" if met else "TARGETS MISSED")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="one run, no requeue; 5 page loads (the suite's run)")
+    ap.add_argument("--kit-home", help="a KIT_HOME whose local cluster is up (default: a throw-away cluster)")
+    ap.add_argument("--pages", type=int, default=None, help="page loads to take the median of [20; --quick 5]")
+    args = ap.parse_args()
+    pages = args.pages or (5 if args.quick else 20)
+    with tempfile.TemporaryDirectory() as d:
+        if args.kit_home:
+            cluster = LocalCluster(Path(args.kit_home))
+            if not cluster.running():
+                sys.exit(f"bench_notify: no local cluster is running under {args.kit_home}")
+            measure(cluster, Path(d), args.quick, pages)
+            return
+        cluster = LocalCluster(Path(d) / "home")
+        cluster.up(nodes=2, cpus_per_node=2)
+        try:
+            measure(cluster, Path(d), args.quick, pages)
+        finally:
+            cluster.down(force=True)
+
+
+if __name__ == "__main__":
+    main()
