@@ -246,6 +246,45 @@ def test_logs_follow_streams_and_a_client_that_goes_away_leaves_nothing_there(cl
     subprocess.run(["scancel", job["job_id"]], env={**os.environ, **cluster.target.env}, check=False)
 
 
+def test_ui_on_the_login_node_is_served_here_through_the_master_and_ends_with_ctrl_c(
+    cluster, user, hosts, laptop, there
+):
+    """`kit --host kit-login ui`: kit ui runs there (as the user), its port forwarded through kit's master: the
+    address printed here holds its token, the list shows the job there, a request without the token gets 403, and
+    Ctrl-C here ends it there."""
+    import http.cookiejar
+    import urllib.error
+    import urllib.request
+
+    job = submit_as(user, hosts, there, "--nodes", "1", command="bash -c 'echo hello; sleep 300'")
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "kit", "--host", "kit-login", "ui", "--output-dir", str(there)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **laptop},
+    )  # fmt: skip
+
+    def left():
+        ps = subprocess.run(
+            ["pgrep", "-u", str(user.pw_uid), "-f", "kit (ui|remote-args)"], capture_output=True, text=True
+        )
+        return ps.stdout.split()
+
+    try:
+        address = ui.stdout.readline().strip()
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/\?token=[A-Za-z0-9_-]+", address), (address, ui.stderr.read())
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+        page = browser.open(address, timeout=30).read().decode()
+        assert f'href="/job/{job["job_id"]}"' in page and BANNER not in page, page
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(address.split("?")[0], timeout=30)
+        assert refused.value.code == 403
+        assert left(), "kit ui runs on the login node"
+    finally:
+        ui.send_signal(signal.SIGINT)
+        assert ui.wait(timeout=30) == 0, ui.stderr.read()
+        subprocess.run(["scancel", job["job_id"]], env={**os.environ, **cluster.target.env}, check=False)
+    wait_for(lambda: not left(), 30, what="kit ui on the login node to end")
+
+
 def test_logs_follow_rides_through_a_dropped_connection_without_a_line_twice(cluster, user, hosts, laptop, there):
     """The master connection is killed mid-follow (a network drop): kit connects again and the log goes on
     from where it was — every line once, in order, to the job's end."""

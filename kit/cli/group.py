@@ -157,6 +157,10 @@ def main(argv: list[str] | None = None) -> None:
                 from kit.cli.report import report_here  # the picture comes here
 
                 sys.exit(report_here(ssh.Host.of(host), rest[rest.index("report") + 1 :]))
+            if command == ["ui"]:
+                from kit.remote import tunnel  # the pages come here, through the master connection
+
+                sys.exit(tunnel.ui(ssh.Host.of(host), rest))
             sys.exit(client.run(ssh.Host.of(host), rest, follow=_follows(rest)))
         rv = cli.main(args=args, prog_name="kit", standalone_mode=False)
     except KitError as e:

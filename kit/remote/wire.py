@@ -26,7 +26,7 @@ MARK = b"\x1ekit "
 RECORD_LIMIT = 64 << 20
 NOISE_LIMIT = 1 << 20
 # The commands that run on the login node (the rest run where kit is called).
-COMMANDS = ("launch", "ps", "logs", "cancel", "report", "rerun", "trim", "cluster", "events")
+COMMANDS = ("launch", "ps", "logs", "cancel", "report", "rerun", "trim", "cluster", "events", "ui")
 # kit there's own commands, which only the laptop calls (kit's command line loads them as its others).
 SERVER_COMMANDS = {
     name: f"kit.remote.server:{name.replace('-', '_')}"
