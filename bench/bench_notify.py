@@ -98,7 +98,7 @@ def restart_controller(cluster: LocalCluster) -> None:
 
 
 def notify_job(cluster: LocalCluster, out: Path, quick: bool, hook: Webhook, ui: server.Ui, pages: int) -> dict:
-    steps = "300" if quick else "1500"
+    steps = "100" if quick else "1500"
     job_id, job_dir = launch(cluster, out, "--nodes", "2", "--max-restarts", "3", "--notify", hook.url,
                              "--", *TRAIN, "--max-steps", steps)  # fmt: skip
     wait_for(lambda: len(list(job_dir.glob("metrics/*/rank-*.json"))) == 2, 120, poll=0.5)

@@ -218,7 +218,7 @@ def test_a_job_restarted_requeued_and_through_a_controller_restart_tells_each_ev
     script = tmp_path / "run.sh"
     script.write_text(
         'if [ "$KIT_RESTART" = 0 ]; then sleep 1; exit 3; fi\n'
-        f"exec {sys.executable} -m kit.train --max-steps 600 --step-delay 0.05 --checkpoint-every 20 --log-every 50\n"
+        f"exec {sys.executable} -m kit.train --max-steps 400 --step-delay 0.05 --checkpoint-every 20 --log-every 50\n"
     )
     hook, slack = f"{receiver.url}/hook/{SECRET}", f"slack:{receiver.url}/slack/{SECRET}"
     proc = kit(
