@@ -111,6 +111,7 @@ if (( KIT_SWEEP_TASK )); then mapfile -d '' -t KIT_COMMAND <"${KIT_JOB_DIR}/comm
 readonly KIT_COMMAND
 readonly KIT_STOP_GRACE
 readonly KIT_PREFLIGHT KIT_PREFLIGHT_WAIT=300  # --preflight; how long the first node waits for every node's record
+readonly KIT_PREFLIGHT_NETWORK  # --preflight-network: the nodes' local ranks 0 test the links together
 # Sidecars, three words each: name, a program that must exist ('' for none),
 # and the bash command that runs it. Local rank 0 starts them, one per node.
 readonly -a KIT_SIDECARS
@@ -214,14 +215,15 @@ kit::deliver() {
     caught=""
     while read -r key value rest; do
       if [[ "${key}" == SigCgt: ]]; then caught="${value}"; fi
-    done 2>&"${KIT_NULL_FD}" <"${KIT_PROC}/${pid}"/status || return 0
-    [[ -n "${caught}" ]] || return 0
+    done 2>&"${KIT_NULL_FD}" <"${KIT_PROC}/${pid}"/status || { kit::log "the command (pid ${pid}) is gone: SIG${sig} not passed on"; return 0; }
+    [[ -n "${caught}" ]] || { kit::log "the command (pid ${pid}) shows no signal handlers: SIG${sig} not passed on"; return 0; }
     if (( (16#${caught} >> bit) & 1 )) && [[ "$(tr '\0' ' ' <"${KIT_PROC}/${pid}"/cmdline 2>&"${KIT_NULL_FD}")" != "${mine}" ]]; then
       : >"${KIT_PROGRESS_DIR}/warned-${RANK}"
       if kill -s "${sig}" "${pid}" 2>&"${KIT_NULL_FD}"; then
         kit::log "sent SIG${sig} to the command (pid ${pid})"
       else
         rm -f "${KIT_PROGRESS_DIR}/warned-${RANK}"
+        kit::log "the command (pid ${pid}) is gone: SIG${sig} not passed on"
       fi
       return 0
     fi
@@ -315,9 +317,13 @@ kit::on_signal() {
 kit::preflight() {
   local -r verdict="${KIT_PROGRESS_DIR}/preflight" python="${KIT_PYTHON:-python3}" log="${KIT_NODE_LOG_PREFIX}.preflight.log"
   local word="" naps=0
+  local -a network=()
+  if (( KIT_PREFLIGHT_NETWORK )); then
+    network=(--network "${MASTER_ADDR}:${MASTER_PORT}" --rank "${SLURM_NODEID:-0}" --nodes "${SLURM_STEP_NUM_NODES:-${SLURM_NNODES:-1}}")
+  fi
   if (( LOCAL_RANK == 0 )); then
     "${python}" -m kit.preflight node --node "${KIT_NODE}" --out "${KIT_PROGRESS_DIR}/preflight-${KIT_NODE}.json" \
-      >>"${log}" 2>&1 || true
+      "${network[@]}" >>"${log}" 2>&1 || true
     if (( ${SLURM_NODEID:-0} == 0 )); then
       "${python}" -m kit.preflight judge "${KIT_PROGRESS_DIR}" --nodes "${SLURM_STEP_NUM_NODES:-${SLURM_NNODES:-1}}" \
         --timeout "${KIT_PREFLIGHT_WAIT}" >>"${log}" 2>&1 || true

@@ -269,7 +269,7 @@ def test_a_dead_receiver_never_fails_the_job_and_the_report_says_what_was_not_de
         target = f"http://127.0.0.1:{dead.getsockname()[1]}/{SECRET}"
         proc = kit(
             "launch", "--local", "--wait", "--heartbeat", "0", "--output-dir", str(tmp_path / "jobs"),
-            "--notify", target, "--", sys.executable, "-c", "print('work done')", cwd=tmp_path,
+            "--notify", target, "--", "bash", "-c", "echo work done; sleep 8", cwd=tmp_path,
         )  # fmt: skip
     finally:
         dead.close()

@@ -244,3 +244,76 @@ def test_an_image_without_the_nvml_binding_is_told_not_failed(monkeypatch):
     findings, seen, burned = health.check_gpus({"SLURM_JOB_GPUS": "0,1"}, during=lambda: "burned")
     assert [(f.level, f.what.split(" (")[0]) for f in findings] == [("warn", "nvidia-ml-py is not installed here")]
     assert seen == [] and burned == "burned"
+
+
+def test_the_verdict_names_a_node_whose_every_link_is_slow_and_never_one_end_of_one_pair():
+    from kit.preflight import verdict
+
+    def rec(node, links, **extra):
+        return {"node": node, "findings": [], "network": {"links": links, "allreduce_seconds": 0.01, **extra}}
+
+    fast = 2000.0
+    three = {
+        "node1": rec("node1", {"node2": 9.0, "node3": fast}),
+        "node2": rec("node2", {"node1": 9.5, "node3": 8.0}),
+        "node3": rec("node3", {"node1": fast, "node2": 8.5}),
+    }
+    got = verdict.decide(three, 3)
+    assert (got["verdict"], got["nodes"]) == ("failed", ["node2"]), got
+    assert "node2: every link slow (to node1 9, to node3 8 MB/s" in got["why"], got
+    two = {"node1": rec("node1", {"node2": 9.0}), "node2": rec("node2", {"node1": 9.0})}
+    assert verdict.decide(two, 2)["verdict"] == "ok"  # one slow pair cannot say which end is slow
+    broken = {**three, "node3": {"node": "node3", "findings": [], "network": {"error": "TimeoutError: no node2"}}}
+    assert "node3: network test: TimeoutError: no node2" in verdict.decide(broken, 3)["why"]
+    everywhere = {n: {"node": n, "findings": [], "network": {"error": "RuntimeError: port"}} for n in ("a", "b")}
+    assert verdict.decide(everywhere, 2)["verdict"] == "ok"  # a test that ran nowhere names no node
+
+
+@pytest.fixture
+def four_isolated(tmp_path):
+    from helpers import require
+
+    from kit.cluster import LocalCluster
+
+    require("slurmctld")
+    require("tc")
+    c = LocalCluster(tmp_path / "home4")
+    c.up(nodes=4, cpus_per_node=2, isolated_network=True)
+    c.env = {"KIT_HOME": str(c.home)}
+    yield c
+    c.down(force=True)
+
+
+def test_a_node_behind_a_slow_link_is_named_by_the_network_preflight_and_left_out(four_isolated, tmp_path):
+    """4 nodes, each in its own network namespace behind a veth on one bridge; node2's link shaped to 40 Mbit/s each
+    way (tc tbf: this kernel has no netem). A 3-node --preflight-network job lands on node1-3: the all-reduce and
+    every pair timed, node2 named (each of its links far under the others'), no command started; the job is
+    requeued without node2 and finishes on node1, node3 and node4, its pairs all fast."""
+    import subprocess
+
+    from helpers import check_end, hastened, launch_wait, read_logs, runs
+
+    from kit.cluster import network
+
+    net = network.from_dict(four_isolated.state().network)
+    shape = ["tbf", "rate", "40mbit", "burst", "32kbit", "latency", "400ms"]
+    subprocess.run(["ip", "-n", net.namespaces["node2"], "link", "show", "eth0"], check=True, capture_output=True)
+    subprocess.run(["tc", "-n", net.namespaces["node2"], "qdisc", "add", "dev", "eth0", "root", *shape], check=True)
+    w = launch_wait(
+        tmp_path, "--nodes", "3", "--max-restarts", "1", "--preflight-network", command=["bash", "-c", RAN],
+        env=four_isolated.env,
+    )  # fmt: skip
+    with hastened(four_isolated, w.job_id):
+        check_end(four_isolated, w, state="COMPLETED", code=0, finished=True, log=None, ends=None)
+    assert [r["end"] for r in runs(w.job_dir)] == ["preflight", "finished"]
+    first = read_verdict(w.job_dir / "progress" / "r0")
+    assert (first["verdict"], first["nodes"]) == ("failed", ["node2"]), first
+    assert "node2: every link slow" in first["why"]
+    logs = read_logs(w.job_dir)
+    assert "the next run leaves out node2" in logs and sorted(set(re.findall(r"ran on (node\d)", logs))) == [
+        "node1", "node3", "node4",
+    ]  # fmt: skip
+    records = {p.name: json.loads(p.read_text()) for p in (w.job_dir / "progress" / "r1").glob("preflight-node*.json")}
+    links = [rate for r in records.values() for rate in r["network"]["links"].values()]
+    assert len(records) == 3 and len(links) == 6 and min(links) > 10 * 5, records  # every pair far over 40 Mbit/s
+    print("network preflight per node, s:", {n: r["network"]["seconds"] for n, r in records.items()})

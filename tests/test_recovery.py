@@ -174,14 +174,28 @@ def _check_goodput(cluster, w, err: str, launched_at: float, ended_at: float) ->
     got = kit("events", str(w.job_dir), "--json", env=cluster.env)  # the same records, as one timeline
     run = ["started", "running", "first-step"]
     kinds = [e["kind"] for e in json.loads(got.stdout)]
-    assert kinds == ["submitted", *run, "hang", "run-ended", *(run + ["run-ended"]) * 3, "ended"], got.stdout
+    stopped = [*run, "run-ended", "stopped"]  # an admin's requeue: a stop signal ended the batch script
+    want = [
+        "submitted",
+        *run,
+        "hang",
+        "run-ended",
+        "requeued",
+        *stopped,
+        *stopped,
+        *run,
+        "run-ended",
+        "exited",
+        "ended",
+    ]
+    assert kinds == want, got.stdout
     text = kit("events", str(w.job_dir), env=cluster.env).stdout.splitlines()
     assert (
         text[0].endswith(f"submitted as job {w.job_id}")
         and "run 0   hang: rank 1 on node2 its process is T (stopped)" in text[4]
     ), text
     assert (
-        text[-1].endswith("ended COMPLETED (as Slurm gave it)") and "run 3   ended: finished, exit code 0" in text[-2]
+        text[-1].endswith("ended COMPLETED (as Slurm gave it)") and "run 3   ended: finished, exit code 0" in text[-3]
     )
     (first,) = {node for node, _, _ in served}  # one node serves the job-wide numbers
     assert {p for _, _, p in served} == {*parts, None}, served

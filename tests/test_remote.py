@@ -557,7 +557,7 @@ API_ANSWERS = {
         [],
         "Progress(step=None, max_steps=None, loss=None, samples_per_second=None, tflops=None, mfu=None)",
     ],
-    "events": ["submitted", "started", "running", "run-ended", "ended"],
+    "events": ["submitted", "started", "running", "run-ended", "exited", "ended"],
     "goodput": [1, None, False, True, "Goodput", True],  # a bash command reports no steps: its time unreported
     "listed": True,
     "rerun": [True, "one\ntoken=r3run\ntwo\n"],

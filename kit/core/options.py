@@ -287,6 +287,14 @@ OPTIONS: tuple[Option, ...] = (
         default=False,
     ),
     Option(
+        "preflight_network",
+        FLAG,
+        RECOVERY,
+        "With --preflight (implied): also an all-reduce across the nodes, then each pair of nodes alone, in the "
+        "job's own image (gloo; NCCL's fabric is the GPUs'); a node whose every link is slow fails.",
+        default=False,
+    ),
+    Option(
         "spare_nodes",
         INT,
         RECOVERY,

@@ -96,10 +96,13 @@ def _run_events(d: JobDir, times, record, before) -> list[Event]:
                 out.append(
                     Event(float(when), "restarted", f"restarting in the allocation after run {r} ({record.end})", r)
                 )
+    # Written after the run's record: never before it, whatever a file's coarser clock says (its mtime may lag
+    # the time kit::_append_run read by a clock tick).
+    ended = max((e.time for e in out if e.kind == "run-ended"), default=0.0)
     if (when := mtime(progress / JobDir.REQUEUED)) is not None:
-        out.append(Event(when, "requeued", f"requeued: {_line(progress / JobDir.REQUEUED)}", r))
+        out.append(Event(max(when, ended), "requeued", f"requeued: {_line(progress / JobDir.REQUEUED)}", r))
     if (exited := _exited(progress, r)) is not None:
-        out.append(exited)
+        out.append(Event(max(exited.time, ended), exited.kind, exited.text, r))
     return out
 
 

@@ -20,6 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     node.add_argument("--out", help="write its record here (JSON); - for standard output")
     node.add_argument("--burn-seconds", type=float, default=2.0)
     node.add_argument("--node", default=os.environ.get("SLURMD_NODENAME"))
+    node.add_argument("--network", metavar="ADDR:PORT", help="then test the links with the other nodes' (rendezvous)")
+    node.add_argument("--rank", type=int, default=0, help="with --network: this node's place among them")
+    node.add_argument("--nodes", type=int, default=1, help="with --network: how many nodes take part")
     judged = sub.add_parser("judge", help="the verdict over the nodes' records in DIR")
     judged.add_argument("directory")
     judged.add_argument("--nodes", type=int, required=True)
@@ -34,11 +37,17 @@ def main(argv: list[str] | None = None) -> int:
         args.burn_seconds,
         say=lambda line: print(f"preflight {args.node}: {line}", file=sys.stderr, flush=True),
     )
+    if args.network:
+        from kit.preflight import network
+
+        record["network"] = network.run(args.network, args.rank, args.nodes, record["node"])
     if args.out == "-":
         print(json.dumps(record), flush=True)
     else:
         for f in record["findings"]:
             print(f"preflight {record['node']}: {health.Finding(**f).line()}")
+        if "network" in record:
+            print(f"preflight {record['node']}: network {json.dumps(record['network'])}")
         print(
             f"preflight {record['node']}: {'ok' if record['ok'] else 'FAILED'} ({record['seconds']:.1f} s)", flush=True
         )

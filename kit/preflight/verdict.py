@@ -22,6 +22,7 @@ from kit.jobdir.runs import fields_text
 from kit.preflight import burn, health
 
 SLOW = 0.5  # a node's burn-in under this share of the median node's fails it
+SLOW_LINK = 0.5  # --preflight-network: a node whose every link is under this share of the median link fails
 GPU_FAIL, GPU_WARN = 0.3, 0.6  # a GPU's burn-in under these shares of its datasheet peak: fails it / is told
 
 
@@ -84,6 +85,7 @@ def decide(found: dict[str, dict], expected: int) -> dict:
         for node, score in scores.items():
             if median > 0 and score < SLOW * median:
                 failed[node] = f"burn-in {score:.3g} TFLOP/s, {100 * score / median:.0f} % of the median node's"
+    failed.update({n: text for n, text in network_failures(found).items() if n not in failed})
     missing = max(expected - len(found), 0)
     why = [f"{node}: {text}" for node, text in sorted(failed.items())]
     if missing:
@@ -94,6 +96,35 @@ def decide(found: dict[str, dict], expected: int) -> dict:
         "why": " | ".join(why),
         "checked": sorted(found),
     }
+
+
+def links(found: dict[str, dict]) -> dict[tuple[str, str], float]:
+    """Each pair of nodes' link (MB/s), the slower of what its two ends measured."""
+    out: dict[tuple[str, str], float] = {}
+    for node, rec in found.items():
+        for other, rate in ((rec.get("network") or {}).get("links") or {}).items():
+            if isinstance(rate, (int, float)):
+                pair = (min(node, other), max(node, other))
+                out[pair] = min(out.get(pair, float(rate)), float(rate))
+    return out
+
+
+def network_failures(found: dict[str, dict]) -> dict[str, str]:
+    """``--preflight-network``'s: a node whose every link is under :data:`SLOW_LINK` of the median link (three nodes
+    at least: one slow pair cannot say which end is slow), and a node whose test failed while others' ran."""
+    tested = {n: r["network"] for n, r in found.items() if isinstance(r.get("network"), dict)}
+    broken = {n: str(t["error"]) for n, t in tested.items() if t.get("error")}
+    out = {n: f"network test: {e}" for n, e in broken.items()} if len(broken) < len(tested) else {}
+    rates = links(found)
+    mine = {n: {(b if a == n else a): r for (a, b), r in rates.items() if n in (a, b)} for n in tested}
+    best = [max(m.values()) for m in mine.values() if m]  # each node's fastest link: a slow node's is slow too
+    if len(tested) >= 3 and best:
+        typical = statistics.median(best)
+        for node, own in mine.items():
+            if own and typical > 0 and all(r < SLOW_LINK * typical for r in own.values()):
+                said = ", ".join(f"to {other} {r:.0f}" for other, r in sorted(own.items()))
+                out.setdefault(node, f"every link slow ({said} MB/s; a node's fastest, typically: {typical:.0f})")
+    return out
 
 
 def judge(directory: Path, expected: int, timeout: float = 300.0) -> dict:

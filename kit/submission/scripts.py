@@ -147,7 +147,8 @@ def job_values(job: ResolvedJob, job_dir: Path, the_step: Step | None = None) ->
         "KIT_COMMAND": [] if job.params else list(s.command),
         "KIT_SWEEP_TASK": "1" if job.params else "0",
         "KIT_SIDECARS": sidecars.as_words(sidecars.for_job(s.sidecars, exporter=s.exporter)),
-        "KIT_PREFLIGHT": "1" if s.preflight else "0",
+        "KIT_PREFLIGHT": "1" if s.preflight or s.preflight_network else "0",
+        "KIT_PREFLIGHT_NETWORK": "1" if s.preflight_network else "0",
         "KIT_ON_STRAGGLER": s.on_straggler,
         "KIT_ON_FAILURE": s.on_failure,
         "KIT_STEP_NODES": str(s.nodes),  # of the allocation's, --spare-nodes more (kit::step_nodes)

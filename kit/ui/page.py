@@ -152,7 +152,7 @@ def _report(row, job_dir: Path) -> str:
     except (OSError, ValueError, AttributeError):
         notes = []
     items = "".join(f'<li class="{e(n.get("level"))}">{e(n.get("text"))}</li>' for n in notes)
-    src = f"/job/{urllib.parse.quote(row.id)}/report.png"
+    src = f"/job/{urllib.parse.quote(row.id)}/{JobDir.REPORT}"
     return f'<h2>Report</h2><img src="{src}" alt="the report of job {e(row.id)}">' + (
         f"<ul>{items}</ul>" if items else ""
     )
