@@ -15,8 +15,9 @@ step, and the fault -> the next run's start (the record's end to the next start_
 container's start, here none: a host job); --quick runs this job alone (with the clean seconds first) and leaves
 the requeue path to the full run (tests/test_stragglers.py holds it on the suite's cluster). Then a --preflight job of
 `true`: each node's preflight seconds (target <= 5 s). The measurement's own cost to a step (target <= 1 %) is
-bench/gpu_check.py's step 7, on a GPU; the network test (item 2's --preflight network) is not built.
---kit-home DIR uses the local cluster already up there (the suite's); else a throw-away one of 5 nodes.
+bench/gpu_check.py's step 7, on a GPU. The preflight job is a --preflight-network one: each node's own checks,
+then the network test's seconds (the all-reduce and every pair; 8 nodes, --quick 2).
+--kit-home DIR uses the local cluster already up there (the suite's); else a throw-away one of 8 nodes.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from common import wait_for  # noqa: E402
 
 from kit.cluster import LocalCluster  # noqa: E402
 from kit.jobdir import JobDir, goodput, records, stragglers  # noqa: E402
+
+NETWORK_NODES = 8  # the network test's nodes in a full run (the issue's target is for 8)
 
 
 def launch(cluster: LocalCluster, out: Path, *args: str) -> tuple[str, Path]:
@@ -112,13 +115,17 @@ def straggler_job(cluster: LocalCluster, out: Path, quick: bool, clean: float, a
     }
 
 
-def preflight_job(cluster: LocalCluster, out: Path, nodes: int) -> list[float]:
-    job_id, job_dir = launch(cluster, out, "--nodes", str(nodes), "--preflight", "--", "true")
+def preflight_job(cluster: LocalCluster, out: Path, nodes: int) -> tuple[list[float], float]:
+    """A --preflight-network job of `true`: each node's own checks' seconds, and the network test's (the slowest
+    node's: every node takes part in all of it)."""
+    job_id, job_dir = launch(cluster, out, "--nodes", str(nodes), "--preflight-network", "--", "true")
     wait_for(lambda: records.run_records(job_dir), 180, poll=0.5)
-    seconds = []
+    seconds, network = [], []
     for path in JobDir(job_dir).run_progress(0).glob(JobDir.PREFLIGHT_NODE.format(node="*")):
-        seconds.append(float(json.loads(path.read_text())["seconds"]))
-    return seconds
+        record = json.loads(path.read_text())
+        seconds.append(float(record["seconds"]))
+        network.append(float((record.get("network") or {}).get("seconds", float("nan"))))
+    return seconds, max(network, default=float("nan"))
 
 
 def measure(cluster: LocalCluster, out: Path, quick: bool, clean: float) -> None:
@@ -126,7 +133,7 @@ def measure(cluster: LocalCluster, out: Path, quick: bool, clean: float) -> None
     slow = None if quick else straggler_job(cluster, out, quick, clean)
     here = straggler_job(cluster, out, quick, clean if quick else 0.0, "restart")
     first = slow or here
-    checks = preflight_job(cluster, out, 2 if quick else 4)
+    checks, network = preflight_job(cluster, out, 2 if quick else NETWORK_NODES)
     print(f"fail-slow, {'2 nodes x 2 ranks at ~0.2 s' if quick else '4 nodes x 1 rank at ~1 s'} steps")
     row("measure", "value", "target")
     row(f"false verdicts in a clean run of {first['clean_seconds']:.0f} s", first["false_verdicts"], "0")
@@ -143,9 +150,10 @@ def measure(cluster: LocalCluster, out: Path, quick: bool, clean: float) -> None
     else:
         row("the requeue path, requeue / restart", "full run", "-")
     row(f"preflight per node, quick (max of {len(checks)})", f"{max(checks):.1f}s", "<= 5 s")
-    row("network test at 8 nodes", "not built", "<= 30 s")
+    row(f"network test at {2 if quick else NETWORK_NODES} nodes", f"{network:.1f}s", "<= 30 s at 8")
     row("measurement cost per step", "gpu_check 7", "<= 1 %")
     met = first["false_verdicts"] == 0 and first["onset_to_verdict"] <= 60 and first["right"] and max(checks) <= 5
+    met = met and network <= 30
     met = met and here["then"] == "restart" and here["fault_to_next_start"] <= 5
     print("targets met" if met else "TARGETS MISSED")
 
@@ -169,7 +177,7 @@ def main() -> None:
             measure(cluster, Path(d), args.quick, clean)
             return
         cluster = LocalCluster(Path(d) / "home")
-        cluster.up(nodes=5, cpus_per_node=2)
+        cluster.up(nodes=NETWORK_NODES, cpus_per_node=2)
         try:
             measure(cluster, Path(d), args.quick, clean)
         finally:

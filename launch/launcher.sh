@@ -204,7 +204,7 @@ kit::answer_hang() {
 kit::deliver() {
   local -r sig="$1" pid="$2"
   local -r bit=$(( $(kill -l "${sig}") - 1 ))
-  local key value rest mine caught tries=0
+  local key value rest mine caught own tries=0
   # A background subshell gets default signal actions: a second warning sent
   # to the task's process group would kill it before it delivered the first.
   kit::helper_traps
@@ -212,12 +212,16 @@ kit::deliver() {
   # this script's handlers: it counts only once its command line is its own.
   mine="$(tr '\0' ' ' <"${KIT_PROC}/$$/cmdline")"
   while [[ ! -e "${KIT_PROGRESS_DIR}/stop" ]]; do
+    # Its command line first, then its handlers: read the other way round, the handlers could be the fork's (this
+    # script's, before exec) and the command line the new program's, whose trap is not set yet.
+    own=0
+    if [[ "$(tr '\0' ' ' <"${KIT_PROC}/${pid}"/cmdline 2>&"${KIT_NULL_FD}")" != "${mine}" ]]; then own=1; fi
     caught=""
     while read -r key value rest; do
       if [[ "${key}" == SigCgt: ]]; then caught="${value}"; fi
     done 2>&"${KIT_NULL_FD}" <"${KIT_PROC}/${pid}"/status || { kit::log "the command (pid ${pid}) is gone: SIG${sig} not passed on"; return 0; }
     [[ -n "${caught}" ]] || { kit::log "the command (pid ${pid}) shows no signal handlers: SIG${sig} not passed on"; return 0; }
-    if (( (16#${caught} >> bit) & 1 )) && [[ "$(tr '\0' ' ' <"${KIT_PROC}/${pid}"/cmdline 2>&"${KIT_NULL_FD}")" != "${mine}" ]]; then
+    if (( own && (16#${caught} >> bit) & 1 )); then
       : >"${KIT_PROGRESS_DIR}/warned-${RANK}"
       if kill -s "${sig}" "${pid}" 2>&"${KIT_NULL_FD}"; then
         kit::log "sent SIG${sig} to the command (pid ${pid})"
