@@ -28,7 +28,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from common import wait_for  # noqa: E402
+from common import on_cluster, wait_for  # noqa: E402
 
 from kit.cluster import LocalCluster  # noqa: E402
 from kit.jobdir import JobDir, goodput, records, stragglers  # noqa: E402
@@ -169,19 +168,9 @@ def main() -> None:
     ap.add_argument("--clean", type=float, default=None, help="seconds of clean training [600; --quick 20]")
     args = ap.parse_args()
     clean = args.clean if args.clean is not None else 20.0 if args.quick else 600.0
-    with tempfile.TemporaryDirectory() as d:
-        if args.kit_home:
-            cluster = LocalCluster(Path(args.kit_home))
-            if not cluster.running():
-                sys.exit(f"bench_failslow: no local cluster is running under {args.kit_home}")
-            measure(cluster, Path(d), args.quick, clean)
-            return
-        cluster = LocalCluster(Path(d) / "home")
-        cluster.up(nodes=NETWORK_NODES, cpus_per_node=2)
-        try:
-            measure(cluster, Path(d), args.quick, clean)
-        finally:
-            cluster.down(force=True)
+    on_cluster(
+        "bench_failslow", args.kit_home, NETWORK_NODES, lambda cluster, tmp: measure(cluster, tmp, args.quick, clean)
+    )
 
 
 if __name__ == "__main__":

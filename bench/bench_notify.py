@@ -22,7 +22,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -32,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from common import wait_for  # noqa: E402
+from common import on_cluster, wait_for  # noqa: E402
 
 from kit import slurm  # noqa: E402
 from kit.cluster import LocalCluster  # noqa: E402
@@ -202,19 +201,7 @@ def main() -> None:
     ap.add_argument("--pages", type=int, default=None, help="page loads to take the median of [20; --quick 5]")
     args = ap.parse_args()
     pages = args.pages or (5 if args.quick else 20)
-    with tempfile.TemporaryDirectory() as d:
-        if args.kit_home:
-            cluster = LocalCluster(Path(args.kit_home))
-            if not cluster.running():
-                sys.exit(f"bench_notify: no local cluster is running under {args.kit_home}")
-            measure(cluster, Path(d), args.quick, pages)
-            return
-        cluster = LocalCluster(Path(d) / "home")
-        cluster.up(nodes=2, cpus_per_node=2)
-        try:
-            measure(cluster, Path(d), args.quick, pages)
-        finally:
-            cluster.down(force=True)
+    on_cluster("bench_notify", args.kit_home, 2, lambda cluster, tmp: measure(cluster, tmp, args.quick, pages))
 
 
 if __name__ == "__main__":

@@ -65,3 +65,26 @@ def start_exporter(
             pass
         time.sleep(0.2)
     return proc
+
+
+def on_cluster(name: str, kit_home: str | None, nodes: int, measure) -> None:
+    """``measure(cluster, tmp)`` on the local cluster up under ``kit_home`` (the suite's), else on a throw-away one
+    of ``nodes`` nodes, taken down after; ``tmp`` a directory of the run's own."""
+    import sys
+    import tempfile
+
+    from kit.cluster import LocalCluster
+
+    with tempfile.TemporaryDirectory() as d:
+        if kit_home:
+            cluster = LocalCluster(Path(kit_home))
+            if not cluster.running():
+                sys.exit(f"{name}: no local cluster is running under {kit_home}")
+            measure(cluster, Path(d))
+            return
+        cluster = LocalCluster(Path(d) / "home")
+        cluster.up(nodes=nodes, cpus_per_node=2)
+        try:
+            measure(cluster, Path(d))
+        finally:
+            cluster.down(force=True)
