@@ -53,11 +53,29 @@ def command(steps: int) -> list[str]:
     return ["bash", "-c", f'printf "%s first-line\\n" "$EPOCHREALTIME"; {train} 2>&1 | {STAMP}']
 
 
-def kit(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True)
+# A bench job runs ~10-60 s: one still running after this is stuck, and the bench says where instead of hanging.
+JOB_LIMIT = 300
+
+
+def kit(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    try:
+        proc = subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        said = "".join(x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr))
+        sys.exit(f"kit {' '.join(args)} did not return in {timeout:.0f} s:\n{said}{stuck(said)}")
     if check and proc.returncode != 0:
         sys.exit(f"kit {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
     return proc
+
+
+def stuck(said: str) -> str:
+    """What a job that did not end in time shows (its Slurm state, every rank's last lines), then cancelled."""
+    found = re.search(r"^job dir: (.+)$", said, re.M)
+    if not found:
+        return ""
+    where = found.group(1)
+    shown = [kit(*argv, check=False, timeout=60) for argv in (("ps", where), ("logs", where), ("cancel", where))]
+    return "".join(f"\n$ kit {argv}\n{p.stdout[-4000:]}{p.stderr[-2000:]}" for argv, p in zip(("ps", "logs"), shown))
 
 
 def set_mode(mode: str) -> None:
@@ -99,7 +117,7 @@ def run_job(out: Path, steps: int, image: Path | None) -> dict:
         *command(steps),
     ]
     t0 = time.time()
-    proc = kit(*argv, check=False)
+    proc = kit(*argv, check=False, timeout=JOB_LIMIT)
     ended = time.time()
     if proc.returncode != 0:
         sys.exit(f"job failed ({proc.returncode}):\n{proc.stderr}")
@@ -173,12 +191,14 @@ def main() -> int:
     try:
         for i in range(args.rounds):
             for mode in modes[i % len(modes) :] + modes[: i % len(modes)]:
+                print(f"round {i + 1} {mode:<10}:", end="", flush=True)  # a stuck step shows where it stands
                 set_mode(mode)
+                print(" (mode set)", end="", flush=True)
                 r = run_job(args.output_dir, args.steps, None if mode == "host" else args.image)
                 results[mode].append(r)
                 lines = ", ".join(f"node{k + 1} {v:.2f} s" for k, v in sorted(r["first_line"].items()))
                 print(
-                    f"round {i + 1} {mode:<10}: first line {lines}; first step {r['first_step']:.2f} s; "
+                    f" first line {lines}; first step {r['first_step']:.2f} s; "
                     f"end -> job's end {r['in_job']:.2f} s, -> next job {r['after']:.2f} s; wall {r['wall']:.1f} s",
                     flush=True,
                 )

@@ -11,13 +11,16 @@ from pathlib import Path
 GAP = 10.0
 
 
-def read(job_dir: Path) -> tuple[dict, dict]:
-    """series[(metric, node, gpu|rank|mode)] = sorted [(t, v)]; runs[K] = [times]."""
+def read(job_dir: Path, last: dict | None = None) -> tuple[dict, dict]:
+    """series[(metric, node, gpu|rank|mode)] = sorted [(t, v)]; runs[K] = [times]; ``last[(run, node)]``: the
+    log's last record."""
     series, runs = defaultdict(list), defaultdict(list)
     for path in sorted((Path(job_dir) / "logs").glob("*.metrics.jsonl")):
         run = int(re.search(r"\.r(\d+)\.metrics\.jsonl$", path.name).group(1))
         for line in path.read_text().splitlines():
             rec = json.loads(line)
+            if last is not None:
+                last[(run, rec["node"])] = rec
             runs[run].append(rec["time"])
             for name, labels, value in rec["samples"]:
                 if value is None:
@@ -42,14 +45,47 @@ def _rate(pts, resets: bool = True):
     return sum((b[1] - a[1]) if b[1] >= a[1] else (b[1] if resets else 0.0) for a, b in pairs) / dt if dt else None
 
 
-def expected(job_dir: Path) -> dict:
-    series, runs = read(job_dir)
+def tally(job_dir: Path, last: dict) -> tuple[float | None, dict]:
+    """The job's samples and each node's (kit.jobdir.tally's rule): each run's and node's last poll, each rank's count
+    less its run's first step's share; a rank whose last step came before its run began is an earlier run's file."""
+    path = Path(job_dir) / "runs.jsonl"
+    records = (
+        sorted((json.loads(x) for x in path.read_text().splitlines()), key=lambda r: r["run"]) if path.exists() else []
+    )
+    starts = {r["run"]: r["start_ms"] / 1000 for r in records if r.get("start_ms")}
+    begun, before = {}, 0
+    for r in records:
+        begun[r["run"]], before = before, max(r.get("checkpoint_step") or 0, 0)
+    total, nodes = None, defaultdict(float)
+    for (run, node), rec in last.items():
+        ranks = defaultdict(dict)
+        for name, labels, value in rec["samples"]:
+            if name in ("training_samples_total", "training_step", "training_last_step_timestamp_seconds"):
+                ranks[labels["rank"]][name] = value
+        for v in ranks.values():
+            ts = v.get("training_last_step_timestamp_seconds")
+            if "training_samples_total" not in v or (run in starts and ts is not None and ts < starts[run] - 1):
+                continue
+            steps = v.get("training_step", 0) - begun.get(run, 0)
+            n = v["training_samples_total"] * ((steps - 1) / steps if steps >= 1 else 1)
+            total, nodes[node] = (total or 0.0) + n, nodes[node] + n
+    return total, dict(nodes)
+
+
+def expected(job_dir: Path, goodput: dict | None = None) -> dict:
+    """What the report must say; ``goodput`` (report.json's, goodput's own tests check it): the job's wall time and
+    the seconds its steps ran, over which the samples are counted."""
+    last = {}
+    series, runs = read(job_dir, last)
     times = [t for ts in runs.values() for t in ts]
-    out = {"duration_seconds": max(times) - min(times), "runs": len(runs)}
-    counted = [p for k, p in series.items() if k[0] == "training_samples_total"]
-    out["samples"] = (
-        sum(sum((b - a) if b >= a else b for (_, a), (_, b) in zip(p, p[1:])) for p in counted) if counted else None
-    )  # none reported: unknown, not 0
+    out = {"metrics_seconds": max(times) - min(times), "runs": len(runs)}
+    out["samples"], node_samples = tally(job_dir, last)  # none reported: unknown, not 0
+    stepping = None
+    if goodput is not None:
+        stepping = goodput["parts"]["productive"] + goodput["parts"]["redone"] or None
+    out["duration_seconds"] = goodput["wall_seconds"] if goodput is not None else out["metrics_seconds"]
+    out["stepping_seconds"] = stepping
+    out["samples_per_second"] = out["samples"] / stepping if out["samples"] is not None and stepping else None
     loss0 = sorted(p for k, pts in series.items() if k[0] == "training_loss" and k[2] == "0" for p in pts)
     out["first_loss"], out["last_loss"] = (loss0[0][1], loss0[-1][1]) if loss0 else (None, None)
     nodes = {}
@@ -65,8 +101,6 @@ def expected(job_dir: Path) -> dict:
         total = sum(inc.values())
         limit = (get("kit_job_memory_limit_bytes") or get("node_memory_MemTotal_bytes") or [(0, None)])[-1][1]
         peak = max((v for _, v in get("kit_job_memory_rss_bytes")), default=None)
-        rank_rates = [_rate(p) for k, p in series.items() if k[0] == "training_samples_total" and k[1] == node]
-        rank_rates = [r for r in rank_rates if r is not None]
         nodes[node] = {
             "cpus_allocated": cpus,
             "cpu_cores_used": used,
@@ -75,7 +109,7 @@ def expected(job_dir: Path) -> dict:
             "memory_peak_bytes": peak,
             "memory_limit_bytes": limit,
             "memory_peak_percent": 100 * peak / limit if peak is not None and limit else None,
-            "samples_per_second": sum(rank_rates) if rank_rates else None,
+            "samples_per_second": node_samples[node] / stepping if node in node_samples and stepping else None,
         }
     out["nodes"] = nodes
     gpus = {}
@@ -101,14 +135,22 @@ def close(a, b) -> bool:
 
 def check(job_dir: Path, summary: dict, text: str) -> dict:
     """Every number of report.json and of the printed summary, against the logs."""
-    want = expected(job_dir)
-    for key in ("duration_seconds", "samples", "runs", "first_loss", "last_loss"):
+    want = expected(job_dir, summary["goodput"])
+    for key in (
+        "duration_seconds",
+        "metrics_seconds",
+        "samples",
+        "samples_per_second",
+        "runs",
+        "first_loss",
+        "last_loss",
+    ):
         assert close(summary[key], want[key]), (key, summary[key], want[key])
-    if want["samples"] is None:
-        assert summary["samples_per_second"] is None and "samples: -" in text
+    if want["samples_per_second"] is None:
+        assert "samples: -" in text
     else:
-        assert close(summary["samples_per_second"], want["samples"] / want["duration_seconds"])
-        assert f"samples: {want['samples']:.0f} ({want['samples'] / want['duration_seconds']:.1f} samples/s)" in text
+        rate, over = want["samples_per_second"], want["stepping_seconds"]
+        assert f"samples: {want['samples']:.0f} ({rate:.1f} samples/s over {over:.1f} s of steps)" in text
     assert {n["node"] for n in summary["nodes"]} == set(want["nodes"])
     for n in summary["nodes"]:
         for key, value in want["nodes"][n["node"]].items():
@@ -118,7 +160,7 @@ def check(job_dir: Path, summary: dict, text: str) -> dict:
         for key, value in want["gpus"][(g["node"], g["gpu"])].items():
             assert close(g[key], value), (g["node"], g["gpu"], key, g[key], value)
     # The printed summary shows the same numbers.
-    assert f"duration: {want['duration_seconds']:.1f} s, {want['runs']} run(s)" in text
+    assert f"duration: {want['duration_seconds']:.1f} s from submission to its end, {want['runs']} run(s)" in text
     if want["first_loss"] is not None:
         assert f"loss (rank 0): {want['first_loss']:.4g} -> {want['last_loss']:.4g}" in text
     for node, n in want["nodes"].items():

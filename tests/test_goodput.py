@@ -212,7 +212,7 @@ def test_the_jobs_events_are_one_timeline_across_its_runs(job):
     assert lines[14] == "+    130.0 s  run 2   ended without a record of its own (killed): the next run found it so"
     assert lines[-2:] == [
         "+    152.0 s  run 3   ended: finished, exit code 0",
-        "+    153.0 s          ended COMPLETED (as Slurm gave it)",
+        "+    153.0 s          ended COMPLETED (as Slurm gave it): 152.0 s from submission to its end",
     ]
 
 
@@ -224,3 +224,52 @@ def test_a_hung_runs_training_ends_at_the_stuck_ranks_last_progress(job):
     g = gp.goodput(job.path)
     assert g.per_run[0]["hang"] == pytest.approx(15) and g.per_run[0]["redone"] == pytest.approx(3)
     assert g.wall_seconds == pytest.approx(152) == pytest.approx(sum(g.parts.values()))
+
+
+def _poll(d: JobDir, run: int, node: str, at: float, ranks: dict[int, tuple[float, float, float]]) -> None:
+    """``node``'s metrics log of ``run``, ending in a poll at ``at`` of each rank's (step, samples, last step)."""
+    samples = [["node_load1", {}, 1.0]]
+    for rank, (step, total, last) in ranks.items():
+        samples += [
+            ["training_step", {"rank": str(rank)}, step],
+            ["training_samples_total", {"rank": str(rank)}, total],
+            ["training_last_step_timestamp_seconds", {"rank": str(rank)}, T0 + last],
+        ]
+    first = {"time": T0 + at - 1, "node": node, "samples": [["node_load1", {}, 1.0]]}
+    _write(
+        d.logs / f"{node}.r{run}.metrics.jsonl",
+        f"{json.dumps(first)}\n{json.dumps({'time': T0 + at, 'node': node, 'samples': samples})}\n",
+    )
+
+
+def test_the_jobs_throughput_and_duration_are_one_tally_of_every_run(job):
+    """kit.jobdir.tally: each run's and node's last poll holds its ranks' samples (10 a step here); a run's first
+    step is init's, not counted; a rank file left by an earlier run is not counted again; over the seconds the steps
+    ran (goodput's productive and redone), the job's rate is its nodes' summed; the duration is goodput's wall."""
+    from kit.jobdir.tally import tally
+
+    # run: (steps begun from, last step); rank 0 on node1, rank 1 on node2, 10 samples a step each.
+    for run, begun, last, at in ((0, 0, 29, 41), (1, 20, 50, 92), (2, 50, 55, 114), (3, 50, 80, 151)):
+        for rank, node in ((0, "node1"), (1, "node2")):
+            steps = last - begun
+            _poll(job, run, node, at, {rank: (last, 10.0 * steps, at - 1)})
+    # Run 2's node2 shows a file run 1 left (its last step at 90, before run 2 began at 100): not counted again.
+    _poll(job, 2, "node2", 114, {1: (50, 300.0, 90)})
+    t = tally(job.path)
+    per_rank = 10 * ((29 - 1) + (30 - 1) + (5 - 1) + (30 - 1))
+    assert t.node_samples == {"node1": pytest.approx(per_rank), "node2": pytest.approx(per_rank - 10 * 4)}
+    assert t.samples == pytest.approx(2 * per_rank - 40)
+    assert t.stepping_seconds == pytest.approx(54 + 18) and t.wall_seconds == pytest.approx(152)
+    assert t.rate() == pytest.approx(t.rate("node1") + t.rate("node2")) == pytest.approx((2 * per_rank - 40) / 72)
+    assert (
+        t.words()
+        == f"{t.rate():.1f} samples/s ({t.samples:.0f} samples in 72.0 s of steps); 152.0 s from submission to its end"
+    )
+
+
+def test_a_job_whose_ranks_report_no_samples_has_no_rate(job):
+    from kit.jobdir.tally import tally
+
+    t = tally(job.path)
+    assert (t.samples, t.rate(), t.wall_seconds) == (None, None, pytest.approx(152))
+    assert t.words() == "152.0 s from submission to its end"

@@ -9,7 +9,9 @@ import os
 import re
 import signal
 import socket
+import statistics
 import sys
+import threading
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -270,3 +272,75 @@ def test_a_two_node_two_gpu_job_through_the_real_nvml_binding(cluster, tmp_path)
     notes = [n for n in proc.stdout.split("notes:\n", 1)[1].splitlines() if n.startswith("  ")]
     assert any(n.startswith("  ALERT: node1 gpu1: held with no process on it in ") for n in notes), proc.stdout
     assert not any("gpu0: held" in n or "node2 gpu1: held" in n for n in notes), proc.stdout
+
+
+def test_a_finished_job_tells_the_same_throughput_and_duration_everywhere(cluster, tmp_path):
+    """Issue 44 item 5: one finished 2-node job's throughput and duration (kit.jobdir.tally) are the same at the end
+    of --wait, in kit ps, kit report's text and report.json, kit events and kit ui; its samples are what the trainer
+    counts (64 a step per rank, a run's first step init's), its nodes' rates add up to the job's, and the live rate
+    seen while it trained is of the same size."""
+    from helpers import kit
+
+    from kit.ui import server
+
+    steps, jobs = 150, tmp_path / "jobs"
+    live = []
+
+    def watch():  # kit ps while the job trains: its ranks' latest rate, summed
+        while not stop.is_set():
+            rows = json.loads(kit("ps", "--json", "--output-dir", str(jobs)).stdout or "[]")
+            mine = [r for r in rows if r["job_dir"].startswith(str(jobs)) and r["state"] == "RUNNING"]
+            live.extend(r["samples_per_second"] for r in mine if r["samples_per_second"])
+            stop.wait(1)
+
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        done = kit(
+            "launch", "--local", "--wait", "--nodes", "2", "--output-dir", str(jobs), "--",
+            *TRAIN, "--max-steps", str(steps), "--step-delay", "0.05", "--log-every", "1000",
+        )  # fmt: skip
+    finally:
+        stop.set()
+        watcher.join()
+    assert done.returncode == 0, done.stderr
+    job_dir = re.search(r"^job dir: (.+)$", done.stdout, re.M).group(1)
+    job_id = Path(job_dir, "job_id").read_text().strip()
+    said = re.search(
+        rf"^kit: job {job_id}: ([0-9.]+) samples/s \(([0-9]+) samples in ([0-9.]+) s of steps\); "
+        rf"([0-9.]+) s from submission to its end$",
+        done.stderr,
+        re.M,
+    )
+    assert said, done.stderr
+    words = said.group(0).split(f"job {job_id}: ", 1)[1]
+    rate, samples, wall = float(said.group(1)), int(said.group(2)), float(said.group(4))
+    assert samples == 2 * 64 * (steps - 1)
+    # kit ps
+    (row,) = [r for r in json.loads(kit("ps", "--json", "--output-dir", str(jobs)).stdout) if r["id"] == job_id]
+    assert (round(row["samples_per_second"], 1), round(row["duration_seconds"], 1)) == (rate, wall), row
+    # kit report: text and report.json
+    rep = kit("report", job_dir, "-o", str(tmp_path / "r.png"), "--prometheus", "http://127.0.0.1:1")
+    assert rep.returncode == 0, rep.stderr
+    numbers = json.loads((tmp_path / "r.json").read_text())
+    assert numbers["samples"] == samples and numbers["samples_per_second"] == row["samples_per_second"]
+    assert numbers["duration_seconds"] == row["duration_seconds"]
+    assert f"samples: {samples} ({rate:.1f} samples/s over {said.group(3)} s of steps)" in rep.stdout, rep.stdout
+    assert f"duration: {wall:.1f} s from submission to its end" in rep.stdout, rep.stdout
+    nodes = [n["samples_per_second"] for n in numbers["nodes"]]
+    assert len(nodes) == 2 and abs(sum(nodes) - numbers["samples_per_second"]) < 1e-6 * rate
+    # kit events, and what --notify would send at the end
+    ended = [e for e in json.loads(kit("events", "--json", job_dir).stdout) if e["kind"] == "ended"]
+    assert len(ended) == 1 and ended[0]["text"].endswith(f": {words}"), ended
+    # kit ui: the job's page and its API
+    ui = server.Ui((str(jobs),))
+    status, _, page = ui.answer(f"/job/{job_id}", {})
+    assert (
+        status == 200 and f"{rate:.1f} (the job's" in page.decode() and f"{wall:.1f} s from submission" in page.decode()
+    )
+    status, _, api = ui.answer(f"/api/job/{job_id}", {})
+    assert json.loads(api)["row"]["samples_per_second"] == row["samples_per_second"]
+    # While it trained, kit ps said its ranks' latest rate: the same size as the job's (not a per-node or a
+    # whole-wall-time figure, half or a third of it).
+    assert live and 0.5 * rate < statistics.median(live) < 2 * rate, (live, rate)

@@ -146,7 +146,11 @@ def test_each_event_goes_once_to_each_target_and_a_second_sender_sends_nothing(t
     hooks = receiver.bodies(f"/hook/{SECRET}")
     assert [(b["key"], b["event"]) for b in hooks] == [("started:0:0", "started"), ("ended", "ended")]
     end = hooks[1]
-    assert end["text"] == "ended: the command failed with exit code 3 (exit code 3)" and end["exit_code"] == 3
+    # With the job's duration (kit.jobdir.tally: no samples reported here, no rate).
+    assert (
+        end["text"].startswith("ended: the command failed with exit code 3 (exit code 3); ") and end["exit_code"] == 3
+    )
+    assert end["text"].endswith(" s from submission to its end") and end["samples_per_second"] is None
     assert end["job_id"] == "42" and end["job_name"] == "unit"
     assert [b["text"] for b in receiver.bodies("/slack")] == [
         "kit job 42 (unit): started",
@@ -248,7 +252,12 @@ def test_a_job_restarted_requeued_and_through_a_controller_restart_tells_each_ev
         b["text"] for b in receiver.bodies(f"/hook/{SECRET}")
     ]
     end = receiver.bodies(f"/hook/{SECRET}")[-1]
-    assert end["text"] == "ended: the work finished (exit code 0)" and end["goodput_line"].startswith("goodput"), end
+    assert end["text"].startswith("ended: the work finished (exit code 0); ") and end["goodput_line"].startswith(
+        "goodput"
+    )
+    # The job's throughput and duration, as every surface gives them (kit.jobdir.tally).
+    assert end["text"].endswith(" s from submission to its end") and end["samples_per_second"] > 0, end
+    assert f"{end['samples_per_second']:.1f} samples/s ({end['samples']:.0f} samples in" in end["text"], end
     hooked = [(b, at) for p, b, at in receiver.got if p == f"/hook/{SECRET}"]
     late = [(b["key"], round(at - b["time"], 1)) for b, at in hooked if at - b["time"] > 5]
     print("event -> webhook, s:", {b["key"]: round(at - b["time"], 2) for b, at in hooked})

@@ -194,9 +194,10 @@ def _check_goodput(cluster, w, err: str, launched_at: float, ended_at: float) ->
         text[0].endswith(f"submitted as job {w.job_id}")
         and "run 0   hang: rank 1 on node2 its process is T (stopped)" in text[4]
     ), text
-    assert (
-        text[-1].endswith("ended COMPLETED (as Slurm gave it)") and "run 3   ended: finished, exit code 0" in text[-3]
+    assert "ended COMPLETED (as Slurm gave it): " in text[-1] and "run 3   ended: finished, exit code 0" in text[-3], (
+        text
     )
+    assert text[-1].endswith(" s from submission to its end"), text
     (first,) = {node for node, _, _ in served}  # one node serves the job-wide numbers
     assert {p for _, _, p in served} == {*parts, None}, served
     assert 0 < served[first, "kit_job_goodput_ratio", None] < 1

@@ -50,7 +50,7 @@ def test_gpu_summary_from_logs(tmp_path):
         "Training throughput (samples/s)",
     ]  # only what was measured
     assert [(n.level, n.text) for n in summary.notes] == [
-        ("info", "the job ran 10 s: utilisation notes need 300 s of samples (--min-seconds)")
+        ("info", "the job's metrics span 10 s: utilisation notes need 300 s of samples (--min-seconds)")
     ]
     assert (tmp_path / "r.png").stat().st_size > 20_000
 

@@ -1,5 +1,5 @@
 """`kit ui` (issue 44 item 3): the job list and job pages, served on loopback to the holder of the session's
-token, checked in Debian's headless Chromium — a running 2-node job (its timeline, ranks, batch log; a screenshot
+token, checked in Debian's headless Chromium (driven through its DevTools protocol: tests/cdp.py) — a running 2-node job (its timeline, ranks, batch log; a screenshot
 kept) and the page of a 64-node job's directory; a job's own text is shown, never run."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -16,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from cdp import Browser
 from helpers import kit, require, scancel, submit, wait_for
 
 from kit.jobdir import JobDir
@@ -36,20 +36,13 @@ def serving(tmp_path):
     running.server_close()
 
 
-def chromium(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+@pytest.fixture
+def browser():
+    """Debian's headless Chromium, driven through its DevTools protocol (tests/cdp.py)."""
     require("chromium")
-    home = Path(os.environ.get("TMPDIR", "/tmp"))
-    return subprocess.run(
-        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars",
-         f"--user-data-dir={home / f'kit-chromium-{os.getpid()}'}", *args],
-        capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
-
-
-def dom(url: str) -> str:
-    proc = chromium("--dump-dom", url)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout
+    b = Browser()
+    yield b
+    b.close()
 
 
 def status_of(url: str, cookie: str | None = None) -> int:
@@ -71,22 +64,41 @@ def test_without_the_token_nothing_is_shown(serving):
     assert status_of(bare + "/job/12345", cookie=f"kit_ui={token}") == 404
 
 
-def test_a_running_two_node_job_in_the_browser(cluster, tmp_path, serving):
+RANK_STEP = (  # rank 0's step in the page's rank table (null while the page reloads)
+    "(() => { const r = [...document.querySelectorAll('tr')].find(r => r.cells.length === 6 && "
+    "r.cells[0].innerText === '0'); return r ? r.cells[2].innerText : null; })()"
+)
+
+
+def test_a_running_two_node_job_in_the_browser(cluster, tmp_path, serving, browser):
+    """The job list and a running 2-node job's page in Chromium: what they show, the page reloading itself while the
+    job trains (rank 0's step goes up without a click), a screenshot kept."""
     with_token, bare = serving
     job = submit(tmp_path, "--nodes", "2", command=[*TRAIN, "--max-steps", "3000", "--step-delay", "0.05"])
     job_id, job_dir = job["job_id"], Path(job["job_dir"])
     try:
         wait_for(lambda: len(list(job_dir.glob("metrics/*/rank-*.json"))) == 2, 120, what="both ranks' metrics")
-        listing = dom(with_token)  # the token is exchanged for a cookie, then the list
-        assert f'href="/job/{job_id}"' in listing and "RUNNING" in listing, listing
-        page = dom(with_token.replace("/?", f"/job/{job_id}?"))
+        browser.open(with_token)  # the token is exchanged for a cookie, then the list
+        assert browser.evaluate(f"document.querySelectorAll('a[href=\"/job/{job_id}\"]').length") == 1
+        assert "RUNNING" in browser.text()
+        browser.go(f"{bare}/job/{job_id}")  # the cookie alone from here on
+        page = browser.text()
         for text in ("RUNNING", "Timeline", "first step", "every task running", "Ranks", "node1", "node2", "Batch log"):
             assert text in page, (text, page)
-        assert '<meta http-equiv="refresh"' in page  # it reloads while the job runs
+        assert browser.evaluate("document.querySelector('meta[http-equiv=refresh]').content") == "5"
+
+        def step() -> int | None:
+            try:
+                shown = browser.evaluate(RANK_STEP)
+            except RuntimeError:  # the page reloading under the question
+                return None
+            return int(shown) if shown and shown.isdigit() else None
+
+        before = wait_for(step, 30, what="rank 0's step on the page")
+        wait_for(lambda: (step() or 0) > before, 30, what="the page to show a later step by itself")
         shot = tmp_path / "job-page.png"
-        proc = chromium(f"--screenshot={shot}", "--window-size=1280,1000", with_token.replace("/?", f"/job/{job_id}?"))
-        assert proc.returncode == 0 and shot.stat().st_size > 10_000, proc.stderr[-2000:]
-        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        shot.write_bytes(browser.screenshot(1280, 1000))
+        assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         keep = os.environ.get("KIT_TEST_ARTIFACTS")
         if keep:
             shutil.copy(shot, Path(keep) / "kit-ui-job-page.png")
@@ -130,11 +142,15 @@ def sixty_four_nodes(root: Path, name: str = "wide") -> tuple[str, Path]:
     return "990064", d
 
 
-def test_a_sixty_four_node_job_page_shows_every_rank_and_no_markup_of_the_job(tmp_path, serving):
+def test_a_sixty_four_node_job_page_shows_every_rank_and_no_markup_of_the_job(tmp_path, serving, browser):
     with_token, _ = serving
     job_id, _ = sixty_four_nodes(tmp_path, name="<img src=x onerror=alert(1)>")
-    page = dom(with_token.replace("/?", f"/job/{job_id}?"))
-    assert page.count('<tr><td class="n">') >= 64 and "node64" in page and "node01" in page, page[:3000]
-    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
-    assert "<b>x</b>" not in page and "&lt;/pre&gt;&lt;b&gt;x&lt;/b&gt;" in page
+    browser.open(with_token.replace("/?", f"/job/{job_id}?"))
+    ranks = browser.evaluate(
+        "[...document.querySelectorAll('tr')].filter(r => r.cells.length === 6 && r.cells[0].tagName === 'TD').length"
+    )
+    assert ranks == 64 and "node64" in browser.text() and "node01" in browser.text()
+    # The job's own markup is text on the page, never an element of it.
+    assert browser.evaluate("document.querySelectorAll('img, b').length") == 0
+    assert "<img src=x onerror=alert(1)>" in browser.text() and "</pre><b>x</b>" in browser.text()
     assert kit("ui", "--port", "70000").returncode == 2

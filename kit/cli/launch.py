@@ -168,7 +168,7 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
     elapsed); otherwise a line per state change and a progress line a minute.
     Ctrl-C stops waiting and leaves the job running.
     """
-    from kit.jobdir import goodput, records, stragglers
+    from kit.jobdir import goodput, records, stragglers, tally
 
     live = sys.stderr.isatty()
     if live and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
@@ -213,6 +213,7 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
     spent = goodput.goodput(job_dir, running=False)
     if spent is not None:
         click.echo(f"kit: job {job_id}: {spent.line()}", err=True)
+        click.echo(f"kit: job {job_id}: {tally.tally(job_dir, running=False).words()}", err=True)
     for slow in stragglers.read(job_dir):
         click.echo(f"kit: job {job_id}: {slow.line()}", err=True)
     return result.exit_code

@@ -20,6 +20,7 @@ from kit.core.text import printable
 from kit.errors import KitError
 from kit.jobdir import JobDir, records, stragglers
 from kit.jobdir.runs import read_verdict
+from kit.jobdir.tally import tally
 
 RECENT = 24 * 3600  # without --all: ended jobs submitted this recently
 
@@ -46,6 +47,9 @@ class JobRow:
     mfu: float | None = None  # of that device's peak (None: n/a)
     stragglers: list | None = None  # the ranks named slow (kit.jobdir.stragglers: rank, node, factor, evidence, ...)
     preflight: dict | None = None  # --preflight: the latest run's verdict (verdict, nodes, why, checked)
+    # An ended job's seconds from submission to its end (samples_per_second then its throughput: kit.jobdir.tally);
+    # None while it runs (samples_per_second is then its ranks' latest).
+    duration_seconds: float | None = None
 
     @property
     def active(self) -> bool:
@@ -84,6 +88,8 @@ def _row(
         if unreachable and state not in ("COMPLETED", "CANCELLED", "FAILED"):
             state = "UNKNOWN"
         source = f"job directory (slurm: {unreachable})" if unreachable else "job directory"
+    ended = state in slurm.TERMINAL_STATES or state == "ENDED"
+    counted = tally(unit_dir, running=False) if ended else None  # the job's throughput and duration, as everywhere
     return JobRow(
         id=name,
         name=job_name,
@@ -101,7 +107,7 @@ def _row(
         step=p.step,
         max_steps=p.max_steps,
         loss=p.loss,
-        samples_per_second=p.samples_per_second if state == "RUNNING" else None,
+        samples_per_second=p.samples_per_second if state == "RUNNING" else counted and counted.rate(),
         submitted=records.submitted_at(job_dir),
         job_dir=str(job_dir),
         finished=records.finished(unit_dir),
@@ -111,6 +117,7 @@ def _row(
         mfu=p.mfu,
         stragglers=[asdict(s) for s in stragglers.read(unit_dir)] or None,
         preflight=read_verdict(JobDir(unit_dir).run_progress(run)),
+        duration_seconds=counted and counted.wall_seconds,
     )
 
 

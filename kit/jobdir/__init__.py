@@ -10,6 +10,7 @@ package, and it imports only the bottom layer.
 from kit.jobdir.layout import JobDir
 from kit.jobdir.metrics import (
     RANK_METRICS_GLOB,
+    last_polls,
     rank_metrics_path,
     rank_of_metrics_file,
     read_rank_metrics,
@@ -26,6 +27,7 @@ __all__ = [
     "all_task_starts",
     "function_payloads",
     "hangs",
+    "last_polls",
     "own",
     "owner",
     "owner_name",

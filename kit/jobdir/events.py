@@ -16,6 +16,7 @@ from kit import files
 from kit.jobdir.goodput import mtime, run_times
 from kit.jobdir.layout import JobDir
 from kit.jobdir.runs import hangs, read_verdict
+from kit.jobdir.tally import tally
 
 # Ties in time keep this order (a run's start before its tasks, its end before the next run's start).
 KINDS = (
@@ -153,7 +154,9 @@ def events(job_dir: str | Path) -> list[Event]:
         out.append(Event(float(cancelled["time"]), "cancelled", f"cancelled by {cancelled.get('by', '?')}{why}"))
     outcome = _json(d / JobDir.OUTCOME)
     if isinstance(outcome.get("time"), (int, float)) and isinstance(outcome.get("state"), str):
-        out.append(Event(float(outcome["time"]), "ended", f"ended {outcome['state']} (as Slurm gave it)"))
+        counted = tally(job_dir, running=False)
+        told = f": {counted.words()}" if counted is not None else ""
+        out.append(Event(float(outcome["time"]), "ended", f"ended {outcome['state']} (as Slurm gave it){told}"))
     return sorted(out, key=_order)
 
 

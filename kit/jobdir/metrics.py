@@ -69,3 +69,18 @@ def newest_rank_metrics(job_dir: str | Path) -> dict[int, tuple[str, dict[str, f
         if rank not in newest or values["last_step_timestamp_seconds"] > newest[rank][1]["last_step_timestamp_seconds"]:
             newest[rank] = (path.parent.name, values)
     return newest
+
+
+def last_polls(job_dir: str | Path) -> dict[tuple[int, str], dict]:
+    """Each run's and node's last logged poll (its exporter's log, ``logs/<node>.r<run>.metrics.jsonl``, read from
+    its end: a huge log costs 64 kB), by (run, node); a log whose last line is not a poll is left out."""
+    out: dict[tuple[int, str], dict] = {}
+    for run, path in JobDir(job_dir).metrics_logs():
+        try:
+            lines = files.tail(path, 1 << 16).decode(errors="replace").splitlines()
+            poll = json.loads(lines[-1]) if lines else None
+        except (OSError, ValueError):
+            continue
+        if isinstance(poll, dict) and isinstance(poll.get("node"), str) and isinstance(poll.get("samples"), list):
+            out[(run, poll["node"])] = poll
+    return out

@@ -61,6 +61,7 @@ LOGGED = (
     "training_samples_total",
     "training_tokens_total",
     "training_step_duration_seconds",
+    "training_last_step_timestamp_seconds",  # which run a rank's file is of (kit.jobdir.tally)
     "training_tflops",
     "training_mfu",
     "node_load1",

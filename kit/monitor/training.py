@@ -8,7 +8,6 @@ the files of its node's ranks. No multiprocess mode, no extra collective.
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import time
 from pathlib import Path
@@ -174,16 +173,11 @@ class StragglerSource:
 
 
 def _last_polls(job_dir: Path) -> dict[str, dict]:
-    """Each node's last logged poll of its latest run (its exporter's log: logs/<node>.r<run>.metrics.jsonl)."""
+    """Each node's last logged poll of its latest run (kit.jobdir.metrics.last_polls)."""
     latest: dict[str, tuple[int, dict]] = {}
-    for run, path in jobdir.JobDir(job_dir).metrics_logs():
-        try:
-            lines = files.tail(path, 1 << 16).decode(errors="replace").splitlines()
-            poll = json.loads(lines[-1]) if lines else None
-        except (OSError, ValueError):
-            continue
-        if isinstance(poll, dict) and isinstance(poll.get("node"), str) and run >= latest.get(poll["node"], (-1,))[0]:
-            latest[poll["node"]] = (run, poll)
+    for (run, node), poll in jobdir.last_polls(job_dir).items():
+        if run >= latest.get(node, (-1,))[0]:
+            latest[node] = (run, poll)
     return {node: poll for node, (_, poll) in latest.items()}
 
 

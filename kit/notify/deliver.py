@@ -83,16 +83,26 @@ def message(job_dir: Path, key: str, e: Event) -> dict:
         meaning = "the work finished" if code == 0 else MEANING.get(code) or command_failed(code)
         out["text"] = f"ended: {meaning} (exit code {code})"
     if key == "ended":
-        from kit.jobdir.goodput import goodput
-
-        try:
-            g = goodput(job_dir, running=False)
-        except Exception:
-            g = None
-        if g is not None:
-            out["goodput"] = g.goodput
-            out["goodput_line"] = g.line()
+        _the_end(job_dir, out)
     return out
+
+
+def _the_end(job_dir: Path, out: dict) -> None:
+    """The end's message with the job's goodput, throughput and duration (kit.jobdir.tally: every surface's)."""
+    from kit.jobdir.goodput import goodput
+    from kit.jobdir.tally import tally
+
+    try:
+        g, counted = goodput(job_dir, running=False), tally(job_dir, running=False)
+    except Exception:  # a damaged record costs these lines, never the message
+        g = counted = None
+    if g is not None:
+        out["goodput"] = g.goodput
+        out["goodput_line"] = g.line()
+    if counted is not None:
+        out.update(counted.as_json())
+        if counted.words() not in out["text"]:  # Slurm's end (kit.jobdir.events) says them already
+            out["text"] += f"; {counted.words()}"
 
 
 def _user() -> str:

@@ -126,9 +126,10 @@ def plot(series: Series, summary: Summary, out: Path, logs: Logs | None = None) 
         for label, pts, style in curves:
             band = style.get("band")
             times, values = gapped(pts)
-            line = ax.plot(
-                [t - t0 for t in times], values, label=label, **{k: v for k, v in style.items() if k != "band"}
-            )
+            drawn = {k: v for k, v in style.items() if k != "band"}
+            if len(pts) == 1:  # one sample makes no line: a dot, not an empty panel
+                drawn.setdefault("marker", "o")
+            line = ax.plot([t - t0 for t in times], values, label=label, **drawn)
             if band:  # min to max of many nodes' curves, under their median
                 ax.fill_between(
                     [t - t0 for t, _, _ in band],

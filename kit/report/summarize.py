@@ -13,6 +13,7 @@ from kit.jobdir import hangs, records, stragglers, tracker_runs
 from kit.jobdir.goodput import goodput
 from kit.jobdir.layout import JobDir
 from kit.jobdir.runs import read_verdict
+from kit.jobdir.tally import Tally, tally
 from kit.notify import ledger
 from kit.report.series import IDLE_UTIL, Logs, Series, _of, _steady_pairs, increase, mean_rate
 from kit.report.summary import MIN_SECONDS, GpuSummary, NodeSummary, Summary, notes
@@ -126,7 +127,10 @@ def summarize(
         None if samples is None else samples / duration,
         gpus,
         [_node_summary(series, n) for n in nodes],
+        metrics_seconds=duration,
     )
+    if job_dir:
+        _counted(summary, tally(job_dir, running=False))
     losses = sorted(p for k, pts in _of(series, "training_loss").items() if k[2] == "0" for p in pts)
     if losses:
         summary.first_loss, summary.last_loss = losses[0][1], losses[-1][1]
@@ -143,6 +147,18 @@ def summarize(
     summary.hangs = [{k: h[k] for k in ("run", "rank", "node", "summary")} for h in hangs(job_dir)] if job_dir else []
     summary.notes = notes(summary, min_seconds)
     return summary
+
+
+def _counted(summary: Summary, counted: Tally | None) -> None:
+    """The job's throughput and duration as every surface gives them (kit.jobdir.tally), in place of the series'
+    own: their span is the metrics', and a counter first seen at its end (a short job) increased by nothing."""
+    if counted is None:
+        return
+    summary.duration_seconds, summary.from_submission = counted.wall_seconds, True
+    summary.samples, summary.samples_per_second = counted.samples, counted.rate()
+    summary.stepping_seconds = counted.stepping_seconds
+    for n in summary.nodes:
+        n.samples_per_second = counted.rate(n.node)
 
 
 def _timeline(summary: Summary, job_dir: Path) -> None:

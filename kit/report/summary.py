@@ -118,14 +118,24 @@ class Summary:
     undelivered: list[dict] = field(default_factory=list)  # --notify's given-up sends: key, shown, error
     tflops: float | None = None  # rank 0's device, mean over the job: the model's TFLOP/s (kit.train.mfu)
     mfu: float | None = None  # of the device's peak (kit.monitor.peaks); None: n/a
+    # The seconds the metrics span (the utilisation notes' basis). With a job directory, duration_seconds is the
+    # job's from submission to end, and the samples and rates its tally's (kit.jobdir.tally): every surface's.
+    metrics_seconds: float | None = None  # None: duration_seconds is the metrics' span
+    stepping_seconds: float | None = None  # the seconds its steps ran (the tally's; None: unknown)
+    from_submission: bool = False  # duration_seconds is the tally's: from the job's submission to its end
+
+    def _samples(self) -> str:
+        if self.samples is None or self.samples_per_second is None:
+            return "samples: -"
+        over = f" over {self.stepping_seconds:.1f} s of steps" if self.stepping_seconds else ""
+        return f"samples: {self.samples:.0f} ({self.samples_per_second:.1f} samples/s{over})"
 
     def lines(self) -> list[str]:
         out = [
             f"job {self.job} (data: {self.source})",
-            f"duration: {self.duration_seconds:.1f} s, {self.runs} run(s) ({self.runs - 1} restart(s))",
-            "samples: -"
-            if self.samples is None
-            else f"samples: {self.samples:.0f} ({self.samples_per_second:.1f} samples/s)",
+            f"duration: {self.duration_seconds:.1f} s{' from submission to its end' if self.from_submission else ''}"
+            f", {self.runs} run(s) ({self.runs - 1} restart(s))",
+            self._samples(),
         ]
         if self.ended:
             out.insert(1, self.ended)
@@ -236,13 +246,14 @@ def notes(s: Summary, min_seconds: float = MIN_SECONDS) -> list[Note]:
     """What an engineer should look at, jobstats-style, each with its threshold; what a note says
     of more than a few nodes or GPUs is one note naming them (:func:`kit.report.many.grouped`)."""
     out: list[tuple[str, str, str, str]] = []  # (level, kind, subject, text): a kind groups its subjects
-    if s.duration_seconds < min_seconds:
+    span = s.duration_seconds if s.metrics_seconds is None else s.metrics_seconds
+    if span < min_seconds:
         out.append(
             (
                 "info",
                 "",
                 "",
-                f"the job ran {s.duration_seconds:.0f} s: utilisation notes need "
+                f"the job's metrics span {span:.0f} s: utilisation notes need "
                 f"{min_seconds:.0f} s of samples (--min-seconds)",
             )
         )

@@ -85,6 +85,17 @@ def job_page(row, job_dir: Path, now: float) -> str:
     return document(f"kit job {row.id}", "".join(parts), refresh=row.active)
 
 
+def _rate_is(row) -> str:
+    """What the row's samples/s is: the ranks' latest while the job runs, the job's throughput once it ended."""
+    if row.samples_per_second is None:
+        return ""
+    return (
+        " (the job's: every rank's samples over its steps' time)"
+        if row.duration_seconds is not None
+        else (" (now: every rank's latest, summed)")
+    )
+
+
 def _summary(row, now: float) -> str:
     cells = [
         (
@@ -94,9 +105,10 @@ def _summary(row, now: float) -> str:
         ("run", e(row.run)),
         ("step", e(row.step) + (f" of {e(row.max_steps)}" if row.max_steps else "")),
         ("loss", _num(row.loss)),
+        ("samples/s", _num(row.samples_per_second, "{:.1f}") + _rate_is(row)),
         (
-            "samples/s",
-            _num(row.samples_per_second, "{:.1f}") + (" (every rank's, summed)" if row.samples_per_second else ""),
+            "duration",
+            "-" if row.duration_seconds is None else f"{row.duration_seconds:.1f} s from submission to its end",
         ),
         ("nodes", e(row.nodes)),
         ("directory", e(row.job_dir)),
