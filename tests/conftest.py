@@ -230,3 +230,18 @@ def person(user, cluster, request) -> Person:
     for path in (d.parent, d):
         os.chown(path, user.pw_uid, user.pw_gid)
     return Person(user, cluster.conf, d)
+
+
+@pytest.fixture
+def four_isolated(tmp_path):
+    """A 4-node cluster of the test's own (2 CPUs a node), each node in its own network namespace behind a veth on
+    one bridge (``--isolated-network``); ``.env`` its KIT_HOME."""
+    from helpers import require
+
+    require("slurmctld")
+    require("tc")
+    c = LocalCluster(tmp_path / "home4")
+    c.up(nodes=4, cpus_per_node=2, isolated_network=True)
+    c.env = {"KIT_HOME": str(c.home)}
+    yield c
+    c.down(force=True)

@@ -243,8 +243,9 @@ def _poll(d: JobDir, run: int, node: str, at: float, ranks: dict[int, tuple[floa
 
 
 def test_the_jobs_throughput_and_duration_are_one_tally_of_every_run(job):
-    """kit.jobdir.tally: each run's and node's last poll holds its ranks' samples (10 a step here); a run's first
-    step is init's, not counted; a rank file left by an earlier run is not counted again; over the seconds the steps
+    """kit.jobdir.tally: each run's and node's last poll holds its ranks' samples (10 a step here; a torn last line:
+    the poll before); a run's first step is init's, not counted; a rank file left by an earlier run is not counted
+    again; over the seconds the steps
     ran (goodput's productive and redone), the job's rate is its nodes' summed; the duration is goodput's wall."""
     from kit.jobdir.tally import tally
 
@@ -255,6 +256,8 @@ def test_the_jobs_throughput_and_duration_are_one_tally_of_every_run(job):
             _poll(job, run, node, at, {rank: (last, 10.0 * steps, at - 1)})
     # Run 2's node2 shows a file run 1 left (its last step at 90, before run 2 began at 100): not counted again.
     _poll(job, 2, "node2", 114, {1: (50, 300.0, 90)})
+    with open(job.logs / "node1.r3.metrics.jsonl", "a") as torn:  # the exporter killed mid-line: the poll before
+        torn.write('{"time": 17640')
     t = tally(job.path)
     per_rank = 10 * ((29 - 1) + (30 - 1) + (5 - 1) + (30 - 1))
     assert t.node_samples == {"node1": pytest.approx(per_rank), "node2": pytest.approx(per_rank - 10 * 4)}

@@ -269,21 +269,6 @@ def test_the_verdict_names_a_node_whose_every_link_is_slow_and_never_one_end_of_
     assert verdict.decide(everywhere, 2)["verdict"] == "ok"  # a test that ran nowhere names no node
 
 
-@pytest.fixture
-def four_isolated(tmp_path):
-    from helpers import require
-
-    from kit.cluster import LocalCluster
-
-    require("slurmctld")
-    require("tc")
-    c = LocalCluster(tmp_path / "home4")
-    c.up(nodes=4, cpus_per_node=2, isolated_network=True)
-    c.env = {"KIT_HOME": str(c.home)}
-    yield c
-    c.down(force=True)
-
-
 def test_a_node_behind_a_slow_link_is_named_by_the_network_preflight_and_left_out(four_isolated, tmp_path):
     """4 nodes, each in its own network namespace behind a veth on one bridge; node2's link shaped to 40 Mbit/s each
     way (tc tbf: this kernel has no netem). A 3-node --preflight-network job lands on node1-3: the all-reduce and

@@ -586,3 +586,28 @@ def test_the_report_tells_the_end_as_wait_told_it_and_nothing_a_file_made_up(tmp
         assert _told_outcome(tmp_path) == told, record
     path.unlink()
     assert _told_outcome(tmp_path) is None
+
+
+def test_the_pictures_title_and_restart_marks_cover_no_panel_and_no_title(tmp_path):
+    """Issue 44 item 5: the job's title sits above its first panel, and a restart's mark ("run 1") on the first
+    panel covers neither that panel's title nor the job's (measured on the drawn figure's text boxes)."""
+    test_notes_flag_waste_restarts_and_a_slow_node_with_their_thresholds(tmp_path)  # its two runs' job directory
+    from kit.report.plot import _pyplot, figure
+    from kit.report.series import load_logs
+    from kit.report.summarize import summarize
+
+    logs = load_logs(tmp_path)
+    fig = figure(logs.series, summarize(logs.series, "7", "metrics logs", logs, tmp_path), logs)
+    try:
+        fig.canvas.draw()
+        r = fig.canvas.get_renderer()
+        first = fig.axes[0]
+        job_title, panel_title = fig._suptitle.get_window_extent(r), first.title.get_window_extent(r)
+        assert not job_title.overlaps(first.get_window_extent(r)) and not job_title.overlaps(panel_title)
+        marks = [t for t in first.texts if t.get_text().strip().startswith("run ")]
+        assert [m.get_text().strip() for m in marks] == ["run 1"]
+        for mark in marks:
+            box = mark.get_window_extent(r)
+            assert not box.overlaps(panel_title) and not box.overlaps(job_title), (box, panel_title)
+    finally:
+        _pyplot().close(fig)

@@ -73,14 +73,30 @@ def newest_rank_metrics(job_dir: str | Path) -> dict[int, tuple[str, dict[str, f
 
 def last_polls(job_dir: str | Path) -> dict[tuple[int, str], dict]:
     """Each run's and node's last logged poll (its exporter's log, ``logs/<node>.r<run>.metrics.jsonl``, read from
-    its end: a huge log costs 64 kB), by (run, node); a log whose last line is not a poll is left out."""
+    its end: a huge log costs a line), by (run, node); a log whose last line is not a poll is left out."""
     out: dict[tuple[int, str], dict] = {}
     for run, path in JobDir(job_dir).metrics_logs():
         try:
-            lines = files.tail(path, 1 << 16).decode(errors="replace").splitlines()
-            poll = json.loads(lines[-1]) if lines else None
+            poll = _last_line(path)
         except (OSError, ValueError):
             continue
         if isinstance(poll, dict) and isinstance(poll.get("node"), str) and isinstance(poll.get("samples"), list):
             out[(run, poll["node"])] = poll
     return out
+
+
+def _last_line(path: Path, first: int = 1 << 13, longest: int = 1 << 20):
+    """The JSON of the file's last line, or of the one before where the last is torn (None: neither is JSON): its
+    last ``first`` bytes, more where a line is longer (a poll of many GPUs), up to ``longest``."""
+    size = first
+    while True:
+        chunk = files.tail(path, size)
+        lines = chunk.splitlines()
+        if len(lines) > 2 or len(chunk) < size or size >= longest:  # two whole last lines, or the whole file
+            for line in reversed(lines[-2:]):  # a torn last line (the exporter killed mid-write): the one before
+                try:
+                    return json.loads(line)
+                except ValueError:
+                    continue
+            return None
+        size *= 8

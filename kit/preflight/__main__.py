@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from kit.preflight import health, verdict
+from kit.preflight import burn, health, verdict
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="what", required=True)
     node = sub.add_parser("node", help="check this node")
     node.add_argument("--out", help="write its record here (JSON); - for standard output")
-    node.add_argument("--burn-seconds", type=float, default=2.0)
+    node.add_argument("--burn-seconds", type=float, default=burn.SECONDS)
     node.add_argument("--node", default=os.environ.get("SLURMD_NODENAME"))
     node.add_argument("--network", metavar="ADDR:PORT", help="then test the links with the other nodes' (rendezvous)")
     node.add_argument("--rank", type=int, default=0, help="with --network: this node's place among them")

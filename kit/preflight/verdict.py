@@ -26,7 +26,7 @@ SLOW_LINK = 0.5  # --preflight-network: a node whose every link is under this sh
 GPU_FAIL, GPU_WARN = 0.3, 0.6  # a GPU's burn-in under these shares of its datasheet peak: fails it / is told
 
 
-def check_node(node: str | None = None, burn_seconds: float = 2.0, env: dict | None = None, say=print) -> dict:
+def check_node(node: str | None = None, burn_seconds: float = burn.SECONDS, env: dict | None = None, say=print) -> dict:
     """This node's record: its findings (health's, an Xid during the burn-in, a GPU far under its peak), the GPUs
     seen, the burn-in (none on a node that failed already)."""
     t0 = time.monotonic()

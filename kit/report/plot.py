@@ -114,6 +114,13 @@ def gapped(points: list) -> tuple[list, list]:
 def plot(series: Series, summary: Summary, out: Path, logs: Logs | None = None) -> None:
     """The job's picture in ``out``: a panel per metric with data (their titles in ``summary.panels``, drawn or
     not), the runs' restarts marked."""
+    fig = figure(series, summary, logs)
+    _save(fig, out)
+    _pyplot().close(fig)
+
+
+def figure(series: Series, summary: Summary, logs: Logs | None = None):
+    """The job's picture (a matplotlib figure): :func:`plot` saves it."""
     panels = _panels(series)
     summary.panels = [title for title, _ in panels]
     plt = _pyplot()
@@ -142,13 +149,13 @@ def plot(series: Series, summary: Summary, out: Path, logs: Logs | None = None) 
         for run, t in restarts:
             ax.axvline(t - t0, color="red", linewidth=0.8, alpha=0.7)
             if ax is axes[0, 0]:
-                ax.annotate(
-                    f"run {run}",
-                    (t - t0, 1.0),
+                ax.annotate(  # inside the panel's top: never over its title
+                    f" run {run}",
+                    (t - t0, 0.98),
                     xycoords=("data", "axes fraction"),
                     color="red",
                     fontsize="small",
-                    va="bottom",
+                    va="top",
                 )
         ax.set_title(title)
         # Beside the panel, never over it: many nodes' labels ("61 nodes, whole node: median,
@@ -158,9 +165,9 @@ def plot(series: Series, summary: Summary, out: Path, logs: Logs | None = None) 
         axes[0, 0].set_axis_off()
     axes[-1, 0].set_xlabel("seconds since the first sample" + ("; red lines: restarts" if restarts else ""))
     fig.suptitle(f"kit job {summary.job}")
-    fig.tight_layout()
-    _save(fig, out)
-    plt.close(fig)
+    # tight_layout leaves the job's title out of its sums: a band at the top is kept for it (half an inch).
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
+    return fig
 
 
 def _save(fig, out: Path) -> None:
