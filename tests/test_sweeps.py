@@ -8,10 +8,9 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from helpers import kit, launch_wait, read_logs, runs, start_now, stepds_of, wait_for, wait_no_processes
+from helpers import kit, launch_wait, read_logs, release_requeued, runs, wait_for
 
 from kit import slurm
 
@@ -128,11 +127,7 @@ def test_an_array_task_at_its_time_limit_requeues_and_resumes_alone(cluster, tmp
         )
         raw = _raw_id(t0)
         saved = int(re.search(r"saved last.ckpt at step (\d+)", read_logs(t0)).group(1))
-        wait_for(lambda: slurm.job_status(cluster.target, raw).restarts == 1, 60, what="the requeue")
-        assert wait_no_processes(t0, 45) == []
-        wait_for(lambda: not stepds_of(raw), 45, what="task 0's first run to end")
-        time.sleep(2)
-        start_now(cluster, raw, check=True)
+        release_requeued(cluster, raw, t0)
         wait_for(
             lambda: re.search(r"resuming from \S+ at step (\d+)", read_logs(t0)),
             90,
