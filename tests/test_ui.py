@@ -154,3 +154,42 @@ def test_a_sixty_four_node_job_page_shows_every_rank_and_no_markup_of_the_job(tm
     assert browser.evaluate("document.querySelectorAll('img, b').length") == 0
     assert "<img src=x onerror=alert(1)>" in browser.text() and "</pre><b>x</b>" in browser.text()
     assert kit("ui", "--port", "70000").returncode == 2
+
+
+def test_slurm_is_asked_in_the_background_and_a_page_never_waits_for_it(monkeypatch):
+    """kit.ui.states: the first look at a job waits for Slurm; later pages take what Slurm said last, asked again
+    every EVERY seconds in the background for the jobs a page showed within KEEP; answers grown old (the background
+    failing) are asked for again, the page then waiting and hearing Slurm's problem."""
+    from kit.errors import KitError
+    from kit.ui import states
+
+    monkeypatch.setattr(states, "EVERY", 0.1)
+    monkeypatch.setattr(states, "FRESH", 0.5)
+    monkeypatch.setattr(states, "KEEP", 1.0)
+    asked, down = [], threading.Event()
+
+    def ask(target, names):
+        if down.is_set():
+            raise KitError("slurmctld does not answer")
+        asked.append(list(names))
+        return {n: f"state {len(asked)}" for n in names}
+
+    s = states.States(ask)
+    try:
+        assert s("slurm A", ["7"]) == {"7": "state 1"} and len(asked) == 1  # the first look waits
+        assert s("slurm A", ["7"]) == {"7": "state 1"} and len(asked) == 1  # the next takes what was heard
+        wait_for(lambda: len(asked) >= 3, 5, what="asks in the background")
+        assert s("slurm A", ["7"])["7"] != "state 1" and asked[-1] == ["7"]
+        time.sleep(1.6)  # no page looked for KEEP seconds: no more asks
+        quiet = len(asked)
+        time.sleep(0.5)
+        assert len(asked) == quiet
+        s("slurm A", ["7"])  # looked at again: asked again
+        down.set()
+        time.sleep(0.7)  # the background's asks fail; what was heard grows old
+        with pytest.raises(KitError, match="does not answer"):
+            s("slurm A", ["7"])
+        thread = s._thread
+    finally:
+        s.close()
+    assert not thread.is_alive() and s._thread is None

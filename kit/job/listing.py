@@ -122,10 +122,17 @@ def _row(
 
 
 def list_jobs(
-    output_dirs: list[Path], *, everything: bool = False, now: float | None = None, only: list[Path] | None = None
+    output_dirs: list[Path],
+    *,
+    everything: bool = False,
+    now: float | None = None,
+    only: list[Path] | None = None,
+    ask=None,
 ) -> list[JobRow]:
     """Rows for kit's known jobs, newest first: every active job, and (without
-    ``everything``) ended ones submitted in the last 24 hours; ``only``: these job directories' rows."""
+    ``everything``) ended ones submitted in the last 24 hours; ``only``: these job directories' rows; ``ask``:
+    what asks a Slurm for its jobs' states (default :func:`kit.slurm.statuses`; kit ui's answers from the
+    background, kit.ui.states)."""
     now = time.time() if now is None else now
     dirs = records.known_job_dirs(output_dirs) if only is None else only
     by_target: dict[slurm.Target, list[Path]] = {}
@@ -143,7 +150,7 @@ def list_jobs(
         found, problem = {}, targets.unavailable(target)
         if problem is None:
             try:
-                found = slurm.statuses(target, names)
+                found = (ask or slurm.statuses)(target, names)
             except KitError as e:  # down, or no Slurm here: the job directories still tell a lot
                 problem = e.message
         for d in group:

@@ -24,6 +24,7 @@ from kit.jobdir import JobDir
 from kit.jobdir.events import events
 from kit.jobdir.metrics import newest_rank_metrics
 from kit.ui import page
+from kit.ui.states import States
 
 COOKIE = "kit_ui"
 PICTURE_LIMIT = 32 << 20  # bytes of a report's picture served
@@ -46,6 +47,10 @@ class Ui:
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     _dirs: dict[str, Path] = field(default_factory=dict)  # job id -> its directory, as the list last saw it
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    states: States = field(default_factory=States)  # Slurm's, asked in the background (kit.ui.states)
+
+    def close(self) -> None:
+        self.states.close()
 
     def rows(self, query: dict[str, str]) -> list[listing.JobRow]:
         """`kit ps`'s rows, its filters from the query (state, name, since in seconds, user, all)."""
@@ -54,7 +59,7 @@ class Ui:
             query.get("state") or None, query.get("name") or None, since, query.get("user") or None
         )
         dirs = [Path(d) for d in self.output_dirs]
-        rows = listing.list_jobs(dirs, everything=bool(query.get("all")) or since is not None)
+        rows = listing.list_jobs(dirs, everything=bool(query.get("all")) or since is not None, ask=self.states)
         with self._lock:
             self._dirs.update({r.id: Path(r.job_dir) for r in rows})
         now = time.time()
@@ -68,7 +73,8 @@ class Ui:
             self.rows({"all": "1"})
             with self._lock:
                 known = self._dirs.get(job_id)
-        found = [r for r in listing.list_jobs([], everything=True, only=[known]) if r.id == job_id] if known else []
+        rows = listing.list_jobs([], everything=True, only=[known], ask=self.states) if known else []
+        found = [r for r in rows if r.id == job_id]
         return found[0] if found else None
 
     def answer(self, path: str, query: dict[str, str]) -> tuple[int, str, bytes]:
@@ -147,6 +153,10 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, ui: Ui, port: int):
         self.ui = ui
         super().__init__(("127.0.0.1", port), _Handler)
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.ui.close()  # its background asks of Slurm end with it
 
 
 def start(ui: Ui, port: int = 0) -> _Server:
