@@ -216,7 +216,7 @@ def measure(cluster: LocalCluster, tmp: Path, quick: bool, pages: int) -> None:
     wide = "job page, 64 nodes" + (" (a job directory)" if quick else " (running)") + f", median of {pages}"
     print(f"{wide:<52}{1000 * page_64:>10.0f}ms{'<= 200 ms':>12}")
     if slurm_64 is not None:
-        print(f"{'  Slurm answering for it (kit ui asks in the background)':<52}{1000 * slurm_64:>10.0f}ms{'-':>12}")
+        print(f"{'  Slurm answering for it (asked in the background)':<52}{1000 * slurm_64:>10.0f}ms{'-':>12}")
     print(f"{'  64 nodes / 2 nodes':<52}{page_64 / got['page_2']:>11.2f}x{'-':>12}")
     met = got["worst"] <= 5 and got["duplicates"] == 0 and got["losses"] == 0 and page_64 <= 0.2
     print("targets met" if met else "TARGETS MISSED")
