@@ -4,7 +4,6 @@ finding a job's processes, reading its logs and records, checking how it ended."
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -183,12 +182,17 @@ def release_requeued(cluster, job_id: str, job_dir, restarts: int = 1) -> None:
     stepd still holds the job is drained as a duplicate) plus 2 s (slurmd
     rejects a credential issued in the same second as the revocation).
     """
+    runs_before = set(JobDir(job_dir).run_dirs(JobDir.PROGRESS))
+
+    def begun() -> bool:  # a requeue of kit's own (a begin time seconds away, not Slurm's hold) may be started by
+        # the scheduler while this waits: the next run's stepds are then the job's. (Its number is not Slurm's
+        # restart count: restarts inside the allocation count too.)
+        return bool(set(JobDir(job_dir).run_dirs(JobDir.PROGRESS)) - runs_before)
+
     wait_for(lambda: slurm.job_status(cluster.target, job_id).restarts == restarts, 90, what="the requeue")
     assert wait_no_processes(job_dir, 45) == []
-    begun = JobDir(job_dir).run_progress(restarts)  # the next run's: a requeue of kit's own (a begin time seconds
-    # away, not Slurm's hold) may be started by the scheduler while this waits, and its stepds are then the job's
-    wait_for(lambda: not stepds_of(job_id) or begun.exists(), 45, what="the earlier run's slurmstepd to end")
-    if not begun.exists():
+    wait_for(lambda: not stepds_of(job_id) or begun(), 45, what="the earlier run's slurmstepd to end")
+    if not begun():
         time.sleep(2)
         start_now(cluster, job_id)
 
@@ -323,6 +327,37 @@ def named_containers(cluster, node: str, uid: int | None = None) -> Path:
     )
 
 
+def lock_holders(path: Path) -> list[int]:
+    """The pids holding a flock on ``path`` (/proc/locks, by inode)."""
+    inode = os.stat(path).st_ino
+    out = []
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
+            out.append(int(fields[4]))
+    return out
+
+
+def _proc(pid: int, what: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/{what}").read_bytes()
+    except OSError:
+        return b""
+
+
+def _of_job(pid: int, job_dir) -> bool:
+    """Of ``job_dir``'s job: its batch script (the directory its argument) or a process below it (in its env)."""
+    mine = str(job_dir).encode()
+    return mine in _proc(pid, "cmdline").split(b"\0") or b"KIT_JOB_DIR=" + mine + b"\0" in _proc(pid, "environ")
+
+
+def _of_a_job(pid: int) -> bool:
+    """A process of some job (a batch script, or one with a job directory in its environment), or gone meanwhile."""
+    if not Path(f"/proc/{pid}").exists():
+        return True
+    return b"slurm_script" in _proc(pid, "cmdline") or b"KIT_JOB_DIR=" in _proc(pid, "environ")
+
+
 def assert_nothing_left(cluster, w: Waiting, uid: int | None = None) -> None:
     """No process, exporter target, mount, unnamed container or held port lock of ``w``'s job (its user's:
     ``uid``, default this process's) is left."""
@@ -336,9 +371,9 @@ def assert_nothing_left(cluster, w: Waiting, uid: int | None = None) -> None:
     assert [p for n in nodes for p in named_containers(cluster, n, uid).glob(f"pyxis_{w.job_id}.*")] == []
     for port in set(re.findall(r"MASTER_PORT=(\d+)", read_logs(w.job_dir))):
         lock = Path(os.environ.get("TMPDIR", "/tmp") if uid == os.geteuid() else "/tmp", f"kit-ports-{uid}", port)
-        if lock.exists():
-            with open(lock) as f:  # the port lock is free again: nobody holds it
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if lock.exists():  # free again, or held by another job (another test's cluster took the port since)
+            for holder in lock_holders(lock):
+                assert not _of_job(holder, w.job_dir) and _of_a_job(holder), (port, holder)
 
 
 def check_end(

@@ -95,7 +95,7 @@ def _last_line(path: Path, first: int = 1 << 13, longest: int = 1 << 20):
         if len(lines) > 2 or len(chunk) < size or size >= longest:  # two whole last lines, or the whole file
             for line in reversed(lines[-2:]):  # a torn last line (the exporter killed mid-write): the one before
                 try:
-                    return json.loads(line)
+                    return files.loads(line)
                 except ValueError:
                     continue
             return None

@@ -16,6 +16,7 @@ what it does now.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -70,9 +71,9 @@ def samples(job_dir: str | Path) -> tuple[float, dict[str, float]] | None:
         for sample in poll["samples"]:
             try:
                 name, labels, value = sample
-                if name in (SAMPLES, LAST_STEP, STEP):
-                    ranks.setdefault(str(labels["rank"]), {})[name] = float(value)
-            except (TypeError, ValueError, KeyError):
+                if name in (SAMPLES, LAST_STEP, STEP) and math.isfinite(value := float(value)):
+                    ranks.setdefault(str(labels["rank"]), {})[name] = value
+            except (TypeError, ValueError, KeyError, OverflowError):  # a damaged log's sample: that one only
                 continue
         for values in ranks.values():
             start, last = starts.get(run), values.get(LAST_STEP)

@@ -26,9 +26,12 @@ No torch or Lightning import until a Lightning logger is asked for.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -188,9 +191,33 @@ def _once_only(inner, kind: str):
             self.inner.save()
 
         def finalize(self, status):
-            self.inner.finalize(status)
+            with _signals_deferred():
+                self.inner.finalize(status)
 
         def after_save_checkpoint(self, checkpoint_callback):
             self.inner.after_save_checkpoint(checkpoint_callback)
 
     return OnceOnly()
+
+
+@contextlib.contextmanager
+def _signals_deferred():
+    """The stop signals' Python handlers held back while inside, then run: MLflow's file store rewrites a run's
+    meta.yaml in place (truncated, then written), and Lightning's SIGTERM handler (which talks to the other ranks)
+    run in between left it empty — the job's next run could not resume its tracker run (CI: a requeue during the
+    first one's finalize). The main thread only (where Python runs handlers and may set them)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    kept = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in kept.items():
+            signal.signal(s, handler)
+        for signum in held:
+            signal.raise_signal(signum)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
