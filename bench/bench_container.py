@@ -74,8 +74,9 @@ def stuck(said: str) -> str:
     if not found:
         return ""
     where = found.group(1)
-    shown = [kit(*argv, check=False, timeout=60) for argv in (("ps", where), ("logs", where), ("cancel", where))]
-    return "".join(f"\n$ kit {argv}\n{p.stdout[-4000:]}{p.stderr[-2000:]}" for argv, p in zip(("ps", "logs"), shown))
+    shown = {what: kit(what, where, check=False, timeout=60) for what in ("ps", "logs")}
+    kit("cancel", where, check=False, timeout=60)
+    return "".join(f"\n$ kit {what}\n{p.stdout[-4000:]}{p.stderr[-2000:]}" for what, p in shown.items())
 
 
 def set_mode(mode: str) -> None:

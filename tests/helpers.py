@@ -345,12 +345,6 @@ def _proc(pid: int, what: str) -> bytes:
         return b""
 
 
-def _of_job(pid: int, job_dir) -> bool:
-    """Of ``job_dir``'s job: its batch script (the directory its argument) or a process below it (in its env)."""
-    mine = str(job_dir).encode()
-    return mine in _proc(pid, "cmdline").split(b"\0") or b"KIT_JOB_DIR=" + mine + b"\0" in _proc(pid, "environ")
-
-
 def _of_a_job(pid: int) -> bool:
     """A process of some job (a batch script, or one with a job directory in its environment), or gone meanwhile."""
     if not Path(f"/proc/{pid}").exists():
@@ -372,8 +366,9 @@ def assert_nothing_left(cluster, w: Waiting, uid: int | None = None) -> None:
     for port in set(re.findall(r"MASTER_PORT=(\d+)", read_logs(w.job_dir))):
         lock = Path(os.environ.get("TMPDIR", "/tmp") if uid == os.geteuid() else "/tmp", f"kit-ports-{uid}", port)
         if lock.exists():  # free again, or held by another job (another test's cluster took the port since)
+            mine = {pid for pid, _ in job_processes(w.job_dir)}
             for holder in lock_holders(lock):
-                assert not _of_job(holder, w.job_dir) and _of_a_job(holder), (port, holder)
+                assert holder not in mine and _of_a_job(holder), (port, holder)
 
 
 def check_end(

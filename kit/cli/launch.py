@@ -213,7 +213,7 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
     spent = goodput.goodput(job_dir, running=False)
     if spent is not None:
         click.echo(f"kit: job {job_id}: {spent.line()}", err=True)
-        click.echo(f"kit: job {job_id}: {tally.tally(job_dir, running=False).words()}", err=True)
+        click.echo(f"kit: job {job_id}: {tally.tally(job_dir, spent=spent).words()}", err=True)
     for slow in stragglers.read(job_dir):
         click.echo(f"kit: job {job_id}: {slow.line()}", err=True)
     return result.exit_code

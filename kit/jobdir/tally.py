@@ -20,7 +20,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kit.jobdir.goodput import goodput, run_times
+from kit.jobdir.goodput import Goodput, goodput, run_times
 from kit.jobdir.metrics import last_polls
 
 SAMPLES = "training_samples_total"
@@ -42,10 +42,6 @@ class Tally:
         if samples is None or not self.stepping_seconds:
             return None
         return samples / self.stepping_seconds
-
-    @property
-    def samples_per_second(self) -> float | None:
-        return self.rate()
 
     def words(self) -> str:
         """``3368 samples/s (12800 samples in 3.8 s of steps); 25.0 s from submission to its end``."""
@@ -87,9 +83,10 @@ def samples(job_dir: str | Path) -> tuple[float, dict[str, float]] | None:
     return (total, by_node) if seen else None
 
 
-def tally(job_dir: str | Path, running: bool | None = None) -> Tally | None:
-    """The job's tally (None before its first run began); ``running`` as for :func:`kit.jobdir.goodput.goodput`."""
-    spent = goodput(job_dir, running=running)
+def tally(job_dir: str | Path, running: bool | None = None, spent: Goodput | None = None) -> Tally | None:
+    """The job's tally (None before its first run began); ``running`` as for :func:`kit.jobdir.goodput.goodput`, or
+    ``spent``, its goodput where the caller has it already."""
+    spent = spent or goodput(job_dir, running=running)
     if spent is None:
         return None
     counted = samples(job_dir)

@@ -93,7 +93,8 @@ def _the_end(job_dir: Path, out: dict) -> None:
     from kit.jobdir.tally import tally
 
     try:
-        g, counted = goodput(job_dir, running=False), tally(job_dir, running=False)
+        g = goodput(job_dir, running=False)
+        counted = tally(job_dir, spent=g)
     except Exception:  # a damaged record costs these lines, never the message
         g = counted = None
     if g is not None:

@@ -89,11 +89,9 @@ def _rate_is(row) -> str:
     """What the row's samples/s is: the ranks' latest while the job runs, the job's throughput once it ended."""
     if row.samples_per_second is None:
         return ""
-    return (
-        " (the job's: every rank's samples over its steps' time)"
-        if row.duration_seconds is not None
-        else (" (now: every rank's latest, summed)")
-    )
+    if row.duration_seconds is not None:
+        return " (the job's: every rank's samples over its steps' time)"
+    return " (now: every rank's latest, summed)"
 
 
 def _summary(row, now: float) -> str:
