@@ -421,3 +421,25 @@ def test_a_dry_run_launch_copies_no_image(home, tmp_path):
     job_dir = Path(proc.stdout.split("job dir: ")[1].strip())
     spec = json.loads((job_dir / "job.json").read_text())
     assert spec["image_digest"].startswith("sha256:") and spec["image"] == str(image)
+
+
+def test_a_file_deleted_while_the_tree_is_read_is_not_part_of_it(home, tmp_path, monkeypatch):
+    """A file listed and then gone before it was read (another process's temporary tree beside
+    the code, as a base image's build leaves while it runs) is left out, not an error."""
+    repo = make_repo(tmp_path / "repo")
+    (repo / "build.tmp").mkdir()
+    (repo / "build.tmp" / "Packages.xz").write_bytes(b"p" * 100)
+    real = snapshot._entries
+
+    def listed_then_deleted(root, names, label):
+        out = real(root, names, label)
+        (repo / "build.tmp" / "Packages.xz").unlink()
+        (repo / "build.tmp").rmdir()
+        return out
+
+    monkeypatch.setattr(snapshot, "_entries", listed_then_deleted)
+    taken = snapshot.take(repo, store=home / "code")
+    view = tmp_path / "v"
+    snapshot.materialize(taken, view, tmp_path / "code.list")
+    assert taken.files == 4 and (view / "src" / "train.py").read_text() == "print('train')\n"
+    assert not os.path.lexists(view / "build.tmp" / "Packages.xz")

@@ -170,6 +170,8 @@ def _keep(store: Path, root: Path, entries, label: str, source: str, commit, dir
                         e.filename and str(e.filename).startswith(("/proc/self/fd/", str(store)))
                     ):
                         raise  # the store's problem, not the file's
+                    if e.errno == errno.ENOENT:
+                        continue  # deleted since it was listed (a build's temporary tree): not part of it
                     raise KitError(
                         f"cannot snapshot {root / rel}: {e.strerror}",
                         field=label,
