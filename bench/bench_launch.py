@@ -68,11 +68,16 @@ def task_env(job_dir: Path) -> dict:
 
 
 def launcher_run(tmp: Path, i: int) -> tuple[float, float]:
-    """One launcher run; returns (start->command, command exit->last sidecar gone)."""
+    """One launcher run; returns (start->command, command exit->last sidecar gone). The command says when it
+    began, waits until the sidecar has said its pid (else its teardown may come before the sidecar ran at all),
+    and says when it ends."""
     pidfile = tmp / f"sidecar-{i}.pid"
+    command = f"date +%s.%N; until [ -s {pidfile} ]; do sleep 0.005; done; date +%s.%N"
     job = specs.resolve(
         specs.JobSpec(
-            command=["date", "+%s.%N"], output_dir=str(tmp / "jobs"), sidecars=[f"echo $$ > {pidfile}; exec sleep 300"]
+            command=["bash", "-c", command],
+            output_dir=str(tmp / "jobs"),
+            sidecars=[f"echo $$ > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; exec sleep 300"],
         )
     )
     job_dir = launch.prepare(job).job_dir
@@ -90,8 +95,8 @@ def launcher_run(tmp: Path, i: int) -> tuple[float, float]:
     while os.path.exists(f"/proc/{sidecar}"):
         time.sleep(0.001)
     t_gone = time.time()
-    t_cmd = float((job_dir / "logs" / "rank-0.r0.log").read_text().split()[0])
-    return t_cmd - t_start, t_gone - t_cmd
+    t_cmd, t_exit = (float(t) for t in (job_dir / "logs" / "rank-0.r0.log").read_text().split()[:2])
+    return t_cmd - t_start, t_gone - t_exit
 
 
 def kit_phases(job_dir: Path, submitted: float, returned: float) -> dict[str, float]:

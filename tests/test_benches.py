@@ -113,9 +113,11 @@ def test_bench_failslow_quick(cluster):
 def test_bench_notify_quick(cluster):
     """bench_notify's quick run on the session's cluster: every event once, within its target, the pages timed."""
     out = run_bench("bench_notify.py", "--kit-home", str(cluster.home), timeout=300)
-    rows = {line[:52].strip(): line[52:].split() for line in out.splitlines() if len(line) > 52}
+    rows = {line[:56].strip(): line[56:].split() for line in out.splitlines() if len(line) > 56}
     assert rows["duplicates"][0] == "0" and rows["losses"][0] == "0", out
-    assert int(rows["events delivered"][0]) >= 3 and "job page, 64 nodes" in out, out  # started, first step, ended
+    assert int(rows["events delivered"][0]) >= 3, out  # started, first step, ended
+    assert "job page, in Chromium, to its load event, median of 5:" in out and "64 nodes (a job directory)" in out, out
+    assert rows["rank rows Chromium showed, 2 nodes / 64 nodes"][:3] == ["2", "/", "64"], out  # what the page shows
 
 
 def test_bench_snapshot_quick():

@@ -858,22 +858,29 @@ def test_under_container_scope_job_kit_names_the_container_and_the_job_epilog_re
 
 
 # Run 0 writes into the container's own filesystem, reports progress once and hangs (no rank named: no Python); the
-# run restarted in the allocation finds the file: the same container.
+# run restarted in the allocation says whether it finds the file: the same container, or a fresh one.
 KEPT = """
 mark=/var/tmp/kit-run-0-was-here
 if [[ "$KIT_RESTART" == 0 ]]; then
   echo "rank $RANK" >"$mark"; echo "step 1" >"$KIT_PROGRESS_FILE"; sleep 300
 fi
-echo "run $KIT_RESTART found: $(cat "$mark" 2>&1)"
+echo "run $KIT_RESTART found: $(cat "$mark" 2>/dev/null || echo nothing)"
 """
 
 
-def test_a_run_restarted_in_the_allocation_keeps_the_jobs_container(cluster, person, base_image):
-    """Under container_scope=job kit names the job's container: a hang's next run, started in the allocation (2
-    nodes, none to spare), runs in the same container on each node (what run 0 wrote there is there), as the
-    ordinary user; the job ends COMPLETED and the epilog removes the containers."""
+@pytest.mark.parametrize("mode", ["create", "squashfuse"])
+def test_a_run_restarted_in_the_allocation_keeps_the_jobs_container(cluster, person, base_image, mode):
+    """Under container_scope=job a hang's next run starts in the allocation (2 nodes, none to spare), as the
+    ordinary user, and the job ends COMPLETED 0. In create mode kit names the job's container: the next run
+    is in the same container on each node (what run 0 wrote there is there) and the job epilog removes it.
+    In squashfuse mode kit names none (pyxis starts an unnamed container from the image itself: nothing to
+    unpack or keep): the stopped step's FUSE daemons go with it, the next run mounts the image afresh (run
+    0's writes are not there) and no daemon is left."""
+    skip_where_squashfuse_is_closed(cluster, mode)
     data = [named_containers(cluster, f"node{i}", person.uid) for i in (1, 2)]
-    with container_scope(cluster, "job"):
+    slurmd_log = cluster.root / "log" / "slurmd-node2.log"
+    slurmd_log_at = slurmd_log.stat().st_size
+    with container_scope(cluster, "job"), container_mode(cluster, mode):
         job = launched(
             person,
             *("--nodes", "2", "--image", str(base_image), "--no-exporter", "--hang-timeout", "3"),
@@ -886,8 +893,14 @@ def test_a_run_restarted_in_the_allocation_keeps_the_jobs_container(cluster, per
         assert (end.state, end.exit_code) == ("COMPLETED", 0), logs
         runs = [json.loads(line) for line in (job_dir / "runs.jsonl").read_text().splitlines()]
         assert [(r["end"], r.get("then")) for r in runs] == [("hang", "restart"), ("finished", None)], runs
-        assert "0: run 1 found: rank 0" in logs and "1: run 1 found: rank 1" in logs, logs
+        found = {"create": ("rank 0", "rank 1"), "squashfuse": ("nothing", "nothing")}[mode]
+        assert f"0: run 1 found: {found[0]}" in logs and f"1: run 1 found: {found[1]}" in logs, logs
         wait_for(lambda: not any((d / f"pyxis_{job_id}_kit").exists() for d in data), 30, what="the job epilog")
+        wait_for(lambda: fuse_daemons(person) == [], 30, what="the steps' FUSE daemons to end")
+    with open(slurmd_log, errors="replace") as f:
+        f.seek(slurmd_log_at)
+        direct = f.read().count("skipping container creation (squashfuse enabled)")
+    assert direct == {"create": 0, "squashfuse": 2}[mode]  # each run's step on node2, started from the image
 
 
 def test_a_node_repaired_from_a_shell_with_another_path_still_runs_containers(cluster, person, base_image):

@@ -365,8 +365,10 @@ def test_a_work_tree_git_refuses_is_an_error_not_a_silent_live_run(home, tmp_pat
     )
     assert ok.returncode == 0, ok.stderr
     job_dir = Path(ok.stdout.split("job dir: ")[1].strip())
-    snap = json.loads((job_dir / "job.json").read_text())["snapshot"]
-    assert snap["source"] == "directory" and (job_dir / "code" / "run.sh").read_text() == "#!/bin/sh\necho run\n"
+    snap = snapshot.load(json.loads((job_dir / "job.json").read_text())["snapshot"])
+    assert snap.source == "directory" and not (job_dir / "code").exists()  # a dry run's code stays in the store
+    snapshot.materialize(snap, tmp_path / "view", tmp_path / "code.list")
+    assert (tmp_path / "view" / "run.sh").read_text() == "#!/bin/sh\necho run\n"
 
 
 def test_a_launch_never_rewrites_the_trees_index(home, tmp_path):

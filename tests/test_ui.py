@@ -96,12 +96,7 @@ def test_a_running_two_node_job_in_the_browser(cluster, tmp_path, serving, brows
 
         before = wait_for(step, 30, what="rank 0's step on the page")
         wait_for(lambda: (step() or 0) > before, 30, what="the page to show a later step by itself")
-        shot = tmp_path / "job-page.png"
-        shot.write_bytes(browser.screenshot(1280, 1000))
-        assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        keep = os.environ.get("KIT_TEST_ARTIFACTS")
-        if keep:
-            shutil.copy(shot, Path(keep) / "kit-ui-job-page.png")
+        kept_screenshot(browser, tmp_path / "kit-ui-job-page.png")
         api = json.loads(
             urllib.request.urlopen(
                 urllib.request.Request(
@@ -115,6 +110,15 @@ def test_a_running_two_node_job_in_the_browser(cluster, tmp_path, serving, brows
         scancel(cluster, job_id)
 
 
+def kept_screenshot(browser, shot: Path) -> None:
+    """The page as Chromium draws it, a PNG at ``shot``, kept in $KIT_TEST_ARTIFACTS where that is set."""
+    shot.write_bytes(browser.screenshot(1280, 1000))
+    assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    keep = os.environ.get("KIT_TEST_ARTIFACTS")
+    if keep:
+        shutil.copy(shot, Path(keep) / shot.name)
+
+
 def sixty_four_nodes(root: Path, name: str = "wide") -> tuple[str, Path]:
     """A 64-node job's directory as its run leaves it: submitted, started, every rank's metrics and timeline, a batch
     log; its name carries markup, which the page must show as text."""
@@ -124,6 +128,7 @@ def sixty_four_nodes(root: Path, name: str = "wide") -> tuple[str, Path]:
     now = time.time()
     (d / JobDir.SPEC).write_text(json.dumps({"job_name": name, "nodes": 64}))
     (d / JobDir.JOB_ID).write_text("990064\n")
+    os.utime(d / JobDir.JOB_ID, (now - 70, now - 70))  # submitted before it started
     (d / JobDir.SLURM).write_text(json.dumps({"conf": str(root / "no-such-slurm.conf")}))
     (progress / JobDir.STEP_START).write_text(f"{now - 60}\n")
     (progress / JobDir.TIMELINE.format(rank=0)).write_text(f"first {now - 50} 1\n")
@@ -150,6 +155,7 @@ def test_a_sixty_four_node_job_page_shows_every_rank_and_no_markup_of_the_job(tm
         "[...document.querySelectorAll('tr')].filter(r => r.cells.length === 6 && r.cells[0].tagName === 'TD').length"
     )
     assert ranks == 64 and "node64" in browser.text() and "node01" in browser.text()
+    kept_screenshot(browser, tmp_path / "kit-ui-64-node-page.png")
     # The job's own markup is text on the page, never an element of it.
     assert browser.evaluate("document.querySelectorAll('img, b').length") == 0
     assert "<img src=x onerror=alert(1)>" in browser.text() and "</pre><b>x</b>" in browser.text()

@@ -124,15 +124,14 @@ def take(
         root = _git_top(cwd)
         if root is None:
             return None
+    top = _git_top(root, refused_ok=True) if code_dir is not None else root
     skip = [
         str(Path(p).resolve().relative_to(root))
         for p in (*exclude, store)
         if codestore.inside(Path(p).resolve(), root) and Path(p).resolve() != root
     ]
-    top = _git_top(root, refused_ok=code_dir is not None)
     if top is not None:
-        names = _git_files(root)
-        commit, dirty = _git_state(root, skip)
+        names, (commit, dirty) = _git_files_and_state(root, skip)
         source = "git"
     else:
         names = _walk(root)
@@ -214,12 +213,14 @@ def _stored(path: Path, objects: Path, st: os.stat_result, memo: files.StatMemo)
     return digest
 
 
-def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def _git(args: list[str], cwd: Path, wait: bool = True):
     """git in ``cwd``, reading only: no optional locks, so ``git status`` never rewrites the
-    tree's index (as root in a teammate's tree it would leave an index they cannot write)."""
-    return subprocess.run(
-        ["git", "-C", str(cwd), *args], capture_output=True, timeout=120, env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
-    )
+    tree's index (as root in a teammate's tree it would leave an index they cannot write);
+    finished, or (``wait=False``) started with its output piped."""
+    argv, env = ["git", "-C", str(cwd), *args], {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+    if not wait:
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    return subprocess.run(argv, capture_output=True, timeout=120, env=env)
 
 
 def _git_top(path: Path, refused_ok: bool = False) -> Path | None:
@@ -245,26 +246,30 @@ def _git_top(path: Path, refused_ok: bool = False) -> Path | None:
     return Path(os.fsdecode(proc.stdout.rstrip(b"\n"))).resolve()
 
 
-def _git_files(root: Path) -> list[str]:
-    """Tracked files and untracked ones git does not ignore, under ``root`` (relative to it)."""
-    proc = _git(["ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."], root)
-    if proc.returncode != 0:
+def _git_files_and_state(root: Path, skip: list[str]) -> tuple[list[str], tuple[str | None, bool | None]]:
+    """The files under ``root`` (relative to it) git tracks or does not ignore; and (HEAD, whether the tree
+    differs from it, what ``skip`` names left out; None where git could not tell), git asked both at once."""
+    status = ["status", "--porcelain=v2", "-z", "--branch", "--untracked-files=normal", "--", "."]
+    state = _git([*status, *(f":(exclude){d}" for d in skip)], root, wait=False)
+    try:
+        listed = _git(["ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."], root)
+        said, _ = state.communicate(timeout=120)
+    finally:
+        state.kill()
+        state.wait()
+    if listed.returncode != 0:
         raise KitError(
-            f"git ls-files failed in {root}: {proc.stderr.decode(errors='replace').strip()}",
+            f"git ls-files failed in {root}: {listed.stderr.decode(errors='replace').strip()}",
             field="--code",
             hint="fix the repository, or --no-code-snapshot",
         )
-    return sorted({os.fsdecode(n) for n in proc.stdout.split(b"\0") if n})
-
-
-def _git_state(root: Path, skip: list[str]) -> tuple[str | None, bool]:
-    """(HEAD, whether the tree differs from it), what ``skip`` names left out."""
-    head = _git(["rev-parse", "--verify", "-q", "HEAD"], root)
-    commit = head.stdout.decode().strip() or None if head.returncode == 0 else None
-    status = _git(
-        ["status", "--porcelain", "-z", "--untracked-files=normal", "--", ".", *(f":(exclude){d}" for d in skip)], root
-    )
-    return commit, bool(status.stdout.strip(b"\0"))
+    names = sorted({os.fsdecode(n) for n in listed.stdout.split(b"\0") if n})
+    if state.returncode != 0:
+        return names, (None, None)
+    records = [r for r in said.split(b"\0") if r]
+    head = next((r[len(b"# branch.oid ") :] for r in records if r.startswith(b"# branch.oid ")), b"")
+    commit = head.decode() if head and head != b"(initial)" else None
+    return names, (commit, any(not r.startswith(b"# ") for r in records))
 
 
 def _walk(root: Path) -> list[str]:

@@ -16,6 +16,7 @@ from kit.errors import KitError
 
 SKIPPED = frozenset({".git", "__pycache__"})  # never linked into a view: the live repository, stale bytecode
 _CHUNK = 1 << 20
+HEX = frozenset("0123456789abcdef")  # an object's name: a sha256 in lower-case hex
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def load(record: dict) -> Snapshot:
 
 def _hexdigest(snap: Snapshot) -> str:
     hexdigest = snap.digest.partition(":")[2] if isinstance(snap.digest, str) else ""
-    if len(hexdigest) != 64 or not all(c in "0123456789abcdef" for c in hexdigest):
+    if len(hexdigest) != 64 or not HEX.issuperset(hexdigest):
         raise KitError(f"not a snapshot digest: {snap.digest!r}", field="JOB")
     return hexdigest
 
@@ -149,16 +150,18 @@ def _checked_entries(manifest) -> list[tuple[str, str, str]]:
             or any(p in SKIPPED for p in parts)
         ):
             raise ValueError(f"a path outside the view: {rel!r}")
-        if kind in ("f", "x") and (len(value) != 64 or not all(c in "0123456789abcdef" for c in value)):
+        if kind in ("f", "x") and (len(value) != 64 or not HEX.issuperset(value)):
             raise ValueError(f"not an object name: {value!r}")
         if kind not in ("f", "x", "l", "d") or rel in seen:
             raise ValueError(f"a bad or repeated entry: {rel!r}")
         seen.add(rel)
         out.append((rel, kind, value))
     for rel, _, _ in out:
-        for parent in Path(rel).parents:
-            if str(parent) in seen:
+        slash = rel.find("/")
+        while slash != -1:
+            if rel[:slash] in seen:
                 raise ValueError(f"an entry below a file or link: {rel!r}")
+            slash = rel.find("/", slash + 1)
     return out
 
 

@@ -84,7 +84,7 @@ def submit_spec(
     ``before_submit(prepared)`` given it to add to (on failure the directory goes), and
     (unless ``dry_run``) submitted."""
     plan = targets.plan(spec, origins, where=where, dry_run=dry_run, cwd=cwd, rerun=rerun)
-    prepared = lib.prepare(plan.job)
+    prepared = lib.prepare(plan.job, dry_run=dry_run)
     if before_submit is not None:
         try:
             before_submit(prepared)

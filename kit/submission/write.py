@@ -41,8 +41,9 @@ def _new_job_dir(out_dir: Path, job_name: str) -> Path:
     return out_dir / f"{safe}-{stamp}-{os.urandom(3).hex()}"
 
 
-def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
-    """Write the job directory (all or nothing) and return what to submit."""
+def prepare(job: ResolvedJob, *, job_dir: Path | None = None, dry_run: bool = False) -> PreparedJob:
+    """Write the job directory (all or nothing) and return what to submit; a dry run's leaves the code
+    snapshot in the store (its copy in the directory is made for a job that runs, as its image's is)."""
     out_dir = Path(job.spec.output_dir)
     final = job_dir or _new_job_dir(out_dir, job.spec.job_name)
     argv = slurm.sbatch_argv(job, final, start_dir(job, final))
@@ -63,7 +64,7 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None) -> PreparedJob:
             path.write_text(text, encoding="utf-8")
             path.chmod(0o700 if name.endswith(".sh") else 0o600)
         _write_tasks(job, tmp)
-        if job.snapshot is not None:
+        if job.snapshot is not None and not dry_run:
             snapshots.materialize(job.snapshot, JobDir(tmp).code, tmp / JobDir.CODE_LIST)
         # job.json holds --env's and --notify's values: its user's alone, whatever the directory becomes.
         files.create(tmp / JobDir.SPEC, json.dumps(spec_record(job), indent=2, sort_keys=True) + "\n", mode=0o600)
