@@ -1,6 +1,6 @@
 """Notifications and the job page, measured in one run (issue 44 item 4).
 
-    python bench/bench_notify.py [--quick] [--kit-home DIR] [--pages N]
+    python bench/bench_notify.py [--quick] [--kit-home DIR] [--pages N] [--shots DIR]
 
 1. A 2-node job of the reference trainer with --notify to a webhook on loopback, requeued twice by an admin
    (scontrol requeue) with slurmctld killed and started again in between (--quick: one run, no requeue): each
@@ -8,7 +8,7 @@
    webhook got twice) and losses (an event kit's timeline tells that never came), target 0 and 0.
 2. `kit ui`'s job page, median of --pages loads: the running 2-node job's, and a running 64-node job's (one light
    rank a node on a throw-away 64-node local cluster; --quick: a 64-node job directory as a run leaves it), side by
-   side, with their ratio: through its HTTP server (the whole answer), and in Debian's headless Chromium (from the
+   side, with their ratio, alternated: through its HTTP server (the whole answer), and in Debian's headless Chromium (from the
    navigation's start to its load event's end, as the browser's Navigation Timing tells it; target: <= 200 ms for 64
    nodes), where the page must show every rank. The job list's time beside them.
 
@@ -160,36 +160,35 @@ class Page:
 
 
 def page_times(ui: server.Ui, job_id: str, n: int, shot: Path | None = None) -> Page:
-    """The median load of the job's page: through the server's HTTP path (the token's cookie, the whole answer),
-    then in Chromium where there is one (navigation start to the load event's end), its screenshot to ``shot``."""
+    """The median load of the job's page, ``n`` of each alternated: through the server's HTTP path (the token's
+    cookie, the whole answer), and in Chromium where there is one (navigation start to the load event's end);
+    Chromium's screenshot to ``shot``."""
     running = server.start(ui)
     threading.Thread(target=running.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{running.server_address[1]}/job/{job_id}"
     request = urllib.request.Request(url, headers={"Cookie": f"{server.COOKIE}={ui.token}"})
+    browser = Browser() if shutil.which("chromium") else None
     try:
         urllib.request.urlopen(request, timeout=30).read()  # the list's first look, as a person's first click
-        page = Page(statistics.median(timed(lambda: urllib.request.urlopen(request, timeout=30).read(), n)))
-        if shutil.which("chromium"):
-            page.chromium, page.ranks = in_chromium(server.address(running), url, n, shot)
+        if browser is not None:
+            browser.open(server.address(running))  # the token exchanged for the cookie
+        http, chromium = [], []
+        for _ in range(n):
+            http += timed(lambda: urllib.request.urlopen(request, timeout=30).read(), 1)
+            if browser is not None:
+                browser.go(url)
+                chromium.append(wait_for(lambda: browser.evaluate(LOADED), 30, poll=0.01) / 1000)
+        page = Page(statistics.median(http))
+        if browser is not None:
+            page.chromium, page.ranks = statistics.median(chromium), browser.evaluate(RANK_ROWS)
+            if shot is not None:
+                shot.write_bytes(browser.screenshot(1280, 1000))
         return page
     finally:
+        if browser is not None:
+            browser.close()
         running.shutdown()
         running.server_close()
-
-
-def in_chromium(with_token: str, url: str, n: int, shot: Path | None) -> tuple[float, int]:
-    browser = Browser()
-    try:
-        browser.open(with_token)  # the token exchanged for the cookie
-        took = []
-        for _ in range(n):
-            browser.go(url)
-            took.append(wait_for(lambda: browser.evaluate(LOADED), 30, poll=0.01) / 1000)
-        if shot is not None:
-            shot.write_bytes(browser.screenshot(1280, 1000))
-        return statistics.median(took), browser.evaluate(RANK_ROWS)
-    finally:
-        browser.close()
 
 
 def sixty_four_nodes(root: Path) -> str:
