@@ -152,6 +152,21 @@ kit::_job_field() {
   squeue --noheader --jobs="${SLURM_JOB_ID}" --format="$1" 2>/dev/null | awk 'NR == 1' || true
 }
 
+# kit::_await_stop: a step that failed while Slurm ends the job (cancelled as the step began: srun refused,
+# "Job/step already completing"; or its tasks signalled first) may end before the batch script's own stop
+# signal comes: when Slurm no longer says RUNNING, that signal is waited for (at most 5 s), so that the run
+# is recorded as stopped, not as failed.
+kit::_await_stop() {
+  local state tries
+  state="$(kit::_job_field %T)"
+  [[ -n "${state}" && "${state}" != RUNNING ]] || return 0
+  kit::log "the step failed while Slurm ends the job (${state}): waiting for its stop signal"
+  for (( tries = 0; tries < 25 && ! KIT_STOPPING; tries++ )); do
+    kit::nap 0.2
+    kit::handle_signals
+  done
+}
+
 # kit::requeue WHY [NODE]: requeue the job within the retry budget, with NODE
 # (a suspect) left out of the next run where the partition has nodes to
 # spare. Returns 1 when the budget is spent, the checkpoint step stalled, a
@@ -421,6 +436,7 @@ kit::_ending() {
 kit::conclude() {
   local -r rc="${KIT_STEP_RC}"
   local facts row when end code flags why says next=""
+  if (( rc != 0 && ! KIT_STOPPING )); then kit::_await_stop; fi
   facts="$(kit::_run_facts)"
   row="$(kit::_ending "${facts}")"
   IFS='|' read -r when end code flags why says <<<"${row}"
