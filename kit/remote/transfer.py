@@ -253,7 +253,7 @@ def receive(tree: str, where: str) -> tuple[codestore.Snapshot, Path, Path | Non
 
 def _hex(digest) -> str:
     hexdigest = digest.partition(":")[2] if isinstance(digest, str) and digest.startswith("sha256:") else ""
-    if len(hexdigest) != 64 or not all(c in "0123456789abcdef" for c in hexdigest):
+    if len(hexdigest) != 64 or not codestore.HEX.issuperset(hexdigest):
         raise ValueError(f"not a digest: {digest!r}")
     return hexdigest
 
