@@ -174,7 +174,7 @@ def main() -> None:
     compileall.compile_dir(str(Path(launch.__file__).parent.parent), quiet=1)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        py, parser, dry, api, warm = [], [], [], [], []
+        py, parser, imports, dry, api, warm = [], [], [], [], [], []
         api_call = (
             f"import kit; kit.launch(['python', '-m', 'kit.train'], nodes=2, dry_run=True, "
             f"output_dir={str(tmp / 'api')!r})"
@@ -184,6 +184,7 @@ def main() -> None:
         for _ in range(args.runs):  # interleaved, so all see the same machine load
             py.append(timed([sys.executable, "-c", "pass"]))
             parser.append(timed([sys.executable, "-c", "import click"]))
+            imports.append(timed([sys.executable, "-c", "import kit.cli.group, kit.cli.launch"]))
             dry.append(
                 timed(
                     [
@@ -229,6 +230,11 @@ def main() -> None:
     print(f"{'  ratio import click / python -c pass':<44}{med(parser) / med(py):>9.2f}x")
     print(f"{'kit launch --dry-run':<44}{med(dry):>9.3f}s{p_max(dry):>9.3f}s{'< 0.300s':>10}")
     print(f"{'  ratio dry-run / python -c pass':<44}{med(dry) / med(py):>9.2f}x{'':>10}{'<= 3.00x':>10}")
+    print("  where the dry run's time goes (medians' differences):")
+    print(f"{'    Python starting':<44}{med(py):>9.3f}s")
+    print(f"{'    importing click':<44}{med(parser) - med(py):>9.3f}s")
+    print(f"{'    importing kit (its CLI and launch path)':<44}{med(imports) - med(parser):>9.3f}s")
+    print(f"{'    the work (snapshot, plan, job directory)':<44}{med(dry) - med(imports):>9.3f}s")
     print(f"{'kit.launch(dry_run=True), fresh python':<44}{med(api):>9.3f}s{p_max(api):>9.3f}s")
     print(f"{'  ratio kit.launch / kit launch --dry-run':<44}{med(api) / med(dry):>9.2f}x{'':>10}{'< 1.20x':>10}")
     print(f"{'kit.launch(dry_run=True), warm, in-process':<44}{med(warm):>9.3f}s{p_max(warm):>9.3f}s")
