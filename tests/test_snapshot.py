@@ -445,3 +445,20 @@ def test_a_file_deleted_while_the_tree_is_read_is_not_part_of_it(home, tmp_path,
     snapshot.materialize(taken, view, tmp_path / "code.list")
     assert taken.files == 4 and (view / "src" / "train.py").read_text() == "print('train')\n"
     assert not os.path.lexists(view / "build.tmp" / "Packages.xz")
+
+
+def test_a_git_that_does_not_answer_is_one_message(home, tmp_path, monkeypatch):
+    """git asked for the tree's files and state and silent for its 2 minutes: one error naming the tree and the way
+    around it, never a traceback."""
+    repo = make_repo(tmp_path / "repo")
+    real = snapshot._git
+
+    def silent(args, cwd, wait=True):
+        if args[0] == "ls-files":
+            raise subprocess.TimeoutExpired(["git", *args], 120)
+        return real(args, cwd, wait)
+
+    monkeypatch.setattr(snapshot, "_git", silent)
+    with pytest.raises(KitError) as e:
+        snapshot.take(repo, store=home / "code")
+    assert str(e.value) == f"git did not answer within 120 s in {repo}" and "--no-code-snapshot" in e.value.hint

@@ -254,6 +254,10 @@ def _git_files_and_state(root: Path, skip: list[str]) -> tuple[list[str], tuple[
     try:
         listed = _git(["ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."], root)
         said, _ = state.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        raise KitError(
+            f"git did not answer within 120 s in {root}", field="--code", hint="--no-code-snapshot runs without it"
+        ) from None
     finally:
         state.kill()
         state.wait()
