@@ -453,12 +453,14 @@ def test_a_git_that_does_not_answer_is_one_message(home, tmp_path, monkeypatch):
     repo = make_repo(tmp_path / "repo")
     real = snapshot._git
 
-    def silent(args, cwd, wait=True):
-        if args[0] == "ls-files":
-            raise subprocess.TimeoutExpired(["git", *args], 120)
-        return real(args, cwd, wait)
+    for question in ("rev-parse", "ls-files"):  # where the tree's top is (never then the live files), its files
 
-    monkeypatch.setattr(snapshot, "_git", silent)
-    with pytest.raises(KitError) as e:
-        snapshot.take(repo, store=home / "code")
-    assert str(e.value) == f"git did not answer within 120 s in {repo}" and "--no-code-snapshot" in e.value.hint
+        def silent(args, cwd, wait=True, question=question):
+            if args[0] == question:
+                raise subprocess.TimeoutExpired(["git", *args], 120)
+            return real(args, cwd, wait)
+
+        monkeypatch.setattr(snapshot, "_git", silent)
+        with pytest.raises(KitError) as e:
+            snapshot.take(repo, store=home / "code")
+        assert str(e.value) == f"git did not answer within 120 s in {repo}" and "--no-code-snapshot" in e.value.hint

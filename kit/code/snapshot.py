@@ -229,8 +229,10 @@ def _git_top(path: Path, refused_ok: bool = False) -> Path | None:
     ``refused_ok`` (``--code DIR``: then it is snapshotted as a plain directory)."""
     try:
         proc = _git(["rev-parse", "--show-toplevel"], path)
-    except (OSError, subprocess.TimeoutExpired):
+    except OSError:
         return None  # no git: no work tree to snapshot
+    except subprocess.TimeoutExpired:
+        raise _silent(path) from None  # never silently the live files
     if proc.returncode != 0:
         if b"dubious ownership" in proc.stderr and not refused_ok:
             where = re.search(rb"repository at '([^']*)'", proc.stderr)
@@ -246,6 +248,12 @@ def _git_top(path: Path, refused_ok: bool = False) -> Path | None:
     return Path(os.fsdecode(proc.stdout.rstrip(b"\n"))).resolve()
 
 
+def _silent(where: Path) -> KitError:
+    return KitError(
+        f"git did not answer within 120 s in {where}", field="--code", hint="--no-code-snapshot runs without it"
+    )
+
+
 def _git_files_and_state(root: Path, skip: list[str]) -> tuple[list[str], tuple[str | None, bool | None]]:
     """The files under ``root`` (relative to it) git tracks or does not ignore; and (HEAD, whether the tree
     differs from it, what ``skip`` names left out; None where git could not tell), git asked both at once."""
@@ -255,9 +263,7 @@ def _git_files_and_state(root: Path, skip: list[str]) -> tuple[list[str], tuple[
         listed = _git(["ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."], root)
         said, _ = state.communicate(timeout=120)
     except subprocess.TimeoutExpired:
-        raise KitError(
-            f"git did not answer within 120 s in {root}", field="--code", hint="--no-code-snapshot runs without it"
-        ) from None
+        raise _silent(root) from None
     finally:
         state.kill()
         state.wait()
