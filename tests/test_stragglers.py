@@ -351,3 +351,129 @@ def test_a_rank_held_to_a_cpu_quota_is_named_with_its_node(four_isolated, tmp_pa
     assert kit("cancel", str(w.job_dir), env=env).returncode == 0
     code, err = w.finish(timeout=120)
     assert code == 80 and f"straggler: rank 2 on {node}" in err, err
+
+
+def test_the_kernels_round_trip_and_bytes_of_the_processes_own_connections_are_read():
+    """kit.monitor.links asks the kernel (sock_diag) for every established TCP connection: this process's own, a
+    100 kB send over loopback, is found by its socket's inode with the bytes acknowledged (100000 and the SYN) and
+    the round trip ss prints for it."""
+    import os
+    import re
+    import shutil
+    import socket
+    import subprocess
+
+    from kit.monitor import links
+
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as sender:
+        receiver, _ = server.accept()
+        with receiver:
+            sender.sendall(b"x" * 100_000)
+            got = 0
+            while got < 100_000:
+                got += len(receiver.recv(1 << 16))
+            mine = links.socket_inodes([os.getpid()])
+            found = [c for c in links.tcp_connections() if c["inode"] in mine and c["bytes_acked"] == 100_001]
+            assert len(found) == 1, found
+            (sent,) = found
+            assert sent["local"] == sent["peer"] == "127.0.0.1" and 0 < sent["rtt"] < 1, sent
+            if shutil.which("ss"):  # the same figure ss reads (rtt:<ms>/<var>) for that connection
+                port = str(sender.getsockname()[1])
+                shown = subprocess.run(["ss", "-tinH", "sport", "=", port], capture_output=True, text=True).stdout
+                assert float(re.search(r"\brtt:([\d.]+)/", shown)[1]) == pytest.approx(1e3 * sent["rtt"], abs=1e-3)
+
+
+def _conn(inode, local, peer, rtt, acked):
+    return {"inode": inode, "local": local, "peer": peer, "rtt": rtt, "bytes_acked": acked}
+
+
+def test_only_the_jobs_busy_links_to_other_addresses_are_links():
+    """busy_links: per (local, peer) the round trip of the busiest of the job's connections that sent at least BUSY
+    bytes a second since the last poll; a quiet connection (its round trip is delayed acknowledgements), one not the
+    job's, one to this node's own address or to loopback, and one first seen now are left out."""
+    from kit.monitor import links
+
+    mb = 1 << 20
+    before = {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 7: 0}
+    now = [
+        _conn(1, "10.0.0.1", "10.0.0.2", 0.020, 4 * mb),  # busy: 2 MB/s over the 2 s
+        _conn(2, "10.0.0.1", "10.0.0.2", 0.090, 1 * mb),  # busy, less so: the link is its busiest's
+        _conn(3, "10.0.0.1", "10.0.0.3", 0.300, 1000),  # quiet
+        _conn(4, "10.0.0.1", "10.0.0.1", 0.001, 4 * mb),  # this node's own address
+        _conn(5, "::ffff:127.0.0.1", "127.0.0.1", 0.001, 4 * mb),  # loopback
+        _conn(6, "10.0.0.1", "10.0.0.4", 0.005, 4 * mb),  # new since the last poll: no rate yet
+        _conn(7, "10.0.0.1", "10.0.0.4", 0.005, 4 * mb),  # not the job's
+    ]
+    got, acked = links.busy_links(now, {1, 2, 3, 4, 5, 6}, before, 2.0)
+    assert got == {("10.0.0.1", "10.0.0.2"): 0.020}, got
+    assert acked == {c["inode"]: c["bytes_acked"] for c in now if c["inode"] != 7}
+
+
+def _ring(rtts: dict[tuple[str, str], float]) -> dict[str, dict[tuple[str, str], float]]:
+    """Each node's busy links from (sender, receiver) → round trip, node n at 10.0.0.n."""
+    out: dict[str, dict] = {}
+    for (a, b), rtt in rtts.items():
+        out.setdefault(a, {})[(f"10.0.0.{a[-1]}", f"10.0.0.{b[-1]}")] = rtt
+    return out
+
+
+def test_the_node_on_every_slow_link_is_named_once_it_stays_so():
+    """A ring of four (n1 → n2 → n3 → n4 → n1, each sending to the next): n2's link slow, so n1's link to n2 (its
+    acknowledgements queue behind n2's data) and n2's own are slow, n3 and n4's fast. n2 is on every slow link and
+    named once that held SUSTAINED seconds, its first rank, with the round trips; n1, with one fast link, is not.
+    One slow link alone, two nodes, or noise under the floor name no one."""
+    from kit.jobdir import stragglers
+
+    fast, slow = 0.0004, 0.015
+    ring = {("n1", "n2"): slow, ("n2", "n3"): slow, ("n3", "n4"): fast, ("n4", "n1"): 0.0002}
+    node, factor, evidence = stragglers.slow_link_node(_ring(ring))
+    assert node == "n2" and factor == pytest.approx(slow / 0.0003), factor
+    assert evidence == "round trips with n1 15.0 ms, with n3 15.0 ms; the job's other busy links 0.30 ms (median)"
+    assert stragglers.slow_link_node(_ring({**ring, ("n2", "n3"): fast})) is None  # one slow link: which end?
+    assert stragglers.slow_link_node(_ring({("n1", "n2"): slow, ("n2", "n1"): slow})) is None  # two nodes
+    noisy = {key: 0.0015 if "n2" in key else 0.0001 for key in ring}  # 15x, but 1.4 ms more: under LINK_AT_LEAST
+    assert stragglers.slow_link_node(_ring(noisy)) is None
+    ranks = {r: (f"n{1 + r // 2}", {}) for r in range(8)}
+    judge = stragglers.LinkJudge()
+    assert judge.see(_ring(ring), ranks, 100.0) is None
+    assert judge.see(_ring(ring), ranks, 100.0 + stragglers.SUSTAINED - 1) is None
+    named = judge.see(_ring(ring), ranks, 100.0 + stragglers.SUSTAINED)
+    assert (named.rank, named.node, named.by, named.since) == (2, "n2", "link", 100.0), named
+    assert named.line() == f"straggler: rank 2 on n2, its links 50.0x slower ({evidence}, for 20 s)"
+
+
+def test_a_node_behind_a_slow_link_is_named_from_its_links_round_trips(four_isolated, tmp_path):
+    """The reference trainer on 4 nodes, each in its own network namespace (--isolated-network), its gradients ~1 MB
+    a step over gloo's TCP; once every rank trains, node2's link is shaped to 40 Mbit/s (tc tbf: this kernel has no
+    netem). Every rank slows alike (each waits for the ring), so the ranks' waits name no one; the round trips of
+    the job's busy connections do: node2, on every slow link, is named by its links, with them as evidence, in
+    stragglers.json and kit ps --json; the job, told only, runs on until cancelled and its end line says so."""
+    import subprocess
+    import sys
+
+    from helpers import kit, launch_wait, wait_for
+
+    from kit.cluster import network
+
+    net = network.from_dict(four_isolated.state().network)
+    train = [sys.executable, "-m", "kit.train", "--max-steps", "100000", "--hidden", "8192", "--step-delay", "0.05"]
+    env = four_isolated.env
+    w = launch_wait(tmp_path, "--nodes", "4", command=[*train, "--log-every", "50"], env=env)
+    wait_for(
+        lambda: len(r := judge_lib.latest(w.job_dir)) == 4 and all("step_seconds" in v for _, v in r.values()),
+        180,
+        what="every rank's waits",
+    )
+    on_node2 = [t for t in range(4) if (w.job_dir / "progress" / "r0" / f"task-{t}").read_text().split()[0] == "node2"]
+    shape = ["tbf", "rate", "40mbit", "burst", "32kbit", "latency", "400ms"]
+    subprocess.run(["tc", "-n", net.namespaces["node2"], "qdisc", "add", "dev", "eth0", "root", *shape], check=True)
+    named = wait_for(lambda: judge_lib.read(w.job_dir), 150, poll=0.5, what="a straggler verdict")
+    (slow,) = named
+    assert (slow.rank, slow.node, slow.by) == (on_node2[0], "node2", "link") and slow.factor >= 5, slow
+    assert slow.evidence.startswith("round trips with node") and "the job's other busy links" in slow.evidence, slow
+    out = str(tmp_path / "jobs")
+    (row,) = [r for r in json.loads(kit("ps", "--json", "--output-dir", out, env=env).stdout) if r["id"] == w.job_id]
+    assert [(s["rank"], s["node"], s["by"]) for s in row["stragglers"]] == [(slow.rank, "node2", "link")], row
+    assert kit("cancel", str(w.job_dir), env=env).returncode == 0
+    code, err = w.finish(timeout=120)
+    assert code == 80 and f"straggler: rank {slow.rank} on node2, its links" in err, err

@@ -5,7 +5,9 @@ time and its mean wait per step in the collectives (the gradient all-reduce and 
 compute per step is the first less the second: a slow rank computes longer and waits for no one, the others wait
 for it. A rank is named when its compute stays at least
 :data:`SLOWER` times the other ranks' median (and :data:`AT_LEAST` seconds more) for :data:`SUSTAINED` seconds
-(a checkpoint save on rank 0, a moment's noise do not name anyone). The first node's exporter judges every few
+(a checkpoint save on rank 0, a moment's noise do not name anyone). Two judges see what the ranks' steps do not:
+:class:`GpuJudge` a GPU held down (NVML), :class:`LinkJudge` a node's slow network links (the round trips of the
+job's busy TCP connections, kit.monitor.links). The first node's exporter judges every few
 seconds and keeps the verdicts in ``stragglers.json``; ``kit ps --json``, the ``--wait`` line, ``kit report`` and
 ``kit events`` read them back.
 """
@@ -37,9 +39,12 @@ class Straggler:
     evidence: str
     since: float  # Unix time: when it became the outlier
     at: float  # Unix time: the latest judgement that named it
-    by: str = "step"  # what named it: "step" (its compute per step) or "gpu" (its GPU held down, GpuJudge)
+    by: str = "step"  # what named it: "step" (its compute per step), "gpu" (its GPU held down, GpuJudge) or "link"
+    # (its node's network links slow, LinkJudge)
 
     def line(self) -> str:
+        if self.by == "link":
+            return f"straggler: rank {self.rank} on {self.node}, its links {self.factor:.1f}x slower ({self.evidence})"
         if self.by == "gpu":
             return f"straggler: rank {self.rank} on {self.node}, its GPU {self.factor:.2f}x slower ({self.evidence})"
         return f"straggler: rank {self.rank} on {self.node}, {self.factor:.2f}x the other ranks' step ({self.evidence})"
@@ -52,13 +57,13 @@ def latest(job_dir: str | Path) -> dict[int, tuple[str, dict]]:
     return {r: (n, v) for r, (n, v) in newest.items() if top - v["last_step_timestamp_seconds"] <= FRESH}
 
 
-class Judge:
-    """Sees the ranks' figures again and again; names the rank that stays the outlier (:meth:`see`): the outlier in
+class Streak:
+    """One outlier followed through the judgements (:meth:`see`): it stays the outlier while it is the outlier in
     every judgement since it became one but at most :data:`MISSES` of them (a throttle's rhythm, a moment's noise:
     one judgement in four may see it level with the others; a save every other judgement is no straggler)."""
 
     def __init__(self):
-        self.outlier: tuple[int, float] | None = None  # (rank, since)
+        self.outlier: tuple[object, float] | None = None  # (who, since)
         self.hits = self.misses = 0
 
     def _missed(self) -> None:
@@ -67,6 +72,29 @@ class Judge:
         if self.outlier is not None and self.misses > MISSES * (self.hits + self.misses):
             self.outlier = None
 
+    def see(self, who, now: float) -> float | None:
+        """``who`` is the outlier now (None: no one is): since when it has been, once that is :data:`SUSTAINED`
+        seconds or more; else None."""
+        if who is None:
+            self._missed()
+            return None
+        if self.outlier is not None and self.outlier[0] != who:
+            self._missed()
+        if self.outlier is None:
+            self.outlier, self.hits, self.misses = (who, now), 0, 0
+        if self.outlier[0] != who:
+            return None
+        self.hits += 1
+        return self.outlier[1] if now - self.outlier[1] >= SUSTAINED else None
+
+
+class Judge:
+    """Sees the ranks' figures again and again; names the rank that stays the outlier (:meth:`see`, a
+    :class:`Streak`)."""
+
+    def __init__(self):
+        self.streak = Streak()
+
     def see(self, ranks: dict[int, tuple[str, dict]], now: float) -> Straggler | None:
         timed = {
             r: (node, v["step_seconds"], v["collective_wait_seconds"])
@@ -74,29 +102,21 @@ class Judge:
             if "step_seconds" in v and "collective_wait_seconds" in v
         }
         if len(timed) < 2:
-            self.outlier = None
+            self.streak = Streak()
             return None
         compute = {r: max(step - wait, 1e-9) for r, (_, step, wait) in timed.items()}
         slow = max(compute, key=lambda r: (compute[r], -r))
         typical = statistics.median(c for r, c in compute.items() if r != slow)
-        if compute[slow] < SLOWER * typical or compute[slow] - typical < AT_LEAST:
-            self._missed()
-            return None
-        if self.outlier is not None and self.outlier[0] != slow:
-            self._missed()
-        if self.outlier is None:
-            self.outlier, self.hits, self.misses = (slow, now), 0, 0
-        if self.outlier[0] != slow:
-            return None
-        self.hits += 1
-        if now - self.outlier[1] < SUSTAINED:
+        outlier = compute[slow] >= SLOWER * typical and compute[slow] - typical >= AT_LEAST
+        since = self.streak.see(slow if outlier else None, now)
+        if since is None:
             return None
         waits = statistics.median(w for r, (_, _, w) in timed.items() if r != slow)
         evidence = (
             f"it computes {1e3 * compute[slow]:.0f} ms a step, the others {1e3 * typical:.0f} ms; they wait "
             f"{1e3 * waits:.0f} ms a step for it in the collectives, it waits {1e3 * timed[slow][2]:.0f} ms"
         )
-        return Straggler(slow, timed[slow][0], compute[slow] / typical, evidence, self.outlier[1], now)
+        return Straggler(slow, timed[slow][0], compute[slow] / typical, evidence, since, now)
 
 
 class GpuJudge:
@@ -122,6 +142,61 @@ class GpuJudge:
             held_for = f"{evidence}, for {now - self.since[(node, gpu)]:.0f} s"
             return Straggler(rank, node, factor, held_for, self.since[(node, gpu)], now, by="gpu")
         return None
+
+
+LINK_SLOWER = 5.0  # a link whose round trip is this many times the job's other busy links' median ...
+LINK_AT_LEAST = 0.002  # ... and this many seconds more is slow
+
+
+class LinkJudge:
+    """Names the node on every slow link (kit.monitor.links measures): a slow link slows every rank alike, so the
+    ranks' waits cannot name it, but the round trips of the job's busy TCP connections can. A node whose every busy
+    link, to at least two other nodes, has a round trip :data:`LINK_SLOWER` times the median of the busy links that
+    do not touch it (and :data:`LINK_AT_LEAST` more) is the outlier — its ring neighbours each have one slow link
+    and fast others; one slow link alone cannot say which end is slow — named once it stays so for
+    :data:`SUSTAINED` seconds (a :class:`Streak`)."""
+
+    def __init__(self):
+        self.streak = Streak()
+
+    def see(
+        self, links: dict[str, dict[tuple[str, str], float]], ranks: dict[int, tuple[str, dict]], now: float
+    ) -> Straggler | None:
+        """``links``: each node's busy links, (its address, the peer's) → round trip in seconds; ``ranks``: each
+        rank's node (:func:`latest`). The rank named is the node's first."""
+        found = slow_link_node(links)
+        since = self.streak.see(found[0] if found else None, now)
+        on_node = sorted(r for r, (n, _) in ranks.items() if found and n == found[0])
+        if since is None or not on_node:
+            return None
+        node, factor, evidence = found
+        return Straggler(on_node[0], node, factor, f"{evidence}, for {now - since:.0f} s", since, now, by="link")
+
+
+def slow_link_node(links: dict[str, dict[tuple[str, str], float]]) -> tuple[str, float, str] | None:
+    """The node on every slow link (:class:`LinkJudge`): (node, its links' median round trip over the others',
+    evidence), or None."""
+    where = {local: node for node, mine in links.items() for local, _ in mine}
+    edges = [
+        (node, where[peer], rtt)
+        for node, mine in links.items()
+        for (_, peer), rtt in mine.items()
+        if where.get(peer, node) != node
+    ]
+    best = None
+    for node in sorted({n for edge in edges for n in edge[:2]}):
+        touching = [(a if b == node else b, rtt) for a, b, rtt in edges if node in (a, b)]
+        others = [rtt for a, b, rtt in edges if node not in (a, b)]
+        if len({peer for peer, _ in touching}) < 2 or not others:
+            continue
+        typical = statistics.median(others)
+        if all(rtt >= LINK_SLOWER * typical and rtt - typical >= LINK_AT_LEAST for _, rtt in touching):
+            factor = statistics.median(rtt for _, rtt in touching) / max(typical, 1e-6)
+            if best is None or factor > best[1]:
+                told = ", ".join(f"with {peer} {1e3 * rtt:.1f} ms" for peer, rtt in sorted(touching))
+                evidence = f"round trips {told}; the job's other busy links {1e3 * typical:.2f} ms (median)"
+                best = (node, factor, evidence)
+    return best
 
 
 def read(job_dir: str | Path) -> list[Straggler]:

@@ -90,10 +90,6 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="kit exporter: %(message)s")
     from kit.monitor.exporter import RESERVED_LABELS, Exporter, NoPort
-    from kit.monitor.gpu import GpuSource, job_gpus
-    from kit.monitor.job import JobSource
-    from kit.monitor.node import NodeSource
-    from kit.monitor.training import GoodputSource, StragglerSource, TrainingSource
 
     low, _, high = args.port.partition("-")
     try:
@@ -117,21 +113,7 @@ def main(argv=None) -> int:
             return _usage("--label", f"expected NAME=VALUE with NAME not job or instance, got {item!r}")
         labels[name] = value
     node = os.environ.get("SLURMD_NODENAME") or None
-    sources = []
-    if not args.no_gpu:
-        sources.append(
-            GpuSource(
-                hostname=socket.gethostname(), hostname_label=args.hostname_label, minors=job_gpus(os.environ), say=say
-            )
-        )
-    if not args.no_node:
-        sources.append(NodeSource())
-    sources.append(TrainingSource(Path(args.training_dir) if args.training_dir else None))
-    if os.environ.get("KIT_JOB_DIR") and os.environ.get("SLURM_NODEID") == "0":  # the job's time, from one node
-        sources.append(GoodputSource(Path(os.environ["KIT_JOB_DIR"])))
-        sources.append(StragglerSource(Path(os.environ["KIT_JOB_DIR"]), os.environ.get("KIT_PROGRESS_DIR")))
-    if os.environ.get("SLURM_JOB_ID"):  # in a job: what the job's processes use on this node
-        sources.append(JobSource(os.environ["SLURM_JOB_ID"], node))
+    sources = _sources(args, node)
     exporter = Exporter(
         sources,
         interval=args.interval,
@@ -164,6 +146,34 @@ def main(argv=None) -> int:
     finally:
         exporter.stop()
     return 0
+
+
+def _sources(args: argparse.Namespace, node: str | None) -> list:
+    """What the exporter polls: NVML, the node, the ranks' training files; in a job what its processes use on this
+    node and their links; on its first node the job's goodput and stragglers."""
+    from kit.monitor.gpu import GpuSource, job_gpus
+    from kit.monitor.job import JobSource
+    from kit.monitor.links import LinkSource
+    from kit.monitor.node import NodeSource
+    from kit.monitor.training import GoodputSource, StragglerSource, TrainingSource
+
+    sources = []
+    if not args.no_gpu:
+        sources.append(
+            GpuSource(
+                hostname=socket.gethostname(), hostname_label=args.hostname_label, minors=job_gpus(os.environ), say=say
+            )
+        )
+    if not args.no_node:
+        sources.append(NodeSource())
+    sources.append(TrainingSource(Path(args.training_dir) if args.training_dir else None))
+    if os.environ.get("KIT_JOB_DIR") and os.environ.get("SLURM_NODEID") == "0":  # the job's time, from one node
+        sources.append(GoodputSource(Path(os.environ["KIT_JOB_DIR"])))
+        sources.append(StragglerSource(Path(os.environ["KIT_JOB_DIR"]), os.environ.get("KIT_PROGRESS_DIR")))
+    if os.environ.get("SLURM_JOB_ID"):  # in a job: what the job's processes use on this node, its links
+        job = JobSource(os.environ["SLURM_JOB_ID"], node)
+        sources += [job, LinkSource(job.pids)]
+    return sources
 
 
 def say(line: str) -> None:

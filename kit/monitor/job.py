@@ -115,6 +115,10 @@ class JobSource(PsutilSource):
         self._known = known
         return [found[pid] for pid in known]
 
+    def pids(self) -> list[int]:
+        """The job's processes on this node as the last poll found them."""
+        return list(self._known)
+
     def poll(self) -> SourceResult:
         t0 = time.perf_counter()
         ps = self.psutil

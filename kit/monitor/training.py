@@ -144,7 +144,7 @@ class StragglerSource:
         from kit.jobdir import stragglers  # (only the first node's exporter loads it)
 
         self.job_dir, self.progress_dir = job_dir, progress_dir
-        self.judge, self.gpu_judge = stragglers.Judge(), stragglers.GpuJudge()
+        self.judge, self.gpu_judge, self.link_judge = stragglers.Judge(), stragglers.GpuJudge(), stragglers.LinkJudge()
         self.read_at, self.named = float("-inf"), {}
 
     def poll(self) -> SourceResult:
@@ -159,9 +159,12 @@ class StragglerSource:
                 gpus = gpu_evidence(self.job_dir, verdict.node)
                 if gpus:
                     verdict = dataclasses.replace(verdict, evidence=f"{verdict.evidence}; {gpus}")
-            # A GPU held down, though the ranks' waits name no one (yet: a step the GPU does not set).
-            held = self.gpu_judge.see(held_down(self.job_dir), ranks, now)
-            verdict = verdict or held
+            # A GPU held down, though the ranks' waits name no one (yet: a step the GPU does not set); a node's slow
+            # links, which slow every rank alike.
+            polls = _last_polls(self.job_dir)
+            held = self.gpu_judge.see(held_down(self.job_dir, polls), ranks, now)
+            slow_link = self.link_judge.see(busy_links(polls), ranks, now)
+            verdict = verdict or held or slow_link
             if verdict is not None:
                 stragglers.record(self.job_dir, verdict)
                 stragglers.tell_the_run(self.progress_dir, verdict)
@@ -208,9 +211,26 @@ def _reasons(reasons: int, only_slowdowns: bool = False) -> list[str]:
     return [n for n in names if "slowdown" in n] if only_slowdowns else names
 
 
-def _all_clocks(job_dir: Path) -> dict[str, dict[str, tuple[float, int]]]:
-    """Each node's GPUs as its exporter last logged them (:func:`_gpu_clocks`)."""
-    return {n: _gpu_clocks(poll) for n, poll in _last_polls(job_dir).items()}
+def _all_clocks(job_dir: Path, polls: dict[str, dict] | None = None) -> dict[str, dict[str, tuple[float, int]]]:
+    """Each node's GPUs as its exporter last logged them (:func:`_gpu_clocks`; ``polls``: those last polls, read
+    already)."""
+    return {n: _gpu_clocks(poll) for n, poll in (_last_polls(job_dir) if polls is None else polls).items()}
+
+
+def busy_links(polls: dict[str, dict]) -> dict[str, dict[tuple[str, str], float]]:
+    """Each node's busy links in its last poll (kit.monitor.links): (its address, the peer's) → round trip."""
+    from kit.monitor.links import RTT  # (only where links are judged)
+
+    out: dict[str, dict[tuple[str, str], float]] = {}
+    for node, poll in polls.items():
+        for sample in poll.get("samples", []):
+            try:
+                name, labels, value = sample
+                if name == RTT.name:
+                    out.setdefault(node, {})[(str(labels["local"]), str(labels["peer"]))] = float(value)
+            except (TypeError, ValueError, KeyError, AttributeError):
+                continue
+    return out
 
 
 def _others(clocks: dict[str, dict[str, tuple[float, int]]], node: str) -> float | None:
@@ -219,12 +239,12 @@ def _others(clocks: dict[str, dict[str, tuple[float, int]]], node: str) -> float
     return statistics.median(others) if others else None
 
 
-def held_down(job_dir: Path) -> dict[tuple[str, str], tuple[int, float, str]]:
+def held_down(job_dir: Path, polls: dict[str, dict] | None = None) -> dict[tuple[str, str], tuple[int, float, str]]:
     """Each GPU held down now — a slowdown throttle reason (hardware, thermal, power brake) and its SM clock under
     :data:`SLOW_CLOCK` of the other nodes' median — by (node, GPU index): (its place among its node's GPUs, the
     median over its clock, the evidence)."""
     found = {}
-    clocks = _all_clocks(job_dir)
+    clocks = _all_clocks(job_dir, polls)
     for node, mine in clocks.items():
         typical = _others(clocks, node)
         for place, (gpu, (clock, reasons)) in enumerate(sorted(mine.items(), key=lambda g: _index(g[0]))):
