@@ -204,7 +204,7 @@ kit::answer_hang() {
 kit::deliver() {
   local -r sig="$1" pid="$2"
   local -r bit=$(( $(kill -l "${sig}") - 1 ))
-  local key value rest mine caught own tries=0
+  local key value rest mine caught own tries=0 told=0
   # A background subshell gets default signal actions: a second warning sent
   # to the task's process group would kill it before it delivered the first.
   kit::helper_traps
@@ -231,14 +231,25 @@ kit::deliver() {
       fi
       return 0
     fi
-    if (( ++tries == ${KIT_SIGNAL_GRACE:-30} * 10 )); then
+    if (( ! told )) && { (( ++tries >= ${KIT_SIGNAL_GRACE:-30} * 10 )) || kit::_limit_near; }; then
+      told=1
       kit::log "the command (pid ${pid}) has no handler for SIG${sig}: not sending it (it would end the command); it runs on, and with a restart left kit stops it shortly before the time limit and requeues the job"
     fi
     kit::nap 0.1
   done
-  if (( tries < ${KIT_SIGNAL_GRACE:-30} * 10 )); then
+  if (( ! told )); then
     kit::log "the command (pid ${pid}) has no handler for SIG${sig}: not sending it (it would end the command)"
   fi
+}
+
+# kit::_limit_near: whether the time prelaunch gave for the warning's wait has come (progress/r<K>/limit-near:
+# shortly before the time limit; absent for a straggler's warning, or where Slurm did not answer).
+kit::_limit_near() {
+  local by="" now
+  [[ -r "${KIT_PROGRESS_DIR}/limit-near" ]] || return 1
+  read -r by <"${KIT_PROGRESS_DIR}/limit-near" || true
+  printf -v now '%(%s)T' -1
+  [[ "${by}" =~ ^[0-9]{1,12}$ ]] && (( now >= by ))
 }
 # kit::watch_prelaunch: act on what prelaunch passes on in progress/r<K>/:
 # the warning (kit::pass_warning), given to the command once it handles it,

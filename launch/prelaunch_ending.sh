@@ -7,6 +7,10 @@ kit::on_signal() {
   if [[ "$1" == "${KIT_WARNING_SIGNAL}" ]]; then
     kit::log "got SIG$1: the time limit is near; passing it to the job step"
     kit::pass_warning
+    if (( ! KIT_WARNED )); then
+      kit::_tell_limit &
+      KIT_BG_PIDS+=("$!")
+    fi
     if (( ! KIT_WARNED && KIT_RESTART < KIT_MAX_RESTARTS )); then
       kit::stop_before_limit &
       KIT_BG_PIDS+=("$!")
@@ -38,6 +42,20 @@ kit::pass_warning() {
   mkdir -p "${KIT_PROGRESS_DIR}"
   printf '%s\n' "${KIT_WARNING_SIGNAL}" >"${KIT_PROGRESS_DIR}/.warning"
   mv -f "${KIT_PROGRESS_DIR}/.warning" "${KIT_PROGRESS_DIR}/warning"
+}
+
+# kit::_tell_limit: when the launchers stop waiting for their commands to handle the warning (progress/r<K>/
+# limit-near: Unix time, KIT_LIMIT_MARGIN s before the limit), so that a rank log says the command has no
+# handler before the limit ends the job. Slurm sends the warning from a periodic check, up to ~30 s after its
+# lead: a fixed wait (KIT_SIGNAL_GRACE) could outlast the job. Asked in the background: the warning itself
+# must not wait on Slurm's answer.
+kit::_tell_limit() {
+  local end
+  kit::helper_traps
+  end="$(kit::_job_field %e)"
+  end="$(date -d "${end}" +%s 2>/dev/null)" || return 0
+  printf '%s\n' "$(( end - KIT_LIMIT_MARGIN ))" >"${KIT_PROGRESS_DIR}/.limit-near"
+  mv -f "${KIT_PROGRESS_DIR}/.limit-near" "${KIT_PROGRESS_DIR}/limit-near"
 }
 
 # kit::stop_before_limit: with a restart left, a step still running shortly

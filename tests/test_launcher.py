@@ -104,6 +104,23 @@ def test_a_signal_reaching_the_launcher_and_the_command_at_once_keeps_the_exit_s
         assert proc.returncode == 0, f"round {round_}:\n{out}"
 
 
+def test_a_warning_that_comes_late_is_told_unhandled_before_the_limit_not_after_the_grace(tmp_path):
+    """Slurm's warning can come ~30 s after its lead, and the 30 s grace would then outlast the job: the rank log
+    would never say why the command was not warned. With prelaunch's time for it (progress/r<K>/limit-near: the
+    limit less --stop-grace + 15 s) already past, the launcher says so at once, the grace at its default: 3 s
+    later, before the stop, the line is the one that says the command runs on."""
+    proc, job_dir = start(tmp_path, ["sleep", "60"], {})
+    progress = job_dir / "progress" / "r0"
+    wait_for(lambda: (progress / "task-1").exists(), 10, what="the command to start")
+    (progress / "limit-near").write_text(f"{int(time.time()) - 1}\n")
+    (progress / "warning").write_text("USR1\n")
+    time.sleep(3)
+    (progress / "stop").touch()
+    out, _ = proc.communicate(timeout=30)
+    told = [line for line in out.splitlines() if "has no handler for SIGUSR1" in line]
+    assert len(told) == 1 and "it runs on, and with a restart left" in told[0], out
+
+
 def test_a_command_without_a_handler_is_never_sent_the_warning_and_is_stopped_by_prelaunch(tmp_path):
     """USR1 would kill a command with no handler for it (exit 138):
     the launcher never sends it, says so after the grace, and stops the command only when

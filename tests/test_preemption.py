@@ -155,6 +155,8 @@ def test_time_limit_without_acting_on_the_warning_is_a_timeout(cluster, jobs):
     assert "got SIGUSR1" in logs
     # Not killed by the warning: it ran on to the limit.
     assert "has no handler for SIGUSR1: not sending it" in logs and "sent SIGUSR1" not in logs, logs
+    # ... said before the limit, however late Slurm's warning came: prelaunch gave the time to say it by.
+    assert (Path(job["job_dir"]) / "progress" / "r0" / "limit-near").read_text().strip().isdigit()
     assert "stopping it, to requeue" not in logs  # no restart left: nothing to stop it for
     assert wait_no_processes(job["job_dir"], 15) == []
 

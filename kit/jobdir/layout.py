@@ -62,6 +62,7 @@ class JobDir:
     STEP_START = "step-start"  # prelaunch's clock just before srun
     WARNING = "warning"  # the time limit's warning, passed on to the launchers
     STOP = "stop"  # stop the commands (a restart is left, the limit is near)
+    LIMIT_NEAR = "limit-near"  # Unix time: the launchers stop waiting for a handler for the warning then
     RANK_PROGRESS = "rank-{rank}"  # a rank's progress file
     TASK = "task-{rank}"  # where a rank runs: "node pid start"
     WARNED = "warned-{rank}"  # the rank's command was given the warning
@@ -189,6 +190,7 @@ class JobDir:
             cls.STEP_START,
             cls.WARNING,
             cls.STOP,
+            cls.LIMIT_NEAR,
             cls.RANK_PROGRESS,
             cls.TASK,
             cls.WARNED,
