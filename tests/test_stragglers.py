@@ -450,6 +450,7 @@ def test_a_node_behind_a_slow_link_is_named_from_its_links_round_trips(four_isol
     stragglers.json and kit ps --json; the job, told only, runs on until cancelled and its end line says so."""
     import subprocess
     import sys
+    import time
 
     from helpers import kit, launch_wait, wait_for
 
@@ -467,8 +468,10 @@ def test_a_node_behind_a_slow_link_is_named_from_its_links_round_trips(four_isol
     on_node2 = [t for t in range(4) if (w.job_dir / "progress" / "r0" / f"task-{t}").read_text().split()[0] == "node2"]
     shape = ["tbf", "rate", "40mbit", "burst", "32kbit", "latency", "400ms"]
     subprocess.run(["tc", "-n", net.namespaces["node2"], "qdisc", "add", "dev", "eth0", "root", *shape], check=True)
+    onset = time.time()
     named = wait_for(lambda: judge_lib.read(w.job_dir), 150, poll=0.5, what="a straggler verdict")
     (slow,) = named
+    print(f"slow link: onset -> verdict {slow.at - onset:.1f} s ({slow.line()})")
     assert (slow.rank, slow.node, slow.by) == (on_node2[0], "node2", "link") and slow.factor >= 5, slow
     assert slow.evidence.startswith("round trips with node") and "the job's other busy links" in slow.evidence, slow
     out = str(tmp_path / "jobs")
