@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 from fake_gpus import FakeGpus
@@ -267,6 +268,74 @@ def test_the_verdict_names_a_node_whose_every_link_is_slow_and_never_one_end_of_
     assert "node3: network test: TimeoutError: no node2" in verdict.decide(broken, 3)["why"]
     everywhere = {n: {"node": n, "findings": [], "network": {"error": "RuntimeError: port"}} for n in ("a", "b")}
     assert verdict.decide(everywhere, 2)["verdict"] == "ok"  # a test that ran nowhere names no node
+
+
+class _Gloo:
+    """Three ranks' torch.distributed as the network test uses it, over threads and queues; a send from a rank in
+    ``slow`` takes ``delay`` seconds more (its link)."""
+
+    def __init__(self, n: int, slow: set[int], delay: float):
+        import queue
+        import threading
+
+        self.n, self.slow, self.delay = n, slow, delay
+        self.gate = threading.Barrier(n, timeout=30)
+        self.slots: list = [None] * n
+        self.lines = {(a, b): queue.Queue() for a in range(n) for b in range(n)}
+        self.local = threading.local()
+
+    def barrier(self):
+        self.gate.wait()
+
+    def all_gather_object(self, out, obj):
+        self.slots[self.local.rank] = obj
+        self.gate.wait()
+        out[:] = list(self.slots)
+        self.gate.wait()
+
+    def send(self, tensor, dst):
+        if self.local.rank in self.slow:
+            time.sleep(self.delay)
+        self.lines[(self.local.rank, dst)].put(None)
+
+    def recv(self, tensor, src):
+        self.lines[(src, self.local.rank)].get(timeout=30)
+
+
+@pytest.mark.parametrize("slow", [False, True], ids=["starved-for-a-moment", "slow"])
+def test_a_node_whose_links_looked_slow_is_timed_again_and_keeps_its_best(monkeypatch, slow):
+    """n1's every link looked slow in the round-robin (10 MB/s against 1000: its process starved of CPU for a
+    moment, or its link slow); every node shares its links, and n1's pairs are timed again, apart: starved, its
+    links come back fast and no node is slow; slow (each of its sends 50 ms late), they stay slow and n1 is named."""
+    import threading
+
+    import torch
+
+    from kit.preflight import network
+
+    monkeypatch.setattr(network, "CONFIRM_GAP", 0.01)
+    names = ["n1", "n2", "n3"]
+    first = [{"n2": 10.0, "n3": 10.0}, {"n1": 10.0, "n3": 1000.0}, {"n1": 10.0, "n2": 1000.0}]
+    gloo = _Gloo(3, {0} if slow else set(), 0.05)
+    got: list = [None] * 3
+
+    def rank(r):
+        gloo.local.rank = r
+        got[r] = network._confirm(gloo, torch, r, 3, names, dict(first[r]))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    measured = dict(zip(names, got))
+    assert measured["n2"]["n3"] == 1000.0 and measured["n3"]["n2"] == 1000.0, measured  # not a suspect's: kept
+    if slow:
+        assert all(rate < 50 for rate in measured["n1"].values()), measured  # 2 MB in >= 50 ms
+        assert list(verdict.every_link_slow(measured)) == ["n1"], measured
+    else:
+        assert all(rate > 500 for rate in measured["n1"].values()), measured
+        assert verdict.every_link_slow(measured) == {}, measured
 
 
 def test_a_node_behind_a_slow_link_is_named_by_the_network_preflight_and_left_out(four_isolated, tmp_path):

@@ -186,23 +186,6 @@ class JobDir:
             cls.TRACKER,
             cls.STRAGGLERS,
         }
-        run = {
-            cls.STEP_START,
-            cls.WARNING,
-            cls.STOP,
-            cls.LIMIT_NEAR,
-            cls.RANK_PROGRESS,
-            cls.TASK,
-            cls.WARNED,
-            cls.JOINED,
-            cls.TIMELINE,
-            cls.PREFLIGHT_NODE,
-            cls.PREFLIGHT,
-            cls.STRAGGLER,
-            cls.STRAGGLER_STOP,
-            cls.REQUEUED,
-            cls.EXITED,
-        }
         hang = {cls.HANG_REQUEST, cls.HANG_STACKS, cls.HANG_REPORT, cls.HANG_STOP}
         logs = {
             cls.BATCH_LOG,
@@ -225,13 +208,34 @@ class JobDir:
                 f"{cls.TASKS}/{{index}}",
                 f"{cls.PROFILES}/{cls.RANK_METRICS}",
             }
-            | {f"{cls.PROGRESS}/{cls.RUN}/{n}" for n in run}
+            | {f"{cls.PROGRESS}/{cls.RUN}/{n}" for n in cls._in_a_run()}
             | {f"{cls.HANG}/{cls.RUN}/{n}" for n in hang}
             | {f"{cls.LOGS}/{n}" for n in logs}
             | {f"{cls.RESULTS}/{cls.RESULT}", f"{cls.RESULTS}/{cls.ERROR}"}
             | {f"{cls.TRACKER}/{n}" for n in (cls.TRACKER_STEP, cls.TRACKER_MLFLOW, cls.TRACKER_TENSORBOARD)}
             | {cls.NOTIFY, f"{cls.NOTIFY}/{cls.NOTIFY_SENT}", f"{cls.NOTIFY}/{cls.NOTIFY_LOCK}"}
         )
+
+    @classmethod
+    def _in_a_run(cls) -> set[str]:
+        """What prelaunch and the launchers write in progress/r<run>/."""
+        return {
+            cls.STEP_START,
+            cls.WARNING,
+            cls.STOP,
+            cls.LIMIT_NEAR,
+            cls.RANK_PROGRESS,
+            cls.TASK,
+            cls.WARNED,
+            cls.JOINED,
+            cls.TIMELINE,
+            cls.PREFLIGHT_NODE,
+            cls.PREFLIGHT,
+            cls.STRAGGLER,
+            cls.STRAGGLER_STOP,
+            cls.REQUEUED,
+            cls.EXITED,
+        }
 
     def task_record(self, run: int, rank: int | str) -> Path:
         return self.run_progress(run) / self.TASK.format(rank=rank)

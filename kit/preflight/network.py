@@ -2,7 +2,8 @@
 
 One process per node (the node's local rank 0, in the job's own image), gloo over the address the job's rendezvous
 uses: an all-reduce across every node, timed, then each pair of nodes alone (a round-robin schedule: in each round
-every node is in at most one pair), a ping-pong of :data:`PAIR_BYTES` each way, timed. A node's record gets what it
+every node is in at most one pair), a ping-pong of :data:`PAIR_BYTES` each way, timed; a node whose every link
+looked slow then has its links timed again, apart (:func:`_confirm`). A node's record gets what it
 measured (``network``: the all-reduce's seconds, its links' MB/s to each other node, or the error); the verdict
 (:func:`kit.preflight.verdict.decide`) names a node whose every link is far slower than the job's median link —
 a slow pair alone cannot say which end is slow, so two nodes are told their link's speed and never failed for it.
@@ -16,6 +17,8 @@ from datetime import timedelta
 ALLREDUCE_BYTES = 4 << 20
 PAIR_BYTES = 1 << 20
 PING_PONGS = 3  # timed per pair, the best kept (a shared machine's time slice lowers one, not every one)
+CONFIRMS = 5  # a node whose every link looked slow has each link timed again this many times, apart ...
+CONFIRM_GAP = 0.2  # ... by this many seconds: a node starved of CPU for a moment is not a slow node
 TIMEOUT = 60.0  # seconds to wait for every node to join (a node that never does fails the test where it runs)
 
 
@@ -51,7 +54,7 @@ def run(address: str, rank: int, nodes: int, node: str, timeout: float = TIMEOUT
             began = time.perf_counter()
             dist.all_reduce(data)
             allreduce = time.perf_counter() - began
-            links = _pairs(dist, torch, rank, nodes, names)
+            links = _confirm(dist, torch, rank, nodes, names, _pairs(dist, torch, rank, nodes, names))
             dist.barrier()
         finally:
             dist.destroy_process_group()
@@ -62,22 +65,49 @@ def run(address: str, rank: int, nodes: int, node: str, timeout: float = TIMEOUT
 
 def _pairs(dist, torch, rank: int, nodes: int, names: list) -> dict[str, float]:
     """This rank's links, each timed alone: MB/s of a ping-pong with the other end."""
-    out, send, got = {}, torch.ones(PAIR_BYTES // 4), torch.empty(PAIR_BYTES // 4)
+    out = {}
     for pairs in schedule(nodes):
         for a, b in pairs:
-            if rank not in (a, b):
-                continue
-            other = b if rank == a else a
-            best = float("inf")
-            for _ in range(1 + PING_PONGS):  # the first warms the link: not counted
-                began = time.perf_counter()
-                if rank == a:
-                    dist.send(send, other)
-                    dist.recv(got, other)
-                else:
-                    dist.recv(got, other)
-                    dist.send(send, other)
-                best = min(best, time.perf_counter() - began) if _ else float("inf")
-            out[str(names[other])] = round(2 * PAIR_BYTES / best / 1e6, 1)
+            if rank in (a, b):
+                out[str(names[b if rank == a else a])] = _ping_pong(dist, torch, rank, a, b, PING_PONGS)
         dist.barrier()  # the next round's pairs start together
     return out
+
+
+def _ping_pong(dist, torch, rank: int, a: int, b: int, times: int, gap: float = 0.0) -> float:
+    """MB/s of the best of ``times`` ping-pongs of :data:`PAIR_BYTES` between ranks ``a`` and ``b`` (this rank one
+    of them), ``gap`` seconds apart, after one that warms the link."""
+    other = b if rank == a else a
+    send, got, best = torch.ones(PAIR_BYTES // 4), torch.empty(PAIR_BYTES // 4), float("inf")
+    for i in range(1 + times):
+        if i > 1:
+            time.sleep(gap)
+        began = time.perf_counter()
+        if rank == a:
+            dist.send(send, other)
+            dist.recv(got, other)
+        else:
+            dist.recv(got, other)
+            dist.send(send, other)
+        best = min(best, time.perf_counter() - began) if i else float("inf")
+    return round(2 * PAIR_BYTES / best / 1e6, 1)
+
+
+def _confirm(dist, torch, rank: int, nodes: int, names: list, links: dict[str, float]) -> dict[str, float]:
+    """Every node's links shared; a node whose every link looked slow (kit.preflight.verdict.every_link_slow) has
+    each of its links timed again, pair by pair, :data:`CONFIRMS` times :data:`CONFIRM_GAP` apart, and each link
+    keeps its best: a node whose process was starved of CPU during its first pairs (a busy host) is not failed for
+    it, a slow link stays slow. Returns this rank's links."""
+    from kit.preflight.verdict import every_link_slow
+
+    shared: list = [None] * nodes
+    dist.all_gather_object(shared, links)
+    suspects = every_link_slow({str(names[r]): shared[r] for r in range(nodes)})
+    for s in (r for r in range(nodes) if str(names[r]) in suspects):
+        for other in (r for r in range(nodes) if r != s):
+            a, b = min(s, other), max(s, other)
+            if rank in (a, b):
+                peer = str(names[b if rank == a else a])
+                links[peer] = max(links[peer], _ping_pong(dist, torch, rank, a, b, CONFIRMS, CONFIRM_GAP))
+            dist.barrier()
+    return links

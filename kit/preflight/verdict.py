@@ -100,30 +100,44 @@ def decide(found: dict[str, dict], expected: int) -> dict:
 
 def links(found: dict[str, dict]) -> dict[tuple[str, str], float]:
     """Each pair of nodes' link (MB/s), the slower of what its two ends measured."""
+    return pair_rates({node: (rec.get("network") or {}).get("links") or {} for node, rec in found.items()})
+
+
+def pair_rates(measured: dict[str, dict]) -> dict[tuple[str, str], float]:
+    """Each pair of nodes' link (MB/s) from each node's own measures (``{node: {other: MB/s}}``), the slower end's."""
     out: dict[tuple[str, str], float] = {}
-    for node, rec in found.items():
-        for other, rate in ((rec.get("network") or {}).get("links") or {}).items():
+    for node, own in measured.items():
+        for other, rate in own.items():
             if isinstance(rate, (int, float)):
                 pair = (min(node, other), max(node, other))
                 out[pair] = min(out.get(pair, float(rate)), float(rate))
     return out
 
 
-def network_failures(found: dict[str, dict]) -> dict[str, str]:
-    """``--preflight-network``'s: a node whose every link is under :data:`SLOW_LINK` of the median link (three nodes
-    at least: one slow pair cannot say which end is slow), and a node whose test failed while others' ran."""
-    tested = {n: r["network"] for n, r in found.items() if isinstance(r.get("network"), dict)}
-    broken = {n: str(t["error"]) for n, t in tested.items() if t.get("error")}
-    out = {n: f"network test: {e}" for n, e in broken.items()} if len(broken) < len(tested) else {}
-    rates = links(found)
-    mine = {n: {(b if a == n else a): r for (a, b), r in rates.items() if n in (a, b)} for n in tested}
+def every_link_slow(measured: dict[str, dict]) -> dict[str, str]:
+    """The nodes whose every link is under :data:`SLOW_LINK` of a node's fastest link, typically (three nodes at
+    least: one slow pair cannot say which end is slow), with why; ``measured``: each node's own measures."""
+    rates = pair_rates(measured)
+    mine = {n: {(b if a == n else a): r for (a, b), r in rates.items() if n in (a, b)} for n in measured}
     best = [max(m.values()) for m in mine.values() if m]  # each node's fastest link: a slow node's is slow too
-    if len(tested) >= 3 and best:
+    out: dict[str, str] = {}
+    if len(measured) >= 3 and best:
         typical = statistics.median(best)
         for node, own in mine.items():
             if own and typical > 0 and all(r < SLOW_LINK * typical for r in own.values()):
                 said = ", ".join(f"to {other} {r:.0f}" for other, r in sorted(own.items()))
-                out.setdefault(node, f"every link slow ({said} MB/s; a node's fastest, typically: {typical:.0f})")
+                out[node] = f"every link slow ({said} MB/s; a node's fastest, typically: {typical:.0f})"
+    return out
+
+
+def network_failures(found: dict[str, dict]) -> dict[str, str]:
+    """``--preflight-network``'s: a node whose every link is slow (:func:`every_link_slow`), and a node whose test
+    failed while others' ran."""
+    tested = {n: r["network"] for n, r in found.items() if isinstance(r.get("network"), dict)}
+    broken = {n: str(t["error"]) for n, t in tested.items() if t.get("error")}
+    out = {n: f"network test: {e}" for n, e in broken.items()} if len(broken) < len(tested) else {}
+    for node, why in every_link_slow({n: t.get("links") or {} for n, t in tested.items()}).items():
+        out.setdefault(node, why)
     return out
 
 
