@@ -73,12 +73,17 @@ def tcp_connections(families: tuple[int, ...] = (socket.AF_INET, socket.AF_INET6
     """Every established TCP connection in this network namespace: inode, local and peer address, the smoothed
     round trip (seconds), bytes the peer acknowledged. OSError where the
     kernel has no sock_diag (then no link is measured)."""
-    found = []
+    found, refused = [], []
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as s:
         s.settimeout(5.0)
         for seq, family in enumerate(families, 1):
             s.send(_request(family, seq))
-            found += _dump(s, seq)
+            try:
+                found += _dump(s, seq)
+            except OSError as e:  # a kernel without IPv6 (ipv6.disable=1) refuses that family alone
+                refused.append(e)
+    if len(refused) == len(families):
+        raise refused[0]
     return found
 
 
@@ -93,8 +98,9 @@ def _dump(s: socket.socket, seq: int) -> list[dict]:
                 return found
             if got_seq == seq and kind == _NLMSG_DONE:
                 return found
-            if kind == _NLMSG_ERROR:
-                raise OSError(f"sock_diag refused the dump (seq {got_seq})")
+            if kind == _NLMSG_ERROR and got_seq == seq:
+                code = -struct.unpack_from("=i", data, at + _HEADER.size)[0]
+                raise OSError(code, f"sock_diag refused the dump: {os.strerror(code)}")
             body = data[at + _HEADER.size : at + length]
             if got_seq == seq and kind == _SOCK_DIAG_BY_FAMILY and len(body) >= _MESSAGE.size:
                 found.append(_connection(body))
