@@ -17,8 +17,8 @@ from datetime import timedelta
 ALLREDUCE_BYTES = 4 << 20
 PAIR_BYTES = 1 << 20
 PING_PONGS = 3  # timed per pair, the best kept (a shared machine's time slice lowers one, not every one)
-CONFIRMS = 5  # a node whose every link looked slow has each link timed again this many times, apart ...
-CONFIRM_GAP = 0.2  # ... by this many seconds: a node starved of CPU for a moment is not a slow node
+CONFIRMS = 3  # a node whose every link looked slow has each link timed again this many times, apart ...
+CONFIRM_GAP = 0.3  # ... by this many seconds: a node starved of CPU for a moment is not a slow node
 TIMEOUT = 60.0  # seconds to wait for every node to join (a node that never does fails the test where it runs)
 
 
