@@ -1,15 +1,16 @@
 """The job's network links on this node: the round trip of each TCP connection its processes send on.
 
-A slow link — a NIC that trained down, a flaky cable, a congested port — slows every rank of a synchronous job
-alike (each waits for the slowest transfer of the ring), so the ranks' step times cannot name it; the kernel's
-own measure of each connection can. Every poll asks the kernel (netlink ``sock_diag``, the interface ``ss`` uses:
-no binary needed, none of an image's tools, no privilege) for the established TCP sockets with their ``tcp_info``,
-keeps those the job's processes hold (``/proc/PID/fd``: only the user's own processes are readable, which are the
-job's), and serves, per peer address, the smoothed round trip of the busiest connection that sent bulk data since
-the last poll (``kit_job_link_rtt_seconds``). A link whose queue fills (a shaped or degraded link) shows round trips of tens to
-hundreds of milliseconds where a healthy one shows well under one (measured on the local cluster, 2 cores
-busy: 3-38 ms through a node shaped to 40 Mbit/s, 0.1-2.8 ms elsewhere). kit.jobdir.stragglers.LinkJudge names the node on every slow link. TCP only: gloo, NCCL's socket transport, the job's stores; NCCL over InfiniBand/RoCE
-verbs sends no TCP and is not seen here.
+A slow link — a NIC that trained down, a flaky cable, a congested port — slows every rank of a synchronous job alike
+(each waits for the slowest transfer of the ring), so the ranks' step times cannot name it; the kernel's own measure
+of each connection can. Every poll asks the kernel (netlink ``sock_diag``, the interface ``ss`` uses: no binary
+needed, none of an image's tools, no privilege) for the established TCP sockets with their ``tcp_info``, keeps those
+the job's processes hold (``/proc/PID/fd``: only the user's own processes are readable, which are the job's), and
+serves, per peer address, the smoothed round trip of the busiest connection that sent bulk data since the last poll,
+as the median of its last polls (``kit_job_link_rtt_seconds``). A link whose queue fills (a shaped or degraded link)
+shows round trips of tens to hundreds of milliseconds where a healthy one shows well under one (measured on the
+local cluster, 2 cores busy: 3-38 ms through a node shaped to 40 Mbit/s, 0.1-2.8 ms elsewhere).
+kit.jobdir.stragglers.LinkJudge names the node on every slow link. TCP only: gloo, NCCL's socket transport, the
+job's stores; NCCL over InfiniBand/RoCE verbs sends no TCP and is not seen here.
 """
 
 from __future__ import annotations

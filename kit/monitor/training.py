@@ -128,7 +128,8 @@ STRAGGLER = Spec(
     "gauge",
     "A rank named a straggler (rank, straggler_node: its node; node is the exporter's): its compute per step over "
     "the other ranks' median, from how long each waits in the step's collectives, or its GPU's slowdown (the other "
-    "nodes' median SM clock over its own, held down by a slowdown throttle reason) (kit.jobdir.stragglers).",
+    "nodes' median SM clock over its own, held down by a slowdown throttle reason), or its node's links' round trips "
+    "over the job's other busy links' (kit.jobdir.stragglers).",
 )
 STRAGGLERS_EVERY = 5.0  # seconds between two judgements of the ranks' files
 
