@@ -10,10 +10,10 @@ kit::on_signal() {
     if (( ! KIT_WARNED )); then
       kit::_tell_limit &
       KIT_BG_PIDS+=("$!")
-    fi
-    if (( ! KIT_WARNED && KIT_RESTART < KIT_MAX_RESTARTS )); then
-      kit::stop_before_limit &
-      KIT_BG_PIDS+=("$!")
+      if (( KIT_RESTART < KIT_MAX_RESTARTS )); then
+        kit::stop_before_limit &
+        KIT_BG_PIDS+=("$!")
+      fi
     fi
     KIT_WARNED=1
   else
@@ -52,8 +52,7 @@ kit::pass_warning() {
 kit::_tell_limit() {
   local end
   kit::helper_traps
-  end="$(kit::_job_field %e)"
-  end="$(date -d "${end}" +%s 2>/dev/null)" || return 0
+  end="$(kit::_job_end)" || return 0
   printf '%s\n' "$(( end - KIT_LIMIT_MARGIN ))" >"${KIT_PROGRESS_DIR}/.limit-near"
   mv -f "${KIT_PROGRESS_DIR}/.limit-near" "${KIT_PROGRESS_DIR}/limit-near"
 }
@@ -70,8 +69,7 @@ kit::stop_before_limit() {
   local end left
   kit::helper_traps
   while :; do
-    end="$(kit::_job_field %e)"
-    end="$(date -d "${end}" +%s 2>/dev/null)" || end=$(( $(date +%s) + KIT_SIGNAL_LEAD ))
+    end="$(kit::_job_end)" || end=$(( $(date +%s) + KIT_SIGNAL_LEAD ))
     left=$(( end - $(date +%s) - KIT_LIMIT_MARGIN ))
     (( left > 0 )) || break
     kit::nap "$(( left < 30 ? left : 30 ))"
@@ -168,6 +166,11 @@ kit::_stalled() {
 # nothing when Slurm does not answer.
 kit::_job_field() {
   squeue --noheader --jobs="${SLURM_JOB_ID}" --format="$1" 2>/dev/null | awk 'NR == 1' || true
+}
+
+# kit::_job_end: the job's time limit as Slurm says it now (Unix time); fails when Slurm does not answer.
+kit::_job_end() {
+  date -d "$(kit::_job_field %e)" +%s 2>/dev/null
 }
 
 # kit::_await_stop: a step that failed while Slurm ends the job (cancelled as the step began: srun refused,

@@ -72,8 +72,8 @@ def _info(attrs: bytes) -> bytes | None:
 
 def tcp_connections(families: tuple[int, ...] = (socket.AF_INET, socket.AF_INET6)) -> list[dict]:
     """Every established TCP connection in this network namespace: inode, local and peer address, the smoothed
-    round trip (seconds), bytes the peer acknowledged. OSError where the
-    kernel has no sock_diag (then no link is measured)."""
+    round trip (seconds), bytes the peer acknowledged. OSError where the kernel has no sock_diag (then no link is
+    measured)."""
     found, refused = [], []
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as s:
         s.settimeout(5.0)
@@ -163,7 +163,7 @@ def busy_links(connections: list[dict], inodes: set[int], before: dict[int, int]
 class LinkSource:
     """This node's busy job links (:func:`busy_links`), for the processes ``pids()`` gives (the job's, as
     kit.monitor.job.JobSource last found them; the exporter itself left out: its peer is Prometheus): each link's
-    median round trip over its busy polls among the last :data:`POLLS` (one round trip swings 3-27 ms on a slow link
+    median round trip over its busy polls among the last :data:`POLLS` (one round trip swings 3-38 ms on a slow link
     under load, 0.1-2.8 ms on a healthy one; five give the link's level)."""
 
     name = "links"

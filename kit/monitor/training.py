@@ -164,7 +164,7 @@ class StragglerSource:
             # links, which slow every rank alike.
             polls = _last_polls(self.job_dir)
             held = self.gpu_judge.see(held_down(self.job_dir, polls), ranks, now)
-            slow_link = self.link_judge.see(busy_links(polls), ranks, now)
+            slow_link = self.link_judge.see(logged_links(polls), ranks, now)
             verdict = verdict or held or slow_link
             if verdict is not None:
                 stragglers.record(self.job_dir, verdict)
@@ -218,7 +218,7 @@ def _all_clocks(job_dir: Path, polls: dict[str, dict] | None = None) -> dict[str
     return {n: _gpu_clocks(poll) for n, poll in (_last_polls(job_dir) if polls is None else polls).items()}
 
 
-def busy_links(polls: dict[str, dict]) -> dict[str, dict[tuple[str, str], float]]:
+def logged_links(polls: dict[str, dict]) -> dict[str, dict[tuple[str, str], float]]:
     """Each node's busy links in its last poll (kit.monitor.links): (its address, the peer's) → round trip."""
     from kit.monitor.links import RTT  # (only where links are judged)
 
