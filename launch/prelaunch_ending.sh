@@ -168,9 +168,12 @@ kit::_job_field() {
   squeue --noheader --jobs="${SLURM_JOB_ID}" --format="$1" 2>/dev/null | awk 'NR == 1' || true
 }
 
-# kit::_job_end: the job's time limit as Slurm says it now (Unix time); fails when Slurm does not answer.
+# kit::_job_end: the job's time limit as Slurm says it now (Unix time); fails when Slurm does not answer (an
+# empty answer too: `date -d ''` is today's midnight, which would stop the step at once).
 kit::_job_end() {
-  date -d "$(kit::_job_field %e)" +%s 2>/dev/null
+  local end
+  end="$(kit::_job_field %e)"
+  [[ -n "${end}" ]] && date -d "${end}" +%s 2>/dev/null
 }
 
 # kit::_await_stop: a step that failed while Slurm ends the job (cancelled as the step began: srun refused,

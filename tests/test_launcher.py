@@ -215,3 +215,25 @@ def test_the_launcher_adopts_orphans_and_the_command_gets_default_dispositions(t
     words = line.split()
     assert words[1:4:2] == ["0", "0"], line  # SIGPIPE, SIGXFSZ not ignored
     assert (words[-1] == str(proc.pid)) == (helper != "neither"), (line, proc.pid)
+
+
+@pytest.mark.parametrize("said", ["", "Unknown", "2026-11-28T20:00:00"])
+def test_the_time_limit_is_read_from_slurm_or_not_at_all(tmp_path, said):
+    """prelaunch's kit::_job_end, which the stop before the limit and the warning's wait read: Slurm's end time as
+    Unix time, or a failure when squeue says nothing (a controller down) or no time — never `date -d ''`, today's
+    midnight, which would have stopped the step at once."""
+    from datetime import datetime
+
+    fake = tmp_path / "squeue"
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$FAKE_END"\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_JOB_ID": "1", "FAKE_END": said}
+    script = 'source "$1" && kit::_job_end'
+    got = subprocess.run(
+        ["bash", "-c", script, "bash", str(Path(__file__).resolve().parent.parent / "launch" / "prelaunch_ending.sh")],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    if said[:1].isdigit():
+        assert (got.returncode, got.stdout.strip()) == (0, str(int(datetime.fromisoformat(said).timestamp()))), got
+    else:
+        assert (got.returncode, got.stdout) == (1, ""), got
