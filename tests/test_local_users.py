@@ -54,7 +54,7 @@ def test_an_ordinary_user_runs_slurm_and_kit_on_roots_cluster(cluster, user):
     status = as_user(user, "kit cluster status")  # theirs is not running; root's is named, with how to use it
     newest.add(public.clusters()[0])
     assert cluster.conf in public.clusters()
-    assert env.returncode == 0 and any(env.stdout.splitlines() == public.login_lines(c, False) for c in newest), env
+    assert env.returncode == 0 and any(env.stdout.splitlines() == public.login_lines(c) for c in newest), env
     assert status.returncode == 1 and status.stdout.splitlines()[1] in [
         f"this machine's local cluster (root's, every local user's): SLURM_CONF={c}; use it "
         'with: eval "$(kit cluster env)"'

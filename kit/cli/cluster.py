@@ -131,7 +131,7 @@ def env() -> None:
     from kit.cluster import public
 
     c = LocalCluster()
-    for line in public.login_lines(c.conf, c.state() is not None):
+    for line in public.login_lines(public.serving(c.conf, c.state() is not None)):
         click.echo(line)
 
 

@@ -90,21 +90,24 @@ def elsewhere(own_conf: Path) -> list[str]:
     )
 
 
-def login_lines(own_conf: Path, own_running: bool) -> list[str]:
-    """What a login shell needs to use the local cluster (``kit cluster env``): its SLURM_CONF, and PATH where
-    Slurm's commands are not on a login shell's. The caller's own cluster when it has one; else root's on
-    this machine (the newest, when several run)."""
+def serving(own_conf: Path, own_running: bool) -> Path:
+    """The local cluster a login shell here uses: the caller's own when it runs; else root's on this machine
+    (the newest, when several run)."""
     if own_running:
-        conf = own_conf
-    else:
-        found = clusters()
-        if not found:
-            raise KitError(
-                "no local cluster runs on this machine",
-                field="cluster",
-                hint="root starts one for every local user with `kit cluster up`; yours: the same",
-            )
-        conf = found[0]
+        return own_conf
+    found = clusters()
+    if not found:
+        raise KitError(
+            "no local cluster runs on this machine",
+            field="cluster",
+            hint="root starts one for every local user with `kit cluster up`; yours: the same",
+        )
+    return found[0]
+
+
+def login_lines(conf: Path) -> list[str]:
+    """What a login shell needs to use the local cluster of `conf` (``kit cluster env``): its SLURM_CONF, and
+    PATH where Slurm's commands are not on a login shell's."""
     lines = [f"export SLURM_CONF={shlex.quote(str(conf))}"]
     sbatch = shutil.which("sbatch")
     if sbatch and os.path.dirname(sbatch) not in ("/usr/local/bin", "/usr/bin", "/bin"):
