@@ -142,6 +142,14 @@ def _read_upto(fd: int, n: int) -> bytes:
     return b"".join(chunks)
 
 
+def mtime(path: str | os.PathLike) -> float | None:
+    """When a record was last written (its own time, never a symlink's target's); None when it is not there."""
+    try:
+        return os.stat(path, follow_symlinks=False).st_mtime
+    except OSError:
+        return None
+
+
 def read_text(path: str | os.PathLike, limit: int = RECORD_LIMIT) -> str:
     """:func:`read_bytes` decoded as UTF-8, undecodable bytes replaced."""
     return read_bytes(path, limit).decode("utf-8", errors="replace")

@@ -72,7 +72,7 @@ def target_of(job_dir: Path) -> slurm.Target:
     configuration it names belong to this user or root and no one else can change
     them: root running ``kit ps``/``cancel`` over a shared directory must not load a
     configuration (and the plugins it names) another user planted."""
-    where = records.array_job_dir(job_dir) or Path(job_dir)
+    where = records.submission_dir(job_dir)
     record = where / JobDir.SLURM
     try:
         with files.open_regular(record) as (fd, st):

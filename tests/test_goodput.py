@@ -108,6 +108,22 @@ def test_a_restart_in_the_allocation_holds_its_nodes_between_the_runs_and_is_cou
     assert "(2 node(s), 4 run(s), 1 restart(s) in the allocation, 2 requeue(s));" in g.line()
 
 
+def test_an_array_tasks_queue_and_nodes_are_its_arrays(job, tmp_path):
+    """An array task's directory (``tasks/<i>/``) has its runs but not the submission's records: its queue counts
+    from the array's submission and its nodes are the array's --nodes, as a single job's are."""
+    import shutil
+
+    array = tmp_path / "array"
+    task = array / JobDir.TASKS / "3"
+    task.parent.mkdir(parents=True)
+    for name in (JobDir.JOB_ID, JobDir.SPEC):
+        shutil.copy2(job / name, array / name)
+        (job / name).unlink()
+    shutil.move(job.path, task)
+    g = gp.goodput(task)
+    assert (g.parts["queue"], g.nodes) == (pytest.approx(4), 2) and g.wall_seconds == pytest.approx(152)
+
+
 def test_a_running_job_ends_now_and_its_steps_since_the_last_line_stand(job):
     lines = (job / JobDir.RUNS).read_text().splitlines()
     (job / JobDir.RUNS).write_text("".join(f"{line}\n" for line in lines[:3]))  # run 3 still runs

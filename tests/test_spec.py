@@ -88,6 +88,30 @@ def test_kit_variables_are_reserved_except_the_documented_one():
     assert (job.spec.stop_grace, job.spec.hang_timeout, job.spec.first_progress_timeout) == (3, 900, 3600)
 
 
+def test_acting_on_stragglers_without_the_exporter_that_names_them_is_refused(tmp_path):
+    """--on-straggler requeue/restart with --no-exporter would never act (the verdicts are the exporter's): one
+    message naming both, exit 2, nothing written; telling only (the default) stays allowed."""
+    from helpers import kit
+
+    out = tmp_path / "jobs"
+    for action in ("requeue", "restart"):
+        proc = kit(
+            "launch", "--dry-run", "--output-dir", str(out), "--no-exporter", "--on-straggler", action, "--", "true"
+        )
+        assert proc.returncode == 2 and proc.stderr.startswith(
+            f"kit: --on-straggler: {action} acts on the exporter's straggler verdicts; the job runs none (--no-exporter)"
+        ), proc.stderr
+        assert "Traceback" not in proc.stderr and not out.exists()
+    (tmp_path / "job.toml").write_text('command = ["true"]\nexporter = false\non_straggler = "restart"\n')
+    spec, origins = jobfile.load_job_file(tmp_path / "job.toml")
+    with pytest.raises(
+        KitError, match=r"restart acts on the exporter's straggler verdicts; the job runs none \(.*job.toml: exporter\)"
+    ):
+        launch.resolve(spec, origins)
+    told = launch.resolve(specs.JobSpec(command=["true"], exporter=False, on_straggler="tell"))
+    assert told.spec.on_straggler == "tell"
+
+
 def test_an_environment_value_over_linux_limit_is_refused():
     with pytest.raises(KitError, match=r"BIG: the value is 131072 bytes; Linux passes at most 131071 bytes"):
         launch.resolve(specs.JobSpec(command=["true"], env={"BIG": "x" * 131072}))

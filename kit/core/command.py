@@ -7,11 +7,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kit.core.values import RESERVED_ENV
+from kit.core.values import ENV_KEY, RESERVED_ENV
 from kit.errors import KitError
 
 MAX_ENV_STRING = 32 * 4096  # Linux's limit on one argument or environment string (MAX_ARG_STRLEN), NUL included
 MAX_COMMAND_BYTES = 1 << 20
+# kit's own variables a job may set with --env (the exporter reads it).
+USER_KIT_ENV = frozenset({"KIT_EXPORTER_NAMING"})
 
 
 def check_exec_sizes(s, origins) -> None:
@@ -77,3 +79,35 @@ def check_devices(s, origins) -> None:
                     hint=f"use --ntasks-per-node {value}, or {flag} {s.ntasks_per_node}: "
                     "Lightning hangs at 'Initializing distributed' when they differ",
                 )
+
+
+def check_env(s, origins) -> None:
+    """Each --env variable: a name a shell can set, not one kit or Slurm sets, its value within Linux's limit."""
+    for key, value in s.env.items():
+        if len(key.encode()) + 1 + len(value.encode()) >= MAX_ENV_STRING:
+            raise KitError(
+                f"{key}: the value is {len(value.encode())} bytes; Linux passes at most "
+                f"{MAX_ENV_STRING - 1} bytes per variable (KEY=VALUE) to a process",
+                field=origins.label("env"),
+                hint="put large values in a file and pass its path",
+            )
+        if not ENV_KEY.match(key):
+            raise KitError(
+                f"not a variable name: {key!r}",
+                field=origins.label("env"),
+                hint="names are letters, digits and _, not starting with a digit",
+            )
+        if key in RESERVED_ENV:
+            raise KitError(
+                f"{key} is set by the launcher from Slurm's variables",
+                field=origins.label("env"),
+                hint="leave it out; kit maps SLURM_PROCID etc. to " + ", ".join(sorted(RESERVED_ENV)),
+            )
+        if key == "CUDA_VISIBLE_DEVICES" and s.gpus_per_node:
+            raise KitError(
+                f"{key}: Slurm binds each task's {s.gpus_per_node} GPU(s) and sets it itself, replacing this value",
+                field=origins.label("env"),
+                hint="leave it out: --gpus-per-node chooses how many GPUs each node's tasks get",
+            )
+        if key.startswith(("KIT_", "SLURM_")) and key not in USER_KIT_ENV:
+            raise KitError(f"{key}: names starting with KIT_ or SLURM_ are reserved", field=origins.label("env"))

@@ -17,12 +17,10 @@ from typing import Any
 from kit.core import command, options, sidecar
 from kit.core import notify as targets
 from kit.core import sweep as sweep_lib
-from kit.core.command import MAX_ENV_STRING
 from kit.core.values import (
     ACTIONS,
     ENV_KEY,
     OWNED_SBATCH,
-    RESERVED_ENV,
     owned_sbatch_option,
     parse_action,
     parse_after,
@@ -77,8 +75,6 @@ DEFAULTS: dict[str, Any] = {o.name: o.default for o in options.SPEC_OPTIONS if o
 
 MAX_INT = 2**31 - 1  # counts and seconds: what Slurm's fields and bash arithmetic hold
 MAX_JOB_NAME = 200
-# kit's own variables a job may set with --env (the exporter reads it).
-USER_KIT_ENV = frozenset({"KIT_EXPORTER_NAMING"})
 
 
 class Origins(dict):
@@ -185,13 +181,12 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
             hint=f"use a --signal-lead below {time_seconds} or a longer --time",
         )
     command.check_exec_sizes(s, origins)
-    _check_env(s, origins)
+    command.check_env(s, origins)
     sidecar.check_sidecars(s, origins)
     _check_words(s, origins)
     s.output_dir = str(_absolute(s.output_dir, cwd))
+    _check_contradictions(s, origins)
     if s.code is not None:
-        if not s.code_snapshot:
-            raise _err(origins, "code", "--code and --no-code-snapshot contradict each other", hint="give one of them")
         s.code = str(_absolute(s.code, cwd))
     for item in s.after:
         parse_after(item, origins.label("after"))
@@ -248,37 +243,6 @@ def _check_counts(s: JobSpec, origins: Origins) -> None:
             hint=f"use --ntasks-per-node {s.gpus_per_node} (one rank per GPU) or 1 "
             "(a per-node launcher such as torchrun that starts its own ranks)",
         )
-
-
-def _check_env(s: JobSpec, origins: Origins) -> None:
-    for key, value in s.env.items():
-        if len(key.encode()) + 1 + len(value.encode()) >= MAX_ENV_STRING:
-            raise KitError(
-                f"{key}: the value is {len(value.encode())} bytes; Linux passes at most "
-                f"{MAX_ENV_STRING - 1} bytes per variable (KEY=VALUE) to a process",
-                field=origins.label("env"),
-                hint="put large values in a file and pass its path",
-            )
-        if not ENV_KEY.match(key):
-            raise KitError(
-                f"not a variable name: {key!r}",
-                field=origins.label("env"),
-                hint="names are letters, digits and _, not starting with a digit",
-            )
-        if key in RESERVED_ENV:
-            raise KitError(
-                f"{key} is set by the launcher from Slurm's variables",
-                field=origins.label("env"),
-                hint="leave it out; kit maps SLURM_PROCID etc. to " + ", ".join(sorted(RESERVED_ENV)),
-            )
-        if key == "CUDA_VISIBLE_DEVICES" and s.gpus_per_node:
-            raise KitError(
-                f"{key}: Slurm binds each task's {s.gpus_per_node} GPU(s) and sets it itself, replacing this value",
-                field=origins.label("env"),
-                hint="leave it out: --gpus-per-node chooses how many GPUs each node's tasks get",
-            )
-        if key.startswith(("KIT_", "SLURM_")) and key not in USER_KIT_ENV:
-            raise KitError(f"{key}: names starting with KIT_ or SLURM_ are reserved", field=origins.label("env"))
 
 
 def _check_words(s: JobSpec, origins: Origins) -> None:
@@ -364,6 +328,18 @@ def _check_container(s: JobSpec, origins: Origins, warnings: list[str]) -> None:
             f"not a container name: {s.container_name!r}",
             field=origins.label("container_name"),
             hint="letters, digits, '.', '_' and '-'",
+        )
+
+
+def _check_contradictions(s: JobSpec, origins: Origins) -> None:
+    if s.code is not None and not s.code_snapshot:
+        raise _err(origins, "code", "--code and --no-code-snapshot contradict each other", hint="give one of them")
+    if s.on_straggler != "tell" and not s.exporter:  # the verdicts are the exporter's: none would ever come
+        raise _err(
+            origins,
+            "on_straggler",
+            f"{s.on_straggler} acts on the exporter's straggler verdicts; the job runs none ({origins.label('exporter')})",
+            hint="keep the exporter (it judges the ranks), or leave --on-straggler at tell (the default)",
         )
 
 

@@ -244,7 +244,7 @@ def every_rank_returned(job_dir: Path) -> bool:
     ranks = job.result_ranks()
     if not ranks:
         return False
-    spec_dir = records.array_job_dir(job_dir) or job_dir
+    spec_dir = records.submission_dir(job_dir)
     try:
         spec = files.read_json(jobdir.own(Path(spec_dir) / JobDir.SPEC), 1 << 22)
         world = int(spec["nodes"]) * int(spec["ntasks_per_node"])

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kit import files
-from kit.jobdir.goodput import mtime, run_times
+from kit.jobdir.goodput import run_times
 from kit.jobdir.layout import JobDir
 from kit.jobdir.runs import hangs, read_verdict
 from kit.jobdir.tally import tally
@@ -78,12 +78,12 @@ def _run_events(d: JobDir, times, record, before) -> list[Event]:
         out.append(Event(times.tasks, "running", f"every task running{since}", r))
     progress = d.run_progress(r)
     verdict = read_verdict(progress)
-    if verdict is not None and (when := mtime(progress / JobDir.PREFLIGHT)) is not None:
+    if verdict is not None and (when := files.mtime(progress / JobDir.PREFLIGHT)) is not None:
         said = f"preflight {verdict['verdict']}" + (f": {verdict['why']}" if verdict["why"] else "")
         out.append(Event(when, "preflight", said, r))
     if times.first is not None:
         out.append(Event(times.first, "first-step", "first step", r))
-    if (when := mtime(progress / JobDir.WARNING)) is not None:
+    if (when := files.mtime(progress / JobDir.WARNING)) is not None:
         out.append(Event(when, "warned", "the time limit's warning reached the run", r))
     if record is not None:
         if record.start_ms is None and record.end == "killed":  # caught up by the next run as it began
@@ -100,7 +100,7 @@ def _run_events(d: JobDir, times, record, before) -> list[Event]:
     # Written after the run's record: never before it, whatever a file's coarser clock says (its mtime may lag
     # the time kit::_append_run read by a clock tick).
     ended = max((e.time for e in out if e.kind == "run-ended"), default=0.0)
-    if (when := mtime(progress / JobDir.REQUEUED)) is not None:
+    if (when := files.mtime(progress / JobDir.REQUEUED)) is not None:
         out.append(Event(max(when, ended), "requeued", f"requeued: {_line(progress / JobDir.REQUEUED)}", r))
     if (exited := _exited(progress, r)) is not None:
         out.append(Event(max(exited.time, ended), exited.kind, exited.text, r))
@@ -119,7 +119,7 @@ def _line(path: Path) -> str:
 def _exited(progress: Path, r: int) -> Event | None:
     """The batch script's last word after run ``r`` (``exited.json``): the job's exit code, as prelaunch decided it
     (``exited``), or that a stop signal ended it (``stopped``: the job's end, or its next run, is Slurm's to tell)."""
-    record, when = _json(progress / JobDir.EXITED), mtime(progress / JobDir.EXITED)
+    record, when = _json(progress / JobDir.EXITED), files.mtime(progress / JobDir.EXITED)
     code = record.get("code")
     if not isinstance(code, int) or when is None:
         return None
@@ -143,7 +143,7 @@ def events(job_dir: str | Path) -> list[Event]:
         out += _run_events(d, times, ended.get(times.run), ended.get(times.run - 1))
     for h in hangs(job_dir):
         report = d.path / JobDir.HANG / JobDir.RUN.format(run=h["run"]) / JobDir.HANG_REPORT
-        if (when := mtime(report)) is not None:
+        if (when := files.mtime(report)) is not None:
             who = f"rank {h['rank']} on {h['node']}" if h["rank"] != "unknown" else "no rank named"
             out.append(Event(when, "hang", f"hang: {h['summary'] or who}", h["run"]))
     for s in stragglers.read(job_dir):

@@ -27,7 +27,6 @@ the allocation does.
 
 from __future__ import annotations
 
-import os
 import time as _time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -125,14 +124,6 @@ def _timeline(path: Path) -> tuple[float | None, float | None, list[tuple[float,
     return first, last, saves
 
 
-def mtime(path: Path) -> float | None:
-    """When a record was last written (its own time, never a symlink's target's); None when it is not there."""
-    try:
-        return os.stat(path, follow_symlinks=False).st_mtime
-    except OSError:
-        return None
-
-
 def _read_run(d: JobDir, run: int) -> RunTimes:
     progress = d.run_progress(run)
     r = RunTimes(run)
@@ -143,7 +134,7 @@ def _read_run(d: JobDir, run: int) -> RunTimes:
     starts = [rec[2] for p in progress.glob(JobDir.TASK.format(rank="*")) if (rec := read_task_record(p)) and rec[2]]
     r.tasks = max(starts) if starts else None
     r.first, r.last, r.saves = _timeline(progress / JobDir.TIMELINE.format(rank=0))
-    beat = mtime(progress / JobDir.RANK_PROGRESS.format(rank=0))
+    beat = files.mtime(progress / JobDir.RANK_PROGRESS.format(rank=0))
     if r.first is not None and r.last is None and beat is not None:  # killed before its last line: the heartbeat
         r.last = max(r.first, beat)
     return r
@@ -159,7 +150,7 @@ def run_times(job_dir: Path) -> list[RunTimes]:
     out = []
     for n in sorted(numbers | set(ended)):
         r = _read_run(d, n)
-        beat = mtime(d.run_progress(n) / JobDir.RANK_PROGRESS.format(rank=stuck[n])) if n in stuck else None
+        beat = files.mtime(d.run_progress(n) / JobDir.RANK_PROGRESS.format(rank=stuck[n])) if n in stuck else None
         if beat is not None and r.first is not None and r.last is not None:
             # A hung run trained no further than its stuck rank's last progress, whatever rank 0 did after
             # (a rank the watchdog's stack dump let run on for a moment: ptrace resumes a stopped process).
@@ -176,9 +167,11 @@ def run_times(job_dir: Path) -> list[RunTimes]:
 
 
 def _nodes(job_dir: Path) -> int:
-    """The nodes the job's allocation held: --nodes, and --spare-nodes beside them."""
+    """The nodes the job's allocation held: --nodes, and --spare-nodes beside them (an array task's: its array's)."""
+    from kit.jobdir import records
+
     try:
-        spec = files.read_json(Path(job_dir) / JobDir.SPEC)
+        spec = files.read_json(records.submission_dir(job_dir) / JobDir.SPEC)
         nodes, spare = spec.get("nodes"), spec.get("spare_nodes", 0)
     except (OSError, ValueError, AttributeError):
         return 1

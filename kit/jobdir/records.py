@@ -111,10 +111,8 @@ def known_job_dirs(output_dirs: list[Path]) -> list[Path]:
 
 
 def submitted_at(job_dir: Path) -> float | None:
-    try:
-        return (Path(job_dir) / JobDir.JOB_ID).stat().st_mtime
-    except OSError:
-        return None
+    """When sbatch returned (the job id's record; an array task's is its array's)."""
+    return files.mtime(submission_dir(job_dir) / JobDir.JOB_ID)
 
 
 def task_indices(job_dir: Path) -> list[int]:
@@ -270,6 +268,12 @@ def array_job_dir(job_dir: Path) -> Path | None:
     if parent.name == JobDir.TASKS and Path(job_dir).name.isdigit() and (parent.parent / JobDir.JOB_ID).exists():
         return parent.parent
     return None
+
+
+def submission_dir(job_dir: Path) -> Path:
+    """Where the submission's records lie (the job id, the spec, the Slurm target): the job's own directory; an
+    array task's array's."""
+    return array_job_dir(job_dir) or Path(job_dir)
 
 
 def job_id_of(job_dir: Path) -> str | None:

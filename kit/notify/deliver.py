@@ -37,7 +37,7 @@ LAST_WORD = 5.0  # seconds prelaunch's last word may take at the batch script's 
 
 def targets(job_dir: Path) -> tuple[Target, ...]:
     """The job's targets (its spec's ``notify``; an array task's are its array's), () when none or unreadable."""
-    spec_dir = records.array_job_dir(job_dir) or Path(job_dir)
+    spec_dir = records.submission_dir(job_dir)
     try:
         spec = json.loads(jobdir.read_own(spec_dir / JobDir.SPEC, 1 << 22))
         return parse_all(spec.get("notify") or ())
@@ -67,7 +67,7 @@ def message(job_dir: Path, key: str, e: Event) -> dict:
     ``job_id`` + ``key``); the end's with the job's goodput where its records give one."""
     out = {
         "job_id": records.job_id_of(job_dir),
-        "job_name": records.job_name(records.array_job_dir(job_dir) or job_dir),
+        "job_name": records.job_name(records.submission_dir(job_dir)),
         "job_dir": str(job_dir),
         "user": _user(),
         "key": key,
