@@ -75,10 +75,27 @@ def cpu_image(debian_base, tmp_path_factory) -> Path:
                 str(out),
                 "--base",
                 f"rootfs={debian_base}",
+                env={"KIT_HOME": str(_image_cache())},
                 timeout=1200,
             )
             assert proc.returncode == 0, proc.stderr
     return out
+
+
+def _image_cache() -> Path:
+    """The KIT_HOME whose build cache keeps cpu_image between this checkout's test sessions (the README's second
+    pytest command finds it built by the first): named by what goes into it besides the base, which kit's own
+    cache key covers — the recipe and kit's image code —, so a change to either builds anew; others removed."""
+    import hashlib
+
+    parts = [REPO / "containers" / "cpu-lightning.toml", *sorted((REPO / "kit" / "image").glob("*.py"))]
+    name = hashlib.sha256(b"".join(p.read_bytes() for p in parts)).hexdigest()[:16]
+    caches = REPO / ".test-cache"
+    for old in caches.glob("kit-home-*"):
+        if old.name != f"kit-home-{name}":
+            subprocess.run(["rm", "-rf", "--one-file-system", str(old)], check=False)
+    (caches / f"kit-home-{name}").mkdir(parents=True, exist_ok=True, mode=0o700)
+    return caches / f"kit-home-{name}"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -42,10 +42,10 @@ def test_the_readme_is_a_front_door():
     commands = [line.strip() for line in lines[:20] if line.startswith("    ")]
     assert "kit cluster up --nodes 2 --prometheus" in commands[0] and "kit report" in commands[0], commands
     assert commands[-1] == (
-        ". .venv/bin/activate && python3 -m pytest -q -n 2 && python3 -m pytest -q -m machine_wide"
+        ". .venv/bin/activate && python3 -m pytest -q -n 3 && python3 -m pytest -q -m machine_wide"
     ), commands
     ci = (REPO / ".ci" / "run").read_text()  # CI runs the same
-    assert "python3 -m pytest -q -p no:cacheprovider -n 2 " in ci and "no:cacheprovider -m machine_wide " in ci
+    assert "python3 -m pytest -q -p no:cacheprovider -n 3 " in ci and "no:cacheprovider -m machine_wide " in ci
     assert "issue" not in " ".join(lines).lower()  # what changed is CHANGELOG.md's
     assert (REPO / "docs" / "report.png").stat().st_size > 10_000  # the picture it opens with
 

@@ -195,9 +195,9 @@ def test_the_hook_times_each_ranks_wait_at_the_all_reduce_and_averages_as_ddp_do
 
 
 def test_a_rank_stopped_half_the_time_is_named_everywhere_and_requeued_without_its_node(cluster, tmp_path):
-    """The reference trainer, 4 ranks (gloo) on one node at ~0.2 s steps, --on-straggler requeue: 25 s of clean
-    training name no one; then rank 3 is stopped 0.4 s of every 0.6 s (SIGSTOP/SIGCONT): within a minute it is
-    named with its node and the factor the steps slowed by — in stragglers.json, kit ps --json, kit events, kit logs
+    """The reference trainer, 4 ranks (gloo) on one node at ~0.2 s steps, --on-straggler requeue (that a clean run
+    names no one, bench_failslow --quick holds in test_benches): rank 3 is stopped 0.4 s of every 0.6 s
+    (SIGSTOP/SIGCONT): within a minute it is named with its node and the factor the steps slowed by — in stragglers.json, kit ps --json, kit events, kit logs
     --errors, the exporter (Prometheus), the --wait end line and kit report —; prelaunch warns the command, which
     saves its checkpoint and stops; the run ends `straggler`, the job is requeued without that node, and the next
     run, on the other node, resumes from the checkpoint and finishes (COMPLETED, exit 0)."""
@@ -213,7 +213,7 @@ def test_a_rank_stopped_half_the_time_is_named_everywhere_and_requeued_without_i
 
     from kit.jobdir import records
 
-    train = [sys.executable, "-m", "kit.train", "--max-steps", "260", "--step-delay", "0.2", "--log-every", "10"]
+    train = [sys.executable, "-m", "kit.train", "--max-steps", "160", "--step-delay", "0.2", "--log-every", "10"]
     w = launch_wait(
         tmp_path,
         *("--ntasks-per-node", "4", "--on-straggler", "requeue", "--max-restarts", "1"),
@@ -221,8 +221,6 @@ def test_a_rank_stopped_half_the_time_is_named_everywhere_and_requeued_without_i
     )
     wait_for(lambda: len(judge_lib.latest(w.job_dir)) == 4, 120, what="training")
     wait_for(lambda: all("step_seconds" in v for _, v in judge_lib.latest(w.job_dir).values()), 30, what="waits")
-    time.sleep(25)  # clean: the judge has seen the ranks five times over SUSTAINED seconds
-    assert judge_lib.read(w.job_dir) == [], "a verdict on a clean run"
     node, pid = (w.job_dir / "progress" / "r0" / "task-3").read_text().split()[:2]
     stop = threading.Event()
 
@@ -268,7 +266,7 @@ def test_a_rank_stopped_half_the_time_is_named_everywhere_and_requeued_without_i
     assert f"the step was stopped: straggler: rank 3 on {node}" in batch, batch
     assert f"the next run leaves out {node}" in batch, batch
     resumed = (w.job_dir / "logs" / "rank-0.r1.log").read_text()
-    assert "resuming from" in resumed and "done at step=260" in resumed, resumed
+    assert "resuming from" in resumed and "done at step=160" in resumed, resumed
     out = str(tmp_path / "jobs")
     (row,) = [r for r in json.loads(kit("ps", "--json", "--output-dir", out).stdout) if r["id"] == w.job_id]
     assert [(s["rank"], s["node"]) for s in row["stragglers"]] == [(3, node)]
