@@ -25,10 +25,10 @@ from kit.errors import KitError
 def pytest_collection_modifyitems(config, items) -> None:
     """Every test that uses a local cluster (the session's, or test_recovery's own 3-node one)
     is marked ``cluster``: -m 'not cluster' runs the rest. A test marked ``machine_wide`` changes what every
-    process on the machine reads (/etc/hosts: an srun of the other worker's cluster, started meanwhile, never heard
+    process on the machine reads (/etc/hosts: an srun of another worker's cluster, started meanwhile, never heard
     back from its controller, nor slurmstepd from srun), or reads what only holds on a machine where its session's
-    cluster is the newest (an ordinary user's kit, with no SLURM_CONF, finds root's newest cluster itself: beside the
-    other worker's it found that one, which its test then took down): pytest-xdist's workers leave it out, and the
+    cluster is the newest (an ordinary user's kit, with no SLURM_CONF, finds root's newest cluster itself: beside
+    another worker's it found that one, which its test then took down): pytest-xdist's workers leave it out, and the
     README's command runs it alone after them (-m machine_wide)."""
     for item in items:
         if {"cluster", "three"} & set(getattr(item, "fixturenames", ())):
@@ -55,7 +55,24 @@ def debian_base() -> Path:
 
 
 @pytest.fixture(scope="session")
-def cpu_image(debian_base, tmp_path_factory) -> Path:
+def image_cache() -> Path:
+    """The KIT_HOME whose build cache keeps cpu_image between this checkout's test sessions (the README's second
+    pytest command finds it built by the first): named by what goes into it besides the base, which kit's own
+    cache key covers — the recipe and kit's image code —, so a change to either builds anew; others removed."""
+    import hashlib
+
+    parts = [REPO / "containers" / "cpu-lightning.toml", *sorted((REPO / "kit" / "image").glob("*.py"))]
+    name = f"kit-home-{hashlib.sha256(b''.join(p.read_bytes() for p in parts)).hexdigest()[:16]}"
+    caches = REPO / ".test-cache"
+    for old in caches.glob("kit-home-*"):
+        if old.name != name:
+            subprocess.run(["rm", "-rf", "--one-file-system", str(old)], check=False)
+    (caches / name).mkdir(parents=True, exist_ok=True, mode=0o700)
+    return caches / name
+
+
+@pytest.fixture(scope="session")
+def cpu_image(debian_base, image_cache, tmp_path_factory) -> Path:
     """containers/cpu-lightning.toml built once per run: kit's own image (no `ip` in it). The workers of one run
     share it (the first builds it, the others wait for it: ~100 s of 2 cores each saved); no test writes to it."""
     import fcntl
@@ -75,27 +92,11 @@ def cpu_image(debian_base, tmp_path_factory) -> Path:
                 str(out),
                 "--base",
                 f"rootfs={debian_base}",
-                env={"KIT_HOME": str(_image_cache())},
+                env={"KIT_HOME": str(image_cache)},
                 timeout=1200,
             )
             assert proc.returncode == 0, proc.stderr
     return out
-
-
-def _image_cache() -> Path:
-    """The KIT_HOME whose build cache keeps cpu_image between this checkout's test sessions (the README's second
-    pytest command finds it built by the first): named by what goes into it besides the base, which kit's own
-    cache key covers — the recipe and kit's image code —, so a change to either builds anew; others removed."""
-    import hashlib
-
-    parts = [REPO / "containers" / "cpu-lightning.toml", *sorted((REPO / "kit" / "image").glob("*.py"))]
-    name = hashlib.sha256(b"".join(p.read_bytes() for p in parts)).hexdigest()[:16]
-    caches = REPO / ".test-cache"
-    for old in caches.glob("kit-home-*"):
-        if old.name != f"kit-home-{name}":
-            subprocess.run(["rm", "-rf", "--one-file-system", str(old)], check=False)
-    (caches / f"kit-home-{name}").mkdir(parents=True, exist_ok=True, mode=0o700)
-    return caches / f"kit-home-{name}"
 
 
 @pytest.fixture(scope="session", autouse=True)

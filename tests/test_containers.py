@@ -203,18 +203,26 @@ def image_listing(image: Path) -> list[str]:
     ]
 
 
-def test_the_dockerfile_builds_the_same_image_as_the_toml_recipe(cluster, cpu_image, person):
+def test_the_dockerfile_builds_the_same_image_as_the_toml_recipe(cluster, cpu_image, image_cache, person, monkeypatch):
     """containers/cpu-lightning.Dockerfile and .toml give the same file
     tree and enroot metadata (the Dockerfile's build finds the TOML build's layers in the
     cache: same steps, same keys), and the README's main job runs in the Dockerfile's image (the user's)."""
     from kit.image.builder import cache_dir
 
-    # A whole image left in the image cache by an earlier session on the same KIT_HOME
-    # (KIT_TEST_CLUSTER) would be taken as it is, and no step would be looked up.
-    for cached in cache_dir().glob("*.sqsh"):
+    # The TOML build's cache (conftest's image_cache); its whole image, kept there, would be taken as it is
+    # (the same key), and no step would be looked up.
+    with monkeypatch.context() as m:
+        m.setenv("KIT_HOME", str(image_cache))
+        images = cache_dir()
+    for cached in images.glob("*.sqsh"):
         cached.unlink()
     out = person.dir / "from-dockerfile.sqsh"
-    proc = kit("build", str(REPO / "containers"), "-f", "cpu-lightning.Dockerfile", "-o", str(out), timeout=1200)
+    proc = kit(
+        "build",
+        *(str(REPO / "containers"), "-f", "cpu-lightning.Dockerfile", "-o", str(out)),
+        env={"KIT_HOME": str(image_cache)},
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stderr
     person.own(out)
     assert "cached: pip: " in proc.stderr and "cached: kit: " in proc.stderr, proc.stderr

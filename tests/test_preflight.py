@@ -122,6 +122,40 @@ def test_the_verdict_names_failing_and_slow_nodes_and_counts_the_silent(tmp_path
     assert verdict.decide({"node1": found["node1"], "node2": found["node2"]}, 2)["verdict"] == "ok"
 
 
+SHARED_CORE = """
+import json, os, subprocess, sys, time
+import torch
+from kit.preflight import burn
+core = min(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {core})
+hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+        for _ in range(2)]
+try:
+    time.sleep(0.5)
+    torch.set_num_threads(1)
+    a = torch.randn(burn.CPU_SIZE, burn.CPU_SIZE)
+    b = torch.randn_like(a)
+    wall = burn._rate(lambda: a @ b, 2.0 * burn.CPU_SIZE**3, 1.0)
+    node = burn.burn_in(1.0)["tflops"]
+finally:
+    for h in hogs:
+        h.kill()
+        h.wait()
+print(json.dumps({"wall": wall, "node": node, "alone": burn.burn_in(1.0)["tflops"]}))
+"""
+
+
+def test_a_nodes_cpu_burn_in_is_not_slowed_by_processes_sharing_its_core():
+    """The CPU burn-in (a node without GPUs, the local cluster's) times its products in its own CPU time: on a core
+    shared with two busy processes it reads what it reads alone, where wall-clock blocks read a third of it (a node
+    of a cluster on one busy host failed the preflight at 43 % of the other's)."""
+    proc = subprocess.run([sys.executable, "-c", SHARED_CORE], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rates = json.loads(proc.stdout)
+    assert rates["wall"] < 0.7 * rates["node"], rates  # the hogs did take the core
+    assert rates["node"] > 0.7 * rates["alone"], rates
+
+
 def test_the_kernel_logs_xids_since_boot_are_read_where_the_user_may(tmp_path):
     """/dev/kmsg's records (one per read there; a file here gives many at once): each NVRM Xid line."""
     from kit.preflight.health import kernel_xids

@@ -11,22 +11,22 @@ from kit.monitor import peaks
 GPU_SIZE, CPU_SIZE = 8192, 512
 
 
-def _rate(step, flops: float, seconds: float, sync=lambda: None, block: float = 0.05) -> float:
-    """TFLOP/s of ``step`` (``flops`` each): the best of blocks of about ``block`` seconds run for about ``seconds``
-    after one warm-up, synchronised once a block. A shared machine's time slices and a GPU's clocks still rising
-    from idle lower a mean, not the best block (a GPU synchronised after each product and averaged over 2 s read
-    666 TFLOP/s on an H200 that multiplies at 790); a slow device is slow in every block."""
-    t0 = time.perf_counter()
+def _rate(step, flops: float, seconds: float, sync=lambda: None, block: float = 0.05, clock=time.perf_counter) -> float:
+    """TFLOP/s of ``step`` (``flops`` each): the best of blocks of about ``block`` seconds of ``clock`` run for about
+    ``seconds`` after one warm-up, synchronised once a block. A shared machine's time slices and a GPU's clocks
+    still rising from idle lower a mean, not the best block (a GPU synchronised after each product and averaged
+    over 2 s read 666 TFLOP/s on an H200 that multiplies at 790); a slow device is slow in every block."""
+    t0 = clock()
     step()
     sync()
-    n = max(1, int(block / max(time.perf_counter() - t0, 1e-6)))
+    n = max(1, int(block / max(clock() - t0, 1e-6)))
     best, end = 0.0, time.perf_counter() + seconds
     while True:
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(n):
             step()
         sync()
-        elapsed = max(time.perf_counter() - t0, 1e-9)
+        elapsed = max(clock() - t0, 1e-9)
         best = max(best, n * flops / elapsed / 1e12)
         if time.perf_counter() >= end:
             return best
@@ -55,7 +55,11 @@ def burn_in(seconds: float = SECONDS) -> dict:
             peak = peaks.peak_tflops(name, "bf16")
             out.append({"index": i, "name": name, "tflops": rate, "of_peak": rate / peak if peak else None})
         return {"device": "cuda", "gpus": out}
-    torch.set_num_threads(1)  # one core's rate: a node's cores alike, and nodes sharing a machine fairly
+    # One core's rate, in this thread's own CPU time (the products run in it: one thread): a node's cores alike,
+    # and a node whose cores other processes share (the local cluster's nodes on one host, a busy neighbour) is
+    # not a slow node for the time it waited (wall-clock blocks read one node at 43 % of the other under load).
+    torch.set_num_threads(1)
     a = torch.randn(CPU_SIZE, CPU_SIZE)
     b = torch.randn_like(a)
-    return {"device": "cpu", "tflops": _rate(lambda: a @ b, 2.0 * CPU_SIZE**3, seconds), "threads": 1}
+    rate = _rate(lambda: a @ b, 2.0 * CPU_SIZE**3, seconds, clock=time.thread_time)
+    return {"device": "cpu", "tflops": rate, "threads": 1}
