@@ -55,11 +55,17 @@ def burn_in(seconds: float = SECONDS) -> dict:
             peak = peaks.peak_tflops(name, "bf16")
             out.append({"index": i, "name": name, "tflops": rate, "of_peak": rate / peak if peak else None})
         return {"device": "cuda", "gpus": out}
-    # One core's rate, in this thread's own CPU time (the products run in it: one thread): a node's cores alike,
-    # and a node whose cores other processes share (the local cluster's nodes on one host, a busy neighbour) is
-    # not a slow node for the time it waited (wall-clock blocks read one node at 43 % of the other under load).
+    return {"device": "cpu", "tflops": cpu_rate(seconds), "threads": 1}
+
+
+def cpu_rate(seconds: float = SECONDS, clock=time.thread_time) -> float:
+    """One core's TFLOP/s (fp32 products, one thread), timed by ``clock``: by default this thread's own CPU time
+    (the products run in it), so that a node's cores read alike and a node whose cores other processes share (the
+    local cluster's nodes on one host, a busy neighbour) is not a slow node for the time it waited (wall-clock
+    blocks read one node at 43 % of the other under load)."""
+    import torch
+
     torch.set_num_threads(1)
     a = torch.randn(CPU_SIZE, CPU_SIZE)
     b = torch.randn_like(a)
-    rate = _rate(lambda: a @ b, 2.0 * CPU_SIZE**3, seconds, clock=time.thread_time)
-    return {"device": "cpu", "tflops": rate, "threads": 1}
+    return _rate(lambda: a @ b, 2.0 * CPU_SIZE**3, seconds, clock=clock)
