@@ -50,7 +50,9 @@
 #include <pwd.h>
 #include <sys/syscall.h>
 #include <sys/mount.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -203,27 +205,96 @@ static int mkdir_p(const char *path, mode_t mode)
 	return 0;
 }
 
-/* Create DST (inside the new root) as a directory or an empty file, like SRC. */
-static int make_target(const char *dst, int is_dir)
+/* PATH (absolute, in the image) opened as if ROOTFD were "/": the image's symlinks, ".." included, stay in
+ * it (slurmstepd is root where this runs in create mode; the image is the user's). */
+static int open_in(int rootfd, const char *path, int flags, mode_t mode)
 {
-	if (is_dir)
-		return mkdir_p(dst, 0755);
-	char parent[4096];
-	snprintf(parent, sizeof(parent), "%s", dst);
-	char *slash = strrchr(parent, '/');
-	if (slash && slash != parent) {
-		*slash = '\0';
-		if (mkdir_p(parent, 0755) < 0)
-			return -1;
-	}
-	struct stat st;
-	if (lstat(dst, &st) == 0)  /* there already (an image's file: an ordinary user may not write it) */
-		return 0;
-	int fd = open(dst, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
-	if (fd < 0)
-		return -1;
-	close(fd);
+	struct open_how how = { .flags = (unsigned long long)(flags | O_CLOEXEC),
+				.mode = (flags & O_CREAT) ? mode : 0,
+				.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS };
+	const char *rel = path + strspn(path, "/");
+	return (int)syscall(SYS_openat2, rootfd, *rel ? rel : ".", &how, sizeof(how));
+}
+
+/* FILE of the image under ROOT opened for reading inside it (open_in): an image's symlink to a host file
+ * (/etc/environment -> a root-only configuration) is resolved in the image, never on the host. */
+static FILE *fopen_in(const char *root, const char *file)
+{
+	int rootfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	int fd = rootfd < 0 ? -1 : open_in(rootfd, file, O_RDONLY, 0);
+	if (rootfd >= 0)
+		close(rootfd);
+	FILE *f = fd < 0 ? NULL : fdopen(fd, "r");
+	if (!f && fd >= 0)
+		close(fd);
+	return f;
+}
+
+/* A mount destination's ".." component: refused (a destination names a place in the container). */
+static int climbs(const char *dst)
+{
+	for (const char *p = dst; (p = strstr(p, "..")); p += 2)
+		if ((p == dst || p[-1] == '/') && (p[2] == '/' || p[2] == '\0'))
+			return 1;
 	return 0;
+}
+
+/* DST (absolute, in the container) under ROOTFD, resolved inside it (open_in) with its missing directories made
+ * there and, unless IS_DIR, its last component an empty file: an O_PATH descriptor of it, to mount on through
+ * /proc/self/fd (mount(2) given the path as text would follow a symlink the image or the user put there onto the
+ * host). -1 and errno; EINVAL for a destination that is not absolute or climbs with "..". */
+static int target_in(int rootfd, const char *dst, int is_dir)
+{
+	char path[4096];
+	size_t len = strlen(dst);
+	if (dst[0] != '/' || climbs(dst) || len >= sizeof(path)) {
+		errno = EINVAL;
+		return -1;
+	}
+	memcpy(path, dst, len + 1);
+	for (char *p = path + 1;; p++) {
+		if (*p != '/' && *p != '\0')
+			continue;
+		char keep = *p, *name;
+		*p = '\0';
+		name = strrchr(path, '/') + 1;
+		int fd = *name ? open_in(rootfd, path, O_PATH, 0) : -2;
+		if (fd >= 0) {
+			close(fd);
+		} else if (fd == -1 && errno == ENOENT) {
+			name[-1] = '\0';
+			int parent = open_in(rootfd, path[0] ? path : "/", O_PATH | O_DIRECTORY, 0);
+			name[-1] = '/';
+			int made = -1;
+			if (parent >= 0 && (keep || is_dir)) {
+				made = mkdirat(parent, name, 0755);
+			} else if (parent >= 0) {
+				int f = openat(parent, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+				made = f < 0 ? -1 : close(f);
+			}
+			if (made < 0 && errno == EEXIST)
+				made = 0;
+			int err = errno;
+			if (parent >= 0)
+				close(parent);
+			errno = err;
+			if (made < 0)
+				return -1;
+		} else if (fd == -1) {
+			return -1;
+		}
+		*p = keep;
+		if (!keep)
+			break;
+	}
+	return open_in(rootfd, dst, O_PATH, 0);
+}
+
+/* "/proc/self/fd/FD" into BUF (64 bytes): a descriptor's path for mount(2) and mount(8). */
+static const char *fd_path(char *buf, int fd)
+{
+	snprintf(buf, 64, "/proc/self/fd/%d", fd);
+	return buf;
 }
 
 static int run_mount(const char *image, const char *dir)
@@ -235,7 +306,7 @@ static int run_mount(const char *image, const char *dir)
 		int null = open("/dev/null", O_WRONLY);
 		if (null >= 0)
 			dup2(null, 1);
-		execl("/bin/mount", "mount", "-t", "squashfs", "-o", "loop,ro", image, dir, (char *)NULL);
+		execl("/bin/mount", "mount", "-t", "squashfs", "-o", "loop,ro,nodev,nosuid", image, dir, (char *)NULL);
 		_exit(127);
 	}
 	int status;
@@ -322,9 +393,42 @@ static int open_as_user(const char *path, int flags)
 	return fd;
 }
 
+/* mount(2) FLAGS as mount_setattr's attributes (set; the atime ones clear the others first). */
+static void mount_attrs(unsigned long flags, struct mount_attr *attr)
+{
+	const unsigned long map[][2] = { { MS_RDONLY, MOUNT_ATTR_RDONLY }, { MS_NOSUID, MOUNT_ATTR_NOSUID },
+					 { MS_NODEV, MOUNT_ATTR_NODEV }, { MS_NOEXEC, MOUNT_ATTR_NOEXEC },
+					 { MS_NODIRATIME, MOUNT_ATTR_NODIRATIME } };
+	for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
+		if (flags & map[i][0])
+			attr->attr_set |= map[i][1];
+	if (flags & (MS_NOATIME | MS_RELATIME)) {
+		attr->attr_clr |= MOUNT_ATTR__ATIME;
+		attr->attr_set |= flags & MS_NOATIME ? MOUNT_ATTR_NOATIME : MOUNT_ATTR_RELATIME;
+	}
+}
+
+/* SRC (a descriptor) bound, with its submounts and FLAGS, onto TARGET (a descriptor from target_in): a detached
+ * copy of its tree given the flags before it is attached, so the flags are never applied to a path read again. */
+static int bind_fd(int src, int target, unsigned long flags)
+{
+	int tree = open_tree(src, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE | AT_EMPTY_PATH);
+	if (tree < 0)
+		return -1;
+	struct mount_attr attr = { 0 };
+	mount_attrs(flags, &attr);
+	int rc = ((attr.attr_set || attr.attr_clr) &&
+		  mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof(attr)) < 0) ||
+		 move_mount(tree, "", target, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0 ? -1 : 0;
+	int err = errno;
+	close(tree);
+	errno = err;
+	return rc;
+}
+
+/* SRC (opened as the job's user) bound on DST inside ROOT (resolved there: target_in), with FLAGS. */
 static int bind_mount(const char *root, const char *src, const char *dst, unsigned long flags)
 {
-	char target[4096], from[64];
 	struct stat st;
 	int fd = open_as_user(src, O_PATH);
 	if (fd < 0 || fstat(fd, &st) < 0) {
@@ -333,19 +437,46 @@ static int bind_mount(const char *root, const char *src, const char *dst, unsign
 			close(fd);
 		return -1;
 	}
-	snprintf(from, sizeof(from), "/proc/self/fd/%d", fd);
-	snprintf(target, sizeof(target), "%s%s", root, dst);
+	int rootfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	int target = rootfd < 0 ? -1 : target_in(rootfd, dst, S_ISDIR(st.st_mode));
 	int rc = -1;
-	if (make_target(target, S_ISDIR(st.st_mode)) < 0)
-		fail(TAG ": cannot create mount point %s: %m", dst);
-	else if (mount(from, target, NULL, MS_BIND | MS_REC, NULL) < 0)
+	if (target < 0)
+		fail(TAG ": cannot create mount point %s in the container: %m", dst);
+	else if (bind_fd(fd, target, flags) < 0)
 		fail(TAG ": bind %s:%s: %m", src, dst);
-	else if (flags && mount(NULL, target, NULL, MS_REMOUNT | MS_BIND | flags | kept_flags(target), NULL) < 0)
-		fail(TAG ": mount flags of %s: %m", dst);
 	else
 		rc = 0;
-	close(fd);
+	for (int *f = (int[]){ fd, rootfd, target }, i = 0; i < 3; i++)
+		if (f[i] >= 0)
+			close(f[i]);
 	return rc;
+}
+
+/* A new file system of TYPE (mount FLAGS, OPTS) on DST inside ROOT (resolved there: target_in); a failure said. */
+static int mount_in(const char *root, const char *dst, const char *type, unsigned long flags, const char *opts)
+{
+	char at[64];
+	int rootfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	int target = rootfd < 0 ? -1 : target_in(rootfd, dst, 1);
+	int rc = target < 0 || mount(type, fd_path(at, target), type, flags, opts) < 0 ? -1 : 0;
+	int err = errno;
+	if (target >= 0)
+		close(target);
+	if (rootfd >= 0)
+		close(rootfd);
+	errno = err;
+	return rc < 0 ? fail(TAG ": %s on %s: %m", type, dst) : 0;
+}
+
+/* DST's mount point made inside ROOT (target_in), a directory or a file; nothing mounted. */
+static void target_made(const char *root, const char *dst, int is_dir)
+{
+	int rootfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	int target = rootfd < 0 ? -1 : target_in(rootfd, dst, is_dir);
+	if (target >= 0)
+		close(target);
+	if (rootfd >= 0)
+		close(rootfd);
 }
 
 /* SRC:DST[:FLAGS] entries, comma separated; FLAGS joined with '+'. */
@@ -378,24 +509,18 @@ static int user_mounts_as(const char *root, int targets_only)
 			for (char *f = strtok_r(flags, "+", &fsave); f; f = strtok_r(NULL, "+", &fsave))
 				mflags |= mount_flag(f);
 		}
-		if (targets_only) {
-			char target[4096];
-			struct stat st;
-			snprintf(target, sizeof(target), "%s%s", root, dst);
-			if (!under_tmpfs(dst) && stat(src, &st) == 0)
-				make_target(target, strcmp(src, "tmpfs") == 0 || S_ISDIR(st.st_mode));
+		if (dst[0] != '/' || climbs(dst)) {  /* pyxis: "mount target must be ... an absolute path" */
+			rc = fail("pyxis: --container-mounts: mount target must be an absolute path inside the container, "
+				  "without \"..\": %s", dst);
 			continue;
 		}
-		if (strcmp(src, "tmpfs") == 0) {
-			char target[4096];
-			snprintf(target, sizeof(target), "%s%s", root, dst);
-			if (mkdir_p(target, 0755) < 0 || mount("tmpfs", target, "tmpfs", mflags, NULL) < 0) {
-				fail(TAG ": tmpfs %s: %m", dst);
-				rc = -1;
-			}
-			continue;
-		}
-		rc = bind_mount(root, src, dst, mflags);
+		struct stat st;
+		if (targets_only && !under_tmpfs(dst) && (strcmp(src, "tmpfs") == 0 || stat(src, &st) == 0))
+			target_made(root, dst, strcmp(src, "tmpfs") == 0 || S_ISDIR(st.st_mode));
+		else if (!targets_only && strcmp(src, "tmpfs") == 0)
+			rc = mount_in(root, dst, "tmpfs", mflags, NULL);
+		else if (!targets_only)
+			rc = bind_mount(root, src, dst, mflags);
 	}
 	free(all);
 	return rc;
@@ -412,12 +537,9 @@ static const char *const HOST_FILES[] = { "/etc/hosts", "/etc/hostname", "/etc/r
  * it is mounted, where the image's directories (root's, unmapped in their namespace) would refuse them. */
 static void make_targets_in(const char *upper)
 {
-	char target[4096];
-	for (const char *const *f = HOST_FILES; *f; f++) {
-		snprintf(target, sizeof(target), "%s%s", upper, *f);
+	for (const char *const *f = HOST_FILES; *f; f++)
 		if (access(*f, R_OK) == 0)
-			make_target(target, 0);
-	}
+			target_made(upper, *f, 0);
 	user_mounts_as(upper, 1);
 }
 
@@ -441,11 +563,10 @@ static int kept(const char *name)
 /* The value of NAME in a KEY=VALUE (SEP '=') or "KEY VALUE" (SEP ' ': blanks) file of the image; NULL if none. */
 static char *image_setting(const char *root, const char *file, const char *name, char sep)
 {
-	char path[4096], line[4096];
+	char line[4096];
 	size_t n = strlen(name);
 	char *found = NULL;
-	snprintf(path, sizeof(path), "%s%s", root, file);
-	FILE *f = fopen(path, "r");
+	FILE *f = fopen_in(root, file);
 	if (!f)
 		return NULL;
 	while (!found && fgets(line, sizeof(line), f)) {
@@ -461,9 +582,8 @@ static char *image_setting(const char *root, const char *file, const char *name,
 /* The image's /etc/passwd entry for UID: home directory and shell. */
 static int image_user(const char *root, uid_t uid, char *name, char *home, char *shell, size_t size)
 {
-	char path[4096], line[4096];
-	snprintf(path, sizeof(path), "%s/etc/passwd", root);
-	FILE *f = fopen(path, "r");
+	char line[4096];
+	FILE *f = fopen_in(root, "/etc/passwd");
 	if (!f)
 		return -1;
 	int rc = -1;
@@ -487,17 +607,6 @@ static int image_user(const char *root, uid_t uid, char *name, char *home, char 
 	}
 	fclose(f);
 	return rc;
-}
-
-/* PATH (absolute, in the image) opened as if ROOTFD were "/": the image's symlinks, ".." included, stay in
- * it (slurmstepd is root where this runs in create mode; the image is the user's). */
-static int open_in(int rootfd, const char *path, int flags, mode_t mode)
-{
-	struct open_how how = { .flags = (unsigned long long)(flags | O_CLOEXEC),
-				.mode = (flags & O_CREAT) ? mode : 0,
-				.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS };
-	const char *rel = path + strspn(path, "/");
-	return (int)syscall(SYS_openat2, rootfd, *rel ? rel : ".", &how, sizeof(how));
 }
 
 /* The entry's name: the text before its first ':' (NAME, LEN) is one of NAMES. */
@@ -658,12 +767,11 @@ static int add_job_user(const char *root)
  */
 static void apply_environment(spank_t sp, const char *root)
 {
-	char path[4096], line[65536], seen[4096] = ",";
+	char line[65536], seen[4096] = ",";
 	for (const char **n = (const char *[]){ "LANG", "LANGUAGE", "LC_ALL", NULL }; *n; n++)
 		if (!kept(*n))
 			spank_unsetenv(sp, *n);
-	snprintf(path, sizeof(path), "%s/etc/environment", root);
-	FILE *f = fopen(path, "r");
+	FILE *f = fopen_in(root, "/etc/environment");
 	/* enroot's switchroot runs the image's login shell (ENROOT_LOGIN_SHELL): an /etc/profile that sets PATH
 	 * (Debian's, by uid: login.defs's values) has the last word over /etc/environment's. */
 	char *profile_path = image_setting(root, "/etc/profile", "PATH", '=');
@@ -711,10 +819,9 @@ static void apply_environment(spank_t sp, const char *root)
  * else HOME: where a task starts without --container-workdir. */
 static void default_workdir(const char *root, const char *home, char *out, size_t size)
 {
-	char path[4096], line[4096];
+	char line[4096];
 	snprintf(out, size, "%s", home[0] ? home : "/");
-	snprintf(path, sizeof(path), "%s/etc/rc", root);
-	FILE *f = fopen(path, "r");
+	FILE *f = fopen_in(root, "/etc/rc");
 	if (!f)
 		return;
 	while (fgets(line, sizeof(line), f)) {
@@ -730,97 +837,156 @@ static void default_workdir(const char *root, const char *home, char *out, size_
 	fclose(f);
 }
 
-/* Unpack IMAGE into DIR (as `enroot create` does), through DIR.new: an
- * interrupted unpack leaves no half container behind. */
-static int unpack(const char *image, const char *dir)
+/* ARGV run to its end (its output to /dev/null), as the job's user unless AS_ROOT (root's job: as root), in
+ * directory DIRFD (-1: this one), with IMAGE (>= 0) as its descriptor 3; OUT (>= 0) its output instead. Its exit
+ * status; -1 when it did not run or exit. What reads or writes a user's image runs so: root never parses it. */
+static int run_as(char *const argv[], int as_root, int dirfd, int image, int out)
 {
-	char tmp[4200];
-	snprintf(tmp, sizeof(tmp), "%s.new", dir);
 	pid_t pid = fork();
-	if (pid < 0)
-		return -1;
 	if (pid == 0) {
 		int null = open("/dev/null", O_WRONLY);
-		if (null >= 0)
-			dup2(null, 1);
-		execlp("sh", "sh", "-c", "rm -rf \"$2\" && unsquashfs -q -no-progress -d \"$2\" \"$1\" >/dev/null", "sh",
-		       image, tmp, (char *)NULL);
+		if (out >= 0 || null >= 0)
+			dup2(out >= 0 ? out : null, 1);
+		if ((image >= 0 && dup2(image, 3) < 0) || (dirfd >= 0 && fchdir(dirfd) < 0))
+			_exit(126);
+		if (!as_root && job_uid != 0 && geteuid() == 0 &&
+		    (setgroups(job_ngids, job_gids) < 0 || setgid(job_gid) < 0 || setuid(job_uid) < 0))
+			_exit(126);
+		closefrom(4);
+		execvp(argv[0], argv);
 		_exit(127);
 	}
 	int status;
-	if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+	if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status))
 		return -1;
-	return rename(tmp, dir);
+	return WEXITSTATUS(status);
 }
 
-/* The image opened for reading as the job's user (what they cannot read is not theirs to run); PATH names it
- * for the mount or unsquashfs this process runs. The descriptor, for the caller to close; -1 on failure. */
-static int open_image(char *path, size_t size)
+/* The image opened for reading as the job's user (what they cannot read is not theirs to run); -1 (said) if not. */
+static int open_image(void)
 {
 	int fd = open_as_user(opt_image, O_RDONLY);
-	if (fd < 0)
-		return fail(TAG ": --container-image: cannot open %s: %m", opt_image);
-	snprintf(path, size, "/proc/%d/fd/%d", (int)getpid(), fd);
-	return fd;
+	return fd < 0 ? fail(TAG ": --container-image: cannot open %s: %m", opt_image) : fd;
 }
 
-/* enroot's create mode unpacks the image as the job's user (unsquashfs): an ordinary user cannot make its device
- * nodes, and the container is not made. The image's first device node (unsquashfs -lls, nothing unpacked) into
- * NODE; 1 if it has one, 0 if none, -1 when it cannot be listed. */
-static int device_node(const char *image, char *node, size_t size)
+/* The image (FD, the user's) as root may mount it: FD itself, a new descriptor, when nobody but root can change
+ * it; else a copy that is root's alone, made now (an unnamed file of the node's data directory, gone with the loop
+ * device that holds it last): a file its user may rewrite at any moment is never read twice, so what was checked
+ * is what the kernel reads. -1 on failure. */
+static int image_copy(int fd)
 {
-	int fds[2];
-	if (pipe2(fds, O_CLOEXEC) < 0)
+	struct stat st;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
 		return -1;
-	pid_t pid = fork();
-	if (pid == 0) {
-		dup2(fds[1], 1);
-		execlp("unsquashfs", "unsquashfs", "-lls", "-d", "", image, (char *)NULL);
-		_exit(127);
+	if (st.st_uid == 0 && !(st.st_mode & (S_IWGRP | S_IWOTH)))
+		return fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	const char *data = getenv("KIT_PYXIS_DATA");
+	int out = data && *data ? open(data, O_TMPFILE | O_RDWR | O_CLOEXEC, 0644) : -1;
+	if (out < 0)
+		out = open("/var/tmp", O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+	off_t off = 0;
+	ssize_t n = 1;
+	while (out >= 0 && n > 0)
+		n = sendfile(out, fd, &off, 1 << 30);
+	if (out >= 0 && (n < 0 || off != st.st_size)) {
+		close(out);
+		return -1;
 	}
-	close(fds[1]);
-	FILE *f = pid > 0 ? fdopen(fds[0], "r") : NULL;
+	return out;
+}
+
+/* The image's first device node (unsquashfs -lls of IMAGE, a descriptor, as the job's user; nothing unpacked) into
+ * NODE: 1 if it has one, 0 if none, -1 when it cannot be listed (a corrupt image is no image). */
+static int device_node(int image, char *node, size_t size)
+{
+	char *const argv[] = { "unsquashfs", "-lls", "-d", "", "/proc/self/fd/3", NULL };
+	int out = memfd_create("kit-pyxis-listing", MFD_CLOEXEC);
+	int status = out < 0 ? -1 : run_as(argv, 0, -1, image, out);
+	FILE *f = status == 0 && lseek(out, 0, SEEK_SET) == 0 ? fdopen(out, "r") : NULL;
 	char line[4096];
 	int found = 0;
-	while (f && fgets(line, sizeof(line), f))  /* read to the end: unsquashfs never meets a closed pipe */
-		if (!found && (line[0] == 'c' || line[0] == 'b') && strrchr(line, ' ')) {
+	while (f && !found && fgets(line, sizeof(line), f))
+		if ((line[0] == 'c' || line[0] == 'b') && strrchr(line, ' ')) {
 			line[strcspn(line, "\n")] = '\0';
 			snprintf(node, size, "%s", strrchr(line, ' ') + 1);
 			found = 1;
 		}
 	if (f)
 		fclose(f);
-	else
-		close(fds[0]);
-	int status;
-	if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
-		return -1;
-	return found;
+	else if (out >= 0)
+		close(out);
+	return status == 0 ? found : -1;
 }
 
-/* Create mode (and a named container): enroot unpacks IMAGE as the job's user, which fails on a device node for
- * an ordinary user (root makes them). pyxis's words with enroot's; -1 then. */
-static int unpacks_as_user(const char *image)
+/* IMAGE (a descriptor) listed before anything uses it: refused, in pyxis's and enroot's words, when it cannot be
+ * (enroot: "Invalid image format"), and for an ordinary user when it holds a device node (enroot's create mode
+ * unpacks it as them: unsquashfs cannot make one). 0 when it may be used; -1, said, if not. */
+static int checked(int image)
 {
 	char node[4096];
-	if (job_uid == 0 || device_node(image, node, sizeof(node)) != 1)
-		return 0;
-	return fail("pyxis: failed to create container filesystem for image: %s: create_inode: could not create device "
-		    "%s, because you're not superuser!", opt_image, node);
+	int has = device_node(image, node, sizeof(node));
+	if (has < 0)
+		return fail("pyxis: failed to create container filesystem for image: %s: Invalid image format (unsquashfs "
+			    "cannot list it)", opt_image);
+	if (has && job_uid != 0)
+		return fail("pyxis: failed to create container filesystem for image: %s: create_inode: could not create "
+			    "device %s, because you're not superuser!", opt_image, node);
+	return 0;
 }
 
-/* The image opened as the job's user (open_image), refused where enroot could not unpack it for them
- * (unpacks_as_user), then USE(its path, DIR): unsquashfs into a named container, or the loop mount. -1 on any
- * failure, the first one said. */
-static int from_image(int (*use)(const char *image, const char *dir), const char *dir)
+/* Create mode: the image loop-mounted read-only, nodev and nosuid on DIR, from a copy only root can change
+ * (image_copy), listed (checked) before the kernel reads it. */
+static int mount_squashfs(const char *dir)
 {
-	char image[64];
-	int fd = open_image(image, sizeof(image));
+	char path[64];
+	int fd = open_image();
 	if (fd < 0)
 		return -1;
-	int rc = unpacks_as_user(image) < 0 ? -1 : use(image, dir);
+	int copy = image_copy(fd);
 	close(fd);
+	if (copy < 0)
+		return fail(TAG ": --container-image: cannot copy %s where only root writes: %m", opt_image);
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)getpid(), copy);
+	int rc = checked(copy) < 0 ? -1 : run_mount(path, dir) < 0 ? fail(TAG ": --container-image: cannot mount %s as "
+									 "squashfs", opt_image) : 0;
+	close(copy);  /* the loop device holds it now */
 	return rc;
+}
+
+/* A container name as pyxis's: letters, digits, '.', '_' and '-'; nothing that names a path. */
+static int valid_name(const char *name)
+{
+	static const char ok[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-";
+	return name[0] && strspn(name, ok) == strlen(name);
+}
+
+/* A named container made as `enroot create` makes it, as the job's user: IMAGE unpacked by unsquashfs running as
+ * them (the files theirs; unsquashfs as an ordinary user makes no device node and no other owner's file) into
+ * DIR.new, made by root for them in the data directory, which is root's (0700), and renamed to DIR once whole: an
+ * interrupted unpack leaves no half container behind. */
+static int unpack(const char *dir)
+{
+	char tmp[4200];
+	snprintf(tmp, sizeof(tmp), "%s.new", dir);
+	char *const rm[] = { "rm", "-rf", "--one-file-system", "--", tmp, NULL };
+	char *const unsquashfs[] = { "unsquashfs", "-f", "-q", "-no-progress", "-d", ".", "/proc/self/fd/3", NULL };
+	int image = open_image();
+	if (image < 0 || checked(image) < 0) {
+		if (image >= 0)
+			close(image);
+		return -1;
+	}
+	int into = -1, rc = -1;
+	if (run_as(rm, 1, -1, -1, -1) == 0 && mkdir(tmp, 0700) == 0 && chown(tmp, job_uid, job_gid) == 0 &&
+	    (into = open(tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) >= 0 &&
+	    run_as(unsquashfs, 0, into, image, -1) == 0 && rename(tmp, dir) == 0)
+		rc = 0;
+	int err = errno;
+	if (into >= 0)
+		close(into);
+	close(image);
+	errno = err;
+	return rc < 0 ? fail(TAG ": --container-image: cannot unpack %s into %s", opt_image, dir) : 0;
 }
 
 static char root[256];
@@ -961,7 +1127,7 @@ static int mount_overlay(const char *opts)
 			record_fuse_daemon(upper);
 		return 0;
 	}
-	if (mount("overlay", root, "overlay", 0, opts) < 0)
+	if (mount("overlay", root, "overlay", MS_NOSUID | MS_NODEV, opts) < 0)
 		return fail(TAG ": overlay on %s: %m", root);
 	return 0;
 }
@@ -973,6 +1139,9 @@ static int mount_image(const char *base)
 {
 	char dir[4096], upper[256], work[256], image_dir[256], opts[1024];
 	if (opt_name && *opt_name) {
+		if (!valid_name(opt_name))  /* enroot: "Invalid argument"; the name is a file name, never a path */
+			return fail("pyxis: --container-name: invalid container name: %s (letters, digits, '.', '_' and '-' "
+				    "only): Invalid argument", opt_name);
 		/* pyxis_NAME in the job's user's data directory on the node, kept after the job: a name is its
 		 * user's alone, as with enroot's per-user data path (another user's same name is another container). */
 		const char *node_data = getenv("KIT_PYXIS_DATA");
@@ -980,18 +1149,21 @@ static int mount_image(const char *base)
 		if (!node_data || !*node_data)
 			return fail(TAG ": --container-name: KIT_PYXIS_DATA is not set for this slurmd (kit cluster up sets it)");
 		snprintf(data, sizeof(data), "%s/user-%u", node_data, (unsigned)job_uid);
-		if (job_scope)  /* pyxis's name for it; the job epilog removes it */
-			snprintf(dir, sizeof(dir), "%s/pyxis_%u_%s", data, (unsigned)job_id, opt_name);
-		else
-			snprintf(dir, sizeof(dir), "%s/pyxis_%s", data, opt_name);
+		int n = job_scope ?  /* pyxis's name for it; the job epilog removes it */
+			snprintf(dir, sizeof(dir) - 8, "%s/pyxis_%u_%s", data, (unsigned)job_id, opt_name) :
+			snprintf(dir, sizeof(dir) - 8, "%s/pyxis_%s", data, opt_name);
+		if (n < 0 || (size_t)n >= sizeof(dir) - 8)  /* room for unpack's ".new" */
+			return fail("pyxis: --container-name: name too long: %s", opt_name);
 		if (access(dir, F_OK) == 0) {
 			reused = 1;
 		} else if (!opt_image) {
 			return fail("pyxis: error: no container named %s on this node, and --container-image is not set", opt_name);
-		} else if (mkdir_p(data, 0700) < 0 || from_image(unpack, dir) < 0) {
+		} else if (mkdir_p(data, 0700) < 0 || unpack(dir) < 0) {
 			return fail(TAG ": --container-image: cannot unpack %s into %s", opt_image, dir);
 		}
-		if (mount(dir, root, NULL, MS_BIND | MS_REC, NULL) < 0)
+		/* nosuid, nodev: a container unpacked before this rule (as root) may hold set-id files of root's */
+		if (mount(dir, root, NULL, MS_BIND | MS_REC, NULL) < 0 ||
+		    mount(NULL, root, NULL, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | kept_flags(root), NULL) < 0)
 			return fail(TAG ": bind %s: %m", dir);
 		return 0;
 	}
@@ -1011,13 +1183,13 @@ static int mount_image(const char *base)
 	if (direct) {
 		if (mount_squashfuse(image_dir) < 0)
 			return -1;
-	} else if (from_image(run_mount, image_dir) < 0) {
-		return fail(TAG ": --container-image: cannot mount %s as squashfs", opt_image);
+	} else if (mount_squashfs(image_dir) < 0) {
+		return -1;
 	}
 	snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s", image_dir, upper, work);
 	if (direct)
 		return mount_overlay(opts);
-	if (mount("overlay", root, "overlay", 0, opts) < 0)
+	if (mount("overlay", root, "overlay", MS_NOSUID | MS_NODEV, opts) < 0)
 		return fail(TAG ": overlay on %s: %m", root);
 	return 0;
 }
@@ -1026,15 +1198,10 @@ static int mount_image(const char *base)
  * the host's files, the home directory, the user's mounts, the batch script; read-only. */
 static int finish_container(spank_t sp)
 {
-	char target[4096];
-	snprintf(target, sizeof(target), "%s/proc", root);
-	mkdir_p(target, 0555);
-	if (geteuid() != 0) {  /* a user namespace owns no pid namespace to mount a proc of: the host's, bound */
-		if (bind_mount(root, "/proc", "/proc", 0) < 0)
-			return -1;
-	} else if (mount("proc", target, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
-		return fail(TAG ": proc: %m");
-	}
+	/* a user namespace owns no pid namespace to mount a proc of: the host's, bound */
+	if (geteuid() != 0 ? bind_mount(root, "/proc", "/proc", 0) < 0 :
+	    mount_in(root, "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+		return -1;
 	if (bind_mount(root, "/dev", "/dev", 0) < 0 || bind_mount(root, "/sys", "/sys", MS_RDONLY) < 0)
 		return -1;
 	/* As enroot 4.1.2: /tmp a tmpfs of mode 0755 owned by the task's user (not 1777): the job's user, not
@@ -1045,11 +1212,9 @@ static int finish_container(spank_t sp)
 	if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS || spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS)
 		uid = getuid(), gid = getgid();
 	snprintf(tmpfs_opts, sizeof(tmpfs_opts), "mode=0755,uid=%u,gid=%u", (unsigned)uid, (unsigned)gid);
-	for (const char **t = (const char *[]){ "/tmp", "/run", NULL }; *t; t++) {
-		snprintf(target, sizeof(target), "%s%s", root, *t);
-		if (mkdir_p(target, 0755) < 0 || mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs_opts) < 0)
-			return fail(TAG ": tmpfs on %s: %m", *t);
-	}
+	for (const char **t = (const char *[]){ "/tmp", "/run", NULL }; *t; t++)
+		if (mount_in(root, *t, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs_opts) < 0)
+			return -1;
 	for (const char *const *f = HOST_FILES; *f; f++)
 		if (access(*f, R_OK) == 0)
 			bind_mount(root, *f, *f, MS_RDONLY);  /* the host's, as pyxis gives them */
