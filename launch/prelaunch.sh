@@ -24,6 +24,22 @@ else
   KIT_SCRIPTS_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 fi
 readonly KIT_SCRIPTS_DIR
+# kit::_foreign DIR STICKY_OK: DIR is a symlink, or not this user's (nor root's), or others can write it (unless
+# sticky, where STICKY_OK): whoever can, could have put their own job.env and scripts where this one reads them.
+kit::_foreign() {
+  local -r dir="$1" sticky_ok="$2"
+  local owner=-1 mode=0
+  if [[ -L "${dir}" ]]; then return 0; fi
+  read -r owner mode < <(stat -L -c '%u %a' -- "${dir}" 2>/dev/null || echo "-1 0")
+  if (( owner != EUID && owner != 0 )); then return 0; fi
+  (( (8#${mode} & 8#022) != 0 && !(sticky_ok && (8#${mode} & 8#1000)) ))
+}
+# The job directory and the one it sits in are checked before anything in them is read: exit 84
+# (kit.core.outcome.UNTRUSTED_DIR), nothing run.
+if kit::_foreign "${KIT_SCRIPTS_DIR}" 0 || kit::_foreign "$(dirname -- "${KIT_SCRIPTS_DIR}")" 1; then
+  printf "kit: error: %s, or the directory it sits in, is not this user's alone (a symlink, another user's, or others can write it): nothing in it was run\n" "${KIT_SCRIPTS_DIR}" >&2
+  exit 84
+fi
 # shellcheck source=job.env
 source "${KIT_SCRIPTS_DIR}/job.env"
 trap 'KIT_EARLY_WARNING=1' "${KIT_WARNING_SIGNAL}"

@@ -167,7 +167,7 @@ def scratch(kit_home):
     beside the jobs. (Mounted there, not on the scratch: the nodes' slurmd must see the jobs,
     and this process may be in a mount namespace of its own.)"""
     d = Path(tempfile.mkdtemp(prefix="kit-scratch-"))
-    os.chmod(d, 0o777)
+    os.chmod(d, 0o755)  # opened to all (0777) by the test once its job is launched: kit launch refuses it so
     code = kit_home / "code"
     code.mkdir(mode=0o700, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(code)], check=True)
@@ -179,7 +179,7 @@ def scratch(kit_home):
 
 
 def test_root_rerun_never_runs_a_store_another_user_swapped_in(cluster, other_user, public, scratch, tmp_path):
-    """In a group-writable, non-sticky output directory another user renames
+    """In an output directory opened to all (group-writable, non-sticky) after root's launch, another user renames
     root's code store away and puts their own in its place — the same manifest (its digest is
     what root's job records) and an object of that name holding their code. Root's `kit rerun`
     refuses the store in one line, runs nothing of theirs and submits nothing."""
@@ -212,6 +212,7 @@ def test_root_rerun_never_runs_a_store_another_user_swapped_in(cluster, other_us
     )
     assert proc.returncode == 0, proc.stderr + "".join(p.read_text() for p in shared.glob("*/logs/slurm-*.out"))
     job_dir = Path(proc.stdout.split("job dir: ")[1].splitlines()[0].strip())
+    os.chmod(shared, 0o777)  # the directory opened to all after the launch (a launch into it is refused)
     store = shared / f".kit-code-{os.geteuid()}"
     snap = json.loads((job_dir / "job.json").read_text())["snapshot"]
     assert snap["store"] == str(store)
@@ -294,13 +295,13 @@ def test_a_requeue_puts_back_the_code_it_hashed_never_a_store_swapped_between(ot
 
 
 def test_a_directory_planted_with_roots_job_id_is_not_believed(cluster, other_user, under_tmp):
-    """In a group-writable, non-sticky output directory another user plants job directories naming the ids
-    of root's running jobs, with logs of their own. Root's `kit logs ID` shows root's own job, `kit ps` lists
+    """In an output directory opened to all (group-writable, non-sticky) once root's jobs run, another user plants
+    job directories naming the ids of root's running jobs, with logs of their own. Root's `kit logs ID` shows root's own job, `kit ps` lists
     it once, `kit cancel PLANTED` is refused (the directory is theirs, the job root's: nothing cancelled),
     a command acting on their directory says whose it is, and `kit trim` is not stopped by it."""
     shared = under_tmp / "scratch"
     shared.mkdir()
-    os.chmod(shared, 0o777)
+    os.chmod(shared, 0o755)  # opened to all once root's jobs are launched (a launch into it is refused)
     launched = []
     for name in ("mine", "other"):
         proc = kit(
@@ -327,6 +328,7 @@ def test_a_directory_planted_with_roots_job_id_is_not_believed(cluster, other_us
                 120,
                 what="the job to run",
             )
+        os.chmod(shared, 0o777)  # once they run (prelaunch would refuse to start in it)
         planted = as_user(
             other_user,
             f"""set -e; cd {shared}
@@ -365,3 +367,97 @@ def squeue_state(cluster, job_id: str) -> str:
         env={**os.environ, "SLURM_CONF": str(cluster.conf)},
     )
     return proc.stdout.strip()
+
+
+def test_an_output_directory_another_user_can_replace_is_refused(other_user, under_tmp):
+    """Whoever owns the directory a job directory sits in (or anyone, where all can write it and it is not sticky)
+    can rename the job's directory away before it starts and put their own scripts in its place. `kit launch`
+    refuses such an --output-dir in one line, writing nothing there; a sticky shared one (/tmp's kind) is accepted."""
+    theirs, everyones, sticky = (under_tmp / n for n in ("theirs", "everyones", "sticky"))
+    for d, mode in ((theirs, 0o755), (everyones, 0o777), (sticky, 0o1777)):
+        d.mkdir()
+        os.chmod(d, mode)
+    os.chown(theirs, other_user.pw_uid, other_user.pw_gid)
+    for d, why in (
+        (theirs, f"it is {other_user.pw_name}'s"),
+        (everyones, "others can write it (mode 0777, without the sticky bit)"),
+    ):
+        proc = kit("launch", "--local", "--no-exporter", "--output-dir", str(d), "--", "true")
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.startswith(f"kit: --output-dir: {d}: {why}: whoever can replace"), proc.stderr
+        assert list(d.iterdir()) == [], list(d.iterdir())
+    dry = kit("launch", "--local", "--dry-run", "--no-exporter", "--output-dir", str(sticky), "--", "true")
+    assert dry.returncode == 0, dry.stderr
+
+
+def test_prelaunch_runs_nothing_from_a_job_directory_another_user_could_replace(cluster, other_user, under_tmp):
+    """Root's job waits in a directory that then becomes a teammate's (their project, handed over; or a job
+    submitted before kit refused such a directory). The teammate renames the waiting job's directory away and puts
+    one of theirs in its place, with a job.env of their own: prelaunch sourced it as root. It checks the job
+    directory and the one it sits in before it reads anything: the job fails with kit's code 84 and that reason,
+    and nothing of theirs ran."""
+    from kit.core import outcome
+
+    env = {**os.environ, "SLURM_CONF": str(cluster.conf)}
+    team = under_tmp / "team"
+    team.mkdir(mode=0o755)
+    marker = under_tmp / "ran-as-root"
+    blocker = subprocess.run(
+        ["sbatch", "--parsable", "--hold", "-o", "/dev/null", "--wrap", "true"], env=env, capture_output=True, text=True
+    )
+    assert blocker.returncode == 0, blocker.stderr
+    blocker_id = blocker.stdout.strip().split(";")[0]
+    proc = kit(
+        "launch",
+        "--local",
+        "--no-exporter",
+        "--after",
+        f"{blocker_id}:any",
+        "--output-dir",
+        str(team),
+        "--json",
+        "--",
+        "echo",
+        "honest",
+    )
+    assert proc.returncode == 0, proc.stderr
+    job = json.loads(proc.stdout.splitlines()[0])
+    job_dir, job_id = Path(job["job_dir"]), str(job["job_id"])
+    try:
+        os.chown(team, other_user.pw_uid, other_user.pw_gid)  # the directory changes hands
+        swapped = as_user(
+            other_user,
+            f"""set -e; cd {team}; mv {job_dir.name} moved-away; mkdir -p {job_dir.name}/logs
+            printf 'touch {marker}\\n' > {job_dir.name}/job.env; chmod -R a+rwx {job_dir.name}""",
+        )
+        assert swapped.returncode == 0, swapped.stderr
+        subprocess.run(["scontrol", "release", blocker_id], env=env, check=True)
+        wait_for(lambda: squeue_state(cluster, job_id) == "", 120, what="the job to end")
+        accounted = wait_for(
+            lambda: (
+                subprocess.run(
+                    ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "state,exitcode"],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                ).stdout.strip()
+                or None
+            ),
+            60,
+            what="the job's accounting",
+        )
+        assert not marker.exists()  # their job.env never ran
+        assert accounted == f"FAILED|{outcome.UNTRUSTED_DIR}:0", accounted
+    finally:
+        subprocess.run(["scancel", job_id, blocker_id], env=env, check=False)
+
+
+def test_prelaunch_exits_with_outcomes_code_for_a_foreign_directory():
+    """prelaunch checks its directory before job.env (where kit's other codes come from): its literal is
+    kit.core.outcome's, one fact."""
+    from helpers import REPO
+
+    from kit.core import outcome
+
+    text = (REPO / "launch" / "prelaunch.sh").read_text()
+    assert f"exit {outcome.UNTRUSTED_DIR}\n" in text and f"({outcome.__name__}.UNTRUSTED_DIR)" in text

@@ -23,6 +23,7 @@ CANCELLED = 80  # cancelled: before it started, while starting or while running
 PREEMPTED = 81  # preempted and not requeued
 OUT_OF_MEMORY = 82  # the scheduler's out-of-memory state (cgroup limit)
 PREFLIGHT_FAILED = 83  # a node failed its preflight (--preflight) and no restart was left
+UNTRUSTED_DIR = 84  # the job directory, or the one it sits in, was not its user's alone: nothing in it was run
 
 # Codes prelaunch.sh decides itself (rendered into it, one definition).
 PRELAUNCH_CODES = {
@@ -46,6 +47,7 @@ MEANING = {
     PREEMPTED: "preempted and not requeued",
     OUT_OF_MEMORY: "out of memory",
     PREFLIGHT_FAILED: "a node failed its preflight check before the command started and no restart was left",
+    UNTRUSTED_DIR: "the job directory, or the one it sits in, was not its user's alone: nothing in it was run",
 }
 
 
@@ -65,6 +67,6 @@ class Outcome:
 
 def command_failed(code: int) -> str:
     """The meaning of a failed job's code: one prelaunch decided, or the command's own."""
-    if code in PRELAUNCH_CODES.values():
+    if code in PRELAUNCH_CODES.values() or code == UNTRUSTED_DIR:
         return MEANING[code]
     return f"the command failed with exit code {code}"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import pwd
 from pathlib import Path
 
 from kit import files
@@ -21,10 +20,7 @@ def owner(path: Path) -> int | None:
 
 def owner_name(uid: int | None) -> str:
     """A uid as a person reads it: the login name, else ``uid N``."""
-    try:
-        return pwd.getpwuid(uid).pw_name if uid is not None else "an unknown user"
-    except KeyError:
-        return f"uid {uid}"
+    return files.user_name(uid) if uid is not None else "an unknown user"
 
 
 def own(path: Path) -> Path:

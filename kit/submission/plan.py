@@ -118,12 +118,31 @@ class Rerun:
     image_source: str | None = None
 
 
+def check_output_dir(out_dir: Path) -> None:
+    """The directory job directories go in is the user's (or root's) and nobody else's to write (unless sticky):
+    whoever else could rename a job's directory there before it starts would put their own scripts in its place,
+    run as this user (prelaunch checks the same before it reads anything: launch/prelaunch.sh)."""
+    try:
+        why = files.replaceable_by_others(os.stat(out_dir), sticky_ok=True)
+    except FileNotFoundError:
+        return  # made by the launch, the user's
+    except OSError as e:
+        raise KitError(f"cannot read {out_dir}: {e.strerror}", field="--output-dir") from None
+    if why:
+        raise KitError(
+            f"{out_dir}: {why}: whoever can replace a job's directory there runs their code as you when the job starts",
+            field="--output-dir",
+            hint="give a directory of your own that only you can write (the default: ./kit-jobs)",
+        )
+
+
 def pin_code_and_image(job: ResolvedJob, origins, rerun: Rerun, dry_run: bool = False) -> ResolvedJob:
     """``job`` with the code it runs (a snapshot; none outside a git work tree without --code,
     as docs/job-directory.md says) and its image file (a copy by content; a dry run only hashes it)
     fixed now, so that a pending or requeued job runs what was submitted."""
     s = job.spec
     snapshot = rerun.snapshot
+    check_output_dir(Path(s.output_dir))  # before anything is written there (the code store may be)
     snapshots.require_workdir(s.code_snapshot, Path(job.workdir), origins.label("code_snapshot"))
     if s.code_snapshot and snapshot is None:
         snapshot = snapshots.take(

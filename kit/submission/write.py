@@ -15,6 +15,7 @@ from kit.core import sweep as sweep_lib
 from kit.core.spec import ResolvedJob
 from kit.errors import KitError
 from kit.jobdir import JobDir, records
+from kit.submission.plan import check_output_dir
 from kit.submission.scripts import render_scripts, start_dir, step
 
 
@@ -52,6 +53,7 @@ def prepare(job: ResolvedJob, *, job_dir: Path | None = None, dry_run: bool = Fa
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise KitError(f"cannot create {out_dir}: {e.strerror}", field="--output-dir") from None
+    check_output_dir(out_dir)
     tmp = final.with_name(f".{final.name}.tmp")
     try:
         # The job's directory is its user's alone (0700): job.json and the scripts hold --env
