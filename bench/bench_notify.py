@@ -166,7 +166,7 @@ def page_times(ui: server.Ui, job_id: str, n: int, shot: Path | None = None) -> 
     running = server.start(ui)
     threading.Thread(target=running.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{running.server_address[1]}/job/{job_id}"
-    request = urllib.request.Request(url, headers={"Cookie": f"{server.COOKIE}={ui.token}"})
+    request = urllib.request.Request(url, headers={"Cookie": server.cookie(running)})
     browser = Browser() if shutil.which("chromium") else None
     try:
         urllib.request.urlopen(request, timeout=30).read()  # the list's first look, as a person's first click

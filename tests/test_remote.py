@@ -788,3 +788,24 @@ def test_zz_nothing_was_written_on_the_login_node_outside_kit_home_and_the_outpu
     made = kit("--host", "kit-direct", "ps", env=laptop)  # the session's HOME is that home
     assert made.returncode == 0, made.stderr
     assert files_of(Path(user.pw_dir)) - hosts.home_before == set()
+
+
+@pytest.mark.parametrize("answer", [{"tasks": {}}, {"tasks": []}, {"tasks": {"5": "x"}}, {"results": "x"}, {}])
+def test_a_login_side_answer_without_the_result_is_one_message(monkeypatch, tmp_path, answer):
+    """A login node's answer to FunctionJob.result() that holds no result of this job (`{"tasks": {}}`: an
+    AttributeError traceback) is one message naming the job."""
+    import contextlib
+
+    from kit.errors import KitError
+    from kit.job import functions
+    from kit.remote import client
+
+    class Session:
+        def read_json(self):
+            return answer
+
+    monkeypatch.setattr(client, "Session", lambda host, argv: contextlib.nullcontext(Session()))
+    job = functions.FunctionJob(str(tmp_path), host="kit-login", job_id="5")
+    with pytest.raises(KitError) as e:
+        job.result()
+    assert "holds no result of job 5" in str(e.value)

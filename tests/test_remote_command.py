@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,18 @@ def _host(tmp_path, shell: str, remote_kit: tuple[str, ...]) -> ssh.Host:
     return ssh.Host("login", ssh=(sys.executable, str(fake), shell), remote_kit=remote_kit)
 
 
+def finished(proc: subprocess.Popen, timeout: float = 60) -> tuple[bytes, bytes]:
+    """What client.start's process printed after kit's hello, and its stderr, once it ended: its stdout read
+    through the buffer start() read the hello with (communicate() reads the pipe itself, past that buffer)."""
+    err = []
+    reader = threading.Thread(target=lambda: err.append(proc.stderr.read()))
+    reader.start()
+    out = proc.stdout.read()
+    proc.wait(timeout)
+    reader.join(timeout)
+    return out, err[0]
+
+
 @pytest.mark.parametrize("kit_there", ["plain", "base64"])
 @pytest.mark.parametrize("shell", SHELLS)
 def test_arguments_reach_kit_there_byte_for_byte_off_its_command_line(tmp_path, shell, kit_there):
@@ -68,7 +81,7 @@ def test_arguments_reach_kit_there_byte_for_byte_off_its_command_line(tmp_path, 
     prefix = ("env", "KIT_NOTE=hi!") if kit_there == "base64" else ()
     host = _host(tmp_path, shell, (*prefix, sys.executable, "-c", THERE))
     proc = client.start(host, TRICKY, [])
-    out, err = proc.communicate(timeout=60)
+    out, err = finished(proc)
     assert proc.returncode == 0, err
     command = (tmp_path / "command").read_text()
     assert ("base64 -d" in command) == (kit_there == "base64")  # the plain form stays readable where it can
@@ -79,7 +92,7 @@ def test_arguments_reach_kit_there_byte_for_byte_off_its_command_line(tmp_path, 
 @pytest.mark.parametrize("shell", SHELLS)
 def test_no_kit_there_is_127_and_silence(tmp_path, shell):
     proc = client.start(_host(tmp_path, shell, ("/nonexistent/kit",)), ["logs", "bang!"], [])
-    out, err = proc.communicate(timeout=60)
+    out, err = finished(proc)
     assert (proc.returncode, out, err) == (127, b"", b"")
 
 
@@ -233,3 +246,27 @@ def test_kit_theres_answers_are_records_a_banner_cannot_be_taken_for(monkeypatch
         records(whole[i : i + 5])
     assert b"".join(shown) == b"Submitted job 7\njob dir: /d\nwaiting"
     assert records.seen == [{"launched": {"job_id": "7"}}]
+
+
+def test_a_login_nodes_endless_line_is_refused_at_the_noise_limit():
+    """200 MB without a newline before kit's hello took the laptop 86 s and 20 s of CPU (a byte a read, the limit
+    checked at each line's end): it is refused once the limit is read, the line's rest never read."""
+    from kit.remote import wire
+
+    class Endless(io.RawIOBase):
+        left = 200 << 20
+
+        def readable(self):
+            return True
+
+        def readinto(self, buffer):
+            n = min(len(buffer), self.left)
+            buffer[:n] = b"x" * n
+            self.left -= n
+            return n
+
+    raw = Endless()
+    with pytest.raises(wire.NoRecord, match="before kit's answer"):
+        wire.read(io.BufferedReader(raw))
+    consumed = (200 << 20) - raw.left
+    assert wire.NOISE_LIMIT < consumed <= wire.NOISE_LIMIT + io.DEFAULT_BUFFER_SIZE * 2, consumed

@@ -188,3 +188,19 @@ def test_a_checked_plan_cannot_be_assigned_and_keeps_what_the_user_asked(tmp_pat
     assert pinned.image == str(tmp_path / "home" / "images" / f"sha256-{pinned.image_digest[7:]}.sqsh")
     record = launch.spec_record(dataclasses.replace(pinned, after=planned.after))
     assert record["image"] == pinned.image and record["after"] == ["123:ok"]
+
+
+def test_restarting_on_failure_a_command_that_may_report_no_checkpoint_is_warned():
+    """docs/endings.md: the stall rule sees only a checkpoint step reported; a command reporting none is restarted
+    until --max-restarts is spent (50 restarts of a command that always exits 3: 51 runs). kit launch says so at
+    submission, but not for the reference trainer, which reports one, nor without --on-failure restart."""
+
+    def warned(command, **kw):
+        job = launch.resolve(specs.JobSpec(command=command, **kw))
+        return [w for w in job.warnings if "restarted after every failure" in w]
+
+    [warning] = warned(["bash", "-c", "exit 3"], on_failure="restart", max_restarts=50)
+    assert warning.startswith("--on-failure restart: a command that reports no checkpoint step") and "50" in warning
+    assert warned(["python3", "-m", "kit.train"], on_failure="restart", max_restarts=50) == []
+    assert warned(["bash", "-c", "exit 3"], max_restarts=50) == []
+    assert warned(["bash", "-c", "exit 3"], on_failure="restart", max_restarts=0) == []

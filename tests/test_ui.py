@@ -31,7 +31,7 @@ def serving(tmp_path):
     running = server.start(server.Ui((str(tmp_path / "jobs"),)))
     thread = threading.Thread(target=running.serve_forever, daemon=True)
     thread.start()
-    yield server.address(running), f"http://127.0.0.1:{running.server_address[1]}"
+    yield server.address(running), f"http://127.0.0.1:{running.server_address[1]}", server.cookie(running)
     running.shutdown()
     running.server_close()
 
@@ -55,13 +55,43 @@ def status_of(url: str, cookie: str | None = None) -> int:
 
 
 def test_without_the_token_nothing_is_shown(serving):
-    with_token, bare = serving
+    with_token, bare, cookie = serving
+    name, token = cookie.split("=")
+    assert token == with_token.split("token=")[1]
     assert status_of(bare + "/") == 403 and status_of(bare + "/api/jobs") == 403
-    assert status_of(bare + "/", cookie="kit_ui=guess") == 403
+    assert status_of(bare + "/", cookie=f"{name}=guess") == 403
     assert status_of(bare + "/?token=guess") == 403
-    token = with_token.split("token=")[1]
-    assert status_of(bare + "/api/jobs", cookie=f"kit_ui={token}") == 200
-    assert status_of(bare + "/job/12345", cookie=f"kit_ui={token}") == 404
+    assert status_of(bare + "/api/jobs", cookie=f"kit_ui={token}") == 403  # the name of no server
+    assert status_of(bare + "/api/jobs", cookie=cookie) == 200
+    assert status_of(bare + "/job/12345", cookie=cookie) == 404
+
+
+def test_a_since_that_is_no_number_is_ignored_not_a_dropped_answer(serving):
+    """`?since=²` ("²".isdigit() is true, float("²") fails): the request got no answer at all. Ignored, as any text."""
+    _, bare, cookie = serving
+    for since in ("%C2%B2", "1e999", "-5", "nan"):
+        assert status_of(f"{bare}/api/jobs?since={since}", cookie=cookie) == 200, since
+
+
+def test_each_kit_ui_has_a_cookie_of_its_own(tmp_path):
+    """Cookies do not isolate by port (RFC 6265 §8.5): with one name for every `kit ui`, a second one's cookie
+    replaced the first's in the browser (logged out), and each was sent the other's token. Each server names its
+    cookie by its port and a random part, and takes only its own."""
+    servers = [server.start(server.Ui((str(tmp_path / "jobs"),))) for _ in range(2)]
+    try:
+        for s in servers:
+            threading.Thread(target=s.serve_forever, daemon=True).start()
+        names = [server.cookie(s).split("=")[0] for s in servers]
+        assert names[0] != names[1] and all(f"_{s.server_address[1]}_" in n for s, n in zip(servers, names))
+        for s, other in (servers, servers[::-1]):
+            bare = f"http://127.0.0.1:{s.server_address[1]}"
+            assert status_of(bare + "/api/jobs", cookie=server.cookie(other)) == 403
+            both = f"{server.cookie(other)}; {server.cookie(s)}"  # what a browser holding both sends to either
+            assert status_of(bare + "/api/jobs", cookie=both) == 200
+    finally:
+        for s in servers:
+            s.shutdown()
+            s.server_close()
 
 
 RANK_STEP = (  # rank 0's step in the page's rank table (null while the page reloads)
@@ -73,7 +103,7 @@ RANK_STEP = (  # rank 0's step in the page's rank table (null while the page rel
 def test_a_running_two_node_job_in_the_browser(cluster, tmp_path, serving, browser):
     """The job list and a running 2-node job's page in Chromium: what they show, the page reloading itself while the
     job trains (rank 0's step goes up without a click), a screenshot kept."""
-    with_token, bare = serving
+    with_token, bare, cookie = serving
     job = submit(tmp_path, "--nodes", "2", command=[*TRAIN, "--max-steps", "3000", "--step-delay", "0.05"])
     job_id, job_dir = job["job_id"], Path(job["job_dir"])
     try:
@@ -99,9 +129,7 @@ def test_a_running_two_node_job_in_the_browser(cluster, tmp_path, serving, brows
         kept_screenshot(browser, tmp_path / "kit-ui-job-page.png")
         api = json.loads(
             urllib.request.urlopen(
-                urllib.request.Request(
-                    f"{bare}/api/job/{job_id}", headers={"Cookie": f"kit_ui={with_token.split('token=')[1]}"}
-                ),
+                urllib.request.Request(f"{bare}/api/job/{job_id}", headers={"Cookie": cookie}),
                 timeout=10,
             ).read()
         )
@@ -148,7 +176,7 @@ def sixty_four_nodes(root: Path, name: str = "wide") -> tuple[str, Path]:
 
 
 def test_a_sixty_four_node_job_page_shows_every_rank_and_no_markup_of_the_job(tmp_path, serving, browser):
-    with_token, _ = serving
+    with_token, _, _ = serving
     job_id, _ = sixty_four_nodes(tmp_path, name="<img src=x onerror=alert(1)>")
     browser.open(with_token.replace("/?", f"/job/{job_id}?"))
     ranks = browser.evaluate(

@@ -39,6 +39,13 @@ def db_socket(root: Path) -> Path:
     return directory(root) / "db.sock"
 
 
+def tmp_dir(root: Path) -> Path:
+    """MariaDB's temporary tables: the cluster's own (0700), not /tmp, which every user and every other cluster's
+    MariaDB writes (two clusters set up at once on one machine: "Could not remove temporary table
+    '/tmp/#sql-temptable-…', error: 2", and mariadb-install-db failed)."""
+    return directory(root) / "tmp"
+
+
 def mariadbd_argv(root: Path, user: str) -> list[str]:
     """MariaDB for the cluster alone: no port, its socket and data in the cluster's directory, small."""
     d = directory(root)
@@ -47,6 +54,7 @@ def mariadbd_argv(root: Path, user: str) -> list[str]:
         "--no-defaults",
         f"--datadir={d / 'data'}",
         f"--socket={db_socket(root)}",
+        f"--tmpdir={tmp_dir(root)}",
         "--skip-networking",
         f"--user={user}",
         f"--pid-file={root}/run/mariadbd.pid",
@@ -104,6 +112,7 @@ def write(root: Path, st, user: str, auth: list[str], public: Path | None = None
     d = directory(root)
     d.mkdir(mode=0o700, exist_ok=True)
     os.chmod(d, 0o700)
+    tmp_dir(root).mkdir(mode=0o700, exist_ok=True)
     if not (d / "data").is_dir():  # made aside, then renamed: never a half-made database
         aside = d / "data.new"
         files.remove_tree(aside)
@@ -114,6 +123,7 @@ def write(root: Path, st, user: str, auth: list[str], public: Path | None = None
                 "--no-defaults",
                 f"--datadir={aside}",
                 f"--user={user}",
+                f"--tmpdir={tmp_dir(root)}",
                 "--auth-root-authentication-method=socket",
                 "--skip-test-db",
             ],

@@ -62,6 +62,20 @@ def literal_task_variables(command: list[str]) -> list[str]:
     return out
 
 
+def restarts_blind(s, origins) -> list[str]:
+    """The warning for ``--on-failure restart`` of a command that may report no checkpoint step: the stall rule
+    (two runs in a row without a new checkpoint: exit 76) can only see a step reported, so such a command is
+    restarted on every failure until the budget is spent (docs/endings.md). The reference trainer reports one."""
+    if s.on_failure != "restart" or not s.max_restarts or "kit.train" in s.command[:3]:
+        return []
+    return [
+        f"{origins.label('on_failure')} restart: a command that reports no checkpoint step (progress."
+        f"checkpoint_saved, or $KIT_CHECKPOINT_STEP_FILE: docs/hangs.md) is restarted after every failure until "
+        f"its {s.max_restarts} restarts are spent, however often it fails the same way; one that reports it is "
+        "stopped after two runs in a row without a new checkpoint (exit 76)"
+    ]
+
+
 def check_devices(s, origins) -> None:
     """Lightning hangs at "Initializing distributed" when devices != tasks per node."""
     cmd = s.command or []

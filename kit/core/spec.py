@@ -193,6 +193,7 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
     parsed("notify", targets.parse_all)
     tasks, params = _resolve_tasks(s, origins)
     _check_container(s, origins, warnings)
+    warnings.extend(command.restarts_blind(s, origins))
     if s.time is None and any(n in origins for n in ("signal", "signal_lead", "max_restarts")):
         warnings.append("no --time given: the preemption warning only fires if the partition has a time limit")
     return ResolvedJob(

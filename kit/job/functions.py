@@ -344,9 +344,19 @@ def _results_there(job: FunctionJob, timeout: float | None) -> list:
         ]
         with client.Session(job.host, argv) as session:
             record = session.read_json()
-        if "tasks" in record:
-            job.batch.update(record["tasks"])
-            record = record["tasks"][index]
+        tasks = record.get("tasks") if isinstance(record, dict) else None
+        if isinstance(tasks, dict) and job.batch is not None:
+            job.batch.update(tasks)
+        record = tasks.get(index) if isinstance(tasks, dict) else record
+    results = record.get("results") if isinstance(record, dict) else None
+    well_formed = isinstance(results, list) and all(isinstance(r, str) for r in results)
+    if not isinstance(record, dict) or not ({"error", "kit_error"} & record.keys() or well_formed):
+        raise KitError(
+            f"the login node's answer holds no result of job {job.id}",
+            field="JOB",
+            exit_code=1,
+            hint="the login node's kit may be of another version: pip install the same kit there",
+        )
     if "error" in record:
         raise RemoteError(record["error"])
     if "kit_error" in record:

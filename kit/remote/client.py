@@ -27,14 +27,15 @@ RIDE_THROUGH = 600  # seconds a followed log (or a wait) waits for its connectio
 
 def start(host: Host, argv: list[str], options: list[str]) -> subprocess.Popen:
     """``kit ARGV`` on the login node: ssh started, ``argv`` its input's first line (JSON); its input, output
-    and stderr pipes, for the caller to go on with."""
+    and stderr pipes, for the caller to go on with — its output through ``proc.stdout``, whose buffer holds what
+    came with kit's hello (``communicate()`` would read the pipe itself, past it)."""
     proc = subprocess.Popen(
         ssh_argv(host, options), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=host.env
     )
     try:
         proc.stdin.write(json.dumps(argv, ensure_ascii=True).encode() + b"\n")
         proc.stdin.flush()
-        wire.read_from(proc.stdout.fileno())  # kit's hello: what the login shell printed before it, skipped
+        wire.read(proc.stdout)  # kit's hello: what the login shell printed before it, skipped (the rest buffered)
     except (OSError, wire.NoRecord):  # ssh ended, or no kit there: its exit code and its words say why
         pass
     return proc

@@ -2,7 +2,8 @@
 
 ``ssh LOGIN CMD`` runs the user's login shell first, and its dotfiles may print (a banner, a motd, a module
 system's notice). kit there starts by saying :func:`hello` — a record — and the laptop skips what came before it
-(:func:`read`: at most ``NOISE_LIMIT`` bytes of it, never parsed). Every answer is then one record: a line that
+(:func:`read`: at most ``NOISE_LIMIT`` bytes of it, never parsed; through the pipe's buffered reader, which every
+later read of the answer goes on from). Every answer is then one record: a line that
 starts with ``MARK`` (a byte no shell banner prints, then ``kit``), JSON after it, at most ``RECORD_LIMIT`` bytes
 (a hostile login node cannot make the laptop hold a 1 GiB line). Text kit prints for a person goes between
 records, as it is; :class:`Records` takes the records out of such a stream.
@@ -86,36 +87,27 @@ def parse(line: bytes) -> dict:
 
 
 def read(stream) -> dict:
-    """The next record on the binary ``stream``, lines before it skipped (up to ``NOISE_LIMIT`` bytes)."""
+    """The next record on the binary, buffered ``stream`` (its ``readline`` reads blocks), the noise before it
+    skipped: at most ``NOISE_LIMIT`` bytes of it, counted within a line too (a 200 MB line without a newline is
+    refused at the limit, not read to its end). A line is a record when it starts with ``MARK``."""
     noise = 0
     while True:
-        line = stream.readline(RECORD_LIMIT + len(MARK) + 1)
-        if not line:
+        head = stream.readline(len(MARK))
+        if not head:
             raise NoRecord("the answer ended")
-        if line.startswith(MARK):
-            return parse(line)
-        noise += len(line)
+        if head == MARK:
+            return parse(head + stream.readline(RECORD_LIMIT + 1))
+        noise += len(head)
+        while not head.endswith(b"\n") and noise <= NOISE_LIMIT:
+            head = stream.readline(NOISE_LIMIT + 1 - noise)
+            if not head:
+                raise NoRecord("the answer ended")
+            noise += len(head)
         if noise > NOISE_LIMIT:
-            raise NoRecord(f"more than {NOISE_LIMIT >> 20} MiB before kit's answer")
-
-
-def read_from(fd: int) -> dict:
-    """:func:`read` from the descriptor ``fd``, a byte at a time: nothing after the record is taken from the pipe
-    (whoever reads it next, by any means — a buffered reader, ``communicate`` — gets all the rest). For the
-    hello, after a few lines of banner at most."""
-
-    class Unbuffered:
-        @staticmethod
-        def readline(limit: int) -> bytes:
-            line = bytearray()
-            while len(line) < limit and not line.endswith(b"\n"):
-                byte = os.read(fd, 1)
-                if not byte:
-                    break
-                line += byte
-            return bytes(line)
-
-    return read(Unbuffered())
+            raise NoRecord(
+                f"more than {NOISE_LIMIT >> 20 or NOISE_LIMIT} {'MiB' if NOISE_LIMIT >> 20 else 'bytes'} "
+                "before kit's answer"
+            )
 
 
 class Records:

@@ -2,13 +2,15 @@
 
 A login node is shared: anyone there reaches 127.0.0.1. So every request carries the session's token — in the
 address `kit ui` prints (``?token=…``, exchanged for a cookie at once) or in that cookie — else it gets 403 and
-nothing of the jobs, as Jupyter does. The pages read what `kit ps` and the job directory hold; nothing is written.
+nothing of the jobs, as Jupyter does. Cookies do not isolate by port (RFC 6265 §8.5): each server's cookie has a name
+of its own (its port and a random part), so a second `kit ui` neither replaces nor is sent for the first's name. The pages read what `kit ps` and the job directory hold; nothing is written.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import re
 import secrets
 import threading
 import time
@@ -26,7 +28,7 @@ from kit.jobdir.metrics import newest_rank_metrics
 from kit.ui import page
 from kit.ui.states import States
 
-COOKIE = "kit_ui"
+COOKIE = "kit_ui"  # each server's cookie: COOKIE_PORT_RANDOM (_Server.cookie)
 PICTURE_LIMIT = 32 << 20  # bytes of a report's picture served
 HTML, JSON = "text/html; charset=utf-8", "application/json"
 NOT_FOUND = (404, "text/plain; charset=utf-8", b"no such page\n")
@@ -54,7 +56,9 @@ class Ui:
 
     def rows(self, query: dict[str, str]) -> list[listing.JobRow]:
         """`kit ps`'s rows, its filters from the query (state, name, since in seconds, user, all)."""
-        since = float(query["since"]) if query.get("since", "").replace(".", "", 1).isdigit() else None
+        since = (
+            float(query["since"]) if re.fullmatch(r"\d{1,9}(\.\d{0,6})?", query.get("since", ""), re.ASCII) else None
+        )
         wanted = listing.Filter.checked(
             query.get("state") or None, query.get("name") or None, since, query.get("user") or None
         )
@@ -124,10 +128,10 @@ class _Handler(BaseHTTPRequestHandler):
         if token is not None and hmac.compare_digest(token.encode(), ui.token.encode()):
             rest = urllib.parse.urlencode(query)
             self._send(303, "text/plain", b"", Location=url.path + (f"?{rest}" if rest else ""),
-                       **{"Set-Cookie": f"{COOKIE}={ui.token}; Path=/; HttpOnly; SameSite=Strict"})  # fmt: skip
+                       **{"Set-Cookie": f"{self.server.cookie}={ui.token}; Path=/; HttpOnly; SameSite=Strict"})  # fmt: skip
             return
         cookies = dict(c.strip().partition("=")[::2] for c in self.headers.get("Cookie", "").split(";") if "=" in c)
-        if not hmac.compare_digest(cookies.get(COOKIE, "").encode(), ui.token.encode()):
+        if not hmac.compare_digest(cookies.get(self.server.cookie, "").encode(), ui.token.encode()):
             self._send(403, "text/plain", b"kit ui: open the address kit ui printed (it holds this session's token)\n")
             return
         try:
@@ -153,6 +157,7 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, ui: Ui, port: int):
         self.ui = ui
         super().__init__(("127.0.0.1", port), _Handler)
+        self.cookie = f"{COOKIE}_{self.server_address[1]}_{secrets.token_hex(4)}"
 
     def server_close(self) -> None:
         super().server_close()
@@ -167,6 +172,11 @@ def start(ui: Ui, port: int = 0) -> _Server:
         raise KitError(
             f"cannot listen on 127.0.0.1:{port}: {e.strerror}", field="--port", hint="choose another --port"
         ) from None
+
+
+def cookie(server: _Server) -> str:
+    """The ``Cookie`` header this server's pages take: its own cookie's name, the session's token."""
+    return f"{server.cookie}={server.ui.token}"
 
 
 def address(server: _Server) -> str:
