@@ -217,3 +217,33 @@ def test_auth_none_only_where_every_port_is_loopbacks():
         )
     assert config.loopback_host("127.0.0.1") and not config.loopback_host("127.0.1.1")  # NodeAddr's alone
     assert not config.loopback_host("no-such-host.invalid")
+
+
+def test_the_stand_in_is_one_file_per_context_and_exports_only_its_entry_points(tmp_path):
+    """The stand-in's code shows its contexts, as pyxis's does: root's (slurmstepd.c) and the user's (task.c) apart,
+    every file saying where it runs; built as kit cluster up builds it, it exports the SPANK entry points alone (its
+    helpers hidden: slurmstepd's own symbols of the same names must not bind to them)."""
+    from kit.cluster import plugin
+
+    require("gcc")
+    spank = Path(plugin.__file__).parent / "spank"
+    sources = sorted(spank.glob("*.c"))
+    assert [s.name for s in sources] == [
+        "args.c", "common.c", "fuse.c", "image.c", "mounts.c", "rootfs.c", "slurmstepd.c", "task.c",
+    ]  # fmt: skip
+    assert "AS ROOT" in (spank / "slurmstepd.c").read_text()[:400]
+    assert "AS THE JOB'S USER" in (spank / "task.c").read_text()[:400]
+    for source in sources:  # each says what it is and where it runs, before its first line of code
+        text = source.read_text()
+        assert text.startswith("/*\n") and f" * {source.name}: " in text[: text.index("#include")], source
+    assert max(len(s.read_text().splitlines()) for s in sources) <= 300  # no file holds two concepts' worth
+    out = tmp_path / "kit_pyxis.so"
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o", str(out), *map(str, sources)], check=True
+    )
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(out)], capture_output=True, text=True, check=True)
+    names = sorted(line.split()[-1] for line in exported.stdout.splitlines() if not line.split()[-1].startswith("_"))
+    assert names == [
+        "plugin_name", "plugin_type", "plugin_version", "slurm_spank_exit", "slurm_spank_init",
+        "slurm_spank_init_post_opt", "slurm_spank_job_epilog", "slurm_spank_task_init", "spank_plugin_version",
+    ], names  # fmt: skip

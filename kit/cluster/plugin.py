@@ -1,5 +1,5 @@
 """Container jobs on the local cluster: real pyxis + enroot when both are installed, else
-kit's stand-in SPANK plugin (spank/kit_pyxis.c), compiled against Debian's libslurm-dev."""
+kit's stand-in SPANK plugin (spank/*.c, one file per context), compiled against Debian's libslurm-dev."""
 
 from __future__ import annotations
 
@@ -50,9 +50,9 @@ def prepare(root: Path, progress) -> str | None:
         return None
     public_.make(root)
     out = public_.of(root) / "spank_kit_pyxis.so"
-    src = Path(__file__).parent / "spank" / "kit_pyxis.c"
+    sources = sorted(str(c) for c in (Path(__file__).parent / "spank").glob("*.c"))
     run(
-        [cc, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(out), str(src)],
+        [cc, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(out), *sources],
         what="cluster",
         hint="the stand-in SPANK plugin did not compile",
     )

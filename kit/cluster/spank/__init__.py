@@ -1,1 +1,1 @@
-"""The stand-in pyxis: a SPANK plugin in C (kit_pyxis.c), built by kit/cluster/plugin.py when real pyxis is not installed."""
+"""The stand-in pyxis: a SPANK plugin in C (one file per context: args.c says which runs where, and as whom), built by kit/cluster/plugin.py when real pyxis is not installed."""
