@@ -155,9 +155,15 @@ def select_target(where: str | None, needs_containers: bool = False) -> tuple[sl
     if machine:
         # Root's local cluster serves every user of the machine, as a site's Slurm does: a login shell through
         # `ssh host cmd` has no SLURM_CONF from dotfiles that return before their exports.
+        several = (
+            f" — the newest of {len(machine)} running (`kit cluster status` lists them; "
+            'eval "$(kit cluster env --id ID)" chooses one)'
+            if len(machine) > 1
+            else ""
+        )
         return (
             slurm.Target(conf=str(machine[0]), name="site"),
-            f"no site Slurm configured: using this machine's local cluster ({machine[0]})",
+            f"no site Slurm configured: using this machine's local cluster ({machine[0]}){several}",
         )
     if os.geteuid() != 0:
         raise KitError(

@@ -247,3 +247,44 @@ def test_the_stand_in_is_one_file_per_context_and_exports_only_its_entry_points(
         "plugin_name", "plugin_type", "plugin_version", "slurm_spank_exit", "slurm_spank_init",
         "slurm_spank_init_post_opt", "slurm_spank_job_epilog", "slurm_spank_task_init", "spank_plugin_version",
     ], names  # fmt: skip
+
+
+def test_a_shells_slurm_conf_chooses_among_several_local_clusters(tmp_path, monkeypatch):
+    """Two local clusters of root's on one machine: `kit cluster env` took the newest even when the shell's
+    SLURM_CONF named the other, moving the user's shell onto another cluster. A set SLURM_CONF is honoured; one is
+    chosen by id; without either the newest is used and that is said; status lists them all."""
+    import time as clock
+
+    from click.testing import CliRunner
+
+    from kit.cli import cli
+    from kit.cluster import public
+    from kit.errors import KitError
+
+    monkeypatch.setattr(public, "MACHINE", tmp_path / "run-kit")
+    confs = []
+    for name in ("cluster-aaaaaaaaaaaa", "cluster-bbbbbbbbbbbb"):  # b made last: the newest
+        (public.MACHINE / name).mkdir(parents=True)
+        conf = public.MACHINE / name / "slurm.conf"
+        conf.write_text("ClusterName=x\n")
+        confs.append(conf)
+        clock.sleep(0.02)
+    older, newest = confs
+    own = (tmp_path / "own" / "slurm.conf", False)
+    assert public.serving(*own, env_conf=str(older)) == (older, None)
+    conf, note = public.serving(*own)
+    assert conf == newest and "2 local clusters run on this machine: using the newest, bbbbbbbbbbbb" in note
+    assert public.serving(*own, chosen="aaaaaaaaaaaa") == (older, None)
+    with pytest.raises(KitError, match="no local cluster 'cccc' runs"):
+        public.serving(*own, chosen="cccc")
+    assert public.elsewhere(own[0], str(older))[1:] == [
+        f"  bbbbbbbbbbbb  SLURM_CONF={newest}",
+        f"  aaaaaaaaaaaa  SLURM_CONF={older} (your shell's SLURM_CONF)",
+        'use one with: eval "$(kit cluster env --id ID)"',
+    ]
+    monkeypatch.setenv("KIT_HOME", str(tmp_path / "own-home"))
+    runner = CliRunner()
+    shell = runner.invoke(cli, ["cluster", "env"], env={"SLURM_CONF": str(older)})
+    assert shell.exit_code == 0 and f"export SLURM_CONF={older}" in shell.stdout, shell.output
+    chosen = runner.invoke(cli, ["cluster", "env", "--id", "bbbbbbbbbbbb"], env={"SLURM_CONF": str(older)})
+    assert chosen.exit_code == 0 and f"export SLURM_CONF={newest}" in chosen.stdout, chosen.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
 
@@ -111,7 +112,7 @@ def status() -> int:
     rows = c.status()
     if not rows:
         click.echo(f"local cluster: not running (no state under {c.root})")
-        for line in public.elsewhere(c.conf):
+        for line in public.elsewhere(c.conf, os.environ.get("SLURM_CONF")):
             click.echo(line)
         return 1
     running = c.running()
@@ -125,13 +126,18 @@ def status() -> int:
 
 
 @cluster.command()
-def env() -> None:
+@click.option("--id", "chosen", metavar="ID", help="The local cluster of this machine to use (kit cluster status).")
+def env(chosen: str | None) -> None:
     """Print what a login shell needs to use the local cluster (SLURM_CONF; PATH where Slurm is elsewhere):
-    yours, else root's on this machine, which serves every local user."""
+    yours, else root's on this machine, which serves every local user — the one your SLURM_CONF names, else the
+    newest (said when several run)."""
     from kit.cluster import public
 
     c = LocalCluster()
-    for line in public.login_lines(public.serving(c.conf, c.state() is not None)):
+    conf, note = public.serving(c.conf, c.state() is not None, os.environ.get("SLURM_CONF"), chosen)
+    if note:
+        click.echo(note, err=True)
+    for line in public.login_lines(conf):
         click.echo(line)
 
 

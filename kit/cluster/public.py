@@ -76,33 +76,70 @@ def clusters() -> list[Path]:
     return [conf for _, conf in sorted(found, reverse=True)]
 
 
-def elsewhere(own_conf: Path) -> list[str]:
-    """For ``kit cluster status`` when the caller's own cluster is not running: root's local cluster of this
-    machine, when one runs (every local user's), and how a login shell uses it."""
+def cluster_id(conf: Path) -> str:
+    """The id a person chooses a local cluster of this machine by: its public directory's (``cluster-ID``)."""
+    return conf.parent.name.removeprefix("cluster-")
+
+
+def _shells(env_conf: str | None, conf: Path) -> bool:
+    return bool(env_conf) and os.path.realpath(env_conf) == os.path.realpath(conf)
+
+
+def elsewhere(own_conf: Path, env_conf: str | None = None) -> list[str]:
+    """For ``kit cluster status`` when the caller's own cluster is not running: root's local clusters of this
+    machine, when they run (every local user's), newest first, the one the shell's SLURM_CONF names marked, and
+    how a login shell uses one."""
     found = [conf for conf in clusters() if conf != own_conf]
-    return (
-        [
+    if not found:
+        return []
+    if len(found) == 1:
+        return [
             f"this machine's local cluster (root's, every local user's): SLURM_CONF={shlex.quote(str(found[0]))}; "
             f'use it with: eval "$(kit cluster env)"'
         ]
-        if found
-        else []
-    )
+    lines = [f"this machine's local clusters (root's, every local user's), {len(found)} running, newest first:"]
+    for conf in found:
+        mark = " (your shell's SLURM_CONF)" if _shells(env_conf, conf) else ""
+        lines.append(f"  {cluster_id(conf)}  SLURM_CONF={shlex.quote(str(conf))}{mark}")
+    lines.append('use one with: eval "$(kit cluster env --id ID)"')
+    return lines
 
 
-def serving(own_conf: Path, own_running: bool) -> Path:
-    """The local cluster a login shell here uses: the caller's own when it runs; else root's on this machine
-    (the newest, when several run)."""
-    if own_running:
-        return own_conf
+def serving(own_conf: Path, own_running: bool, env_conf: str | None = None, chosen: str | None = None):
+    """The local cluster a login shell here uses, and a note for the person (or None): the one ``chosen`` by id;
+    else the caller's own when it runs; else root's on this machine that the shell's SLURM_CONF (``env_conf``)
+    names; else root's newest — said so when several run (a shell moved onto another's cluster unawares)."""
     found = clusters()
+    if chosen is not None:
+        ids = {cluster_id(conf): conf for conf in found}
+        if own_running:
+            ids.setdefault(cluster_id(own_conf), own_conf)
+        if chosen not in ids:
+            raise KitError(
+                f"no local cluster {chosen!r} runs on this machine",
+                field="--id",
+                hint=f"running: {', '.join(ids) or 'none'} (kit cluster status lists them)",
+            )
+        return ids[chosen], None
+    if own_running:
+        return own_conf, None
+    named = [conf for conf in found if _shells(env_conf, conf)]
+    if named:
+        return named[0], None
     if not found:
         raise KitError(
             "no local cluster runs on this machine",
             field="cluster",
             hint="root starts one for every local user with `kit cluster up`; yours: the same",
         )
-    return found[0]
+    note = None
+    if len(found) > 1:
+        others = ", ".join(cluster_id(conf) for conf in found[1:])
+        note = (
+            f"kit: note: {len(found)} local clusters run on this machine: using the newest, {cluster_id(found[0])} "
+            f"(others: {others}); choose one with `kit cluster env --id ID`"
+        )
+    return found[0], note
 
 
 def login_lines(conf: Path) -> list[str]:
