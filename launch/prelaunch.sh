@@ -117,6 +117,7 @@ KIT_WHO=prelaunch
 
 # ---------------------------------------------------------------- state
 KIT_PORT_LOCK_FD=  # the lock that claims MASTER_PORT (kit::pick_port)
+KIT_PORT_CLAIM_PID=  # the holder of MASTER_PORT's machine-wide claim (kit::pick_port)
 # What reached the job, remembered for the rest of the script: a stop
 # (TERM/INT: cancel, requeue, preemption, time limit) or the warning signal.
 # Either one means the work is not known to be finished.

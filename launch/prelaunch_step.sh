@@ -33,12 +33,16 @@ kit::_master_addr() {
   printf '127.0.0.1\n'
 }
 
-# kit::_port_free PORT: can a server bind PORT on this node right now?
+# kit::_port_free PORT: can a server bind PORT on this node right now? With python3 the port is also claimed
+# machine-wide (every user's and every local cluster's jobs on this host: an abstract socket, kit-port-PORT, no
+# file anyone can plant) by a holder below this shell, whose pid goes to KIT_PORT_CLAIM_PID; it holds the claim
+# until kit::_release_port (the step's end) or this shell's end. Without python3: /proc/net/tcp only.
 kit::_port_free() {
   local -r port="$1"
+  local said="" fd
   if command -v python3 >/dev/null 2>&1; then
-    python3 - "${port}" 2>/dev/null <<'PY'
-import socket, sys
+    exec {fd}< <(exec python3 - "${port}" 2>/dev/null <<'PY'
+import os, signal, socket, sys, time
 port = int(sys.argv[1])
 for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
     try:
@@ -48,13 +52,39 @@ for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((host, port))  # an error (exit 1) when the port is taken
     s.close()
+claim = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+claim.bind(b"\0kit-port-%d" % port)  # an error (exit 1) when another job here claimed it
+print("claimed", flush=True)
+os.close(1)
+parent = os.getppid()
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+while os.getppid() == parent:  # held while the shell that claimed it lives
+    time.sleep(1)
 PY
+    )
+    KIT_PORT_CLAIM_PID="$!"
+    read -r -t 30 -u "${fd}" said || true
+    exec {fd}<&-
+    if [[ "${said}" == claimed ]]; then return 0; fi
+    wait "${KIT_PORT_CLAIM_PID}" 2>/dev/null || true
+    KIT_PORT_CLAIM_PID=""
+    return 1
   else
     if awk -v p="$(printf ':%04X' "${port}")" '$2 ~ p"$" && $4 == "0A" { found = 1 } END { exit !found }' \
       /proc/net/tcp /proc/net/tcp6 2>/dev/null; then
       return 1
     fi
   fi
+}
+
+# kit::_release_port: the machine-wide claim and this user's lock on MASTER_PORT given back (the step ended).
+kit::_release_port() {
+  if [[ -n "${KIT_PORT_CLAIM_PID}" ]]; then
+    kit::stop "${KIT_PORT_CLAIM_PID}"
+    KIT_PORT_CLAIM_PID=""
+  fi
+  if [[ -n "${KIT_PORT_LOCK_FD}" ]]; then exec {KIT_PORT_LOCK_FD}>&-; fi
+  KIT_PORT_LOCK_FD=""
 }
 
 # kit::_port_lock_dir: this user's private directory of port locks
@@ -74,15 +104,17 @@ kit::_port_lock_dir() {
   return 1
 }
 
-# kit::pick_port: a MASTER_PORT in the range that binds now. The scan starts
-# at a point drawn from the job id, and a lock file claims the port until the
-# job's processes end (they inherit the descriptor), so two of this user's
-# jobs starting together on one node cannot both take it before the
-# rendezvous binds. Another user's jobs are kept apart by the bind check and
-# their different starting points. A lock that is held is skipped.
+# kit::pick_port: a MASTER_PORT in the range that binds now. The scan starts at a point drawn from the job id,
+# the run, the user and the cluster (every local cluster numbers its jobs from 1: job N of two clusters on one
+# machine started at one port), and the port is claimed until the step ends — machine-wide (kit::_port_free)
+# and by a lock file of this user's (inherited by the job's processes) — so two jobs starting together on one
+# node cannot both take it in the seconds before the rendezvous binds (10-40 s under real pyxis's create mode).
+# A claimed or locked port is skipped.
 kit::pick_port() {
   local -r span=$(( KIT_PORT_HIGH - KIT_PORT_LOW + 1 ))
-  local -r start=$(( (SLURM_JOB_ID * 7919 + KIT_RESTART * 104729) % span ))
+  local seed
+  seed="$(printf '%s %s %s' "${EUID}" "${SLURM_WORKING_CLUSTER-}" "${SLURM_CONF-}" | cksum)"
+  local -r start=$(( (SLURM_JOB_ID * 7919 + KIT_RESTART * 104729 + ${seed%% *}) % span ))
   local i port fd lock_dir
   lock_dir="$(kit::_port_lock_dir)" || lock_dir=""
   for (( i = 0; i < span; i++ )); do
@@ -367,5 +399,5 @@ kit::run_step() {
     kit::log "srun exited ${KIT_STEP_RC}; the first rank to fail exited ${KIT_FIRST_RC}"
     KIT_STEP_RC="${KIT_FIRST_RC}"
   fi
-  if [[ -n "${KIT_PORT_LOCK_FD}" ]]; then exec {KIT_PORT_LOCK_FD}>&-; fi
+  kit::_release_port
 }

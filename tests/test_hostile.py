@@ -7,6 +7,7 @@ as root, as CI does).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -338,3 +339,56 @@ def test_a_disk_that_fills_after_sbatch_still_names_the_submitted_job(cluster, t
             slurm.cancel(cluster.target, job_id)
             slurm.wait(cluster.target, job_id, timeout=90)
         subprocess.run(["umount", "-l", str(small)], check=True)
+
+
+PICK = """
+KIT_PORT_LOW=29600 KIT_PORT_HIGH=29609 KIT_RESTART=0 SLURM_JOB_ID=1 KIT_PORT_LOCK_FD= KIT_PORT_CLAIM_PID=
+SLURM_WORKING_CLUSTER=kit:127.0.0.1:6817:9728:109 SLURM_CONF=/run/kit/cluster-x/slurm.conf
+kit::pick_port
+echo "$MASTER_PORT"
+exec >&-
+sleep 60
+"""
+
+
+def test_job_one_of_two_clusters_never_shares_a_rendezvous_port(tmp_path):
+    """Every local cluster numbers its jobs from 1, and the scan for MASTER_PORT started from the job id: job 1 of
+    two clusters on one machine, picked for two users (each with a lock directory of their own), took the same
+    port while neither rank had bound it yet (10-40 s under real pyxis's create mode): a rank joined the other
+    cluster's rendezvous. The port is claimed machine-wide until the step ends: the second pick, made while the
+    first still holds its unbound port, takes another; the claim's holder goes with the shell that made it."""
+    from test_bash_rules import LAUNCH, bash_functions
+
+    fns = (LAUNCH / "lib.sh").read_text() + bash_functions(
+        "kit::_port_free", "kit::_release_port", "kit::_port_lock_dir", "kit::pick_port"
+    )
+    picks = []
+    for user in ("first", "second"):  # the same seed (job, cluster, uid) on purpose: only the claim keeps them apart
+        private = tmp_path / user
+        private.mkdir()
+        picks.append(
+            subprocess.Popen(
+                ["bash", "-c", "set -euo pipefail\n" + fns + PICK],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={"PATH": "/usr/bin:/bin", "TMPDIR": str(private)},
+                start_new_session=True,
+            )
+        )
+        picks[-1].port = picks[-1].stdout.readline().strip()
+    try:
+        assert all(p.port.isdigit() for p in picks), [p.port for p in picks]
+        assert picks[0].port != picks[1].port, [p.port for p in picks]
+        for p in picks:
+            os.kill(p.pid, 9)  # the shell alone (a prelaunch killed): its claim's holder notices and ends
+            p.wait()
+        deadline = time.monotonic() + 10
+        while any(f"@kit-port-{p.port}" in Path("/proc/net/unix").read_text() for p in picks):
+            assert time.monotonic() < deadline, "a claim outlived the shell that made it"
+            time.sleep(0.2)
+    finally:
+        for p in picks:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, 9)  # its sleep
+            p.wait()
