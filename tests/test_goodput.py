@@ -292,3 +292,27 @@ def test_a_job_whose_ranks_report_no_samples_has_no_rate(job):
     t = tally(job.path)
     assert (t.samples, t.rate(), t.wall_seconds) == (None, None, pytest.approx(152))
     assert t.words() == "152.0 s from submission to its end"
+
+
+def test_a_node_whose_exporter_died_is_said_to_have_lost_it_never_called_slow(job, tmp_path):
+    """node2's exporter killed 40 s before run 3's last step: its last poll holds what it had counted then, and
+    the report called that healthy node "a slow node". Its rate is unknown (not judged); the report, kit events and
+    kit ps say its exporter was lost; node1, whose exporter polled to the end, is rated as before."""
+    from kit.job import listing
+    from kit.jobdir.events import events
+    from kit.jobdir.tally import tally
+    from kit.report.job import report
+
+    for rank, node, at in ((0, "node1", 151), (1, "node2", 110)):  # run 3 stepped from 135 to 150
+        _poll(job, 3, node, at, {rank: (80 if at > 150 else 60, 300.0 if at > 150 else 100.0, at - 1)})
+    t = tally(job.path)
+    assert [(lost.run, lost.node) for lost in t.lost] == [(3, "node2")] and t.lost[0].silent_seconds == 40
+    assert t.rate("node2") is None and t.rate("node1") is not None
+    said = [e.text for e in events(job.path) if e.kind == "exporter-lost"]
+    assert said == ["node2's exporter stopped 40 s before run 3's last step: its samples after that are unknown, "
+                    "and it is not judged slow or fast"]  # fmt: skip
+    summary = report(job.path, "42", tmp_path / "r.png", min_seconds=0)
+    text = "\n".join(summary.lines())
+    assert said[0] in text and "a slow node" not in text, text
+    [row] = listing.list_jobs([job.path.parent], everything=True, ask=lambda target, names: {})
+    assert row.exporters_lost == ["node2"] and "(exporter lost: node2)" in listing.table([row])[1]

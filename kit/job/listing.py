@@ -20,7 +20,7 @@ from kit.core.text import printable
 from kit.errors import KitError
 from kit.jobdir import JobDir, records, stragglers
 from kit.jobdir.runs import read_verdict
-from kit.jobdir.tally import tally
+from kit.jobdir.tally import lost_exporters, tally
 
 RECENT = 24 * 3600  # without --all: ended jobs submitted this recently
 
@@ -50,6 +50,7 @@ class JobRow:
     # An ended job's seconds from submission to its end (samples_per_second then its throughput: kit.jobdir.tally);
     # None while it runs (samples_per_second is then its ranks' latest).
     duration_seconds: float | None = None
+    exporters_lost: list | None = None  # nodes whose exporter stopped while their run trained (kit.jobdir.tally)
 
     @property
     def active(self) -> bool:
@@ -118,6 +119,7 @@ def _row(
         stragglers=[asdict(s) for s in stragglers.read(unit_dir)] or None,
         preflight=read_verdict(JobDir(unit_dir).run_progress(run)),
         duration_seconds=counted and counted.wall_seconds,
+        exporters_lost=sorted({lost.node for lost in lost_exporters(unit_dir)}) or None,
     )
 
 
@@ -239,6 +241,8 @@ def table(rows: list[JobRow], now: float | None = None) -> list[str]:
         state = r.state + (f" ({r.reason})" if r.reason and r.state == "PENDING" else "")
         if r.state_from != "slurm":
             state += "*"
+        if r.exporters_lost:
+            state += f" (exporter lost: {','.join(r.exporters_lost)})"
         return (
             printable(r.id),
             printable(r.name)[:24],

@@ -16,7 +16,7 @@ from kit import files
 from kit.jobdir.goodput import run_times
 from kit.jobdir.layout import JobDir
 from kit.jobdir.runs import hangs, read_verdict
-from kit.jobdir.tally import tally
+from kit.jobdir.tally import lost_exporters, tally
 
 # Ties in time keep this order (a run's start before its tasks, its end before the next run's start).
 KINDS = (
@@ -28,6 +28,7 @@ KINDS = (
     "warned",
     "hang",
     "straggler",
+    "exporter-lost",
     "run-ended",
     "restarted",
     "requeued",
@@ -148,6 +149,8 @@ def events(job_dir: str | Path) -> list[Event]:
             out.append(Event(when, "hang", f"hang: {h['summary'] or who}", h["run"]))
     for s in stragglers.read(job_dir):
         out.append(Event(s.since, "straggler", s.line()))
+    for lost in lost_exporters(job_dir):
+        out.append(Event(lost.last_poll, "exporter-lost", lost.line(), lost.run))
     cancelled = _json(d / JobDir.CANCELLED)
     if isinstance(cancelled.get("time"), (int, float)):
         why = f": {cancelled['reason']}" if cancelled.get("reason") else ""

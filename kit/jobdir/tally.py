@@ -27,6 +27,35 @@ SAMPLES = "training_samples_total"
 LAST_STEP = "training_last_step_timestamp_seconds"
 STEP = "training_step"
 STALE = 1.0  # s: a rank's last step this long before its run began is an earlier run's file
+LOST_AFTER = 10.0  # s: a node's exporter whose last poll precedes its run's last step by more was lost mid-run
+
+
+@dataclass(frozen=True)
+class LostExporter:
+    """A node whose exporter stopped while its run still stepped: its samples after ``last_poll`` are unknown."""
+
+    run: int
+    node: str
+    last_poll: float  # Unix seconds: its last logged poll
+    silent_seconds: float  # of the run's steps after it
+
+    def line(self) -> str:
+        return (
+            f"{self.node}'s exporter stopped {self.silent_seconds:.0f} s before run {self.run}'s last step: "
+            f"its samples after that are unknown, and it is not judged slow or fast"
+        )
+
+
+def lost_exporters(job_dir: str | Path) -> list[LostExporter]:
+    """Each run's nodes whose exporter's last logged poll came more than LOST_AFTER seconds before the run's last
+    step (rank 0's): killed, or dead of its own, while the run trained on."""
+    last_step = {r.run: r.last for r in run_times(Path(job_dir))}
+    out = []
+    for (run, node), poll in sorted(last_polls(job_dir).items()):
+        when, end = poll.get("time"), last_step.get(run)
+        if isinstance(when, (int, float)) and end is not None and end - when > LOST_AFTER:
+            out.append(LostExporter(run, node, float(when), end - float(when)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -35,9 +64,13 @@ class Tally:
     stepping_seconds: float | None  # None: no run's command reported steps
     wall_seconds: float
     node_samples: dict[str, float] = field(default_factory=dict)
+    lost: list[LostExporter] = field(default_factory=list)  # nodes whose exporter stopped mid-run
 
     def rate(self, node: str | None = None) -> float | None:
-        """Samples per second of stepping: the job's, or ``node``'s."""
+        """Samples per second of stepping: the job's, or ``node``'s (None for a node whose exporter was lost: what it
+        trained after is unknown — never a slow node for it)."""
+        if node is not None and any(lost.node == node for lost in self.lost):
+            return None
         samples = self.samples if node is None else self.node_samples.get(node)
         if samples is None or not self.stepping_seconds:
             return None
@@ -96,4 +129,5 @@ def tally(job_dir: str | Path, running: bool | None = None, spent: Goodput | Non
         stepping_seconds=stepping,
         wall_seconds=spent.wall_seconds,
         node_samples=counted[1] if counted else {},
+        lost=lost_exporters(job_dir),
     )

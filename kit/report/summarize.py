@@ -157,8 +157,9 @@ def _counted(summary: Summary, counted: Tally | None) -> None:
     summary.duration_seconds, summary.from_submission = counted.wall_seconds, True
     summary.samples, summary.samples_per_second = counted.samples, counted.rate()
     summary.stepping_seconds = counted.stepping_seconds
+    summary.exporters_lost = [lost.line() for lost in counted.lost]
     for n in summary.nodes:
-        n.samples_per_second = counted.rate(n.node)
+        n.samples_per_second = counted.rate(n.node)  # None for a node whose exporter was lost: never judged
 
 
 def _timeline(summary: Summary, job_dir: Path) -> None:

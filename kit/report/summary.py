@@ -116,6 +116,7 @@ class Summary:
     preflight: list[dict] = field(default_factory=list)  # --preflight: each run's verdict (kit.preflight.verdict)
     stragglers: list[dict] = field(default_factory=list)  # the ranks named slow (kit.jobdir.stragglers)
     undelivered: list[dict] = field(default_factory=list)  # --notify's given-up sends: key, shown, error
+    exporters_lost: list[str] = field(default_factory=list)  # each lost exporter's line (kit.jobdir.tally)
     tflops: float | None = None  # rank 0's device, mean over the job: the model's TFLOP/s (kit.train.mfu)
     mfu: float | None = None  # of the device's peak (kit.monitor.peaks); None: n/a
     # The seconds the metrics span (the utilisation notes' basis). With a job directory, duration_seconds is the
@@ -293,6 +294,7 @@ def notes(s: Summary, min_seconds: float = MIN_SECONDS) -> list[Note]:
         ("warning", "", "", f"a notification was not delivered: {u['key']} to {u['shown']}: {printable(u['error'])}")
         for u in s.undelivered
     ]
+    out += [("warning", "", "", line) for line in s.exporters_lost]
     rated = sorted((n for n in s.nodes if n.samples_per_second is not None), key=lambda n: n.samples_per_second)
     if len(rated) > 1:
         median = statistics.median(n.samples_per_second for n in rated)
