@@ -23,6 +23,7 @@ from kit.core import notify as targets
 from kit.errors import KitError
 from kit.jobdir import JobDir
 from kit.notify import deliver, ledger
+from kit.notify import send as sender
 
 SECRET = "T0KEN-s3cret-9f2c"
 
@@ -82,6 +83,23 @@ def test_targets_parse_and_never_show_their_secret():
         with pytest.raises(KitError) as e:
             targets.parse(bad)
         assert SECRET not in e.value.format() and "https://HOST/PATH" in (e.value.hint or ""), e.value.format()
+
+
+def test_a_target_that_fails_only_when_sent_is_refused_at_parse_time(tmp_path):
+    """A port like abc or 99999, a broken IPv6 address, an SMTP port out of range: each passed the parse and was a
+    traceback (or a lost message) at the job's end. One line, exit 2, at submission; so is a job name with a line
+    break (it would be one in a mail's Subject)."""
+    for bad in (
+        f"http://hooks.example.org:abc/{SECRET}",
+        f"https://hooks.example.org:99999/{SECRET}",
+        f"http://[x/{SECRET}",
+        "mailto:me@example.org?smtp=mail.example.org:99999",
+    ):
+        proc = kit("launch", "--dry-run", "--output-dir", str(tmp_path), "--notify", bad, "--", "true")
+        assert proc.returncode == 2 and proc.stderr.startswith("kit: --notify: "), (bad, proc.stderr)
+        assert len(proc.stderr.splitlines()) <= 2 and SECRET not in proc.stderr, proc.stderr
+    proc = kit("launch", "--dry-run", "--output-dir", str(tmp_path), "--job-name", "a\nSubject: x", "--", "true")
+    assert proc.returncode == 2 and proc.stderr.startswith("kit: --job-name: "), proc.stderr
 
 
 def test_a_bad_target_is_one_message_and_exit_2_and_a_good_one_stays_private(tmp_path):
@@ -200,8 +218,72 @@ def test_the_last_word_keeps_its_deadline_and_leaves_the_rest_to_the_next_sender
         took = time.monotonic() - began
     finally:
         silent.server.shutdown()
-    assert took < 4.5 and sent == 1, (took, sent)  # one 3 s try; the next had too little time left
-    assert [r["key"] for r in ledger.read(d)] == ["started:0:0"]
+    # Each target's first try at once, side by side (3 s); the next event had too little time left.
+    assert took < 4.5 and sent == 2, (took, sent)
+    assert sorted((r["key"], r["target"]) for r in ledger.read(d)) == [("started:0:0", 0), ("started:0:0", 1)]
+
+
+def test_silent_receivers_do_not_starve_the_others(tmp_path):
+    """Seven targets, four of them silent, the batch script's last word (5 s): one after the other, the job's end
+    reached the first few and the rest were neither sent nor recorded. Side by side, every answering target gets
+    every event, and each silent one's sends are recorded as given up (each within its own deadline)."""
+    silent, good = Receiver(delay=30), Receiver()
+    try:
+        urls = [silent.url + "/s0", good.url + "/g1", silent.url + "/s2", good.url + "/g3"]
+        urls += [silent.url + "/s4", good.url + "/g5", silent.url + "/s6"]
+        d = job_dir_with(tmp_path, *urls)
+        exited(d, 0)
+        deliver.last_word(d, seconds=5)
+    finally:
+        good.close()
+        silent.server.shutdown()
+    for path in ("/g1", "/g3", "/g5"):
+        assert [b["key"] for b in good.bodies(path)] == ["started:0:0", "ended"], path
+    told = {(r["key"], r["target"]): r["ok"] for r in ledger.read(d)}
+    assert {i: told.get(("ended", i)) for i in range(7)} == {i: i % 2 == 1 for i in range(7)}, told  # none untold
+
+
+def test_a_redirect_or_a_senders_surprise_is_a_failed_send_never_ok_nor_a_traceback(tmp_path, monkeypatch):
+    """A webhook answering 302 to the POST: urllib followed it as a GET without the body, and the send was recorded
+    ok though nothing was delivered. A 3xx is a failed send. And any exception a send raises is that send's
+    failure in the ledger (the --wait end's traceback, exit 1, after a COMPLETED job)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    landed = []
+
+    class Redirecting(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.send_response(302)
+            self.send_header("Location", "/landing")
+            self.end_headers()
+
+        def do_GET(self):
+            landed.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirecting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        d = job_dir_with(tmp_path, f"http://127.0.0.1:{server.server_address[1]}/{SECRET}")
+        assert deliver.deliver(d) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    [given_up] = ledger.undelivered(d)
+    assert "HTTP 302 (a redirect: not followed" in given_up["error"] and landed == [], (given_up, landed)
+
+    def surprise(target, message, timeout):
+        raise RuntimeError("a library's surprise")
+
+    monkeypatch.setattr(sender, "send", surprise)
+    d2 = job_dir_with(tmp_path / "b", f"http://127.0.0.1:9/{SECRET}")
+    exited(d2, 0)
+    assert deliver.last_word(d2) == 2
+    assert [r["error"] for r in ledger.undelivered(d2)] == ["RuntimeError: a library's surprise"] * 2
 
 
 def test_a_job_without_targets_or_with_a_foreign_spec_sends_nothing(tmp_path, receiver):
@@ -290,3 +372,19 @@ def test_a_dead_receiver_never_fails_the_job_and_the_report_says_what_was_not_de
     assert report.returncode == 0, report.stderr
     assert "a notification was not delivered: ended to http://127.0.0.1/…" in report.stdout, report.stdout
     assert SECRET not in report.stdout + report.stderr + read_logs(job_dir)
+
+
+def test_what_the_batch_script_could_not_send_is_sent_by_the_next_kit_command_once(tmp_path, receiver):
+    """The batch script killed before its last word: the job's end reached no one until a `--wait` saw it. `kit ps`,
+    `kit events` and `kit report` hand an ended job's untold events to a sender of their own (not waiting on the
+    receiver), and each is sent once however many commands see the job."""
+    d = job_dir_with(tmp_path / "jobs", receiver.url + f"/hook/{SECRET}")
+    exited(d, 0)
+    (d / JobDir.OUTCOME).write_text(json.dumps({"state": "COMPLETED", "time": time.time()}))
+    for command in (("ps", "--all", "--output-dir", str(tmp_path / "jobs")), ("events", str(d)), ("ps", "--all")):
+        proc = kit(*command, cwd=tmp_path)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    wait_for(lambda: len(receiver.bodies(f"/hook/{SECRET}")) >= 2, 30, what="the untold events")
+    time.sleep(2)  # a second sender, had one been started, would have sent by now
+    assert [b["key"] for b in receiver.bodies(f"/hook/{SECRET}")] == ["started:0:0", "ended"]
+    assert not deliver.pending(d)

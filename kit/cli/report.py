@@ -55,6 +55,9 @@ def report(job, output, prometheus, min_seconds, output_dir):
         )
     job = api.Job.from_dir(records.find_job_dir(job, output_dir))
     _show(job, output or job.dir / JobDir.REPORT, prometheus=prometheus, min_seconds=min_seconds)
+    from kit.notify import deliver
+
+    deliver.tell_pending([job.dir])  # --notify: an ended job's untold events, handed on
 
 
 def _show(job, out, **asked) -> None:

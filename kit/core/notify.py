@@ -35,7 +35,11 @@ class Target:
 
 
 def _url(value: str, given: str) -> str:
-    url = urllib.parse.urlsplit(value)
+    try:
+        url = urllib.parse.urlsplit(value)
+        url.port  # noqa: B018 - a port like abc or 99999 raises here, not at the job's end
+    except ValueError as e:  # "http://[x/": Invalid IPv6 URL; a port out of range
+        raise KitError(f"not a web address: {given!r} ({e})", hint=HINT) from None
     if url.scheme not in ("https", "http") or not url.hostname or not value.isprintable() or " " in value:
         raise KitError(f"not a web address: {given!r}", hint=HINT)
     return value
@@ -53,7 +57,13 @@ def parse(value: str) -> Target:
         if not _ADDRESS.fullmatch(address):
             raise KitError(f"not a mail address: {address!r}", hint=HINT)
         smtp = urllib.parse.parse_qs(query).get("smtp", [""])[-1] if query else ""
-        if query and (not smtp or not _HOST.fullmatch(smtp) or set(urllib.parse.parse_qs(query)) != {"smtp"}):
+        port = smtp.rpartition(":")[2] if ":" in smtp else "25"
+        if query and (
+            not smtp
+            or not _HOST.fullmatch(smtp)
+            or not 0 < int(port) < 65536
+            or set(urllib.parse.parse_qs(query)) != {"smtp"}
+        ):
             raise KitError(f"a mailto: target takes ?smtp=HOST[:PORT] only, got {query!r}", hint=HINT)
         return Target(MAIL, address, smtp)
     if value.startswith(("https://", "http://")):

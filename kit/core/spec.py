@@ -261,6 +261,8 @@ def _check_words(s: JobSpec, origins: Origins) -> None:
             hint="a short name: it names the job directory and shows in squeue",
         )
     _check_no_nul(s, origins)
+    if not s.job_name.isprintable():  # a line break in it would be one in a mail's Subject, a log's line, squeue's
+        raise _err(origins, "job_name", f"{s.job_name!r}: only printable characters", hint="a name on one line")
     for arg in s.sbatch_args:
         if not arg.startswith("-"):
             raise KitError(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -131,8 +132,9 @@ def _lock(job_dir: Path, deadline: float):
 
 
 def deliver(job_dir: str | Path, deadline: float = float("inf"), stop=lambda: False) -> int:
-    """Send every told event not yet in the ledger to every target, in order, until ``deadline`` (Unix seconds:
-    what is left stays for the next sender) or ``stop()``; the number of sends recorded."""
+    """Send every told event not yet in the ledger to every target until ``deadline`` (Unix seconds: what is left
+    stays for the next sender) or ``stop()``; the number of sends recorded. The targets side by side, each in its
+    own thread taking the events in order: a silent receiver costs its own sends, never another target's."""
     job_dir = Path(job_dir)
     to = targets(job_dir)
     if not to:
@@ -142,27 +144,47 @@ def deliver(job_dir: str | Path, deadline: float = float("inf"), stop=lambda: Fa
         return 0
     try:
         done = {(r["key"], r["target"]) for r in ledger.read(job_dir)}
-        count = 0
-        for key, e in keyed(events(job_dir)):
-            for i, target in enumerate(to):
+        told, lock, count = keyed(events(job_dir)), threading.Lock(), [0]
+        messages: dict[str, dict | str] = {}
+
+        def message_of(key: str, e: Event) -> dict | str:
+            """The event's message, made once for every target; a damaged record's: why it cannot be told."""
+            with lock:
+                if key not in messages:
+                    try:
+                        messages[key] = message(job_dir, key, e)
+                    except Exception as err:  # one event's failure, recorded, never a traceback
+                        messages[key] = f"the event could not be told: {type(err).__name__}: {err}"
+                return messages[key]
+
+        def to_one(i: int, target: Target) -> None:
+            for key, e in told:
                 if (key, i) in done:
                     continue
                 if stop() or time.time() >= deadline:
-                    return count
-                sent, error = _send(target, message(job_dir, key, e), deadline, stop)
+                    return
+                msg = message_of(key, e)
+                sent, error = _send(target, msg, deadline, stop) if isinstance(msg, dict) else (True, msg)
                 if not sent:  # stopped, or out of time: the next sender tries again
-                    return count
-                ledger.record(job_dir, key, i, target, error)
-                count += 1
-        return count
+                    return
+                with lock:
+                    ledger.record(job_dir, key, i, target, error)
+                    count[0] += 1
+
+        senders = [threading.Thread(target=to_one, args=(i, t), daemon=True) for i, t in enumerate(to)]
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join()
+        return count[0]
     finally:
         os.close(fd)
 
 
 def _send(target: Target, msg: dict, deadline: float, stop) -> tuple[bool, str | None]:
     """Up to TRIES tries, each within the deadline, again only where it cannot have arrived (refused, 5xx): (True,
-    None) when one arrived, (True, the error) when it failed for good, (False, None) when stopped or out of time
-    first (nothing to record)."""
+    None) when one arrived, (True, the error) when it failed for good — any exception a send raises is its
+    failure, recorded, never the job's end — (False, None) when stopped or out of time first (nothing to record)."""
     error = None
     for attempt in range(TRIES):
         left = deadline - time.time()
@@ -175,6 +197,8 @@ def _send(target: Target, msg: dict, deadline: float, stop) -> tuple[bool, str |
             error = str(e)
         except OSError as e:
             return True, str(e)
+        except Exception as e:  # a receiver's or library's surprise: this send's failure
+            return True, f"{type(e).__name__}: {e}"
         if attempt + 1 < TRIES:
             time.sleep(min(PAUSE, max(deadline - time.time(), 0)))
     return True, error
@@ -192,6 +216,40 @@ def watch(job_dir: str | Path, stop, every: float = 1.0) -> None:
 def last_word(job_dir: str | Path, seconds: float = LAST_WORD) -> int:
     """What is not yet sent, within ``seconds`` (prelaunch's end: requeued, restarted, ended)."""
     return deliver(job_dir, time.time() + seconds)
+
+
+def pending(job_dir: str | Path) -> bool:
+    """Whether an ended job (its batch script's last word, or Slurm's end kept) has a target its end was never told
+    to (the batch script was killed, or its last word ran out of time): its ledger's ``ended`` lines against its
+    targets, nothing sent."""
+    job_dir = Path(job_dir)
+    to = targets(job_dir)
+    d = JobDir(job_dir)
+    ended = (d / JobDir.OUTCOME).exists() or any(
+        (d.run_progress(r) / JobDir.EXITED).exists() for r in d.run_dirs(JobDir.PROGRESS)
+    )
+    if not to or not ended:
+        return False
+    told = {r["target"] for r in ledger.read(job_dir) if r["key"] == "ended"}
+    return not told.issuperset(range(len(to)))
+
+
+def tell_pending(job_dirs) -> None:
+    """`kit ps`, `kit events` and `kit report` having seen these jobs: an ended one's untold events are handed to a
+    sender of their own (``python -m kit.notify last``, detached: the command does not wait on a receiver), which
+    sends each once (the ledger, under its lock)."""
+    import subprocess
+    import sys
+
+    for job_dir in job_dirs:
+        if pending(job_dir):
+            subprocess.Popen(
+                [sys.executable, "-m", "kit.notify", "last", str(job_dir)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
 
 def catch_up(job_dir: str | Path) -> None:

@@ -15,6 +15,16 @@ from kit.core.notify import MAIL, SLACK, Target
 from kit.version import __version__
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx is an answer, not a delivery: urllib would follow a POST's 301/302/303 as a GET without its body."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None  # urllib then raises the 3xx as an HTTPError
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 class Retryable(OSError):
     """It did not arrive, and trying again cannot make it arrive twice (refused, unreachable, HTTP 429 or 5xx)."""
 
@@ -39,11 +49,12 @@ def send(target: Target, message: dict, timeout: float) -> None:
         method="POST",
     )
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as reply:
+        with _OPENER.open(request, timeout=timeout) as reply:
             reply.read(1 << 16)
     except urllib.error.HTTPError as e:
         error = Retryable if e.code == 429 or e.code >= 500 else OSError
-        raise error(f"{target.shown()} answered HTTP {e.code}") from None
+        redirect = " (a redirect: not followed, nothing was delivered)" if 300 <= e.code < 400 else ""
+        raise error(f"{target.shown()} answered HTTP {e.code}{redirect}") from None
     except urllib.error.URLError as e:
         if isinstance(e.reason, (ConnectionRefusedError, socket.gaierror)):  # it never went out
             raise Retryable(f"{target.shown()}: {e.reason}") from None
