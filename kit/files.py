@@ -276,28 +276,6 @@ class NotOwned(OSError):
     """A directory that is not this user's own, or that others can write."""
 
 
-def replaceable_by_others(st: os.stat_result, *, sticky_ok: bool) -> str | None:
-    """Why a directory (``st``, not through a symlink) lets someone other than this user and root replace what lies
-    in it — its owner is another user, or others can write it (without the sticky bit, where ``sticky_ok``) — or
-    None when it does not. What kit runs from a directory is only as much the user's as the directory is."""
-    if st.st_uid not in (os.geteuid(), 0):
-        return f"it is {user_name(st.st_uid)}'s"
-    if st.st_mode & 0o022 and not (sticky_ok and st.st_mode & stat.S_ISVTX):
-        sticky = ", without the sticky bit" if sticky_ok else ""
-        return f"others can write it (mode {st.st_mode & 0o7777:04o}{sticky})"
-    return None
-
-
-def user_name(uid: int) -> str:
-    """A uid as a person reads it: the login name, else ``uid N``."""
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
-
-
 @contextlib.contextmanager
 def owned(path: str | os.PathLike, create: bool = True) -> Iterator[Path]:
     """``path`` opened as a directory of this user's own that no one else can write

@@ -34,12 +34,17 @@ kit::_foreign() {
   if (( owner != EUID && owner != 0 )); then return 0; fi
   (( (8#${mode} & 8#022) != 0 && !(sticky_ok && (8#${mode} & 8#1000)) ))
 }
-# The job directory and the one it sits in are checked before anything in them is read: exit 84
-# (kit.core.outcome.UNTRUSTED_DIR), nothing run.
-if kit::_foreign "${KIT_SCRIPTS_DIR}" 0 || kit::_foreign "$(dirname -- "${KIT_SCRIPTS_DIR}")" 1; then
-  printf "kit: error: %s, or the directory it sits in, is not this user's alone (a symlink, another user's, or others can write it): nothing in it was run\n" "${KIT_SCRIPTS_DIR}" >&2
-  exit 84
-fi
+# kit::_refuse_foreign DIR: exit 84 (kit.core.outcome.UNTRUSTED_DIR), nothing run, unless the job directory DIR
+# and the one it sits in (by expansion: $(dirname …) would drop a trailing newline of its name) are this user's.
+kit::_refuse_foreign() {
+  local -r dir="$1" parent="${1%/*}"
+  if kit::_foreign "${dir}" 0 || kit::_foreign "${parent:-/}" 1; then
+    printf "kit: error: %s, or the directory it sits in, is not this user's alone (a symlink, another user's, or others can write it): nothing in it was run\n" "${dir}" >&2
+    exit 84
+  fi
+}
+# Checked before anything in the job directory is read.
+kit::_refuse_foreign "${KIT_SCRIPTS_DIR}"
 # shellcheck source=job.env
 source "${KIT_SCRIPTS_DIR}/job.env"
 trap 'KIT_EARLY_WARNING=1' "${KIT_WARNING_SIGNAL}"

@@ -369,7 +369,7 @@ def squeue_state(cluster, job_id: str) -> str:
     return proc.stdout.strip()
 
 
-def test_an_output_directory_another_user_can_replace_is_refused(other_user, under_tmp):
+def test_an_output_directory_another_user_can_replace_is_refused(cluster, other_user, under_tmp):
     """Whoever owns the directory a job directory sits in (or anyone, where all can write it and it is not sticky)
     can rename the job's directory away before it starts and put their own scripts in its place. `kit launch`
     refuses such an --output-dir in one line, writing nothing there; a sticky shared one (/tmp's kind) is accepted."""
@@ -461,3 +461,22 @@ def test_prelaunch_exits_with_outcomes_code_for_a_foreign_directory():
 
     text = (REPO / "launch" / "prelaunch.sh").read_text()
     assert f"exit {outcome.UNTRUSTED_DIR}\n" in text and f"({outcome.__name__}.UNTRUSTED_DIR)" in text
+
+
+def test_prelaunchs_check_takes_a_directory_name_as_it_is(tmp_path):
+    """A job directory in an --output-dir whose name ends in a newline (kit accepts any name sbatch can write): its
+    parent taken by $(dirname …) lost the newline, was not found, and the job failed 84 though all was the user's.
+    Taken by expansion; a parent others can write is still refused."""
+    from test_bash_rules import bash_functions
+
+    fns = bash_functions("kit::_foreign", "kit::_refuse_foreign")
+    for parent, mode, code in (("d-\n", 0o755, 0), ("open", 0o777, 84)):
+        job = tmp_path / parent / "job"
+        job.mkdir(parents=True, mode=0o700)
+        os.chmod(job.parent, mode)
+        proc = subprocess.run(
+            ["bash", "-c", f'set -euo pipefail\n{fns}kit::_refuse_foreign "$1"; echo ok', "check", str(job)],
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == code and (proc.stdout == "ok\n") == (code == 0), (parent, proc.stderr)

@@ -13,7 +13,7 @@ from kit.code import snapshot as snapshots
 from kit.core.spec import ResolvedJob, parse_after
 from kit.errors import KitError
 from kit.image import is_reference
-from kit.jobdir import JobDir
+from kit.jobdir import JobDir, trust
 from kit.slurm import pyxis
 
 
@@ -123,7 +123,7 @@ def check_output_dir(out_dir: Path) -> None:
     whoever else could rename a job's directory there before it starts would put their own scripts in its place,
     run as this user (prelaunch checks the same before it reads anything: launch/prelaunch.sh)."""
     try:
-        why = files.replaceable_by_others(os.stat(out_dir), sticky_ok=True)
+        why = trust.replaceable_by_others(os.stat(out_dir), sticky_ok=True)
     except FileNotFoundError:
         return  # made by the launch, the user's
     except OSError as e:
