@@ -188,6 +188,25 @@ def test_down_cancels_running_jobs(home, cluster, tmp_path):
     assert left == []
 
 
+def test_a_failed_start_leaves_no_cluster_for_users_to_find(home, monkeypatch):
+    """A start that fails midway (here: slurmctld refused) took its daemons down and its record away, but left its
+    clients' directory under /run/kit (every user's kit looks there for the machine's clusters). Gone too."""
+    from kit.errors import KitError
+
+    real = LocalCluster._start_daemon
+
+    def refused(self, st, name, **kw):
+        if name == "slurmctld":
+            raise KitError("slurmctld refused (the test)", field="cluster")
+        return real(self, st, name, **kw)
+
+    monkeypatch.setattr(LocalCluster, "_start_daemon", refused)
+    c = LocalCluster(home)
+    with pytest.raises(KitError, match="refused"):
+        c.up(nodes=1, accounting=False)
+    assert not c.public.exists() and c.state() is None and c.leftover_daemons() == {}
+
+
 def test_an_unreadable_state_file_is_not_started_over(home):
     """A second cluster over a first one's state would orphan its daemons."""
     (home / "cluster").mkdir(parents=True)

@@ -267,7 +267,7 @@ class LocalCluster(Daemons):
         except BaseException:
             teardown.stop(self, st)
             teardown.remove_network(self.root, lambda msg: None)
-            self.state_file.unlink(missing_ok=True)
+            layout.clean(self.root, self.state_file)  # its clients' directory too: no half-made cluster for users
             raise
         return st
 
