@@ -84,7 +84,7 @@ def test_a_container_name_names_a_container_never_a_path(cluster, user, tmp_path
             bound = srun(cluster, user, f"--container-name={climb}{outside} /bin/true")  # no image: an existing dir
             assert bound.returncode != 0, bound.stdout + bound.stderr
             assert sorted(os.listdir(outside)) == ["marker"], os.listdir(outside)
-            assert "Invalid argument" in escape.stderr and "Invalid argument" in bound.stderr, escape.stderr
+            assert "Invalid argument" in escape.stderr, escape.stderr  # enroot's words (real pyxis: no such name)
     finally:
         subprocess.run(["rm", "-rf", "--one-file-system", str(containers / f"pyxis_{name}")], check=True)
 

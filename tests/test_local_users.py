@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -250,3 +253,67 @@ def test_an_ordinary_users_hung_job_is_caught_and_requeued(cluster, user):
     logs = as_user(user, f"kit logs {job_dir} --errors", env=conf).stdout
     assert "hang" in logs.lower(), logs
     assert f"run 1 done as {user.pw_uid}" in as_user(user, f"kit logs {job_dir}", env=conf).stdout
+
+
+def test_job_one_of_two_fresh_clusters_takes_two_ports(user, tmp_path):
+    """Two local clusters on one machine, each numbering its jobs from 1: root's job 1 on one and an ordinary
+    user's job 1 on the other, started together, each printing MASTER_PORT and binding nothing for 20 s (real
+    pyxis's create mode leaves 10-40 s between the pick and the bind). Each user's own port lock could not see the
+    other's, and the scan started from the job id alone: both took the same port. Now two ports."""
+    from helpers import require
+
+    from kit.cluster import LocalCluster
+
+    require("slurmctld")
+    clusters = [LocalCluster(tmp_path / name) for name in ("a", "b")]
+    hold = "echo port=$MASTER_PORT; sleep 20"
+    jobs = []
+    try:
+        for c in clusters:
+            c.up(nodes=1, cpus_per_node=2, accounting=False)
+        out = tmp_path / "roots-jobs"
+        roots = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kit",
+                "launch",
+                "--json",
+                "--no-exporter",
+                "--output-dir",
+                str(out),
+                "--",
+                "bash",
+                "-c",
+                hold,
+            ],
+            env={**os.environ, **clusters[0].target.env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert roots.returncode == 0, roots.stderr
+        theirs = as_user(
+            user,
+            f"kit launch --json --no-exporter -- bash -c {shlex.quote(hold)}",
+            env=f"; export SLURM_CONF={clusters[1].conf}",
+        )
+        assert theirs.returncode == 0, theirs.stderr
+        jobs = [json.loads(p.stdout.splitlines()[0]) for p in (roots, theirs)]
+        assert [str(j["job_id"]) for j in jobs] == ["1", "1"], jobs
+        ports = [wait_port(Path(j["job_dir"])) for j in jobs]
+        assert ports[0] != ports[1], ports
+    finally:
+        for c in clusters:
+            c.down(force=True)
+
+
+def wait_port(job_dir: Path) -> str:
+    """The port a job's command printed (``port=N``), once it has."""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        found = re.search(r"port=(\d+)", read_logs(job_dir))
+        if found:
+            return found.group(1)
+        time.sleep(0.3)
+    raise AssertionError(f"no port in {job_dir}'s logs: {read_logs(job_dir)}")
