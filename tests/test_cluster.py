@@ -188,6 +188,7 @@ def test_down_cancels_running_jobs(home, cluster, tmp_path):
     assert left == []
 
 
+@pytest.mark.cluster  # its daemons start until slurmctld's refusal
 def test_a_failed_start_leaves_no_cluster_for_users_to_find(home, monkeypatch):
     """A start that fails midway (here: slurmctld refused) took its daemons down and its record away, but left its
     clients' directory under /run/kit (every user's kit looks there for the machine's clusters). Gone too."""

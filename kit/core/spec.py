@@ -190,7 +190,14 @@ def resolve(spec: JobSpec, origins: Origins | None = None, *, cwd: Path | None =
         s.code = str(_absolute(s.code, cwd))
     for item in s.after:
         parse_after(item, origins.label("after"))
-    parsed("notify", targets.parse_all)
+    notify = parsed("notify", targets.parse_all)
+    if any(t.kind == targets.MAIL for t in notify) and len(f"{s.job_name}x".splitlines()) > 1:
+        raise _err(  # the name is in each mail's Subject, a header of one line
+            origins,
+            "job_name",
+            f"{s.job_name!r} holds a line break",
+            hint="a mail's Subject is one line: name the job so",
+        )
     tasks, params = _resolve_tasks(s, origins)
     _check_container(s, origins, warnings)
     warnings.extend(command.restarts_blind(s, origins))
@@ -261,8 +268,6 @@ def _check_words(s: JobSpec, origins: Origins) -> None:
             hint="a short name: it names the job directory and shows in squeue",
         )
     _check_no_nul(s, origins)
-    if not s.job_name.isprintable():  # a line break in it would be one in a mail's Subject, a log's line, squeue's
-        raise _err(origins, "job_name", f"{s.job_name!r}: only printable characters", hint="a name on one line")
     for arg in s.sbatch_args:
         if not arg.startswith("-"):
             raise KitError(

@@ -32,7 +32,7 @@ class Retryable(OSError):
 def subject(message: dict) -> str:
     """``kit job 42 (train): first step`` — the one line every target shows."""
     name = f" ({message['job_name']})" if message.get("job_name") else ""
-    return f"kit job {message.get('job_id') or '?'}{name}: {message['text']}"
+    return " ".join(f"kit job {message.get('job_id') or '?'}{name}: {message['text']}".splitlines())  # one line
 
 
 def send(target: Target, message: dict, timeout: float) -> None:
