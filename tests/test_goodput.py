@@ -314,5 +314,5 @@ def test_a_node_whose_exporter_died_is_said_to_have_lost_it_never_called_slow(jo
     summary = report(job.path, "42", tmp_path / "r.png", min_seconds=0)
     text = "\n".join(summary.lines())
     assert said[0] in text and "a slow node" not in text, text
-    [row] = listing.list_jobs([job.path.parent], only=[job.path], ask=lambda target, names: {})
+    [row] = listing.list_jobs([job.path.parent], everything=True, only=[job.path], ask=lambda target, names: {})
     assert row.exporters_lost == ["node2"] and "(exporter lost: node2)" in listing.table([row])[1]
