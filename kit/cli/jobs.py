@@ -76,7 +76,9 @@ def ps(everything, as_json, output_dirs, expand, states, name, since, user):
     rows = [
         j.row for j in api.jobs(output_dirs=output_dirs, everything=everything or bool(since)) if wanted(j.row, now)
     ]
-    _tell_pending([r for r in rows if not r.active])
+    from kit.notify import deliver
+
+    deliver.tell_pending([r.unit_dir for r in rows if not r.active])  # --notify: what an ended job could not send
     if as_json:
         click.echo(json.dumps([r.as_json() for r in rows], indent=2))
         return 0
@@ -90,18 +92,6 @@ def ps(everything, as_json, output_dirs, expand, states, name, since, user):
     for line in listing.table(rows if expand else listing.collapse_arrays(rows)):
         click.echo(line)
     return 0
-
-
-def _tell_pending(rows) -> None:
-    """--notify: what an ended job's batch script could not send, handed on now that kit saw the job."""
-    from kit.jobdir import JobDir
-    from kit.notify import deliver
-
-    units = []
-    for r in rows:
-        _, sep, task = r.id.partition("_")
-        units.append(JobDir(r.job_dir).task(int(task)).path if sep and task.isdigit() else Path(r.job_dir))
-    deliver.tell_pending(units)
 
 
 def _age_seconds(text: str) -> float:
@@ -228,10 +218,9 @@ def events(job, as_json, output_dir):
 
     job_dir, job_id = _job(job, output_dir)
     got = api.Job(job_dir, job_id=job_id).events()
-    if any(e.kind in ("exited", "ended") for e in got):
-        from kit.notify import deliver
+    from kit.notify import deliver
 
-        deliver.tell_pending([job_dir])
+    deliver.tell_pending([job_dir])  # --notify: an ended job's untold events, handed on
     if as_json:
         click.echo(json.dumps([e.as_json() for e in got], indent=1))
         return

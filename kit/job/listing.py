@@ -53,6 +53,12 @@ class JobRow:
     exporters_lost: list | None = None  # nodes whose exporter stopped while their run trained (kit.jobdir.tally)
 
     @property
+    def unit_dir(self) -> Path:
+        """The row's own directory: an array task's ``tasks/<i>``, else the job's."""
+        _, sep, task = self.id.partition("_")
+        return JobDir(self.job_dir).task(int(task)).path if sep and task.isdigit() else Path(self.job_dir)
+
+    @property
     def active(self) -> bool:
         return self.state not in slurm.TERMINAL_STATES and self.state not in ("ENDED", "GONE")
 
@@ -119,7 +125,7 @@ def _row(
         stragglers=[asdict(s) for s in stragglers.read(unit_dir)] or None,
         preflight=read_verdict(JobDir(unit_dir).run_progress(run)),
         duration_seconds=counted and counted.wall_seconds,
-        exporters_lost=sorted({lost.node for lost in lost_exporters(unit_dir)}) or None,
+        exporters_lost=sorted({lost.node for lost in (counted.lost if counted else lost_exporters(unit_dir))}) or None,
     )
 
 

@@ -22,7 +22,10 @@ def owner(path: Path) -> int | None:
 
 def owner_name(uid: int | None) -> str:
     """A uid as a person reads it: the login name, else ``uid N``."""
-    return user_name(uid) if uid is not None else "an unknown user"
+    try:
+        return pwd.getpwuid(uid).pw_name if uid is not None else "an unknown user"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def replaceable_by_others(st: os.stat_result, *, sticky_ok: bool) -> str | None:
@@ -30,19 +33,11 @@ def replaceable_by_others(st: os.stat_result, *, sticky_ok: bool) -> str | None:
     in it — its owner is another user, or others can write it (without the sticky bit, where ``sticky_ok``) — or
     None when it does not. What kit runs from a directory is only as much the user's as the directory is."""
     if st.st_uid not in (os.geteuid(), 0):
-        return f"it is {user_name(st.st_uid)}'s"
+        return f"it is {owner_name(st.st_uid)}'s"
     if st.st_mode & 0o022 and not (sticky_ok and st.st_mode & stat.S_ISVTX):
         sticky = ", without the sticky bit" if sticky_ok else ""
         return f"others can write it (mode {st.st_mode & 0o7777:04o}{sticky})"
     return None
-
-
-def user_name(uid: int) -> str:
-    """A uid as a person reads it: the login name, else ``uid N``."""
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
 
 
 def own(path: Path) -> Path:

@@ -144,26 +144,16 @@ def deliver(job_dir: str | Path, deadline: float = float("inf"), stop=lambda: Fa
         return 0
     try:
         done = {(r["key"], r["target"]) for r in ledger.read(job_dir)}
-        told, lock, count = keyed(events(job_dir)), threading.Lock(), [0]
-        messages: dict[str, dict | str] = {}
-
-        def message_of(key: str, e: Event) -> dict | str:
-            """The event's message, made once for every target; a damaged record's: why it cannot be told."""
-            with lock:
-                if key not in messages:
-                    try:
-                        messages[key] = message(job_dir, key, e)
-                    except Exception as err:  # one event's failure, recorded, never a traceback
-                        messages[key] = f"the event could not be told: {type(err).__name__}: {err}"
-                return messages[key]
+        told = [(key, e) for key, e in keyed(events(job_dir)) if any((key, i) not in done for i in range(len(to)))]
+        messages = {key: _told(job_dir, key, e) for key, e in told}
+        lock, count = threading.Lock(), [0]
 
         def to_one(i: int, target: Target) -> None:
-            for key, e in told:
+            for key, msg in messages.items():  # in the timeline's order
                 if (key, i) in done:
                     continue
                 if stop() or time.time() >= deadline:
                     return
-                msg = message_of(key, e)
                 sent, error = _send(target, msg, deadline, stop) if isinstance(msg, dict) else (True, msg)
                 if not sent:  # stopped, or out of time: the next sender tries again
                     return
@@ -179,6 +169,15 @@ def deliver(job_dir: str | Path, deadline: float = float("inf"), stop=lambda: Fa
         return count[0]
     finally:
         os.close(fd)
+
+
+def _told(job_dir: Path, key: str, e: Event) -> dict | str:
+    """The event's message, made once for every target; for a damaged record, why it cannot be told (recorded as
+    each send's failure, never a traceback)."""
+    try:
+        return message(job_dir, key, e)
+    except Exception as err:
+        return f"the event could not be told: {type(err).__name__}: {err}"
 
 
 def _send(target: Target, msg: dict, deadline: float, stop) -> tuple[bool, str | None]:

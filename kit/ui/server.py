@@ -3,7 +3,8 @@
 A login node is shared: anyone there reaches 127.0.0.1. So every request carries the session's token — in the
 address `kit ui` prints (``?token=…``, exchanged for a cookie at once) or in that cookie — else it gets 403 and
 nothing of the jobs, as Jupyter does. Cookies do not isolate by port (RFC 6265 §8.5): each server's cookie has a name
-of its own (its port and a random part), so a second `kit ui` neither replaces nor is sent for the first's name. The pages read what `kit ps` and the job directory hold; nothing is written.
+of its own (its port and a random part), so a second `kit ui` neither replaces nor is sent for the first's name. The
+pages read what `kit ps` and the job directory hold; nothing is written.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class Ui:
         row = self.job(job_id) if job_id and (route != "picture" or parts[2] == JobDir.REPORT) else None
         if row is None:
             return NOT_FOUND
-        job_dir = _unit_dir(row)
+        job_dir = row.unit_dir
         if route == "page":
             return 200, HTML, page.job_page(row, job_dir, now).encode()
         if route == "picture":
@@ -109,12 +110,6 @@ class Ui:
         ranks = {rank: {"node": node, **values} for rank, (node, values) in newest_rank_metrics(job_dir).items()}
         body = {"row": row.as_json(), "events": [ev.as_json() for ev in events(job_dir)], "ranks": ranks}
         return 200, JSON, json.dumps(body).encode()
-
-
-def _unit_dir(row: listing.JobRow) -> Path:
-    """The row's own directory: an array task's ``tasks/<i>``."""
-    _, sep, task = row.id.partition("_")
-    return JobDir(row.job_dir).task(int(task)).path if sep and task.isdigit() else Path(row.job_dir)
 
 
 class _Handler(BaseHTTPRequestHandler):
