@@ -24,7 +24,7 @@ order so all see the same machine load. Per job and as medians, from the step's 
 - the training's end -> the next job can start: `kit launch --wait` returns once Slurm has the job
   COMPLETED, after its epilog (where create-job's removal runs).
 
-Then the targets of issue 30: the first step in squashfuse mode <= 1.3x create mode's, and
+Then the targets: the first step in squashfuse mode <= 1.3x create mode's, and
 create mode's removal <= 1 s or out of the job's wall time.
 """
 

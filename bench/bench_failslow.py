@@ -1,4 +1,4 @@
-"""Fail-slow, side by side in one run (issue 43 item 6): how soon a straggler is named, how often a clean run names
+"""Fail-slow, side by side in one run: how soon a straggler is named, how often a clean run names
 one, what a node's preflight costs, and what a straggler's requeue costs until the next run's first step.
 
     python bench/bench_failslow.py [--quick] [--kit-home DIR] [--clean SECONDS]
@@ -38,7 +38,8 @@ sys.path.insert(0, str(REPO))
 from common import on_cluster, wait_for  # noqa: E402
 
 from kit.cluster import LocalCluster  # noqa: E402
-from kit.jobdir import JobDir, goodput, records, stragglers  # noqa: E402
+from kit.jobdir import JobDir, goodput, records, slow_ranks  # noqa: E402
+from kit.monitor import judges  # noqa: E402
 
 NETWORK_NODES = 8  # the network test's nodes in a full run (the issue's target is for 8)
 
@@ -84,16 +85,16 @@ def straggler_job(cluster: LocalCluster, out: Path, quick: bool, clean: float, a
         *("--nodes", nodes, "--ntasks-per-node", per_node, "--on-straggler", action, "--max-restarts", "1"),
         *("--spare-nodes", str(spare), "--", *train, "--checkpoint-every", "20"),
     )
-    wait_for(lambda: len(stragglers.latest(job_dir)) == 4, 180, poll=0.5)
+    wait_for(lambda: len(judges.latest(job_dir)) == 4, 180, poll=0.5)
     time.sleep(clean)
-    false = len(stragglers.read(job_dir))
+    false = len(slow_ranks.read(job_dir))
     node, pid = (JobDir(job_dir).run_progress(0) / JobDir.TASK.format(rank=3)).read_text().split()[:2]
     stop = threading.Event()
     thread = threading.Thread(target=duty_cycle, args=(int(pid), stop, 2 * step))
     onset = time.time()
     thread.start()
     try:
-        named = wait_for(lambda: stragglers.read(job_dir), 180, poll=0.5)
+        named = wait_for(lambda: slow_ranks.read(job_dir), 180, poll=0.5)
     finally:
         stop.set()
         thread.join()

@@ -1,4 +1,4 @@
-"""kit.map at scale (issue 30 done-means 5): prints, measured side by side in one run on the
+"""kit.map at scale: prints, measured side by side in one run on the
 local cluster,
 
 1. submission of ``kit.map`` over N items (default 1,000; each item pickled, a task directory

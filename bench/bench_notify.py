@@ -1,4 +1,4 @@
-"""Notifications and the job page, measured in one run (issue 44 item 4).
+"""Notifications and the job page, measured in one run.
 
     python bench/bench_notify.py [--quick] [--kit-home DIR] [--pages N] [--shots DIR]
 

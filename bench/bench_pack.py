@@ -5,7 +5,7 @@
 --quick: once, on a tiny generated tree (the test suite's run: the bench keeps working).
 
 --image unpacks a built image (e.g. the README's cpu-lightning.sqsh, the tree
-issue 13 measured) and benchmarks on its tree.
+the pack was measured on) and benchmarks on its tree.
 
 For every choice: mksquashfs time (all cores, -all-root, as kit packs), image
 size, unpack time (`unsquashfs` into a fresh directory after dropping the
@@ -13,9 +13,9 @@ page cache, which is what `enroot create` does at every job start on every
 node: pyxis's create mode), and the read through FUSE (pyxis's squashfuse
 mode: a fresh `squashfuse` mount, page cache dropped, then `import torch,
 lightning` in the tree when it has them, else every file read). Then kit's
-default against enroot's own `-comp lzo -noD`, with the targets of issue 13
+default against enroot's own `-comp lzo -noD`, with the pack's targets
 (size <= 0.4x, pack <= 0.25x, unpack <= 1.0x), and against zstd-fast (kit's
-default before issue 30) through FUSE. Runs of the choices are interleaved
+earlier default) through FUSE. Runs of the choices are interleaved
 so all see the same machine load.
 """
 

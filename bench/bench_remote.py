@@ -1,4 +1,4 @@
-"""kit from a laptop (issue 33 done-means 6): what a call costs over SSH, side by side with the same call
+"""kit from a laptop: what a call costs over SSH, side by side with the same call
 on the login node itself, in one run.
 
     python bench/bench_remote.py [--host HOST] [--files 1000] [--mb 100] [--runs 5] [--quick]

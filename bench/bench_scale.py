@@ -1,4 +1,4 @@
-"""What a job costs as it grows (issue 30 item 3): the same light job on 2, 8, 32 and 64 nodes of
+"""What a job costs as it grows: the same light job on 2, 8, 32 and 64 nodes of
 a local cluster of the bench's own, kit against a bare `sbatch` + `srun` of the same command,
 measured side by side in one run.
 

@@ -1,4 +1,4 @@
-"""Code snapshots and image pins (issue 22 done-means 5): time and bytes per job, side by side
+"""Code snapshots and image pins: time and bytes per job, side by side
 with the ways other tools package code (NeMo-Run's `git archive`, a plain copy).
 
     python bench/bench_snapshot.py [--files 1000] [--mb 100] [--runs 3] [--quick]
@@ -9,7 +9,7 @@ For a git repository of N files / M MB (committed; one of them edited between jo
 1. kit's snapshot + view per job, cold store (first job), unchanged tree (second job) and one file
    edited (third job); target: under 1 s each.
 2. bytes kit adds to its store per job (target: 0 for unchanged content) and bytes the view copies
-   (every snapshotted file: a view is a copy of its own since issue 28, so that a job writing into
+   (every snapshotted file: a view is a copy of its own, so that a job writing into
    its code changes no other job; each copy is checked against its content's name).
 3. the same jobs packaged by `git archive HEAD | tar -x` and by `cp -a` into a job directory.
 4. `--image` pinning of an M MB file: first submission (a copy) and the next (the stat memo).

@@ -1,4 +1,4 @@
-"""A check for real GPUs (issue 23): what kit promises about GPUs, on the machine at hand, without Slurm.
+"""A check for real GPUs: what kit promises about GPUs, on the machine at hand, without Slurm.
 
     python bench/gpu_check.py [--steps 200] [--exporter-only] [--quick] [--cpu-path]
 
@@ -8,14 +8,14 @@
    NCCL, each rank started through a generated `launcher.sh` with the variables srun would
    give it set by hand; the exporter's utilisation while it trains.
 3. The launcher's teardown: after the ranks end, no process of theirs is left.
-4. Preflight (issue 43): what `kit launch --preflight` checks on this node — NVML's health, and the
+4. Preflight: what `kit launch --preflight` checks on this node — NVML's health, and the
    bf16 8192^3 matrix product per GPU against its datasheet peak (the burn-in figures it judges by).
-5. MFU (issue 32): one rank of the reference trainer with a model large enough to load the GPU;
+5. MFU: one rank of the reference trainer with a model large enough to load the GPU;
    the TFLOP/s and MFU its metrics file reports, against step 4's bare bf16 matrix product's TFLOP/s
    measured here (a rate above the matrix product's is a wrong FLOP count) and NVML's name
    matched in kit's peak table; then its GPT at 0.9 B parameters (`--model gpt`, batches made on
-   the GPU), eager and with `--compile`, whose MFU issue 43 wants at 0.45 or more.
-6. The exporter's cost (issue 43): in one training process the GPT steps on while the exporter runs
+   the GPU), eager and with `--compile`, whose MFU should be 0.45 or more.
+6. The exporter's cost: in one training process the GPT steps on while the exporter runs
    and is stopped in turn; the median step with it over the median without (target <= 1 %).
 
 Without an NVIDIA GPU (no driver, or NVML sees none) it says so and exits 0. With GPUs that
@@ -308,13 +308,13 @@ def check_mfu(tmp: Path, bare: float) -> tuple[bool, list[str]]:
     return trained and sane and gpt_ok, lines
 
 
-# The GPT (issue 43): 0.9 B parameters (12·16·2048² in its blocks), batches made on the GPU, bf16.
+# The GPT: 0.9 B parameters (12·16·2048² in its blocks), batches made on the GPU, bf16.
 GPT = ("--model", "gpt", "--d-model", "2048", "--layers", "16", "--heads", "16", "--seq-len", "2048")
 GPT += ("--vocab", "50304", "--batch-size", "8")
 
 
 def check_gpt(tmp: Path, bare: float, compiled: bool) -> tuple[bool, list[str]]:
-    """The GPT at 0.9 B, eager or ``compiled`` (``--compile``): its TFLOP/s and MFU (issue 43: >= 0.45), and a
+    """The GPT at 0.9 B, eager or ``compiled`` (``--compile``): its TFLOP/s and MFU (its target: >= 0.45), and a
     rate no higher than the bare matrix product's."""
     how = "compiled" if compiled else "eager"
     trained, lines, job_dir = run_trainer(
@@ -324,7 +324,7 @@ def check_gpt(tmp: Path, bare: float, compiled: bool) -> tuple[bool, list[str]]:
     tflops = float(metrics[0].get("tflops", 0)) if metrics else 0.0
     mfu = metrics[0].get("mfu") if metrics else None
     lines.append(
-        f"  the GPT (0.9 B, {how}, bf16): {tflops:.1f} TFLOP/s, MFU {mfu} (issue 43's target: >= 0.45); "
+        f"  the GPT (0.9 B, {how}, bf16): {tflops:.1f} TFLOP/s, MFU {mfu} (target: >= 0.45); "
         f"{tflops / bare:.2f} of the bare matrix product's rate"
     )
     sane = 0 < tflops <= bare * 1.05

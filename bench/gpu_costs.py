@@ -70,7 +70,7 @@ def _cost(times: dict[bool, list[float]], made: int, seconds: float, window: flo
 
 
 def exporter_cost(tmp: Path, seconds: float = 60.0, window: float = 3.0, small: bool = False) -> tuple[bool, list[str]]:
-    """Step 6 (issue 43): the exporter — NVML, the node and the training files polled every second, scraped every
+    """Step 6: the exporter — NVML, the node and the training files polled every second, scraped every
     second — runs and is stopped (SIGSTOP) in turn while the GPT trains, its metrics file written every second as
     kit.train's callback does (target <= 1 %). ``small``: a tiny GPT on the CPU (the suite's check of this path)."""
     import torch
@@ -123,7 +123,7 @@ def exporter_cost(tmp: Path, seconds: float = 60.0, window: float = 3.0, small: 
 
 
 def straggler_cost(seconds: float = 60.0, window: float = 3.0, small: bool = False) -> tuple[bool, list[str]]:
-    """Step 7 (issue 43): the straggler measurement (kit.train.stragglers' communication hook, CUDA events on the
+    """Step 7: the straggler measurement (kit.train.stragglers' communication hook, CUDA events on the
     last bucket) against DDP's own all-reduce: two copies of the GPT, each in a one-rank DDP (NCCL; gloo on the
     CPU), one watched, trained in turn (target <= 1 %); and the watcher read every watched step back."""
     import torch

@@ -1,26 +1,22 @@
 """kit: launch multi-node PyTorch Lightning jobs on Slurm, with containers and metrics.
 
-From Python (kit.job.api; loaded on first use, so that ``import kit`` stays light for the
-exporter and the trainer): ``kit.launch``, ``kit.submit``, ``kit.Job`` (a function job's: ``kit.FunctionJob``), ``kit.jobs``, ``kit.KitError``.
+From Python (:mod:`kit.api`, the one face, loaded on first use so that ``import kit`` stays light for the
+exporter and the trainer): ``kit.launch``, ``kit.submit``, ``kit.map``, ``kit.rerun``, ``kit.Job`` (a function
+job's: ``kit.FunctionJob``), ``kit.jobs``, ``kit.KitError``.
 """
 
 from kit import version as _version
 
 __version__ = _version.__version__
 
-_API = {"launch", "Job", "jobs", "Outcome"}
-_FUNCTIONS = {"submit", "map", "RemoteError", "FunctionJob"}
+_API = {"launch", "Job", "jobs", "Outcome", "rerun", "submit", "map", "RemoteError", "FunctionJob"}
 
 
 def __getattr__(name: str):
     if name in _API:
-        from kit.job import api
+        from kit import api
 
         return getattr(api, name)
-    if name in _FUNCTIONS:
-        from kit.job import functions
-
-        return getattr(functions, name)
     if name == "KitError":
         from kit.errors import KitError
 
@@ -29,4 +25,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted({*globals(), *_API, *_FUNCTIONS, "KitError"})
+    return sorted({*globals(), *_API, "KitError"})

@@ -196,6 +196,15 @@ def read_json(path: str | os.PathLike, limit: int = RECORD_LIMIT) -> object:
     return loads(read_text(path, limit))
 
 
+def read_record(path: str | os.PathLike, limit: int = RECORD_LIMIT) -> dict:
+    """The JSON object in ``path``; ``{}`` when it is missing, unreadable, damaged or not an object."""
+    try:
+        value = read_json(path, limit)
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def tail(path: str | os.PathLike, nbytes: int) -> bytes:
     """The last ``nbytes`` of the regular file ``path`` (all of it when smaller),
     read from the end: a huge log costs ``nbytes`` of memory."""

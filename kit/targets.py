@@ -39,20 +39,30 @@ def plan(
     if dry_run:
         return lib.plan(spec, origins, cwd=cwd, rerun=rerun)
     target, note = select_target(where, needs_containers=bool(spec.image))
-    if target.name == "local" and spec.prometheus_targets is None and spec.exporter is not False:
-        local = local_prometheus_targets()
+    if spec.prometheus_targets is None and spec.exporter is not False:
+        local = local_prometheus_targets(target)
         if local is not None:
             spec = dataclasses.replace(spec, prometheus_targets=local)
             origins = specs.Origins({**origins, "prometheus_targets": LOCAL_TARGETS_LABEL})
     return lib.plan(spec, origins, target=target, target_note=note, cwd=cwd, rerun=rerun)
 
 
-def local_prometheus_targets() -> str | None:
-    """The local cluster's file_sd directory, when it runs Prometheus."""
-    from kit.cluster import LocalCluster
+def local_prometheus_targets(target: slurm.Target) -> str | None:
+    """This user's directory in a local cluster's Prometheus targets (file_sd), when the job goes to one that runs
+    Prometheus: the caller's own (``--local``), or root's, which every local user of the machine shares (its
+    slurm.conf in /run/kit). The directory is theirs, made by the cluster's Prolog; Prometheus labels each of its
+    targets ``owner`` with their name."""
+    from kit.cluster import LocalCluster, config, processes, public
 
-    c = LocalCluster()
-    return str(c.prometheus_targets) if c.prometheus_url() else None
+    if target.name == "local":
+        shared = LocalCluster().prometheus_targets
+    elif target.conf and Path(target.conf).resolve().parent.parent == public.MACHINE:
+        shared = Path(target.conf).resolve().parent / config.TARGETS  # beside its slurm.conf, as LocalCluster's
+    else:
+        return None
+    if not shared.is_dir():  # made when its Prometheus starts
+        return None
+    return str(shared / processes.user())
 
 
 def _trusted(path: Path) -> bool:

@@ -211,6 +211,9 @@ kit::_sweep() {
       pid="${pid%/environ}"
       [[ "${pid}" != "$$" ]] || continue
       { mapfile -d '' -t words <"${file}"; } 2>&"${KIT_NULL_FD}" || continue
+      # One match over the joined words first: word by word in bash only where the token is (a node's every
+      # process is read; the loop alone, in every launcher of a one-machine cluster at once, cost seconds).
+      [[ "${words[*]}" == *"KIT_TASK_TOKEN=${KIT_TASK_TOKEN}"* ]] || continue
       if kit::_has_word "KIT_TASK_TOKEN=${KIT_TASK_TOKEN}" "${words[@]}"; then pids+=("${pid}"); fi
     done
     (( ${#pids[@]} > 0 )) || return 0
@@ -396,9 +399,16 @@ kit::handle_signals() {
 KIT_RC=0
 kit::wait_for() {
   local -r pid="$1"
+  local tries=0
   while kit::running "${pid}"; do
     kit::nap 0.2
     kit::handle_signals
+  done
+  # Exited. Once bash has reaped it (its SIGCHLD handler does, at once) `wait` returns the status it kept
+  # without blocking; a `wait` that blocked to reap the zombie itself was cut short by a trapped signal
+  # arriving just then and returned 128+N (138 for a command that exited 0 on the warning).
+  while [[ -e "${KIT_PROC}/${pid}" ]] && (( tries++ < 100 )); do
+    kit::nap 0.01
   done
   # shellcheck disable=SC2034
   if wait "${pid}"; then KIT_RC=0; else KIT_RC=$?; fi

@@ -12,9 +12,13 @@
 set -euo pipefail
 KIT_RUN_START_US="${EPOCHREALTIME//[.,]/}"  # this run's start (runs.jsonl's start_ms): its first line
 # The warning signal can come as the script starts (Slurm sends it from a periodic check: a
-# short limit's requeued run was warned 33 ms after it started): noted from the moment the
-# job's values say which signal it is, not left to kill the script before kit::batch sets its
-# traps, which act on it then (kit::early_warning).
+# short limit's requeued run was warned 33 ms after it started, another killed by it 70 ms after,
+# before job.env said which signal it is): either warning signal is noted from the first line,
+# the job's own kept once job.env names it, not left to kill the script before kit::batch sets
+# its traps, which act on it then (kit::early_warning).
+KIT_EARLY_SIGNALS=""
+trap 'KIT_EARLY_SIGNALS+=" USR1"' USR1
+trap 'KIT_EARLY_SIGNALS+=" USR2"' USR2
 KIT_EARLY_WARNING=0
 # The scripts' directory: the argument sbatch passes, else where this file lies (by hand).
 if [[ "${1-}" == /* ]]; then
@@ -48,6 +52,8 @@ kit::_refuse_foreign "${KIT_SCRIPTS_DIR}"
 # shellcheck source=job.env
 source "${KIT_SCRIPTS_DIR}/job.env"
 trap 'KIT_EARLY_WARNING=1' "${KIT_WARNING_SIGNAL}"
+if [[ "${KIT_EARLY_SIGNALS}" == *" ${KIT_WARNING_SIGNAL}"* ]]; then KIT_EARLY_WARNING=1; fi
+if [[ "${KIT_WARNING_SIGNAL}" == USR1 ]]; then trap - USR2; else trap - USR1; fi  # the other: as it was
 source "${KIT_SCRIPTS_DIR}/lib.sh"
 kit::lib_init
 

@@ -7,6 +7,7 @@ command that installs it; nothing is skipped. Helpers live in helpers.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -110,6 +111,29 @@ def kit_home(tmp_path_factory) -> Path:
         os.environ.pop("KIT_HOME", None)
     else:
         os.environ["KIT_HOME"] = before
+    forget_checkpoints(tmp_path_factory.getbasetemp())
+
+
+def forget_checkpoints(basetemp: Path) -> None:
+    """The node tiers of kit's checkpoints (``/dev/shm``; ``$TMPDIR``, which Slurm sets to ``/tmp``:
+    kit-ckpt-<uid>/<key>/) of every job this session made, any user's: a cancelled or failed job's are left on its
+    nodes (kit's keepers collect them only later), and no test leaves anything behind. A key is the session's when
+    its ``job`` file names a job directory below the session's base, or one gone (a bench's temporary directory, a
+    test user's home, removed before this runs)."""
+    from kit.train import snapshots
+
+    mine = str(basetemp.resolve()) + "/"
+    for base in {Path("/dev/shm"), Path(os.environ.get("TMPDIR") or "/var/tmp"), Path("/var/tmp"), Path("/tmp")}:
+        for key in base.glob("kit-ckpt-*/*"):
+            try:
+                of = (key / snapshots.JOB).read_text()
+            except OSError:
+                continue
+            if of.startswith(mine) or not Path(of).is_dir():
+                shutil.rmtree(key, ignore_errors=True)
+        for root in base.glob("kit-ckpt-*"):
+            with contextlib.suppress(OSError):
+                root.rmdir()  # when empty (another session's jobs may be in it)
 
 
 @pytest.fixture(scope="session")
@@ -261,5 +285,17 @@ def four_isolated(tmp_path):
     c = LocalCluster(tmp_path / "home4")
     c.up(nodes=4, cpus_per_node=2, isolated_network=True)
     c.env = {"KIT_HOME": str(c.home)}
+    yield c
+    c.down(force=True)
+
+
+@pytest.fixture
+def three(tmp_path):
+    """A throw-away 3-node cluster of the test's own (its own KIT_HOME: ``c.env``), for a node to lose or spare."""
+    require("slurmctld")
+    home = tmp_path / "home3"
+    c = LocalCluster(home)
+    c.up(nodes=3, cpus_per_node=2)
+    c.env = {"KIT_HOME": str(home)}
     yield c
     c.down(force=True)

@@ -85,6 +85,20 @@ def kit(*args: str, env: dict | None = None, cwd=None, timeout: float = 300) -> 
     )
 
 
+def launch_and_wait(
+    tmp_path: Path, *args: str, command: list[str], env: dict | None = None, timeout: float = 300
+) -> tuple[subprocess.CompletedProcess, Path]:
+    """`kit launch --local --wait` from ``tmp_path`` (jobs in ``tmp_path/jobs``): the finished call and the job
+    directory it printed."""
+    proc = kit(
+        "launch", "--local", "--wait", "--output-dir", str(tmp_path / "jobs"), *args, "--", *command,
+        env=env, cwd=tmp_path, timeout=timeout,
+    )  # fmt: skip
+    m = re.search(r"^job dir: (.+)$", proc.stdout, re.M)
+    assert m, proc.stdout + proc.stderr
+    return proc, Path(m.group(1))
+
+
 def submit(tmp_path: Path, *args: str, command: list[str], timeout: float = 300) -> dict:
     """`kit launch --local --json ...`; returns {job_id, job_dir, sbatch_argv}."""
     proc = kit(
@@ -161,17 +175,21 @@ def wait_no_processes(job_dir, timeout: float) -> list[tuple[int, str]]:
         time.sleep(0.1)
 
 
-def stepds_of(job_id: str) -> list[int]:
-    """slurmstepd processes still serving any step of ``job_id`` (any cluster on this host)."""
+def stepds_of(cluster, job_id: str) -> list[int]:
+    """slurmstepd processes still serving any step of ``job_id`` of ``cluster``: every local cluster numbers its
+    jobs from 1, so another's job 1 (a test beside this one) is told apart by the slurm.conf in its environment."""
+    conf = f"SLURM_CONF={cluster.target.env['SLURM_CONF']}".encode()
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+                if cmd.startswith(f"slurmstepd: [{job_id}.".encode()):
+                    environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+                    if conf in environ:
+                        found.append(int(entry))
             except OSError:
                 continue
-            if cmd.startswith(f"slurmstepd: [{job_id}.".encode()):
-                found.append(int(entry))
     return found
 
 
@@ -191,7 +209,7 @@ def release_requeued(cluster, job_id: str, job_dir, restarts: int = 1) -> None:
 
     wait_for(lambda: slurm.job_status(cluster.target, job_id).restarts == restarts, 90, what="the requeue")
     assert wait_no_processes(job_dir, 45) == []
-    wait_for(lambda: not stepds_of(job_id) or begun(), 45, what="the earlier run's slurmstepd to end")
+    wait_for(lambda: not stepds_of(cluster, job_id) or begun(), 45, what="the earlier run's slurmstepd to end")
     if not begun():
         time.sleep(2)
         start_now(cluster, job_id)
@@ -357,7 +375,7 @@ def assert_nothing_left(cluster, w: Waiting, uid: int | None = None) -> None:
     ``uid``, default this process's) is left."""
     uid = os.geteuid() if uid is None else uid
     assert wait_no_processes(w.job_dir, 15) == []
-    assert list(cluster.prometheus_targets.glob(f"kit-{w.job_id}-*")) == []
+    assert list(cluster.prometheus_targets.glob(f"*/kit-{w.job_id}-*")) == []  # in each user's directory
     assert str(w.job_dir) not in Path("/proc/mounts").read_text()
     # Under real pyxis: no container filesystem of the job left in any node's enroot data
     # (pyxis_<job>.<step>; named ones are kept on purpose and removed by `kit cluster down`).

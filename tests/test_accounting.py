@@ -42,13 +42,27 @@ def recorded(target, job_id: str, state: str) -> list[str]:
     )
 
 
+def cpu_seconds(target, job_id: str) -> float:
+    """The allocation's TotalCPU as sacct sums it from the job's step records ([DD-][HH:]MM:SS[.mmm]; with -X,
+    which leaves the steps out, it is always 0)."""
+    out = target.run(["sacct", "-j", job_id, "-P", "-n", "--format=TotalCPU"], check=False).stdout.split()
+    if not out:
+        return 0.0
+    days, _, clock = out[0].rpartition("-")
+    seconds = 0.0
+    for part in clock.split(":"):
+        seconds = seconds * 60 + float(part)
+    return seconds + 86400 * int(days or 0)
+
+
 def test_sacct_and_an_efficiency_report_answer_for_kit_jobs(cluster, tmp_path):
     """`sacct -j ID` shows a kit job's state, elapsed time and exit code; reportseff (the
-    sacct-based seff of PyPI) reports its CPU efficiency."""
+    sacct-based seff of PyPI) reports its CPU efficiency: the CPU time the job's steps used (2 s, whatever the
+    machine's load) over the time its CPUs were held."""
     require("reportseff")
     assert cluster.state().dbd_port, "the session cluster runs with accounting when slurmdbd and MariaDB are installed"
     ok = submit(
-        tmp_path, "--no-exporter", command=["python3", "-c", "import time\nt=time.time()\nwhile time.time()-t<3: pass"]
+        tmp_path, "--no-exporter", command=["python3", "-c", "import time\nwhile time.process_time() < 2: pass"]
     )
     bad = submit(tmp_path, "--no-exporter", command=["bash", "-c", "sleep 1; exit 3"])
     for job in (ok, bad):
@@ -57,9 +71,17 @@ def test_sacct_and_an_efficiency_report_answer_for_kit_jobs(cluster, tmp_path):
     job_id, state, elapsed, code = line.split("|")
     assert (job_id, state, code) == (ok["job_id"], "COMPLETED", "0:0")
     h, m, s = (int(x) for x in elapsed.split(":"))
-    assert 3 <= h * 3600 + m * 60 + s < 60, elapsed
+    wall = h * 3600 + m * 60 + s
+    assert 2 <= wall < 60, elapsed
     (line,) = recorded(cluster.target, bad["job_id"], "FAILED")
     assert line.split("|")[3] == "3:0", line
+    # reportseff reads TotalCPU in whole seconds: a loop of 3 s on the clock got under 1 s of CPU on a loaded
+    # machine, and the report said "---". The loop now spins for 2 s of CPU time, whatever the load.
+    cpu = cpu_seconds(cluster.target, ok["job_id"])
+    assert cpu >= 2, cpu
+    (cpus,) = cluster.target.run(
+        ["sacct", "-j", ok["job_id"], "-X", "-P", "-n", "--format=AllocCPUS"], check=False
+    ).stdout.split()
     report = subprocess.run(
         ["reportseff", "--no-color", "--format", "JobID,State,Elapsed,CPUEff", ok["job_id"]],
         capture_output=True,
@@ -69,7 +91,7 @@ def test_sacct_and_an_efficiency_report_answer_for_kit_jobs(cluster, tmp_path):
     assert report.returncode == 0, report.stderr
     row = report.stdout.splitlines()[-1].split()
     assert row[:2] == [ok["job_id"], "COMPLETED"] and row[3].endswith("%"), report.stdout
-    assert float(row[3].rstrip("%")) > 10, report.stdout  # a busy loop for 3 s of the job's few seconds
+    assert float(row[3].rstrip("%")) == round(100 * int(cpu) / int(cpus) / wall, 1), (report.stdout, cpu, cpus, wall)
 
 
 SUBMITIT = textwrap.dedent("""

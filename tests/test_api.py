@@ -16,7 +16,7 @@ from helpers import REPO, kit, wait_for
 
 import kit as kitlib
 from kit.cli.launch import launch as launch_command
-from kit.job import api
+from kit.job import handle
 from kit.jobdir import JobDir
 
 
@@ -75,7 +75,7 @@ def test_every_launch_option_is_a_keyword_with_the_commands_checks(tmp_path):
         "--no-debug",
         "--no-container-mount-home",
     }  # the off side of a switch is debug=False
-    assert {f.lstrip("-").replace("-", "_") for f in flags} == set(api.python_names())
+    assert {f.lstrip("-").replace("-", "_") for f in flags} == set(handle.python_names())
     bad = [
         ({"nodes": 0}, ["--nodes", "0"]),
         ({"mem": "lots"}, ["--mem", "lots"]),
@@ -478,12 +478,14 @@ def test_a_held_job_says_so_with_the_release_command_and_its_rerun_runs(cluster,
 
 def _spelled(kwargs: dict) -> list[str]:
     """The command line a person types for ``kwargs`` (one option's shape)."""
-    from kit.core import keywords, options
+    from kit.core import jobfile, keywords, options
 
     given, where = keywords.fields(kwargs)
     argv = [f"--{where}"] if where else []
     for name, value in given.items():
         o = options.BY_NAME[name]
+        if name in jobfile.FIELD_NAMES:  # as the one check reads it: a person types that
+            value = jobfile.coerce_value(name, value, o.label)
         if o.kind == options.SWITCH:
             argv.append(o.label if value else f"--no-{o.label[2:]}")
         elif o.kind in (options.FLAG, options.OFF):
@@ -517,7 +519,7 @@ def test_every_keyword_and_option_crosses_as_the_job_files_dictionary_and_reads_
         options.FLAG: [True, False],
         options.OFF: [True, False],
     }
-    names = api.python_names()
+    names = handle.python_names()
     checked = 0
     for name, o in names.items():
         if o.kind == options.CHOICE:

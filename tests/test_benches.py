@@ -40,6 +40,7 @@ def test_every_bench_has_a_quick_mode_run_here():
         "bench_remote.py",
         "bench_failslow.py",
         "bench_notify.py",
+        "bench_recovery.py",
     }  # bench_remote's quick run: tests/test_remote.py (its sshd)
     assert here == tested, f"a bench without a quick run in the suite: {here - tested}"
     for path in [*BENCH.glob("bench_*.py"), BENCH / "gpu_check.py"]:
@@ -60,7 +61,8 @@ def test_bench_launch_quick():
     require("slurmctld")
     out = run_bench("bench_launch.py")
     assert "kit launch --dry-run" in out and "ratio dry-run / python -c pass" in out
-    assert "submitit AutoExecutor.submit(fn).result()" in out and "kit: result to result() returning" in out
+    assert "as users call them, a loop each" in out and "alternated, on an idle scheduler" in out
+    assert "  submitit: submit(fn).result()" in out and "kit: result to result() returning" in out
 
 
 def test_bench_hang_quick():
@@ -170,3 +172,12 @@ def test_a_checkout_run_without_installing_finds_the_templates():
     )  # -S: no site-packages, so not the editable install's finder
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["True", "True"]
+
+
+def test_bench_recovery_quick():
+    """kit's checkpoints against today's last.ckpt on a throw-away 3-node cluster: a killed rank, a lost node."""
+    require("slurmctld")
+    out = run_bench("bench_recovery.py", timeout=600)
+    for name in ("kit-rank", "kit-node", "today-node"):
+        assert re.search(rf"^{name} +redone +\d+ step", out, re.M), out
+    assert "a lost node to the next run's first step: today's (shared storage) / kit's (the peer's copy) =" in out, out

@@ -239,6 +239,7 @@ def test_the_local_clusters_targets_path_is_validated_like_a_given_one(cluster, 
     from kit.errors import KitError
 
     monkeypatch.setattr(LocalCluster, "prometheus_targets", property(lambda self: tmp_path / bad))
+    (tmp_path / bad).mkdir()  # its Prometheus runs: each user's directory in it
     image = tmp_path / "x.sqsh"
     image.write_bytes(b"hsqs" + b"\0" * 100)
     spec = specs.JobSpec(command=["true"], image=str(image), output_dir=str(tmp_path / "jobs"))
@@ -253,7 +254,7 @@ def test_the_local_clusters_targets_path_is_validated_like_a_given_one(cluster, 
         )
     assert e.value.field == "--prometheus-targets"
     plan = targets.plan(specs.JobSpec(command=["true"], output_dir=str(tmp_path / "jobs")), where="local")
-    assert plan.job.spec.prometheus_targets == str(tmp_path / bad) and plan.target.name == "local"
+    assert plan.job.spec.prometheus_targets == str(tmp_path / bad / "root") and plan.target.name == "local"
 
 
 def test_local_without_a_cluster_says_how_to_start_one(tmp_path):

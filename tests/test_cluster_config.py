@@ -43,7 +43,7 @@ def generated() -> dict[str, str]:
         "plugstack.none.conf": config.plugstack_conf(None, ROOT, None),
         "enroot.node1.sh": config.enroot_wrapper(ROOT, "node1", "/usr/bin/enroot"),
         "enroot.node2.sh": config.enroot_wrapper(ROOT, "node2", "/opt/enroot 4/bin/enroot"),
-        "prolog.sh": config.prolog(ROOT),
+        "prolog.sh": config.prolog(ROOT, enroot=True, regen=ROOT / "prometheus" / "regen"),
     }
 
 
@@ -73,9 +73,10 @@ def test_slurm_conf_keeps_slurms_killwait_and_pyxis_gets_a_runtime_path_of_its_o
     assert (
         generated()["plugstack.pyxis.conf"].splitlines()[1] == f"required {PYXIS_SO} runtime_path={ROOT}/enroot/pyxis"
     )
-    # Real pyxis's nodes run the prolog (each job user's own enroot directory); the stand-in's make their own.
+    # Every node runs the prolog (each job user's own Prometheus targets directory; under real pyxis their enroot
+    # directory too).
     pyxis = config.slurm_conf(SimpleNamespace(**vars(SHAPE), containers="pyxis"), ROOT, "alice", 17)
-    assert f"Prolog={ROOT}/prolog" in pyxis.splitlines() and "Prolog" not in conf
+    assert f"Prolog={ROOT}/prolog" in pyxis.splitlines() and f"Prolog={ROOT}/prolog" in conf.splitlines()
 
 
 def test_the_enroot_wrapper_gives_each_node_its_own_paths_and_enroot_its_helpers(tmp_path):
@@ -116,24 +117,27 @@ def test_the_enroot_wrapper_gives_each_node_its_own_paths_and_enroot_its_helpers
     ]
 
 
-def test_the_prolog_makes_each_job_users_own_enroot_directory_where_only_root_writes(tmp_path):
-    """Real pyxis's prolog (root, before a job's first step on a node): user-UID in the node's directory, theirs
-    and 0700, made once (a second run, or a second job beside it, leaves it as it is); nothing for what is not a
-    uid and a node name. The node's directory is root's alone, so no user makes another's first."""
+def test_the_prolog_makes_each_job_users_own_directories_where_only_root_writes(tmp_path):
+    """The prolog (root, before a job's first step on a node): under real pyxis user-UID in the node's enroot
+    directory, theirs and 0700; where the cluster runs Prometheus, the user's targets directory by name, theirs and
+    0755. Each made once (a second run, or a second job beside it, leaves it as it is); nothing for what is not a
+    uid, a user name and a node name. The directories they are made in are root's alone, so no user makes
+    another's first."""
     require("shellcheck")
     if os.geteuid() != 0:
         pytest.skip("the prolog runs as root (slurmd's)")
     public = tmp_path / "public dir"
     (public / "enroot" / "node2").mkdir(parents=True)
+    (public / config.TARGETS).mkdir()
     script = public / "prolog"
-    script.write_text(config.prolog(public))
+    script.write_text(config.prolog(public, enroot=True, regen=tmp_path / "no-regen"))
     script.chmod(0o755)
     lint = subprocess.run(["shellcheck", "--severity=style", str(script)], capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout
 
-    def run(uid: str, node: str = "node2") -> int:
+    def run(uid: str, node: str = "node2", user: str = "alice") -> int:
         env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_UID": uid, "SLURM_JOB_GID": "4321", "SLURMD_NODENAME": node}
-        return subprocess.run([str(script)], env=env).returncode
+        return subprocess.run([str(script)], env={**env, "SLURM_JOB_USER": user}).returncode
 
     mine = public / "enroot" / "node2" / "user-1234"
     assert run("1234") == 0
@@ -144,6 +148,11 @@ def test_the_prolog_makes_each_job_users_own_enroot_directory_where_only_root_wr
     for uid, node in (("../1", "node2"), ("", "node2"), ("5", "../node2"), ("5", "")):
         assert run(uid, node) == 0
     assert sorted(p.name for p in (public / "enroot").rglob("*")) == ["data", "node2", "user-1234"]
+    targets = (public / config.TARGETS / "alice").stat()
+    assert (targets.st_uid, targets.st_gid, targets.st_mode & 0o7777) == (1234, 4321, 0o755)
+    for user in ("../root", ".hidden", "a/b", ""):
+        assert run("77", "node1", user) == 0
+    assert sorted(p.name for p in (public / config.TARGETS).iterdir()) == ["alice"]
 
 
 def test_each_slurmd_under_pyxis_starts_with_its_wrapper_first_on_path():
@@ -288,3 +297,32 @@ def test_a_shells_slurm_conf_chooses_among_several_local_clusters(tmp_path, monk
     assert shell.exit_code == 0 and f"export SLURM_CONF={older}" in shell.stdout, shell.output
     chosen = runner.invoke(cli, ["cluster", "env", "--id", "bbbbbbbbbbbb"], env={"SLURM_CONF": str(older)})
     assert chosen.exit_code == 0 and f"export SLURM_CONF={newest}" in chosen.stdout, chosen.output
+
+
+def test_prometheus_reads_a_pattern_per_users_directory_and_its_owner_from_the_path(tmp_path):
+    """Prometheus's file_sd takes a glob in a pattern's last part only ('targets/*/*.json' is refused at load), so
+    regen writes a pattern per user directory (root made them: the Prolog) into prometheus.yml, which promtool
+    accepts; a name that is no user's (a dot file, a symlink, a plain file) is not one."""
+    from kit.cluster import prometheus
+
+    require("promtool")
+    d, targets = tmp_path / "prom", tmp_path / "public" / config.TARGETS
+    d.mkdir()
+    for name in ("root", "alice", "b.o-b"):
+        (targets / name).mkdir(parents=True)
+    (targets / ".alice.Xy12ab").mkdir()  # the Prolog's, not yet handed over
+    (targets / "loose.json").write_text("[]")
+    (targets / "link").symlink_to(tmp_path)
+    (d / "prometheus.yml.in").write_text(
+        f"scrape_configs:\n  - job_name: kit\n    file_sd_configs:\n      - files:\n        {prometheus.FILES_MARK}\n"
+    )
+    (d / "regen").write_text(prometheus.regen_script(d, targets))
+    (d / "regen").chmod(0o700)
+    lint = subprocess.run(["shellcheck", "--severity=style", str(d / "regen")], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout
+    assert subprocess.run([str(d / "regen")]).returncode == 0
+    written = (d / "prometheus.yml").read_text()
+    patterns = sorted(line.strip() for line in written.splitlines() if line.strip().startswith("- '"))
+    assert patterns == [f"- '{targets}/{n}/*.json'" for n in ("alice", "b.o-b", "root")], written
+    checked = subprocess.run(["promtool", "check", "config", str(d / "prometheus.yml")], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -115,7 +115,7 @@ def two_node_lightning_job(cluster, person, image, mode):
         'pu=$PYTHONUNBUFFERED ma=$MASTER_ADDR mp=$MASTER_PORT host=$(cat /data/from-host.txt)" '
         '> "/data/probe-$RANK.txt"; '
         # --step-delay: the training spans several exporter polls, so the report has a throughput to draw
-        "exec python3 -m kit.train --max-steps 30 --step-delay 0.1 --checkpoint-every 10 --checkpoint-dir /data/ckpt"
+        "exec python3 -m kit.train --max-steps 30 --step-delay 0.1 --checkpoint-every 10 --no-snapshots --checkpoint-dir /data/ckpt"
     )
     proc = person.kit(
         "launch",
@@ -143,7 +143,7 @@ def two_node_lightning_job(cluster, person, image, mode):
         line = (host / f"probe-{rank}.txt").read_text()
         assert f"rank={rank} marker={{" in line  # /.kit/image.json was readable: inside the image
         assert f" uid={person.uid} " in line  # the user's own uid on the host
-        assert "pwd=/workspace " in line  # the image's workdir
+        assert f"pwd={person.dir} " in line  # where it was submitted (outside git: mounted there, as sbatch starts)
         assert "pu=from-the-job " in line  # the job's value beat the image's ENV (=1)
         assert re.search(r"ma=\S+ mp=\d+ host=host file", line)
     logs = read_logs(job_dir)
@@ -426,6 +426,50 @@ def test_image_must_be_squashfs(tmp_path):
     assert not (tmp_path / "jobs").exists()
 
 
+def test_a_container_job_from_a_directory_outside_git_runs_its_script(cluster, person, user_image):
+    """A user's directory that is not a git work tree (no code snapshot): `kit launch --image IMG -- python3
+    train.py` started in the image's WORKDIR with the directory not mounted (`python3: can't open file …`, 20 s after
+    submission). As without --image and as sbatch, it starts in the submission directory, mounted into the
+    container: the script runs, and what it writes there is in the user's directory."""
+    work = person.dir / "project"
+    work.mkdir()
+    (work / "train.py").write_text(
+        "import os\nopen('out.txt', 'w').write(os.getcwd())\nprint('trained in', os.getcwd())\n"
+    )
+    person.own(work)
+    proc = person.kit(
+        "launch",
+        "--wait",
+        "--no-exporter",
+        "--image",
+        str(user_image),
+        "--",
+        "python3",
+        "train.py",
+        cwd=work,
+        timeout=300,
+    )
+    job_dir = job_dir_of(proc)
+    assert proc.returncode == 0, proc.stderr + read_logs(job_dir)
+    assert f"trained in {work}" in read_logs(job_dir)
+    assert (work / "out.txt").read_text() == str(work) and (work / "out.txt").stat().st_uid == person.uid
+    # A system directory of the image is not mounted over it: a job submitted from one starts in the image's WORKDIR.
+    dry = person.kit(
+        "launch",
+        "--dry-run",
+        "--json",
+        "--output-dir",
+        str(person.dir / "jobs"),
+        "--image",
+        str(user_image),
+        "--",
+        "true",
+        cwd=Path("/usr"),
+    )
+    srun = json.loads(dry.stdout)["srun_argv"]
+    assert "--container-workdir=/workspace" in srun and not any(":/usr" in a for a in srun), srun
+
+
 def test_container_flags_in_the_dry_run(cpu_image, tmp_path):
     proc = kit(
         "launch",
@@ -454,12 +498,13 @@ def test_container_flags_in_the_dry_run(cpu_image, tmp_path):
     assert not any(a.startswith("--container") for a in out["sbatch_argv"])
     srun = out["srun_argv"]
     mounts = [a for a in srun if a.startswith("--container-mounts=")]
-    assert mounts == [f"--container-mounts={job_dir}:{job_dir},/tmp:/scratch:ro,tmpfs:/fast"]
+    # Outside git (no snapshot) the job starts in the directory it was submitted from, mounted at its own path.
+    assert mounts == [f"--container-mounts={tmp_path}:{tmp_path},{job_dir}:{job_dir},/tmp:/scratch:ro,tmpfs:/fast"]
     # A dry run hashes the image file, copies nothing: the flags name the file given.
     spec = json.loads((Path(job_dir) / "job.json").read_text())
     assert spec["image_source"] == str(cpu_image) and spec["image_digest"].startswith("sha256:")
     assert spec["image"] == str(cpu_image)
-    assert f"--container-image={spec['image']}" in srun and "--container-workdir=/workspace" in srun
+    assert f"--container-image={spec['image']}" in srun and f"--container-workdir={tmp_path}" in srun
     env = [a for a in srun if a.startswith("--container-env=")][0].split("=", 1)[1].split(",")
     assert {"MASTER_ADDR", "MASTER_PORT", "KIT_JOB_DIR", "MY_VAR", "OTHER", "DEBUG"} <= set(env)
     assert srun[-1] == f"{job_dir}/launcher.sh"

@@ -109,6 +109,24 @@ def test_convert_of_a_missing_or_unreadable_script_is_one_line(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    "line, said",
+    [
+        ("sbatch --wrap 'python3 train.py'", "the file runs sbatch without a batch script kit convert can read"),
+        ("sbatch -N 2 missing.sh", "the file runs sbatch on missing.sh, which cannot be read: No such file"),
+        ("sbatch a.sh\nsbatch b.sh", "the file runs sbatch 2 times: kit convert takes one job"),
+    ],
+)
+def test_a_file_that_runs_sbatch_kit_cannot_follow_is_refused_with_the_options_form(tmp_path, line, said):
+    """A file holding an `sbatch …` line converts the script it submits; one kit cannot follow is refused (before:
+    a job file whose command ran sbatch), pointing at `kit convert SCRIPT -- SBATCH-OPTIONS`."""
+    (tmp_path / "submit.sh").write_text(f"#!/bin/bash\n{line}\n")
+    proc = kit("convert", "submit.sh", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr.startswith(f"kit: SCRIPT: {said}"), proc.stderr
+    assert "kit convert SCRIPT -- SBATCH-OPTIONS" in proc.stderr.splitlines()[-1], proc.stderr
+
+
 # srun lines with shell syntax. Each runs as the script runs it and as the
 # job file kit convert wrote runs it; the outputs (and the files the line writes) are the same.
 SHELL_LINES = {
@@ -307,7 +325,11 @@ def test_seed_002s_prelaunch_and_launcher_convert_into_a_job_that_runs_as_submit
     interactive `srun --overlap`; the launcher maps Slurm's variables to ranks and runs the trainer.
     Before, kit convert took the script's last line (`kill $GPT_TIMESTAMPING_PID`) for the command: a
     job that trained nothing. Now the job runs the launcher on every task with the exported variables,
-    and each rank prints what it prints when the script is submitted with sbatch by hand."""
+    and each rank prints what it prints when the script is submitted with sbatch by hand. The launcher
+    starts `nvidia-smi dmon &` on local rank 0 and ends with its `kill`: where nvidia-smi is not, that kill
+    (and on the other ranks its `[ $SLURM_LOCALID -eq 0 ]`) is the launcher's last status, so by hand the job
+    FAILS after training; converted, the launcher runs inlined without them (kit's gpu-dmon sidecar does
+    that), and the job's status is the trainer's."""
     (tmp_path / "pretrain").mkdir()
     for name in ("train-redpajama-prelaunch.sh", "train-redpajama-launcher.sh"):
         (tmp_path / name).write_text((SEED_002 / name).read_text())
@@ -316,7 +338,10 @@ def test_seed_002s_prelaunch_and_launcher_convert_into_a_job_that_runs_as_submit
     proc = kit("convert", "train-redpajama-prelaunch.sh", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     command = tomllib.loads(proc.stdout)["command"]
-    assert command[:2] == ["bash", "-c"] and command[2].endswith("\n./train-redpajama-launcher.sh"), command
+    assert command[:2] == ["bash", "-c"] and "\nexport GPT_WORLD_SIZE=$SLURM_STEP_NUM_TASKS\n" in command[2], command
+    assert "nvidia-smi dmon" not in command[2] and "kill $GPT" not in command[2], command
+    assert command[2].rstrip().endswith('--local_rank "$GPT_LOCAL_RANK"'), command
+    assert "./train-redpajama-launcher.sh: its nvidia-smi dmon … &; GPT_NVIDIA_SMI_DMON_PID=$!;" in proc.stderr
     assert 'export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"' in command[2] and "MASTER_PORT" not in command[2]
     assert (
         "srun --overlap --nodes=1 --ntasks-per-node=8 ./train-redpajama-launcher.sh: only the training command"
@@ -345,7 +370,7 @@ def test_seed_002s_prelaunch_and_launcher_convert_into_a_job_that_runs_as_submit
         timeout=300,
     )
     assert run.returncode == 0, run.stderr
-    assert slurm.wait(cluster.target, hand, timeout=120).state == "COMPLETED"
+    assert slurm.wait(cluster.target, hand, timeout=120).state == "FAILED"  # the seed's last line, by hand
     job_dir = Path(run.stdout.split("job dir: ")[1].splitlines()[0].strip())
     by_hand = sorted(line for line in (tmp_path / "by-hand.out").read_text().splitlines() if line.startswith("rank "))
     by_kit = sorted(
@@ -362,65 +387,49 @@ def test_seed_002s_prelaunch_and_launcher_convert_into_a_job_that_runs_as_submit
 
 
 def test_seed_002_with_its_sbatch_line_converts_into_a_job_that_runs_in_the_image(cluster, cpu_image, tmp_path):
-    """Seed 002 as its document submits it: the prelaunch, with sbatch's command line giving the nodes and the
-    container (the image, no home, remap-root, the code directory as the working directory, the code, data and
-    output mounts, data and output inside the code directory). `kit convert prelaunch.sh -- THAT-LINE` carries
-    the container flags, runs `python` as python3 (kit's image has python3 alone), starts the job in its code
-    view rather than the live directory, and says how data/ resolves there; the job file, as converted, runs on
-    the local cluster in the image, every rank printing what the launcher mapped. (It converted, then failed:
-    `python: command not found` in the image.)"""
-    code = tmp_path / "lit-gpt"
+    """Seed 002 as its document submits it: a file holding its sbatch line (the nodes and the container: the image,
+    no home, remap-root, the code directory as the working directory and mounted onto itself, data and output
+    mounted inside it), the prelaunch it submits and the launcher that starts `nvidia-smi dmon`. `kit convert
+    submit.sh` converts the prelaunch with that line's options (before: a job whose command ran `sbatch`); drops
+    the code directory's mount onto itself and the working directory there (kit shows the job its code view, and
+    such a mount covers the job directory under it: launch refused it), runs `python` as python3 (kit's image has
+    python3 alone) and the launcher without its dmon; the job file, as converted, runs first try from the code
+    directory with kit's defaults, in the image, every rank printing what the launcher mapped."""
+    scratch = tmp_path / "scratch"
+    code = scratch / "py-in-container" / "lit-gpt"
     (code / "pretrain").mkdir(parents=True)
-    for name in ("train-redpajama-prelaunch.sh", "train-redpajama-launcher.sh"):
+    for name in ("train-redpajama-prelaunch.sh", "train-redpajama-launcher.sh", "submit.sh"):
         (code / name).write_text((SEED_002 / name).read_text())
         (code / name).chmod(0o755)
     (code / "pretrain" / "redpajama.py").write_text((SEED_002 / "redpajama.py").read_text())
     for args in (["init", "-q"], ["add", "."], ["-c", "user.email=u@x", "-c", "user.name=u", "commit", "-qm", "one"]):
         subprocess.run(["git", *args], cwd=code, check=True)
-    data, out = tmp_path / "data", tmp_path / "out"
-    data.mkdir()
-    (out / "slurm").mkdir(parents=True)
-    mounts = [f"{code}:{code}", f"{data}:{code}/data", f"{out}:{code}/out"]
-    line = [
-        "--nodes=2",
-        "--ntasks-per-node=2",
-        "--cpus-per-task=1",
-        f"--output={out}/slurm/slurm-%j.out",
-        f"--container-image={cpu_image}",
-        "--no-container-mount-home",
-        "--container-remap-root",
-        f"--container-workdir={code}",
-        f"--container-mounts={','.join(mounts)}",
-    ]
-    proc = kit("convert", "train-redpajama-prelaunch.sh", "--", *line, cwd=code)
+    (scratch / "data").mkdir()
+    (scratch / "out" / "slurm").mkdir(parents=True)
+    (scratch / "home" / "containers").mkdir(parents=True)
+    image = scratch / "home" / "containers" / "pytorch-23.10.sqsh"
+    image.symlink_to(cpu_image)
+    proc = kit("convert", "submit.sh", cwd=code, env={"SCRATCH": str(scratch)})
     assert proc.returncode == 0, proc.stderr
     job = tomllib.loads(proc.stdout)
     assert (job["image"], job["mounts"], job["container_mount_home"], job["container_remap_root"]) == (
-        str(cpu_image),
-        mounts,
+        str(image),
+        [f"{scratch}/data:{code}/data", f"{scratch}/out:{code}/out"],
         False,
         True,
     ), proc.stdout
     assert "container_workdir" not in job and (job["nodes"], job["ntasks_per_node"]) == (2, 2), proc.stdout
-    assert "$(python3 -c 'import numpy" in job["command"][2], job["command"]
+    assert "$(python3 -c 'import numpy" in job["command"][2] and "nvidia-smi dmon" not in job["command"][2]
     changed = [line for line in proc.stderr.splitlines() if line.startswith("kit: changed: ")]
+    assert changed[0].startswith("kit: changed: sbatch … ./train-redpajama-prelaunch.sh: the file submits"), changed
     assert any(f"--container-workdir={code}: the directory you submit from" in c for c in changed), changed
+    assert any(f"{code}:{code}: the directory you submit from, mounted onto itself: dropped" in c for c in changed)
     assert any("a relative path such as data/ is the work tree's own" in c for c in changed), changed
     assert any(c.startswith("kit: changed: python: ") for c in changed), changed
-    (tmp_path / "job.toml").write_text(proc.stdout)
-    run = kit(
-        "launch",
-        "--local",
-        "--wait",
-        "--no-exporter",
-        "-f",
-        str(tmp_path / "job.toml"),
-        "--output-dir",
-        str(tmp_path / "jobs"),
-        cwd=code,
-        timeout=600,
-    )
+    (code / "job.toml").write_text(proc.stdout)
+    run = kit("launch", "--local", "--wait", "--no-exporter", "-f", "job.toml", cwd=code, timeout=600)
     job_dir = Path(run.stdout.split("job dir: ")[1].splitlines()[0].strip())
+    assert job_dir.parent == code / "kit-jobs", job_dir  # kit's default, under the code directory
     assert run.returncode == 0, run.stderr + "".join(p.read_text() for p in (job_dir / "logs").glob("slurm-*"))
     ranks = sorted(
         line

@@ -44,8 +44,9 @@ def test_the_readme_is_a_front_door():
     assert commands[-1] == (
         ". .venv/bin/activate && python3 -m pytest -q -n 3 && python3 -m pytest -q -m machine_wide"
     ), commands
-    ci = (REPO / ".ci" / "run").read_text()  # CI runs the same
-    assert "python3 -m pytest -q -p no:cacheprovider -n 3 " in ci and "no:cacheprovider -m machine_wide " in ci
+    ci = (REPO / ".ci" / "run").read_text()  # CI runs the same (its `tests` part: pytest with a kept directory)
+    assert 'part "${name}" python3 -m pytest -q -p no:cacheprovider ' in ci
+    assert "\n  tests suite -n 3\n" in ci and "\n  tests machine-wide -m machine_wide" in ci
     assert "issue" not in " ".join(lines).lower()  # what changed is CHANGELOG.md's
     assert (REPO / "docs" / "report.png").stat().st_size > 10_000  # the picture it opens with
 

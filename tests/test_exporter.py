@@ -466,11 +466,13 @@ def test_the_job_source_follows_the_jobs_processes_without_reading_every_environ
 
     import psutil
 
+    from kit.monitor import job as job_source
     from kit.monitor.job import JobSource
 
-    reads = []
-    real_environ = psutil.Process.environ
-    monkeypatch.setattr(psutil.Process, "environ", lambda self: reads.append(self.pid) or real_environ(self))
+    reads, parsed = [], []
+    real_environ, real_raw = psutil.Process.environ, job_source.raw_environ
+    monkeypatch.setattr(psutil.Process, "environ", lambda self: parsed.append(self.pid) or real_environ(self))
+    monkeypatch.setattr(job_source, "raw_environ", lambda pid: reads.append(pid) or real_raw(pid))
     # The job's process: it starts a child with an empty environment once told to (a line on stdin).
     parent = subprocess.Popen(
         [
@@ -492,6 +494,7 @@ def test_the_job_source_follows_the_jobs_processes_without_reading_every_environ
             return next(s.value for s in source.poll().samples if s.spec.name == "kit_job_processes")
 
         assert count() == 2 and len(reads) > 10  # the first poll reads every environment once
+        assert sorted(parsed) == sorted([parent.pid, other.pid])  # and parses only the job's (the rest: no match)
         reads.clear()
         parent.stdin.write(b"go\n")
         parent.stdin.flush()

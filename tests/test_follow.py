@@ -15,7 +15,7 @@ from helpers import assert_nothing_left, release_requeued, runs, scontrol, state
 
 import kit as kitlib
 from kit import slurm
-from kit.jobdir import records
+from kit.jobdir import trained
 
 
 def env_without_slurm_conf() -> dict:
@@ -303,7 +303,7 @@ def test_ps_lists_a_running_and_a_finished_job_with_their_states_and_steps(clust
     running = submit(tmp_path, "--nodes", "1", command=[*train, "--max-steps", "100000", "--step-delay", "0.05"])
     run_dir = Path(running["job_dir"])
     try:
-        wait_for(lambda: records.training_progress(run_dir).samples_per_second, 120, what="the running job's rate")
+        wait_for(lambda: trained.training_progress(run_dir).samples_per_second, 120, what="the running job's rate")
         before = _rank0(run_dir)["step"]
         proc = kit_plain("ps", "--json", cwd=tmp_path)  # the index: no --output-dir needed
         after = _rank0(run_dir)["step"]

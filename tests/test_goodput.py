@@ -1,4 +1,4 @@
-"""Goodput (issue 43 item 4): a job's time cut at the timestamps kit writes, parts that add up to its wall time.
+"""Goodput: a job's time cut at the timestamps kit writes, parts that add up to its wall time.
 
 Here on a job directory written by hand, each timestamp chosen, so that every part is known in advance; the
 same cut on a real job with a hang and two preemptions: tests/test_recovery.py."""
@@ -58,6 +58,7 @@ def job(tmp_path):
     _write(d / JobDir.SPEC, json.dumps({"nodes": 2}))
     _run(d, 0, 4.5, [6, 7], ["first 10 0", "save 20 10", "saved 21 10", "save 30 20", "saved 32 20", "last 40 29"], 40)
     _run(d, 1, 61, [60.5, 62], ["first 70 20", "last 90 50", "save 91 50", "saved 93 50"], 93)
+    _write(d.run_progress(1) / JobDir.PREFLIGHT, "verdict=ok\n", T0 + 65)  # run 1 ran --preflight: its verdict at 65
     _run(d, 2, 100, [101, 100.5], ["first 105 50"], 115)  # killed: no last line, its heartbeat at 115
     _run(d, 3, 130.5, [131, 131], ["first 135 50", "last 150 80"], 150)
     records = [
@@ -75,7 +76,8 @@ def test_every_part_is_what_the_timestamps_say_and_they_add_up_to_the_wall_time(
     expected = {
         "queue": 4,  # submitted at 0, run 0's batch script at 4
         "start": 3 + 2 + 1 + 1,  # to each run's last task's first line
-        "init": 3 + 8 + 4 + 4,  # to rank 0's first step
+        "preflight": 3,  # run 1's tasks (62) to its verdict (65): its own part, not init's
+        "init": 3 + 5 + 4 + 4,  # to rank 0's first step
         "checkpoint": 1 + 2 + 2,  # run 0's two saves, run 1's save on the warning (after its last step)
         "redone": 8 + 10,  # run 0 past the save of step 20 (run 1 resumed there); run 2 all of it (killed, no save)
         "productive": 19 + 20 + 0 + 15,
@@ -206,6 +208,7 @@ def test_the_jobs_events_are_one_timeline_across_its_runs(job):
         (50, 0, "run-ended"),
         (60, 1, "started"),
         (62, 1, "running"),
+        (65, 1, "preflight"),
         (70, 1, "first-step"),
         (88, 1, "warned"),
         (95, 1, "run-ended"),
@@ -224,8 +227,9 @@ def test_the_jobs_events_are_one_timeline_across_its_runs(job):
     assert lines[4] == "+     48.0 s  run 0   hang: rank 1 on node2 its process is T (stopped)"
     assert lines[6] == "+     60.0 s  run 1   started (requeued)"
     assert lines[7] == "+     62.0 s  run 1   every task running (2.0 s after the run's start)"
-    assert lines[9] == "+     88.0 s  run 1   the time limit's warning reached the run"
-    assert lines[14] == "+    130.0 s  run 2   ended without a record of its own (killed): the next run found it so"
+    assert lines[8] == "+     65.0 s  run 1   preflight ok"
+    assert lines[10] == "+     88.0 s  run 1   the time limit's warning reached the run"
+    assert lines[15] == "+    130.0 s  run 2   ended without a record of its own (killed): the next run found it so"
     assert lines[-2:] == [
         "+    152.0 s  run 3   ended: finished, exit code 0",
         "+    153.0 s          ended COMPLETED (as Slurm gave it): 152.0 s from submission to its end",
@@ -316,3 +320,21 @@ def test_a_node_whose_exporter_died_is_said_to_have_lost_it_never_called_slow(jo
     assert said[0] in text and "a slow node" not in text, text
     [row] = listing.list_jobs([job.path.parent], everything=True, only=[job.path], ask=lambda target, names: {})
     assert row.exporters_lost == ["node2"] and "(exporter lost: node2)" in listing.table([row])[1]
+
+
+def test_a_requeue_is_told_with_kits_reason_once_written_and_slurms_word_once_the_run_ended(tmp_path):
+    """`kit launch --wait`'s line for a requeue. Slurm shows the restart the moment a prelaunch asks for it
+    (`scontrol requeue`), a few scontrol calls before the prelaunch writes why: a follower that told at once said
+    "requeued by Slurm" of kit's own straggler requeue (CI, stop 62). While the run still ends, nothing is told;
+    kit's reason once written; Slurm's word once the run has ended without one."""
+    from kit.jobdir.events import requeue_line
+
+    d = JobDir(tmp_path / "job")
+    _write(d / JobDir.JOB_ID, "42\n", T0)
+    _write(d / JobDir.SPEC, json.dumps({"nodes": 1}))
+    _run(d, 0, 4.5, [6], ["first 10 0"], 20)
+    assert requeue_line(d.path, 1, "COMPLETING") is None
+    by_slurm = "requeued by Slurm (an admin, a preemption or a node failure); run 1 comes next"
+    assert requeue_line(d.path, 1, "PENDING") == by_slurm
+    _write(d.run_progress(0) / JobDir.REQUEUED, "straggler: rank 0 on node1\n", T0 + 30)
+    assert requeue_line(d.path, 1, "COMPLETING") == "requeued: straggler: rank 0 on node1; run 1 comes next"

@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import ALL_REDUCE, kit, listening, read_logs, require
+from helpers import ALL_REDUCE, kit, launch_and_wait, listening, read_logs, require
 
 from kit.cluster import LocalCluster, network
 from kit.errors import KitError
@@ -37,21 +37,7 @@ def isolated(tmp_path_factory):
 
 
 def launch(c: LocalCluster, tmp_path: Path, *args: str, command: list[str]) -> tuple[subprocess.CompletedProcess, Path]:
-    proc = kit(
-        "launch",
-        "--local",
-        "--wait",
-        "--output-dir",
-        str(tmp_path / "jobs"),
-        *args,
-        "--",
-        *command,
-        env={"KIT_HOME": str(c.home)},
-        cwd=tmp_path,
-        timeout=300,
-    )
-    job_dir = Path(re.search(r"^job dir: (.+)$", proc.stdout, re.M).group(1))
-    return proc, job_dir
+    return launch_and_wait(tmp_path, *args, command=command, env={"KIT_HOME": str(c.home)})
 
 
 def query(c: LocalCluster, promql: str) -> list:

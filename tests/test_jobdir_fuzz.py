@@ -382,10 +382,10 @@ def test_ps_without_any_slurm_keeps_each_rows_problem_in_its_row(seed, tmp_path,
 
 def test_a_kept_end_with_an_underscore_is_told_as_kept(tmp_path):
     """outcome.json keeps Slurm's end state; OUT_OF_MEMORY and NODE_FAIL hold underscores."""
-    from kit.jobdir import records
+    from kit.jobdir import end_records
 
     for state in ("OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT"):
-        (tmp_path / records.OUTCOME_RECORD).write_text(json.dumps({"state": state}))
-        assert records.recorded_state(tmp_path) == state
-    (tmp_path / records.OUTCOME_RECORD).write_text(json.dumps({"state": "\x1b[2J"}))
-    assert records.recorded_state(tmp_path) == "ENDED"
+        (tmp_path / end_records.OUTCOME_RECORD).write_text(json.dumps({"state": state}))
+        assert end_records.recorded_state(tmp_path) == state
+    (tmp_path / end_records.OUTCOME_RECORD).write_text(json.dumps({"state": "\x1b[2J"}))
+    assert end_records.recorded_state(tmp_path) == "ENDED"

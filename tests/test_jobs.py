@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -104,12 +105,14 @@ def test_failing_command_fails_the_job_and_leaves_nothing(cluster, tmp_path):
         "echo sidecar-started; exec sleep 300",
         "--sidecar",
         "watch: echo named; exec sleep 300",
+        "--sidecar",
+        "dies: sleep 0.5; exit 7",
         "--output-dir",
         str(tmp_path / "jobs"),
         "--",
         "bash",
         "-c",
-        "sleep 3; exit 3",
+        "sleep 4; exit 3",
         cwd=tmp_path,
     )
     assert proc.returncode == 3, proc.stderr
@@ -126,7 +129,18 @@ def test_failing_command_fails_the_job_and_leaves_nothing(cluster, tmp_path):
     # `NAME: COMMAND` names a sidecar's log.
     named = sorted(Path(job_dir, "logs").glob("*.watch.log"))
     assert [p.name for p in named] == ["node1.r0.watch.log", "node2.r0.watch.log"]
-    assert all(p.read_text() == "named\n" for p in named)
+    assert all(p.read_text() == "named\n" for p in named), [p.read_text() for p in named]
+    # A sidecar that dies at once is said by --wait (as it is seen), kit ps and kit events, not only in its own log;
+    # those the teardown stopped (hook1, watch, the exporter) are not.
+    for node in ("node1", "node2"):
+        said = f"sidecar dies on {node} ended by itself with exit code 7 (its log: logs/{node}.r0.dies.log)"
+        assert said in proc.stderr.split(f"kit: job {job_id} ended FAILED")[0], proc.stderr
+    told = [e for e in json.loads(kit("events", job_dir, "--json").stdout) if e["kind"] == "sidecar-ended"]
+    assert sorted(e["text"].split(" ended")[0] for e in told) == ["sidecar dies on node1", "sidecar dies on node2"]
+    (row,) = [
+        r for r in json.loads(kit("ps", "--json", "--output-dir", str(tmp_path / "jobs")).stdout) if r["id"] == job_id
+    ]
+    assert sorted(row["sidecars_ended"]) == ["dies@node1 (exit 7)", "dies@node2 (exit 7)"], row
     assert wait_no_processes(job_dir, 5) == []
     assert not (Path(job_dir) / "FINISHED").exists()
 

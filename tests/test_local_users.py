@@ -19,7 +19,14 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import as_user, container_mode, named_containers, read_logs, skip_where_squashfuse_is_closed
+from helpers import (
+    as_user,
+    container_mode,
+    named_containers,
+    read_logs,
+    skip_where_squashfuse_is_closed,
+    wait_for,
+)
 
 from kit.cluster import accounting, public
 
@@ -317,3 +324,67 @@ def wait_port(job_dir: Path) -> str:
             return found.group(1)
         time.sleep(0.3)
     raise AssertionError(f"no port in {job_dir}'s logs: {read_logs(job_dir)}")
+
+
+def test_prometheus_sees_every_users_jobs_and_no_user_touches_anothers_targets(cluster, user):
+    """The cluster's Prometheus discovered only root's jobs' exporters (its target directory was root's, in root's
+    0700 directory). Each user now has their own in the public one (made by the Prolog, theirs, 0755): an ordinary
+    user's job is scraped, labelled owner=<them>. Playing that user: they cannot add to, change or remove root's
+    targets, nor write beside the users' directories, and a target file of theirs saying owner="root" is still
+    labelled theirs (the owner comes from the directory)."""
+    import urllib.request
+
+    from kit.cluster import config
+
+    conf = f"; export SLURM_CONF={cluster.conf}"
+    targets, name = cluster.prometheus_targets, user.pw_name
+    launched = as_user(user, "kit launch --nodes 1 --json -- bash -c 'sleep 60'", env=conf)
+    assert launched.returncode == 0, launched.stderr
+    job_id = str(json.loads(launched.stdout.splitlines()[0])["job_id"])
+    roots = targets / "root"
+    roots.mkdir(exist_ok=True)
+    planted = roots / "kit-root-target.json"  # a target of root's, as root's exporter writes one
+    planted.write_text('[{"targets": ["127.0.0.1:1"], "labels": {"slurm_job_id": "r1"}}]\n')
+
+    def scraped() -> list[dict]:
+        with urllib.request.urlopen(f"{cluster.prometheus_url()}/api/v1/targets", timeout=5) as r:
+            return json.load(r)["data"]["activeTargets"]
+
+    def target(job: str, timeout: float) -> dict:
+        return wait_for(
+            lambda: next((t for t in scraped() if t["labels"].get("slurm_job_id") == job), None),
+            timeout,
+            poll=1,
+            what=f"Prometheus to discover job {job}'s target",
+        )
+
+    try:
+        mine = target(job_id, 90)
+        assert mine["labels"]["owner"] == name and mine["labels"]["slurm_user"] == name, mine["labels"]
+        own = (targets / name).stat()
+        assert (own.st_uid, own.st_mode & 0o7777) == (user.pw_uid, 0o755)
+        # Playing the user: root's targets, the directory beside theirs, and a forged owner.
+        forged = targets / name / "forged.json"
+        tries = as_user(
+            user,
+            f"for f in {shlex.quote(str(roots / 'x.json'))} {shlex.quote(str(targets / 'x.json'))}; do "
+            f'  (echo "[]" > "$f") 2>/dev/null && echo "wrote $f"; done; '
+            f"rm -f {shlex.quote(str(planted))} 2>/dev/null && echo removed; "
+            f"(echo '[]' > {shlex.quote(str(planted))}) 2>/dev/null && echo changed; "
+            f"mkdir {shlex.quote(str(targets / 'root2'))} 2>/dev/null && echo made; "
+            f"mv {shlex.quote(str(roots))} {shlex.quote(str(targets / name / 'stolen'))} 2>/dev/null && echo moved; "
+            f'echo \'[{{"targets": ["127.0.0.1:2"], "labels": {{"owner": "root", "slurm_job_id": "f1"}}}}]\' '
+            f"> {shlex.quote(str(forged))}; true",
+            env=conf,
+        )
+        assert tries.stdout == "", tries.stdout  # none of it worked
+        assert planted.read_text().startswith('[{"targets": ["127.0.0.1:1"]')
+        assert not any(p.exists() for p in (targets / "x.json", roots / "x.json", targets / "root2"))
+        faked = target("f1", 60)
+        assert faked["labels"]["owner"] == name, faked["labels"]  # theirs, whatever the file says
+        roots_own = target("r1", 60)
+        assert roots_own["labels"]["owner"] == "root"
+    finally:
+        as_user(user, f"scancel {job_id}; rm -f {shlex.quote(str(targets / name / 'forged.json'))}", env=conf)
+        planted.unlink(missing_ok=True)
+    assert config.TARGETS == targets.name

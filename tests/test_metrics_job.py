@@ -49,7 +49,7 @@ def test_prometheus_discovers_both_exporters_during_a_two_node_job(cluster, tmp_
     targets_dir = cluster.prometheus_targets
 
     def target_files():
-        return sorted(targets_dir.glob(f"kit-{job_id}-*.json"))
+        return sorted(targets_dir.glob(f"root/kit-{job_id}-*.json"))  # root's own directory: root's job
 
     files = wait_for(lambda: len(target_files()) == 2 and target_files(), 60, what="both target files")
     ports = []
@@ -288,7 +288,7 @@ def test_a_two_node_two_gpu_job_through_the_real_nvml_binding(cluster, tmp_path)
 
 
 def test_a_finished_job_tells_the_same_throughput_and_duration_everywhere(cluster, tmp_path):
-    """Issue 44 item 5: one finished 2-node job's throughput and duration (kit.jobdir.tally) are the same at the end
+    """one finished 2-node job's throughput and duration (kit.jobdir.tally) are the same at the end
     of --wait, in kit ps, kit report's text and report.json, kit events and kit ui; its samples are what the trainer
     counts (64 a step per rank, a run's first step init's), its nodes' rates add up to the job's, and the live rate
     seen while it trained is of the same size."""

@@ -1,4 +1,4 @@
-"""MFU (issue 32): the peak table keyed by NVML's name, the FLOPs of a step, TFLOP/s and MFU from a rank's
+"""MFU: the peak table keyed by NVML's name, the FLOPs of a step, TFLOP/s and MFU from a rank's
 metrics to the exporter and kit ps's words; the GPU's name from NVML (the test library naming an H100), and
 "n/a" — never 0 — on a CPU or a GPU the table does not know."""
 
@@ -169,7 +169,7 @@ def test_the_device_a_script_trains_on_is_the_one_measured(tmp_path, monkeypatch
 
 
 def test_tflops_and_mfu_from_a_ranks_file_to_the_exporter_and_kit_ps(tmp_path, monkeypatch):
-    from kit.jobdir import JobDir, records, write_rank_metrics
+    from kit.jobdir import JobDir, trained, write_rank_metrics
     from kit.monitor.training import TrainingSource
     from kit.train import progress
 
@@ -179,9 +179,9 @@ def test_tflops_and_mfu_from_a_ranks_file_to_the_exporter_and_kit_ps(tmp_path, m
     served = {(s.spec.name, s.labels["rank"]): s.value for s in TrainingSource(metrics).poll().samples}
     assert served[("training_tflops", "0")] == 412.0 and served[("training_mfu", "0")] == 0.4164
     assert ("training_mfu", "1") not in served and served[("training_tflops", "1")] == 0.002
-    p = records.training_progress(tmp_path / "job")
-    assert (p.tflops, p.mfu) == (412.0, 0.4164) and "412 TFLOP/s/device, MFU 42%" in records.progress_words(p)
-    assert "MFU n/a" in " ".join(records.progress_words(records.Progress(tflops=0.002)))
+    p = trained.training_progress(tmp_path / "job")
+    assert (p.tflops, p.mfu) == (412.0, 0.4164) and "412 TFLOP/s/device, MFU 42%" in trained.progress_words(p)
+    assert "MFU n/a" in " ".join(trained.progress_words(trained.Progress(tflops=0.002)))
     # Any script: progress.step(n, flops=...) — on this CPU, TFLOP/s and no MFU.
     monkeypatch.setenv("KIT_METRICS_DIR", str(tmp_path / "mine"))
     monkeypatch.setenv("RANK", "0")
@@ -205,7 +205,19 @@ def test_the_gpt_trains_compiled_with_its_checkpoint_keys_unchanged(tmp_path):
 
     from kit.train.gpt import GPT
 
-    args = ["--model", "gpt", "--layers", "1", "--max-steps", "30", "--batch-size", "8", "--checkpoint-every", "30"]
+    args = [
+        "--model",
+        "gpt",
+        "--layers",
+        "1",
+        "--max-steps",
+        "30",
+        "--batch-size",
+        "8",
+        "--checkpoint-every",
+        "30",
+        "--no-snapshots",
+    ]
     proc = subprocess.run(
         [sys.executable, "-m", "kit.train", *args, "--compile", "--checkpoint-dir", str(tmp_path)],
         env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},  # its cache: the test's own

@@ -1,4 +1,4 @@
-"""--notify (issue 44 item 1): a job's events sent to a JSON webhook, Slack and mail, each exactly once across a
+"""--notify: a job's events sent to a JSON webhook, Slack and mail, each exactly once across a
 restart in the allocation, an admin's requeue and a slurmctld restart, within seconds; a dead or silent receiver
 costs the job nothing and `kit report` says what was not delivered; the URL's secret is in no process's argv, no log
 and no file another user can read. Receivers on loopback: a counting HTTP server and a small SMTP server."""
@@ -74,6 +74,7 @@ def receiver():
 def test_targets_parse_and_never_show_their_secret():
     hook = targets.parse(f"https://hooks.example.org/services/{SECRET}?x=1")
     assert (hook.kind, hook.shown()) == ("webhook", "https://hooks.example.org/…")
+    assert targets.parse(f"http://[::1]:8443/{SECRET}").shown() == "http://[::1]:8443/…"  # the port: which hook
     slack = targets.parse(f"slack:https://hooks.slack.com/services/{SECRET}")
     assert (slack.kind, slack.shown()) == ("slack", "slack:https://hooks.slack.com/…")
     mail = targets.parse("mailto:ops@example.org?smtp=mail.example.org:2525")
@@ -187,6 +188,7 @@ def test_a_dead_or_silent_receiver_is_given_up_on_in_bounded_time_and_recorded(t
     failing = Receiver(status=503)
     dead = socket.socket()
     dead.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    d_port = dead.getsockname()[1]
     try:
         d = job_dir_with(
             tmp_path, f"http://127.0.0.1:{dead.getsockname()[1]}/{SECRET}", silent.url + "/s", failing.url + "/f"
@@ -203,7 +205,8 @@ def test_a_dead_or_silent_receiver_is_given_up_on_in_bounded_time_and_recorded(t
     assert len(silent.got) == 1 and len(failing.got) == 3
     given_up = ledger.undelivered(d)
     assert len(given_up) == 3 and SECRET not in json.dumps(given_up)
-    assert {r["shown"] for r in given_up} == {"http://127.0.0.1/…"}
+    ports = (d_port, silent.url.rsplit(":", 1)[1], failing.url.rsplit(":", 1)[1])
+    assert {r["shown"] for r in given_up} == {f"http://127.0.0.1:{p}/…" for p in ports}  # which hook: its port
     assert any("it may have arrived" in r["error"] for r in given_up)
     assert any("HTTP 503" in r["error"] for r in given_up)
     assert deliver.deliver(d) == 0  # given up is done: never sent again
@@ -371,7 +374,7 @@ def test_a_dead_receiver_never_fails_the_job_and_the_report_says_what_was_not_de
     assert [r["key"] for r in given_up] == ["started:0:0", "ended"], given_up
     report = kit("report", str(job_dir), "-o", str(tmp_path / "r.png"), "--prometheus", "http://127.0.0.1:1")
     assert report.returncode == 0, report.stderr
-    assert "a notification was not delivered: ended to http://127.0.0.1/…" in report.stdout, report.stdout
+    assert f"a notification was not delivered: ended to {target.rsplit('/', 1)[0]}/…" in report.stdout, report.stdout
     assert SECRET not in report.stdout + report.stderr + read_logs(job_dir)
 
 
@@ -389,3 +392,58 @@ def test_what_the_batch_script_could_not_send_is_sent_by_the_next_kit_command_on
     time.sleep(2)  # a second sender, had one been started, would have sent by now
     assert [b["key"] for b in receiver.bodies(f"/hook/{SECRET}")] == ["started:0:0", "ended"]
     assert not deliver.pending(d)
+
+
+def _contents(d: Path) -> dict[str, bytes]:
+    """Every file under ``d`` by its path, byte for byte (a directory or link by its name alone)."""
+    return {str(p.relative_to(d)): p.read_bytes() if p.is_file() and not p.is_symlink() else b"" for p in d.rglob("*")}
+
+
+def test_reading_a_job_changes_nothing_and_sends_nothing_and_its_end_is_kept_once(cluster, tmp_path, receiver):
+    """Reading a job has no effects. A job with --notify ends (its batch script tells the end itself); reading it
+    then — Job.state(), kit ps's rows (kit.jobs), its events and logs, kit ui's list, page and JSON — writes nothing
+    into its directory and sends nothing (Job.state() and kit ps's rows used to write outcome.json). `kit ps` is
+    where a command sees the end: it keeps Slurm's state, once (kit.job.settle). After that `kit ps`, `kit events`,
+    `kit logs`, Job.state() and kit ui's pages leave the directory byte for byte as it was, and send nothing."""
+    import kit as kitlib
+    from kit import slurm
+    from kit.ui import server
+
+    out = tmp_path / "jobs"
+    proc = kit(
+        "launch", "--local", "--json", "--heartbeat", "0", "--output-dir", str(out),
+        "--notify", f"{receiver.url}/hook/{SECRET}", "--", "bash", "-c", "echo done", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    job_id, job_dir = json.loads(proc.stdout)["job_id"], Path(json.loads(proc.stdout)["job_dir"])
+    wait_for(lambda: slurm.job_status(cluster.target, job_id).state in slurm.TERMINAL_STATES, 120, what="the job's end")
+    wait_for(lambda: "ended" in [b["key"] for b in receiver.bodies(f"/hook/{SECRET}")], 30, what="the end told")
+
+    def read_it() -> None:
+        job = kitlib.Job(job_dir)
+        assert job.state() == "COMPLETED" and job.logs(rank=0) == "done\n" and job.events()
+        assert [j.row.state for j in kitlib.jobs(output_dirs=[out]) if j.dir.resolve() == job_dir.resolve()] == [
+            "COMPLETED"
+        ]
+        ui = server.Ui((str(out),))
+        try:
+            for path in ("/", f"/job/{job_id}", f"/api/job/{job_id}", "/api/jobs"):
+                assert ui.answer(path, {})[0] == 200, path
+        finally:
+            ui.close()
+
+    def commands() -> None:
+        for command in (("ps", "--all", "--output-dir", str(out)), ("events", str(job_dir)), ("logs", str(job_dir))):
+            ran = kit(*command, cwd=tmp_path)
+            assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
+
+    heard, before = len(receiver.got), _contents(job_dir)
+    read_it()
+    assert _contents(job_dir) == before and not (job_dir / JobDir.OUTCOME).exists()
+    commands()  # kit ps sees the end: Slurm's state kept
+    assert json.loads((job_dir / JobDir.OUTCOME).read_text())["state"] == "COMPLETED"
+    settled = _contents(job_dir)
+    read_it()
+    commands()
+    time.sleep(2)  # a sender, had one been started, would have sent by now
+    assert _contents(job_dir) == settled and len(receiver.got) == heard

@@ -11,6 +11,7 @@ no mount.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -26,6 +27,7 @@ from helpers import (
     hastened,
     job_processes,
     kit,
+    launch_and_wait,
     launch_wait,
     read_logs,
     release_requeued,
@@ -391,6 +393,7 @@ TRAIN = [
     "10",
     "--checkpoint-every",
     "20",
+    "--no-snapshots",  # the resume from last.ckpt is what is told here (kit's snapshots: test_checkpoints)
 ]
 
 
@@ -419,9 +422,11 @@ def test_reference_trainer_requeued_resumes_and_completes(cluster, tmp_path):
     wait_for(trained_to(w.job_dir, 60), 90, what="training")
     scontrol(cluster, "requeue", w.job_id)
     release_after_first_run(cluster, w)
-    check_end(
+    err = check_end(
         cluster, w, state="COMPLETED", code=0, finished=True, log="done at step=400", ends=["stopped", "finished"]
     )
+    # --wait says the requeue as Slurm makes it (an admin's: no run of kit's asked for it), not at the next start
+    assert "requeued by Slurm (an admin, a preemption or a node failure); run 1 comes next" in err, err
     second = (w.job_dir / "logs" / "rank-0.r1.log").read_text()
     resumed = int(re.search(r"resuming from .*last.ckpt at step (\d+)", second).group(1))
     assert resumed >= 40
@@ -689,6 +694,7 @@ def test_a_rendezvous_reached_late_is_still_watched(cluster, tmp_path):
 
 # Every rank declares its work finished, then rank 1 aborts, as torch 2.13's gloo teardown does now and then.
 TEARDOWN = """
+import json
 import os
 from kit.train import progress
 progress.step(1, loss=0.5, samples=8, max_steps=1)
@@ -828,3 +834,26 @@ def test_the_stuck_rank_is_named_whatever_the_others_wait_in(cluster, tmp_path):
         for w in waiting.values():
             scancel(cluster, w.job_id)
             w.finish()
+
+
+def test_a_job_that_failed_at_once_without_metrics_logs_is_reported(cluster, tmp_path):
+    """`kit report` / `Job.report()` of a job with no metrics logs (it failed at once, without the exporter) refused
+    ("no metrics logs … ran without the exporter", though it ran). It reports what the job directory knows: how it
+    ended, its run and goodput, and says it has no metrics (no picture, report.json written)."""
+    import kit as kitlib
+
+    proc, job_dir = launch_and_wait(tmp_path, "--no-exporter", command=["bash", "-c", "exit 3"])
+    assert proc.returncode != 0, proc.stdout
+    assert "run 0 ended failed (exit code 3): rank 0 on node1 failed first, exit code 3\n" in proc.stderr, proc.stderr
+    report = kit("report", str(job_dir))
+    assert report.returncode == 0, report.stderr
+    lines = report.stdout.splitlines()
+    assert re.match(r"job \d+ \(data: no metrics logs: the job ran without the exporter", lines[0]), lines
+    assert "ended FAILED: the command failed with exit code 3 (exit code 3)" in report.stdout, report.stdout
+    assert any(line.startswith("goodput n/a (the command reports no steps)") for line in lines), report.stdout
+    assert "GPUs: unknown (no metrics)" in lines and "metrics span" not in report.stdout, report.stdout
+    assert "kit: warning: no picture: no metrics logs" in report.stderr and not (job_dir / "report.png").exists()
+    numbers = json.loads((job_dir / "report.json").read_text())
+    assert numbers["ended"].startswith("ended FAILED") and numbers["goodput"]["runs"] == 1, numbers
+    summary = kitlib.Job.from_dir(job_dir).report(output=tmp_path / "again.png")
+    assert summary["ended"] == numbers["ended"] and (tmp_path / "again.json").exists()

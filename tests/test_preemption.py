@@ -12,6 +12,7 @@ need a real time limit.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -37,6 +38,26 @@ def jobs(cluster, tmp_path_factory):
     return {
         "resume": submit(tmp, "--nodes", "2", "--max-restarts", "3", *WARN, command=slow),
         "budget": submit(tmp, "--nodes", "1", "--max-restarts", "0", *WARN, command=slow),
+        # kit's checkpoints (the trainer's default): the warning's save goes to every tier.
+        "snapshots": submit(
+            tmp,
+            "--nodes",
+            "2",
+            "--max-restarts",
+            "3",
+            *WARN,
+            command=[
+                *TRAIN[:3],
+                "--log-every",
+                "10",
+                "--max-steps",
+                "100000",
+                "--step-delay",
+                "0.1",
+                f"--checkpoint-memory={tmp / 'shm'}",
+                f"--checkpoint-local={tmp / 'disk'}",
+            ],
+        ),  # fmt: skip
         # Its work is done at once; it then waits for the warning and exits 0.
         "finished": submit(
             tmp,
@@ -121,6 +142,26 @@ def test_warning_checkpoints_requeues_and_resumes_from_the_saved_step(cluster, j
     events = kit("events", str(job_dir)).stdout
     assert f"run 0   requeued: {why.strip()}" in events and "run 1   started (requeued)" in events, events
     assert "run 1   the batch script ended with exit code" in events and "a stop signal came" in events, events
+
+
+def test_warning_saves_kits_checkpoint_to_every_tier_and_the_requeued_run_resumes_there(cluster, jobs):
+    """With kit's checkpoints the warning's save is forced to every tier: the job directory holds the step, sealed
+    (every rank's shard and its peer copy), before the run stops; the requeued run resumes from exactly that step."""
+    job = jobs["snapshots"]
+    job_id, job_dir = job["job_id"], Path(job["job_dir"])
+    wait_for(lambda: slurm.job_status(cluster.target, job_id).restarts >= 1, 120, poll=0.5, what="the requeue")
+    first = (job_dir / "logs" / "rank-0.r0.log").read_text()
+    saved = re.search(r"warning signal: saved a checkpoint to every tier at step (\d+), stopping", first)
+    assert saved, first
+    step = int(saved.group(1))
+    manifest = json.loads((job_dir / "checkpoints" / f"step-{step}" / "manifest.json").read_text())
+    assert manifest["world"] == 2 and sorted(manifest["shards"]) == ["0", "1"], manifest
+    restore = wait_for(lambda: (job_dir / "checkpoints" / "restore.r1.json").exists(), 120, what="run 1's resume")
+    restore = json.loads((job_dir / "checkpoints" / "restore.r1.json").read_text())
+    assert restore["step"] == step and restore["newest_held"] == step, restore
+    subprocess.run(["scancel", job_id], env={**os.environ, **cluster.target.env}, check=True)
+    slurm.wait(cluster.target, job_id, timeout=90)
+    assert wait_no_processes(job_dir, 15) == []
 
 
 def test_retry_budget_is_honoured(cluster, jobs):

@@ -1,4 +1,4 @@
-"""Preflight (issue 43 item 2): a node's GPUs checked through NVML — the test library at NVML's C ABI stands in
+"""Preflight: a node's GPUs checked through NVML — the test library at NVML's C ABI stands in
 for the driver, under the unmodified nvidia-ml-py — and the verdict over a job's nodes. On the local cluster,
 before a job's first step: below."""
 
@@ -247,7 +247,9 @@ def test_a_sick_node_stops_the_run_before_any_command_and_the_next_run_leaves_it
         capture_output=True,
         text=True,
     )
-    assert "preflight, run 0: failed (node1, node2, node3): node2: FAIL: GPU 1:" in report.stdout, report.stdout
+    assert "preflight, run 0: failed (node1, node2, node3 checked): node2: FAIL: GPU 1:" in report.stdout, report.stdout
+    parts = json.loads((tmp_path / "r.json").read_text())["goodput"]["parts"]
+    assert parts["preflight"] > 0, parts  # the preflight's time is its own part, not init's
     # The same checks on the idle nodes, no job: kit check nodes.
     checked = subprocess.run(
         [sys.executable, "-m", "kit", "check", "nodes", "--local", "--gpus-per-node", "2", "--burn-seconds", "0.2"],
@@ -345,7 +347,7 @@ def test_a_node_whose_links_looked_slow_is_timed_again_and_keeps_its_best(monkey
 
     import torch
 
-    from kit.preflight import network
+    from kit.preflight import link_test as network
 
     monkeypatch.setattr(network, "CONFIRM_GAP", 0.01)
     names = ["n1", "n2", "n3"]

@@ -35,18 +35,18 @@ from kit.cluster import LocalCluster
 from kit.cluster.processes import alive as _alive
 
 # Checkpoints at 25, 50, ...: the tests stop ranks around logged steps 30 and 40, between saves.
-TRAIN = [sys.executable, "-m", "kit.train", "--step-delay", "0.03", "--log-every", "10", "--checkpoint-every", "25"]
-
-
-@pytest.fixture
-def three(tmp_path):
-    require("slurmctld")
-    home = tmp_path / "home3"
-    c = LocalCluster(home)
-    c.up(nodes=3, cpus_per_node=2)
-    c.env = {"KIT_HOME": str(home)}
-    yield c
-    c.down(force=True)
+TRAIN = [
+    sys.executable,
+    "-m",
+    "kit.train",
+    "--step-delay",
+    "0.03",
+    "--log-every",
+    "10",
+    "--checkpoint-every",
+    "25",
+    "--no-snapshots",
+]
 
 
 def hostnames(c: LocalCluster, nodelist: str) -> list[str]:
@@ -76,7 +76,7 @@ def trainer_of_rank(job_dir: Path, rank: int) -> int:
 def test_hung_rank_is_caught_dumped_and_requeued_off_its_node_and_its_goodput_adds_up(three, tmp_path):
     """A hang (run 0), then two preemptions (an admin's requeue in runs 1 and 2), then the finish: the hang is
     caught, dumped and left out; the job's time in goodput's parts adds up to its wall time, which the test's
-    own clock brackets, and each part says what happened (issue 43 item 4)."""
+    own clock brackets, and each part says what happened."""
     require("py-spy")
     launched_at = time.time()
     w = launch_wait(

@@ -1,4 +1,4 @@
-"""kit from a laptop (issue 33): kit commands run on the login node through the system's OpenSSH client,
+"""kit from a laptop: kit commands run on the login node through the system's OpenSSH client,
 against real sshd servers on loopback (tests/sshd.py): a login node reached through a jump host
 (ProxyJump), key-only, every accepted connection counted in the servers' logs. The login account is an
 ordinary user's (the session's ``user``: kit in their ~/venv, their jobs on root's local cluster), as on a
@@ -12,6 +12,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -426,7 +427,7 @@ got["ids"] = [t.id.split("_")[1] for t in tasks]
 while not all(t.done() for t in tasks):
     time.sleep(0.5)
 calls, session = [], client.Session
-client.Session = lambda host, argv: calls.append(argv[0]) or session(host, argv)
+client.Session = lambda host, argv: calls.append(json.loads(argv[-1])["call"] if argv[1:] else argv[0]) or session(host, argv)
 got["results"], got["calls"] = [t.result(timeout=120) for t in tasks], list(calls)
 got["again"], got["calls_after"] = [t.result() for t in tasks], len(calls)
 functions.PYTHON = "3.99"
@@ -466,7 +467,7 @@ def test_a_function_submitted_from_the_laptop_brings_its_value_back(cluster, use
     assert got["classes"] == [True, True, 6], got  # kit.FunctionJob itself, here or reopened
     assert got["raised"][0] == "ValueError" and "raised on the cluster" in got["raised"][1], got
     assert got["ids"] == ["0", "1", "2"], got  # one array job, a task per item
-    assert got["results"] == [4, 9, 16] and got["calls"] == ["remote-result"], got  # one call: every task's value
+    assert got["results"] == [4, 9, 16] and got["calls"] == ["results"], got  # one call: every task's value
     assert got["again"] == [4, 9, 16] and got["calls_after"] == 1, got  # each read once
     assert re.search(r"is 3\.\d+, this one is 3\.99", got["refused"]), got
     assert hosts.accepted("login") - before <= 1  # one master for every call
@@ -490,7 +491,7 @@ def _wait_through_a_killed_master(hosts, repo: Path, env: dict, *args: str) -> t
     )
     submitted = proc.stdout.readline()
     assert submitted.startswith("Submitted job "), submitted + proc.stderr.read()
-    # Once both lines are here (the id, then the directory): a drop between them is issue 42's (today the
+    # Once both lines are here (the id, then the directory): a drop between them is another matter (today the
     # launch then says ssh could not reach the host while the job runs; seen here once the login side was
     # an ordinary user's slower Python), not this test's.
     where = proc.stdout.readline()
@@ -516,6 +517,8 @@ job.feed_logs(fed.append, rank=0)
 ended = job.follow(followed.append)
 listed = [j for j in kit.jobs(host=host, output_dirs=[out]) if str(j.dir).startswith(out)]  # (and jobs known)
 reopened = kit.Job(job.dir, host=host)
+from_dir = kit.Job.from_dir(job.dir, host=host)
+reported, summary = job.report(), job.summarize()
 again = job.rerun(wait=True, env={"TOKEN": "r3run"})
 fn = kit.submit(square, 7, host=host, nodes=1, output_dir=out)
 tasks = kit.map(square, [2, 3], host=host, output_dir=out)
@@ -540,9 +543,12 @@ print(json.dumps({
     "listed": [[j.id, str(j.dir), j.row.state] for j in listed] == [[job.id, str(job.dir), "COMPLETED"]],
     "rerun": [again.id != job.id, again.logs(rank=0)],
     "target": [job.target.name, again.target.name],
-    "results": [fn.result(timeout=120), [t.result(timeout=120) for t in tasks], [t.id[-2:] for t in tasks]],
+    "results": [fn.result(timeout=120), [t.result(timeout=120) for t in tasks], [t.id[-2:] for t in tasks],
+                fn.results()],
     "cancel": [cancelled["reason"], long.wait(timeout=120).state],
     "missing": missing,
+    "report": [reported["job"] == job.id, reported["runs"], reported["samples"], bool(summary.lines()),
+               str(from_dir.dir) == str(job.dir)],
 }))
 """
 
@@ -562,10 +568,31 @@ API_ANSWERS = {
     "listed": True,
     "rerun": [True, "one\ntoken=r3run\ntwo\n"],
     "target": ["site", "site"],
-    "results": [49, [4, 9], ["_0", "_1"]],
+    "results": [49, [4, 9], ["_0", "_1"], [49]],
     "cancel": ["enough", "CANCELLED"],
     "missing": "no such job directory: OUT/nothing",
+    "report": [True, 1, None, True, True],
 }
+
+
+def test_the_api_cases_call_every_public_method_of_a_job():
+    """The walk: every public method of kit.Job and kit.FunctionJob (found on the classes, not listed by hand) is
+    called by API_CASES, which the test below runs on the login node and from the laptop over a real sshd; and
+    every call a job on a login node may make is in the one registry both sides read."""
+    import inspect
+
+    import kit
+    from kit.job import hosting
+
+    public = {
+        name
+        for cls in (kit.Job, kit.FunctionJob)
+        for name, _ in inspect.getmembers(cls, callable)
+        if not name.startswith("_")
+    }
+    assert len(public) >= 15 and sorted(n for n in public if f".{n}(" not in API_CASES) == []
+    local_only = {"done", "from_dir", "result"}  # each made of hosted ones (state, the constructor, results)
+    assert sorted(public - local_only - set(hosting.CALLS)) == [], "a public method no login node answers"
 
 
 @pytest.mark.parametrize("where", ["on-the-login-node", "from-the-laptop"])
@@ -762,6 +789,13 @@ def test_the_main_job_and_a_sweep_from_the_laptop_through_the_jump_host(
     # made there (in the job directory), its picture and numbers written here
     assert (tmp_path / "report.png").read_bytes() == (Path(job_dir) / "report.png").read_bytes()
     assert json.loads((tmp_path / "report.json").read_text())["job"] == main.stdout.split()[2]  # Submitted job ID
+    # without -o the picture stays there, and the path printed says whose it is
+    there_report = kit("--host", "kit-login", "report", job_dir, env=env)
+    assert there_report.returncode == 0, there_report.stderr
+    assert there_report.stdout.splitlines()[-1] == (
+        f"report: {Path(job_dir) / 'report.png'} (on the login node {socket.gethostname()}; -o FILE writes the "
+        "picture on your machine)"
+    ), there_report.stdout
     # a sweep's --wait, its master killed while it waits: it waits again for every task there
     code, err = _wait_through_a_killed_master(
         hosts,
@@ -794,18 +828,16 @@ def test_zz_nothing_was_written_on_the_login_node_outside_kit_home_and_the_outpu
 def test_a_login_side_answer_without_the_result_is_one_message(monkeypatch, tmp_path, answer):
     """A login node's answer to FunctionJob.result() that holds no result of this job (`{"tasks": {}}`: an
     AttributeError traceback) is one message naming the job."""
-    import contextlib
-
     from kit.errors import KitError
     from kit.job import functions
-    from kit.remote import client
 
-    class Session:
-        def read_json(self):
+    class There:
+        name = "kit-login"
+
+        def call(self, name, job, args):
             return answer
 
-    monkeypatch.setattr(client, "Session", lambda host, argv: contextlib.nullcontext(Session()))
-    job = functions.FunctionJob(str(tmp_path), host="kit-login", job_id="5")
+    job = functions.FunctionJob(str(tmp_path), job_id="5", there=There())
     with pytest.raises(KitError) as e:
         job.result()
     assert "holds no result of job 5" in str(e.value)

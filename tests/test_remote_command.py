@@ -126,11 +126,10 @@ def test_an_empty_host_is_refused_never_run_here(tmp_path, argv):
 
 
 def test_a_hosted_report_is_written_over_planted_links_not_through_them(tmp_path, monkeypatch):
-    """`kit --host … report -o FILE` (kit.remote.hosted.summarize): the picture and its .json are new files renamed over
+    """`kit --host … report -o FILE` (kit.job.sides.summarize_here): the picture and its .json are new files renamed over
     the names, as the local report writes them. Links another local user planted at both names (a shared
     directory) were followed: the laptop user's report overwrote the files they point at."""
     import kit
-    from kit.remote import hosted
 
     victims = [tmp_path / "victim.png", tmp_path / "victim.json"]
     for v in victims:
@@ -139,12 +138,10 @@ def test_a_hosted_report_is_written_over_planted_links_not_through_them(tmp_path
     out.parent.mkdir()
     out.symlink_to(victims[0])
     out.with_suffix(".json").symlink_to(victims[1])
-    monkeypatch.setattr(
-        hosted,
-        "call",
-        lambda *a, **k: {"lines": [], "warnings": [], "numbers": {"samples_per_s": 1}, "picture_bytes": "UE5H"},
-    )
-    got = hosted.summarize(kit.Job("/there/job", host="login"), output=out)
+    job = kit.Job("/there/job", host="login")
+    answer = {"lines": [], "warnings": [], "numbers": {"samples_per_s": 1}, "picture_bytes": "UE5H"}
+    monkeypatch.setattr(job.there, "call", lambda *a, **k: answer)
+    got = job.summarize(output=out)
     assert [v.read_text() for v in victims] == ["theirs\n", "theirs\n"]
     assert not out.is_symlink() and out.read_bytes() == b"PNG" and got.picture == str(out)
     assert json.loads(out.with_suffix(".json").read_text()) == {"samples_per_s": 1}

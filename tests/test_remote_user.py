@@ -68,13 +68,27 @@ def test_an_ordinary_login_account_set_up_as_the_readme_says(cluster, user, logi
     assert "*i*) ;;" in debian and "return" in debian  # Debian's guard: the rest is for interactive shells
     env = laptop(login, tmp_path)
     repo = repository(tmp_path)
-    found = kit_here("--host", "kit-direct", "ps", env=env, cwd=repo)
-    kit_path = f"{user.pw_dir}/venv/bin/kit"
+    # The README's ordinary-user line installs kit in ~/kit-venv: found there (the search looked in ~/venv,
+    # ~/.venv and ~/.local/bin only), told first.
+    readme = Path(user.pw_dir) / "kit-venv"
+    readme.symlink_to(Path(user.pw_dir) / "venv")
+    os.lchown(readme, user.pw_uid, user.pw_gid)
+    try:
+        found = kit_here("--host", "kit-direct", "ps", env=env, cwd=repo)
+    finally:
+        readme.unlink()
+    kit_path = f"{user.pw_dir}/kit-venv/bin/kit"
     assert found.returncode == 1, found.stderr
     assert found.stderr.splitlines()[0] == (
         f"kit: --host: kit is not on the login shell's PATH on kit-direct, but installed at {kit_path}"
     ), found.stderr
     assert "above that line" in found.stderr and f"KIT_REMOTE_KIT={kit_path}" in found.stderr, found.stderr
+    # Nowhere it looks: it says where it looked.
+    missing = kit_here("--host", "kit-direct", "ps", env={**env, "KIT_REMOTE_KIT": "kit-nowhere"}, cwd=repo)
+    assert missing.returncode == 1 and missing.stderr.splitlines()[0] == (
+        "kit: --host: kit is not installed on kit-direct (kit-nowhere: not on the login shell's PATH, nor in "
+        "~/kit-venv/bin, ~/venv/bin, ~/.venv/bin, ~/.local/bin)"
+    ), missing.stderr
 
     line = README_LINE.search((REPO / "docs" / "remote.md").read_text()).group(1)
     bashrc.write_text(line + "\n" + debian)  # the user's file, written in place: still theirs

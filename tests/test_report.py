@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -71,6 +72,32 @@ def test_an_ambiguous_job_id_is_refused_with_the_candidates(tmp_path):
     ]
 
 
+def test_a_job_name_that_is_one_of_the_users_jobs_names_it(tmp_path):
+    """`kit logs NAME` (and every command taking JOB): a --job-name that is one of the user's jobs names it; one
+    that names two is refused with both, newest first; one that names none says where it looked."""
+    from helpers import kit
+
+    for d, job_id, name in (("a", "7", "alpha"), ("b", "8", "alpha"), ("c", "9", "beta")):
+        (tmp_path / "jobs" / d).mkdir(parents=True)
+        (tmp_path / "jobs" / d / "job.json").write_text(json.dumps({"job_name": name}))
+        (tmp_path / "jobs" / d / "job_id").write_text(f"{job_id}\n")
+        os.utime(tmp_path / "jobs" / d / "job_id", (1000 + int(job_id), 1000 + int(job_id)))
+    (tmp_path / "jobs" / "c" / "logs").mkdir()
+    (tmp_path / "jobs" / "c" / "logs" / "rank-0.r0.log").write_text("beta's own line\n")
+    home = {"KIT_HOME": str(tmp_path / "home")}
+    found = kit("logs", "beta", "--output-dir", str(tmp_path / "jobs"), env=home)
+    assert found.returncode == 0 and "beta's own line" in found.stdout, found.stdout + found.stderr
+    two = kit("logs", "alpha", "--output-dir", str(tmp_path / "jobs"), env=home)
+    assert two.returncode == 2 and two.stderr.splitlines() == [
+        "kit: JOB: 2 of your jobs are named 'alpha'",
+        f"  8  {tmp_path / 'jobs' / 'b'}",
+        f"  7  {tmp_path / 'jobs' / 'a'}",
+        "hint: give the job id or its directory (newest first above)",
+    ], two.stderr
+    none = kit("logs", "gamma", "--output-dir", str(tmp_path / "jobs"), env=home)
+    assert none.returncode == 2 and none.stderr.startswith("kit: JOB: no job with id or name 'gamma'"), none.stderr
+
+
 def test_damaged_metrics_logs_are_skipped_and_counted(tmp_path):
     """A job that filled its disk, or logs damaged otherwise: lines
     are skipped and counted, never a traceback."""
@@ -111,7 +138,10 @@ def test_damaged_metrics_logs_are_skipped_and_counted(tmp_path):
         f.write_text("")
     empty = kit("report", str(tmp_path / "job"))
     assert empty.returncode == 1 and "Traceback" not in empty.stderr
-    assert empty.stderr.splitlines()[0] == f"kit: JOB: no readable samples in the metrics logs in {logs}"
+    assert empty.stderr.splitlines()[0] == (
+        "kit: JOB: nothing to report yet: no readable samples in its metrics logs: the job ended before its "
+        "exporter's first poll, or its disk was full, and no run of it has been recorded"
+    )
 
 
 def _record(t, node, samples):
@@ -565,8 +595,29 @@ def test_a_missing_sample_is_drawn_as_a_gap():
     assert gapped([(0.0, 1.0), (GAP, 2.0)]) == ([0.0, GAP], [1.0, 2.0])  # GAP apart: still one line
 
 
+def test_samples_per_second_has_no_false_zeros_and_keeps_a_stall():
+    """A rank writes its file at a step's end at most once a second (here every 1.06 s, steps of 60 ms), the exporter
+    polls every second: every ~17 s a poll sees the value the last one saw. Drawn as a 0, samples/s dipped to 0 every
+    ~15 s in a straggler job. Those repeats are left out while the rank's last step is recent; a stall (no step for
+    8 s) still reads 0."""
+    from kit.report.series import rates, sample_rates
+
+    key = ("training_samples_total", "node1", "0")
+    writes = [1.06 * i for i in range(60)] + [1.06 * 59 + 8 + i for i in range(1, 6)]  # then a stall of 8 s
+    series = {key: [], ("training_last_step_timestamp_seconds", "node1", "0"): []}
+    for poll in range(int(writes[-1]) + 2):
+        seen = [w for w in writes if w <= poll]
+        series[key].append((float(poll), 100.0 * len(seen)))
+        series[("training_last_step_timestamp_seconds", "node1", "0")].append((float(poll), seen[-1]))
+    before = [v for t, v in rates(series[key]) if t < 60]
+    assert sum(1 for v in before if v == 0) >= 2  # the old drawing: false zeros
+    drawn = sample_rates(series, key)
+    assert all(90 < v < 110 for t, v in drawn if t < 62), drawn
+    assert any(v == 0 for t, v in drawn if 65 < t < 70), drawn  # the stall
+
+
 def test_the_report_tells_the_end_as_wait_told_it_and_nothing_a_file_made_up(tmp_path):
-    """outcome.json as kit.slurm.ends.observe keeps it: the --wait end line; Slurm's state alone (kit ps saw it):
+    """outcome.json as kit.job.settle.observe keeps it: the --wait end line; Slurm's state alone (kit ps saw it):
     that state; a state or meaning no kit wrote (an escape sequence, a lowercase word): the state at most."""
     from kit.jobdir.layout import JobDir
     from kit.report.summarize import _told_outcome
@@ -589,7 +640,7 @@ def test_the_report_tells_the_end_as_wait_told_it_and_nothing_a_file_made_up(tmp
 
 
 def test_the_pictures_title_and_restart_marks_cover_no_panel_and_no_title(tmp_path):
-    """Issue 44 item 5: the job's title sits above its first panel, and a restart's mark ("run 1") on the first
+    """the job's title sits above its first panel, and a restart's mark ("run 1") on the first
     panel covers neither that panel's title nor the job's (measured on the drawn figure's text boxes)."""
     test_notes_flag_waste_restarts_and_a_slow_node_with_their_thresholds(tmp_path)  # its two runs' job directory
     from kit.report.plot import _pyplot, figure

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-from helpers import check_end, kit, launch_wait, read_logs, runs, scancel, wait_for
+from helpers import Receiver, check_end, kit, launch_wait, read_logs, runs, scancel, wait_for
 
 from kit.core import outcome
 from kit.jobdir import events
@@ -58,7 +58,7 @@ def hanging(tmp_path, restarts: int, *more: str, command: str = SCRIPT):
 
 def test_a_hang_restarts_in_the_allocation_and_the_job_completes_there(cluster, tmp_path):
     w = hanging(tmp_path, 2)
-    check_end(
+    err = check_end(
         cluster,
         w,
         state="COMPLETED",
@@ -69,6 +69,9 @@ def test_a_hang_restarts_in_the_allocation_and_the_job_completes_there(cluster, 
     )
     first, second = runs(w.job_dir)
     assert first["then"] == "restart" and "then" not in second, (first, second)
+    # --wait's end names the hung rank and why the run restarted
+    assert f"kit: job {w.job_id}: run 0 ended hang" in err and "rank 1" in err, err
+    assert ": hang: " in err and "; restarted in the allocation" in err, err
     assert restarts_of(cluster, w.job_id) == "0"  # one allocation, no requeue
     logs = read_logs(w.job_dir)
     assert "rank 0 run 1 done" in logs and "rank 1 run 1 done" in logs and "run 0 done" not in logs, logs
@@ -149,9 +152,12 @@ sleep 2
 
 def test_a_failed_command_restarts_on_a_spare_node_with_on_failure_restart(cluster, tmp_path):
     """--on-failure restart --nodes 1 --spare-nodes 1: the command exits 3 on node1 in run 0; run 1 starts in the
-    same allocation on the spare, node2, and completes: one job, no requeue, the failed run recorded as such."""
-    w = hanging(tmp_path, 2, "--nodes", "1", "--spare-nodes", "1", "--on-failure", "restart", command=FAILING)
-    check_end(
+    same allocation on the spare, node2, and completes: one job, no requeue, the failed run recorded as such. kit
+    events and the webhook name the spare and the node it replaced."""
+    receiver = Receiver()
+    more = ("--nodes", "1", "--spare-nodes", "1", "--on-failure", "restart", "--notify", f"{receiver.url}/hook")
+    w = hanging(tmp_path, 2, *more, command=FAILING)
+    err = check_end(
         cluster,
         w,
         state="COMPLETED",
@@ -162,6 +168,17 @@ def test_a_failed_command_restarts_on_a_spare_node_with_on_failure_restart(clust
         ends=["failed", "finished"],
     )
     assert [r.get("then") for r in runs(w.job_dir)] == ["restart", None]
+    told = (
+        f"kit: job {w.job_id}: run 0 ended failed (exit code 3): rank 0 on node1 failed first, exit code 3; restarted"
+    )
+    assert told in err, err  # --wait's end: the rank that failed, and what followed
+    started = [e.text for e in events.events(w.job_dir) if e.kind == "started"]
+    assert started == ["started", "started (restarted in the allocation); node2 in place of node1"], started
+    try:
+        sent = wait_for(lambda: [b["text"] for b in receiver.bodies("/hook") if b["event"] == "started"][1:], 30)
+    finally:
+        receiver.close()
+    assert sent == ["started (restarted in the allocation); node2 in place of node1"], sent
     logs = read_logs(w.job_dir)
     assert "run 0 rank 0 on node1" in logs and "run 1 rank 0 on node2" in logs, logs
     assert restarts_of(cluster, w.job_id) == "0"

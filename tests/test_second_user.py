@@ -433,19 +433,19 @@ def test_prelaunch_runs_nothing_from_a_job_directory_another_user_could_replace(
         assert swapped.returncode == 0, swapped.stderr
         subprocess.run(["scontrol", "release", blocker_id], env=env, check=True)
         wait_for(lambda: squeue_state(cluster, job_id) == "", 120, what="the job to end")
-        accounted = wait_for(
-            lambda: (
-                subprocess.run(
-                    ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "state,exitcode"],
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                ).stdout.strip()
-                or None
-            ),
-            60,
-            what="the job's accounting",
-        )
+
+        def ended() -> str | None:
+            """The job's end as accounting holds it; slurmdbd has the submission's PENDING row before slurmctld
+            hands it the end, so a row that is not an end yet is not the answer."""
+            line = subprocess.run(
+                ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "state,exitcode"],
+                env=env,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            return line if line and line.split("|")[0] not in ("PENDING", "RUNNING", "REQUEUED") else None
+
+        accounted = wait_for(ended, 60, what="the job's end in accounting")
         assert not marker.exists()  # their job.env never ran
         assert accounted == f"FAILED|{outcome.UNTRUSTED_DIR}:0", accounted
     finally:

@@ -1,14 +1,15 @@
-"""Stragglers (issue 43 item 1): each rank's wait at the gradient all-reduce, measured by a DDP communication hook
-(kit.train.stragglers), and the judge that names the rank that stays slow (kit.jobdir.stragglers)."""
+"""Stragglers: each rank's wait at the gradient all-reduce, measured by a DDP communication hook
+(kit.train.stragglers), and the judge that names the rank that stays slow (kit.monitor.judges; its record kit.jobdir.slow_ranks)."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
-from kit.jobdir import JobDir, write_rank_metrics
-from kit.jobdir import stragglers as judge_lib
+from kit.jobdir import JobDir, slow_ranks, write_rank_metrics
+from kit.monitor import judges as judge_lib
 
 
 def ranks(step: float, waits: dict[int, float], node=lambda r: f"node{r // 2}") -> dict:
@@ -73,13 +74,13 @@ def test_verdicts_are_recorded_per_rank_and_read_back_from_the_rank_files(tmp_pa
     assert sorted(seen) == [0, 1, 2] and seen[2][0] == "b"
     judge = judge_lib.Judge()
     first = [judge.see(seen, t) for t in (0.0, 25.0)][1]
-    judge_lib.record(tmp_path, first)
-    later = judge_lib.Straggler(2, "b", 2.5, "more", 40.0, 60.0)
-    judge_lib.record(tmp_path, later)
-    (kept,) = judge_lib.read(tmp_path)
+    slow_ranks.record(tmp_path, first)
+    later = slow_ranks.Straggler(2, "b", 2.5, "more", 40.0, 60.0)
+    slow_ranks.record(tmp_path, later)
+    (kept,) = slow_ranks.read(tmp_path)
     assert (kept.rank, kept.factor, kept.since, kept.at) == (2, 2.5, 0.0, 60.0)
     (tmp_path / JobDir.STRAGGLERS).write_text(json.dumps({"stragglers": [{"rank": "x"}]}))
-    assert judge_lib.read(tmp_path) == []
+    assert slow_ranks.read(tmp_path) == []
 
 
 def _poll(node: str, gpus: dict[str, tuple[float, int]]) -> str:
@@ -116,7 +117,7 @@ def test_a_gpu_held_down_names_its_rank_from_nvml_alone_once_it_stays_held(tmp_p
     its power cap (sw_power_cap, a loaded GPU's everyday reason) or slow without a slowdown reason is not. The
     GpuJudge names the node's rank at that GPU's place (b's second rank) once it has stayed held SUSTAINED seconds,
     with its evidence, as a GPU verdict; a GPU no longer held is forgotten."""
-    from kit.jobdir import stragglers
+    from kit.monitor import judges as stragglers
     from kit.monitor.training import held_down
 
     logs = tmp_path / "logs"
@@ -139,8 +140,8 @@ def test_a_gpu_held_down_names_its_rank_from_nvml_alone_once_it_stays_held(tmp_p
         "nodes' median SM clock: 1840 MHz), for 20 s)"
     )
     assert judge.see({}, ranks, 200.0) is None and judge.see(held, ranks, 201.0) is None  # held again: anew
-    stragglers.record(tmp_path, named)
-    assert stragglers.read(tmp_path) == [named]  # the kind is kept in stragglers.json
+    slow_ranks.record(tmp_path, named)
+    assert slow_ranks.read(tmp_path) == [named]  # the kind is kept in stragglers.json
 
 
 def _ddp_rank(rank: int, world: int, port: int, out: str, delay: float) -> None:
@@ -238,7 +239,7 @@ def test_a_rank_stopped_half_the_time_is_named_everywhere_and_requeued_without_i
     onset = time.time()
     thread.start()
     try:
-        named = wait_for(lambda: judge_lib.read(w.job_dir), 60, poll=0.5, what="a straggler verdict")
+        named = wait_for(lambda: slow_ranks.read(w.job_dir), 60, poll=0.5, what="a straggler verdict")
     finally:
         stop.set()
         thread.join()
@@ -259,6 +260,8 @@ def test_a_rank_stopped_half_the_time_is_named_everywhere_and_requeued_without_i
     with hastened(cluster, w.job_id):  # the next run at kit's begin time, not backfill's next pass
         code, err = w.finish(timeout=300)
     assert code == 0 and f"straggler: rank 3 on {node}" in err, err
+    assert re.search(rf"run 0 ended straggler[^:]*: straggler: rank 3 on {node}, .*; requeued\n", err), err
+    assert re.search(r": requeued: .*; run 1 comes next\n(.*\n)*.*: RUNNING", err), err  # told as it happened
     first, second = records.run_records(w.job_dir)
     assert (first.end, second.end) == ("straggler", "finished"), (first, second)
     assert (w.job_dir / "progress" / "r1" / "task-0").read_text().split()[0] != node
@@ -270,7 +273,20 @@ def test_a_rank_stopped_half_the_time_is_named_everywhere_and_requeued_without_i
     out = str(tmp_path / "jobs")
     (row,) = [r for r in json.loads(kit("ps", "--json", "--output-dir", out).stdout) if r["id"] == w.job_id]
     assert [(s["rank"], s["node"]) for s in row["stragglers"]] == [(3, node)]
-    assert f"straggler: rank 3 on {node}" in kit("events", str(w.job_dir)).stdout
+    assert 0 < row["goodput"] < 1, row
+    table = kit("ps", "--output-dir", out).stdout.splitlines()
+    header, line = table[0].split(), next(t for t in table if t.startswith(f"{w.job_id} "))
+    assert header[8:10] == ["GOODPUT", "STRAGGLER"], table
+    assert re.search(rf" {100 * row['goodput']:.0f}%\s+rank 3@{node}\s", line), table
+    told = kit("events", str(w.job_dir)).stdout
+    assert f"straggler: rank 3 on {node}" in told, told
+    assert "a straggler's warning reached the run (straggler: rank 3 on" in told, told
+    assert "the time limit's warning" not in told, told  # it was the straggler's, not the limit's
+    from kit.job.listing import JobRow
+    from kit.ui.page import job_page
+
+    page = job_page(JobRow.from_json(row), w.job_dir, time.time())
+    assert f"straggler: rank 3 on {node}, " in page and f"{100 * row['goodput']:.1f}% of its time trained" in page
     told = kit("logs", str(w.job_dir), "--errors").stdout
     assert told.startswith(f"straggler: rank 3 on {node}"), told
     report = kit("report", str(w.job_dir)).stdout
@@ -306,7 +322,7 @@ def test_a_gpu_held_down_on_one_node_is_named_from_nvml_while_the_steps_show_not
     wait_for(lambda: len(judge_lib.latest(w.job_dir)) == 2, 120, what="both ranks' steps")
     node = (w.job_dir / "progress" / "r0" / "task-1").read_text().split()[0]
     assert node == "node2"
-    (slow,) = wait_for(lambda: judge_lib.read(w.job_dir), 60, poll=0.5, what="a GPU verdict")
+    (slow,) = wait_for(lambda: slow_ranks.read(w.job_dir), 60, poll=0.5, what="a GPU verdict")
     assert (slow.rank, slow.node, slow.by) == (1, "node2", "gpu") and slow.factor == pytest.approx(1980 / 1100), slow
     assert slow.evidence.startswith(
         "GPU 0 at 1100 MHz, held down by hw_slowdown (the other nodes' median SM clock: 1980"
@@ -342,7 +358,7 @@ def test_a_rank_held_to_a_cpu_quota_is_named_with_its_node(four_isolated, tmp_pa
     node, pid = (w.job_dir / "progress" / "r0" / "task-2").read_text().split()[:2]
     assert node == "node3"
     with cpu_quota(int(pid), 0.02):
-        named = wait_for(lambda: judge_lib.read(w.job_dir), 150, poll=0.5, what="a straggler verdict")
+        named = wait_for(lambda: slow_ranks.read(w.job_dir), 150, poll=0.5, what="a straggler verdict")
     (slow,) = named
     assert (slow.rank, slow.node, slow.by) == (2, node, "step") and slow.factor >= 1.25, slow
     assert "they wait" in slow.evidence, slow
@@ -352,7 +368,7 @@ def test_a_rank_held_to_a_cpu_quota_is_named_with_its_node(four_isolated, tmp_pa
 
 
 def test_the_kernels_round_trip_and_bytes_of_the_processes_own_connections_are_read():
-    """kit.monitor.links asks the kernel (sock_diag) for every established TCP connection: this process's own, a
+    """kit.monitor.round_trips asks the kernel (sock_diag) for every established TCP connection: this process's own, a
     100 kB send over loopback, is found by its socket's inode with the bytes acknowledged (100000 and the SYN) and
     the round trip ss prints for it; a family the kernel refuses leaves the others' connections."""
     import os
@@ -361,7 +377,7 @@ def test_the_kernels_round_trip_and_bytes_of_the_processes_own_connections_are_r
     import socket
     import subprocess
 
-    from kit.monitor import links
+    from kit.monitor import round_trips as links
 
     with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as sender:
         receiver, _ = server.accept()
@@ -393,7 +409,7 @@ def test_only_the_jobs_busy_links_to_other_addresses_are_links():
     """busy_links: per (local, peer) the round trip of the busiest of the job's connections that sent at least BUSY
     bytes a second since the last poll; a quiet connection (its round trip is delayed acknowledgements), one not the
     job's, one to this node's own address or to loopback, and one first seen now are left out."""
-    from kit.monitor import links
+    from kit.monitor import round_trips as links
 
     mb = 1 << 20
     before = {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 7: 0}
@@ -424,7 +440,7 @@ def test_the_node_on_every_slow_link_is_named_once_it_stays_so():
     acknowledgements queue behind n2's data) and n2's own are slow, n3 and n4's fast. n2 is on every slow link and
     named once that held SUSTAINED seconds, its first rank, with the round trips; n1, with one fast link, is not.
     One slow link alone, two nodes, or noise under the floor name no one."""
-    from kit.jobdir import stragglers
+    from kit.monitor import judges as stragglers
 
     fast, slow = 0.0004, 0.015
     ring = {("n1", "n2"): slow, ("n2", "n3"): slow, ("n3", "n4"): fast, ("n4", "n1"): 0.0002}
@@ -471,7 +487,7 @@ def test_a_node_behind_a_slow_link_is_named_from_its_links_round_trips(four_isol
     shape = ["tbf", "rate", "40mbit", "burst", "32kbit", "latency", "400ms"]
     subprocess.run(["tc", "-n", net.namespaces["node2"], "qdisc", "add", "dev", "eth0", "root", *shape], check=True)
     onset = time.time()
-    named = wait_for(lambda: judge_lib.read(w.job_dir), 150, poll=0.5, what="a straggler verdict")
+    named = wait_for(lambda: slow_ranks.read(w.job_dir), 150, poll=0.5, what="a straggler verdict")
     (slow,) = named
     print(f"slow link: onset -> verdict {slow.at - onset:.1f} s ({slow.line()})")
     assert (slow.rank, slow.node, slow.by) == (on_node2[0], "node2", "link") and slow.factor >= 5, slow

@@ -53,7 +53,8 @@ def test_a_sweep_runs_every_task_one_at_a_time_and_reports_each(cluster, tmp_pat
         assert {p.name for p in (d / "logs").glob("rank-*.log")} == {"rank-0.r0.log", "rank-1.r0.log"}
         if steps != "bad":
             assert f"done at step={steps}" in read_logs(d)
-            assert (d / "checkpoints" / "last.ckpt").exists()
+            # The task's last state, in its own directory: every rank's shard, sealed (kit's checkpoints).
+            assert (d / "checkpoints" / f"step-{steps}" / "manifest.json").exists()
     # One at a time: each task started after the one before had ended.
     spans = [(runs(task_dir(w, i))[0]["time"], i) for i in range(3)]
     assert [i for _, i in sorted(spans)] == [0, 1, 2]
@@ -110,8 +111,10 @@ def test_an_array_task_at_its_time_limit_requeues_and_resumes_alone(cluster, tmp
         "steps=100000,20",
         "--time",
         "2",
+        # Slurm sends the warning at its periodic check (every 30 s), up to 30 s before the lead: 60 s gives task 1
+        # at least 30 s to start and make its 20 steps first (80 gave it 16 s; under load its start took 17).
         "--signal-lead",
-        "80",
+        "60",
         "--heartbeat",
         "0",
         "--max-restarts",
@@ -211,7 +214,7 @@ def test_cancelled_array_tasks_stay_cancelled_once_slurm_forgets_them(cluster, t
     directory alone (what kit ps reads once Slurm forgets, MinJobAge later) then tells
     CANCELLED for those and COMPLETED for the task that had finished before."""
     from kit.job import listing
-    from kit.jobdir import records
+    from kit.jobdir import end_records
 
     w = launch_wait(tmp_path, "--sweep", "t=0,600", command=["sleep", "{t}"])
     wait_for(  # task 0 ended in Slurm, not only its work (FINISHED comes before its batch script's end)
@@ -225,18 +228,18 @@ def test_cancelled_array_tasks_stay_cancelled_once_slurm_forgets_them(cluster, t
     )
     done = kit("cancel", str(w.job_dir), "--reason", "enough")
     assert done.returncode == 0, done.stderr
-    assert json.loads((w.job_dir / records.CANCEL_RECORD).read_text())["tasks"] == [1]
+    assert json.loads((w.job_dir / end_records.CANCEL_RECORD).read_text())["tasks"] == [1]
     w.finish()
     # --wait kept the end Slurm gave each task (outcome.json): told the same way once Slurm forgets them.
-    assert [json.loads((task_dir(w, i) / records.OUTCOME_RECORD).read_text())["state"] for i in (0, 1)] == [
+    assert [json.loads((task_dir(w, i) / end_records.OUTCOME_RECORD).read_text())["state"] for i in (0, 1)] == [
         "COMPLETED",
         "CANCELLED",
     ]
-    assert [records.recorded_state(task_dir(w, i)) for i in (0, 1)] == ["COMPLETED", "CANCELLED"]
+    assert [end_records.recorded_state(task_dir(w, i)) for i in (0, 1)] == ["COMPLETED", "CANCELLED"]
     # Without it (a job no kit command saw end), the FINISHED marker and the cancel record tell the same.
     for i in (0, 1):
-        (task_dir(w, i) / records.OUTCOME_RECORD).unlink()
-    assert [records.recorded_state(task_dir(w, i)) for i in (0, 1)] == ["COMPLETED", "CANCELLED"]
+        (task_dir(w, i) / end_records.OUTCOME_RECORD).unlink()
+    assert [end_records.recorded_state(task_dir(w, i)) for i in (0, 1)] == ["COMPLETED", "CANCELLED"]
     # kit ps's row for a task Slurm no longer knows (no status) comes from that record.
     rows = [listing._row(f"{w.job_id}_{i}", task_dir(w, i), w.job_dir, "n", None, None) for i in (0, 1)]
     assert [(r.state, r.state_from) for r in rows] == [("COMPLETED", "job directory"), ("CANCELLED", "job directory")]

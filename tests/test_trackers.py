@@ -1,4 +1,4 @@
-"""One tracker run per job across requeues, and no step logged twice (issue 32), on the local cluster with
+"""One tracker run per job across requeues, and no step logged twice, on the local cluster with
 the trackers offline (W&B offline mode, an MLflow file: store, TensorBoard event files).
 
 Two 2-node jobs side by side (the user's driven by a thread), each stopped twice: kit's reference trainer logging to all three through
@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from helpers import check_end, hastened, kit, launch_wait, release_requeued, scontrol, wait_for
+from helpers import check_end, hastened, kit, launch_and_wait, launch_wait, release_requeued, scontrol, wait_for
 from tracker_check import mlflow_runs, strictly_increasing, tensorboard_steps, wandb_offline_runs
 
 from kit.jobdir import JobDir
@@ -31,6 +31,8 @@ TRAIN = [
     "80",
     "--checkpoint-every",
     "20",
+    "--no-snapshots",  # a requeue replays steps from last.ckpt: what the trackers must not log twice (kit's own
+    # snapshots leave almost none to replay: tests/test_checkpoints.py)
     "--log-every",
     "5",
     "--step-delay",
@@ -195,3 +197,26 @@ def test_the_reference_trainers_tflops_are_measured_and_its_mfu_on_a_cpu_is_na(c
     assert re.search(r"model FLOP/s \(rank 0's device\): [0-9.e+-]+ TFLOP/s, MFU n/a \(a CPU", report.stdout), (
         report.stdout
     )
+
+
+def test_the_reference_trainer_logs_to_mlflow_with_no_store_named(cluster, tmp_path, monkeypatch):
+    """`python3 -m kit.train --logger mlflow` as docs/trainer.md gives it, with the `trackers` extra (mlflow-skinny,
+    the newest pip picks) and no MLFLOW_TRACKING_URI: it failed at its first log (Lightning's logger fell back to
+    ./mlruns, a file store MLflow 3 refuses). The job's store is now in its tracker/ directory (SQLite where MLflow
+    can open one, else the file store with MLflow 3's opt-out), every logged step is there, and kit report names it."""
+    command = [*TRAIN[: TRAIN.index("--logger")], "--max-steps", "12", "--logger", "mlflow"]
+    proc, job_dir = launch_and_wait(tmp_path, command=command, env={"MLFLOW_TRACKING_URI": ""})
+    assert proc.returncode == 0, proc.stderr + "".join(p.read_text() for p in (job_dir / "logs").glob("*.log"))
+    kept = json.loads((job_dir / JobDir.TRACKER / JobDir.TRACKER_MLFLOW).read_text())
+    tracker = job_dir.resolve() / JobDir.TRACKER
+    assert kept["tracking_uri"] in (
+        f"file:{tracker / JobDir.TRACKER_MLRUNS}",
+        f"sqlite:///{tracker / JobDir.TRACKER_MLFLOW_DB}",
+    )
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # this reader's own opt-out, for a file store
+    history = MlflowClient(kept["tracking_uri"]).get_metric_history(kept["run_id"], "loss")
+    assert sorted(m.step for m in history) == list(range(4, 12, 5)), history
+    report = kit("report", str(job_dir), "-o", str(tmp_path / "report.png"))
+    assert f"MLflow run {kept['run_id']} at {kept['tracking_uri']}" in report.stdout, report.stdout

@@ -11,8 +11,8 @@ from pathlib import Path
 from helpers import kit, scancel, wait_for
 
 import kit as kitlib
-from kit.code import trim as trimming
 from kit.image import pin
+from kit.job import trim as trimming
 
 
 def fake_image(tmp_path: Path, name: str) -> Path:

@@ -1,4 +1,4 @@
-"""`kit ui` (issue 44 item 3): the job list and job pages, served on loopback to the holder of the session's
+"""`kit ui`: the job list and job pages, served on loopback to the holder of the session's
 token, checked in Debian's headless Chromium (driven through its DevTools protocol: tests/cdp.py) — a running 2-node job (its timeline, ranks, batch log; a screenshot
 kept) and the page of a 64-node job's directory; a job's own text is shown, never run."""
 
@@ -227,3 +227,23 @@ def test_slurm_is_asked_in_the_background_and_a_page_never_waits_for_it(monkeypa
     finally:
         s.close()
     assert not thread.is_alive() and s._thread is None
+
+
+def test_the_job_page_says_the_preflight_goodput_and_stragglers_as_kit_report_does(tmp_path):
+    """The job page's rows as the other surfaces say them: the preflight's verdict with the nodes it checked (it read
+    `ok:` with nothing after), goodput (it had none), each straggler with its rank and node first (it showed the
+    evidence alone)."""
+    from kit.job.listing import JobRow
+    from kit.ui.page import job_page
+
+    straggler = {"rank": 3, "node": "node2", "factor": 2.0, "evidence": "they wait 400 ms", "since": 1.0, "at": 2.0}
+    row = JobRow(
+        *("42", "unit", "RUNNING", "slurm", "", "node1,node2", 0, 10, 100, 0.5, 20.0, 0.0, str(tmp_path), False),
+        stragglers=[straggler],
+        preflight={"verdict": "ok", "nodes": [], "why": "", "checked": ["node1", "node2"]},
+        goodput=0.875,
+    )
+    page = job_page(row, tmp_path, 10.0)
+    assert "<th>preflight</th><td>ok (node1, node2 checked)</td>" in page, page
+    assert "<th>goodput</th><td>87.5% of its time trained</td>" in page, page
+    assert "straggler: rank 3 on node2, 2.00x the other ranks&#x27; step (they wait 400 ms)" in page, page

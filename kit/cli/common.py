@@ -17,3 +17,8 @@ def output_dirs(help_text: str):
     return click.option(
         "--output-dir", "output_dirs", multiple=True, default=(OUTPUT_DIR,), show_default=True, help=help_text
     )
+
+
+# Set by kit's entry point when this kit answers a laptop's `kit --host` through ssh (kit.remote.wire's hello): a
+# command then says that the paths it prints are this login node's.
+SERVING: dict = {"login node": None}

@@ -19,19 +19,23 @@ def convert(script, sbatch_args):
     \b
     kit convert train_ddp.sbatch > job.toml && kit launch -f job.toml
     kit convert prelaunch.sh -- --nodes=4 --gpus-per-node=8 --container-image=/x.sqsh > job.toml
+    kit convert submit.sh > job.toml    (a file holding the sbatch line: its script, with its options)
     """
     from kit import files
     from kit.core.text import printable
     from kit.image.info import image_has
     from kit.slurm.convert import convert as convert_script
 
+    def read(path: str) -> str:
+        return files.read_bytes(path, 1 << 20, follow=True).decode("utf-8", errors="replace")
+
     try:
-        text = files.read_bytes(script, 1 << 20, follow=True).decode("utf-8", errors="replace")
+        text = read(script)
     except FileNotFoundError:
         raise KitError(f"no such script: {script}", field="SCRIPT") from None
     except OSError as e:
         raise KitError(f"cannot read {script}: {e.strerror}", field="SCRIPT") from None
-    result = convert_script(text, sbatch_args, inspect=image_has, cwd=os.getcwd())
+    result = convert_script(text, sbatch_args, inspect=image_has, cwd=os.getcwd(), read=read)
     click.echo(result.toml(script), nl=False)
     for item in result.changed:
         click.echo(f"kit: changed: {printable(item)}", err=True)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import importlib
 import os
+import socket
 import sys
 from pathlib import Path
 
 import click
 
 from kit import runner
+from kit.cli.common import SERVING
 from kit.errors import KitError
 from kit.remote import wire
 from kit.version import __version__
@@ -134,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         serving = os.environ.pop(wire.VERSION_VARIABLE, None) is not None  # on a login node, for a client
         if serving:
+            SERVING["login node"] = socket.gethostname()
             wire.hello()  # what the login shell printed before this is skipped by the laptop
             wire.as_the_login_node()
             args = wire.read_args() if args == [wire.ARGS_COMMAND] else args

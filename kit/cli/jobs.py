@@ -17,20 +17,13 @@ def _job(job: str, output_dir: str) -> tuple[Path, str]:
     import os
 
     from kit import jobdir
-    from kit.jobdir import records
+    from kit.jobdir import lookup, records
 
-    job_dir = records.find_job_dir(job, output_dir)
+    job_dir = lookup.find_job_dir(job, output_dir)
     owner = jobdir.owner(job_dir)
     if owner != os.geteuid():  # what it says (its id, its logs) is its owner's word
         click.echo(f"kit: note: {job_dir} is {jobdir.owner_name(owner)}'s job directory, not yours", err=True)
-    job_id = records.job_id_of(job_dir)
-    if job_id is None:
-        raise KitError(
-            f"{job_dir} was never submitted (no job_id in it)",
-            field="JOB",
-            hint="a --dry-run writes the directory only",
-        )
-    return job_dir, job_id
+    return job_dir, records.submitted_id(job_dir)
 
 
 @click.command()
@@ -69,16 +62,17 @@ def ps(everything, as_json, output_dirs, expand, states, name, since, user):
     (or does not answer); it is the end Slurm gave it when kit last saw it,
     else COMPLETED only with the job's FINISHED marker.
     """
-    from kit.job import api, listing
+    from kit import api
+    from kit.job import listing
 
     wanted = listing.Filter.checked(states, name, _age_seconds(since) if since else None, user)
     now = time.time()
     rows = [
         j.row for j in api.jobs(output_dirs=output_dirs, everything=everything or bool(since)) if wanted(j.row, now)
     ]
-    from kit.notify import deliver
+    from kit.job import settle
 
-    deliver.tell_pending([r.unit_dir for r in rows if not r.active])  # --notify: what an ended job could not send
+    settle.settle_rows(rows)  # the ends seen: kept, and what an ended job could not send handed on (--notify)
     if as_json:
         click.echo(json.dumps([r.as_json() for r in rows], indent=2))
         return 0
@@ -110,13 +104,13 @@ def cancel(job, reason, output_dir):
 
     The job ends CANCELLED and is never marked finished; an array job's every task is cancelled.
     """
-    from kit.job import api
-    from kit.jobdir import records
+    from kit import api
+    from kit.jobdir import end_records
 
     job_dir, job_id = _job(job, output_dir)
     rec = api.Job(job_dir, job_id=job_id).cancel(reason)
     why = f" ({rec['reason']})" if rec["reason"] else ""
-    click.echo(f"cancelled job {job_id}{why}; recorded in {job_dir / records.CANCEL_RECORD}")
+    click.echo(f"cancelled job {job_id}{why}; recorded in {job_dir / end_records.CANCEL_RECORD}")
 
 
 @click.command()
@@ -134,7 +128,7 @@ def cancel(job, reason, output_dir):
 @OUTPUT_DIR_LOOKUP
 def logs(job, rank, node, restart, sidecar, follow, errors, output_dir):
     """Show JOB's log (an id or a job directory): every rank's output, rank-prefixed."""
-    from kit.job import api
+    from kit import api
 
     for value, field in ((sidecar, "--sidecar"), (node, "--node")):
         if value is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", value):
@@ -193,8 +187,8 @@ def rerun(job, edits, wait_, output_dir):
     The new job goes to the same Slurm and records which job it reruns (rerun_of.json;
     kit ps --json shows it). Only a job directory of your own is rerun.
     """
+    from kit import api
     from kit.cli.launch import wait_and_report
-    from kit.job import api
 
     job_dir, _ = _job(job, output_dir)
     new = api.Job(job_dir).rerun(*edits)
@@ -214,13 +208,13 @@ def events(job, as_json, output_dir):
     limit's warning, a hang, how each run ended, a cancel and the end Slurm gave it: each from the record kit
     wrote as it happened. The first line gives the time; the others, seconds since.
     """
-    from kit.job import api
+    from kit import api
 
     job_dir, job_id = _job(job, output_dir)
     got = api.Job(job_dir, job_id=job_id).events()
-    from kit.notify import deliver
+    from kit.job import settle
 
-    deliver.tell_pending([job_dir])  # --notify: an ended job's untold events, handed on
+    settle.settle(job_dir)  # --notify: an ended job's untold events, handed on
     if as_json:
         click.echo(json.dumps([e.as_json() for e in got], indent=1))
         return

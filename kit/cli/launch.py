@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextvars
 import json
 import shlex
 import signal
@@ -17,9 +16,8 @@ from kit import submission as lib
 from kit.cli.help import GroupedCommand
 from kit.core import jobfile, options
 from kit.core import spec as specs
-from kit.core import sweep as sweep_lib
 from kit.errors import KitError
-from kit.job import api
+from kit.job import handle, settle
 from kit.remote import wire
 
 
@@ -61,35 +59,18 @@ GROUPS = tuple(
 )
 
 
-def _given(values: dict) -> specs.JobSpec:
-    """The job's fields as the command line gave them (None: not given)."""
-    given = specs.JobSpec()
+def _given(values: dict) -> dict:
+    """The job's fields as the command line gave them, handed over as given (a repeatable option's values a list;
+    not given: left out), checked with a job file's values (kit.core.jobfile.coerce_value)."""
+    given = {}
     for name in specs.FIELD_NAMES:
         value = values.get(name)
-        kind = options.BY_NAME[name].kind
-        if kind in (options.LIST, options.TABLE, options.SWEEP) and not value:
-            continue  # repeatable, and not given
-        if kind == options.TABLE:
-            value = dict(_env_item(item) for item in value)
-        elif kind == options.SWEEP:
-            value = dict(sweep_lib.parse_sweep_item(item, "--sweep") for item in value)
-        elif name == "container_env":
-            value = [n for item in value for n in item.split(",") if n]
-        elif kind == options.LIST:
-            value = list(value)
-        setattr(given, name, value)
+        if options.BY_NAME[name].kind in (options.LIST, options.TABLE, options.SWEEP):
+            if value:
+                given[name] = list(value)
+        elif value is not None:
+            given[name] = value
     return given
-
-
-def _env_item(item: str) -> tuple[str, str]:
-    try:
-        return specs.parse_env_item(item)
-    except KitError as e:
-        raise e.with_field("--env") from None
-
-
-# remote-launch: the code snapshot the laptop sent (kit.remote.transfer), which the launch runs.
-RECEIVED: contextvars.ContextVar[lib.Rerun | None] = contextvars.ContextVar("received", default=None)
 
 
 @click.command(cls=GroupedCommand, groups=GROUPS, context_settings={"allow_interspersed_args": False})
@@ -109,7 +90,7 @@ def launch(job_file, where, dry_run, wait, as_json, parsable, **values):
 
 
 def _request(job_file, where, dry_run, wait, as_json, parsable, values: dict) -> jobfile.Request:
-    return jobfile.Request(_given(values).to_dict(), where, job_file, dry_run, wait, as_json, parsable)
+    return jobfile.Request(_given(values), where, job_file, dry_run, wait, as_json, parsable)
 
 
 def request_of(args: list[str]) -> jobfile.Request:
@@ -120,21 +101,22 @@ def request_of(args: list[str]) -> jobfile.Request:
     return _request(*(p.pop(k) for k in ("job_file", "where", "dry_run", "wait", "as_json", "parsable")), p)
 
 
-def launched(request: jobfile.Request) -> int:
-    """`kit launch`'s work once its command line is read (here, or the laptop's on a login node): the job
-    submitted, its id and directory printed (a record first for a laptop), and ``--wait``."""
+def launched(request: jobfile.Request, received: lib.Rerun | None = None) -> int:
+    """`kit launch`'s work once its command line is read (here, or the laptop's on a login node: ``received``,
+    the code snapshot it sent, which the job runs): the job submitted, its id and directory printed (a record
+    first for a laptop), and ``--wait``."""
     if request.parsable and (request.as_json or request.dry_run):
         raise KitError(
             "--parsable prints the submitted job's id: not with " + ("--json" if request.as_json else "--dry-run"),
             field="--parsable",
         )
     spec, origins = request.spec()
-    plan, prepared = api.submit_spec(
+    plan, prepared = handle.submit_spec(
         spec,
         origins,
         where=request.where,
         dry_run=request.dry_run,
-        rerun=RECEIVED.get(),
+        rerun=received,
         say=lambda message: click.echo(f"kit: {message}", err=True),
     )
     if wire.serving():  # for a laptop (kit --host, kit.launch(host=)): the job in one record, before any line
@@ -168,7 +150,10 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
     elapsed); otherwise a line per state change and a progress line a minute.
     Ctrl-C stops waiting and leaves the job running.
     """
-    from kit.jobdir import goodput, records, stragglers, tally
+    from kit.job import logs as joblogs
+    from kit.jobdir import events as jobevents
+    from kit.jobdir import goodput, slow_ranks, tally, trained
+    from kit.jobdir.sidecars import sidecar_ends, sidecar_text
 
     live = sys.stderr.isatty()
     if live and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
@@ -177,7 +162,7 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
         # still stops waiting with Ctrl-C.
         signal.signal(signal.SIGINT, signal.default_int_handler)
     t0 = time.monotonic()
-    seen = {"line": "", "printed": 0.0}
+    seen = {"line": "", "printed": 0.0, "restarts": 0, "sidecars": 0, "requeue": False}
 
     def say(msg: str) -> None:
         if live and seen["line"]:
@@ -186,10 +171,14 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
         click.echo(f"kit: job {job_id}: {msg}", err=True)
 
     def progress(st: slurm.JobStatus) -> None:
-        p = records.training_progress(job_dir)
+        tell_requeue(st)  # the ending run's reason, as soon as it is written
+        for ended in sidecar_ends(job_dir)[seen["sidecars"] :]:  # a sidecar that died: said as it is seen
+            seen["sidecars"] += 1
+            say(sidecar_text(ended))
+        p = trained.training_progress(job_dir)
         now = time.monotonic()
-        parts = [st.state, f"run {st.restarts}", *records.progress_words(p)]
-        parts += [f"straggler rank {s.rank} on {s.node} ({s.factor:.2f}x)" for s in stragglers.read(job_dir)]
+        parts = [st.state, f"run {st.restarts}", *trained.progress_words(p)]
+        parts += [f"straggler rank {s.rank} on {s.node} ({s.factor:.2f}x)" for s in slow_ranks.read(job_dir)]
         parts.append(f"{int(now - t0)} s")
         line = ", ".join(parts)
         if live:
@@ -199,9 +188,21 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
             click.echo(f"kit: job {job_id}: {line}", err=True)
             seen["printed"] = now
 
+    def tell_requeue(st: slurm.JobStatus) -> None:
+        if st.restarts > seen["restarts"]:  # Slurm requeued it: said now, not when the next run starts
+            seen["restarts"] = st.restarts
+            seen["requeue"] = True
+        if seen["requeue"] and (line := jobevents.requeue_line(job_dir, st.restarts, st.state)):
+            seen["requeue"] = False
+            say(line)
+
+    def on_state(st: slurm.JobStatus) -> None:
+        tell_requeue(st)
+        say(st.shown())
+
     try:
-        result = api.Job(job_dir, job_id=job_id, target=target).wait(
-            poll=0.5, on_state=lambda st: say(st.shown()), on_outage=say, on_poll=progress
+        result = handle.Job(job_dir, job_id=job_id, target=target).wait(
+            poll=0.5, on_state=on_state, on_outage=say, on_poll=progress
         )
     except KeyboardInterrupt:
         where = shlex.quote(str(job_dir))  # the directory, not the id: it works whatever --output-dir was
@@ -210,11 +211,13 @@ def wait_and_report(target: slurm.Target, job_id: str, job_dir) -> int:
     if live and seen["line"]:
         click.echo("\r\x1b[K", nl=False, err=True)
     click.echo(f"kit: job {job_id} {result.describe()}", err=True)
+    for line in joblogs.run_ends(Path(job_dir)):  # each run that did not finish it: who, and what followed
+        click.echo(f"kit: job {job_id}: {line}", err=True)
     spent = goodput.goodput(job_dir, running=False)
     if spent is not None:
         click.echo(f"kit: job {job_id}: {spent.line()}", err=True)
         click.echo(f"kit: job {job_id}: {tally.tally(job_dir, spent=spent).words()}", err=True)
-    for slow in stragglers.read(job_dir):
+    for slow in slow_ranks.read(job_dir):
         click.echo(f"kit: job {job_id}: {slow.line()}", err=True)
     return result.exit_code
 
@@ -238,7 +241,7 @@ def wait_and_report_tasks(target: slurm.Target, job_id: str, job_dir) -> int:
     )
     codes = []
     for i in indices:
-        result = slurm.observe(ends[i], JobDir(job_dir).task(i).path)
+        result = settle.observe(ends[i], JobDir(job_dir).task(i).path)
         codes.append(result.exit_code)
         label = f" ({names[i]})" if names[i] else ""
         click.echo(f"kit: job {job_id}_{i}{label} {result.describe()}", err=True)

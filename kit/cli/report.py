@@ -9,8 +9,6 @@ import click
 from kit.cli.common import OUTPUT_DIR_LOOKUP
 from kit.errors import KitError
 
-FORMATS = (".png", ".svg", ".pdf")
-
 
 @click.command()
 @click.argument("job")
@@ -44,24 +42,23 @@ def report(job, output, prometheus, min_seconds, output_dir):
     marked; notes flag idle or unused GPUs, unused cores and memory, time lost
     to restarts and a slow node, each with its threshold.
     """
-    from kit.job import api
-    from kit.jobdir import JobDir, records
+    from kit import api
+    from kit.jobdir import JobDir, lookup
+    from kit.report import picture_suffix
 
-    if output and Path(output).suffix.lower() not in FORMATS:
-        raise KitError(
-            f"{output}: the report is a picture: name it .png, .svg or .pdf",
-            field="--output",
-            hint="a .json summary is written next to it",
-        )
-    job = api.Job.from_dir(records.find_job_dir(job, output_dir))
+    if output:
+        picture_suffix(output)
+    job = api.Job.from_dir(lookup.find_job_dir(job, output_dir))
     _show(job, output or job.dir / JobDir.REPORT, prometheus=prometheus, min_seconds=min_seconds)
-    from kit.notify import deliver
+    from kit.job import settle
 
-    deliver.tell_pending([job.dir])  # --notify: an ended job's untold events, handed on
+    settle.settle(job.dir)  # --notify: an ended job's untold events, handed on
 
 
 def _show(job, out, **asked) -> None:
     """The report's lines, what could not be drawn, and where its picture is (over --host without -o: there)."""
+    from kit.cli.common import SERVING
+
     missing: list[KitError] = []
     summary = job.summarize(output=out, notice=missing.append, **asked)
     for line in summary.lines():
@@ -69,12 +66,15 @@ def _show(job, out, **asked) -> None:
     for e in missing:  # one line, the hint naming the extra; the numbers above stand
         click.echo(f"kit: warning: {e.message}" + (f"; {e.hint}" if e.hint else ""), err=True)
     out = out or getattr(summary, "picture", None)
-    click.echo(f"report: {Path(out).with_suffix('.json') if missing and out else out}")
+    where = ""
+    if SERVING["login node"]:  # kit --host LOGIN report JOB without -o: the files are the login node's
+        where = f" (on the login node {SERVING['login node']}; -o FILE writes the picture on your machine)"
+    click.echo(f"report: {Path(out).with_suffix('.json') if missing and out else out}{where}")
 
 
 def report_here(host, args: list[str]) -> int:
     """``kit --host LOGIN report JOB -o FILE``: the report made there, its picture (and numbers) written here."""
-    from kit.job import api
+    from kit import api
 
     with report.make_context("kit report", list(args)) as ctx:
         p = ctx.params

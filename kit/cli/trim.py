@@ -26,8 +26,8 @@ def trim(output_dirs, keep, dry_run):
     knows it (it may be requeued), any job Slurm cannot answer for, and each --keep JOB.
     What was written in the last 10 minutes stays (a launch may be writing it).
     """
-    from kit.code import trim as lib
     from kit.code.snapshot import mib
+    from kit.job import trim as lib
 
     out = lib.trim([Path(d) for d in output_dirs], [Path(k) for k in keep], dry_run=dry_run)
     verb = "would free" if dry_run else "freed"

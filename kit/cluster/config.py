@@ -136,7 +136,7 @@ def slurm_conf(st, root: Path, user: str, first_job_id: int, public: Path | None
         f"SlurmctldLogFile={r}/log/slurmctld.log",
         f"SlurmdLogFile={r}/log/slurmd-%n.log",
         f"PlugStackConfig={public}/plugstack.conf",
-        *([f"Prolog={public}/prolog"] if getattr(st, "containers", None) == PYXIS else []),
+        f"Prolog={public}/prolog",
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         "SelectType=select/cons_tres",
@@ -251,23 +251,44 @@ def named_containers(root: Path, public: Path, containers: str | None, node: str
     return stand_in_data(root, node) / f"user-{uid}"
 
 
-def prolog(public: Path) -> str:
-    """Slurm's ``Prolog`` under real pyxis (root, on each node before the job's first step there): the
-    job's user's own enroot directory on that node, made in a directory only root writes and then
-    handed over whole (under a temporary name: a second job of theirs starting beside it finds one or
-    the other, and a failed prolog would drain the node)."""
+TARGETS = "prometheus-targets"  # in the public directory: Prometheus's file_sd, a directory per user
+
+
+def prolog(public: Path, enroot: bool, regen: Path) -> str:
+    """Slurm's ``Prolog`` (root, on each node before the job's first step there): the job's user's own directories,
+    each made in a directory only root writes and then handed over whole (under a temporary name: a second job of
+    theirs starting beside it finds one or the other; a failed prolog would drain the node, so it never fails):
+    their Prometheus targets directory (0755: Prometheus reads it, it labels their targets ``owner``) when the
+    cluster runs Prometheus — a new one is added to Prometheus's file_sd (``regen``: its patterns take a glob in
+    their last part only) —, and under real pyxis their enroot directory on that node (0700)."""
     return (
         "#!/usr/bin/env bash\n"
-        "# Written by `kit cluster up`: the job's user's enroot directory on this node (theirs, 0700).\n"
-        "set -euo pipefail\n"
-        '[[ "${SLURM_JOB_UID:-}" =~ ^[0-9]+$ && "${SLURMD_NODENAME:-}" =~ ^[A-Za-z0-9_-]+$ ]] || exit 0\n'
-        f'dir={quote(str(public / "enroot"))}/"${{SLURMD_NODENAME}}"\n'
-        '[[ -d "${dir}/user-${SLURM_JOB_UID}" ]] && exit 0\n'
-        'new=$(mktemp -d "${dir}/.user-${SLURM_JOB_UID}.XXXXXX")\n'
-        "if (( EUID == 0 )); then\n"
-        '    chown "${SLURM_JOB_UID}:${SLURM_JOB_GID:-$(id -g "${SLURM_JOB_UID}")}" "${new}"\n'
+        "# Written by `kit cluster up`: the job's user's own directories (theirs), made as root before its first step.\n"
+        "set -uo pipefail\n"
+        '[[ "${SLURM_JOB_UID:-}" =~ ^[0-9]+$ ]] || exit 0\n'
+        'gid="${SLURM_JOB_GID:-$(id -g "${SLURM_JOB_UID}")}"\n'
+        "own() {  # DIR NAME MODE: DIR/NAME, the job user's, where DIR exists and it does not\n"
+        "  local new\n"
+        '  [[ -d "$1" && ! -e "$1/$2" ]] || return 0\n'
+        '  new=$(mktemp -d "$1/.$2.XXXXXX") || return 0\n'
+        '  chmod "$3" "${new}"\n'
+        '  if (( EUID == 0 )); then chown "${SLURM_JOB_UID}:${gid}" "${new}"; fi\n'
+        '  mv -T "${new}" "$1/$2" 2>/dev/null || rmdir "${new}"\n'
+        "}\n"
+        'user="${SLURM_JOB_USER:-$(id -nu "${SLURM_JOB_UID}")}"\n'
+        f"targets={quote(str(public / TARGETS))}\n"
+        'if [[ "${user}" =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]*$ && -d "${targets}" && ! -e "${targets}/${user}" ]]; then\n'
+        '  own "${targets}" "${user}" 0755\n'
+        f"  if [[ -x {quote(str(regen))} ]]; then {quote(str(regen))} || true; fi\n"
         "fi\n"
-        'mv -T "${new}" "${dir}/user-${SLURM_JOB_UID}" 2>/dev/null || rmdir "${new}"\n'
+        + (
+            'if [[ "${SLURMD_NODENAME:-}" =~ ^[A-Za-z0-9_-]+$ ]]; then\n'
+            f'  own {quote(str(public / "enroot"))}/"${{SLURMD_NODENAME}}" "user-${{SLURM_JOB_UID}}" 0700\n'
+            "fi\n"
+            if enroot
+            else ""
+        )
+        + "exit 0\n"
     )
 
 

@@ -52,6 +52,9 @@ def write(root: Path, conf: Path, st) -> None:
     write_plugstack(r, st)
     if st.containers == config.PYXIS:
         plugin.write_enroot_wrappers(public, st.nodes)
+    files.write_atomic(
+        public / "prolog", config.prolog(public, st.containers == config.PYXIS, r / "prometheus" / "regen"), 0o755
+    )
     for gpu in config.gpu_files(st, r):
         gpu.parent.mkdir(parents=True, exist_ok=True)
         gpu_device(gpu)
@@ -82,7 +85,7 @@ def clean(root: Path, state_file: Path) -> None:
     next_id = max(state.saved_job_id_sequence(root / "state" / "job_state"), state.next_job_id(root))
     if next_id > 1:
         (root / "next_job_id").write_text(f"{next_id}\n")
-    for sub in ("state", "spool", "run", "dev", "prometheus", "enroot", "munge"):  # enroot: named containers too
+    for sub in ("state", "spool", "run", "dev", "prometheus", config.TARGETS, "enroot", "munge"):  # enroot: named
         files.remove_tree(root / sub)
     for path in (state_file,):
         path.unlink(missing_ok=True)

@@ -61,7 +61,9 @@ class LocalCluster(Daemons):
 
     @property
     def prometheus_targets(self) -> Path:
-        return self.root / "prometheus" / "targets"
+        """Prometheus's file_sd directory (root's, 0755, where every user reaches it): a directory per user in
+        it (``<name>/``, theirs, made by the Prolog), each target labelled ``owner`` by it."""
+        return self.public / config.TARGETS
 
     def prometheus_url(self) -> str | None:
         st = self.state()

@@ -146,11 +146,10 @@ def plugin_of(root: Path, st) -> str | None:
 
 def write_enroot_wrappers(public: Path, nodes: int) -> None:
     """Real pyxis: each node's enroot directory where every user reaches it (root's: the prolog makes each
-    job user's own in it), the wrapper first on its slurmd's PATH, and the prolog."""
+    job user's own in it), the wrapper first on its slurmd's PATH."""
     enroot = shutil.which("enroot")
     config.pyxis_runtime(public).mkdir(parents=True, exist_ok=True)
     for i in range(1, nodes + 1):
         wrapper = config.enroot_bin(public, f"node{i}") / "enroot"
         wrapper.parent.mkdir(parents=True, exist_ok=True)
         files.write_atomic(wrapper, config.enroot_wrapper(public, f"node{i}", enroot), 0o755)
-    files.write_atomic(public / "prolog", config.prolog(public), 0o755)

@@ -1,3 +1,3 @@
 """The code a job runs: :mod:`~kit.code.snapshot` (taken at submission: a git work tree or ``--code DIR``),
-:mod:`~kit.code.store` (its content-addressed store, which cannot be swapped or written through) and
-:mod:`~kit.code.trim` (``kit trim``: the pinned images, snapshots and login-node trees no job needs any more)."""
+:mod:`~kit.code.store` (its content-addressed store, which cannot be swapped or written through). What no job
+needs any more is the job room's to say (:mod:`kit.job.trim`)."""

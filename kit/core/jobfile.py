@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from kit.core.spec import (
     cli_label,
     merge,
 )
+from kit.core.values import parse_env_item
 from kit.errors import KitError
 
 JOB_FILE_LIMIT = 4 << 20  # a job file is a few lines; /dev/zero is not one
@@ -70,44 +72,81 @@ def spec_from(data: dict, where: str, label_of) -> tuple[JobSpec, Origins]:
 
 
 def coerce_value(name: str, value: Any, label: str) -> Any:
-    """A job file's (TOML) value for field ``name``, checked against the option's kind."""
+    """The one check of a field's value, whoever gave it: a job file's (TOML), the command line's and
+    ``kit.launch``'s keywords (handed over as given, normalised: :func:`normalised`), a rerun's edit. Each kind's
+    shapes: a whole number; a string (``mem`` and ``time`` also a whole number); true or false; a list of strings
+    (``container_env``'s items also comma lists); a table of strings (``env``; also ``KEY=VALUE`` items, as
+    ``--env`` takes them); a table of lists (``sweep``; also ``NAME=V1,V2`` items, as ``--sweep`` takes them)."""
+    toml, python = _EXAMPLES.get(_KINDS[name], ("", ""))
+    flag = name.replace("_", "-")
 
-    def bad(kind: str, example: str) -> KitError:
+    def bad(kind: str) -> KitError:
+        example = f"{flag} = {toml}" if toml else ""
         return KitError(
-            f"expected {kind}, got {type(value).__name__} {value!r}", field=label, hint=f"write it as {example}"
+            f"expected {kind}, got {type(value).__name__} {value!r}",
+            field=label,
+            hint=f"write it as {example} in a job file, {name}={python} in kit.launch" if example else None,
         )
 
     if name in _INT_FIELDS:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise bad("a whole number", f"{name.replace('_', '-')} = 2")
+            raise bad("a whole number")
         return value
     if name in _STR_FIELDS:
-        if name == "mem" and isinstance(value, int) and not isinstance(value, bool):
-            return str(value)
-        if name == "time" and isinstance(value, int) and not isinstance(value, bool):
+        if name in ("mem", "time") and isinstance(value, int) and not isinstance(value, bool):
             return str(value)
         if not isinstance(value, str):
-            raise bad("a string", f'{name.replace("_", "-")} = "..."')
+            raise bad("a string")
         return value
     if name in _BOOL_FIELDS:
         if not isinstance(value, bool):
-            raise bad("true or false", f"{name.replace('_', '-')} = true")
+            raise bad("true or false")
         return value
     if name in _LIST_FIELDS:
-        if name == "command" and isinstance(value, str):
-            raise bad("a list of strings", 'command = ["python", "train.py"]')
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise bad("a list of strings", f'{name.replace("_", "-")} = ["..."]')
-        return list(value)
+            raise bad("a list of strings")
+        return [n for item in value for n in item.split(",") if n] if name == "container_env" else list(value)
     if _KINDS[name] == options.TABLE:
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            try:
+                return dict(parse_env_item(item) for item in value)
+            except KitError as e:
+                raise e.with_field(label) from None
         if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-            raise bad("a table of strings", 'env = { KEY = "value" }')
-        return dict(value)
+            raise bad("a table of strings")
+        return {str(k): v for k, v in value.items()}
     if _KINDS[name] == options.SWEEP:
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return dict(sweep_lib.parse_sweep_item(item, label) for item in value)
         if not isinstance(value, dict) or not all(isinstance(v, list) for v in value.values()):
-            raise bad("a table of lists", "[sweep]\nlr = [0.1, 0.01]")
+            raise bad("a table of lists")
         return dict(sweep_lib.check_sweep(k, v, label) for k, v in value.items())
     raise AssertionError(name)  # pragma: no cover
+
+
+# Each kind's value as a job file writes it, and as kit.launch takes it (a bad value's hint).
+_EXAMPLES = {
+    options.INT: ("2", "2"),
+    options.STR: ('"..."', '"..."'),
+    options.FLAG: ("true", "True"),
+    options.SWITCH: ("true", "True"),
+    options.OFF: ("false", "False"),
+    options.LIST: ('["..."]', '["..."]'),
+    options.TABLE: ('{ KEY = "value" }', '{"KEY": "value"}'),
+    options.SWEEP: ("{ lr = [0.1, 0.01] }", '{"lr": [0.1, 0.01]}'),
+}
+
+
+def normalised(value: Any) -> Any:
+    """A value as the caller gave it, in the shapes a job file's dictionary has (a tuple or set a list, a path a
+    string, within lists and tables too); checked by :func:`coerce_value`, never converted otherwise."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, dict):
+        return {k: normalised(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [normalised(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)

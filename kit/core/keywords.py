@@ -1,6 +1,7 @@
 """Python keywords as `kit launch` options: ``kit.launch(..., output_dir=..., no_exporter=True)``
 takes every option under its command-line name, dashes as underscores, with Python's shapes
-(``env={"K": "v"}``, ``mount=[...]``, a path for a string), checked as the command line is."""
+(``env={"K": "v"}``, ``mount=[...]``, a path for a string), handed over as given and checked where a job file's
+values are (:func:`kit.core.jobfile.coerce_value`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import os
 from typing import Any, Iterable
 
 from kit.core import jobfile, options
-from kit.core import spec as specs
-from kit.core import sweep as sweep_lib
 from kit.errors import KitError
 
 
@@ -25,48 +24,8 @@ def python_names() -> dict[str, options.Option]:
     return out
 
 
-def field_value(name: str, o: options.Option, value: Any) -> Any:
-    """A keyword's value as the job spec holds it (the command line's types, Python's shapes)."""
-
-    def bad(kind: str) -> KitError:
-        return KitError(
-            f"expected {kind}, got {type(value).__name__} {value!r}",
-            field=o.label,
-            hint=f"e.g. kit.launch(..., {name}=...) as docs/launch.md's option table says",
-        )
-
-    if o.kind in options.BOOLS:
-        if not isinstance(value, bool):
-            raise bad("True or False")
-        return (not value) if o.kind == options.OFF else value
-    if o.kind == options.INT:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad("a whole number")
-        return value
-    if o.kind == options.STR:
-        if o.name in ("mem", "time") and isinstance(value, int) and not isinstance(value, bool):
-            return str(value)
-        if isinstance(value, os.PathLike):
-            return os.fspath(value)
-        if not isinstance(value, str):
-            raise bad("a string")
-        return value
-    if o.kind == options.TABLE:  # env: {"K": "v"}, or ["K=v", ...] as --env takes them
-        if isinstance(value, dict):
-            return {str(k): str(v) for k, v in value.items()}
-        return dict(specs.parse_env_item(item) for item in strings(value, bad))
-    if o.kind == options.SWEEP:  # {"lr": [0.1, 0.01]}, or ["lr=0.1,0.01", ...] as --sweep takes them
-        if isinstance(value, dict):
-            return dict(sweep_lib.check_sweep(k, v if isinstance(v, list) else [v], o.label) for k, v in value.items())
-        return dict(sweep_lib.parse_sweep_item(item, o.label) for item in strings(value, bad))
-    items = strings(value, bad)  # LIST
-    if o.name == "container_env":
-        return [n for item in items for n in item.split(",") if n]
-    return items
-
-
 def strings(value: Any, bad) -> list[str]:
-    """A string or path, or a list of them, as a list of strings (``bad(kind)`` is the error)."""
+    """A string or path, or a list of them, as a list of strings (``bad(kind)`` is the error): the command."""
     if isinstance(value, (str, os.PathLike)):
         return [os.fspath(value)]
     if not isinstance(value, Iterable) or isinstance(value, dict):
@@ -102,8 +61,17 @@ def fields(kwargs: dict) -> tuple[dict[str, Any], str | None]:
                 where = name
             elif value is not False and value is not None:
                 raise KitError(f"expected True or False, got {value!r}", field=f"--{name}")
-        elif value is not None:
-            fields[o.name] = field_value(name, o, value)
+        elif value is not None:  # as given (a --no-x keyword the field's opposite), checked with the job file's
+            given = jobfile.normalised(value)
+            if o.kind == options.OFF and isinstance(given, bool):
+                given = not given
+            elif o.kind == options.LIST and isinstance(given, str):  # mount="/data:/data": a list of one
+                given = [given]
+            elif o.kind == options.TABLE and isinstance(given, dict):  # env={"N": 2}: the variable's text
+                given = {str(k): str(v) for k, v in given.items()}
+            elif o.kind == options.SWEEP and isinstance(given, dict):  # sweep={"lr": 0.1}: one value
+                given = {k: v if isinstance(v, list) else [v] for k, v in given.items()}
+            fields[o.name] = given
     return fields, where
 
 

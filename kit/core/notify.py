@@ -3,7 +3,7 @@
 ``https://HOST/PATH`` (or ``http://``): a JSON webhook (one POST per event); ``slack:https://…``: a Slack
 incoming webhook (``{"text": …}``); ``mailto:ADDRESS`` (``?smtp=HOST[:PORT]`` for an SMTP host the user names; else
 the node's ``sendmail``, else ``localhost:25``). A webhook's path and query are its secret: they live in the job's
-own files (mode 0600) and are shown as ``https://HOST/…`` everywhere kit prints a target.
+own files (mode 0600) and are shown as ``https://HOST[:PORT]/…`` everywhere kit prints a target.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ _HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?")
 
 
 @dataclass(frozen=True)
-class Target:
+class Recipient:
     kind: str  # WEBHOOK, SLACK or MAIL
     address: str  # the URL, or the mail address
     smtp: str = ""  # MAIL: HOST[:PORT] the user named ('' : sendmail, else localhost)
@@ -31,7 +31,9 @@ class Target:
         if self.kind == MAIL:
             return f"mailto:{self.address}"
         url = urllib.parse.urlsplit(self.address)
-        return ("slack:" if self.kind == SLACK else "") + f"{url.scheme}://{url.hostname}/…"
+        host = f"[{url.hostname}]" if ":" in (url.hostname or "") else url.hostname  # an IPv6 address, bracketed
+        port = f":{url.port}" if url.port is not None else ""  # two hooks on one host differ by it
+        return ("slack:" if self.kind == SLACK else "") + f"{url.scheme}://{host}{port}/…"
 
 
 def _url(value: str, given: str) -> str:
@@ -45,13 +47,13 @@ def _url(value: str, given: str) -> str:
     return value
 
 
-def parse(value: str) -> Target:
-    """One ``--notify`` value as a :class:`Target`; a KitError (the caller names the field) when it is none."""
+def parse(value: str) -> Recipient:
+    """One ``--notify`` value as a :class:`Recipient`; a KitError (the caller names the field) when it is none."""
     if not isinstance(value, str) or not value:
         raise KitError(f"expected a notification target, got {value!r}", hint=HINT)
     shown = value.split("//")[0] + "//…" if "//" in value else value  # never a URL's path: its secret
     if value.startswith("slack:"):
-        return Target(SLACK, _url(value[len("slack:") :], shown))
+        return Recipient(SLACK, _url(value[len("slack:") :], shown))
     if value.startswith("mailto:"):
         address, _, query = value[len("mailto:") :].partition("?")
         if not _ADDRESS.fullmatch(address):
@@ -65,11 +67,11 @@ def parse(value: str) -> Target:
             or set(urllib.parse.parse_qs(query)) != {"smtp"}
         ):
             raise KitError(f"a mailto: target takes ?smtp=HOST[:PORT] only, got {query!r}", hint=HINT)
-        return Target(MAIL, address, smtp)
+        return Recipient(MAIL, address, smtp)
     if value.startswith(("https://", "http://")):
-        return Target(WEBHOOK, _url(value, shown))
+        return Recipient(WEBHOOK, _url(value, shown))
     raise KitError(f"expected a notification target, got {shown!r}", hint=HINT)
 
 
-def parse_all(values) -> tuple[Target, ...]:
+def parse_all(values) -> tuple[Recipient, ...]:
     return tuple(parse(v) for v in values)

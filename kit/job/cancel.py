@@ -8,19 +8,13 @@ from pathlib import Path
 
 from kit import jobdir, slurm, targets
 from kit.errors import KitError
-from kit.jobdir import records
+from kit.jobdir import end_records, records
 
 
 def cancel(job_dir: Path, reason: str | None = None) -> dict:
     """Cancel a job (every task of an array job), recording who and why in its directory
     (``cancelled.json``) before Slurm is asked; the record. KitError when it already ended."""
-    job_id = records.job_id_of(job_dir)
-    if job_id is None:
-        raise KitError(
-            f"{job_dir} was never submitted (no job_id in it)",
-            field="JOB",
-            hint="a --dry-run writes the directory only",
-        )
+    job_id = records.submitted_id(job_dir)
     target = targets.target_of(job_dir)
     _same_owner(target, job_dir, job_id)
     from kit.job import logs as joblogs  # (here: kit launch imports this module, and needs none of it)
@@ -29,7 +23,7 @@ def cancel(job_dir: Path, reason: str | None = None) -> dict:
     end = joblogs.ended(now)
     if end:
         raise KitError(f"job {job_id} already ended ({end}): nothing to cancel", field="JOB", exit_code=1)
-    rec = records.record_cancel(
+    rec = end_records.record_cancel(
         job_dir,
         reason,
         tasks=None if now.keys() == {None} else [i for i, state in now.items() if not joblogs.final(state)],

@@ -1,12 +1,11 @@
-"""Python functions as kit jobs: ``kit.submit(fn, *args)`` runs ``fn(*args)`` on every rank,
-``kit.map(fn, items)`` one array task per item. The call is pickled with cloudpickle into the
-job directory (``function.pkl``); every rank runs ``python -m kit.train.function`` and leaves its
+"""Python functions as kit jobs, here: ``kit.submit(fn, *args)`` (:mod:`kit.api`) runs ``fn(*args)`` on every
+rank, ``kit.map(fn, items)`` one array task per item. The call is pickled with cloudpickle (:func:`pickled`)
+into the job directory (``function.pkl``); every rank runs ``python -m kit.train.function`` and leaves its
 return value or exception in ``results/``; :func:`results` reads them back."""
 
 from __future__ import annotations
 
 import base64
-import json
 import os
 import pickle
 import re
@@ -19,11 +18,12 @@ from kit import submission as lib
 from kit.core.outcome import Outcome
 from kit.errors import KitError
 from kit.image import info, is_reference
-from kit.job.api import Job, launch_with
+from kit.job import settle
+from kit.job.handle import Job, launch_with
+from kit.job.hosting import hosted
 from kit.jobdir import JobDir, records
-from kit.remote import client, ssh
 
-__all__ = ["FunctionJob", "RemoteError", "check_image_python", "map", "results", "submit"]
+__all__ = ["FunctionJob", "RemoteError", "check_image_python", "pickled", "pickled_each", "results"]
 
 
 class RemoteError(KitError):
@@ -53,12 +53,13 @@ class FunctionJob(Job):
 
     batch: "dict[str, dict] | None" = None  # on a login node, a kit.map's tasks' values as they come
 
+    @hosted(
+        serve=lambda job, args: _results_there(job, args), laptop=lambda job, timeout=None: _results_here(job, timeout)
+    )
     def results(self, timeout: float | None = None) -> list:
         """Every rank's return value, by rank, as soon as every rank of the job's first run returned (else after
         the job's end); the first rank that raised raises :class:`kit.RemoteError` here (its node and traceback
         with it)."""
-        if self.host is not None:
-            return _results_there(self, timeout)
         end = self.wait(timeout, on_state=_waiting_told(self._submitted()), until=lambda: every_rank_returned(self.dir))
         return results(self.dir, self.id, end)
 
@@ -91,24 +92,10 @@ def last_frames(traceback: str, count: int = 3) -> str:
     return "\n".join(out)
 
 
-def submit(fn: Callable, *args: Any, host: str | None = None, **kwargs: Any) -> FunctionJob:
-    """Run ``fn(*args)`` on every rank of a job (``nodes=``, ``ntasks_per_node=``, ``image=``
-    and every other `kit launch` option as in :func:`launch`), with the launcher's variables set;
-    ``job.result()`` is rank 0's return value, ``job.results()`` every rank's. The call is
-    pickled with cloudpickle into the job directory; the job's Python (this one, or the
-    image's python3) must be the same minor version and have cloudpickle: checked first.
-    ``host=``: submitted from here to that login node through ssh (:mod:`kit.remote`): the call is
-    pickled here, its Python there must be this one's minor version (refused before anything is sent),
-    and ``result()`` brings the value back.
-
-    Trust: a result is a pickle, and unpickling runs code. kit loads one only from a file the job's own rank
-    wrote in the job's own ``results/`` directory — a regular file (never a link) of the caller's that no one
-    else can write, the job ended with every rank's — and refuses any other. With ``host=`` the laptop
-    unpickles what the login account sends (at most 45 MiB together): whoever can act as that account (a
-    teammate sharing it, a program it runs, the kit installed there) can run code on the laptop through a
-    result, as they can through its jobs. Use ``host=`` with a login account that is yours alone."""
+def pickled(fn: Callable, args: tuple) -> bytes:
+    """``fn(*args)`` pickled for a function job (``kit.submit``): see :func:`kit.api.submit` for what travels."""
     try:
-        payload = _dumps(fn, (fn, args, {}))
+        return _dumps(fn, (fn, args, {}))
     except Exception as e:  # what cloudpickle raises for an unpicklable call varies
         raise KitError(
             f"cannot pickle {getattr(fn, '__name__', fn)!r} and its arguments: {e}",
@@ -116,27 +103,21 @@ def submit(fn: Callable, *args: Any, host: str | None = None, **kwargs: Any) -> 
             hint="a function job's call travels pickled: pass plain data, open files and connections "
             "inside the function",
         ) from None
-    if host is not None:
-        return _submitted_there(ssh.Host.of(host), [payload], kwargs, array=False)[0]
-    return submit_payload(payload, kwargs)
 
 
-def submit_payload(payload: bytes, kwargs: dict) -> FunctionJob:
-    """:func:`submit` of a call already pickled (``payload``)."""
+def submit_payload(payload: bytes, kwargs: dict, make: type[FunctionJob] | None = None) -> FunctionJob:
+    """``kit.submit`` here, of a call already pickled (``payload``); the job a ``make`` (the face's class)."""
     python = _function_python(kwargs.get("image"))
 
     def write_payload(prepared: lib.PreparedJob) -> None:
         files.write_atomic(prepared.job_dir / JobDir.FUNCTION, payload, 0o600)
 
     job = launch_with([python, "-m", "kit.train.function"], kwargs, before_submit=write_payload)
-    return FunctionJob(job.dir, job_id=job.id, messages=job.messages)
+    return (make or FunctionJob)(job.dir, job_id=job.id, messages=job.messages)
 
 
-def map(fn: Callable, items: Iterable[Any], host: str | None = None, **kwargs: Any) -> list[FunctionJob]:
-    """``fn(item)`` for each item, as one Slurm array job (a task per item, each its own unit of
-    work: own directory, requeue and port; every `kit launch` option as in :func:`launch`,
-    ``nodes=`` per task). Returns a Job per task, in the items' order: ``[j.result() for j in jobs]``.
-    ``host=``: from here to that login node, as :func:`submit` does."""
+def pickled_each(fn: Callable, items: Iterable[Any], kwargs: dict) -> list[bytes]:
+    """``fn(item)`` pickled for each item (``kit.map``)."""
     if "array" in kwargs:
         raise KitError(
             "kit.map makes the array itself: one task per item",
@@ -153,13 +134,12 @@ def map(fn: Callable, items: Iterable[Any], host: str | None = None, **kwargs: A
             ) from None
     if not payloads:
         raise KitError("no items to map over", field="items")
-    if host is not None:
-        return _submitted_there(ssh.Host.of(host), payloads, kwargs, array=True)
-    return map_payloads(payloads, kwargs)
+    return payloads
 
 
-def map_payloads(payloads: list[bytes], kwargs: dict) -> list[FunctionJob]:
-    """:func:`map` of calls already pickled (one per item)."""
+def map_payloads(payloads: list[bytes], kwargs: dict, make: type[FunctionJob] | None = None) -> list[FunctionJob]:
+    """``kit.map`` here, of calls already pickled (one per item); each task's job a ``make``."""
+    make = make or FunctionJob
     python = _function_python(kwargs.get("image"))
 
     def write_payloads(prepared: lib.PreparedJob) -> None:
@@ -172,10 +152,10 @@ def map_payloads(payloads: list[bytes], kwargs: dict) -> list[FunctionJob]:
         before_submit=write_payloads,
     )
     if job.id is None:  # a dry run
-        return [FunctionJob(JobDir(job.dir).task(i).path) for i in range(len(payloads))]
+        return [make(JobDir(job.dir).task(i).path) for i in range(len(payloads))]
     states = slurm.ArrayStates(job.target, job.id, range(len(payloads)))  # one squeue for every task's wait
     return [
-        FunctionJob(JobDir(job.dir).task(i).path, job_id=f"{job.id}_{i}", target=job.target, array_states=states)
+        make(JobDir(job.dir).task(i).path, job_id=f"{job.id}_{i}", target=job.target, array_states=states)
         for i in range(len(payloads))
     ]
 
@@ -298,52 +278,13 @@ def result_payloads(job_dir: Path, job_id: str | None, end: Outcome | None, limi
 PYTHON = "%d.%d" % sys.version_info[:2]
 
 
-def _submitted_there(host: ssh.Host, payloads: list[bytes], kwargs: dict, array: bool) -> list[FunctionJob]:
-    """The calls (one, or one array task per item) submitted on ``host``: ``kit remote-submit`` says its Python
-    first, and the calls go only when it is this one's minor version."""
-    try:
-        header = json.dumps({"kwargs": kwargs, "sizes": [len(p) for p in payloads], "map": array}).encode()
-    except TypeError as e:
-        raise KitError(
-            f"a keyword cannot travel to {host.name}: {e}",
-            field="host",
-            hint="give plain values (numbers, strings, lists, dicts); paths are the login node's",
-        ) from None
-    with client.Session(host, ["remote-submit"]) as session:
-        theirs = session.read_json().get("python")
-        if theirs != PYTHON:
-            raise KitError(
-                f"the Python of kit on {host.name} is {theirs}, this one is {PYTHON}: the call is "
-                "pickled here and unpickled there",
-                field="host",
-                hint="use the same Python minor version on both sides (nothing was sent)",
-            )
-        session.send(header + b"\n" + b"".join(payloads))
-        made = session.read_json()
-    jobs = [FunctionJob(str(job_dir), host=host, job_id=str(job_id)) for job_id, job_dir in made["jobs"]]
-    if array:
-        shared: dict[str, dict] = {}  # the tasks' results as they come, by index (see _results_there)
-        for job in jobs:
-            job.batch = shared
-    return jobs
-
-
-def _results_there(job: FunctionJob, timeout: float | None) -> list:
+def _results_here(job: FunctionJob, timeout: float | None) -> list:
     """A function job's values from its login node; a kit.map task's call brings with it those of every task
     that has ended by then (each read once), so a loop over the tasks makes a call per batch, not per task."""
     index = job.id.rpartition("_")[2]
     record = job.batch.get(index) if job.batch is not None else None
     if record is None:
-        argv = [
-            "remote-result",
-            str(job.dir),
-            "--job-id",
-            job.id,
-            *(["--timeout", str(timeout)] if timeout else []),
-            *(["--batch"] if job.batch is not None else []),
-        ]
-        with client.Session(job.host, argv) as session:
-            record = session.read_json()
+        record = job.there.call("results", job._address(), {"timeout": timeout, "batch": job.batch is not None})
         tasks = record.get("tasks") if isinstance(record, dict) else None
         if isinstance(tasks, dict) and job.batch is not None:
             job.batch.update(tasks)
@@ -362,3 +303,42 @@ def _results_there(job: FunctionJob, timeout: float | None) -> list:
     if "kit_error" in record:
         raise KitError(record["kit_error"], field="JOB", exit_code=1, hint=record.get("hint"))
     return [pickle.loads(base64.b64decode(data)) for data in record["results"]]
+
+
+def _results_there(job: FunctionJob, args: dict) -> dict:
+    """The login node's side of a hosted function job's results(): waits here for every rank's value (or the
+    job's end), then hands the ranks' pickled values to the laptop (nothing of the user's is unpickled here).
+    ``batch`` (kit.map's tasks): with them, by index, those of the array's other tasks that have ended too,
+    their states asked for in one query, so that ``[j.result() for j in jobs]`` makes a call per batch, not per
+    task."""
+    array_id, _, index = job._submitted().partition("_")
+    array_dir = job.dir.parent.parent
+    states, indices = None, records.task_indices(array_dir) if args.get("batch") and index.isdigit() else []
+    if indices:
+        states = slurm.ArrayStates(job.target, array_id, indices)
+        job = FunctionJob(job.dir, job_id=job.id, target=job.target, array_states=states)
+    try:
+        end = job.wait(args.get("timeout"), until=lambda: every_rank_returned(job.dir))
+    except KitError as e:
+        return {"kit_error": e.message, "hint": e.hint}
+    record = _result_record(job.dir, job.id, end)
+    if states is None:
+        return record
+    pending = [i for i in states.indices if i not in states.done]
+    if pending:
+        states.status(pending[0], poll=0)  # one query for every task not yet seen ended
+    tasks = {index: record}
+    for i in sorted(states.done - {int(index)}):
+        task = JobDir(array_dir).task(i).path
+        tasks[str(i)] = _result_record(task, f"{array_id}_{i}", settle.observe(states.known[i], task))
+    return {"tasks": tasks}
+
+
+def _result_record(job_dir: Path, job_id: str, end) -> dict:
+    try:
+        data = result_payloads(job_dir, job_id, end, limit=HOSTED_RESULT_LIMIT)
+    except RemoteError as e:
+        return {"error": e.record}
+    except KitError as e:
+        return {"kit_error": e.message, "hint": e.hint}
+    return {"results": [base64.b64encode(d).decode() for d in data]}

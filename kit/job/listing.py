@@ -18,8 +18,10 @@ from pathlib import Path
 from kit import jobdir, slurm, targets
 from kit.core.text import printable
 from kit.errors import KitError
-from kit.jobdir import JobDir, records, stragglers
+from kit.jobdir import JobDir, end_records, job_index, records, slow_ranks, trained
+from kit.jobdir.goodput import goodput
 from kit.jobdir.runs import read_verdict
+from kit.jobdir.sidecars import sidecar_ends
 from kit.jobdir.tally import lost_exporters, tally
 
 RECENT = 24 * 3600  # without --all: ended jobs submitted this recently
@@ -45,12 +47,14 @@ class JobRow:
     rerun_of: str | None = None  # kit rerun: the id of the job this one reruns
     tflops: float | None = None  # rank 0's device, the latest: the model's TFLOP/s (kit.train.mfu)
     mfu: float | None = None  # of that device's peak (None: n/a)
-    stragglers: list | None = None  # the ranks named slow (kit.jobdir.stragglers: rank, node, factor, evidence, ...)
+    stragglers: list | None = None  # the ranks named slow (kit.jobdir.slow_ranks: rank, node, factor, evidence, ...)
     preflight: dict | None = None  # --preflight: the latest run's verdict (verdict, nodes, why, checked)
     # An ended job's seconds from submission to its end (samples_per_second then its throughput: kit.jobdir.tally);
     # None while it runs (samples_per_second is then its ranks' latest).
     duration_seconds: float | None = None
     exporters_lost: list | None = None  # nodes whose exporter stopped while their run trained (kit.jobdir.tally)
+    goodput: float | None = None  # the share of its time that trained so far (kit.jobdir.goodput; None: n/a)
+    sidecars_ended: list | None = None  # the latest run's sidecars that ended by themselves: "NAME@NODE (exit N)"
 
     @property
     def unit_dir(self) -> Path:
@@ -83,15 +87,13 @@ def _units(job_dir: Path) -> list[tuple[str, Path]]:
 def _row(
     name: str, unit_dir: Path, job_dir: Path, job_name: str, st: slurm.JobStatus | None, unreachable: str | None
 ) -> JobRow:
-    p = records.training_progress(unit_dir)
+    p = trained.training_progress(unit_dir)
     done = records.runs(unit_dir)
     run = max(done[-1] if done else 0, st.restarts if st else 0)
     if st is not None and st.state != "GONE":
         state, source = st.state, "slurm"
-        if state in slurm.TERMINAL_STATES:
-            records.keep_outcome(unit_dir, state)  # told the same way once Slurm forgets the job
     else:
-        state = records.recorded_state(unit_dir)
+        state = end_records.recorded_state(unit_dir)
         if unreachable and state not in ("COMPLETED", "CANCELLED", "FAILED"):
             state = "UNKNOWN"
         source = f"job directory (slurm: {unreachable})" if unreachable else "job directory"
@@ -117,15 +119,20 @@ def _row(
         samples_per_second=p.samples_per_second if state == "RUNNING" else counted and counted.rate(),
         submitted=records.submitted_at(job_dir),
         job_dir=str(job_dir),
-        finished=records.finished(unit_dir),
+        finished=end_records.finished(unit_dir),
         task_start=jobdir.task_starts(unit_dir, run) or None,
         rerun_of=records.rerun_of(job_dir),
         tflops=p.tflops,
         mfu=p.mfu,
-        stragglers=[asdict(s) for s in stragglers.read(unit_dir)] or None,
+        stragglers=[asdict(s) for s in slow_ranks.read(unit_dir)] or None,
         preflight=read_verdict(JobDir(unit_dir).run_progress(run)),
         duration_seconds=counted and counted.wall_seconds,
         exporters_lost=sorted({lost.node for lost in (counted.lost if counted else lost_exporters(unit_dir))}) or None,
+        goodput=(g := goodput(unit_dir, running=not ended)) and g.goodput,
+        sidecars_ended=[
+            f"{e['name']}@{e['node']} (exit {e['code']})" for e in sidecar_ends(unit_dir) if e["run"] == run
+        ]
+        or None,
     )
 
 
@@ -142,7 +149,7 @@ def list_jobs(
     what asks a Slurm for its jobs' states (default :func:`kit.slurm.statuses`; kit ui's answers from the
     background, kit.ui.states)."""
     now = time.time() if now is None else now
-    dirs = records.known_job_dirs(output_dirs) if only is None else only
+    dirs = job_index.known_job_dirs(output_dirs) if only is None else only
     by_target: dict[slurm.Target, list[Path]] = {}
     known: dict[Path, tuple[dict[str, slurm.JobStatus], str | None]] = {}
     for d in dirs:
@@ -235,7 +242,7 @@ def _age(seconds: float) -> str:
     return f"{seconds}s"
 
 
-COLUMNS = ("JOB", "NAME", "STATE", "NODES", "RUN", "STEP", "LOSS", "SAMPLES/S", "AGE", "DIR")
+COLUMNS = ("JOB", "NAME", "STATE", "NODES", "RUN", "STEP", "LOSS", "SAMPLES/S", "GOODPUT", "STRAGGLER", "AGE", "DIR")
 
 
 def table(rows: list[JobRow], now: float | None = None) -> list[str]:
@@ -249,6 +256,8 @@ def table(rows: list[JobRow], now: float | None = None) -> list[str]:
             state += "*"
         if r.exporters_lost:
             state += f" (exporter lost: {','.join(r.exporters_lost)})"
+        if r.sidecars_ended:
+            state += f" (sidecar ended: {', '.join(r.sidecars_ended)})"
         return (
             printable(r.id),
             printable(r.name)[:24],
@@ -258,6 +267,8 @@ def table(rows: list[JobRow], now: float | None = None) -> list[str]:
             step,
             "-" if r.loss is None else f"{r.loss:.4g}",
             "-" if r.samples_per_second is None else f"{r.samples_per_second:.0f}",
+            "-" if r.goodput is None else f"{100 * r.goodput:.0f}%",
+            straggler_cell(r.stragglers),
             "-" if r.submitted is None else _age(now - r.submitted),
             printable(r.job_dir),
         )
@@ -265,6 +276,12 @@ def table(rows: list[JobRow], now: float | None = None) -> list[str]:
     body = [cells(r) for r in rows]
     widths = [max(len(c[i]) for c in [COLUMNS, *body]) for i in range(len(COLUMNS) - 1)]
     return ["  ".join(c.ljust(w) for c, w in zip(line[:-1], widths)) + "  " + line[-1] for line in [COLUMNS, *body]]
+
+
+def straggler_cell(named: list | None) -> str:
+    """The ranks named stragglers, as ``rank 3@node2`` (the newest first), or ``-``."""
+    newest = sorted(named or [], key=lambda s: -float(s.get("at") or 0))
+    return ", ".join(printable(f"rank {s.get('rank')}@{s.get('node')}") for s in newest) or "-"
 
 
 def collapse_arrays(rows: list[JobRow]) -> list[JobRow]:

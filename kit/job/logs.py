@@ -13,7 +13,8 @@ from typing import Callable, Iterator
 
 from kit import files, jobdir, slurm, targets
 from kit.errors import KitError
-from kit.jobdir import JobDir, failures, records, stragglers
+from kit.jobdir import JobDir, failures, records, slow_ranks
+from kit.jobdir.runs import read_verdict, verdict_text
 
 Write = Callable[[bytes], None]
 
@@ -151,10 +152,10 @@ def _feed_prefixed(path: Path, prefix: bytes, write: Write) -> None:
 
 
 def errors(job_dir: Path, runs: list[int] | None = None) -> Iterator[str]:
-    """The ranks named stragglers (kit.jobdir.stragglers: slow, not failed, and often why a job fell short); per
+    """The ranks named stragglers (kit.jobdir.slow_ranks: slow, not failed, and often why a job fell short); per
     run, the first rank that failed by itself: a headline, then its log's last lines (indented); a run that failed
     with no rank failing: the batch log's end; else nothing."""
-    yield from (slow.line() for slow in stragglers.read(job_dir))
+    yield from (slow.line() for slow in slow_ranks.read(job_dir))
     numbers = records.runs(job_dir) if runs is None else runs
     found = False
     hung = {h["run"]: h for h in jobdir.hangs(job_dir)}
@@ -182,6 +183,31 @@ def errors(job_dir: Path, runs: list[int] | None = None) -> Iterator[str]:
             f"run {end.run} failed (exit code {end.exit_code}) with no rank failing by itself: the end of the batch log"
         )
         yield from ("  " + line for line in batch_tail(job_dir, 20).splitlines())
+
+
+def run_ends(job_dir: Path) -> Iterator[str]:
+    """Each run that did not finish the job, as --wait's end tells it: how it ended, who (the hung rank, the
+    straggler, the rank that failed first, the preflight's verdict) and what followed (a restart in the allocation,
+    a requeue)."""
+    ran = records.run_records(job_dir)
+    hung = {h["run"]: h for h in jobdir.hangs(job_dir)}
+    slow = slow_ranks.read(job_dir)
+    for i, rec in enumerate(ran):
+        if rec.end == "finished":
+            continue
+        if rec.run in hung:
+            who = f"hang: {hung[rec.run]['summary']}"
+        elif rec.end == "straggler" and slow:
+            who = slow[0].line()
+        elif rec.end == "preflight" and (v := read_verdict(JobDir(job_dir).run_progress(rec.run))):
+            who = f"preflight {verdict_text(v)}"
+        elif (failure := failures.failure_tail(job_dir, rec.run)) is not None:
+            who = failure.headline()
+        else:
+            who = ""
+        then = "; restarted in the allocation" if rec.then == "restart" else "; requeued" if i + 1 < len(ran) else ""
+        code = f" (exit code {rec.exit_code})" if rec.exit_code else ""
+        yield f"run {rec.run} ended {rec.end}{code}" + (f": {who}" if who else "") + then
 
 
 def _stacks(path: str | None, lines: int = 60) -> list[str]:

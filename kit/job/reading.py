@@ -1,55 +1,36 @@
 """What a job's records tell, as :class:`kit.Job` methods: its report, its goodput and its events — read from the
-job directory here, or made on the login node for a job that has a ``host`` (:mod:`kit.remote.hosted`)."""
+job directory here, or made on the login node for a job there (:mod:`kit.job.hosting`)."""
 
 from __future__ import annotations
 
-import functools
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from kit import slurm
+from kit.job import sides
+from kit.job.hosting import data, data_list, hosted
 from kit.jobdir import JobDir
 from kit.jobdir import events as events_lib
 from kit.jobdir import goodput as goodput_lib
 
 
-def _hosted():
-    """:mod:`kit.remote.hosted`, loaded when a job is on a login node (a local one loads no ssh machinery)."""
-    from kit.remote import hosted
-
-    return hosted
-
-
-def _or_there(method):
-    """A :class:`Job` method that, for a job on a login node (``host``), is the function of its name in
-    :mod:`kit.remote.hosted`: the same call made there."""
-
-    @functools.wraps(method)
-    def call(self, *args, **kwargs):
-        if self.host is None:
-            return method(self, *args, **kwargs)
-        return getattr(_hosted(), method.__name__)(self, *args, **kwargs)
-
-    return call
-
-
 class Reading:
-    """The reading half of :class:`kit.job.api.Job` (``dir``, ``id``, ``host`` and ``state()`` are its)."""
+    """The reading half of :class:`kit.job.handle.Job` (``dir``, ``id``, ``there`` and ``state()`` are its)."""
 
-    @_or_there
+    @hosted(**data(goodput_lib.Goodput))
     def goodput(self) -> goodput_lib.Goodput | None:
         """How much of the job's time trained and where the rest went (kit.jobdir.goodput): its wall time from
         submission to now (or its end) in parts; None before its first run began."""
         state = self.state() if self.id is not None else "ENDED"
         return goodput_lib.goodput(self.dir, running=state not in slurm.TERMINAL_STATES | {"ENDED"})
 
-    @_or_there
+    @hosted(**data_list(events_lib.Event))
     def events(self) -> list[events_lib.Event]:
         """What happened to the job, in order, across its runs (kit.jobdir.events): `kit events`."""
         return events_lib.events(self.dir)
 
-    @_or_there
+    @hosted(serve=sides.summarize_there, laptop=sides.summarize_here)
     def summarize(
         self,
         prometheus: str | None = None,
@@ -73,7 +54,7 @@ class Reading:
             notice,
         )
 
-    @_or_there
+    @hosted(laptop=sides.report_here)
     def report(self, prometheus: str | None = None, **kwargs: Any) -> dict:
         """The numbers of `kit report` (report.json's), the picture written beside them."""
         return asdict(self.summarize(prometheus, **kwargs))

@@ -89,7 +89,7 @@ class Again:
 
 
 def again(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = ()) -> Again:
-    """``job_dir``'s job again (:func:`kit.job.api.rerun`), ``edits`` applied."""
+    """``job_dir``'s job again (:func:`kit.api.rerun`), ``edits`` applied."""
     source, recorded_spec, spec, origins, edited = recorded(job_dir, edits)
     if "sbatch_args" not in edited:  # a hold was for that submission: the rerun runs
         spec.sbatch_args = [a for a in spec.sbatch_args if a not in ("--hold", "-H")]

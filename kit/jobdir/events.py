@@ -9,13 +9,17 @@ whoever reads it and whenever, here or over ``--host``.
 
 from __future__ import annotations
 
+import time as _time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kit import files
+from kit.jobdir import recovery
 from kit.jobdir.goodput import run_times
 from kit.jobdir.layout import JobDir
-from kit.jobdir.runs import hangs, read_verdict
+from kit.jobdir.runs import hangs, parse_fields, read_verdict
+from kit.jobdir.sidecars import sidecar_ends, sidecar_text
+from kit.jobdir.starts import read_task_record
 from kit.jobdir.tally import lost_exporters, tally
 
 # Ties in time keep this order (a run's start before its tasks, its end before the next run's start).
@@ -24,11 +28,14 @@ KINDS = (
     "started",
     "running",
     "preflight",
+    "resumed",
     "first-step",
+    "checkpoint-interval",
     "warned",
     "hang",
     "straggler",
     "exporter-lost",
+    "sidecar-ended",
     "run-ended",
     "restarted",
     "requeued",
@@ -45,11 +52,10 @@ class Event:
     kind: str  # one of KINDS
     text: str
     run: int | None = None
+    pending: bool = False  # more is soon known of it (a later run's nodes): --notify waits for it
 
     def line(self, since: float | None = None) -> str:
         """``+12.3 s  run 1  every task running …`` (``since``: the job's first event), else the local time."""
-        import time as _time
-
         when = (
             f"+{self.time - since:9.1f} s"
             if since is not None
@@ -61,19 +67,14 @@ class Event:
         return asdict(self)
 
 
-def _json(path: Path) -> dict:
-    try:
-        value = files.read_json(path, 1 << 16)
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def _run_events(d: JobDir, times, record, before) -> list[Event]:
     r, out = times.run, []
     if times.start is not None:
         how = " (restarted in the allocation)" if before is not None and before.then == "restart" else " (requeued)"
-        out.append(Event(times.start, "started", "started" + (how if r else ""), r))
+        nodes, pending = _replaced(d, r), False
+        if r and not _nodes(d, r) and record is None and _time.time() - times.start < NODES_WAIT:
+            pending = True  # its tasks are starting: the nodes it runs on are known in a moment
+        out.append(Event(times.start, "started", "started" + (how if r else "") + nodes, r, pending))
     if times.tasks is not None:
         since = f" ({times.tasks - times.start:.1f} s after the run's start)" if times.start is not None else ""
         out.append(Event(times.tasks, "running", f"every task running{since}", r))
@@ -85,7 +86,7 @@ def _run_events(d: JobDir, times, record, before) -> list[Event]:
     if times.first is not None:
         out.append(Event(times.first, "first-step", "first step", r))
     if (when := files.mtime(progress / JobDir.WARNING)) is not None:
-        out.append(Event(when, "warned", "the time limit's warning reached the run", r))
+        out.append(Event(when, "warned", _warning(progress), r))
     if record is not None:
         if record.start_ms is None and record.end == "killed":  # caught up by the next run as it began
             text = "ended without a record of its own (killed): the next run found it so"
@@ -108,19 +109,55 @@ def _run_events(d: JobDir, times, record, before) -> list[Event]:
     return out
 
 
+NODES_WAIT = 60.0  # s a later run's start waits, for --notify, to name the nodes it runs on
+
+
+def _nodes(d: JobDir, run: int) -> set[str]:
+    """The nodes run ``run``'s tasks ran on (``progress/r<run>/task-<rank>``: the node first)."""
+    records = (read_task_record(p) for p in d.run_progress(run).glob(JobDir.TASK.format(rank="*")))
+    return {rec[0] for rec in records if rec}
+
+
+def _replaced(d: JobDir, run: int) -> str:
+    """``; node3 in place of node1`` where run ``run`` runs on nodes the run before it did not (a spare, or what a
+    requeue was given), '' otherwise or while its tasks are unknown."""
+    now, before = _nodes(d, run), _nodes(d, run - 1) if run else set()
+    if not now or not before or now == before:
+        return ""
+    gone, new = sorted(before - now), sorted(now - before)
+    return f"; {_shown(', '.join(new))} in place of {_shown(', '.join(gone))}" if gone and new else ""
+
+
+def _warning(progress: Path) -> str:
+    """Whose warning reached the run: a straggler's (--on-straggler: prelaunch warned the command for it), else the
+    time limit's."""
+    if not (progress / JobDir.STRAGGLER_STOP).exists():
+        return "the time limit's warning reached the run"
+    try:
+        why = parse_fields(files.read_text(progress / JobDir.STRAGGLER, 4096)).get("why", "")
+    except (OSError, ValueError):
+        why = ""
+    return "a straggler's warning reached the run" + (f" ({_shown(why)})" if why else "")
+
+
 def _line(path: Path) -> str:
     """A record's first line, as printable text (a record is the job's own, but a terminal shows it)."""
     try:
         text = files.read_text(path, 4096).splitlines()[0]
     except (OSError, IndexError, ValueError):
         return "?"
+    return _shown(text)
+
+
+def _shown(text: str) -> str:
+    """A record's text as a terminal may show it (a record is the job's own: its control characters as '?')."""
     return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def _exited(progress: Path, r: int) -> Event | None:
     """The batch script's last word after run ``r`` (``exited.json``): the job's exit code, as prelaunch decided it
     (``exited``), or that a stop signal ended it (``stopped``: the job's end, or its next run, is Slurm's to tell)."""
-    record, when = _json(progress / JobDir.EXITED), files.mtime(progress / JobDir.EXITED)
+    record, when = files.read_record(progress / JobDir.EXITED, 1 << 16), files.mtime(progress / JobDir.EXITED)
     code = record.get("code")
     if not isinstance(code, int) or when is None:
         return None
@@ -132,7 +169,7 @@ def _exited(progress: Path, r: int) -> Event | None:
 
 def events(job_dir: str | Path) -> list[Event]:
     """Everything the job's records say happened to it, in order; [] for a job never submitted."""
-    from kit.jobdir import records, stragglers
+    from kit.jobdir import records, slow_ranks
 
     job_dir = Path(job_dir)
     d, out = JobDir(job_dir), []
@@ -147,15 +184,21 @@ def events(job_dir: str | Path) -> list[Event]:
         if (when := files.mtime(report)) is not None:
             who = f"rank {h['rank']} on {h['node']}" if h["rank"] != "unknown" else "no rank named"
             out.append(Event(when, "hang", f"hang: {h['summary'] or who}", h["run"]))
-    for s in stragglers.read(job_dir):
+    for s in slow_ranks.read(job_dir):
         out.append(Event(s.since, "straggler", s.line()))
+    for r in recovery.resumes(job_dir):
+        if r["time"] is not None:
+            out.append(Event(r["time"], "resumed", recovery.resume_line(r).removeprefix(f"run {r['run']} "), r["run"]))
+    for i in recovery.intervals(job_dir):
+        out.append(Event(i["time"], "checkpoint-interval", recovery.interval_line(i)))
     for lost in lost_exporters(job_dir):
         out.append(Event(lost.last_poll, "exporter-lost", lost.line(), lost.run))
-    cancelled = _json(d / JobDir.CANCELLED)
+    out += [Event(e["time"], "sidecar-ended", sidecar_text(e), e["run"]) for e in sidecar_ends(job_dir)]
+    cancelled = files.read_record(d / JobDir.CANCELLED, 1 << 16)
     if isinstance(cancelled.get("time"), (int, float)):
         why = f": {cancelled['reason']}" if cancelled.get("reason") else ""
         out.append(Event(float(cancelled["time"]), "cancelled", f"cancelled by {cancelled.get('by', '?')}{why}"))
-    outcome = _json(d / JobDir.OUTCOME)
+    outcome = files.read_record(d / JobDir.OUTCOME, 1 << 16)
     if isinstance(outcome.get("time"), (int, float)) and isinstance(outcome.get("state"), str):
         counted = tally(job_dir, running=False)
         told = f": {counted.words()}" if counted is not None else ""
@@ -167,3 +210,22 @@ def _order(e: Event) -> tuple:
     """By time; at one time, by run (a run's end before the next one's start), the job's own first and last."""
     run = e.run if e.run is not None else (-1 if e.kind == "submitted" else float("inf"))
     return (e.time, run, KINDS.index(e.kind))
+
+
+# Slurm's states while a requeued run's batch script may still be ending (and writing why it asked for the requeue)
+REQUEUE_ENDING = frozenset({"COMPLETING", "REQUEUED"})
+
+
+def requeue_line(job_dir: str | Path, restarts: int, state: str) -> str | None:
+    """What a follower says of a requeue Slurm shows (its restart count went up): kit's record of why, once the
+    ending run's prelaunch has written it (a few scontrol calls after its ``scontrol requeue``, which Slurm shows at
+    once); Slurm's word once the run has ended without one (an admin, a preemption, a node failure); None while the
+    run still ends and no record is there yet (ask again)."""
+    said = [e for e in events(job_dir) if e.kind in ("requeued", "started")]
+    if said and said[-1].kind == "requeued":
+        told = said[-1].text
+    elif state in REQUEUE_ENDING:
+        return None
+    else:
+        told = "requeued by Slurm (an admin, a preemption or a node failure)"
+    return f"{told}; run {max(e.run or 0 for e in said) + 1 if said else restarts} comes next"

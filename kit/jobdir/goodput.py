@@ -36,8 +36,11 @@ from kit.jobdir.layout import JobDir
 from kit.jobdir.runs import hangs
 from kit.jobdir.starts import read_task_record
 
-PARTS = ("queue", "start", "init", "productive", "checkpoint", "redone", "hang", "ending", "restart", "unreported")
-HELD = ("start", "init", "productive", "checkpoint", "redone", "hang", "ending", "unreported")  # nodes held
+PARTS = (
+    *("queue", "start", "preflight", "init", "productive", "checkpoint", "redone"),
+    *("hang", "ending", "restart", "unreported"),
+)
+HELD = ("start", "preflight", "init", "productive", "checkpoint", "redone", "hang", "ending", "unreported")  # held
 
 
 @dataclass
@@ -58,6 +61,7 @@ class Goodput:
     # the held time above, told apart by kit report, which reads the GPU samples (None: none seen).
     idle_gpu_seconds: float | None = None
     restarts_in_allocation: int = 0  # of the runs - 1 restarts, those that kept the allocation (the rest: requeues)
+    resumes: list[dict] = field(default_factory=list)  # kit's checkpoints: each run's resume (kit.jobdir.recovery)
 
     def lost(self) -> list[tuple[str, float]]:
         """The parts that did not train, largest first (those under 0.05 s left out)."""
@@ -69,9 +73,14 @@ class Goodput:
         lost = ", ".join(f"{p} {s:.1f} s" for p, s in self.lost()) or "nothing"
         share = "n/a (the command reports no steps)" if self.goodput is None else f"{100 * self.goodput:.1f}%"
         idle = "" if self.idle_gpu_seconds is None else f"; GPUs idle {self.idle_gpu_seconds:.1f} s (mean per GPU)"
+        resumed = "".join(
+            f"; run {r['run']} resumed at step {r['step']}, {r['redone']} step(s) redone, "
+            f"{'+'.join(sorted(r['tiers'])) or '?'} in {r['load_seconds']:.2f} s"
+            for r in self.resumes
+        )
         return (
             f"goodput {share}: {self.parts['productive']:.1f} s trained of {self.wall_seconds:.1f} s "
-            f"({self.nodes} node(s), {self.runs} run(s){self._restarts()}); lost: {lost}{idle}"
+            f"({self.nodes} node(s), {self.runs} run(s){self._restarts()}); lost: {lost}{idle}{resumed}"
         )
 
     def _restarts(self) -> str:
@@ -94,9 +103,14 @@ class RunTimes:
     resumed_from: int | None = None  # the checkpoint step the next run started from (this run's end record)
     then: str | None = None  # "restart": the next run started in this run's allocation
     tasks: float | None = None  # the last task's first line
+    preflight: float | None = None  # --preflight: when its verdict was written (the command starts after it)
     first: float | None = None
     last: float | None = None
     saves: list[tuple[float, float | None, int]] = field(default_factory=list)  # (start, end, step)
+    # kit's checkpoints (kit.jobdir.recovery): the steps this run made that the next one made again, of the steps
+    # it made (None: the next run resumed from no snapshot of kit's)
+    redone_steps: int | None = None
+    steps_made: int | None = None
 
 
 def _timeline(path: Path) -> tuple[float | None, float | None, list[tuple[float, float | None, int]]]:
@@ -133,6 +147,7 @@ def _read_run(d: JobDir, run: int) -> RunTimes:
         pass
     starts = [rec[2] for p in progress.glob(JobDir.TASK.format(rank="*")) if (rec := read_task_record(p)) and rec[2]]
     r.tasks = max(starts) if starts else None
+    r.preflight = files.mtime(progress / JobDir.PREFLIGHT)
     r.first, r.last, r.saves = _timeline(progress / JobDir.TIMELINE.format(rank=0))
     beat = files.mtime(progress / JobDir.RANK_PROGRESS.format(rank=0))
     if r.first is not None and r.last is None and beat is not None:  # killed before its last line: the heartbeat
@@ -163,7 +178,19 @@ def run_times(job_dir: Path) -> list[RunTimes]:
             if rec.end_ms is not None and rec.start_ms is not None:  # a caught-up run's end_ms is not its end
                 r.end = rec.end_ms / 1000
         out.append(r)
+    _snapshot_resumes(job_dir, out)
     return out
+
+
+def _snapshot_resumes(job_dir: Path, runs: list[RunTimes]) -> None:
+    """Each run the next resumed from a snapshot of kit's: the steps it made, and those made again."""
+    from kit.jobdir import recovery
+
+    resumed = {r["run"]: r for r in recovery.resumes(job_dir)}
+    for r in runs:
+        after, began = resumed.get(r.run + 1), resumed.get(r.run, {}).get("step", 0)
+        if after is not None:
+            r.redone_steps, r.steps_made = after["redone"], max(after["newest"] - began, 1)
 
 
 def _nodes(job_dir: Path) -> int:
@@ -192,17 +219,21 @@ def _cut(r: RunTimes, start: float, end: float, redone_from: float | None, parts
     """Run ``r``'s held time, [start, end], into parts."""
     tasks = _clamp(r.tasks, start, end)
     parts["start"] += tasks - start
+    checked = _clamp(r.preflight, tasks, end) if r.preflight is not None else tasks  # the preflight's own time
+    parts["preflight"] += checked - tasks
     if r.first is None:
-        parts["unreported"] += end - tasks
+        parts["unreported"] += end - checked
         return
-    first = _clamp(r.first, tasks, end)
+    first = _clamp(r.first, checked, end)
     last = _clamp(r.last, first, end)
-    parts["init"] += first - tasks
+    parts["init"] += first - checked
     saving, saving_after = _overlap(r.saves, first, last, end), _overlap(r.saves, last, end, end)
     parts["checkpoint"] += saving + saving_after
     training = last - first - saving
     redone = 0.0
-    if redone_from is not None:  # the steps after the save the next run resumed from (its own saves stay saves)
+    if r.redone_steps is not None:  # kit's snapshots: the steps redone, at the run's mean step time
+        redone = min(r.redone_steps * (last - first - saving) / r.steps_made, last - first - saving)
+    elif redone_from is not None:  # the steps after the save the next run resumed from (its own saves stay saves)
         mark = _clamp(redone_from, first, last)
         redone = last - mark - _overlap(r.saves, mark, last, end)
     parts["redone"] += redone
@@ -224,7 +255,7 @@ def goodput(job_dir: str | Path, now: float | None = None, running: bool | None 
     """The job's goodput from its directory; None before its first run began (or for a job never submitted).
     ``running``: whether the job still runs (None: when its last run has no end record); a running job's end is
     ``now``, an ended one's last run without a record (killed) ends at its last sign of life."""
-    from kit.jobdir import records
+    from kit.jobdir import records, recovery
 
     job_dir = Path(job_dir)
     runs = [r for r in run_times(job_dir) if r.start is not None]
@@ -271,4 +302,5 @@ def goodput(job_dir: str | Path, now: float | None = None, running: bool | None 
         live=live,
         per_run=per_run,
         restarts_in_allocation=in_allocation,
+        resumes=recovery.resumes(job_dir),
     )

@@ -40,19 +40,31 @@ class JobDir:
     NOTIFY = "notify"  # --notify's: sent.jsonl (one line per event and target sent or given up), lock
     NOTIFY_SENT = "sent.jsonl"
     NOTIFY_LOCK = "lock"
-    STRAGGLERS = "stragglers.json"  # the ranks named slow, with their evidence (kit.jobdir.stragglers)
+    STRAGGLERS = "stragglers.json"  # the ranks named slow, with their evidence (kit.jobdir.slow_ranks)
     CHECKPOINT_STEP = "checkpoint_step"
     LOGS = "logs"
     TASKS = "tasks"
     PROGRESS = "progress"
     HANG = "hang"
     METRICS = "metrics"
-    CHECKPOINTS = "checkpoints"  # the reference trainer's
+    CHECKPOINTS = "checkpoints"  # the reference trainer's; kit.train.checkpoint's shared tier and records:
+    CKPT_SHARD = "rank-{rank}.step-{step}"  # a rank's state at a step (+ .pt, its bytes; + .json, its meta), any tier
+    CKPT_STEP = "step-{step}"  # checkpoints/: one persisted step, a shard per rank (rank-<R>.pt + .json)
+    CKPT_MANIFEST = "manifest.json"  # checkpoints/step-<N>/: written once every shard is (step, world, digests)
+    CKPT_HELD = "held"  # checkpoints/held/<node>.json: what each node's keeper holds, by tier, rank and step
+    CKPT_KEEPERS = "keepers"  # checkpoints/keepers/r<run>/<node>.json: where each node's keeper answers
+    CKPT_TOKEN = ".token"  # checkpoints/: the job's secret the keepers ask of each other (0600)
+    CKPT_INTERVAL = "interval.jsonl"  # checkpoints/: each persisting interval kit chose, and why
+    CKPT_STRIDE = "stride"  # checkpoints/: snapshot every N-th step (a power of two: the ranks' largest)
+    CKPT_RESTORE = "restore.r{run}.json"  # checkpoints/: the step run <run> resumed from, and each rank's source
+    CKPT_LOADED = "loaded.r{run}.rank-{rank}.json"  # checkpoints/: what a rank loaded: tier, node, seconds
     PROFILES = "profiles"  # the reference trainer's --profile-steps traces: rank-<R>.json
     TRACKER = "tracker"  # the job's one tracker run ($KIT_TRACKER_DIR): W&B's files, TensorBoard's
     TRACKER_STEP = "logged_step.{tracker}"  # tracker/: the highest step the job's runs logged to a tracker
     TRACKER_MLFLOW = "mlflow.json"  # tracker/: the MLflow run the first run made (run_id, tracking_uri)
     TRACKER_TENSORBOARD = "tensorboard"  # tracker/: TensorBoard's one log directory for the job
+    TRACKER_MLFLOW_DB = "mlflow.db"  # tracker/: the job's MLflow store when none is named (SQLite, full MLflow)
+    TRACKER_MLRUNS = "mlruns"  # tracker/: the same as a file store (mlflow-skinny has no SQLite store)
     REPORT = "report.png"  # kit report's picture (report.json beside it)
     FUNCTION = "function.pkl"  # kit.submit: the call every rank makes (cloudpickle)
     RESULTS = "results"  # kit.submit: each rank's return value or exception
@@ -70,10 +82,11 @@ class JobDir:
     TIMELINE = "timeline-{rank}"  # kit.train.progress's: "first|save|saved|last TIME STEP" lines (goodput's)
     PREFLIGHT_NODE = "preflight-{node}.json"  # --preflight: a node's checks and burn-in (kit.preflight)
     PREFLIGHT = "preflight"  # --preflight: the verdict over every node (verdict=, nodes=, why=, checked=)
-    STRAGGLER = "straggler"  # the run's first straggler verdict (rank=, node=, factor=, why=: kit.jobdir.stragglers)
+    STRAGGLER = "straggler"  # the run's first straggler verdict (rank=, node=, factor=, why=: kit.jobdir.slow_ranks)
     STRAGGLER_STOP = "straggler-stop"  # --on-straggler requeue: prelaunch warned the command for it
     REQUEUED = "requeued"  # prelaunch requeued the job after this run: why (one line)
     EXITED = "exited.json"  # the batch script's last word after this run: {"code", "run", "stopped"}
+    SIDECAR_ENDED = "sidecar-{name}.{node}"  # a sidecar that ended by itself (not torn down): "EXIT_CODE UNIX_TIME"
     # In hang/r<run>/ (after a hang: the watchdog asks, every rank answers).
     HANG_REQUEST = "request"  # "rank=R": the suspect; the launchers dump their stacks
     HANG_STACKS = "rank-{rank}.txt"  # a rank's process states and stacks
@@ -212,7 +225,16 @@ class JobDir:
             | {f"{cls.HANG}/{cls.RUN}/{n}" for n in hang}
             | {f"{cls.LOGS}/{n}" for n in logs}
             | {f"{cls.RESULTS}/{cls.RESULT}", f"{cls.RESULTS}/{cls.ERROR}"}
-            | {f"{cls.TRACKER}/{n}" for n in (cls.TRACKER_STEP, cls.TRACKER_MLFLOW, cls.TRACKER_TENSORBOARD)}
+            | {
+                f"{cls.TRACKER}/{n}"
+                for n in (
+                    cls.TRACKER_STEP,
+                    cls.TRACKER_MLFLOW,
+                    cls.TRACKER_TENSORBOARD,
+                    cls.TRACKER_MLFLOW_DB,
+                    cls.TRACKER_MLRUNS,
+                )
+            }
             | {cls.NOTIFY, f"{cls.NOTIFY}/{cls.NOTIFY_SENT}", f"{cls.NOTIFY}/{cls.NOTIFY_LOCK}"}
         )
 
@@ -235,6 +257,7 @@ class JobDir:
             cls.STRAGGLER_STOP,
             cls.REQUEUED,
             cls.EXITED,
+            cls.SIDECAR_ENDED,
         }
 
     def task_record(self, run: int, rank: int | str) -> Path:

@@ -77,6 +77,12 @@ def hangs(job_dir: Path) -> list[dict]:
     return out
 
 
+def verdict_text(v: dict) -> str:
+    """A preflight verdict as every surface says it: ``ok (node1, node2 checked)``, ``failed (…): why``."""
+    checked = ", ".join(v.get("checked") or []) or "no node"
+    return f"{v.get('verdict', '?')} ({checked} checked)" + (f": {v['why']}" if v.get("why") else "")
+
+
 def read_verdict(directory: Path) -> dict | None:
     """A run's preflight verdict (``progress/r<run>/preflight``, kit.preflight.verdict writes it) as written; None
     when there is none."""

@@ -153,8 +153,8 @@ def _sources(args: argparse.Namespace, node: str | None) -> list:
     node and their links; on its first node the job's goodput and stragglers."""
     from kit.monitor.gpu import GpuSource, job_gpus
     from kit.monitor.job import JobSource
-    from kit.monitor.links import LinkSource
     from kit.monitor.node import NodeSource
+    from kit.monitor.round_trips import LinkSource
     from kit.monitor.training import GoodputSource, StragglerSource, TrainingSource
 
     sources = []

@@ -76,7 +76,7 @@ LOGGED = (
     "kit_job_goodput_ratio",
     "kit_job_straggler_slowdown",
     "training_collective_wait_seconds",
-    "kit_job_link_rtt_seconds",  # the job's busy links (kit.monitor.links), judged on the first node
+    "kit_job_link_rtt_seconds",  # the job's busy links (kit.monitor.round_trips), judged on the first node
 )
 # Logged summed over one label (per-CPU counters: one value per mode, not per CPU and mode).
 LOGGED_SUMMED = {"node_cpu_seconds_total": "mode"}

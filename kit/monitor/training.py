@@ -7,7 +7,6 @@ the files of its node's ranks. No multiprocess mode, no extra collective.
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -96,7 +95,17 @@ GOODPUT_PART = Spec(
     "restart, unreported; kit.jobdir.goodput), from its submission to now.",
 )
 GOODPUT = Spec("kit_job_goodput_ratio", "gauge", "Productive node-time over the node-time the job's runs held.")
+REDONE = Spec(
+    "kit_job_resume_redone_steps",
+    "gauge",
+    "Steps the run made again after resuming from kit's checkpoints (run: the run that resumed; tier: the farthest "
+    "tier a rank loaded from: memory, local, peer, shared; kit.jobdir.recovery).",
+)
+LOAD = Spec("kit_job_resume_load_seconds", "gauge", "The slowest rank's load of the state the run resumed from.")
 GOODPUT_EVERY = 10.0  # seconds between two reads of the job directory's records
+
+
+TIERS = ("memory", "local", "peer", "shared")  # nearest first (kit.train.snapshots's)
 
 
 class GoodputSource:
@@ -120,6 +129,9 @@ class GoodputSource:
             self.samples = [] if g is None else [Sample(GOODPUT_PART, {"part": p}, s) for p, s in g.parts.items()]
             if g is not None and g.goodput is not None:
                 self.samples.append(Sample(GOODPUT, {}, g.goodput))
+            for r in [] if g is None else g.resumes:
+                labels = {"run": str(r["run"]), "tier": max(r["tiers"], key=TIERS.index, default="shared")}
+                self.samples += [Sample(REDONE, labels, r["redone"]), Sample(LOAD, labels, r["load_seconds"])]
         return SourceResult(list(self.samples), True, time.perf_counter() - t0)
 
 
@@ -129,46 +141,45 @@ STRAGGLER = Spec(
     "A rank named a straggler (rank, straggler_node: its node; node is the exporter's): its compute per step over "
     "the other ranks' median, from how long each waits in the step's collectives, or its GPU's slowdown (the other "
     "nodes' median SM clock over its own, held down by a slowdown throttle reason), or its node's links' round trips "
-    "over the job's other busy links' (kit.jobdir.stragglers).",
+    "over the job's other busy links' (kit.monitor.judges).",
 )
 STRAGGLERS_EVERY = 5.0  # seconds between two judgements of the ranks' files
 
 
 class StragglerSource:
-    """The job's straggler verdicts, on its first node only: every :data:`STRAGGLERS_EVERY` seconds the ranks'
-    files are judged (kit.jobdir.stragglers.Judge); a verdict is recorded in the job directory and served."""
+    """The job's straggler verdicts, on its first node only: every :data:`STRAGGLERS_EVERY` seconds this poll
+    collects the ranks' figures, the GPUs held down and the busy links, and the judges decide
+    (kit.monitor.judges.Panel); a verdict is recorded in the job directory (kit.jobdir.slow_ranks), told to the
+    run (prelaunch acts on it under --on-straggler) and served."""
 
     name = "stragglers"
 
     def __init__(self, job_dir: Path | None, progress_dir: str | None = None):
         """``progress_dir``: the run's (``$KIT_PROGRESS_DIR``), where its first verdict goes for prelaunch."""
-        from kit.jobdir import stragglers  # (only the first node's exporter loads it)
+        from kit.monitor import judges  # (only the first node's exporter loads them)
 
         self.job_dir, self.progress_dir = job_dir, progress_dir
-        self.judge, self.gpu_judge, self.link_judge = stragglers.Judge(), stragglers.GpuJudge(), stragglers.LinkJudge()
+        self.panel = judges.Panel()
         self.read_at, self.named = float("-inf"), {}
 
     def poll(self) -> SourceResult:
-        from kit.jobdir import stragglers
+        from kit.jobdir import slow_ranks
+        from kit.monitor import judges
 
         t0 = time.perf_counter()
         if self.job_dir is not None and time.monotonic() - self.read_at >= STRAGGLERS_EVERY:
             self.read_at = time.monotonic()
-            ranks, now = stragglers.latest(self.job_dir), time.time()
-            verdict = self.judge.see(ranks, now)
+            ranks, now, polls = judges.latest(self.job_dir), time.time(), _last_polls(self.job_dir)
+            verdict = self.panel.decide(
+                ranks,
+                held_down(self.job_dir, polls),
+                logged_links(polls),
+                now,
+                evidence_of=lambda node: gpu_evidence(self.job_dir, node),
+            )
             if verdict is not None:
-                gpus = gpu_evidence(self.job_dir, verdict.node)
-                if gpus:
-                    verdict = dataclasses.replace(verdict, evidence=f"{verdict.evidence}; {gpus}")
-            # A GPU held down, though the ranks' waits name no one (yet: a step the GPU does not set); a node's slow
-            # links, which slow every rank alike.
-            polls = _last_polls(self.job_dir)
-            held = self.gpu_judge.see(held_down(self.job_dir, polls), ranks, now)
-            slow_link = self.link_judge.see(logged_links(polls), ranks, now)
-            verdict = verdict or held or slow_link
-            if verdict is not None:
-                stragglers.record(self.job_dir, verdict)
-                stragglers.tell_the_run(self.progress_dir, verdict)
+                slow_ranks.record(self.job_dir, verdict)
+                slow_ranks.tell_the_run(self.progress_dir, verdict)
                 self.named[verdict.rank] = verdict
         samples = [
             Sample(STRAGGLER, {"rank": str(s.rank), "straggler_node": s.node}, s.factor) for s in self.named.values()
@@ -219,8 +230,8 @@ def _all_clocks(job_dir: Path, polls: dict[str, dict] | None = None) -> dict[str
 
 
 def logged_links(polls: dict[str, dict]) -> dict[str, dict[tuple[str, str], float]]:
-    """Each node's busy links in its last poll (kit.monitor.links): (its address, the peer's) → round trip."""
-    from kit.monitor.links import RTT  # (only where links are judged)
+    """Each node's busy links in its last poll (kit.monitor.round_trips): (its address, the peer's) → round trip."""
+    from kit.monitor.round_trips import RTT  # (only where links are judged)
 
     out: dict[str, dict[tuple[str, str], float]] = {}
     for node, poll in polls.items():

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from kit import files, jobdir
-from kit.core.notify import Target, parse_all
+from kit.core.notify import Recipient, parse_all
 from kit.jobdir import JobDir, records
 from kit.jobdir.events import Event, events
 from kit.notify import ledger
@@ -36,7 +36,7 @@ TRIES, PAUSE, TIMEOUT = 3, 1.0, 3.0  # per event and target: tries, the pause be
 LAST_WORD = 5.0  # seconds prelaunch's last word may take at the batch script's end
 
 
-def targets(job_dir: Path) -> tuple[Target, ...]:
+def targets(job_dir: Path) -> tuple[Recipient, ...]:
     """The job's targets (its spec's ``notify``; an array task's are its array's), () when none or unreadable."""
     spec_dir = records.submission_dir(job_dir)
     try:
@@ -144,11 +144,12 @@ def deliver(job_dir: str | Path, deadline: float = float("inf"), stop=lambda: Fa
         return 0
     try:
         done = {(r["key"], r["target"]) for r in ledger.read(job_dir)}
-        told = [(key, e) for key, e in keyed(events(job_dir)) if any((key, i) not in done for i in range(len(to)))]
+        ready = [e for e in events(job_dir) if not e.pending]  # a later run's start: once its nodes are known
+        told = [(key, e) for key, e in keyed(ready) if any((key, i) not in done for i in range(len(to)))]
         messages = {key: _told(job_dir, key, e) for key, e in told}
         lock, count = threading.Lock(), [0]
 
-        def to_one(i: int, target: Target) -> None:
+        def to_one(i: int, target: Recipient) -> None:
             for key, msg in messages.items():  # in the timeline's order
                 if (key, i) in done:
                     continue
@@ -180,7 +181,7 @@ def _told(job_dir: Path, key: str, e: Event) -> dict | str:
         return f"the event could not be told: {type(err).__name__}: {err}"
 
 
-def _send(target: Target, msg: dict, deadline: float, stop) -> tuple[bool, str | None]:
+def _send(target: Recipient, msg: dict, deadline: float, stop) -> tuple[bool, str | None]:
     """Up to TRIES tries, each within the deadline, again only where it cannot have arrived (refused, 5xx): (True,
     None) when one arrived, (True, the error) when it failed for good — any exception a send raises is its
     failure, recorded, never the job's end — (False, None) when stopped or out of time first (nothing to record)."""

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from kit import files
-from kit.core.notify import Target
+from kit.core.notify import Recipient
 from kit.jobdir import JobDir
 
 
@@ -30,7 +30,7 @@ def undelivered(job_dir: Path) -> list[dict]:
     return [r for r in read(job_dir) if r.get("ok") is False]
 
 
-def record(job_dir: Path, key: str, i: int, target: Target, error: str | None) -> None:
+def record(job_dir: Path, key: str, i: int, target: Recipient, error: str | None) -> None:
     line = {"key": key, "target": i, "ok": error is None, "time": time.time()}
     if error is not None:
         line.update(shown=target.shown(), error=error[:300])

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from email.message import EmailMessage
 
-from kit.core.notify import MAIL, SLACK, Target
+from kit.core.notify import MAIL, SLACK, Recipient
 from kit.version import __version__
 
 
@@ -35,7 +35,7 @@ def subject(message: dict) -> str:
     return " ".join(f"kit job {message.get('job_id') or '?'}{name}: {message['text']}".splitlines())  # one line
 
 
-def send(target: Target, message: dict, timeout: float) -> None:
+def send(target: Recipient, message: dict, timeout: float) -> None:
     """Deliver ``message`` (:func:`kit.notify.deliver.message`'s JSON record) to ``target`` within ``timeout``
     seconds; any failure is an OSError saying why (never the target's secret)."""
     if target.kind == MAIL:
@@ -63,7 +63,7 @@ def send(target: Target, message: dict, timeout: float) -> None:
         raise OSError(f"{target.shown()}: no answer within {timeout:.0f} s ({e}); it may have arrived") from None
 
 
-def _mail(target: Target, message: dict, timeout: float) -> None:
+def _mail(target: Recipient, message: dict, timeout: float) -> None:
     mail = EmailMessage()
     mail["To"] = target.address
     mail["From"] = message.get("user") or "kit"

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         say=lambda line: print(f"preflight {args.node}: {line}", file=sys.stderr, flush=True),
     )
     if args.network:
-        from kit.preflight import network
+        from kit.preflight import link_test as network
 
         record["network"] = network.run(args.network, args.rank, args.nodes, record["node"])
     if args.out == "-":

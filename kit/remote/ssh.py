@@ -37,7 +37,8 @@ from kit.version import __version__
 CONTROL_PREFIX = "~/.ssh/kit-"
 PERSIST = "600"
 FOUND = "kit-found-at "  # remote_command's word, where kit is not on the login shell's PATH but installed
-WHERE_USERS_INSTALL = ("$HOME/venv/bin", "$HOME/.venv/bin", "$HOME/.local/bin")
+# Where users install kit on a login node: the README's own ~/kit-venv first.
+WHERE_USERS_INSTALL = ("$HOME/kit-venv/bin", "$HOME/venv/bin", "$HOME/.venv/bin", "$HOME/.local/bin")
 
 
 @dataclass(frozen=True)
@@ -206,8 +207,13 @@ def checked(host: Host, code: int, said: str, options: list[str]) -> int:
                 f'`export PATH="{os.path.dirname(path)}:$PATH"` above that line, or set '
                 f"KIT_REMOTE_KIT={path} here",
             )
+        looked = "not found"
+        if "/" not in host.remote_kit[0]:  # remote_command looked where users install it too
+            looked = "not on the login shell's PATH, nor in " + ", ".join(
+                d.replace("$HOME", "~") for d in WHERE_USERS_INSTALL
+            )
         raise KitError(
-            f"kit is not installed on {host.name} ({shlex.join(host.remote_kit)}: not found)",
+            f"kit is not installed on {host.name} ({shlex.join(host.remote_kit)}: {looked})",
             field="--host",
             exit_code=1,
             hint=f"install it there: {INSTALL}=={__version__} (or set KIT_REMOTE_KIT to its path)",

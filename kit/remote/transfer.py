@@ -325,7 +325,7 @@ def _lay_out(trees: Path, name: str, entries, objects: Path) -> Path:
 def on_the_login_node(request: jobfile.Request, image: Path | None = None) -> jobfile.Request:
     """The launch as the login node runs it: its output directory the login node's (relative: under the login
     home; none given: ``~/kit-jobs``); the laptop's image, its pinned copy here."""
-    out = request.fields.get("output_dir")
-    home = Path.home()
-    output = home / "kit-jobs" if out is None else (home / out if not Path(out).is_absolute() else Path(out))
-    return request.with_fields(output_dir=str(output), **({"image": str(image)} if image is not None else {}))
+    from kit.remote.server import under_home
+
+    output = under_home(request.fields.get("output_dir"))
+    return request.with_fields(output_dir=output, **({"image": str(image)} if image is not None else {}))

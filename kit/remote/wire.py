@@ -30,8 +30,8 @@ NOISE_LIMIT = 1 << 20
 COMMANDS = ("launch", "ps", "logs", "cancel", "report", "rerun", "trim", "cluster", "events", "ui")
 # kit there's own commands, which only the laptop calls (kit's command line loads them as its others).
 SERVER_COMMANDS = {
-    name: f"kit.remote.server:{name.replace('-', '_')}"
-    for name in ("remote-launch", "remote-submit", "remote-result", "remote-wait", "remote-call")
+    name: f"kit.cli.serving:{name.replace('-', '_')}"
+    for name in ("remote-launch", "remote-submit", "remote-wait", "remote-call")
 }
 READS_INPUT = ("remote-launch", "remote-submit")  # kit there reads its input first, then watches it
 VERSION_VARIABLE = "KIT_CLIENT_VERSION"

@@ -10,7 +10,7 @@ the whole.
 """
 
 from kit.report.job import TASK_HEADER, TaskSummary, TaskTable, report, report_job, report_tasks
-from kit.report.plot import NoPicture
+from kit.report.plot import NoPicture, picture_suffix
 from kit.report.series import Logs
 from kit.report.summary import MIN_SECONDS, Summary
 
@@ -22,6 +22,7 @@ __all__ = [
     "TASK_HEADER",
     "TaskSummary",
     "TaskTable",
+    "picture_suffix",
     "report",
     "report_job",
     "report_tasks",

@@ -9,7 +9,7 @@ from pathlib import Path
 from kit import files as kit_files
 from kit import jobdir
 from kit.errors import KitError
-from kit.jobdir import JobDir, records
+from kit.jobdir import JobDir, end_records, records
 from kit.report.plot import NoPicture, _plot_tasks, _pyplot, plot
 from kit.report.series import load_logs, load_prometheus, missed
 from kit.report.summarize import summarize
@@ -43,7 +43,16 @@ def report(
     matplotlib the summary still comes, and ``notice`` hears why there is no picture."""
     logs = load_logs(job_dir)  # also the job's time range for Prometheus
     series, source = logs.series, "metrics logs"
-    if prometheus:
+    if logs.missing:
+        if not records.run_records(job_dir) and end_records.kept_outcome(job_dir) is None:
+            raise KitError(
+                f"nothing to report yet: {logs.missing}, and no run of it has been recorded",
+                field="JOB",
+                exit_code=1,
+                hint="kit ps shows where it is",
+            )
+        source = f"{logs.missing}; what the job directory records"
+    elif prometheus:
         times = [t for pts in logs.series.values() for t, _ in pts]
         try:
             scraped = load_prometheus(prometheus, job, min(times), max(times))
@@ -60,6 +69,8 @@ def report(
     summary = summarize(series, job, source, logs, job_dir, min_seconds)
     summary.task_starts = jobdir.all_task_starts(job_dir)
     try:
+        if logs.missing:
+            raise NoPicture(f"no picture: {logs.missing}")
         plot(series, summary, out, logs)
     except NoPicture as e:
         notice(e)
@@ -105,7 +116,7 @@ class TaskTable:
 def _task_summary(d: Path) -> tuple[TaskSummary, list]:
     params = records.params(d)
     ends = [rec.end for rec in records.run_records(d)]
-    end = "finished" if records.finished(d) else (ends[-1] if ends else "not run")
+    end = "finished" if end_records.finished(d) else (ends[-1] if ends else "not run")
     try:
         series = load_logs(d).series
     except KitError:

@@ -1,4 +1,4 @@
-"""A report on many nodes (issue 30): past ``MANY`` nodes, GPUs or ranks, the text gives each
+"""A report on many nodes: past ``MANY`` nodes, GPUs or ranks, the text gives each
 measure's spread (min / median / max) and names its extreme nodes, the notes group what they
 say of many nodes into one line, and the pictures draw a band (min to max, the median as a
 line) with the outlying nodes drawn alone. ``report.json`` keeps every node all the same."""

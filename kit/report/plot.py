@@ -9,8 +9,22 @@ from kit import files as kit_files
 from kit.errors import KitError
 from kit.home import kit_home
 from kit.report.many import banded
-from kit.report.series import GAP, GIB, Logs, Series, _of, rates
+from kit.report.series import GAP, GIB, Logs, Series, _of, rates, sample_rates
 from kit.report.summary import Summary
+
+PICTURES = (".png", ".svg", ".pdf")  # what a report's picture may be written as
+
+
+def picture_suffix(output: str | Path | None) -> str:
+    """``output``'s suffix (``.png`` when none is given), checked: a report is a picture."""
+    suffix = Path(output).suffix.lower() if output else ".png"
+    if suffix not in PICTURES:
+        raise KitError(
+            f"{output}: the report is a picture: name it .png, .svg or .pdf",
+            field="--output",
+            hint="a .json summary is written next to it",
+        )
+    return suffix
 
 
 def _panels(series: Series) -> list[tuple[str, list[tuple[str, list, dict]]]]:
@@ -63,7 +77,7 @@ def _panels(series: Series) -> list[tuple[str, list[tuple[str, list, dict]]]]:
     out.append(
         (
             "Training throughput (samples/s)",
-            [(f"rank {k[2]} ({k[1]})", rates(pts), {}) for k, pts in _of(series, "training_samples_total").items()],
+            [(f"rank {k[2]} ({k[1]})", sample_rates(series, k), {}) for k in _of(series, "training_samples_total")],
         )
     )
     return [(title, banded([c for c in curves if c[1]])) for title, curves in out if any(c[1] for c in curves)]

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit import files as kit_files  # (load_logs has its own `files`)
-from kit.errors import KitError
 from kit.jobdir import JobDir
 
 IDLE_UTIL = 5.0  # % under which a GPU counts as idle
@@ -33,6 +32,7 @@ class Logs:
     damaged: int = 0
     runs: dict = field(default_factory=dict)  # run -> [first poll time, last poll time]
     run_steps: dict = field(default_factory=dict)  # run -> highest training_step seen
+    missing: str | None = None  # why there are no samples (the report then says what the job directory holds)
 
 
 def _number(x) -> float | None:
@@ -80,11 +80,8 @@ def load_logs(job_dir: Path) -> Logs:
     logs = Logs(defaultdict(list))
     paths = JobDir(job_dir).metrics_logs()
     if not paths:
-        raise KitError(
-            f"no metrics logs in {JobDir(job_dir).logs}",
-            field="JOB",
-            hint="the job ran without the exporter (--no-exporter), or has not started",
-        )
+        logs.missing = "no metrics logs: the job ran without the exporter (--no-exporter), or ended before it started"
+        return logs
     for run, path in paths:
         try:
             for line in kit_files.lines(path, longest=LONGEST_RECORD):
@@ -101,12 +98,8 @@ def load_logs(job_dir: Path) -> Logs:
         except OSError:  # not a regular file, or unreadable: this log only
             logs.damaged += 1
     if not any(logs.series.values()):
-        raise KitError(
-            f"no readable samples in the metrics logs in {JobDir(job_dir).logs}"
-            + (f" ({logs.damaged} damaged line(s))" if logs.damaged else ""),
-            field="JOB",
-            exit_code=1,
-            hint="the job ended before its exporter's first poll, or its disk was full",
+        logs.missing = "no readable samples in its metrics logs: the job ended before its exporter's first poll" + (
+            f" ({logs.damaged} damaged line(s))" if logs.damaged else ", or its disk was full"
         )
     for points in logs.series.values():
         points.sort()
@@ -209,6 +202,31 @@ def mean_rate(points: list, resets: bool = True) -> float | None:
 def rates(points: list, resets: bool = True) -> list[tuple[float, float]]:
     """A counter as (midpoint time, rate) points, breaks left out."""
     return [((p[0] + q[0]) / 2, _step(p[1], q[1], resets) / (q[0] - p[0])) for p, q in _steady_pairs(points)]
+
+
+STALE = 3.0  # s: a rank whose last step ended longer ago than this (and than 2 steps) made no step: a true 0
+
+
+def sample_rates(series: Series, key: tuple) -> list[tuple[float, float]]:
+    """A rank's samples/s as drawn: its counter's rate between the polls that saw a new value. A rank writes its
+    file at most once a second, at a step's end, so a poll may see the value the last one saw (a missed sample, not a
+    stop: drawn as a 0 it dipped every ~15 s, the beat of the two clocks); such a repeat is left out while the rank's
+    last step is recent, and kept — a true 0 — once it is not (a stall, a hang)."""
+    _, node, rank = key
+    stamps = dict(series.get(("training_last_step_timestamp_seconds", node, rank), []))
+    steps = dict(series.get(("training_step_duration_seconds", node, rank), []))
+    kept: list = []
+    for t, v in series.get(key, []):
+        stamp = stamps.get(t)
+        if kept and v == kept[-1][1]:
+            if stamp is not None and t - stamp <= max(STALE, 2 * steps.get(t, 0.0)):
+                continue  # the same write seen again
+            kept.append((t, v))  # no step for a while: a true 0, at the poll's time
+        elif stamp is not None and stamp <= t and (not kept or stamp > kept[-1][0]):
+            kept.append((stamp, v))  # a new value, at its own time (its step's end), not the poll's
+        else:
+            kept.append((t, v))
+    return rates(kept)
 
 
 def _of(series: Series, metric: str, node: str | None = None) -> dict[tuple, list]:

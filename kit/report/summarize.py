@@ -9,14 +9,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 from kit.core.outcome import Outcome
-from kit.jobdir import hangs, records, stragglers, tracker_runs
+from kit.jobdir import end_records, hangs, records, recovery, slow_ranks, tracker_runs
 from kit.jobdir.goodput import goodput
 from kit.jobdir.layout import JobDir
 from kit.jobdir.runs import read_verdict
 from kit.jobdir.tally import Tally, tally
 from kit.notify import ledger
 from kit.report.series import IDLE_UTIL, Logs, Series, _of, _steady_pairs, increase, mean_rate
-from kit.report.summary import MIN_SECONDS, GpuSummary, NodeSummary, Summary, notes
+from kit.report.summary import MIN_SECONDS, GpuSummary, NodeSummary, Note, Summary, notes
 
 
 def _node_busy(series: Series, node: str) -> float | None:
@@ -128,6 +128,7 @@ def summarize(
         gpus,
         [_node_summary(series, n) for n in nodes],
         metrics_seconds=duration,
+        measured=not (logs and logs.missing),
     )
     if job_dir:
         _counted(summary, tally(job_dir, running=False))
@@ -144,8 +145,9 @@ def summarize(
     if job_dir:
         _timeline(summary, job_dir)
     summary.trackers = tracker_runs(job_dir) if job_dir else {}
+    summary.checkpoints = recovery.lines(job_dir) if job_dir else []
     summary.hangs = [{k: h[k] for k in ("run", "rank", "node", "summary")} for h in hangs(job_dir)] if job_dir else []
-    summary.notes = notes(summary, min_seconds)
+    summary.notes = notes(summary, min_seconds) + (_resumed_behind(job_dir) if job_dir else [])
     return summary
 
 
@@ -176,7 +178,7 @@ def _timeline(summary: Summary, job_dir: Path) -> None:
     summary.preflight = [
         {"run": run, **v} for run in d.run_dirs(JobDir.PROGRESS) if (v := read_verdict(d.run_progress(run)))
     ]
-    summary.stragglers = [asdict(s) for s in stragglers.read(job_dir)]
+    summary.stragglers = [asdict(s) for s in slow_ranks.read(job_dir)]
     summary.undelivered = [{k: str(u.get(k)) for k in ("key", "shown", "error")} for u in ledger.undelivered(job_dir)]
 
 
@@ -194,10 +196,10 @@ def _restarts(summary: Summary, logs: Logs, checkpoints: dict[int, float]) -> No
 
 
 def _told_outcome(job_dir: Path) -> str | None:
-    """The job's end as ``--wait`` told it (``ended STATE: meaning (exit code N)``: kit.slurm.ends.observe keeps
+    """The job's end as ``--wait`` told it (``ended STATE: meaning (exit code N)``: kit.job.settle.observe keeps
     it), where kit saw it end; Slurm's end state alone where only `kit ps` saw it; None where kit has seen no end (it
     runs, or nobody asked)."""
-    kept = records.kept_outcome(job_dir)
+    kept = end_records.kept_outcome(job_dir)
     if kept is None:
         return None
     state = kept["state"]
@@ -208,3 +210,17 @@ def _told_outcome(job_dir: Path) -> str | None:
         return Outcome(state, int(kept["exit_code"]), meaning, int(kept.get("restarts", 0))).describe()
     except (KeyError, TypeError, ValueError):
         return f"ended {state}"
+
+
+def _resumed_behind(job_dir: Path) -> list[Note]:
+    """Each run that resumed from an older state than a tier held (kit's checkpoints: steps made again)."""
+    return [
+        Note(
+            "warning",
+            f"run {r['run']} resumed at step {r['step']}, {r['redone']} step(s) behind step {r['newest']} that a tier "
+            "held: not every rank's state of it was left on a tier (a lost node's memory and disk, or a step not yet "
+            "persisted)",
+        )
+        for r in recovery.resumes(job_dir)
+        if r["redone"] > 0
+    ]

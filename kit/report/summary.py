@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from kit.core.text import printable
 from kit.jobdir.goodput import Goodput
-from kit.jobdir.stragglers import Straggler
+from kit.jobdir.runs import verdict_text
+from kit.jobdir.slow_ranks import Straggler
 from kit.report.many import MANY, grouped, spread
 from kit.report.series import GIB
 
@@ -114,14 +115,16 @@ class Summary:
     hangs: list[dict] = field(default_factory=list)  # each run's hang: run, rank (or unknown), node, summary
     goodput: Goodput | None = None  # the job's time in parts, and the share that trained (kit.jobdir.goodput)
     preflight: list[dict] = field(default_factory=list)  # --preflight: each run's verdict (kit.preflight.verdict)
-    stragglers: list[dict] = field(default_factory=list)  # the ranks named slow (kit.jobdir.stragglers)
+    stragglers: list[dict] = field(default_factory=list)  # the ranks named slow (kit.jobdir.slow_ranks)
     undelivered: list[dict] = field(default_factory=list)  # --notify's given-up sends: key, shown, error
     exporters_lost: list[str] = field(default_factory=list)  # each lost exporter's line (kit.jobdir.tally)
+    checkpoints: list[str] = field(default_factory=list)  # kit's checkpoints: the interval, each resume's tier and time
     tflops: float | None = None  # rank 0's device, mean over the job: the model's TFLOP/s (kit.train.mfu)
     mfu: float | None = None  # of the device's peak (kit.monitor.peaks); None: n/a
     # The seconds the metrics span (the utilisation notes' basis). With a job directory, duration_seconds is the
     # job's from submission to end, and the samples and rates its tally's (kit.jobdir.tally): every surface's.
     metrics_seconds: float | None = None  # None: duration_seconds is the metrics' span
+    measured: bool = True  # False: no metrics at all (no logs, no samples): only what the job directory records
     stepping_seconds: float | None = None  # the seconds its steps ran (the tally's; None: unknown)
     from_submission: bool = False  # duration_seconds is the tally's: from the job's submission to its end
 
@@ -142,10 +145,9 @@ class Summary:
             out.insert(1, self.ended)
         if self.goodput is not None:
             out.append(self.goodput.line())
-        for v in self.preflight:
-            checked = ", ".join(v["checked"]) or "no node"
-            out.append(f"preflight, run {v['run']}: {v['verdict']} ({checked})" + (f": {v['why']}" if v["why"] else ""))
+        out += [f"preflight, run {v['run']}: {verdict_text(v)}" for v in self.preflight]
         out += [Straggler(**s).line() for s in self.stragglers]
+        out += self.checkpoints
         if self.first_loss is not None:
             out.append(f"loss (rank 0): {self.first_loss:.4g} -> {self.last_loss:.4g}")
         if self.tflops is not None:
@@ -157,7 +159,7 @@ class Summary:
         if self.task_starts:
             out += _task_start_lines(self.task_starts) + _mode_lines(self.task_starts)
         if not self.gpus:
-            out.append("GPUs: no GPU samples (no NVML on the nodes)")
+            out.append("GPUs: no GPU samples (no NVML on the nodes)" if self.measured else "GPUs: unknown (no metrics)")
         out += [g.line() for g in self.gpus] if len(self.gpus) <= MANY else _gpu_spreads(self.gpus)
         out += [f"tracker: {line}" for line in tracker_lines(self.trackers)]
         if self.notes:
@@ -248,7 +250,7 @@ def notes(s: Summary, min_seconds: float = MIN_SECONDS) -> list[Note]:
     of more than a few nodes or GPUs is one note naming them (:func:`kit.report.many.grouped`)."""
     out: list[tuple[str, str, str, str]] = []  # (level, kind, subject, text): a kind groups its subjects
     span = s.duration_seconds if s.metrics_seconds is None else s.metrics_seconds
-    if span < min_seconds:
+    if span < min_seconds and s.measured:
         out.append(
             (
                 "info",

@@ -27,7 +27,7 @@ from kit.slurm.commands import (
     srun_args,
     submit,
 )
-from kit.slurm.ends import job_outcome, observe
+from kit.slurm.ends import job_outcome
 from kit.slurm.status import (
     BUSY_PATIENCE,
     SETTLING_STATES,
@@ -44,37 +44,12 @@ from kit.slurm.status import (
 )
 from kit.slurm.target import LIVE_STATES, RANK_MAPPING, TERMINAL_STATES, Target
 
+# fmt: off
 __all__ = [
-    "ArrayStates",
-    "BUSY_PATIENCE",
-    "LIVE_STATES",
-    "RANK_MAPPING",
-    "SETTLING_STATES",
-    "TERMINAL_STATES",
-    "ControllerUnreachable",
-    "JobStatus",
-    "State",
-    "Target",
-    "array_status",
-    "cancel",
-    "check_after",
-    "check_fits",
-    "check_mpi",
-    "check_partition",
-    "check_stop_grace",
-    "follow",
-    "job_outcome",
-    "job_status",
-    "observe",
-    "kill_wait",
-    "mpi_types",
-    "partitions",
-    "pyxis_settings",
-    "sbatch_argv",
-    "slurm_config",
-    "srun_args",
-    "statuses",
-    "submit",
-    "wait",
-    "wait_array",
+    "ArrayStates", "BUSY_PATIENCE", "LIVE_STATES", "RANK_MAPPING", "SETTLING_STATES", "TERMINAL_STATES",
+    "ControllerUnreachable", "JobStatus", "State", "Target", "array_status", "cancel", "check_after", "check_fits",
+    "check_mpi", "check_partition", "check_stop_grace", "follow", "job_outcome", "job_status", "kill_wait",
+    "mpi_types", "partitions", "pyxis_settings", "sbatch_argv", "slurm_config", "srun_args", "statuses", "submit",
+    "wait", "wait_array",
 ]
+# fmt: on

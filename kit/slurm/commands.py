@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kit.core.spec import ResolvedJob
 from kit.errors import KitError
-from kit.jobdir import JobDir, records
+from kit.jobdir import JobDir, end_records
 from kit.slurm import pyxis
 from kit.slurm.status import job_status
 from kit.slurm.target import TERMINAL_STATES, Target
@@ -261,7 +261,7 @@ def check_after(target: Target, deps: list, label: str, note=lambda msg: None) -
     for job_id, kind, job_dir in deps:
         st = job_status(target, job_id)
         if st.state == "GONE":
-            finished = job_dir is not None and records.finished(job_dir)
+            finished = job_dir is not None and end_records.finished(job_dir)
             if finished and kind in ("ok", "any"):
                 note(f"job {job_id} finished and Slurm no longer lists it: that dependency is met")
                 continue

@@ -12,13 +12,21 @@ import os
 import re
 import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from kit.core import spec as specs
 from kit.core.text import printable
 from kit.errors import KitError
-from kit.slurm import shellwords
-from kit.slurm.sbatch_words import CONTAINER_FIELDS, FIELDS, INT_FIELDS, KIT_SETS, PYTHONS, RENDEZVOUS, SETUP_WORDS
+from kit.slurm import convert_container, convert_launcher, shellwords
+from kit.slurm.sbatch_words import (
+    CONTAINER_FIELDS,
+    FIELDS,
+    INT_FIELDS,
+    KIT_SETS,
+    RENDEZVOUS,
+    SETUP_WORDS,
+    leading_options,
+    option,
+)
 
 
 @dataclass
@@ -55,28 +63,6 @@ def _toml(value) -> str:
         )
         + '"'
     )
-
-
-def _option(words: list[str], i: int) -> tuple[str, str | None, int]:
-    """(name, value, next index) of the sbatch/srun option at ``words[i]``."""
-    word = words[i]
-    if word.startswith("--"):
-        name, eq, value = word.partition("=")
-        if eq:
-            return name, value, i + 1
-        if (
-            i + 1 < len(words)
-            and not words[i + 1].startswith("-")
-            and name not in ("--exclusive", "--requeue", "--no-requeue", "--overcommit")
-        ):
-            return name, words[i + 1], i + 2
-        return name, None, i + 1
-    name = word[:2]
-    if len(word) > 2:
-        return name, word[2:], i + 1
-    if i + 1 < len(words) and not words[i + 1].startswith("-"):
-        return name, words[i + 1], i + 2
-    return name, None, i + 1
 
 
 def _sbatch_option(c: Converted, name: str, value: str | None, origin: str = "#SBATCH") -> None:
@@ -151,7 +137,7 @@ def _command(c: Converted, words: list[str], line: str) -> None:
     as written after srun's options, under ``bash -c``: re-quoting its words would change it."""
     skip = 0
     if words and words[0] == "srun":
-        dropped, i = _srun_options(words)
+        dropped, i = leading_options(words)
         if dropped:
             c.not_carried.append(f"srun {' '.join(dropped)}: kit runs its own srun from the job's fields")
         words, skip = words[i:], i
@@ -198,12 +184,16 @@ def _command(c: Converted, words: list[str], line: str) -> None:
 
 
 def convert(
-    text: str, sbatch_args: list[str] | tuple[str, ...] = (), inspect=None, cwd: str | None = None
+    text: str, sbatch_args: list[str] | tuple[str, ...] = (), inspect=None, cwd: str | None = None, read=None
 ) -> Converted:
     """The job-file fields of the sbatch script ``text`` submitted with ``sbatch_args`` (the options its
     user puts on sbatch's command line: they win over its #SBATCH lines, as in sbatch), and what did not
     carry over. ``inspect(image, paths)``: which of ``paths`` an image file has (``python`` runs as
-    ``python3`` in an image with python3 alone); ``cwd``: where the job will be submitted from."""
+    ``python3`` in an image with python3 alone); ``cwd``: where the job will be submitted from; ``read(path)``:
+    a file's text (the script a file's ``sbatch`` line submits, a launcher the step runs)."""
+    line = submission(text)
+    if line is not None:
+        return _submitted(line, sbatch_args, inspect, cwd, read)
     c = Converted()
     _script(c, text)
     i, words = 0, list(sbatch_args)
@@ -214,47 +204,55 @@ def convert(
                 "argument; what follows -- is sbatch's options)"
             )
             break
-        name, value, i = _option(words, i)
+        name, value, i = option(words, i)
         _sbatch_option(c, name, value, origin="sbatch")
+    if read is not None:
+        convert_launcher.inline(c.fields, c.changed, cwd, read)
     if inspect is not None:
-        _python3(c, inspect)
-    _workdir(c, cwd)
+        convert_container.python3(c.fields, c.changed, inspect)
+    convert_container.submission_paths(c.fields, c.changed, cwd)
     return c
 
 
-def _workdir(c: Converted, cwd: str | None) -> None:
-    """A container working directory that is the directory the job is submitted from: kit starts there in the
-    job's code view instead (the snapshot), so that the job runs the code it was submitted with."""
-    workdir = c.fields.get("container_workdir")
-    if not workdir or not cwd or os.path.realpath(workdir) != os.path.realpath(cwd):
-        return
-    del c.fields["container_workdir"]
-    c.changed.append(
-        f"--container-workdir={workdir}: the directory you submit from: kit starts the job in its code "
-        "view of it (a copy taken at submission, under the job directory), so the job runs the code "
-        "it was submitted with, not what the directory holds when it starts"
-    )
+def submission(text: str) -> list[str] | None:
+    """The words of the file's ``sbatch`` command line, when it holds one (a file of how a job is submitted)."""
+    found = []
+    for line in shellwords.logical_lines(text):
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue
+        while words and re.match(r"[A-Za-z_][A-Za-z0-9_]*=", words[0]):
+            words = words[1:]  # NAME=value sbatch ...
+        if words and words[0] == "sbatch":
+            found.append([os.path.expandvars(w) for w in words])  # as the shell that runs the line expands it
+    if len(found) > 1:
+        raise KitError(
+            f"the file runs sbatch {len(found)} times: kit convert takes one job",
+            field="SCRIPT",
+            hint="convert the batch script itself: kit convert SCRIPT -- SBATCH-OPTIONS",
+        )
+    return found[0] if found else None
 
 
-def _python3(c: Converted, inspect) -> None:
-    """A command that runs ``python`` in an image that has python3 alone (Debian's, kit's) runs python3."""
-    command, image = c.fields.get("command"), c.fields.get("image")
-    if not command or not isinstance(image, str) or not os.path.isfile(image):
-        return
-    text = command[2] if command[:2] == ["bash", "-c"] else None
-    if command[0] != "python" if text is None else not re.search(r"(?<![\w/.-])python(?=\s)", text):
-        return
+def _submitted(words: list[str], sbatch_args, inspect, cwd: str | None, read) -> Converted:
+    """A file holding ``sbatch OPTIONS SCRIPT``: the script it submits, converted with those options."""
+    options, i = leading_options(words)
+    hint = "convert the batch script itself, with sbatch's options after --: kit convert SCRIPT -- SBATCH-OPTIONS"
+    if i >= len(words) or read is None or any(o.startswith("--wrap") for o in options):
+        raise KitError("the file runs sbatch without a batch script kit convert can read", field="SCRIPT", hint=hint)
+    script = words[i]
     try:
-        found = {p.rsplit("/", 1)[1] for p in inspect(Path(image), list(PYTHONS))}
-    except KitError:
-        return  # an image it cannot read: kit launch says so
-    if "python" in found or "python3" not in found:
-        return
-    if text is None:
-        command[0] = "python3"
-    else:
-        command[2] = re.sub(r"(?<![\w/.-])python(?=\s)", "python3", text)
-    c.changed.append(f"python: {image} has python3 alone: the command runs python3")
+        text = read(os.path.join(cwd or ".", script))
+    except OSError as e:
+        raise KitError(
+            f"the file runs sbatch on {script}, which cannot be read: {e.strerror or e}", field="SCRIPT", hint=hint
+        ) from None
+    c = convert(text, [*options, *sbatch_args], inspect, cwd, read)
+    c.changed.insert(0, f"sbatch … {script}: the file submits {script}: converted with that line's options")
+    if words[i + 1 :]:
+        c.not_carried.append(f"{shlex.join(words[i + 1 :])}: the batch script's arguments (put them in the command)")
+    return c
 
 
 def _script(c: Converted, text: str) -> None:
@@ -271,7 +269,7 @@ def _script(c: Converted, text: str) -> None:
                 continue
             i, options = 0, []
             while i < len(words) and words[i].startswith("-"):
-                name, value, i = _option(words, i)
+                name, value, i = option(words, i)
                 options.append((name, value))
             if i < len(words):  # nothing of such a line is carried: what sbatch makes of it is unclear
                 c.not_carried.append(
@@ -340,7 +338,7 @@ def _choose(c: Converted, commands: list[tuple[list[str], str]], assigned: list[
     sruns = [(w, s) for w, s in commands if w[0] == "srun"]
     # An --overlap step shares the job's resources with another (a monitor, an interactive shell):
     # the training step is the last srun that is not one.
-    main = [(w, s) for w, s in sruns if "--overlap" not in _srun_options(w)[0]]
+    main = [(w, s) for w, s in sruns if "--overlap" not in leading_options(w)[0]]
     chosen = (main or sruns or commands)[-1:] if commands else []
     for words, stripped in commands:
         if (words, stripped) not in chosen:
@@ -386,12 +384,3 @@ def _carry_assignments(c: Converted, assigned: list[tuple[str, str, int]]) -> No
             "batch script: a value that differs from run to run (a random seed) would differ between "
             "ranks; compute it once and pass it with --env"
         )
-
-
-def _srun_options(words: list[str]) -> tuple[list[str], int]:
-    """An srun line's own options (as NAME=VALUE), and the index of its command's first word."""
-    i, options = 1, []
-    while i < len(words) and words[i].startswith("-"):
-        name, value, i = _option(words, i)
-        options.append(name + (f"={value}" if value is not None else ""))
-    return options, i

@@ -1,5 +1,5 @@
 """What the end of a job means: Slurm's final state and the job directory's record of its work (the outcome
-table, kit.core.outcome), told and kept in one place (:func:`observe`)."""
+table, kit.core.outcome). Keeping it is an act of the job room's (:mod:`kit.job.settle`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import signal
 from pathlib import Path
 
 from kit.core import outcome
-from kit.jobdir import JobDir, records
+from kit.jobdir import JobDir, end_records
 from kit.slurm.status import JobStatus
 
 # Slurm's final states -> kit's exit codes (kit.core.outcome).
@@ -28,8 +28,8 @@ def job_outcome(st: JobStatus, job_dir: Path | None, finished: bool | None = Non
     0 needs both Slurm's COMPLETED and the job's FINISHED marker: a result
     that only one of them reports is not trusted.
     """
-    if finished is None:  # the marker alone (the caller may know better: kit.jobdir.records.work_finished)
-        finished = job_dir is not None and records.finished(job_dir)
+    if finished is None:  # the marker alone (the caller may know better: kit.jobdir.end_records.work_finished)
+        finished = job_dir is not None and end_records.finished(job_dir)
     if st.state == "COMPLETED":
         code = outcome.FINISHED if finished else outcome.INCONSISTENT
     elif st.state == "FAILED":
@@ -45,20 +45,6 @@ def job_outcome(st: JobStatus, job_dir: Path | None, finished: bool | None = Non
     if st.state == "CANCELLED" and st.reason == "DependencyNeverSatisfied":
         meaning = f"it never ran: its dependency can never be met ({st.dependency or 'see squeue'})"
     return outcome.Outcome(state=st.state, exit_code=code, meaning=meaning, restarts=st.restarts)
-
-
-def observe(end: JobStatus, job_dir: Path) -> outcome.Outcome:
-    """The one place an end seen is recorded and told: Slurm's final state kept in the job directory
-    (``outcome.json``: told the same once Slurm forgets the job), then what it means (:func:`job_outcome`,
-    with the work's own record of being finished). ``kit launch --wait``, ``Job.wait`` and an array's
-    tasks all end here."""
-    told = job_outcome(end, job_dir, records.work_finished(job_dir))
-    if end.state != "GONE":
-        records.keep_outcome(job_dir, end.state, {k: getattr(told, k) for k in ("exit_code", "meaning", "restarts")})
-        from kit.notify import deliver
-
-        deliver.catch_up(job_dir)  # --notify: what a killed batch script could not send
-    return told
 
 
 def _never_started(code: int) -> str:

@@ -104,3 +104,35 @@ PYTHONS = (
     "bin/python3",
     "usr/local/bin/python3",
 )
+
+
+def option(words: list[str], i: int) -> tuple[str, str | None, int]:
+    """(name, value, next index) of the sbatch/srun option at ``words[i]``."""
+    word = words[i]
+    if word.startswith("--"):
+        name, eq, value = word.partition("=")
+        if eq:
+            return name, value, i + 1
+        if (
+            i + 1 < len(words)
+            and not words[i + 1].startswith("-")
+            and name not in ("--exclusive", "--requeue", "--no-requeue", "--overcommit")
+        ):
+            return name, words[i + 1], i + 2
+        return name, None, i + 1
+    name = word[:2]
+    if len(word) > 2:
+        return name, word[2:], i + 1
+    if i + 1 < len(words) and not words[i + 1].startswith("-"):
+        return name, words[i + 1], i + 2
+    return name, None, i + 1
+
+
+def leading_options(words: list[str]) -> tuple[list[str], int]:
+    """A command line's own options (``srun …``, ``sbatch …``: as NAME=VALUE), and the index of the first word
+    after them (its command, its script)."""
+    i, options = 1, []
+    while i < len(words) and words[i].startswith("-"):
+        name, value, i = option(words, i)
+        options.append(name + (f"={value}" if value is not None else ""))
+    return options, i

@@ -7,18 +7,31 @@ import re
 import shlex
 
 
-def logical_lines(text: str) -> list[str]:
-    """The script's lines with backslash continuations joined."""
-    out, current = [], ""
+def logical_groups(text: str) -> list[list[str]]:
+    """The script's physical lines, grouped into its logical lines (a backslash continuation joins the next)."""
+    out, current = [], []
     for raw in text.splitlines():
-        if raw.rstrip().endswith("\\") and not raw.lstrip().startswith("#"):
-            current += raw.rstrip()[:-1] + " "
-            continue
-        out.append(current + raw)
-        current = ""
+        current.append(raw)
+        if not _continued(raw):
+            out.append(current)
+            current = []
     if current:
         out.append(current)
     return out
+
+
+def joined(group: list[str]) -> str:
+    """One logical line's text: its physical lines with the continuations joined."""
+    return "".join(raw.rstrip()[:-1] + " " if _continued(raw) else raw for raw in group)
+
+
+def logical_lines(text: str) -> list[str]:
+    """The script's lines with backslash continuations joined."""
+    return [joined(group) for group in logical_groups(text)]
+
+
+def _continued(raw: str) -> bool:
+    return raw.rstrip().endswith("\\") and not raw.lstrip().startswith("#")
 
 
 def shell_syntax(line: str) -> str | None:

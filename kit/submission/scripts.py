@@ -66,6 +66,12 @@ def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[st
         if not any(pyxis.covers(m.dst, root) for m in job.mounts):
             mounts.insert(0, pyxis.Mount(root, root))
         workdir = workdir or str(start_dir(job, job_dir))
+    elif workdir is None and job.workdir and not _system(job.workdir):
+        # No snapshot (a directory outside git): the job starts where it was submitted, as without --image and
+        # as sbatch does; the directory is mounted at its own path unless a mount of the user's shows it.
+        workdir = job.workdir
+        if not any(pyxis.covers(m.dst, workdir) for m in job.mounts):
+            mounts.insert(0, pyxis.Mount(workdir, workdir))
     if not is_reference(job.image):
         from kit.image import info, runtime
 
@@ -102,6 +108,31 @@ def container_setup(job: ResolvedJob, job_dir: Path) -> tuple[list[str], list[st
     )
     names = sorted(set(pyxis.JOB_VARIABLES) | set(s.env) | set(s.container_env))
     return flags, names
+
+
+# Paths of the image a submission directory is not mounted onto: the container's system would be the host's
+# (a job submitted from one, a function's from "/", starts in the image's WORKDIR, as pyxis does).
+SYSTEM_DIRS = (
+    "/",
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/etc",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/run",
+    "/opt",
+)
+
+
+def _system(path: str) -> bool:
+    from kit.image.runtime import IMAGE_PREFIX
+
+    return path in SYSTEM_DIRS or pyxis.covers(path, IMAGE_PREFIX)
 
 
 # launch/'s scripts, copied into every job directory as they ship: a job runs the scripts it was submitted

@@ -14,7 +14,7 @@ from kit.code import snapshot as snapshots
 from kit.core import sweep as sweep_lib
 from kit.core.spec import ResolvedJob
 from kit.errors import KitError
-from kit.jobdir import JobDir, records
+from kit.jobdir import JobDir, job_index
 from kit.submission.plan import check_output_dir
 from kit.submission.scripts import render_scripts, start_dir, step
 
@@ -119,20 +119,32 @@ def _write_tasks(job: ResolvedJob, job_dir: Path) -> None:
         (task / JobDir.SWEEP).write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in values.items()))
 
 
+def _made_by_the_prolog(targets: Path) -> bool:
+    """A per-user targets directory whose parent only root writes (0755, root's): the cluster's Prolog makes it,
+    the user's own, before the job's first step (kit's local cluster; a site may do the same)."""
+    try:
+        st = targets.parent.stat()
+    except OSError:
+        return False
+    return st.st_uid == 0 and not st.st_mode & 0o022 and os.geteuid() != 0
+
+
 def submit(prepared: PreparedJob, target: slurm.Target) -> PreparedJob:
     """Submit with sbatch --parsable; on failure the job directory is removed."""
     s = prepared.job.spec
     try:
         if prepared.job.image and s.prometheus_targets and s.exporter:
-            # pyxis mounts it into the container: it must exist when the job starts.
+            # pyxis mounts it into the container: it must exist when the job starts. A user's directory in
+            # one only root writes (the local cluster's targets) is the job's Prolog's to make.
             try:
                 Path(s.prometheus_targets).mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                raise KitError(
-                    f"cannot create {s.prometheus_targets}: {e.strerror}",
-                    field="--prometheus-targets",
-                    hint="give a directory Prometheus reads (file_sd) that this user can create",
-                ) from None
+                if not (isinstance(e, PermissionError) and _made_by_the_prolog(Path(s.prometheus_targets))):
+                    raise KitError(
+                        f"cannot create {s.prometheus_targets}: {e.strerror}",
+                        field="--prometheus-targets",
+                        hint="give a directory Prometheus reads (file_sd) that this user can create",
+                    ) from None
         job_id = slurm.submit(target, prepared.sbatch_argv)
     except BaseException:
         files.remove_tree(prepared.job_dir)
@@ -151,5 +163,5 @@ def submit(prepared: PreparedJob, target: slurm.Target) -> PreparedJob:
             exit_code=1,
             hint=f"free space there; scancel {job_id} stops it",
         ) from None
-    records.remember(prepared.job_dir)
+    job_index.remember(prepared.job_dir)
     return prepared

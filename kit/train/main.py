@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import lightning as L
@@ -17,7 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from kit.jobdir import JobDir
-from kit.train import preempt, trackers
+from kit.train import lightning_checkpoints, preempt, trackers
 from kit.train import progress as kit_progress
 
 
@@ -70,20 +71,27 @@ def make_data(samples: int, features: int, seed: int = 0) -> TensorDataset:
 
 
 class Preemption(Callback):
-    """On the warning signal, all ranks agree at a step boundary to checkpoint and stop."""
+    """On the warning signal, all ranks agree at a step boundary to checkpoint (to every tier) and stop."""
 
-    def __init__(self, ckpt_path: Path, progress):
+    def __init__(self, ckpt_path: Path, progress, store=None):
         self.ckpt_path = ckpt_path
         self.progress = progress
+        self.store = store  # kit's checkpoints (else today's last.ckpt)
         self.preempted = False
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         # One tiny all-reduce per step: ranks see the signal at different steps.
         if trainer.strategy.reduce_boolean_decision(preempt.requested(), all=False):
             self.preempted = True
-            trainer.save_checkpoint(self.ckpt_path)
+            if self.store is not None:
+                state = lightning_checkpoints.full_state(trainer)
+                whole = self.store.finish(state, trainer.global_step, "warning")
+                what = "a checkpoint to every tier" if whole else "a checkpoint (not yet in the job directory)"
+            else:
+                trainer.save_checkpoint(self.ckpt_path)
+                what = self.ckpt_path.name
             self.progress.flush(trainer)
-            log(f"warning signal: saved {self.ckpt_path.name} at step {trainer.global_step}, stopping")
+            log(f"warning signal: saved {what} at step {trainer.global_step}, stopping")
             trainer.should_stop = True
 
 
@@ -202,7 +210,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--gradient-clip-val", type=float, default=None)
     p.add_argument("--accumulate-grad-batches", type=int, default=1)
-    p.add_argument("--checkpoint-every", type=int, default=50, help="Save last.ckpt every N steps (0: never).")
+    lightning_checkpoints.add_arguments(p)
     p.add_argument("--checkpoint-dir", default=None, help="[default: $KIT_JOB_DIR/checkpoints]")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--step-delay", type=float, default=0.0, help="Sleep this long after each step (testing).")
@@ -238,22 +246,25 @@ def parse_loggers(text: str) -> list[str]:
     return kinds
 
 
-def _callbacks(args, ckpt_dir: Path, job_dir: Path, flops: int | None) -> tuple[list, "Preemption", "Progress"]:
+def _callbacks(args, ckpt_dir: Path, job_dir: Path, flops: int | None, store) -> tuple[list, "Preemption", "Progress"]:
     """The trainer's callbacks: preemption (checkpoint on kit's warning), progress lines and kit's progress
-    reports, the exporter's metrics when a metrics directory is set (``flops``: a step's, else counted), then
-    what the arguments ask for."""
+    reports, the exporter's metrics when a metrics directory is set (``flops``: a step's, else counted), kit's
+    snapshots (``store``; else today's last.ckpt), then what the arguments ask for."""
     from kit.train.metrics import MetricsCallback, ProgressCallback
 
     reporter = ProgressCallback()
-    preemption = Preemption(ckpt_dir / "last.ckpt", reporter)
+    preemption = Preemption(ckpt_dir / "last.ckpt", reporter, store)
     progress = Progress(args.log_every)
     callbacks = [preemption, progress, reporter]
     if os.environ.get("KIT_METRICS_DIR"):
         callbacks.append(MetricsCallback(flops_per_step=flops, count_flops=flops is None))
-    if args.checkpoint_every:
-        callbacks.append(
-            ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.checkpoint_every, save_last=True, save_top_k=0)
-        )
+    if store is not None:  # first: a step's snapshot before the warning's save of the same step (which is final)
+        callbacks.insert(0, lightning_checkpoints.Snapshots(store))
+    elif args.checkpoint_every != "0":
+        every = args.checkpoint_every
+        timed = {"train_time_interval": timedelta(seconds=int(every[:-1]))} if every.endswith("s") else {}
+        steps = {} if timed else {"every_n_train_steps": 50 if every == "auto" else int(every)}
+        callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, save_last=True, save_top_k=0, **timed, **steps))
     if args.step_delay:
         callbacks.append(StepDelay(args.step_delay))
     if args.profile_steps:
@@ -314,9 +325,11 @@ def main(argv=None) -> int:
     flops = model.flops_per_step() if args.model == "gpt" else None
     if args.compile:
         model.compile()  # nn.Module.compile: the module's call compiled, its parameters and their names kept
-    callbacks, preemption, progress = _callbacks(args, ckpt_dir, job_dir, flops)
+    store = lightning_checkpoints.store_for(args)
+    callbacks, preemption, progress = _callbacks(args, ckpt_dir, job_dir, flops, store)
     loggers = [trackers.lightning_logger(kind, **TRACKER_ARGS[kind]) for kind in args.logger]
     plugins = []
+    resume = lightning_checkpoints.resume(store, last, plugins)
     if SLURMEnvironment.detect():
         # kit requeues from the batch script; Lightning's own requeue would race it.
         plugins.append(SLURMEnvironment(auto_requeue=False))
@@ -335,24 +348,27 @@ def main(argv=None) -> int:
         log_every_n_steps=args.log_every,
         enable_progress_bar=False,
         enable_model_summary=False,
-        enable_checkpointing=bool(args.checkpoint_every),
+        enable_checkpointing=store is None and args.checkpoint_every != "0",
         default_root_dir=str(job_dir),
         max_epochs=-1,
     )
-    resume = str(last) if last.exists() else None
-    if resume:
-        step = torch.load(resume, map_location="cpu", weights_only=False).get("global_step", "?")
-        log(f"resuming from {last} at step {step} (kit: {trackers.resumed_step()})")
     trainer.fit(model, data, ckpt_path=resume)
     step = trainer.global_step
     if trainer.global_rank == 0:
-        log(f"done at step={step} first_loss={model.first_loss:.5f} last_loss={model.last_loss:.5f}")
+        losses = " ".join(
+            f"{k}={v:.5f}"
+            for k, v in (("first_loss", model.first_loss), ("last_loss", model.last_loss))
+            if v is not None
+        )
+        log(f"done at step={step} {losses or '(no step left to run)'}")
         if args.compile:
             log(f"torch.compile: {_compiled_graphs()} graph(s) compiled")
         if progress.t_first is not None and progress.t_last > progress.t_first:
             rate = progress.samples / (progress.t_last - progress.t_first)
             log(f"throughput: {rate:.1f} samples/s per rank over {progress.t_last - progress.t_first:.2f} s")
     if not preemption.preempted and step >= args.max_steps:
+        if store is not None and not store.finish(lightning_checkpoints.full_state(trainer), step):
+            log(f"the last state (step {step}) did not reach the job directory in time: it is on the nodes")
         # Every rank says its work is done (kit then calls the run finished even if
         # a rank dies in teardown); rank 0 writes the job's marker.
         kit_progress.finished()

@@ -40,6 +40,8 @@ class ProgressCallback(Callback):
         progress.step(trainer.global_step)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        if getattr(trainer, "kit_snapshot", False):
+            return  # kit's every-step snapshot (kit.train.lightning_checkpoints): not a save the step waits for
         self._saving = trainer.global_step
         progress.checkpointing(trainer.global_step)
 

@@ -1,4 +1,4 @@
-"""How late each rank arrives at the gradient all-reduce (issue 43's stragglers), measured on the rank.
+"""How late each rank arrives at the gradient all-reduce (a straggler's mark), measured on the rank.
 
 Under synchronous data parallelism every rank leaves the gradient all-reduce together, so step times are alike
 and say nothing; who arrives last does. A DDP communication hook (:func:`watch`) averages the gradients as DDP's
@@ -6,7 +6,7 @@ default does and, on each step's last bucket, times this rank's wait: from its g
 its backward pass) to the all-reduce's end, and the waits in the step's other synchronous collectives
 (:data:`COLLECTIVES`). The slow rank waits for no one; the others wait for it. Each metrics
 write (kit.train's callback, :func:`kit.train.progress.step`) adds this rank's mean wait per step and its mean step
-time over the interval (:func:`values`); the first node's exporter judges the ranks (kit.jobdir.stragglers).
+time over the interval (:func:`values`); the first node's exporter judges the ranks (kit.monitor.judges).
 
 On a GPU the wait is timed by CUDA events on the streams (the host runs ahead of the device), read once they have
 passed; on a CPU (gloo) by the host's clock. No extra collective, nothing synchronised.

@@ -27,6 +27,7 @@ No torch or Lightning import until a Lightning logger is asked for.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -115,11 +116,29 @@ def remember_mlflow_run(run_id: str, tracking_uri: str | None = None) -> None:
     files.write_atomic(d / JobDir.TRACKER_MLFLOW, json.dumps({"run_id": run_id, "tracking_uri": tracking_uri}) + "\n")
 
 
+def mlflow_tracking_uri() -> str:
+    """The MLflow store: ``$MLFLOW_TRACKING_URI``, else the job's own in tracker/ — SQLite, MLflow 3's default, where
+    MLflow can open one (full ``mlflow``: SQLAlchemy); else (``mlflow-skinny``, what the ``trackers`` extra installs:
+    no SQLite store) a file store, with MLflow 3's opt-out for it set. (Lightning's logger fell back to ``./mlruns``,
+    a file store MLflow 3 refuses: the job failed at its first log.)"""
+    named = os.environ.get("MLFLOW_TRACKING_URI")
+    if named:
+        return named
+    d = tracker_dir() or Path.cwd()
+    if importlib.util.find_spec("sqlalchemy") and importlib.util.find_spec("alembic"):
+        return f"sqlite:///{d / JobDir.TRACKER_MLFLOW_DB}"
+    if not os.environ.get("MLFLOW_ALLOW_FILE_STORE"):  # an empty value MLflow refuses too
+        os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    return f"file:{d / JobDir.TRACKER_MLRUNS}"
+
+
 def mlflow_start_run(**kwargs: Any):
     """``mlflow.start_run()`` as the job's one MLflow run: the first run makes it and kit keeps its id,
     later runs resume it (``MLFLOW_RUN_ID``)."""
     import mlflow
 
+    if not os.environ.get("MLFLOW_TRACKING_URI"):
+        mlflow.set_tracking_uri(mlflow_tracking_uri())
     run = mlflow.start_run(**kwargs)
     remember_mlflow_run(run.info.run_id, mlflow.get_tracking_uri())
     return run
@@ -147,7 +166,7 @@ def lightning_logger(kind: str, **kwargs: Any):
         from lightning.pytorch.loggers import MLFlowLogger
 
         kwargs.setdefault("run_id", os.environ.get("MLFLOW_RUN_ID") or None)
-        kwargs.setdefault("tracking_uri", os.environ.get("MLFLOW_TRACKING_URI") or None)
+        kwargs.setdefault("tracking_uri", mlflow_tracking_uri())
         inner = MLFlowLogger(**kwargs)
     else:
         from lightning.pytorch.loggers import TensorBoardLogger

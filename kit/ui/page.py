@@ -14,6 +14,8 @@ from kit import files
 from kit.jobdir import JobDir, hangs
 from kit.jobdir.events import events
 from kit.jobdir.metrics import newest_rank_metrics
+from kit.jobdir.runs import verdict_text
+from kit.jobdir.slow_ranks import Straggler
 
 REFRESH = 5  # seconds between reloads of a page that shows a running job
 TAIL = 8192  # bytes of the batch log, of a hang's stacks
@@ -111,11 +113,20 @@ def _summary(row, now: float) -> str:
         ("nodes", e(row.nodes)),
         ("directory", e(row.job_dir)),
     ]
+    cells.insert(-2, ("goodput", "n/a" if row.goodput is None else f"{100 * row.goodput:.1f}% of its time trained"))
     if row.stragglers:
-        cells.append(("stragglers", "; ".join(e(s.get("evidence") or s) for s in row.stragglers)))
+        cells.append(("stragglers", "<br>".join(e(_straggler(s)) for s in row.stragglers)))
     if row.preflight:
-        cells.append(("preflight", e(f"{row.preflight.get('verdict')}: {row.preflight.get('why') or ''}")))
+        cells.append(("preflight", e(verdict_text(row.preflight))))
     return "<table>" + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in cells) + "</table>"
+
+
+def _straggler(named: dict) -> str:
+    """A straggler as kit report and kit events say it (its rank and node first)."""
+    try:
+        return Straggler(**named).line()
+    except TypeError:  # a record of another version
+        return f"rank {named.get('rank')} on {named.get('node')}: {named.get('evidence', '')}"
 
 
 def _timeline(job_dir: Path) -> str:

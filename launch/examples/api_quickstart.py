@@ -24,8 +24,13 @@ def main() -> int:
     p.add_argument("--output-dir", default="kit-jobs")
     args = p.parse_args()
 
-    job = kit.launch([sys.executable, "-m", "kit.train", "--max-steps", str(args.max_steps), "--log-every", "20"],
-                     nodes=2, local=True, output_dir=args.output_dir, job_name="api-quickstart")
+    job = kit.launch(
+        [sys.executable, "-m", "kit.train", "--max-steps", str(args.max_steps), "--log-every", "20"],
+        nodes=2,
+        local=True,
+        output_dir=args.output_dir,
+        job_name="api-quickstart",
+    )
     for message in job.messages:
         print(f"kit: {message}")
     print(f"submitted job {job.id}: {job.dir}")
@@ -40,8 +45,17 @@ def main() -> int:
     end = job.wait()
     print(f"job {job.id} {end.describe()}")
     summary = job.report() if end.exit_code == 0 else {}
-    print(json.dumps({"job_id": job.id, "state": end.state, "exit_code": end.exit_code, "steps_seen": steps,
-                      "samples_per_second": summary.get("samples_per_second")}))
+    print(
+        json.dumps(
+            {
+                "job_id": job.id,
+                "state": end.state,
+                "exit_code": end.exit_code,
+                "steps_seen": steps,
+                "samples_per_second": summary.get("samples_per_second"),
+            }
+        )
+    )
     return end.exit_code
 
 

@@ -50,8 +50,10 @@ def main() -> int:
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=64, sampler=sampler)
 
-    model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1)).to(device),
-                                    device_ids=[local_rank] if gpu else None)
+    model = DistributedDataParallel(
+        nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1)).to(device),
+        device_ids=[local_rank] if gpu else None,
+    )
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     ckpt = Path(os.environ.get("KIT_JOB_DIR", ".")) / "checkpoints" / "plain.pt"
     start = 0

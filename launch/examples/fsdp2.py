@@ -39,8 +39,9 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh(device.type, (world,))
     torch.manual_seed(0)  # the same initial weights on every rank before sharding
-    model = nn.Sequential(nn.Linear(16, args.width), nn.Tanh(), nn.Linear(args.width, args.width), nn.Tanh(),
-                          nn.Linear(args.width, 1)).to(device)
+    model = nn.Sequential(
+        nn.Linear(16, args.width), nn.Tanh(), nn.Linear(args.width, args.width), nn.Tanh(), nn.Linear(args.width, 1)
+    ).to(device)
     for layer in model:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh)

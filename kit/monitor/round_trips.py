@@ -9,7 +9,7 @@ serves, per peer address, the smoothed round trip of the busiest connection that
 as the median of its last polls (``kit_job_link_rtt_seconds``). A link whose queue fills (a shaped or degraded link)
 shows round trips of tens to hundreds of milliseconds where a healthy one shows well under one (measured on the
 local cluster, 2 cores busy: 3-38 ms through a node shaped to 40 Mbit/s, 0.1-2.8 ms elsewhere).
-kit.jobdir.stragglers.LinkJudge names the node on every slow link. TCP only: gloo, NCCL's socket transport, the
+kit.monitor.judges.LinkJudge names the node on every slow link. TCP only: gloo, NCCL's socket transport, the
 job's stores; NCCL over InfiniBand/RoCE verbs sends no TCP and is not seen here.
 """
 
@@ -29,7 +29,7 @@ RTT = Spec(
     "gauge",
     "The round trip of the job's TCP connections from this node to a peer (peer; local: this node's address): "
     "the median over the last polls of its busiest connection's smoothed round trip (the kernel's tcp_info), "
-    "those polls only where it was busy enough to say (kit.monitor.links.BUSY, POLLS).",
+    "those polls only where it was busy enough to say (kit.monitor.round_trips.BUSY, POLLS).",
 )
 BUSY = 128 * 1024  # bytes a second a connection sends for its round trip to be the link's
 POLLS = 5  # a link's round trip served: the median over its busy polls among this many

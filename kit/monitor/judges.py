@@ -1,4 +1,4 @@
-"""Naming a straggler: the judge of the ranks' waits in the step's collectives (kit.train.stragglers measures).
+"""Naming a straggler, in the room that runs it (the exporter's poll collects; a judge decides): the judge of the ranks' waits in the step's collectives (kit.train.stragglers measures).
 
 Each rank's metrics file (``metrics/<node>/rank-<R>.json``) carries, over its last write interval, its mean step
 time and its mean wait per step in the collectives (the gradient all-reduce and the step's others). A rank's
@@ -7,47 +7,25 @@ for it. A rank is named when its compute stays at least
 :data:`SLOWER` times the other ranks' median (and :data:`AT_LEAST` seconds more) for :data:`SUSTAINED` seconds
 (a checkpoint save on rank 0, a moment's noise do not name anyone). Two judges see what the ranks' steps do not:
 :class:`GpuJudge` a GPU held down (NVML), :class:`LinkJudge` a node's slow network links (the round trips of the
-job's busy TCP connections, kit.monitor.links). The first node's exporter judges every few
-seconds and keeps the verdicts in ``stragglers.json``; ``kit ps --json``, the ``--wait`` line, ``kit report`` and
-``kit events`` read them back.
+job's busy TCP connections, kit.monitor.round_trips). The first node's exporter judges every few seconds, in its
+poll (kit.monitor.training), and keeps the verdicts (kit.jobdir.slow_ranks), which every surface reads back.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import statistics
-from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
-from kit import files
-from kit.jobdir.layout import JobDir
 from kit.jobdir.metrics import newest_rank_metrics
-from kit.jobdir.runs import fields_text
+from kit.jobdir.slow_ranks import Straggler
 
 SLOWER = 1.25  # compute per step this many times the other ranks' median ...
 AT_LEAST = 0.02  # ... and this many seconds more: a slowdown worth a verdict
 SUSTAINED = 20.0  # seconds a rank stays the outlier before it is named ...
 MISSES = 0.25  # ... seen level with the others in at most this share of the judgements meanwhile
 FRESH = 30.0  # a rank file this much older than the newest is another run's
-
-
-@dataclass(frozen=True)
-class Straggler:
-    rank: int
-    node: str
-    factor: float  # its compute per step over the other ranks' median
-    evidence: str
-    since: float  # Unix time: when it became the outlier
-    at: float  # Unix time: the latest judgement that named it
-    by: str = "step"  # what named it: "step" (its compute per step), "gpu" (its GPU held down, GpuJudge) or "link"
-    # (its node's network links slow, LinkJudge)
-
-    def line(self) -> str:
-        if self.by == "link":
-            return f"straggler: rank {self.rank} on {self.node}, its links {self.factor:.1f}x slower ({self.evidence})"
-        if self.by == "gpu":
-            return f"straggler: rank {self.rank} on {self.node}, its GPU {self.factor:.2f}x slower ({self.evidence})"
-        return f"straggler: rank {self.rank} on {self.node}, {self.factor:.2f}x the other ranks' step ({self.evidence})"
 
 
 def latest(job_dir: str | Path) -> dict[int, tuple[str, dict]]:
@@ -149,7 +127,7 @@ LINK_AT_LEAST = 0.002  # ... and this many seconds more is slow
 
 
 class LinkJudge:
-    """Names the node on every slow link (kit.monitor.links measures): a slow link slows every rank alike, so the
+    """Names the node on every slow link (kit.monitor.round_trips measures): a slow link slows every rank alike, so the
     ranks' waits cannot name it, but the round trips of the job's busy TCP connections can. A node whose every busy
     link, to at least two other nodes, has a round trip :data:`LINK_SLOWER` times the median of the busy links that
     do not touch it (and :data:`LINK_AT_LEAST` more) is the outlier — its ring neighbours each have one slow link
@@ -199,37 +177,24 @@ def slow_link_node(links: dict[str, dict[tuple[str, str], float]]) -> tuple[str,
     return best
 
 
-def read(job_dir: str | Path) -> list[Straggler]:
-    """The ranks named in the job so far (one entry per rank: its latest verdict), oldest first."""
-    try:
-        data = files.read_json(Path(job_dir) / JobDir.STRAGGLERS)
-        return [Straggler(**s) for s in data["stragglers"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
+class Panel:
+    """The judges together, as the first node's exporter consults them each time its poll has collected the ranks'
+    figures, the GPUs held down and the busy links: the ranks' steps first (their GPUs' evidence added), then a GPU
+    held down, then a node's slow links. Each judge sees every collection (each follows its own streak)."""
 
+    def __init__(self):
+        self.steps, self.gpus, self.links = Judge(), GpuJudge(), LinkJudge()
 
-def record(job_dir: str | Path, verdict: Straggler) -> None:
-    """Keep ``verdict`` in the job's record (the rank's earlier entry updated, its first ``since`` kept)."""
-    kept = {s.rank: s for s in read(job_dir)}
-    before = kept.get(verdict.rank)
-    if before is not None and before.node == verdict.node:
-        verdict = Straggler(**{**asdict(verdict), "since": min(before.since, verdict.since)})
-    kept[verdict.rank] = verdict
-    ordered = sorted(kept.values(), key=lambda s: s.since)
-    files.write_atomic(Path(job_dir) / JobDir.STRAGGLERS, json.dumps({"stragglers": [asdict(s) for s in ordered]}))
-
-
-def tell_the_run(progress_dir: str | None, verdict: Straggler) -> None:
-    """The run's first verdict in ``progress/r<run>/straggler`` (rank=, node=, factor=, why= lines), for prelaunch:
-    with ``--on-straggler requeue`` it warns the command to checkpoint and stop, and requeues the job without the
-    node (launch/prelaunch_watchdog.sh, kit::watch_stragglers). Later verdicts of the run leave it as it is."""
-    if not progress_dir:
-        return
-    path = Path(progress_dir) / JobDir.STRAGGLER
-    if path.exists():
-        return
-    fields = {"rank": verdict.rank, "node": verdict.node, "factor": f"{verdict.factor:.2f}", "why": verdict.line()}
-    try:
-        files.write_atomic(path, fields_text(fields))
-    except OSError:
-        pass  # the verdict stands in stragglers.json; the run goes on
+    def decide(
+        self,
+        ranks: dict[int, tuple[str, dict]],
+        held: dict[tuple[str, str], tuple[int, float, str]],
+        links: dict[str, dict[tuple[str, str], float]],
+        now: float,
+        evidence_of: Callable[[str], str] = lambda node: "",
+    ) -> Straggler | None:
+        verdict = self.steps.see(ranks, now)
+        if verdict is not None and (more := evidence_of(verdict.node)):
+            verdict = dataclasses.replace(verdict, evidence=f"{verdict.evidence}; {more}")
+        held_down, slow_link = self.gpus.see(held, ranks, now), self.links.see(links, ranks, now)
+        return verdict or held_down or slow_link

@@ -1,17 +1,8 @@
-"""kit from Python: the calls `kit launch`, `kit ps`, `kit logs`, `kit cancel` and
-`kit report` make, as functions and a job handle (as submitit and NeMo-Run users drive jobs).
-
-    import kit
-    job = kit.launch(["python", "-m", "kit.train", "--max-steps", "100"], nodes=2, local=True)
-    job.progress()             # step, loss, samples/s
-    end = job.wait()           # Outcome: state, exit_code, meaning (docs/endings.md's table)
-
-Every `kit launch` option is a keyword under its command-line name, dashes as
-underscores (``--output-dir`` -> ``output_dir=``, ``--no-exporter`` ->
-``no_exporter=True``, ``--local`` -> ``local=True``, ``--env`` -> ``env={"K": "v"}``,
-``--mount`` -> ``mount=["/data:/data"]``); the same checks run and a bad value
-raises :class:`kit.KitError` with the command's message (``error.field``,
-``error.hint``).
+"""A kit job's handle and the launch itself, here: the local bodies of what `kit launch`, `kit ps`, `kit logs`,
+`kit cancel` and `kit report` do, as functions and the :class:`Job` methods (as submitit and NeMo-Run users drive
+jobs). The public face — ``kit.launch``, ``kit.Job``, ``kit.jobs`` with ``host=`` too — is :mod:`kit.api`; a method
+marked hosted (:mod:`kit.job.hosting`) is also callable for a job on a login node, through the transport the face
+hands it (``job.there``).
 """
 
 from __future__ import annotations
@@ -25,43 +16,30 @@ from kit.core import keywords, options
 from kit.core import spec as specs
 from kit.core.outcome import Outcome
 from kit.errors import KitError
+from kit.job import settle, sides
 from kit.job.cancel import cancel
-from kit.job.reading import Reading, _hosted, _or_there
-from kit.jobdir import JobDir, records
+from kit.job.hosting import data, hosted
+from kit.job.reading import Reading
+from kit.jobdir import JobDir, end_records, records, trained
 
 if TYPE_CHECKING:
     from kit.job import listing
-    from kit.remote import ssh
+    from kit.job.hosting import There
 
-__all__ = ["Job", "Outcome", "cancel", "jobs", "launch", "launch_with", "python_names", "rerun", "submit_spec"]
+__all__ = ["Job", "cancel", "jobs", "launch_with", "python_names", "rerun", "submit_spec"]
 
 python_names = keywords.python_names
 
 
-def launch(command: list[str] | str | None = None, *, host: str | None = None, **kwargs: Any) -> Job:
-    """Submit ``command`` (a list of words; a string is run by ``bash -c``) as `kit launch`
-    does, with the same options and checks; returns its :class:`Job` (not submitted:
-    ``dry_run=True``; ``wait=True``: after its end). ``json`` and ``parsable`` shape what the
-    command prints and change nothing here. ``host``: launched on that login node, this
-    directory's code sent there (:mod:`kit.remote.hosted`: the job, a :class:`Job`, is there)."""
-    if host is not None:
-        host = _hosted().host_of(host)
-        job_id, job_dir, messages = _hosted().launch(host, command, kwargs)
-        job = Job(job_dir, host=host, job_id=job_id, messages=messages)
-        if kwargs.get("wait") and job_id is not None:
-            job.wait()
-        return job
-    return launch_with(command, kwargs)
-
-
-def launch_with(command, kwargs: dict, before_submit=None) -> Job:
-    """:func:`launch` with its keywords as a dict, and ``before_submit`` (see :func:`submit_spec`)."""
+def launch_with(command, kwargs: dict, before_submit=None, make: type[Job] | None = None) -> Job:
+    """``kit.launch`` here, its keywords as a dict; ``before_submit`` (see :func:`submit_spec`); the job a
+    ``make`` (the face's class: :class:`Job` by default)."""
     request = keywords.request(command, kwargs)
     spec, origins = request.spec()
     plan, prepared = submit_spec(
         spec, origins, where=request.where, dry_run=request.dry_run, before_submit=before_submit
     )
-    job = Job(prepared.job_dir, job_id=prepared.job_id, target=plan.target, messages=plan.messages)
+    job = (make or Job)(prepared.job_dir, job_id=prepared.job_id, target=plan.target, messages=plan.messages)
     if request.wait and not request.dry_run:
         job.wait()
     return job
@@ -98,7 +76,13 @@ def submit_spec(
     return plan, prepared
 
 
-def rerun(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = (), *, wait: bool = False) -> Job:
+def rerun(
+    job_dir: str | Path,
+    edits: dict[str, Any] | Iterable[str] = (),
+    *,
+    wait: bool = False,
+    make: type[Job] | None = None,
+) -> Job:
     """A new job with ``job_dir``'s resolved spec (its ``job.json``), in a new directory under
     the same output directory, submitted to the same Slurm; ``edits`` change fields first
     (``{"nodes": 4}``, or ``["nodes=4", "time=\"1:00:00\""]`` as TOML values, as a job file
@@ -114,105 +98,105 @@ def rerun(job_dir: str | Path, edits: dict[str, Any] | Iterable[str] = (), *, wa
         rerun=again.rerun,
         before_submit=again.before_submit,
     )
-    job = Job(prepared.job_dir, job_id=prepared.job_id)
+    job = (make or Job)(prepared.job_dir, job_id=prepared.job_id)
     if wait:
         job.wait()
     return job
 
 
 def jobs(
-    *, output_dirs: Iterable[str | Path] | None = None, everything: bool = False, host: str | None = None
+    *, output_dirs: Iterable[str | Path] | None = None, everything: bool = False, make: type[Job] | None = None
 ) -> list[Job]:
-    """The jobs `kit ps` lists, newest first (an array job's tasks each as a Job); ``host``: on that login
-    node (relative output directories under its home; by default ``~/kit-jobs``, where launches from here
-    go)."""
+    """The jobs `kit ps` lists here, newest first (an array job's tasks each as a Job)."""
     from kit.job import listing
 
-    if host is not None:
-        host = _hosted().host_of(host)
-        return [
-            Job(unit, host=host, job_id=row["id"], row=listing.JobRow.from_json(row))
-            for unit, row in _hosted().jobs(host, output_dirs or ("kit-jobs",), everything)
-        ]
     output_dirs = (options.OUTPUT_DIR,) if output_dirs is None else output_dirs
     rows = listing.list_jobs([Path(d) for d in output_dirs], everything=everything)
     out = []
     for row in rows:
         array_id, sep, task = row.id.partition("_")
         unit = JobDir(row.job_dir).task(int(task)).path if sep and task.isdigit() else Path(row.job_dir)
-        out.append(Job(unit, job_id=row.id, row=row))
+        out.append((make or Job)(unit, job_id=row.id, row=row))
     return out
 
 
 class Job(Reading):
-    """A submitted kit job (or one task of an array job), reopened from its directory; with ``host=``, one on
-    that login node (``dir`` is its directory there): the same methods, each one call there
-    (:mod:`kit.remote.hosted`)."""
+    """A submitted kit job (or one task of an array job), reopened from its directory. ``there``: the transport
+    to the login node the job is on (:mod:`kit.api` makes it from ``host=``); each hosted method is then one call
+    there."""
 
     def __init__(
         self,
         job_dir: str | Path,
         *,
-        host: "str | ssh.Host | None" = None,
         job_id: str | None = None,
         target: slurm.Target | None = None,
         messages: Iterable[str] = (),
         array_states: slurm.ArrayStates | None = None,
         row: listing.JobRow | None = None,
+        there: There | None = None,
     ):
-        self.host = None if host is None else _hosted().host_of(host)
-        if self.host is not None and (target is not None or array_states is not None):
-            raise KitError("a job on a login node has its Slurm there: no target= or array_states=", field="host")
+        self.there = there
         self.dir, self._target, self._array_states = Path(job_dir), target, array_states  # states: kit.map's
         self.row = row  # what kit.jobs() saw of it (kit ps's row: state, run, step, loss, ...), else None
-        self.id = job_id if job_id or self.host is not None else records.job_id_of(self.dir)
+        self.id = job_id if job_id or there is not None else records.job_id_of(self.dir)
         self.messages = list(messages)  # what `kit launch` would have printed (warnings, notes)
 
     @classmethod
-    def from_dir(cls, job_dir: str | Path, *, host: "str | ssh.Host | None" = None) -> Job:
-        """The job in ``job_dir`` (a job directory, or an array task's ``tasks/<i>``; on ``host``: there)."""
-        if host is None and not Path(job_dir).is_dir():
+    def from_dir(cls, job_dir: str | Path, **where: Any) -> Job:
+        """The job in ``job_dir`` (a job directory, or an array task's ``tasks/<i>``)."""
+        if not where and not Path(job_dir).is_dir():
             raise KitError(f"no such job directory: {job_dir}", field="JOB")
-        return cls(job_dir, host=host)
+        return cls(job_dir, **where)
+
+    def _like(self, job_dir: str | Path, job_id: str | None, target: slurm.Target | None = None) -> Job:
+        """Another job where this one is (a rerun of it), of its kind."""
+        return type(self)(job_dir, job_id=job_id, target=target)
+
+    def _address(self) -> dict:
+        """The job as a hosted call names it to its login node."""
+        return {"dir": str(self.dir), "id": self.id}
 
     def __repr__(self) -> str:
-        there = f", host={self.host.name!r}" if self.host is not None else ""
+        there = f", host={self.there.name!r}" if self.there is not None else ""
         return f"kit.Job({self.id or 'not submitted'}, {str(self.dir)!r}{there})"
 
     @property
     def target(self) -> slurm.Target:
         """The Slurm the job went to (on a login node: its ``conf`` is a path there)."""
         if self._target is None:
-            self._target = targets.target_of(self.dir) if self.host is None else _hosted().target(self)
+            self._target = self._where()
         return self._target
+
+    @hosted(name="target", **data(slurm.Target))
+    def _where(self) -> slurm.Target:
+        return targets.target_of(self.dir)
 
     def _submitted(self) -> str:
         if self.id is None:
             if not self.dir.is_dir():
                 raise KitError(f"no such job directory: {self.dir}", field="JOB")
-            raise KitError(f"{self.dir} was never submitted (a dry run)", field="JOB")
+            self.id = records.submitted_id(self.dir)
         return self.id
 
-    @_or_there
+    @hosted(**sides.STATE)
     def state(self) -> str:
         """Slurm's state (PENDING, RUNNING, COMPLETED, ...), or the job directory's once Slurm forgot it;
         a held job's is ``PENDING`` whose ``.note`` (and repr) says it is held and how to release it."""
         st = slurm.statuses(self.target, [self._submitted()]).get(self.id)
         if st is None or st.state == "GONE":
-            return records.recorded_state(self.dir)
-        if st.state in slurm.TERMINAL_STATES:
-            records.keep_outcome(self.dir, st.state)
+            return end_records.recorded_state(self.dir)
         return slurm.State(st.state, st.shown() if st.held else "")
 
     def done(self) -> bool:
         return self.state() in slurm.TERMINAL_STATES | {"ENDED"}
 
-    @_or_there
-    def progress(self) -> records.Progress:
+    @hosted(**data(trained.Progress))
+    def progress(self) -> trained.Progress:
         """The training's latest step, loss and samples/s (what `kit ps` shows)."""
-        return records.training_progress(self.dir)
+        return trained.training_progress(self.dir)
 
-    @_or_there
+    @hosted(**data(Outcome), laptop=sides.wait_here)
     def wait(
         self,
         timeout: float | None = None,
@@ -239,20 +223,20 @@ class Job(Reading):
             status=(lambda: states.status(int(index), poll)) if states else None,
             until=until,
         )
-        return None if end is None else slurm.observe(end, self.dir)
+        return None if end is None else settle.observe(end, self.dir)
 
     def __await__(self):
         import asyncio  # (not at import: kit launch pays for no event loop)
 
         return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
 
-    @_or_there
+    @hosted()
     def cancel(self, reason: str | None = None) -> dict:
         """Cancel it as `kit cancel` does; the cancel record."""
         self._submitted()
         return cancel(self.dir, reason)
 
-    @_or_there
+    @hosted()
     def logs(
         self,
         rank: int | None = None,
@@ -279,7 +263,7 @@ class Job(Reading):
         )
         return b"".join(parts).decode(errors="replace")
 
-    @_or_there
+    @hosted(serve=sides.feed_logs_there, laptop=sides.feed_logs_here)
     def feed_logs(
         self,
         write,
@@ -302,7 +286,7 @@ class Job(Reading):
             say(selection.note)
         joblogs.feed(selection, write)
 
-    @_or_there
+    @hosted()
     def errors(self, runs: list[int] | None = None) -> list[str]:
         """Per run (every run, or ``runs``), the first rank that failed by itself: a headline and its
         log's last lines (a log of gigabytes is read from its end)."""
@@ -310,14 +294,14 @@ class Job(Reading):
 
         return list(joblogs.errors(self.dir, runs))
 
-    @_or_there
+    @hosted(serve=sides.no_call, laptop=sides.follow_here)
     def follow(self, write, on_outage=lambda message: None) -> str:
         """Feed the batch logs to ``write`` as they grow, every run, until the job has ended; how it ended."""
         from kit.job import logs as joblogs
 
         return joblogs.follow(self.dir, self._submitted(), write, on_outage)
 
-    @_or_there
+    @hosted(encode=sides.made, laptop=sides.rerun_here)
     def rerun(self, *items: str, wait: bool = False, **edits: Any) -> Job:
         """A new job with this one's resolved spec, ``edits`` applied (``nodes=4``; or ``items`` as
         `kit rerun --edit` takes them: ``"nodes=4"``), of this one's kind (a :class:`kit.FunctionJob`'s
@@ -325,7 +309,7 @@ class Job(Reading):
         if items and edits:
             raise KitError("give the edits as KEY=VALUE strings or as keywords, not both", field="--edit")
         job = rerun(self.dir, list(items) if items else edits)
-        job = type(self)(job.dir, job_id=job.id, target=job._target)
+        job = self._like(job.dir, job.id, job._target)
         if wait:
             job.wait()
         return job
