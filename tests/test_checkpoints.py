@@ -191,7 +191,9 @@ def test_tiers_are_the_users_own_and_a_keeper_answers_only_its_job(tmp_path, mon
 def test_a_keeper_collects_its_users_tiers_no_keeper_holds(tmp_path, monkeypatch):
     """A cancelled job's snapshots stay in the node's memory (nothing runs after it on the node): the next keeper
     of the user's there removes the tiers of jobs no keeper holds once untouched 10 min (memory) or a day (disk);
-    a tier a keeper holds (its run lock), or one touched lately, stays."""
+    a tier a keeper holds (its run lock), or one touched lately, stays; and so does the key a job starting beside
+    it has just made, before the node's directory in it (two jobs starting on one node: the second's keeper
+    removed the first's bare key, whose rank then failed to make its tier: "No such file or directory")."""
     import fcntl
     import time
 
@@ -203,10 +205,13 @@ def test_a_keeper_collects_its_users_tiers_no_keeper_holds(tmp_path, monkeypatch
         (root / key / "node1" / "memory" / "rank-0.step-5.pt").write_bytes(b"x")
         (root / key / "node1" / "keeper.r0").write_text("")
     root.chmod(0o700)
+    (root / "starting-5").mkdir()
+    (root / "idle-6").mkdir()
     old = time.time() - 3600
     for key in ("gone-1", "held-2"):
         for p in (root / key).rglob("*"):
             os.utime(p, (old, old))
+    os.utime(root / "idle-6", (old, old))
     lock = os.open(root / "held-2" / "node1" / "keeper.r0", os.O_RDONLY)
     fcntl.flock(lock, fcntl.LOCK_EX)
     try:
@@ -214,5 +219,5 @@ def test_a_keeper_collects_its_users_tiers_no_keeper_holds(tmp_path, monkeypatch
         gone = K.collect(where)
     finally:
         os.close(lock)
-    assert sorted(p.name for p in root.iterdir()) == ["fresh-3", "held-2"], gone
+    assert sorted(p.name for p in root.iterdir()) == ["fresh-3", "held-2", "starting-5"], gone
     assert gone == [f"{tmp_path / 'm'}/gone-1/node1"], gone

@@ -323,11 +323,14 @@ def collect(where: S.Place, now: float | None = None) -> list[str]:
             for key in os.listdir(root):
                 if key == where.key or not (root / key).is_dir():
                     continue
+                idle = (root / key).lstat().st_mtime < now - S.IDLE[tier]
                 for node in [p for p in (root / key).iterdir() if p.is_dir()]:
                     if not _held(node) and _newest(node) < now - S.IDLE[tier]:
                         files.remove_tree(node)
                         gone.append(f"{base}/{key}/{node.name}")
-                _drop_if_bare(root / key)
+                        idle = True
+                if idle:  # never the key a job starting beside this one has just made, its node's not yet in it
+                    _drop_if_bare(root / key)
     return gone
 
 
