@@ -362,6 +362,7 @@ kit::trap TERM "${KIT_WARNING_SIGNAL:-USR1}"
 trap 'KIT_SIGNALS+=(TERM)' INT
 
 if (( LOCAL_RANK == 0 )); then
+  KIT_SIDECAR_SHELL="$(declare -f kit::sidecar_main kit::yield_cpu)"$'\nkit::sidecar_main "$1"'
   for (( i = 0; i < ${#KIT_SIDECARS[@]}; i += 3 )); do
     name="${KIT_SIDECARS[i]}"
     needs="${KIT_SIDECARS[i + 1]}"
@@ -369,21 +370,10 @@ if (( LOCAL_RANK == 0 )); then
       kit::log "sidecar ${name}: ${needs} not found, not started"
       continue
     fi
-    # Sidecars ignore the warning signals: a `scancel --signal` reaches every process. One that ends by
-    # itself leaves its exit code (progress/r<K>/sidecar-NAME.NODE: kit ps, --wait and kit events say it).
-    # The teardown's TERM to its group reaches the sidecar and this shell, whose trap waits for the sidecar
-    # to stop (the teardown's bounded wait is on this shell) and exits without a record; readers also leave
-    # out a record from after the node's command ended. Started with & and waited for: a non-interactive
-    # bash says "Terminated" in the log for a foreground child killed by a signal. The command comes in the
-    # environment, not the shell's arguments: `pgrep -f` of it finds the sidecar, not its shell too.
-    # shellcheck disable=SC2016  # expanded by the sidecar's own bash
-    kit::spawn "${name}" env "KIT_SIDECAR_COMMAND=${KIT_SIDECARS[i + 2]}" bash -c 'trap "" USR1 USR2
-      child=""
-      trap "if [[ -n \"\${child}\" ]]; then wait \"\${child}\"; fi; exit 143" TERM
-      (kit_sidecar="${KIT_SIDECAR_COMMAND}"; unset KIT_SIDECAR_COMMAND; eval "${kit_sidecar}") & child=$!
-      wait "${child}"
-      printf "%d %s\n" "$?" "${EPOCHREALTIME/,/.}" >"$1"' kit-sidecar "${KIT_PROGRESS_DIR}/sidecar-${name}.${KIT_NODE}" \
-      >>"${KIT_NODE_LOG_PREFIX}.${name}.log" 2>&1
+    # One that ends by itself leaves its exit code (progress/r<K>/sidecar-NAME.NODE: kit ps, --wait and kit
+    # events say it); readers leave out a record from after the node's command ended.
+    kit::spawn "${name}" env "KIT_SIDECAR_COMMAND=${KIT_SIDECARS[i + 2]}" bash -c "${KIT_SIDECAR_SHELL}" \
+      kit-sidecar "${KIT_PROGRESS_DIR}/sidecar-${name}.${KIT_NODE}" >>"${KIT_NODE_LOG_PREFIX}.${name}.log" 2>&1
   done
 fi
 

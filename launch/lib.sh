@@ -71,6 +71,39 @@ kit::start() {
   fi
 }
 
+# ---- the shell a sidecar runs in: bash -c "${KIT_SIDECAR_SHELL}" kit-sidecar RECORD, in a session of its
+# own where setsid exists, the sidecar's command in KIT_SIDECAR_COMMAND (an environment variable, not an
+# argument: `pgrep -f` of the command then finds the sidecar, not this shell too) ----
+
+# kit::sidecar_main RECORD: run the sidecar's command and write how it ended to RECORD ("RC TIME"). The
+# warning signals are ignored: a `scancel --signal` reaches every process. The teardown's TERM to the group
+# reaches the sidecar and this shell, whose trap waits for the sidecar to stop (the teardown's bounded wait is
+# on this shell) and exits without a record. Started with & and waited for: a non-interactive bash says
+# "Terminated" in the log for a foreground child killed by a signal.
+kit::sidecar_main() {
+  local child=""
+  trap '' USR1 USR2
+  trap 'if [[ -n "${child}" ]]; then wait "${child}"; fi; exit 143' TERM
+  (kit_sidecar="${KIT_SIDECAR_COMMAND}"; unset KIT_SIDECAR_COMMAND; eval "${kit_sidecar}") & child=$!
+  wait "${child}"
+  printf '%d %s\n' "$?" "${EPOCHREALTIME/,/.}" >"$1"
+}
+
+# kit::yield_cpu NICE: for a sidecar's command, before it starts: its session's scheduling group gets nice
+# NICE. Where the kernel groups each session for the scheduler (sched_autogroup, on in most distributions'
+# kernels) a process's nice weighs only inside its group, so `nice -n 19` alone leaves a sidecar an equal
+# share with the training's whole group. Only when the session is this shell's own (setsid made it), never
+# the task's; nothing where the kernel has no autogroup.
+kit::yield_cpu() {
+  local stat
+  local -a fields
+  { read -r stat </proc/$$/stat; } 2>/dev/null || return 0
+  read -r -a fields <<<"${stat##*) }"
+  if [[ "${fields[3]-}" == "$$" ]]; then
+    { printf '%s\n' "$1" >/proc/self/autogroup; } 2>/dev/null || true
+  fi
+}
+
 # kit::spawn NAME CMD...: kit::start CMD with no input, and record its pid (NAME is for
 # the reader: what the process is).
 KIT_BG_PIDS=()

@@ -20,6 +20,7 @@ from helpers import check_end, kit, launch_wait, wait_for
 from kit import files
 from kit.monitor.training import GoodputSource
 from kit.train import keeper as K
+from kit.train import leftovers
 from kit.train import snapshots as S
 
 TRAIN = [sys.executable, "-m", "kit.train", "--log-every", "50", "--step-delay", "0.05"]
@@ -216,7 +217,7 @@ def test_a_keeper_collects_its_users_tiers_no_keeper_holds(tmp_path, monkeypatch
     fcntl.flock(lock, fcntl.LOCK_EX)
     try:
         where = S.Place(tmp_path / "job", "mine-4", 0, "node1", 0, 1, 0, ("node1",))
-        gone = K.collect(where)
+        gone = leftovers.collect(where)
     finally:
         os.close(lock)
     assert sorted(p.name for p in root.iterdir()) == ["fresh-3", "held-2", "starting-5"], gone

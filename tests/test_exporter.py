@@ -516,20 +516,29 @@ def test_the_job_source_follows_the_jobs_processes_without_reading_every_environ
 
 
 def test_the_exporter_yields_its_own_scheduling_group_and_never_the_jobs(tmp_path):
-    """Under sched_autogroup a nice value weighs only inside a session's group, and the launcher starts the
-    exporter in a session of its own (setsid): the exporter nices that group (autogroup nice 10); started
-    inside another session (a user's shell, the job's) it leaves the group's nice alone."""
+    """Under sched_autogroup a nice value weighs only inside a session's group. The launcher starts each
+    sidecar's shell in a session of its own (setsid); the exporter's command nices that group (autogroup nice
+    10) before Python starts. The same shell inside another session (the task's, where no setsid exists)
+    leaves the group's nice alone."""
+    from kit.submission.sidecars import EXPORTER
+
+    assert EXPORTER.command.startswith("kit::yield_cpu 10; exec nice -n 19 ")
+    launch = Path(__file__).resolve().parent.parent / "launch"
+    (made,) = [
+        line.strip() for line in (launch / "launcher.sh").read_text().splitlines() if "KIT_SIDECAR_SHELL=" in line
+    ]
+    shell = f'source "$0" && {made} && exec bash -c "${{KIT_SIDECAR_SHELL}}" kit-sidecar "$1"'
 
     def group(*prefix: str) -> str:
-        code = "from kit.monitor.__main__ import yield_cpu; yield_cpu(); print(open('/proc/self/autogroup').read())"
+        record = tmp_path / "record"
         out = subprocess.run(
-            [*prefix, sys.executable, "-c", code],
+            [*prefix, "bash", "-c", shell, str(launch / "lib.sh"), str(record)],
             capture_output=True,
             text=True,
             check=True,
-            cwd=tmp_path,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+            env={**os.environ, "KIT_SIDECAR_COMMAND": "kit::yield_cpu 10; cat /proc/self/autogroup"},
         )
+        assert record.read_text().startswith("0 "), "the sidecar's end, recorded"
         return out.stdout.strip()
 
     assert group("setsid", "--wait").endswith(" nice 10")

@@ -136,12 +136,16 @@ def check_report(cluster, job_dir: str, logs: list[Path]) -> None:
 
 
 def test_killing_the_exporter_leaves_the_training_running(cluster, tmp_path):
-    """A node's exporter killed mid-run: the training runs on; and that node, whose samples stop with its exporter,
-    is said to have lost it (kit report, kit events, kit ps), never called "a slow node" (it was, 2 of 2)."""
+    """Each node's exporter yields the CPU to the training. A node's exporter killed mid-run: the training runs
+    on; and that node, whose samples stop with its exporter, is said to have lost it (kit report, kit events,
+    kit ps), never called "a slow node" (it was, 2 of 2)."""
     job = submit(tmp_path, "--nodes", "2", command=[*TRAIN, "--max-steps", "400", "--step-delay", "0.05"])
     job_dir = job["job_dir"]
     pids = wait_for(lambda: len(exporters(job_dir)) == 2 and exporters(job_dir), 60, what="both exporters")
     wait_for(lambda: "step=" in read_logs(job_dir), 60, what="the training to step")
+    if Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1":
+        # Each exporter yields the CPU to the training: nice 19, in a scheduling group of its own niced too.
+        assert [Path(f"/proc/{pid}/autogroup").read_text().split()[-2:] for pid in pids] == [["nice", "10"]] * 2
     environ = Path(f"/proc/{pids[0]}/environ").read_bytes().split(b"\0")
     node = next(kv.split(b"=", 1)[1].decode() for kv in environ if kv.startswith(b"SLURMD_NODENAME="))
     os.kill(pids[0], signal.SIGKILL)

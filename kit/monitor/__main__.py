@@ -62,31 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-# The exporter's scheduling group's nice: a tenth of a busy group's weight. Measured on 2 cores kept busy
-# by one group of 2 processes, a scrape a second for 25 s: 10 served its first scrape 1.0 s after its
-# start, p50 5 ms (0: 1.0 s, 4 ms; 19: 3.0 s, 27 ms); bench_scale, 8 -> 64 nodes sharing 2 cores: kit's
-# own start growth +46 ms per node (19: +37; the group at 0, as before: +57).
-AUTOGROUP_NICE = 10
-
-
-def yield_cpu() -> None:
-    """Give the exporter's own scheduling group a small share of the CPU. The launcher starts each sidecar
-    in a session of its own (setsid), and where the kernel groups each session for the scheduler
-    (sched_autogroup, on by default in most distributions' kernels) a nice value weighs only inside its
-    group: the exporter's ``nice -n 19`` alone would leave it an equal share with the training's whole
-    group, and with every other node's start on a shared machine. Its session's group is niced too
-    (/proc/self/autogroup), only when the session is its own (never the job's)."""
-    if os.getsid(0) != os.getpid():
-        return
-    try:
-        with open("/proc/self/autogroup", "w") as f:
-            f.write(str(AUTOGROUP_NICE))
-    except OSError:  # a kernel without autogroup, or /proc read-only
-        pass
-
-
 def main(argv=None) -> int:
-    yield_cpu()
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="kit exporter: %(message)s")
     from kit.monitor.exporter import RESERVED_LABELS, Exporter, NoPort
