@@ -48,7 +48,7 @@ def test_the_cluster_config_renders_without_daemons_or_slurm():
 
 
 # ------------------------------------------------------------------ the layer rules in code
-BOTTOM = ("kit.errors", "kit.files", "kit.home", "kit.jobdir")  # modules every layer may use
+BOTTOM = ("kit.errors", "kit.files", "kit.home", "kit.jobdir", "kit.stopping")  # modules every layer may use
 
 
 def package_of(module: str) -> str | None:
@@ -93,12 +93,18 @@ def test_the_image_builder_knows_neither_slurm_nor_launch():
 
 def test_the_exporter_carries_nothing_of_kit_but_the_bottom_layer():
     """kit/monitor runs inside images (from /opt/kit) beside the training: it imports only itself
-    and the bottom layer (errors, files, home, jobdir); `kit report` lives in kit/report."""
+    and the bottom layer (errors, files, home, stopping, jobdir); `kit report` lives in kit/report."""
     assert {p: o for p, o in packages_imported("monitor").items() if o} == {}
 
 
 def test_the_bottom_layer_imports_only_itself():
-    paths = [KIT / "errors.py", KIT / "files.py", KIT / "home.py", *sorted((KIT / "jobdir").glob("*.py"))]
+    paths = [
+        KIT / "errors.py",
+        KIT / "files.py",
+        KIT / "home.py",
+        KIT / "stopping.py",
+        *sorted((KIT / "jobdir").glob("*.py")),
+    ]
     for path in paths:
         bad = {n for n in kit_imports(path) if not n.startswith(BOTTOM)}
         assert bad == set(), f"{path.relative_to(KIT.parent)} imports {bad}"
@@ -160,7 +166,7 @@ def test_every_package_ships():
 # longest prefix listed here; one that matches none is an error (a new room is placed on purpose).
 LAYERS: tuple[tuple[str, ...], ...] = (
     # no kit import at all
-    ("kit.version", "kit.errors", "kit.files", "kit.home"),
+    ("kit.version", "kit.errors", "kit.files", "kit.home", "kit.stopping"),
     # processes; the job directory's names
     ("kit.runner", "kit.jobdir"),
     # the job model (and text as a terminal shows it); the exporter (runs in images)

@@ -120,7 +120,7 @@ def main(argv=None) -> int:
         )
         exporter.serve_until(done, parent=os.getppid() if args.exit_with_parent else None)
     finally:
-        exporter.stop()
+        exporter.stop(last=True)
     return 0
 
 

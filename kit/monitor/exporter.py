@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -29,6 +28,7 @@ from prometheus_client.core import Metric
 from kit import files
 from kit.monitor.families import Sample, SourceResult, Spec, families
 from kit.monitor.naming import Naming
+from kit.stopping import Stop
 
 log = logging.getLogger("kit.exporter")
 
@@ -299,28 +299,29 @@ class Exporter:
         )
         self.target_file = self.targets_dir / name
 
-    def stop(self) -> None:
+    def stop(self, *, last: bool = False) -> None:
+        """Unadvertise, stop serving and polling. ``last``: the process ends next, and its HTTP server's thread
+        (a daemon) with it, unwaited: its shutdown waits out the server's 0.5 s poll, and each of a 64-node
+        job's exporters on one machine spent a median 0.47 s stopping."""
         if self.target_file is not None:
             try:
                 self.target_file.unlink()
             except FileNotFoundError:
                 pass
             self.target_file = None
-        if self._server is not None:
+        if self._server is not None and not last:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
         self.poller.stop()
 
     @staticmethod
-    def catch_signals() -> threading.Event:
-        """TERM, INT and HUP set the returned event instead of killing the process."""
-        done = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, lambda *a: done.set())
-        return done
+    def catch_signals() -> Stop:
+        """TERM, INT and HUP set the returned stop instead of killing the process (without a lock: see
+        :mod:`kit.stopping`)."""
+        return Stop()
 
-    def serve_until(self, done: threading.Event, parent: int | None = None) -> None:
+    def serve_until(self, done: Stop, parent: int | None = None) -> None:
         """Serve until ``done`` is set, or until ``parent`` is gone (the training ended)."""
         while not done.wait(1.0):
             if parent and os.getppid() != parent:

@@ -21,7 +21,6 @@ import json
 import os
 import re
 import secrets
-import signal
 import socket
 import socketserver
 import sys
@@ -31,6 +30,7 @@ from pathlib import Path
 
 from kit import files
 from kit.jobdir import JobDir
+from kit.stopping import Stop
 from kit.train import interval, leftovers
 from kit.train import snapshots as S
 
@@ -298,7 +298,7 @@ def ended(dirs: dict[str, Path]) -> bool:
     return bool(memory) and all(steps[max(steps)].get("final") == "end" for steps in memory.values())
 
 
-def serve(where: S.Place, dirs: dict[str, Path], stopping: threading.Event, parent: int) -> None:
+def serve(where: S.Place, dirs: dict[str, Path], stopping: Stop, parent: int) -> None:
     keeper = Keeper(where, dirs)
     server = Server(keeper)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
@@ -330,9 +330,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parent = int(argv[argv.index("--parent") + 1]) if "--parent" in argv else os.getppid()
     where = S.place()
-    stopping = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: stopping.set())
+    stopping = Stop()  # TERM, INT, HUP; never an Event set from a handler (kit.stopping says why)
     with S.node_dirs(where) as dirs:
         serve(where, dirs, stopping, parent)
     return 0
