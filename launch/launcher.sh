@@ -372,7 +372,9 @@ if (( LOCAL_RANK == 0 )); then
     fi
     # One that ends by itself leaves its exit code (progress/r<K>/sidecar-NAME.NODE: kit ps, --wait and kit
     # events say it); readers leave out a record from after the node's command ended.
-    kit::spawn "${name}" env "KIT_SIDECAR_COMMAND=${KIT_SIDECARS[i + 2]}" bash -c "${KIT_SIDECAR_SHELL}" \
+    # The command reaches its shell's environment with no `env` started for it: a prefix assignment to a
+    # function is exported to what the function runs.
+    KIT_SIDECAR_COMMAND="${KIT_SIDECARS[i + 2]}" kit::spawn "${name}" bash -c "${KIT_SIDECAR_SHELL}" \
       kit-sidecar "${KIT_PROGRESS_DIR}/sidecar-${name}.${KIT_NODE}" >>"${KIT_NODE_LOG_PREFIX}.${name}.log" 2>&1
   done
 fi
