@@ -18,7 +18,7 @@ def clean(where: S.Place) -> None:
     """The work is done: the node's tiers go (the shared tier keeps the last state)."""
     for base in S.bases().values():
         with contextlib.suppress(OSError):
-            with files.owned(base / f"kit-ckpt-{os.geteuid()}", create=False) as root:
+            with files.owned(S.user_root(base), create=False) as root:
                 files.remove_tree(root / where.key / where.node)
                 _drop_if_bare(root / where.key)
 
@@ -34,7 +34,7 @@ def collect(where: S.Place, now: float | None = None) -> list[str]:
     after it cleans a node), once untouched for :data:`kit.train.snapshots.IDLE`: removed. What it removed."""
     now, gone = time.time() if now is None else now, []
     for tier, base in S.bases().items():
-        with contextlib.suppress(OSError), files.owned(base / f"kit-ckpt-{os.geteuid()}", create=False) as root:
+        with contextlib.suppress(OSError), files.owned(S.user_root(base), create=False) as root:
             for key in os.listdir(root):
                 if key == where.key or not (root / key).is_dir():
                     continue

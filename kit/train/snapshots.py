@@ -116,6 +116,11 @@ def bases(env=None) -> dict[str, Path]:
     }
 
 
+def user_root(base: Path) -> Path:
+    """This user's directory below a tier's base (``kit-ckpt-<uid>``): the one every use checks is its own."""
+    return base / f"kit-ckpt-{os.geteuid()}"
+
+
 @contextlib.contextmanager
 def node_dirs(where: Place, env=None) -> Iterator[dict[str, Path]]:
     """This node's tier directories (memory, local, and the peer copies it keeps for others), each below a
@@ -125,14 +130,14 @@ def node_dirs(where: Place, env=None) -> Iterator[dict[str, Path]]:
         found = bases(env)
         for tier, base in found.items():
             try:
-                root = stack.enter_context(files.owned(base / f"kit-ckpt-{os.geteuid()}"))
+                root = stack.enter_context(files.owned(user_root(base)))
             except files.NotOwned:
                 raise  # another user's, or open to others: never used, never worked around
             except OSError as e:  # no such place here (an image without /dev/shm): the node's disk holds both
                 if tier != MEMORY:
                     raise
                 print(f"kit.train.checkpoint: {base} cannot hold the snapshots ({e}): using {found[LOCAL]}", flush=True)
-                root = stack.enter_context(files.owned(found[LOCAL] / f"kit-ckpt-{os.geteuid()}"))
+                root = stack.enter_context(files.owned(user_root(found[LOCAL])))
             out[tier] = root / where.key / where.node / tier
             out[tier].mkdir(parents=True, exist_ok=True, mode=0o700)
             if not (root / where.key / JOB).exists():  # whose the key is (kit's clean-up of the suite's jobs reads it)
