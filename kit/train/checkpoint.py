@@ -256,12 +256,13 @@ class Store:
                 if h.get("run") == self.where.run and h.get("time", 0) >= self.created
             }
             S.wait_for(lambda: set(self.where.nodes) <= fresh(), wait, 0.1)
-            holdings = S.held(self.where)
-            step, sources = S.choose(self.where, holdings, S.shared_steps(self.where))
+            holdings, complete = S.held(self.where), S.shared_steps(self.where)
+            step, sources = S.choose(self.where, holdings, complete)
             record = {
                 "run": self.where.run,
                 "step": step,
                 "newest_held": S.newest_held(holdings),  # how far the last run got (its ranks' newest snapshot)
+                "shared": sorted(complete),  # the steps sealed in the job directory when this run began
                 "sources": {str(r): s for r, s in sources.items()},
             }
             path.parent.mkdir(parents=True, exist_ok=True)
