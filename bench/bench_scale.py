@@ -2,17 +2,18 @@
 a local cluster of the bench's own, kit against a bare `sbatch` + `srun` of the same command,
 measured side by side in one run.
 
-    python bench/bench_scale.py [--nodes 2,8,32,64] [--restarts 4] [--quick]
+    python bench/bench_scale.py [--nodes 2,8,32,64] [--restarts 4] [--repeat 3] [--quick]
 
---quick: 2 and 4 nodes, no restarts, no job without the exporter (the suite's run: the bench keeps
-working).
+--quick: 2 and 4 nodes, no restarts, one start per kind, no job without the exporter (the suite's
+run: the bench keeps working).
 
 The command (one task per node) writes its start time, reports progress through
 kit.train.progress once a second for --seconds, declares its work finished and writes its end
 time. Per N it prints:
 
 - submit -> every rank running: from just before `kit launch` (or `sbatch`) to the last
-  rank's first line; and the growth per node from the smallest N >= 8 to the largest, kit's
+  rank's first line, the median of --repeat starts per kind, alternated (kit, bare srun, kit
+  without the exporter); and the growth per node from the smallest N >= 8 to the largest, kit's
   against bare srun's (target: kit's <= bare's + 16 ms per node, the exporter included);
 - teardown: the last rank's end -> the run's end (prelaunch's record after srun returned;
   bare: the batch script's line after srun) (target: <= 2 s at 64);
@@ -22,7 +23,7 @@ time. Per N it prints:
 - `kit ps`, `kit logs` and `kit report` wall time on the job; with --restarts R (the largest N only), on a
   job of R restarts (target: kit ps <= 0.5 s at 64 nodes with 4 restarts);
 - peak memory of kit's own processes per node (launcher, sidecars, exporter, prelaunch on the
-  batch node): median and largest node.
+  batch node; each process's high-water mark, summed): median and largest node.
 
 The cluster lives under a KIT_HOME of the bench's own (a temporary directory, or --kit-home)
 and is stopped at the end.
@@ -93,7 +94,9 @@ def stamps(out: Path, kind: str, run: int = 0) -> list[float]:
 
 class Sampler(threading.Thread):
     """Peak RSS of kit's own processes per node while job JOB runs (its environment names
-    the job and the node; the command itself and Slurm's daemons are not kit's)."""
+    the job and the node; the command itself and Slurm's daemons are not kit's). Each process's
+    own high-water mark (VmHWM), so a sampler started once the start is timed still sees the
+    start's peaks, and its scans of every process leave the start's timing alone."""
 
     def __init__(self, job: str, conf: str):
         super().__init__(daemon=True)
@@ -101,20 +104,30 @@ class Sampler(threading.Thread):
         self.job, self.peak, self.largest, self.done = job, {}, {}, threading.Event()
 
     def run(self) -> None:
-        while not self.done.wait(0.5):
+        while True:
             per_node: dict[str, dict[str, int]] = {}
             for proc, env in kit_processes(self.job, self.conf):
                 try:
                     what = per_node.setdefault(env.get("SLURMD_NODENAME", "?"), {})
                     words = proc.info["cmdline"] or []
                     name = " ".join(os.path.basename(w) for w in words[:3])[:60] or proc.info["name"]
-                    what[name] = what.get(name, 0) + proc.memory_info().rss
-                except (psutil.Error, OSError):
+                    what[name] = what.get(name, 0) + high_water(proc.pid)
+                except (psutil.Error, OSError, ValueError):
                     continue
             for node, what in per_node.items():
                 total = sum(what.values())
                 if total > self.peak.get(node, 0):
                     self.peak[node], self.largest[node] = total, max(what.items(), key=lambda kv: kv[1])
+            if self.done.wait(0.5):
+                return
+
+
+def high_water(pid: int) -> int:
+    """The most resident memory process PID has held (bytes)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def kit_cli(env: dict, *args: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess, float]:
@@ -289,11 +302,11 @@ def launched(env: dict, n: int, work: Path, seconds: float, name: str, *flags: s
         sys.exit(f"kit launch failed:\n{proc.stderr}")
     submitted = json.loads(proc.stdout)
     job, job_dir = str(submitted["job_id"]), JobDir(submitted["job_dir"])
-    sampler = Sampler(job, env["SLURM_CONF"])
-    sampler.start()
     began = batch_start(job, env["SLURM_CONF"])
     wait_for(lambda: len(stamps(out, "start")) == n, 300, poll=0.05)
     r_cpu = kit_cpu(job, env["SLURM_CONF"])
+    sampler = Sampler(job, env["SLURM_CONF"])  # once the start is timed: its scans take CPU the start would
+    sampler.start()
     last = max(stamps(out, "start"))
     step_start = float((job_dir.run_progress(0) / JobDir.STEP_START).read_text())
     return {
@@ -309,13 +322,13 @@ def launched(env: dict, n: int, work: Path, seconds: float, name: str, *flags: s
     }
 
 
-def without_exporter(env: dict, n: int, work: Path, seconds: float) -> dict:
-    """The same job with --no-exporter, to its end: what kit's start costs without the sidecar."""
-    r = launched(env, n, work, seconds, f"kit-{n}-bare-launcher", "--no-exporter")
+def started_only(env: dict, n: int, work: Path, seconds: float, name: str, *flags: str) -> float:
+    """Batch script -> every rank running of one more kit job (``flags``: e.g. --no-exporter), run to its end."""
+    r = launched(env, n, work, seconds, name, *flags)
     runs = r["job_dir"] / JobDir.RUNS
     wait_for(lambda: runs.exists(), 600, poll=0.1)
     r["sampler"].done.set()
-    return r
+    return r["running"]
 
 
 def kit_job(cluster: LocalCluster, env: dict, n: int, work: Path, seconds: float, restarts: int = 0) -> dict:
@@ -370,8 +383,8 @@ def kit_job(cluster: LocalCluster, env: dict, n: int, work: Path, seconds: float
     return r
 
 
-def bare_job(env: dict, n: int, work: Path, seconds: float) -> dict:
-    out = work / f"bare-{n}"
+def bare_job(env: dict, n: int, work: Path, seconds: float, name: str = "") -> dict:
+    out = work / (name or f"bare-{n}")
     out.mkdir(parents=True)
     script = (
         f"#!/bin/bash\nsrun python3 {work / 'command.py'} {out} {seconds} bench-scale-command\n"
@@ -428,6 +441,7 @@ def main() -> int:
     p.add_argument("--nodes", default="2,8,32,64")
     p.add_argument("--restarts", type=int, default=4, help="restarts of a second job at the largest N")
     p.add_argument("--seconds", type=float, default=20.0, help="how long each rank runs")
+    p.add_argument("--repeat", type=int, default=3, help="starts timed per size and kind (medians)")
     p.add_argument("--kit-home", type=Path, default=None)
     p.add_argument("--keep", action="store_true", help="keep the jobs' directories (their reports) and say where")
     p.add_argument(
@@ -436,7 +450,7 @@ def main() -> int:
     args = p.parse_args()
     if args.quick:  # the kit job outlasts the watchdog's trace; the bare job's length is not measured
         global TRACED
-        args.nodes, args.restarts, args.seconds, TRACED = "2,4", 0, 5.0, 3.0
+        args.nodes, args.restarts, args.seconds, args.repeat, TRACED = "2,4", 0, 5.0, 1, 3.0
     sizes = [int(x) for x in args.nodes.split(",")]
     work = Path(tempfile.mkdtemp(prefix="kit-bench-scale-"))
     home = args.kit_home or work / "home"
@@ -456,16 +470,25 @@ def main() -> int:
             subprocess.run(["srun", "-N", str(n), "--ntasks-per-node", "1", "true"], env=env, check=True, timeout=300)
             bare = bare_job(env, n, work, 1.0 if args.quick else args.seconds)
             mine = kit_job(cluster, env, n, work, args.seconds)
-            mine["no_exporter"] = (
-                float("nan") if args.quick else without_exporter(env, n, work, args.seconds)["running"]
-            )
+            starts = {"bare": [bare["running"]], "kit": [mine["running"]], "lean": []}
+            for i in range(args.repeat):  # the start again, alternated: medians, not one draw of a shared machine
+                if i:
+                    starts["bare"].append(bare_job(env, n, work, 1.0, f"bare-{n}-{i}")["running"])
+                    starts["kit"].append(started_only(env, n, work, 1.0, f"kit-{n}-again-{i}"))
+                if not args.quick:
+                    starts["lean"].append(started_only(env, n, work, 1.0, f"kit-{n}-lean-{i}", "--no-exporter"))
+            bare["running"], mine["running"] = statistics.median(starts["bare"]), statistics.median(starts["kit"])
+            mine["no_exporter"] = statistics.median(starts["lean"]) if starts["lean"] else float("nan")
+            mine["starts"] = starts
             rows[n] = (up, mine, bare)
+            draws = "; ".join(f"{k} " + " ".join(f"{x:.2f}" for x in v) for k, v in starts.items() if v)
+            print(f"{n:>3} nodes: batch script -> all running, each start (s; lean: without the exporter): {draws}")
             mem = sorted(mine["memory"].values())
             ops, listings, polls = mine["reads"]
             per_rank = ops / max(polls, 1) / n
             print(
                 f"{n:>3} nodes: up {up:.1f} s; submit -> batch script: kit {mine['scheduled']:.2f} s, bare "
-                f"{bare['scheduled']:.2f} s (Slurm's scheduling); batch script -> all running: kit "
+                f"{bare['scheduled']:.2f} s (Slurm's scheduling); batch script -> all running (median): kit "
                 f"{mine['running']:.2f} s{without(mine)}, bare srun "
                 f"{bare['running']:.2f} s (kit's CPU per node by then: "
                 f"median {cpu_ms(mine)} ms); teardown: kit {mine['teardown']:.2f} s (launchers "

@@ -94,9 +94,8 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}"
 # chose, it uses the interface this node reaches MASTER_ADDR through (read from
 # /proc/net/route: images without `ip` too). NCCL picks its own interfaces and is left to them.
 if [[ -z "${GLOO_SOCKET_IFNAME-}" && "${MASTER_ADDR}" != 127.* ]]; then
-  kit_iface="$(kit::route_iface "${MASTER_ADDR}")"
-  if [[ -n "${kit_iface}" ]]; then export GLOO_SOCKET_IFNAME="${kit_iface}"; fi
-  unset kit_iface
+  kit::route_iface "${MASTER_ADDR}"
+  if [[ -n "${KIT_ROUTE_IFACE}" ]]; then export GLOO_SOCKET_IFNAME="${KIT_ROUTE_IFACE}"; fi
 fi
 # In a container, kit's runtime lives at /opt/kit (built in, or mounted by kit launch).
 if [[ "${KIT_CONTAINER:-0}" == 1 && -d /opt/kit/python && ":${PYTHONPATH-}:" != *:/opt/kit/python:* ]]; then
@@ -278,14 +277,17 @@ kit::watch_prelaunch() {
 # KIT_FIRST_PROGRESS_TIMEOUT after the step started, hangs before it. Looks
 # every 2 s (every 10 s after that timeout: a rank late under load is still
 # marked, so the others' rule can fire) until the rank joins or reports
-# progress (it got past); the task's teardown ends it.
+# progress (it got past: no look at its sockets then, whose three programs
+# would take the CPU of every node's start); the task's teardown ends it.
 kit::watch_rendezvous() {
-  local -r port="$(printf ':%04X' "${MASTER_PORT}")" slow=$(( SECONDS + KIT_FIRST_PROGRESS_TIMEOUT + 10 ))
-  local pid inodes
+  local -r slow=$(( SECONDS + KIT_FIRST_PROGRESS_TIMEOUT + 10 ))
+  local port pid inodes
+  printf -v port ':%04X' "${MASTER_PORT}"
   local -a fds
   kit::helper_traps
-  while [[ ! -e "${KIT_PROGRESS_FILE}" ]]; do
+  while true; do
     if (( SECONDS < slow )); then kit::nap 2; else kit::nap 10; fi
+    [[ ! -e "${KIT_PROGRESS_FILE}" ]] || return 0
     kit::tree "${KIT_MAIN_PID}"
     fds=()
     for pid in "${KIT_TREE[@]}"; do fds+=("${KIT_PROC}/${pid}/fd"); done

@@ -14,30 +14,28 @@ kit::die() {
   exit 2
 }
 
-# kit::route_iface ADDR: the interface this node reaches the IPv4 address ADDR through:
+# kit::route_iface ADDR: the interface this node reaches the IPv4 address ADDR through, in KIT_ROUTE_IFACE:
 # the longest matching route of /proc/net/route (there on every Linux, in images without
-# `ip` too), the lower metric first; nothing for a dotted quad it cannot read, no route or lo.
+# `ip` too), the lower metric first; empty for a dotted quad it cannot read, no route or lo.
+# No subshell: it runs in every task's start.
+KIT_ROUTE_IFACE=""
 kit::route_iface() {
-  local a b c d iface dest flags metric mask len best="" best_len=-1 best_metric=0 target
+  local a b c d iface dest flags metric mask len bits best="" best_len=-1 best_metric=0 target
+  KIT_ROUTE_IFACE=""
   IFS=. read -r a b c d _ <<<"$1"
   [[ "${a}.${b}.${c}.${d}" =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || return 0
   target=$(( (10#${d} << 24) | (10#${c} << 16) | (10#${b} << 8) | 10#${a} ))  # little-endian, as the file's hex
   while read -r iface dest _ flags _ _ metric mask _; do
     [[ "${dest}" =~ ^[0-9A-Fa-f]{8}$ && "${mask}" =~ ^[0-9A-Fa-f]{8}$ && "${flags}" =~ ^[0-9A-Fa-f]+$ ]] || continue
     (( (16#${flags} & 1) && (target & 16#${mask}) == 16#${dest} )) || continue
-    len=$(kit::_bits $(( 16#${mask} )))
+    len=0 bits=$(( 16#${mask} ))
+    while (( bits )); do (( len += bits & 1, bits >>= 1 )) || true; done
     if (( len > best_len || (len == best_len && metric < best_metric) )); then
       best="${iface}" best_len="${len}" best_metric="${metric}"
     fi
   done <"${KIT_PROC}/net/route"
-  if [[ -n "${best}" && "${best}" != lo ]]; then printf '%s\n' "${best}"; fi
-}
-
-# kit::_bits N: how many bits are set in N.
-kit::_bits() {
-  local n="$1" count=0
-  while (( n )); do (( count += n & 1, n >>= 1 )) || true; done
-  printf '%s\n' "${count}"
+  # shellcheck disable=SC2034  # the launcher reads it
+  if [[ "${best}" != lo ]]; then KIT_ROUTE_IFACE="${best}"; fi
 }
 
 # kit::cmdline PID: PID's command line, words separated by spaces, at most 400 characters.

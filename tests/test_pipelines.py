@@ -213,7 +213,9 @@ def test_the_lookups_hold_500_times_with_40_interfaces_after_the_masters(busy_no
     assert names[:3] == ["lo", "eth0", "eth0"] and len(names) == 43  # eth0's two, then 40 more
     # The launcher's (GLOO_SOCKET_IFNAME): the interface that reaches MASTER_ADDR, without ip.
     for addr, want in (("10.99.0.1", "eth0"), ("10.100.7.9", "vx7"), ("10.100.40.200", "vx40")):
-        assert run_in(ns, slow, LOOP.format(call=f"kit::route_iface {addr}", want=want)).split() == ["500", "0", "0"]
+        assert run_in(
+            ns, slow, LOOP.format(call=f'kit::route_iface {addr}; printf "%s" "${{KIT_ROUTE_IFACE}}"', want=want)
+        ).split() == ["500", "0", "0"]
     # Prelaunch's, with --master-interface eth0 (two addresses: a line after the match).
     out = run_in(ns, slow, "readonly KIT_MASTER_IFACE=eth0\n" + LOOP.format(call="kit::_master_addr", want="10.99.0.1"))
     assert out.split() == ["500", "0", "0"], out

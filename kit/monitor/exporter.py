@@ -22,11 +22,9 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import Metric
-
 from kit import files
-from kit.monitor.families import Sample, SourceResult, Spec, families
+from kit.monitor import scrapes
+from kit.monitor.families import Family, Sample, SourceResult, Spec, families, text
 from kit.monitor.naming import Naming
 from kit.stopping import Stop
 
@@ -167,14 +165,11 @@ class CachedCollector:
     def samples(self) -> list[Sample]:
         return self.poller.results[self.source].samples
 
-    def collect(self) -> Iterable[Metric]:
+    def collect(self) -> Iterable[Family]:
         try:
             yield from families(self.samples(), self.naming.metrics, self.naming.labels)
         except Exception:  # pragma: no cover - a bug here must not break the scrape
             log.exception("collect %s failed", self.source)
-
-    def describe(self):
-        return []
 
 
 class StatusCollector(CachedCollector):
@@ -257,11 +252,10 @@ class Exporter:
     ):
         self.node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         self.poller = Poller(sources, interval, log_path, self.node)
-        self.registry = CollectorRegistry(auto_describe=False)
         spelling = Naming(naming)
-        for source in sources:  # one collector per source, and one for their status
-            self.registry.register(CachedCollector(self.poller, source.name, spelling))
-        self.registry.register(StatusCollector(self.poller))
+        # One collector per source, and one for their status.
+        self.collectors = [CachedCollector(self.poller, source.name, spelling) for source in sources]
+        self.collectors.append(StatusCollector(self.poller))
         self.bind = bind
         self.ports = range(port, (port_max if port_max is not None else port) + 1)
         self.targets_dir = targets_dir
@@ -277,7 +271,7 @@ class Exporter:
             self.poller.start()
             for port in self.ports:
                 try:
-                    self._server, _ = start_http_server(port, addr=self.bind, registry=self.registry)
+                    self._server = scrapes.serve(self.bind, port, self.render)
                 except OSError:
                     continue  # busy: the next one
                 self.port = port
@@ -289,6 +283,10 @@ class Exporter:
         except BaseException:
             self.stop()
             raise
+
+    def render(self) -> bytes:
+        """What a scrape answers: every collector's families, in the text format."""
+        return text(fam for collector in self.collectors for fam in collector.collect())
 
     def _write_target(self) -> None:
         self.targets_dir.mkdir(parents=True, exist_ok=True)

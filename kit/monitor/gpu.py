@@ -146,6 +146,20 @@ class Device:
     labels: dict
 
 
+class LibraryNotFound(OSError):
+    """No NVML library on this node (a CPU node): what the binding would raise, before its import."""
+
+
+def _library() -> None:
+    """Load NVML's library as the binding does (by its soname), or raise :class:`LibraryNotFound`."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError as e:
+        raise LibraryNotFound(f"NVML Shared Library Not Found ({e})") from None
+
+
 class GpuSource:
     """Polls NVML. ``nvml`` is the pynvml module or a stand-in with its API (None: import pynvml)."""
 
@@ -179,6 +193,7 @@ class GpuSource:
     @property
     def nvml(self):
         if self._nvml is None:
+            _library()  # where there is none, the binding's import (22 ms of CPU) is not paid at every retry
             import pynvml  # nvidia-ml-py
 
             self._nvml = pynvml
