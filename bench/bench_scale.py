@@ -482,7 +482,7 @@ def main() -> int:
             mine["starts"] = starts
             rows[n] = (up, mine, bare)
             draws = "; ".join(f"{k} " + " ".join(f"{x:.2f}" for x in v) for k, v in starts.items() if v)
-            print(f"{n:>3} nodes: batch script -> all running, each start (s; lean: without the exporter): {draws}")
+            print(f"{n:>3} nodes, batch script -> all running, each start (s; lean: without the exporter): {draws}")
             mem = sorted(mine["memory"].values())
             ops, listings, polls = mine["reads"]
             per_rank = ops / max(polls, 1) / n

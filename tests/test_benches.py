@@ -86,6 +86,9 @@ def test_bench_scale_quick():
     out = run_bench("bench_scale.py", timeout=400)
     rows = [line for line in out.splitlines() if re.match(r" *\d+ nodes: ", line)]
     assert len(rows) == 2 and "teardown at 4 nodes:" in out and "kit's own growth" in out, out
+    assert len(re.findall(r"(?m)^ *[24] nodes, batch script -> all running, each start \(s.*\): bare \d", out)) == 2, (
+        out
+    )
     for row, n in zip(rows, (2, 4)):
         per_rank = float(re.search(r"\(([\d.]+) per rank per poll, (\d+) polls\)", row).group(1))
         assert 0 < per_rank <= 1 and " 0 directory listing(s)" in row and f"targets {n}/{n} up" in row, row

@@ -33,9 +33,16 @@ def tiers(tmp_path: Path) -> tuple[Path, Path, list[str]]:
     return memory, local, [f"--checkpoint-memory={memory}", f"--checkpoint-local={local}"]
 
 
-def newest(memory: Path) -> int:
-    """The newest step any rank has snapshotted (the tests' own memory tier)."""
-    return max([0] + [int(m.group(1)) for p in memory.rglob("rank-*.json") if (m := re.search(r"step-(\d+)", p.name))])
+def newest(memory: Path, ranks: int = 0) -> int:
+    """The newest step any rank has snapshotted (the tests' own memory tier); with ``ranks``, the newest step every
+    one of them has (0 until each has one)."""
+    steps: dict[int, int] = {}
+    for p in memory.rglob("rank-*.json"):
+        if m := re.fullmatch(r"rank-(\d+)\.step-(\d+)\.json", p.name):
+            steps[int(m.group(1))] = max(steps.get(int(m.group(1)), 0), int(m.group(2)))
+    if ranks:
+        return min(steps.get(rank, 0) for rank in range(ranks))
+    return max(steps.values(), default=0)
 
 
 def loaded(job_dir: Path, run: int) -> dict[int, dict]:
@@ -65,7 +72,8 @@ def test_a_killed_rank_resumes_from_its_nodes_memory_losing_at_most_the_step_it_
         "--nodes", "2", "--ntasks-per-node", "2", "--on-failure", "restart", "--max-restarts", "1",
         command=[*TRAIN, "--max-steps", "300", *env],
     )  # fmt: skip
-    wait_for(lambda: newest(memory) >= 80, 120, what="step 80")
+    # Every rank's snapshot of step 80 written (the ranks' writer threads trail one another by a step at times).
+    wait_for(lambda: newest(memory, ranks=4) >= 80, 120, what="step 80 on every rank")
     os.kill(task_pids(w.job_dir, 0, "node1")[-1], signal.SIGKILL)
     said = check_end(cluster, w, state="COMPLETED", code=0, finished=True, log=None, ends=["failed", "finished"])
     restore = json.loads((w.job_dir / "checkpoints" / "restore.r1.json").read_text())
