@@ -179,7 +179,8 @@ kit::_job_end() {
 # kit::_await_stop: a step that failed while Slurm ends the job (cancelled as the step began: srun refused,
 # "Job/step already completing"; or its tasks signalled first) may end before the batch script's own stop
 # signal comes: when Slurm no longer says RUNNING, that signal is waited for (at most 5 s), so that the run
-# is recorded as stopped, not as failed.
+# is recorded as stopped, not as failed. A cancel that came as Slurm started the batch script, before the
+# script was there to be signalled, sends no signal at all: the run is stopped all the same.
 kit::_await_stop() {
   local state tries
   state="$(kit::_job_field %T)"
@@ -189,6 +190,9 @@ kit::_await_stop() {
     kit::nap 0.2
     kit::handle_signals
   done
+  (( ! KIT_STOPPING )) || return 0
+  kit::log "no stop signal came (Slurm ended the job as this script started): the run was stopped by Slurm"
+  KIT_STOPPING=1
 }
 
 # kit::requeue WHY [NODE]: requeue the job within the retry budget, with NODE

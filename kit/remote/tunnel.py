@@ -16,45 +16,51 @@ ADDRESS = re.compile(rb"http://127\.0\.0\.1:([0-9]{1,5})/\?token=([A-Za-z0-9_-]{
 
 
 def ui(host: Host, argv: list[str]) -> int:
-    """Serve kit there's pages here until Ctrl-C (or kit there ends); kit there's exit code."""
+    """Serve kit there's pages here until Ctrl-C (or kit there ends); kit there's exit code. A Ctrl-C at any moment
+    (also before the address is printed) ends kit there and the forward: none is left behind, nor this process
+    waiting on an ssh that would never end."""
     options = connection_options(host)
+    control = [*host.ssh, "-o", "BatchMode=yes", *options]
     proc = start(host, argv, options)
     err = _Stderr(proc.stderr)
     err.start()
-    first = proc.stdout.readline(4096).strip()
-    found = ADDRESS.fullmatch(first)
-    if found is None:
-        return _failed(host, proc, err, options)
-    local = _free_port()
-    forward = ["-L", f"127.0.0.1:{local}:127.0.0.1:{int(found.group(1))}"]
-    control = [*host.ssh, "-o", "BatchMode=yes", *options]
+    forward: list[str] = []
+    try:
+        first = proc.stdout.readline(4096).strip()
+        found = ADDRESS.fullmatch(first)
+        if found is None:
+            return _failed(host, proc, err, options)
+        forward = _forward(host, control, int(found.group(1)))
+        print(f"http://127.0.0.1:{forward[1].split(':')[1]}/?token={found.group(2).decode()}", flush=True)
+        print(
+            f"kit ui: {host.name}'s jobs, through the SSH connection; open the address above (Ctrl-C stops)",
+            file=sys.stderr,
+        )
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if forward:
+            subprocess.run([*control, "-O", "cancel", *forward, host.name], capture_output=True, env=host.env)
+        with contextlib.suppress(OSError):
+            proc.stdin.close()  # kit there ends when its input does
+        proc.wait()
+
+
+def _forward(host: Host, control: list[str], there: int) -> list[str]:
+    """A free port here forwarded to kit ui's port ``there`` through the master: the ``-L`` option it took."""
+    forward = ["-L", f"127.0.0.1:{_free_port()}:127.0.0.1:{there}"]
     made = subprocess.run(
         [*control, "-O", "forward", *forward, host.name], capture_output=True, text=True, env=host.env
     )
     if made.returncode != 0:
-        proc.stdin.close()
-        proc.wait()
         raise KitError(
             f"ssh could not forward a port to kit ui on {host.name}: {made.stderr.strip()[-300:]}",
             field="--host",
             exit_code=1,
             hint="kit forwards through its SSH master connection: check that ControlMaster is not off for this host",
         )
-    print(f"http://127.0.0.1:{local}/?token={found.group(2).decode()}", flush=True)
-    print(
-        f"kit ui: {host.name}'s jobs, through the SSH connection; open the address above (Ctrl-C stops)",
-        file=sys.stderr,
-    )
-    try:
-        code = proc.wait()
-    except KeyboardInterrupt:
-        code = 0
-    finally:
-        subprocess.run([*control, "-O", "cancel", *forward, host.name], capture_output=True, env=host.env)
-        with contextlib.suppress(OSError):
-            proc.stdin.close()  # kit there ends when its input does
-        proc.wait()
-    return code
+    return forward
 
 
 def _failed(host: Host, proc, err: _Stderr, options: list[str]) -> int:
