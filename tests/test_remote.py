@@ -258,9 +258,12 @@ def test_ui_on_the_login_node_is_served_here_through_the_master_and_ends_with_ct
     import urllib.request
 
     job = submit_as(user, hosts, there, "--nodes", "1", command="bash -c 'echo hello; sleep 300'")
+    # As at a terminal: SIGINT as the default (a suite started in the background from a script inherits it
+    # ignored, and Python then has no KeyboardInterrupt to raise).
     ui = subprocess.Popen(
         [sys.executable, "-m", "kit", "--host", "kit-login", "ui", "--output-dir", str(there)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **laptop},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
 
     def left():
