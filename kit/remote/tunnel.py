@@ -30,8 +30,9 @@ def ui(host: Host, argv: list[str]) -> int:
         found = ADDRESS.fullmatch(first)
         if found is None:
             return _failed(host, proc, err, options)
-        forward = _forward(host, control, int(found.group(1)))
-        print(f"http://127.0.0.1:{forward[1].split(':')[1]}/?token={found.group(2).decode()}", flush=True)
+        local = _free_port()
+        forward = _forward(host, control, local, int(found.group(1)))
+        print(f"http://127.0.0.1:{local}/?token={found.group(2).decode()}", flush=True)
         print(
             f"kit ui: {host.name}'s jobs, through the SSH connection; open the address above (Ctrl-C stops)",
             file=sys.stderr,
@@ -47,9 +48,9 @@ def ui(host: Host, argv: list[str]) -> int:
         proc.wait()
 
 
-def _forward(host: Host, control: list[str], there: int) -> list[str]:
-    """A free port here forwarded to kit ui's port ``there`` through the master: the ``-L`` option it took."""
-    forward = ["-L", f"127.0.0.1:{_free_port()}:127.0.0.1:{there}"]
+def _forward(host: Host, control: list[str], here: int, there: int) -> list[str]:
+    """Port ``here`` forwarded to kit ui's port ``there`` through the master: the ``-L`` option it took."""
+    forward = ["-L", f"127.0.0.1:{here}:127.0.0.1:{there}"]
     made = subprocess.run(
         [*control, "-O", "forward", *forward, host.name], capture_output=True, text=True, env=host.env
     )
