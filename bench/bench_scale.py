@@ -292,7 +292,7 @@ def launched(env: dict, n: int, work: Path, seconds: float, name: str, *flags: s
         str(work / "jobs"),
         *flags,
         "--",
-        "python3",
+        sys.executable,  # the bench's Python, which has kit (a python3 on PATH may not)
         str(work / "command.py"),
         str(out),
         str(seconds),
@@ -387,8 +387,8 @@ def bare_job(env: dict, n: int, work: Path, seconds: float, name: str = "") -> d
     out = work / (name or f"bare-{n}")
     out.mkdir(parents=True)
     script = (
-        f"#!/bin/bash\nsrun python3 {work / 'command.py'} {out} {seconds} bench-scale-command\n"
-        f"python3 -c 'import time; print(repr(time.time()))' > {out}/srun-returned\n"
+        f"#!/bin/bash\nsrun {sys.executable} {work / 'command.py'} {out} {seconds} bench-scale-command\n"
+        f"{sys.executable} -c 'import time; print(repr(time.time()))' > {out}/srun-returned\n"
     )
     wait_idle(env, n)
     t0 = time.time()

@@ -7,13 +7,13 @@ but not necessarily Click.
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 import os
 import socket
 import sys
 from pathlib import Path
 
+from kit.monitor.exporter import say
 from kit.monitor.naming import NAMINGS
 
 
@@ -64,7 +64,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="kit exporter: %(message)s")
     from kit.monitor.exporter import RESERVED_LABELS, Exporter, NoPort
 
     low, _, high = args.port.partition("-")
@@ -150,14 +149,6 @@ def _sources(args: argparse.Namespace, node: str | None) -> list:
         job = JobSource(os.environ["SLURM_JOB_ID"], node)
         sources += [job, LinkSource(job.pids)]
     return sources
-
-
-def say(line: str) -> None:
-    """A line on stderr, or nothing when stderr cannot take it (a full disk)."""
-    try:
-        print(line, file=sys.stderr, flush=True)
-    except OSError:
-        pass
 
 
 def _usage(field: str, message: str) -> int:

@@ -8,12 +8,12 @@ CPU at every node's start (its HTTP, WSGI and SSL modules come with it), over a 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, NamedTuple
+
+# Named tuples, not dataclasses: the dataclasses module brings inspect, ast and dis, 4 ms of every exporter's start.
 
 
-@dataclass(frozen=True)
-class Spec:
+class Spec(NamedTuple):
     """A metric: its exposed name, Prometheus type and help text."""
 
     name: str
@@ -21,31 +21,28 @@ class Spec:
     help: str
 
 
-@dataclass
-class Sample:
+class Sample(NamedTuple):
     spec: Spec
     labels: dict
     value: float
 
 
-@dataclass
-class SourceResult:
+class SourceResult(NamedTuple):
     """What one poll of a source gave: its samples, whether it worked, how long it took."""
 
-    samples: list[Sample] = field(default_factory=list)
+    samples: list[Sample] | tuple = ()
     success: bool = False
     duration: float = 0.0
     error: str = ""
 
 
-@dataclass
-class Family:
+class Family(NamedTuple):
     """A metric family: its name (a counter's without ``_total``), help, type and samples (name, labels, value)."""
 
     name: str
     help: str
     type: str
-    samples: list[tuple[str, dict, float]] = field(default_factory=list)
+    samples: list[tuple[str, dict, float]]
 
 
 def families(samples: Iterable[Sample], names: dict | None = None, labels: dict | None = None) -> list[Family]:
@@ -65,7 +62,7 @@ def families(samples: Iterable[Sample], names: dict | None = None, labels: dict 
         if fam is None:
             # A counter family is named without its _total; the text format adds it back.
             family_name = name[: -len("_total")] if s.spec.type == "counter" else name
-            fam = out[name] = Family(family_name, s.spec.help, s.spec.type)
+            fam = out[name] = Family(family_name, s.spec.help, s.spec.type, [])
         fam.samples.append((name, {labels.get(k, k): str(v) for k, v in s.labels.items()}, float(s.value)))
     return list(out.values())
 

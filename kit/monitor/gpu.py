@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from kit.monitor.families import Sample, SourceResult, Spec
 
@@ -140,8 +139,7 @@ def _is_lost(error: Exception) -> bool:
     return getattr(error, "value", None) == NVML_ERROR_GPU_IS_LOST
 
 
-@dataclass
-class Device:
+class Device(NamedTuple):
     handle: Any
     labels: dict
 

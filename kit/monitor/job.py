@@ -85,11 +85,15 @@ class JobSource(PsutilSource):
         self._known: dict[int, float] = {}  # pid -> its start time (a reused pid is another process)
         self._scanned: float | None = None
 
+    def _tagged(self) -> list[int]:
+        """The processes of the machine whose environment names the job: a substring of each raw environment,
+        read straight from /proc. Parsing every process's into a dict, or even building a psutil process for
+        each (its stat file read), was most of the scan's cost, paid on every node; and a one-machine
+        cluster's every exporter reads every node's processes as the job starts."""
+        key = f"SLURM_JOB_ID={self.job_id}".encode()
+        return [int(name) for name in os.listdir("/proc") if name.isdigit() and key in raw_environ(int(name))]
+
     def _is_mine(self, proc) -> bool:
-        # The raw environment first (a substring): parsing every process's into a dict was most of the scan's
-        # cost, paid on every node, and a one-machine cluster's every exporter reads every node's processes.
-        if f"SLURM_JOB_ID={self.job_id}".encode() not in raw_environ(proc.pid):
-            return False
         env = proc.environ()
         return env.get("SLURM_JOB_ID") == self.job_id and (self.node is None or env.get("SLURMD_NODENAME") == self.node)
 
@@ -100,10 +104,11 @@ class JobSource(PsutilSource):
         found = {}
         if self._scanned is None or now - self._scanned >= self.rescan:
             self._scanned = now
-            for proc in ps.process_iter():
+            for pid in self._tagged():
                 try:
+                    proc = ps.Process(pid)
                     if self._is_mine(proc):
-                        found[proc.pid] = proc
+                        found[pid] = proc
                 except (ps.NoSuchProcess, ps.AccessDenied, ps.ZombieProcess, OSError):
                     continue
         queue = [*self._known, *(pid for proc in found.values() for pid in children(proc.pid))]
