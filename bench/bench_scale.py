@@ -2,7 +2,7 @@
 a local cluster of the bench's own, kit against a bare `sbatch` + `srun` of the same command,
 measured side by side in one run.
 
-    python bench/bench_scale.py [--nodes 2,8,32,64] [--restarts 4] [--repeat 3] [--quick]
+    python bench/bench_scale.py [--nodes 2,8,32,64] [--restarts 4] [--repeat 5] [--quick]
 
 --quick: 2 and 4 nodes, no restarts, one start per kind, no job without the exporter (the suite's
 run: the bench keeps working).
@@ -12,7 +12,7 @@ kit.train.progress once a second for --seconds, declares its work finished and w
 time. Per N it prints:
 
 - submit -> every rank running: from just before `kit launch` (or `sbatch`) to the last
-  rank's first line, the median of --repeat starts per kind, alternated (kit, bare srun, kit
+  rank's first line, the median of --repeat (5) starts per kind, alternated (kit, bare srun, kit
   without the exporter); and the growth per node from the smallest N >= 8 to the largest, kit's
   against bare srun's (target: kit's <= bare's + 16 ms per node, the exporter included);
 - teardown: the last rank's end -> the run's end (prelaunch's record after srun returned;
@@ -165,8 +165,24 @@ def kit_cpu(job: str, conf: str) -> dict[str, float]:
         except (psutil.Error, OSError):
             continue
         node = env.get("SLURMD_NODENAME", "?")
-        per_node[node] = per_node.get(node, 0.0) + t.user + t.system + t.children_user + t.children_system
+        own = on_cpu(proc.pid)
+        per_node[node] = (
+            per_node.get(node, 0.0) + (t.user + t.system if own is None else own) + t.children_user + t.children_system
+        )
     return per_node
+
+
+def on_cpu(pid: int) -> float | None:
+    """Seconds PID's threads have run, from the scheduler's nanoseconds (/proc/PID/task/*/schedstat): the stat
+    file's clock ticks read 0 for a launcher's ~12 ms. None where the kernel keeps no schedstat."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return total / 1e9
 
 
 def wait_idle(env: dict, n: int) -> None:
@@ -331,6 +347,23 @@ def started_only(env: dict, n: int, work: Path, seconds: float, name: str, *flag
     return r["running"]
 
 
+def whole_job(env: dict, n: int, work: Path, kind: str) -> float:
+    """Wall seconds of a `true` job on N nodes, from the command's start to its return: `kit launch --wait`
+    (submission, Slurm's scheduling, prelaunch, the launchers and sidecars, the teardown), or a bare
+    `srun -N N true`. The measure kit's cost at scale was first found with (best of a few)."""
+    wait_idle(env, n)
+    if kind == "srun":
+        command = ["srun", "-N", str(n), "--ntasks-per-node", "1", "true"]
+    else:
+        command = [sys.executable, "-m", "kit", "launch", "--local", "--wait", "--nodes", str(n)]
+        command += ["--ntasks-per-node", "1", "--output-dir", str(work / "jobs"), "--", "true"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(command[:3])} failed:\n{proc.stderr}")
+    return time.perf_counter() - t0
+
+
 def kit_job(cluster: LocalCluster, env: dict, n: int, work: Path, seconds: float, restarts: int = 0) -> dict:
     r = launched(
         env,
@@ -441,7 +474,7 @@ def main() -> int:
     p.add_argument("--nodes", default="2,8,32,64")
     p.add_argument("--restarts", type=int, default=4, help="restarts of a second job at the largest N")
     p.add_argument("--seconds", type=float, default=20.0, help="how long each rank runs")
-    p.add_argument("--repeat", type=int, default=3, help="starts timed per size and kind (medians)")
+    p.add_argument("--repeat", type=int, default=5, help="starts timed per size and kind (medians)")
     p.add_argument("--kit-home", type=Path, default=None)
     p.add_argument("--keep", action="store_true", help="keep the jobs' directories (their reports) and say where")
     p.add_argument(
@@ -483,6 +516,15 @@ def main() -> int:
             rows[n] = (up, mine, bare)
             draws = "; ".join(f"{k} " + " ".join(f"{x:.2f}" for x in v) for k, v in starts.items() if v)
             print(f"{n:>3} nodes, batch script -> all running, each start (s; lean: without the exporter): {draws}")
+            whole: dict[str, list[float]] = {"kit": [], "srun": []}
+            for _ in range(args.repeat):  # alternated
+                for kind, took in whole.items():
+                    took.append(whole_job(env, n, work, kind))
+            mine["whole"], bare["whole"] = min(whole["kit"]), min(whole["srun"])
+            print(
+                f"{n:>3} nodes, a `true` job, command -> its return (best of {args.repeat}): kit launch --wait "
+                f"{mine['whole']:.2f} s, srun {bare['whole']:.2f} s"
+            )
             mem = sorted(mine["memory"].values())
             ops, listings, polls = mine["reads"]
             per_rank = ops / max(polls, 1) / n
@@ -522,6 +564,12 @@ def main() -> int:
                     f"batch script -> all running, {lo} -> {hi} nodes, without the exporter sidecar: kit's own "
                     f"growth {lean:+.1f} ms per node beyond bare srun's"
                 )
+            whole = [(rows[hi][i]["whole"] - rows[lo][i]["whole"]) / (hi - lo) * 1000 for i in (1, 2)]
+            print(
+                f"a `true` job, command -> its return, {lo} -> {hi} nodes (best of {args.repeat}): kit launch --wait "
+                f"{whole[0]:+.1f} ms per node, srun {whole[1]:+.1f}: kit's own {whole[0] - whole[1]:+.1f} ms per node "
+                "(Slurm's scheduling, a second or two a job, is most of either)"
+            )
             print(
                 f"batch script -> all running, {lo} -> {hi} nodes: kit {kit_slope * 1000:+.1f} ms per node "
                 f"(prelaunch before srun {slope['prelaunch']:+.1f}, srun -> every launcher's command "

@@ -89,6 +89,19 @@ def test_bench_scale_quick():
     assert len(re.findall(r"(?m)^ *[24] nodes, batch script -> all running, each start \(s.*\): bare \d", out)) == 2, (
         out
     )
+    assert (
+        len(
+            re.findall(
+                r"(?m)^ *[24] nodes, a `true` job, command -> its return \(best of 1\): kit launch --wait "
+                r"\d+\.\d+ s, srun \d+\.\d+ s$",
+                out,
+            )
+        )
+        == 2
+    ), out
+    assert re.search(r"(?m)^a `true` job, command -> its return, 2 -> 4 nodes .*: kit's own [-+]\d", out), out
+    # the launchers' and sidecars' CPU is read in the scheduler's nanoseconds: never the clock ticks' 0
+    assert int(re.search(r"kit's CPU per node to start a rank: (\d+) ms", out).group(1)) > 0, out
     for row, n in zip(rows, (2, 4)):
         per_rank = float(re.search(r"\(([\d.]+) per rank per poll, (\d+) polls\)", row).group(1))
         assert 0 < per_rank <= 1 and " 0 directory listing(s)" in row and f"targets {n}/{n} up" in row, row
