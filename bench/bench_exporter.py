@@ -44,6 +44,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from common import thread_cpu_seconds
+
 REPO = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -81,18 +83,6 @@ def free_port() -> int:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def thread_cpu_seconds(pid: int) -> float:
-    """CPU time of the process's live threads, to the nanosecond (/proc/PID/task/*/schedstat);
-    exact while no thread exits, unlike the 10 ms ticks of cpu_seconds."""
-    total = 0
-    for f in Path(f"/proc/{pid}/task").glob("*/schedstat"):
-        try:
-            total += int(f.read_text().split()[0])
-        except (OSError, IndexError, ValueError):
-            pass
-    return total / 1e9
 
 
 def rss_mb(pid: int) -> float:

@@ -49,7 +49,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from common import wait_for  # noqa: E402
+from common import thread_cpu_seconds, wait_for  # noqa: E402
 
 from kit.cluster import LocalCluster  # noqa: E402
 from kit.jobdir import JobDir  # noqa: E402
@@ -165,24 +165,9 @@ def kit_cpu(job: str, conf: str) -> dict[str, float]:
         except (psutil.Error, OSError):
             continue
         node = env.get("SLURMD_NODENAME", "?")
-        own = on_cpu(proc.pid)
-        per_node[node] = (
-            per_node.get(node, 0.0) + (t.user + t.system if own is None else own) + t.children_user + t.children_system
-        )
+        own = thread_cpu_seconds(proc.pid) or t.user + t.system
+        per_node[node] = per_node.get(node, 0.0) + own + t.children_user + t.children_system
     return per_node
-
-
-def on_cpu(pid: int) -> float | None:
-    """Seconds PID's threads have run, from the scheduler's nanoseconds (/proc/PID/task/*/schedstat): the stat
-    file's clock ticks read 0 for a launcher's ~12 ms. None where the kernel keeps no schedstat."""
-    total = 0
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return total / 1e9
 
 
 def wait_idle(env: dict, n: int) -> None:
@@ -353,15 +338,17 @@ def whole_job(env: dict, n: int, work: Path, kind: str) -> float:
     `srun -N N true`. The measure kit's cost at scale was first found with (best of a few)."""
     wait_idle(env, n)
     if kind == "srun":
-        command = ["srun", "-N", str(n), "--ntasks-per-node", "1", "true"]
+        t0 = time.perf_counter()
+        proc = subprocess.run(["srun", "-N", str(n), "--ntasks-per-node", "1", "true"], env=env, capture_output=True)
+        took = time.perf_counter() - t0
     else:
-        command = [sys.executable, "-m", "kit", "launch", "--local", "--wait", "--nodes", str(n)]
-        command += ["--ntasks-per-node", "1", "--output-dir", str(work / "jobs"), "--", "true"]
-    t0 = time.perf_counter()
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        proc, took = kit_cli(
+            env, "launch", "--local", "--wait", "--nodes", str(n), "--ntasks-per-node", "1", "--output-dir",
+            str(work / "jobs"), "--", "true",
+        )  # fmt: skip
     if proc.returncode != 0:
-        sys.exit(f"{' '.join(command[:3])} failed:\n{proc.stderr}")
-    return time.perf_counter() - t0
+        sys.exit(f"{kind} of a true job failed:\n{proc.stderr}")
+    return took
 
 
 def kit_job(cluster: LocalCluster, env: dict, n: int, work: Path, seconds: float, restarts: int = 0) -> dict:
